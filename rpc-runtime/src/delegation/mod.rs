@@ -1,0 +1,1 @@
+//! The delegation ring (seeds/004 §2). Owned by the ring implementation.
