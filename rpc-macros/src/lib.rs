@@ -1,1 +1,79 @@
-//! placeholder
+//! The `#[rpc_service]` attribute macro. Use it through the `rpc` facade crate
+//! (`use rpc::rpc_service;`), whose paths the generated code names.
+//!
+//! The crate is split like serde_derive or tarpc's plugin crate: [`parse`] reads the attribute
+//! and the trait, [`validate`] checks them and builds the service model (collecting every
+//! error, each spanned on the offending tokens), and [`generate`] emits the code.
+
+mod expand;
+mod generate;
+mod parse;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use proc_macro::TokenStream;
+
+/// Turns a trait into a typed RPC service.
+///
+/// ```ignore
+/// use rpc::rpc_service;
+///
+/// #[rpc_service(transport = "delegation")]          // optional: , derive(Debug, PartialEq)
+/// pub trait Kv {
+///     /// Looks a key up.
+///     fn get(&mut self, rank: u32, key: u64) -> Option<u64>;
+///     fn put(&mut self, rank: u32, key: u64, value: u64); // no return type: `()`
+/// }
+/// ```
+///
+/// # Arguments
+/// - `transport = "..."` (required): the default transport of the generated client.
+///   Available: `delegation` (`rpc::delegation::Delegation`). `copyrpc`, `erpc` and
+///   `scalerpc` are known but not available yet.
+/// - `derive(...)` (optional): extra derives for the argument structs and the request and
+///   response enums (`Clone`, `Copy` and the zerocopy traits are always derived).
+///
+/// # Generated items (for a trait `Kv`, with the trait's visibility)
+/// - `trait KvServer`: the trait's methods, docs and attributes; the server implements it.
+///   The trait `Kv` itself is not emitted.
+/// - Per method, `KvGetArgs` (`{Trait}{CamelMethod}Args`): the request body, a
+///   `#[repr(C, packed)]` zerocopy struct with one `pub` field per argument in its wire form,
+///   and one accessor per argument returning it as written.
+/// - `enum KvRequest` (`Copy`; variants hold the argument structs; a constructor per method,
+///   `KvRequest::get(rank, key)`) and `enum KvResponse` (`Copy`; variants hold the return
+///   values as written).
+/// - `struct KvService`: method-id constants (`KvService::GET`, the declaration index),
+///   `KvService::dispatch(&mut server, req) -> KvResponse`, and `impl rpc::Service` with the
+///   wire codec and the `DESCRIPTOR` (names, types, sizes, fingerprint).
+/// - `struct KvClient<T: rpc::ClientTransport = Transport>`: `connect`, one blocking method
+///   per RPC (`client.get(rank, key)?`), `issue(tag)` returning `KvIssue` with one pipelined
+///   method per RPC (`client.issue(tag).get(rank, key)?`), `issue_request`, `poll`,
+///   `poll_with`, `in_flight`, `max_in_flight`, `transport`, `transport_mut`.
+///
+/// # Types
+/// Argument and return types are lowered to their wire form by how they are *written*:
+/// `Option<T>` → `WireOption<T'>`, `Result<T, E>` → `WireResult<T', E'>`, `[T; N]` →
+/// `[T'; N]`, any other type unchanged (`Option`/`Result` may be written with a
+/// `std::option::`/`core::option::` prefix). A type alias of `Option`/`Result` is not seen
+/// through: it is taken as an ordinary type and must itself be a zerocopy type. Every other
+/// ("leaf") type must implement zerocopy's `IntoBytes`, `TryFromBytes`, `KnownLayout`,
+/// `Immutable`, and `Copy`; leaves inside an `Option` or `Result` also `FromZeros` (the
+/// inactive side is sent zeroed). References, slices, `impl Trait`, `dyn Trait`, pointers,
+/// function pointers and tuples other than `()` are rejected.
+///
+/// # Rejected (compile errors)
+/// Generic traits or methods, `where` clauses, supertraits, `unsafe`/`auto` traits,
+/// associated types/consts/macros, default method bodies, `async`/`const`/`unsafe`/`extern`
+/// or variadic methods, receivers other than `&self`/`&mut self` (or none), argument
+/// patterns (`(a, b): (u32, u32)`, `_: u32`, `mut x`), duplicate argument names, methods whose
+/// generated names collide (`get_value` and `getValue`), more than 65535 methods, reserved
+/// names: the method names `connect`, `issue`, `issue_request`, `poll`, `poll_with`,
+/// `in_flight`, `max_in_flight`, `transport`, `transport_mut` (methods of `KvClient`) and
+/// `descriptor` (its constant would hide `Service::DESCRIPTOR`), and any identifier starting
+/// with `__rpc`.
+#[proc_macro_attribute]
+pub fn rpc_service(attr: TokenStream, item: TokenStream) -> TokenStream {
+    expand::expand(attr.into(), item.into()).into()
+}

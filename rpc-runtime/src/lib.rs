@@ -1,4 +1,28 @@
-//! Runtime for `#[rpc_service]`: the wire format, the service/client/server traits that generated
-//! code targets, and the transports.
+//! Runtime for `#[rpc_service]`: the wire format ([`wire`]), the service descriptor and
+//! [`Service`] trait that generated code implements, the transport-generic [`Client`] and
+//! [`Server`] cores, and the transports (for now the shared-memory [`delegation`] ring).
 
+pub mod client;
 pub mod delegation;
+pub mod error;
+#[doc(hidden)]
+pub mod macro_support;
+pub mod server;
+pub mod service;
+pub mod wire;
+
+pub use client::{Client, ClientTransport};
+pub use error::RpcError;
+pub use server::{Server, ServerStats, ServerTransport};
+pub use service::{ArgDescriptor, MethodDescriptor, Service, ServiceDescriptor};
+
+/// Items used by code that `#[rpc_service]` generates. Not a stable API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::macro_support::*;
+    pub use crate::wire::{
+        WireOption, WireResult, decode_body, decode_response, encode, read_header,
+    };
+    pub use zerocopy;
+    pub use zerocopy::{FromZeros, Immutable, IntoBytes, KnownLayout, TryFromBytes};
+}

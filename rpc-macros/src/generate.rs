@@ -1,0 +1,1012 @@
+//! Code generation: turns a validated [`Service`] into the server trait, the wire argument
+//! structs, the request/response enums, the service marker with its `rpc::Service` impl and
+//! descriptor, the client and its pipelined-call builder, and the compile-time checks.
+//!
+//! Every path goes through `::rpc` / `::rpc::__private`, and every local or helper name starts
+//! with `__rpc` (a prefix the validator reserves), so the output does not depend on what the
+//! user's module has in scope.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{Ident, Type};
+
+use crate::parse::WireTy;
+use crate::validate::{Method, Service, type_text};
+
+/// Names of the generated items of one service.
+struct Names {
+    server: Ident,
+    service: Ident,
+    client: Ident,
+    issue: Ident,
+    request: Ident,
+    response: Ident,
+}
+
+impl Names {
+    fn new(svc: &Service) -> Self {
+        let n = &svc.name;
+        Names {
+            // The server trait is the user's trait renamed: it keeps the trait's span.
+            server: format_ident!("{n}Server", span = svc.ident.span()),
+            service: format_ident!("{n}Service"),
+            client: format_ident!("{n}Client"),
+            issue: format_ident!("{n}Issue"),
+            request: format_ident!("{n}Request"),
+            response: format_ident!("{n}Response"),
+        }
+    }
+
+    fn args(&self, svc: &Service, m: &Method) -> Ident {
+        format_ident!("{}{}Args", svc.name, m.camel)
+    }
+}
+
+/// Generates the whole expansion of a valid service.
+pub fn generate(svc: &Service) -> TokenStream {
+    let names = Names::new(svc);
+    let server = gen_server(svc, &names);
+    let args = svc.methods.iter().map(|m| gen_args_struct(svc, &names, m));
+    let enums = gen_enums(svc, &names);
+    let service = gen_service(svc, &names);
+    let client = gen_client(svc, &names);
+    let checks = gen_checks(svc);
+    // The checks go first: rustc reports their errors (which name the type and the missing
+    // trait, at the type) before the follow-on errors of the items that use the type.
+    quote! {
+        #checks
+        #server
+        #(#args)*
+        #enums
+        #service
+        #client
+    }
+}
+
+fn doc(text: impl AsRef<str>) -> TokenStream {
+    let text = text.as_ref();
+    quote!(#[doc = #text])
+}
+
+/// Doc lines: each line becomes one `#[doc]` attribute, as `///` comments would.
+fn docs(text: &str) -> TokenStream {
+    let lines = text.lines().map(|l| {
+        if l.is_empty() {
+            String::new()
+        } else {
+            format!(" {l}")
+        }
+    });
+    quote!(#(#[doc = #lines])*)
+}
+
+/// The user-facing return type: as written, or `()` when omitted.
+fn ret_type(m: &Method) -> TokenStream {
+    if m.ret_written {
+        let t = m.ret.written();
+        quote!(#t)
+    } else {
+        quote!(())
+    }
+}
+
+/// The wire (lowered) form of a type: `Option<T>` → `WireOption<L(T)>`,
+/// `Result<T, E>` → `WireResult<L(T), L(E)>`, `[T; N]` → `[L(T); N]`, others unchanged.
+pub fn lowered(ty: &WireTy) -> TokenStream {
+    match ty {
+        WireTy::Leaf(t) => quote!(#t),
+        WireTy::Option { inner, .. } => {
+            let inner = lowered(inner);
+            quote!(::rpc::__private::WireOption<#inner>)
+        }
+        WireTy::Result { ok, err, .. } => {
+            let ok = lowered(ok);
+            let err = lowered(err);
+            quote!(::rpc::__private::WireResult<#ok, #err>)
+        }
+        WireTy::Array { elem, len, .. } => {
+            let elem = lowered(elem);
+            quote!([#elem; #len])
+        }
+    }
+}
+
+fn closure_var(depth: usize) -> Ident {
+    format_ident!("__rpc_v{depth}")
+}
+
+/// An expression converting `expr` (of the written type) to its wire form.
+pub fn lower_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
+    if ty.is_identity() {
+        return expr;
+    }
+    let v = closure_var(depth);
+    let map = |inner: &WireTy, f: TokenStream| -> TokenStream {
+        if inner.is_identity() {
+            expr.clone()
+        } else {
+            let body = lower_expr(inner, quote!(#v), depth + 1);
+            quote!(#f(#expr, |#v| #body))
+        }
+    };
+    match ty {
+        WireTy::Leaf(_) => expr,
+        WireTy::Option { inner, .. } => {
+            let mapped = map(inner, quote!(::core::option::Option::map));
+            quote!(::rpc::__private::WireOption::from_option(#mapped))
+        }
+        WireTy::Result { ok, err, .. } => {
+            let mut mapped = map(ok, quote!(::core::result::Result::map));
+            if !err.is_identity() {
+                let body = lower_expr(err, quote!(#v), depth + 1);
+                mapped = quote!(::core::result::Result::map_err(#mapped, |#v| #body));
+            }
+            quote!(::rpc::__private::WireResult::from_result(#mapped))
+        }
+        WireTy::Array { elem, .. } => {
+            let body = lower_expr(elem, quote!(#v), depth + 1);
+            quote!(#expr.map(|#v| #body))
+        }
+    }
+}
+
+/// An expression converting `expr` (of the wire type) back to the written type.
+pub fn raise_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
+    if ty.is_identity() {
+        return expr;
+    }
+    let v = closure_var(depth);
+    match ty {
+        WireTy::Leaf(_) => expr,
+        WireTy::Option { inner, .. } => {
+            let raised = quote!(::rpc::__private::WireOption::into_option(#expr));
+            if inner.is_identity() {
+                raised
+            } else {
+                let body = raise_expr(inner, quote!(#v), depth + 1);
+                quote!(::core::option::Option::map(#raised, |#v| #body))
+            }
+        }
+        WireTy::Result { ok, err, .. } => {
+            let mut raised = quote!(::rpc::__private::WireResult::into_result(#expr));
+            if !ok.is_identity() {
+                let body = raise_expr(ok, quote!(#v), depth + 1);
+                raised = quote!(::core::result::Result::map(#raised, |#v| #body));
+            }
+            if !err.is_identity() {
+                let body = raise_expr(err, quote!(#v), depth + 1);
+                raised = quote!(::core::result::Result::map_err(#raised, |#v| #body));
+            }
+            raised
+        }
+        WireTy::Array { elem, .. } => {
+            let body = raise_expr(elem, quote!(#v), depth + 1);
+            quote!(#expr.map(|#v| #body))
+        }
+    }
+}
+
+fn gen_server(svc: &Service, names: &Names) -> TokenStream {
+    let Names {
+        server,
+        service,
+        client,
+        ..
+    } = names;
+    let vis = &svc.vis;
+    let attrs = &svc.attrs;
+    let sep = if attrs.iter().any(|a| a.path().is_ident("doc")) {
+        doc("")
+    } else {
+        quote!()
+    };
+    let trait_doc = docs(&format!(
+        "Server side of the `{name}` RPC service, generated by `#[rpc_service]` from `trait {name}`.\n\
+         \n\
+         Implement it on your server's state, and answer each decoded request with\n\
+         [`{service}::dispatch`] (for example `server.serve_once(|req| {service}::dispatch(&mut state, req))`\n\
+         on an `rpc::Server<{service}, _>`). Clients call it through [`{client}`].",
+        name = svc.name
+    ));
+    let methods = svc.methods.iter().map(|m| {
+        let attrs = &m.attrs;
+        let sig = &m.sig;
+        let sep = if m.docs.is_empty() { quote!() } else { doc("") };
+        let id = m.id;
+        let shouty = &m.shouty;
+        let d = doc(format!(
+            " Handles RPC method id {id} ([`{service}::{shouty}`]); called by [`{service}::dispatch`]."
+        ));
+        quote! {
+            #(#attrs)*
+            #sep
+            #d
+            #sig;
+        }
+    });
+    quote! {
+        #(#attrs)*
+        #sep
+        #trait_doc
+        #vis trait #server {
+            #(#methods)*
+        }
+    }
+}
+
+fn gen_args_struct(svc: &Service, names: &Names, m: &Method) -> TokenStream {
+    let vis = &svc.vis;
+    let args_ident = names.args(svc, m);
+    let Names {
+        server, service, ..
+    } = names;
+    let name = &m.name;
+    let shouty = &m.shouty;
+    let derives = &svc.derives;
+    let extra = if derives.is_empty() {
+        quote!()
+    } else {
+        quote!(#[derive(#(#derives),*)])
+    };
+    let layout = if m.args.is_empty() {
+        "Layout: no fields, 0 bytes (the request is the 8-byte header alone).".to_owned()
+    } else {
+        let fields: Vec<String> = m
+            .args
+            .iter()
+            .map(|a| format!("`{}: {}`", a.name, wire_text(&a.ty)))
+            .collect();
+        let tagged = if m.args.iter().all(|a| a.ty.is_identity()) {
+            ""
+        } else {
+            "\n`Option`/`Result` arguments are stored as `WireOption`/`WireResult` (a tag byte, then\n\
+             the value(s), the inactive side zeroed); the accessor methods return them as written."
+        };
+        format!(
+            "Layout: `#[repr(C, packed)]`: {}, in this order and without padding, so the size is\n\
+             the sum of the fields' sizes.{tagged}",
+            fields.join(", ")
+        )
+    };
+    let struct_doc = docs(&format!(
+        "Wire arguments of RPC method `{name}` ([`{server}::{name}`], method id [`{service}::{shouty}`]):\n\
+         the request body sent after the 8-byte message header.\n\
+         \n\
+         {layout}"
+    ));
+    let fields = m.args.iter().map(|a| {
+        let ident = &a.ident;
+        let ty = lowered(&a.ty);
+        let written = type_text(a.ty.written());
+        let d = if a.ty.is_identity() {
+            doc(format!(" Argument `{}: {written}`.", a.name))
+        } else {
+            doc(format!(
+                " Argument `{}: {written}`, in its wire form; [`Self::{}`] returns it as written.",
+                a.name, a.name
+            ))
+        };
+        quote! {
+            #d
+            pub #ident: #ty
+        }
+    });
+    let accessors = m.args.iter().map(|a| {
+        let ident = &a.ident;
+        let written = a.ty.written();
+        // Copy the (packed) struct out first: no reference to a packed field is ever taken.
+        let body = raise_expr(&a.ty, quote!(__rpc_this.#ident), 0);
+        let d = doc(format!(
+            " Argument `{}` as written in the trait (`{}`).",
+            a.name,
+            type_text(written)
+        ));
+        quote! {
+            #d
+            #[inline]
+            pub fn #ident(&self) -> #written {
+                let __rpc_this = *self;
+                #body
+            }
+        }
+    });
+    let accessors_impl = if m.args.is_empty() {
+        quote!()
+    } else {
+        quote! {
+            impl #args_ident {
+                #(#accessors)*
+            }
+        }
+    };
+    quote! {
+        #struct_doc
+        #[derive(
+            ::rpc::__private::zerocopy::TryFromBytes,
+            ::rpc::__private::zerocopy::IntoBytes,
+            ::rpc::__private::zerocopy::KnownLayout,
+            ::rpc::__private::zerocopy::Immutable,
+            ::core::clone::Clone,
+            ::core::marker::Copy
+        )]
+        #extra
+        #[zerocopy(crate = "::rpc::__private::zerocopy")]
+        #[repr(C, packed)]
+        #vis struct #args_ident {
+            #(#fields,)*
+        }
+        #accessors_impl
+    }
+}
+
+/// Text of a type's wire form, for docs.
+fn wire_text(ty: &WireTy) -> String {
+    let t = lowered(ty);
+    crate::parse::normalize_tokens(t).replace("::rpc::__private::", "")
+}
+
+fn gen_enums(svc: &Service, names: &Names) -> TokenStream {
+    let vis = &svc.vis;
+    let Names {
+        server,
+        service,
+        request,
+        response,
+        client,
+        ..
+    } = names;
+    let name = &svc.name;
+    let derives = &svc.derives;
+    let extra = if derives.is_empty() {
+        quote!()
+    } else {
+        quote!(#[derive(#(#derives),*)])
+    };
+    let req_variants = svc.methods.iter().map(|m| {
+        let camel = &m.camel;
+        let args = names.args(svc, m);
+        let d = doc(format!(
+            " Call of [`{server}::{}`] (method id [`{service}::{}`] = {}).",
+            m.name, m.shouty, m.id
+        ));
+        quote!(#d #camel(#args))
+    });
+    let resp_variants = svc.methods.iter().map(|m| {
+        let camel = &m.camel;
+        let ret = ret_type(m);
+        let d = doc(format!(
+            " Return value of [`{server}::{}`] (method id [`{service}::{}`] = {}).",
+            m.name, m.shouty, m.id
+        ));
+        quote!(#d #camel(#ret))
+    });
+    let ctors = svc.methods.iter().map(|m| {
+        let ident = &m.ident;
+        let allows = &m.allows;
+        let camel = &m.camel;
+        let args_ident = names.args(svc, m);
+        let params = m.args.iter().map(|a| {
+            let i = &a.ident;
+            let t = a.ty.written();
+            quote!(#i: #t)
+        });
+        let init = struct_init(&args_ident, m);
+        let d = doc(format!(
+            " A request for [`{server}::{}`], with its arguments as written in the trait.",
+            m.name
+        ));
+        quote! {
+            #d
+            #(#allows)*
+            #[inline]
+            #[allow(clippy::too_many_arguments)]
+            pub fn #ident(#(#params),*) -> Self {
+                #request::#camel(#init)
+            }
+        }
+    });
+    let req_doc = docs(&format!(
+        "A request of the `{name}` service: one variant per method, holding the method's wire\n\
+         arguments. `Copy`; build one with the constructor named after the method.\n\
+         \n\
+         On the wire (`<{service} as rpc::Service>::encode_request`): the 8-byte header\n\
+         (method id, status 0, body length), then the argument struct's bytes. Send one with\n\
+         [`{client}::issue_request`]; a server gets them from `rpc::Server::recv`."
+    ));
+    let resp_doc = docs(&format!(
+        "A successful response of the `{name}` service: one variant per method, holding its return\n\
+         value as written in the trait (`()` when none).\n\
+         \n\
+         On the wire: the 8-byte header (method id echoed, status 0, body length), then the\n\
+         return value's bytes in its wire form (`Option`/`Result` as `WireOption`/`WireResult`).\n\
+         Produced by [`{service}::dispatch`]; delivered to clients with their tag by\n\
+         [`{client}::poll`]/[`{client}::poll_with`]."
+    ));
+    let ctors_impl = if svc.methods.is_empty() {
+        quote!()
+    } else {
+        quote! {
+            impl #request {
+                #(#ctors)*
+            }
+        }
+    };
+    quote! {
+        #req_doc
+        #[derive(::core::clone::Clone, ::core::marker::Copy)]
+        #extra
+        #vis enum #request {
+            #(#req_variants,)*
+        }
+        #ctors_impl
+        #resp_doc
+        #[derive(::core::clone::Clone, ::core::marker::Copy)]
+        #extra
+        #vis enum #response {
+            #(#resp_variants,)*
+        }
+    }
+}
+
+/// `Args { a: lower(a), b: lower(b) }` from the method's parameters in scope.
+fn struct_init(args_ident: &Ident, m: &Method) -> TokenStream {
+    let fields = m.args.iter().map(|a| {
+        let i = &a.ident;
+        if a.ty.is_identity() {
+            quote!(#i)
+        } else {
+            let value = lower_expr(&a.ty, quote!(#i), 0);
+            quote!(#i: #value)
+        }
+    });
+    quote!(#args_ident { #(#fields),* })
+}
+
+fn gen_service(svc: &Service, names: &Names) -> TokenStream {
+    let vis = &svc.vis;
+    let Names {
+        server,
+        service,
+        request,
+        response,
+        ..
+    } = names;
+    let name = &svc.name;
+    let consts = svc.methods.iter().map(|m| {
+        let shouty = &m.shouty;
+        let id = m.id;
+        let d = doc(format!(
+            " Method id of [`{server}::{}`]: its declaration index, {id}.",
+            m.name
+        ));
+        quote!(#d pub const #shouty: u16 = #id;)
+    });
+    let dispatch_arms = svc.methods.iter().map(|m| {
+        let camel = &m.camel;
+        let ident = &m.ident;
+        let args_ident = names.args(svc, m);
+        let getters = m.args.iter().map(|a| {
+            let i = &a.ident;
+            quote!(#args_ident::#i(&__rpc_args))
+        });
+        let bind = if m.args.is_empty() {
+            quote!(_)
+        } else {
+            quote!(__rpc_args)
+        };
+        quote! {
+            #request::#camel(#bind) => #response::#camel(<__RpcS as #server>::#ident(server #(, #getters)*))
+        }
+    });
+    let dispatch_body = if svc.methods.is_empty() {
+        quote! {
+            let _ = server;
+            match req {}
+        }
+    } else {
+        quote! {
+            match req {
+                #(#dispatch_arms,)*
+            }
+        }
+    };
+
+    let method_descs = svc.methods.iter().map(|m| {
+        let id = m.id;
+        let mname = &m.name;
+        let args_ident = names.args(svc, m);
+        let arg_descs = m.args.iter().map(|a| {
+            let aname = &a.name;
+            let ty = type_text(a.ty.written());
+            let lowered = lowered(&a.ty);
+            quote! {
+                ::rpc::ArgDescriptor {
+                    name: #aname,
+                    ty: #ty,
+                    size: ::core::mem::size_of::<#lowered>(),
+                }
+            }
+        });
+        let ret_ty = m.ret_text();
+        let ret_lowered = lowered(&m.ret);
+        quote! {
+            ::rpc::MethodDescriptor {
+                id: #id,
+                name: #mname,
+                args: &[#(#arg_descs),*],
+                ret_ty: #ret_ty,
+                ret_size: ::core::mem::size_of::<#ret_lowered>(),
+                request_bytes: ::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#args_ident>(),
+                response_bytes: ::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#ret_lowered>(),
+            }
+        }
+    });
+
+    let (encode_req, decode_req, encode_resp, decode_resp, req_id) = if svc.methods.is_empty() {
+        (
+            quote!(match *req {}),
+            quote! {
+                let __rpc_hdr = ::rpc::__private::read_header(msg)?;
+                ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_hdr.method_id))
+            },
+            quote!(match *resp {}),
+            quote!(::core::result::Result::Err(
+                ::rpc::wire::WireError::UnknownMethod(method_id)
+            )),
+            quote!(match *req {}),
+        )
+    } else {
+        let encode_req = svc.methods.iter().map(|m| {
+            let camel = &m.camel;
+            let shouty = &m.shouty;
+            quote!(#request::#camel(__rpc_args) => ::rpc::__private::encode(#service::#shouty, 0, __rpc_args, out))
+        });
+        let decode_req = svc.methods.iter().map(|m| {
+            let camel = &m.camel;
+            let id = m.id;
+            let args_ident = names.args(svc, m);
+            quote! {
+                #id => ::core::result::Result::Ok(#request::#camel(
+                    ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?,
+                ))
+            }
+        });
+        let encode_resp = svc.methods.iter().map(|m| {
+            let camel = &m.camel;
+            let shouty = &m.shouty;
+            let value = lower_expr(&m.ret, quote!(__rpc_ret), 0);
+            quote! {
+                #response::#camel(__rpc_ret) => ::rpc::__private::encode(#service::#shouty, 0, &#value, out)
+            }
+        });
+        let decode_resp = svc.methods.iter().map(|m| {
+            let camel = &m.camel;
+            let id = m.id;
+            let lowered = lowered(&m.ret);
+            let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
+            quote! {
+                #id => {
+                    let __rpc_ret = ::rpc::__private::decode_response::<#lowered>(#id, msg)?;
+                    ::core::result::Result::Ok(#response::#camel(#raised))
+                }
+            }
+        });
+        let req_id = svc.methods.iter().map(|m| {
+            let camel = &m.camel;
+            let shouty = &m.shouty;
+            quote!(#request::#camel(_) => #service::#shouty)
+        });
+        (
+            quote! {
+                match req {
+                    #(#encode_req,)*
+                }
+            },
+            quote! {
+                let __rpc_hdr = ::rpc::__private::read_header(msg)?;
+                match __rpc_hdr.method_id {
+                    #(#decode_req,)*
+                    __rpc_id => ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_id)),
+                }
+            },
+            quote! {
+                match *resp {
+                    #(#encode_resp,)*
+                }
+            },
+            quote! {
+                match method_id {
+                    #(#decode_resp,)*
+                    __rpc_id => ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_id)),
+                }
+            },
+            quote! {
+                match req {
+                    #(#req_id,)*
+                }
+            },
+        )
+    };
+
+    let svc_doc = docs(&format!(
+        "The `{name}` RPC service: method ids, the server-side [`{service}::dispatch`], and the\n\
+         `rpc::Service` implementation (wire encoding and decoding of [`{request}`] and\n\
+         [`{response}`], and the schema descriptor whose fingerprint clients check when they\n\
+         connect). Method ids are declaration indices."
+    ));
+    let dispatch_doc = docs(&format!(
+        "Calls the [`{server}`] method that `req` names on `server`, with the request's arguments\n\
+         as written in the trait, and wraps its return value in the matching [`{response}`]\n\
+         variant. Use it as the handler of `rpc::Server::serve_once`, or after\n\
+         `rpc::Server::recv` to answer later with `rpc::Server::reply`."
+    ));
+    quote! {
+        #svc_doc
+        #[derive(::core::clone::Clone, ::core::marker::Copy, ::core::fmt::Debug, ::core::default::Default)]
+        #vis struct #service;
+
+        impl #service {
+            #(#consts)*
+
+            #dispatch_doc
+            #[inline]
+            pub fn dispatch<__RpcS: #server + ?::core::marker::Sized>(server: &mut __RpcS, req: #request) -> #response {
+                #dispatch_body
+            }
+        }
+
+        impl ::rpc::Service for #service {
+            type Request = #request;
+            type Response = #response;
+            const DESCRIPTOR: &'static ::rpc::ServiceDescriptor = {
+                const __RPC_METHODS: &[::rpc::MethodDescriptor] = &[#(#method_descs),*];
+                &::rpc::ServiceDescriptor::new(#name, __RPC_METHODS)
+            };
+
+            #[inline]
+            fn encode_request(req: &#request, out: &mut [u8]) -> usize {
+                #encode_req
+            }
+
+            #[inline]
+            fn decode_request(msg: &[u8]) -> ::core::result::Result<#request, ::rpc::wire::WireError> {
+                #decode_req
+            }
+
+            #[inline]
+            fn encode_response(resp: &#response, out: &mut [u8]) -> usize {
+                #encode_resp
+            }
+
+            #[inline]
+            fn decode_response(method_id: u16, msg: &[u8]) -> ::core::result::Result<#response, ::rpc::wire::WireError> {
+                #decode_resp
+            }
+
+            #[inline]
+            fn request_method_id(req: &#request) -> u16 {
+                #req_id
+            }
+        }
+    }
+}
+
+fn gen_client(svc: &Service, names: &Names) -> TokenStream {
+    let vis = &svc.vis;
+    let Names {
+        server,
+        service,
+        client,
+        issue,
+        request,
+        response,
+    } = names;
+    let name = &svc.name;
+    let transport = &svc.transport;
+    let transport_name = &svc.transport_name;
+    let transport_path = format!("rpc::{}", transport.to_string().replace(' ', ""));
+
+    let blocking = svc.methods.iter().map(|m| {
+        let ident = &m.ident;
+        let allows = &m.allows;
+        let args_ident = names.args(svc, m);
+        let shouty = &m.shouty;
+        let params = m.args.iter().map(|a| {
+            let i = &a.ident;
+            let t = a.ty.written();
+            quote!(#i: #t)
+        });
+        let init = struct_init(&args_ident, m);
+        let ret = ret_type(m);
+        let lowered_ret = lowered(&m.ret);
+        let call = quote!(self.inner.call::<#args_ident, #lowered_ret>(#service::#shouty, &#init));
+        let body = if m.ret.is_identity() {
+            call
+        } else {
+            let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
+            quote!(::core::result::Result::map(#call, |__rpc_ret| #raised))
+        };
+        let user_docs = &m.docs;
+        let sep = if user_docs.is_empty() { quote!() } else { doc("") };
+        let d = docs(&format!(
+            "Blocking call of [`{server}::{}`]: sends a [`{args_ident}`] request (method id\n\
+             [`{service}::{shouty}`]) and waits for the response. Responses of pipelined calls that\n\
+             arrive meanwhile are kept for [`{client}::poll`].\n\
+             \n\
+             # Errors\n\
+             `RpcError::ServerDisconnected` if the server is gone; `RpcError::BadRequest` if the\n\
+             server rejected the request; `RpcError::BadResponse` if the response does not decode.",
+            m.name
+        ));
+        quote! {
+            #(#user_docs)*
+            #sep
+            #d
+            #(#allows)*
+            #[inline]
+            #[allow(clippy::too_many_arguments)]
+            pub fn #ident(&mut self #(, #params)*) -> ::core::result::Result<#ret, ::rpc::RpcError> {
+                #body
+            }
+        }
+    });
+
+    let pipelined = svc.methods.iter().map(|m| {
+        let ident = &m.ident;
+        let allows = &m.allows;
+        let camel = &m.camel;
+        let args_ident = names.args(svc, m);
+        let shouty = &m.shouty;
+        let params = m.args.iter().map(|a| {
+            let i = &a.ident;
+            let t = a.ty.written();
+            quote!(#i: #t)
+        });
+        let init = struct_init(&args_ident, m);
+        let user_docs = &m.docs;
+        let sep = if user_docs.is_empty() { quote!() } else { doc("") };
+        let d = docs(&format!(
+            "Pipelined call of [`{server}::{}`]: sends a [`{args_ident}`] request (method id\n\
+             [`{service}::{shouty}`]) without waiting. Its response arrives later through\n\
+             [`{client}::poll`] or [`{client}::poll_with`] as `(tag, {response}::{camel}(..))`, with\n\
+             the tag given to [`{client}::issue`].\n\
+             \n\
+             # Errors\n\
+             `RpcError::WouldBlock` when [`{client}::max_in_flight`] calls are in flight (nothing\n\
+             was sent: poll, then issue again); `RpcError::ServerDisconnected`.",
+            m.name
+        ));
+        quote! {
+            #(#user_docs)*
+            #sep
+            #d
+            #(#allows)*
+            #[inline]
+            #[allow(clippy::too_many_arguments)]
+            pub fn #ident(self #(, #params)*) -> ::core::result::Result<(), ::rpc::RpcError> {
+                self.client.issue(self.tag, #service::#shouty, &#init)
+            }
+        }
+    });
+
+    let client_doc = docs(&format!(
+        "Client of the `{name}` RPC service over transport `T` (default\n\
+         [`{transport_path}`], from `#[rpc_service(transport = \"{transport_name}\")]`; name\n\
+         another `rpc::ClientTransport` to run the same service over it).\n\
+         \n\
+         Every method has a blocking form, `client.method(args)?`, which sends the request and\n\
+         waits for its response, and a pipelined form, `client.issue(tag).method(args)?`, whose\n\
+         response is delivered later, with its `tag`, by [`{client}::poll`] or\n\
+         [`{client}::poll_with`]. Both may be mixed; up to [`{client}::max_in_flight`] calls can\n\
+         be in flight."
+    ));
+    let issue_doc = docs(&format!(
+        "A pipelined call of the `{name}` service about to be issued with a tag: returned by\n\
+         [`{client}::issue`]. Call exactly one method on it, e.g. `client.issue(tag).method(args)?`;\n\
+         the response arrives through [`{client}::poll`]/[`{client}::poll_with`] with that tag."
+    ));
+    let connect_doc = docs(&format!(
+        "Connects to a `{name}` server at `addr` (for the delegation transport, the shared-memory\n\
+         ring's name), checking this build's schema fingerprint and message sizes against the\n\
+         server's.\n\
+         \n\
+         # Errors\n\
+         `RpcError::SchemaMismatch` if the server was built from a different `{name}` trait;\n\
+         `RpcError::CapacityMismatch`; and the transport's own setup errors."
+    ));
+    let issue_fn_doc = docs(&format!(
+        "Starts a pipelined call tagged `tag`: call one method on the returned [`{issue}`], e.g.\n\
+         `client.issue(tag).method(args)?`. The response arrives later through\n\
+         [`{client}::poll`] or [`{client}::poll_with`] with the same `tag`."
+    ));
+    let issue_request_doc = docs(&format!(
+        "Pipelined call of a whole [`{request}`] value, tagged `tag`; the response arrives through\n\
+         [`{client}::poll`]/[`{client}::poll_with`].\n\
+         \n\
+         # Errors\n\
+         `RpcError::WouldBlock` when [`{client}::max_in_flight`] calls are in flight (nothing was\n\
+         sent: poll, then issue again); `RpcError::ServerDisconnected`."
+    ));
+    let poll_doc = docs(
+        "Returns one completed pipelined call as `(tag, response)`, or `None` if none has\n\
+         completed yet. Never blocks.\n\
+         \n\
+         # Errors\n\
+         `RpcError::BadRequest`/`RpcError::BadResponse` for a call that failed (its tag is in the\n\
+         error; the call is consumed); `RpcError::ServerDisconnected`.",
+    );
+    let poll_with_doc = docs(
+        "Delivers every completed pipelined call to `f(tag, result)` and returns how many.\n\
+         Never blocks; cheaper than [`Self::poll`] when many calls complete at once.\n\
+         \n\
+         # Errors\n\
+         `RpcError::ServerDisconnected` (failures of single calls go to `f`).",
+    );
+    quote! {
+        #client_doc
+        #vis struct #client<__RpcT: ::rpc::ClientTransport = ::rpc::#transport> {
+            inner: ::rpc::Client<#service, __RpcT>,
+        }
+
+        impl<__RpcT: ::rpc::ClientTransport> #client<__RpcT> {
+            #connect_doc
+            pub fn connect(addr: &<__RpcT as ::rpc::ClientTransport>::Addr) -> ::core::result::Result<Self, ::rpc::RpcError> {
+                ::core::result::Result::Ok(Self {
+                    inner: ::rpc::Client::connect(addr)?,
+                })
+            }
+
+            #(#blocking)*
+
+            #issue_fn_doc
+            #[inline]
+            pub fn issue(&mut self, tag: u64) -> #issue<'_, __RpcT> {
+                #issue {
+                    client: &mut self.inner,
+                    tag,
+                }
+            }
+
+            #issue_request_doc
+            #[inline]
+            pub fn issue_request(&mut self, tag: u64, req: &#request) -> ::core::result::Result<(), ::rpc::RpcError> {
+                self.inner.issue_request(tag, req)
+            }
+
+            #poll_doc
+            #[inline]
+            pub fn poll(&mut self) -> ::core::result::Result<::core::option::Option<(u64, #response)>, ::rpc::RpcError> {
+                self.inner.poll()
+            }
+
+            #poll_with_doc
+            #[inline]
+            pub fn poll_with(
+                &mut self,
+                f: impl ::core::ops::FnMut(u64, ::core::result::Result<#response, ::rpc::RpcError>),
+            ) -> ::core::result::Result<usize, ::rpc::RpcError> {
+                self.inner.poll_with(f)
+            }
+
+            /// Calls issued and not yet delivered by [`Self::poll`]/[`Self::poll_with`]
+            /// (including completions received and waiting to be polled).
+            #[inline]
+            pub fn in_flight(&self) -> usize {
+                self.inner.in_flight()
+            }
+
+            /// Most calls that can be in flight at once.
+            #[inline]
+            pub fn max_in_flight(&self) -> usize {
+                self.inner.max_in_flight()
+            }
+
+            /// The transport.
+            #[inline]
+            pub fn transport(&self) -> &__RpcT {
+                self.inner.transport()
+            }
+
+            /// The transport, mutably.
+            #[inline]
+            pub fn transport_mut(&mut self) -> &mut __RpcT {
+                self.inner.transport_mut()
+            }
+        }
+
+        #issue_doc
+        #[must_use = "a pipelined call is sent only when one of its methods is called"]
+        #vis struct #issue<'__rpc_a, __RpcT: ::rpc::ClientTransport> {
+            client: &'__rpc_a mut ::rpc::Client<#service, __RpcT>,
+            tag: u64,
+        }
+
+        impl<'__rpc_a, __RpcT: ::rpc::ClientTransport> #issue<'__rpc_a, __RpcT> {
+            #(#pipelined)*
+        }
+    }
+}
+
+/// Compile-time checks, one per leaf type and required trait, each spanned at the type as
+/// written so that an error points at it and names the type and the missing trait (see
+/// `rpc_runtime::macro_support`).
+fn gen_checks(svc: &Service) -> TokenStream {
+    // One check per distinct (type, trait): a type used twice is checked (and reported) at
+    // its first use. Primitive types always pass and are skipped.
+    let mut seen: Vec<(String, &str)> = Vec::new();
+    let mut checks = Vec::new();
+    let mut check_leaf = |ty: &Type, in_tagged: bool| {
+        let text = type_text(ty);
+        if is_primitive(&text) {
+            return;
+        }
+        let span = ty.span();
+        let traits = [
+            "AssertIntoBytes",
+            "AssertTryFromBytes",
+            "AssertKnownLayout",
+            "AssertImmutable",
+            "AssertCopy",
+            "AssertFromZeros",
+        ];
+        let n = if in_tagged {
+            traits.len()
+        } else {
+            traits.len() - 1
+        };
+        for check in &traits[..n] {
+            if !seen.iter().any(|(t, c)| *t == text && c == check) {
+                seen.push((text.clone(), check));
+                checks.push(check_type(span, check, ty));
+            }
+        }
+    };
+    for m in &svc.methods {
+        for a in &m.args {
+            a.ty.for_each_leaf(false, &mut check_leaf);
+        }
+        if m.ret_written {
+            m.ret.for_each_leaf(false, &mut check_leaf);
+        }
+    }
+    if checks.is_empty() {
+        return quote!();
+    }
+    quote! {
+        const _: () = {
+            #[allow(dead_code)]
+            struct __RpcChecks(#(#checks),*);
+        };
+    }
+}
+
+/// Types that implement every required trait: integers, floats, `bool`, `char`, `()`.
+fn is_primitive(text: &str) -> bool {
+    matches!(
+        text,
+        "u8" | "u16"
+            | "u32"
+            | "u64"
+            | "u128"
+            | "usize"
+            | "i8"
+            | "i16"
+            | "i32"
+            | "i64"
+            | "i128"
+            | "isize"
+            | "f32"
+            | "f64"
+            | "bool"
+            | "char"
+            | "()"
+    )
+}
+
+fn check_type(span: Span, check: &str, ty: &Type) -> TokenStream {
+    let check = Ident::new(check, span);
+    quote_spanned! {span=>
+        ::rpc::__private::#check<#ty>
+    }
+}

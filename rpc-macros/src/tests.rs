@@ -1,0 +1,495 @@
+//! Unit tests of parsing, lowering and validation (the compile errors as users see them are
+//! covered by the trybuild tests in the workspace's `tests/ui`).
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+use crate::expand::expand;
+use crate::generate::{lower_expr, lowered, raise_expr};
+use crate::parse::{Errors, WireTy, normalize_tokens, parse_attr};
+use crate::validate::{CLIENT_METHODS, type_text};
+
+fn classify(ty: TokenStream) -> Result<WireTy, String> {
+    let ty: syn::Type = syn::parse2(ty).expect("a type");
+    let mut errors = Errors::default();
+    let out = WireTy::classify(&ty, &mut errors);
+    match errors.finish() {
+        Ok(()) => Ok(out.expect("no error, so a type")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Tokens as text without any whitespace.
+fn compact(tokens: TokenStream) -> String {
+    tokens
+        .to_string()
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect()
+}
+
+fn lowered_text(ty: TokenStream) -> String {
+    normalize_tokens(lowered(&classify(ty).expect("supported type")))
+        .replace("::rpc::__private::", "")
+}
+
+/// Every error message of an expansion.
+fn errors_of(attr: TokenStream, item: TokenStream) -> Vec<String> {
+    let out = expand(attr, item);
+    let file: syn::File = syn::parse2(out).expect("the expansion parses");
+    file.items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Macro(m)
+                if m.mac
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|s| s.ident == "compile_error") =>
+            {
+                let lit: syn::LitStr = m.mac.parse_body().expect("a string");
+                Some(lit.value())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn kv_errors(item: TokenStream) -> Vec<String> {
+    errors_of(quote!(transport = "delegation"), item)
+}
+
+#[test]
+fn lowering_is_recursive_and_syntactic() {
+    assert_eq!(lowered_text(quote!(u64)), "u64");
+    assert_eq!(lowered_text(quote!(Option<u64>)), "WireOption<u64>");
+    assert_eq!(
+        lowered_text(quote!(std::option::Option<u64>)),
+        "WireOption<u64>"
+    );
+    assert_eq!(
+        lowered_text(quote!(::core::option::Option<u64>)),
+        "WireOption<u64>"
+    );
+    assert_eq!(
+        lowered_text(quote!(Result<u32, Err>)),
+        "WireResult<u32, Err>"
+    );
+    assert_eq!(
+        lowered_text(quote!(core::result::Result<(), u8>)),
+        "WireResult<(), u8>"
+    );
+    assert_eq!(lowered_text(quote!([u8; 32])), "[u8; 32]");
+    assert_eq!(lowered_text(quote!([[u16; 2]; N])), "[[u16; 2]; N]");
+    assert_eq!(
+        lowered_text(quote!(Option<[Option<u8>; 2]>)),
+        "WireOption<[WireOption<u8>; 2]>"
+    );
+    assert_eq!(
+        lowered_text(quote!([Option<Result<bool, char>>; 2])),
+        "[WireOption<WireResult<bool, char>>; 2]"
+    );
+    assert_eq!(lowered_text(quote!((Option<u8>))), "WireOption<u8>");
+    // Not recognised: aliases, other paths, wrong arity. Left as written (leaf types).
+    assert_eq!(lowered_text(quote!(MaybeU64)), "MaybeU64");
+    assert_eq!(lowered_text(quote!(io::Result<u8>)), "io::Result<u8>");
+    assert_eq!(lowered_text(quote!(Result<u8>)), "Result<u8>");
+    assert_eq!(
+        lowered_text(quote!(my::option::Option<u8>)),
+        "my::option::Option<u8>"
+    );
+    assert_eq!(lowered_text(quote!(::Option<u8>)), "::Option<u8>");
+}
+
+#[test]
+fn identity_lowering_needs_no_conversion() {
+    let ty = classify(quote!([[u8; 2]; 3])).unwrap();
+    assert!(ty.is_identity());
+    assert_eq!(lower_expr(&ty, quote!(x), 0).to_string(), "x");
+    assert_eq!(raise_expr(&ty, quote!(x), 0).to_string(), "x");
+    let ty = classify(quote!([Option<u8>; 3])).unwrap();
+    assert!(!ty.is_identity());
+    let lower = compact(lower_expr(&ty, quote!(x), 0));
+    assert_eq!(
+        lower,
+        "x.map(|__rpc_v0|::rpc::__private::WireOption::from_option(__rpc_v0))"
+    );
+    let raise = compact(raise_expr(&ty, quote!(x), 0));
+    assert_eq!(
+        raise,
+        "x.map(|__rpc_v0|::rpc::__private::WireOption::into_option(__rpc_v0))"
+    );
+}
+
+#[test]
+fn nested_conversions_use_distinct_closure_variables() {
+    let ty = classify(quote!(Option<[Option<u8>; 2]>)).unwrap();
+    let lower = compact(lower_expr(&ty, quote!(x), 0));
+    assert_eq!(
+        lower,
+        "::rpc::__private::WireOption::from_option(::core::option::Option::map(x,|__rpc_v0|\
+         __rpc_v0.map(|__rpc_v1|::rpc::__private::WireOption::from_option(__rpc_v1))))"
+    );
+    let ty = classify(quote!(Result<Option<u8>, [Option<u8>; 1]>)).unwrap();
+    let raise = compact(raise_expr(&ty, quote!(x), 0));
+    assert!(raise.contains("::core::result::Result::map("), "{raise}");
+    assert!(
+        raise.contains("::core::result::Result::map_err("),
+        "{raise}"
+    );
+}
+
+#[test]
+fn leaves_inside_option_or_result_are_marked() {
+    let ty = classify(quote!(Option<[Result<A, B>; 2]>)).unwrap();
+    let mut leaves = Vec::new();
+    ty.for_each_leaf(false, &mut |t, tagged| leaves.push((type_text(t), tagged)));
+    assert_eq!(leaves, [("A".to_owned(), true), ("B".to_owned(), true)]);
+    let ty = classify(quote!([C; 2])).unwrap();
+    let mut leaves = Vec::new();
+    ty.for_each_leaf(false, &mut |t, tagged| leaves.push((type_text(t), tagged)));
+    assert_eq!(leaves, [("C".to_owned(), false)]);
+}
+
+#[test]
+fn unsupported_types_are_rejected_syntactically() {
+    for (ty, what) in [
+        (quote!(&u8), "a reference"),
+        (quote!(&'static str), "a reference"),
+        (quote!([u8]), "a slice"),
+        (quote!(impl Copy), "`impl Trait`"),
+        (quote!(dyn Send), "a `dyn Trait` object"),
+        (quote!(Box<dyn Send>), "does not matter"),
+        (quote!((u8, u8)), "a tuple"),
+        (quote!(*const u8), "a raw pointer"),
+        (quote!(fn(u8)), "a function pointer"),
+        (quote!(!), "`!`"),
+        (quote!(_), "`_`"),
+        (quote!(Option<&u8>), "a reference"),
+        (quote!([(u8, u8); 2]), "a tuple"),
+        (quote!(Self), "`Self` cannot appear"),
+        (quote!(Option<Self>), "`Self` cannot appear"),
+        (quote!(Foo<'a>), "lifetimes other than `'static`"),
+    ] {
+        let r = classify(ty.clone());
+        if what == "does not matter" {
+            // A leaf type: the compile-time assertions reject it, not the parser.
+            assert!(r.is_ok(), "{ty}");
+            continue;
+        }
+        let err = r.expect_err(&ty.to_string());
+        assert!(err.starts_with(what), "{ty}: {err}");
+    }
+    assert!(classify(quote!(Foo<'static>)).is_ok());
+    assert!(classify(quote!(())).is_ok());
+}
+
+#[test]
+fn type_text_is_whitespace_normalised() {
+    for (tokens, text) in [
+        (quote!(Option<u64>), "Option<u64>"),
+        (quote!([u8; 32]), "[u8; 32]"),
+        (quote!(()), "()"),
+        (
+            quote!(std::option::Option<[Option<u8>; 2]>),
+            "std::option::Option<[Option<u8>; 2]>",
+        ),
+        (
+            quote!(::core::result::Result<(), MyError>),
+            "::core::result::Result<(), MyError>",
+        ),
+        (quote!(Vec<Vec<u8>>), "Vec<Vec<u8>>"),
+        (quote!(<T as Trait>::Assoc), "<T as Trait>::Assoc"),
+        (quote!([u8; N * 2 + 1]), "[u8; N * 2 + 1]"),
+        (quote!([u8; N - 1]), "[u8; N - 1]"),
+        (quote!([u8; -1 as usize]), "[u8; -1 as usize]"),
+        (quote!([u8; { N }]), "[u8; { N }]"),
+        (quote!(Foo<'static, -1>), "Foo<'static, -1>"),
+        (quote!(my_type!(u8)), "my_type!(u8)"),
+    ] {
+        assert_eq!(normalize_tokens(tokens), text);
+    }
+    // The source's spacing does not matter.
+    let a: syn::Type = syn::parse_str("Option < [ u8 ;4 ] >").unwrap();
+    let b: syn::Type = syn::parse_str("Option<[u8; 4]>").unwrap();
+    assert_eq!(type_text(&a), type_text(&b));
+}
+
+#[test]
+fn attribute_arguments() {
+    let mut errors = Errors::default();
+    let args = parse_attr(
+        quote!(transport = "delegation", derive(Debug, PartialEq)),
+        &mut errors,
+    );
+    assert!(errors.finish().is_ok());
+    assert_eq!(args.transport.unwrap().value(), "delegation");
+    assert_eq!(args.derives.len(), 2);
+
+    let item = quote!(
+        trait T {}
+    );
+    let e = errors_of(quote!(), item.clone());
+    assert_eq!(e.len(), 1);
+    assert!(e[0].starts_with("missing transport"), "{e:?}");
+    let e = errors_of(quote!(transport = "foo"), item.clone());
+    assert_eq!(e, ["unknown transport `foo`; available: delegation"]);
+    for t in ["copyrpc", "erpc", "scalerpc"] {
+        let e = errors_of(quote!(transport = #t), item.clone());
+        assert_eq!(
+            e,
+            [format!(
+                "transport `{t}` is not available yet; available transports: delegation"
+            )]
+        );
+    }
+    let e = errors_of(
+        quote!(transport = "delegation", colour = "blue"),
+        item.clone(),
+    );
+    assert!(
+        e[0].starts_with("unknown `#[rpc_service]` argument `colour`"),
+        "{e:?}"
+    );
+    let e = errors_of(quote!(transport = delegation), item.clone());
+    assert!(
+        e[0].starts_with("`transport` takes a string literal"),
+        "{e:?}"
+    );
+    let e = errors_of(
+        quote!(transport = "delegation", transport = "delegation"),
+        item.clone(),
+    );
+    assert_eq!(e, ["duplicate `transport` argument"]);
+    let e = errors_of(
+        quote!(transport = "delegation", derive(Clone)),
+        item.clone(),
+    );
+    assert!(e[0].starts_with("`Clone` is always derived"), "{e:?}");
+    let e = errors_of(
+        quote!(transport = "delegation"),
+        quote!(
+            struct S;
+        ),
+    );
+    assert!(
+        e[0].starts_with("`#[rpc_service]` applies to a trait"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn name_collisions_are_detected() {
+    let e = kv_errors(quote! {
+        trait Kv {
+            fn get_value(&self);
+            fn getValue(&self);
+            fn GetValue(&self);
+            fn get(&self);
+            fn get(&self, x: u8);
+        }
+    });
+    assert_eq!(e.len(), 3, "{e:?}");
+    assert!(
+        e[0].starts_with("method `getValue` collides with method `get_value`"),
+        "{e:?}"
+    );
+    assert!(e[0].contains("`KvRequest::GetValue`"), "{e:?}");
+    assert!(
+        e[1].starts_with("method `GetValue` collides with method `get_value`"),
+        "{e:?}"
+    );
+    assert_eq!(e[2], "duplicate method `get`");
+
+    // Same SHOUTY_SNAKE constant, different CamelCase variant.
+    let e = kv_errors(quote! {
+        trait Kv {
+            fn a_b1(&self);
+            fn a_b_1(&self);
+        }
+    });
+    assert_eq!(e.len(), 1, "{e:?}");
+
+    let e = kv_errors(quote! {
+        trait Kv {
+            fn put(&self, key: u64, key: u32);
+        }
+    });
+    assert_eq!(
+        e,
+        ["duplicate argument name `key`: each argument becomes a field of `KvPutArgs`"]
+    );
+}
+
+#[test]
+fn reserved_names_are_rejected() {
+    for name in CLIENT_METHODS.iter().chain(&["descriptor"]) {
+        let ident = syn::Ident::new(name, proc_macro2::Span::call_site());
+        let e = kv_errors(quote! {
+            trait Kv {
+                fn #ident(&self);
+            }
+        });
+        assert_eq!(e.len(), 1, "{name}: {e:?}");
+        assert!(
+            e[0].starts_with(&format!("method name `{name}` is reserved")),
+            "{e:?}"
+        );
+    }
+    let e = kv_errors(quote! {
+        trait __rpcKv {
+            fn __rpc_get(&self, __RPC_x: u8);
+        }
+    });
+    assert_eq!(e.len(), 3, "{e:?}");
+    assert!(
+        e.iter()
+            .all(|m| m.contains("starting with `__rpc` are used by")),
+        "{e:?}"
+    );
+    // Names that merely contain the prefix, and keywords as raw identifiers, are fine.
+    assert!(
+        kv_errors(quote!(
+            trait Kv {
+                fn get__rpc(&self, r#type: u8);
+                fn r#match(&self);
+            }
+        ))
+        .is_empty()
+    );
+}
+
+#[test]
+fn method_shape_errors() {
+    let e = kv_errors(quote! {
+        trait Kv {
+            async fn a(&self);
+            const fn b(&self);
+            unsafe fn c(&self);
+            extern "C" fn d(&self);
+            fn e<T>(&self, t: T);
+            fn f(&self) where Self: Sized;
+            fn g();
+            fn h(self);
+            fn i(mut self);
+            fn j(self: Box<Self>);
+            fn j2(self: &Self);
+            fn k(&self, (a, b): (u32, u32));
+            fn l(&self, _: u32);
+            fn m(&self, mut x: u32);
+            fn n(&self) {}
+            #[cfg(test)]
+            fn o(&self);
+            fn p(&self, #[allow(unused)] x: u8);
+        }
+    });
+    let expect = [
+        "cannot be `async fn`",
+        "cannot be `const fn`",
+        "cannot be `unsafe fn`",
+        "cannot have an ABI",
+        "cannot be generic",
+        "cannot have a `where` clause",
+        "needs a `&self` or `&mut self` receiver",
+        "take `&self` or `&mut self`",
+        "take `&self` or `&mut self`",
+        "take `&self` or `&mut self`",
+        "the explicit `self: &Self` form is not supported",
+        "must be plain names",
+        "a tuple cannot be sent",
+        "need a name: `_` cannot be used",
+        "must be plain names",
+        "cannot have a default body",
+        "`#[cfg]` is not supported",
+        "attributes on RPC method arguments",
+    ];
+    assert_eq!(e.len(), expect.len(), "{e:#?}");
+    for (msg, want) in e.iter().zip(expect) {
+        assert!(msg.contains(want), "{msg:?} should contain {want:?}");
+    }
+}
+
+#[test]
+fn trait_shape_errors() {
+    let e = kv_errors(quote! {
+        unsafe trait Kv<'a, T, const N: usize>: Send where T: Copy {
+            type X;
+            const Y: u8;
+            some_macro!();
+        }
+    });
+    let expect = [
+        "cannot be `unsafe`",
+        "cannot have lifetime parameters",
+        "cannot have type parameters",
+        "cannot have const parameters",
+        "cannot have a `where` clause",
+        "cannot have supertraits",
+        "associated types are not supported",
+        "associated constants are not supported",
+        "macro invocations are not supported",
+    ];
+    assert_eq!(e.len(), expect.len(), "{e:#?}");
+    for (msg, want) in e.iter().zip(expect) {
+        assert!(msg.contains(want), "{msg:?} should contain {want:?}");
+    }
+}
+
+#[test]
+fn too_many_methods() {
+    let methods = (0..=u16::MAX as usize).map(|i| {
+        let ident = quote::format_ident!("m{i}");
+        quote!(fn #ident(&self);)
+    });
+    let e = kv_errors(quote!(trait Kv { #(#methods)* }));
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].starts_with("too many methods: an `#[rpc_service]` trait may have at most 65535"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn valid_service_expands_without_errors() {
+    let out = expand(
+        quote!(transport = "delegation", derive(Debug)),
+        quote! {
+            /// Docs.
+            pub(crate) trait Kv {
+                /// Get.
+                fn get(&mut self, rank: u32, key: u64) -> Option<u64>;
+                fn put(&mut self, rank: u32, key: u64, value: u64);
+                fn ping(&self);
+            }
+        },
+    );
+    let text = out.to_string();
+    assert!(!text.contains("compile_error"), "{text}");
+    let file: syn::File = syn::parse2(out).unwrap();
+    let names: Vec<String> = file
+        .items
+        .iter()
+        .filter_map(|i| match i {
+            syn::Item::Trait(t) => Some(t.ident.to_string()),
+            syn::Item::Struct(s) => Some(s.ident.to_string()),
+            syn::Item::Enum(e) => Some(e.ident.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "KvServer",
+            "KvGetArgs",
+            "KvPutArgs",
+            "KvPingArgs",
+            "KvRequest",
+            "KvResponse",
+            "KvService",
+            "KvClient",
+            "KvIssue"
+        ]
+    );
+    assert!(text.contains("pub const GET : u16 = 0u16"), "{text}");
+    assert!(text.contains("pub const PING : u16 = 2u16"), "{text}");
+}

@@ -1,0 +1,586 @@
+//! Validation: checks the parsed attribute and trait against what `#[rpc_service]` can
+//! generate, reporting every problem at once with a span on the offending tokens, and builds
+//! the [`Service`] model that [`crate::generate`] turns into code.
+
+use heck::{ToShoutySnakeCase, ToUpperCamelCase};
+use proc_macro2::{Span, TokenStream};
+use quote::quote;
+use syn::ext::IdentExt;
+use syn::{Attribute, FnArg, Ident, Pat, Path, ReturnType, Signature, TraitItem, Type, Visibility};
+
+use crate::parse::{AttrArgs, Errors, WireTy, normalize_tokens};
+
+/// Transports the attribute may name, with the path of their client transport type, `None`
+/// for those not implemented yet.
+pub const TRANSPORTS: &[(&str, Option<&str>)] = &[
+    ("delegation", Some("delegation::Delegation")),
+    ("copyrpc", None),
+    ("erpc", None),
+    ("scalerpc", None),
+];
+
+/// Method names that `<Trait>Client` already uses for its inherent methods.
+pub const CLIENT_METHODS: &[&str] = &[
+    "connect",
+    "issue",
+    "issue_request",
+    "poll",
+    "poll_with",
+    "in_flight",
+    "max_in_flight",
+    "transport",
+    "transport_mut",
+];
+
+/// Traits the generated argument structs and enums always derive.
+pub const ALWAYS_DERIVED: &[&str] = &[
+    "Clone",
+    "Copy",
+    "TryFromBytes",
+    "IntoBytes",
+    "KnownLayout",
+    "Immutable",
+];
+
+/// Prefix reserved for generated locals and helper items (compared case-insensitively).
+pub const RESERVED_PREFIX: &str = "__rpc";
+
+/// Most methods a service may have: ids are `u16`, and `u16::MAX` is never a valid id (the
+/// server echoes it for requests too short to carry one).
+pub const MAX_METHODS: usize = u16::MAX as usize;
+
+/// A validated service.
+pub struct Service {
+    /// Attributes of the trait (docs included), carried over to `<Trait>Server`.
+    pub attrs: Vec<Attribute>,
+    /// Visibility of the trait, given to every generated item.
+    pub vis: Visibility,
+    /// The trait's name as written (`Kv`).
+    pub ident: Ident,
+    /// The trait's name without `r#`.
+    pub name: String,
+    /// Path of the default client transport, relative to `::rpc` (`delegation::Delegation`).
+    pub transport: TokenStream,
+    /// The transport's name as written in the attribute.
+    pub transport_name: String,
+    /// Extra derives for the argument structs and the request/response enums.
+    pub derives: Vec<Path>,
+    /// Methods in declaration order.
+    pub methods: Vec<Method>,
+}
+
+/// A validated method.
+pub struct Method {
+    /// All attributes (docs included), for the `<Trait>Server` method.
+    pub attrs: Vec<Attribute>,
+    /// The doc attributes only, repeated on the client stubs.
+    pub docs: Vec<Attribute>,
+    /// The `#[allow(...)]` attributes, repeated on every generated item named after the
+    /// method (client stubs, request constructor) so that e.g. `non_snake_case` stays allowed.
+    pub allows: Vec<Attribute>,
+    /// The signature as written, for the `<Trait>Server` method.
+    pub sig: Signature,
+    /// Name as written (possibly raw, `r#type`).
+    pub ident: Ident,
+    /// Name without `r#`.
+    pub name: String,
+    /// `UpperCamelCase` name: the enum variant (`GetValue`).
+    pub camel: Ident,
+    /// `SHOUTY_SNAKE_CASE` name: the method-id constant (`GET_VALUE`).
+    pub shouty: Ident,
+    /// Method id: the declaration index.
+    pub id: u16,
+    /// Arguments after the receiver.
+    pub args: Vec<Arg>,
+    /// Return type (`()` when omitted).
+    pub ret: WireTy,
+    /// Whether the return type was written (`false`: omitted, i.e. `()`).
+    pub ret_written: bool,
+}
+
+/// A validated argument.
+pub struct Arg {
+    /// Name as written.
+    pub ident: Ident,
+    /// Name without `r#`.
+    pub name: String,
+    /// The type, classified for lowering.
+    pub ty: WireTy,
+}
+
+impl Method {
+    /// Type text of the return type for the descriptor (`"()"` when omitted).
+    pub fn ret_text(&self) -> String {
+        if self.ret_written {
+            type_text(self.ret.written())
+        } else {
+            "()".to_owned()
+        }
+    }
+}
+
+/// The text of a type as written, whitespace-normalised (`Option<u64>`, `[u8; 32]`).
+pub fn type_text(ty: &Type) -> String {
+    normalize_tokens(quote!(#ty))
+}
+
+fn reserved_prefix(name: &str) -> bool {
+    name.len() >= RESERVED_PREFIX.len()
+        && name[..RESERVED_PREFIX.len()].eq_ignore_ascii_case(RESERVED_PREFIX)
+}
+
+fn reserved_msg(what: &str, name: &str) -> String {
+    format!(
+        "{what} `{name}` is reserved: identifiers starting with `{RESERVED_PREFIX}` are used by the code `#[rpc_service]` generates"
+    )
+}
+
+/// Validates the attribute and the trait; `Err` carries every error found.
+pub fn validate(attr: AttrArgs, item: syn::ItemTrait, mut errors: Errors) -> syn::Result<Service> {
+    let transport = check_transport(&attr, &mut errors);
+
+    for path in &attr.derives {
+        let last = path
+            .segments
+            .last()
+            .map(|s| s.ident.to_string())
+            .unwrap_or_default();
+        if ALWAYS_DERIVED.contains(&last.as_str()) {
+            errors.error_spanned(
+                path,
+                format!(
+                    "`{last}` is always derived by `#[rpc_service]`; list only additional derives (e.g. `Debug`, `PartialEq`)"
+                ),
+            );
+        }
+    }
+
+    let name = item.ident.unraw().to_string();
+    if reserved_prefix(&name) {
+        errors.error_spanned(&item.ident, reserved_msg("trait name", &name));
+    }
+    if let Some(unsafety) = &item.unsafety {
+        errors.error_spanned(
+            unsafety,
+            "an `#[rpc_service]` trait cannot be `unsafe`: remote callers cannot uphold a safety contract; remove `unsafe`",
+        );
+    }
+    if let Some(auto) = &item.auto_token {
+        errors.error_spanned(auto, "an `#[rpc_service]` trait cannot be an `auto` trait");
+    }
+    for param in &item.generics.params {
+        let what = match param {
+            syn::GenericParam::Type(_) => "type parameters",
+            syn::GenericParam::Lifetime(_) => "lifetime parameters",
+            syn::GenericParam::Const(_) => "const parameters",
+        };
+        errors.error_spanned(
+            param,
+            format!(
+                "an `#[rpc_service]` trait cannot have {what}: every argument and return type must be concrete, because its wire layout is fixed by the service schema"
+            ),
+        );
+    }
+    if let Some(wc) = &item.generics.where_clause {
+        errors.error_spanned(
+            wc,
+            "an `#[rpc_service]` trait cannot have a `where` clause: the service schema has no type parameters to constrain",
+        );
+    }
+    if let Some(colon) = &item.colon_token {
+        let bounds = &item.supertraits;
+        errors.error_spanned(
+            quote!(#colon #bounds),
+            format!(
+                "an `#[rpc_service]` trait cannot have supertraits: it describes only the wire interface, and `{name}Server` is generated from its methods; put such bounds on your server type, or where you use it"
+            ),
+        );
+    }
+
+    let mut methods: Vec<Method> = Vec::new();
+    let mut taken = Taken::default();
+    let mut index = 0;
+    for trait_item in item.items {
+        match trait_item {
+            TraitItem::Fn(f) => {
+                match check_method(f, index, &name, &mut errors) {
+                    Some(m) if check_collisions(&m, methods.len(), &mut taken, &methods, &name, &mut errors) => {
+                        methods.push(m);
+                    }
+                    _ => {}
+                }
+                index += 1;
+            }
+            TraitItem::Const(c) => errors.error_spanned(
+                {
+                    let (kw, id) = (&c.const_token, &c.ident);
+                    quote!(#kw #id)
+                },
+                "associated constants are not supported in an `#[rpc_service]` trait: it may contain only methods",
+            ),
+            TraitItem::Type(t) => errors.error_spanned(
+                {
+                    let (kw, id) = (&t.type_token, &t.ident);
+                    quote!(#kw #id)
+                },
+                "associated types are not supported in an `#[rpc_service]` trait: it may contain only methods, with concrete types",
+            ),
+            TraitItem::Macro(m) => errors.error_spanned(
+                &m.mac,
+                "macro invocations are not supported in an `#[rpc_service]` trait: the macro cannot see the methods they would expand to; write the methods out",
+            ),
+            other => errors.error_spanned(
+                other,
+                "unsupported item in an `#[rpc_service]` trait: it may contain only methods",
+            ),
+        }
+    }
+    if index > MAX_METHODS {
+        errors.error_spanned(
+            methods.get(MAX_METHODS).map_or_else(|| item.ident.clone(), |m| m.ident.clone()),
+            format!(
+                "too many methods: an `#[rpc_service]` trait may have at most {MAX_METHODS} (method ids are `u16`, and {} is reserved)",
+                u16::MAX
+            ),
+        );
+    }
+
+    errors.finish()?;
+    let (transport, transport_name) = transport.expect("no transport error recorded");
+    Ok(Service {
+        attrs: item.attrs,
+        vis: item.vis,
+        ident: item.ident,
+        name,
+        transport,
+        transport_name,
+        derives: attr.derives,
+        methods,
+    })
+}
+
+fn check_transport(attr: &AttrArgs, errors: &mut Errors) -> Option<(TokenStream, String)> {
+    let available: Vec<&str> = TRANSPORTS
+        .iter()
+        .filter(|(_, path)| path.is_some())
+        .map(|(name, _)| *name)
+        .collect();
+    let available = available.join(", ");
+    let Some(lit) = &attr.transport else {
+        if attr.transport_written {
+            return None; // malformed, and reported as such
+        }
+        errors.error(
+            Span::call_site(),
+            format!(
+                "missing transport: write `#[rpc_service(transport = \"delegation\")]` (available transports: {available})"
+            ),
+        );
+        return None;
+    };
+    let value = lit.value();
+    match TRANSPORTS.iter().find(|(name, _)| *name == value) {
+        Some((_, Some(path))) => {
+            let path: TokenStream = path.parse().expect("valid transport path");
+            Some((path, value))
+        }
+        Some((_, None)) => {
+            errors.error_spanned(
+                lit,
+                format!(
+                    "transport `{value}` is not available yet; available transports: {available}"
+                ),
+            );
+            None
+        }
+        None => {
+            errors.error_spanned(
+                lit,
+                format!("unknown transport `{value}`; available: {available}"),
+            );
+            None
+        }
+    }
+}
+
+fn check_method(
+    f: syn::TraitItemFn,
+    index: usize,
+    trait_name: &str,
+    errors: &mut Errors,
+) -> Option<Method> {
+    let errors_before = errors.count();
+    let sig = &f.sig;
+    let ident = sig.ident.clone();
+    let name = ident.unraw().to_string();
+
+    for attr in &f.attrs {
+        if attr.path().is_ident("cfg") || attr.path().is_ident("cfg_attr") {
+            errors.push(syn::Error::new_spanned(
+                    attr,
+                    "`#[cfg]` is not supported on methods of an `#[rpc_service]` trait: the method list is the wire schema and must be the same in every build",
+                ),
+            );
+        }
+    }
+    if reserved_prefix(&name) {
+        errors.push(syn::Error::new_spanned(
+            &ident,
+            reserved_msg("method name", &name),
+        ));
+    } else if CLIENT_METHODS.contains(&name.as_str()) {
+        errors.push(syn::Error::new_spanned(
+                &ident,
+                format!(
+                    "method name `{name}` is reserved: `{trait_name}Client` has an inherent method `{name}`; rename the method (reserved method names: {}, descriptor)",
+                    CLIENT_METHODS.join(", ")
+                ),
+            ),
+        );
+    } else if name == "descriptor" {
+        errors.push(syn::Error::new_spanned(
+                &ident,
+                format!(
+                    "method name `descriptor` is reserved: its method-id constant `{trait_name}Service::DESCRIPTOR` would hide the service descriptor `<{trait_name}Service as rpc::Service>::DESCRIPTOR`; rename the method"
+                ),
+            ),
+        );
+    }
+    let camel = name.to_upper_camel_case();
+    let shouty = name.to_shouty_snake_case();
+    let camel_ident = syn::parse_str::<Ident>(&camel).ok();
+    let shouty_ident = syn::parse_str::<Ident>(&shouty).ok();
+    if camel_ident.is_none() || shouty_ident.is_none() {
+        errors.push(syn::Error::new_spanned(
+                &ident,
+                format!(
+                    "method name `{name}` cannot be used: its generated names (variant `{camel}`, constant `{shouty}`) are not valid identifiers"
+                ),
+            ),
+        );
+    }
+
+    if let Some(c) = &sig.constness {
+        errors.push(syn::Error::new_spanned(
+            c,
+            "RPC methods cannot be `const fn`: they run on the server when a request arrives",
+        ));
+    }
+    if let Some(a) = &sig.asyncness {
+        errors.push(syn::Error::new_spanned(
+                a,
+                "RPC methods cannot be `async fn`: the server calls handlers synchronously from its polling loop; write a plain `fn` (clients still get blocking and pipelined calls, and a server can answer later with `rpc::Server::recv` + `rpc::Server::reply`)",
+            ),
+        );
+    }
+    if let Some(u) = &sig.unsafety {
+        errors.push(syn::Error::new_spanned(
+            u,
+            "RPC methods cannot be `unsafe fn`: a remote caller cannot uphold a safety contract",
+        ));
+    }
+    if let Some(abi) = &sig.abi {
+        errors.push(syn::Error::new_spanned(
+            abi,
+            "RPC methods cannot have an ABI (`extern`): remove it",
+        ));
+    }
+    if let Some(v) = &sig.variadic {
+        errors.push(syn::Error::new_spanned(
+            v,
+            "RPC methods cannot be variadic: the arguments form a fixed-size wire struct",
+        ));
+    }
+    if !sig.generics.params.is_empty() {
+        errors.push(syn::Error::new_spanned(
+                &sig.generics,
+                "RPC methods cannot be generic: each method's arguments and return value need one concrete wire layout",
+            ),
+        );
+    }
+    if let Some(wc) = &sig.generics.where_clause {
+        errors.push(syn::Error::new_spanned(
+            wc,
+            "RPC methods cannot have a `where` clause: their types must be concrete",
+        ));
+    }
+    if let Some(body) = &f.default {
+        errors.push(syn::Error::new_spanned(
+                body,
+                format!(
+                    "RPC methods cannot have a default body: implement `{name}` in your `impl {trait_name}Server for ...` instead"
+                ),
+            ),
+        );
+    }
+
+    // Receiver: `&self` or `&mut self` only.
+    let mut inputs = sig.inputs.iter().peekable();
+    match inputs.peek() {
+        Some(FnArg::Receiver(r)) => {
+            inputs.next();
+            let by_ref = r.reference.is_some() && r.colon_token.is_none();
+            let explicit_ref = r.colon_token.is_some() && matches!(&*r.ty, Type::Reference(_));
+            if explicit_ref {
+                errors.push(syn::Error::new_spanned(
+                    r,
+                    "write the receiver as `&self` or `&mut self` (the explicit `self: &Self` form is not supported)",
+                ));
+            } else if !by_ref {
+                errors.push(syn::Error::new_spanned(
+                        r,
+                        "RPC methods take `&self` or `&mut self`: the server keeps its state across calls, so the receiver cannot be `self`, `mut self`, `self: Box<Self>` or another explicit `self` type",
+                    ),
+                );
+            } else if let Some((_, Some(lt))) = &r.reference {
+                errors.push(syn::Error::new_spanned(lt, "write the receiver as `&self` or `&mut self`, without a lifetime"),
+                );
+            }
+        }
+        _ => errors.push(syn::Error::new_spanned(
+                &ident,
+                format!(
+                    "RPC method `{name}` needs a `&self` or `&mut self` receiver: the server handles every call on its state (associated functions cannot be called remotely)"
+                ),
+            ),
+        ),
+    }
+
+    let mut args: Vec<Arg> = Vec::new();
+    for input in inputs {
+        let FnArg::Typed(pt) = input else {
+            continue; // a second receiver: rejected by the parser already
+        };
+        for attr in &pt.attrs {
+            errors.push(syn::Error::new_spanned(
+                attr,
+                "attributes on RPC method arguments are not supported",
+            ));
+        }
+        let arg_ident = match &*pt.pat {
+            Pat::Ident(pi)
+                if pi.by_ref.is_none() && pi.mutability.is_none() && pi.subpat.is_none() =>
+            {
+                Some(pi.ident.clone())
+            }
+            Pat::Wild(w) => {
+                errors.push(syn::Error::new_spanned(
+                        w,
+                        "RPC method arguments need a name: `_` cannot be used, because each argument becomes a named field of the argument struct and an accessor",
+                    ),
+                );
+                None
+            }
+            other => {
+                errors.push(syn::Error::new_spanned(
+                        other,
+                        "RPC method arguments must be plain names (`name: Type`), not patterns: each argument becomes a named field of the argument struct; destructure it inside the handler",
+                    ),
+                );
+                None
+            }
+        };
+        let ty = WireTy::classify(&pt.ty, errors);
+        if let Some(arg_ident) = arg_ident {
+            let arg_name = arg_ident.unraw().to_string();
+            if reserved_prefix(&arg_name) {
+                errors.push(syn::Error::new_spanned(
+                    &arg_ident,
+                    reserved_msg("argument name", &arg_name),
+                ));
+            }
+            if args.iter().any(|a| a.name == arg_name) {
+                errors.push(syn::Error::new_spanned(
+                        &arg_ident,
+                        format!(
+                            "duplicate argument name `{arg_name}`: each argument becomes a field of `{trait_name}{camel}Args`"
+                        ),
+                    ),
+                );
+            } else if let Some(ty) = ty {
+                args.push(Arg {
+                    ident: arg_ident,
+                    name: arg_name,
+                    ty,
+                });
+            }
+        }
+    }
+
+    let (ret, ret_written) = match &sig.output {
+        ReturnType::Default => (Some(WireTy::Leaf(syn::parse_quote!(()))), false),
+        ReturnType::Type(_, ty) => (WireTy::classify(ty, errors), true),
+    };
+    let ret = ret?;
+    if errors.count() > errors_before {
+        return None;
+    }
+    let docs = f
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("doc"))
+        .cloned()
+        .collect();
+    let allows = f
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("allow"))
+        .cloned()
+        .collect();
+    Some(Method {
+        attrs: f.attrs,
+        docs,
+        allows,
+        sig: f.sig,
+        ident,
+        name,
+        camel: camel_ident?,
+        shouty: shouty_ident?,
+        id: u16::try_from(index).unwrap_or(u16::MAX),
+        args,
+        ret,
+        ret_written,
+    })
+}
+
+/// Names already taken by earlier methods, for [`check_collisions`].
+#[derive(Default)]
+struct Taken {
+    names: std::collections::HashMap<String, usize>,
+    camel: std::collections::HashMap<String, usize>,
+    shouty: std::collections::HashMap<String, usize>,
+}
+
+fn check_collisions(
+    m: &Method,
+    index: usize,
+    taken: &mut Taken,
+    earlier: &[Method],
+    trait_name: &str,
+    errors: &mut Errors,
+) -> bool {
+    if taken.names.contains_key(&m.name) {
+        errors.error_spanned(&m.ident, format!("duplicate method `{}`", m.name));
+        return false;
+    }
+    let camel = m.camel.to_string();
+    let shouty = m.shouty.to_string();
+    if let Some(&e) = taken
+        .camel
+        .get(&camel)
+        .or_else(|| taken.shouty.get(&shouty))
+    {
+        errors.error_spanned(
+            &m.ident,
+            format!(
+                "method `{}` collides with method `{}`: both would generate variant `{trait_name}Request::{}` / struct `{trait_name}{}Args` and constant `{trait_name}Service::{}`; rename one of them",
+                m.name, earlier[e].name, m.camel, m.camel, m.shouty
+            ),
+        );
+        return false;
+    }
+    taken.names.insert(m.name.clone(), index);
+    taken.camel.insert(camel, index);
+    taken.shouty.insert(shouty, index);
+    true
+}

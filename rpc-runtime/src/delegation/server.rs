@@ -1,0 +1,644 @@
+//! The single consumer of the ring: [`RingServer`]. Source: seeds/004 §2.2 (Server poll / recv /
+//! advance_tail / reply), plus the hole and reclaim logic described in the module docs.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU64, fence};
+use std::time::{Duration, Instant};
+
+use super::config::{RingConfig, RingInfo};
+use super::error::{ReplyError, RingError};
+use super::header::{self, Header};
+use super::layout::*;
+use super::shm::{self, ShmMap};
+use super::stats::RingStats;
+
+/// Identifies the response slot a reply goes to, and the incarnation of the client id that
+/// asked (so a reply to a client that has since gone away is refused, not misdelivered).
+///
+/// Obtained from [`RingServer::recv`]; pass it to [`RingServer::reply`] exactly once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReplyToken {
+    /// The sender's client id (`< max_clients`). Source: seeds/004 §2.1 Request Ring Slot +4.
+    pub client_id: u32,
+    /// Generation of the sender's client record when the request was received (extension).
+    pub generation: u32,
+    /// The response slot the sender waits on (`< resp_depth`). Source: seeds/004 §2.1 +8.
+    pub resp_slot_idx: u32,
+}
+
+/// A request taken out of the ring by [`RingServer::recv`]. Source: seeds/004 §2.2 recv step 5.
+#[derive(Debug)]
+pub struct RecvEntry<'a> {
+    /// Where to send the reply.
+    pub token: ReplyToken,
+    /// The request bytes (`payload_len` bytes), copied out of the slot into a server-owned
+    /// buffer that stays valid until the next call on the server.
+    pub payload: &'a [u8],
+}
+
+/// Number of `poll` calls between clock reads for the periodic reclaim scan.
+const POLLS_PER_CLOCK_CHECK: u32 = 1024;
+/// `death_noticed` value for "alive, or not yet seen dead".
+const NOT_NOTICED: u64 = u64::MAX;
+
+/// The server (single consumer) end of a delegation ring: creates `/dev/shm/NAME`, receives
+/// requests in ring order and writes replies directly into the clients' response slots.
+///
+/// Typical loop (seeds/004 §5 Phase 2):
+/// ```no_run
+/// # use rpc_runtime::delegation::{RingServer, RingConfig};
+/// let mut server = RingServer::create("kv0", &RingConfig::default())?;
+/// loop {
+///     if server.poll() == 0 { std::hint::spin_loop(); continue; }
+///     while let Some(entry) = server.recv() {
+///         let (token, reply) = (entry.token, entry.payload.to_vec());
+///         let _ = server.reply(token, &reply);
+///     }
+///     server.advance_tail();
+/// }
+/// # Ok::<(), rpc_runtime::delegation::RingError>(())
+/// ```
+///
+/// Dropping the server shuts the ring down: `server_alive = false`, the file is unlinked and
+/// the server lock is released; attached clients then get
+/// [`CallError::ServerDisconnected`](super::CallError::ServerDisconnected).
+pub struct RingServer {
+    name: String,
+    path: PathBuf,
+    /// The server's open file description; holds the OFD write lock on the header.
+    file: File,
+    map: ShmMap,
+    layout: Layout,
+    fingerprint: u64,
+    hole_timeout: Duration,
+    liveness_interval: Duration,
+    /// Next position to consume. Source: seeds/004 §2.2 (`cursor`).
+    cursor: u64,
+    /// `recv` returns entries only below this position: `cursor + min(head - cursor, ring_depth)`
+    /// at the last `poll` (the seed's `cached_head`, bounded so that the flag at a physical slot
+    /// can only belong to the position being examined).
+    limit: u64,
+    /// Copy of the current request's payload (`req_payload_cap` bytes).
+    scratch: Box<[u8]>,
+    /// One bit per response slot (`client_id * resp_depth + slot`): a request was received on
+    /// it and not yet answered. Guards against duplicate replies.
+    pending: Box<[u64]>,
+    stats: RingStats,
+    polls_until_clock: u32,
+    next_reclaim_scan: Instant,
+    /// The hole at `cursor` and when it was first seen (or last re-examined).
+    hole: Option<(u64, Instant)>,
+    /// Per client id: `head` observed when the owner was first seen detached or dead.
+    death_noticed: Box<[u64]>,
+}
+
+impl RingServer {
+    /// Creates the ring file `/dev/shm/NAME` (`name` is `"kv0"` or `"/kv0"`), mode 0600, and
+    /// starts serving it.
+    ///
+    /// The file is initialized under a temporary name, locked, and then `link`ed into place, so
+    /// a client never sees a half-initialized ring. If `NAME` already exists and a live server
+    /// holds its lock, fails with [`RingError::AlreadyExists`]; if it exists but no live server
+    /// holds it (a crashed server's leftover, or garbage), it is replaced.
+    pub fn create(name: &str, cfg: &RingConfig) -> Result<Self, RingError> {
+        let (name, path) = shm::shm_path(name)?;
+        let layout = Layout::new(cfg.layout_params())
+            .map_err(|e| RingError::InvalidConfig { reason: e.0 })?;
+        let liveness_ns = u64::try_from(cfg.liveness_interval.as_nanos()).unwrap_or(u64::MAX);
+        if liveness_ns == 0 || liveness_ns > MAX_LIVENESS_INTERVAL_NS {
+            return Err(RingError::InvalidConfig {
+                reason: format!(
+                    "liveness_interval = {:?} must be in (0, 60 s]",
+                    cfg.liveness_interval
+                ),
+            });
+        }
+        let io = |path: &PathBuf, op| {
+            let path = path.clone();
+            move |source| RingError::Io { path, op, source }
+        };
+
+        // 1. Build the ring under a unique temporary name.
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let pid = std::process::id();
+        let (tmp, file) = {
+            let mut attempt = 0;
+            loop {
+                let tmp = path.with_file_name(format!(
+                    ".{name}.tmp.{pid}.{}",
+                    COUNTER.fetch_add(1, Relaxed)
+                ));
+                match shm::create_exclusive(&tmp) {
+                    Ok(file) => break (tmp, file),
+                    // A leftover of a crashed process with a recycled pid: try another name.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 8 => {
+                        attempt += 1
+                    }
+                    Err(e) => return Err(io(&tmp, "create")(e)),
+                }
+            }
+        };
+        let built = (|| {
+            file.set_len(layout.total_size)
+                .map_err(io(&tmp, "ftruncate"))?;
+            let map = ShmMap::map(&file, layout.total_size).map_err(io(&tmp, "mmap"))?;
+            header::init(&map, &layout, cfg, liveness_ns, pid);
+            if !shm::try_lock_write(&file, SERVER_LOCK_START, SERVER_LOCK_LEN)
+                .map_err(io(&tmp, "fcntl(F_OFD_SETLK)"))?
+            {
+                return Err(RingError::AlreadyExists {
+                    path: tmp.clone(),
+                    pid: 0,
+                });
+            }
+            // 2. Publish it under the real name.
+            publish(&tmp, &path)?;
+            Ok(map)
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        let map = built?;
+
+        let p = layout.params;
+        let slots = p.max_clients as usize * p.resp_depth as usize;
+        let now = Instant::now();
+        tracing::debug!(path = %path.display(), ?layout, "delegation ring created");
+        Ok(Self {
+            name,
+            path,
+            file,
+            map,
+            layout,
+            fingerprint: cfg.fingerprint,
+            hole_timeout: cfg.hole_timeout,
+            liveness_interval: cfg.liveness_interval,
+            cursor: 0,
+            limit: 0,
+            scratch: vec![0u8; p.req_payload_cap as usize].into_boxed_slice(),
+            pending: vec![0u64; slots.div_ceil(64)].into_boxed_slice(),
+            stats: RingStats::default(),
+            polls_until_clock: POLLS_PER_CLOCK_CHECK,
+            next_reclaim_scan: now + cfg.liveness_interval,
+            hole: None,
+            death_noticed: vec![NOT_NOTICED; p.max_clients as usize].into_boxed_slice(),
+        })
+    }
+
+    /// The ring's name, without the leading `/` (the file is `/dev/shm/<name>`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The ring's parameters.
+    pub fn info(&self) -> RingInfo {
+        Header {
+            layout: self.layout,
+            fingerprint: self.fingerprint,
+            liveness_interval: self.liveness_interval,
+            server_pid: 0,
+        }
+        .info()
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> &RingStats {
+        &self.stats
+    }
+
+    /// Scans for committed requests. Source: seeds/004 §2.2 Server poll().
+    ///
+    /// Snapshots `head` (Acquire) and counts the committed entries from the cursor up to the
+    /// first hole (a reserved but uncommitted position), scanning at most `ring_depth`
+    /// positions. Returns that count; [`recv`](Self::recv) then takes them out.
+    ///
+    /// Also drives the cold paths: if the cursor itself is a hole older than `hole_timeout`,
+    /// checks whether the reserving client died and, if so, skips the position; and every
+    /// `liveness_interval` (clock read every 1024 polls) reclaims ids of detached or dead
+    /// clients. See the module docs.
+    #[inline]
+    pub fn poll(&mut self) -> usize {
+        let head = self.map.u64_at(OFF_HEAD).load(Acquire);
+        let depth = u64::from(self.layout.params.ring_depth);
+        // `head < cursor` only if something scribbled over `head`: then there is nothing to read.
+        let avail = if head >= self.cursor {
+            (head - self.cursor).min(depth)
+        } else {
+            0
+        };
+        self.limit = self.cursor + avail;
+        let mut n = 0;
+        while n < avail {
+            let off = self.layout.req_slot_offset(self.cursor + n);
+            if self.map.u8_at(off + SLOT_COMMITTED).load(Acquire) == 0 {
+                break;
+            }
+            n += 1;
+        }
+        if n == 0 && avail != 0 {
+            self.on_hole();
+        }
+        self.polls_until_clock -= 1;
+        if self.polls_until_clock == 0 {
+            self.periodic();
+        }
+        n as usize
+    }
+
+    /// Takes the next committed request out of the ring. Source: seeds/004 §2.2 Server recv().
+    ///
+    /// Returns `None` at the position limit of the last [`poll`](Self::poll) or at a hole.
+    /// Otherwise reads `client_id`, `resp_slot_idx`, `payload_len`, validates them, copies the
+    /// payload into a server-owned buffer, clears `committed` (Release) and advances the cursor.
+    /// Invalid entries (client id out of range, client not `ACTIVE`, response slot out of
+    /// range, length above the capacity) are consumed, counted in [`RingStats`], and skipped.
+    #[inline]
+    pub fn recv(&mut self) -> Option<RecvEntry<'_>> {
+        loop {
+            if self.cursor >= self.limit {
+                return None;
+            }
+            let p = self.layout.params;
+            let off = self.layout.req_slot_offset(self.cursor);
+            let committed = self.map.u8_at(off + SLOT_COMMITTED);
+            if committed.load(Acquire) == 0 {
+                return None;
+            }
+            let client_id = self.map.u32_at(off + SLOT_CLIENT_ID).load(Relaxed);
+            let slot_idx = self.map.u32_at(off + SLOT_RESP_SLOT_IDX).load(Relaxed);
+            let len = self.map.u32_at(off + SLOT_PAYLOAD_LEN).load(Relaxed);
+            let mut generation = 0;
+            let ok = client_id < p.max_clients
+                && slot_idx < p.resp_depth
+                && len <= p.req_payload_cap
+                && {
+                    let rec = self.layout.record_offset(client_id);
+                    generation = self.map.u32_at(rec + REC_GENERATION).load(Relaxed);
+                    self.map.u32_at(rec + REC_STATE).load(Acquire) == CLIENT_ACTIVE
+                };
+            if ok {
+                let src = self.map.bytes(off + SLOT_PAYLOAD, len as usize);
+                // SAFETY: `src` is `len <= req_payload_cap` in-bounds bytes of the slot's payload
+                // area (checked by `bytes`); `scratch` holds `req_payload_cap` bytes and does not
+                // overlap the mapping. The slot is committed and owned by the server until it
+                // clears `committed` below: its writer finished before its Release commit, which
+                // the Acquire load above synchronizes with, and no other client may write it
+                // before the server advances `tail` past this position.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src, self.scratch.as_mut_ptr(), len as usize)
+                };
+            }
+            committed.store(0, Release);
+            self.cursor += 1;
+            if ok {
+                let bit = client_id as usize * p.resp_depth as usize + slot_idx as usize;
+                self.pending[bit / 64] |= 1 << (bit % 64);
+                self.stats.received += 1;
+                return Some(RecvEntry {
+                    token: ReplyToken {
+                        client_id,
+                        generation,
+                        resp_slot_idx: slot_idx,
+                    },
+                    payload: &self.scratch[..len as usize],
+                });
+            }
+            self.count_invalid(client_id, slot_idx, len);
+        }
+    }
+
+    /// Publishes the cursor as the new `tail` (Release), letting clients reuse the consumed
+    /// slots. Source: seeds/004 §2.2 Server advance_tail().
+    #[inline]
+    pub fn advance_tail(&mut self) {
+        self.map.u64_at(OFF_TAIL).store(self.cursor, Release);
+    }
+
+    /// Writes `payload` into the response slot named by `token` and sets `valid` (Release).
+    /// Source: seeds/004 §2.2 Server reply().
+    ///
+    /// Errors (the reply is dropped and nothing is written): [`ReplyError::PayloadTooLarge`] if
+    /// `payload` exceeds `resp_payload_cap`; otherwise as [`reply_with`](Self::reply_with).
+    #[inline]
+    pub fn reply(&mut self, token: ReplyToken, payload: &[u8]) -> Result<(), ReplyError> {
+        let cap = self.layout.params.resp_payload_cap as usize;
+        if payload.len() > cap {
+            return Err(ReplyError::PayloadTooLarge {
+                len: payload.len(),
+                cap,
+            });
+        }
+        self.reply_with(token, |buf| {
+            buf[..payload.len()].copy_from_slice(payload);
+            payload.len()
+        })
+    }
+
+    /// Like [`reply`](Self::reply), but `write` fills the slot's payload area
+    /// (`resp_payload_cap` bytes, directly in shared memory) and returns the number of bytes
+    /// used.
+    ///
+    /// Errors: [`ReplyError::BadToken`] if the token's `client_id` or `resp_slot_idx` is out of
+    /// range; [`ReplyError::StaleToken`] if the client is no longer `ACTIVE`, its generation
+    /// changed (the id was reclaimed), or this token was already answered;
+    /// [`ReplyError::SlotBusy`] if the slot still holds an unread response;
+    /// [`ReplyError::PayloadTooLarge`] if `write` returns more than the capacity (nothing is
+    /// published and the token stays valid). `write` is only called if none of the first three
+    /// apply.
+    #[inline]
+    pub fn reply_with(
+        &mut self,
+        token: ReplyToken,
+        write: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), ReplyError> {
+        let p = self.layout.params;
+        if token.client_id >= p.max_clients || token.resp_slot_idx >= p.resp_depth {
+            return Err(ReplyError::BadToken);
+        }
+        let bit = token.client_id as usize * p.resp_depth as usize + token.resp_slot_idx as usize;
+        let rec = self.layout.record_offset(token.client_id);
+        if self.pending[bit / 64] & (1 << (bit % 64)) == 0
+            || self.map.u32_at(rec + REC_STATE).load(Acquire) != CLIENT_ACTIVE
+            || self.map.u32_at(rec + REC_GENERATION).load(Relaxed) != token.generation
+        {
+            return Err(self.stale_reply());
+        }
+        let off = self
+            .layout
+            .resp_slot_offset(token.client_id, token.resp_slot_idx);
+        if self.map.u8_at(off + RESP_VALID).load(Acquire) != 0 {
+            return Err(self.slot_busy());
+        }
+        let cap = p.resp_payload_cap as usize;
+        let dst = self.map.bytes(off + RESP_PAYLOAD, cap);
+        // SAFETY: `dst` is the slot's in-bounds payload area of `cap` bytes (checked by `bytes`).
+        // The server has exclusive access to it: `valid == 0` (Acquire, pairing with the
+        // client's Release clear after its copy-out) so the client is not reading it, and the
+        // client only reads it after seeing `valid == 1`, which is stored below, after `write`.
+        let len = write(unsafe { std::slice::from_raw_parts_mut(dst, cap) });
+        if len > cap {
+            return Err(ReplyError::PayloadTooLarge { len, cap });
+        }
+        self.map
+            .u32_at(off + RESP_PAYLOAD_LEN)
+            .store(len as u32, Relaxed);
+        fence(Release);
+        self.map.u8_at(off + RESP_VALID).store(1, Release);
+        self.pending[bit / 64] &= !(1 << (bit % 64));
+        self.stats.replied += 1;
+        Ok(())
+    }
+
+    #[cold]
+    fn stale_reply(&mut self) -> ReplyError {
+        self.stats.stale_replies += 1;
+        ReplyError::StaleToken
+    }
+
+    #[cold]
+    fn slot_busy(&mut self) -> ReplyError {
+        self.stats.resp_slot_busy += 1;
+        ReplyError::SlotBusy
+    }
+
+    /// Classifies and counts a consumed invalid entry.
+    #[cold]
+    #[inline(never)]
+    fn count_invalid(&mut self, client_id: u32, slot_idx: u32, len: u32) {
+        let p = self.layout.params;
+        let s = &mut self.stats;
+        if len == ABORTED_PAYLOAD_LEN {
+            s.aborted += 1;
+            return;
+        }
+        let what = if client_id >= p.max_clients {
+            s.bad_client_id += 1;
+            "client_id out of range"
+        } else if self
+            .map
+            .u32_at(self.layout.record_offset(client_id) + REC_STATE)
+            .load(Acquire)
+            != CLIENT_ACTIVE
+        {
+            s.inactive_client += 1;
+            "client not active"
+        } else if slot_idx >= p.resp_depth {
+            s.bad_resp_slot += 1;
+            "resp_slot_idx out of range"
+        } else {
+            s.bad_payload_len += 1;
+            "payload_len above capacity"
+        };
+        tracing::debug!(
+            ring = %self.name, client_id, slot_idx, len,
+            "dropped invalid delegation ring entry: {what}"
+        );
+    }
+
+    /// The cursor is at a hole. Times it; once older than `hole_timeout`, resolves it.
+    #[cold]
+    #[inline(never)]
+    fn on_hole(&mut self) {
+        let now = Instant::now();
+        match self.hole {
+            Some((pos, since)) if pos == self.cursor => {
+                if now.duration_since(since) >= self.hole_timeout {
+                    self.resolve_holes();
+                    // Whether or not it was resolved, look again only after another timeout.
+                    self.hole = Some((self.cursor, Instant::now()));
+                }
+            }
+            _ => self.hole = Some((self.cursor, now)),
+        }
+    }
+
+    /// Skips holes at the cursor whose reserving client is dead (see the module docs for why
+    /// this is safe). Stops at the first hole that a live client may still fill.
+    #[cold]
+    #[inline(never)]
+    fn resolve_holes(&mut self) {
+        // Bounded, so that a scribbled `head` cannot keep the server here.
+        for _ in 0..self.layout.params.ring_depth {
+            let head = self.map.u64_at(OFF_HEAD).load(Acquire);
+            let pos = self.cursor;
+            let off = self.layout.req_slot_offset(pos);
+            if head <= pos || self.map.u8_at(off + SLOT_COMMITTED).load(Acquire) != 0 {
+                return;
+            }
+            let mut dead_owner = None;
+            for id in 0..self.layout.params.max_clients {
+                let rec = self.layout.record_offset(id);
+                if self.map.u32_at(rec + REC_STATE).load(Acquire) == CLIENT_FREE {
+                    continue;
+                }
+                let rp = self.map.u64_at(rec + REC_RESERVING_POS).load(Acquire);
+                if rp != POS_RESERVING && rp != pos {
+                    continue;
+                }
+                if self.client_alive(id) {
+                    return; // A live client is (or may be) about to fill `pos`.
+                }
+                if rp == pos {
+                    dead_owner = Some(rec);
+                }
+            }
+            // Re-check: an owner that stored IDLE after our scan has committed.
+            if self.map.u8_at(off + SLOT_COMMITTED).load(Acquire) != 0 {
+                return;
+            }
+            if let Some(rec) = dead_owner {
+                let _ = self
+                    .map
+                    .u64_at(rec + REC_RESERVING_POS)
+                    .compare_exchange(pos, POS_IDLE, Relaxed, Relaxed);
+            }
+            self.cursor += 1;
+            self.limit = self.limit.max(self.cursor);
+            self.stats.holes_skipped += 1;
+            tracing::warn!(ring = %self.name, pos, "skipped a position reserved by a dead client");
+        }
+    }
+
+    /// Whether the owner of client record `id` is alive: some open file description holds the
+    /// lock on the record. Errs on the side of "alive" if the check itself fails.
+    fn client_alive(&self, id: u32) -> bool {
+        let rec = self.layout.record_offset(id) as u64;
+        shm::is_locked_by_other(&self.file, rec, CLIENT_RECORD_SIZE).unwrap_or(true)
+    }
+
+    /// Every 1024 polls: if `liveness_interval` has passed, scan for dead or detached clients.
+    #[cold]
+    #[inline(never)]
+    fn periodic(&mut self) {
+        self.polls_until_clock = POLLS_PER_CLOCK_CHECK;
+        let now = Instant::now();
+        if now >= self.next_reclaim_scan {
+            self.next_reclaim_scan = now + self.liveness_interval;
+            self.reclaim_scan();
+        }
+    }
+
+    /// Reclaims ids whose owner detached or died, once every request they committed has been
+    /// consumed (`cursor` has passed the `head` seen when the death was first noticed).
+    #[cold]
+    #[inline(never)]
+    fn reclaim_scan(&mut self) {
+        for id in 0..self.layout.params.max_clients {
+            let rec = self.layout.record_offset(id);
+            let state = self.map.u32_at(rec + REC_STATE).load(Acquire);
+            let gone = match state {
+                CLIENT_FREE => false,
+                CLIENT_ACTIVE => !self.client_alive(id),
+                _ => true, // DETACHED, or garbage: nobody can own it.
+            };
+            let noticed = &mut self.death_noticed[id as usize];
+            if !gone {
+                *noticed = NOT_NOTICED;
+            } else if *noticed == NOT_NOTICED {
+                // Everything the owner ever reserved is below this head.
+                *noticed = self.map.u64_at(OFF_HEAD).load(Acquire);
+            } else if self.cursor >= *noticed {
+                self.reclaim(id);
+            }
+        }
+    }
+
+    /// Returns client id `id` to `FREE`: bumps the generation, clears its response slots and
+    /// pending replies, resets `reserving_pos`, then publishes `FREE` (Release).
+    fn reclaim(&mut self, id: u32) {
+        let p = self.layout.params;
+        let rec = self.layout.record_offset(id);
+        self.map.u32_at(rec + REC_GENERATION).fetch_add(1, Relaxed);
+        for s in 0..p.resp_depth {
+            let off = self.layout.resp_slot_offset(id, s);
+            self.map.u8_at(off + RESP_VALID).store(0, Relaxed);
+            let bit = id as usize * p.resp_depth as usize + s as usize;
+            self.pending[bit / 64] &= !(1 << (bit % 64));
+        }
+        self.map
+            .u64_at(rec + REC_RESERVING_POS)
+            .store(POS_IDLE, Relaxed);
+        self.map.u32_at(rec + REC_PID).store(0, Relaxed);
+        self.map.u32_at(rec + REC_STATE).store(CLIENT_FREE, Release);
+        self.death_noticed[id as usize] = NOT_NOTICED;
+        self.stats.clients_reclaimed += 1;
+        tracing::debug!(ring = %self.name, client_id = id, "reclaimed client id");
+    }
+}
+
+impl std::fmt::Debug for RingServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingServer")
+            .field("path", &self.path)
+            .field("info", &self.info())
+            .field("cursor", &self.cursor)
+            .field("limit", &self.limit)
+            .field("hole", &self.hole)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Links the initialized, locked temporary file `tmp` to `path`, replacing a stale file (one no
+/// live server holds) if present.
+fn publish(tmp: &std::path::Path, path: &std::path::Path) -> Result<(), RingError> {
+    let io = |op| {
+        let path = path.to_path_buf();
+        move |source| RingError::Io { path, op, source }
+    };
+    // Descriptors of stale files we replaced, kept open (and locked) until our link succeeds so
+    // that a concurrent creator cannot take them for stale files too.
+    let mut replaced = Vec::new();
+    for _ in 0..16 {
+        match std::fs::hard_link(tmp, path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io("link")(e)),
+        }
+        let old = match shm::open_existing(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io("open")(e)),
+        };
+        // Every ring file is locked by its server before it is linked, so an unlocked file at
+        // the name is stale. Taking its lock ourselves makes the replacement exclusive.
+        if !shm::try_lock_write(&old, SERVER_LOCK_START, SERVER_LOCK_LEN)
+            .map_err(io("fcntl(F_OFD_SETLK)"))?
+        {
+            let pid = header::read_raw(&old)
+                .map(|raw| {
+                    u32::from_ne_bytes(raw[OFF_SERVER_PID..OFF_SERVER_PID + 4].try_into().unwrap())
+                })
+                .unwrap_or(0);
+            return Err(RingError::AlreadyExists {
+                path: path.to_path_buf(),
+                pid,
+            });
+        }
+        if shm::same_file(&old, path) {
+            tracing::warn!(path = %path.display(), "replacing stale delegation ring");
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("unlink")(e)),
+            }
+        }
+        replaced.push(old);
+    }
+    Err(RingError::AlreadyExists {
+        path: path.to_path_buf(),
+        pid: 0,
+    })
+}
+
+impl Drop for RingServer {
+    /// Clean shutdown: `server_alive = false` (Release), unlink the file (if it is still ours),
+    /// release the server lock.
+    fn drop(&mut self) {
+        self.map.u8_at(OFF_SERVER_ALIVE).store(0, Release);
+        if shm::same_file(&self.file, &self.path) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        let _ = shm::unlock(&self.file, SERVER_LOCK_START, SERVER_LOCK_LEN);
+    }
+}

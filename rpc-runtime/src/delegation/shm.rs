@@ -1,0 +1,191 @@
+//! The operating-system side of the ring: `/dev/shm` file names, creating and opening the file
+//! (mode 0600), mapping it ([`ShmMap`], over `memmap2::MmapRaw`), and open-file-description
+//! (OFD) byte-range locks (`fcntl` `F_OFD_SETLK` / `F_OFD_GETLK`).
+//!
+//! OFD locks belong to an open file description (one `open(2)`), not to a process: two
+//! `open`s of the same file in one process hold independent locks that conflict with each other,
+//! and the kernel releases a description's locks when its last descriptor is closed — in
+//! particular when the owning process dies. This is what makes them usable as liveness tokens
+//! between threads of one process as well as between processes.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use super::error::RingError;
+
+/// Directory holding ring files. Source: seeds/004 §2.1 ("全領域は `/dev/shm` 上に配置される").
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// Longest accepted ring name, in bytes (leaves room for the temporary-file decoration within
+/// `NAME_MAX` = 255).
+pub const MAX_NAME_LEN: usize = 200;
+
+/// Normalizes a ring name (`"kv0"` or `"/kv0"`) and returns it with its path
+/// (`/dev/shm/kv0`). The name must be a single, non-empty file name: no `/` after the optional
+/// leading one, no NUL, not `.` or `..`, at most [`MAX_NAME_LEN`] bytes.
+pub fn shm_path(name: &str) -> Result<(String, PathBuf), RingError> {
+    let bad = |reason| {
+        Err(RingError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        })
+    };
+    let n = name.strip_prefix('/').unwrap_or(name);
+    if n.is_empty() {
+        return bad("empty");
+    }
+    if n.len() > MAX_NAME_LEN {
+        return bad("longer than 200 bytes");
+    }
+    if n.contains('/') || n.contains('\0') {
+        return bad("must be a single file name (no '/' or NUL after the optional leading '/')");
+    }
+    if n == "." || n == ".." {
+        return bad("'.' and '..' are not file names");
+    }
+    Ok((n.to_owned(), Path::new(SHM_DIR).join(n)))
+}
+
+/// Creates `path` exclusively (`O_CREAT | O_EXCL`), read-write, mode 0600, close-on-exec.
+pub fn create_exclusive(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// Opens an existing `path` read-write (close-on-exec).
+pub fn open_existing(path: &Path) -> io::Result<File> {
+    OpenOptions::new().read(true).write(true).open(path)
+}
+
+/// Whether `path` currently names the same inode as `file` (false if `path` is gone).
+pub fn same_file(file: &File, path: &Path) -> bool {
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+fn flock(l_type: libc::c_int, start: u64, len: u64) -> io::Result<libc::flock> {
+    let (Ok(start), Ok(len)) = (libc::off_t::try_from(start), libc::off_t::try_from(len)) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    // SAFETY: `flock` is a plain C struct of integers; all-zero is a valid value (and `l_pid`
+    // must be 0 for OFD commands).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = l_type as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = len;
+    Ok(fl)
+}
+
+fn fcntl_lock(file: &File, cmd: libc::c_int, fl: &mut libc::flock) -> io::Result<()> {
+    // SAFETY: `file` keeps the descriptor open for the duration of the call; `fl` is a valid,
+    // exclusively borrowed `struct flock` that the kernel reads (and, for F_OFD_GETLK, writes).
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), cmd, fl as *mut libc::flock) };
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Takes a non-blocking OFD write lock on `[start, start + len)` through `file`'s open file
+/// description. `Ok(false)` if another open file description holds a conflicting lock.
+pub fn try_lock_write(file: &File, start: u64, len: u64) -> io::Result<bool> {
+    let mut fl = flock(libc::F_WRLCK, start, len)?;
+    match fcntl_lock(file, libc::F_OFD_SETLK, &mut fl) {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Releases this open file description's OFD lock on `[start, start + len)` (no-op if none).
+pub fn unlock(file: &File, start: u64, len: u64) -> io::Result<()> {
+    let mut fl = flock(libc::F_UNLCK, start, len)?;
+    fcntl_lock(file, libc::F_OFD_SETLK, &mut fl)
+}
+
+/// Whether some *other* open file description holds a lock on `[start, start + len)` that
+/// conflicts with a write lock (`F_OFD_GETLK`). Locks held through `file` itself are not
+/// reported.
+pub fn is_locked_by_other(file: &File, start: u64, len: u64) -> io::Result<bool> {
+    let mut fl = flock(libc::F_WRLCK, start, len)?;
+    fcntl_lock(file, libc::F_OFD_GETLK, &mut fl)?;
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// A shared read-write mapping of the first `len` bytes of a ring file, with bounds-checked
+/// accessors for the atomic fields and payload areas.
+///
+/// Every accessor asserts that the requested range lies inside the mapping (and, for atomics,
+/// is naturally aligned), so a logic error can only panic, never touch memory outside the
+/// mapping. The mapping itself is page-aligned, so aligned offsets give aligned addresses.
+#[derive(Debug)]
+pub struct ShmMap {
+    map: MmapRaw,
+    len: usize,
+}
+
+impl ShmMap {
+    /// Maps `[0, len)` of `file` shared and read-write.
+    pub fn map(file: &File, len: u64) -> io::Result<Self> {
+        let len = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let map = MmapOptions::new().len(len).map_raw(file)?;
+        Ok(Self { map, len })
+    }
+
+    #[inline]
+    fn ptr(&self, off: usize, size: usize, align: usize) -> *mut u8 {
+        assert!(
+            off <= self.len && size <= self.len - off && off.is_multiple_of(align),
+            "ring offset {off}+{size} outside mapping of {} bytes",
+            self.len
+        );
+        self.map.as_mut_ptr().wrapping_add(off)
+    }
+
+    /// The `AtomicU64` at byte offset `off` (must be 8-aligned and in bounds, else panics).
+    #[inline]
+    pub fn u64_at(&self, off: usize) -> &AtomicU64 {
+        let p = self.ptr(off, 8, 8);
+        // SAFETY: in bounds and aligned (checked above); the mapping lives as long as `self`;
+        // every access to this location by this crate, in any process, is atomic.
+        unsafe { AtomicU64::from_ptr(p.cast()) }
+    }
+
+    /// The `AtomicU32` at byte offset `off` (must be 4-aligned and in bounds, else panics).
+    #[inline]
+    pub fn u32_at(&self, off: usize) -> &AtomicU32 {
+        let p = self.ptr(off, 4, 4);
+        // SAFETY: as for `u64_at`.
+        unsafe { AtomicU32::from_ptr(p.cast()) }
+    }
+
+    /// The `AtomicU8` at byte offset `off` (must be in bounds, else panics).
+    #[inline]
+    pub fn u8_at(&self, off: usize) -> &AtomicU8 {
+        let p = self.ptr(off, 1, 1);
+        // SAFETY: as for `u64_at`.
+        unsafe { AtomicU8::from_ptr(p) }
+    }
+
+    /// Raw pointer to the payload bytes `[off, off + len)` (must be in bounds, else panics).
+    /// Dereferencing it is the caller's responsibility: the ring protocol decides who may
+    /// access a payload area when (see the `server` and `client` modules).
+    #[inline]
+    pub fn bytes(&self, off: usize, len: usize) -> *mut u8 {
+        self.ptr(off, len, 1)
+    }
+}

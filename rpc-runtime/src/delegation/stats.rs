@@ -1,0 +1,39 @@
+//! Server-side counters ([`RingStats`]).
+
+/// Counters kept by a [`RingServer`](super::RingServer) in its own (not shared) memory; every
+/// field counts events since the server was created. Read with
+/// [`RingServer::stats`](super::RingServer::stats).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RingStats {
+    /// Requests returned by `recv` (valid entries).
+    pub received: u64,
+    /// Replies published (`valid` set to 1).
+    pub replied: u64,
+    /// Ring positions skipped because the client that reserved them died before committing.
+    pub holes_skipped: u64,
+    /// Entries dropped because `client_id >= max_clients`.
+    pub bad_client_id: u64,
+    /// Entries dropped because `resp_slot_idx >= resp_depth`.
+    pub bad_resp_slot: u64,
+    /// Entries dropped because the sender's client record is not `ACTIVE`.
+    pub inactive_client: u64,
+    /// Entries dropped because `payload_len > req_payload_cap`.
+    pub bad_payload_len: u64,
+    /// Entries a client committed as aborted (its payload writer panicked or overflowed); not
+    /// an error of the ring, consumed silently.
+    pub aborted: u64,
+    /// Replies refused with [`ReplyError::StaleToken`](super::ReplyError::StaleToken).
+    pub stale_replies: u64,
+    /// Replies refused with [`ReplyError::SlotBusy`](super::ReplyError::SlotBusy).
+    pub resp_slot_busy: u64,
+    /// Client ids returned to `FREE` after their owner detached or died.
+    pub clients_reclaimed: u64,
+}
+
+impl RingStats {
+    /// Entries dropped as invalid: the sum of `bad_client_id`, `bad_resp_slot`,
+    /// `inactive_client` and `bad_payload_len`.
+    pub fn invalid_entries(&self) -> u64 {
+        self.bad_client_id + self.bad_resp_slot + self.inactive_client + self.bad_payload_len
+    }
+}

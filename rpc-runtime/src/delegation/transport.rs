@@ -1,0 +1,218 @@
+//! The delegation ring as an RPC transport: [`Delegation`] (client) and [`DelegationServer`]
+//! implement [`ClientTransport`]/[`ServerTransport`] on top of [`RingClient`]/[`RingServer`].
+//!
+//! Each request slot carries one [`crate::wire`] request message, each response slot one
+//! response message; the slot payload capacities are the service's largest request and
+//! response (`ServiceDescriptor::max_request_bytes` / `max_response_bytes`), and the ring
+//! header carries the service's schema fingerprint, which [`Delegation`] checks on attach.
+
+use std::time::Duration;
+
+use super::{CallError, ReplyError, ReplyToken, RingClient, RingConfig, RingServer};
+use crate::client::ClientTransport;
+use crate::error::RpcError;
+use crate::server::ServerTransport;
+use crate::service::{Service, ServiceDescriptor};
+
+/// Sizing and timing of a delegation ring; message capacities and the fingerprint come from
+/// the service descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DelegationConfig {
+    /// Most clients attached at once (client ids `0..max_clients`).
+    pub max_clients: u32,
+    /// Request slots in the shared MPSC ring; a power of two (seeds/004 §9 uses 1024).
+    pub ring_depth: u32,
+    /// Response slots per client = most calls one client can have in flight; a power of two
+    /// (seeds/004 §9 uses the benchmark's queue depth).
+    pub resp_depth: u32,
+    /// How long the server waits at a hole (a reserved but uncommitted request slot) before
+    /// checking whether its owner died.
+    pub hole_timeout: Duration,
+    /// How often clients and server check each other's liveness while waiting.
+    pub liveness_interval: Duration,
+}
+
+impl Default for DelegationConfig {
+    fn default() -> Self {
+        let ring = RingConfig::default();
+        DelegationConfig {
+            max_clients: ring.max_clients,
+            ring_depth: ring.ring_depth,
+            resp_depth: ring.resp_depth,
+            hole_timeout: ring.hole_timeout,
+            liveness_interval: ring.liveness_interval,
+        }
+    }
+}
+
+/// Client transport over a delegation ring in `/dev/shm` (seeds/004 §2.2 client side).
+///
+/// `KvClient::<Delegation>::connect("kv0")` attaches to `/dev/shm/kv0`.
+#[derive(Debug)]
+pub struct Delegation {
+    ring: RingClient,
+}
+
+impl Delegation {
+    /// The underlying ring client.
+    pub fn ring(&self) -> &RingClient {
+        &self.ring
+    }
+
+    /// The underlying ring client, mutably.
+    pub fn ring_mut(&mut self) -> &mut RingClient {
+        &mut self.ring
+    }
+}
+
+#[inline]
+fn call_error(e: CallError) -> RpcError {
+    match e {
+        CallError::WouldBlock => RpcError::WouldBlock,
+        CallError::ServerDisconnected => RpcError::ServerDisconnected,
+        // The ring's capacity was checked against the service at attach time, so only an
+        // encoder that disagrees with the descriptor gets here; the ring aborted the slot.
+        CallError::PayloadTooLarge { len, cap } => RpcError::MessageTooLarge { len, cap },
+    }
+}
+
+impl ClientTransport for Delegation {
+    type Addr = str;
+
+    fn connect(name: &str, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
+        let ring = RingClient::attach(name)?;
+        let info = ring.info();
+        if info.fingerprint != service.fingerprint {
+            return Err(RpcError::SchemaMismatch {
+                service: service.name,
+                expected: service.fingerprint,
+                found: info.fingerprint,
+            });
+        }
+        if (info.req_payload_cap as usize) < service.max_request_bytes {
+            return Err(RpcError::CapacityMismatch {
+                service: service.name,
+                what: "request",
+                cap: info.req_payload_cap as usize,
+                need: service.max_request_bytes,
+            });
+        }
+        if (info.resp_payload_cap as usize) < service.max_response_bytes {
+            return Err(RpcError::CapacityMismatch {
+                service: service.name,
+                what: "response",
+                cap: info.resp_payload_cap as usize,
+                need: service.max_response_bytes,
+            });
+        }
+        Ok(Delegation { ring })
+    }
+
+    #[inline]
+    fn max_in_flight(&self) -> usize {
+        self.ring.info().resp_depth as usize
+    }
+
+    #[inline]
+    fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
+        self.ring.try_call_with(encode).map_err(call_error)
+    }
+
+    #[inline]
+    fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
+        self.ring.poll(on_response).map_err(call_error)
+    }
+}
+
+/// Server transport over a delegation ring it creates in `/dev/shm` (seeds/004 §2.2 server
+/// side): `poll` = ring poll, `recv` = ring recv, `release` = `advance_tail`.
+#[derive(Debug)]
+pub struct DelegationServer {
+    ring: RingServer,
+}
+
+impl DelegationServer {
+    /// Creates the ring `/dev/shm/<name>` (mode 0600) for `service`.
+    ///
+    /// # Errors
+    /// [`RpcError::Ring`] if the name is taken by a live server, the configuration is invalid
+    /// (depths not powers of two, ...), or shared memory cannot be created/mapped.
+    pub fn create(
+        name: &str,
+        service: &'static ServiceDescriptor,
+        cfg: DelegationConfig,
+    ) -> Result<Self, RpcError> {
+        let ring_cfg = RingConfig {
+            max_clients: cfg.max_clients,
+            ring_depth: cfg.ring_depth,
+            resp_depth: cfg.resp_depth,
+            req_payload_cap: service.max_request_bytes as u32,
+            resp_payload_cap: service.max_response_bytes as u32,
+            fingerprint: service.fingerprint,
+            hole_timeout: cfg.hole_timeout,
+            liveness_interval: cfg.liveness_interval,
+        };
+        Ok(DelegationServer {
+            ring: RingServer::create(name, &ring_cfg)?,
+        })
+    }
+
+    /// [`DelegationServer::create`] for service `S`, wrapped in a typed [`crate::Server`].
+    ///
+    /// # Errors
+    /// As [`DelegationServer::create`].
+    pub fn serve<S: Service>(
+        name: &str,
+        cfg: DelegationConfig,
+    ) -> Result<crate::Server<S, Self>, RpcError> {
+        Ok(crate::Server::new(Self::create(name, S::DESCRIPTOR, cfg)?))
+    }
+
+    /// The underlying ring server (counters: [`RingServer::stats`]).
+    pub fn ring(&self) -> &RingServer {
+        &self.ring
+    }
+
+    /// The underlying ring server, mutably.
+    pub fn ring_mut(&mut self) -> &mut RingServer {
+        &mut self.ring
+    }
+}
+
+impl ServerTransport for DelegationServer {
+    type ReplyToken = ReplyToken;
+
+    #[inline]
+    fn poll(&mut self) -> usize {
+        self.ring.poll()
+    }
+
+    #[inline]
+    fn recv(&mut self) -> Option<(ReplyToken, &[u8])> {
+        self.ring.recv().map(|e| (e.token, e.payload))
+    }
+
+    #[inline]
+    fn release(&mut self) {
+        self.ring.advance_tail();
+    }
+
+    #[inline]
+    fn reply(
+        &mut self,
+        token: ReplyToken,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), RpcError> {
+        self.ring.reply_with(token, encode).map_err(reply_error)
+    }
+}
+
+#[cold]
+fn reply_error(e: ReplyError) -> RpcError {
+    RpcError::ReplyDropped(match e {
+        ReplyError::StaleToken => "the client detached or died (stale token)",
+        ReplyError::BadToken => "token out of range",
+        ReplyError::SlotBusy => "the client's response slot still holds an unread response",
+        ReplyError::PayloadTooLarge { .. } => "response larger than the slot",
+    })
+}

@@ -1,0 +1,92 @@
+//! Errors returned to users of generated clients and servers.
+
+use crate::wire::{Status, WireError};
+
+/// An RPC failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RpcError {
+    /// The server is gone (clean shutdown, or its process died): every call in flight and
+    /// every later call fails with this.
+    #[error("server disconnected")]
+    ServerDisconnected,
+    /// No call slot is free right now (all response slots of this client are in use):
+    /// poll for responses, then issue again.
+    #[error("no free call slot: poll for responses and retry")]
+    WouldBlock,
+    /// The server could not decode the request and answered with an error status.
+    #[error("call {tag} to {method}: server rejected the request ({status:?})")]
+    BadRequest {
+        /// The call's tag (for blocking calls, an internal one).
+        tag: u64,
+        /// Method name.
+        method: &'static str,
+        /// Status the server answered with; `None` if this build does not know the code.
+        status: Option<Status>,
+    },
+    /// The response could not be decoded (wrong length, invalid bytes, wrong method).
+    #[error("call {tag} to {method}: bad response: {error}")]
+    BadResponse {
+        /// The call's tag.
+        tag: u64,
+        /// Method name.
+        method: &'static str,
+        /// What was wrong with it.
+        error: WireError,
+    },
+    /// The peer was built from a different interface definition.
+    #[error(
+        "schema mismatch for service {service}: this build's fingerprint is {expected:#018x}, the peer's is {found:#018x} (rebuild both sides from the same trait)"
+    )]
+    SchemaMismatch {
+        /// Service name.
+        service: &'static str,
+        /// Fingerprint of this build.
+        expected: u64,
+        /// Fingerprint announced by the peer.
+        found: u64,
+    },
+    /// The peer's message-size limits cannot carry this service's messages.
+    #[error("service {service}: peer's {what} capacity is {cap} bytes, this service needs {need}")]
+    CapacityMismatch {
+        /// Service name.
+        service: &'static str,
+        /// Which capacity ("request" or "response").
+        what: &'static str,
+        /// Peer's capacity in bytes.
+        cap: usize,
+        /// Bytes this service needs.
+        need: usize,
+    },
+    /// An encoded message is larger than the transport's slot or buffer (an encoder that
+    /// disagrees with the service descriptor); nothing was sent.
+    #[error("message of {len} bytes exceeds the transport's capacity of {cap} bytes")]
+    MessageTooLarge {
+        /// Encoded length in bytes.
+        len: usize,
+        /// Capacity in bytes.
+        cap: usize,
+    },
+    /// A reply could not be delivered (the client is gone or the token is invalid); the reply
+    /// was dropped and counted.
+    #[error("reply dropped: {0}")]
+    ReplyDropped(&'static str),
+    /// Setting up the delegation ring failed (create/attach).
+    #[error(transparent)]
+    Ring(#[from] crate::delegation::RingError),
+}
+
+impl RpcError {
+    /// Maps a response decode failure for call `tag` of `method`.
+    #[cold]
+    pub fn from_wire(tag: u64, method: &'static str, error: WireError) -> Self {
+        match error {
+            WireError::Rejected { status, .. } => RpcError::BadRequest {
+                tag,
+                method,
+                status,
+            },
+            error => RpcError::BadResponse { tag, method, error },
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! The transport-generic server core: decodes requests, answers undecodable ones with an error
+//! status, and encodes replies, immediately ([`Server::serve_once`]) or later
+//! ([`Server::recv`] + [`Server::reply`], the deferred-reply path).
+
+use crate::error::RpcError;
+use crate::service::Service;
+use crate::wire;
+
+/// The server side of a transport: delivers request messages and sends replies.
+pub trait ServerTransport {
+    /// Identifies where a reply goes. `Copy`, so a handler can keep it and reply later, out
+    /// of order.
+    type ReplyToken: Copy + Send + std::fmt::Debug + 'static;
+
+    /// Makes newly arrived requests available to [`ServerTransport::recv`]; returns how many
+    /// are available.
+    fn poll(&mut self) -> usize;
+
+    /// The next available request as `(token, message)`, or `None`. Entries the transport
+    /// itself finds invalid (bad client id, bad slot index, oversized) are dropped and counted
+    /// by the transport and never returned.
+    fn recv(&mut self) -> Option<(Self::ReplyToken, &[u8])>;
+
+    /// Lets the transport reuse the space of every request returned by `recv` so far
+    /// (delegation: `advance_tail`). Tokens stay valid.
+    fn release(&mut self);
+
+    /// Sends a reply: `encode` writes the message into a buffer of at least the service's
+    /// `max_response_bytes` and returns its length.
+    ///
+    /// # Errors
+    /// [`RpcError::ReplyDropped`] if the client is gone or the token is stale/invalid.
+    fn reply(
+        &mut self,
+        token: Self::ReplyToken,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), RpcError>;
+}
+
+/// Server-side counters kept by [`Server`] (the transport keeps its own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Requests decoded and handed out.
+    pub requests: u64,
+    /// Requests answered with an error status because they did not decode.
+    pub bad_requests: u64,
+    /// Replies (including error replies) the transport dropped.
+    pub dropped_replies: u64,
+}
+
+/// Typed server core for service `S` over transport `T`.
+pub struct Server<S: Service, T: ServerTransport> {
+    transport: T,
+    stats: ServerStats,
+    _service: std::marker::PhantomData<fn() -> S>,
+}
+
+impl<S: Service, T: ServerTransport> Server<S, T> {
+    /// Wraps a transport that was created for `S` (its message sizes come from
+    /// `S::DESCRIPTOR`).
+    pub fn new(transport: T) -> Self {
+        Server {
+            transport,
+            stats: ServerStats::default(),
+            _service: std::marker::PhantomData,
+        }
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    /// The transport, mutably.
+    pub fn transport_mut(&mut self) -> &mut T {
+        &mut self.transport
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ServerStats {
+        &self.stats
+    }
+
+    /// Makes newly arrived requests available to [`Server::recv`]; returns how many.
+    #[inline]
+    pub fn poll(&mut self) -> usize {
+        self.transport.poll()
+    }
+
+    /// The next decoded request and the token to answer it with; `None` when no more are
+    /// available. A request that does not decode is answered right here with an error status
+    /// (so the client fails fast with [`RpcError::BadRequest`]), counted in
+    /// [`ServerStats::bad_requests`], and skipped.
+    #[inline]
+    pub fn recv(&mut self) -> Option<(T::ReplyToken, S::Request)> {
+        loop {
+            let (token, decoded) = {
+                let (token, msg) = self.transport.recv()?;
+                (
+                    token,
+                    S::decode_request(msg).map_err(|e| (e, request_method_id(msg))),
+                )
+            };
+            match decoded {
+                Ok(req) => {
+                    self.stats.requests += 1;
+                    return Some((token, req));
+                }
+                Err((e, method_id)) => self.reject(token, method_id, e),
+            }
+        }
+    }
+
+    /// Lets the transport reuse the space of requests received so far (call after a batch of
+    /// [`Server::recv`]s; tokens stay valid for deferred replies).
+    #[inline]
+    pub fn release(&mut self) {
+        self.transport.release();
+    }
+
+    /// Answers the request identified by `token` with `resp`; may be called any time after
+    /// [`Server::recv`] returned the token, in any order.
+    ///
+    /// # Errors
+    /// [`RpcError::ReplyDropped`] if the client is gone or the token is stale (counted).
+    #[inline]
+    pub fn reply(&mut self, token: T::ReplyToken, resp: &S::Response) -> Result<(), RpcError> {
+        let r = self
+            .transport
+            .reply(token, |buf| S::encode_response(resp, buf));
+        if r.is_err() {
+            self.stats.dropped_replies += 1;
+        }
+        r
+    }
+
+    /// One round of the serve loop: poll, answer every available request with `handler`,
+    /// release the space. Returns how many requests were handled (bad ones excluded).
+    #[inline]
+    pub fn serve_once(&mut self, mut handler: impl FnMut(S::Request) -> S::Response) -> usize {
+        if self.transport.poll() == 0 {
+            return 0;
+        }
+        let mut n = 0;
+        while let Some((token, req)) = self.recv() {
+            let resp = handler(req);
+            // A dropped reply (client gone) is counted; the server carries on.
+            let _ = self.reply(token, &resp);
+            n += 1;
+        }
+        self.transport.release();
+        n
+    }
+
+    #[cold]
+    fn reject(&mut self, token: T::ReplyToken, method_id: u16, e: wire::WireError) {
+        self.stats.bad_requests += 1;
+        tracing::debug!(service = S::DESCRIPTOR.name, method_id, error = %e, "rejecting undecodable request");
+        let status = e.status();
+        if self
+            .transport
+            .reply(token, |buf| wire::encode_status(method_id, status, buf))
+            .is_err()
+        {
+            self.stats.dropped_replies += 1;
+        }
+    }
+}
+
+/// Best-effort method id of a (possibly malformed) request, echoed in error replies.
+fn request_method_id(msg: &[u8]) -> u16 {
+    match msg {
+        [a, b, ..] => u16::from_ne_bytes([*a, *b]),
+        _ => u16::MAX,
+    }
+}

@@ -1,0 +1,173 @@
+//! What a service looks like to the runtime: the [`Service`] trait that `#[rpc_service]`
+//! implements for `<Trait>Service`, and the [`ServiceDescriptor`] with its schema fingerprint.
+
+use crate::wire::WireError;
+
+/// One argument of a method, as written in the trait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArgDescriptor {
+    /// Argument name.
+    pub name: &'static str,
+    /// Type as written in the trait (token text, whitespace-normalised by the macro).
+    pub ty: &'static str,
+    /// `size_of` the argument's wire (lowered) type, in bytes.
+    pub size: usize,
+}
+
+/// One method of a service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MethodDescriptor {
+    /// Method id: index in the trait, in declaration order; carried in
+    /// [`crate::wire::MsgHeader::method_id`].
+    pub id: u16,
+    /// Method name.
+    pub name: &'static str,
+    /// Arguments after the receiver, in order.
+    pub args: &'static [ArgDescriptor],
+    /// Return type as written (`()` when omitted).
+    pub ret_ty: &'static str,
+    /// `size_of` the return type's wire (lowered) form, in bytes.
+    pub ret_size: usize,
+    /// Request message size: header + argument struct, in bytes.
+    pub request_bytes: usize,
+    /// Successful response message size: header + lowered return value, in bytes.
+    pub response_bytes: usize,
+}
+
+/// Static description of a service: its methods and a fingerprint of its schema.
+///
+/// Transports check the fingerprint when a client attaches or connects, so that two builds
+/// with different interfaces fail at attach time ([`crate::RpcError::SchemaMismatch`])
+/// instead of misreading each other's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceDescriptor {
+    /// The trait's name.
+    pub name: &'static str,
+    /// Methods in declaration order (`methods[i].id == i`).
+    pub methods: &'static [MethodDescriptor],
+    /// Largest request message of any method, in bytes (at least the header).
+    pub max_request_bytes: usize,
+    /// Largest response message of any method, in bytes (at least the header, which is all an
+    /// error response carries).
+    pub max_response_bytes: usize,
+    /// FNV-1a 64 over the service name and, per method, its id, name, argument names, type
+    /// names and wire sizes, return type name and wire size. See [`fingerprint`].
+    pub fingerprint: u64,
+}
+
+impl ServiceDescriptor {
+    /// Builds a descriptor, computing the maxima and the fingerprint (usable in `const`).
+    pub const fn new(name: &'static str, methods: &'static [MethodDescriptor]) -> Self {
+        let mut max_request_bytes = crate::wire::HEADER_BYTES;
+        let mut max_response_bytes = crate::wire::HEADER_BYTES;
+        let mut i = 0;
+        while i < methods.len() {
+            if methods[i].request_bytes > max_request_bytes {
+                max_request_bytes = methods[i].request_bytes;
+            }
+            if methods[i].response_bytes > max_response_bytes {
+                max_response_bytes = methods[i].response_bytes;
+            }
+            i += 1;
+        }
+        ServiceDescriptor {
+            name,
+            methods,
+            max_request_bytes,
+            max_response_bytes,
+            fingerprint: fingerprint(name, methods),
+        }
+    }
+
+    /// The method with id `id`, if any.
+    pub fn method(&self, id: u16) -> Option<&'static MethodDescriptor> {
+        self.methods.get(id as usize)
+    }
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+const fn fnv_bytes(mut h: u64, b: &[u8]) -> u64 {
+    let mut i = 0;
+    while i < b.len() {
+        h ^= b[i] as u64;
+        h = h.wrapping_mul(FNV_PRIME);
+        i += 1;
+    }
+    h
+}
+
+/// Hashes a string with its length prefixed, so that field boundaries are unambiguous.
+const fn fnv_str(h: u64, s: &str) -> u64 {
+    let h = fnv_u64(h, s.len() as u64);
+    fnv_bytes(h, s.as_bytes())
+}
+
+const fn fnv_u64(h: u64, v: u64) -> u64 {
+    fnv_bytes(h, &v.to_le_bytes())
+}
+
+/// The schema fingerprint: FNV-1a 64 over the service name and every method's id, name,
+/// argument names, argument type names and sizes, return type name and size (strings
+/// length-prefixed, integers little-endian u64).
+pub const fn fingerprint(name: &str, methods: &[MethodDescriptor]) -> u64 {
+    let mut h = fnv_str(FNV_OFFSET, name);
+    h = fnv_u64(h, methods.len() as u64);
+    let mut i = 0;
+    while i < methods.len() {
+        let m = &methods[i];
+        h = fnv_u64(h, m.id as u64);
+        h = fnv_str(h, m.name);
+        h = fnv_u64(h, m.args.len() as u64);
+        let mut j = 0;
+        while j < m.args.len() {
+            h = fnv_str(h, m.args[j].name);
+            h = fnv_str(h, m.args[j].ty);
+            h = fnv_u64(h, m.args[j].size as u64);
+            j += 1;
+        }
+        h = fnv_str(h, m.ret_ty);
+        h = fnv_u64(h, m.ret_size as u64);
+        i += 1;
+    }
+    h
+}
+
+/// A service: implemented by `#[rpc_service]` for the generated `<Trait>Service` marker type.
+///
+/// Requests and responses are `Copy` enums with one variant per method. Encoding writes
+/// [`crate::wire::MsgHeader`] plus the variant's zerocopy body; decoding is a validated cast.
+pub trait Service: 'static {
+    /// `<Trait>Request`: one variant per method, holding that method's argument struct.
+    type Request: Copy + Send + 'static;
+    /// `<Trait>Response`: one variant per method, holding its return value.
+    type Response: Copy + Send + 'static;
+    /// The service's descriptor.
+    const DESCRIPTOR: &'static ServiceDescriptor;
+
+    /// Encodes `req` into `out` (at least `DESCRIPTOR.max_request_bytes` long); returns the
+    /// message length in bytes.
+    fn encode_request(req: &Self::Request, out: &mut [u8]) -> usize;
+
+    /// Decodes a request message.
+    ///
+    /// # Errors
+    /// [`WireError::UnknownMethod`], [`WireError::Truncated`], [`WireError::BadLength`],
+    /// [`WireError::BadValue`].
+    fn decode_request(msg: &[u8]) -> Result<Self::Request, WireError>;
+
+    /// Encodes a successful response into `out` (at least `DESCRIPTOR.max_response_bytes`
+    /// long); returns the message length in bytes.
+    fn encode_response(resp: &Self::Response, out: &mut [u8]) -> usize;
+
+    /// Decodes the response to a call of method `method_id`.
+    ///
+    /// # Errors
+    /// [`WireError::Rejected`] if the server answered with an error status, and the errors of
+    /// [`crate::wire::decode_response`].
+    fn decode_response(method_id: u16, msg: &[u8]) -> Result<Self::Response, WireError>;
+
+    /// The method id of a request.
+    fn request_method_id(req: &Self::Request) -> u16;
+}
