@@ -10,7 +10,7 @@ for v in stub raw; do
   out=$(mktemp)
   valgrind --tool=callgrind --callgrind-out-file="$out" --collect-atstart=no \
     --toggle-collect='stub_vs_raw::client_*' target/release/examples/stub_vs_raw "$v" "$n" >/dev/null 2>&1
-  ir[$v]=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1; exit}')
+  ir[$v]=$(awk '/^(summary|totals):/ {print $2; exit}' "$out")
   rm -f "$out"
 done
 awk -v s="${ir[stub]}" -v r="${ir[raw]}" -v n="$n" 'BEGIN {

@@ -41,13 +41,14 @@ pub trait ClientTransport: Sized {
     /// [`RpcError::ServerDisconnected`].
     fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError>;
 
-    /// Delivers every response that has arrived as `on_response(token, message)`; returns how
-    /// many were delivered.
+    /// Delivers up to `max` (`>= 1`) of the responses that have arrived as
+    /// `on_response(token, message)`; returns how many were delivered. A response the
+    /// transport found corrupt is delivered as an empty message (it then fails to decode).
     ///
     /// # Errors
     /// [`RpcError::ServerDisconnected`] once the server is known to be gone while calls are
     /// in flight.
-    fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError>;
+    fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError>;
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -137,7 +138,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 ready,
                 in_flight,
             } = self;
-            let n = transport.poll(|tok, msg| {
+            let n = transport.poll(usize::MAX, |tok, msg| {
                 *in_flight -= 1;
                 if tok == token {
                     out = Some(wire::decode_response::<R>(method_id, msg));
@@ -198,18 +199,33 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
     /// is in the error); [`RpcError::ServerDisconnected`].
     #[inline]
     pub fn poll(&mut self) -> Result<Option<(u64, S::Response)>, RpcError> {
-        if self.ready.is_empty() && self.in_flight > 0 {
-            let Self {
-                transport,
-                slots,
-                ready,
-                in_flight,
-            } = self;
-            transport.poll(|tok, msg| {
-                *in_flight -= 1;
-                ready.push_back(complete::<S>(&slots[tok as usize], msg));
-            })?;
+        if !self.ready.is_empty() {
+            return self.pop_ready();
         }
+        if self.in_flight == 0 {
+            return Ok(None);
+        }
+        // Take exactly one response from the transport: nothing is buffered.
+        let Self {
+            transport,
+            slots,
+            in_flight,
+            ..
+        } = self;
+        let mut done = None;
+        transport.poll(1, |tok, msg| {
+            *in_flight -= 1;
+            done = Some(complete::<S>(&slots[tok as usize], msg));
+        })?;
+        match done {
+            None => Ok(None),
+            Some((tag, Ok(resp))) => Ok(Some((tag, resp))),
+            Some((_, Err(e))) => Err(e),
+        }
+    }
+
+    #[cold]
+    fn pop_ready(&mut self) -> Result<Option<(u64, S::Response)>, RpcError> {
         match self.ready.pop_front() {
             None => Ok(None),
             Some((tag, Ok(resp))) => Ok(Some((tag, resp))),
@@ -239,7 +255,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 in_flight,
                 ..
             } = self;
-            n += transport.poll(|tok, msg| {
+            n += transport.poll(usize::MAX, |tok, msg| {
                 *in_flight -= 1;
                 let (tag, r) = complete::<S>(&slots[tok as usize], msg);
                 f(tag, r);
@@ -278,7 +294,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             ready,
             in_flight,
         } = self;
-        transport.poll(|tok, msg| {
+        transport.poll(usize::MAX, |tok, msg| {
             *in_flight -= 1;
             ready.push_back(complete::<S>(&slots[tok as usize], msg));
         })?;

@@ -51,12 +51,12 @@ pub enum RpcError {
     CapacityMismatch {
         /// Service name.
         service: &'static str,
-        /// Which capacity ("request" or "response").
-        what: &'static str,
+        /// Which capacity.
+        what: MessageKind,
         /// Peer's capacity in bytes.
-        cap: usize,
-        /// Bytes this service needs.
-        need: usize,
+        cap: u32,
+        /// Bytes this service needs (saturated at `u32::MAX`).
+        need: u32,
     },
     /// An encoded message is larger than the transport's slot or buffer (an encoder that
     /// disagrees with the service descriptor); nothing was sent.
@@ -71,9 +71,35 @@ pub enum RpcError {
     /// was dropped and counted.
     #[error("reply dropped: {0}")]
     ReplyDropped(&'static str),
-    /// Setting up the delegation ring failed (create/attach).
+    /// Setting up the delegation ring failed (create/attach). Boxed: setup errors are rare
+    /// and large, and `RpcError` travels in every call's `Result`.
     #[error(transparent)]
-    Ring(#[from] crate::delegation::RingError),
+    Ring(Box<crate::delegation::RingError>),
+}
+
+/// Which kind of message a capacity applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MessageKind {
+    /// Requests (client to server).
+    Request,
+    /// Responses (server to client).
+    Response,
+}
+
+impl std::fmt::Display for MessageKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MessageKind::Request => "request",
+            MessageKind::Response => "response",
+        })
+    }
+}
+
+impl From<crate::delegation::RingError> for RpcError {
+    #[cold]
+    fn from(e: crate::delegation::RingError) -> Self {
+        RpcError::Ring(Box::new(e))
+    }
 }
 
 impl RpcError {

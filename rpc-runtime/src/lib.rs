@@ -12,7 +12,7 @@ pub mod service;
 pub mod wire;
 
 pub use client::{Client, ClientTransport};
-pub use error::RpcError;
+pub use error::{MessageKind, RpcError};
 pub use server::{Server, ServerStats, ServerTransport};
 pub use service::{ArgDescriptor, MethodDescriptor, Service, ServiceDescriptor};
 

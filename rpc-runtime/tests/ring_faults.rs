@@ -761,3 +761,63 @@ fn ring_concurrent_creators_exactly_one_wins() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// A response slot whose `payload_len` exceeds the capacity (a corrupt writer of the shared
+/// memory) is delivered as an empty message and counted, so the call fails instead of being
+/// lost; the client keeps working.
+#[test]
+fn corrupt_response_length_is_delivered_empty_and_counted() {
+    let name = unique_name("corrupt-resp");
+    let cfg = small_cfg();
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut client = RingClient::attach(&name).unwrap();
+    let slot = client.try_call(b"hello").unwrap();
+    server.poll();
+    let token = server.recv().unwrap().token;
+    server.advance_tail();
+
+    // Write the response slot by hand: valid = 1 with payload_len = cap + 1.
+    let l = layout::Layout::new(layout::LayoutParams {
+        max_clients: cfg.max_clients,
+        ring_depth: cfg.ring_depth,
+        resp_depth: cfg.resp_depth,
+        req_payload_cap: cfg.req_payload_cap,
+        resp_payload_cap: cfg.resp_payload_cap,
+    })
+    .unwrap();
+    let off = l.resp_slot_offset(token.client_id, token.resp_slot_idx) as u64;
+    let f = OpenOptions::new()
+        .write(true)
+        .open(shm_file(&name))
+        .unwrap();
+    f.write_all_at(
+        &(cfg.resp_payload_cap + 1).to_ne_bytes(),
+        off + layout::RESP_PAYLOAD_LEN as u64,
+    )
+    .unwrap();
+    f.write_all_at(&[1], off + layout::RESP_VALID as u64)
+        .unwrap();
+
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "corrupt response never delivered"
+        );
+        client.poll(|s, bytes| got.push((s, bytes.len()))).unwrap();
+    }
+    assert_eq!(got, vec![(slot, 0)]);
+    assert_eq!(client.corrupt_responses(), 1);
+    assert_eq!(client.in_flight(), 0);
+    // The client carries on with new calls.
+    let slot2 = client.try_call(b"again").unwrap();
+    let mut echoed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while echoed.is_empty() {
+        assert!(Instant::now() < deadline, "no echo");
+        serve_once(&mut server);
+        client.poll(|s, b| echoed.push((s, b.to_vec()))).unwrap();
+    }
+    assert_eq!(echoed, vec![(slot2, b"again".to_vec())]);
+}

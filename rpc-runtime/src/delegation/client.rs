@@ -137,8 +137,8 @@ impl RingClient {
         self.in_flight
     }
 
-    /// Responses dropped because their `payload_len` exceeded `resp_payload_cap` (only a
-    /// misbehaving writer of shared memory can cause this; the call is then never answered).
+    /// Responses whose `payload_len` exceeded `resp_payload_cap` (only a misbehaving writer of
+    /// shared memory can cause this); each was delivered as an empty message.
     pub fn corrupt_responses(&self) -> u64 {
         self.corrupt_responses
     }
@@ -248,8 +248,24 @@ impl RingClient {
     /// (`server_alive` every time, its lock every `liveness_interval`) and returns
     /// [`CallError::ServerDisconnected`] if it is gone, so a caller waiting for a response
     /// never spins forever. Responses that arrived before the server died are still delivered.
+    ///
+    /// A response slot whose `payload_len` exceeds `resp_payload_cap` (only a misbehaving
+    /// writer of the shared memory can do that) is delivered as an empty message, so the
+    /// caller sees a decode error for that call instead of waiting forever, and is counted in
+    /// [`corrupt_responses`](Self::corrupt_responses).
     #[inline]
-    pub fn poll(&mut self, mut on_response: impl FnMut(u32, &[u8])) -> Result<usize, CallError> {
+    pub fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, CallError> {
+        self.poll_up_to(usize::MAX, on_response)
+    }
+
+    /// [`poll`](Self::poll), delivering at most `max` responses (`max >= 1`); the others stay
+    /// in their slots for the next poll.
+    #[inline]
+    pub fn poll_up_to(
+        &mut self,
+        max: usize,
+        mut on_response: impl FnMut(u32, &[u8]),
+    ) -> Result<usize, CallError> {
         if self.in_flight == 0 {
             return if self.disconnected {
                 Err(CallError::ServerDisconnected)
@@ -286,11 +302,15 @@ impl RingClient {
                 valid.store(0, Release);
                 self.outstanding[w] &= !(1 << b);
                 self.in_flight -= 1;
+                delivered += 1;
                 if ok {
-                    delivered += 1;
                     on_response(idx, &self.scratch[..len as usize]);
                 } else {
                     self.corrupt_response(idx, len);
+                    on_response(idx, &[]);
+                }
+                if delivered == max {
+                    return Ok(delivered);
                 }
             }
         }
@@ -415,7 +435,7 @@ impl RingClient {
         self.corrupt_responses += 1;
         tracing::warn!(
             path = %self.path.display(), resp_slot_idx = idx, len,
-            "dropped response with payload_len above capacity"
+            "response with payload_len above capacity delivered as empty"
         );
     }
 }

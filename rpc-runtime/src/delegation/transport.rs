@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::{CallError, ReplyError, ReplyToken, RingClient, RingConfig, RingServer};
 use crate::client::ClientTransport;
-use crate::error::RpcError;
+use crate::error::{MessageKind, RpcError};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
 
@@ -92,17 +92,17 @@ impl ClientTransport for Delegation {
         if (info.req_payload_cap as usize) < service.max_request_bytes {
             return Err(RpcError::CapacityMismatch {
                 service: service.name,
-                what: "request",
-                cap: info.req_payload_cap as usize,
-                need: service.max_request_bytes,
+                what: MessageKind::Request,
+                cap: info.req_payload_cap,
+                need: u32::try_from(service.max_request_bytes).unwrap_or(u32::MAX),
             });
         }
         if (info.resp_payload_cap as usize) < service.max_response_bytes {
             return Err(RpcError::CapacityMismatch {
                 service: service.name,
-                what: "response",
-                cap: info.resp_payload_cap as usize,
-                need: service.max_response_bytes,
+                what: MessageKind::Response,
+                cap: info.resp_payload_cap,
+                need: u32::try_from(service.max_response_bytes).unwrap_or(u32::MAX),
             });
         }
         Ok(Delegation { ring })
@@ -119,8 +119,8 @@ impl ClientTransport for Delegation {
     }
 
     #[inline]
-    fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
-        self.ring.poll(on_response).map_err(call_error)
+    fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
+        self.ring.poll_up_to(max, on_response).map_err(call_error)
     }
 }
 
