@@ -1,9 +1,62 @@
 //! `rpc`: code-generated, typed RPC for RDMA networks.
 //!
 //! Annotate a trait with [`rpc_service`]; the macro generates zerocopy request/response types,
-//! a client (`<Trait>Client`), a server trait (`<Trait>Server`) and a service descriptor, and
-//! the runtime routes every call over the transport chosen for the service.
-//! See the repository README for the transports and their status.
+//! a client (`<Trait>Client`), a server trait (`<Trait>Server`) and a service descriptor
+//! (`<Trait>Service`), and the runtime carries every call over the transport chosen for the
+//! service. See the repository README for the transports and their status.
+//!
+//! ```
+//! use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
+//! use rpc::rpc_service;
+//!
+//! #[rpc_service(transport = "delegation", derive(Debug, PartialEq))]
+//! pub trait Kv {
+//!     fn put(&mut self, rank: u32, key: u64, value: u64);
+//!     fn get(&mut self, rank: u32, key: u64) -> Option<u64>;
+//! }
+//!
+//! #[derive(Default)]
+//! struct Store(std::collections::HashMap<u64, u64>);
+//!
+//! impl KvServer for Store {
+//!     fn put(&mut self, _rank: u32, key: u64, value: u64) {
+//!         self.0.insert(key, value);
+//!     }
+//!     fn get(&mut self, _rank: u32, key: u64) -> Option<u64> {
+//!         self.0.get(&key).copied()
+//!     }
+//! }
+//!
+//! # fn main() -> Result<(), rpc::RpcError> {
+//! let name = format!("rpc-doc-{}", std::process::id());
+//! // Server: a delegation ring in /dev/shm, served by a thread.
+//! let mut server = DelegationServer::serve::<KvService>(&name, DelegationConfig::default())?;
+//! let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+//! let st = stop.clone();
+//! let daemon = std::thread::spawn(move || {
+//!     let mut store = Store::default();
+//!     while !st.load(std::sync::atomic::Ordering::Relaxed) {
+//!         server.serve_once(|req| KvService::dispatch(&mut store, req));
+//!     }
+//! });
+//!
+//! // Client: blocking calls, then a pipelined one identified by its tag.
+//! let mut kv = KvClient::<Delegation>::connect(&name)?; // schema fingerprint checked here
+//! kv.put(0, 7, 42)?;
+//! assert_eq!(kv.get(0, 7)?, Some(42));
+//! kv.issue(1).get(0, 8)?;
+//! let done = loop {
+//!     if let Some(done) = kv.poll()? {
+//!         break done;
+//!     }
+//! };
+//! assert_eq!(done, (1, KvResponse::Get(None)));
+//!
+//! stop.store(true, std::sync::atomic::Ordering::Relaxed);
+//! daemon.join().unwrap();
+//! # Ok(())
+//! # }
+//! ```
 
 // Lets the crate's own unit tests and doc tests use the macro, whose output names `::rpc`.
 extern crate self as rpc;
