@@ -223,7 +223,15 @@ fn undecodable_requests_get_error_status() {
         header(&raw_roundtrip(&n, &mut server, &[1, 0, 0])).status,
         Status::Truncated as u16
     );
-    assert_eq!(server.stats().bad_requests, 4);
+    // A well-formed get that carries a status (only responses do).
+    let mut m = hdr(KvService::GET, 12);
+    m[2..4].copy_from_slice(&7u16.to_ne_bytes());
+    m.extend_from_slice(&[0; 12]);
+    assert_eq!(
+        header(&raw_roundtrip(&n, &mut server, &m)).status,
+        Status::BadArguments as u16
+    );
+    assert_eq!(server.stats().bad_requests, 5);
     assert_eq!(server.stats().requests, 0);
 
     // Through the typed client, a rejection surfaces as RpcError::BadRequest.

@@ -547,7 +547,7 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
         (
             quote!(match *req {}),
             quote! {
-                let __rpc_hdr = ::rpc::__private::read_header(msg)?;
+                let __rpc_hdr = ::rpc::__private::read_request_header(msg)?;
                 ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_hdr.method_id))
             },
             quote!(match *resp {}),
@@ -604,7 +604,7 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
                 }
             },
             quote! {
-                let __rpc_hdr = ::rpc::__private::read_header(msg)?;
+                let __rpc_hdr = ::rpc::__private::read_request_header(msg)?;
                 match __rpc_hdr.method_id {
                     #(#decode_req,)*
                     __rpc_id => ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_id)),

@@ -22,6 +22,7 @@ pub mod __private {
     pub use crate::macro_support::*;
     pub use crate::wire::{
         WireOption, WireResult, decode_body, decode_response, encode, read_header,
+        read_request_header,
     };
     pub use zerocopy;
     pub use zerocopy::{FromZeros, Immutable, IntoBytes, KnownLayout, TryFromBytes};

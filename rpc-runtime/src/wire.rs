@@ -97,6 +97,14 @@ pub enum WireError {
         /// Method id from the header.
         method_id: u16,
     },
+    /// A request carried a non-zero status (only responses do): not a request.
+    #[error("method {method_id}: request carries status {code} (only responses carry a status)")]
+    NotARequest {
+        /// Method id from the header.
+        method_id: u16,
+        /// The status field's value.
+        code: u16,
+    },
     /// A response answered a different method than the one called.
     #[error("response for method {got}, but method {expected} was called")]
     MethodMismatch {
@@ -154,6 +162,27 @@ pub fn read_header(msg: &[u8]) -> Result<MsgHeader, WireError> {
         });
     }
     Ok(hdr)
+}
+
+/// Reads the header of a request: [`read_header`], and the status field must be 0.
+///
+/// # Errors
+/// Those of [`read_header`]; [`WireError::NotARequest`] for a non-zero status.
+#[inline]
+pub fn read_request_header(msg: &[u8]) -> Result<MsgHeader, WireError> {
+    let hdr = read_header(msg)?;
+    if hdr.status != 0 {
+        return Err(not_a_request(hdr));
+    }
+    Ok(hdr)
+}
+
+#[cold]
+fn not_a_request(hdr: MsgHeader) -> WireError {
+    WireError::NotARequest {
+        method_id: hdr.method_id,
+        code: hdr.status,
+    }
 }
 
 /// Writes header + `body` into `out` and returns the message length in bytes
