@@ -1,0 +1,330 @@
+//! Completion queue driver: polling by owner bit, CQE decoding, consumer doorbell record.
+//!
+//! Source: `mlx5-prm.md` "Completion queue". The CQ is a ring of `cqe_cnt` 64 B CQEs. The
+//! consumer counter `ci` reads slot `ci & (cqe_cnt - 1)`; that entry belongs to software iff
+//! its opcode is not INVALID and its owner bit equals `(ci >> log2(cqe_cnt)) & 1`
+//! ([`cqe::sw_owned`]). The producer (hardware or the device model) writes bytes 0-62 first
+//! and then release-stores `op_own`, so the driver loads `op_own` with Acquire, checks
+//! ownership, issues a read barrier and only then reads the rest. After consuming, the driver
+//! publishes `ci & 0xffffff` in the CQ doorbell record (word 0, big-endian) so the producer
+//! knows which entries are free again.
+//!
+//! [`CompletionQueue::poll`] is the monomorphized poller of seeds/001 ("MonoCq"): the callback
+//! is a generic parameter, so it inlines into the polling loop, and the doorbell record is
+//! written once per batch. [`CompletionQueue::poll_one`] takes one CQE without touching the
+//! doorbell record; call [`CompletionQueue::update_dbrec`] after a run of them.
+//!
+//! Compressed CQEs (format 3) and inline-scatter CQEs (formats 1-2) are never enabled at CQ
+//! creation by this crate. A CQE with a non-zero format is treated as corrupt: it is consumed,
+//! not delivered, and counted ([`CompletionQueue::corrupt_cqes`]); debug builds assert.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::cqe::{self, CQE_BYTES, Cqe};
+use crate::mem::barrier::{dma_wmb, read_barrier, store_dbrec};
+use crate::queue::CqMem;
+
+/// `op_own` bits 3:2: CQE format (0 none, 1 inline-32, 2 inline-64, 3 compressed).
+const FORMAT_MASK: u8 = 0x0c;
+
+/// A completion queue.
+#[derive(Debug)]
+pub struct CompletionQueue {
+    mem: CqMem,
+    /// Consumer counter (CQEs consumed, wrapping at 2^32).
+    ci: u32,
+    /// `cqe_cnt - 1`.
+    mask: u32,
+    /// `log2(cqe_cnt)`.
+    log2_cqe_cnt: u32,
+    /// CQEs delivered to the caller.
+    polled: u64,
+    /// CQEs consumed but not delivered because their format was not 0.
+    corrupt: u64,
+}
+
+impl CompletionQueue {
+    /// Builds the driver on provider memory.
+    ///
+    /// # Panics
+    /// If `mem.cqe_cnt` is not a power of two (a provider bug: the memory contract of
+    /// [`crate::queue`] requires one).
+    pub fn new(mem: CqMem) -> Self {
+        assert!(
+            mem.cqe_cnt.is_power_of_two(),
+            "CQ size {} is not a power of two",
+            mem.cqe_cnt
+        );
+        CompletionQueue {
+            mask: mem.cqe_cnt - 1,
+            log2_cqe_cnt: mem.cqe_cnt.trailing_zeros(),
+            mem,
+            ci: 0,
+            polled: 0,
+            corrupt: 0,
+        }
+    }
+
+    /// CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.mem.cqn
+    }
+
+    /// Consumer counter (CQEs consumed since creation, wrapping at 2^32).
+    pub fn ci(&self) -> u32 {
+        self.ci
+    }
+
+    /// The memory this queue runs on.
+    pub fn mem(&self) -> &CqMem {
+        &self.mem
+    }
+
+    /// Number of CQEs (`cqe_cnt`).
+    #[inline]
+    pub fn cqe_cnt(&self) -> u32 {
+        self.mem.cqe_cnt
+    }
+
+    /// `log2(cqe_cnt)`: the shift that turns `ci` into the expected owner bit.
+    #[inline]
+    pub fn log2_cqe_cnt(&self) -> u32 {
+        self.log2_cqe_cnt
+    }
+
+    /// CQEs delivered by [`poll`](Self::poll)/[`poll_one`](Self::poll_one) since creation.
+    #[inline]
+    pub fn polled(&self) -> u64 {
+        self.polled
+    }
+
+    /// CQEs consumed but dropped because their format was not 0 (compressed or inline-scatter
+    /// CQEs, which this crate never enables: a device bug or memory corruption).
+    #[inline]
+    pub fn corrupt_cqes(&self) -> u64 {
+        self.corrupt
+    }
+
+    /// Pointer to slot `ci & mask`.
+    #[inline(always)]
+    fn slot(&self, ci: u32) -> *const u8 {
+        // SAFETY: `(ci & mask) * 64 < cqe_cnt * 64`, the buffer's size (queue memory contract).
+        unsafe {
+            self.mem
+                .buf
+                .as_ptr()
+                .add((ci & self.mask) as usize * CQE_BYTES)
+        }
+    }
+
+    /// Takes the CQE at `ci` if software owns it; consumed-but-corrupt CQEs are skipped.
+    #[inline(always)]
+    fn next(&mut self) -> Option<Cqe> {
+        loop {
+            let p = self.slot(self.ci);
+            // SAFETY: `p` is a 64 B aligned CQE inside the buffer, valid for the CQ's lifetime
+            // (queue memory contract); byte 63 is `op_own`, which the producer release-stores.
+            let op_own = unsafe { load_op_own(p) };
+            if !cqe::sw_owned(op_own, self.ci, self.log2_cqe_cnt) {
+                return None;
+            }
+            read_barrier();
+            self.ci = self.ci.wrapping_add(1);
+            if op_own & FORMAT_MASK != 0 {
+                self.corrupt_cqe(op_own);
+                continue;
+            }
+            // SAFETY: as above; the entry is software-owned, so the producer does not write it
+            // until the doorbell record moves past it.
+            let bytes = unsafe { read_cqe(p) };
+            self.polled += 1;
+            return Some(Cqe::decode(&bytes));
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn corrupt_cqe(&mut self, op_own: u8) {
+        self.corrupt += 1;
+        debug_assert!(
+            false,
+            "CQ {:#x}: CQE with format {} (op_own {op_own:#04x}) at ci {}: compressed/inline CQEs \
+             are never enabled",
+            self.mem.cqn,
+            (op_own & FORMAT_MASK) >> 2,
+            self.ci.wrapping_sub(1)
+        );
+    }
+
+    /// Takes one CQE if software owns the next entry (PRM "Ownership"), advancing `ci`.
+    /// Does not write the doorbell record: call [`update_dbrec`](Self::update_dbrec) after a
+    /// run of `poll_one` calls (before the producer can run out of free entries).
+    #[inline]
+    pub fn poll_one(&mut self) -> Option<Cqe> {
+        self.next()
+    }
+
+    /// Polls up to `max` CQEs, calling `f` for each (seeds/001 "MonoCq": `f` is a generic
+    /// parameter and inlines). Writes the doorbell record once, after the batch, if any entry
+    /// was consumed. Returns the number of CQEs delivered to `f`.
+    #[inline]
+    pub fn poll<F: FnMut(&Cqe)>(&mut self, max: usize, mut f: F) -> usize {
+        let start = self.ci;
+        let mut n = 0;
+        while n < max {
+            let Some(c) = self.next() else { break };
+            f(&c);
+            n += 1;
+        }
+        if self.ci != start {
+            self.update_dbrec();
+        }
+        n
+    }
+
+    /// Publishes the consumer counter: Release fence, then `dbrec[0] = be32(ci & 0xffffff)`
+    /// (PRM "After polling"). The producer may reuse every entry before `ci` afterwards.
+    #[inline]
+    pub fn update_dbrec(&mut self) {
+        dma_wmb();
+        // SAFETY: `dbrec` is 4-byte aligned and valid for the CQ's lifetime (queue memory
+        // contract); the device only reads it.
+        unsafe { store_dbrec(self.mem.dbrec.as_ptr(), (self.ci & 0x00ff_ffff).to_be()) };
+    }
+}
+
+/// Loads a CQE's `op_own` byte with Acquire.
+///
+/// # Safety
+/// `cqe` points to a 64 B CQE valid for reads; byte 63 is only written with single-byte
+/// stores (by the device or the model).
+#[inline(always)]
+unsafe fn load_op_own(cqe: *const u8) -> u8 {
+    // SAFETY: caller's contract; `AtomicU8` has alignment 1 and the byte stays valid while the
+    // returned reference is used (this call only).
+    unsafe { AtomicU8::from_ptr(cqe.add(cqe::off::OP_OWN).cast_mut()) }.load(Ordering::Acquire)
+}
+
+/// Copies a 64 B CQE out of the ring with eight volatile 64-bit loads.
+///
+/// # Safety
+/// `cqe` is 8-byte aligned (CQEs are 64 B aligned) and valid for 64 B of reads, and the
+/// producer does not write the entry concurrently (software owns it).
+#[inline(always)]
+unsafe fn read_cqe(cqe: *const u8) -> [u8; CQE_BYTES] {
+    let mut w = [0u64; CQE_BYTES / 8];
+    let src = cqe.cast::<u64>();
+    for (i, x) in w.iter_mut().enumerate() {
+        // SAFETY: caller's contract; `i < 8`.
+        *x = unsafe { src.add(i).read_volatile() };
+    }
+    // SAFETY: `[u64; 8]` and `[u8; 64]` have the same size and every bit pattern is valid;
+    // the loads kept memory byte order.
+    unsafe { std::mem::transmute::<[u64; CQE_BYTES / 8], [u8; CQE_BYTES]>(w) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cqe::{CqeOpcode, OP_OWN_INVALID, op_own};
+    use crate::mem::DmaBuf;
+
+    struct Ring {
+        buf: DmaBuf,
+        db: DmaBuf,
+        cnt: u32,
+        pi: u32,
+    }
+
+    impl Ring {
+        fn new(cnt: u32) -> (Ring, CompletionQueue) {
+            let buf = DmaBuf::with_normal_pages(cnt as usize * 64).unwrap();
+            let db = DmaBuf::with_normal_pages(64).unwrap();
+            for i in 0..cnt as usize {
+                // SAFETY: inside the buffer.
+                unsafe { buf.as_mut_ptr().add(i * 64 + 63).write(OP_OWN_INVALID) };
+            }
+            let cq = CompletionQueue::new(CqMem {
+                buf: buf.as_non_null(),
+                cqe_cnt: cnt,
+                dbrec: db.as_non_null().cast(),
+                cqn: 3,
+            });
+            (
+                Ring {
+                    buf,
+                    db,
+                    cnt,
+                    pi: 0,
+                },
+                cq,
+            )
+        }
+
+        fn push_raw(&mut self, c: &Cqe, op: u8) {
+            let mut b = [0u8; 64];
+            c.encode(&mut b);
+            let slot = (self.pi & (self.cnt - 1)) as usize * 64;
+            // SAFETY: inside the buffer; nothing else accesses it concurrently.
+            unsafe {
+                std::ptr::copy_nonoverlapping(b.as_ptr(), self.buf.as_mut_ptr().add(slot), 63);
+                self.buf.as_mut_ptr().add(slot + 63).write(op);
+            }
+            self.pi += 1;
+        }
+
+        fn push(&mut self, c: &Cqe) {
+            let op = op_own(
+                CqeOpcode::from_nibble(c.opcode).unwrap(),
+                self.pi,
+                self.cnt.trailing_zeros(),
+            );
+            self.push_raw(c, op);
+        }
+
+        fn dbrec(&self) -> u32 {
+            // SAFETY: inside the buffer.
+            u32::from_be(unsafe { self.db.as_ptr().cast::<u32>().read_volatile() })
+        }
+    }
+
+    fn cqe(n: u16) -> Cqe {
+        Cqe {
+            opcode: CqeOpcode::Req as u8,
+            qpn: 0x42,
+            wqe_opcode: 0x0a,
+            wqe_counter: n,
+            byte_cnt: 0,
+            imm: 0,
+            src_qpn: 0,
+            grh: 0,
+            srqn: 0,
+            syndrome: 0,
+            vendor_syndrome: 0,
+        }
+    }
+
+    #[test]
+    fn empty_ring_yields_nothing_and_leaves_dbrec() {
+        let (r, mut cq) = Ring::new(4);
+        assert_eq!(cq.poll_one(), None);
+        assert_eq!(cq.poll(8, |_| panic!()), 0);
+        assert_eq!(r.dbrec(), 0);
+        assert_eq!(cq.log2_cqe_cnt(), 2);
+    }
+
+    #[cfg_attr(debug_assertions, should_panic(expected = "compressed/inline CQEs"))]
+    #[test]
+    fn non_zero_format_is_counted_and_skipped() {
+        let (mut r, mut cq) = Ring::new(4);
+        let op = op_own(CqeOpcode::Req, 0, 2) | (3 << 2);
+        r.push_raw(&cqe(0), op);
+        r.push(&cqe(1));
+        let mut got = vec![];
+        assert_eq!(cq.poll(8, |c| got.push(c.wqe_counter)), 1);
+        assert_eq!(got, [1]);
+        assert_eq!(cq.corrupt_cqes(), 1);
+        assert_eq!(cq.ci(), 2);
+        assert_eq!(r.dbrec(), 2);
+    }
+}

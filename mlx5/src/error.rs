@@ -1,0 +1,64 @@
+//! Errors of object creation and queue operations.
+
+use crate::cqe::CqeError;
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An mlx5 operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No usable RDMA device: the libraries are missing, there is no device, or the named
+    /// device/port does not exist. `reason` says which.
+    #[error("no RDMA device: {reason}")]
+    NoDevice {
+        /// What was missing.
+        reason: String,
+    },
+    /// A verbs call failed.
+    #[error("{call} failed: {source}")]
+    Verbs {
+        /// The function called.
+        call: &'static str,
+        /// The errno it reported.
+        source: std::io::Error,
+    },
+    /// Invalid argument to a provider call (sizes, wrong QP type, unknown object).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The send queue has no room for the WQE (in WQEBBs) until completions retire older ones.
+    #[error("send queue full: need {need} WQEBBs, {free} free")]
+    SqFull {
+        /// WQEBBs the WQE (plus padding) needs.
+        need: u32,
+        /// WQEBBs free.
+        free: u32,
+    },
+    /// The receive queue (or SRQ) has no free WQE.
+    #[error("receive queue full")]
+    RqFull,
+    /// Inline payload longer than the QP's maximum.
+    #[error("inline payload of {len} bytes exceeds the QP's max_inline_data {max}")]
+    InlineTooLarge {
+        /// Requested bytes.
+        len: usize,
+        /// Maximum.
+        max: u32,
+    },
+    /// More data segments than the queue allows, or a WQE larger than 63 `ds`.
+    #[error("WQE too large: {0}")]
+    WqeTooLarge(String),
+    /// A completion with an error status.
+    #[error(transparent)]
+    Completion(#[from] CqeError),
+    /// The CQ overran (the device model detected more completions than free entries).
+    #[error("completion queue {cqn:#x} overrun")]
+    CqOverrun {
+        /// CQ number.
+        cqn: u32,
+    },
+    /// Memory allocation or mapping failed.
+    #[error("memory: {0}")]
+    Memory(#[source] std::io::Error),
+}

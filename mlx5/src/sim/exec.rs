@@ -1,0 +1,504 @@
+//! WQE execution, per opcode: the send-queue loop (parse, execute, complete, stall, flush), RC
+//! operations between connected QPs, and UD transmission and delivery.
+
+use crate::cqe::{CqeOpcode, Syndrome};
+use crate::sim::SimQpState;
+use crate::sim::faults::{Fate, Packet};
+use crate::sim::memory::{self, ScatterError};
+use crate::sim::model::{Model, RecvSource, WaitKind, blank_cqe};
+use crate::verbs::{Access, QpType};
+use crate::wqe::{self, CQ_UPDATE, CtrlSeg, Opcode, ParsedWqe, SOLICITED};
+
+/// Bytes of the GRH area at the start of every UD receive buffer.
+pub(crate) const GRH_BYTES: usize = 40;
+
+/// `flags_rqpn` GRH flag value for "GRH present".
+const CQE_GRH: u8 = 1;
+
+/// What executing one WQE did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Completed; `byte_cnt` for the requester CQE.
+    Done { byte_cnt: u32 },
+    /// Cannot proceed now (no side effects); retry later.
+    Stall(WaitKind),
+    /// Requester error with this syndrome (responder-side effects already applied).
+    Fail(Syndrome),
+}
+
+/// The responder of an RC operation.
+#[derive(Clone, Copy, Debug)]
+struct Peer {
+    qpn: u32,
+    pd: u32,
+    recv_cq: u32,
+    access: Access,
+}
+
+impl Model {
+    /// Executes (or flushes) the rung WQEs of `qpn`'s send queue until it is empty or its head
+    /// stalls.
+    pub(crate) fn run_sq(&mut self, qpn: u32) {
+        loop {
+            let Some(qp) = self.qps.get(&qpn) else { return };
+            let sq = qp.sq;
+            if sq.ci == sq.rung {
+                return;
+            }
+            let retry = match qp.wait {
+                Some(w) if w.next_try > self.step => return,
+                Some(w) => Some(w.kind),
+                None => None,
+            };
+            let (state, kind, send_cq) = (qp.state, qp.kind, qp.send_cq);
+            let counter = sq.ci as u16;
+            let (bytes, bbs) = match sq.read_wqe() {
+                Ok(x) => x,
+                Err(bad) => {
+                    if state == SimQpState::Error {
+                        self.flush_send(qpn, counter, bad.opcode);
+                    } else {
+                        self.requester_error(qpn, counter, bad.opcode, Syndrome::LocalQpOp);
+                    }
+                    self.advance(qpn, bad.skip.max(1));
+                    continue;
+                }
+            };
+            let ctrl = CtrlSeg::read(&bytes);
+            if state == SimQpState::Error {
+                self.flush_send(qpn, counter, ctrl.opcode);
+                self.advance(qpn, bbs);
+                continue;
+            }
+            match retry {
+                Some(WaitKind::Rnr) => self.stats.rnr_retries += 1,
+                Some(WaitKind::Transport) => self.stats.transport_retries += 1,
+                None => {}
+            }
+            let parsed = if ctrl.wqe_index != counter || ctrl.qpn != qpn {
+                None
+            } else {
+                wqe::parse(&bytes, kind == QpType::Ud).ok()
+            };
+            let outcome = match &parsed {
+                None => Outcome::Fail(Syndrome::LocalQpOp),
+                Some(_) if state != SimQpState::Rts => Outcome::Fail(Syndrome::LocalQpOp),
+                Some(w) => self.execute(qpn, kind, w),
+            };
+            match outcome {
+                Outcome::Done { byte_cnt } => {
+                    if let Some(op) = Opcode::from_u8(ctrl.opcode) {
+                        self.stats.wqes.bump(op);
+                    }
+                    if let Some(q) = self.qps.get_mut(&qpn) {
+                        q.wait = None;
+                    }
+                    self.advance(qpn, bbs);
+                    if ctrl.fm_ce_se & CQ_UPDATE != 0 {
+                        let mut c = blank_cqe(qpn);
+                        c.wqe_counter = counter;
+                        c.wqe_opcode = ctrl.opcode;
+                        c.byte_cnt = byte_cnt;
+                        self.post_cqe(send_cq, &c, CqeOpcode::Req, false);
+                    }
+                }
+                Outcome::Stall(k) => {
+                    if self.stall(qpn, k) {
+                        return;
+                    }
+                    let s = match k {
+                        WaitKind::Rnr => Syndrome::RnrRetryExc,
+                        WaitKind::Transport => Syndrome::TransportRetryExc,
+                    };
+                    self.requester_error(qpn, counter, ctrl.opcode, s);
+                    self.advance(qpn, bbs);
+                }
+                Outcome::Fail(s) => {
+                    self.requester_error(qpn, counter, ctrl.opcode, s);
+                    self.advance(qpn, bbs);
+                }
+            }
+        }
+    }
+
+    fn advance(&mut self, qpn: u32, bbs: u32) {
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            q.sq.ci = q.sq.ci.wrapping_add(bbs);
+        }
+    }
+
+    fn flush_send(&mut self, qpn: u32, counter: u16, opcode: u8) {
+        let Some(qp) = self.qps.get(&qpn) else { return };
+        let cqn = qp.send_cq;
+        let mut c = blank_cqe(qpn);
+        c.wqe_counter = counter;
+        c.wqe_opcode = opcode;
+        c.syndrome = Syndrome::WrFlush as u8;
+        self.post_cqe(cqn, &c, CqeOpcode::ReqErr, false);
+    }
+
+    fn execute(&mut self, qpn: u32, kind: QpType, w: &ParsedWqe) -> Outcome {
+        let Some(op) = Opcode::from_u8(w.ctrl.opcode) else {
+            return Outcome::Fail(Syndrome::LocalQpOp);
+        };
+        if op == Opcode::Nop {
+            return Outcome::Done { byte_cnt: 0 };
+        }
+        match kind {
+            QpType::Rc => self.exec_rc(qpn, op, w),
+            QpType::Ud => self.exec_ud(qpn, op, w),
+        }
+    }
+
+    // ---- RC ------------------------------------------------------------------------------
+
+    /// The connected responder, if reachable: exists, is RC and in RTS, is connected back to
+    /// `qpn`, and sits on the LID given at connect time (or, with LID 0, the GID).
+    fn rc_peer(&self, qpn: u32) -> Option<Peer> {
+        let conn = self.qps.get(&qpn)?.rc?;
+        let p = self.qps.get(&conn.peer)?;
+        let pc = p.rc?;
+        let here = self.addresses(p.device, conn.lid, Some(&conn.gid));
+        (p.kind == QpType::Rc && p.state == SimQpState::Rts && pc.peer == qpn && here).then_some(
+            Peer {
+                qpn: conn.peer,
+                pd: p.pd,
+                recv_cq: p.recv_cq,
+                access: pc.params.access,
+            },
+        )
+    }
+
+    fn exec_rc(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe) -> Outcome {
+        let pd = self.qps[&qpn].pd;
+        match op {
+            Opcode::Send | Opcode::SendImm => {
+                let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
+                    return Outcome::Fail(Syndrome::LocalProt);
+                };
+                let Some(peer) = self.rc_peer(qpn) else {
+                    return Outcome::Stall(WaitKind::Transport);
+                };
+                let Some((r, src, rpd)) = self.peek_recv(peer.qpn) else {
+                    return Outcome::Stall(WaitKind::Rnr);
+                };
+                self.commit_recv(src);
+                match self.mrs.scatter_list(rpd, &r.sges, payload.len()) {
+                    Err(ScatterError::Protection) => {
+                        self.responder_error(peer.qpn, src, &r, Syndrome::LocalProt);
+                        Outcome::Fail(Syndrome::RemoteOp)
+                    }
+                    Err(ScatterError::Length) => {
+                        self.responder_error(peer.qpn, src, &r, Syndrome::LocalLength);
+                        Outcome::Fail(Syndrome::RemoteInvalReq)
+                    }
+                    Ok(spans) => {
+                        memory::scatter(&spans, &payload);
+                        self.stats.bytes += payload.len() as u64;
+                        let opcode = if op == Opcode::SendImm {
+                            CqeOpcode::RespSendImm
+                        } else {
+                            CqeOpcode::RespSend
+                        };
+                        self.respond(
+                            qpn,
+                            peer.qpn,
+                            peer.recv_cq,
+                            src,
+                            r.wqe_counter,
+                            payload.len(),
+                            w,
+                            opcode,
+                        );
+                        Outcome::Done { byte_cnt: 0 }
+                    }
+                }
+            }
+            Opcode::RdmaWrite | Opcode::RdmaWriteImm => {
+                let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
+                    return Outcome::Fail(Syndrome::LocalProt);
+                };
+                let Some(peer) = self.rc_peer(qpn) else {
+                    return Outcome::Stall(WaitKind::Transport);
+                };
+                let recv = if op == Opcode::RdmaWriteImm {
+                    match self.peek_recv(peer.qpn) {
+                        Some(x) => Some(x),
+                        None => return Outcome::Stall(WaitKind::Rnr),
+                    }
+                } else {
+                    None
+                };
+                if !peer.access.contains(Access::REMOTE_WRITE) {
+                    return Outcome::Fail(Syndrome::RemoteInvalReq);
+                }
+                let Some(remote) = w.remote else {
+                    return Outcome::Fail(Syndrome::LocalQpOp);
+                };
+                if !payload.is_empty() {
+                    let Some(span) = self.mrs.remote(
+                        remote.rkey,
+                        peer.pd,
+                        remote.raddr,
+                        payload.len(),
+                        Access::REMOTE_WRITE,
+                    ) else {
+                        return Outcome::Fail(Syndrome::RemoteAccess);
+                    };
+                    memory::write_span(span, &payload);
+                    self.stats.bytes += payload.len() as u64;
+                }
+                if let Some((r, src, _)) = recv {
+                    self.commit_recv(src);
+                    self.respond(
+                        qpn,
+                        peer.qpn,
+                        peer.recv_cq,
+                        src,
+                        r.wqe_counter,
+                        payload.len(),
+                        w,
+                        CqeOpcode::RespWrImm,
+                    );
+                }
+                Outcome::Done { byte_cnt: 0 }
+            }
+            Opcode::RdmaRead => {
+                if !w.inline.is_empty() {
+                    return Outcome::Fail(Syndrome::LocalQpOp);
+                }
+                let len: usize = w.sges.iter().map(|s| s.len as usize).sum();
+                let Ok(local) = self.mrs.scatter_list(pd, &w.sges, len) else {
+                    return Outcome::Fail(Syndrome::LocalProt);
+                };
+                let Some(peer) = self.rc_peer(qpn) else {
+                    return Outcome::Stall(WaitKind::Transport);
+                };
+                if !peer.access.contains(Access::REMOTE_READ) {
+                    return Outcome::Fail(Syndrome::RemoteInvalReq);
+                }
+                let Some(remote) = w.remote else {
+                    return Outcome::Fail(Syndrome::LocalQpOp);
+                };
+                if len > 0 {
+                    let Some(span) = self.mrs.remote(
+                        remote.rkey,
+                        peer.pd,
+                        remote.raddr,
+                        len,
+                        Access::REMOTE_READ,
+                    ) else {
+                        return Outcome::Fail(Syndrome::RemoteAccess);
+                    };
+                    let mut data = Vec::with_capacity(len);
+                    memory::read_into(span, &mut data);
+                    memory::scatter(&local, &data);
+                    self.stats.bytes += len as u64;
+                }
+                Outcome::Done {
+                    byte_cnt: len as u32,
+                }
+            }
+            Opcode::AtomicCs | Opcode::AtomicFa => {
+                if !w.inline.is_empty() {
+                    return Outcome::Fail(Syndrome::LocalQpOp);
+                }
+                let local = match self.mrs.scatter_list(pd, &w.sges, 8) {
+                    Ok(l) => l,
+                    Err(ScatterError::Protection) => return Outcome::Fail(Syndrome::LocalProt),
+                    Err(ScatterError::Length) => return Outcome::Fail(Syndrome::LocalLength),
+                };
+                let Some(peer) = self.rc_peer(qpn) else {
+                    return Outcome::Stall(WaitKind::Transport);
+                };
+                if !peer.access.contains(Access::REMOTE_ATOMIC) {
+                    return Outcome::Fail(Syndrome::RemoteInvalReq);
+                }
+                let (Some(remote), Some(a)) = (w.remote, w.atomic) else {
+                    return Outcome::Fail(Syndrome::LocalQpOp);
+                };
+                if remote.raddr % 8 != 0 {
+                    return Outcome::Fail(Syndrome::RemoteInvalReq);
+                }
+                let Some(span) =
+                    self.mrs
+                        .remote(remote.rkey, peer.pd, remote.raddr, 8, Access::REMOTE_ATOMIC)
+                else {
+                    return Outcome::Fail(Syndrome::RemoteAccess);
+                };
+                let mut old = Vec::with_capacity(8);
+                memory::read_into(span, &mut old);
+                let cur = u64::from_be_bytes(old[..8].try_into().expect("8 bytes"));
+                let new = match op {
+                    Opcode::AtomicCs if cur == a.compare => a.swap_add,
+                    Opcode::AtomicCs => cur,
+                    _ => cur.wrapping_add(a.swap_add),
+                };
+                memory::write_span(span, &new.to_be_bytes());
+                memory::scatter(&local, &old);
+                self.stats.bytes += 16;
+                Outcome::Done { byte_cnt: 8 }
+            }
+            Opcode::Nop => Outcome::Done { byte_cnt: 0 },
+        }
+    }
+
+    /// Responder CQE for a SEND/SEND_IMM/WRITE_IMM from `src_qpn`.
+    #[allow(clippy::too_many_arguments)]
+    fn respond(
+        &mut self,
+        src_qpn: u32,
+        qpn: u32,
+        recv_cq: u32,
+        src: RecvSource,
+        wqe_counter: u16,
+        len: usize,
+        w: &ParsedWqe,
+        opcode: CqeOpcode,
+    ) {
+        let mut c = blank_cqe(qpn);
+        c.wqe_counter = wqe_counter;
+        c.byte_cnt = len as u32;
+        c.src_qpn = src_qpn;
+        if opcode != CqeOpcode::RespSend {
+            c.imm = w.ctrl.imm;
+        }
+        if let RecvSource::Srq(srqn) = src {
+            c.srqn = srqn;
+        }
+        self.post_cqe(recv_cq, &c, opcode, w.ctrl.fm_ce_se & SOLICITED != 0);
+    }
+
+    // ---- UD ------------------------------------------------------------------------------
+
+    fn exec_ud(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe) -> Outcome {
+        if !matches!(op, Opcode::Send | Opcode::SendImm) {
+            return Outcome::Fail(Syndrome::LocalQpOp);
+        }
+        let (pd, device) = {
+            let q = &self.qps[&qpn];
+            (q.pd, q.device)
+        };
+        let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
+            return Outcome::Fail(Syndrome::LocalProt);
+        };
+        if payload.len() > self.cfg.mtu as usize {
+            return Outcome::Fail(Syndrome::LocalLength);
+        }
+        let Some(av) = w.ud else {
+            return Outcome::Fail(Syndrome::LocalQpOp);
+        };
+        self.stats.ud_sent += 1;
+        let p = Packet {
+            src_qpn: qpn,
+            src_gid: self.devices[device as usize].gid,
+            av,
+            imm: (op == Opcode::SendImm).then_some(w.ctrl.imm),
+            solicited: w.ctrl.fm_ce_se & SOLICITED != 0,
+            payload,
+        };
+        self.transmit(p);
+        Outcome::Done { byte_cnt: 0 }
+    }
+
+    /// Puts a UD packet on the wire: fault injection decides its fate.
+    fn transmit(&mut self, p: Packet) {
+        match self.faults.fate() {
+            Fate::Deliver => {
+                self.deliver(p);
+                self.release_held();
+            }
+            Fate::Drop => self.stats.ud_drops += 1,
+            Fate::Duplicate => {
+                self.stats.ud_dups += 1;
+                self.deliver(p.clone());
+                self.deliver(p);
+                self.release_held();
+            }
+            Fate::Reorder => {
+                self.stats.ud_reorders += 1;
+                self.faults.hold(self.step, p);
+            }
+            Fate::Delay(k) => {
+                self.stats.ud_delays += 1;
+                self.faults.delay(self.step + u64::from(k), p);
+            }
+        }
+    }
+
+    fn release_held(&mut self) {
+        for h in self.faults.take_held() {
+            self.deliver(h);
+        }
+    }
+
+    /// Delivers a UD packet to its destination QP (or drops it, counted).
+    pub(crate) fn deliver(&mut self, p: Packet) {
+        let dqpn = p.av.dqpn;
+        let ok = self.qps.get(&dqpn).and_then(|d| {
+            let here = self.addresses(d.device, p.av.rlid, p.av.grh.then_some(&p.av.rgid));
+            (d.kind == QpType::Ud && d.state == SimQpState::Rts && here).then_some(d.qkey)
+        });
+        let Some(qkey) = ok else {
+            self.stats.ud_no_dest += 1;
+            return;
+        };
+        if qkey != p.av.qkey {
+            self.stats.ud_bad_qkey += 1;
+            return;
+        }
+        let Some((r, src, rpd)) = self.peek_recv(dqpn) else {
+            self.stats.ud_no_recv += 1;
+            return;
+        };
+        self.commit_recv(src);
+        let len = GRH_BYTES + p.payload.len();
+        match self.mrs.scatter_list(rpd, &r.sges, len) {
+            Err(ScatterError::Protection) => {
+                self.responder_error(dqpn, src, &r, Syndrome::LocalProt)
+            }
+            Err(ScatterError::Length) => self.responder_error(dqpn, src, &r, Syndrome::LocalLength),
+            Ok(spans) => {
+                let mut data = Vec::with_capacity(len);
+                data.extend_from_slice(&grh(&p));
+                data.extend_from_slice(&p.payload);
+                memory::scatter(&spans, &data);
+                self.stats.bytes += p.payload.len() as u64;
+                self.stats.ud_delivered += 1;
+                let recv_cq = self.qps[&dqpn].recv_cq;
+                let mut c = blank_cqe(dqpn);
+                c.wqe_counter = r.wqe_counter;
+                c.byte_cnt = len as u32;
+                c.src_qpn = p.src_qpn;
+                c.imm = p.imm.unwrap_or(0);
+                c.grh = if p.av.grh { CQE_GRH } else { 0 };
+                if let RecvSource::Srq(srqn) = src {
+                    c.srqn = srqn;
+                }
+                let opcode = if p.imm.is_some() {
+                    CqeOpcode::RespSendImm
+                } else {
+                    CqeOpcode::RespSend
+                };
+                self.post_cqe(recv_cq, &c, opcode, p.solicited);
+            }
+        }
+    }
+}
+
+/// The 40 B GRH area of a UD receive: zeros without a GRH; with one, an IPv6-style GRH
+/// (version 6, payload length, next header 0x1B, hop limit, source and destination GIDs).
+fn grh(p: &Packet) -> [u8; GRH_BYTES] {
+    let mut g = [0u8; GRH_BYTES];
+    if p.av.grh {
+        g[0] = 0x60;
+        // Payload length: BTH (12) + DETH (8) + payload + ICRC (4).
+        let plen = (12 + 8 + p.payload.len() + 4) as u16;
+        g[4..6].copy_from_slice(&plen.to_be_bytes());
+        g[6] = 0x1b;
+        g[7] = 64;
+        g[8..24].copy_from_slice(&p.src_gid);
+        g[24..40].copy_from_slice(&p.av.rgid);
+    }
+    g
+}

@@ -1,0 +1,317 @@
+//! The memory-region table and checked copies.
+//!
+//! Every address a WQE names is validated against a registered region (key, protection domain,
+//! range, access) before a single byte moves; a failed check leaves memory untouched. Keys are
+//! unique within a fabric and never equal [`crate::wqe::INVALID_LKEY`]: `lkey = index << 8 |
+//! 0x4c`, `rkey = index << 8 | 0x52`, so an lkey used as an rkey (or the reverse) is rejected
+//! (stricter than ConnectX, where the two are usually equal).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::verbs::Access;
+use crate::wqe::Sge;
+
+const LKEY_TAG: u32 = 0x4c;
+const RKEY_TAG: u32 = 0x52;
+
+/// One registered region.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MrEntry {
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) access: Access,
+    pub(crate) pd: u32,
+}
+
+/// A validated piece of registered memory.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Span {
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: usize,
+}
+
+/// Why a scatter list cannot take a payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ScatterError {
+    /// Bad key, wrong PD, out of range or no LOCAL_WRITE.
+    Protection,
+    /// The buffers are shorter than the payload.
+    Length,
+}
+
+/// All memory regions of a fabric.
+#[derive(Debug, Default)]
+pub(crate) struct MrTable {
+    map: HashMap<u32, MrEntry>,
+    next: u32,
+}
+
+impl MrTable {
+    /// Registers a region; returns `(index, lkey, rkey)`.
+    pub(crate) fn register(&mut self, e: MrEntry) -> (u32, u32, u32) {
+        loop {
+            self.next = (self.next + 1) & 0x00ff_ffff;
+            if self.next != 0 && !self.map.contains_key(&self.next) {
+                break;
+            }
+        }
+        let idx = self.next;
+        self.map.insert(idx, e);
+        (idx, (idx << 8) | LKEY_TAG, (idx << 8) | RKEY_TAG)
+    }
+
+    /// Removes a region (its memory may be freed afterwards).
+    pub(crate) fn deregister(&mut self, idx: u32) {
+        self.map.remove(&idx);
+    }
+
+    fn lookup(
+        &self,
+        key: u32,
+        tag: u32,
+        pd: u32,
+        addr: u64,
+        len: usize,
+        need: Access,
+    ) -> Option<Span> {
+        if key & 0xff != tag {
+            return None;
+        }
+        let e = self.map.get(&(key >> 8))?;
+        let end = addr.checked_add(len as u64)?;
+        if e.pd != pd || addr < e.addr || end > e.addr + e.len || !e.access.contains(need) {
+            return None;
+        }
+        Some(Span {
+            ptr: addr as usize as *mut u8,
+            len,
+        })
+    }
+
+    /// Validates a local buffer (data segment) of the QP's PD; `need` is empty for reads and
+    /// LOCAL_WRITE for writes.
+    pub(crate) fn local(
+        &self,
+        lkey: u32,
+        pd: u32,
+        addr: u64,
+        len: usize,
+        need: Access,
+    ) -> Option<Span> {
+        self.lookup(lkey, LKEY_TAG, pd, addr, len, need)
+    }
+
+    /// Validates a remote buffer (raddr segment) against the responder QP's PD.
+    pub(crate) fn remote(
+        &self,
+        rkey: u32,
+        pd: u32,
+        addr: u64,
+        len: usize,
+        need: Access,
+    ) -> Option<Span> {
+        self.lookup(rkey, RKEY_TAG, pd, addr, len, need)
+    }
+
+    /// The payload of a send WQE: the inline bytes, then every gather entry (each validated
+    /// first; `None` if any fails). Zero-length entries are skipped unchecked.
+    pub(crate) fn gather(&self, pd: u32, inline: &[u8], sges: &[Sge]) -> Option<Vec<u8>> {
+        let mut spans = Vec::with_capacity(sges.len());
+        let mut total = inline.len();
+        for s in sges.iter().filter(|s| s.len != 0) {
+            spans.push(self.local(s.lkey, pd, s.addr, s.len as usize, Access::empty())?);
+            total += s.len as usize;
+        }
+        let mut out = Vec::with_capacity(total);
+        out.extend_from_slice(inline);
+        for sp in spans {
+            read_into(sp, &mut out);
+        }
+        Some(out)
+    }
+
+    /// Validates a scatter list for `len` bytes (only the entries the payload reaches).
+    pub(crate) fn scatter_list(
+        &self,
+        pd: u32,
+        sges: &[Sge],
+        len: usize,
+    ) -> Result<Vec<Span>, ScatterError> {
+        let mut spans = Vec::new();
+        let mut left = len;
+        for s in sges.iter().filter(|s| s.len != 0) {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(s.len as usize);
+            let sp = self
+                .local(s.lkey, pd, s.addr, s.len as usize, Access::LOCAL_WRITE)
+                .ok_or(ScatterError::Protection)?;
+            spans.push(Span {
+                ptr: sp.ptr,
+                len: take,
+            });
+            left -= take;
+        }
+        if left > 0 {
+            Err(ScatterError::Length)
+        } else {
+            Ok(spans)
+        }
+    }
+}
+
+/// Appends the bytes of a validated span to `out`.
+pub(crate) fn read_into(sp: Span, out: &mut Vec<u8>) {
+    let old = out.len();
+    out.reserve(sp.len);
+    // SAFETY: `sp` lies inside a registered region (validated under the fabric lock, which also
+    // orders deregistration); `out` has room for `sp.len` more bytes, which are initialised by
+    // the copy before `set_len`. No reference to the registered memory is created, only raw
+    // reads, because other threads may access it concurrently (as a NIC's DMA would).
+    unsafe {
+        std::ptr::copy_nonoverlapping(sp.ptr, out.as_mut_ptr().add(old), sp.len);
+        out.set_len(old + sp.len);
+    }
+}
+
+/// Writes `data` across validated spans, in order (the spans cover exactly `data.len()`).
+///
+/// Each span's bytes are copied with one memcpy except its last (up to) 8 bytes, which are then
+/// stored one by one with Release atomics after the rest: a consumer that polls the last byte of
+/// a buffer with an Acquire load (last-byte polling) sees everything before it.
+pub(crate) fn scatter(spans: &[Span], data: &[u8]) {
+    let mut off = 0;
+    for sp in spans {
+        write_span(*sp, &data[off..off + sp.len]);
+        off += sp.len;
+    }
+    debug_assert_eq!(off, data.len());
+}
+
+/// Writes `data` (exactly `sp.len` bytes) into one validated span; see [`scatter`].
+pub(crate) fn write_span(sp: Span, data: &[u8]) {
+    debug_assert_eq!(sp.len, data.len());
+    let body = data.len().saturating_sub(8);
+    // SAFETY: `sp` lies inside a registered region with LOCAL_WRITE or remote-write access,
+    // validated under the fabric lock; `data` is model-owned (never overlaps it).
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), sp.ptr, body);
+        for (i, &b) in data[body..].iter().enumerate() {
+            // SAFETY: as above; AtomicU8 has the alignment and size of u8.
+            AtomicU8::from_ptr(sp.ptr.add(body + i)).store(b, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(buf: &mut [u8], access: Access) -> (MrTable, u32, u32) {
+        let mut t = MrTable::default();
+        let (_, l, r) = t.register(MrEntry {
+            addr: buf.as_mut_ptr() as u64,
+            len: buf.len() as u64,
+            access,
+            pd: 1,
+        });
+        (t, l, r)
+    }
+
+    #[test]
+    fn keys_ranges_pd_and_access() {
+        let mut buf = vec![0u8; 64];
+        let base = buf.as_mut_ptr() as u64;
+        let (t, l, r) = table(&mut buf, Access::LOCAL_WRITE | Access::REMOTE_READ);
+        assert_ne!(l, r);
+        assert_ne!(l, crate::wqe::INVALID_LKEY);
+        assert!(t.local(l, 1, base, 64, Access::LOCAL_WRITE).is_some());
+        assert!(
+            t.local(l, 1, base + 1, 64, Access::empty()).is_none(),
+            "past the end"
+        );
+        assert!(
+            t.local(l, 1, base - 1, 2, Access::empty()).is_none(),
+            "before the start"
+        );
+        assert!(
+            t.local(l, 2, base, 1, Access::empty()).is_none(),
+            "other PD"
+        );
+        assert!(
+            t.local(r, 1, base, 1, Access::empty()).is_none(),
+            "rkey as lkey"
+        );
+        assert!(
+            t.remote(l, 1, base, 1, Access::REMOTE_READ).is_none(),
+            "lkey as rkey"
+        );
+        assert!(t.remote(r, 1, base, 64, Access::REMOTE_READ).is_some());
+        assert!(
+            t.remote(r, 1, base, 8, Access::REMOTE_WRITE).is_none(),
+            "no REMOTE_WRITE"
+        );
+        assert!(
+            t.remote(r, 1, u64::MAX - 2, 8, Access::REMOTE_READ)
+                .is_none(),
+            "overflow"
+        );
+    }
+
+    #[test]
+    fn gather_and_scatter() {
+        let mut src = (0u8..32).collect::<Vec<_>>();
+        let mut dst = vec![0u8; 40];
+        let mut t = MrTable::default();
+        let (_, ls, _) = t.register(MrEntry {
+            addr: src.as_mut_ptr() as u64,
+            len: 32,
+            access: Access::empty(),
+            pd: 1,
+        });
+        let (_, ld, _) = t.register(MrEntry {
+            addr: dst.as_mut_ptr() as u64,
+            len: 40,
+            access: Access::LOCAL_WRITE,
+            pd: 1,
+        });
+        let s = |off: u64, len: u32, lkey: u32, base: &mut Vec<u8>| Sge {
+            addr: base.as_mut_ptr() as u64 + off,
+            len,
+            lkey,
+        };
+        let g = [
+            s(4, 4, ls, &mut src),
+            s(0, 0, 0xdead, &mut src),
+            s(30, 2, ls, &mut src),
+        ];
+        let data = t.gather(1, b"ab", &g).unwrap();
+        assert_eq!(data, [b'a', b'b', 4, 5, 6, 7, 30, 31]);
+        assert!(t.gather(1, b"", &[s(0, 1, ld + 256, &mut src)]).is_none());
+        // Scatter into two pieces; only the entries the payload reaches are checked.
+        let sl = [
+            s(0, 3, ld, &mut dst),
+            s(10, 20, ld, &mut dst),
+            s(0, 1, 0xbad, &mut dst),
+        ];
+        let spans = t.scatter_list(1, &sl, data.len()).unwrap();
+        scatter(&spans, &data);
+        assert_eq!(&dst[..3], b"ab\x04");
+        assert_eq!(&dst[10..15], [5, 6, 7, 30, 31]);
+        assert_eq!(
+            t.scatter_list(1, &sl, 24).unwrap_err(),
+            ScatterError::Protection
+        );
+        assert_eq!(
+            t.scatter_list(1, &sl[..2], 24).unwrap_err(),
+            ScatterError::Length
+        );
+        // Source memory is not writable locally.
+        assert_eq!(
+            t.scatter_list(1, &[s(0, 4, ls, &mut src)], 4).unwrap_err(),
+            ScatterError::Protection
+        );
+    }
+}

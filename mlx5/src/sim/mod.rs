@@ -1,0 +1,410 @@
+//! Software device model: an in-memory ConnectX that executes the same WQEs as the hardware.
+//!
+//! "The same objects, created in memory and connected by a fabric object shared by the ranks
+//! (threads) of a process. On a doorbell the model reads the producer index, parses each WQE
+//! exactly as the PRM defines it, and executes." A [`Fabric`] is that shared object;
+//! [`Fabric::open`] gives each rank a [`Context`] on a new simulated device (its own port and
+//! LID) whose [`crate::verbs::Provider`] allocates the queue memory that the driver
+//! ([`crate::sq`], [`crate::rq`], [`crate::srq`], [`crate::cq`]) then uses exactly as on
+//! hardware. Only the doorbell differs: [`crate::queue::Doorbell::Sim`] calls the model.
+//!
+//! ```
+//! use mlx5::sim::{Fabric, SimConfig};
+//! let fabric = Fabric::new(SimConfig::default());
+//! let (a, b) = (fabric.open(), fabric.open());
+//! assert_ne!(a.port().lid, b.port().lid);
+//! ```
+//!
+//! # What executes
+//! On [`crate::queue::SimDoorbell::ring_sq`] the model reads the SQ producer from `dbrec[1]`
+//! (16 bits, extended against its own consumer counter), copies each new WQE out of the ring
+//! (modulo the ring, so a WQE may wrap past the end), checks its control segment (opcode, `ds`,
+//! `wqe_index == pi & 0xffff`, QPN: a mismatch is a malformed WQE, stricter than hardware),
+//! parses it with [`crate::wqe::parse`] and executes it:
+//! - RC SEND/SEND_IMM, RDMA WRITE/WRITE_IMM/READ, ATOMIC_CS/FA between connected QPs, UD
+//!   SEND/SEND_IMM to any UD QP of the fabric, NOP. Receive WQEs are consumed in order from an
+//!   RQ, or from an SRQ by following its free list (`next_wqe_index`) from WQE 0.
+//! - Atomics treat the 8 remote bytes as a big-endian u64, as ConnectX does, and return the
+//!   original 8 bytes unchanged into the local buffer. They are atomic with respect to other
+//!   model operations (the fabric lock), not to CPU atomics on the same memory (as on hardware).
+//! - Every address a WQE names is validated against the MR table (key, PD, range, access)
+//!   before anything is copied (`sim/memory.rs`); an invalid one never causes a write.
+//!
+//! # Errors (PRM syndromes)
+//! Requester: bad lkey/range/LOCAL_WRITE → LOCAL_PROT; malformed WQE, an opcode invalid for
+//! the QP type, inline data on READ/atomics, a QP not in RTS → LOCAL_QP_OP; UD payload over
+//! the MTU or an atomic result buffer under 8 bytes → LOCAL_LENGTH; bad rkey/range/MR access →
+//! REMOTE_ACCESS; a misaligned atomic or an operation the responder QP's access flags
+//! ([`crate::verbs::RcParams::access`]) do not permit → REMOTE_INVAL_REQ; receive buffers too
+//! short → responder LOCAL_LENGTH + requester REMOTE_INVAL_REQ; a bad receive SGE → responder
+//! LOCAL_PROT + requester REMOTE_OP; RNR retries exhausted → RNR_RETRY_EXC; a peer that does
+//! not exist, is not RC, not connected back, on another port (its LID; its GID when connected
+//! with LID 0, RoCE style) or in error → TRANSPORT_RETRY_EXC once `retry_cnt` retries failed. The first error CQE is written even for an unsignaled
+//! WQE; the QP enters the error state and every later WQE (already rung or rung later) is
+//! flushed with a WR_FLUSH error CQE, NOPs included, as are its posted (non-SRQ) receive WQEs.
+//! A responder-side error also moves the responder QP to the error state. A remote access
+//! error does not (hardware may also break the responder's connection; the model keeps the
+//! responder usable, which is what a transport testing its own error handling wants).
+//!
+//! # Progress and retries
+//! A *progress step* happens on every doorbell of the fabric and on [`Fabric::progress`]. Each
+//! step delivers due delayed UD packets and released reordered ones, then gives every stalled
+//! QP one retry (after [`SimConfig::rnr_retry_interval`] / `transport_retry_interval` steps),
+//! and flushes QPs in the error state. A WQE that finds no receive WQE (RC SEND/WRITE_IMM)
+//! stays at the head of its SQ (the QP stalls in order behind it); after `rnr_retry` failed
+//! retries (from [`crate::verbs::RcParams`], 7 = infinite as on hardware, overridable with
+//! [`SimConfig::rnr_retry_override`]) it fails with RNR_RETRY_EXC. Posting receives does not
+//! ring the model, so a stalled sender resumes on the next step caused by anyone; with
+//! [`SimConfig::progress_thread`] a background thread also makes steps periodically.
+//!
+//! # Concurrency and memory ordering
+//! All model state is behind one mutex per fabric (correctness first: a doorbell executes its
+//! WQEs, writes remote memory and CQEs, all under that lock). Ranks are threads; a doorbell
+//! rung by one thread writes into another thread's registered memory and CQ. The ordering
+//! argument, edge by edge:
+//! 1. *SQ (driver → model).* The ringing thread writes its WQEs and `dbrec[1]`, then calls the
+//!    model, which records the producer index under the lock. WQEs are read (possibly by
+//!    another thread's later step, e.g. an RNR retry) only up to that recorded index, so the
+//!    mutex's release/acquire orders them; the model never reads a WQE that was not rung.
+//! 2. *RQ/SRQ (driver → model).* The receiving thread writes a receive WQE and then stores the
+//!    doorbell record; the model loads the record with Acquire and reads only WQEs below it.
+//!    This requires the driver's store to be a Release store (or a Release fence followed by
+//!    an atomic store), which is what a driver needs on hardware anyway (a store barrier).
+//! 3. *Data and CQEs (model → driver).* Data is copied into registered memory, then the CQE's
+//!    bytes 0..63, then `op_own` is stored with Release. A consumer that sees the new owner
+//!    bit with an Acquire load (or a load followed by an Acquire fence, the PRM's "read
+//!    barrier") sees the CQE and the data. For consumers that detect arrival by polling
+//!    memory instead (last-byte polling), the last 8 bytes of each written buffer are stored
+//!    with Release atomics after the rest.
+//! 4. *CQ consumer index (driver → model).* Loaded with Acquire before every CQE write: the
+//!    consumer's Release store of the index happens after it finished reading the released
+//!    entries, so the model never overwrites an entry that is still being read.
+//!
+//! Objects are destroyed when their provider handle drops: the handle removes the object
+//! from the model under the lock and only then frees its memory. The model refers to objects
+//! by number only, so a doorbell on a destroyed QP is ignored, a CQE for a destroyed CQ is
+//! counted as lost, and a packet to a destroyed QP is dropped.
+//!
+//! # Fault injection
+//! UD packets meet [`SimConfig::ud_faults`] (`sim/faults.rs`): a seeded xoshiro256** owned by
+//! the fabric draws each packet's fate (deliver, drop, duplicate, reorder, delay) in send
+//! order. Same seed and same sequence of operations (one thread, or threads in a
+//! deterministic order) → the same drops, duplicates and order.
+
+mod alloc;
+mod cq;
+mod device;
+mod exec;
+pub(crate) mod faults;
+pub(crate) mod memory;
+mod model;
+mod recv;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use crate::queue::SimDoorbell;
+use crate::verbs::Context;
+use crate::wqe::Opcode;
+
+pub use device::SimDevice;
+
+use model::Model;
+
+/// UD fault injection parameters: per packet, one of drop / duplicate / reorder / delay is
+/// chosen with these probabilities (their sum must not exceed 1), else the packet is
+/// delivered normally.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UdFaults {
+    /// RNG seed.
+    pub seed: u64,
+    /// Probability that a packet is lost.
+    pub drop: f64,
+    /// Probability that a packet is delivered twice.
+    pub duplicate: f64,
+    /// Probability that a packet is overtaken by the next one (delivered after it, or at the
+    /// next progress step if none comes).
+    pub reorder: f64,
+    /// Probability that a packet is delayed by 1..=`max_delay` progress steps.
+    pub delay: f64,
+    /// Longest delay in progress steps (doorbells or [`Fabric::progress`] calls).
+    pub max_delay: u32,
+}
+
+/// Fabric configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// Port MTU in bytes (the largest UD payload); 256..=4096, power of two.
+    pub mtu: u32,
+    /// UD fault injection (`None`: lossless, in order).
+    pub ud_faults: Option<UdFaults>,
+    /// Progress steps between two RNR retries of a stalled QP (>= 1).
+    pub rnr_retry_interval: u32,
+    /// Progress steps between two transport retries (peer unreachable) (>= 1).
+    pub transport_retry_interval: u32,
+    /// Replaces every QP's `rnr_retry` (7 = infinite).
+    pub rnr_retry_override: Option<u8>,
+    /// Run a background thread that makes a progress step at this interval (for transports
+    /// that may wait on a stalled peer without ringing any doorbell). `None`: steps happen
+    /// only on doorbells and [`Fabric::progress`], which keeps runs deterministic.
+    pub progress_thread: Option<Duration>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            mtu: 4096,
+            ud_faults: None,
+            rnr_retry_interval: 1,
+            transport_retry_interval: 1,
+            rnr_retry_override: None,
+            progress_thread: None,
+        }
+    }
+}
+
+/// WQEs executed, per opcode (flushed WQEs are not counted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpcodeCounts {
+    /// NOP.
+    pub nop: u64,
+    /// RDMA WRITE.
+    pub rdma_write: u64,
+    /// RDMA WRITE with immediate.
+    pub rdma_write_imm: u64,
+    /// SEND.
+    pub send: u64,
+    /// SEND with immediate.
+    pub send_imm: u64,
+    /// RDMA READ.
+    pub rdma_read: u64,
+    /// Atomic compare-and-swap.
+    pub atomic_cs: u64,
+    /// Atomic fetch-and-add.
+    pub atomic_fa: u64,
+}
+
+impl OpcodeCounts {
+    /// The counter of `op`.
+    pub fn get(&self, op: Opcode) -> u64 {
+        match op {
+            Opcode::Nop => self.nop,
+            Opcode::RdmaWrite => self.rdma_write,
+            Opcode::RdmaWriteImm => self.rdma_write_imm,
+            Opcode::Send => self.send,
+            Opcode::SendImm => self.send_imm,
+            Opcode::RdmaRead => self.rdma_read,
+            Opcode::AtomicCs => self.atomic_cs,
+            Opcode::AtomicFa => self.atomic_fa,
+        }
+    }
+
+    pub(crate) fn bump(&mut self, op: Opcode) {
+        let c = match op {
+            Opcode::Nop => &mut self.nop,
+            Opcode::RdmaWrite => &mut self.rdma_write,
+            Opcode::RdmaWriteImm => &mut self.rdma_write_imm,
+            Opcode::Send => &mut self.send,
+            Opcode::SendImm => &mut self.send_imm,
+            Opcode::RdmaRead => &mut self.rdma_read,
+            Opcode::AtomicCs => &mut self.atomic_cs,
+            Opcode::AtomicFa => &mut self.atomic_fa,
+        };
+        *c += 1;
+    }
+
+    /// All opcodes together.
+    pub fn total(&self) -> u64 {
+        self.nop
+            + self.rdma_write
+            + self.rdma_write_imm
+            + self.send
+            + self.send_imm
+            + self.rdma_read
+            + self.atomic_cs
+            + self.atomic_fa
+    }
+}
+
+/// A snapshot of the fabric's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Doorbells rung.
+    pub doorbells: u64,
+    /// Progress steps (doorbells plus [`Fabric::progress`] calls).
+    pub steps: u64,
+    /// WQEs executed successfully, per opcode.
+    pub wqes: OpcodeCounts,
+    /// Payload bytes moved into registered memory (sends, writes, reads, atomics; UD GRH
+    /// areas not included).
+    pub bytes: u64,
+    /// CQEs written (all kinds).
+    pub cqes: u64,
+    /// Error CQEs written (requester and responder, flushes included).
+    pub error_cqes: u64,
+    /// WR_FLUSH error CQEs written (send and receive WQEs).
+    pub flushes: u64,
+    /// CQ overruns detected (one per CQ).
+    pub cq_overruns: u64,
+    /// CQEs not written because their CQ had overrun or was destroyed.
+    pub cqes_lost: u64,
+    /// RNR retries made (successful or not).
+    pub rnr_retries: u64,
+    /// Transport retries made (peer unreachable).
+    pub transport_retries: u64,
+    /// UD packets sent (requester side).
+    pub ud_sent: u64,
+    /// UD packets placed into a receive WQE (duplicates included).
+    pub ud_delivered: u64,
+    /// UD packets dropped by fault injection.
+    pub ud_drops: u64,
+    /// UD packets duplicated by fault injection.
+    pub ud_dups: u64,
+    /// UD packets reordered by fault injection.
+    pub ud_reorders: u64,
+    /// UD packets delayed by fault injection.
+    pub ud_delays: u64,
+    /// UD packets dropped: no such QPN, not a UD QP, not active, or another port's LID (GID
+    /// when the address vector has LID 0 and a GRH).
+    pub ud_no_dest: u64,
+    /// UD packets dropped: Q_Key mismatch.
+    pub ud_bad_qkey: u64,
+    /// UD packets dropped: no receive WQE at the destination.
+    pub ud_no_recv: u64,
+}
+
+/// A QP's state as the model sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimQpState {
+    /// Created, not yet connected/activated.
+    Reset,
+    /// Ready to send (and receive).
+    Rts,
+    /// Error: every WQE is flushed.
+    Error,
+}
+
+/// The state shared by all handles of one fabric.
+pub(crate) struct Shared {
+    model: Mutex<Model>,
+}
+
+impl Shared {
+    /// Locks the model (a panic while holding the lock does not wedge the fabric: the state
+    /// is still consistent object by object).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Model> {
+        self.model.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl SimDoorbell for Shared {
+    fn ring_sq(&self, qpn: u32) {
+        self.lock().ring(qpn);
+    }
+}
+
+/// A simulated network: devices opened on it reach each other. Cheap to clone (an `Arc`).
+#[derive(Clone)]
+pub struct Fabric {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fabric")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Default for Fabric {
+    fn default() -> Self {
+        Fabric::new(SimConfig::default())
+    }
+}
+
+impl Fabric {
+    /// A new, empty fabric.
+    ///
+    /// # Panics
+    /// On an invalid configuration: an MTU that is not a power of two in 256..=4096, a retry
+    /// interval of 0, fault probabilities outside [0, 1] or summing to more than 1.
+    pub fn new(cfg: SimConfig) -> Fabric {
+        assert!(
+            cfg.mtu.is_power_of_two() && (256..=4096).contains(&cfg.mtu),
+            "SimConfig::mtu must be a power of two in 256..=4096, got {}",
+            cfg.mtu
+        );
+        assert!(
+            cfg.rnr_retry_interval >= 1 && cfg.transport_retry_interval >= 1,
+            "SimConfig retry intervals must be >= 1"
+        );
+        if let Some(f) = cfg.ud_faults {
+            let ps = [f.drop, f.duplicate, f.reorder, f.delay];
+            assert!(
+                ps.iter().all(|p| (0.0..=1.0).contains(p)) && ps.iter().sum::<f64>() <= 1.0,
+                "SimConfig::ud_faults probabilities must be in [0, 1] and sum to at most 1: {f:?}"
+            );
+        }
+        let interval = cfg.progress_thread;
+        let shared = Arc::new(Shared {
+            model: Mutex::new(Model::new(cfg)),
+        });
+        if let Some(every) = interval {
+            let weak: Weak<Shared> = Arc::downgrade(&shared);
+            std::thread::Builder::new()
+                .name("mlx5-sim-progress".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(every);
+                        match weak.upgrade() {
+                            Some(s) => s.lock().step(),
+                            None => break,
+                        }
+                    }
+                })
+                .expect("spawn the sim progress thread");
+        }
+        Fabric { shared }
+    }
+
+    /// Opens a new simulated device (one port, its own LID) on this fabric: one per rank.
+    pub fn open(&self) -> Context {
+        Context::new(Arc::new(self.open_device()))
+    }
+
+    /// Like [`Fabric::open`], returning the device itself.
+    pub fn open_device(&self) -> SimDevice {
+        let (id, port) = self.shared.lock().add_device();
+        SimDevice::new(self.shared.clone(), id, port)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> SimStats {
+        self.shared.lock().stats
+    }
+
+    /// Makes one progress step: delivers due delayed/reordered UD packets, retries stalled
+    /// QPs once, flushes QPs in error.
+    pub fn progress(&self) {
+        self.shared.lock().step();
+    }
+
+    /// Whether CQ `cqn` overran (hardware would raise an asynchronous CQ error event).
+    pub fn cq_overrun(&self, cqn: u32) -> bool {
+        self.shared.lock().cq_overrun(cqn)
+    }
+
+    /// The state of QP `qpn` (`None` if it does not exist).
+    pub fn qp_state(&self, qpn: u32) -> Option<SimQpState> {
+        self.shared.lock().qp_state(qpn)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> SimConfig {
+        self.shared.lock().cfg.clone()
+    }
+}

@@ -1,0 +1,567 @@
+//! The model's object tables and its progress engine (doorbells, steps, retries, flushes,
+//! CQE posting). WQE execution is in `exec.rs`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::cqe::{Cqe, CqeOpcode, Syndrome};
+use crate::error::{Error, Result};
+use crate::sim::cq::{CqState, Push};
+use crate::sim::faults::Faults;
+use crate::sim::memory::MrTable;
+use crate::sim::recv::{RecvWqe, RqState, SrqState};
+use crate::sim::{SimConfig, SimQpState, SimStats};
+use crate::verbs::{LinkLayer, PortInfo, QpType, RcParams, RcRemote};
+use crate::wqe::{self, CTRL_BYTES, WQEBB};
+
+/// The device side of a send queue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SqState {
+    pub(crate) buf: *mut u8,
+    pub(crate) wqe_cnt: u32,
+    pub(crate) dbrec: *mut u32,
+    /// WQEBBs consumed (executed or flushed).
+    pub(crate) ci: u32,
+    /// Producer index recorded at the last doorbell (WQEBBs); WQEs below it may be read.
+    pub(crate) rung: u32,
+}
+
+/// Why a raw WQE could not be taken from the ring.
+pub(crate) struct BadWqe {
+    /// WQEBBs to skip.
+    pub(crate) skip: u32,
+    /// The control segment's opcode byte.
+    pub(crate) opcode: u8,
+}
+
+impl SqState {
+    /// Copies the WQE at `ci` out of the ring (modulo the ring: it may wrap past the end).
+    /// Returns its bytes and WQEBB count, or what to skip if its `ds` is invalid or it extends
+    /// past the rung producer index.
+    pub(crate) fn read_wqe(&self) -> Result<(Vec<u8>, u32), BadWqe> {
+        let ring = self.wqe_cnt as usize * WQEBB;
+        let start = (self.ci & (self.wqe_cnt - 1)) as usize * WQEBB;
+        let mut ctrl = [0u8; CTRL_BYTES];
+        // SAFETY: `start` is a WQEBB boundary inside the ring; the WQEs below `rung` were
+        // published before the doorbell ("Memory ordering", edge 1).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.buf.add(start), ctrl.as_mut_ptr(), CTRL_BYTES)
+        };
+        let ds = u32::from(ctrl[7]);
+        let pending = self.rung.wrapping_sub(self.ci);
+        if ds == 0 || ds > wqe::MAX_DS {
+            return Err(BadWqe {
+                skip: 1,
+                opcode: ctrl[3],
+            });
+        }
+        let bbs = wqe::wqebbs(ds);
+        if bbs > pending {
+            return Err(BadWqe {
+                skip: pending,
+                opcode: ctrl[3],
+            });
+        }
+        let len = ds as usize * wqe::DS_BYTES;
+        let mut out = vec![0u8; len];
+        let first = len.min(ring - start);
+        // SAFETY: both pieces lie inside the ring ([start, start+first) and [0, len-first)).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.buf.add(start), out.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(self.buf, out.as_mut_ptr().add(first), len - first);
+        }
+        Ok((out, bbs))
+    }
+}
+
+/// An RC connection.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RcConn {
+    pub(crate) peer: u32,
+    /// Peer LID (InfiniBand addressing); 0: addressed by `gid` (RoCE style).
+    pub(crate) lid: u16,
+    pub(crate) gid: [u8; 16],
+    pub(crate) params: RcParams,
+}
+
+/// Why a QP's send queue is stalled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitKind {
+    /// No receive WQE at the responder.
+    Rnr,
+    /// The responder is unreachable.
+    Transport,
+}
+
+/// A stalled head WQE.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Wait {
+    pub(crate) kind: WaitKind,
+    /// Failed retries so far.
+    pub(crate) retries: u32,
+    /// First progress step at which the next retry may happen.
+    pub(crate) next_try: u64,
+}
+
+/// One QP.
+#[derive(Clone, Debug)]
+pub(crate) struct QpState {
+    pub(crate) device: u32,
+    pub(crate) pd: u32,
+    pub(crate) kind: QpType,
+    pub(crate) state: SimQpState,
+    pub(crate) send_cq: u32,
+    pub(crate) recv_cq: u32,
+    pub(crate) srq: Option<u32>,
+    pub(crate) sq: SqState,
+    pub(crate) rq: Option<RqState>,
+    pub(crate) rc: Option<RcConn>,
+    pub(crate) qkey: u32,
+    pub(crate) wait: Option<Wait>,
+}
+
+/// Where a receive WQE came from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RecvSource {
+    /// The RQ of this QP.
+    Rq(u32),
+    /// This SRQ.
+    Srq(u32),
+}
+
+/// Everything behind a fabric's lock.
+pub(crate) struct Model {
+    pub(crate) cfg: SimConfig,
+    pub(crate) stats: SimStats,
+    /// Progress steps so far.
+    pub(crate) step: u64,
+    pub(crate) devices: Vec<PortInfo>,
+    next_pd: u32,
+    pub(crate) mrs: MrTable,
+    pub(crate) cqs: HashMap<u32, CqState>,
+    pub(crate) srqs: HashMap<u32, SrqState>,
+    pub(crate) qps: HashMap<u32, QpState>,
+    next_qpn: u32,
+    next_cqn: u32,
+    next_srqn: u32,
+    /// QPs that need attention on every step (stalled, or in the error state), in QPN order
+    /// (deterministic).
+    pub(crate) active: BTreeSet<u32>,
+    pub(crate) faults: Faults,
+}
+
+// SAFETY: the raw pointers in the tables refer to model-allocated queue memory (freed only
+// after the object is removed under the lock) and to registered memory (kept alive by the
+// registrant until deregistration under the lock).
+unsafe impl Send for Model {}
+
+/// Next free number in a 24-bit space, skipping 0 and 1 (reserved QPNs on InfiniBand).
+fn alloc_num<V>(next: &mut u32, used: &HashMap<u32, V>) -> Result<u32> {
+    for _ in 0..0x0100_0000 {
+        *next = (*next + 1) & 0x00ff_ffff;
+        if *next > 1 && !used.contains_key(next) {
+            return Ok(*next);
+        }
+    }
+    Err(Error::InvalidArgument("no free object number".into()))
+}
+
+/// A zeroed CQE for `qpn`.
+pub(crate) fn blank_cqe(qpn: u32) -> Cqe {
+    Cqe {
+        opcode: 0,
+        qpn,
+        wqe_opcode: 0,
+        wqe_counter: 0,
+        byte_cnt: 0,
+        imm: 0,
+        src_qpn: 0,
+        grh: 0,
+        srqn: 0,
+        syndrome: 0,
+        vendor_syndrome: 0,
+    }
+}
+
+impl Model {
+    pub(crate) fn new(cfg: SimConfig) -> Self {
+        Model {
+            faults: Faults::new(cfg.ud_faults),
+            cfg,
+            stats: SimStats::default(),
+            step: 0,
+            devices: Vec::new(),
+            next_pd: 0,
+            mrs: MrTable::default(),
+            cqs: HashMap::new(),
+            srqs: HashMap::new(),
+            qps: HashMap::new(),
+            next_qpn: 0xff,
+            next_cqn: 0,
+            next_srqn: 0,
+            active: BTreeSet::new(),
+        }
+    }
+
+    // ---- objects -------------------------------------------------------------------------
+
+    /// A new device: its id and port (LID = id + 1; GID fe80::<id>).
+    pub(crate) fn add_device(&mut self) -> (u32, PortInfo) {
+        let id = self.devices.len() as u32;
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[1] = 0x80;
+        gid[12..].copy_from_slice(&(id + 1).to_be_bytes());
+        let port = PortInfo {
+            port: 1,
+            lid: u16::try_from(id + 1).unwrap_or(0xbfff),
+            link_layer: LinkLayer::InfiniBand,
+            active_mtu: self.cfg.mtu,
+            gid,
+        };
+        self.devices.push(port);
+        (id, port)
+    }
+
+    /// A new protection domain number.
+    pub(crate) fn alloc_pd(&mut self) -> u32 {
+        self.next_pd += 1;
+        self.next_pd
+    }
+
+    pub(crate) fn add_cq(&mut self, cq: CqState) -> Result<u32> {
+        let cqn = alloc_num(&mut self.next_cqn, &self.cqs)?;
+        self.cqs.insert(cqn, cq);
+        Ok(cqn)
+    }
+
+    pub(crate) fn add_srq(&mut self, srq: SrqState) -> Result<u32> {
+        let srqn = alloc_num(&mut self.next_srqn, &self.srqs)?;
+        self.srqs.insert(srqn, srq);
+        Ok(srqn)
+    }
+
+    pub(crate) fn add_qp(&mut self, qp: QpState) -> Result<u32> {
+        let qpn = alloc_num(&mut self.next_qpn, &self.qps)?;
+        self.qps.insert(qpn, qp);
+        Ok(qpn)
+    }
+
+    pub(crate) fn remove_qp(&mut self, qpn: u32) {
+        self.qps.remove(&qpn);
+        self.active.remove(&qpn);
+    }
+
+    /// RC: RESET → RTS towards `remote`.
+    pub(crate) fn connect_rc(
+        &mut self,
+        qpn: u32,
+        remote: &RcRemote,
+        params: &RcParams,
+    ) -> Result<()> {
+        let qp = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| Error::InvalidArgument(format!("no QP {qpn:#x}")))?;
+        if qp.kind != QpType::Rc {
+            return Err(Error::InvalidArgument(format!("QP {qpn:#x} is not RC")));
+        }
+        if qp.state != SimQpState::Reset {
+            return Err(Error::InvalidArgument(format!(
+                "QP {qpn:#x} is in {:?}, not RESET",
+                qp.state
+            )));
+        }
+        if params.rnr_retry > 7 || params.retry_cnt > 7 {
+            return Err(Error::InvalidArgument(
+                "rnr_retry and retry_cnt are 0..=7".into(),
+            ));
+        }
+        qp.rc = Some(RcConn {
+            peer: remote.qpn & 0x00ff_ffff,
+            lid: remote.lid,
+            gid: remote.gid,
+            params: *params,
+        });
+        qp.state = SimQpState::Rts;
+        Ok(())
+    }
+
+    /// UD: RESET → RTS with `qkey`.
+    pub(crate) fn activate_ud(&mut self, qpn: u32, qkey: u32) -> Result<()> {
+        let qp = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| Error::InvalidArgument(format!("no QP {qpn:#x}")))?;
+        if qp.kind != QpType::Ud {
+            return Err(Error::InvalidArgument(format!("QP {qpn:#x} is not UD")));
+        }
+        if qp.state != SimQpState::Reset {
+            return Err(Error::InvalidArgument(format!(
+                "QP {qpn:#x} is in {:?}, not RESET",
+                qp.state
+            )));
+        }
+        qp.qkey = qkey;
+        qp.state = SimQpState::Rts;
+        Ok(())
+    }
+
+    /// Whether `lid` (or, when `lid` is 0, `gid`) addresses device `device`'s port.
+    pub(crate) fn addresses(&self, device: u32, lid: u16, gid: Option<&[u8; 16]>) -> bool {
+        self.devices.get(device as usize).is_some_and(|p| {
+            if lid != 0 {
+                p.lid == lid
+            } else {
+                gid.is_some_and(|g| *g == p.gid)
+            }
+        })
+    }
+
+    pub(crate) fn cq_overrun(&self, cqn: u32) -> bool {
+        self.cqs.get(&cqn).is_some_and(|c| c.overrun)
+    }
+
+    pub(crate) fn qp_state(&self, qpn: u32) -> Option<SimQpState> {
+        self.qps.get(&qpn).map(|q| q.state)
+    }
+
+    // ---- progress ------------------------------------------------------------------------
+
+    /// A doorbell on `qpn`'s send queue: record the producer index, make a progress step, then
+    /// execute the new WQEs.
+    pub(crate) fn ring(&mut self, qpn: u32) {
+        self.stats.doorbells += 1;
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            let sq = &mut qp.sq;
+            // SAFETY: the QP's doorbell record (model memory, alive while the QP is in the
+            // table). The ringing thread wrote it; Acquire is for form's sake.
+            let raw = u32::from_be(
+                unsafe { AtomicU32::from_ptr(sq.dbrec.add(1)) }.load(Ordering::Acquire),
+            );
+            // Extend the 16-bit producer against our own consumer counter.
+            let pi = sq
+                .ci
+                .wrapping_add((raw & 0xffff).wrapping_sub(sq.ci) & 0xffff);
+            let ahead = pi.wrapping_sub(sq.ci);
+            if ahead <= sq.wqe_cnt && ahead >= sq.rung.wrapping_sub(sq.ci) {
+                sq.rung = pi;
+            } else {
+                tracing::warn!(
+                    qpn,
+                    pi,
+                    ci = sq.ci,
+                    "sim: doorbell with an impossible producer index ignored"
+                );
+            }
+        }
+        self.step();
+        self.run_sq(qpn);
+    }
+
+    /// One progress step: due delayed UD packets, released reordered ones, one retry per
+    /// stalled QP, flushes of QPs in error.
+    pub(crate) fn step(&mut self) {
+        self.step += 1;
+        self.stats.steps += 1;
+        if self.faults.pending() {
+            for p in self.faults.take_due(self.step) {
+                self.deliver(p);
+            }
+            for p in self.faults.take_stale_held(self.step) {
+                self.deliver(p);
+            }
+        }
+        if self.active.is_empty() {
+            return;
+        }
+        let list: Vec<u32> = self.active.iter().copied().collect();
+        for qpn in list {
+            self.run_sq(qpn);
+            self.flush_rq(qpn);
+            let keep = self
+                .qps
+                .get(&qpn)
+                .is_some_and(|q| q.wait.is_some() || q.state == SimQpState::Error);
+            if !keep {
+                self.active.remove(&qpn);
+            }
+        }
+    }
+
+    /// Records a stall of `qpn`'s head WQE; `false` when the retry budget is exhausted.
+    pub(crate) fn stall(&mut self, qpn: u32, kind: WaitKind) -> bool {
+        let step = self.step;
+        let (rnr_interval, tr_interval) = (
+            u64::from(self.cfg.rnr_retry_interval),
+            u64::from(self.cfg.transport_retry_interval),
+        );
+        let rnr_override = self.cfg.rnr_retry_override;
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return false;
+        };
+        let params = qp.rc.map(|c| c.params).unwrap_or_default();
+        let (limit, interval, infinite) = match kind {
+            WaitKind::Rnr => {
+                let l = rnr_override.unwrap_or(params.rnr_retry);
+                (u32::from(l), rnr_interval, l == 7)
+            }
+            WaitKind::Transport => (u32::from(params.retry_cnt), tr_interval, false),
+        };
+        let continuing = matches!(qp.wait, Some(w) if w.kind == kind);
+        let retries = match qp.wait {
+            Some(w) if continuing => w.retries + 1,
+            _ => 0,
+        };
+        let exhausted = if continuing {
+            retries >= limit
+        } else {
+            limit == 0
+        };
+        if exhausted && !infinite {
+            qp.wait = None;
+            return false;
+        }
+        qp.wait = Some(Wait {
+            kind,
+            retries,
+            next_try: step + interval,
+        });
+        self.active.insert(qpn);
+        true
+    }
+
+    /// Moves `qpn` to the error state (its WQEs will be flushed).
+    pub(crate) fn set_error(&mut self, qpn: u32) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            qp.state = SimQpState::Error;
+            qp.wait = None;
+            self.active.insert(qpn);
+        }
+    }
+
+    /// Flushes the posted receive WQEs of `qpn` (own RQ only) if it is in the error state.
+    pub(crate) fn flush_rq(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get(&qpn) else { return };
+        if qp.state != SimQpState::Error {
+            return;
+        }
+        let recv_cq = qp.recv_cq;
+        let Some(mut rq) = qp.rq else { return };
+        let n = rq.available();
+        for _ in 0..n {
+            let mut c = blank_cqe(qpn);
+            c.wqe_counter = rq.consumed as u16;
+            c.syndrome = Syndrome::WrFlush as u8;
+            rq.commit();
+            self.post_cqe(recv_cq, &c, CqeOpcode::RespErr, false);
+        }
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            q.rq = Some(rq);
+        }
+    }
+
+    // ---- completions ---------------------------------------------------------------------
+
+    /// Writes a CQE to `cqn`; handles overruns (every QP reporting to the CQ enters the error
+    /// state) and destroyed CQs.
+    pub(crate) fn post_cqe(&mut self, cqn: u32, c: &Cqe, opcode: CqeOpcode, solicited: bool) {
+        let Some(cq) = self.cqs.get_mut(&cqn) else {
+            self.stats.cqes_lost += 1;
+            return;
+        };
+        let mut c = *c;
+        c.opcode = opcode as u8;
+        match cq.push(&c, opcode, solicited) {
+            Push::Written => {
+                self.stats.cqes += 1;
+                if c.is_error() {
+                    self.stats.error_cqes += 1;
+                    if c.syndrome == Syndrome::WrFlush as u8 {
+                        self.stats.flushes += 1;
+                    }
+                }
+            }
+            Push::Overrun => {
+                tracing::warn!(
+                    cqn,
+                    "sim: CQ overrun; QPs reporting to it enter the error state"
+                );
+                self.stats.cq_overruns += 1;
+                self.stats.cqes_lost += 1;
+                for (qpn, qp) in &mut self.qps {
+                    if qp.send_cq == cqn || qp.recv_cq == cqn {
+                        qp.state = SimQpState::Error;
+                        qp.wait = None;
+                        self.active.insert(*qpn);
+                    }
+                }
+            }
+            Push::Dead => self.stats.cqes_lost += 1,
+        }
+    }
+
+    /// Requester error: error CQE (even if unsignaled), QP to error.
+    pub(crate) fn requester_error(
+        &mut self,
+        qpn: u32,
+        wqe_counter: u16,
+        wqe_opcode: u8,
+        s: Syndrome,
+    ) {
+        let Some(qp) = self.qps.get(&qpn) else { return };
+        let cqn = qp.send_cq;
+        let mut c = blank_cqe(qpn);
+        c.wqe_counter = wqe_counter;
+        c.wqe_opcode = wqe_opcode;
+        c.syndrome = s as u8;
+        self.set_error(qpn);
+        self.post_cqe(cqn, &c, CqeOpcode::ReqErr, false);
+    }
+
+    /// Responder error on the receive WQE `r` taken from `src`: RESP_ERR CQE, QP to error.
+    pub(crate) fn responder_error(&mut self, qpn: u32, src: RecvSource, r: &RecvWqe, s: Syndrome) {
+        let Some(qp) = self.qps.get(&qpn) else { return };
+        let cqn = qp.recv_cq;
+        let mut c = blank_cqe(qpn);
+        c.wqe_counter = r.wqe_counter;
+        c.syndrome = s as u8;
+        if let RecvSource::Srq(srqn) = src {
+            c.srqn = srqn;
+        }
+        self.set_error(qpn);
+        self.post_cqe(cqn, &c, CqeOpcode::RespErr, false);
+    }
+
+    // ---- receive WQEs --------------------------------------------------------------------
+
+    /// The next receive WQE of `qpn` (its RQ or SRQ), without consuming it; with the PD its
+    /// scatter list is checked against.
+    pub(crate) fn peek_recv(&self, qpn: u32) -> Option<(RecvWqe, RecvSource, u32)> {
+        let qp = self.qps.get(&qpn)?;
+        match (qp.srq, &qp.rq) {
+            (Some(srqn), _) => {
+                let srq = self.srqs.get(&srqn)?;
+                Some((srq.peek()?, RecvSource::Srq(srqn), srq.pd))
+            }
+            (None, Some(rq)) => Some((rq.peek()?, RecvSource::Rq(qpn), qp.pd)),
+            (None, None) => None,
+        }
+    }
+
+    /// Consumes the WQE [`Model::peek_recv`] returned.
+    pub(crate) fn commit_recv(&mut self, src: RecvSource) {
+        match src {
+            RecvSource::Rq(qpn) => {
+                if let Some(rq) = self.qps.get_mut(&qpn).and_then(|q| q.rq.as_mut()) {
+                    rq.commit();
+                }
+            }
+            RecvSource::Srq(srqn) => {
+                if let Some(srq) = self.srqs.get_mut(&srqn) {
+                    srq.commit();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Receive WQE consumption: RQs (in order) and SRQs (free list through `next_wqe_index`).
+//!
+//! PRM "Receive queues": an RQ WQE is an array of data segments at `buf + idx*stride`,
+//! terminated early by `byte_count = 0, lkey = MLX5_INVALID_LKEY`; software publishes its head
+//! (16 bits) in `dbrec[0]`. An SRQ WQE starts with a 16 B next segment (`next_wqe_index` BE16
+//! at byte 2); the device keeps its own head, starting at WQE 0, and after consuming a WQE
+//! moves to that WQE's `next_wqe_index`; software publishes a 16-bit WQE counter in `dbrec[0]`.
+//! A WQE is read only after peeking confirmed, by an Acquire load of the doorbell record,
+//! that software published it ("Memory ordering" in `sim/mod.rs`, edge 2).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::wqe::{DATA_BYTES, DataSeg, Sge};
+
+/// Bytes of the SRQ "next" segment.
+const SRQ_NEXT_BYTES: usize = 16;
+
+/// A receive WQE as read from the queue.
+#[derive(Clone, Debug)]
+pub(crate) struct RecvWqe {
+    /// Its scatter list (terminator excluded).
+    pub(crate) sges: Vec<Sge>,
+    /// The CQE `wqe_counter`: RQ counter & 0xffff, or the SRQ WQE index.
+    pub(crate) wqe_counter: u16,
+}
+
+fn load_dbrec(p: *mut u32) -> u32 {
+    // SAFETY: doorbell records are model memory, 4-byte aligned, alive while the object is in
+    // the model's tables. Acquire pairs with the driver's Release store of the record.
+    u32::from_be(unsafe { AtomicU32::from_ptr(p) }.load(Ordering::Acquire))
+}
+
+fn read_sges(wqe: *const u8, max_sge: u32) -> Vec<Sge> {
+    let mut sges = Vec::new();
+    for i in 0..max_sge as usize {
+        let mut b = [0u8; DATA_BYTES];
+        // SAFETY: the WQE lies inside the queue buffer (index < wqe_cnt, `max_sge` segments fit
+        // in the stride); it was published before the Acquire load of the doorbell record.
+        unsafe {
+            std::ptr::copy_nonoverlapping(wqe.add(i * DATA_BYTES), b.as_mut_ptr(), DATA_BYTES)
+        };
+        let d = DataSeg::read(&b);
+        if d.is_terminator() {
+            break;
+        }
+        sges.push(d.0);
+    }
+    sges
+}
+
+/// The device side of a QP's receive queue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RqState {
+    pub(crate) buf: *mut u8,
+    pub(crate) wqe_cnt: u32,
+    pub(crate) stride: u32,
+    pub(crate) max_sge: u32,
+    pub(crate) dbrec: *mut u32,
+    /// WQEs consumed.
+    pub(crate) consumed: u32,
+}
+
+impl RqState {
+    /// WQEs posted and not consumed (`head - consumed` in 16 bits, at most the ring size).
+    pub(crate) fn available(&self) -> u32 {
+        let head = load_dbrec(self.dbrec) & 0xffff;
+        (head.wrapping_sub(self.consumed) & 0xffff).min(self.wqe_cnt)
+    }
+
+    /// The next WQE, if one is posted (not consumed: see [`RqState::commit`]).
+    pub(crate) fn peek(&self) -> Option<RecvWqe> {
+        if self.available() == 0 {
+            return None;
+        }
+        let idx = (self.consumed & (self.wqe_cnt - 1)) as usize;
+        // SAFETY: idx < wqe_cnt; the ring holds wqe_cnt * stride bytes.
+        let wqe = unsafe { self.buf.add(idx * self.stride as usize) };
+        Some(RecvWqe {
+            sges: read_sges(wqe, self.max_sge),
+            wqe_counter: self.consumed as u16,
+        })
+    }
+
+    /// Consumes the WQE [`RqState::peek`] returned.
+    pub(crate) fn commit(&mut self) {
+        self.consumed = self.consumed.wrapping_add(1);
+    }
+}
+
+/// The device side of a shared receive queue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SrqState {
+    pub(crate) buf: *mut u8,
+    pub(crate) wqe_cnt: u32,
+    pub(crate) stride: u32,
+    pub(crate) max_sge: u32,
+    pub(crate) dbrec: *mut u32,
+    pub(crate) pd: u32,
+    /// Index of the next WQE the device will use.
+    pub(crate) head: u32,
+    /// WQEs consumed.
+    pub(crate) consumed: u32,
+}
+
+impl SrqState {
+    /// WQEs posted and not consumed (16-bit counter difference, at most the WQE count).
+    pub(crate) fn available(&self) -> u32 {
+        let counter = load_dbrec(self.dbrec) & 0xffff;
+        (counter.wrapping_sub(self.consumed) & 0xffff).min(self.wqe_cnt)
+    }
+
+    fn wqe(&self, idx: u32) -> *const u8 {
+        // SAFETY: idx < wqe_cnt (masked by the callers); the buffer holds wqe_cnt * stride.
+        unsafe { self.buf.add(idx as usize * self.stride as usize) }
+    }
+
+    /// The WQE at the device's head, if one is posted.
+    pub(crate) fn peek(&self) -> Option<RecvWqe> {
+        if self.available() == 0 {
+            return None;
+        }
+        // SAFETY: the data segments follow the next segment inside the stride.
+        let segs = unsafe { self.wqe(self.head).add(SRQ_NEXT_BYTES) };
+        Some(RecvWqe {
+            sges: read_sges(segs, self.max_sge),
+            wqe_counter: self.head as u16,
+        })
+    }
+
+    /// Consumes the head WQE: the head moves to its `next_wqe_index`.
+    pub(crate) fn commit(&mut self) {
+        let mut b = [0u8; 2];
+        // SAFETY: bytes 2..4 of a published WQE (see `peek`).
+        unsafe { std::ptr::copy_nonoverlapping(self.wqe(self.head).add(2), b.as_mut_ptr(), 2) };
+        self.head = u32::from(u16::from_be_bytes(b)) & (self.wqe_cnt - 1);
+        self.consumed = self.consumed.wrapping_add(1);
+    }
+}

@@ -1,0 +1,622 @@
+//! Send queue driver: WQEBB ring accounting, WQE posting, selective signaling, doorbell.
+//!
+//! Source: `mlx5-prm.md` "Send queue". The send queue is a ring of `wqe_cnt` WQE basic blocks
+//! (WQEBBs) of 64 B. The producer counter `pi` counts WQEBBs; a WQE of `ds` 16 B units starts
+//! at slot `pi & (wqe_cnt - 1)`, carries `wqe_index = pi & 0xffff` in its control segment and
+//! occupies [`wqebbs(ds)`](crate::wqe::wqebbs) WQEBBs.
+//!
+//! # Ring end: NOP padding
+//! The PRM allows a WQE to continue past the ring end at block 0; this driver never does that.
+//! A WQE that would cross the ring end is preceded by NOP WQE(s) covering the remaining WQEBBs
+//! of the ring (as seeds/001 does), so every WQE is contiguous in memory: it is written with one
+//! [`WqeDesc::write`] and can be copied to the BlueFlame register in one piece. Padding NOPs are
+//! unsignaled, have `ds = min(4 * k, 63)` for the `k <= 16` WQEBBs each covers (the padding is
+//! at most 15 WQEBBs, since a WQE is at most 16, so in practice one NOP), and are retired with
+//! the next signaled WQE. A consequence: a WQE of `n` WQEBBs needs up to `2n - 1` free WQEBBs
+//! at an unlucky position, so WQEs larger than `(wqe_cnt + 1) / 2` WQEBBs are rejected
+//! ([`Error::WqeTooLarge`]) rather than being able to wait forever on an empty ring. With the
+//! usual ring sizes (>= 32 WQEBBs) every WQE up to `ds = 63` fits.
+//!
+//! # Selective signaling
+//! Only WQEs with [`CQ_UPDATE`] produce a CQE; the requester CQE's
+//! `wqe_counter` names the signaled WQE and retires it together with every earlier WQE
+//! (PRM "Requester CQE"). The driver records, for every WQE it writes (padding included), the
+//! producer counter after it, in a ring indexed by the WQE's first slot;
+//! [`SendQueue::retire`] turns a CQE's 16-bit `wqe_counter` back into the 32-bit counter and
+//! frees everything up to the end of that WQE.
+//!
+//! # Doorbell
+//! [`SendQueue::ring_doorbell`]: store barrier, `dbrec[1] = be32(pi & 0xffff)`, then the UAR /
+//! BlueFlame write on hardware (see its docs) or a call into the device model.
+
+use crate::error::{Error, Result};
+use crate::mem::barrier::{dma_wmb, store_dbrec, wc_flush};
+use crate::queue::{BlueFlame, Doorbell, SqMem};
+use crate::wqe::{CQ_UPDATE, CtrlSeg, DS_BYTES, MAX_DS, Opcode, WQEBB, WqeDesc, wqebbs};
+
+/// Largest WQE in WQEBBs: `wqebbs(63)` = 16.
+pub const MAX_WQEBBS: u32 = wqebbs(MAX_DS);
+
+/// Largest ring this driver accepts, in WQEBBs: a CQE's 16-bit `wqe_counter` must name a
+/// unique outstanding WQE.
+pub const MAX_WQE_CNT: u32 = 1 << 16;
+
+/// The send queue of one QP.
+#[derive(Debug)]
+pub struct SendQueue {
+    mem: SqMem,
+    qpn: u32,
+    /// Producer counter in WQEBBs.
+    pi: u32,
+    /// WQEBBs before this counter are retired (free); `pi - retired` are outstanding.
+    retired: u32,
+    /// `wqe_cnt - 1`.
+    mask: u32,
+    /// Largest WQE accepted, in WQEBBs (see "Ring end: NOP padding").
+    max_wqebbs: u32,
+    /// For the WQE whose first WQEBB is slot `s`: the producer counter after it.
+    pi_after: Box<[u32]>,
+    /// `pi` at the last doorbell.
+    db_pi: u32,
+    /// WQEs (padding included) written since the last doorbell.
+    wqes_since_db: u32,
+    /// Producer counter of the last WQE written (its first WQEBB).
+    last_pi: u32,
+    /// `ds` of the last WQE written.
+    last_ds: u32,
+    /// Padding NOPs written.
+    pad_nops: u64,
+    /// `retire` calls whose counter named no outstanding WQE.
+    bad_retires: u64,
+}
+
+impl SendQueue {
+    /// Builds the driver on provider memory.
+    ///
+    /// # Panics
+    /// If `mem.wqe_cnt` is not a power of two or exceeds [`MAX_WQE_CNT`] (a provider bug: the
+    /// queue memory contract of [`crate::queue`] requires a power of two, and device send
+    /// queues are far smaller than 2^16 WQEBBs).
+    pub fn new(mem: SqMem, qpn: u32) -> Self {
+        let cnt = mem.wqe_cnt;
+        assert!(
+            cnt.is_power_of_two() && cnt <= MAX_WQE_CNT,
+            "send queue of {cnt} WQEBBs: must be a power of two <= {MAX_WQE_CNT}"
+        );
+        SendQueue {
+            mem,
+            qpn,
+            pi: 0,
+            retired: 0,
+            mask: cnt - 1,
+            max_wqebbs: MAX_WQEBBS.min(cnt.div_ceil(2).max(1)),
+            pi_after: vec![0; cnt as usize].into_boxed_slice(),
+            db_pi: 0,
+            wqes_since_db: 0,
+            last_pi: 0,
+            last_ds: 0,
+            pad_nops: 0,
+            bad_retires: 0,
+        }
+    }
+
+    /// QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// Producer counter in WQEBBs.
+    pub fn pi(&self) -> u32 {
+        self.pi
+    }
+
+    /// The memory this queue runs on.
+    pub fn mem(&self) -> &SqMem {
+        &self.mem
+    }
+
+    /// Ring size in WQEBBs.
+    #[inline]
+    pub fn wqe_cnt(&self) -> u32 {
+        self.mem.wqe_cnt
+    }
+
+    /// Producer counter (WQEBBs) up to which WQEs are retired: the first outstanding WQEBB.
+    #[inline]
+    pub fn retired(&self) -> u32 {
+        self.retired
+    }
+
+    /// WQEBBs written but not yet retired by a completion.
+    #[inline]
+    pub fn outstanding_wqebbs(&self) -> u32 {
+        self.pi.wrapping_sub(self.retired)
+    }
+
+    /// WQEBBs free for new WQEs (`wqe_cnt - outstanding`), padding not deducted.
+    #[inline]
+    pub fn free_wqebbs(&self) -> u32 {
+        self.mem.wqe_cnt - self.outstanding_wqebbs()
+    }
+
+    /// WQEBBs a WQE of `ds` units would take if posted now: its own plus the NOP padding
+    /// needed to reach the ring start.
+    #[inline]
+    pub fn wqebbs_needed(&self, ds: u32) -> u32 {
+        let n = wqebbs(ds);
+        let slot = self.pi & self.mask;
+        let to_end = self.mem.wqe_cnt - slot;
+        if n > to_end { to_end + n } else { n }
+    }
+
+    /// Whether a WQE of `ds` units can be posted now without [`Error::SqFull`].
+    #[inline]
+    pub fn has_room(&self, ds: u32) -> bool {
+        self.wqebbs_needed(ds) <= self.free_wqebbs()
+    }
+
+    /// Largest WQE accepted, in WQEBBs: `min(16, (wqe_cnt + 1) / 2)` (module docs, "Ring end").
+    #[inline]
+    pub fn max_wqebbs(&self) -> u32 {
+        self.max_wqebbs
+    }
+
+    /// WQEs (padding NOPs included) written since the last doorbell.
+    #[inline]
+    pub fn pending_since_doorbell(&self) -> u32 {
+        self.wqes_since_db
+    }
+
+    /// WQEBBs written since the last doorbell.
+    #[inline]
+    pub fn pending_wqebbs(&self) -> u32 {
+        self.pi.wrapping_sub(self.db_pi)
+    }
+
+    /// Padding NOP WQEs written at the ring end since creation.
+    pub fn pad_nops(&self) -> u64 {
+        self.pad_nops
+    }
+
+    /// [`retire`](Self::retire) calls whose `wqe_counter` named no outstanding WQE (a device
+    /// or caller bug; such calls change nothing).
+    pub fn bad_retires(&self) -> u64 {
+        self.bad_retires
+    }
+
+    /// Writes one WQE at the producer counter and returns its `wqe_index` (`pi & 0xffff` of
+    /// its first WQEBB, what a requester CQE's `wqe_counter` will name). Pads the ring end with
+    /// NOPs first if the WQE would cross it (module docs). Nothing is visible to the device
+    /// until [`ring_doorbell`](Self::ring_doorbell).
+    ///
+    /// # Errors
+    /// Nothing is written on error.
+    /// - [`Error::InlineTooLarge`]: `desc.inline` is longer than `mem.max_inline` bytes;
+    /// - [`Error::WqeTooLarge`]: `ds > 63`, or more than [`max_wqebbs`](Self::max_wqebbs);
+    /// - [`Error::SqFull`]: padding + WQE need more WQEBBs than are free; retire completions
+    ///   and retry.
+    #[inline]
+    pub fn post(&mut self, desc: &WqeDesc<'_>) -> Result<u16> {
+        if desc.inline.len() > self.mem.max_inline as usize {
+            return Err(inline_too_large(desc.inline.len(), self.mem.max_inline));
+        }
+        let ds = desc.ds();
+        if ds > MAX_DS || wqebbs(ds) > self.max_wqebbs {
+            return Err(wqe_too_large(ds, self.max_wqebbs));
+        }
+        let n = wqebbs(ds);
+        let slot = self.pi & self.mask;
+        let to_end = self.mem.wqe_cnt - slot;
+        let pad = if n > to_end { to_end } else { 0 };
+        let free = self.free_wqebbs();
+        if pad + n > free {
+            return Err(sq_full(pad + n, free));
+        }
+        if pad != 0 {
+            self.pad_ring_end(pad);
+        }
+        let (pi, qpn) = (self.pi, self.qpn);
+        let slot = pi & self.mask;
+        // SAFETY: `slot + n <= wqe_cnt` (padding moved `pi` to slot 0 otherwise) and the `n`
+        // WQEBBs are free (checked above), so the device does not read them.
+        let b = unsafe { self.wqe_bytes(slot, ds) };
+        desc.write(b, pi as u16, qpn);
+        self.commit(pi, n, ds);
+        Ok(pi as u16)
+    }
+
+    /// Posts a one-WQEBB NOP (`ds = 1`), signaled (a CQE names it) or not, and returns its
+    /// `wqe_index`. A signaled NOP is a way to retire earlier unsignaled WQEs.
+    ///
+    /// # Errors
+    /// [`Error::SqFull`] if no WQEBB is free.
+    pub fn post_nop(&mut self, signaled: bool) -> Result<u16> {
+        self.post(&WqeDesc {
+            opcode: Opcode::Nop,
+            flags: if signaled { CQ_UPDATE } else { 0 },
+            imm: 0,
+            ud: None,
+            remote: None,
+            atomic: None,
+            inline: &[],
+            sges: &[],
+        })
+    }
+
+    /// Records a written WQE of `n` WQEBBs and `ds` units at `pi`.
+    #[inline(always)]
+    fn commit(&mut self, pi: u32, n: u32, ds: u32) {
+        self.pi_after[(pi & self.mask) as usize] = pi.wrapping_add(n);
+        self.last_pi = pi;
+        self.last_ds = ds;
+        self.wqes_since_db += 1;
+        self.pi = pi.wrapping_add(n);
+    }
+
+    /// Fills the `pad` WQEBBs up to the ring end with unsignaled NOPs, each covering at most
+    /// 16 WQEBBs (`ds = min(4k, 63)`). The caller checked that `pad` WQEBBs are free.
+    #[inline(never)]
+    fn pad_ring_end(&mut self, pad: u32) {
+        debug_assert_eq!((self.pi & self.mask) + pad, self.mem.wqe_cnt);
+        let mut left = pad;
+        while left > 0 {
+            let k = left.min(MAX_WQEBBS);
+            let ds = (4 * k).min(MAX_DS);
+            let (pi, qpn) = (self.pi, self.qpn);
+            // SAFETY: the `k` WQEBBs at `pi` end at or before the ring end and are free.
+            let b = unsafe { self.wqe_bytes(pi & self.mask, ds) };
+            CtrlSeg {
+                opmod: 0,
+                wqe_index: pi as u16,
+                opcode: Opcode::Nop as u8,
+                qpn,
+                ds: ds as u8,
+                signature: 0,
+                fm_ce_se: 0,
+                imm: 0,
+            }
+            .write(b);
+            self.commit(pi, k, ds);
+            self.pad_nops += 1;
+            left -= k;
+        }
+    }
+
+    /// The `ds * 16` bytes of ring memory starting at `slot`.
+    ///
+    /// # Safety
+    /// `slot * 64 + ds * 16 <= wqe_cnt * 64`, and the WQEBBs are free (retired or never
+    /// posted), so the device does not read them while the slice lives. The ring buffer is
+    /// valid for `wqe_cnt * 64` bytes (queue memory contract, [`crate::queue`]); `&mut self`
+    /// excludes any other driver access.
+    #[inline(always)]
+    unsafe fn wqe_bytes(&mut self, slot: u32, ds: u32) -> &mut [u8] {
+        debug_assert!(slot as usize * WQEBB + ds as usize * DS_BYTES <= self.ring_bytes());
+        // SAFETY: caller's contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.mem.buf.as_ptr().add(slot as usize * WQEBB),
+                ds as usize * DS_BYTES,
+            )
+        }
+    }
+
+    fn ring_bytes(&self) -> usize {
+        self.mem.wqe_cnt as usize * WQEBB
+    }
+
+    /// Retires the WQE named by a requester CQE's `wqe_counter` (a signaled WQE, or any WQE
+    /// named by an error/flush CQE) together with every earlier WQE, padding NOPs included:
+    /// [`retired`](Self::retired) becomes the producer counter after that WQE. Returns the
+    /// number of WQEBBs freed.
+    ///
+    /// The 16-bit counter is widened to the unique producer counter `p` in
+    /// `[retired, retired + 2^16)` with `p & 0xffff == wqe_counter`; it must name the first
+    /// WQEBB of an outstanding WQE. A counter that does not (a stale or corrupt CQE) changes
+    /// nothing, returns 0 and is counted in [`bad_retires`](Self::bad_retires).
+    #[inline]
+    pub fn retire(&mut self, wqe_counter: u16) -> u32 {
+        let retired = self.retired;
+        let outstanding = self.pi.wrapping_sub(retired);
+        let p = retired.wrapping_add(u32::from(wqe_counter.wrapping_sub(retired as u16)));
+        let after = self.pi_after[(p & self.mask) as usize];
+        let len = after.wrapping_sub(p);
+        let freed = after.wrapping_sub(retired);
+        // Valid iff `p` is outstanding, the entry at its slot describes a WQE starting at `p`
+        // (1..=16 WQEBBs long) and that WQE ends within the outstanding range. This is exact:
+        // the entry of a live WQE's first slot is not overwritten while it is live, and an
+        // entry left by an earlier pass ends at or before `retired` (WQEs never exceed half
+        // the ring), so it fails the length check.
+        if p.wrapping_sub(retired) >= outstanding
+            || len.wrapping_sub(1) >= MAX_WQEBBS
+            || freed > outstanding
+        {
+            return self.bad_retire();
+        }
+        self.retired = after;
+        freed
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bad_retire(&mut self) -> u32 {
+        self.bad_retires += 1;
+        0
+    }
+
+    /// Tells the device about the WQEs written since the last doorbell; returns at once if
+    /// there are none.
+    ///
+    /// Sequence (PRM "Doorbell", rdma-core `mlx5_post_send`): store barrier (WQEs before the
+    /// doorbell record), `dbrec[1] = be32(pi & 0xffff)`, then
+    /// - [`Doorbell::Mmio`]: write-combining barrier; if exactly one WQE was written since the
+    ///   last doorbell and it fits (`wqebbs(ds) * 64 <= bf.size`: 256 B on ConnectX, so up to
+    ///   4 WQEBBs), BlueFlame: copy the whole WQE in 64 B chunks to `bf.reg + bf.offset` with
+    ///   64-bit stores; otherwise
+    ///   write the first 8 bytes of the last WQE's control segment there (one 64-bit store;
+    ///   the device fetches the other WQEs by DMA). Then flush the write-combining buffer and
+    ///   toggle `bf.offset ^= bf.size`. BlueFlame only for a single WQE is rdma-core's rule:
+    ///   the BlueFlame buffer carries one WQE.
+    /// - [`Doorbell::Sim`]: `device.ring_sq(qpn)`, which executes the new WQEs before returning.
+    #[inline]
+    pub fn ring_doorbell(&mut self) {
+        if self.pi == self.db_pi {
+            return;
+        }
+        dma_wmb();
+        // SAFETY: `dbrec` is 4-byte aligned and valid for 2 words (queue memory contract);
+        // word 1 is the send queue producer.
+        unsafe {
+            store_dbrec(self.mem.dbrec.as_ptr().add(1), (self.pi & 0xffff).to_be());
+        }
+        let single = self.wqes_since_db == 1;
+        self.db_pi = self.pi;
+        self.wqes_since_db = 0;
+        // SAFETY: `last_pi`'s WQE lies inside the ring (WQEs never wrap).
+        let last = unsafe {
+            self.mem
+                .buf
+                .as_ptr()
+                .add((self.last_pi & self.mask) as usize * WQEBB)
+        };
+        let last_ds = self.last_ds;
+        match &mut self.mem.doorbell {
+            Doorbell::Mmio(bf) => {
+                // SAFETY: `last` is the 64 B aligned start of the last WQE, which is
+                // `wqebbs(last_ds) * 64` contiguous bytes inside the ring; `bf.reg` is the
+                // QP's BlueFlame register (queue memory contract).
+                unsafe { ring_mmio(bf, last, last_ds, single) };
+            }
+            Doorbell::Sim { device, qpn } => device.ring_sq(*qpn),
+        }
+    }
+}
+
+/// The hardware doorbell write after the doorbell record (see
+/// [`SendQueue::ring_doorbell`]).
+///
+/// # Safety
+/// `wqe` is 8-byte aligned and valid for reads of `wqebbs(ds) * 64` bytes; `bf.reg + bf.offset`
+/// is valid for 64-bit writes of `bf.size` bytes (a BlueFlame buffer, or any memory standing in
+/// for it) and of at least 8 bytes when `bf.size` is 0, 8-byte aligned.
+#[inline]
+unsafe fn ring_mmio(bf: &mut BlueFlame, wqe: *const u8, ds: u32, single: bool) {
+    let dst = bf.reg.as_ptr().wrapping_add(bf.offset as usize);
+    let chunks = wqebbs(ds) * WQEBB as u32;
+    let bytes = if single && chunks <= bf.size {
+        chunks as usize
+    } else {
+        8
+    };
+    wc_flush();
+    // SAFETY: caller's contract; with BlueFlame `bytes <= bf.size`.
+    unsafe { mmio_copy(dst, wqe, bytes) };
+    wc_flush();
+    bf.offset ^= bf.size;
+}
+
+/// Copies `bytes` (a multiple of 8) from `src` to the device register `dst` as 64-bit volatile
+/// stores in address order, 64 B chunk after 64 B chunk (the write-combining unit).
+///
+/// # Safety
+/// `dst` is valid for writes and `src` for reads of `bytes` bytes, both 8-byte aligned.
+#[inline(always)]
+unsafe fn mmio_copy(dst: *mut u8, src: *const u8, bytes: usize) {
+    debug_assert_eq!(bytes % 8, 0);
+    let d = dst.cast::<u64>();
+    let s = src.cast::<u64>();
+    for i in 0..bytes / 8 {
+        // SAFETY: caller's contract; `i * 8 < bytes`.
+        unsafe { d.add(i).write_volatile(s.add(i).read()) };
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn inline_too_large(len: usize, max: u32) -> Error {
+    Error::InlineTooLarge { len, max }
+}
+
+#[cold]
+#[inline(never)]
+fn wqe_too_large(ds: u32, max_wqebbs: u32) -> Error {
+    Error::WqeTooLarge(format!(
+        "send WQE of ds {ds} ({} WQEBBs); the limit is ds {MAX_DS} and {max_wqebbs} WQEBBs for \
+         this ring",
+        ds.div_ceil(4)
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn sq_full(need: u32, free: u32) -> Error {
+    Error::SqFull { need, free }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::DmaBuf;
+    use crate::wqe::{RaddrSeg, Sge, parse};
+
+    fn sq(cnt: u32, bf_size: u32) -> (DmaBuf, DmaBuf, DmaBuf, SendQueue) {
+        let ring = DmaBuf::with_normal_pages(cnt as usize * 64).unwrap();
+        let db = DmaBuf::with_normal_pages(8).unwrap();
+        let reg = DmaBuf::with_normal_pages(4096).unwrap();
+        let mem = SqMem {
+            buf: ring.as_non_null(),
+            wqe_cnt: cnt,
+            dbrec: db.as_non_null().cast(),
+            max_inline: 256,
+            doorbell: Doorbell::Mmio(BlueFlame {
+                reg: reg.as_non_null(),
+                size: bf_size,
+                offset: 0,
+            }),
+        };
+        let q = SendQueue::new(mem, 0x1234);
+        (ring, db, reg, q)
+    }
+
+    fn write(inline: &[u8]) -> WqeDesc<'_> {
+        WqeDesc {
+            opcode: Opcode::RdmaWrite,
+            flags: 0,
+            imm: 0,
+            ud: None,
+            remote: Some(RaddrSeg { raddr: 1, rkey: 2 }),
+            atomic: None,
+            inline,
+            sges: &[],
+        }
+    }
+
+    fn reg_bytes(reg: &DmaBuf, off: usize, len: usize) -> Vec<u8> {
+        // SAFETY: test memory, no concurrent access.
+        unsafe { reg.as_slice()[off..off + len].to_vec() }
+    }
+
+    /// The BlueFlame path against a plain buffer standing in for the register.
+    #[test]
+    fn blueflame_copies_a_single_small_wqe_and_toggles_offset() {
+        let (ring, db, reg, mut q) = sq(16, 256);
+        let idx = q.post(&write(&[7u8; 100])).unwrap(); // ds 2 + 7 = 9: 3 WQEBBs
+        q.ring_doorbell();
+        // SAFETY: test memory.
+        let wqe = unsafe { ring.as_slice()[..192].to_vec() };
+        assert_eq!(reg_bytes(&reg, 0, 192), wqe);
+        assert_eq!(
+            parse(&reg_bytes(&reg, 0, 192), false)
+                .unwrap()
+                .ctrl
+                .wqe_index,
+            idx
+        );
+        assert!(reg_bytes(&reg, 192, 64).iter().all(|&b| b == 0));
+        // SAFETY: test memory.
+        let dbrec = unsafe { db.as_ptr().cast::<u32>().add(1).read() };
+        assert_eq!(u32::from_be(dbrec), 3);
+        let Doorbell::Mmio(bf) = &q.mem().doorbell else {
+            unreachable!()
+        };
+        assert_eq!(bf.offset, 256);
+
+        // Nothing new: no write, no toggle.
+        q.ring_doorbell();
+        let Doorbell::Mmio(bf) = &q.mem().doorbell else {
+            unreachable!()
+        };
+        assert_eq!(bf.offset, 256);
+
+        // Two WQEs since the last doorbell: only the last ctrl's first 8 bytes, at offset 256.
+        q.post(&write(&[])).unwrap();
+        let last = q.post(&write(&[])).unwrap();
+        q.ring_doorbell();
+        let ctrl = reg_bytes(&reg, 256, 16);
+        assert_eq!(
+            CtrlSeg::read(&[&ctrl[..8], &[0u8; 8]].concat()).wqe_index,
+            last
+        );
+        assert!(ctrl[8..].iter().all(|&b| b == 0));
+        let Doorbell::Mmio(bf) = &q.mem().doorbell else {
+            unreachable!()
+        };
+        assert_eq!(bf.offset, 0);
+    }
+
+    #[test]
+    fn blueflame_skips_wqes_larger_than_the_buffer() {
+        let (_ring, _db, reg, mut q) = sq(32, 256);
+        let sges = [Sge {
+            addr: 0,
+            len: 1,
+            lkey: 1,
+        }; 20];
+        let d = WqeDesc {
+            sges: &sges,
+            ..write(&[])
+        }; // ds 22 = 352 B > 256
+        q.post(&d).unwrap();
+        q.ring_doorbell();
+        assert_ne!(reg_bytes(&reg, 0, 8), [0u8; 8]);
+        assert!(reg_bytes(&reg, 8, 504).iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn bf_size_zero_writes_ctrl_only() {
+        let (_ring, _db, reg, mut q) = sq(16, 0);
+        q.post(&write(&[1; 8])).unwrap();
+        q.ring_doorbell();
+        assert_ne!(reg_bytes(&reg, 0, 8), [0u8; 8]);
+        assert!(reg_bytes(&reg, 8, 64).iter().all(|&b| b == 0));
+    }
+
+    /// Padding longer than one NOP can cover (never needed with WQEs of at most 16 WQEBBs,
+    /// but the loop is general): NOPs of 16, 16 and 2 WQEBBs.
+    #[test]
+    fn long_padding_uses_several_nops() {
+        let (ring, _db, _reg, mut q) = sq(64, 0);
+        for _ in 0..30 {
+            let i = q.post_nop(true).unwrap();
+            q.retire(i);
+        }
+        q.pad_ring_end(34);
+        assert_eq!((q.pi(), q.pad_nops(), q.outstanding_wqebbs()), (64, 3, 34));
+        // SAFETY: test memory.
+        let b = unsafe { ring.as_slice() };
+        let mut pi = 30u32;
+        for (ds, n) in [(63u8, 16u32), (63, 16), (8, 2)] {
+            let w = parse(&b[pi as usize * 64..], false).unwrap();
+            assert_eq!(
+                (w.ctrl.opcode, w.ctrl.ds, w.ctrl.wqe_index),
+                (0, ds, pi as u16)
+            );
+            assert_eq!(w.ctrl.fm_ce_se, 0);
+            assert_eq!(wqebbs(u32::from(ds)), n);
+            pi += n;
+        }
+        // The last padding NOP can be named by a (flush) CQE: everything retires.
+        assert_eq!(q.retire(62), 34);
+    }
+
+    #[test]
+    fn max_wqebbs_follows_ring_size() {
+        for (cnt, max) in [
+            (1, 1),
+            (2, 1),
+            (4, 2),
+            (8, 4),
+            (16, 8),
+            (32, 16),
+            (1024, 16),
+        ] {
+            assert_eq!(sq(cnt, 0).3.max_wqebbs(), max, "wqe_cnt {cnt}");
+        }
+        let (_r, _d, _g, mut q) = sq(4, 0);
+        // 3 WQEBBs in a 4-WQEBB ring: rejected as too large, not as full.
+        assert!(matches!(
+            q.post(&write(&[0; 100])),
+            Err(Error::WqeTooLarge(_))
+        ));
+    }
+}
