@@ -566,21 +566,21 @@ fn malformed_requests_decode_to_errors() {
         decode(&msg[..5]).unwrap_err(),
         WireError::Truncated {
             got: 5,
-            need: HEADER_BYTES as u32
+            need: HEADER_BYTES
         }
     );
     assert_eq!(
         decode(&[]).unwrap_err(),
         WireError::Truncated {
             got: 0,
-            need: HEADER_BYTES as u32
+            need: HEADER_BYTES
         }
     );
     assert_eq!(
         decode(&msg[..msg.len() - 1]).unwrap_err(),
         WireError::Truncated {
-            got: msg.len() as u32 - 1,
-            need: msg.len() as u32
+            got: msg.len() - 1,
+            need: msg.len()
         }
     );
 
@@ -593,7 +593,7 @@ fn malformed_requests_decode_to_errors() {
             decode(&msg).unwrap_err(),
             WireError::BadLength {
                 method_id: AllService::FLOATS,
-                got: len,
+                got: len as usize,
                 expected: 12
             }
         );
@@ -651,7 +651,7 @@ fn malformed_responses_decode_to_errors() {
         AllService::decode_response(AllService::OPTIONS, &msg[..3]).unwrap_err(),
         WireError::Truncated {
             got: 3,
-            need: HEADER_BYTES as u32
+            need: HEADER_BYTES
         }
     );
 }

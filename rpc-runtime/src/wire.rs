@@ -73,10 +73,10 @@ pub enum WireError {
     /// Fewer than [`HEADER_BYTES`] bytes, or fewer body bytes than the header's `len`.
     #[error("message truncated: {got} bytes, need {need}")]
     Truncated {
-        /// Bytes available (saturated at `u32::MAX`).
-        got: u32,
-        /// Bytes required (saturated at `u32::MAX`).
-        need: u32,
+        /// Bytes available.
+        got: usize,
+        /// Bytes required.
+        need: usize,
     },
     /// The method id is not part of this service.
     #[error("unknown method id {0}")]
@@ -87,9 +87,9 @@ pub enum WireError {
         /// Method id from the header.
         method_id: u16,
         /// Body length from the header.
-        got: u32,
-        /// `size_of` the argument (or lowered return) type (saturated at `u32::MAX`).
-        expected: u32,
+        got: usize,
+        /// `size_of` the argument (or lowered return) type.
+        expected: usize,
     },
     /// The body bytes are not a valid value of the expected type.
     #[error("method {method_id}: invalid body bytes (bad bool, char or tag)")]
@@ -136,12 +136,6 @@ impl WireError {
     }
 }
 
-/// A byte count as `u32` for error reports, saturated at `u32::MAX`.
-#[inline]
-fn len32(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
-}
-
 /// Reads the header at the start of `msg`.
 ///
 /// # Errors
@@ -151,14 +145,14 @@ fn len32(n: usize) -> u32 {
 pub fn read_header(msg: &[u8]) -> Result<MsgHeader, WireError> {
     let Ok((hdr, rest)) = MsgHeader::try_read_from_prefix(msg) else {
         return Err(WireError::Truncated {
-            got: len32(msg.len()),
-            need: HEADER_BYTES as u32,
+            got: msg.len(),
+            need: HEADER_BYTES,
         });
     };
     if rest.len() < hdr.len as usize {
         return Err(WireError::Truncated {
-            got: len32(msg.len()),
-            need: len32(HEADER_BYTES + hdr.len as usize),
+            got: msg.len(),
+            need: HEADER_BYTES + hdr.len as usize,
         });
     }
     Ok(hdr)
@@ -238,8 +232,8 @@ pub fn decode_body<B: TryFromBytes + KnownLayout + Immutable>(
     if len != size_of::<B>() {
         return Err(WireError::BadLength {
             method_id: hdr.method_id,
-            got: hdr.len,
-            expected: len32(size_of::<B>()),
+            got: len,
+            expected: size_of::<B>(),
         });
     }
     match msg.get(HEADER_BYTES..HEADER_BYTES + len) {
@@ -247,8 +241,8 @@ pub fn decode_body<B: TryFromBytes + KnownLayout + Immutable>(
             method_id: hdr.method_id,
         }),
         None => Err(WireError::Truncated {
-            got: len32(msg.len()),
-            need: len32(HEADER_BYTES + len),
+            got: msg.len(),
+            need: HEADER_BYTES + len,
         }),
     }
 }
