@@ -27,6 +27,8 @@ pub struct SqMem {
     pub dbrec: NonNull<u32>,
     /// Largest inline payload accepted, in bytes.
     pub max_inline: u32,
+    /// Most data (gather) segments per send WQE (the QP's `max_send_sge`).
+    pub max_sge: u32,
     /// How to tell the device about new WQEs.
     pub doorbell: Doorbell,
 }

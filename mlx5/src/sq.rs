@@ -192,13 +192,17 @@ impl SendQueue {
     /// # Errors
     /// Nothing is written on error.
     /// - [`Error::InlineTooLarge`]: `desc.inline` is longer than `mem.max_inline` bytes;
-    /// - [`Error::WqeTooLarge`]: `ds > 63`, or more than [`max_wqebbs`](Self::max_wqebbs);
+    /// - [`Error::WqeTooLarge`]: more than `mem.max_sge` data segments, `ds > 63`, or more
+    ///   than [`max_wqebbs`](Self::max_wqebbs);
     /// - [`Error::SqFull`]: padding + WQE need more WQEBBs than are free; retire completions
     ///   and retry.
     #[inline]
     pub fn post(&mut self, desc: &WqeDesc<'_>) -> Result<u16> {
         if desc.inline.len() > self.mem.max_inline as usize {
             return Err(inline_too_large(desc.inline.len(), self.mem.max_inline));
+        }
+        if desc.sges.len() > self.mem.max_sge as usize {
+            return Err(too_many_sges(desc.sges.len(), self.mem.max_sge));
         }
         let ds = desc.ds();
         if ds > MAX_DS || wqebbs(ds) > self.max_wqebbs {
@@ -433,6 +437,14 @@ unsafe fn mmio_copy(dst: *mut u8, src: *const u8, bytes: usize) {
 
 #[cold]
 #[inline(never)]
+fn too_many_sges(n: usize, max: u32) -> Error {
+    Error::WqeTooLarge(format!(
+        "{n} data segments, the QP allows {max} (max_send_sge)"
+    ))
+}
+
+#[cold]
+#[inline(never)]
 fn inline_too_large(len: usize, max: u32) -> Error {
     Error::InlineTooLarge { len, max }
 }
@@ -468,6 +480,7 @@ mod tests {
             wqe_cnt: cnt,
             dbrec: db.as_non_null().cast(),
             max_inline: 256,
+            max_sge: 32,
             doorbell: Doorbell::Mmio(BlueFlame {
                 reg: reg.as_non_null(),
                 size: bf_size,

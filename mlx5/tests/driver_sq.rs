@@ -536,3 +536,23 @@ mod accounting {
         }
     }
 }
+
+/// More gather entries than the QP's `max_send_sge` (64 in the harness) is rejected before
+/// anything is written (even before the `ds` limit is looked at).
+#[test]
+fn too_many_sges_is_rejected_and_nothing_is_written() {
+    let mut h = SqHarness::new(16, 64, false);
+    let sges = [Sge {
+        addr: 0x1000,
+        len: 8,
+        lkey: 1,
+    }; 65];
+    let snap = h.ring_snapshot();
+    match h.sq.post(&big_write(&sges)) {
+        Err(Error::WqeTooLarge(msg)) => assert!(msg.contains("max_send_sge"), "{msg}"),
+        r => panic!("expected WqeTooLarge, got {r:?}"),
+    }
+    assert_eq!(h.ring_snapshot(), snap);
+    assert_eq!(h.sq.pi(), 0);
+    h.sq.post(&big_write(&sges[..4])).unwrap();
+}

@@ -911,6 +911,7 @@ impl Provider for HwProvider {
             wqe_cnt: out.sq.wqe_cnt,
             dbrec,
             max_inline: attr.cap.max_inline_data,
+            max_sge: attr.cap.max_send_sge,
             doorbell: Doorbell::Mmio(BlueFlame {
                 reg: nonnull(out.bf.reg.cast::<u8>(), "BlueFlame register")?,
                 size: out.bf.size,

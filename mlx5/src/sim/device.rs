@@ -406,6 +406,7 @@ impl Provider for SimDevice {
             wqe_cnt: sq_cnt,
             dbrec: mem_ptr(&dbrec),
             max_inline: caps.max_inline_data,
+            max_sge: caps.max_send_sge,
             doorbell: Doorbell::Sim {
                 device: doorbell,
                 qpn,

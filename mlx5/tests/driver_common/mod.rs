@@ -101,6 +101,7 @@ impl SqHarness {
             wqe_cnt,
             dbrec: db.as_non_null().cast(),
             max_inline,
+            max_sge: 64,
             doorbell: Doorbell::Sim {
                 device: dev.clone(),
                 qpn: QPN,
