@@ -52,12 +52,6 @@ pub enum Error {
     /// A completion with an error status.
     #[error(transparent)]
     Completion(#[from] CqeError),
-    /// The CQ overran (the device model detected more completions than free entries).
-    #[error("completion queue {cqn:#x} overrun")]
-    CqOverrun {
-        /// CQ number.
-        cqn: u32,
-    },
     /// Memory allocation or mapping failed.
     #[error("memory: {0}")]
     Memory(#[source] std::io::Error),

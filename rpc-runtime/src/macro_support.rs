@@ -23,7 +23,7 @@
 //! message, naming the type and the missing trait, pointing at the type) instead of listing
 //! every type that does implement zerocopy's trait.
 //!
-//! Struct fields rather than `const fn` calls (`assert_into_bytes::<MyType>()`, also provided):
+//! Struct fields rather than `const fn` calls:
 //! rustc checks item signatures, in order, before it type-checks bodies, so these errors come
 //! *first*, before the follow-on errors of the generated code that uses the type (the zerocopy
 //! derives on the argument struct, `Copy` on the request enum, the codec calls).
@@ -43,10 +43,6 @@ pub trait RpcIntoBytes {}
 #[diagnostic::do_not_recommend]
 impl<T: ?Sized + IntoBytes> RpcIntoBytes for T {}
 
-/// Compiles only if `T: IntoBytes`.
-#[inline(always)]
-pub const fn assert_into_bytes<T: ?Sized + RpcIntoBytes>() {}
-
 /// Well-formed only if `T: IntoBytes`; never constructed.
 pub struct AssertIntoBytes<T: ?Sized + RpcIntoBytes>(PhantomData<T>);
 
@@ -60,10 +56,6 @@ pub trait RpcTryFromBytes {}
 
 #[diagnostic::do_not_recommend]
 impl<T: ?Sized + TryFromBytes> RpcTryFromBytes for T {}
-
-/// Compiles only if `T: TryFromBytes`.
-#[inline(always)]
-pub const fn assert_try_from_bytes<T: ?Sized + RpcTryFromBytes>() {}
 
 /// Well-formed only if `T: TryFromBytes`; never constructed.
 pub struct AssertTryFromBytes<T: ?Sized + RpcTryFromBytes>(PhantomData<T>);
@@ -79,10 +71,6 @@ pub trait RpcKnownLayout {}
 #[diagnostic::do_not_recommend]
 impl<T: ?Sized + KnownLayout> RpcKnownLayout for T {}
 
-/// Compiles only if `T: KnownLayout`.
-#[inline(always)]
-pub const fn assert_known_layout<T: ?Sized + RpcKnownLayout>() {}
-
 /// Well-formed only if `T: KnownLayout`; never constructed.
 pub struct AssertKnownLayout<T: ?Sized + RpcKnownLayout>(PhantomData<T>);
 
@@ -96,10 +84,6 @@ pub trait RpcImmutable {}
 
 #[diagnostic::do_not_recommend]
 impl<T: ?Sized + Immutable> RpcImmutable for T {}
-
-/// Compiles only if `T: Immutable`.
-#[inline(always)]
-pub const fn assert_immutable<T: ?Sized + RpcImmutable>() {}
 
 /// Well-formed only if `T: Immutable`; never constructed.
 pub struct AssertImmutable<T: ?Sized + RpcImmutable>(PhantomData<T>);
@@ -115,10 +99,6 @@ pub trait RpcCopy {}
 #[diagnostic::do_not_recommend]
 impl<T: Copy> RpcCopy for T {}
 
-/// Compiles only if `T: Copy`.
-#[inline(always)]
-pub const fn assert_copy<T: ?Sized + RpcCopy>() {}
-
 /// Well-formed only if `T: Copy`; never constructed.
 pub struct AssertCopy<T: ?Sized + RpcCopy>(PhantomData<T>);
 
@@ -132,10 +112,6 @@ pub trait RpcFromZeros {}
 
 #[diagnostic::do_not_recommend]
 impl<T: ?Sized + FromZeros> RpcFromZeros for T {}
-
-/// Compiles only if `T: FromZeros`.
-#[inline(always)]
-pub const fn assert_from_zeros<T: ?Sized + RpcFromZeros>() {}
 
 /// Well-formed only if `T: FromZeros`; never constructed.
 pub struct AssertFromZeros<T: ?Sized + RpcFromZeros>(PhantomData<T>);
@@ -151,20 +127,6 @@ mod tests {
         y: u32,
     }
 
-    // These only have to compile.
-    const _: () = {
-        assert_into_bytes::<Point>();
-        assert_try_from_bytes::<Point>();
-        assert_known_layout::<Point>();
-        assert_immutable::<Point>();
-        assert_copy::<Point>();
-        assert_from_zeros::<Point>();
-        assert_try_from_bytes::<bool>();
-        assert_from_zeros::<char>();
-        assert_into_bytes::<[u8; 3]>();
-        assert_copy::<()>();
-    };
-
     #[allow(dead_code)]
     struct Checks(
         AssertIntoBytes<Point>,
@@ -173,12 +135,9 @@ mod tests {
         AssertImmutable<Point>,
         AssertCopy<Point>,
         AssertFromZeros<Point>,
+        AssertTryFromBytes<bool>,
+        AssertFromZeros<char>,
+        AssertIntoBytes<[u8; 3]>,
+        AssertCopy<()>,
     );
-
-    #[test]
-    fn assertions_are_const_and_free() {
-        assert_copy::<u8>();
-        let p = Point { x: 1, y: 2 };
-        assert_eq!(p.x + p.y, 3);
-    }
 }
