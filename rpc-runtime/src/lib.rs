@@ -3,6 +3,7 @@
 //! [`Server`] cores, and the transports (for now the shared-memory [`delegation`] ring).
 
 pub mod client;
+pub mod copyrpc;
 pub mod delegation;
 pub mod error;
 #[doc(hidden)]

@@ -1,0 +1,868 @@
+//! The copyrpc context: one PD, one SRQ of zero-length receive WQEs shared by every endpoint,
+//! a send CQ and a receive CQ, and the endpoints (one RC QP each) found by QPN through a
+//! [`FastMap`] (seeds/001 "Context", seeds/004 §3.1). This is the I/O half; the protocol
+//! itself is in [`super::endpoint`].
+//!
+//! [`Context::poll`] runs the seed's steps in order (seeds/004 §3.7): receive CQ (each CQE is
+//! one batch: [`EndpointCore::ingest`]), SRQ refill below 2/3, send CQ (retire, consumer
+//! READ results, raw RDMA completions, error CQEs), then flush every endpoint that has
+//! something to send: each batch becomes one RDMA WRITE+IMM, fully inline up to 220 B, else
+//! a 204 B inline head plus one SGE into the send ring; one doorbell per endpoint per poll.
+
+use std::collections::VecDeque;
+
+use mlx5::cqe::Cqe;
+use mlx5::fastmap::FastMap;
+use mlx5::verbs::{Access, Cq, Mr, Pd, Qp, QpCaps, QpInit, QpType, RcParams, RcRemote, Srq};
+use mlx5::wqe::{CQ_UPDATE, Opcode, RaddrSeg, Sge, WqeDesc};
+
+use super::endpoint::{Emit, EndpointCore, EndpointState, RecvEntry, cqe_delta};
+use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupError};
+use super::info::EndpointInfo;
+use super::stats::Stats;
+
+/// A signaled WQE is posted at least every this many WQEs (seeds/001 `SIGNAL_INTERVAL`), and
+/// also whenever half the send queue's WQEBBs are unsignaled (inline WQEs take up to 4).
+pub const SIGNAL_INTERVAL: u32 = 64;
+/// Largest batch sent fully inline, in bytes (seeds/004 §3.5).
+pub const MAX_FULL_INLINE: u32 = 220;
+/// Inline head of a larger batch, in bytes (seeds/004 §3.5): the rest goes by one SGE.
+pub const INLINE_HEAD: u32 = 204;
+
+/// Context sizing (seeds/001 定数一覧).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextConfig {
+    /// SRQ receive WQEs (zero-length; one per batch in flight towards this context).
+    pub srq_size: u32,
+    /// Entries of each CQ.
+    pub cq_size: u32,
+    /// Send WQEs per endpoint QP.
+    pub max_send_wr: u32,
+    /// Receive CQEs handled per [`Context::poll`] at most.
+    pub poll_budget: u32,
+    /// RC connection parameters (retry counts, timeout, MTU).
+    pub rc: RcParams,
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        ContextConfig {
+            srq_size: 1024,
+            cq_size: 4096,
+            max_send_wr: 256,
+            poll_budget: 256,
+            rc: RcParams {
+                max_rd_atomic: 4,
+                access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+                ..RcParams::default()
+            },
+        }
+    }
+}
+
+/// Endpoint sizing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointConfig {
+    /// Send and receive ring size in bytes (power of two, `>= 1 KiB`; seeds/001 default 1 MiB).
+    pub ring_size: usize,
+    /// Most response credit granted to the peer, in bytes (`None`: `ring_size / 4`).
+    pub max_resp_reservation: Option<u64>,
+    /// Schema fingerprint of the service carried (0 for untyped use); [`Context::connect`]
+    /// refuses a peer announcing a different one.
+    pub fingerprint: u64,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        EndpointConfig {
+            ring_size: 1 << 20,
+            max_resp_reservation: None,
+            fingerprint: 0,
+        }
+    }
+}
+
+/// Identifies an endpoint of a [`Context`] (its index).
+pub type EndpointId = u32;
+
+/// What a signaled WQE was for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Signaled {
+    /// A WRITE+IMM signaled to retire the send queue.
+    Write,
+    /// RDMA READ of the peer's consumer position.
+    ConsumerRead,
+    /// A raw RDMA operation (seeds/004 §3.9).
+    Raw,
+}
+
+/// The peer's addresses, known after connect.
+#[derive(Clone, Copy, Debug, Default)]
+struct Remote {
+    ring_addr: u64,
+    ring_rkey: u32,
+    consumer_addr: u64,
+    consumer_rkey: u32,
+}
+
+/// One endpoint: protocol core plus its QP and registrations. Field order is drop order: the
+/// QP and MRs before the rings they cover.
+struct Conn<U> {
+    qp: Qp,
+    send_mr: Mr,
+    recv_mr: Mr,
+    word_mr: Mr,
+    core: EndpointCore<U>,
+    remote: Remote,
+    fingerprint: u64,
+    unsignaled: u32,
+    signaled: VecDeque<(u16, Signaled)>,
+    read_outstanding: bool,
+    in_dirty: bool,
+}
+
+/// A request received by [`Context::recv`]; answer it with [`Context::reply`] at any time,
+/// in any order (seeds/001 "レスポンスはOut-of-Order").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvHandle {
+    /// Endpoint it arrived on.
+    pub ep: EndpointId,
+    /// The caller's call id.
+    pub call_id: u32,
+    /// Credit the caller reserved for the response, in bytes.
+    pub allowance: u64,
+}
+
+impl RecvHandle {
+    /// Largest response payload this request's allowance covers, in bytes.
+    pub fn max_response(&self) -> usize {
+        (self.allowance.saturating_sub(
+            super::encoding::FLOW_METADATA_SIZE + super::encoding::HEADER_SIZE as u64,
+        )) as usize
+    }
+}
+
+/// A copyrpc context. `U` is the user data kept with each pending call and handed back with
+/// its response.
+///
+/// Field order is drop order: endpoints (QPs) before the SRQ and CQs they use, everything
+/// before the PD and the device.
+pub struct Context<U> {
+    conns: Vec<Conn<U>>,
+    by_qpn: FastMap<EndpointId>,
+    dirty: Vec<EndpointId>,
+    recv_queue: VecDeque<RecvEntry>,
+    srq: Srq,
+    send_cq: Cq,
+    recv_cq: Cq,
+    pd: Pd,
+    device: mlx5::verbs::Context,
+    cfg: ContextConfig,
+    srq_low: u32,
+    stats: Stats,
+}
+
+impl<U> std::fmt::Debug for Context<U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.device)
+            .field("endpoints", &self.conns.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<U> Context<U> {
+    /// Builds a context on an open device (seeds/004 §3.8 `Context::build`): PD, CQs, the SRQ
+    /// with every WQE posted.
+    ///
+    /// # Errors
+    /// [`SetupError::Device`] if the device refuses an object.
+    pub fn new(device: &mlx5::verbs::Context, cfg: ContextConfig) -> Result<Self, SetupError> {
+        let pd = device.alloc_pd()?;
+        let send_cq = device.create_cq(cfg.cq_size)?;
+        let recv_cq = device.create_cq(cfg.cq_size)?;
+        let mut srq = device.create_srq(&pd, cfg.srq_size, 1)?;
+        let n = srq.srq.available();
+        srq.srq.post_empty_n(n);
+        srq.srq.ring_doorbell();
+        let srq_low = srq.srq.capacity() * 2 / 3;
+        Ok(Context {
+            conns: Vec::new(),
+            by_qpn: FastMap::new(),
+            dirty: Vec::with_capacity(16),
+            recv_queue: VecDeque::with_capacity(1024),
+            srq,
+            send_cq,
+            recv_cq,
+            pd,
+            device: device.clone(),
+            cfg,
+            srq_low,
+            stats: Stats::default(),
+        })
+    }
+
+    /// The device this context runs on.
+    pub fn device(&self) -> &mlx5::verbs::Context {
+        &self.device
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Number of endpoints created.
+    pub fn num_endpoints(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Creates an endpoint: rings, their registrations (send ring: no remote access; receive
+    /// ring: LOCAL_WRITE | REMOTE_WRITE; consumer word: LOCAL_WRITE | REMOTE_READ) and an RC
+    /// QP on the shared SRQ and CQs, registered by QPN (seeds/004 §3.8 `create_endpoint`).
+    ///
+    /// # Errors
+    /// [`SetupError::Device`] (bad ring size, registration or QP creation failed).
+    pub fn create_endpoint(&mut self, cfg: &EndpointConfig) -> Result<EndpointId, SetupError> {
+        let max_resp = cfg.max_resp_reservation.unwrap_or(cfg.ring_size as u64 / 4);
+        let core = EndpointCore::new(cfg.ring_size, cfg.ring_size, max_resp)?;
+        let reg = |buf: &mlx5::mem::DmaBuf, len: usize, access| {
+            self.device.reg_mr(&self.pd, buf.as_mut_ptr(), len, access)
+        };
+        let send_mr = reg(&core.send.buf, cfg.ring_size, Access::empty())?;
+        let recv_mr = reg(
+            &core.recv.buf,
+            cfg.ring_size,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )?;
+        let word_mr = reg(
+            &core.consumer_word,
+            16,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )?;
+        let qp = self.device.create_qp(
+            &self.pd,
+            &QpInit {
+                qp_type: QpType::Rc,
+                send_cq: &self.send_cq,
+                recv_cq: &self.recv_cq,
+                srq: Some(&self.srq),
+                caps: QpCaps {
+                    max_send_wr: self.cfg.max_send_wr,
+                    max_recv_wr: 0,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: MAX_FULL_INLINE,
+                },
+            },
+        )?;
+        let id = self.conns.len() as EndpointId;
+        self.by_qpn.insert(qp.qpn(), id)?;
+        self.conns.push(Conn {
+            qp,
+            send_mr,
+            recv_mr,
+            word_mr,
+            core,
+            remote: Remote::default(),
+            fingerprint: cfg.fingerprint,
+            unsignaled: 0,
+            signaled: VecDeque::with_capacity(8),
+            read_outstanding: false,
+            in_dirty: false,
+        });
+        Ok(id)
+    }
+
+    /// What the peer needs to connect to endpoint `ep` (exchange it out of band: in-process
+    /// channel, MPI). `None` for an unknown endpoint.
+    pub fn local_info(&self, ep: EndpointId) -> Option<EndpointInfo> {
+        let c = self.conns.get(ep as usize)?;
+        let port = self.device.port();
+        Some(EndpointInfo {
+            qpn: c.qp.qpn(),
+            lid: port.lid,
+            gid: port.gid,
+            psn: self.cfg.rc.psn,
+            recv_ring_addr: c.recv_mr.addr,
+            recv_ring_rkey: c.recv_mr.rkey,
+            recv_ring_size: c.core.recv_size(),
+            consumer_addr: c.word_mr.addr,
+            consumer_rkey: c.word_mr.rkey,
+            initial_credit: c.core.initial_credit(),
+            fingerprint: c.fingerprint,
+        })
+    }
+
+    /// Connects endpoint `ep` to the peer described by `remote` (seeds/004 §3.8
+    /// `connect_ex`): checks the fingerprint and ring parameters, moves the QP to RTS, sets
+    /// the initial credits. No handshake message is needed.
+    ///
+    /// # Errors
+    /// [`SetupError::SchemaMismatch`], [`SetupError::Protocol`] (unusable ring parameters),
+    /// [`SetupError::BadEndpoint`] (unknown or already connected), [`SetupError::Device`].
+    pub fn connect(&mut self, ep: EndpointId, remote: &EndpointInfo) -> Result<(), SetupError> {
+        let c = self
+            .conns
+            .get_mut(ep as usize)
+            .filter(|c| c.core.state() == EndpointState::Init)
+            .ok_or(SetupError::BadEndpoint(ep))?;
+        if remote.fingerprint != c.fingerprint {
+            return Err(SetupError::SchemaMismatch {
+                ours: c.fingerprint,
+                theirs: remote.fingerprint,
+            });
+        }
+        c.core
+            .check_remote(remote.recv_ring_size, remote.initial_credit)?;
+        c.qp.connect_rc(
+            &RcRemote {
+                qpn: remote.qpn,
+                lid: remote.lid,
+                gid: remote.gid,
+                psn: remote.psn,
+            },
+            &self.cfg.rc,
+        )?;
+        c.core
+            .connect(remote.recv_ring_size, remote.initial_credit)?;
+        c.remote = Remote {
+            ring_addr: remote.recv_ring_addr,
+            ring_rkey: remote.recv_ring_rkey,
+            consumer_addr: remote.consumer_addr,
+            consumer_rkey: remote.consumer_rkey,
+        };
+        Ok(())
+    }
+
+    /// State of endpoint `ep` (`None` if unknown).
+    pub fn endpoint_state(&self, ep: EndpointId) -> Option<EndpointState> {
+        self.conns.get(ep as usize).map(|c| c.core.state())
+    }
+
+    /// The protocol core of endpoint `ep` (credits, positions; read-only).
+    pub fn endpoint(&self, ep: EndpointId) -> Option<&EndpointCore<U>> {
+        self.conns.get(ep as usize).map(|c| &c.core)
+    }
+
+    /// Marks `ep` for the next flush if it has anything to do.
+    #[inline(always)]
+    fn touch(dirty: &mut Vec<EndpointId>, c: &mut Conn<U>, ep: EndpointId) {
+        if !c.in_dirty && c.core.wants_flush() {
+            c.in_dirty = true;
+            dirty.push(ep);
+        }
+    }
+
+    /// Writes a request of `payload` to endpoint `ep`, reserving credit for a response of up
+    /// to `response_allowance` bytes; `user` comes back with the response. Sent by the next
+    /// [`Context::poll`]. Returns the call id.
+    ///
+    /// # Errors
+    /// See [`CallError`]; `user` is handed back. An unknown `ep` gives `NotConnected`.
+    #[inline]
+    pub fn call(
+        &mut self,
+        ep: EndpointId,
+        payload: &[u8],
+        user: U,
+        response_allowance: u32,
+    ) -> Result<u32, CallError<U>> {
+        let len = payload.len().min(u32::MAX as usize) as u32;
+        self.call_with(ep, len, user, response_allowance, |b| {
+            b[..payload.len()].copy_from_slice(payload);
+            payload.len()
+        })
+    }
+
+    /// [`Context::call`] with the payload written in place: `encode` gets `max_len` bytes of
+    /// the send ring and returns the length it wrote.
+    ///
+    /// # Errors
+    /// As [`Context::call`].
+    #[inline]
+    pub fn call_with(
+        &mut self,
+        ep: EndpointId,
+        max_len: u32,
+        user: U,
+        response_allowance: u32,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, CallError<U>> {
+        let Some(c) = self.conns.get_mut(ep as usize) else {
+            return Err(CallError::NotConnected(user));
+        };
+        let r = c
+            .core
+            .call(max_len, response_allowance, user, encode, &mut self.stats);
+        Self::touch(&mut self.dirty, c, ep);
+        r
+    }
+
+    /// The next received request, in arrival order, with its payload (valid until the next
+    /// call on the context). Requests of failed endpoints are skipped.
+    #[inline]
+    pub fn recv(&mut self) -> Option<(RecvHandle, &[u8])> {
+        let e = loop {
+            let e = self.recv_queue.pop_front()?;
+            let c = &mut self.conns[e.ep as usize];
+            c.core.received(&e);
+            Self::touch(&mut self.dirty, c, e.ep);
+            if c.core.state() == EndpointState::Connected {
+                break e;
+            }
+        };
+        let h = RecvHandle {
+            ep: e.ep,
+            call_id: e.call_id,
+            allowance: e.allowance,
+        };
+        // SAFETY: `e` came from this endpoint's ingest; its bytes stay unwritten until the
+        // peer learns of the release, which happens at the next flush, after this borrow.
+        Some((h, unsafe {
+            self.conns[e.ep as usize].core.request_bytes(&e)
+        }))
+    }
+
+    /// Requests parsed and not yet taken by [`Context::recv`].
+    pub fn pending_requests(&self) -> usize {
+        self.recv_queue.len()
+    }
+
+    /// Answers request `h` with `payload`. Never fails for lack of ring space.
+    ///
+    /// # Errors
+    /// [`ReplyError::TooLarge`] if `payload` exceeds [`RecvHandle::max_response`];
+    /// [`ReplyError::Failed`] if the endpoint failed or is unknown.
+    #[inline]
+    pub fn reply(&mut self, h: RecvHandle, payload: &[u8]) -> Result<(), ReplyError> {
+        let len = payload.len().min(u32::MAX as usize) as u32;
+        self.reply_with(h, len, |b| {
+            b[..payload.len()].copy_from_slice(payload);
+            payload.len()
+        })
+    }
+
+    /// [`Context::reply`] with the payload written in place (at most `max_len` bytes).
+    ///
+    /// # Errors
+    /// As [`Context::reply`].
+    #[inline]
+    pub fn reply_with(
+        &mut self,
+        h: RecvHandle,
+        max_len: u32,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), ReplyError> {
+        let Some(c) = self.conns.get_mut(h.ep as usize) else {
+            return Err(ReplyError::Failed);
+        };
+        let r = c
+            .core
+            .reply(h.call_id, h.allowance, max_len, encode, &mut self.stats);
+        Self::touch(&mut self.dirty, c, h.ep);
+        r
+    }
+
+    /// One round of progress (seeds/004 §3.7): receive CQ → batches parsed (responses go to
+    /// `on_response(user, Ok(payload))`, requests to [`Context::recv`]); SRQ refill; send CQ;
+    /// flush. Calls of an endpoint that fails get `on_response(user, Err(why))`. Returns the
+    /// number of batches received.
+    #[inline]
+    pub fn poll(
+        &mut self,
+        mut on_response: impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) -> usize {
+        let mut n = 0u32;
+        while n < self.cfg.poll_budget {
+            let Some(cqe) = self.recv_cq.cq.poll_one() else {
+                break;
+            };
+            n += 1;
+            self.on_recv_cqe(&cqe, &mut on_response);
+        }
+        if n > 0 {
+            self.recv_cq.cq.update_dbrec();
+            if self.srq.srq.posted() < self.srq_low {
+                let avail = self.srq.srq.available();
+                self.srq.srq.post_empty_n(avail);
+                self.srq.srq.ring_doorbell();
+            }
+        }
+        self.poll_send_cq(&mut on_response);
+        if !self.dirty.is_empty() {
+            self.flush_all(&mut on_response);
+        }
+        n as usize
+    }
+
+    #[inline(always)]
+    fn on_recv_cqe(
+        &mut self,
+        cqe: &Cqe,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) {
+        if cqe.is_error() {
+            return self.recv_error(cqe, on_response);
+        }
+        if self.srq.srq.release(cqe.wqe_counter).is_err() {
+            self.stats.stray_send_cqes += 1;
+        }
+        let Some(&ep) = self.by_qpn.get(cqe.qpn) else {
+            self.stats.unknown_qpn += 1;
+            return;
+        };
+        let c = &mut self.conns[ep as usize];
+        if c.core.state() != EndpointState::Connected {
+            return;
+        }
+        let r = c.core.ingest(
+            cqe_delta(cqe.imm),
+            ep,
+            &mut self.recv_queue,
+            &mut self.stats,
+            on_response,
+        );
+        if let Err(e) = r {
+            self.stats.corrupt_batches += 1;
+            tracing::warn!(ep, qpn = cqe.qpn, error = %e, "copyrpc: corrupt batch; failing the endpoint");
+            Self::fail(
+                &mut self.stats,
+                c,
+                EndpointFailure::Protocol(e),
+                on_response,
+            );
+        }
+        Self::touch(&mut self.dirty, c, ep);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn recv_error(
+        &mut self,
+        cqe: &Cqe,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) {
+        self.stats.error_cqes += 1;
+        if self.srq.srq.is_posted(cqe.wqe_counter) && cqe.srqn == self.srq.srqn() {
+            let _ = self.srq.srq.release(cqe.wqe_counter);
+        }
+        let Some(&ep) = self.by_qpn.get(cqe.qpn) else {
+            self.stats.unknown_qpn += 1;
+            return;
+        };
+        let err = cqe.status().expect_err("error CQE");
+        let c = &mut self.conns[ep as usize];
+        Self::fail(
+            &mut self.stats,
+            c,
+            EndpointFailure::Completion(err),
+            on_response,
+        );
+    }
+
+    #[cold]
+    fn fail(
+        stats: &mut Stats,
+        c: &mut Conn<U>,
+        why: EndpointFailure,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) {
+        if !matches!(c.core.state(), EndpointState::Failed(_)) {
+            stats.failed_endpoints += 1;
+        }
+        c.core.fail(why, on_response);
+    }
+
+    #[inline(always)]
+    fn poll_send_cq(&mut self, on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>)) {
+        let mut any = false;
+        while let Some(cqe) = self.send_cq.cq.poll_one() {
+            any = true;
+            let Some(&ep) = self.by_qpn.get(cqe.qpn) else {
+                self.stats.stray_send_cqes += 1;
+                continue;
+            };
+            let c = &mut self.conns[ep as usize];
+            c.qp.sq.retire(cqe.wqe_counter);
+            if cqe.is_error() {
+                self.stats.error_cqes += 1;
+                // Every signaled WQE up to this one is finished (failed or flushed).
+                while let Some(&(idx, kind)) = c.signaled.front() {
+                    if idx.wrapping_sub(cqe.wqe_counter) < 0x8000 && idx != cqe.wqe_counter {
+                        break;
+                    }
+                    c.signaled.pop_front();
+                    match kind {
+                        Signaled::Raw => self.stats.raw_done += 1,
+                        Signaled::ConsumerRead => c.read_outstanding = false,
+                        Signaled::Write => {}
+                    }
+                }
+                let err = cqe.status().expect_err("error CQE");
+                Self::fail(
+                    &mut self.stats,
+                    c,
+                    EndpointFailure::Completion(err),
+                    on_response,
+                );
+                continue;
+            }
+            match c.signaled.front() {
+                Some(&(idx, kind)) if idx == cqe.wqe_counter => {
+                    c.signaled.pop_front();
+                    match kind {
+                        Signaled::Write => {}
+                        Signaled::ConsumerRead => {
+                            c.read_outstanding = false;
+                            // SAFETY: bytes 8..16 of the 16 B consumer word; the READ that
+                            // wrote them completed (this CQE, Acquire on its owner bit).
+                            let v = unsafe {
+                                std::ptr::read_volatile(
+                                    c.core.consumer_word.as_ptr().add(8) as *const u64
+                                )
+                            };
+                            if c.core.on_consumer_read(u64::from_le(v)).is_err() {
+                                self.stats.bad_consumer_reads += 1;
+                            }
+                            self.stats.consumer_reads += 1;
+                            Self::touch(&mut self.dirty, c, ep);
+                        }
+                        Signaled::Raw => self.stats.raw_done += 1,
+                    }
+                }
+                _ => self.stats.stray_send_cqes += 1,
+            }
+        }
+        if any {
+            self.send_cq.cq.update_dbrec();
+        }
+    }
+
+    /// Flushes every endpoint marked dirty: close batches, post their WRITE+IMMs, post
+    /// consumer READs, publish consumer positions, one doorbell per endpoint.
+    #[inline(always)]
+    fn flush_all(&mut self, on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>)) {
+        let mut list = std::mem::take(&mut self.dirty);
+        for &ep in &list {
+            let c = &mut self.conns[ep as usize];
+            c.in_dirty = false;
+            if c.core.state() != EndpointState::Connected {
+                continue;
+            }
+            c.core.publish();
+            c.core.flush(&mut self.stats);
+            let mut posted = false;
+            while let Some(&e) = c.core.emits.front() {
+                match Self::post_emit(&mut self.stats, c, &e) {
+                    Ok(()) => {
+                        c.core.emits.pop_front();
+                        posted = true;
+                    }
+                    Err(mlx5::Error::SqFull { .. }) => {
+                        self.stats.sq_full += 1;
+                        break;
+                    }
+                    Err(e) => {
+                        // A WQE our own geometry says fits was refused: a bug, not input.
+                        tracing::error!(ep, error = %e, "copyrpc: WRITE+IMM refused by the send queue");
+                        Self::fail(
+                            &mut self.stats,
+                            c,
+                            EndpointFailure::Protocol(ProtocolError::BadLength),
+                            on_response,
+                        );
+                        break;
+                    }
+                }
+            }
+            if c.core.needs_read && !c.read_outstanding && c.core.emits.is_empty() {
+                posted |= Self::post_consumer_read(&mut self.stats, c);
+            }
+            if posted {
+                c.qp.sq.ring_doorbell();
+                self.stats.doorbells += 1;
+            }
+            // Still something to do (send queue full, a READ in flight): next poll.
+            if c.core.wants_flush() && c.core.state() == EndpointState::Connected {
+                c.in_dirty = true;
+                self.dirty.push(ep);
+            }
+        }
+        list.clear();
+        if self.dirty.is_empty() {
+            self.dirty = list;
+        } else {
+            self.dirty.append(&mut list);
+        }
+    }
+
+    /// Posts one RDMA WRITE+IMM for `e` (seeds/004 §3.5): fully inline up to 220 B, else a
+    /// 204 B inline head and one SGE; signaled every [`SIGNAL_INTERVAL`] WQEs or when half
+    /// the send queue is unsignaled.
+    #[inline(always)]
+    fn post_emit(stats: &mut Stats, c: &mut Conn<U>, e: &Emit) -> Result<(), mlx5::Error> {
+        let max_inline = c.qp.sq.mem().max_inline.min(MAX_FULL_INLINE);
+        // SAFETY: an emitted range: inside the ring, unmodified until the peer consumes it.
+        let data = unsafe { c.core.send_bytes(e.start, e.len as usize) };
+        let head = if e.len <= max_inline {
+            e.len
+        } else {
+            max_inline.saturating_sub(16).min(INLINE_HEAD) & !3
+        };
+        let sge;
+        let sges: &[Sge] = if head < e.len {
+            sge = [Sge {
+                addr: c.send_mr.addr + c.core.send_offset(e.start) + head as u64,
+                len: e.len - head,
+                lkey: c.send_mr.lkey,
+            }];
+            &sge
+        } else {
+            &[]
+        };
+        let signal = c.unsignaled + 1 >= SIGNAL_INTERVAL
+            || c.qp.sq.outstanding_wqebbs() * 2 + 4 > c.qp.sq.wqe_cnt();
+        let idx = c.qp.sq.post(&WqeDesc {
+            opcode: Opcode::RdmaWriteImm,
+            flags: if signal { CQ_UPDATE } else { 0 },
+            imm: e.imm(),
+            ud: None,
+            remote: Some(RaddrSeg {
+                raddr: c.remote.ring_addr + c.core.remote_offset(e.start),
+                rkey: c.remote.ring_rkey,
+            }),
+            atomic: None,
+            inline: &data[..head as usize],
+            sges,
+        })?;
+        if signal {
+            c.signaled.push_back((idx, Signaled::Write));
+            c.unsignaled = 0;
+        } else {
+            c.unsignaled += 1;
+        }
+        stats.writes_posted += 1;
+        if sges.is_empty() {
+            stats.writes_inline += 1;
+        }
+        Ok(())
+    }
+
+    /// Posts a signaled RDMA READ of the peer's consumer position into bytes 8..16 of our
+    /// consumer word (seeds/001 "RDMA READフォールバック"). Returns whether it was posted.
+    #[cold]
+    fn post_consumer_read(stats: &mut Stats, c: &mut Conn<U>) -> bool {
+        let r = c.qp.sq.post(&WqeDesc {
+            opcode: Opcode::RdmaRead,
+            flags: CQ_UPDATE,
+            imm: 0,
+            ud: None,
+            remote: Some(RaddrSeg {
+                raddr: c.remote.consumer_addr,
+                rkey: c.remote.consumer_rkey,
+            }),
+            atomic: None,
+            inline: &[],
+            sges: &[Sge {
+                addr: c.word_mr.addr + 8,
+                len: 8,
+                lkey: c.word_mr.lkey,
+            }],
+        });
+        match r {
+            Ok(idx) => {
+                c.signaled.push_back((idx, Signaled::ConsumerRead));
+                c.unsignaled = 0;
+                c.read_outstanding = true;
+                true
+            }
+            Err(_) => {
+                stats.sq_full += 1;
+                false
+            }
+        }
+    }
+
+    /// Registers `len` bytes at `addr` with this context's PD, for raw RDMA operations
+    /// ([`Context::post_rdma_read`], [`Context::post_rdma_write`]) or as a target of peers'.
+    ///
+    /// # Safety
+    /// The memory stays mapped until the returned [`Mr`] is dropped.
+    ///
+    /// # Errors
+    /// The device's error.
+    pub unsafe fn reg_mr(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr, SetupError> {
+        Ok(self.device.reg_mr(&self.pd, addr, len, access)?)
+    }
+
+    /// Posts a raw RDMA READ of `local.len` bytes from `remote` into `local` on endpoint `ep`
+    /// (seeds/004 §3.9), signaled and rung at once; its completion is counted in
+    /// [`Stats::raw_done`] (see [`Context::raw_rdma_pending`]).
+    ///
+    /// # Errors
+    /// [`SetupError::BadEndpoint`] for an unknown or unconnected endpoint;
+    /// [`SetupError::Device`] (`SqFull`: poll and retry).
+    pub fn post_rdma_read(
+        &mut self,
+        ep: EndpointId,
+        local: Sge,
+        remote: RaddrSeg,
+    ) -> Result<(), SetupError> {
+        self.post_raw(ep, Opcode::RdmaRead, local, remote)
+    }
+
+    /// Posts a raw RDMA WRITE of `local` to `remote` on endpoint `ep` (seeds/004 §3.9).
+    ///
+    /// # Errors
+    /// As [`Context::post_rdma_read`].
+    pub fn post_rdma_write(
+        &mut self,
+        ep: EndpointId,
+        local: Sge,
+        remote: RaddrSeg,
+    ) -> Result<(), SetupError> {
+        self.post_raw(ep, Opcode::RdmaWrite, local, remote)
+    }
+
+    fn post_raw(
+        &mut self,
+        ep: EndpointId,
+        opcode: Opcode,
+        local: Sge,
+        remote: RaddrSeg,
+    ) -> Result<(), SetupError> {
+        let c = self
+            .conns
+            .get_mut(ep as usize)
+            .filter(|c| c.core.state() == EndpointState::Connected)
+            .ok_or(SetupError::BadEndpoint(ep))?;
+        let idx = c.qp.sq.post(&WqeDesc {
+            opcode,
+            flags: CQ_UPDATE,
+            imm: 0,
+            ud: None,
+            remote: Some(remote),
+            atomic: None,
+            inline: &[],
+            sges: &[local],
+        })?;
+        c.signaled.push_back((idx, Signaled::Raw));
+        c.unsignaled = 0;
+        c.qp.sq.ring_doorbell();
+        self.stats.raw_posted += 1;
+        self.stats.doorbells += 1;
+        Ok(())
+    }
+
+    /// Raw RDMA operations posted and not yet completed (seeds/004 §3.9 `raw_rdma_pending`).
+    pub fn raw_rdma_pending(&self) -> u64 {
+        self.stats.raw_posted - self.stats.raw_done
+    }
+}

@@ -1,0 +1,994 @@
+//! The sans-I/O core of one copyrpc endpoint: ring positions, batching, credit accounting and
+//! batch parsing (seeds/001 "コアデータ構造", "フロー制御", "バッチング"; seeds/004 §3.2-3.7).
+//!
+//! An [`EndpointCore`] never touches a queue. `call`/`reply` write messages into the send ring;
+//! [`EndpointCore::flush`] closes the open batch and queues an [`Emit`] (one RDMA WRITE+IMM to
+//! perform); [`EndpointCore::ingest`] parses one batch the peer wrote into the receive ring,
+//! given the byte count its immediate announced. The context ([`super::context`]) turns
+//! emits into WQEs and CQEs into `ingest` calls; tests can instead copy the bytes themselves.
+//!
+//! # Positions
+//! Every position is a virtual, monotonically increasing `u64`; the ring offset is
+//! `pos & (size - 1)` (seeds/004 §3.2). The send ring mirrors the peer's receive ring: the
+//! message at send position `p` lands at remote offset `p & (C - 1)`, where `C` (the
+//! *capacity*, [`EndpointCore::capacity`]) is the smaller of the two ring sizes, so a batch
+//! that does not cross a multiple of `C` is contiguous in both rings.
+//!
+//! # Flow control (seeds/004 §3.4)
+//! With `in_flight = producer - remote_consumer` and `R = resp_reservation`, a call is
+//! written only if `in_flight + 2R <= C` holds afterwards (else [`CallError::RingFull`]).
+//! Each closed batch grants `min((C - in_flight) / 2 - R, max_R - R)` (aligned down to 32 B)
+//! and adds it to `R`; a call spends [`internal_allowance`] of the credit the peer granted
+//! (else [`CallError::InsufficientCredit`]); a reply returns the caller's allowance from `R`.
+//! Because the caller paid for the padded response plus one flow metadata and `R` counts
+//! twice, a reply always fits, including a wrap (the waste of a wrap is at most the message
+//! plus one metadata); `reply` therefore never reports lack of space. A reply that would
+//! still not fit (a peer that broke the protocol) is kept in a backlog and sent later,
+//! never written over unconsumed bytes.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mlx5::mem::DmaBuf;
+use slab::Slab;
+
+use super::encoding::{
+    ALIGNMENT, FLOW_METADATA_SIZE, FlowMetadata, HEADER_SIZE, MAX_CALL_ID, MsgHeader,
+    WRAP_MESSAGE_COUNT, decode_imm, encode_imm, from_response_id, internal_allowance, is_response,
+    padded_message_size, to_response_id,
+};
+use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError};
+use super::stats::Stats;
+
+const META: u64 = FLOW_METADATA_SIZE;
+
+/// One RDMA WRITE+IMM to perform: `len` bytes from send position `start` to the same
+/// position in the peer's receive ring, with immediate [`Emit::imm`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Emit {
+    /// Virtual position of the first byte (a batch's flow metadata).
+    pub start: u64,
+    /// Bytes to write (the batch; 32 for a wrap marker).
+    pub len: u32,
+    /// Bytes the batch covers in the ring: `len`, or up to the ring end for a wrap marker.
+    pub delta: u64,
+}
+
+impl Emit {
+    /// The immediate value: `delta / 32` (seeds/001 "Immediate Value").
+    #[inline]
+    pub fn imm(&self) -> u32 {
+        encode_imm(self.delta)
+    }
+}
+
+/// A request parsed from the receive ring, waiting for [`super::Context::recv`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RecvEntry {
+    /// Endpoint index.
+    pub ep: u32,
+    /// The caller's call id.
+    pub call_id: u32,
+    /// Credit the caller reserved for the response ([`internal_allowance`] bytes).
+    pub allowance: u64,
+    /// Ring offset of the payload.
+    pub off: u32,
+    /// Payload bytes.
+    pub len: u32,
+    /// Virtual position just after the message.
+    pub end: u64,
+}
+
+/// A call waiting for its response.
+#[derive(Debug)]
+struct Pending<U> {
+    user: U,
+    /// Largest response payload the caller accepts, in bytes.
+    response_allowance: u32,
+}
+
+/// Endpoint lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndpointState {
+    /// Created; [`super::Context::connect`] not called yet.
+    Init,
+    /// Connected: calls and replies flow.
+    Connected,
+    /// Failed (corrupt input or an error completion): every pending call was failed, new
+    /// calls and replies are refused.
+    Failed(EndpointFailure),
+}
+
+/// A ring in registered memory: `size` bytes, a power of two.
+pub(crate) struct Ring {
+    pub buf: DmaBuf,
+    pub mask: u64,
+}
+
+impl Ring {
+    fn new(size: usize) -> Result<Ring, mlx5::Error> {
+        let buf = if size >= mlx5::mem::HUGEPAGE_BYTES {
+            DmaBuf::new(size)?
+        } else {
+            DmaBuf::with_normal_pages(size)?
+        };
+        Ok(Ring {
+            buf,
+            mask: size as u64 - 1,
+        })
+    }
+
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        self.mask + 1
+    }
+
+    /// The `len` bytes at ring offset `off`.
+    ///
+    /// # Safety
+    /// `off + len <= size`, and nothing writes those bytes while the slice lives (the send
+    /// ring: bytes not in flight; the receive ring: bytes of a batch whose CQE was consumed
+    /// and not yet released to the peer).
+    #[inline(always)]
+    unsafe fn slice(&self, off: u64, len: usize) -> &[u8] {
+        debug_assert!(off + len as u64 <= self.size());
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().add(off as usize), len) }
+    }
+
+    /// Mutable `len` bytes at ring offset `off`.
+    ///
+    /// # Safety
+    /// As [`Ring::slice`], for send-ring bytes that are not in flight (beyond the producer).
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    unsafe fn slice_mut(&self, off: u64, len: usize) -> &mut [u8] {
+        debug_assert!(off + len as u64 <= self.size());
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr().add(off as usize), len) }
+    }
+}
+
+/// Where a message is written, as decided by [`EndpointCore::place`].
+struct Placement {
+    /// Wrap before writing: close the open batch, write a wrap marker.
+    wrap: bool,
+    /// Bytes added to `in_flight` (wrap waste, new metadata, the message at its maximum).
+    total: u64,
+}
+
+/// The sans-I/O state of one endpoint. See the module docs.
+pub struct EndpointCore<U> {
+    pub(crate) send: Ring,
+    pub(crate) recv: Ring,
+    /// 16 bytes: `[0, 8)` our consumer position (little-endian, peers RDMA READ it);
+    /// `[8, 16)` where our RDMA READ of the peer's lands.
+    pub(crate) consumer_word: DmaBuf,
+    cap: u64,
+    // ---- send side (seeds/004 §3.2 "Send Ring の状態変数")
+    producer: u64,
+    flush_start: u64,
+    meta_pos: u64,
+    batch_open: bool,
+    batch_count: u32,
+    /// The peer's consumer position as reported by its `ring_credit_return`s.
+    piggy_consumer: u64,
+    /// Best known peer consumer position: max of piggyback and RDMA READ.
+    remote_consumer: u64,
+    resp_reservation: u64,
+    max_resp_reservation: u64,
+    /// Part of `resp_reservation` granted and not yet spent by the peer's calls.
+    unused_grant: u64,
+    initial_credit: u64,
+    peer_credit: u64,
+    pub(crate) emits: VecDeque<Emit>,
+    /// A call found the ring full: read the peer's consumer position (seeds/001 "RDMA READ
+    /// フォールバック").
+    pub(crate) needs_read: bool,
+    /// A call lacked credit: send a flow update (an empty batch) asking for a grant.
+    flow_request: bool,
+    /// A flow update was sent and no batch from the peer arrived since.
+    credit_requested: bool,
+    /// The peer sent a flow update: answer with one if a grant is possible.
+    answer_flow: bool,
+    /// `released` moved since the consumer word was last stored.
+    unpublished: bool,
+    // ---- receive side
+    recv_producer: u64,
+    last_recv_pos: u64,
+    released: u64,
+    last_notified: u64,
+    unreceived: u32,
+    pending: Slab<Pending<U>>,
+    backlog: Vec<(u32, Vec<u8>)>,
+    state: EndpointState,
+}
+
+impl<U> std::fmt::Debug for EndpointCore<U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointCore")
+            .field("state", &self.state)
+            .field("cap", &self.cap)
+            .field("producer", &self.producer)
+            .field("remote_consumer", &self.remote_consumer)
+            .field("resp_reservation", &self.resp_reservation)
+            .field("peer_credit", &self.peer_credit)
+            .field("pending", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<U> EndpointCore<U> {
+    /// Allocates the rings (`send_size`/`recv_size` bytes, powers of two `>= 1 KiB`) and
+    /// sets the most response credit this endpoint grants (`max_resp_reservation`, bytes;
+    /// seeds/001 default `send_size / 4`).
+    ///
+    /// # Errors
+    /// [`mlx5::Error::InvalidArgument`] for sizes that are not powers of two or too small;
+    /// [`mlx5::Error::Memory`] if the rings cannot be mapped.
+    pub fn new(
+        send_size: usize,
+        recv_size: usize,
+        max_resp_reservation: u64,
+    ) -> Result<Self, mlx5::Error> {
+        for s in [send_size, recv_size] {
+            if !s.is_power_of_two() || s < 1024 {
+                return Err(mlx5::Error::InvalidArgument(format!(
+                    "copyrpc ring size {s} bytes: must be a power of two >= 1024"
+                )));
+            }
+        }
+        let initial_credit = max_resp_reservation.min(send_size as u64 / 4) & !(ALIGNMENT - 1);
+        Ok(EndpointCore {
+            send: Ring::new(send_size)?,
+            recv: Ring::new(recv_size)?,
+            consumer_word: DmaBuf::with_normal_pages(16)?,
+            cap: send_size as u64,
+            producer: 0,
+            flush_start: 0,
+            meta_pos: 0,
+            batch_open: false,
+            batch_count: 0,
+            piggy_consumer: 0,
+            remote_consumer: 0,
+            resp_reservation: 0,
+            max_resp_reservation: initial_credit.max(max_resp_reservation & !(ALIGNMENT - 1)),
+            unused_grant: 0,
+            initial_credit,
+            peer_credit: 0,
+            emits: VecDeque::with_capacity(8),
+            needs_read: false,
+            flow_request: false,
+            credit_requested: false,
+            answer_flow: false,
+            unpublished: false,
+            recv_producer: 0,
+            last_recv_pos: 0,
+            released: 0,
+            last_notified: 0,
+            unreceived: 0,
+            pending: Slab::with_capacity(64),
+            backlog: Vec::new(),
+            state: EndpointState::Init,
+        })
+    }
+
+    /// Response credit announced to the peer in the endpoint info:
+    /// `min(max_resp_reservation, send_size / 4)` bytes (seeds/001 "初期クレジット設計").
+    pub fn initial_credit(&self) -> u64 {
+        self.initial_credit
+    }
+
+    /// Receive ring size in bytes.
+    pub fn recv_size(&self) -> u64 {
+        self.recv.size()
+    }
+
+    /// `C`: bytes of the peer's receive ring this endpoint may fill (the smaller ring size).
+    pub fn capacity(&self) -> u64 {
+        self.cap
+    }
+
+    /// Lifecycle state.
+    pub fn state(&self) -> EndpointState {
+        self.state
+    }
+
+    /// Calls waiting for a response.
+    pub fn pending_calls(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Credit the peer granted and this side has not spent, in bytes.
+    pub fn peer_credit(&self) -> u64 {
+        self.peer_credit
+    }
+
+    /// `R`: credit granted to the peer plus allowances of requests not yet answered.
+    pub fn resp_reservation(&self) -> u64 {
+        self.resp_reservation
+    }
+
+    /// `producer - remote_consumer`: bytes written towards the peer and not known consumed.
+    pub fn in_flight(&self) -> u64 {
+        self.producer - self.remote_consumer
+    }
+
+    /// Largest request or response payload in bytes: the message plus one metadata must fit
+    /// in half the capacity.
+    pub fn max_payload(&self) -> u32 {
+        let m = self.cap / 2 - META - HEADER_SIZE as u64;
+        m.min(u32::MAX as u64) as u32
+    }
+
+    /// Completes the connection with the peer's receive ring size and initial credit
+    /// (seeds/004 §3.8 `connect_ex`): `R = initial_credit`, `peer_credit = remote credit`.
+    ///
+    /// # Errors
+    /// [`ProtocolError::BadEndpointInfo`] if the peer's ring is not a power of two `>= 1 KiB`,
+    /// our announced credit exceeds a quarter of the capacity, or the peer's exceeds a
+    /// quarter of our receive ring.
+    pub fn connect(
+        &mut self,
+        remote_recv_size: u64,
+        remote_credit: u64,
+    ) -> Result<(), ProtocolError> {
+        self.check_remote(remote_recv_size, remote_credit)?;
+        self.cap = self.send.size().min(remote_recv_size);
+        self.resp_reservation = self.initial_credit;
+        self.unused_grant = self.initial_credit;
+        self.peer_credit = remote_credit;
+        self.state = EndpointState::Connected;
+        Ok(())
+    }
+
+    /// The checks of [`EndpointCore::connect`], without connecting.
+    ///
+    /// # Errors
+    /// As [`EndpointCore::connect`].
+    pub fn check_remote(
+        &self,
+        remote_recv_size: u64,
+        remote_credit: u64,
+    ) -> Result<(), ProtocolError> {
+        if !remote_recv_size.is_power_of_two() || remote_recv_size < 1024 {
+            return Err(ProtocolError::BadEndpointInfo("receive ring size"));
+        }
+        let cap = self.send.size().min(remote_recv_size);
+        if self.initial_credit > cap / 4 {
+            return Err(ProtocolError::BadEndpointInfo(
+                "peer's receive ring is too small for the announced credit",
+            ));
+        }
+        if remote_credit > self.recv.size() / 4 || !remote_credit.is_multiple_of(ALIGNMENT) {
+            return Err(ProtocolError::BadEndpointInfo("initial credit"));
+        }
+        Ok(())
+    }
+
+    /// Decides where a message of padded size `m` goes and how many bytes it adds to
+    /// `in_flight` (wrap rule: seeds/004 §3.6, a batch reaching the ring end wraps).
+    #[inline(always)]
+    fn place(&self, m: u64) -> Placement {
+        let (start, meta) = if self.batch_open {
+            (self.meta_pos, 0)
+        } else {
+            (self.producer, META)
+        };
+        let off = start & (self.cap - 1);
+        let span = self.producer + meta + m - start;
+        if off + span < self.cap {
+            Placement {
+                wrap: false,
+                total: meta + m,
+            }
+        } else {
+            let waste = self.cap - (self.producer & (self.cap - 1));
+            Placement {
+                wrap: true,
+                total: waste + META + m,
+            }
+        }
+    }
+
+    /// Writes a request: reserves [`internal_allowance`]`(response_allowance)` of the peer's
+    /// credit, `encode` writes at most `max_len` payload bytes into the send ring and returns
+    /// the length. Returns the call id (the pending-call key).
+    ///
+    /// # Errors
+    /// Nothing is written on error and `user` is handed back:
+    /// - [`CallError::InsufficientCredit`]: the peer's credit does not cover the response
+    ///   (poll, which brings new grants, and retry);
+    /// - [`CallError::RingFull`]: the message would break `in_flight + 2R <= C` (poll and
+    ///   retry; the next poll also reads the peer's consumer position);
+    /// - [`CallError::MessageTooLarge`]: `max_len` or `response_allowance` above
+    ///   [`EndpointCore::max_payload`];
+    /// - [`CallError::Failed`] / [`CallError::NotConnected`].
+    #[inline]
+    pub fn call(
+        &mut self,
+        max_len: u32,
+        response_allowance: u32,
+        user: U,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+        stats: &mut Stats,
+    ) -> Result<u32, CallError<U>> {
+        if self.state != EndpointState::Connected {
+            return Err(self.not_usable(user));
+        }
+        if max_len > self.max_payload() || response_allowance > self.max_payload() {
+            return Err(CallError::MessageTooLarge(user));
+        }
+        let credit = internal_allowance(response_allowance as u64);
+        if self.peer_credit < credit {
+            stats.insufficient_credit += 1;
+            if !self.credit_requested {
+                self.flow_request = true;
+            }
+            return Err(CallError::InsufficientCredit(user));
+        }
+        let p = self.place(padded_message_size(max_len as u64));
+        if self.producer + p.total - self.remote_consumer + 2 * self.resp_reservation > self.cap {
+            stats.ring_full += 1;
+            self.needs_read = true;
+            return Err(CallError::RingFull(user));
+        }
+        if self.pending.len() as u32 > MAX_CALL_ID {
+            return Err(CallError::RingFull(user));
+        }
+        let entry = self.pending.vacant_entry();
+        let call_id = entry.key() as u32;
+        entry.insert(Pending {
+            user,
+            response_allowance,
+        });
+        self.peer_credit -= credit;
+        if p.wrap {
+            self.wrap(stats);
+        }
+        self.write_message(call_id, (credit / ALIGNMENT) as u32, max_len, encode);
+        stats.calls += 1;
+        Ok(call_id)
+    }
+
+    #[cold]
+    fn not_usable(&self, user: U) -> CallError<U> {
+        match self.state {
+            EndpointState::Failed(_) => CallError::Failed(user),
+            _ => CallError::NotConnected(user),
+        }
+    }
+
+    /// Writes the response to request `call_id`, which reserved `allowance` bytes of credit,
+    /// with at most `max_len` payload bytes written by `encode`. Never fails for lack of
+    /// space (module docs).
+    ///
+    /// # Errors
+    /// [`ReplyError::TooLarge`] if `max_len` exceeds the payload the allowance covers;
+    /// [`ReplyError::Failed`] if the endpoint failed.
+    #[inline]
+    pub fn reply(
+        &mut self,
+        call_id: u32,
+        allowance: u64,
+        max_len: u32,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+        stats: &mut Stats,
+    ) -> Result<(), ReplyError> {
+        if self.state != EndpointState::Connected {
+            return Err(ReplyError::Failed);
+        }
+        let m = padded_message_size(max_len as u64);
+        if m + META > allowance {
+            return Err(ReplyError::TooLarge {
+                len: max_len as usize,
+                allowance: (allowance - META - HEADER_SIZE as u64) as usize,
+            });
+        }
+        self.resp_reservation -= allowance.min(self.resp_reservation);
+        let p = self.place(m);
+        if !self.backlog.is_empty() || self.producer + p.total - self.remote_consumer > self.cap {
+            return self.backlog_reply(call_id, max_len, encode, stats);
+        }
+        if p.wrap {
+            self.wrap(stats);
+        }
+        self.write_message(to_response_id(call_id), 0, max_len, encode);
+        stats.replies += 1;
+        Ok(())
+    }
+
+    /// Keeps a reply that does not fit (only possible if the peer broke the protocol) until
+    /// the peer consumes; sent by [`EndpointCore::flush`].
+    #[cold]
+    #[inline(never)]
+    fn backlog_reply(
+        &mut self,
+        call_id: u32,
+        max_len: u32,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+        stats: &mut Stats,
+    ) -> Result<(), ReplyError> {
+        let mut v = vec![0u8; max_len as usize];
+        let n = encode(&mut v).min(max_len as usize);
+        v.truncate(n);
+        self.backlog.push((call_id, v));
+        self.needs_read = true;
+        stats.backlogged_replies += 1;
+        Ok(())
+    }
+
+    /// Writes header + payload at the producer (space already checked, no wrap needed).
+    #[inline(always)]
+    fn write_message(
+        &mut self,
+        call_id: u32,
+        piggyback: u32,
+        max_len: u32,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) {
+        if !self.batch_open {
+            self.meta_pos = self.producer;
+            self.producer += META;
+            self.batch_open = true;
+            self.batch_count = 0;
+        }
+        let off = self.producer & self.send.mask;
+        // SAFETY: `place` guaranteed `off + padded(max_len) < cap <= send size`; these bytes
+        // are beyond the producer, so neither in flight nor read by the device.
+        let buf = unsafe { self.send.slice_mut(off, HEADER_SIZE + max_len as usize) };
+        let (head, body) = buf.split_at_mut(HEADER_SIZE);
+        let len = encode(body).min(max_len as usize) as u32;
+        MsgHeader {
+            call_id,
+            piggyback,
+            payload_len: len,
+        }
+        .write(head.try_into().expect("12 bytes"));
+        self.producer += padded_message_size(len as u64);
+        self.batch_count += 1;
+    }
+
+    /// Closes the open batch (if any) and writes a wrap marker up to the ring end; the
+    /// producer moves to the next multiple of the capacity.
+    #[cold]
+    #[inline(never)]
+    fn wrap(&mut self, stats: &mut Stats) {
+        self.close_batch(stats);
+        let start = self.producer;
+        let delta = self.cap - (start & (self.cap - 1));
+        self.producer += delta;
+        let meta = self.metadata(WRAP_MESSAGE_COUNT);
+        // SAFETY: a 32 B metadata at an aligned offset below the capacity; not in flight.
+        let b = unsafe { self.send.slice_mut(start & self.send.mask, META as usize) };
+        meta.write(b.try_into().expect("32 bytes"));
+        self.flush_start = self.producer;
+        self.emits.push_back(Emit {
+            start,
+            len: META as u32,
+            delta,
+        });
+        stats.wrap_markers += 1;
+    }
+
+    /// The flow metadata for a batch ending at the producer: credit return and a new grant,
+    /// which is added to `R` at once (seeds/004 §3.4 "クレジット付与の計算").
+    #[inline(always)]
+    fn metadata(&mut self, message_count: u32) -> FlowMetadata {
+        let in_flight = self.producer - self.remote_consumer;
+        let r = self.resp_reservation;
+        let by_invariant = (self.cap.saturating_sub(in_flight) / 2).saturating_sub(r);
+        let by_policy = self.max_resp_reservation.saturating_sub(r);
+        let grant = by_invariant.min(by_policy) & !(ALIGNMENT - 1);
+        self.resp_reservation += grant;
+        self.unused_grant += grant;
+        let ret = self.released - self.last_notified;
+        self.last_notified = self.released;
+        FlowMetadata {
+            ring_credit_return: ret,
+            credit_grant: grant,
+            message_count,
+        }
+    }
+
+    /// Closes the open batch: fills its metadata and queues its [`Emit`].
+    #[inline]
+    fn close_batch(&mut self, stats: &mut Stats) {
+        if !self.batch_open {
+            return;
+        }
+        let meta = self.metadata(self.batch_count);
+        let off = self.meta_pos & self.send.mask;
+        // SAFETY: the batch's metadata slot, reserved when the batch opened; not in flight yet.
+        let b = unsafe { self.send.slice_mut(off, META as usize) };
+        meta.write(b.try_into().expect("32 bytes"));
+        let len = self.producer - self.flush_start;
+        self.emits.push_back(Emit {
+            start: self.flush_start,
+            len: len as u32,
+            delta: len,
+        });
+        stats.record_batch(self.batch_count);
+        self.flush_start = self.producer;
+        self.batch_open = false;
+    }
+
+    /// Sends backlogged replies that now fit, then closes the open batch. Without a batch,
+    /// sends a flow update (an empty batch: metadata only, `message_count = 0`) if a call
+    /// lacked credit, or if the peer sent one and a grant is possible now; it carries the
+    /// credit return and a grant like any batch. A flow update is sent at most once per batch
+    /// received from the peer, so two idle endpoints never exchange them endlessly. Emits are
+    /// left in [`EndpointCore::emits`] for the context to post.
+    #[inline]
+    pub fn flush(&mut self, stats: &mut Stats) {
+        if !self.backlog.is_empty() {
+            self.drain_backlog(stats);
+        }
+        if self.batch_open {
+            self.close_batch(stats);
+            self.flow_request = false;
+            self.answer_flow = false;
+        } else if self.flow_request || self.answer_flow {
+            self.flow_update(stats);
+        }
+    }
+
+    #[cold]
+    fn flow_update(&mut self, stats: &mut Stats) {
+        if self.state != EndpointState::Connected {
+            return;
+        }
+        let p = self.place(0);
+        if self.producer + p.total - self.remote_consumer + 2 * self.resp_reservation > self.cap {
+            // No room even for 32 B: learn the peer's consumer position first.
+            self.needs_read = true;
+            return;
+        }
+        if !self.flow_request {
+            // Answering: only worth it if it grants something.
+            let in_flight = self.producer + p.total - self.remote_consumer;
+            let r = self.resp_reservation;
+            let g = (self.cap.saturating_sub(in_flight) / 2)
+                .saturating_sub(r)
+                .min(self.max_resp_reservation.saturating_sub(r))
+                & !(ALIGNMENT - 1);
+            self.answer_flow = false;
+            if g == 0 {
+                return;
+            }
+        }
+        if p.wrap {
+            self.wrap(stats);
+        }
+        self.meta_pos = self.producer;
+        self.producer += META;
+        let meta = self.metadata(0);
+        // SAFETY: 32 B at an aligned offset below the capacity (placed above); not in flight.
+        let b = unsafe {
+            self.send
+                .slice_mut(self.meta_pos & self.send.mask, META as usize)
+        };
+        meta.write(b.try_into().expect("32 bytes"));
+        self.emits.push_back(Emit {
+            start: self.meta_pos,
+            len: META as u32,
+            delta: META,
+        });
+        self.flush_start = self.producer;
+        if self.flow_request {
+            self.credit_requested = true;
+        }
+        self.flow_request = false;
+        self.answer_flow = false;
+        stats.flow_updates += 1;
+    }
+
+    /// Whether the context must visit this endpoint at the next flush: an open batch,
+    /// emits not yet posted, a backlog, a pending flow update, a consumer read or an
+    /// unpublished consumer position.
+    #[inline(always)]
+    pub fn wants_flush(&self) -> bool {
+        self.batch_open
+            || !self.emits.is_empty()
+            || !self.backlog.is_empty()
+            || self.needs_read
+            || self.flow_request
+            || self.answer_flow
+            || self.unpublished
+    }
+
+    /// Stores the released position in the consumer word, where the peer's RDMA READ finds
+    /// it. Called by the context at flush time, never while a request's bytes are borrowed.
+    #[inline]
+    pub(crate) fn publish(&mut self) {
+        if self.unpublished {
+            self.unpublished = false;
+            // SAFETY: `consumer_word` is 16 bytes, page aligned; peers only read it.
+            let w = unsafe { &*(self.consumer_word.as_ptr() as *const AtomicU64) };
+            w.store(self.released.to_le(), Ordering::Release);
+        }
+    }
+
+    #[cold]
+    fn drain_backlog(&mut self, stats: &mut Stats) {
+        let backlog = std::mem::take(&mut self.backlog);
+        let mut rest = Vec::new();
+        for (call_id, data) in backlog {
+            let p = self.place(padded_message_size(data.len() as u64));
+            if !rest.is_empty() || self.producer + p.total - self.remote_consumer > self.cap {
+                rest.push((call_id, data));
+                continue;
+            }
+            if p.wrap {
+                self.wrap(stats);
+            }
+            self.write_message(to_response_id(call_id), 0, data.len() as u32, |b| {
+                b[..data.len()].copy_from_slice(&data);
+                data.len()
+            });
+            stats.replies += 1;
+        }
+        if !rest.is_empty() {
+            self.needs_read = true;
+        }
+        self.backlog = rest;
+    }
+
+    /// Whether a batch is open (messages written and not yet flushed).
+    #[inline]
+    pub fn is_dirty(&self) -> bool {
+        self.batch_open || !self.backlog.is_empty()
+    }
+
+    /// Bytes of our send ring at virtual position `pos` (for the context to build a WQE).
+    ///
+    /// # Safety
+    /// `[pos, pos + len)` is an emitted range (does not cross the ring end, not modified
+    /// until the peer consumes it).
+    #[inline(always)]
+    pub(crate) unsafe fn send_bytes(&self, pos: u64, len: usize) -> &[u8] {
+        unsafe { self.send.slice(pos & self.send.mask, len) }
+    }
+
+    /// Ring offset of virtual position `pos` in the peer's receive ring.
+    #[inline(always)]
+    pub(crate) fn remote_offset(&self, pos: u64) -> u64 {
+        pos & (self.cap - 1)
+    }
+
+    /// Ring offset of `pos` in our send ring.
+    #[inline(always)]
+    pub(crate) fn send_offset(&self, pos: u64) -> u64 {
+        pos & self.send.mask
+    }
+
+    /// Applies the result of an RDMA READ of the peer's consumer position.
+    ///
+    /// # Errors
+    /// [`ProtocolError::BadConsumer`] if the value is beyond what was sent (ignored).
+    pub fn on_consumer_read(&mut self, value: u64) -> Result<(), ProtocolError> {
+        self.needs_read = false;
+        if value > self.producer {
+            return Err(ProtocolError::BadConsumer);
+        }
+        self.remote_consumer = self.remote_consumer.max(value);
+        Ok(())
+    }
+
+    /// Parses the batch of `delta` bytes (decoded from a receive CQE's immediate) at the
+    /// receive position: applies its flow metadata, delivers responses to `on_response`
+    /// and queues requests in `queue` (tagged with endpoint index `ep`). In-order ingest
+    /// (seeds/001 "リクエスト取り込みはIn-Order").
+    ///
+    /// The whole batch is validated before anything is delivered, except for a second
+    /// response to the same call within one batch, which is detected on delivery.
+    ///
+    /// # Errors
+    /// A [`ProtocolError`] if the batch is malformed (nothing of it was delivered, except in
+    /// the duplicate case); the caller then fails the endpoint.
+    #[inline]
+    pub(crate) fn ingest(
+        &mut self,
+        delta: u64,
+        ep: u32,
+        queue: &mut VecDeque<RecvEntry>,
+        stats: &mut Stats,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) -> Result<(), ProtocolError> {
+        let size = self.recv.size();
+        let pos = self.recv_producer;
+        let off = pos & self.recv.mask;
+        if delta < META || !delta.is_multiple_of(ALIGNMENT) || off + delta > size {
+            return Err(ProtocolError::BadLength);
+        }
+        if pos + delta - self.released > size {
+            return Err(ProtocolError::Overrun);
+        }
+        // SAFETY: `off + delta <= size`; the peer wrote these bytes before the CQE we
+        // consumed (Acquire on the owner bit) and may not write them again until we release.
+        let batch = unsafe { self.recv.slice(off, delta as usize) };
+        let meta = FlowMetadata::read(batch[..META as usize].try_into().expect("32 bytes"));
+        let new_piggy = self.piggy_consumer.wrapping_add(meta.ring_credit_return);
+        if new_piggy > self.producer || new_piggy < self.piggy_consumer {
+            return Err(ProtocolError::BadConsumer);
+        }
+        if !meta.credit_grant.is_multiple_of(ALIGNMENT)
+            || self.peer_credit.saturating_add(meta.credit_grant) > self.recv.size()
+        {
+            return Err(ProtocolError::BadCredit);
+        }
+        if meta.is_wrap() {
+            if off + delta != size {
+                return Err(ProtocolError::BadWrap);
+            }
+        } else {
+            self.validate(batch, meta.message_count)?;
+        }
+        // Accepted: apply, then deliver.
+        self.recv_producer = pos + delta;
+        self.piggy_consumer = new_piggy;
+        self.remote_consumer = self.remote_consumer.max(new_piggy);
+        self.peer_credit += meta.credit_grant;
+        self.credit_requested = false;
+        if meta.message_count == 0 {
+            self.answer_flow = true;
+        }
+        stats.batches_received += 1;
+        if meta.is_wrap() {
+            self.last_recv_pos = pos + delta;
+        } else {
+            let mut cur = META as usize;
+            let mut duplicate = None;
+            for _ in 0..meta.message_count {
+                let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
+                let len = h.payload_len as usize;
+                let body = cur + HEADER_SIZE;
+                let next = cur + padded_message_size(len as u64) as usize;
+                if is_response(h.call_id) {
+                    // `validate` checked that the id names a pending call; only a second
+                    // response to the same call within this batch finds it gone.
+                    match self
+                        .pending
+                        .try_remove(from_response_id(h.call_id) as usize)
+                    {
+                        Some(p) => {
+                            stats.responses += 1;
+                            on_response(p.user, Ok(&batch[body..body + len]));
+                        }
+                        None => duplicate = Some(h.call_id),
+                    }
+                } else {
+                    let allowance = h.piggyback as u64 * ALIGNMENT;
+                    self.unused_grant -= allowance;
+                    self.unreceived += 1;
+                    stats.requests += 1;
+                    queue.push_back(RecvEntry {
+                        ep,
+                        call_id: h.call_id,
+                        allowance,
+                        off: (off as usize + body) as u32,
+                        len: len as u32,
+                        end: pos + next as u64,
+                    });
+                }
+                cur = next;
+            }
+            self.last_recv_pos = pos + delta;
+            if let Some(id) = duplicate {
+                return Err(ProtocolError::UnknownCallId(id));
+            }
+        }
+        if self.unreceived == 0 {
+            self.release_to(self.last_recv_pos);
+        }
+        Ok(())
+    }
+
+    /// Checks a batch's messages: count, lengths within the batch, exact fill (no trailing
+    /// bytes), response ids naming pending calls and within their allowance, request
+    /// allowances within the credit granted.
+    fn validate(&self, batch: &[u8], count: u32) -> Result<(), ProtocolError> {
+        let mut cur = META as usize;
+        let mut spent = 0u64;
+        for _ in 0..count {
+            if cur + HEADER_SIZE > batch.len() {
+                return Err(ProtocolError::BadCount);
+            }
+            let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
+            let padded = padded_message_size(h.payload_len as u64) as usize;
+            if padded > batch.len() - cur {
+                return Err(ProtocolError::BadLength);
+            }
+            if is_response(h.call_id) {
+                match self.pending.get(from_response_id(h.call_id) as usize) {
+                    None => return Err(ProtocolError::UnknownCallId(h.call_id)),
+                    Some(p) if h.payload_len > p.response_allowance => {
+                        return Err(ProtocolError::ResponseTooLarge);
+                    }
+                    Some(_) => {}
+                }
+            } else {
+                spent += h.piggyback as u64 * ALIGNMENT;
+                if spent > self.unused_grant {
+                    return Err(ProtocolError::BadCredit);
+                }
+            }
+            cur += padded;
+        }
+        if cur != batch.len() {
+            return Err(ProtocolError::BadCount);
+        }
+        Ok(())
+    }
+
+    /// Moves the released position (the space the peer may reuse); the consumer word is
+    /// stored at the next [`EndpointCore::publish`].
+    #[inline(always)]
+    fn release_to(&mut self, pos: u64) {
+        if pos > self.released {
+            self.released = pos;
+            self.unpublished = true;
+        }
+    }
+
+    /// A queued request of this endpoint was handed to the application.
+    #[inline(always)]
+    pub(crate) fn received(&mut self, e: &RecvEntry) {
+        self.unreceived -= 1;
+        let pos = if self.unreceived == 0 {
+            self.last_recv_pos
+        } else {
+            e.end
+        };
+        self.release_to(pos);
+    }
+
+    /// Payload of a queued request.
+    ///
+    /// # Safety
+    /// `e` came from this endpoint's [`EndpointCore::ingest`] and was not released (received)
+    /// before the last flush.
+    #[inline(always)]
+    pub(crate) unsafe fn request_bytes(&self, e: &RecvEntry) -> &[u8] {
+        unsafe { self.recv.slice(e.off as u64, e.len as usize) }
+    }
+
+    /// Fails the endpoint: every pending call gets `Err(why)` through `on_response`.
+    /// Idempotent.
+    #[cold]
+    pub(crate) fn fail(
+        &mut self,
+        why: EndpointFailure,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) {
+        if !matches!(self.state, EndpointState::Failed(_)) {
+            self.state = EndpointState::Failed(why);
+        }
+        self.emits.clear();
+        self.batch_open = false;
+        self.backlog.clear();
+        for p in self.pending.drain() {
+            on_response(p.user, Err(why));
+        }
+    }
+
+    /// Part of `R` granted to the peer and not yet spent by its calls, in bytes.
+    pub fn unused_grant(&self) -> u64 {
+        self.unused_grant
+    }
+
+    /// Virtual positions: (send producer, known peer consumer, receive released, receive
+    /// position last reported to the peer).
+    pub fn positions(&self) -> (u64, u64, u64, u64) {
+        (
+            self.producer,
+            self.remote_consumer,
+            self.released,
+            self.last_notified,
+        )
+    }
+}
+
+/// Bytes announced by a receive CQE's immediate.
+#[inline(always)]
+pub(crate) fn cqe_delta(imm: u32) -> u64 {
+    decode_imm(imm)
+}

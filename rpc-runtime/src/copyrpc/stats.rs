@@ -1,0 +1,107 @@
+//! Counters of one copyrpc [`super::Context`]: traffic, back-pressure, batching, and every
+//! kind of bad input or failure.
+
+/// Buckets of [`Stats::batch_sizes`]: bucket `i` counts batches of `2^(i-1) < n <= 2^i`
+/// messages (bucket 0: one message), the last bucket everything above 512.
+pub const BATCH_BUCKETS: usize = 11;
+
+/// Counters (monotonic since the context was created).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests written.
+    pub calls: u64,
+    /// Responses written.
+    pub replies: u64,
+    /// Requests parsed from receive rings.
+    pub requests: u64,
+    /// Responses delivered to callers.
+    pub responses: u64,
+    /// Batches closed (one RDMA WRITE+IMM each, wrap markers excluded).
+    pub batches_sent: u64,
+    /// Batches parsed (wrap markers included).
+    pub batches_received: u64,
+    /// Wrap markers written.
+    pub wrap_markers: u64,
+    /// Flow updates (empty batches carrying only a credit return and grant) written.
+    pub flow_updates: u64,
+    /// RDMA WRITE+IMM WQEs posted.
+    pub writes_posted: u64,
+    /// Of those, fully inline.
+    pub writes_inline: u64,
+    /// Doorbells rung.
+    pub doorbells: u64,
+    /// Calls refused with `InsufficientCredit`.
+    pub insufficient_credit: u64,
+    /// Calls refused with `RingFull`.
+    pub ring_full: u64,
+    /// RDMA READs of a peer's consumer position.
+    pub consumer_reads: u64,
+    /// Replies that did not fit and were sent later (only a protocol-breaking peer causes these).
+    pub backlogged_replies: u64,
+    /// Raw RDMA READ/WRITE operations posted (seeds/004 §3.9).
+    pub raw_posted: u64,
+    /// Raw RDMA operations completed (successfully or not).
+    pub raw_done: u64,
+    /// Malformed batches from peers (each failed its endpoint).
+    pub corrupt_batches: u64,
+    /// Consumer positions read by RDMA READ that were beyond the bytes sent (ignored).
+    pub bad_consumer_reads: u64,
+    /// Error completions (send or receive side).
+    pub error_cqes: u64,
+    /// Receive completions naming no endpoint of this context (dropped).
+    pub unknown_qpn: u64,
+    /// Send completions that matched no signaled WQE (ignored).
+    pub stray_send_cqes: u64,
+    /// Endpoints that failed.
+    pub failed_endpoints: u64,
+    /// Send attempts deferred because the send queue was full.
+    pub sq_full: u64,
+    /// Messages per closed batch (see [`BATCH_BUCKETS`]).
+    pub batch_sizes: [u64; BATCH_BUCKETS],
+}
+
+impl Stats {
+    /// Records a closed batch of `n >= 1` messages.
+    #[inline(always)]
+    pub(crate) fn record_batch(&mut self, n: u32) {
+        self.batches_sent += 1;
+        let b = (32 - n.saturating_sub(1).leading_zeros()) as usize;
+        self.batch_sizes[b.min(BATCH_BUCKETS - 1)] += 1;
+    }
+
+    /// Mean messages per batch sent.
+    pub fn mean_batch(&self) -> f64 {
+        if self.batches_sent == 0 {
+            0.0
+        } else {
+            (self.calls + self.replies) as f64 / self.batches_sent as f64
+        }
+    }
+
+    /// Upper bound (messages) of batch-size bucket `i`.
+    pub fn bucket_limit(i: usize) -> u32 {
+        1 << i
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets() {
+        let mut s = Stats::default();
+        for n in [1, 2, 3, 4, 5, 8, 9, 64, 65, 512, 513, 100_000] {
+            s.record_batch(n);
+        }
+        assert_eq!(s.batch_sizes[0], 1); // 1
+        assert_eq!(s.batch_sizes[1], 1); // 2
+        assert_eq!(s.batch_sizes[2], 2); // 3, 4
+        assert_eq!(s.batch_sizes[3], 2); // 5, 8
+        assert_eq!(s.batch_sizes[4], 1); // 9
+        assert_eq!(s.batch_sizes[6], 1); // 64
+        assert_eq!(s.batch_sizes[7], 1); // 65
+        assert_eq!(s.batch_sizes[9], 1); // 512
+        assert_eq!(s.batch_sizes[10], 2); // 513, 100000
+    }
+}

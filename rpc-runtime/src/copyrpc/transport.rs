@@ -1,0 +1,1 @@
+//! Typed-service transports over copyrpc (to be written: `Copyrpc`, `CopyrpcServer`).
