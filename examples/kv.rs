@@ -1,22 +1,40 @@
-//! `kv`: the key-value benchmark of seeds/004 on one node, over typed `#[rpc_service]` stubs
-//! and the shared-memory delegation ring.
+//! `kv`: the key-value benchmark of seeds/004, over typed `#[rpc_service]` stubs, the
+//! shared-memory delegation ring and, across ranks, copyrpc on the device model.
 //!
-//! Topology (seeds/004 §1.3, §7, §9, single rank): `D` daemon threads each own a shard
+//! Topology of one rank (seeds/004 §1.3, §7, §9): `D` daemon threads each own a shard
 //! (`key % D`) and serve it through their own delegation ring in `/dev/shm`; `C` client
-//! threads run a closed loop with `QD` calls in flight each, sending every request to the
-//! owner daemon's ring. Access patterns (key, read/write) are pre-generated per client
-//! (seeds/004 §9 step 2): uniform or zipfian (θ = 0.99 by default) keys, with a read ratio.
+//! threads run a closed loop with `QD` calls in flight each, sending every request for their
+//! own rank to the owner daemon's ring. Access patterns (rank, key, read/write) are
+//! pre-generated per client (seeds/004 §9 step 2): uniform or zipfian (θ = 0.99 by default)
+//! keys, with a read ratio, and (with `--ranks R > 1`) a target rank uniform over the ranks.
 //!
-//! Correctness: a client only writes keys `k` with `k % C == its id`, so every key has one
-//! writer, whose successive calls reach the owner daemon in issue order (one client's
-//! `fetch_add`s on a ring are ordered). Values encode `(writer << 48) | seq`, so every read
-//! is checked for a plausible writer during the run, and at the end a sample of written keys
-//! is read back and must return the last value written.
+//! `--ranks R` runs `R` ranks in this process, each with its own simulated NIC on one shared
+//! device-model fabric. Daemon 0 of each rank is the node's delegate
+//! ([`rpc::delegation::Delegate`], seeds/004 §5): it serves shard 0, serves the calls other
+//! ranks send it over copyrpc (handing those for other shards to their daemon's ring), and,
+//! in the delegation backend, forwards its clients' remote calls. How a client reaches
+//! another rank (`--backend`):
+//! - `delegation` (seeds/004 §1.2, §4): into its own rank's daemon-0 ring; daemon 0 forwards
+//!   it over copyrpc to the target rank's daemon 0 (one endpoint per remote rank).
+//! - `direct` (seeds/004 §7 dual-path routing, with copyrpc as the remote path): each client
+//!   thread has its own copyrpc context with one endpoint per remote rank, connected to that
+//!   rank's daemon 0, and polls it alongside its rings.
+//! - `both`: the two, one after the other in this process, and their ratio.
+//!
+//! Correctness: every client has a global id `g = rank * C + c` and only writes keys `k` with
+//! `k % (R * C) == g` (on any rank), so every (rank, key) has one writer, whose successive
+//! calls reach the owner daemon in issue order (one client's `fetch_add`s on a ring are
+//! ordered; the delegate forwards a client's calls in ring order, and copyrpc and the
+//! hand-off ring keep that order). Values encode `(writer << 48) | seq`, so every read is
+//! checked for a plausible writer during the run, and at the end a sample of written keys,
+//! local and remote, is read back from the owner daemon of the owner rank and must return the
+//! last value written.
 //!
 //! ```text
 //! cargo run --release --example kv                      # all in one process, ~10 s
+//! cargo run --release --example kv -- --ranks 2 --backend both --duration 5
 //! cargo run --release --example kv -- --help
-//! kv serve --shm kvbench --daemons 2                    # process 1: daemons
+//! kv serve --shm kvbench --daemons 2                    # process 1: daemons (one rank)
 //! kv client --shm kvbench --clients 2                   # process 2: clients + check
 //! ```
 
@@ -29,17 +47,26 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use crossbeam_utils::{Backoff, CachePadded};
 use hdrhistogram::Histogram;
-use idl::kv::{KvClient, KvResponse, KvServer, KvService, owner_daemon};
+use idl::kv::{KvClient, KvRequest, KvResponse, KvServer, KvService, owner_daemon};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Zipf};
-use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
-use rpc::{RpcError, Server};
+use rpc::copyrpc::{CallError, Context, ContextConfig, EndpointConfig, EndpointId};
+use rpc::delegation::{
+    DelegToken, Delegate, Delegation, DelegationConfig, DelegationServer, ForwardStats, Target,
+};
+use rpc::mlx5::sim::{Fabric, SimConfig};
+use rpc::{RpcError, Server, Service};
 use rustc_hash::FxHashMap;
 
 #[derive(Parser, Debug)]
 #[command(
-    about = "Distributed key-value benchmark (seeds/004) over the delegation ring",
+    about = "Distributed key-value benchmark (seeds/004) over the delegation ring and copyrpc",
+    long_about = "Distributed key-value benchmark (seeds/004) over the delegation ring and \
+        copyrpc.\n\nWithout a subcommand (or with `run`), daemons and clients of every rank run \
+        in this process; `--ranks R` runs R in-process ranks connected by copyrpc on the \
+        device model. The `serve`/`client` subcommands split one rank's daemons and clients \
+        into two processes; multi-rank runs across processes (MPI) are a later issue.",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -51,20 +78,32 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Daemons and clients in this process (the default when no subcommand is given).
+    /// Daemons and clients of every rank in this process (the default when no subcommand is
+    /// given).
     Run(RunArgs),
-    /// Only the daemons: create `<shm>-0 .. <shm>-{D-1}` and serve until SIGINT/SIGTERM or
-    /// `--duration`.
+    /// Only the daemons of one rank: create `<shm>-0 .. <shm>-{D-1}` and serve until
+    /// SIGINT/SIGTERM or `--duration` (one rank; multi-rank across processes is a later issue).
     Serve(ServeArgs),
-    /// Only the clients, attached to the rings of a `kv serve` process.
+    /// Only the clients of one rank, attached to the rings of a `kv serve` process.
     Client(ClientArgs),
 }
 
 #[derive(Args, Debug, Clone)]
 struct RunArgs {
-    /// Daemon (shard server) threads.
+    /// Daemon (shard server) threads per rank.
     #[arg(long, short = 'd', default_value_t = 1)]
     daemons: usize,
+    /// In-process ranks, each with its own simulated NIC on one device-model fabric; requests
+    /// target a rank chosen uniformly. 1: a single node, no copyrpc.
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// How clients reach other ranks: through their rank's daemon 0 (delegation), with their
+    /// own copyrpc endpoints (direct), or each in turn (both).
+    #[arg(long, value_enum, default_value_t = Backend::Delegation)]
+    backend: Backend,
+    /// copyrpc send and receive ring size per endpoint, bytes (power of two, >= 1024).
+    #[arg(long, default_value_t = 1 << 20)]
+    copyrpc_ring: usize,
     #[command(flatten)]
     ring: RingArgs,
     #[command(flatten)]
@@ -114,7 +153,7 @@ struct RingArgs {
 
 #[derive(Args, Debug, Clone)]
 struct LoadArgs {
-    /// Client threads.
+    /// Client threads (per rank).
     #[arg(long, short = 'c', default_value_t = 1)]
     clients: usize,
     /// Calls in flight per client thread (closed loop).
@@ -123,7 +162,7 @@ struct LoadArgs {
     /// Fraction of gets (the rest are puts).
     #[arg(long, default_value_t = 0.5)]
     read_ratio: f64,
-    /// Key range: keys are 0..keys.
+    /// Key range: keys are 0..keys (on every rank).
     #[arg(long, default_value_t = 1 << 20)]
     keys: u64,
     /// Key distribution.
@@ -132,7 +171,7 @@ struct LoadArgs {
     /// Zipf exponent θ (with --dist zipf).
     #[arg(long, default_value_t = 0.99)]
     theta: f64,
-    /// Measured run time in seconds.
+    /// Measured run time in seconds (per backend).
     #[arg(long, default_value_t = 8.0)]
     duration: f64,
     /// Pre-generated operations per client (the pattern is replayed cyclically).
@@ -148,10 +187,10 @@ struct LoadArgs {
 
 #[derive(Args, Debug, Clone)]
 struct OutArgs {
-    /// Print the summary as one JSON object on stdout.
+    /// Print the summary as one JSON object on stdout (one line per backend run).
     #[arg(long)]
     json: bool,
-    /// Print the summary as CSV (header + one row) on stdout.
+    /// Print the summary as CSV (header + one row per backend run) on stdout.
     #[arg(long, conflicts_with = "json")]
     csv: bool,
     /// No per-second progress lines.
@@ -163,6 +202,32 @@ struct OutArgs {
 enum Dist {
     Uniform,
     Zipf,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    /// Remote calls go through the client's rank's daemon 0 (seeds/004 §1.2, §4).
+    Delegation,
+    /// Each client thread has its own copyrpc endpoints to every remote rank's daemon 0.
+    Direct,
+    /// `delegation`, then `direct`, in one process.
+    Both,
+}
+
+/// The topology of one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Topology {
+    Delegation,
+    Direct,
+}
+
+impl Topology {
+    fn name(self) -> &'static str {
+        match self {
+            Topology::Delegation => "delegation",
+            Topology::Direct => "direct",
+        }
+    }
 }
 
 /// One shard: the daemon's store, served through the generated `KvServer` trait.
@@ -184,6 +249,7 @@ impl KvServer for Shard {
 #[derive(Clone, Copy, Debug)]
 struct Op {
     key: u64,
+    rank: u32,
     read: bool,
 }
 
@@ -220,31 +286,41 @@ fn delegation_config(r: &RingArgs, qd: usize) -> Result<DelegationConfig, String
 
 type KvServerCore = Server<KvService, DelegationServer>;
 
-/// Creates one ring per daemon and starts the daemon threads.
-fn start_daemons(
+/// Creates one ring per daemon.
+fn create_rings(
     base: &str,
     daemons: usize,
     cfg: DelegationConfig,
+) -> Result<Vec<DelegationServer>, RpcError> {
+    (0..daemons)
+        .map(|d| DelegationServer::create(&ring_name(base, d), KvService::DESCRIPTOR, cfg))
+        .collect()
+}
+
+/// Starts one plain daemon thread per ring (single rank: seeds/004 §6, only the local ring).
+fn start_daemons(
+    servers: Vec<DelegationServer>,
+    rank: usize,
     stop: &Arc<AtomicBool>,
-) -> Result<Vec<thread::JoinHandle<DaemonReport>>, RpcError> {
-    let mut servers = Vec::with_capacity(daemons);
-    for d in 0..daemons {
-        servers.push(DelegationServer::serve::<KvService>(
-            &ring_name(base, d),
-            cfg,
-        )?);
-    }
-    Ok(servers
+) -> Vec<thread::JoinHandle<DaemonReport>> {
+    servers
         .into_iter()
         .enumerate()
-        .map(|(d, server)| {
-            let stop = stop.clone();
-            thread::Builder::new()
-                .name(format!("daemon-{d}"))
-                .spawn(move || daemon_loop(server, &stop))
-                .expect("spawn daemon")
-        })
-        .collect())
+        .map(|(d, server)| spawn_daemon(rank, d, Server::new(server), stop))
+        .collect()
+}
+
+fn spawn_daemon(
+    rank: usize,
+    d: usize,
+    server: KvServerCore,
+    stop: &Arc<AtomicBool>,
+) -> thread::JoinHandle<DaemonReport> {
+    let stop = stop.clone();
+    thread::Builder::new()
+        .name(format!("daemon-{rank}.{d}"))
+        .spawn(move || daemon_loop(server, &stop))
+        .expect("spawn daemon")
 }
 
 #[derive(Debug, Default)]
@@ -253,9 +329,11 @@ struct DaemonReport {
     bad_requests: u64,
     dropped_replies: u64,
     keys: usize,
+    /// Daemon 0 of a multi-rank run: the delegate's counters.
+    forward: Option<ForwardStats>,
 }
 
-/// The daemon event loop (seeds/004 §6, single rank: only the local ring).
+/// The daemon event loop (seeds/004 §6: only the local ring).
 fn daemon_loop(mut server: KvServerCore, stop: &AtomicBool) -> DaemonReport {
     let mut shard = Shard::default();
     let backoff = Backoff::new();
@@ -272,6 +350,46 @@ fn daemon_loop(mut server: KvServerCore, stop: &AtomicBool) -> DaemonReport {
         bad_requests: s.bad_requests,
         dropped_replies: s.dropped_replies,
         keys: shard.map.len(),
+        forward: None,
+    }
+}
+
+/// Where a KV request is served: its `rank` field, and the daemon `key % daemons` there
+/// (seeds/004 §7, §8).
+fn kv_route(daemons: usize) -> impl FnMut(&KvRequest) -> Target + Send + 'static {
+    move |req: &KvRequest| {
+        let (rank, key) = match req {
+            KvRequest::Get(a) => (a.rank(), a.key()),
+            KvRequest::Put(a) => (a.rank(), a.key()),
+        };
+        Target {
+            rank,
+            daemon: owner_daemon(key, daemons) as u32,
+        }
+    }
+}
+
+/// The delegate's event loop: daemon 0 of a rank in a multi-rank run (seeds/004 §5).
+fn delegate_loop<R: FnMut(&KvRequest) -> Target>(
+    mut dlg: Delegate<KvService, R>,
+    stop: &AtomicBool,
+) -> DaemonReport {
+    let mut shard = Shard::default();
+    let backoff = Backoff::new();
+    while !stop.load(Ordering::Relaxed) {
+        if dlg.run_once(|req| KvService::dispatch(&mut shard, req)) == 0 {
+            backoff.snooze();
+        } else {
+            backoff.reset();
+        }
+    }
+    let f = *dlg.stats();
+    DaemonReport {
+        requests: f.ring_local + f.forwarded + f.remote_served + f.handed_off,
+        bad_requests: f.bad_requests,
+        dropped_replies: f.dropped_replies,
+        keys: shard.map.len(),
+        forward: Some(f),
     }
 }
 
@@ -283,20 +401,203 @@ fn run_all(a: RunArgs) -> i32 {
     if a.daemons == 0 {
         return fail("--daemons must be at least 1");
     }
-    let base = format!("kv-{}", std::process::id());
-    let stop = Arc::new(AtomicBool::new(false));
-    let daemons = match start_daemons(&base, a.daemons, cfg, &stop) {
-        Ok(d) => d,
-        Err(e) => return fail(&format!("creating the rings: {e}")),
-    };
-    let names: Vec<String> = (0..a.daemons).map(|d| ring_name(&base, d)).collect();
-    let result = run_clients(&names, &a.load, &a.out);
-    stop.store(true, Ordering::Relaxed);
-    let mut reports = Vec::new();
-    for d in daemons {
-        reports.push(d.join().expect("daemon panicked"));
+    if a.ranks == 0 || a.ranks > 64 {
+        return fail("--ranks must be in 1..=64");
     }
-    finish(result, &reports, &a.load, &a.out, a.daemons)
+    if a.ranks > 1 {
+        if !a.copyrpc_ring.is_power_of_two() || a.copyrpc_ring < 1024 {
+            return fail("--copyrpc-ring must be a power of two >= 1024");
+        }
+        // Each ring: the rank's clients, the checker and (daemons 1..) the delegate.
+        if a.load.clients + 2 > a.ring.max_clients as usize {
+            return fail("--max-clients must be at least --clients + 2 with --ranks > 1");
+        }
+    }
+    let topologies: &[Topology] = match a.backend {
+        Backend::Delegation => &[Topology::Delegation],
+        Backend::Direct => &[Topology::Direct],
+        Backend::Both => &[Topology::Delegation, Topology::Direct],
+    };
+    let mut summaries = Vec::new();
+    for (i, &topo) in topologies.iter().enumerate() {
+        let (result, reports) = match run_topology(&a, cfg, topo) {
+            Ok(r) => r,
+            Err(e) => return fail(&e),
+        };
+        let s = summarize(result, &reports, &a.load, a.daemons, a.ranks, topo.name());
+        print_summary(&s, &a.out, i == 0);
+        summaries.push(s);
+    }
+    if let [d, x] = &summaries[..] {
+        if !a.out.json && !a.out.csv && d.mops > 0.0 {
+            println!(
+                "direct vs delegation: throughput x{:.2}, p50 x{:.2}, p99 x{:.2}",
+                x.mops / d.mops,
+                x.p50_us / d.p50_us.max(1e-9),
+                x.p99_us / d.p99_us.max(1e-9)
+            );
+        }
+    }
+    if summaries.iter().all(|s| s.pass) {
+        0
+    } else {
+        1
+    }
+}
+
+/// What a client thread uses to reach other ranks.
+enum Remote {
+    /// Single rank: no remote requests.
+    None,
+    /// Through daemon 0's ring (`rings[0]`), which forwards over copyrpc.
+    Delegation,
+    /// Own copyrpc context with an endpoint to each remote rank's daemon 0 (`eps[rank]`).
+    Direct {
+        ctx: Box<Context<u32>>,
+        eps: Vec<Option<EndpointId>>,
+    },
+}
+
+/// Builds the ranks of one run (rings, devices, copyrpc contexts and connections), starts the
+/// daemons, runs the clients and the check, stops the daemons.
+fn run_topology(
+    a: &RunArgs,
+    cfg: DelegationConfig,
+    topo: Topology,
+) -> Result<(RunResult, Vec<DaemonReport>), String> {
+    let (ranks, daemons, clients) = (a.ranks, a.daemons, a.load.clients);
+    let pid = std::process::id();
+    let bases: Vec<String> = if ranks == 1 {
+        vec![format!("kv-{pid}")]
+    } else {
+        (0..ranks)
+            .map(|r| format!("kv-{pid}-{}-r{r}", topo.name()))
+            .collect()
+    };
+    let names: Vec<Vec<String>> = bases
+        .iter()
+        .map(|b| (0..daemons).map(|d| ring_name(b, d)).collect())
+        .collect();
+    let mut servers = Vec::with_capacity(ranks);
+    for b in &bases {
+        servers
+            .push(create_rings(b, daemons, cfg).map_err(|e| format!("creating the rings: {e}"))?);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    let mut remotes: Vec<Vec<Remote>> = Vec::with_capacity(ranks);
+    // Kept alive until the run ends (the devices reference it anyway).
+    let _fabric;
+    if ranks == 1 {
+        handles.extend(start_daemons(servers.pop().expect("one rank"), 0, &stop));
+        remotes.push((0..clients).map(|_| Remote::None).collect());
+    } else {
+        let fabric = Fabric::new(SimConfig {
+            // Steps the model now and then, so that a sender stalled on a full receive queue
+            // resumes even when nobody rings a doorbell.
+            progress_thread: Some(Duration::from_millis(1)),
+            ..SimConfig::default()
+        });
+        let devs: Vec<_> = (0..ranks).map(|_| fabric.open()).collect();
+        let ecfg = EndpointConfig {
+            ring_size: a.copyrpc_ring,
+            fingerprint: KvService::DESCRIPTOR.fingerprint,
+            ..EndpointConfig::default()
+        };
+        let setup = |e: rpc::copyrpc::SetupError| format!("copyrpc setup: {e}");
+        let mut ctxs = devs
+            .iter()
+            .map(|d| Context::<DelegToken>::new(d, ContextConfig::default()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(setup)?;
+        let mut peers = vec![vec![None; ranks]; ranks];
+        for r in 0..ranks {
+            let mut mine = Vec::with_capacity(clients);
+            for _ in 0..clients {
+                mine.push(match topo {
+                    Topology::Delegation => Remote::Delegation,
+                    Topology::Direct => {
+                        let mut ctx = Box::new(
+                            Context::<u32>::new(&devs[r], ContextConfig::default())
+                                .map_err(setup)?,
+                        );
+                        let mut eps = vec![None; ranks];
+                        for (s, ep) in eps.iter_mut().enumerate() {
+                            if s == r {
+                                continue;
+                            }
+                            let (ec, ed) = (
+                                ctx.create_endpoint(&ecfg).map_err(setup)?,
+                                ctxs[s].create_endpoint(&ecfg).map_err(setup)?,
+                            );
+                            let ic = ctx.local_info(ec).expect("endpoint");
+                            let id = ctxs[s].local_info(ed).expect("endpoint");
+                            ctx.connect(ec, &id).map_err(setup)?;
+                            ctxs[s].connect(ed, &ic).map_err(setup)?;
+                            *ep = Some(ec);
+                        }
+                        Remote::Direct { ctx, eps }
+                    }
+                });
+            }
+            remotes.push(mine);
+            if topo == Topology::Delegation {
+                for s in r + 1..ranks {
+                    let (ers, esr) = (
+                        ctxs[r].create_endpoint(&ecfg).map_err(setup)?,
+                        ctxs[s].create_endpoint(&ecfg).map_err(setup)?,
+                    );
+                    let irs = ctxs[r].local_info(ers).expect("endpoint");
+                    let isr = ctxs[s].local_info(esr).expect("endpoint");
+                    ctxs[r].connect(ers, &isr).map_err(setup)?;
+                    ctxs[s].connect(esr, &irs).map_err(setup)?;
+                    peers[r][s] = Some(ers);
+                    peers[s][r] = Some(esr);
+                }
+            }
+        }
+        for (r, ((rings, ctx), peers)) in servers.into_iter().zip(ctxs).zip(peers).enumerate() {
+            let mut rings = rings.into_iter();
+            let ring0 = rings.next().expect("daemon 0");
+            let mut dlg = Delegate::<KvService, _>::new(
+                ring0,
+                ctx,
+                r as u32,
+                ranks as u32,
+                daemons as u32,
+                kv_route(daemons),
+            )
+            .map_err(|e| format!("rank {r}: delegate: {e}"))?;
+            for (s, ep) in peers.into_iter().enumerate() {
+                if let Some(ep) = ep {
+                    dlg.set_peer(s as u32, ep)
+                        .map_err(|e| format!("rank {r}: {e}"))?;
+                }
+            }
+            for (d, name) in names[r].iter().enumerate().skip(1) {
+                dlg.attach_daemon(d as u32, name)
+                    .map_err(|e| format!("rank {r}: daemon {d}: {e}"))?;
+            }
+            let stop2 = stop.clone();
+            handles.push(
+                thread::Builder::new()
+                    .name(format!("daemon-{r}.0"))
+                    .spawn(move || delegate_loop(dlg, &stop2))
+                    .expect("spawn delegate"),
+            );
+            for (d, server) in rings.enumerate() {
+                handles.push(spawn_daemon(r, d + 1, Server::new(server), &stop));
+            }
+        }
+        _fabric = fabric;
+    }
+    let result = run_clients(&names, remotes, &a.load, &a.out);
+    stop.store(true, Ordering::Relaxed);
+    let reports = handles
+        .into_iter()
+        .map(|h| h.join().expect("daemon panicked"))
+        .collect();
+    Ok((result, reports))
 }
 
 fn serve(a: ServeArgs) -> i32 {
@@ -310,8 +611,8 @@ fn serve(a: ServeArgs) -> i32 {
             return fail(&format!("installing the signal handler: {e}"));
         }
     }
-    let daemons = match start_daemons(&a.shm, a.daemons, cfg, &stop) {
-        Ok(d) => d,
+    let daemons = match create_rings(&a.shm, a.daemons, cfg) {
+        Ok(s) => start_daemons(s, 0, &stop),
         Err(e) => return fail(&format!("creating the rings: {e}")),
     };
     println!(
@@ -350,8 +651,11 @@ fn client_only(a: ClientArgs) -> i32 {
         ));
     }
     let daemons = names.len();
-    let result = run_clients(&names, &a.load, &a.out);
-    finish(result, &[], &a.load, &a.out, daemons)
+    let remotes = vec![(0..a.load.clients).map(|_| Remote::None).collect()];
+    let result = run_clients(&[names], remotes, &a.load, &a.out);
+    let s = summarize(result, &[], &a.load, daemons, 1, "delegation");
+    print_summary(&s, &a.out, true);
+    if s.pass { 0 } else { 1 }
 }
 
 fn fail(msg: &str) -> i32 {
@@ -361,13 +665,18 @@ fn fail(msg: &str) -> i32 {
 
 /// What one client thread measured.
 struct ClientReport {
+    rank: usize,
     ops: u64,
+    /// Operations on another rank than the client's.
+    ops_remote: u64,
     gets: u64,
     hits: u64,
     errors: u64,
     hist: Histogram<u64>,
-    /// Last value written to each sampled key (keys `k % SAMPLE_EVERY == 0`).
-    written: FxHashMap<u64, u64>,
+    /// Latencies of the remote operations only.
+    hist_remote: Histogram<u64>,
+    /// Last value written to each sampled (rank, key) (keys `k % SAMPLE_EVERY == 0`).
+    written: FxHashMap<(u32, u64), u64>,
 }
 
 const SAMPLE_EVERY: u64 = 8;
@@ -380,16 +689,20 @@ struct RunResult {
 
 struct CheckReport {
     checked: usize,
+    /// Of `checked`, keys on another rank than their writer's.
+    checked_remote: usize,
     mismatches: usize,
     /// The run wrote no sampled key, so the checker wrote (and read back) its own.
     self_written: bool,
 }
 
-fn gen_pattern(load: &LoadArgs, client: usize) -> Vec<Op> {
+/// The operations of client `gid` (global id: `rank * clients + c`) over `ranks` ranks.
+/// With one rank the pattern is exactly the single-node one (no rank is drawn).
+fn gen_pattern(load: &LoadArgs, gid: usize, ranks: usize) -> Vec<Op> {
     let mut rng =
-        SmallRng::seed_from_u64(load.seed ^ (client as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        SmallRng::seed_from_u64(load.seed ^ (gid as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let zipf = Zipf::new(load.keys as f64, load.theta).expect("zipf parameters");
-    let c = load.clients as u64;
+    let writers = (load.clients * ranks) as u64;
     (0..load.pattern_len.max(1))
         .map(|_| {
             let mut key = match load.dist {
@@ -403,61 +716,79 @@ fn gen_pattern(load: &LoadArgs, client: usize) -> Vec<Op> {
             let read = rng.random_bool(load.read_ratio.clamp(0.0, 1.0));
             if !read {
                 // Single writer per key: this client writes only keys congruent to its id.
-                key = key - key % c + client as u64;
+                key = key - key % writers + gid as u64;
                 if key >= load.keys {
-                    key -= c;
+                    key -= writers;
                 }
             }
-            Op { key, read }
+            let rank = if ranks > 1 {
+                rng.random_range(0..ranks as u32)
+            } else {
+                0
+            };
+            Op { key, rank, read }
         })
         .collect()
 }
 
-fn run_clients(names: &[String], load: &LoadArgs, out: &OutArgs) -> RunResult {
-    if load.clients == 0 || load.qd == 0 || load.keys < load.clients as u64 {
-        eprintln!("kv: need --clients >= 1, --qd >= 1 and --keys >= --clients");
+/// Runs `remotes[r].len()` client threads on each rank `r` (whose daemons serve the rings
+/// `names[r]`), then the correctness check.
+fn run_clients(
+    names: &[Vec<String>],
+    remotes: Vec<Vec<Remote>>,
+    load: &LoadArgs,
+    out: &OutArgs,
+) -> RunResult {
+    let ranks = names.len();
+    if load.clients == 0 || load.qd == 0 || load.keys < (load.clients * ranks) as u64 {
+        eprintln!("kv: need --clients >= 1, --qd >= 1 and --keys >= --clients * --ranks");
         std::process::exit(2);
     }
+    let total = load.clients * ranks;
     let stop = Arc::new(AtomicBool::new(false));
     let counters: Arc<Vec<CachePadded<AtomicU64>>> = Arc::new(
-        (0..load.clients)
+        (0..total)
             .map(|_| CachePadded::new(AtomicU64::new(0)))
             .collect(),
     );
-    let start = Arc::new(std::sync::Barrier::new(load.clients + 1));
+    let start = Arc::new(std::sync::Barrier::new(total + 1));
     let mut handles = Vec::new();
-    for c in 0..load.clients {
-        let (names, load, stop, counters, start) = (
-            names.to_vec(),
-            load.clone(),
-            stop.clone(),
-            counters.clone(),
-            start.clone(),
-        );
-        handles.push(
-            thread::Builder::new()
-                .name(format!("client-{c}"))
-                .spawn(move || {
-                    let pattern = gen_pattern(&load, c);
-                    let rings = names
-                        .iter()
-                        .map(|n| KvClient::<Delegation>::connect(n))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|e| e.to_string());
-                    start.wait();
-                    let rings = rings?;
-                    // Every call of the closed loop may go to the same ring.
-                    if let Some(r) = rings.iter().find(|r| r.max_in_flight() < load.qd) {
-                        return Err(format!(
-                            "--qd {} exceeds the ring's {} response slots per client (kv serve --resp-depth)",
-                            load.qd,
-                            r.max_in_flight()
-                        ));
-                    }
-                    client_loop(c, rings, &pattern, &load, &stop, &counters[c]).map_err(|e| e.to_string())
-                })
-                .expect("spawn client"),
-        );
+    for (rank, rank_remotes) in remotes.into_iter().enumerate() {
+        for (c, remote) in rank_remotes.into_iter().enumerate() {
+            let gid = rank * load.clients + c;
+            let (names, load, stop, counters, start) = (
+                names[rank].clone(),
+                load.clone(),
+                stop.clone(),
+                counters.clone(),
+                start.clone(),
+            );
+            handles.push(
+                thread::Builder::new()
+                    .name(format!("client-{rank}.{c}"))
+                    .spawn(move || {
+                        let pattern = gen_pattern(&load, gid, ranks);
+                        let rings = names
+                            .iter()
+                            .map(|n| KvClient::<Delegation>::connect(n))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|e| e.to_string());
+                        start.wait();
+                        let rings = rings?;
+                        // Every call of the closed loop may go to the same ring.
+                        if let Some(r) = rings.iter().find(|r| r.max_in_flight() < load.qd) {
+                            return Err(format!(
+                                "--qd {} exceeds the ring's {} response slots per client (kv serve --resp-depth)",
+                                load.qd,
+                                r.max_in_flight()
+                            ));
+                        }
+                        let me = Me { gid, rank, writers: (load.clients * ranks) as u64 };
+                        client_loop(me, rings, remote, &pattern, &load, &stop, &counters[gid])
+                    })
+                    .expect("spawn client"),
+            );
+        }
     }
     start.wait();
     let t0 = Instant::now();
@@ -490,7 +821,7 @@ fn run_clients(names: &[String], load: &LoadArgs, out: &OutArgs) -> RunResult {
     }
     let check = match failure {
         Some(f) => Err(f),
-        None => check_written(names, &clients, load.check_samples),
+        None => check_written(names, &clients, load),
     };
     RunResult {
         elapsed,
@@ -499,189 +830,372 @@ fn run_clients(names: &[String], load: &LoadArgs, out: &OutArgs) -> RunResult {
     }
 }
 
-/// The closed loop of one client thread (seeds/004 §7, single rank: every call is local and
-/// goes to the owner daemon's ring).
+/// Who a client thread is.
+#[derive(Clone, Copy)]
+struct Me {
+    /// Global client id (`rank * clients + c`): the writer id in values.
+    gid: usize,
+    rank: usize,
+    /// Number of writers (all clients of all ranks).
+    writers: u64,
+}
+
+/// A completed call: its tag and response (`None`: the call failed).
+type Done = (u64, Option<KvResponse>);
+
+/// The method id of an operation.
+#[inline]
+fn method_of(op: &Op) -> u16 {
+    if op.read {
+        KvService::GET
+    } else {
+        KvService::PUT
+    }
+}
+
+/// Sends `op` with tag `tag`: to the owner daemon's ring if it is for this rank, else over
+/// the remote path. Direct calls that find the copyrpc ring full poll (completions go to
+/// `done`) and retry.
+#[inline]
+fn issue(
+    me: Me,
+    (tag, op, value): (u64, Op, u64),
+    rings: &mut [KvClient],
+    remote: &mut Remote,
+    inflight: &[(Instant, Op)],
+    done: &mut Vec<Done>,
+) -> Result<(), String> {
+    let ring = match remote {
+        _ if op.rank as usize == me.rank => owner_daemon(op.key, rings.len()),
+        Remote::None | Remote::Delegation => 0,
+        Remote::Direct { ctx, eps } => {
+            let Some(ep) = eps.get(op.rank as usize).copied().flatten() else {
+                return Err(format!("no endpoint to rank {}", op.rank));
+            };
+            let req = if op.read {
+                KvRequest::get(op.rank, op.key)
+            } else {
+                KvRequest::put(op.rank, op.key, value)
+            };
+            let d = KvService::DESCRIPTOR;
+            loop {
+                match ctx.call_with(
+                    ep,
+                    d.max_request_bytes as u32,
+                    tag as u32,
+                    d.max_response_bytes as u32,
+                    |buf| KvService::encode_request(&req, buf),
+                ) {
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.is_retryable() => {
+                        ctx.poll(|t, r| done.push(direct_done(inflight, t, r)));
+                    }
+                    Err(CallError::Failed(_)) => {
+                        return Err(format!("endpoint to rank {} failed", op.rank));
+                    }
+                    Err(e) => return Err(format!("copyrpc call to rank {}: {e}", op.rank)),
+                }
+            }
+        }
+    };
+    let ring = &mut rings[ring];
+    let r = if op.read {
+        ring.issue(tag).get(op.rank, op.key)
+    } else {
+        ring.issue(tag).put(op.rank, op.key, value)
+    };
+    r.map_err(|e| e.to_string())
+}
+
+/// Decodes a direct (copyrpc) response for the call with tag `t`.
+#[inline]
+fn direct_done(
+    inflight: &[(Instant, Op)],
+    t: u32,
+    r: Result<&[u8], rpc::copyrpc::EndpointFailure>,
+) -> Done {
+    let op = inflight[t as usize].1;
+    let resp = r
+        .ok()
+        .and_then(|b| KvService::decode_response(method_of(&op), b).ok());
+    (t as u64, resp)
+}
+
+/// The closed loop of one client thread (seeds/004 §7): requests for its rank go to the owner
+/// daemon's ring, the others over `remote`; every ring and the copyrpc context (if any) are
+/// polled, and each completion is replaced by the next operation of the pattern.
 fn client_loop(
-    id: usize,
+    me: Me,
     mut rings: Vec<KvClient>,
+    mut remote: Remote,
     pattern: &[Op],
     load: &LoadArgs,
     stop: &AtomicBool,
     counter: &AtomicU64,
-) -> Result<ClientReport, RpcError> {
+) -> Result<ClientReport, String> {
     let qd = load.qd;
-    let d = rings.len();
-    let writers = load.clients as u64;
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
+    let new_hist = || Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
+    let (mut hist, mut hist_remote) = (new_hist(), new_hist());
     let mut written = FxHashMap::default();
     // Per tag (0..qd): when it was issued and what it was.
-    let mut inflight: Vec<(Instant, Op)> = vec![(Instant::now(), Op { key: 0, read: true }); qd];
-    let mut done: Vec<u64> = Vec::with_capacity(qd);
-    let (mut next, mut seq, mut ops, mut gets, mut hits, mut errors) =
-        (0usize, 0u64, 0u64, 0u64, 0u64, 0u64);
-    let mut outstanding = 0usize;
-
-    let mut issue = |tag: u64,
-                     rings: &mut [KvClient],
-                     written: &mut FxHashMap<u64, u64>,
-                     inflight: &mut [(Instant, Op)]|
-     -> Result<(), RpcError> {
-        let op = pattern[next];
-        next = if next + 1 == pattern.len() {
-            0
-        } else {
-            next + 1
-        };
-        let ring = &mut rings[owner_daemon(op.key, d)];
-        inflight[tag as usize] = (Instant::now(), op);
-        if op.read {
-            ring.issue(tag).get(0, op.key)
-        } else {
-            seq += 1;
-            let value = ((id as u64) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1));
-            if op.key % SAMPLE_EVERY == 0 {
-                written.insert(op.key, value);
+    let mut inflight: Vec<(Instant, Op)> = vec![
+        (
+            Instant::now(),
+            Op {
+                key: 0,
+                rank: 0,
+                read: true
             }
-            ring.issue(tag).put(0, op.key, value)
-        }
-    };
-
-    for tag in 0..qd as u64 {
-        issue(tag, &mut rings, &mut written, &mut inflight)?;
-        outstanding += 1;
-    }
+        );
+        qd
+    ];
+    let mut done: Vec<Done> = Vec::with_capacity(qd);
+    let mut free: Vec<u64> = (0..qd as u64).collect();
+    let (mut next, mut seq, mut ops, mut ops_remote, mut gets, mut hits, mut errors) =
+        (0usize, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut outstanding = 0usize;
     let backoff = Backoff::new();
     loop {
         let stopping = stop.load(Ordering::Relaxed);
-        if stopping && outstanding == 0 {
+        if !stopping {
+            for tag in free.drain(..) {
+                let op = pattern[next];
+                next = if next + 1 == pattern.len() {
+                    0
+                } else {
+                    next + 1
+                };
+                let mut value = 0;
+                if !op.read {
+                    seq += 1;
+                    value = ((me.gid as u64) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1));
+                    if op.key % SAMPLE_EVERY == 0 {
+                        written.insert((op.rank, op.key), value);
+                    }
+                }
+                inflight[tag as usize] = (Instant::now(), op);
+                issue(
+                    me,
+                    (tag, op, value),
+                    &mut rings,
+                    &mut remote,
+                    &inflight,
+                    &mut done,
+                )?;
+                outstanding += 1;
+            }
+        } else if outstanding == 0 {
             break;
         }
         for ring in rings.iter_mut() {
-            ring.poll_with(|tag, r| {
-                let (t, op) = inflight[tag as usize];
-                let ns = t.elapsed().as_nanos() as u64;
-                let _ = hist.record(ns.max(1));
-                ops += 1;
-                match r {
-                    Ok(KvResponse::Get(v)) if op.read => {
-                        gets += 1;
-                        if let Some(v) = v {
-                            hits += 1;
-                            // Single writer per key: the value must come from the key's writer.
-                            if v >> SEQ_BITS != op.key % writers {
-                                errors += 1;
-                            }
-                        }
-                    }
-                    Ok(KvResponse::Put(())) if !op.read => {}
-                    _ => errors += 1,
-                }
-                done.push(tag);
-            })?;
+            ring.poll_with(|tag, r| done.push((tag, r.ok())))
+                .map_err(|e| e.to_string())?;
+        }
+        if let Remote::Direct { ctx, .. } = &mut remote {
+            ctx.poll(|t, r| done.push(direct_done(&inflight, t, r)));
         }
         if done.is_empty() {
             backoff.snooze();
             continue;
         }
         backoff.reset();
-        counter.store(ops, Ordering::Relaxed);
-        outstanding -= done.len();
-        if !stopping {
-            for &tag in &done {
-                issue(tag, &mut rings, &mut written, &mut inflight)?;
-                outstanding += 1;
+        for (tag, r) in done.drain(..) {
+            let (t, op) = inflight[tag as usize];
+            let ns = (t.elapsed().as_nanos() as u64).max(1);
+            let _ = hist.record(ns);
+            if op.rank as usize != me.rank {
+                ops_remote += 1;
+                let _ = hist_remote.record(ns);
             }
+            ops += 1;
+            match r {
+                Some(KvResponse::Get(v)) if op.read => {
+                    gets += 1;
+                    if let Some(v) = v {
+                        hits += 1;
+                        // Single writer per key: the value must come from the key's writer.
+                        if v >> SEQ_BITS != op.key % me.writers {
+                            errors += 1;
+                        }
+                    }
+                }
+                Some(KvResponse::Put(())) if !op.read => {}
+                _ => errors += 1,
+            }
+            outstanding -= 1;
+            free.push(tag);
         }
-        done.clear();
+        counter.store(ops, Ordering::Relaxed);
     }
     counter.store(ops, Ordering::Relaxed);
     Ok(ClientReport {
+        rank: me.rank,
         ops,
+        ops_remote,
         gets,
         hits,
         errors,
         hist,
+        hist_remote,
         written,
     })
 }
 
-/// Reads back a sample of written keys through fresh clients (blocking calls) and compares
-/// them with the last value each key's single writer wrote. A run that wrote nothing
-/// (`--read-ratio 1`) has nothing to compare, so the checker then writes its own sample keys
-/// (values with writer id `clients`, which no run client uses) and reads them back.
+/// Reads back a sample of written keys, local and remote, from the owner daemon of the owner
+/// rank (blocking calls through fresh clients on its ring), and compares them with the last
+/// value each key's single writer wrote. A run that wrote nothing (`--read-ratio 1`) has
+/// nothing to compare, so the checker then writes its own sample keys (values with writer id
+/// `clients * ranks`, which no run client uses) and reads them back.
 fn check_written(
-    names: &[String],
+    names: &[Vec<String>],
     clients: &[ClientReport],
-    samples: usize,
+    load: &LoadArgs,
 ) -> Result<CheckReport, String> {
+    let samples = load.check_samples;
+    let ranks = names.len();
     let mut rings = names
         .iter()
-        .map(|n| KvClient::<Delegation>::connect(n))
+        .map(|rank| {
+            rank.iter()
+                .map(|n| KvClient::<Delegation>::connect(n))
+                .collect::<Result<Vec<_>, _>>()
+        })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("check client: {e}"))?;
-    let mut all: Vec<(u64, u64)> = clients
+    let daemons = names[0].len();
+    // (rank, key) -> value, and whether the writer was on another rank.
+    let mut all: Vec<((u32, u64), u64, bool)> = clients
         .iter()
-        .flat_map(|c| c.written.iter().map(|(&k, &v)| (k, v)))
+        .flat_map(|c| {
+            c.written
+                .iter()
+                .map(move |(&k, &v)| (k, v, k.0 as usize != c.rank))
+        })
         .collect();
     let self_written = all.is_empty();
     if self_written {
-        let writer = (clients.len() as u64) << SEQ_BITS;
+        let writer = ((load.clients * ranks) as u64) << SEQ_BITS;
         for i in 0..samples.max(1) as u64 {
             let (key, value) = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20, writer | i);
-            rings[owner_daemon(key, names.len())]
-                .put(0, key, value)
-                .map_err(|e| format!("check put({key}): {e}"))?;
-            all.push((key, value));
+            let rank = (i % ranks as u64) as u32;
+            rings[rank as usize][owner_daemon(key, daemons)]
+                .put(rank, key, value)
+                .map_err(|e| format!("check put({rank}, {key}): {e}"))?;
+            all.push(((rank, key), value, false));
         }
         // Later writes of a repeated key win.
         all.reverse();
+        all.sort_by_key(|kv| kv.0);
         all.dedup_by_key(|kv| kv.0);
     }
     let step = (all.len() / samples.max(1)).max(1);
-    let (mut checked, mut mismatches) = (0, 0);
-    for &(key, want) in all.iter().step_by(step).take(samples) {
-        let got = rings[owner_daemon(key, names.len())]
-            .get(0, key)
-            .map_err(|e| format!("check get({key}): {e}"))?;
+    let (mut checked, mut checked_remote, mut mismatches) = (0, 0, 0);
+    for &((rank, key), want, remote) in all.iter().step_by(step).take(samples) {
+        let got = rings[rank as usize][owner_daemon(key, daemons)]
+            .get(rank, key)
+            .map_err(|e| format!("check get({rank}, {key}): {e}"))?;
         checked += 1;
+        checked_remote += remote as usize;
         if got != Some(want) {
             if mismatches < 5 {
-                eprintln!("kv: check: key {key}: read {got:?}, last written Some({want})");
+                eprintln!(
+                    "kv: check: rank {rank} key {key}: read {got:?}, last written Some({want})"
+                );
             }
             mismatches += 1;
         }
     }
     Ok(CheckReport {
         checked,
+        checked_remote,
         mismatches,
         self_written,
     })
 }
 
-fn finish(
+/// The figures of one run.
+struct Summary {
+    backend: &'static str,
+    ranks: usize,
+    daemons: usize,
+    clients: usize,
+    qd: usize,
+    read_ratio: f64,
+    keys: u64,
+    dist: String,
+    secs: f64,
+    ops: u64,
+    mops: f64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    ops_remote: u64,
+    remote_p50_us: f64,
+    remote_p99_us: f64,
+    rank_ops: Vec<u64>,
+    rank_mops: Vec<f64>,
+    gets: u64,
+    hits: u64,
+    errors: u64,
+    bad_requests: u64,
+    forward: Option<ForwardStats>,
+    checked: usize,
+    checked_remote: usize,
+    mismatches: usize,
+    check_msg: String,
+    pass: bool,
+}
+
+fn summarize(
     r: RunResult,
     daemons: &[DaemonReport],
     load: &LoadArgs,
-    out: &OutArgs,
     ndaemons: usize,
-) -> i32 {
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
-    let (mut ops, mut gets, mut hits, mut errors) = (0, 0, 0, 0);
+    ranks: usize,
+    backend: &'static str,
+) -> Summary {
+    let new_hist = || Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
+    let (mut hist, mut hist_remote) = (new_hist(), new_hist());
+    let (mut ops, mut ops_remote, mut gets, mut hits, mut errors) = (0, 0, 0, 0, 0);
+    let mut rank_ops = vec![0u64; ranks];
     for c in &r.clients {
         hist.add(&c.hist).expect("histogram merge");
+        hist_remote.add(&c.hist_remote).expect("histogram merge");
         ops += c.ops;
+        ops_remote += c.ops_remote;
         gets += c.gets;
         hits += c.hits;
         errors += c.errors;
+        rank_ops[c.rank] += c.ops;
     }
     let secs = r.elapsed.as_secs_f64();
-    let mops = ops as f64 / secs / 1e6;
-    let us = |q: f64| hist.value_at_quantile(q) as f64 / 1e3;
+    let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
+    let mut forward: Option<ForwardStats> = None;
+    for f in daemons.iter().filter_map(|d| d.forward) {
+        let t = forward.get_or_insert_with(ForwardStats::default);
+        t.ring_local += f.ring_local;
+        t.forwarded += f.forwarded;
+        t.responses += f.responses;
+        t.remote_served += f.remote_served;
+        t.handed_off += f.handed_off;
+        t.handoff_replies += f.handoff_replies;
+        t.bad_requests += f.bad_requests;
+        t.unroutable += f.unroutable;
+        t.failed_calls += f.failed_calls;
+        t.corrupt_responses += f.corrupt_responses;
+        t.dropped_replies += f.dropped_replies;
+        t.ring_full_retries += f.ring_full_retries;
+        t.daemon_busy_waits += f.daemon_busy_waits;
+    }
     let bad_requests: u64 = daemons.iter().map(|d| d.bad_requests).sum();
-    let (check_ok, checked, mismatches, check_msg) = match &r.check {
+    let forward_errors = forward.map_or(0, |f| {
+        f.unroutable + f.failed_calls + f.corrupt_responses + f.dropped_replies
+    });
+    let (check_ok, checked, checked_remote, mismatches, check_msg) = match &r.check {
         Ok(c) => (
             c.mismatches == 0 && c.checked > 0,
             c.checked,
+            c.checked_remote,
             c.mismatches,
             if c.self_written {
                 "the run wrote nothing: keys written by the checker".to_string()
@@ -689,58 +1203,179 @@ fn finish(
                 String::new()
             },
         ),
-        Err(e) => (false, 0, 0, e.clone()),
+        Err(e) => (false, 0, 0, 0, e.clone()),
     };
-    let pass = check_ok && errors == 0 && bad_requests == 0;
-    let dist = match load.dist {
-        Dist::Uniform => "uniform".to_string(),
-        Dist::Zipf => format!("zipf({})", load.theta),
-    };
+    Summary {
+        backend,
+        ranks,
+        daemons: ndaemons,
+        clients: load.clients,
+        qd: load.qd,
+        read_ratio: load.read_ratio,
+        keys: load.keys,
+        dist: match load.dist {
+            Dist::Uniform => "uniform".to_string(),
+            Dist::Zipf => format!("zipf({})", load.theta),
+        },
+        secs,
+        ops,
+        mops: ops as f64 / secs / 1e6,
+        p50_us: us(&hist, 0.5),
+        p99_us: us(&hist, 0.99),
+        p999_us: us(&hist, 0.999),
+        ops_remote,
+        remote_p50_us: us(&hist_remote, 0.5),
+        remote_p99_us: us(&hist_remote, 0.99),
+        rank_mops: rank_ops.iter().map(|&o| o as f64 / secs / 1e6).collect(),
+        rank_ops,
+        gets,
+        hits,
+        errors,
+        bad_requests,
+        forward,
+        checked,
+        checked_remote,
+        mismatches,
+        check_msg,
+        pass: check_ok && errors == 0 && bad_requests == 0 && forward_errors == 0,
+    }
+}
+
+fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
+    let Summary {
+        ranks,
+        daemons,
+        clients,
+        qd,
+        read_ratio,
+        keys,
+        secs,
+        ops,
+        mops,
+        ops_remote,
+        gets,
+        hits,
+        errors,
+        bad_requests,
+        checked,
+        checked_remote,
+        mismatches,
+        pass,
+        ..
+    } = *s;
+    let (dist, backend, check_msg) = (&s.dist, s.backend, &s.check_msg);
+    let f = s.forward.unwrap_or_default();
     if out.json {
-        let v = serde_json::json!({
-            "transport": "delegation", "daemons": ndaemons, "clients": load.clients, "qd": load.qd,
-            "read_ratio": load.read_ratio, "keys": load.keys, "dist": dist, "seconds": secs,
-            "ops": ops, "mops": mops, "p50_us": us(0.5), "p99_us": us(0.99), "p999_us": us(0.999),
-            "gets": gets, "get_hits": hits, "errors": errors, "bad_requests": bad_requests,
-            "check_samples": checked, "check_mismatches": mismatches, "check_passed": pass,
-            "check_note": check_msg,
+        let mut v = serde_json::json!({
+            "transport": "delegation", "daemons": daemons, "clients": clients, "qd": qd,
+            "read_ratio": read_ratio, "keys": keys, "dist": dist, "seconds": secs,
+            "ops": ops, "mops": mops, "p50_us": s.p50_us, "p99_us": s.p99_us,
+            "p999_us": s.p999_us, "gets": gets, "get_hits": hits, "errors": errors,
+            "bad_requests": bad_requests, "check_samples": checked,
+            "check_mismatches": mismatches, "check_passed": pass, "check_note": check_msg,
         });
+        let more = serde_json::json!({
+            "ranks": ranks, "backend": backend, "clients_total": clients * ranks,
+            "ops_local": ops - ops_remote, "ops_remote": ops_remote,
+            "remote_p50_us": s.remote_p50_us, "remote_p99_us": s.remote_p99_us,
+            "rank_ops": s.rank_ops, "rank_mops": s.rank_mops,
+            "check_samples_remote": checked_remote,
+        });
+        let forward = s.forward.map(|f| {
+            serde_json::json!({
+                "ring_local": f.ring_local, "forwarded": f.forwarded, "responses": f.responses,
+                "remote_served": f.remote_served, "handed_off": f.handed_off,
+                "handoff_replies": f.handoff_replies, "bad_requests": f.bad_requests,
+                "unroutable": f.unroutable, "failed_calls": f.failed_calls,
+                "corrupt_responses": f.corrupt_responses, "dropped_replies": f.dropped_replies,
+                "ring_full_retries": f.ring_full_retries,
+                "daemon_busy_waits": f.daemon_busy_waits,
+            })
+        });
+        let obj = v.as_object_mut().expect("an object");
+        obj.extend(more.as_object().expect("an object").clone());
+        obj.insert("forward".into(), forward.unwrap_or(serde_json::Value::Null));
         println!("{v}");
     } else if out.csv {
+        if first {
+            println!(
+                "transport,daemons,clients,qd,read_ratio,keys,dist,seconds,ops,mops,p50_us,p99_us,p999_us,gets,get_hits,errors,check_samples,check_mismatches,check_passed,ranks,backend,ops_local,ops_remote,remote_p50_us,remote_p99_us,rank_mops,forwarded,remote_served,handed_off,unroutable,failed_calls,corrupt_responses,ring_full_retries"
+            );
+        }
+        let rank_mops: Vec<String> = s.rank_mops.iter().map(|m| format!("{m:.4}")).collect();
         println!(
-            "transport,daemons,clients,qd,read_ratio,keys,dist,seconds,ops,mops,p50_us,p99_us,p999_us,gets,get_hits,errors,check_samples,check_mismatches,check_passed"
-        );
-        println!(
-            "delegation,{ndaemons},{},{},{},{},{dist},{secs:.3},{ops},{mops:.4},{:.2},{:.2},{:.2},{gets},{hits},{errors},{checked},{mismatches},{pass}",
-            load.clients,
-            load.qd,
-            load.read_ratio,
-            load.keys,
-            us(0.5),
-            us(0.99),
-            us(0.999)
+            "delegation,{daemons},{clients},{qd},{read_ratio},{keys},{dist},{secs:.3},{ops},{mops:.4},{:.2},{:.2},{:.2},{gets},{hits},{errors},{checked},{mismatches},{pass},{ranks},{backend},{},{ops_remote},{:.2},{:.2},{},{},{},{},{},{},{},{}",
+            s.p50_us,
+            s.p99_us,
+            s.p999_us,
+            ops - ops_remote,
+            s.remote_p50_us,
+            s.remote_p99_us,
+            rank_mops.join(";"),
+            f.forwarded,
+            f.remote_served,
+            f.handed_off,
+            f.unroutable,
+            f.failed_calls,
+            f.corrupt_responses,
+            f.ring_full_retries,
         );
     } else {
-        println!(
-            "kv over delegation: {ndaemons} daemon(s), {} client(s), QD {}, {:.0}% gets, {} keys {dist}, {secs:.1} s",
-            load.clients,
-            load.qd,
-            load.read_ratio * 100.0,
-            load.keys
-        );
+        if ranks == 1 {
+            println!(
+                "kv over delegation: {daemons} daemon(s), {clients} client(s), QD {qd}, {:.0}% gets, {keys} keys {dist}, {secs:.1} s",
+                read_ratio * 100.0,
+            );
+        } else {
+            println!(
+                "kv, {ranks} ranks, backend {backend}: {daemons} daemon(s) and {clients} client(s) per rank, QD {qd}, {:.0}% gets, {keys} keys {dist} per rank, {secs:.1} s",
+                read_ratio * 100.0,
+            );
+        }
         println!("  throughput  {mops:.3} Mops/s ({ops} ops)");
+        if ranks > 1 {
+            let per: Vec<String> = s
+                .rank_mops
+                .iter()
+                .enumerate()
+                .map(|(r, m)| format!("{r}: {m:.3}"))
+                .collect();
+            println!("  per rank    {} Mops/s", per.join("   "));
+        }
         println!(
             "  latency     p50 {:.2} us   p99 {:.2} us   p999 {:.2} us",
-            us(0.5),
-            us(0.99),
-            us(0.999)
+            s.p50_us, s.p99_us, s.p999_us
         );
+        if ranks > 1 {
+            println!(
+                "  remote      {ops_remote} ops ({:.0}%), {} local   p50 {:.2} us   p99 {:.2} us",
+                ops_remote as f64 * 100.0 / ops.max(1) as f64,
+                ops - ops_remote,
+                s.remote_p50_us,
+                s.remote_p99_us
+            );
+            println!(
+                "  delegates   forwarded {}   served remote {}   handed to daemons {}   ring-full retries {}   unroutable {}   failed {}   corrupt {}",
+                f.forwarded,
+                f.remote_served,
+                f.handed_off,
+                f.ring_full_retries,
+                f.unroutable,
+                f.failed_calls,
+                f.corrupt_responses
+            );
+        }
         println!(
             "  gets        {gets} ({hits} found)   errors {errors}   bad requests {bad_requests}"
         );
         println!(
-            "  check       {}: {checked} written keys read back, {mismatches} mismatches{}",
+            "  check       {}: {checked} written keys read back{}, {mismatches} mismatches{}",
             if pass { "PASSED" } else { "FAILED" },
+            if ranks > 1 {
+                format!(" ({checked_remote} written from another rank)")
+            } else {
+                String::new()
+            },
             if check_msg.is_empty() {
                 String::new()
             } else {
@@ -748,5 +1383,4 @@ fn finish(
             }
         );
     }
-    if pass { 0 } else { 1 }
 }

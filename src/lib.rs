@@ -61,5 +61,7 @@
 // Lets the crate's own unit tests and doc tests use the macro, whose output names `::rpc`.
 extern crate self as rpc;
 
+/// The NIC layer (device model and hardware provider) the RDMA transports run on.
+pub use mlx5;
 pub use rpc_macros::rpc_service;
 pub use rpc_runtime::*;

@@ -808,12 +808,18 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
     ));
     let connect_doc = docs(&format!(
         "Connects to a `{name}` server at `addr` (for the delegation transport, the shared-memory\n\
-         ring's name), checking this build's schema fingerprint and message sizes against the\n\
-         server's.\n\
+         ring's name; for copyrpc, a `CopyrpcAddr`), checking this build's schema fingerprint and\n\
+         message sizes against the server's.\n\
          \n\
          # Errors\n\
          `RpcError::SchemaMismatch` if the server was built from a different `{name}` trait;\n\
          `RpcError::CapacityMismatch`; and the transport's own setup errors."
+    ));
+    let from_transport_doc = docs(&format!(
+        "Wraps a transport already connected to a `{name}` server, e.g. one built from endpoint\n\
+         information exchanged by an MPI bootstrap (`rpc::copyrpc::Copyrpc::from_context`). The\n\
+         transport's constructor must have checked this service's schema fingerprint and message\n\
+         sizes, as [`Self::connect`] does."
     ));
     let issue_fn_doc = docs(&format!(
         "Starts a pipelined call tagged `tag`: call one method on the returned [`{issue}`], e.g.\n\
@@ -855,6 +861,13 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
                 ::core::result::Result::Ok(Self {
                     inner: ::rpc::Client::connect(addr)?,
                 })
+            }
+
+            #from_transport_doc
+            pub fn from_transport(transport: __RpcT) -> Self {
+                Self {
+                    inner: ::rpc::Client::from_transport(transport),
+                }
             }
 
             #(#blocking)*

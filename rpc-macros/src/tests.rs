@@ -233,16 +233,20 @@ fn attribute_arguments() {
     assert_eq!(e.len(), 1);
     assert!(e[0].starts_with("missing transport"), "{e:?}");
     let e = errors_of(quote!(transport = "foo"), item.clone());
-    assert_eq!(e, ["unknown transport `foo`; available: delegation"]);
-    for t in ["copyrpc", "erpc", "scalerpc"] {
+    assert_eq!(
+        e,
+        ["unknown transport `foo`; available: delegation, copyrpc"]
+    );
+    for t in ["erpc", "scalerpc"] {
         let e = errors_of(quote!(transport = #t), item.clone());
         assert_eq!(
             e,
             [format!(
-                "transport `{t}` is not available yet; available transports: delegation"
+                "transport `{t}` is not available yet; available transports: delegation, copyrpc"
             )]
         );
     }
+    assert!(errors_of(quote!(transport = "copyrpc"), item.clone()).is_empty());
     let e = errors_of(
         quote!(transport = "delegation", colour = "blue"),
         item.clone(),

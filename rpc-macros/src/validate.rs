@@ -14,7 +14,7 @@ use crate::parse::{AttrArgs, Errors, WireTy, normalize_tokens};
 /// for those not implemented yet.
 pub const TRANSPORTS: &[(&str, Option<&str>)] = &[
     ("delegation", Some("delegation::Delegation")),
-    ("copyrpc", None),
+    ("copyrpc", Some("copyrpc::Copyrpc")),
     ("erpc", None),
     ("scalerpc", None),
 ];
@@ -22,6 +22,7 @@ pub const TRANSPORTS: &[(&str, Option<&str>)] = &[
 /// Method names that `<Trait>Client` already uses for its inherent methods.
 pub const CLIENT_METHODS: &[&str] = &[
     "connect",
+    "from_transport",
     "issue",
     "issue_request",
     "poll",

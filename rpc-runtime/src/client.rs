@@ -15,7 +15,7 @@ use crate::wire;
 
 /// The client side of a transport: sends request messages and delivers response messages.
 ///
-/// Implemented by each transport (`Delegation`, and later copyrpc, eRPC, ScaleRPC).
+/// Implemented by each transport (`Delegation`, `Copyrpc`, and later eRPC, ScaleRPC).
 pub trait ClientTransport: Sized {
     /// What [`ClientTransport::connect`] takes: a shared-memory name for the delegation ring,
     /// an endpoint address for the network transports.
@@ -78,9 +78,16 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
     /// # Errors
     /// As [`ClientTransport::connect`].
     pub fn connect(addr: &T::Addr) -> Result<Self, RpcError> {
-        let transport = T::connect(addr, S::DESCRIPTOR)?;
+        Ok(Self::from_transport(T::connect(addr, S::DESCRIPTOR)?))
+    }
+
+    /// Wraps a transport that is already connected to a server of `S`, e.g. one built from
+    /// endpoint information exchanged by an MPI bootstrap (`Copyrpc::from_context`). The
+    /// transport's constructor is responsible for the checks [`ClientTransport::connect`]
+    /// makes (schema fingerprint, message sizes) against `S::DESCRIPTOR`.
+    pub fn from_transport(transport: T) -> Self {
         let n = transport.max_in_flight();
-        Ok(Client {
+        Client {
             transport,
             slots: vec![
                 CallSlot {
@@ -92,7 +99,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             .into_boxed_slice(),
             ready: VecDeque::with_capacity(n),
             in_flight: 0,
-        })
+        }
     }
 
     /// The transport.

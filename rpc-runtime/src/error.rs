@@ -75,6 +75,11 @@ pub enum RpcError {
     /// and large, and `RpcError` travels in every call's `Result`.
     #[error(transparent)]
     Ring(Box<crate::delegation::RingError>),
+    /// Setting up a copyrpc client or server failed (device error, connect timeout, bad
+    /// configuration, refused for a reason other than schema or capacity). Boxed like
+    /// [`RpcError::Ring`].
+    #[error(transparent)]
+    Copyrpc(Box<crate::copyrpc::CopyrpcSetupError>),
 }
 
 /// Which kind of message a capacity applies to.
@@ -99,6 +104,20 @@ impl From<crate::delegation::RingError> for RpcError {
     #[cold]
     fn from(e: crate::delegation::RingError) -> Self {
         RpcError::Ring(Box::new(e))
+    }
+}
+
+impl From<crate::copyrpc::CopyrpcSetupError> for RpcError {
+    #[cold]
+    fn from(e: crate::copyrpc::CopyrpcSetupError) -> Self {
+        RpcError::Copyrpc(Box::new(e))
+    }
+}
+
+impl From<crate::copyrpc::SetupError> for RpcError {
+    #[cold]
+    fn from(e: crate::copyrpc::SetupError) -> Self {
+        RpcError::Copyrpc(Box::new(crate::copyrpc::CopyrpcSetupError::Setup(e)))
     }
 }
 

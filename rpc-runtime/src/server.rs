@@ -35,6 +35,13 @@ pub trait ServerTransport {
         token: Self::ReplyToken,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), RpcError>;
+
+    /// Sends replies written since the last [`ServerTransport::poll`], for transports that
+    /// batch writes until their next poll (copyrpc); [`Server::serve_once`] calls it after
+    /// answering a round so replies do not wait for the next round. Default: nothing (the
+    /// delegation ring's replies are visible as soon as they are written).
+    #[inline]
+    fn flush(&mut self) {}
 }
 
 /// Server-side counters kept by [`Server`] (the transport keeps its own).
@@ -134,8 +141,17 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
         r
     }
 
+    /// Sends replies given so far through [`Server::reply`] on transports that batch them
+    /// until their next poll (copyrpc); [`Server::poll`] does it too. No-op for the
+    /// delegation ring.
+    #[inline]
+    pub fn flush(&mut self) {
+        self.transport.flush();
+    }
+
     /// One round of the serve loop: poll, answer every available request with `handler`,
-    /// release the space. Returns how many requests were handled (bad ones excluded).
+    /// release the space, flush the replies ([`ServerTransport::flush`]). Returns how many
+    /// requests were handled (bad ones excluded).
     #[inline]
     pub fn serve_once(&mut self, mut handler: impl FnMut(S::Request) -> S::Response) -> usize {
         if self.transport.poll() == 0 {
@@ -149,6 +165,7 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
             n += 1;
         }
         self.transport.release();
+        self.transport.flush();
         n
     }
 

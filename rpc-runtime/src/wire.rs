@@ -50,6 +50,13 @@ pub enum Status {
     BadArguments = 3,
     /// The request was too short to hold a header.
     Truncated = 4,
+    /// A forwarder could not deliver the request: its target rank or shard does not exist,
+    /// no connection leads there, or that connection failed (seeds/004 §4 forwarding,
+    /// [`crate::delegation::forward`]).
+    Unreachable = 5,
+    /// A forwarder received a response it could not pass on: malformed, or larger than the
+    /// caller's response slot or allowance ([`crate::delegation::forward`]).
+    BadForwardedResponse = 6,
 }
 
 impl Status {
@@ -62,6 +69,8 @@ impl Status {
             2 => Status::BadLength,
             3 => Status::BadArguments,
             4 => Status::Truncated,
+            5 => Status::Unreachable,
+            6 => Status::BadForwardedResponse,
             _ => return None,
         })
     }

@@ -3,6 +3,7 @@ use rpc::rpc_service;
 #[rpc_service(transport = "delegation")]
 pub trait Kv {
     fn connect(&self);
+    fn from_transport(&self);
     fn issue(&self);
     fn issue_request(&self);
     fn poll(&self);

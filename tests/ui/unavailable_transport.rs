@@ -1,10 +1,5 @@
 use rpc::rpc_service;
 
-#[rpc_service(transport = "copyrpc")]
-pub trait A {
-    fn get(&self, key: u64) -> u64;
-}
-
 #[rpc_service(transport = "erpc")]
 pub trait B {
     fn get(&self, key: u64) -> u64;

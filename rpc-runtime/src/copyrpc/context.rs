@@ -497,6 +497,18 @@ impl<U> Context<U> {
         n as usize
     }
 
+    /// Sends what `call`/`reply` wrote since the last poll (step 6 of [`Context::poll`]
+    /// alone: no completion is polled), for a server that replies after its poll and wants
+    /// the replies on the wire before it polls again. The only failure possible here is a
+    /// WQE the send queue refuses although its geometry allows it (a driver bug): that
+    /// endpoint then fails without delivering its pending calls' user data.
+    #[inline]
+    pub fn flush(&mut self) {
+        if !self.dirty.is_empty() {
+            self.flush_all(&mut |_, _| {});
+        }
+    }
+
     #[inline(always)]
     fn on_recv_cqe(
         &mut self,

@@ -192,6 +192,10 @@ pub struct EndpointCore<U> {
     /// `released` moved since the consumer word was last stored.
     unpublished: bool,
     // ---- receive side
+    /// Mask of receive-ring offsets: the peer's capacity `C` minus one, `min(our receive
+    /// ring, peer's ring) - 1` once connected (the peer's send ring is assumed as large as
+    /// its receive ring, as [`super::Context`] creates them).
+    recv_mask: u64,
     recv_producer: u64,
     last_recv_pos: u64,
     released: u64,
@@ -260,6 +264,7 @@ impl<U> EndpointCore<U> {
             credit_requested: false,
             answer_flow: false,
             unpublished: false,
+            recv_mask: recv_size as u64 - 1,
             recv_producer: 0,
             last_recv_pos: 0,
             released: 0,
@@ -312,15 +317,34 @@ impl<U> EndpointCore<U> {
         self.producer - self.remote_consumer
     }
 
-    /// Largest request or response payload in bytes: the message plus one metadata must fit
-    /// in half the capacity.
+    /// Largest request payload in bytes: the largest request that is always accepted
+    /// eventually. Its worst placement (a wrap wasting up to the message plus one
+    /// metadata, then a metadata and the message) plus `2R` at its maximum must fit in `C`:
+    /// `2 (32 + padded) + 2 max_resp_reservation <= C`. A larger request could stay
+    /// [`CallError::RingFull`] for as long as the peer holds unspent grant. With the default
+    /// `max_resp_reservation` (a quarter of the ring) this is `C / 4 - 44`, which is also the
+    /// largest response the peer's default grants can ever cover.
     pub fn max_payload(&self) -> u32 {
+        let m = (self.cap / 2).saturating_sub(self.max_resp_reservation.saturating_add(META))
+            & !(ALIGNMENT - 1);
+        let m = m.saturating_sub(HEADER_SIZE as u64);
+        m.min(u32::MAX as u64) as u32
+    }
+
+    /// Largest response allowance a call may ask for, in bytes: the response plus one
+    /// metadata in half the capacity (the peer's grants never exceed that). Whether the
+    /// peer's credit can ever cover it depends on the peer's `max_resp_reservation`
+    /// ([`CallError::InsufficientCredit`] otherwise).
+    pub fn max_response_allowance(&self) -> u32 {
         let m = self.cap / 2 - META - HEADER_SIZE as u64;
         m.min(u32::MAX as u64) as u32
     }
 
     /// Completes the connection with the peer's receive ring size and initial credit
     /// (seeds/004 §3.8 `connect_ex`): `R = initial_credit`, `peer_credit = remote credit`.
+    /// Both directions use `C = min(our ring, peer's ring)`: the peer's send ring is assumed
+    /// as large as its receive ring (as [`super::Context`] creates them), so the peer writes
+    /// only the first `C` bytes of our receive ring and wraps there.
     ///
     /// # Errors
     /// [`ProtocolError::BadEndpointInfo`] if the peer's ring is not a power of two `>= 1 KiB`,
@@ -333,6 +357,7 @@ impl<U> EndpointCore<U> {
     ) -> Result<(), ProtocolError> {
         self.check_remote(remote_recv_size, remote_credit)?;
         self.cap = self.send.size().min(remote_recv_size);
+        self.recv_mask = self.recv.size().min(remote_recv_size) - 1;
         self.resp_reservation = self.initial_credit;
         self.unused_grant = self.initial_credit;
         self.peer_credit = remote_credit;
@@ -391,7 +416,10 @@ impl<U> EndpointCore<U> {
 
     /// Writes a request: reserves [`internal_allowance`]`(response_allowance)` of the peer's
     /// credit, `encode` writes at most `max_len` payload bytes into the send ring and returns
-    /// the length. Returns the call id (the pending-call key).
+    /// the length. Returns the call id (the pending-call key). The wire carries the allowance
+    /// in 32 B units, so the response may be up to `padded_message_size(response_allowance)
+    /// - 12` bytes (the allowance rounded up to the padded message); a longer one is
+    /// [`ProtocolError::ResponseTooLarge`].
     ///
     /// # Errors
     /// Nothing is written on error and `user` is handed back:
@@ -399,8 +427,8 @@ impl<U> EndpointCore<U> {
     ///   (poll, which brings new grants, and retry);
     /// - [`CallError::RingFull`]: the message would break `in_flight + 2R <= C` (poll and
     ///   retry; the next poll also reads the peer's consumer position);
-    /// - [`CallError::MessageTooLarge`]: `max_len` or `response_allowance` above
-    ///   [`EndpointCore::max_payload`];
+    /// - [`CallError::MessageTooLarge`]: `max_len` above [`EndpointCore::max_payload`] or
+    ///   `response_allowance` above [`EndpointCore::max_response_allowance`];
     /// - [`CallError::Failed`] / [`CallError::NotConnected`].
     #[inline]
     pub fn call(
@@ -414,7 +442,7 @@ impl<U> EndpointCore<U> {
         if self.state != EndpointState::Connected {
             return Err(self.not_usable(user));
         }
-        if max_len > self.max_payload() || response_allowance > self.max_payload() {
+        if max_len > self.max_payload() || response_allowance > self.max_response_allowance() {
             return Err(CallError::MessageTooLarge(user));
         }
         let credit = internal_allowance(response_allowance as u64);
@@ -442,7 +470,7 @@ impl<U> EndpointCore<U> {
         });
         self.peer_credit -= credit;
         if p.wrap {
-            self.wrap(stats);
+            self.wrap(stats, p.total);
         }
         self.write_message(call_id, (credit / ALIGNMENT) as u32, max_len, encode);
         stats.calls += 1;
@@ -489,7 +517,7 @@ impl<U> EndpointCore<U> {
             return self.backlog_reply(call_id, max_len, encode, stats);
         }
         if p.wrap {
-            self.wrap(stats);
+            self.wrap(stats, p.total);
         }
         self.write_message(to_response_id(call_id), 0, max_len, encode);
         stats.replies += 1;
@@ -548,15 +576,17 @@ impl<U> EndpointCore<U> {
     }
 
     /// Closes the open batch (if any) and writes a wrap marker up to the ring end; the
-    /// producer moves to the next multiple of the capacity.
+    /// producer moves to the next multiple of the capacity. `total` is what the operation
+    /// wrapping adds to `in_flight` ([`Placement::total`]: the waste, then a metadata and
+    /// its message): the grants of both metadata written here leave room for all of it.
     #[cold]
     #[inline(never)]
-    fn wrap(&mut self, stats: &mut Stats) {
-        self.close_batch(stats);
+    fn wrap(&mut self, stats: &mut Stats, total: u64) {
+        self.close_batch(stats, total);
         let start = self.producer;
         let delta = self.cap - (start & (self.cap - 1));
         self.producer += delta;
-        let meta = self.metadata(WRAP_MESSAGE_COUNT);
+        let meta = self.metadata(WRAP_MESSAGE_COUNT, total - delta);
         // SAFETY: a 32 B metadata at an aligned offset below the capacity; not in flight.
         let b = unsafe { self.send.slice_mut(start & self.send.mask, META as usize) };
         meta.write(b.try_into().expect("32 bytes"));
@@ -570,10 +600,12 @@ impl<U> EndpointCore<U> {
     }
 
     /// The flow metadata for a batch ending at the producer: credit return and a new grant,
-    /// which is added to `R` at once (seeds/004 §3.4 "クレジット付与の計算").
+    /// which is added to `R` at once (seeds/004 §3.4 "クレジット付与の計算"). `ahead`: bytes
+    /// the operation in progress still adds after this metadata (a wrap inside `call` or
+    /// `reply`), counted in `in_flight` so that `in_flight + 2R <= C` holds once written.
     #[inline(always)]
-    fn metadata(&mut self, message_count: u32) -> FlowMetadata {
-        let in_flight = self.producer - self.remote_consumer;
+    fn metadata(&mut self, message_count: u32, ahead: u64) -> FlowMetadata {
+        let in_flight = self.producer + ahead - self.remote_consumer;
         let r = self.resp_reservation;
         let by_invariant = (self.cap.saturating_sub(in_flight) / 2).saturating_sub(r);
         let by_policy = self.max_resp_reservation.saturating_sub(r);
@@ -589,13 +621,14 @@ impl<U> EndpointCore<U> {
         }
     }
 
-    /// Closes the open batch: fills its metadata and queues its [`Emit`].
+    /// Closes the open batch: fills its metadata and queues its [`Emit`]. `ahead` as in
+    /// [`EndpointCore::metadata`].
     #[inline]
-    fn close_batch(&mut self, stats: &mut Stats) {
+    fn close_batch(&mut self, stats: &mut Stats, ahead: u64) {
         if !self.batch_open {
             return;
         }
-        let meta = self.metadata(self.batch_count);
+        let meta = self.metadata(self.batch_count, ahead);
         let off = self.meta_pos & self.send.mask;
         // SAFETY: the batch's metadata slot, reserved when the batch opened; not in flight yet.
         let b = unsafe { self.send.slice_mut(off, META as usize) };
@@ -623,7 +656,7 @@ impl<U> EndpointCore<U> {
             self.drain_backlog(stats);
         }
         if self.batch_open {
-            self.close_batch(stats);
+            self.close_batch(stats, 0);
             self.flow_request = false;
             self.answer_flow = false;
         } else if self.flow_request || self.answer_flow {
@@ -656,11 +689,11 @@ impl<U> EndpointCore<U> {
             }
         }
         if p.wrap {
-            self.wrap(stats);
+            self.wrap(stats, p.total);
         }
         self.meta_pos = self.producer;
         self.producer += META;
-        let meta = self.metadata(0);
+        let meta = self.metadata(0, 0);
         // SAFETY: 32 B at an aligned offset below the capacity (placed above); not in flight.
         let b = unsafe {
             self.send
@@ -718,7 +751,7 @@ impl<U> EndpointCore<U> {
                 continue;
             }
             if p.wrap {
-                self.wrap(stats);
+                self.wrap(stats, p.total);
             }
             self.write_message(to_response_id(call_id), 0, data.len() as u32, |b| {
                 b[..data.len()].copy_from_slice(&data);
@@ -793,9 +826,9 @@ impl<U> EndpointCore<U> {
         stats: &mut Stats,
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
     ) -> Result<(), ProtocolError> {
-        let size = self.recv.size();
+        let size = self.recv_mask + 1;
         let pos = self.recv_producer;
-        let off = pos & self.recv.mask;
+        let off = pos & self.recv_mask;
         if delta < META || !delta.is_multiple_of(ALIGNMENT) || off + delta > size {
             return Err(ProtocolError::BadLength);
         }
@@ -900,7 +933,12 @@ impl<U> EndpointCore<U> {
             if is_response(h.call_id) {
                 match self.pending.get(from_response_id(h.call_id) as usize) {
                     None => return Err(ProtocolError::UnknownCallId(h.call_id)),
-                    Some(p) if h.payload_len > p.response_allowance => {
+                    // The responder only knows the allowance in 32 B units
+                    // (`RecvHandle::max_response`): it may fill the padded message.
+                    Some(p)
+                        if padded_message_size(h.payload_len as u64)
+                            > padded_message_size(p.response_allowance as u64) =>
+                    {
                         return Err(ProtocolError::ResponseTooLarge);
                     }
                     Some(_) => {}
@@ -973,6 +1011,12 @@ impl<U> EndpointCore<U> {
     /// Part of `R` granted to the peer and not yet spent by its calls, in bytes.
     pub fn unused_grant(&self) -> u64 {
         self.unused_grant
+    }
+
+    /// Receive position: where the next batch from the peer lands (virtual).
+    #[cfg(test)]
+    pub(crate) fn recv_position(&self) -> u64 {
+        self.recv_producer
     }
 
     /// Virtual positions: (send producer, known peer consumer, receive released, receive

@@ -42,8 +42,14 @@ pub mod info;
 pub mod stats;
 pub mod transport;
 
+#[cfg(test)]
+mod tests;
+
 pub use context::{Context, ContextConfig, EndpointConfig, EndpointId, RecvHandle};
 pub use endpoint::{EndpointCore, EndpointState};
 pub use error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupError};
 pub use info::EndpointInfo;
 pub use stats::Stats;
+pub use transport::{
+    ConnectRefusal, Copyrpc, CopyrpcAddr, CopyrpcServer, CopyrpcSetupError, Listener,
+};

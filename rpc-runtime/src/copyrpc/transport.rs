@@ -1,1 +1,989 @@
-//! Typed-service transports over copyrpc (to be written: `Copyrpc`, `CopyrpcServer`).
+//! copyrpc as an RPC transport: [`Copyrpc`] (client) and [`CopyrpcServer`] implement
+//! [`ClientTransport`]/[`ServerTransport`] on top of a copyrpc [`Context`] (seeds/001;
+//! seeds/004 §3).
+//!
+//! # Messages
+//! Each copyrpc request carries one [`crate::wire`] request message of at most the service's
+//! `max_request_bytes`, and reserves response credit for one response message of at most
+//! `max_response_bytes` (the call's *response allowance*, seeds/004 §3.4 "call() 時のクレジット
+//! 消費"); the server writes its reply into that allowance. The peer's ring geometry and initial
+//! credit are checked against those sizes when the client connects, so a connected client
+//! never sends a message the server cannot take.
+//!
+//! # Connecting
+//! copyrpc needs no handshake message: each side creates an endpoint and hands the peer its
+//! [`EndpointInfo`] out of band (seeds/004 §3.8 "エンドポイント交換"). In one process the
+//! out-of-band channel is a [`Listener`]: [`Copyrpc::connect`] sends its info (carrying the
+//! service's schema fingerprint) through the server's listener and waits for the server's;
+//! [`CopyrpcServer::poll`] answers pending requests ([`CopyrpcServer::accept`]), refusing a
+//! different fingerprint or a ring too small for the service. Across processes (MPI), exchange
+//! [`EndpointInfo::to_bytes`] yourself and use [`Copyrpc::from_context`] and
+//! [`CopyrpcServer::add_endpoint`].
+//!
+//! # Progress
+//! Nothing is sent until the context is polled (seeds/004 §3.7 step 3: poll flushes every
+//! endpoint). [`Copyrpc`] polls inside [`ClientTransport::poll`] (which `Client` calls while it
+//! waits) and when a call finds no credit or ring space. [`CopyrpcServer`] sends the replies
+//! of one [`crate::Server::serve_once`] round at the end of that round
+//! ([`ServerTransport::flush`]); replies given later through [`crate::Server::reply`] go out
+//! at the next [`crate::Server::poll`] or [`crate::Server::flush`].
+//!
+//! # A server that disappears
+//! An RC queue pair notices a dead peer only when it sends to it: the NIC retries `retry_cnt`
+//! times, then completes the operation with a transport-retry-exceeded error, which fails the
+//! endpoint; every pending call then ends with [`RpcError::ServerDisconnected`]. A client whose
+//! requests were all delivered before the server died sends nothing more, so [`Copyrpc`]
+//! probes: while calls are outstanding and no response arrived for
+//! [`CopyrpcAddr::probe_interval`], it posts one 8-byte RDMA READ of the server's consumer
+//! position (a word the server exposes for the seed's READ fallback anyway). On the software
+//! device model, retries advance with progress steps (doorbells anywhere on the fabric); a
+//! fabric with [`mlx5::sim::SimConfig::progress_thread`] plays the part of the NIC's retry timer.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::time::{Duration, Instant};
+
+use mlx5::mem::DmaBuf;
+use mlx5::verbs::{Access, Mr};
+use mlx5::wqe::{RaddrSeg, Sge};
+
+use super::context::{Context, ContextConfig, EndpointConfig, EndpointId, RecvHandle};
+use super::encoding::{FLOW_METADATA_SIZE, HEADER_SIZE, internal_allowance};
+use super::endpoint::EndpointState;
+use super::error::{CallError, ReplyError, SetupError};
+use super::info::EndpointInfo;
+use crate::client::ClientTransport;
+use crate::error::{MessageKind, RpcError};
+use crate::server::ServerTransport;
+use crate::service::{Service, ServiceDescriptor};
+
+/// Default [`CopyrpcAddr::max_in_flight`]: calls one client can have outstanding.
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
+/// Largest accepted `max_in_flight` (bounds the per-client response buffer).
+pub const MAX_IN_FLIGHT_LIMIT: u32 = 1 << 16;
+/// Default [`CopyrpcAddr::timeout`]: how long [`Copyrpc::connect`] waits for the server.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default [`CopyrpcAddr::probe_interval`].
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// Empty polls between two readings of the clock by the liveness probe (keeps the clock off
+/// the hot path, as the delegation ring does).
+const PROBE_CHECK_POLLS: u32 = 1024;
+
+/// Why a server refused a connect request sent through its [`Listener`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectRefusal {
+    /// The server serves a service with another schema fingerprint.
+    #[error("the server's schema fingerprint is {server:#018x}")]
+    SchemaMismatch {
+        /// The server's fingerprint.
+        server: u64,
+    },
+    /// The negotiated ring cannot carry the service's largest messages.
+    #[error("largest {what} payload the rings carry is {cap} bytes, the service needs {need}")]
+    Capacity {
+        /// Which message kind does not fit.
+        what: MessageKind,
+        /// Largest payload in bytes.
+        cap: u32,
+        /// Bytes the service needs (saturated at `u32::MAX`).
+        need: u32,
+    },
+    /// The server could not create or connect its endpoint (the device's or the core's
+    /// message).
+    #[error("server-side setup failed: {0}")]
+    Setup(String),
+}
+
+/// Setting up a copyrpc client or server failed (beyond what [`RpcError`] names directly).
+#[derive(Debug, thiserror::Error)]
+pub enum CopyrpcSetupError {
+    /// Creating the context or endpoint, or connecting it, failed.
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    /// The server refused the connection.
+    #[error("the server refused the connection: {0}")]
+    Refused(ConnectRefusal),
+    /// The server did not answer within the connect timeout (it does not poll).
+    #[error("no answer from the copyrpc server within {0:?}")]
+    Timeout(Duration),
+    /// The server is gone: its listener no longer takes requests.
+    #[error("the copyrpc server is gone (its listener is closed)")]
+    ServerGone,
+    /// A configuration value is out of range.
+    #[error("invalid copyrpc configuration: {0}")]
+    Config(&'static str),
+}
+
+/// One connect request: the client's endpoint and where the server's answer goes.
+struct ConnectRequest {
+    info: EndpointInfo,
+    reply: SyncSender<Result<EndpointInfo, ConnectRefusal>>,
+}
+
+/// In-process rendezvous through which clients connect to one [`CopyrpcServer`]
+/// ([`CopyrpcServer::listener`]): a channel of connect requests plus a count of pending ones,
+/// so that the server's poll costs one relaxed load while nobody connects.
+///
+/// Cheap to clone; `Send + Sync`. Across processes use an out-of-band exchange of
+/// [`EndpointInfo`] instead (module docs).
+#[derive(Clone, Debug)]
+pub struct Listener {
+    tx: Sender<ConnectRequest>,
+    pending: Arc<AtomicUsize>,
+}
+
+impl Listener {
+    /// Sends `info` (a created, unconnected endpoint; its fingerprint names the service) to
+    /// the server and waits up to `timeout` for the server's endpoint info; connect to it
+    /// with [`Context::connect`].
+    ///
+    /// # Errors
+    /// [`CopyrpcSetupError::Refused`] (fingerprint or capacity, checked by the server);
+    /// [`CopyrpcSetupError::Timeout`] if the server does not poll within `timeout`;
+    /// [`CopyrpcSetupError::ServerGone`] if the server was dropped.
+    pub fn exchange(
+        &self,
+        info: &EndpointInfo,
+        timeout: Duration,
+    ) -> Result<EndpointInfo, CopyrpcSetupError> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        // Counted before it is sent: the server decrements after receiving, so the count
+        // never goes below zero.
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(ConnectRequest { info: *info, reply }).is_err() {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+            return Err(CopyrpcSetupError::ServerGone);
+        }
+        match answer.recv_timeout(timeout) {
+            Ok(Ok(server)) => Ok(server),
+            Ok(Err(refusal)) => Err(CopyrpcSetupError::Refused(refusal)),
+            Err(RecvTimeoutError::Timeout) => Err(CopyrpcSetupError::Timeout(timeout)),
+            Err(RecvTimeoutError::Disconnected) => Err(CopyrpcSetupError::ServerGone),
+        }
+    }
+
+    /// Connect requests sent and not yet taken by the server.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+}
+
+/// Where and how a [`Copyrpc`] client connects: `KvClient::<Copyrpc>::connect(&addr)`.
+#[derive(Clone, Debug)]
+pub struct CopyrpcAddr {
+    /// The device the client's context is created on (hardware or the software model).
+    pub device: mlx5::verbs::Context,
+    /// The server's rendezvous ([`CopyrpcServer::listener`]).
+    pub listener: Listener,
+    /// Sizing of the client's own context (one per client; default: seeds/001 constants).
+    pub context: ContextConfig,
+    /// Sizing of the client's endpoint (its `fingerprint` is replaced by the service's).
+    /// Default: 1 MiB rings (seeds/001 `DEFAULT_RING_SIZE`). Use the server's ring size: each
+    /// side announces a quarter of its ring as response credit, which must fit in a quarter of
+    /// the smaller ring, so different sizes are refused unless `max_resp_reservation` lowers
+    /// the larger side's credit.
+    pub endpoint: EndpointConfig,
+    /// Calls in flight at once (tokens `0..max_in_flight`), `1..=`[`MAX_IN_FLIGHT_LIMIT`];
+    /// the client keeps `max_in_flight * max_response_bytes` bytes of response buffer.
+    pub max_in_flight: u32,
+    /// How long [`Copyrpc::connect`] waits for the server's answer.
+    pub timeout: Duration,
+    /// With calls outstanding and no response for this long, probe the server with an RDMA
+    /// READ so that a dead server is noticed (module docs). `None`: no probing.
+    pub probe_interval: Option<Duration>,
+}
+
+impl CopyrpcAddr {
+    /// An address with the defaults: [`ContextConfig::default`], [`EndpointConfig::default`]
+    /// (1 MiB rings), [`DEFAULT_MAX_IN_FLIGHT`], [`DEFAULT_CONNECT_TIMEOUT`],
+    /// [`DEFAULT_PROBE_INTERVAL`].
+    pub fn new(device: mlx5::verbs::Context, listener: Listener) -> Self {
+        CopyrpcAddr {
+            device,
+            listener,
+            context: ContextConfig::default(),
+            endpoint: EndpointConfig::default(),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            timeout: DEFAULT_CONNECT_TIMEOUT,
+            probe_interval: Some(DEFAULT_PROBE_INTERVAL),
+        }
+    }
+}
+
+/// Largest payload one message may have on a ring of capacity `cap` bytes (mirrors
+/// [`super::EndpointCore::max_payload`]: message plus one metadata in half the capacity).
+fn max_payload_for(cap: u64) -> u64 {
+    (cap / 2).saturating_sub(FLOW_METADATA_SIZE + HEADER_SIZE as u64)
+}
+
+fn sat_u32(v: impl TryInto<u32>) -> u32 {
+    v.try_into().unwrap_or(u32::MAX)
+}
+
+/// Maps a setup error, naming `service` in a schema mismatch.
+#[cold]
+fn setup_error(e: SetupError, service: &'static ServiceDescriptor) -> RpcError {
+    match e {
+        SetupError::SchemaMismatch { ours, theirs } => RpcError::SchemaMismatch {
+            service: service.name,
+            expected: ours,
+            found: theirs,
+        },
+        e => RpcError::from(e),
+    }
+}
+
+/// Maps a failed [`Listener::exchange`] for `service`.
+#[cold]
+fn exchange_error(e: CopyrpcSetupError, service: &'static ServiceDescriptor) -> RpcError {
+    match e {
+        CopyrpcSetupError::Refused(ConnectRefusal::SchemaMismatch { server }) => {
+            RpcError::SchemaMismatch {
+                service: service.name,
+                expected: service.fingerprint,
+                found: server,
+            }
+        }
+        CopyrpcSetupError::Refused(ConnectRefusal::Capacity { what, cap, need }) => {
+            RpcError::CapacityMismatch {
+                service: service.name,
+                what,
+                cap,
+                need,
+            }
+        }
+        CopyrpcSetupError::ServerGone => RpcError::ServerDisconnected,
+        e => RpcError::from(e),
+    }
+}
+
+/// The liveness probe of a [`Copyrpc`] client. Field order is drop order: the registration
+/// before the buffer it covers.
+struct Probe {
+    mr: Mr,
+    _buf: DmaBuf,
+    remote: RaddrSeg,
+    interval: Duration,
+    empty_polls: u32,
+    last: Instant,
+    seen: u64,
+}
+
+/// Client transport over one copyrpc endpoint in a context of its own (seeds/001 client
+/// side; module docs).
+///
+/// Tokens are a preallocated free list of `0..max_in_flight`, used as the copyrpc user data of
+/// each call. copyrpc delivers responses in batches inside [`Context::poll`]; those beyond the
+/// `max` a [`ClientTransport::poll`] asked for are copied into a preallocated per-token buffer
+/// and delivered first by the next poll. No allocation after construction.
+pub struct Copyrpc {
+    // Field order is drop order: the probe's registration before the context's PD.
+    probe: Option<Probe>,
+    ctx: Context<u32>,
+    ep: EndpointId,
+    service: &'static ServiceDescriptor,
+    max_req: u32,
+    max_resp: u32,
+    max_in_flight: u32,
+    free: Vec<u32>,
+    ready: VecDeque<u32>,
+    resp_len: Box<[u32]>,
+    resp_buf: Box<[u8]>,
+}
+
+impl std::fmt::Debug for Copyrpc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Copyrpc")
+            .field("service", &self.service.name)
+            .field("ep", &self.ep)
+            .field("state", &self.ctx.endpoint_state(self.ep))
+            .field("max_in_flight", &self.max_in_flight)
+            .field("free", &self.free.len())
+            .field("ready", &self.ready.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Copyrpc {
+    /// Wraps endpoint `ep` of `ctx`, already connected to a server of `service` through an
+    /// exchange of [`EndpointInfo`] done by the caller (MPI bootstrap), with `max_in_flight`
+    /// tokens. Checks what [`Copyrpc::connect`] checks. No liveness probe (add one with
+    /// [`Copyrpc::with_probe`]).
+    ///
+    /// # Errors
+    /// [`RpcError::SchemaMismatch`] if the endpoint was created with another fingerprint;
+    /// [`RpcError::CapacityMismatch`] if the rings cannot carry the service's largest request
+    /// or response, or the server's initial credit does not cover one response;
+    /// [`RpcError::Copyrpc`] ([`CopyrpcSetupError::Config`]) for `max_in_flight` outside
+    /// `1..=`[`MAX_IN_FLIGHT_LIMIT`] or an unknown or unconnected endpoint.
+    pub fn from_context(
+        ctx: Context<u32>,
+        ep: EndpointId,
+        service: &'static ServiceDescriptor,
+        max_in_flight: u32,
+    ) -> Result<Self, RpcError> {
+        if !(1..=MAX_IN_FLIGHT_LIMIT).contains(&max_in_flight) {
+            return Err(CopyrpcSetupError::Config("max_in_flight must be in 1..=65536").into());
+        }
+        let (Some(core), Some(info)) = (ctx.endpoint(ep), ctx.local_info(ep)) else {
+            return Err(CopyrpcSetupError::Config("no such endpoint").into());
+        };
+        if core.state() != EndpointState::Connected {
+            return Err(CopyrpcSetupError::Config("the endpoint is not connected").into());
+        }
+        if info.fingerprint != service.fingerprint {
+            return Err(RpcError::SchemaMismatch {
+                service: service.name,
+                expected: service.fingerprint,
+                found: info.fingerprint,
+            });
+        }
+        let max_payload = core.max_payload() as usize;
+        for (what, need) in [
+            (MessageKind::Request, service.max_request_bytes),
+            (MessageKind::Response, service.max_response_bytes),
+        ] {
+            if need > max_payload {
+                return Err(RpcError::CapacityMismatch {
+                    service: service.name,
+                    what,
+                    cap: sat_u32(max_payload),
+                    need: sat_u32(need),
+                });
+            }
+        }
+        let need = internal_allowance(service.max_response_bytes as u64);
+        if core.peer_credit() < need {
+            return Err(RpcError::CapacityMismatch {
+                service: service.name,
+                what: MessageKind::Response,
+                cap: sat_u32(core.peer_credit()),
+                need: sat_u32(need),
+            });
+        }
+        let n = max_in_flight as usize;
+        Ok(Copyrpc {
+            probe: None,
+            ctx,
+            ep,
+            service,
+            max_req: service.max_request_bytes as u32,
+            max_resp: service.max_response_bytes as u32,
+            max_in_flight,
+            // Popped from the end: tokens are handed out 0, 1, 2, ...
+            free: (0..max_in_flight).rev().collect(),
+            ready: VecDeque::with_capacity(n),
+            resp_len: vec![0; n].into_boxed_slice(),
+            resp_buf: vec![0; n * service.max_response_bytes].into_boxed_slice(),
+        })
+    }
+
+    /// Adds the liveness probe (module docs): with calls outstanding and no response for
+    /// `interval`, one RDMA READ of the 8-byte consumer position of `server` (the server
+    /// endpoint's info, as exchanged).
+    ///
+    /// `server` must be the info the endpoint was connected with: a READ the server's NIC
+    /// refuses (wrong rkey) fails the endpoint like a dead server.
+    ///
+    /// # Errors
+    /// [`RpcError::Copyrpc`] if the 8-byte landing buffer cannot be allocated or registered.
+    pub fn with_probe(
+        mut self,
+        server: &EndpointInfo,
+        interval: Duration,
+    ) -> Result<Self, RpcError> {
+        let buf = DmaBuf::with_normal_pages(64).map_err(SetupError::from)?;
+        // SAFETY: `buf` is owned by the probe, which drops the registration first.
+        let mr = unsafe { self.ctx.reg_mr(buf.as_mut_ptr(), 64, Access::LOCAL_WRITE) }?;
+        self.probe = Some(Probe {
+            mr,
+            _buf: buf,
+            remote: RaddrSeg {
+                raddr: server.consumer_addr,
+                rkey: server.consumer_rkey,
+            },
+            interval,
+            empty_polls: 0,
+            last: Instant::now(),
+            seen: self.ctx.stats().responses,
+        });
+        Ok(self)
+    }
+
+    /// The copyrpc context (counters: [`Context::stats`]).
+    pub fn context(&self) -> &Context<u32> {
+        &self.ctx
+    }
+
+    /// The copyrpc context, mutably (e.g. for raw RDMA operations, seeds/004 §3.9). Make no
+    /// calls on it directly: every response it delivers is taken as one of this transport's
+    /// tokens.
+    pub fn context_mut(&mut self) -> &mut Context<u32> {
+        &mut self.ctx
+    }
+
+    /// The endpoint connected to the server.
+    pub fn endpoint(&self) -> EndpointId {
+        self.ep
+    }
+
+    /// The service this transport was connected for.
+    pub fn service(&self) -> &'static ServiceDescriptor {
+        self.service
+    }
+
+    /// Whether the endpoint failed (the server is gone or sent garbage).
+    fn failed(&self) -> bool {
+        !matches!(
+            self.ctx.endpoint_state(self.ep),
+            Some(EndpointState::Connected)
+        )
+    }
+
+    /// One [`Context::poll`]: responses go to `on_response` while fewer than `max` were
+    /// delivered (counting `delivered` already), the rest to the stash. Failed calls free
+    /// their token without delivery (the failure is reported by [`ClientTransport::poll`]).
+    #[inline(always)]
+    fn pump(
+        &mut self,
+        max: usize,
+        mut delivered: usize,
+        on_response: &mut impl FnMut(u32, &[u8]),
+    ) -> usize {
+        let Self {
+            ctx,
+            free,
+            ready,
+            resp_len,
+            resp_buf,
+            max_resp,
+            ..
+        } = self;
+        let cap = *max_resp as usize;
+        ctx.poll(|tok, r| match r {
+            Ok(msg) if delivered < max => {
+                delivered += 1;
+                on_response(tok, msg);
+                free.push(tok);
+            }
+            Ok(msg) => stash(resp_buf, resp_len, ready, cap, tok, msg),
+            Err(_) => free.push(tok),
+        });
+        delivered
+    }
+
+    /// Delivers up to `max` stashed responses.
+    #[cold]
+    fn drain_ready(&mut self, max: usize, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
+        let cap = self.max_resp as usize;
+        let mut n = 0;
+        while n < max {
+            let Some(tok) = self.ready.pop_front() else {
+                break;
+            };
+            let at = tok as usize * cap;
+            let len = self.resp_len[tok as usize] as usize;
+            on_response(tok, &self.resp_buf[at..at + len]);
+            self.free.push(tok);
+            n += 1;
+        }
+        n
+    }
+
+    /// Nothing was delivered: report a failed endpoint, or count towards a liveness check.
+    #[inline]
+    fn idle(&mut self) -> Result<usize, RpcError> {
+        if self.failed() {
+            return Err(RpcError::ServerDisconnected);
+        }
+        if let Some(p) = &mut self.probe
+            && self.free.len() < self.max_in_flight as usize
+        {
+            p.empty_polls += 1;
+            if p.empty_polls >= PROBE_CHECK_POLLS {
+                self.check_liveness();
+            }
+        }
+        Ok(0)
+    }
+
+    /// Every [`PROBE_CHECK_POLLS`] empty polls with calls outstanding: if no response arrived
+    /// for the probe interval and no probe is in flight, post one.
+    #[cold]
+    #[inline(never)]
+    fn check_liveness(&mut self) {
+        let Some(p) = &mut self.probe else { return };
+        p.empty_polls = 0;
+        let now = Instant::now();
+        let seen = self.ctx.stats().responses;
+        if seen != p.seen {
+            p.seen = seen;
+            p.last = now;
+            return;
+        }
+        if now.duration_since(p.last) < p.interval {
+            return;
+        }
+        p.last = now;
+        if self.ctx.raw_rdma_pending() == 0 {
+            let local = Sge {
+                addr: p.mr.addr,
+                len: 8,
+                lkey: p.mr.lkey,
+            };
+            // Send queue full: the endpoint is busy sending, which detects a dead peer too.
+            let _ = self.ctx.post_rdma_read(self.ep, local, p.remote);
+        }
+    }
+
+    /// A call was refused: hand the token back and map the error. Retryable refusals make one
+    /// round of progress (which sends the credit request or consumer READ the core asked
+    /// for), so that a caller with nothing in flight cannot spin on `WouldBlock` forever.
+    #[cold]
+    #[inline(never)]
+    fn refused(&mut self, e: CallError<u32>) -> RpcError {
+        let err = match &e {
+            CallError::InsufficientCredit(_) | CallError::RingFull(_) => RpcError::WouldBlock,
+            CallError::MessageTooLarge(_) => RpcError::MessageTooLarge {
+                len: self.max_req as usize,
+                cap: self
+                    .ctx
+                    .endpoint(self.ep)
+                    .map_or(0, |c| c.max_payload() as usize),
+            },
+            CallError::NotConnected(_) | CallError::Failed(_) => RpcError::ServerDisconnected,
+        };
+        self.free.push(e.into_inner());
+        if matches!(err, RpcError::WouldBlock) {
+            self.pump(0, 0, &mut |_, _| {});
+        }
+        err
+    }
+}
+
+/// Copies a response beyond the poll's `max` into its token's buffer (at most `cap` bytes;
+/// the core already refused responses above the call's allowance, which is `cap`).
+#[inline(never)]
+fn stash(
+    buf: &mut [u8],
+    lens: &mut [u32],
+    ready: &mut VecDeque<u32>,
+    cap: usize,
+    tok: u32,
+    msg: &[u8],
+) {
+    let n = msg.len().min(cap);
+    let at = tok as usize * cap;
+    buf[at..at + n].copy_from_slice(&msg[..n]);
+    lens[tok as usize] = n as u32;
+    ready.push_back(tok);
+}
+
+impl ClientTransport for Copyrpc {
+    type Addr = CopyrpcAddr;
+
+    /// Creates a context of its own on `addr.device` with one endpoint carrying the service's
+    /// fingerprint, exchanges endpoint info with the server through `addr.listener` (waiting
+    /// up to `addr.timeout`), connects, and checks message sizes and credit
+    /// ([`Copyrpc::from_context`]).
+    ///
+    /// # Errors
+    /// [`RpcError::SchemaMismatch`] / [`RpcError::CapacityMismatch`] (the server's refusal or
+    /// our own check); [`RpcError::ServerDisconnected`] if the server was dropped;
+    /// [`RpcError::Copyrpc`] for a timeout, a device error or a bad configuration.
+    fn connect(addr: &CopyrpcAddr, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
+        if !(1..=MAX_IN_FLIGHT_LIMIT).contains(&addr.max_in_flight) {
+            return Err(CopyrpcSetupError::Config("max_in_flight must be in 1..=65536").into());
+        }
+        let mut ctx = Context::<u32>::new(&addr.device, addr.context)?;
+        let ep = ctx.create_endpoint(&EndpointConfig {
+            fingerprint: service.fingerprint,
+            ..addr.endpoint
+        })?;
+        let info = ctx
+            .local_info(ep)
+            .ok_or(CopyrpcSetupError::Config("no such endpoint"))?;
+        let server = addr
+            .listener
+            .exchange(&info, addr.timeout)
+            .map_err(|e| exchange_error(e, service))?;
+        ctx.connect(ep, &server)
+            .map_err(|e| setup_error(e, service))?;
+        let t = Copyrpc::from_context(ctx, ep, service, addr.max_in_flight)?;
+        match addr.probe_interval {
+            Some(i) => t.with_probe(&server, i),
+            None => Ok(t),
+        }
+    }
+
+    #[inline]
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight as usize
+    }
+
+    /// Writes the request into the send ring (sent by the next poll).
+    ///
+    /// # Errors
+    /// [`RpcError::WouldBlock`] when no token is free, or copyrpc lacks response credit or
+    /// ring space (`InsufficientCredit`/`RingFull`: poll for responses, which also brings new
+    /// credit, and retry); [`RpcError::ServerDisconnected`] once the endpoint failed.
+    #[inline]
+    fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
+        let Some(tok) = self.free.pop() else {
+            return Err(RpcError::WouldBlock);
+        };
+        match self
+            .ctx
+            .call_with(self.ep, self.max_req, tok, self.max_resp, encode)
+        {
+            Ok(_) => Ok(tok),
+            Err(e) => Err(self.refused(e)),
+        }
+    }
+
+    /// Delivers stashed responses first, then polls the context once (which also sends what
+    /// was written).
+    ///
+    /// # Errors
+    /// [`RpcError::ServerDisconnected`] once the endpoint failed and no response is left to
+    /// deliver; calls pending at the failure are never delivered.
+    #[inline]
+    fn poll(
+        &mut self,
+        max: usize,
+        mut on_response: impl FnMut(u32, &[u8]),
+    ) -> Result<usize, RpcError> {
+        let mut n = 0;
+        if !self.ready.is_empty() {
+            n = self.drain_ready(max, &mut on_response);
+            if n >= max {
+                return Ok(n);
+            }
+        }
+        n = self.pump(max, n, &mut on_response);
+        if n == 0 {
+            return self.idle();
+        }
+        Ok(n)
+    }
+}
+
+/// Server transport over a copyrpc context of its own: one endpoint per connected client, all
+/// sharing the context's SRQ and CQs (seeds/001 "Context"; module docs).
+///
+/// `ReplyToken` is [`RecvHandle`]; a handle answers exactly one request, once.
+pub struct CopyrpcServer {
+    ctx: Context<()>,
+    rx: Receiver<ConnectRequest>,
+    listener: Listener,
+    service: &'static ServiceDescriptor,
+    endpoint: EndpointConfig,
+    max_resp: u32,
+}
+
+impl std::fmt::Debug for CopyrpcServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyrpcServer")
+            .field("service", &self.service.name)
+            .field("endpoints", &self.ctx.num_endpoints())
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CopyrpcServer {
+    /// Creates a server of `service` on `device`: a context sized by `context`, endpoints
+    /// created from `endpoint` (its `fingerprint` is replaced by the service's) as clients
+    /// connect.
+    ///
+    /// # Errors
+    /// [`RpcError::CapacityMismatch`] if rings of `endpoint.ring_size` cannot carry the
+    /// service's largest request or response, or its credit (`max_resp_reservation`) does not
+    /// cover one response; [`RpcError::Copyrpc`] for a ring size that is not a power of two
+    /// `>= 1 KiB` or a device error.
+    pub fn new(
+        device: &mlx5::verbs::Context,
+        service: &'static ServiceDescriptor,
+        context: ContextConfig,
+        endpoint: EndpointConfig,
+    ) -> Result<Self, RpcError> {
+        let ring = endpoint.ring_size as u64;
+        if !ring.is_power_of_two() || ring < 1024 {
+            return Err(CopyrpcSetupError::Config(
+                "ring_size must be a power of two >= 1024 bytes",
+            )
+            .into());
+        }
+        check_capacity(service, ring, ring)?;
+        let credit = initial_credit(&endpoint);
+        let need = internal_allowance(service.max_response_bytes as u64);
+        if credit < need {
+            return Err(RpcError::CapacityMismatch {
+                service: service.name,
+                what: MessageKind::Response,
+                cap: sat_u32(credit),
+                need: sat_u32(need),
+            });
+        }
+        let ctx = Context::new(device, context)?;
+        let (tx, rx) = mpsc::channel();
+        Ok(CopyrpcServer {
+            ctx,
+            rx,
+            listener: Listener {
+                tx,
+                pending: Arc::new(AtomicUsize::new(0)),
+            },
+            service,
+            endpoint: EndpointConfig {
+                fingerprint: service.fingerprint,
+                ..endpoint
+            },
+            max_resp: service.max_response_bytes as u32,
+        })
+    }
+
+    /// [`CopyrpcServer::new`] for service `S`, wrapped in a typed [`crate::Server`].
+    ///
+    /// # Errors
+    /// As [`CopyrpcServer::new`].
+    pub fn serve<S: Service>(
+        device: &mlx5::verbs::Context,
+        context: ContextConfig,
+        endpoint: EndpointConfig,
+    ) -> Result<crate::Server<S, Self>, RpcError> {
+        Ok(crate::Server::new(Self::new(
+            device,
+            S::DESCRIPTOR,
+            context,
+            endpoint,
+        )?))
+    }
+
+    /// The rendezvous clients connect through (put it in a [`CopyrpcAddr`]).
+    pub fn listener(&self) -> Listener {
+        self.listener.clone()
+    }
+
+    /// Answers every pending connect request (done by [`ServerTransport::poll`] whenever some
+    /// are pending): refuses another fingerprint or a ring that cannot carry the service,
+    /// else creates an endpoint, connects it to the client and sends back its info. Returns
+    /// how many clients were connected.
+    ///
+    /// A request whose client stopped waiting (timeout) still gets an endpoint, which stays
+    /// idle: the context cannot remove endpoints.
+    pub fn accept(&mut self) -> usize {
+        let mut n = 0;
+        while let Ok(req) = self.rx.try_recv() {
+            self.listener.pending.fetch_sub(1, Ordering::Relaxed);
+            let answer = match self.add_endpoint(&req.info) {
+                Ok((_, info)) => {
+                    n += 1;
+                    Ok(info)
+                }
+                Err(e) => Err(refusal(e)),
+            };
+            if let Err(e) = &answer {
+                tracing::debug!(service = self.service.name, refusal = %e, "copyrpc: connect refused");
+            }
+            if req.reply.try_send(answer).is_err() {
+                tracing::debug!(
+                    service = self.service.name,
+                    "copyrpc: client stopped waiting for its connect answer"
+                );
+            }
+        }
+        n
+    }
+
+    /// Creates an endpoint for the client described by `client` (exchanged out of band, e.g.
+    /// through MPI) and connects it; returns the endpoint and the info to send back to the
+    /// client, which then connects with [`Context::connect`] and [`Copyrpc::from_context`].
+    ///
+    /// # Errors
+    /// [`RpcError::SchemaMismatch`] if the client's fingerprint is not the service's;
+    /// [`RpcError::CapacityMismatch`] if the negotiated ring (the smaller of the two) cannot
+    /// carry the service's messages or the credit this server announces; [`RpcError::Copyrpc`]
+    /// for unusable ring parameters (e.g. a client ring larger than ours, whose credit our ring
+    /// cannot take) or a device error. Only a device error or a connect failure after these
+    /// checks leaves an endpoint behind (unused: the context cannot remove endpoints).
+    pub fn add_endpoint(
+        &mut self,
+        client: &EndpointInfo,
+    ) -> Result<(EndpointId, EndpointInfo), RpcError> {
+        if client.fingerprint != self.service.fingerprint {
+            return Err(RpcError::SchemaMismatch {
+                service: self.service.name,
+                expected: self.service.fingerprint,
+                found: client.fingerprint,
+            });
+        }
+        if !client.recv_ring_size.is_power_of_two() || client.recv_ring_size < 1024 {
+            return Err(SetupError::Protocol(super::ProtocolError::BadEndpointInfo(
+                "receive ring size",
+            ))
+            .into());
+        }
+        // Requests travel client send ring (same size as its receive ring) → our receive
+        // ring; responses our send ring → the client's receive ring.
+        let ours = self.endpoint.ring_size as u64;
+        let cap = client.recv_ring_size.min(ours);
+        check_capacity(self.service, cap, cap)?;
+        // The checks `Context::connect` makes on credit (seeds/004 §3.4: a grant never
+        // exceeds a quarter of the capacity), made before an endpoint exists, so that rings
+        // of different sizes are refused without leaving an unusable endpoint behind.
+        let our_credit = initial_credit(&self.endpoint);
+        if our_credit > cap / 4 {
+            return Err(RpcError::CapacityMismatch {
+                service: self.service.name,
+                what: MessageKind::Response,
+                cap: sat_u32(cap / 4),
+                need: sat_u32(our_credit),
+            });
+        }
+        if client.initial_credit > ours / 4 || !client.initial_credit.is_multiple_of(32) {
+            return Err(SetupError::Protocol(super::ProtocolError::BadEndpointInfo(
+                "the client's initial credit exceeds a quarter of the server's ring \
+                 (ring sizes differ?) or is not 32-byte aligned",
+            ))
+            .into());
+        }
+        let ep = self.ctx.create_endpoint(&self.endpoint)?;
+        self.ctx
+            .connect(ep, client)
+            .map_err(|e| setup_error(e, self.service))?;
+        let info = self
+            .ctx
+            .local_info(ep)
+            .ok_or(CopyrpcSetupError::Config("no such endpoint"))?;
+        Ok((ep, info))
+    }
+
+    /// The copyrpc context (counters: [`Context::stats`]).
+    pub fn context(&self) -> &Context<()> {
+        &self.ctx
+    }
+
+    /// The copyrpc context, mutably (e.g. to create and connect endpoints for a symmetric
+    /// out-of-band exchange; give them [`CopyrpcServer::endpoint_config`]).
+    pub fn context_mut(&mut self) -> &mut Context<()> {
+        &mut self.ctx
+    }
+
+    /// The configuration endpoints are created with (fingerprint set to the service's).
+    pub fn endpoint_config(&self) -> &EndpointConfig {
+        &self.endpoint
+    }
+
+    /// The service served.
+    pub fn service(&self) -> &'static ServiceDescriptor {
+        self.service
+    }
+}
+
+/// Checks that rings of capacity `req_cap` (requests) and `resp_cap` (responses) carry the
+/// service's largest messages.
+fn check_capacity(
+    service: &'static ServiceDescriptor,
+    req_cap: u64,
+    resp_cap: u64,
+) -> Result<(), RpcError> {
+    for (what, cap, need) in [
+        (MessageKind::Request, req_cap, service.max_request_bytes),
+        (MessageKind::Response, resp_cap, service.max_response_bytes),
+    ] {
+        let max = max_payload_for(cap);
+        if need as u64 > max {
+            return Err(RpcError::CapacityMismatch {
+                service: service.name,
+                what,
+                cap: sat_u32(max),
+                need: sat_u32(need),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Response credit an endpoint of `cfg` announces: `min(max_resp_reservation, ring / 4)`,
+/// 32-byte aligned (mirrors [`super::EndpointCore::initial_credit`]; seeds/001 "初期クレジット
+/// 設計").
+fn initial_credit(cfg: &EndpointConfig) -> u64 {
+    let ring = cfg.ring_size as u64;
+    cfg.max_resp_reservation.unwrap_or(ring / 4).min(ring / 4) & !31
+}
+
+/// What a client learns of a failed [`CopyrpcServer::add_endpoint`].
+#[cold]
+fn refusal(e: RpcError) -> ConnectRefusal {
+    match e {
+        RpcError::SchemaMismatch { expected, .. } => {
+            ConnectRefusal::SchemaMismatch { server: expected }
+        }
+        RpcError::CapacityMismatch {
+            what, cap, need, ..
+        } => ConnectRefusal::Capacity { what, cap, need },
+        e => ConnectRefusal::Setup(e.to_string()),
+    }
+}
+
+impl ServerTransport for CopyrpcServer {
+    type ReplyToken = RecvHandle;
+
+    /// Answers pending connect requests (one relaxed load when there are none), then polls
+    /// the context (a server context issues no calls, so no responses arrive; the poll
+    /// parses requests and sends replies written since the last poll). Returns the requests
+    /// available to `recv`.
+    #[inline]
+    fn poll(&mut self) -> usize {
+        if self.listener.pending.load(Ordering::Relaxed) != 0 {
+            self.accept();
+        }
+        self.ctx.poll(|_, _| {});
+        self.ctx.pending_requests()
+    }
+
+    #[inline]
+    fn recv(&mut self) -> Option<(RecvHandle, &[u8])> {
+        self.ctx.recv()
+    }
+
+    /// Nothing to do: copyrpc releases a request's ring space when `recv` hands it out, and
+    /// the credit return rides on the next batch sent to that client (seeds/004 §3.4), so
+    /// there is no separate release step.
+    #[inline]
+    fn release(&mut self) {}
+
+    /// Writes the reply into the client's endpoint; it is sent by the next poll or flush.
+    ///
+    /// # Errors
+    /// [`RpcError::ReplyDropped`] if the client's endpoint failed (client gone), the handle
+    /// names no endpoint, or the client's allowance is smaller than the service's largest
+    /// response (a client that is not a [`Copyrpc`] of this service).
+    #[inline]
+    fn reply(
+        &mut self,
+        token: RecvHandle,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), RpcError> {
+        self.ctx
+            .reply_with(token, self.max_resp, encode)
+            .map_err(reply_error)
+    }
+
+    /// Sends the replies written so far (one WRITE+IMM per client with replies).
+    #[inline]
+    fn flush(&mut self) {
+        self.ctx.poll(|_, _| {});
+    }
+}
+
+#[cold]
+fn reply_error(e: ReplyError) -> RpcError {
+    RpcError::ReplyDropped(match e {
+        ReplyError::TooLarge { .. } => "the caller's response allowance is too small",
+        ReplyError::Failed => "the client's endpoint failed or the token names no endpoint",
+    })
+}

@@ -111,3 +111,6 @@ pub use stats::RingStats;
 
 mod transport;
 pub use transport::*;
+
+pub mod forward;
+pub use forward::{DelegToken, Delegate, DelegateError, ForwardStats, Target};

@@ -1,0 +1,766 @@
+//! Generated stubs and server traits end to end over copyrpc, on the software device model.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::Backoff;
+use idl::echo::{EchoClient, EchoResponse, EchoService};
+use idl::kv::{KvClient, KvRequest, KvResponse, KvServer, KvService};
+use rpc::copyrpc::{
+    ConnectRefusal, Context, ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer, CopyrpcSetupError,
+    EndpointConfig, EndpointFailure, EndpointState,
+};
+use rpc::mlx5::sim::{Fabric, SimConfig};
+use rpc::wire::{MsgHeader, Status};
+use rpc::{Client, ClientTransport, RpcError, Server, Service};
+
+/// Rings of 64 KiB keep the many contexts of these tests small; the default is 1 MiB.
+fn small_rings() -> EndpointConfig {
+    EndpointConfig {
+        ring_size: 1 << 16,
+        ..EndpointConfig::default()
+    }
+}
+
+#[derive(Default)]
+struct Store(std::collections::HashMap<u64, u64>);
+
+impl KvServer for Store {
+    fn put(&mut self, _rank: u32, key: u64, value: u64) {
+        self.0.insert(key, value);
+    }
+    fn get(&mut self, _rank: u32, key: u64) -> Option<u64> {
+        self.0.get(&key).copied()
+    }
+}
+
+/// A server of `S` on its own device, and the address clients on `fabric` connect to.
+fn server<S: Service>(fabric: &Fabric) -> (Server<S, CopyrpcServer>, CopyrpcAddr) {
+    let server =
+        CopyrpcServer::serve::<S>(&fabric.open(), ContextConfig::default(), small_rings()).unwrap();
+    let mut addr = CopyrpcAddr::new(fabric.open(), server.transport().listener());
+    addr.endpoint = small_rings();
+    (server, addr)
+}
+
+/// Runs `server` on a thread with `handler` until the returned flag is set; the thread
+/// returns the server.
+fn spawn<S: Service>(
+    mut server: Server<S, CopyrpcServer>,
+    mut handler: impl FnMut(S::Request) -> S::Response + Send + 'static,
+) -> (
+    Arc<AtomicBool>,
+    thread::JoinHandle<Server<S, CopyrpcServer>>,
+) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let h = thread::spawn(move || {
+        let backoff = Backoff::new();
+        while !st.load(Ordering::Relaxed) {
+            if server.serve_once(&mut handler) == 0 {
+                backoff.snooze();
+            } else {
+                backoff.reset();
+            }
+        }
+        server
+    });
+    (stop, h)
+}
+
+fn spawn_kv(
+    server: Server<KvService, CopyrpcServer>,
+) -> (
+    Arc<AtomicBool>,
+    thread::JoinHandle<Server<KvService, CopyrpcServer>>,
+) {
+    let mut store = Store::default();
+    spawn(server, move |req| KvService::dispatch(&mut store, req))
+}
+
+/// Connects `T` on another thread while this one polls `server` (which must answer the
+/// connect request), for tests that drive the server by hand.
+fn connect_polling<S: Service, T: Send + 'static>(
+    server: &mut Server<S, CopyrpcServer>,
+    addr: &CopyrpcAddr,
+    connect: fn(&CopyrpcAddr) -> Result<T, RpcError>,
+) -> Result<T, RpcError> {
+    let addr = addr.clone();
+    let h = thread::spawn(move || connect(&addr));
+    while !h.is_finished() {
+        server.poll();
+        thread::yield_now();
+    }
+    h.join().unwrap()
+}
+
+#[test]
+fn blocking_calls() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (server, addr) = server::<KvService>(&fabric);
+    let (stop, h) = spawn_kv(server);
+    let mut kv = KvClient::<Copyrpc>::connect(&addr).unwrap();
+    assert_eq!(kv.get(0, 1).unwrap(), None);
+    kv.put(0, 1, 10).unwrap();
+    assert_eq!(kv.get(0, 1).unwrap(), Some(10));
+    for k in 0..1000 {
+        kv.put(0, k, k * 3).unwrap();
+    }
+    for k in 0..1000 {
+        assert_eq!(kv.get(0, k).unwrap(), Some(k * 3));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(server.stats().requests, 2003);
+    assert_eq!(server.stats().bad_requests, 0);
+    assert_eq!(server.stats().dropped_replies, 0);
+    assert_eq!(server.transport().context().num_endpoints(), 1);
+}
+
+#[test]
+fn pipelined_depth_32_100k_calls_all_matched() {
+    const CALLS: u64 = 100_000;
+    const DEPTH: usize = 32;
+    let fabric = Fabric::new(SimConfig::default());
+    let (server, mut addr) = server::<EchoService>(&fabric);
+    addr.max_in_flight = DEPTH as u32;
+    let (stop, h) = spawn(server, |req| {
+        EchoService::dispatch(&mut idl::echo::Echoer, req)
+    });
+    let mut echo = EchoClient::<Copyrpc>::connect(&addr).unwrap();
+    assert_eq!(echo.max_in_flight(), DEPTH);
+    let mut seen = vec![false; CALLS as usize];
+    let (mut next, mut done) = (0u64, 0u64);
+    let mut would_block = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while done < CALLS {
+        assert!(Instant::now() < deadline, "stalled at {done} of {CALLS}");
+        while next < CALLS && echo.in_flight() < DEPTH {
+            // Every eighth call carries a 256 B payload, so batches mix sizes and the
+            // ring wraps.
+            let r = if next % 8 == 0 {
+                let mut p = [0u8; 256];
+                p[..8].copy_from_slice(&next.to_le_bytes());
+                echo.issue(next).echo256(p)
+            } else {
+                echo.issue(next).ping(next ^ 0xabcd)
+            };
+            match r {
+                Ok(()) => next += 1,
+                // Credit or ring space exhausted: poll and retry.
+                Err(RpcError::WouldBlock) => {
+                    would_block += 1;
+                    break;
+                }
+                Err(e) => panic!("issue {next}: {e}"),
+            }
+        }
+        done += echo
+            .poll_with(|tag, r| {
+                match r.unwrap() {
+                    EchoResponse::Ping(v) => assert_eq!(v, tag ^ 0xabcd),
+                    EchoResponse::Echo256(p) => {
+                        assert_eq!(p[..8], tag.to_le_bytes());
+                        assert!(p[8..].iter().all(|&b| b == 0));
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+                assert!(
+                    !std::mem::replace(&mut seen[tag as usize], true),
+                    "tag {tag} completed twice"
+                );
+            })
+            .unwrap() as u64;
+    }
+    assert!(seen.iter().all(|&s| s));
+    // Depth-limited: the 33rd call needs a free token.
+    for k in 0..DEPTH as u64 {
+        echo.issue(k).ping(k).unwrap();
+    }
+    assert!(matches!(echo.issue(99).ping(0), Err(RpcError::WouldBlock)));
+    let mut left = DEPTH;
+    while left > 0 {
+        if echo.poll().unwrap().is_some() {
+            left -= 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(server.stats().requests, CALLS + DEPTH as u64);
+    let stats = echo.transport().context().stats();
+    assert!(
+        stats.wrap_markers > 0,
+        "the send ring never wrapped: {stats:?}"
+    );
+    eprintln!("would_block = {would_block}, client stats: {stats:?}");
+}
+
+#[test]
+fn deferred_replies_in_reverse_order() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (mut server, addr) = server::<KvService>(&fabric);
+    let mut kv = connect_polling(&mut server, &addr, KvClient::<Copyrpc>::connect).unwrap();
+    for k in 0..8 {
+        kv.issue(k).get(0, k).unwrap();
+    }
+    // Pipelined calls are sent when the client polls.
+    assert!(kv.poll().unwrap().is_none());
+    let mut taken = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while taken.len() < 8 {
+        assert!(Instant::now() < deadline, "requests did not arrive");
+        server.poll();
+        while let Some((token, req)) = server.recv() {
+            let KvRequest::Get(args) = req else {
+                panic!("unexpected {req:?}")
+            };
+            taken.push((token, args.key()));
+        }
+        server.release();
+        kv.poll().unwrap();
+    }
+    assert_eq!(
+        taken.iter().map(|t| t.1).collect::<Vec<_>>(),
+        (0..8).collect::<Vec<_>>()
+    );
+    for &(token, key) in taken.iter().rev() {
+        server
+            .reply(token, &KvResponse::Get(Some(key * 10)))
+            .unwrap();
+    }
+    // Replies go out with the next flush (or poll).
+    server.flush();
+    let mut got = Vec::new();
+    while got.len() < 8 {
+        assert!(Instant::now() < deadline, "replies did not arrive");
+        if let Some((tag, resp)) = kv.poll().unwrap() {
+            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
+            got.push(tag);
+        }
+    }
+    // All eight came in one batch, in reply order: one delivered per poll, the rest stashed.
+    assert_eq!(got, (0..8).rev().collect::<Vec<_>>());
+}
+
+#[test]
+fn eight_clients_on_one_server() {
+    const CLIENTS: u64 = 8;
+    const CALLS: u64 = 10_000;
+    let fabric = Fabric::new(SimConfig::default());
+    let (server, mut addr) = server::<EchoService>(&fabric);
+    addr.max_in_flight = 16;
+    let (stop, h) = spawn(server, |req| {
+        EchoService::dispatch(&mut idl::echo::Echoer, req)
+    });
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let mut addr = addr.clone();
+            addr.device = fabric.open();
+            thread::spawn(move || {
+                let mut echo = EchoClient::<Copyrpc>::connect(&addr).unwrap();
+                let depth = echo.max_in_flight();
+                let mut seen = vec![false; CALLS as usize];
+                let (mut next, mut done) = (0u64, 0u64);
+                while done < CALLS {
+                    while next < CALLS && echo.in_flight() < depth {
+                        match echo.issue(next).ping((c << 32) | next) {
+                            Ok(()) => next += 1,
+                            Err(RpcError::WouldBlock) => break,
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                    done += echo
+                        .poll_with(|tag, r| {
+                            let EchoResponse::Ping(v) = r.unwrap() else {
+                                panic!("wrong variant")
+                            };
+                            assert_eq!(v, (c << 32) | tag, "response matched to the wrong call");
+                            assert!(
+                                !std::mem::replace(&mut seen[tag as usize], true),
+                                "duplicate response"
+                            );
+                        })
+                        .unwrap() as u64;
+                }
+                // Blocking calls on the same connection still work.
+                assert_eq!(echo.ping(c).unwrap(), c);
+                done
+            })
+        })
+        .collect();
+    let total: u64 = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    assert_eq!(total, CLIENTS * CALLS);
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(server.stats().requests, CLIENTS * (CALLS + 1));
+    assert_eq!(
+        server.transport().context().num_endpoints(),
+        CLIENTS as usize
+    );
+}
+
+#[test]
+fn schema_mismatch_fails_at_connect() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (server, addr) = server::<KvService>(&fabric);
+    let (stop, h) = spawn_kv(server);
+    match EchoClient::<Copyrpc>::connect(&addr) {
+        Err(RpcError::SchemaMismatch {
+            service: "Echo",
+            expected,
+            found,
+        }) => {
+            assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
+            assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
+        }
+        Err(e) => panic!("expected SchemaMismatch, got {e}"),
+        Ok(_) => panic!("expected SchemaMismatch, connected"),
+    }
+    // The right service connects, and the refused client left no endpoint behind.
+    let mut kv = KvClient::<Copyrpc>::connect(&addr).unwrap();
+    kv.put(0, 1, 2).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(server.transport().context().num_endpoints(), 1);
+}
+
+#[test]
+fn capacity_is_checked() {
+    let fabric = Fabric::new(SimConfig::default());
+    // A 1 KiB ring grants 256 B of response credit; one echo256 response needs 320.
+    let tiny = EndpointConfig {
+        ring_size: 1024,
+        ..EndpointConfig::default()
+    };
+    match CopyrpcServer::serve::<EchoService>(&fabric.open(), ContextConfig::default(), tiny) {
+        Err(RpcError::CapacityMismatch {
+            service: "Echo",
+            what: rpc::MessageKind::Response,
+            cap: 256,
+            need: 320,
+        }) => {}
+        Err(e) => panic!("expected CapacityMismatch, got {e}"),
+        Ok(_) => panic!("expected CapacityMismatch, got a server"),
+    }
+    // A client ring too small for the 16 KiB of credit the server (64 KiB rings) announces
+    // is refused; so is a client ring larger than the server's (its credit does not fit).
+    let (server, mut addr) = server::<KvService>(&fabric);
+    let (stop, h) = spawn_kv(server);
+    addr.endpoint = tiny;
+    match KvClient::<Copyrpc>::connect(&addr) {
+        Err(RpcError::CapacityMismatch {
+            service: "Kv",
+            what: rpc::MessageKind::Response,
+            cap: 256,
+            need: 16384,
+        }) => {}
+        Err(e) => panic!("expected CapacityMismatch, got {e}"),
+        Ok(_) => panic!("expected CapacityMismatch, connected"),
+    }
+    addr.endpoint.ring_size = 1 << 20;
+    match KvClient::<Copyrpc>::connect(&addr) {
+        Err(RpcError::Copyrpc(e)) => {
+            assert!(
+                matches!(&*e, CopyrpcSetupError::Refused(ConnectRefusal::Setup(_))),
+                "{e}"
+            )
+        }
+        Err(e) => panic!("expected a refusal, got {e}"),
+        Ok(_) => panic!("expected a refusal, connected"),
+    }
+    // Neither left an endpoint behind; matching rings connect.
+    addr.endpoint = small_rings();
+    KvClient::<Copyrpc>::connect(&addr)
+        .unwrap()
+        .put(0, 1, 1)
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(server.transport().context().num_endpoints(), 1);
+}
+
+/// Sends one raw request message through a bare transport and returns the response bytes.
+fn raw_roundtrip(
+    t: &mut Copyrpc,
+    server: &mut Server<KvService, CopyrpcServer>,
+    msg: &[u8],
+) -> Vec<u8> {
+    let token = t
+        .send(|b| {
+            b[..msg.len()].copy_from_slice(msg);
+            msg.len()
+        })
+        .unwrap();
+    let mut out = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.is_none() {
+        assert!(Instant::now() < deadline, "no response to a bad request");
+        server.serve_once(|_| panic!("a bad request reached the handler"));
+        t.poll(1, |tok, bytes| {
+            assert_eq!(tok, token);
+            out = Some(bytes.to_vec());
+        })
+        .unwrap();
+    }
+    out.unwrap()
+}
+
+fn header(msg: &[u8]) -> MsgHeader {
+    rpc::wire::read_header(msg).unwrap()
+}
+
+#[test]
+fn undecodable_requests_get_error_status() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (mut server, addr) = server::<KvService>(&fabric);
+    let mut raw = connect_polling(&mut server, &addr, |a| {
+        Copyrpc::connect(a, KvService::DESCRIPTOR)
+    })
+    .unwrap();
+    let hdr = |method_id: u16, len: u32| {
+        let mut v = Vec::new();
+        v.extend_from_slice(&method_id.to_ne_bytes());
+        v.extend_from_slice(&0u16.to_ne_bytes());
+        v.extend_from_slice(&len.to_ne_bytes());
+        v
+    };
+    // Unknown method.
+    let r = raw_roundtrip(&mut raw, &mut server, &hdr(77, 0));
+    assert_eq!(header(&r).status, Status::UnknownMethod as u16);
+    assert_eq!(header(&r).method_id, 77);
+    // Wrong body length for get (expects 12 B).
+    let mut m = hdr(KvService::GET, 4);
+    m.extend_from_slice(&[0; 4]);
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, &mut server, &m)).status,
+        Status::BadLength as u16
+    );
+    // Shorter than a header; and empty.
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, &mut server, &[1, 0, 0])).status,
+        Status::Truncated as u16
+    );
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, &mut server, &[])).status,
+        Status::Truncated as u16
+    );
+    assert_eq!(server.stats().bad_requests, 4);
+    assert_eq!(server.stats().requests, 0);
+
+    // Through the typed client core, a get with a 4-byte body is answered with an error
+    // status and surfaces as RpcError::BadRequest, tagged.
+    let mut kv = Client::<KvService, Copyrpc>::from_transport(raw);
+    kv.issue(5, KvService::GET, &0u32).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        assert!(Instant::now() < deadline, "no answer");
+        server.serve_once(|_| panic!("a bad request reached the handler"));
+        match kv.poll() {
+            Ok(None) => {}
+            other => break other,
+        }
+    };
+    match got {
+        Err(RpcError::BadRequest {
+            tag: 5,
+            method: "get",
+            status: Some(Status::BadLength),
+        }) => {}
+        other => panic!("expected BadRequest, got {other:?}"),
+    }
+    assert_eq!(server.stats().bad_requests, 5);
+}
+
+#[test]
+fn connect_times_out_when_the_server_does_not_poll() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (server, mut addr) = server::<KvService>(&fabric);
+    addr.timeout = Duration::from_millis(200);
+    let t0 = Instant::now();
+    match KvClient::<Copyrpc>::connect(&addr) {
+        Err(RpcError::Copyrpc(e)) => {
+            assert!(matches!(*e, CopyrpcSetupError::Timeout(_)), "{e}")
+        }
+        Err(e) => panic!("expected a timeout, got {e}"),
+        Ok(_) => panic!("connected to a server that never polls"),
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(200));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    // The server is gone: connecting fails at once.
+    drop(server);
+    assert!(matches!(
+        KvClient::<Copyrpc>::connect(&addr),
+        Err(RpcError::ServerDisconnected)
+    ));
+}
+
+#[test]
+fn bootstrap_from_exchanged_endpoint_info() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (mut server, _) = server::<KvService>(&fabric);
+    // What an MPI bootstrap does: create, exchange the 96-byte infos, connect.
+    let mut ctx = Context::<u32>::new(&fabric.open(), ContextConfig::default()).unwrap();
+    let ep = ctx
+        .create_endpoint(&EndpointConfig {
+            fingerprint: KvService::DESCRIPTOR.fingerprint,
+            ..small_rings()
+        })
+        .unwrap();
+    let mine = ctx.local_info(ep).unwrap().to_bytes();
+    let client_info = rpc::copyrpc::EndpointInfo::from_bytes(&mine).unwrap();
+    let (_, theirs) = server.transport_mut().add_endpoint(&client_info).unwrap();
+    ctx.connect(ep, &theirs).unwrap();
+    // A mismatching fingerprint is refused by add_endpoint.
+    let wrong = rpc::copyrpc::EndpointInfo {
+        fingerprint: 1,
+        ..client_info
+    };
+    assert!(matches!(
+        server.transport_mut().add_endpoint(&wrong),
+        Err(RpcError::SchemaMismatch { found: 1, .. })
+    ));
+    let t = Copyrpc::from_context(ctx, ep, KvService::DESCRIPTOR, 8)
+        .unwrap()
+        .with_probe(&theirs, Duration::from_millis(100))
+        .unwrap();
+    let (stop, h) = spawn_kv(server);
+    let mut kv = KvClient::from_transport(t);
+    kv.put(3, 4, 5).unwrap();
+    assert_eq!(kv.get(3, 4).unwrap(), Some(5));
+    assert_eq!(kv.max_in_flight(), 8);
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
+#[test]
+fn from_context_rejects_the_wrong_service() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (mut server, _) = server::<KvService>(&fabric);
+    let mut ctx = Context::<u32>::new(&fabric.open(), ContextConfig::default()).unwrap();
+    let ep = ctx
+        .create_endpoint(&EndpointConfig {
+            fingerprint: KvService::DESCRIPTOR.fingerprint,
+            ..small_rings()
+        })
+        .unwrap();
+    // Not connected yet.
+    let (_, theirs) = server
+        .transport_mut()
+        .add_endpoint(&ctx.local_info(ep).unwrap())
+        .unwrap();
+    ctx.connect(ep, &theirs).unwrap();
+    match Copyrpc::from_context(ctx, ep, EchoService::DESCRIPTOR, 8) {
+        Err(RpcError::SchemaMismatch {
+            service: "Echo", ..
+        }) => {}
+        other => panic!("expected SchemaMismatch, got {other:?}"),
+    }
+}
+
+#[test]
+fn server_dropped_mid_run_fails_pending_and_later_calls() {
+    // The progress thread stands in for the NIC's retransmission timer: a WQE towards a
+    // dead QP fails with retry-exceeded after `retry_cnt` retries.
+    let fabric = Fabric::new(SimConfig {
+        progress_thread: Some(Duration::from_millis(1)),
+        ..SimConfig::default()
+    });
+    let (mut server, mut addr) = server::<KvService>(&fabric);
+    addr.probe_interval = Some(Duration::from_millis(20));
+    let mut busy = connect_polling(&mut server, &addr, KvClient::<Copyrpc>::connect).unwrap();
+    let mut idle = {
+        let mut a = addr.clone();
+        a.device = fabric.open();
+        connect_polling(&mut server, &a, KvClient::<Copyrpc>::connect).unwrap()
+    };
+    // Both work.
+    let mut store = Store::default();
+    for kv in [&mut busy, &mut idle] {
+        kv.issue(1).put(0, 1, 1).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < deadline);
+            server.serve_once(|req| KvService::dispatch(&mut store, req));
+            if kv.poll().unwrap().is_some() {
+                break;
+            }
+        }
+    }
+    // `busy` has four calls the server took and never answers.
+    for k in 0..4 {
+        busy.issue(k).get(0, k).unwrap();
+    }
+    let mut taken = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while taken < 4 {
+        assert!(Instant::now() < deadline, "requests did not arrive");
+        assert!(busy.poll().unwrap().is_none());
+        server.poll();
+        while server.recv().is_some() {
+            taken += 1;
+        }
+    }
+    drop(server);
+    let t0 = Instant::now();
+    // Pending calls: the client sends nothing more, the probe finds the server gone.
+    loop {
+        match busy.poll() {
+            Ok(None) => assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "pending calls never failed"
+            ),
+            Err(RpcError::ServerDisconnected) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(matches!(busy.get(0, 1), Err(RpcError::ServerDisconnected)));
+    assert!(matches!(
+        busy.issue(9).get(0, 1),
+        Err(RpcError::ServerDisconnected)
+    ));
+    // The idle client learns it on its next call: its WRITE+IMM exhausts its retries.
+    assert!(matches!(idle.get(0, 1), Err(RpcError::ServerDisconnected)));
+    assert!(matches!(
+        idle.put(0, 1, 2),
+        Err(RpcError::ServerDisconnected)
+    ));
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    for (who, kv) in [("busy", &busy), ("idle", &idle)] {
+        let t = kv.transport();
+        let state = t.context().endpoint_state(t.endpoint());
+        eprintln!("{who}: {state:?} {:?}", t.context().stats());
+        assert!(
+            matches!(
+                state,
+                Some(EndpointState::Failed(EndpointFailure::Completion(_)))
+            ),
+            "{who}: {state:?}"
+        );
+    }
+    // The busy client noticed through its probe READ.
+    assert!(busy.transport().context().stats().raw_posted >= 1);
+    assert_eq!(idle.transport().context().stats().raw_posted, 0);
+}
+
+#[test]
+fn credit_exhaustion_is_backpressure() {
+    // 8 KiB rings: 2 KiB of response credit covers 6 echo256 responses (320 B each), far
+    // fewer than the 64 tokens; calls beyond that get WouldBlock until credit returns.
+    const CALLS: u64 = 20_000;
+    let fabric = Fabric::new(SimConfig::default());
+    let cfg = EndpointConfig {
+        ring_size: 8192,
+        ..EndpointConfig::default()
+    };
+    let server =
+        CopyrpcServer::serve::<EchoService>(&fabric.open(), ContextConfig::default(), cfg).unwrap();
+    let mut addr = CopyrpcAddr::new(fabric.open(), server.transport().listener());
+    addr.endpoint = cfg;
+    let (stop, h) = spawn(server, |req| {
+        EchoService::dispatch(&mut idl::echo::Echoer, req)
+    });
+    let mut echo = EchoClient::<Copyrpc>::connect(&addr).unwrap();
+    let (mut next, mut done, mut would_block) = (0u64, 0u64, 0u64);
+    let mut max_in_flight = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while done < CALLS {
+        assert!(Instant::now() < deadline, "stalled at {done}");
+        while next < CALLS {
+            match echo.issue(next).echo256([next as u8; 256]) {
+                Ok(()) => next += 1,
+                Err(RpcError::WouldBlock) => {
+                    would_block += 1;
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        max_in_flight = max_in_flight.max(echo.in_flight());
+        if next % 1000 == 0 {
+            // Blocking calls wait out the back-pressure themselves.
+            assert_eq!(echo.ping(next).unwrap(), next);
+        }
+        done += echo
+            .poll_with(|tag, r| assert_eq!(r.unwrap(), EchoResponse::Echo256([tag as u8; 256])))
+            .unwrap() as u64;
+    }
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+    let stats = echo.transport().context().stats();
+    assert!(
+        would_block > 0 && stats.insufficient_credit > 0,
+        "{stats:?}"
+    );
+    assert!(
+        max_in_flight <= 7,
+        "{max_in_flight} calls in flight on 2 KiB of credit"
+    );
+    assert_eq!(stats.failed_endpoints, 0);
+}
+
+#[test]
+fn client_dropped_mid_run_does_not_disturb_the_server() {
+    let fabric = Fabric::new(SimConfig {
+        progress_thread: Some(Duration::from_millis(1)),
+        ..SimConfig::default()
+    });
+    let (mut server, addr) = server::<KvService>(&fabric);
+    let mut gone = connect_polling(&mut server, &addr, KvClient::<Copyrpc>::connect).unwrap();
+    let mut stays = {
+        let mut a = addr.clone();
+        a.device = fabric.open();
+        connect_polling(&mut server, &a, KvClient::<Copyrpc>::connect).unwrap()
+    };
+    for k in 0..4 {
+        gone.issue(k).get(0, k).unwrap();
+    }
+    let mut taken = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while taken.len() < 4 {
+        assert!(Instant::now() < deadline, "requests did not arrive");
+        assert!(gone.poll().unwrap().is_none());
+        server.poll();
+        while let Some((token, _)) = server.recv() {
+            taken.push(token);
+        }
+    }
+    drop(gone);
+    // The first reply is written (the server cannot know yet); its WRITE+IMM fails with
+    // retry-exceeded, which fails that client's endpoint only.
+    server.reply(taken[0], &KvResponse::Get(None)).unwrap();
+    server.flush();
+    let mut store = Store::default();
+    let mut dropped = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for &t in &taken[1..] {
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "the dead client was never noticed"
+            );
+            server.poll();
+            if server.reply(t, &KvResponse::Get(None)).is_err() {
+                dropped += 1;
+                break;
+            }
+            server.flush();
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert_eq!(dropped, 3);
+    assert_eq!(server.stats().dropped_replies, 3);
+    // The other client is served as before.
+    stays.issue(1).put(0, 5, 6).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline);
+        server.serve_once(|req| KvService::dispatch(&mut store, req));
+        if let Some(r) = stays.poll().unwrap() {
+            assert_eq!(r, (1, KvResponse::Put(())));
+            break;
+        }
+    }
+    assert_eq!(server.transport().context().stats().failed_endpoints, 1);
+}
