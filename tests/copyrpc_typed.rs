@@ -329,12 +329,30 @@ fn schema_mismatch_fails_at_connect() {
 #[test]
 fn capacity_is_checked() {
     let fabric = Fabric::new(SimConfig::default());
-    // A 1 KiB ring grants 256 B of response credit; one echo256 response needs 320.
+    // A 1 KiB ring (256 B of credit) carries requests of at most
+    // ((512 - 256 - 32) & !31) - 12 = 212 B (`max_payload_for`); echo256 requests are 264 B.
     let tiny = EndpointConfig {
         ring_size: 1024,
         ..EndpointConfig::default()
     };
     match CopyrpcServer::serve::<EchoService>(&fabric.open(), ContextConfig::default(), tiny) {
+        Err(RpcError::CapacityMismatch {
+            service: "Echo",
+            what: rpc::MessageKind::Request,
+            cap: 212,
+            need: 264,
+        }) => {}
+        Err(e) => panic!("expected CapacityMismatch, got {e}"),
+        Ok(_) => panic!("expected CapacityMismatch, got a server"),
+    }
+    // A 2 KiB ring limited to 256 B of credit carries the messages (724 B) but its credit
+    // does not cover one echo256 response (320 B with its metadata).
+    let stingy = EndpointConfig {
+        ring_size: 2048,
+        max_resp_reservation: Some(256),
+        ..EndpointConfig::default()
+    };
+    match CopyrpcServer::serve::<EchoService>(&fabric.open(), ContextConfig::default(), stingy) {
         Err(RpcError::CapacityMismatch {
             service: "Echo",
             what: rpc::MessageKind::Response,

@@ -1,9 +1,9 @@
 //! The `#[rpc_service]` attribute macro. Use it through the `rpc` facade crate
 //! (`use rpc::rpc_service;`), whose paths the generated code names.
 //!
-//! The crate is split like serde_derive or tarpc's plugin crate: [`parse`] reads the attribute
-//! and the trait, [`validate`] checks them and builds the service model (collecting every
-//! error, each spanned on the offending tokens), and [`generate`] emits the code.
+//! The crate is split like serde_derive or tarpc's plugin crate: `parse` reads the attribute
+//! and the trait, `validate` checks them and builds the service model (collecting every
+//! error, each spanned on the offending tokens), and `generate` emits the code.
 
 mod expand;
 mod generate;

@@ -776,3 +776,51 @@ fn failure_only_touches_its_endpoint() {
     assert!(matches!(got[&50], Err(EndpointFailure::Completion(_))));
     expect_completion_failure(&a, e0, Syndrome::TransportRetryExc);
 }
+
+/// A `RecvHandle` is `Copy`: a second reply with it, or a reply with a handle whose request
+/// was answered and whose slot now holds a newer request with the same call id, is refused
+/// with `ReplyError::Stale` and counted; the caller sees exactly one response per call.
+#[test]
+fn second_reply_with_one_handle_is_refused() {
+    use rpc_runtime::copyrpc::ReplyError;
+    let fabric = Fabric::new(SimConfig::default());
+    let (dc, ds) = (fabric.open(), fabric.open());
+    let mut c = Context::<u64>::new(&dc, ContextConfig::default()).unwrap();
+    let mut s = Context::<()>::new(&ds, ContextConfig::default()).unwrap();
+    let cfg = EndpointConfig {
+        ring_size: RING,
+        ..EndpointConfig::default()
+    };
+    let (ec, es) = connect(&mut c, &mut s, &cfg);
+    let mut responses = Vec::new();
+    for round in 0..3u64 {
+        c.call(ec, &round.to_le_bytes(), round, 16).unwrap();
+        c.poll(|_, _| {});
+        s.poll(|_, _| {});
+        let (h, _) = s.recv().expect("request");
+        s.reply(h, b"first").unwrap();
+        assert_eq!(s.reply(h, b"again"), Err(ReplyError::Stale));
+        s.poll(|_, _| {});
+        c.poll(|u, r| responses.push((u, r.unwrap().to_vec())));
+        // The next round's request reuses call id 0 and handle slot 0: the old handle
+        // must still be refused.
+        c.call(ec, b"next", 100 + round, 16).unwrap();
+        c.poll(|_, _| {});
+        s.poll(|_, _| {});
+        let (h2, _) = s.recv().expect("request");
+        assert_eq!(h2.call_id, h.call_id);
+        assert_eq!(s.reply(h, b"stale"), Err(ReplyError::Stale));
+        s.reply(h2, b"second").unwrap();
+        s.poll(|_, _| {});
+        c.poll(|u, r| responses.push((u, r.unwrap().to_vec())));
+    }
+    assert_eq!(s.stats().stale_replies, 6);
+    assert_eq!(responses.len(), 6);
+    for round in 0..3u64 {
+        assert!(responses.contains(&(round, b"first".to_vec())));
+        assert!(responses.contains(&(100 + round, b"second".to_vec())));
+    }
+    assert_eq!(c.endpoint_state(ec), Some(EndpointState::Connected));
+    assert_eq!(c.stats().corrupt_batches, 0);
+    let _ = es;
+}

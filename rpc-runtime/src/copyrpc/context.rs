@@ -4,7 +4,7 @@
 //! itself is in [`super::endpoint`].
 //!
 //! [`Context::poll`] runs the seed's steps in order (seeds/004 §3.7): receive CQ (each CQE is
-//! one batch: [`EndpointCore::ingest`]), SRQ refill below 2/3, send CQ (retire, consumer
+//! one batch: `EndpointCore::ingest`), SRQ refill below 2/3, send CQ (retire, consumer
 //! READ results, raw RDMA completions, error CQEs), then flush every endpoint that has
 //! something to send: each batch becomes one RDMA WRITE+IMM, fully inline up to 220 B, else
 //! a 204 B inline head plus one SGE into the send ring; one doorbell per endpoint per poll.
@@ -16,13 +16,16 @@ use mlx5::fastmap::FastMap;
 use mlx5::verbs::{Access, Cq, Mr, Pd, Qp, QpCaps, QpInit, QpType, RcParams, RcRemote, Srq};
 use mlx5::wqe::{CQ_UPDATE, Opcode, RaddrSeg, Sge, WqeDesc};
 
+use slab::Slab;
+
 use super::endpoint::{Emit, EndpointCore, EndpointState, RecvEntry, cqe_delta};
 use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupError};
 use super::info::EndpointInfo;
 use super::stats::Stats;
 
 /// A signaled WQE is posted at least every this many WQEs (seeds/001 `SIGNAL_INTERVAL`), and
-/// also whenever half the send queue's WQEBBs are unsignaled (inline WQEs take up to 4).
+/// also whenever a quarter of the send queue's WQEBBs went by unsignaled (an inline WQE
+/// takes up to 4 WQEBBs, so 64 of them would fill the seed's 256-entry queue).
 pub const SIGNAL_INTERVAL: u32 = 64;
 /// Largest batch sent fully inline, in bytes (seeds/004 §3.5).
 pub const MAX_FULL_INLINE: u32 = 220;
@@ -115,14 +118,23 @@ struct Conn<U> {
     core: EndpointCore<U>,
     remote: Remote,
     fingerprint: u64,
+    /// WQEs posted since the last signaled one.
     unsignaled: u32,
+    /// Send queue producer counter (WQEBBs) after the last signaled WQE.
+    last_signal_pi: u32,
     signaled: VecDeque<(u16, Signaled)>,
     read_outstanding: bool,
     in_dirty: bool,
+    /// Requests handed out by `recv` and not yet answered: `(call_id, seq)`, keyed by the
+    /// handle's slot; a reply must name a live entry, so a handle answers exactly once.
+    answering: Slab<(u32, u32)>,
+    /// Requests handed out so far (the `seq` of the next one, wrapping).
+    recv_seq: u32,
 }
 
 /// A request received by [`Context::recv`]; answer it with [`Context::reply`] at any time,
-/// in any order (seeds/001 "レスポンスはOut-of-Order").
+/// in any order (seeds/001 "レスポンスはOut-of-Order"), exactly once: a second reply with
+/// the same handle (it is `Copy`) is refused with [`ReplyError::Stale`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecvHandle {
     /// Endpoint it arrived on.
@@ -131,6 +143,10 @@ pub struct RecvHandle {
     pub call_id: u32,
     /// Credit the caller reserved for the response, in bytes.
     pub allowance: u64,
+    /// Entry in the endpoint's table of unanswered requests.
+    slot: u32,
+    /// Sequence number of this request on its endpoint (tells a reused slot apart).
+    seq: u32,
 }
 
 impl RecvHandle {
@@ -268,9 +284,12 @@ impl<U> Context<U> {
             remote: Remote::default(),
             fingerprint: cfg.fingerprint,
             unsignaled: 0,
+            last_signal_pi: 0,
             signaled: VecDeque::with_capacity(8),
             read_outstanding: false,
             in_dirty: false,
+            answering: Slab::with_capacity(64),
+            recv_seq: 0,
         });
         Ok(id)
     }
@@ -413,10 +432,16 @@ impl<U> Context<U> {
                 break e;
             }
         };
+        let c = &mut self.conns[e.ep as usize];
+        let seq = c.recv_seq;
+        c.recv_seq = seq.wrapping_add(1);
+        let slot = c.answering.insert((e.call_id, seq)) as u32;
         let h = RecvHandle {
             ep: e.ep,
             call_id: e.call_id,
             allowance: e.allowance,
+            slot,
+            seq,
         };
         // SAFETY: `e` came from this endpoint's ingest; its bytes stay unwritten until the
         // peer learns of the release, which happens at the next flush, after this borrow.
@@ -458,6 +483,12 @@ impl<U> Context<U> {
         let Some(c) = self.conns.get_mut(h.ep as usize) else {
             return Err(ReplyError::Failed);
         };
+        match c.answering.get(h.slot as usize) {
+            Some(&(id, seq)) if id == h.call_id && seq == h.seq => {
+                c.answering.remove(h.slot as usize);
+            }
+            _ => return Err(stale_reply(&mut self.stats)),
+        }
         let r = c
             .core
             .reply(h.call_id, h.allowance, max_len, encode, &mut self.stats);
@@ -474,27 +505,40 @@ impl<U> Context<U> {
         &mut self,
         mut on_response: impl FnMut(U, Result<&[u8], EndpointFailure>),
     ) -> usize {
-        let mut n = 0u32;
-        while n < self.cfg.poll_budget {
-            let Some(cqe) = self.recv_cq.cq.poll_one() else {
-                break;
-            };
-            n += 1;
-            self.on_recv_cqe(&cqe, &mut on_response);
-        }
-        if n > 0 {
-            self.recv_cq.cq.update_dbrec();
-            if self.srq.srq.posted() < self.srq_low {
-                let avail = self.srq.srq.available();
-                self.srq.srq.post_empty_n(avail);
-                self.srq.srq.ring_doorbell();
-            }
+        let Context {
+            conns,
+            by_qpn,
+            dirty,
+            recv_queue,
+            srq,
+            recv_cq,
+            stats,
+            cfg,
+            ..
+        } = self;
+        let mut rx = Rx {
+            conns,
+            by_qpn,
+            dirty,
+            recv_queue,
+            srq,
+            stats,
+        };
+        // Steps 1-2: the monomorphized poller (seeds/001 "MonoCq"): the closure inlines.
+        let n = recv_cq.cq.poll(cfg.poll_budget as usize, |cqe| {
+            rx.on_cqe(cqe, &mut on_response)
+        });
+        if n > 0 && self.srq.srq.posted() < self.srq_low {
+            // Step 3: refill below 2/3 of the SRQ, in one doorbell.
+            let avail = self.srq.srq.available();
+            self.srq.srq.post_empty_n(avail);
+            self.srq.srq.ring_doorbell();
         }
         self.poll_send_cq(&mut on_response);
         if !self.dirty.is_empty() {
             self.flush_all(&mut on_response);
         }
-        n as usize
+        n
     }
 
     /// Sends what `call`/`reply` wrote since the last poll (step 6 of [`Context::poll`]
@@ -507,71 +551,6 @@ impl<U> Context<U> {
         if !self.dirty.is_empty() {
             self.flush_all(&mut |_, _| {});
         }
-    }
-
-    #[inline(always)]
-    fn on_recv_cqe(
-        &mut self,
-        cqe: &Cqe,
-        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
-    ) {
-        if cqe.is_error() {
-            return self.recv_error(cqe, on_response);
-        }
-        if self.srq.srq.release(cqe.wqe_counter).is_err() {
-            self.stats.stray_send_cqes += 1;
-        }
-        let Some(&ep) = self.by_qpn.get(cqe.qpn) else {
-            self.stats.unknown_qpn += 1;
-            return;
-        };
-        let c = &mut self.conns[ep as usize];
-        if c.core.state() != EndpointState::Connected {
-            return;
-        }
-        let r = c.core.ingest(
-            cqe_delta(cqe.imm),
-            ep,
-            &mut self.recv_queue,
-            &mut self.stats,
-            on_response,
-        );
-        if let Err(e) = r {
-            self.stats.corrupt_batches += 1;
-            tracing::warn!(ep, qpn = cqe.qpn, error = %e, "copyrpc: corrupt batch; failing the endpoint");
-            Self::fail(
-                &mut self.stats,
-                c,
-                EndpointFailure::Protocol(e),
-                on_response,
-            );
-        }
-        Self::touch(&mut self.dirty, c, ep);
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn recv_error(
-        &mut self,
-        cqe: &Cqe,
-        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
-    ) {
-        self.stats.error_cqes += 1;
-        if self.srq.srq.is_posted(cqe.wqe_counter) && cqe.srqn == self.srq.srqn() {
-            let _ = self.srq.srq.release(cqe.wqe_counter);
-        }
-        let Some(&ep) = self.by_qpn.get(cqe.qpn) else {
-            self.stats.unknown_qpn += 1;
-            return;
-        };
-        let err = cqe.status().expect_err("error CQE");
-        let c = &mut self.conns[ep as usize];
-        Self::fail(
-            &mut self.stats,
-            c,
-            EndpointFailure::Completion(err),
-            on_response,
-        );
     }
 
     #[cold]
@@ -734,8 +713,11 @@ impl<U> Context<U> {
         } else {
             &[]
         };
+        // WQEBBs since the last signaled WQE, plus this one (at most 4): a quarter of the
+        // ring at most, so completions retire the queue long before it fills, and each QP
+        // has at most a handful of signaled WQEs (send CQEs) outstanding.
         let signal = c.unsignaled + 1 >= SIGNAL_INTERVAL
-            || c.qp.sq.outstanding_wqebbs() * 2 + 4 > c.qp.sq.wqe_cnt();
+            || c.qp.sq.pi().wrapping_sub(c.last_signal_pi) + 4 > c.qp.sq.wqe_cnt() / 4;
         let idx = c.qp.sq.post(&WqeDesc {
             opcode: Opcode::RdmaWriteImm,
             flags: if signal { CQ_UPDATE } else { 0 },
@@ -752,6 +734,7 @@ impl<U> Context<U> {
         if signal {
             c.signaled.push_back((idx, Signaled::Write));
             c.unsignaled = 0;
+            c.last_signal_pi = c.qp.sq.pi();
         } else {
             c.unsignaled += 1;
         }
@@ -787,6 +770,7 @@ impl<U> Context<U> {
             Ok(idx) => {
                 c.signaled.push_back((idx, Signaled::ConsumerRead));
                 c.unsignaled = 0;
+                c.last_signal_pi = c.qp.sq.pi();
                 c.read_outstanding = true;
                 true
             }
@@ -867,6 +851,7 @@ impl<U> Context<U> {
         })?;
         c.signaled.push_back((idx, Signaled::Raw));
         c.unsignaled = 0;
+        c.last_signal_pi = c.qp.sq.pi();
         c.qp.sq.ring_doorbell();
         self.stats.raw_posted += 1;
         self.stats.doorbells += 1;
@@ -877,4 +862,81 @@ impl<U> Context<U> {
     pub fn raw_rdma_pending(&self) -> u64 {
         self.stats.raw_posted - self.stats.raw_done
     }
+}
+
+/// The parts of a [`Context`] that receive completions touch, borrowed apart from the
+/// receive CQ so that its monomorphized poller can call into them.
+struct Rx<'a, U> {
+    conns: &'a mut Vec<Conn<U>>,
+    by_qpn: &'a FastMap<EndpointId>,
+    dirty: &'a mut Vec<EndpointId>,
+    recv_queue: &'a mut VecDeque<RecvEntry>,
+    srq: &'a mut Srq,
+    stats: &'a mut Stats,
+}
+
+impl<U> Rx<'_, U> {
+    /// One receive CQE = one batch (seeds/004 §3.7 step 1): return the SRQ WQE, find the
+    /// endpoint by QPN, parse the batch; a corrupt batch fails the endpoint.
+    #[inline(always)]
+    fn on_cqe(
+        &mut self,
+        cqe: &Cqe,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) {
+        if cqe.is_error() {
+            return self.on_error(cqe, on_response);
+        }
+        if self.srq.srq.release(cqe.wqe_counter).is_err() {
+            self.stats.stray_send_cqes += 1;
+        }
+        let Some(&ep) = self.by_qpn.get(cqe.qpn) else {
+            self.stats.unknown_qpn += 1;
+            return;
+        };
+        let c = &mut self.conns[ep as usize];
+        if c.core.state() != EndpointState::Connected {
+            return;
+        }
+        let r = c.core.ingest(
+            cqe_delta(cqe.imm),
+            ep,
+            self.recv_queue,
+            self.stats,
+            on_response,
+        );
+        if let Err(e) = r {
+            self.stats.corrupt_batches += 1;
+            tracing::warn!(ep, qpn = cqe.qpn, error = %e, "copyrpc: corrupt batch; failing the endpoint");
+            Context::fail(self.stats, c, EndpointFailure::Protocol(e), on_response);
+        }
+        Context::touch(self.dirty, c, ep);
+    }
+
+    /// A responder error CQE: fails the endpoint it names.
+    #[cold]
+    #[inline(never)]
+    fn on_error(
+        &mut self,
+        cqe: &Cqe,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) {
+        self.stats.error_cqes += 1;
+        if self.srq.srq.is_posted(cqe.wqe_counter) && cqe.srqn == self.srq.srqn() {
+            let _ = self.srq.srq.release(cqe.wqe_counter);
+        }
+        let Some(&ep) = self.by_qpn.get(cqe.qpn) else {
+            self.stats.unknown_qpn += 1;
+            return;
+        };
+        let err = cqe.status().expect_err("error CQE");
+        let c = &mut self.conns[ep as usize];
+        Context::fail(self.stats, c, EndpointFailure::Completion(err), on_response);
+    }
+}
+
+#[cold]
+fn stale_reply(stats: &mut Stats) -> ReplyError {
+    stats.stale_replies += 1;
+    ReplyError::Stale
 }

@@ -3,7 +3,7 @@
 //!
 //! An [`EndpointCore`] never touches a queue. `call`/`reply` write messages into the send ring;
 //! [`EndpointCore::flush`] closes the open batch and queues an [`Emit`] (one RDMA WRITE+IMM to
-//! perform); [`EndpointCore::ingest`] parses one batch the peer wrote into the receive ring,
+//! perform); `EndpointCore::ingest` parses one batch the peer wrote into the receive ring,
 //! given the byte count its immediate announced. The context ([`super::context`]) turns
 //! emits into WQEs and CQEs into `ingest` calls; tests can instead copy the bytes themselves.
 //!
@@ -325,10 +325,7 @@ impl<U> EndpointCore<U> {
     /// `max_resp_reservation` (a quarter of the ring) this is `C / 4 - 44`, which is also the
     /// largest response the peer's default grants can ever cover.
     pub fn max_payload(&self) -> u32 {
-        let m = (self.cap / 2).saturating_sub(self.max_resp_reservation.saturating_add(META))
-            & !(ALIGNMENT - 1);
-        let m = m.saturating_sub(HEADER_SIZE as u64);
-        m.min(u32::MAX as u64) as u32
+        max_payload_for(self.cap, self.max_resp_reservation)
     }
 
     /// Largest response allowance a call may ask for, in bytes: the response plus one
@@ -649,7 +646,7 @@ impl<U> EndpointCore<U> {
     /// lacked credit, or if the peer sent one and a grant is possible now; it carries the
     /// credit return and a grant like any batch. A flow update is sent at most once per batch
     /// received from the peer, so two idle endpoints never exchange them endlessly. Emits are
-    /// left in [`EndpointCore::emits`] for the context to post.
+    /// left in `EndpointCore::emits` for the context to post.
     #[inline]
     pub fn flush(&mut self, stats: &mut Stats) {
         if !self.backlog.is_empty() {
@@ -982,7 +979,7 @@ impl<U> EndpointCore<U> {
     /// Payload of a queued request.
     ///
     /// # Safety
-    /// `e` came from this endpoint's [`EndpointCore::ingest`] and was not released (received)
+    /// `e` came from this endpoint's `EndpointCore::ingest` and was not released (received)
     /// before the last flush.
     #[inline(always)]
     pub(crate) unsafe fn request_bytes(&self, e: &RecvEntry) -> &[u8] {
@@ -1035,4 +1032,12 @@ impl<U> EndpointCore<U> {
 #[inline(always)]
 pub(crate) fn cqe_delta(imm: u32) -> u64 {
     decode_imm(imm)
+}
+
+/// [`EndpointCore::max_payload`] for capacity `cap` and a sender granting at most
+/// `max_resp_reservation` bytes: `((C / 2 - max_R - 32) & !31) - 12` bytes.
+pub fn max_payload_for(cap: u64, max_resp_reservation: u64) -> u32 {
+    let m = (cap / 2).saturating_sub(max_resp_reservation.saturating_add(META)) & !(ALIGNMENT - 1);
+    let m = m.saturating_sub(HEADER_SIZE as u64);
+    m.min(u32::MAX as u64) as u32
 }

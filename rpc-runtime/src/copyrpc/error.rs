@@ -12,6 +12,10 @@ pub enum CallError<U> {
     InsufficientCredit(U),
     /// The message would break `in_flight + 2R <= C`: poll and retry (seeds/004 §5
     /// back-pressure). The next poll also reads the peer's consumer position by RDMA READ.
+    /// The peer releases ring space when its application takes requests with
+    /// `Context::recv` (not when its poll parses them), so a retry loop that only polls can
+    /// wait forever on a peer that is itself stuck in such a loop: progress must include
+    /// `recv` of the requests received meanwhile (as `delegation::forward` does).
     #[error("send ring full: poll and retry")]
     RingFull(U),
     /// The payload or response allowance exceeds the endpoint's largest message
@@ -61,6 +65,9 @@ pub enum ReplyError {
     /// The endpoint failed or the handle does not name a live endpoint.
     #[error("endpoint failed or unknown")]
     Failed,
+    /// The handle was already answered (or was never handed out by `recv`).
+    #[error("request already answered (stale handle)")]
+    Stale,
 }
 
 /// Malformed input from the peer (a corrupt batch or endpoint info). Each is counted in

@@ -54,6 +54,8 @@ pub struct Stats {
     pub stray_send_cqes: u64,
     /// Endpoints that failed.
     pub failed_endpoints: u64,
+    /// Replies refused because their handle was already answered.
+    pub stale_replies: u64,
     /// Send attempts deferred because the send queue was full.
     pub sq_full: u64,
     /// Messages per closed batch (see [`BATCH_BUCKETS`]).

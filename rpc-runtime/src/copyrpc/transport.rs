@@ -50,7 +50,7 @@ use mlx5::verbs::{Access, Mr};
 use mlx5::wqe::{RaddrSeg, Sge};
 
 use super::context::{Context, ContextConfig, EndpointConfig, EndpointId, RecvHandle};
-use super::encoding::{FLOW_METADATA_SIZE, HEADER_SIZE, internal_allowance};
+use super::encoding::internal_allowance;
 use super::endpoint::EndpointState;
 use super::error::{CallError, ReplyError, SetupError};
 use super::info::EndpointInfo;
@@ -210,12 +210,6 @@ impl CopyrpcAddr {
             probe_interval: Some(DEFAULT_PROBE_INTERVAL),
         }
     }
-}
-
-/// Largest payload one message may have on a ring of capacity `cap` bytes (mirrors
-/// [`super::EndpointCore::max_payload`]: message plus one metadata in half the capacity).
-fn max_payload_for(cap: u64) -> u64 {
-    (cap / 2).saturating_sub(FLOW_METADATA_SIZE + HEADER_SIZE as u64)
 }
 
 fn sat_u32(v: impl TryInto<u32>) -> u32 {
@@ -716,8 +710,13 @@ impl CopyrpcServer {
             )
             .into());
         }
-        check_capacity(service, ring, ring)?;
         let credit = initial_credit(&endpoint);
+        check_capacity(
+            service,
+            ring,
+            max_resp_of(&endpoint),
+            max_resp_of(&endpoint),
+        )?;
         let need = internal_allowance(service.max_response_bytes as u64);
         if credit < need {
             return Err(RpcError::CapacityMismatch {
@@ -830,7 +829,6 @@ impl CopyrpcServer {
         // ring; responses our send ring → the client's receive ring.
         let ours = self.endpoint.ring_size as u64;
         let cap = client.recv_ring_size.min(ours);
-        check_capacity(self.service, cap, cap)?;
         // The checks `Context::connect` makes on credit (seeds/004 §3.4: a grant never
         // exceeds a quarter of the capacity), made before an endpoint exists, so that rings
         // of different sizes are refused without leaving an unusable endpoint behind.
@@ -850,6 +848,12 @@ impl CopyrpcServer {
             ))
             .into());
         }
+        check_capacity(
+            self.service,
+            cap,
+            client.initial_credit,
+            max_resp_of(&self.endpoint),
+        )?;
         let ep = self.ctx.create_endpoint(&self.endpoint)?;
         self.ctx
             .connect(ep, client)
@@ -883,18 +887,28 @@ impl CopyrpcServer {
     }
 }
 
-/// Checks that rings of capacity `req_cap` (requests) and `resp_cap` (responses) carry the
-/// service's largest messages.
+/// Checks that rings of capacity `cap` carry the service's largest messages, with the same
+/// limit the sending core enforces ([`super::endpoint::max_payload_for`]): requests are sent
+/// by a client granting `client_max_resp`, responses by a server granting `server_max_resp`.
 fn check_capacity(
     service: &'static ServiceDescriptor,
-    req_cap: u64,
-    resp_cap: u64,
+    cap: u64,
+    client_max_resp: u64,
+    server_max_resp: u64,
 ) -> Result<(), RpcError> {
-    for (what, cap, need) in [
-        (MessageKind::Request, req_cap, service.max_request_bytes),
-        (MessageKind::Response, resp_cap, service.max_response_bytes),
+    for (what, max_resp, need) in [
+        (
+            MessageKind::Request,
+            client_max_resp,
+            service.max_request_bytes,
+        ),
+        (
+            MessageKind::Response,
+            server_max_resp,
+            service.max_response_bytes,
+        ),
     ] {
-        let max = max_payload_for(cap);
+        let max = u64::from(super::endpoint::max_payload_for(cap, max_resp));
         if need as u64 > max {
             return Err(RpcError::CapacityMismatch {
                 service: service.name,
@@ -910,6 +924,12 @@ fn check_capacity(
 /// Response credit an endpoint of `cfg` announces: `min(max_resp_reservation, ring / 4)`,
 /// 32-byte aligned (mirrors [`super::EndpointCore::initial_credit`]; seeds/001 "初期クレジット
 /// 設計").
+/// The most credit an endpoint created from `cfg` grants (as `EndpointCore::new` sets it).
+fn max_resp_of(cfg: &EndpointConfig) -> u64 {
+    let ring = cfg.ring_size as u64;
+    initial_credit(cfg).max(cfg.max_resp_reservation.unwrap_or(ring / 4) & !31)
+}
+
 fn initial_credit(cfg: &EndpointConfig) -> u64 {
     let ring = cfg.ring_size as u64;
     cfg.max_resp_reservation.unwrap_or(ring / 4).min(ring / 4) & !31
@@ -985,5 +1005,6 @@ fn reply_error(e: ReplyError) -> RpcError {
     RpcError::ReplyDropped(match e {
         ReplyError::TooLarge { .. } => "the caller's response allowance is too small",
         ReplyError::Failed => "the client's endpoint failed or the token names no endpoint",
+        ReplyError::Stale => "the request was already answered (stale token)",
     })
 }

@@ -495,7 +495,7 @@ impl Io<'_> {
                         self.stats.corrupt_responses += 1;
                         self.reply_status(h, method_id, Status::BadForwardedResponse);
                     }
-                    Err(ReplyError::Failed) => self.stats.dropped_replies += 1,
+                    Err(ReplyError::Failed | ReplyError::Stale) => self.stats.dropped_replies += 1,
                 }
                 continue;
             }
@@ -708,7 +708,7 @@ impl Io<'_> {
                         Status::BadForwardedResponse,
                     );
                 }
-                Err(ReplyError::Failed) => stats.dropped_replies += 1,
+                Err(ReplyError::Failed | ReplyError::Stale) => stats.dropped_replies += 1,
             }
         });
         match r {
