@@ -8,6 +8,7 @@ pub mod delegation;
 pub mod error;
 #[doc(hidden)]
 pub mod macro_support;
+pub mod scalerpc;
 pub mod server;
 pub mod service;
 pub mod wire;

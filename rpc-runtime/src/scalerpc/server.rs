@@ -1,0 +1,839 @@
+//! The ScaleRPC server (seeds/003 §5.3): one RC QP per client connection, one shared message
+//! pool that clients RDMA WRITE their requests into (virtualized mapping, [`super::sched`]),
+//! a dispatch loop that scans the slots of the groups being served, and responses written
+//! back by RDMA WRITE into the client's response slot (or left in the pool slot for the
+//! client's RDMA READ, [`ResponseMode::Read`]).
+//!
+//! Control messages travel as 8 B RDMA WRITE+IMM (one CQE each, on zero-length SRQ
+//! receives): the server's activation/stop notices into the client's control word, the
+//! client's hello and acknowledgements into its word of the server's ack region.
+//!
+//! Bad input never reaches the handler or the wire: a wrong magic (neither request nor
+//! response), a `payload_len` beyond the slot, or a response address outside the region the
+//! client registered at connect is rejected and counted ([`ServerStats`]); nothing is
+//! written for an address that does not validate.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use mlx5::fastmap::FastMap;
+use mlx5::verbs::{Access, Cq, Pd, Qp, QpCaps, QpInit, QpType, RcParams, RcRemote, Srq};
+use mlx5::wqe::{CQ_UPDATE, Opcode, RaddrSeg, Sge, WqeDesc};
+
+use super::info::{ClientConnInfo, ServerConnInfo};
+use super::mem::Slots;
+use super::protocol::{
+    REQUEST_HEADER_SIZE, REQUEST_MAGIC, RESPONSE_HEADER_SIZE, RESPONSE_MAGIC, RequestHeader,
+    ResponseHeader, STATUS_OK, STATUS_REJECTED, TRAILER_SIZE, request_bytes, response_bytes,
+    trailer, trailer_offset,
+};
+use super::sched::{ConnState, Notice, Scheduler};
+use super::{
+    ACK_HELLO, CTRL_STOP, DOORBELL_BATCH_SIZE, IMM_ACK, IMM_NOTICE, ResponseMode, ScaleError,
+};
+
+/// Server configuration (seeds/003 §9 constants as defaults where the seed gives one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Most client connections.
+    pub max_conns: u32,
+    /// Connections per group (`None`: grouping off, every connection in one group and one
+    /// bank, the per-connection-buffer baseline). Default 400: two groups (the active and the
+    /// warming one) use 80 % of the 1000-entry QP-context cache estimated for ConnectX-5
+    /// (seeds/003 §3.2, `SAFE_CACHE_RATIO`).
+    pub group_size: Option<u32>,
+    /// Pool slots per connection (calls a client may have in flight on it).
+    pub slots_per_conn: u32,
+    /// Slot size in bytes, a multiple of 64 (seeds/003 `DEFAULT_SLOT_SIZE` 4096).
+    pub slot_size: u32,
+    /// A group's time slice.
+    pub slice: Duration,
+    /// How long before a slice ends the next group is activated (warm-up).
+    pub warmup: Duration,
+    /// A stopped client that has not acknowledged after this long is evicted.
+    pub ack_timeout: Duration,
+    /// How responses reach the client.
+    pub response_mode: ResponseMode,
+    /// Send WQEs per QP (seeds/003 §7.3: 128).
+    pub max_send_wr: u32,
+    /// Largest inline payload in bytes (seeds/003 §7.3: 60).
+    pub max_inline: u32,
+    /// Zero-length receive WQEs for control messages.
+    pub srq_size: u32,
+    /// Entries of each CQ.
+    pub cq_size: u32,
+    /// Schema fingerprint clients must match (0: untyped).
+    pub fingerprint: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_conns: 1024,
+            group_size: Some(400),
+            slots_per_conn: 4,
+            slot_size: 4096,
+            slice: Duration::from_micros(200),
+            warmup: Duration::from_micros(50),
+            ack_timeout: Duration::from_millis(100),
+            response_mode: ResponseMode::Write,
+            max_send_wr: 128,
+            max_inline: 60,
+            srq_size: 1024,
+            cq_size: 4096,
+            fingerprint: 0,
+        }
+    }
+}
+
+/// Server counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Requests handed to the application.
+    pub requests: u64,
+    /// Responses written (or left for READ).
+    pub responses: u64,
+    /// Slot scans (slots examined).
+    pub slots_scanned: u64,
+    /// RDMA WRITEs posted (responses).
+    pub writes: u64,
+    /// Of those, inline.
+    pub inline_writes: u64,
+    /// Doorbells rung.
+    pub doorbells: u64,
+    /// Notices sent (activate/stop).
+    pub notices: u64,
+    /// Slots holding neither a request nor a response (wrong magic); cleared.
+    pub bad_magic: u64,
+    /// Requests whose payload_len exceeds the slot.
+    pub bad_length: u64,
+    /// Requests whose response address is outside the client's registered region.
+    pub bad_response_addr: u64,
+    /// Replies with a stale or unknown token.
+    pub stale_replies: u64,
+    /// Replies larger than the slot or the client's response region allows.
+    pub oversized_replies: u64,
+    /// Control messages that made no sense (unknown connection, bad ack).
+    pub bad_control: u64,
+    /// Error completions.
+    pub error_cqes: u64,
+    /// Connections failed (error completion or eviction).
+    pub failed_conns: u64,
+    /// Send attempts that found the send queue full (retried next poll).
+    pub sq_full: u64,
+}
+
+/// Identifies a request handed out by [`ScaleServer::recv`]; answer it with
+/// [`ScaleServer::reply`] once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScaleToken {
+    conn: u32,
+    slot: u32,
+    req_id: u64,
+    resp_addr: u64,
+}
+
+impl ScaleToken {
+    /// Connection the request came on.
+    pub fn conn(&self) -> u32 {
+        self.conn
+    }
+}
+
+/// Slot states (seeds/003 §4.2 `SlotState`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum SlotState {
+    /// Scanned for requests.
+    Free = 0,
+    /// Handed to the application, reply pending.
+    Reserved = 1,
+    /// A complete request found, waiting for `recv`.
+    RequestPending = 2,
+}
+
+struct ServerConn {
+    qp: Qp,
+    resp_addr: u64,
+    resp_len: u64,
+    resp_rkey: u32,
+    ctrl_addr: u64,
+    ctrl_rkey: u32,
+    /// The client said hello: notices may be sent.
+    confirmed: bool,
+    /// Notices held until `confirmed`.
+    held: Vec<Notice>,
+    failed: bool,
+    unsignaled: u32,
+    pending_db: u32,
+}
+
+/// A ScaleRPC server. Field order is drop order: QPs before the SRQ/CQs, registrations before
+/// the PD.
+pub struct ScaleServer {
+    conns: Vec<ServerConn>,
+    by_qpn: FastMap<u32>,
+    pool: Slots,
+    acks: Slots,
+    states: Vec<SlotState>,
+    ready: VecDeque<(u32, u32)>,
+    dirty: Vec<u32>,
+    sched: Scheduler,
+    srq: Srq,
+    send_cq: Cq,
+    recv_cq: Cq,
+    pd: Pd,
+    device: mlx5::verbs::Context,
+    cfg: ServerConfig,
+    group_size: u32,
+    clock: Instant,
+    stats: ServerStats,
+}
+
+impl std::fmt::Debug for ScaleServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScaleServer")
+            .field("conns", &self.conns.len())
+            .field("cfg", &self.cfg)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ScaleServer {
+    /// Creates a server on `device`: the message pool (`Scheduler::pool_slots` slots of
+    /// `slot_size`, REMOTE_WRITE, plus REMOTE_READ in [`ResponseMode::Read`]), the ack region,
+    /// CQs and the SRQ.
+    ///
+    /// # Errors
+    /// [`ScaleError::Config`] for a slot size that is not a positive multiple of 64 or zero
+    /// sizes; [`ScaleError::Device`].
+    pub fn new(device: &mlx5::verbs::Context, cfg: ServerConfig) -> Result<Self, ScaleError> {
+        if cfg.slot_size == 0 || !cfg.slot_size.is_multiple_of(64) {
+            return Err(ScaleError::Config(
+                "slot_size must be a positive multiple of 64",
+            ));
+        }
+        if cfg.max_conns == 0 || cfg.slots_per_conn == 0 {
+            return Err(ScaleError::Config(
+                "max_conns and slots_per_conn must be > 0",
+            ));
+        }
+        if request_bytes(0) > cfg.slot_size as usize {
+            return Err(ScaleError::Config("slot_size too small"));
+        }
+        let group_size = cfg
+            .group_size
+            .unwrap_or(cfg.max_conns)
+            .clamp(1, cfg.max_conns);
+        let n = Scheduler::pool_slots(group_size, cfg.slots_per_conn, cfg.max_conns) as usize;
+        let pd = device.alloc_pd()?;
+        let mut access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        if cfg.response_mode == ResponseMode::Read {
+            access |= Access::REMOTE_READ;
+        }
+        let pool = Slots::new(device, &pd, n, cfg.slot_size as usize, access)?;
+        let acks = Slots::new(
+            device,
+            &pd,
+            cfg.max_conns as usize,
+            8,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )?;
+        let send_cq = device.create_cq(cfg.cq_size)?;
+        let recv_cq = device.create_cq(cfg.cq_size)?;
+        let mut srq = device.create_srq(&pd, cfg.srq_size, 1)?;
+        let avail = srq.srq.available();
+        srq.srq.post_empty_n(avail);
+        srq.srq.ring_doorbell();
+        let ns = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
+        Ok(ScaleServer {
+            conns: Vec::new(),
+            by_qpn: FastMap::new(),
+            states: vec![SlotState::Free; n],
+            pool,
+            acks,
+            ready: VecDeque::with_capacity(n),
+            dirty: Vec::new(),
+            sched: Scheduler::new(
+                group_size,
+                cfg.slots_per_conn,
+                ns(cfg.slice),
+                ns(cfg.warmup),
+                ns(cfg.ack_timeout),
+            ),
+            srq,
+            send_cq,
+            recv_cq,
+            pd,
+            device: device.clone(),
+            cfg,
+            group_size,
+            clock: Instant::now(),
+            stats: ServerStats::default(),
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ServerStats {
+        &self.stats
+    }
+
+    /// The scheduler (groups, banks, counters).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    /// Configuration.
+    pub fn config(&self) -> &ServerConfig {
+        &self.cfg
+    }
+
+    /// Connections accepted.
+    pub fn num_conns(&self) -> u32 {
+        self.conns.len() as u32
+    }
+
+    /// Whether connection `c` failed (error completion or eviction).
+    pub fn conn_failed(&self, c: u32) -> bool {
+        self.conns.get(c as usize).is_none_or(|c| c.failed)
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.elapsed().as_nanos() as u64
+    }
+
+    /// Accepts a client: checks its fingerprint, creates and connects an RC QP, joins it to
+    /// a group, and returns what the client needs (including whether it starts active).
+    ///
+    /// # Errors
+    /// [`ScaleError::SchemaMismatch`], [`ScaleError::Config`] (too many connections, a
+    /// response region smaller than one slot per pool slot of the connection),
+    /// [`ScaleError::Device`].
+    pub fn accept(&mut self, client: &ClientConnInfo) -> Result<ServerConnInfo, ScaleError> {
+        if client.fingerprint != self.cfg.fingerprint {
+            return Err(ScaleError::SchemaMismatch {
+                ours: self.cfg.fingerprint,
+                theirs: client.fingerprint,
+            });
+        }
+        if self.conns.len() as u32 >= self.cfg.max_conns {
+            return Err(ScaleError::Config("the server has max_conns connections"));
+        }
+        if client.resp_len < response_bytes(0) as u64 {
+            return Err(ScaleError::Config(
+                "the client's response region is too small",
+            ));
+        }
+        let mut qp = self.device.create_qp(
+            &self.pd,
+            &QpInit {
+                qp_type: QpType::Rc,
+                send_cq: &self.send_cq,
+                recv_cq: &self.recv_cq,
+                srq: Some(&self.srq),
+                caps: QpCaps {
+                    max_send_wr: self.cfg.max_send_wr,
+                    max_recv_wr: 0,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: self.cfg.max_inline,
+                },
+            },
+        )?;
+        qp.connect_rc(
+            &RcRemote {
+                qpn: client.qpn,
+                lid: client.lid,
+                gid: client.gid,
+                psn: 0,
+            },
+            &rc_params(),
+        )?;
+        let c = self.conns.len() as u32;
+        self.by_qpn.insert(qp.qpn(), c)?;
+        self.conns.push(ServerConn {
+            qp,
+            resp_addr: client.resp_addr,
+            resp_len: client.resp_len,
+            resp_rkey: client.resp_rkey,
+            ctrl_addr: client.ctrl_addr,
+            ctrl_rkey: client.ctrl_rkey,
+            confirmed: false,
+            held: Vec::new(),
+            failed: false,
+            unsignaled: 0,
+            pending_db: 0,
+        });
+        let now = self.now();
+        let mut start = None;
+        let joined = self.sched.join(now, &mut |n| start = Some(n));
+        debug_assert_eq!(joined, c);
+        let (active, base, epoch) = match start {
+            Some(Notice::Activate { base, epoch, .. }) => (true, base, epoch),
+            _ => (false, 0, 0),
+        };
+        let port = self.device.port();
+        Ok(ServerConnInfo {
+            qpn: self.conns[c as usize].qp.qpn(),
+            lid: port.lid,
+            gid: port.gid,
+            conn_id: c,
+            pool_addr: self.pool.mr.addr,
+            pool_rkey: self.pool.mr.rkey,
+            slot_size: self.cfg.slot_size,
+            slots_per_conn: self.cfg.slots_per_conn,
+            ack_addr: self.acks.addr(c as usize, 0),
+            ack_rkey: self.acks.mr.rkey,
+            active,
+            base,
+            epoch,
+            response_mode: self.cfg.response_mode,
+            fingerprint: self.cfg.fingerprint,
+        })
+    }
+
+    /// One round of the dispatch loop: scheduler (notices), control messages (hellos, acks),
+    /// send completions, then a scan of the served groups' slots for complete requests.
+    /// Returns how many requests are ready for [`ScaleServer::recv`].
+    pub fn poll(&mut self) -> usize {
+        let now = self.now();
+        let mut out = std::mem::take(&mut self.dirty);
+        {
+            let Self {
+                sched,
+                conns,
+                stats,
+                ..
+            } = self;
+            sched.tick(now, &mut |n| Self::notice(conns, stats, &mut out, n));
+        }
+        self.poll_recv(now, &mut out);
+        self.poll_send(now);
+        self.scan();
+        for &c in &out {
+            let conn = &mut self.conns[c as usize];
+            if conn.pending_db > 0 {
+                conn.qp.sq.ring_doorbell();
+                conn.pending_db = 0;
+                self.stats.doorbells += 1;
+            }
+        }
+        out.clear();
+        self.dirty = out;
+        self.ready.len()
+    }
+
+    /// Posts (or holds, before the hello) a notice: 8 B WRITE+IMM into the client's control
+    /// word: `epoch u32 | base u32` (`base | CTRL_STOP` for a stop).
+    fn notice(conns: &mut [ServerConn], stats: &mut ServerStats, dirty: &mut Vec<u32>, n: Notice) {
+        let c = match n {
+            Notice::Activate { conn, .. } | Notice::Stop { conn, .. } => conn,
+        };
+        let conn = &mut conns[c as usize];
+        if conn.failed {
+            return;
+        }
+        if !conn.confirmed {
+            conn.held.push(n);
+            return;
+        }
+        let word = match n {
+            Notice::Activate { base, epoch, .. } => (epoch as u64) | ((base as u64) << 32),
+            Notice::Stop { epoch, .. } => (epoch as u64) | ((CTRL_STOP as u64) << 32),
+        };
+        let r = conn.qp.sq.post(&WqeDesc {
+            opcode: Opcode::RdmaWriteImm,
+            flags: CQ_UPDATE,
+            imm: IMM_NOTICE,
+            ud: None,
+            remote: Some(RaddrSeg {
+                raddr: conn.ctrl_addr,
+                rkey: conn.ctrl_rkey,
+            }),
+            atomic: None,
+            inline: &word.to_le_bytes(),
+            sges: &[],
+        });
+        match r {
+            Ok(_) => {
+                conn.unsignaled = 0;
+                stats.notices += 1;
+                if conn.pending_db == 0 {
+                    dirty.push(c);
+                }
+                conn.pending_db += 1;
+            }
+            Err(_) => {
+                // Send queue full: hold it; the next hello/poll retries.
+                stats.sq_full += 1;
+                conn.held.push(n);
+            }
+        }
+    }
+
+    fn poll_recv(&mut self, now: u64, dirty: &mut Vec<u32>) {
+        let mut n = 0;
+        while let Some(cqe) = self.recv_cq.cq.poll_one() {
+            n += 1;
+            if self.srq.srq.is_posted(cqe.wqe_counter) {
+                let _ = self.srq.srq.release(cqe.wqe_counter);
+            }
+            let Some(&c) = self.by_qpn.get(cqe.qpn) else {
+                self.stats.bad_control += 1;
+                continue;
+            };
+            if cqe.is_error() {
+                self.fail_conn(c, now);
+                continue;
+            }
+            if cqe.imm != IMM_ACK {
+                self.stats.bad_control += 1;
+                continue;
+            }
+            // The 8 B the client wrote into its ack word: epoch u32 | issued u32.
+            let epoch = self.acks.load_u32(c as usize, 0);
+            if epoch == ACK_HELLO {
+                let conn = &mut self.conns[c as usize];
+                conn.confirmed = true;
+                let held = std::mem::take(&mut conn.held);
+                for notice in held {
+                    Self::notice(&mut self.conns, &mut self.stats, dirty, notice);
+                }
+            } else if !self.sched.on_ack(c, epoch, now) {
+                self.stats.bad_control += 1;
+            }
+        }
+        if n > 0 {
+            self.recv_cq.cq.update_dbrec();
+            if self.srq.srq.posted() < self.srq.srq.capacity() * 2 / 3 {
+                let avail = self.srq.srq.available();
+                self.srq.srq.post_empty_n(avail);
+                self.srq.srq.ring_doorbell();
+            }
+        }
+    }
+
+    fn poll_send(&mut self, now: u64) {
+        let mut any = false;
+        while let Some(cqe) = self.send_cq.cq.poll_one() {
+            any = true;
+            let Some(&c) = self.by_qpn.get(cqe.qpn) else {
+                continue;
+            };
+            self.conns[c as usize].qp.sq.retire(cqe.wqe_counter);
+            if cqe.is_error() {
+                self.fail_conn(c, now);
+            }
+        }
+        if any {
+            self.send_cq.cq.update_dbrec();
+        }
+    }
+
+    #[cold]
+    fn fail_conn(&mut self, c: u32, now: u64) {
+        self.stats.error_cqes += 1;
+        let conn = &mut self.conns[c as usize];
+        if !conn.failed {
+            conn.failed = true;
+            conn.held.clear();
+            self.stats.failed_conns += 1;
+            tracing::debug!(conn = c, "scalerpc: connection failed");
+        }
+        self.sched.on_failed(c, now);
+    }
+
+    /// Scans the slots of every connection of the served groups (active, then draining) for
+    /// complete requests (seeds/003 §5.3 step 1).
+    fn scan(&mut self) {
+        let k = self.cfg.slots_per_conn;
+        let groups: [Option<u32>; 2] = {
+            let mut it = self.sched.serving();
+            [it.next(), it.next()]
+        };
+        for g in groups.into_iter().flatten() {
+            for c in self.sched.members(g) {
+                if self.conns[c as usize].failed || !self.sched.may_serve(c) {
+                    continue;
+                }
+                let Some(base) = self.sched.pool_slot(c, 0) else {
+                    continue;
+                };
+                for j in 0..k {
+                    self.scan_slot(c, base + j);
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn scan_slot(&mut self, c: u32, p: u32) {
+        let i = p as usize;
+        self.stats.slots_scanned += 1;
+        if self.states[i] != SlotState::Free {
+            return;
+        }
+        let magic = self.pool.load_u32(i, 0);
+        if magic != REQUEST_MAGIC {
+            if magic != 0 && magic != RESPONSE_MAGIC {
+                self.bad_magic(i);
+            }
+            return;
+        }
+        // SAFETY: slot `i` of the pool; the header bytes are read after its magic (Acquire);
+        // if the header is still being written, the trailer check below fails.
+        let h = RequestHeader::read(unsafe { &self.pool.bytes(i)[..REQUEST_HEADER_SIZE] });
+        let len = h.payload_len as usize;
+        if request_bytes(len) > self.pool.slot {
+            return self.reject_length(c, i, &h);
+        }
+        let t = trailer_offset(REQUEST_HEADER_SIZE, len);
+        if self.pool.load_u64(i, t) != trailer(REQUEST_MAGIC, h.req_id) {
+            return; // not complete yet
+        }
+        let conn = &self.conns[c as usize];
+        let end = conn.resp_addr + conn.resp_len;
+        if h.client_slot_rkey != conn.resp_rkey
+            || h.client_slot_addr < conn.resp_addr
+            || h.client_slot_addr.saturating_add(response_bytes(0) as u64) > end
+        {
+            return self.reject_addr(i);
+        }
+        self.states[i] = SlotState::RequestPending;
+        self.ready.push_back((c, p));
+    }
+
+    #[cold]
+    fn bad_magic(&mut self, i: usize) {
+        self.stats.bad_magic += 1;
+        self.pool.store_u32(i, 0, 0);
+    }
+
+    #[cold]
+    fn reject_addr(&mut self, i: usize) {
+        self.stats.bad_response_addr += 1;
+        self.pool.store_u32(i, 0, 0);
+    }
+
+    /// A request longer than the slot: answered with [`STATUS_REJECTED`] if its response
+    /// address validates, else dropped. Counted either way.
+    #[cold]
+    fn reject_length(&mut self, c: u32, i: usize, h: &RequestHeader) {
+        self.stats.bad_length += 1;
+        self.pool.store_u32(i, 0, 0);
+        let conn = &self.conns[c as usize];
+        if h.client_slot_rkey == conn.resp_rkey
+            && h.client_slot_addr >= conn.resp_addr
+            && h.client_slot_addr.saturating_add(response_bytes(0) as u64)
+                <= conn.resp_addr + conn.resp_len
+        {
+            let tok = ScaleToken {
+                conn: c,
+                slot: i as u32,
+                req_id: h.req_id,
+                resp_addr: h.client_slot_addr,
+            };
+            self.states[i] = SlotState::Reserved;
+            let _ = self.respond(tok, STATUS_REJECTED, 0, |_| 0);
+        }
+    }
+
+    /// The next complete request: `(token, payload)`. The payload stays valid until the next
+    /// call on the server.
+    pub fn recv(&mut self) -> Option<(ScaleToken, &[u8])> {
+        let (c, p) = self.ready.pop_front()?;
+        let i = p as usize;
+        self.states[i] = SlotState::Reserved;
+        // SAFETY: a complete request (trailer checked); the client does not write the slot
+        // again before our response, and nobody else writes it while the bank is ours.
+        let b = unsafe { self.pool.bytes(i) };
+        let h = RequestHeader::read(&b[..REQUEST_HEADER_SIZE]);
+        self.stats.requests += 1;
+        let tok = ScaleToken {
+            conn: c,
+            slot: p,
+            req_id: h.req_id,
+            resp_addr: h.client_slot_addr,
+        };
+        let len = h.payload_len as usize;
+        Some((tok, &b[REQUEST_HEADER_SIZE..REQUEST_HEADER_SIZE + len]))
+    }
+
+    /// Requests ready for [`ScaleServer::recv`].
+    pub fn pending_requests(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Largest response payload in bytes (the slot minus header and trailer).
+    pub fn max_response(&self) -> usize {
+        self.cfg.slot_size as usize - RESPONSE_HEADER_SIZE - TRAILER_SIZE - 4
+    }
+
+    /// Answers `tok` with the `max_len` (at most [`ScaleServer::max_response`]) bytes `encode`
+    /// writes; the response is built in place in the request's pool slot, then RDMA WRITTEN
+    /// to the client (inline up to `max_inline`) or left there for its READ. The WRITE is
+    /// sent at the next poll (doorbell batching, seeds/003 §8.3) or once
+    /// `DOORBELL_BATCH_SIZE` WQEs are pending on the QP.
+    ///
+    /// # Errors
+    /// [`ScaleError::StaleToken`] if `tok` was already answered or never handed out;
+    /// [`ScaleError::TooLarge`] if the response does not fit the slot or the client's
+    /// region (counted, nothing written; the slot is freed); [`ScaleError::ConnFailed`].
+    pub fn reply(
+        &mut self,
+        tok: ScaleToken,
+        max_len: usize,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), ScaleError> {
+        self.respond(tok, STATUS_OK, max_len, encode)
+    }
+
+    fn respond(
+        &mut self,
+        tok: ScaleToken,
+        status: u32,
+        max_len: usize,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), ScaleError> {
+        let i = tok.slot as usize;
+        if self.states.get(i) != Some(&SlotState::Reserved) {
+            self.stats.stale_replies += 1;
+            return Err(ScaleError::StaleToken);
+        }
+        if self.cfg.response_mode == ResponseMode::Write
+            && let Some(conn) = self.conns.get_mut(tok.conn as usize)
+            && !conn.failed
+            && conn.qp.sq.free_wqebbs() < 4
+        {
+            // Retire what completed first; a queue that stays full means the peer stopped
+            // acknowledging (the post below then fails the connection).
+            self.stats.sq_full += 1;
+            conn.qp.sq.ring_doorbell();
+            conn.pending_db = 0;
+            let now = self.now();
+            self.poll_send(now);
+        }
+        // SAFETY: the slot is reserved for this request: the client waits for our response
+        // before writing it again.
+        let b = unsafe { self.pool.bytes_mut(i) };
+        if RequestHeader::read(&b[..REQUEST_HEADER_SIZE]).req_id != tok.req_id {
+            self.stats.stale_replies += 1;
+            return Err(ScaleError::StaleToken);
+        }
+        self.states[i] = SlotState::Free;
+        self.stats.responses += 1;
+        let c = tok.conn as usize;
+        if self.conns[c].failed {
+            b[..4].fill(0);
+            return Err(ScaleError::ConnFailed);
+        }
+        let cap = self.max_response().min(max_len);
+        let len = encode(&mut b[RESPONSE_HEADER_SIZE..RESPONSE_HEADER_SIZE + cap]).min(cap);
+        let total = response_bytes(len);
+        let conn = &self.conns[c];
+        if tok.resp_addr + total as u64 > conn.resp_addr + conn.resp_len {
+            self.stats.oversized_replies += 1;
+            b[..4].fill(0);
+            return Err(ScaleError::TooLarge);
+        }
+        let t = trailer_offset(RESPONSE_HEADER_SIZE, len);
+        b[t..t + 8].copy_from_slice(&trailer(RESPONSE_MAGIC, tok.req_id).to_le_bytes());
+        ResponseHeader {
+            magic: RESPONSE_MAGIC,
+            req_id: tok.req_id,
+            status,
+            payload_len: len as u32,
+        }
+        .write(&mut b[..RESPONSE_HEADER_SIZE]);
+        if self.cfg.response_mode == ResponseMode::Read {
+            // Left in place for the client's RDMA READ (seeds/003 §2.2 option A).
+            return Ok(());
+        }
+        let inline = total <= self.cfg.max_inline as usize;
+        let conn = &mut self.conns[c];
+        let signal = conn.unsignaled + 1 >= conn.qp.sq.wqe_cnt() / 4;
+        let sge = [Sge {
+            addr: self.pool.addr(i, 0),
+            len: total as u32,
+            lkey: self.pool.mr.lkey,
+        }];
+        let desc = WqeDesc {
+            opcode: Opcode::RdmaWrite,
+            flags: if signal { CQ_UPDATE } else { 0 },
+            imm: 0,
+            ud: None,
+            remote: Some(RaddrSeg {
+                raddr: tok.resp_addr,
+                rkey: conn.resp_rkey,
+            }),
+            atomic: None,
+            inline: if inline { &b[..total] } else { &[] },
+            sges: if inline { &[] } else { &sge },
+        };
+        let r = conn.qp.sq.post(&desc);
+        match r {
+            Ok(_) => {
+                if signal {
+                    conn.unsignaled = 0;
+                } else {
+                    conn.unsignaled += 1;
+                }
+                self.stats.writes += 1;
+                if inline {
+                    self.stats.inline_writes += 1;
+                }
+                if conn.pending_db == 0 {
+                    self.dirty.push(tok.conn);
+                }
+                conn.pending_db += 1;
+                if conn.pending_db >= DOORBELL_BATCH_SIZE {
+                    conn.qp.sq.ring_doorbell();
+                    conn.pending_db = 0;
+                    self.stats.doorbells += 1;
+                }
+                Ok(())
+            }
+            Err(_) => {
+                let now = self.now();
+                self.fail_conn(tok.conn, now);
+                Err(ScaleError::ConnFailed)
+            }
+        }
+    }
+
+    /// Rings the doorbells of QPs with pending responses (what the next poll would do first).
+    pub fn flush(&mut self) {
+        for &c in &self.dirty {
+            let conn = &mut self.conns[c as usize];
+            if conn.pending_db > 0 {
+                conn.qp.sq.ring_doorbell();
+                conn.pending_db = 0;
+                self.stats.doorbells += 1;
+            }
+        }
+        self.dirty.clear();
+    }
+
+    /// Scheduling state of connection `c`.
+    pub fn conn_state(&self, c: u32) -> Option<ConnState> {
+        self.sched.conn_state(c)
+    }
+
+    /// Group size in effect.
+    pub fn group_size(&self) -> u32 {
+        self.group_size
+    }
+}
+
+/// RC parameters of ScaleRPC QPs (seeds/003 §7.3: timeout 14, retry 7, RNR retry 7).
+pub(crate) fn rc_params() -> RcParams {
+    RcParams {
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 16,
+        access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+        ..RcParams::default()
+    }
+}
