@@ -17,7 +17,7 @@ use crate::sim::cq::CqState;
 use crate::sim::memory::MrEntry;
 use crate::sim::model::{QpState, SqState};
 use crate::sim::recv::{RqState, SrqState};
-use crate::sim::{Shared, SimQpState};
+use crate::sim::{QpcStats, Shared, SimQpState};
 use crate::verbs::{
     Access, Handle, PortInfo, Provider, QpInit, QpType, RcParams, RcRemote, UdDest,
 };
@@ -119,6 +119,12 @@ impl SimDevice {
     /// Device index on its fabric.
     pub fn id(&self) -> u32 {
         self.id
+    }
+
+    /// This device's QPC cache counters (same as [`crate::sim::Fabric::qpc_stats`] with its
+    /// LID).
+    pub fn qpc_stats(&self) -> QpcStats {
+        self.shared.lock().qpc_stats(self.id)
     }
 
     /// `h` as a `T` of this device.

@@ -30,6 +30,7 @@ pub(crate) enum Outcome {
 #[derive(Clone, Copy, Debug)]
 struct Peer {
     qpn: u32,
+    device: u32,
     pd: u32,
     recv_cq: u32,
     access: Access,
@@ -50,7 +51,7 @@ impl Model {
                 Some(w) => Some(w.kind),
                 None => None,
             };
-            let (state, kind, send_cq) = (qp.state, qp.kind, qp.send_cq);
+            let (state, kind, send_cq, device) = (qp.state, qp.kind, qp.send_cq, qp.device);
             let counter = sq.ci as u16;
             let (bytes, bbs) = match sq.read_wqe() {
                 Ok(x) => x,
@@ -83,7 +84,11 @@ impl Model {
             let outcome = match &parsed {
                 None => Outcome::Fail(Syndrome::LocalQpOp),
                 Some(_) if state != SimQpState::Rts => Outcome::Fail(Syndrome::LocalQpOp),
-                Some(w) => self.execute(qpn, kind, w),
+                Some(w) => {
+                    // The requester NIC needs the QP's context to execute the WQE.
+                    self.qpc_touch(device, qpn);
+                    self.execute(qpn, kind, w)
+                }
             };
             match outcome {
                 Outcome::Done { byte_cnt } => {
@@ -162,11 +167,21 @@ impl Model {
         (p.kind == QpType::Rc && p.state == SimQpState::Rts && pc.peer == qpn && here).then_some(
             Peer {
                 qpn: conn.peer,
+                device: p.device,
                 pd: p.pd,
                 recv_cq: p.recv_cq,
                 access: pc.params.access,
             },
         )
+    }
+
+    /// [`Model::rc_peer`], and the responder NIC looks up the responder QP's context (the
+    /// packet reached it).
+    #[inline(always)]
+    fn rc_responder(&mut self, qpn: u32) -> Option<Peer> {
+        let peer = self.rc_peer(qpn)?;
+        self.qpc_touch(peer.device, peer.qpn);
+        Some(peer)
     }
 
     fn exec_rc(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe) -> Outcome {
@@ -176,7 +191,7 @@ impl Model {
                 let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
-                let Some(peer) = self.rc_peer(qpn) else {
+                let Some(peer) = self.rc_responder(qpn) else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 let Some((r, src, rpd)) = self.peek_recv(peer.qpn) else {
@@ -218,7 +233,7 @@ impl Model {
                 let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
-                let Some(peer) = self.rc_peer(qpn) else {
+                let Some(peer) = self.rc_responder(qpn) else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 let recv = if op == Opcode::RdmaWriteImm {
@@ -271,7 +286,7 @@ impl Model {
                 let Ok(local) = self.mrs.scatter_list(pd, &w.sges, len) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
-                let Some(peer) = self.rc_peer(qpn) else {
+                let Some(peer) = self.rc_responder(qpn) else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 if !peer.access.contains(Access::REMOTE_READ) {
@@ -308,7 +323,7 @@ impl Model {
                     Err(ScatterError::Protection) => return Outcome::Fail(Syndrome::LocalProt),
                     Err(ScatterError::Length) => return Outcome::Fail(Syndrome::LocalLength),
                 };
-                let Some(peer) = self.rc_peer(qpn) else {
+                let Some(peer) = self.rc_responder(qpn) else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 if !peer.access.contains(Access::REMOTE_ATOMIC) {
@@ -437,12 +452,15 @@ impl Model {
         let dqpn = p.av.dqpn;
         let ok = self.qps.get(&dqpn).and_then(|d| {
             let here = self.addresses(d.device, p.av.rlid, p.av.grh.then_some(&p.av.rgid));
-            (d.kind == QpType::Ud && d.state == SimQpState::Rts && here).then_some(d.qkey)
+            (d.kind == QpType::Ud && d.state == SimQpState::Rts && here)
+                .then_some((d.qkey, d.device))
         });
-        let Some(qkey) = ok else {
+        let Some((qkey, device)) = ok else {
             self.stats.ud_no_dest += 1;
             return;
         };
+        // The destination NIC needs the QP's context (Q_Key, receive queue) to deliver.
+        self.qpc_touch(device, dqpn);
         if qkey != p.av.qkey {
             self.stats.ud_bad_qkey += 1;
             return;

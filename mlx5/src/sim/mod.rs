@@ -85,6 +85,52 @@
 //! by number only, so a doorbell on a destroyed QP is ignored, a CQE for a destroyed CQ is
 //! counted as lost, and a packet to a destroyed QP is dropped.
 //!
+//! # QPC cache
+//! A NIC keeps the contexts of recently used QPs (QPC: state, PSNs, queue addresses, keys) in
+//! on-chip memory; to work on a QP whose context is not cached it first reads the context from
+//! host memory over PCIe. Once the QPs in use outnumber the cache, every operation pays that
+//! round trip, which is the connection-scalability problem ScaleRPC (grouping clients so that
+//! only one group's QPs are active at a time) addresses. The model gives every device (every
+//! [`Fabric::open`], i.e. every NIC) an LRU cache of [`QpcCacheConfig::entries`] contexts,
+//! configured by [`SimConfig::qpc_cache`]: by default 1000 entries (the ConnectX-5 estimate
+//! of seeds/003, [`QpcCacheConfig::CX5_ENTRIES`]; ConnectX-3: 400) and a miss penalty of
+//! 500 ns (one PCIe round trip to fetch the context from host memory, the cost a QPC miss
+//! stands for). `None` disables the model: no lookups, no counters, no penalty.
+//!
+//! Lookups, each a hit or a miss (a miss loads the context, evicting the least recently used
+//! one when the cache is full):
+//! - the requester's device looks up the requester QP for every WQE it executes (RNR and
+//!   transport retries included, as the NIC re-reads the context; flushed and malformed WQEs
+//!   and WQEs on a QP not in RTS are not looked up);
+//! - for RC operations that reach a connected responder, the responder's device looks up the
+//!   responder QP (also when the operation then stalls on RNR or fails on the remote key);
+//! - for UD, the destination device looks up the destination QP for every packet that reaches
+//!   an existing UD QP in RTS on that port (duplicates included; before the Q_Key check).
+//!
+//! Two QPs on one device share its cache. Creating or connecting a QP loads nothing; a
+//! destroyed QP leaves its device's cache. Every miss busy-waits
+//! [`QpcCacheConfig::miss_penalty`] while executing, inside the doorbell and *with the fabric
+//! lock held*: the NIC stalls on the fetch, but since one lock serialises the whole fabric, a
+//! miss also delays the doorbells of every other device (threads) of the fabric, not only the
+//! NIC that missed. Throughput drops accordingly once the working set of QPs exceeds the
+//! cache.
+//!
+//! Counters: [`SimStats::qpc_hits`] and [`SimStats::qpc_misses`] sum over all devices;
+//! [`Fabric::qpc_stats`] (by LID) and [`SimDevice::qpc_stats`] give one device's
+//! [`QpcStats`] (hits, misses, evictions, contexts resident). A benchmark separates the server
+//! NIC's misses from a client NIC's by the LIDs of their contexts:
+//!
+//! ```
+//! use mlx5::sim::{Fabric, SimConfig};
+//! let fabric = Fabric::new(SimConfig::default());
+//! let (server, client) = (fabric.open(), fabric.open());
+//! let before = fabric.qpc_stats(server.port().lid).unwrap();
+//! // ... run the workload ...
+//! let server_misses = fabric.qpc_stats(server.port().lid).unwrap().since(&before).misses;
+//! let client_misses = fabric.qpc_stats(client.port().lid).unwrap().misses;
+//! assert_eq!((server_misses, client_misses), (0, 0));
+//! ```
+//!
 //! # Fault injection
 //! UD packets meet [`SimConfig::ud_faults`] (`sim/faults.rs`): a seeded xoshiro256** owned by
 //! the fabric draws each packet's fate (deliver, drop, duplicate, reorder, delay) in send
@@ -98,6 +144,7 @@ mod exec;
 pub(crate) mod faults;
 pub(crate) mod memory;
 mod model;
+mod qpc;
 mod recv;
 
 #[cfg(test)]
@@ -134,7 +181,55 @@ pub struct UdFaults {
     pub max_delay: u32,
 }
 
+/// The QP-context cache of every simulated device (see "QPC cache" in the module docs).
+///
+/// ```
+/// use std::time::Duration;
+/// use mlx5::sim::{QpcCacheConfig, SimConfig};
+/// // A ConnectX-3-sized cache with a 1 µs miss penalty.
+/// let cfg = SimConfig {
+///     qpc_cache: Some(QpcCacheConfig {
+///         entries: QpcCacheConfig::CX3_ENTRIES,
+///         miss_penalty: Duration::from_micros(1),
+///     }),
+///     ..SimConfig::default()
+/// };
+/// // No cache model at all (nothing counted, no penalty).
+/// let off = SimConfig { qpc_cache: None, ..SimConfig::default() };
+/// # let _ = (cfg, off);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpcCacheConfig {
+    /// QP contexts each device caches (>= 1); LRU replacement.
+    pub entries: usize,
+    /// Busy-wait charged per miss, inside the doorbell and under the fabric lock.
+    pub miss_penalty: Duration,
+}
+
+impl QpcCacheConfig {
+    /// ConnectX-5 estimate (seeds/003 `NIC_QPC_CACHE_ENTRIES_CX5`); the default.
+    pub const CX5_ENTRIES: usize = 1000;
+    /// ConnectX-3 (seeds/003 `NIC_QPC_CACHE_ENTRIES_CX3`).
+    pub const CX3_ENTRIES: usize = 400;
+    /// One PCIe round trip to fetch a context from host memory (order of 0.5 µs); the
+    /// default.
+    pub const DEFAULT_MISS_PENALTY: Duration = Duration::from_nanos(500);
+}
+
+impl Default for QpcCacheConfig {
+    fn default() -> Self {
+        QpcCacheConfig {
+            entries: Self::CX5_ENTRIES,
+            miss_penalty: Self::DEFAULT_MISS_PENALTY,
+        }
+    }
+}
+
 /// Fabric configuration.
+///
+/// [`SimConfig::default`]: MTU 4096, lossless UD, retries at every step, no progress thread,
+/// a QPC cache of [`QpcCacheConfig::CX5_ENTRIES`] contexts per device with a 500 ns miss
+/// penalty ([`QpcCacheConfig::default`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimConfig {
     /// Port MTU in bytes (the largest UD payload); 256..=4096, power of two.
@@ -151,6 +246,8 @@ pub struct SimConfig {
     /// that may wait on a stalled peer without ringing any doorbell). `None`: steps happen
     /// only on doorbells and [`Fabric::progress`], which keeps runs deterministic.
     pub progress_thread: Option<Duration>,
+    /// Each device's QP-context cache (`None`: not modelled, no counters, no penalty).
+    pub qpc_cache: Option<QpcCacheConfig>,
 }
 
 impl Default for SimConfig {
@@ -162,6 +259,7 @@ impl Default for SimConfig {
             transport_retry_interval: 1,
             rnr_retry_override: None,
             progress_thread: None,
+            qpc_cache: Some(QpcCacheConfig::default()),
         }
     }
 }
@@ -274,6 +372,47 @@ pub struct SimStats {
     pub ud_bad_qkey: u64,
     /// UD packets dropped: no receive WQE at the destination.
     pub ud_no_recv: u64,
+    /// QPC cache hits, all devices (requester and responder lookups).
+    pub qpc_hits: u64,
+    /// QPC cache misses, all devices (each charged [`QpcCacheConfig::miss_penalty`]).
+    pub qpc_misses: u64,
+}
+
+/// One device's QPC cache counters ([`Fabric::qpc_stats`], [`SimDevice::qpc_stats`]). All
+/// zero when the cache is disabled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpcStats {
+    /// Lookups that found the QP's context cached.
+    pub hits: u64,
+    /// Lookups that had to load it (each charged the miss penalty).
+    pub misses: u64,
+    /// Contexts evicted to make room (LRU); destroyed QPs leaving the cache are not counted.
+    pub evictions: u64,
+    /// Contexts cached now.
+    pub resident: u64,
+}
+
+impl QpcStats {
+    /// Misses per lookup (0 with no lookups).
+    pub fn miss_ratio(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.misses as f64 / n as f64
+        }
+    }
+
+    /// The counters accumulated since `earlier` (a snapshot of the same device); `resident`
+    /// is this snapshot's.
+    pub fn since(&self, earlier: &QpcStats) -> QpcStats {
+        QpcStats {
+            hits: self.hits - earlier.hits,
+            misses: self.misses - earlier.misses,
+            evictions: self.evictions - earlier.evictions,
+            resident: self.resident,
+        }
+    }
 }
 
 /// A QP's state as the model sees it.
@@ -349,6 +488,12 @@ impl Fabric {
                 "SimConfig::ud_faults probabilities must be in [0, 1] and sum to at most 1: {f:?}"
             );
         }
+        if let Some(c) = cfg.qpc_cache {
+            assert!(
+                c.entries >= 1,
+                "SimConfig::qpc_cache entries must be >= 1 (use None to disable the cache)"
+            );
+        }
         let interval = cfg.progress_thread;
         let shared = Arc::new(Shared {
             model: Mutex::new(Model::new(cfg)),
@@ -385,6 +530,13 @@ impl Fabric {
     /// Counters so far.
     pub fn stats(&self) -> SimStats {
         self.shared.lock().stats
+    }
+
+    /// QPC cache counters of the device whose port has LID `lid` (`None`: no such device).
+    /// Pass a rank's `ctx.port().lid` to separate, e.g., the server NIC's misses from a
+    /// client NIC's; [`Fabric::stats`] has the sums over all devices.
+    pub fn qpc_stats(&self, lid: u16) -> Option<QpcStats> {
+        self.shared.lock().qpc_stats_by_lid(lid)
     }
 
     /// Makes one progress step: delivers due delayed/reordered UD packets, retries stalled

@@ -3,14 +3,16 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use crate::cqe::{Cqe, CqeOpcode, Syndrome};
 use crate::error::{Error, Result};
 use crate::sim::cq::{CqState, Push};
 use crate::sim::faults::Faults;
 use crate::sim::memory::MrTable;
+use crate::sim::qpc::{self, QpcCache};
 use crate::sim::recv::{RecvWqe, RqState, SrqState};
-use crate::sim::{SimConfig, SimQpState, SimStats};
+use crate::sim::{QpcStats, SimConfig, SimQpState, SimStats};
 use crate::verbs::{LinkLayer, PortInfo, QpType, RcParams, RcRemote};
 use crate::wqe::{self, CTRL_BYTES, WQEBB};
 
@@ -136,6 +138,10 @@ pub(crate) struct Model {
     /// Progress steps so far.
     pub(crate) step: u64,
     pub(crate) devices: Vec<PortInfo>,
+    /// Each device's QPC cache (indexed like `devices`).
+    qpc: Vec<QpcCache>,
+    /// [`crate::sim::QpcCacheConfig::miss_penalty`] (`None`: the cache is disabled).
+    qpc_penalty: Option<Duration>,
     next_pd: u32,
     pub(crate) mrs: MrTable,
     pub(crate) cqs: HashMap<u32, CqState>,
@@ -187,6 +193,8 @@ impl Model {
     pub(crate) fn new(cfg: SimConfig) -> Self {
         Model {
             faults: Faults::new(cfg.ud_faults),
+            qpc_penalty: cfg.qpc_cache.map(|c| c.miss_penalty),
+            qpc: Vec::new(),
             cfg,
             stats: SimStats::default(),
             step: 0,
@@ -220,7 +228,54 @@ impl Model {
             gid,
         };
         self.devices.push(port);
+        self.qpc.push(QpcCache::new(self.cfg.qpc_cache));
         (id, port)
+    }
+
+    /// Device `device` looks up the context of its QP `qpn` (a WQE being executed): counts a
+    /// hit or a miss, and on a miss stalls for the miss penalty, holding the fabric lock.
+    #[inline(always)]
+    pub(crate) fn qpc_touch(&mut self, device: u32, qpn: u32) {
+        if self.qpc_penalty.is_none() {
+            return;
+        }
+        if let Some(cache) = self.qpc.get_mut(device as usize)
+            && cache.touch_mru(qpn)
+        {
+            self.stats.qpc_hits += 1;
+            return;
+        }
+        self.qpc_lookup(device, qpn);
+    }
+
+    /// [`Model::qpc_touch`] past the most-recently-used fast path.
+    #[inline(never)]
+    fn qpc_lookup(&mut self, device: u32, qpn: u32) {
+        let Some(cache) = self.qpc.get_mut(device as usize) else {
+            return;
+        };
+        match cache.touch(qpn) {
+            None => {}
+            Some(true) => self.stats.qpc_hits += 1,
+            Some(false) => {
+                self.stats.qpc_misses += 1;
+                qpc::spin_for(self.qpc_penalty.unwrap_or_default());
+            }
+        }
+    }
+
+    /// QPC cache counters of the device whose port has LID `lid`.
+    pub(crate) fn qpc_stats_by_lid(&self, lid: u16) -> Option<QpcStats> {
+        let id = self.devices.iter().position(|p| p.lid == lid)?;
+        Some(self.qpc[id].snapshot())
+    }
+
+    /// QPC cache counters of device `device`.
+    pub(crate) fn qpc_stats(&self, device: u32) -> QpcStats {
+        self.qpc
+            .get(device as usize)
+            .map(QpcCache::snapshot)
+            .unwrap_or_default()
     }
 
     /// A new protection domain number.
@@ -248,7 +303,11 @@ impl Model {
     }
 
     pub(crate) fn remove_qp(&mut self, qpn: u32) {
-        self.qps.remove(&qpn);
+        if let Some(qp) = self.qps.remove(&qpn)
+            && let Some(cache) = self.qpc.get_mut(qp.device as usize)
+        {
+            cache.remove(qpn);
+        }
         self.active.remove(&qpn);
     }
 
