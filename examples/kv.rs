@@ -21,6 +21,13 @@
 //!   rank's daemon 0, and polls it alongside its rings.
 //! - `both`: the two, one after the other in this process, and their ratio.
 //!
+//! `--transport scalerpc` (one rank) replaces the delegation rings by ScaleRPC (seeds/003): each
+//! daemon serves its shard through a `ScaleRpcServer` on its own simulated NIC, and each client
+//! thread, on a NIC of its own, connects a `KvClient<ScaleRpc>` to every daemon
+//! (`--scalerpc-group`, `--scalerpc-slice-us` set the connection grouping). ScaleRPC may execute
+//! two calls outstanding on one connection in either order, so a client then never has two
+//! writes of one key outstanding.
+//!
 //! Correctness: every client has a global id `g = rank * C + c` and only writes keys `k` with
 //! `k % (R * C) == g` (on any rank), so every (rank, key) has one writer, whose successive
 //! calls reach the owner daemon in issue order (one client's `fetch_add`s on a ring are
@@ -33,6 +40,7 @@
 //! ```text
 //! cargo run --release --example kv                      # all in one process, ~10 s
 //! cargo run --release --example kv -- --ranks 2 --backend both --duration 5
+//! cargo run --release --example kv -- --transport scalerpc --clients 4 --scalerpc-group 2
 //! cargo run --release --example kv -- --help
 //! kv serve --shm kvbench --daemons 2                    # process 1: daemons (one rank)
 //! kv client --shm kvbench --clients 2                   # process 2: clients + check
@@ -56,17 +64,20 @@ use rpc::delegation::{
     DelegToken, Delegate, Delegation, DelegationConfig, DelegationServer, ForwardStats, Target,
 };
 use rpc::mlx5::sim::{Fabric, SimConfig};
-use rpc::{RpcError, Server, Service};
+use rpc::scalerpc::{ScaleRpc, ScaleRpcAddr, ScaleRpcServer, ServerConfig as ScaleServerConfig};
+use rpc::{ClientTransport, RpcError, Server, ServerTransport, Service};
 use rustc_hash::FxHashMap;
 
 #[derive(Parser, Debug)]
 #[command(
-    about = "Distributed key-value benchmark (seeds/004) over the delegation ring and copyrpc",
+    about = "Distributed key-value benchmark (seeds/004) over the delegation ring and copyrpc, or ScaleRPC",
     long_about = "Distributed key-value benchmark (seeds/004) over the delegation ring and \
         copyrpc.\n\nWithout a subcommand (or with `run`), daemons and clients of every rank run \
         in this process; `--ranks R` runs R in-process ranks connected by copyrpc on the \
         device model. The `serve`/`client` subcommands split one rank's daemons and clients \
-        into two processes; multi-rank runs across processes (MPI) are a later issue.",
+        into two processes; multi-rank runs across processes (MPI) are a later issue. \
+        `--transport scalerpc` serves the daemons of one rank over ScaleRPC instead of the \
+        delegation rings.",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -104,6 +115,13 @@ struct RunArgs {
     /// copyrpc send and receive ring size per endpoint, bytes (power of two, >= 1024).
     #[arg(long, default_value_t = 1 << 20)]
     copyrpc_ring: usize,
+    /// How clients reach the daemons of their rank: the shared-memory delegation ring, or
+    /// ScaleRPC on the device model (one simulated NIC per daemon and per client thread;
+    /// one rank only).
+    #[arg(long, value_enum, default_value_t = Transport::Delegation)]
+    transport: Transport,
+    #[command(flatten)]
+    scale: ScaleArgs,
     #[command(flatten)]
     ring: RingArgs,
     #[command(flatten)]
@@ -149,6 +167,20 @@ struct RingArgs {
     /// Response slots per client (power of two, at least the largest queue depth used).
     #[arg(long, default_value_t = 64)]
     resp_depth: u32,
+}
+
+#[derive(Args, Debug, Clone)]
+struct ScaleArgs {
+    /// ScaleRPC: connections per group; each daemon serves one group per time slice (0:
+    /// grouping off). The seeds/003 default is 400.
+    #[arg(long, default_value_t = 400)]
+    scalerpc_group: u32,
+    /// ScaleRPC: a group's time slice, microseconds (warm-up: a quarter of it).
+    #[arg(long, default_value_t = 200)]
+    scalerpc_slice_us: u64,
+    /// ScaleRPC: message pool slot size, bytes (a multiple of 64; KV messages fit 128).
+    #[arg(long, default_value_t = 128)]
+    scalerpc_slot: u32,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -202,6 +234,14 @@ struct OutArgs {
 enum Dist {
     Uniform,
     Zipf,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    /// The shared-memory delegation ring of seeds/004 (`/dev/shm`).
+    Delegation,
+    /// ScaleRPC (seeds/003) on the device model: every daemon is a ScaleRPC server.
+    Scalerpc,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,13 +353,13 @@ fn start_daemons(
 fn spawn_daemon(
     rank: usize,
     d: usize,
-    server: KvServerCore,
+    mut server: KvServerCore,
     stop: &Arc<AtomicBool>,
 ) -> thread::JoinHandle<DaemonReport> {
     let stop = stop.clone();
     thread::Builder::new()
         .name(format!("daemon-{rank}.{d}"))
-        .spawn(move || daemon_loop(server, &stop))
+        .spawn(move || daemon_loop(&mut server, &stop))
         .expect("spawn daemon")
 }
 
@@ -331,10 +371,15 @@ struct DaemonReport {
     keys: usize,
     /// Daemon 0 of a multi-rank run: the delegate's counters.
     forward: Option<ForwardStats>,
+    /// A ScaleRPC daemon: its server's counters.
+    scale: Option<ScaleDaemon>,
 }
 
-/// The daemon event loop (seeds/004 §6: only the local ring).
-fn daemon_loop(mut server: KvServerCore, stop: &AtomicBool) -> DaemonReport {
+/// The daemon event loop (seeds/004 §6: only the local ring; or a ScaleRPC server).
+fn daemon_loop<T: ServerTransport>(
+    server: &mut Server<KvService, T>,
+    stop: &AtomicBool,
+) -> DaemonReport {
     let mut shard = Shard::default();
     let backoff = Backoff::new();
     while !stop.load(Ordering::Relaxed) {
@@ -351,6 +396,7 @@ fn daemon_loop(mut server: KvServerCore, stop: &AtomicBool) -> DaemonReport {
         dropped_replies: s.dropped_replies,
         keys: shard.map.len(),
         forward: None,
+        scale: None,
     }
 }
 
@@ -390,10 +436,14 @@ fn delegate_loop<R: FnMut(&KvRequest) -> Target>(
         dropped_replies: f.dropped_replies,
         keys: shard.map.len(),
         forward: Some(f),
+        scale: None,
     }
 }
 
 fn run_all(a: RunArgs) -> i32 {
+    if a.transport == Transport::Scalerpc {
+        return run_scalerpc(&a);
+    }
     let cfg = match delegation_config(&a.ring, a.load.qd) {
         Ok(c) => c,
         Err(e) => return fail(&e),
@@ -591,13 +641,235 @@ fn run_topology(
         }
         _fabric = fabric;
     }
-    let result = run_clients(&names, remotes, &a.load, &a.out);
+    let result = run_clients(Arc::new(Rings(names)), remotes, &a.load, &a.out);
     stop.store(true, Ordering::Relaxed);
     let reports = handles
         .into_iter()
         .map(|h| h.join().expect("daemon panicked"))
         .collect();
     Ok((result, reports))
+}
+
+/// How client threads and the checker reach the daemons of each rank.
+trait Daemons: Send + Sync + 'static {
+    /// The client transport.
+    type T: ClientTransport;
+    /// Whether one client's calls on one connection execute in issue order. If not, a client
+    /// never has two writes of one key outstanding (their order would be unknown).
+    const ORDERED: bool;
+    /// Connects one client (a client thread, or the checker) to every daemon of `rank`, in
+    /// daemon order.
+    fn connect(&self, rank: usize) -> Result<Vec<KvClient<Self::T>>, RpcError>;
+    /// Lets connections without calls in flight make progress (called when a client is
+    /// idle).
+    #[inline]
+    fn keepalive(_rings: &mut [KvClient<Self::T>]) {}
+}
+
+/// The delegation rings of each rank, by name.
+struct Rings(Vec<Vec<String>>);
+
+impl Daemons for Rings {
+    type T = Delegation;
+    const ORDERED: bool = true;
+    fn connect(&self, rank: usize) -> Result<Vec<KvClient>, RpcError> {
+        self.0[rank]
+            .iter()
+            .map(|n| KvClient::<Delegation>::connect(n))
+            .collect()
+    }
+}
+
+/// The ScaleRPC daemons of the (single) rank: each client opens a NIC of its own on `fabric`
+/// and connects to every daemon's listener.
+struct ScaleDaemons {
+    fabric: Fabric,
+    addrs: Vec<ScaleRpcAddr>,
+}
+
+impl Daemons for ScaleDaemons {
+    type T = ScaleRpc;
+    const ORDERED: bool = false;
+    fn connect(&self, _rank: usize) -> Result<Vec<KvClient<ScaleRpc>>, RpcError> {
+        let device = self.fabric.open();
+        self.addrs
+            .iter()
+            .map(|a| {
+                let mut a = a.clone();
+                a.device = device.clone();
+                KvClient::<ScaleRpc>::connect(&a)
+            })
+            .collect()
+    }
+
+    /// A ScaleRPC client acknowledges a stop notice only when it polls; one with nothing in
+    /// flight is not polled by `poll_with`, so poll its transport here (it has nothing to
+    /// deliver).
+    #[inline]
+    fn keepalive(rings: &mut [KvClient<ScaleRpc>]) {
+        for r in rings.iter_mut().filter(|r| r.in_flight() == 0) {
+            let _ = r.transport_mut().poll(usize::MAX, |_, _| {});
+        }
+    }
+}
+
+/// One ScaleRPC daemon's server counters.
+#[derive(Clone, Copy, Debug, Default)]
+struct ScaleDaemon {
+    conns: u32,
+    groups: u32,
+    sched: rpc::scalerpc::SchedStats,
+    server: rpc::scalerpc::ServerStats,
+    probes: u64,
+}
+
+/// ScaleRPC figures of a run: the daemons' counters summed, and the QPC caches.
+#[derive(Clone, Copy, Debug, Default)]
+struct ScaleFigures {
+    group_size: u32,
+    slice_us: u64,
+    slot_size: u32,
+    conns: u32,
+    /// Most groups on one daemon.
+    groups: u32,
+    switches: u64,
+    warmup_delays: u64,
+    acks: u64,
+    evictions: u64,
+    failed_conns: u64,
+    requests: u64,
+    doorbells: u64,
+    notices: u64,
+    probes: u64,
+    /// QPC cache of the daemons' NICs (hits, misses), and of every NIC of the fabric.
+    qpc_server: (u64, u64),
+    qpc_all: (u64, u64),
+}
+
+/// `--transport scalerpc`: one rank whose daemons are ScaleRPC servers, each on its own NIC
+/// of one device-model fabric; then the summary.
+fn run_scalerpc(a: &RunArgs) -> i32 {
+    if a.ranks != 1 {
+        return fail(
+            "--transport scalerpc runs one rank (--ranks 1): ranks over ScaleRPC are not supported",
+        );
+    }
+    if a.backend != Backend::Delegation {
+        return fail("--backend applies to --ranks > 1; --transport scalerpc runs one rank");
+    }
+    if a.daemons == 0 {
+        return fail("--daemons must be at least 1");
+    }
+    if a.load.qd == 0 || a.load.qd >= u16::MAX as usize - 1 {
+        return fail("--qd must be in 1..65534 with --transport scalerpc");
+    }
+    let sc = &a.scale;
+    if sc.scalerpc_slice_us == 0 {
+        return fail("--scalerpc-slice-us must be at least 1");
+    }
+    let slice = Duration::from_micros(sc.scalerpc_slice_us);
+    let cfg = ScaleServerConfig {
+        // The rank's clients and the checker, one connection each.
+        max_conns: a.load.clients as u32 + 1,
+        group_size: (sc.scalerpc_group > 0).then_some(sc.scalerpc_group),
+        // One slot per call in flight, plus the client's liveness probe.
+        slots_per_conn: a.load.qd as u32 + 1,
+        slot_size: sc.scalerpc_slot,
+        slice,
+        warmup: slice / 4,
+        // Every client polls all the time and one that is gone fails its connection, so the
+        // ack timeout only guards against a client thread the OS does not run for a while
+        // (eviction is final).
+        ack_timeout: Duration::from_secs(1),
+        ..ScaleServerConfig::default()
+    };
+    let fabric = Fabric::new(SimConfig {
+        // Steps the model now and then, so that retries towards a client that is gone
+        // (its connection dropped at the end of the run) complete without other traffic.
+        progress_thread: Some(Duration::from_millis(1)),
+        ..SimConfig::default()
+    });
+    let mut servers = Vec::with_capacity(a.daemons);
+    let mut addrs = Vec::with_capacity(a.daemons);
+    let mut lids = Vec::with_capacity(a.daemons);
+    for d in 0..a.daemons {
+        let device = fabric.open();
+        match ScaleRpcServer::serve::<KvService>(&device, cfg) {
+            Ok(s) => {
+                addrs.push(ScaleRpcAddr::new(device.clone(), s.transport().listener()));
+                lids.push(device.port().lid);
+                servers.push(s);
+            }
+            Err(e) => return fail(&format!("daemon {d}: scalerpc server: {e}")),
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = servers
+        .into_iter()
+        .enumerate()
+        .map(|(d, mut server)| {
+            let stop = stop.clone();
+            thread::Builder::new()
+                .name(format!("daemon-0.{d}"))
+                .spawn(move || {
+                    let mut r = daemon_loop(&mut server, &stop);
+                    let t = server.transport();
+                    let s = t.scale_server();
+                    r.scale = Some(ScaleDaemon {
+                        conns: s.num_conns(),
+                        groups: s.scheduler().num_groups(),
+                        sched: *s.scheduler().stats(),
+                        server: *s.stats(),
+                        probes: t.probes_answered(),
+                    });
+                    r
+                })
+                .expect("spawn daemon")
+        })
+        .collect();
+    let remotes = vec![(0..a.load.clients).map(|_| Remote::None).collect()];
+    let daemons = Arc::new(ScaleDaemons {
+        fabric: fabric.clone(),
+        addrs,
+    });
+    let result = run_clients(daemons, remotes, &a.load, &a.out);
+    stop.store(true, Ordering::Relaxed);
+    let reports: Vec<DaemonReport> = handles
+        .into_iter()
+        .map(|h| h.join().expect("daemon panicked"))
+        .collect();
+    let mut f = ScaleFigures {
+        group_size: cfg.group_size.unwrap_or(0),
+        slice_us: sc.scalerpc_slice_us,
+        slot_size: cfg.slot_size,
+        ..ScaleFigures::default()
+    };
+    for d in reports.iter().filter_map(|r| r.scale) {
+        f.conns += d.conns;
+        f.groups = f.groups.max(d.groups);
+        f.switches += d.sched.switches;
+        f.warmup_delays += d.sched.warmup_delays;
+        f.acks += d.sched.acks;
+        f.evictions += d.sched.evictions;
+        f.failed_conns += d.server.failed_conns;
+        f.requests += d.server.requests;
+        f.doorbells += d.server.doorbells;
+        f.notices += d.server.notices;
+        f.probes += d.probes;
+    }
+    for lid in lids {
+        if let Some(q) = fabric.qpc_stats(lid) {
+            f.qpc_server.0 += q.hits;
+            f.qpc_server.1 += q.misses;
+        }
+    }
+    let all = fabric.stats();
+    f.qpc_all = (all.qpc_hits, all.qpc_misses);
+    let mut s = summarize(result, &reports, &a.load, a.daemons, 1, "scalerpc");
+    s.transport = "scalerpc";
+    s.scale = Some(f);
+    print_summary(&s, &a.out, true);
+    if s.pass { 0 } else { 1 }
 }
 
 fn serve(a: ServeArgs) -> i32 {
@@ -652,7 +924,7 @@ fn client_only(a: ClientArgs) -> i32 {
     }
     let daemons = names.len();
     let remotes = vec![(0..a.load.clients).map(|_| Remote::None).collect()];
-    let result = run_clients(&[names], remotes, &a.load, &a.out);
+    let result = run_clients(Arc::new(Rings(vec![names])), remotes, &a.load, &a.out);
     let s = summarize(result, &[], &a.load, daemons, 1, "delegation");
     print_summary(&s, &a.out, true);
     if s.pass { 0 } else { 1 }
@@ -731,15 +1003,15 @@ fn gen_pattern(load: &LoadArgs, gid: usize, ranks: usize) -> Vec<Op> {
         .collect()
 }
 
-/// Runs `remotes[r].len()` client threads on each rank `r` (whose daemons serve the rings
-/// `names[r]`), then the correctness check.
-fn run_clients(
-    names: &[Vec<String>],
+/// Runs `remotes[r].len()` client threads on each rank `r` (reaching its daemons through
+/// `daemons`), then the correctness check.
+fn run_clients<D: Daemons>(
+    daemons: Arc<D>,
     remotes: Vec<Vec<Remote>>,
     load: &LoadArgs,
     out: &OutArgs,
 ) -> RunResult {
-    let ranks = names.len();
+    let ranks = remotes.len();
     if load.clients == 0 || load.qd == 0 || load.keys < (load.clients * ranks) as u64 {
         eprintln!("kv: need --clients >= 1, --qd >= 1 and --keys >= --clients * --ranks");
         std::process::exit(2);
@@ -756,8 +1028,8 @@ fn run_clients(
     for (rank, rank_remotes) in remotes.into_iter().enumerate() {
         for (c, remote) in rank_remotes.into_iter().enumerate() {
             let gid = rank * load.clients + c;
-            let (names, load, stop, counters, start) = (
-                names[rank].clone(),
+            let (daemons, load, stop, counters, start) = (
+                daemons.clone(),
                 load.clone(),
                 stop.clone(),
                 counters.clone(),
@@ -768,11 +1040,7 @@ fn run_clients(
                     .name(format!("client-{rank}.{c}"))
                     .spawn(move || {
                         let pattern = gen_pattern(&load, gid, ranks);
-                        let rings = names
-                            .iter()
-                            .map(|n| KvClient::<Delegation>::connect(n))
-                            .collect::<Result<Vec<_>, _>>()
-                            .map_err(|e| e.to_string());
+                        let rings = daemons.connect(rank).map_err(|e| e.to_string());
                         start.wait();
                         let rings = rings?;
                         // Every call of the closed loop may go to the same ring.
@@ -784,7 +1052,7 @@ fn run_clients(
                             ));
                         }
                         let me = Me { gid, rank, writers: (load.clients * ranks) as u64 };
-                        client_loop(me, rings, remote, &pattern, &load, &stop, &counters[gid])
+                        client_loop::<D>(me, rings, remote, &pattern, &load, &stop, &counters[gid])
                     })
                     .expect("spawn client"),
             );
@@ -821,7 +1089,7 @@ fn run_clients(
     }
     let check = match failure {
         Some(f) => Err(f),
-        None => check_written(names, &clients, load),
+        None => check_written(&*daemons, ranks, &clients, load),
     };
     RunResult {
         elapsed,
@@ -855,16 +1123,17 @@ fn method_of(op: &Op) -> u16 {
 
 /// Sends `op` with tag `tag`: to the owner daemon's ring if it is for this rank, else over
 /// the remote path. Direct calls that find the copyrpc ring full poll (completions go to
-/// `done`) and retry.
+/// `done`) and retry. Returns `false` if the daemon's transport cannot take the call now
+/// (ScaleRPC: the connection's group is not scheduled): poll and issue it again.
 #[inline]
-fn issue(
+fn issue<T: ClientTransport>(
     me: Me,
     (tag, op, value): (u64, Op, u64),
-    rings: &mut [KvClient],
+    rings: &mut [KvClient<T>],
     remote: &mut Remote,
     inflight: &[(Instant, Op)],
     done: &mut Vec<Done>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let ring = match remote {
         _ if op.rank as usize == me.rank => owner_daemon(op.key, rings.len()),
         Remote::None | Remote::Delegation => 0,
@@ -886,7 +1155,7 @@ fn issue(
                     d.max_response_bytes as u32,
                     |buf| KvService::encode_request(&req, buf),
                 ) {
-                    Ok(_) => return Ok(()),
+                    Ok(_) => return Ok(true),
                     Err(e) if e.is_retryable() => {
                         ctx.poll(|t, r| done.push(direct_done(inflight, t, r)));
                     }
@@ -904,7 +1173,11 @@ fn issue(
     } else {
         ring.issue(tag).put(op.rank, op.key, value)
     };
-    r.map_err(|e| e.to_string())
+    match r {
+        Ok(()) => Ok(true),
+        Err(RpcError::WouldBlock) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Decodes a direct (copyrpc) response for the call with tag `t`.
@@ -923,10 +1196,13 @@ fn direct_done(
 
 /// The closed loop of one client thread (seeds/004 §7): requests for its rank go to the owner
 /// daemon's ring, the others over `remote`; every ring and the copyrpc context (if any) are
-/// polled, and each completion is replaced by the next operation of the pattern.
-fn client_loop(
+/// polled, and each completion is replaced by the next operation of the pattern. An operation
+/// the transport cannot take yet (or, on a transport that does not keep a connection's calls
+/// in order, a write of a key with a write outstanding) waits, and the ones after it too.
+#[allow(clippy::too_many_arguments)]
+fn client_loop<D: Daemons>(
     me: Me,
-    mut rings: Vec<KvClient>,
+    mut rings: Vec<KvClient<D::T>>,
     mut remote: Remote,
     pattern: &[Op],
     load: &LoadArgs,
@@ -954,27 +1230,39 @@ fn client_loop(
     let (mut next, mut seq, mut ops, mut ops_remote, mut gets, mut hits, mut errors) =
         (0usize, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     let mut outstanding = 0usize;
+    // The next operation, taken from the pattern but not issued yet, and its value.
+    let mut waiting: Option<(Op, u64)> = None;
+    // Unordered transports: (rank, key) of the writes outstanding.
+    let mut writes_out: rustc_hash::FxHashSet<(u32, u64)> = Default::default();
     let backoff = Backoff::new();
     loop {
         let stopping = stop.load(Ordering::Relaxed);
         if !stopping {
-            for tag in free.drain(..) {
-                let op = pattern[next];
-                next = if next + 1 == pattern.len() {
-                    0
-                } else {
-                    next + 1
-                };
-                let mut value = 0;
-                if !op.read {
-                    seq += 1;
-                    value = ((me.gid as u64) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1));
-                    if op.key % SAMPLE_EVERY == 0 {
-                        written.insert((op.rank, op.key), value);
+            while let Some(&tag) = free.last() {
+                let (op, value) = match waiting.take() {
+                    Some(w) => w,
+                    None => {
+                        let op = pattern[next];
+                        next = if next + 1 == pattern.len() {
+                            0
+                        } else {
+                            next + 1
+                        };
+                        let mut value = 0;
+                        if !op.read {
+                            seq += 1;
+                            value = ((me.gid as u64) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1));
+                        }
+                        (op, value)
                     }
+                };
+                if !D::ORDERED && !op.read && !writes_out.insert((op.rank, op.key)) {
+                    // A write of this key is outstanding: the two could execute in either order.
+                    waiting = Some((op, value));
+                    break;
                 }
                 inflight[tag as usize] = (Instant::now(), op);
-                issue(
+                let sent = issue(
                     me,
                     (tag, op, value),
                     &mut rings,
@@ -982,6 +1270,17 @@ fn client_loop(
                     &inflight,
                     &mut done,
                 )?;
+                if !sent {
+                    if !D::ORDERED && !op.read {
+                        writes_out.remove(&(op.rank, op.key));
+                    }
+                    waiting = Some((op, value));
+                    break;
+                }
+                free.pop();
+                if !op.read && op.key % SAMPLE_EVERY == 0 {
+                    written.insert((op.rank, op.key), value);
+                }
                 outstanding += 1;
             }
         } else if outstanding == 0 {
@@ -995,12 +1294,16 @@ fn client_loop(
             ctx.poll(|t, r| done.push(direct_done(&inflight, t, r)));
         }
         if done.is_empty() {
+            D::keepalive(&mut rings);
             backoff.snooze();
             continue;
         }
         backoff.reset();
         for (tag, r) in done.drain(..) {
             let (t, op) = inflight[tag as usize];
+            if !D::ORDERED && !op.read {
+                writes_out.remove(&(op.rank, op.key));
+            }
             let ns = (t.elapsed().as_nanos() as u64).max(1);
             let _ = hist.record(ns);
             if op.rank as usize != me.rank {
@@ -1046,23 +1349,18 @@ fn client_loop(
 /// value each key's single writer wrote. A run that wrote nothing (`--read-ratio 1`) has
 /// nothing to compare, so the checker then writes its own sample keys (values with writer id
 /// `clients * ranks`, which no run client uses) and reads them back.
-fn check_written(
-    names: &[Vec<String>],
+fn check_written<D: Daemons>(
+    daemons: &D,
+    ranks: usize,
     clients: &[ClientReport],
     load: &LoadArgs,
 ) -> Result<CheckReport, String> {
     let samples = load.check_samples;
-    let ranks = names.len();
-    let mut rings = names
-        .iter()
-        .map(|rank| {
-            rank.iter()
-                .map(|n| KvClient::<Delegation>::connect(n))
-                .collect::<Result<Vec<_>, _>>()
-        })
+    let mut rings = (0..ranks)
+        .map(|r| daemons.connect(r))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("check client: {e}"))?;
-    let daemons = names[0].len();
+    let daemons = rings[0].len();
     // (rank, key) -> value, and whether the writer was on another rank.
     let mut all: Vec<((u32, u64), u64, bool)> = clients
         .iter()
@@ -1081,6 +1379,7 @@ fn check_written(
             rings[rank as usize][owner_daemon(key, daemons)]
                 .put(rank, key, value)
                 .map_err(|e| format!("check put({rank}, {key}): {e}"))?;
+            D::keepalive(&mut rings[rank as usize]);
             all.push(((rank, key), value, false));
         }
         // Later writes of a repeated key win.
@@ -1094,6 +1393,7 @@ fn check_written(
         let got = rings[rank as usize][owner_daemon(key, daemons)]
             .get(rank, key)
             .map_err(|e| format!("check get({rank}, {key}): {e}"))?;
+        D::keepalive(&mut rings[rank as usize]);
         checked += 1;
         checked_remote += remote as usize;
         if got != Some(want) {
@@ -1115,6 +1415,10 @@ fn check_written(
 
 /// The figures of one run.
 struct Summary {
+    /// How clients reach the daemons of their rank (`delegation`, `scalerpc`).
+    transport: &'static str,
+    /// ScaleRPC runs: scheduler and QPC figures.
+    scale: Option<ScaleFigures>,
     backend: &'static str,
     ranks: usize,
     daemons: usize,
@@ -1206,6 +1510,8 @@ fn summarize(
         Err(e) => (false, 0, 0, 0, e.clone()),
     };
     Summary {
+        transport: "delegation",
+        scale: None,
         backend,
         ranks,
         daemons: ndaemons,
@@ -1267,7 +1573,7 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
     let f = s.forward.unwrap_or_default();
     if out.json {
         let mut v = serde_json::json!({
-            "transport": "delegation", "daemons": daemons, "clients": clients, "qd": qd,
+            "transport": s.transport, "daemons": daemons, "clients": clients, "qd": qd,
             "read_ratio": read_ratio, "keys": keys, "dist": dist, "seconds": secs,
             "ops": ops, "mops": mops, "p50_us": s.p50_us, "p99_us": s.p99_us,
             "p999_us": s.p999_us, "gets": gets, "get_hits": hits, "errors": errors,
@@ -1295,6 +1601,21 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
         let obj = v.as_object_mut().expect("an object");
         obj.extend(more.as_object().expect("an object").clone());
         obj.insert("forward".into(), forward.unwrap_or(serde_json::Value::Null));
+        if let Some(sc) = &s.scale {
+            obj.insert(
+                "scalerpc".into(),
+                serde_json::json!({
+                    "group_size": sc.group_size, "slice_us": sc.slice_us,
+                    "slot_size": sc.slot_size, "conns": sc.conns, "groups": sc.groups,
+                    "switches": sc.switches, "warmup_delays": sc.warmup_delays,
+                    "acks": sc.acks, "evictions": sc.evictions,
+                    "failed_conns": sc.failed_conns, "requests": sc.requests,
+                    "doorbells": sc.doorbells, "notices": sc.notices, "probes": sc.probes,
+                    "qpc_server_hits": sc.qpc_server.0, "qpc_server_misses": sc.qpc_server.1,
+                    "qpc_hits": sc.qpc_all.0, "qpc_misses": sc.qpc_all.1,
+                }),
+            );
+        }
         println!("{v}");
     } else if out.csv {
         if first {
@@ -1304,7 +1625,8 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
         }
         let rank_mops: Vec<String> = s.rank_mops.iter().map(|m| format!("{m:.4}")).collect();
         println!(
-            "delegation,{daemons},{clients},{qd},{read_ratio},{keys},{dist},{secs:.3},{ops},{mops:.4},{:.2},{:.2},{:.2},{gets},{hits},{errors},{checked},{mismatches},{pass},{ranks},{backend},{},{ops_remote},{:.2},{:.2},{},{},{},{},{},{},{},{}",
+            "{},{daemons},{clients},{qd},{read_ratio},{keys},{dist},{secs:.3},{ops},{mops:.4},{:.2},{:.2},{:.2},{gets},{hits},{errors},{checked},{mismatches},{pass},{ranks},{backend},{},{ops_remote},{:.2},{:.2},{},{},{},{},{},{},{},{}",
+            s.transport,
             s.p50_us,
             s.p99_us,
             s.p999_us,
@@ -1323,7 +1645,8 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
     } else {
         if ranks == 1 {
             println!(
-                "kv over delegation: {daemons} daemon(s), {clients} client(s), QD {qd}, {:.0}% gets, {keys} keys {dist}, {secs:.1} s",
+                "kv over {}: {daemons} daemon(s), {clients} client(s), QD {qd}, {:.0}% gets, {keys} keys {dist}, {secs:.1} s",
+                s.transport,
                 read_ratio * 100.0,
             );
         } else {
@@ -1363,6 +1686,31 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
                 f.unroutable,
                 f.failed_calls,
                 f.corrupt_responses
+            );
+        }
+        if let Some(sc) = &s.scale {
+            let group = if sc.group_size == 0 {
+                "off".to_string()
+            } else {
+                sc.group_size.to_string()
+            };
+            println!(
+                "  scalerpc    {} connections, group size {group} ({} group(s) per daemon), slice {} us, slot {} B",
+                sc.conns, sc.groups, sc.slice_us, sc.slot_size
+            );
+            println!(
+                "  schedule    switches {}   warm-up delays {}   acks {}   evictions {}   conns failed or closed {}   probes {}",
+                sc.switches, sc.warmup_delays, sc.acks, sc.evictions, sc.failed_conns, sc.probes
+            );
+            let ratio = |(h, m): (u64, u64)| m as f64 * 100.0 / (h + m).max(1) as f64;
+            println!(
+                "  qpc cache   daemon NICs: {} hits, {} misses ({:.2}%)   all NICs: {} hits, {} misses ({:.2}%)",
+                sc.qpc_server.0,
+                sc.qpc_server.1,
+                ratio(sc.qpc_server),
+                sc.qpc_all.0,
+                sc.qpc_all.1,
+                ratio(sc.qpc_all)
             );
         }
         println!(

@@ -32,7 +32,11 @@ use rpc::scalerpc::{ClientConfig, ScaleCallError, ScaleClient, ScaleServer, Serv
 #[command(about = "ScaleRPC grouping benchmark: throughput and QPC misses vs connections")]
 struct Args {
     /// Connection counts to measure.
-    #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256,512,1024")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "16,32,64,128,256,512,1024"
+    )]
     conns: Vec<u32>,
     /// Connections per group with grouping on (two groups, the active and the warming one,
     /// must fit the QPC cache: 2 x 128 < 400).
@@ -171,7 +175,11 @@ fn measure(a: &Args, n: u32, grouping: bool) -> Point {
     let warm_end = Instant::now() + dur / 5;
     let mut t0 = None;
     let (slid, clid) = (sdev.port().lid, cdev.port().lid);
-    let mut base = (0u64, fabric.qpc_stats(slid).unwrap(), fabric.qpc_stats(clid).unwrap());
+    let mut base = (
+        0u64,
+        fabric.qpc_stats(slid).unwrap(),
+        fabric.qpc_stats(clid).unwrap(),
+    );
     let mut done = 0u64;
     let mut seq = 0u64;
     loop {
@@ -204,13 +212,20 @@ fn measure(a: &Args, n: u32, grouping: bool) -> Point {
         server.flush();
         done += client.poll(|tag, r| {
             let r = r.expect("call failed");
-            assert!(r.len() == PAYLOAD && r[..8] == tag.to_le_bytes(), "bad echo");
+            assert!(
+                r.len() == PAYLOAD && r[..8] == tag.to_le_bytes(),
+                "bad echo"
+            );
         }) as u64;
         let now = Instant::now();
         match t0 {
             None if now >= warm_end => {
                 t0 = Some(now);
-                base = (done, fabric.qpc_stats(slid).unwrap(), fabric.qpc_stats(clid).unwrap());
+                base = (
+                    done,
+                    fabric.qpc_stats(slid).unwrap(),
+                    fabric.qpc_stats(clid).unwrap(),
+                );
             }
             Some(t) if now - t >= dur => break,
             _ => {}
@@ -266,9 +281,17 @@ fn plot(path: &str, pts: &[Point], a: &Args) -> Result<(), Box<dyn std::error::E
             .map(|p| ((p.conns as f64).log2(), p.mops))
             .collect();
         ch.draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))?
-            .label(if grouping { "grouping on" } else { "grouping off" })
+            .label(if grouping {
+                "grouping on"
+            } else {
+                "grouping off"
+            })
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        ch.draw_series(series.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
+        ch.draw_series(
+            series
+                .into_iter()
+                .map(|p| Circle::new(p, 4, color.filled())),
+        )?;
     }
     ch.configure_series_labels().border_style(BLACK).draw()?;
     let mmax = pts
@@ -298,7 +321,11 @@ fn plot(path: &str, pts: &[Point], a: &Args) -> Result<(), Box<dyn std::error::E
             })
             .collect();
         ch.draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))?;
-        ch.draw_series(series.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
+        ch.draw_series(
+            series
+                .into_iter()
+                .map(|p| Circle::new(p, 4, color.filled())),
+        )?;
     }
     root.present()?;
     Ok(())

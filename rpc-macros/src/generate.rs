@@ -808,8 +808,8 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
     ));
     let connect_doc = docs(&format!(
         "Connects to a `{name}` server at `addr` (for the delegation transport, the shared-memory\n\
-         ring's name; for copyrpc, a `CopyrpcAddr`), checking this build's schema fingerprint and\n\
-         message sizes against the server's.\n\
+         ring's name; for copyrpc, a `CopyrpcAddr`; for scalerpc, a `ScaleRpcAddr`), checking\n\
+         this build's schema fingerprint and message sizes against the server's.\n\
          \n\
          # Errors\n\
          `RpcError::SchemaMismatch` if the server was built from a different `{name}` trait;\n\
@@ -817,9 +817,9 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
     ));
     let from_transport_doc = docs(&format!(
         "Wraps a transport already connected to a `{name}` server, e.g. one built from endpoint\n\
-         information exchanged by an MPI bootstrap (`rpc::copyrpc::Copyrpc::from_context`). The\n\
-         transport's constructor must have checked this service's schema fingerprint and message\n\
-         sizes, as [`Self::connect`] does."
+         information exchanged by an MPI bootstrap (`rpc::copyrpc::Copyrpc::from_context`,\n\
+         `rpc::scalerpc::ScaleRpc::from_client`). The transport's constructor must have checked\n\
+         this service's schema fingerprint and message sizes, as [`Self::connect`] does."
     ));
     let issue_fn_doc = docs(&format!(
         "Starts a pipelined call tagged `tag`: call one method on the returned [`{issue}`], e.g.\n\

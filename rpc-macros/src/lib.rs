@@ -30,8 +30,9 @@ use proc_macro::TokenStream;
 ///
 /// # Arguments
 /// - `transport = "..."` (required): the default transport of the generated client.
-///   Available: `delegation` (`rpc::delegation::Delegation`). `copyrpc`, `erpc` and
-///   `scalerpc` are known but not available yet.
+///   Available: `delegation` (`rpc::delegation::Delegation`), `copyrpc`
+///   (`rpc::copyrpc::Copyrpc`) and `scalerpc` (`rpc::scalerpc::ScaleRpc`). `erpc` is known
+///   but not available yet.
 /// - `derive(...)` (optional): extra derives for the argument structs and the request and
 ///   response enums (`Clone`, `Copy` and the zerocopy traits are always derived).
 ///

@@ -16,7 +16,7 @@ pub const TRANSPORTS: &[(&str, Option<&str>)] = &[
     ("delegation", Some("delegation::Delegation")),
     ("copyrpc", Some("copyrpc::Copyrpc")),
     ("erpc", None),
-    ("scalerpc", None),
+    ("scalerpc", Some("scalerpc::ScaleRpc")),
 ];
 
 /// Method names that `<Trait>Client` already uses for its inherent methods.

@@ -80,6 +80,11 @@ pub enum RpcError {
     /// [`RpcError::Ring`].
     #[error(transparent)]
     Copyrpc(Box<crate::copyrpc::CopyrpcSetupError>),
+    /// Setting up a ScaleRPC client or server failed (device error, connect timeout, bad
+    /// configuration, refused for a reason other than schema or capacity). Boxed like
+    /// [`RpcError::Ring`].
+    #[error(transparent)]
+    Scalerpc(Box<crate::scalerpc::ScaleRpcSetupError>),
 }
 
 /// Which kind of message a capacity applies to.
@@ -118,6 +123,20 @@ impl From<crate::copyrpc::SetupError> for RpcError {
     #[cold]
     fn from(e: crate::copyrpc::SetupError) -> Self {
         RpcError::Copyrpc(Box::new(crate::copyrpc::CopyrpcSetupError::Setup(e)))
+    }
+}
+
+impl From<crate::scalerpc::ScaleRpcSetupError> for RpcError {
+    #[cold]
+    fn from(e: crate::scalerpc::ScaleRpcSetupError) -> Self {
+        RpcError::Scalerpc(Box::new(e))
+    }
+}
+
+impl From<crate::scalerpc::ScaleError> for RpcError {
+    #[cold]
+    fn from(e: crate::scalerpc::ScaleError) -> Self {
+        RpcError::Scalerpc(Box::new(crate::scalerpc::ScaleRpcSetupError::Core(e)))
     }
 }
 

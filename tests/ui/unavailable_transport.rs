@@ -5,9 +5,4 @@ pub trait B {
     fn get(&self, key: u64) -> u64;
 }
 
-#[rpc_service(transport = "scalerpc")]
-pub trait C {
-    fn get(&self, key: u64) -> u64;
-}
-
 fn main() {}

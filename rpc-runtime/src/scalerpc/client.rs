@@ -565,12 +565,18 @@ impl<U> ScaleClient<U> {
                 continue;
             }
             self.stats.notices += 1;
-            let epoch = self.ctrl.load_u32(c as usize, 0);
-            let base = self.ctrl.load_u32(c as usize, 4);
+            // One load: the server may be writing the next notice into the word.
+            let word = self.ctrl.load_u64(c as usize, 0);
+            let (epoch, base) = (word as u32, (word >> 32) as u32);
             let k = self.cfg.slots_per_conn;
             let conn = &mut self.conns[c as usize];
             let Some(server) = conn.server else { continue };
             if base == CTRL_STOP {
+                if conn.state == (CState::Stopped { epoch }) {
+                    // The word holds one notice: an activation and the stop that followed it
+                    // both arrived before this poll, so both completions read the stop.
+                    continue;
+                }
                 conn.state = CState::Stopped { epoch };
                 if conn.busy == 0 {
                     let issued = conn.issued;

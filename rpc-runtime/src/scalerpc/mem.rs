@@ -83,6 +83,15 @@ impl Slots {
         u64::from_le(a.load(Ordering::Acquire))
     }
 
+    /// Stores the u64 at byte `off` of slot `i` (clearing a trailer).
+    #[inline(always)]
+    pub fn store_u64(&self, i: usize, off: usize, v: u64) {
+        debug_assert!(i < self.n && off + 8 <= self.slot && off.is_multiple_of(8));
+        // SAFETY: as `load_u64`.
+        let a = unsafe { &*(self.buf.as_ptr().add(i * self.slot + off) as *const AtomicU64) };
+        a.store(v.to_le(), Ordering::Release);
+    }
+
     /// Stores the u32 at byte `off` of slot `i` (clearing a magic).
     #[inline(always)]
     pub fn store_u32(&self, i: usize, off: usize, v: u32) {

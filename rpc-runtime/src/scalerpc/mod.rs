@@ -9,6 +9,7 @@
 //! - [`server`]: the message pool, the dispatch loop, responses by RDMA WRITE (or READ).
 //! - [`client`]: connections, requests by RDMA WRITE, notices, acknowledgements.
 //! - [`info`]: what client and server exchange to connect.
+//! - [`worker`]: a dispatch thread with worker threads running the handler (seeds/003 §6).
 //!
 //! ```
 //! use mlx5::sim::{Fabric, SimConfig};
@@ -41,11 +42,17 @@ mod mem;
 pub mod protocol;
 pub mod sched;
 pub mod server;
+pub mod transport;
+pub mod worker;
 
 pub use client::{CallFailure, ClientConfig, ClientStats, ScaleCallError, ScaleClient};
 pub use info::{ClientConnInfo, ServerConnInfo};
 pub use sched::{ConnState, Notice, SchedStats, Scheduler};
 pub use server::{ScaleServer, ScaleToken, ServerConfig, ServerStats};
+pub use transport::{
+    ConnectRefusal, Listener, ScaleRpc, ScaleRpcAddr, ScaleRpcServer, ScaleRpcSetupError,
+};
+pub use worker::{WorkerConfig, WorkerPool, WorkerStats};
 
 /// Doorbell batching: a QP's doorbell is rung once this many WQEs are pending, else at the
 /// next poll/flush (seeds/003 §9 `DOORBELL_BATCH_SIZE`).

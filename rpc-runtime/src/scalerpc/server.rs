@@ -50,7 +50,11 @@ pub struct ServerConfig {
     pub slice: Duration,
     /// How long before a slice ends the next group is activated (warm-up).
     pub warmup: Duration,
-    /// A stopped client that has not acknowledged after this long is evicted.
+    /// A stopped client that has not acknowledged after this long is evicted: the
+    /// connection fails ([`ScaleServer::conn_failed`], [`ServerStats::failed_conns`]) and its
+    /// QP is destroyed, so that the client's next WRITE fails instead of landing in a bank
+    /// that now belongs to another group. A client acknowledges only once every call it made
+    /// was answered: keep this above the longest time the server defers a reply.
     pub ack_timeout: Duration,
     /// How responses reach the client.
     pub response_mode: ResponseMode,
@@ -153,7 +157,9 @@ enum SlotState {
 }
 
 struct ServerConn {
-    qp: Qp,
+    /// `None` once evicted: the QP is destroyed so that the client can no longer write into
+    /// a bank that now belongs to another group (its next operation fails instead).
+    qp: Option<Qp>,
     resp_addr: u64,
     resp_len: u64,
     resp_rkey: u32,
@@ -176,6 +182,8 @@ pub struct ScaleServer {
     pool: Slots,
     acks: Slots,
     states: Vec<SlotState>,
+    /// Connection whose request holds each slot (meaningful while the slot is not `Free`).
+    owner: Vec<u32>,
     ready: VecDeque<(u32, u32)>,
     dirty: Vec<u32>,
     sched: Scheduler,
@@ -188,6 +196,10 @@ pub struct ScaleServer {
     group_size: u32,
     clock: Instant,
     stats: ServerStats,
+    /// Scheduler evictions already turned into failed connections.
+    seen_evictions: u64,
+    /// Some confirmed connection holds notices that found its send queue full.
+    notices_held: bool,
 }
 
 impl std::fmt::Debug for ScaleServer {
@@ -251,6 +263,7 @@ impl ScaleServer {
             conns: Vec::new(),
             by_qpn: FastMap::new(),
             states: vec![SlotState::Free; n],
+            owner: vec![u32::MAX; n],
             pool,
             acks,
             ready: VecDeque::with_capacity(n),
@@ -271,6 +284,8 @@ impl ScaleServer {
             group_size,
             clock: Instant::now(),
             stats: ServerStats::default(),
+            seen_evictions: 0,
+            notices_held: false,
         })
     }
 
@@ -353,7 +368,7 @@ impl ScaleServer {
         let c = self.conns.len() as u32;
         self.by_qpn.insert(qp.qpn(), c)?;
         self.conns.push(ServerConn {
-            qp,
+            qp: Some(qp),
             resp_addr: client.resp_addr,
             resp_len: client.resp_len,
             resp_rkey: client.resp_rkey,
@@ -375,7 +390,7 @@ impl ScaleServer {
         };
         let port = self.device.port();
         Ok(ServerConnInfo {
-            qpn: self.conns[c as usize].qp.qpn(),
+            qpn: self.conns[c as usize].qp.as_ref().map_or(0, Qp::qpn),
             lid: port.lid,
             gid: port.gid,
             conn_id: c,
@@ -404,45 +419,121 @@ impl ScaleServer {
                 sched,
                 conns,
                 stats,
+                notices_held,
                 ..
             } = self;
-            sched.tick(now, &mut |n| Self::notice(conns, stats, &mut out, n));
+            sched.tick(now, &mut |n| {
+                *notices_held |= Self::notice(conns, stats, &mut out, n)
+            });
         }
+        self.reap_evicted();
         self.poll_recv(now, &mut out);
         self.poll_send(now);
+        if self.notices_held {
+            self.retry_held_notices(&mut out);
+        }
         self.scan();
         for &c in &out {
             let conn = &mut self.conns[c as usize];
-            if conn.pending_db > 0 {
-                conn.qp.sq.ring_doorbell();
+            if conn.pending_db > 0
+                && let Some(qp) = conn.qp.as_mut()
+            {
+                qp.sq.ring_doorbell();
                 conn.pending_db = 0;
                 self.stats.doorbells += 1;
             }
         }
+        // Responses posted during this poll (rejections in the scan) went to `self.dirty`.
+        self.flush();
         out.clear();
-        self.dirty = out;
+        if out.capacity() >= self.dirty.capacity() {
+            self.dirty = out;
+        }
         self.ready.len()
     }
 
+    /// Turns scheduler evictions into failed connections: the connection is marked failed
+    /// and its QP destroyed, so that the evicted client, should it wake up, cannot write
+    /// into a bank that now belongs to another group (its next WRITE or acknowledgement fails
+    /// with an error completion and the client fails the connection).
+    #[inline]
+    fn reap_evicted(&mut self) {
+        if self.sched.stats().evictions != self.seen_evictions {
+            self.evict_dead();
+        }
+    }
+
+    #[cold]
+    fn evict_dead(&mut self) {
+        self.seen_evictions = self.sched.stats().evictions;
+        for c in 0..self.conns.len() {
+            let conn = &mut self.conns[c];
+            if conn.failed || self.sched.conn_state(c as u32) != Some(ConnState::Dead) {
+                continue;
+            }
+            conn.failed = true;
+            conn.held.clear();
+            conn.pending_db = 0;
+            self.stats.failed_conns += 1;
+            if let Some(qp) = conn.qp.take() {
+                self.by_qpn.remove(qp.qpn());
+            }
+            tracing::debug!(
+                conn = c,
+                "scalerpc: connection evicted (no acknowledgement)"
+            );
+        }
+    }
+
+    /// Re-posts notices held because a send queue was full.
+    #[cold]
+    fn retry_held_notices(&mut self, dirty: &mut Vec<u32>) {
+        self.notices_held = false;
+        for c in 0..self.conns.len() {
+            let conn = &mut self.conns[c];
+            if !conn.confirmed || conn.failed || conn.held.is_empty() {
+                continue;
+            }
+            let held = std::mem::take(&mut conn.held);
+            for n in held {
+                self.notices_held |= Self::notice(&mut self.conns, &mut self.stats, dirty, n);
+            }
+        }
+    }
+
     /// Posts (or holds, before the hello) a notice: 8 B WRITE+IMM into the client's control
-    /// word: `epoch u32 | base u32` (`base | CTRL_STOP` for a stop).
-    fn notice(conns: &mut [ServerConn], stats: &mut ServerStats, dirty: &mut Vec<u32>, n: Notice) {
+    /// word: `epoch u32 | base u32` (`base | CTRL_STOP` for a stop). Returns whether it was
+    /// held because the send queue was full (retried at the next poll; later notices queue
+    /// behind it, so the client sees them in order).
+    fn notice(
+        conns: &mut [ServerConn],
+        stats: &mut ServerStats,
+        dirty: &mut Vec<u32>,
+        n: Notice,
+    ) -> bool {
         let c = match n {
             Notice::Activate { conn, .. } | Notice::Stop { conn, .. } => conn,
         };
         let conn = &mut conns[c as usize];
         if conn.failed {
-            return;
+            return false;
         }
         if !conn.confirmed {
             conn.held.push(n);
-            return;
+            return false;
         }
+        if !conn.held.is_empty() {
+            conn.held.push(n);
+            return true;
+        }
+        let Some(qp) = conn.qp.as_mut() else {
+            return false;
+        };
         let word = match n {
             Notice::Activate { base, epoch, .. } => (epoch as u64) | ((base as u64) << 32),
             Notice::Stop { epoch, .. } => (epoch as u64) | ((CTRL_STOP as u64) << 32),
         };
-        let r = conn.qp.sq.post(&WqeDesc {
+        let r = qp.sq.post(&WqeDesc {
             opcode: Opcode::RdmaWriteImm,
             flags: CQ_UPDATE,
             imm: IMM_NOTICE,
@@ -463,11 +554,13 @@ impl ScaleServer {
                     dirty.push(c);
                 }
                 conn.pending_db += 1;
+                false
             }
             Err(_) => {
-                // Send queue full: hold it; the next hello/poll retries.
+                // Send queue full: hold it; the next poll retries.
                 stats.sq_full += 1;
                 conn.held.push(n);
+                true
             }
         }
     }
@@ -498,12 +591,14 @@ impl ScaleServer {
                 conn.confirmed = true;
                 let held = std::mem::take(&mut conn.held);
                 for notice in held {
-                    Self::notice(&mut self.conns, &mut self.stats, dirty, notice);
+                    self.notices_held |=
+                        Self::notice(&mut self.conns, &mut self.stats, dirty, notice);
                 }
             } else if !self.sched.on_ack(c, epoch, now) {
                 self.stats.bad_control += 1;
             }
         }
+        self.reap_evicted();
         if n > 0 {
             self.recv_cq.cq.update_dbrec();
             if self.srq.srq.posted() < self.srq.srq.capacity() * 2 / 3 {
@@ -521,7 +616,9 @@ impl ScaleServer {
             let Some(&c) = self.by_qpn.get(cqe.qpn) else {
                 continue;
             };
-            self.conns[c as usize].qp.sq.retire(cqe.wqe_counter);
+            if let Some(qp) = self.conns[c as usize].qp.as_mut() {
+                qp.sq.retire(cqe.wqe_counter);
+            }
             if cqe.is_error() {
                 self.fail_conn(c, now);
             }
@@ -542,6 +639,7 @@ impl ScaleServer {
             tracing::debug!(conn = c, "scalerpc: connection failed");
         }
         self.sched.on_failed(c, now);
+        self.reap_evicted();
     }
 
     /// Scans the slots of every connection of the served groups (active, then draining) for
@@ -572,7 +670,13 @@ impl ScaleServer {
         let i = p as usize;
         self.stats.slots_scanned += 1;
         if self.states[i] != SlotState::Free {
-            return;
+            if self.owner[i] == c {
+                return;
+            }
+            // Held for a connection that no longer owns the slot (failed or evicted with a
+            // request pending, or acknowledged a stop with calls outstanding): the bank
+            // changed hands, so the slot is `c`'s now; the old token is stale.
+            self.states[i] = SlotState::Free;
         }
         let magic = self.pool.load_u32(i, 0);
         if magic != REQUEST_MAGIC {
@@ -600,7 +704,11 @@ impl ScaleServer {
         {
             return self.reject_addr(i);
         }
+        // Clear the trailer: a later request in this slot (perhaps from another connection
+        // with the same request id and length) must not match it before its own arrives.
+        self.pool.store_u64(i, t, 0);
         self.states[i] = SlotState::RequestPending;
+        self.owner[i] = c;
         self.ready.push_back((c, p));
     }
 
@@ -635,6 +743,7 @@ impl ScaleServer {
                 resp_addr: h.client_slot_addr,
             };
             self.states[i] = SlotState::Reserved;
+            self.owner[i] = c;
             let _ = self.respond(tok, STATUS_REJECTED, 0, |_| 0);
         }
     }
@@ -642,7 +751,18 @@ impl ScaleServer {
     /// The next complete request: `(token, payload)`. The payload stays valid until the next
     /// call on the server.
     pub fn recv(&mut self) -> Option<(ScaleToken, &[u8])> {
-        let (c, p) = self.ready.pop_front()?;
+        let (c, p) = loop {
+            let (c, p) = self.ready.pop_front()?;
+            let i = p as usize;
+            if self.states[i] != SlotState::RequestPending || self.owner[i] != c {
+                continue; // taken over by the slot's new owner (see `scan_slot`)
+            }
+            if self.conns[c as usize].failed {
+                self.states[i] = SlotState::Free; // nobody to answer
+                continue;
+            }
+            break (c, p);
+        };
         let i = p as usize;
         self.states[i] = SlotState::Reserved;
         // SAFETY: a complete request (trailer checked); the client does not write the slot
@@ -678,8 +798,11 @@ impl ScaleServer {
     ///
     /// # Errors
     /// [`ScaleError::StaleToken`] if `tok` was already answered or never handed out;
-    /// [`ScaleError::TooLarge`] if the response does not fit the slot or the client's
-    /// region (counted, nothing written; the slot is freed); [`ScaleError::ConnFailed`].
+    /// [`ScaleError::TooLarge`] if the response does not fit the client's region (counted,
+    /// nothing written; the slot is freed; a response longer than the slot is not an error:
+    /// `encode` sees at most [`ScaleServer::max_response`] bytes); [`ScaleError::ConnFailed`]
+    /// if the connection failed or was evicted (its slot may serve another connection by
+    /// now: nothing is written).
     pub fn reply(
         &mut self,
         tok: ScaleToken,
@@ -697,19 +820,24 @@ impl ScaleServer {
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), ScaleError> {
         let i = tok.slot as usize;
-        if self.states.get(i) != Some(&SlotState::Reserved) {
+        if self.states.get(i) != Some(&SlotState::Reserved) || self.owner[i] != tok.conn {
+            if self.conns.get(tok.conn as usize).is_some_and(|c| c.failed) {
+                // Its slots may have been released already (eviction, bank reuse).
+                return Err(ScaleError::ConnFailed);
+            }
             self.stats.stale_replies += 1;
             return Err(ScaleError::StaleToken);
         }
         if self.cfg.response_mode == ResponseMode::Write
             && let Some(conn) = self.conns.get_mut(tok.conn as usize)
             && !conn.failed
-            && conn.qp.sq.free_wqebbs() < 4
+            && let Some(qp) = conn.qp.as_mut()
+            && qp.sq.free_wqebbs() < 4
         {
             // Retire what completed first; a queue that stays full means the peer stopped
             // acknowledging (the post below then fails the connection).
             self.stats.sq_full += 1;
-            conn.qp.sq.ring_doorbell();
+            qp.sq.ring_doorbell();
             conn.pending_db = 0;
             let now = self.now();
             self.poll_send(now);
@@ -740,19 +868,27 @@ impl ScaleServer {
         let t = trailer_offset(RESPONSE_HEADER_SIZE, len);
         b[t..t + 8].copy_from_slice(&trailer(RESPONSE_MAGIC, tok.req_id).to_le_bytes());
         ResponseHeader {
-            magic: RESPONSE_MAGIC,
+            magic: 0,
             req_id: tok.req_id,
             status,
             payload_len: len as u32,
         }
         .write(&mut b[..RESPONSE_HEADER_SIZE]);
+        // The magic last, with Release: a client READing the slot concurrently
+        // ([`ResponseMode::Read`]) sees it only after the rest of the response.
+        self.pool.store_u32(i, 0, RESPONSE_MAGIC);
         if self.cfg.response_mode == ResponseMode::Read {
             // Left in place for the client's RDMA READ (seeds/003 §2.2 option A).
             return Ok(());
         }
+        // SAFETY: as above; the response is complete.
+        let b = unsafe { self.pool.bytes(i) };
         let inline = total <= self.cfg.max_inline as usize;
         let conn = &mut self.conns[c];
-        let signal = conn.unsignaled + 1 >= conn.qp.sq.wqe_cnt() / 4;
+        let Some(qp) = conn.qp.as_mut() else {
+            return Err(ScaleError::ConnFailed);
+        };
+        let signal = conn.unsignaled + 1 >= qp.sq.wqe_cnt() / 4;
         let sge = [Sge {
             addr: self.pool.addr(i, 0),
             len: total as u32,
@@ -771,7 +907,7 @@ impl ScaleServer {
             inline: if inline { &b[..total] } else { &[] },
             sges: if inline { &[] } else { &sge },
         };
-        let r = conn.qp.sq.post(&desc);
+        let r = qp.sq.post(&desc);
         match r {
             Ok(_) => {
                 if signal {
@@ -788,7 +924,7 @@ impl ScaleServer {
                 }
                 conn.pending_db += 1;
                 if conn.pending_db >= DOORBELL_BATCH_SIZE {
-                    conn.qp.sq.ring_doorbell();
+                    qp.sq.ring_doorbell();
                     conn.pending_db = 0;
                     self.stats.doorbells += 1;
                 }
@@ -806,8 +942,10 @@ impl ScaleServer {
     pub fn flush(&mut self) {
         for &c in &self.dirty {
             let conn = &mut self.conns[c as usize];
-            if conn.pending_db > 0 {
-                conn.qp.sq.ring_doorbell();
+            if conn.pending_db > 0
+                && let Some(qp) = conn.qp.as_mut()
+            {
+                qp.sq.ring_doorbell();
                 conn.pending_db = 0;
                 self.stats.doorbells += 1;
             }

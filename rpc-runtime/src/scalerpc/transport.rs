@@ -1,0 +1,1100 @@
+//! ScaleRPC as an RPC transport: [`ScaleRpc`] (client) and [`ScaleRpcServer`] implement
+//! [`ClientTransport`]/[`ServerTransport`] on top of a [`ScaleClient`] with one connection and
+//! a [`ScaleServer`] (seeds/003).
+//!
+//! # Messages
+//! A call writes one [`crate::wire`] request message of at most the service's
+//! `max_request_bytes` into the server's pool slot its connection is mapped to; the reply (at
+//! most `max_response_bytes`) comes back in the client's response slot. The server's slot size
+//! is checked against the service's largest request and response when the server is created
+//! and again when a client connects; the client's slots must be at least as large and as
+//! many as the server's (the core's rule: a response may fill a server slot).
+//!
+//! # Connecting
+//! In one process clients connect through the server's [`Listener`]: [`ScaleRpc::connect`]
+//! creates a client context with one connection, sends its [`ClientConnInfo`] (carrying the
+//! service's schema fingerprint and the client's slot geometry) and waits for the server's
+//! [`ServerConnInfo`]; [`ScaleRpcServer::poll`](ServerTransport::poll) answers pending
+//! requests ([`ScaleRpcServer::accept`]), refusing another fingerprint or slots smaller than
+//! its own before it creates anything. Across processes (MPI), exchange the infos yourself:
+//! [`ScaleRpcServer::add_client`] on the server, [`ScaleClient::connect`] and
+//! [`ScaleRpc::from_client`] on the client.
+//!
+//! # Scheduling and back-pressure
+//! The server serves one *group* of connections per time slice (connection grouping,
+//! [`super::sched`]). A connection whose group is not scheduled cannot issue: [`ScaleRpc`]'s
+//! `send` then returns [`RpcError::WouldBlock`], as it does when every slot of the connection
+//! has a call outstanding. Blocking calls wait this out by themselves; a pipelined caller
+//! polls and retries. With `n` groups a client may wait up to about `(n - 1)` slices (plus
+//! warm-up extensions while the other bank drains) before its group comes round again; with
+//! one group (fewer connections than [`ServerConfig::group_size`], the default up to 400)
+//! it never waits for the schedule.
+//!
+//! **Ordering.** Calls outstanding together on one connection sit in different slots, which
+//! the server scans in slot order: two such calls may execute in either order (copyrpc and
+//! the delegation ring execute one client's calls in issue order). A caller that needs order
+//! between two calls waits for the first one's response before issuing the second.
+//!
+//! # Progress
+//! Requests are written when issued and sent when the doorbell batch fills
+//! ([`super::DOORBELL_BATCH_SIZE`]) or at the next poll, which [`crate::Client`] makes while
+//! it waits. The server sends the replies of one [`crate::Server::serve_once`] round at the
+//! end of that round ([`ServerTransport::flush`]); replies given later through
+//! [`crate::Server::reply`] go out at the next poll or flush.
+//!
+//! **Idle clients.** A stopped client acknowledges (so that its group's bank can be reused)
+//! only when it polls, and [`crate::Client`] polls only while calls are in flight. With more
+//! than one group, a client that neither calls nor polls for [`ServerConfig::ack_timeout`]
+//! after its group was stopped holds up the next switch until then, and is evicted: its
+//! calls then fail with [`RpcError::ServerDisconnected`]. A client that pauses while others
+//! run should poll its transport now and then (`client.transport_mut().poll(usize::MAX,
+//! |_, _| {})` with nothing in flight delivers nothing) or be dropped (dropping polls once
+//! more, acknowledging a pending stop). For the same reason, keep the ack timeout above the
+//! longest time a handler defers a reply.
+//! [`ScaleRpc`] processes the server's notices before each call it makes with nothing
+//! outstanding, so that a client idle since its last call does not act on a stale schedule.
+//!
+//! # A server that disappears
+//! An RC connection notices a dead peer only when it sends to it (the NIC retries, then fails
+//! the operation with transport-retry-exceeded; on the software device model retries advance
+//! with progress steps, see [`mlx5::sim::SimConfig::progress_thread`]). A call issued after
+//! the server died therefore fails the connection, and every pending call ends with
+//! [`RpcError::ServerDisconnected`]. Two other cases are covered by [`ScaleRpc`]:
+//! - *Calls outstanding, the server died after taking them.* With
+//!   [`ScaleRpcAddr::probe_interval`], one slot of the connection is kept for a liveness probe:
+//!   while calls are outstanding and no response arrived for the interval, the client sends
+//!   an empty request, which [`ScaleRpcServer`] answers itself (never handing it to the
+//!   service); a dead server fails its WRITE. A probe needs the connection to be active; a
+//!   client stopped with calls outstanding is not probed.
+//! - *Not scheduled any more.* With [`ScaleRpcAddr::activation_timeout`], a client that keeps
+//!   trying to call while its connection stays inactive for that long reports
+//!   [`RpcError::ServerDisconnected`]: the server is gone, or evicted this client.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::time::{Duration, Instant};
+
+use super::ScaleError;
+use super::client::{CallFailure, ClientConfig, ScaleCallError, ScaleClient};
+use super::info::{ClientConnInfo, ServerConnInfo};
+use super::protocol::{REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE, TRAILER_SIZE};
+use super::server::{ScaleServer, ScaleToken, ServerConfig};
+use crate::client::ClientTransport;
+use crate::error::{MessageKind, RpcError};
+use crate::server::ServerTransport;
+use crate::service::{Service, ServiceDescriptor};
+
+/// Default [`ScaleRpcAddr::timeout`]: how long [`ScaleRpc::connect`] waits for the server.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default [`ScaleRpcAddr::probe_interval`].
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// Default [`ScaleRpcAddr::activation_timeout`].
+pub const DEFAULT_ACTIVATION_TIMEOUT: Duration = Duration::from_secs(2);
+/// `rpc_type` of the requests [`ScaleRpc`] sends for calls.
+pub const RPC_TYPE_CALL: u16 = 0;
+/// `rpc_type` of liveness probes (empty requests, answered by [`ScaleRpcServer`] itself).
+pub const RPC_TYPE_PROBE: u16 = u16::MAX;
+/// Empty polls between two readings of the clock by the liveness check (keeps the clock off
+/// the hot path).
+const PROBE_CHECK_POLLS: u32 = 1024;
+/// User data of the probe call (never a call token: tokens are below `u16::MAX`).
+const PROBE_TOKEN: u32 = u32::MAX;
+/// Zero-length receive WQEs and CQ entries of a one-connection client context: notices are
+/// rare (two per round of the schedule), and the SRQ never exceeds the CQ.
+const CLIENT_SRQ_SIZE: u32 = 256;
+const CLIENT_CQ_SIZE: u32 = 1024;
+
+/// Largest request payload a pool slot of `slot_size` bytes carries (header and trailer
+/// included, payload length a `u16` in the header).
+pub fn max_request_payload(slot_size: u32) -> usize {
+    (slot_size as usize)
+        .saturating_sub(REQUEST_HEADER_SIZE + TRAILER_SIZE)
+        .min(u16::MAX as usize)
+}
+
+/// Largest response payload a server with slots of `slot_size` bytes sends
+/// ([`ScaleServer::max_response`]).
+pub fn max_response_payload(slot_size: u32) -> usize {
+    (slot_size as usize).saturating_sub(RESPONSE_HEADER_SIZE + TRAILER_SIZE + 4)
+}
+
+fn sat_u32(v: usize) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+/// Why a server refused a connect request sent through its [`Listener`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectRefusal {
+    /// The server serves a service with another schema fingerprint.
+    #[error("the server's schema fingerprint is {server:#018x}")]
+    SchemaMismatch {
+        /// The server's fingerprint.
+        server: u64,
+    },
+    /// The client's slots are smaller or fewer than the server's.
+    #[error(
+        "the server's slots are {slot_size} B x {slots_per_conn} per connection; the client's must be at least as large and as many"
+    )]
+    Slots {
+        /// The server's slot size in bytes.
+        slot_size: u32,
+        /// The server's slots per connection.
+        slots_per_conn: u32,
+    },
+    /// The server could not accept the connection (too many connections, device error: the
+    /// core's message).
+    #[error("server-side setup failed: {0}")]
+    Setup(String),
+}
+
+/// Setting up a ScaleRPC client or server failed (beyond what [`RpcError`] names directly).
+#[derive(Debug, thiserror::Error)]
+pub enum ScaleRpcSetupError {
+    /// Creating or connecting the client or server failed.
+    #[error(transparent)]
+    Core(#[from] ScaleError),
+    /// The server refused the connection.
+    #[error("the server refused the connection: {0}")]
+    Refused(ConnectRefusal),
+    /// The server did not answer within the connect timeout (it does not poll).
+    #[error("no answer from the scalerpc server within {0:?}")]
+    Timeout(Duration),
+    /// The server is gone: its listener no longer takes requests.
+    #[error("the scalerpc server is gone (its listener is closed)")]
+    ServerGone,
+    /// A configuration value or argument is unusable.
+    #[error("invalid scalerpc configuration: {0}")]
+    Config(&'static str),
+}
+
+/// One connect request: the client's connection, its slot geometry, and where the server's
+/// answer goes.
+struct ConnectRequest {
+    info: ClientConnInfo,
+    slot_size: u32,
+    slots_per_conn: u32,
+    reply: SyncSender<Result<ServerConnInfo, ConnectRefusal>>,
+}
+
+/// In-process rendezvous through which clients connect to one [`ScaleRpcServer`]
+/// ([`ScaleRpcServer::listener`]): a channel of connect requests plus a count of pending
+/// ones, so that the server's poll costs one relaxed load while nobody connects. It also
+/// tells clients the server's slot geometry ([`ScaleRpcAddr::new`] sizes the client by it).
+///
+/// Cheap to clone; `Send + Sync`. Across processes exchange [`ClientConnInfo`] and
+/// [`ServerConnInfo`] out of band instead (module docs).
+#[derive(Clone, Debug)]
+pub struct Listener {
+    tx: Sender<ConnectRequest>,
+    pending: Arc<AtomicUsize>,
+    slot_size: u32,
+    slots_per_conn: u32,
+}
+
+impl Listener {
+    /// Sends `info` (a created, unconnected connection of a client context configured by
+    /// `client`; its fingerprint names the service) to the server and waits up to `timeout`
+    /// for the server's answer; complete the connection with [`ScaleClient::connect`].
+    ///
+    /// # Errors
+    /// [`ScaleRpcSetupError::Refused`] (fingerprint, slot geometry, or the server could not
+    /// accept); [`ScaleRpcSetupError::Timeout`] if the server does not poll within `timeout`;
+    /// [`ScaleRpcSetupError::ServerGone`] if the server was dropped.
+    pub fn exchange(
+        &self,
+        info: &ClientConnInfo,
+        client: &ClientConfig,
+        timeout: Duration,
+    ) -> Result<ServerConnInfo, ScaleRpcSetupError> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        // Counted before it is sent: the server decrements after receiving, so the count
+        // never goes below zero.
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        let req = ConnectRequest {
+            info: *info,
+            slot_size: client.slot_size,
+            slots_per_conn: client.slots_per_conn,
+            reply,
+        };
+        if self.tx.send(req).is_err() {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+            return Err(ScaleRpcSetupError::ServerGone);
+        }
+        match answer.recv_timeout(timeout) {
+            Ok(Ok(server)) => Ok(server),
+            Ok(Err(refusal)) => Err(ScaleRpcSetupError::Refused(refusal)),
+            Err(RecvTimeoutError::Timeout) => Err(ScaleRpcSetupError::Timeout(timeout)),
+            Err(RecvTimeoutError::Disconnected) => Err(ScaleRpcSetupError::ServerGone),
+        }
+    }
+
+    /// Connect requests sent and not yet taken by the server.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// The server's slot size in bytes.
+    pub fn slot_size(&self) -> u32 {
+        self.slot_size
+    }
+
+    /// The server's slots per connection.
+    pub fn slots_per_conn(&self) -> u32 {
+        self.slots_per_conn
+    }
+}
+
+/// Where and how a [`ScaleRpc`] client connects: `KvClient::<ScaleRpc>::connect(&addr)`.
+#[derive(Clone, Debug)]
+pub struct ScaleRpcAddr {
+    /// The device the client's context is created on (hardware or the software model).
+    pub device: mlx5::verbs::Context,
+    /// The server's rendezvous ([`ScaleRpcServer::listener`]).
+    pub listener: Listener,
+    /// Sizing of the client's context. Its `max_conns` is replaced by 1 and its
+    /// `fingerprint` by the service's; `slot_size` and `slots_per_conn` must be at least the
+    /// server's ([`ScaleRpcAddr::new`] takes the server's).
+    pub config: ClientConfig,
+    /// How long [`ScaleRpc::connect`] waits for the server's answer.
+    pub timeout: Duration,
+    /// With calls outstanding and no response for this long, probe the server (module docs).
+    /// `Some` keeps one slot of the connection for the probe: calls in flight are then
+    /// `slots_per_conn - 1`, and the server needs at least 2 slots per connection. `None`:
+    /// no probing, `slots_per_conn` calls in flight.
+    pub probe_interval: Option<Duration>,
+    /// A client that keeps trying to call while its connection stays inactive (its group not
+    /// scheduled) for this long gets [`RpcError::ServerDisconnected`] (module docs). Keep it
+    /// well above a round of the schedule (groups x slice). `None`: wait for ever.
+    pub activation_timeout: Option<Duration>,
+}
+
+impl ScaleRpcAddr {
+    /// An address with the server's slot geometry (from `listener`), a one-connection
+    /// [`ClientConfig`] and the defaults [`DEFAULT_CONNECT_TIMEOUT`],
+    /// [`DEFAULT_PROBE_INTERVAL`] and [`DEFAULT_ACTIVATION_TIMEOUT`].
+    pub fn new(device: mlx5::verbs::Context, listener: Listener) -> Self {
+        let config = ClientConfig {
+            max_conns: 1,
+            slot_size: listener.slot_size,
+            slots_per_conn: listener.slots_per_conn,
+            srq_size: CLIENT_SRQ_SIZE,
+            cq_size: CLIENT_CQ_SIZE,
+            ..ClientConfig::default()
+        };
+        ScaleRpcAddr {
+            device,
+            listener,
+            config,
+            timeout: DEFAULT_CONNECT_TIMEOUT,
+            probe_interval: Some(DEFAULT_PROBE_INTERVAL),
+            activation_timeout: Some(DEFAULT_ACTIVATION_TIMEOUT),
+        }
+    }
+}
+
+/// Maps a core setup error, naming `service` in a schema mismatch.
+#[cold]
+fn core_error(e: ScaleError, service: &'static ServiceDescriptor) -> RpcError {
+    match e {
+        ScaleError::SchemaMismatch { ours, theirs } => RpcError::SchemaMismatch {
+            service: service.name,
+            expected: ours,
+            found: theirs,
+        },
+        e => RpcError::from(e),
+    }
+}
+
+/// Maps a failed [`Listener::exchange`] for `service`.
+#[cold]
+fn exchange_error(e: ScaleRpcSetupError, service: &'static ServiceDescriptor) -> RpcError {
+    match e {
+        ScaleRpcSetupError::Refused(ConnectRefusal::SchemaMismatch { server }) => {
+            RpcError::SchemaMismatch {
+                service: service.name,
+                expected: service.fingerprint,
+                found: server,
+            }
+        }
+        ScaleRpcSetupError::ServerGone => RpcError::ServerDisconnected,
+        e => RpcError::from(e),
+    }
+}
+
+/// Checks that slots of `slot_size` bytes carry `service`'s largest request and response.
+fn check_capacity(service: &'static ServiceDescriptor, slot_size: u32) -> Result<(), RpcError> {
+    for (what, cap, need) in [
+        (
+            MessageKind::Request,
+            max_request_payload(slot_size),
+            service.max_request_bytes,
+        ),
+        (
+            MessageKind::Response,
+            max_response_payload(slot_size),
+            service.max_response_bytes,
+        ),
+    ] {
+        if need > cap {
+            return Err(RpcError::CapacityMismatch {
+                service: service.name,
+                what,
+                cap: sat_u32(cap),
+                need: sat_u32(need),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Liveness state of a [`ScaleRpc`] client (module docs).
+#[derive(Debug)]
+struct Liveness {
+    probe_interval: Option<Duration>,
+    activation_timeout: Option<Duration>,
+    empty_polls: u32,
+    /// Last time a response arrived (or a probe was sent).
+    last: Instant,
+    /// Responses counted at `last`.
+    seen: u64,
+    probe_out: bool,
+    probes: u64,
+    /// Start of the current run of calls refused because the connection is inactive.
+    inactive_since: Option<Instant>,
+    /// The last such refusal.
+    last_inactive: Instant,
+}
+
+/// Client transport over one ScaleRPC connection in a client context of its own (module
+/// docs).
+///
+/// Tokens are a preallocated free list of `0..max_in_flight`, used as the core's user data of
+/// each call. The core delivers every arrived response in one poll; those beyond the `max` a
+/// [`ClientTransport::poll`] asked for are copied into a preallocated per-token buffer and
+/// delivered first by the next poll. No allocation after construction.
+pub struct ScaleRpc {
+    client: ScaleClient<u32>,
+    conn: u32,
+    service: &'static ServiceDescriptor,
+    slot_size: u32,
+    max_req: usize,
+    max_resp: usize,
+    max_in_flight: u32,
+    free: Vec<u32>,
+    ready: VecDeque<u32>,
+    resp_len: Box<[u32]>,
+    resp_buf: Box<[u8]>,
+    failed: bool,
+    live: Liveness,
+}
+
+impl std::fmt::Debug for ScaleRpc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScaleRpc")
+            .field("service", &self.service.name)
+            .field("conn", &self.conn)
+            .field("active", &self.client.is_active(self.conn))
+            .field("failed", &self.failed)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("free", &self.free.len())
+            .field("ready", &self.ready.len())
+            .field("probes", &self.live.probes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ScaleRpc {
+    /// Wraps connection `conn` of `client`, already connected (by the caller, e.g. after an
+    /// MPI exchange of [`ClientConnInfo`]/[`ServerConnInfo`]) to a [`ScaleRpcServer`] of
+    /// `service` that answered with `server`. Checks what [`ScaleRpc::connect`] checks.
+    /// `slots_per_conn` calls in flight; no liveness probe or activation timeout (add them
+    /// with [`ScaleRpc::with_liveness`]). Other connections of `client` are never used.
+    ///
+    /// # Errors
+    /// [`RpcError::SchemaMismatch`] if the server's fingerprint is not the service's (the
+    /// core already refused a client fingerprint different from the server's);
+    /// [`RpcError::CapacityMismatch`] if the server's slots cannot carry the service's
+    /// largest request or response; [`RpcError::Scalerpc`] ([`ScaleRpcSetupError::Config`])
+    /// for an unknown or failed connection or more than `u16::MAX` slots.
+    pub fn from_client(
+        client: ScaleClient<u32>,
+        conn: u32,
+        server: &ServerConnInfo,
+        service: &'static ServiceDescriptor,
+    ) -> Result<Self, RpcError> {
+        if conn >= client.num_conns() || client.is_failed(conn) {
+            return Err(ScaleRpcSetupError::Config("no such connection, or it failed").into());
+        }
+        if server.fingerprint != service.fingerprint {
+            return Err(RpcError::SchemaMismatch {
+                service: service.name,
+                expected: service.fingerprint,
+                found: server.fingerprint,
+            });
+        }
+        check_capacity(service, server.slot_size)?;
+        let n = server.slots_per_conn;
+        if n == 0 || n >= u16::MAX as u32 {
+            return Err(ScaleRpcSetupError::Config("slots_per_conn must be in 1..65535").into());
+        }
+        let max_resp = service.max_response_bytes;
+        let now = Instant::now();
+        let mut t = ScaleRpc {
+            client,
+            conn,
+            service,
+            slot_size: server.slot_size,
+            max_req: service.max_request_bytes,
+            max_resp,
+            max_in_flight: 0,
+            free: Vec::new(),
+            ready: VecDeque::new(),
+            resp_len: Box::default(),
+            resp_buf: Box::default(),
+            failed: false,
+            live: Liveness {
+                probe_interval: None,
+                activation_timeout: None,
+                empty_polls: 0,
+                last: now,
+                seen: 0,
+                probe_out: false,
+                probes: 0,
+                inactive_since: None,
+                last_inactive: now,
+            },
+        };
+        t.set_tokens(n);
+        Ok(t)
+    }
+
+    /// Sizes the token free list and the stash for `n` calls in flight.
+    fn set_tokens(&mut self, n: u32) {
+        let k = n as usize;
+        self.max_in_flight = n;
+        // Popped from the end: tokens are handed out 0, 1, 2, ...
+        self.free = (0..n).rev().collect();
+        self.ready = VecDeque::with_capacity(k);
+        self.resp_len = vec![0; k].into_boxed_slice();
+        self.resp_buf = vec![0; k * self.max_resp].into_boxed_slice();
+    }
+
+    /// Sets the liveness checks (module docs): a probe after `probe_interval` without a
+    /// response while calls are outstanding (keeps one slot for it, so calls in flight drop
+    /// to `slots_per_conn - 1`), and [`RpcError::ServerDisconnected`] after trying to call
+    /// for `activation_timeout` on a connection that stays inactive. Call before the first
+    /// call.
+    ///
+    /// # Errors
+    /// [`RpcError::Scalerpc`] ([`ScaleRpcSetupError::Config`]) if calls were made already, or
+    /// a probe is asked for with one slot per connection.
+    pub fn with_liveness(
+        mut self,
+        probe_interval: Option<Duration>,
+        activation_timeout: Option<Duration>,
+    ) -> Result<Self, RpcError> {
+        if self.free.len() != self.max_in_flight as usize || self.live.probe_out {
+            return Err(ScaleRpcSetupError::Config("with_liveness after the first call").into());
+        }
+        let slots = self.max_in_flight + u32::from(self.live.probe_interval.is_some());
+        if probe_interval.is_some() {
+            if slots < 2 {
+                return Err(ScaleRpcSetupError::Config(
+                    "a liveness probe needs at least 2 slots per connection",
+                )
+                .into());
+            }
+            self.set_tokens(slots - 1);
+        } else {
+            self.set_tokens(slots);
+        }
+        self.live.probe_interval = probe_interval;
+        self.live.activation_timeout = activation_timeout;
+        Ok(self)
+    }
+
+    /// The client context (counters: [`ScaleClient::stats`]).
+    pub fn scale_client(&self) -> &ScaleClient<u32> {
+        &self.client
+    }
+
+    /// The connection used.
+    pub fn conn(&self) -> u32 {
+        self.conn
+    }
+
+    /// The service this transport was connected for.
+    pub fn service(&self) -> &'static ServiceDescriptor {
+        self.service
+    }
+
+    /// Whether the connection may issue now (its group is scheduled), as of the last poll.
+    pub fn is_active(&self) -> bool {
+        self.client.is_active(self.conn)
+    }
+
+    /// Liveness probes sent.
+    pub fn probes_sent(&self) -> u64 {
+        self.live.probes
+    }
+
+    /// Calls issued and not yet answered (responses stashed for delivery excluded).
+    #[inline]
+    fn outstanding(&self) -> usize {
+        self.max_in_flight as usize - self.free.len() - self.ready.len()
+    }
+
+    /// One core poll: responses go to `on_response` while fewer than `max` were delivered
+    /// (counting `delivered` already), the rest to the stash. A rejected request (the server
+    /// refused its header) is delivered as an empty message; calls failed with the connection
+    /// free their token without delivery (the failure is reported by
+    /// [`ClientTransport::poll`]). Probe answers are consumed here.
+    #[inline(always)]
+    fn pump(
+        &mut self,
+        max: usize,
+        mut delivered: usize,
+        on_response: &mut impl FnMut(u32, &[u8]),
+    ) -> usize {
+        let Self {
+            client,
+            free,
+            ready,
+            resp_len,
+            resp_buf,
+            max_resp,
+            failed,
+            live,
+            ..
+        } = self;
+        let cap = *max_resp;
+        client.poll(|tok, r| {
+            if tok == PROBE_TOKEN {
+                live.probe_out = false;
+                if r == Err(CallFailure::ConnFailed) {
+                    *failed = true;
+                }
+                return;
+            }
+            let msg = match r {
+                Ok(msg) => msg,
+                Err(CallFailure::Rejected(_)) => &[],
+                Err(CallFailure::ConnFailed) => {
+                    *failed = true;
+                    free.push(tok);
+                    return;
+                }
+            };
+            if delivered < max {
+                delivered += 1;
+                on_response(tok, msg);
+                free.push(tok);
+            } else {
+                stash(resp_buf, resp_len, ready, cap, tok, msg);
+            }
+        });
+        delivered
+    }
+
+    /// Delivers up to `max` stashed responses.
+    #[cold]
+    fn drain_ready(&mut self, max: usize, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
+        let cap = self.max_resp;
+        let mut n = 0;
+        while n < max {
+            let Some(tok) = self.ready.pop_front() else {
+                break;
+            };
+            let at = tok as usize * cap;
+            let len = self.resp_len[tok as usize] as usize;
+            on_response(tok, &self.resp_buf[at..at + len]);
+            self.free.push(tok);
+            n += 1;
+        }
+        n
+    }
+
+    /// Nothing was delivered: report a failed connection, or count towards a liveness check.
+    #[inline]
+    fn idle(&mut self) -> Result<usize, RpcError> {
+        if self.failed || self.client.is_failed(self.conn) {
+            self.failed = true;
+            return Err(RpcError::ServerDisconnected);
+        }
+        if self.live.probe_interval.is_some() && self.outstanding() > 0 {
+            self.live.empty_polls += 1;
+            if self.live.empty_polls >= PROBE_CHECK_POLLS {
+                self.check_liveness();
+            }
+        }
+        Ok(0)
+    }
+
+    /// Every [`PROBE_CHECK_POLLS`] empty polls with calls outstanding: if no response arrived
+    /// for the probe interval, no probe is out and the connection is active, send one.
+    #[cold]
+    #[inline(never)]
+    fn check_liveness(&mut self) {
+        self.live.empty_polls = 0;
+        let Some(interval) = self.live.probe_interval else {
+            return;
+        };
+        let now = Instant::now();
+        let seen = self.client.stats().responses;
+        if seen != self.live.seen {
+            self.live.seen = seen;
+            self.live.last = now;
+            return;
+        }
+        if now.duration_since(self.live.last) < interval {
+            return;
+        }
+        self.live.last = now;
+        if self.live.probe_out || !self.client.is_active(self.conn) {
+            return;
+        }
+        // The reserved slot is free: user calls never take more than `slots - 1`.
+        if self
+            .client
+            .call(self.conn, RPC_TYPE_PROBE, 0, PROBE_TOKEN, |_| 0)
+            .is_ok()
+        {
+            self.live.probe_out = true;
+            self.live.probes += 1;
+            self.client.flush();
+        }
+    }
+
+    /// A call was refused: hand the token back and map the error. Retryable refusals make one
+    /// round of progress (which processes the server's notices and sends what is pending), so
+    /// that the next attempt sees the current schedule.
+    #[cold]
+    #[inline(never)]
+    fn refused(&mut self, e: ScaleCallError<u32>) -> RpcError {
+        let err = match &e {
+            ScaleCallError::NotActive(_) => self.not_active(),
+            ScaleCallError::SlotsBusy(_) => RpcError::WouldBlock,
+            ScaleCallError::TooLarge(_) => RpcError::MessageTooLarge {
+                len: self.max_req,
+                cap: max_request_payload(self.slot_size),
+            },
+            ScaleCallError::Failed(_) => {
+                self.failed = true;
+                RpcError::ServerDisconnected
+            }
+        };
+        self.free.push(e.into_inner());
+        if matches!(err, RpcError::WouldBlock) {
+            self.pump(0, 0, &mut |_, _| {});
+        }
+        err
+    }
+
+    /// A call found the connection inactive: [`RpcError::WouldBlock`], or
+    /// [`RpcError::ServerDisconnected`] once calls kept being refused for the activation
+    /// timeout. Refusals further apart than a quarter of the timeout start a new run (the
+    /// caller was not waiting in between).
+    fn not_active(&mut self) -> RpcError {
+        let Some(limit) = self.live.activation_timeout else {
+            return RpcError::WouldBlock;
+        };
+        let now = Instant::now();
+        match self.live.inactive_since {
+            Some(since) if now.duration_since(self.live.last_inactive) <= limit / 4 => {
+                self.live.last_inactive = now;
+                if now.duration_since(since) >= limit {
+                    tracing::debug!(
+                        service = self.service.name,
+                        conn = self.conn,
+                        "scalerpc: not scheduled within the activation timeout"
+                    );
+                    self.failed = true;
+                    return RpcError::ServerDisconnected;
+                }
+            }
+            _ => {
+                self.live.inactive_since = Some(now);
+                self.live.last_inactive = now;
+            }
+        }
+        RpcError::WouldBlock
+    }
+}
+
+impl Drop for ScaleRpc {
+    /// Polls once more, so that a stop notice that arrived since the last poll is
+    /// acknowledged: the server can then reuse the group's bank at once instead of waiting
+    /// for the ack timeout to evict this connection. (A notice sent after the connection is
+    /// gone fails at the server, which also counts as drained.)
+    fn drop(&mut self) {
+        if !self.failed {
+            self.pump(0, 0, &mut |_, _| {});
+        }
+    }
+}
+
+/// Copies a response beyond the poll's `max` into its token's buffer (at most `cap` bytes:
+/// the server's replies are limited to the service's largest response).
+#[inline(never)]
+fn stash(
+    buf: &mut [u8],
+    lens: &mut [u32],
+    ready: &mut VecDeque<u32>,
+    cap: usize,
+    tok: u32,
+    msg: &[u8],
+) {
+    let n = msg.len().min(cap);
+    let at = tok as usize * cap;
+    buf[at..at + n].copy_from_slice(&msg[..n]);
+    lens[tok as usize] = n as u32;
+    ready.push_back(tok);
+}
+
+impl ClientTransport for ScaleRpc {
+    type Addr = ScaleRpcAddr;
+
+    /// Creates a client context of its own on `addr.device` with one connection carrying the
+    /// service's fingerprint, exchanges connection info with the server through
+    /// `addr.listener` (waiting up to `addr.timeout`), connects, checks slot sizes
+    /// ([`ScaleRpc::from_client`]) and sets the liveness checks ([`ScaleRpc::with_liveness`]).
+    ///
+    /// # Errors
+    /// [`RpcError::SchemaMismatch`] / [`RpcError::CapacityMismatch`]; [`RpcError::ServerDisconnected`]
+    /// if the server was dropped; [`RpcError::Scalerpc`] for a refusal on slot geometry, a
+    /// timeout, a device error or a bad configuration.
+    fn connect(addr: &ScaleRpcAddr, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
+        if addr.probe_interval.is_some() && addr.listener.slots_per_conn < 2 {
+            return Err(ScaleRpcSetupError::Config(
+                "a liveness probe needs at least 2 slots per connection (probe_interval: None)",
+            )
+            .into());
+        }
+        let cfg = ClientConfig {
+            max_conns: 1,
+            fingerprint: service.fingerprint,
+            ..addr.config
+        };
+        let mut client =
+            ScaleClient::<u32>::new(&addr.device, cfg).map_err(|e| core_error(e, service))?;
+        let (c, info) = client.create_conn().map_err(|e| core_error(e, service))?;
+        let server = addr
+            .listener
+            .exchange(&info, &cfg, addr.timeout)
+            .map_err(|e| exchange_error(e, service))?;
+        client
+            .connect(c, &server)
+            .map_err(|e| core_error(e, service))?;
+        ScaleRpc::from_client(client, c, &server, service)?
+            .with_liveness(addr.probe_interval, addr.activation_timeout)
+    }
+
+    #[inline]
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight as usize
+    }
+
+    /// Writes the request into the connection's pool slot (sent when the doorbell batch
+    /// fills or at the next poll). With nothing outstanding it first processes the server's
+    /// notices, so that a client idle since its last call sees the current schedule.
+    ///
+    /// # Errors
+    /// [`RpcError::WouldBlock`] when no token or slot is free, or the connection's group is
+    /// not scheduled now (module docs: poll and retry; with several groups this may last a
+    /// few slices); [`RpcError::ServerDisconnected`] once the connection failed, or it stayed
+    /// inactive for the activation timeout.
+    #[inline]
+    fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
+        let Some(tok) = self.free.pop() else {
+            return Err(RpcError::WouldBlock);
+        };
+        if self.free.len() + 1 == self.max_in_flight as usize && self.ready.is_empty() {
+            // Nothing outstanding: cheap (no slots to check), and catches stop notices that
+            // arrived while the caller was not polling.
+            self.pump(0, 0, &mut |_, _| {});
+        }
+        match self
+            .client
+            .call(self.conn, RPC_TYPE_CALL, self.max_req, tok, encode)
+        {
+            Ok(_) => {
+                self.live.inactive_since = None;
+                Ok(tok)
+            }
+            Err(e) => Err(self.refused(e)),
+        }
+    }
+
+    /// Delivers stashed responses first, then polls the client once (which also sends what
+    /// was written and handles the server's notices).
+    ///
+    /// # Errors
+    /// [`RpcError::ServerDisconnected`] once the connection failed and no response is left
+    /// to deliver; calls pending at the failure are never delivered.
+    #[inline]
+    fn poll(
+        &mut self,
+        max: usize,
+        mut on_response: impl FnMut(u32, &[u8]),
+    ) -> Result<usize, RpcError> {
+        let mut n = 0;
+        if !self.ready.is_empty() {
+            n = self.drain_ready(max, &mut on_response);
+            if n >= max {
+                return Ok(n);
+            }
+        }
+        n = self.pump(max, n, &mut on_response);
+        if n == 0 {
+            return self.idle();
+        }
+        Ok(n)
+    }
+}
+
+/// Server transport over a [`ScaleServer`] of its own: one RC connection per client, all
+/// sharing the message pool (module docs).
+///
+/// `ReplyToken` is [`ScaleToken`]; a token answers exactly one request, once.
+pub struct ScaleRpcServer {
+    inner: ScaleServer,
+    rx: Receiver<ConnectRequest>,
+    listener: Listener,
+    service: &'static ServiceDescriptor,
+    max_resp: usize,
+    probes: u64,
+}
+
+impl std::fmt::Debug for ScaleRpcServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScaleRpcServer")
+            .field("service", &self.service.name)
+            .field("server", &self.inner)
+            .field("probes", &self.probes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ScaleRpcServer {
+    /// Creates a server of `service` on `device` ([`ScaleServer::new`] with `cfg`, its
+    /// `fingerprint` replaced by the service's).
+    ///
+    /// # Errors
+    /// [`RpcError::CapacityMismatch`] if slots of `cfg.slot_size` cannot carry the service's
+    /// largest request or response; [`RpcError::Scalerpc`] for an unusable configuration or a
+    /// device error.
+    pub fn new(
+        device: &mlx5::verbs::Context,
+        service: &'static ServiceDescriptor,
+        cfg: ServerConfig,
+    ) -> Result<Self, RpcError> {
+        check_capacity(service, cfg.slot_size)?;
+        let cfg = ServerConfig {
+            fingerprint: service.fingerprint,
+            ..cfg
+        };
+        let inner = ScaleServer::new(device, cfg)?;
+        debug_assert_eq!(inner.max_response(), max_response_payload(cfg.slot_size));
+        let (tx, rx) = mpsc::channel();
+        Ok(ScaleRpcServer {
+            inner,
+            rx,
+            listener: Listener {
+                tx,
+                pending: Arc::new(AtomicUsize::new(0)),
+                slot_size: cfg.slot_size,
+                slots_per_conn: cfg.slots_per_conn,
+            },
+            service,
+            max_resp: service.max_response_bytes,
+            probes: 0,
+        })
+    }
+
+    /// [`ScaleRpcServer::new`] for service `S`, wrapped in a typed [`crate::Server`].
+    ///
+    /// # Errors
+    /// As [`ScaleRpcServer::new`].
+    pub fn serve<S: Service>(
+        device: &mlx5::verbs::Context,
+        cfg: ServerConfig,
+    ) -> Result<crate::Server<S, Self>, RpcError> {
+        Ok(crate::Server::new(Self::new(device, S::DESCRIPTOR, cfg)?))
+    }
+
+    /// The rendezvous clients connect through (put it in a [`ScaleRpcAddr`]).
+    pub fn listener(&self) -> Listener {
+        self.listener.clone()
+    }
+
+    /// Answers every pending connect request (done by [`ServerTransport::poll`] whenever some
+    /// are pending): refuses another fingerprint or slots smaller or fewer than the server's,
+    /// else accepts the connection ([`ScaleRpcServer::add_client`]) and sends back its info.
+    /// Returns how many clients were connected.
+    ///
+    /// A request whose client stopped waiting (timeout) still gets a connection, which never
+    /// says hello: it is evicted at its group's first stop ([`ServerConfig::ack_timeout`]);
+    /// the server cannot remove connections.
+    pub fn accept(&mut self) -> usize {
+        let mut n = 0;
+        while let Ok(req) = self.rx.try_recv() {
+            self.listener.pending.fetch_sub(1, Ordering::Relaxed);
+            let cfg = self.inner.config();
+            let answer = if req.info.fingerprint != self.service.fingerprint {
+                Err(ConnectRefusal::SchemaMismatch {
+                    server: self.service.fingerprint,
+                })
+            } else if req.slot_size < cfg.slot_size || req.slots_per_conn < cfg.slots_per_conn {
+                Err(ConnectRefusal::Slots {
+                    slot_size: cfg.slot_size,
+                    slots_per_conn: cfg.slots_per_conn,
+                })
+            } else {
+                match self.add_client(&req.info) {
+                    Ok(info) => {
+                        n += 1;
+                        Ok(info)
+                    }
+                    Err(e) => Err(ConnectRefusal::Setup(e.to_string())),
+                }
+            };
+            if let Err(e) = &answer {
+                tracing::debug!(service = self.service.name, refusal = %e, "scalerpc: connect refused");
+            }
+            if req.reply.try_send(answer).is_err() {
+                tracing::debug!(
+                    service = self.service.name,
+                    "scalerpc: client stopped waiting for its connect answer"
+                );
+            }
+        }
+        n
+    }
+
+    /// Accepts the client connection described by `client` (exchanged out of band, e.g.
+    /// through MPI) and returns the info to send back; the client then completes it with
+    /// [`ScaleClient::connect`] and wraps it with [`ScaleRpc::from_client`]. The client's
+    /// slots must be at least as large and as many as this server's (its `connect` refuses
+    /// otherwise, leaving this connection unused).
+    ///
+    /// # Errors
+    /// [`RpcError::SchemaMismatch`] if the client's fingerprint is not the service's (nothing
+    /// is created); [`RpcError::Scalerpc`] when the server has `max_conns` connections, the
+    /// client's response region is too small, or the device fails.
+    pub fn add_client(&mut self, client: &ClientConnInfo) -> Result<ServerConnInfo, RpcError> {
+        if client.fingerprint != self.service.fingerprint {
+            return Err(RpcError::SchemaMismatch {
+                service: self.service.name,
+                expected: self.service.fingerprint,
+                found: client.fingerprint,
+            });
+        }
+        self.inner
+            .accept(client)
+            .map_err(|e| core_error(e, self.service))
+    }
+
+    /// The ScaleRPC server (counters: [`ScaleServer::stats`]; the schedule:
+    /// [`ScaleServer::scheduler`]).
+    pub fn scale_server(&self) -> &ScaleServer {
+        &self.inner
+    }
+
+    /// The ScaleRPC server, mutably. Take no requests from it directly: the typed server
+    /// would never see them.
+    pub fn scale_server_mut(&mut self) -> &mut ScaleServer {
+        &mut self.inner
+    }
+
+    /// The service served.
+    pub fn service(&self) -> &'static ServiceDescriptor {
+        self.service
+    }
+
+    /// Liveness probes answered.
+    pub fn probes_answered(&self) -> u64 {
+        self.probes
+    }
+
+    /// Answers a probe (an empty request) with an empty response.
+    #[cold]
+    fn answer_probe(&mut self, tok: ScaleToken) {
+        self.probes += 1;
+        let _ = self.inner.reply(tok, 0, |_| 0);
+    }
+}
+
+impl ServerTransport for ScaleRpcServer {
+    type ReplyToken = ScaleToken;
+
+    /// Answers pending connect requests (one relaxed load when there are none), then runs one
+    /// round of the ScaleRPC dispatch loop (schedule, control messages, completions, slot
+    /// scan). Returns the requests available to `recv`.
+    #[inline]
+    fn poll(&mut self) -> usize {
+        if self.listener.pending.load(Ordering::Relaxed) != 0 {
+            self.accept();
+        }
+        self.inner.poll()
+    }
+
+    /// The next request. Liveness probes (empty requests, never a valid message) are answered
+    /// here and skipped.
+    #[inline]
+    fn recv(&mut self) -> Option<(ScaleToken, &[u8])> {
+        loop {
+            let (tok, msg) = self.inner.recv()?;
+            if !msg.is_empty() {
+                let msg: *const [u8] = msg;
+                // SAFETY: `msg` borrows `self.inner` (its pool slot, reserved for this request
+                // until it is answered) and is returned under that same `&mut self` borrow;
+                // the pointer only sidesteps the borrow checker's refusal to end a borrow
+                // returned from one iteration of a loop before the next (NLL "problem case 3").
+                return Some((tok, unsafe { &*msg }));
+            }
+            let probe = tok;
+            self.answer_probe(probe);
+        }
+    }
+
+    /// Nothing to do: a request's pool slot is freed by its reply (the response is built in
+    /// place in that slot), and its client writes the slot again only after the response
+    /// arrived, so there is no separate release step.
+    #[inline]
+    fn release(&mut self) {}
+
+    /// Builds the reply in the request's slot; it is sent by the next poll or flush (or once
+    /// the doorbell batch fills).
+    ///
+    /// # Errors
+    /// [`RpcError::ReplyDropped`] if the token is stale (already answered), the client's
+    /// connection failed, or the reply does not fit the client's response region.
+    #[inline]
+    fn reply(
+        &mut self,
+        token: ScaleToken,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), RpcError> {
+        self.inner
+            .reply(token, self.max_resp, encode)
+            .map_err(reply_error)
+    }
+
+    /// Rings the doorbells of the connections with replies written since the last poll.
+    #[inline]
+    fn flush(&mut self) {
+        self.inner.flush();
+    }
+}
+
+#[cold]
+fn reply_error(e: ScaleError) -> RpcError {
+    RpcError::ReplyDropped(match e {
+        ScaleError::StaleToken => "the request was already answered (stale token)",
+        ScaleError::TooLarge => "the reply does not fit the client's response slot",
+        ScaleError::ConnFailed => "the client's connection failed",
+        _ => "scalerpc reply failed",
+    })
+}

@@ -1,0 +1,782 @@
+//! Generated stubs and server traits end to end over ScaleRPC, on the software device model.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::Backoff;
+use idl::echo::{EchoClient, EchoResponse, EchoService};
+use idl::kv::{KvClient, KvRequest, KvResponse, KvServer, KvService};
+use rpc::mlx5::sim::{Fabric, SimConfig};
+use rpc::scalerpc::{
+    ClientConfig, ConnectRefusal, ScaleClient, ScaleRpc, ScaleRpcAddr, ScaleRpcServer,
+    ScaleRpcSetupError, ServerConfig,
+};
+use rpc::wire::{MsgHeader, Status};
+use rpc::{Client, ClientTransport, RpcError, Server, Service};
+
+/// Small pools: 1 KiB slots (the echo service needs 264 B requests), 8 slots per connection
+/// (7 calls in flight plus the liveness probe's).
+fn small() -> ServerConfig {
+    ServerConfig {
+        max_conns: 16,
+        slot_size: 1024,
+        slots_per_conn: 8,
+        ..ServerConfig::default()
+    }
+}
+
+#[derive(Default)]
+struct Store(std::collections::HashMap<u64, u64>);
+
+impl KvServer for Store {
+    fn put(&mut self, _rank: u32, key: u64, value: u64) {
+        self.0.insert(key, value);
+    }
+    fn get(&mut self, _rank: u32, key: u64) -> Option<u64> {
+        self.0.get(&key).copied()
+    }
+}
+
+/// A server of `S` on its own device, and the address clients on `fabric` connect to.
+fn server<S: Service>(
+    fabric: &Fabric,
+    cfg: ServerConfig,
+) -> (Server<S, ScaleRpcServer>, ScaleRpcAddr) {
+    let server = ScaleRpcServer::serve::<S>(&fabric.open(), cfg).unwrap();
+    let addr = ScaleRpcAddr::new(fabric.open(), server.transport().listener());
+    (server, addr)
+}
+
+/// Runs `server` on a thread with `handler` until the returned flag is set; the thread
+/// returns the server.
+fn spawn<S: Service>(
+    mut server: Server<S, ScaleRpcServer>,
+    mut handler: impl FnMut(S::Request) -> S::Response + Send + 'static,
+) -> (
+    Arc<AtomicBool>,
+    thread::JoinHandle<Server<S, ScaleRpcServer>>,
+) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let h = thread::spawn(move || {
+        let backoff = Backoff::new();
+        while !st.load(Ordering::Relaxed) {
+            if server.serve_once(&mut handler) == 0 {
+                backoff.snooze();
+            } else {
+                backoff.reset();
+            }
+        }
+        server
+    });
+    (stop, h)
+}
+
+fn spawn_kv(
+    server: Server<KvService, ScaleRpcServer>,
+) -> (
+    Arc<AtomicBool>,
+    thread::JoinHandle<Server<KvService, ScaleRpcServer>>,
+) {
+    let mut store = Store::default();
+    spawn(server, move |req| KvService::dispatch(&mut store, req))
+}
+
+/// Connects `T` on another thread while this one polls `server` (which must answer the
+/// connect request), for tests that drive the server by hand.
+fn connect_polling<S: Service, T: Send + 'static>(
+    server: &mut Server<S, ScaleRpcServer>,
+    addr: &ScaleRpcAddr,
+    connect: fn(&ScaleRpcAddr) -> Result<T, RpcError>,
+) -> Result<T, RpcError> {
+    let addr = addr.clone();
+    let h = thread::spawn(move || connect(&addr));
+    while !h.is_finished() {
+        server.poll();
+        thread::yield_now();
+    }
+    h.join().unwrap()
+}
+
+#[test]
+fn blocking_calls() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (server, addr) = server::<KvService>(&fabric, small());
+    let (stop, h) = spawn_kv(server);
+    let mut kv = KvClient::<ScaleRpc>::connect(&addr).unwrap();
+    assert_eq!(kv.max_in_flight(), 7);
+    assert_eq!(kv.get(0, 1).unwrap(), None);
+    kv.put(0, 1, 10).unwrap();
+    assert_eq!(kv.get(0, 1).unwrap(), Some(10));
+    for k in 0..1000 {
+        kv.put(0, k, k * 3).unwrap();
+    }
+    for k in 0..1000 {
+        assert_eq!(kv.get(0, k).unwrap(), Some(k * 3));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(server.stats().requests, 2003);
+    assert_eq!(server.stats().bad_requests, 0);
+    assert_eq!(server.stats().dropped_replies, 0);
+    assert_eq!(server.transport().scale_server().num_conns(), 1);
+}
+
+#[test]
+fn pipelined_calls_all_matched() {
+    const CALLS: u64 = 20_000;
+    let fabric = Fabric::new(SimConfig::default());
+    let (server, addr) = server::<EchoService>(&fabric, small());
+    let (stop, h) = spawn(server, |req| {
+        EchoService::dispatch(&mut idl::echo::Echoer, req)
+    });
+    let mut echo = EchoClient::<ScaleRpc>::connect(&addr).unwrap();
+    let depth = echo.max_in_flight();
+    assert_eq!(depth, 7);
+    let mut seen = vec![false; CALLS as usize];
+    let (mut next, mut done) = (0u64, 0u64);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while done < CALLS {
+        assert!(Instant::now() < deadline, "stalled at {done} of {CALLS}");
+        while next < CALLS && echo.in_flight() < depth {
+            // Every eighth call carries a 256 B payload (sent from the staging slot; the
+            // small ones are inline).
+            let r = if next % 8 == 0 {
+                let mut p = [0u8; 256];
+                p[..8].copy_from_slice(&next.to_le_bytes());
+                p[255] = next as u8;
+                echo.issue(next).echo256(p)
+            } else {
+                echo.issue(next).ping(next ^ 0xabcd)
+            };
+            match r {
+                Ok(()) => next += 1,
+                Err(RpcError::WouldBlock) => break,
+                Err(e) => panic!("issue {next}: {e}"),
+            }
+        }
+        done += echo
+            .poll_with(|tag, r| {
+                match r.unwrap() {
+                    EchoResponse::Ping(v) => assert_eq!(v, tag ^ 0xabcd),
+                    EchoResponse::Echo256(p) => {
+                        assert_eq!(p[..8], tag.to_le_bytes());
+                        assert_eq!(p[255], tag as u8);
+                        assert!(p[8..255].iter().all(|&b| b == 0));
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+                assert!(
+                    !std::mem::replace(&mut seen[tag as usize], true),
+                    "tag {tag} completed twice"
+                );
+            })
+            .unwrap() as u64;
+    }
+    assert!(seen.iter().all(|&s| s));
+    // Depth-limited: one call beyond max_in_flight needs a free token.
+    for k in 0..depth as u64 {
+        echo.issue(k).ping(k).unwrap();
+    }
+    assert!(matches!(echo.issue(99).ping(0), Err(RpcError::WouldBlock)));
+    // Poll one at a time: the rest of each batch is stashed and delivered later.
+    let mut left = depth;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while left > 0 {
+        assert!(Instant::now() < deadline);
+        if let Some((tag, r)) = echo.poll().unwrap() {
+            assert_eq!(r, EchoResponse::Ping(tag));
+            left -= 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(server.stats().requests, CALLS + depth as u64);
+    let stats = server.transport().scale_server().stats();
+    assert!(
+        stats.writes > 0 && stats.inline_writes < stats.writes,
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn clients_in_small_groups_switch_during_the_run() {
+    // Groups of two connections with 300 us slices: six clients make three groups, and every
+    // client waits for its group's turn several times during the test.
+    const CLIENTS: u64 = 6;
+    const CALLS: u64 = 1_500;
+    let fabric = Fabric::new(SimConfig::default());
+    let cfg = ServerConfig {
+        group_size: Some(2),
+        slice: Duration::from_micros(300),
+        warmup: Duration::from_micros(50),
+        // Generous: a loaded machine may not run a client thread for a while.
+        ack_timeout: Duration::from_secs(5),
+        ..small()
+    };
+    let (server, addr) = server::<KvService>(&fabric, cfg);
+    let (stop, h) = spawn_kv(server);
+    let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let mut addr = addr.clone();
+            addr.device = fabric.open();
+            addr.activation_timeout = Some(Duration::from_secs(30));
+            let finished = finished.clone();
+            thread::spawn(move || {
+                let mut kv = KvClient::<ScaleRpc>::connect(&addr).unwrap();
+                let depth = kv.max_in_flight();
+                let key = |i: u64| (c << 32) | i;
+                // Pipelined puts (each key written once, so their order does not matter),
+                // then blocking gets of every key.
+                let (mut next, mut done, mut would_block) = (0u64, 0u64, 0u64);
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while done < CALLS {
+                    assert!(Instant::now() < deadline, "client {c} stalled at {done}");
+                    while next < CALLS && kv.in_flight() < depth {
+                        match kv.issue(next).put(0, key(next), next * 7) {
+                            Ok(()) => next += 1,
+                            Err(RpcError::WouldBlock) => {
+                                would_block += 1;
+                                break;
+                            }
+                            Err(e) => panic!("client {c}: {e}"),
+                        }
+                    }
+                    let n = kv
+                        .poll_with(|_, r| assert_eq!(r.unwrap(), KvResponse::Put(())))
+                        .unwrap() as u64;
+                    if n == 0 {
+                        // More threads than cores: let the server and the others run.
+                        thread::yield_now();
+                    }
+                    done += n;
+                }
+                for i in (0..CALLS).step_by(3) {
+                    assert_eq!(
+                        kv.get(0, key(i)).unwrap(),
+                        Some(i * 7),
+                        "client {c} key {i}"
+                    );
+                }
+                // A client that stops calling keeps polling while the others run: a stopped
+                // client acknowledges only when it polls, and until it does its group's bank
+                // cannot be reused (the ack timeout would evict it).
+                finished.fetch_add(1, Ordering::Relaxed);
+                while finished.load(Ordering::Relaxed) < CLIENTS as usize {
+                    assert_eq!(kv.transport_mut().poll(usize::MAX, |_, _| {}).unwrap(), 0);
+                    thread::yield_now();
+                }
+                (kv, would_block)
+            })
+        })
+        .collect();
+    let clients: Vec<_> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let would_block: u64 = clients.iter().map(|c| c.1).sum();
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(
+        server.stats().requests,
+        CLIENTS * (CALLS + CALLS.div_ceil(3))
+    );
+    let s = server.transport().scale_server();
+    let sched = s.scheduler();
+    eprintln!(
+        "groups {} {:?} would_block {would_block} {:?}",
+        sched.num_groups(),
+        sched.stats(),
+        s.stats()
+    );
+    assert_eq!(sched.num_groups(), 3);
+    assert!(sched.stats().switches >= 3, "{:?}", sched.stats());
+    assert_eq!(sched.stats().evictions, 0);
+    assert!(would_block > 0);
+    assert_eq!(s.stats().failed_conns, 0);
+}
+
+#[test]
+fn deferred_replies_out_of_order() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (mut server, addr) = server::<KvService>(&fabric, small());
+    let mut kv = connect_polling(&mut server, &addr, KvClient::<ScaleRpc>::connect).unwrap();
+    for k in 0..6 {
+        kv.issue(k).get(0, k).unwrap();
+    }
+    // Pipelined calls are sent when the client polls.
+    assert!(kv.poll().unwrap().is_none());
+    let mut taken = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while taken.len() < 6 {
+        assert!(Instant::now() < deadline, "requests did not arrive");
+        server.poll();
+        while let Some((token, req)) = server.recv() {
+            let KvRequest::Get(args) = req else {
+                panic!("unexpected {req:?}")
+            };
+            taken.push((token, args.key()));
+        }
+        server.release();
+        kv.poll().unwrap();
+    }
+    let mut keys: Vec<u64> = taken.iter().map(|t| t.1).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, (0..6).collect::<Vec<_>>());
+    // Answer the odd keys first, in reverse, then the even ones; a second reply with the same
+    // token is refused.
+    let order: Vec<_> = taken
+        .iter()
+        .rev()
+        .filter(|t| t.1 % 2 == 1)
+        .chain(taken.iter().filter(|t| t.1 % 2 == 0))
+        .copied()
+        .collect();
+    let mut got = Vec::new();
+    for (i, &(token, key)) in order.iter().enumerate() {
+        server
+            .reply(token, &KvResponse::Get(Some(key * 10)))
+            .unwrap();
+        assert!(matches!(
+            server.reply(token, &KvResponse::Get(None)),
+            Err(RpcError::ReplyDropped(_))
+        ));
+        if i == 2 {
+            // Replies go out with the next flush (or poll): the first three arrive alone.
+            server.flush();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while got.len() < 3 {
+                assert!(Instant::now() < deadline, "replies did not arrive");
+                if let Some((tag, resp)) = kv.poll().unwrap() {
+                    assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
+                    got.push(tag);
+                }
+            }
+            // Delivered in slot order (the client scans its slots), not reply order.
+            got.sort_unstable();
+            assert_eq!(got, [1, 3, 5]);
+        }
+    }
+    server.flush();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.len() < 6 {
+        assert!(Instant::now() < deadline, "replies did not arrive");
+        if let Some((tag, resp)) = kv.poll().unwrap() {
+            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
+            got.push(tag);
+        }
+    }
+    got[3..].sort_unstable();
+    assert_eq!(got, [1, 3, 5, 0, 2, 4]);
+    assert_eq!(server.stats().dropped_replies, 6);
+}
+
+#[test]
+fn schema_mismatch_fails_at_connect() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (server, addr) = server::<KvService>(&fabric, small());
+    let (stop, h) = spawn_kv(server);
+    match EchoClient::<ScaleRpc>::connect(&addr) {
+        Err(RpcError::SchemaMismatch {
+            service: "Echo",
+            expected,
+            found,
+        }) => {
+            assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
+            assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
+        }
+        Err(e) => panic!("expected SchemaMismatch, got {e}"),
+        Ok(_) => panic!("expected SchemaMismatch, connected"),
+    }
+    // The right service connects, and the refused client left no connection behind.
+    let mut kv = KvClient::<ScaleRpc>::connect(&addr).unwrap();
+    kv.put(0, 1, 2).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(server.transport().scale_server().num_conns(), 1);
+}
+
+#[test]
+fn capacity_is_checked() {
+    let fabric = Fabric::new(SimConfig::default());
+    // A 256 B slot carries requests of at most 256 - 32 - 8 = 216 B; echo256 requests are
+    // 264 B.
+    let tiny = ServerConfig {
+        slot_size: 256,
+        ..small()
+    };
+    match ScaleRpcServer::serve::<EchoService>(&fabric.open(), tiny) {
+        Err(RpcError::CapacityMismatch {
+            service: "Echo",
+            what: rpc::MessageKind::Request,
+            cap: 216,
+            need: 264,
+        }) => {}
+        Err(e) => panic!("expected CapacityMismatch, got {e}"),
+        Ok(_) => panic!("expected CapacityMismatch, got a server"),
+    }
+    // A slot size that is not a multiple of 64 is the core's configuration error.
+    match ScaleRpcServer::serve::<KvService>(
+        &fabric.open(),
+        ServerConfig {
+            slot_size: 1000,
+            ..small()
+        },
+    ) {
+        Err(RpcError::Scalerpc(e)) => {
+            assert!(matches!(*e, ScaleRpcSetupError::Core(_)), "{e}")
+        }
+        Err(e) => panic!("expected a configuration error, got {e}"),
+        Ok(_) => panic!("expected a configuration error, got a server"),
+    }
+    // A client with smaller or fewer slots than the server's is refused before the server
+    // creates anything; the server's geometry connects.
+    let (srv, mut addr) = server::<KvService>(&fabric, small());
+    let (stop, h) = spawn_kv(srv);
+    for (slot_size, slots) in [(512, 8), (1024, 4)] {
+        addr.config.slot_size = slot_size;
+        addr.config.slots_per_conn = slots;
+        match KvClient::<ScaleRpc>::connect(&addr) {
+            Err(RpcError::Scalerpc(e)) => assert!(
+                matches!(
+                    &*e,
+                    ScaleRpcSetupError::Refused(ConnectRefusal::Slots {
+                        slot_size: 1024,
+                        slots_per_conn: 8
+                    })
+                ),
+                "{e}"
+            ),
+            Err(e) => panic!("expected a refusal, got {e}"),
+            Ok(_) => panic!("expected a refusal, connected"),
+        }
+    }
+    // Larger and more slots are fine.
+    addr.config.slot_size = 2048;
+    addr.config.slots_per_conn = 16;
+    let mut kv = KvClient::<ScaleRpc>::connect(&addr).unwrap();
+    assert_eq!(kv.max_in_flight(), 7);
+    kv.put(0, 1, 1).unwrap();
+    // One slot per connection leaves none for the probe.
+    let one = ServerConfig {
+        slots_per_conn: 1,
+        ..small()
+    };
+    let (_one, mut addr1) = server::<KvService>(&fabric, one);
+    match KvClient::<ScaleRpc>::connect(&addr1) {
+        Err(RpcError::Scalerpc(e)) => {
+            assert!(matches!(*e, ScaleRpcSetupError::Config(_)), "{e}")
+        }
+        Err(e) => panic!("expected a configuration error, got {e}"),
+        Ok(_) => panic!("expected a configuration error, connected"),
+    }
+    addr1.probe_interval = None;
+    addr1.timeout = Duration::from_millis(100);
+    // Without a probe it would connect (nobody polls that server here: a timeout).
+    match KvClient::<ScaleRpc>::connect(&addr1) {
+        Err(RpcError::Scalerpc(e)) => {
+            assert!(matches!(*e, ScaleRpcSetupError::Timeout(_)), "{e}")
+        }
+        Err(e) => panic!("expected a timeout, got {e}"),
+        Ok(_) => panic!("expected a timeout, connected"),
+    }
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(server.transport().scale_server().num_conns(), 1);
+}
+
+/// Sends one raw request message through a bare transport and returns the response bytes.
+fn raw_roundtrip(
+    t: &mut ScaleRpc,
+    server: &mut Server<KvService, ScaleRpcServer>,
+    msg: &[u8],
+) -> Vec<u8> {
+    let token = t
+        .send(|b| {
+            b[..msg.len()].copy_from_slice(msg);
+            msg.len()
+        })
+        .unwrap();
+    let mut out = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.is_none() {
+        assert!(Instant::now() < deadline, "no response to a bad request");
+        server.serve_once(|_| panic!("a bad request reached the handler"));
+        t.poll(1, |tok, bytes| {
+            assert_eq!(tok, token);
+            out = Some(bytes.to_vec());
+        })
+        .unwrap();
+    }
+    out.unwrap()
+}
+
+fn header(msg: &[u8]) -> MsgHeader {
+    rpc::wire::read_header(msg).unwrap()
+}
+
+#[test]
+fn undecodable_requests_get_error_status() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (mut server, mut addr) = server::<KvService>(&fabric, small());
+    // No liveness probe of our own: the only probe the server answers is the one below.
+    addr.probe_interval = None;
+    let mut raw = connect_polling(&mut server, &addr, |a| {
+        ScaleRpc::connect(a, KvService::DESCRIPTOR)
+    })
+    .unwrap();
+    let hdr = |method_id: u16, len: u32| {
+        let mut v = Vec::new();
+        v.extend_from_slice(&method_id.to_ne_bytes());
+        v.extend_from_slice(&0u16.to_ne_bytes());
+        v.extend_from_slice(&len.to_ne_bytes());
+        v
+    };
+    // Unknown method.
+    let r = raw_roundtrip(&mut raw, &mut server, &hdr(77, 0));
+    assert_eq!(header(&r).status, Status::UnknownMethod as u16);
+    assert_eq!(header(&r).method_id, 77);
+    // Wrong body length for get (expects 12 B); shorter than a header.
+    let mut m = hdr(KvService::GET, 4);
+    m.extend_from_slice(&[0; 4]);
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, &mut server, &m)).status,
+        Status::BadLength as u16
+    );
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, &mut server, &[1, 0, 0])).status,
+        Status::Truncated as u16
+    );
+    // An empty request is a liveness probe: the transport answers it with an empty
+    // response, the service never sees it.
+    assert_eq!(raw_roundtrip(&mut raw, &mut server, &[]), Vec::<u8>::new());
+    assert_eq!(server.transport().probes_answered(), 1);
+    assert_eq!(server.stats().bad_requests, 3);
+    assert_eq!(server.stats().requests, 0);
+
+    // Through the typed client core, a get with a 4-byte body is answered with an error
+    // status and surfaces as RpcError::BadRequest, tagged.
+    let mut kv = Client::<KvService, ScaleRpc>::from_transport(raw);
+    kv.issue(5, KvService::GET, &0u32).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        assert!(Instant::now() < deadline, "no answer");
+        server.serve_once(|_| panic!("a bad request reached the handler"));
+        match kv.poll() {
+            Ok(None) => {}
+            other => break other,
+        }
+    };
+    match got {
+        Err(RpcError::BadRequest {
+            tag: 5,
+            method: "get",
+            status: Some(Status::BadLength),
+        }) => {}
+        other => panic!("expected BadRequest, got {other:?}"),
+    }
+    assert_eq!(server.stats().bad_requests, 4);
+}
+
+#[test]
+fn connect_times_out_when_the_server_does_not_poll() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (server, mut addr) = server::<KvService>(&fabric, small());
+    addr.timeout = Duration::from_millis(200);
+    let t0 = Instant::now();
+    match KvClient::<ScaleRpc>::connect(&addr) {
+        Err(RpcError::Scalerpc(e)) => {
+            assert!(matches!(*e, ScaleRpcSetupError::Timeout(_)), "{e}")
+        }
+        Err(e) => panic!("expected a timeout, got {e}"),
+        Ok(_) => panic!("connected to a server that never polls"),
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(200));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    // The server is gone: connecting fails at once.
+    drop(server);
+    assert!(matches!(
+        KvClient::<ScaleRpc>::connect(&addr),
+        Err(RpcError::ServerDisconnected)
+    ));
+}
+
+#[test]
+fn bootstrap_from_exchanged_connection_info() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (mut srv, _) = server::<KvService>(&fabric, small());
+    // What an MPI bootstrap does: create, exchange the infos, connect.
+    let cfg = ClientConfig {
+        max_conns: 1,
+        slots_per_conn: 8,
+        slot_size: 1024,
+        fingerprint: KvService::DESCRIPTOR.fingerprint,
+        ..ClientConfig::default()
+    };
+    let mut client = ScaleClient::<u32>::new(&fabric.open(), cfg).unwrap();
+    let (c, info) = client.create_conn().unwrap();
+    // A mismatching fingerprint is refused by add_client.
+    let wrong = rpc::scalerpc::ClientConnInfo {
+        fingerprint: 1,
+        ..info
+    };
+    assert!(matches!(
+        srv.transport_mut().add_client(&wrong),
+        Err(RpcError::SchemaMismatch { found: 1, .. })
+    ));
+    let theirs = srv.transport_mut().add_client(&info).unwrap();
+    client.connect(c, &theirs).unwrap();
+    // The wrong service, an unknown connection.
+    assert!(matches!(
+        ScaleRpc::from_client(
+            ScaleClient::<u32>::new(&fabric.open(), cfg).unwrap(),
+            0,
+            &theirs,
+            KvService::DESCRIPTOR
+        ),
+        Err(RpcError::Scalerpc(_))
+    ));
+    let t = ScaleRpc::from_client(client, c, &theirs, KvService::DESCRIPTOR)
+        .unwrap()
+        .with_liveness(Some(Duration::from_millis(100)), None)
+        .unwrap();
+    assert_eq!(t.max_in_flight(), 7);
+    let (stop, h) = spawn_kv(srv);
+    let mut kv = KvClient::from_transport(t);
+    kv.put(3, 4, 5).unwrap();
+    assert_eq!(kv.get(3, 4).unwrap(), Some(5));
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+
+    let (mut server2, _) = server::<KvService>(&fabric, small());
+    let mut client = ScaleClient::<u32>::new(&fabric.open(), cfg).unwrap();
+    let (c, info) = client.create_conn().unwrap();
+    let theirs = server2.transport_mut().add_client(&info).unwrap();
+    client.connect(c, &theirs).unwrap();
+    match ScaleRpc::from_client(client, c, &theirs, EchoService::DESCRIPTOR) {
+        Err(RpcError::SchemaMismatch {
+            service: "Echo", ..
+        }) => {}
+        other => panic!("expected SchemaMismatch, got {other:?}"),
+    }
+}
+
+#[test]
+fn server_dropped_mid_run_fails_pending_and_later_calls() {
+    // The progress thread stands in for the NIC's retransmission timer: a WQE towards a
+    // dead QP fails with retry-exceeded after `retry_cnt` retries.
+    let fabric = Fabric::new(SimConfig {
+        progress_thread: Some(Duration::from_millis(1)),
+        ..SimConfig::default()
+    });
+    let (mut server, mut addr) = server::<KvService>(&fabric, small());
+    addr.probe_interval = Some(Duration::from_millis(20));
+    let mut busy = connect_polling(&mut server, &addr, KvClient::<ScaleRpc>::connect).unwrap();
+    let mut idle = {
+        let mut a = addr.clone();
+        a.device = fabric.open();
+        connect_polling(&mut server, &a, KvClient::<ScaleRpc>::connect).unwrap()
+    };
+    // Both work.
+    let mut store = Store::default();
+    for kv in [&mut busy, &mut idle] {
+        kv.issue(1).put(0, 1, 1).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < deadline);
+            server.serve_once(|req| KvService::dispatch(&mut store, req));
+            if kv.poll().unwrap().is_some() {
+                break;
+            }
+        }
+    }
+    // `busy` has every one of its calls taken by the server, which never answers.
+    let depth = busy.max_in_flight() as u64;
+    for k in 0..depth {
+        busy.issue(k).get(0, k).unwrap();
+    }
+    let mut taken = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while taken < depth {
+        assert!(Instant::now() < deadline, "requests did not arrive");
+        assert!(busy.poll().unwrap().is_none());
+        server.poll();
+        while server.recv().is_some() {
+            taken += 1;
+        }
+    }
+    drop(server);
+    let t0 = Instant::now();
+    // Pending calls: the client sends nothing more, the probe finds the server gone.
+    loop {
+        match busy.poll() {
+            Ok(None) => assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "pending calls never failed"
+            ),
+            Err(RpcError::ServerDisconnected) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(busy.transport().probes_sent() >= 1);
+    assert!(matches!(busy.get(0, 1), Err(RpcError::ServerDisconnected)));
+    assert!(matches!(
+        busy.issue(9).get(0, 1),
+        Err(RpcError::ServerDisconnected)
+    ));
+    // The idle client learns it on its next call: its WRITE exhausts its retries.
+    assert!(matches!(idle.get(0, 1), Err(RpcError::ServerDisconnected)));
+    assert!(matches!(
+        idle.put(0, 1, 2),
+        Err(RpcError::ServerDisconnected)
+    ));
+    assert_eq!(idle.transport().probes_sent(), 0);
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn server_dropped_with_several_groups_no_client_hangs() {
+    // One connection per group, and a slice far longer than the test: the first client's
+    // group stays active, the second waits for its turn. After the server is gone, the active one's WRITE fails and the waiting one, never scheduled again, gives up
+    // after its activation timeout: both get ServerDisconnected.
+    let fabric = Fabric::new(SimConfig {
+        progress_thread: Some(Duration::from_millis(1)),
+        ..SimConfig::default()
+    });
+    let cfg = ServerConfig {
+        group_size: Some(1),
+        slice: Duration::from_secs(3600),
+        ..small()
+    };
+    let (mut server, mut addr) = server::<KvService>(&fabric, cfg);
+    addr.activation_timeout = Some(Duration::from_millis(300));
+    let mut active = connect_polling(&mut server, &addr, KvClient::<ScaleRpc>::connect).unwrap();
+    addr.device = fabric.open();
+    let mut waiting = connect_polling(&mut server, &addr, KvClient::<ScaleRpc>::connect).unwrap();
+    assert!(active.transport().is_active());
+    assert!(!waiting.transport().is_active());
+    assert_eq!(
+        server.transport().scale_server().scheduler().num_groups(),
+        2
+    );
+    drop(server);
+    let t0 = Instant::now();
+    assert!(matches!(
+        active.get(0, 1),
+        Err(RpcError::ServerDisconnected)
+    ));
+    let t1 = Instant::now();
+    assert!(matches!(
+        waiting.get(0, 1),
+        Err(RpcError::ServerDisconnected)
+    ));
+    assert!(t1.elapsed() >= Duration::from_millis(300));
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    // Later calls fail at once.
+    let t2 = Instant::now();
+    assert!(matches!(
+        waiting.put(0, 1, 1),
+        Err(RpcError::ServerDisconnected)
+    ));
+    assert!(t2.elapsed() < Duration::from_millis(100));
+}
