@@ -154,6 +154,9 @@ enum SlotState {
     Reserved = 1,
     /// A complete request found, waiting for `recv`.
     RequestPending = 2,
+    /// The response was built in the slot (RDMA WRITTEN to the client, or waiting for its
+    /// READ); the slot is scanned again, since the client's next request overwrites it.
+    ResponseReady = 3,
 }
 
 struct ServerConn {
@@ -669,7 +672,10 @@ impl ScaleServer {
     fn scan_slot(&mut self, c: u32, p: u32) {
         let i = p as usize;
         self.stats.slots_scanned += 1;
-        if self.states[i] != SlotState::Free {
+        if matches!(
+            self.states[i],
+            SlotState::Reserved | SlotState::RequestPending
+        ) {
             if self.owner[i] == c {
                 return;
             }
@@ -849,7 +855,7 @@ impl ScaleServer {
             self.stats.stale_replies += 1;
             return Err(ScaleError::StaleToken);
         }
-        self.states[i] = SlotState::Free;
+        self.states[i] = SlotState::ResponseReady;
         self.stats.responses += 1;
         let c = tok.conn as usize;
         if self.conns[c].failed {
