@@ -5,6 +5,7 @@
 pub mod client;
 pub mod copyrpc;
 pub mod delegation;
+pub mod erpc;
 pub mod error;
 #[doc(hidden)]
 pub mod macro_support;

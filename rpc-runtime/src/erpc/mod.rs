@@ -1,0 +1,27 @@
+//! Building blocks for an eRPC-style RPC layer (Kalia et al., "Datacenter RPCs can be General
+//! and Fast", NSDI 2019; issue 5, specs `seeds/000` and `seeds/002`).
+//!
+//! eRPC runs RPCs over unreliable datagrams: connection state lives in CPU caches instead of
+//! the NIC, the protocol is client driven (the server only answers packets), flow control
+//! is per-session credits, loss recovery is go-back-N, and congestion control is Timely
+//! (RTT gradients) with a Carousel-style rate limiter that uncongested sessions bypass.
+//!
+//! Present so far are the self-contained leaf pieces:
+//! - [`pkthdr`]: the 16-byte packet header and its bit layout;
+//! - [`msgbuf`]: the DMA-capable message buffer with the `hdr0 | data | hdr1..` layout;
+//! - [`timely`]: Timely rate computation with eRPC's uncongested bypass;
+//! - [`wheel`]: the timing wheel that paces packets of congested sessions.
+//!
+//! - [`transport`]: the [`transport::DatagramTransport`] interface the core drives, and
+//!   [`transport::udp::UdpTransport`] (UDP sockets with `sendmmsg`/`recvmmsg` batching).
+//!
+//! Not here yet (issue 5 is open): the sans-I/O protocol core (sessions, slots, credits,
+//! CR/RFR, go-back-N, at-most-once, session management, node failure), the mlx5 UD
+//! transport, and the typed `#[rpc_service(transport = "erpc")]` binding, which the macro
+//! still reports as unavailable.
+
+pub mod msgbuf;
+pub mod pkthdr;
+pub mod timely;
+pub mod transport;
+pub mod wheel;

@@ -1,0 +1,176 @@
+//! Datagram transports that the eRPC protocol core drives.
+//!
+//! The eRPC core is sans-I/O: it turns "packet in / time now / call issued" into "packets out /
+//! completions". A [`DatagramTransport`] is the other half: it moves whole datagrams between
+//! endpoints, unreliably (loss, duplication and reordering are the core's problem), in batches.
+//! Two implementations are planned: UDP sockets with `sendmmsg`/`recvmmsg` ([`udp`]) for any IP
+//! network, and mlx5 UD queue pairs.
+//!
+//! # Units
+//! All sizes are in bytes. A *packet* is one datagram: eRPC's 16-byte packet header followed by
+//! up to `mtu() - 16` bytes of message data. The transport does not look inside packets.
+//!
+//! # Zero-copy batching
+//! - **Transmit** takes a slice of [`TxPkt`]s. Each packet is a gather list of two byte slices,
+//!   header and data, because eRPC's message buffer keeps the headers of packets `1..N-1` apart
+//!   from the contiguous data; the transport gathers them (`iovec`s for UDP, two data segments of
+//!   a WQE for UD) without copying them into an intermediate buffer first.
+//! - **Receive** fills a ring of buffers that the transport allocated once, at construction.
+//!   [`rx_burst`](DatagramTransport::rx_burst) reports how many datagrams arrived;
+//!   [`rx_pkt`](DatagramTransport::rx_pkt) lends each one out in place; the borrow ends before
+//!   the next `rx_burst` (which takes `&mut self`), at which point the buffers are reused.
+//!
+//! This *pull* style was chosen over a callback (`rx_burst(max, |addr, bytes| ..)`) because
+//! (1) it is how eRPC's own loop is structured (receive a burst, process the ring, re-post the
+//! receive descriptors) and maps one-to-one onto a UD receive queue, where
+//! [`rx_release`](DatagramTransport::rx_release) is the re-post; (2) the core can look at a
+//! packet, decide, and come back to it (e.g. hand a single-packet request to a dispatch-mode
+//! handler zero-copy) without threading its whole state through a closure; and (3) nothing is
+//! boxed or captured, so the steady state allocates nothing on either side.
+//!
+//! # Errors
+//! Datagram loss is normal, so conditions that affect one packet (unreachable destination, a
+//! datagram above the receiver's MTU) drop that packet and count it in [`TransportStats`]
+//! instead of failing the call. A full send queue stops a transmit burst early (the return value
+//! says how many were taken; retry the rest later). `Err` is reserved for caller bugs (a packet
+//! larger than [`mtu`](DatagramTransport::mtu)) and for failures of the transport itself.
+
+pub mod udp;
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::io;
+
+pub use udp::{UdpConfig, UdpTransport};
+
+/// Size in bytes of an eRPC packet header (the same value as
+/// [`pkthdr::PKTHDR_SIZE`](super::pkthdr::PKTHDR_SIZE)); datagrams shorter than this are still
+/// delivered by transports (the core validates and counts them).
+pub const PKT_HDR_LEN: usize = super::pkthdr::PKTHDR_SIZE;
+
+/// One outgoing datagram: a destination and a two-part gather list.
+///
+/// The datagram on the wire is `hdr` immediately followed by `data`. Either part may be empty;
+/// their total length must not exceed the transport's [`mtu`](DatagramTransport::mtu).
+#[derive(Clone, Copy, Debug)]
+pub struct TxPkt<'a, A> {
+    /// Where the datagram goes.
+    pub dest: A,
+    /// First part, normally the 16-byte eRPC packet header.
+    pub hdr: &'a [u8],
+    /// Second part, normally this packet's slice of the message data.
+    pub data: &'a [u8],
+}
+
+impl<'a, A> TxPkt<'a, A> {
+    /// A datagram made of `hdr` followed by `data`.
+    pub fn new(dest: A, hdr: &'a [u8], data: &'a [u8]) -> Self {
+        TxPkt { dest, hdr, data }
+    }
+
+    /// A datagram made of one contiguous byte slice.
+    pub fn single(dest: A, bytes: &'a [u8]) -> Self {
+        TxPkt {
+            dest,
+            hdr: bytes,
+            data: &[],
+        }
+    }
+
+    /// Length in bytes of the datagram (`hdr.len() + data.len()`).
+    pub fn len(&self) -> usize {
+        self.hdr.len() + self.data.len()
+    }
+
+    /// Whether the datagram has no payload at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Counters kept by a transport since it was created. All are monotonically increasing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransportStats {
+    /// Datagrams handed to the network.
+    pub tx_pkts: u64,
+    /// Payload bytes of the datagrams in `tx_pkts`.
+    pub tx_bytes: u64,
+    /// Datagrams dropped at send time because of an error that concerns only that packet
+    /// (e.g. unreachable network, address family the socket cannot reach).
+    pub tx_errors: u64,
+    /// Times a transmit burst stopped early because the send queue was full.
+    pub tx_would_block: u64,
+    /// Transmit system calls (or doorbells) made; `tx_pkts / tx_calls` is the batching factor.
+    pub tx_calls: u64,
+    /// Datagrams delivered by `rx_burst`.
+    pub rx_pkts: u64,
+    /// Payload bytes of the datagrams in `rx_pkts`.
+    pub rx_bytes: u64,
+    /// Datagrams dropped on receipt because they were larger than [`DatagramTransport::mtu`].
+    pub rx_oversized: u64,
+    /// Datagrams delivered that were shorter than [`PKT_HDR_LEN`] (also counted in `rx_pkts`).
+    pub rx_short: u64,
+    /// Receive calls that failed with an error other than "nothing to receive".
+    pub rx_errors: u64,
+    /// Receive system calls (or completion-queue polls) that returned at least one datagram.
+    pub rx_calls: u64,
+}
+
+/// An unreliable, batched datagram transport; the interface the eRPC core drives.
+///
+/// Implementations preallocate everything at construction, so [`tx_burst`](Self::tx_burst),
+/// [`rx_burst`](Self::rx_burst), [`rx_pkt`](Self::rx_pkt) and [`rx_release`](Self::rx_release)
+/// never allocate. None of them blocks.
+pub trait DatagramTransport {
+    /// Address of an endpoint, small and cheap to copy; sessions are keyed by it.
+    type Addr: Copy + Eq + Hash + Debug;
+
+    /// Largest datagram payload in bytes (header included) that can be sent and received.
+    /// The eRPC core packs `mtu() - 16` data bytes per packet.
+    fn mtu(&self) -> usize;
+
+    /// The address peers use to reach this endpoint.
+    fn local_addr(&self) -> Self::Addr;
+
+    /// The most datagrams one [`rx_burst`](Self::rx_burst) can return (the receive ring size).
+    fn rx_batch(&self) -> usize;
+
+    /// Sends `pkts` in order, batching system calls, without blocking.
+    ///
+    /// Returns how many packets from the front of `pkts` were consumed: sent, or dropped because
+    /// of a per-packet error (counted in [`TransportStats::tx_errors`]). A value below
+    /// `pkts.len()` means the send queue is full; the caller retries the rest later.
+    ///
+    /// # Errors
+    /// [`io::ErrorKind::InvalidInput`] if any packet is longer than [`mtu`](Self::mtu); nothing
+    /// is sent in that case. Any other error means the transport itself failed (it is returned
+    /// only when no packet of this call was consumed; otherwise the call returns the count and
+    /// the next one reports the error).
+    fn tx_burst(&mut self, pkts: &[TxPkt<'_, Self::Addr>]) -> io::Result<usize>;
+
+    /// Receives up to `max` (capped at [`rx_batch`](Self::rx_batch)) datagrams into the
+    /// receive ring without blocking, and returns how many are available through
+    /// [`rx_pkt`](Self::rx_pkt) (`0` if none were waiting).
+    ///
+    /// Any packets of the previous burst not yet released are released first. Datagrams larger
+    /// than [`mtu`](Self::mtu) are dropped and counted ([`TransportStats::rx_oversized`]);
+    /// datagrams shorter than a packet header are delivered (and counted in
+    /// [`TransportStats::rx_short`]). Receive errors are counted in
+    /// [`TransportStats::rx_errors`] and yield `0`.
+    fn rx_burst(&mut self, max: usize) -> usize;
+
+    /// The `i`-th datagram of the current burst: its source and its bytes, in place in the
+    /// receive ring.
+    ///
+    /// # Panics
+    /// If `i` is not below the count the last [`rx_burst`](Self::rx_burst) returned, or the
+    /// burst was released.
+    fn rx_pkt(&self, i: usize) -> (Self::Addr, &[u8]);
+
+    /// Returns the buffers of the current burst to the receive ring. Optional: the next
+    /// [`rx_burst`](Self::rx_burst) does it implicitly.
+    fn rx_release(&mut self);
+
+    /// A snapshot of the counters.
+    fn stats(&self) -> TransportStats;
+}
