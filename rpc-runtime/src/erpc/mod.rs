@@ -13,13 +13,16 @@
 //! - [`wheel`]: the timing wheel that paces packets of congested sessions.
 //!
 //! - [`transport`]: the [`transport::DatagramTransport`] interface the core drives, and
-//!   [`transport::udp::UdpTransport`] (UDP sockets with `sendmmsg`/`recvmmsg` batching).
+//!   [`transport::udp::UdpTransport`] (UDP sockets with `sendmmsg`/`recvmmsg` batching);
+//! - [`core`]: the sans-I/O protocol core ([`core::Rpc`]): sessions, slots, credits, CR/RFR,
+//!   go-back-N, at-most-once, session management and node failure.
 //!
-//! Not here yet (issue 5 is open): the sans-I/O protocol core (sessions, slots, credits,
-//! CR/RFR, go-back-N, at-most-once, session management, node failure), the mlx5 UD
-//! transport, and the typed `#[rpc_service(transport = "erpc")]` binding, which the macro
+//! Not here yet (issue 5 is open): the event loop tying [`core`] to a transport, Timely and
+//! the wheel wired into the core, the mlx5 UD transport, and the typed
+//! `#[rpc_service(transport = "erpc")]` binding, which the macro
 //! still reports as unavailable.
 
+pub mod core;
 pub mod msgbuf;
 pub mod pkthdr;
 pub mod timely;

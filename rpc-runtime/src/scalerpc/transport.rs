@@ -90,8 +90,10 @@ use crate::service::{Service, ServiceDescriptor};
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default [`ScaleRpcAddr::probe_interval`].
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(100);
-/// Default [`ScaleRpcAddr::activation_timeout`].
-pub const DEFAULT_ACTIVATION_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default [`ScaleRpcAddr::activation_timeout`]: generous, because on a shared, oversubscribed
+/// machine a group's turn can be delayed by other groups' acknowledgement timeouts and by
+/// thread scheduling; a liveness timeout must not fire on a merely slow server.
+pub const DEFAULT_ACTIVATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// `rpc_type` of the requests [`ScaleRpc`] sends for calls.
 pub const RPC_TYPE_CALL: u16 = 0;
 /// `rpc_type` of liveness probes (empty requests, answered by [`ScaleRpcServer`] itself).

@@ -1,0 +1,63 @@
+//! Node failure (seeds/002 §10): a peer silent for `failure_timeout` fails its sessions.
+//!
+//! Client side: every RPC in flight or backlogged gets [`Event::RequestFailed`], then the
+//! session gets [`Event::SessionFailed`] and is freed. Server side: the session and its
+//! cached requests/responses are freed ([`Event::ServerSessionClosed`]); tokens of requests
+//! not yet answered become stale (`reply` returns `StaleToken`). Connected idle clients ping
+//! (see `sm.rs`), so only a really silent peer trips this.
+
+use std::hash::Hash;
+
+use super::session::Role;
+use super::{Event, Rpc, RpcError, SessionId, Time};
+
+impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
+    /// Fails or reaps session `sid` if its peer has been silent too long; returns whether it
+    /// was freed.
+    pub(super) fn check_failure(&mut self, now: Time, sid: SessionId) -> bool {
+        let timeout = self.cfg.failure_timeout;
+        let Some(s) = self.session(sid) else {
+            return true;
+        };
+        if now < s.last_rx.saturating_add(timeout) {
+            return false;
+        }
+        if s.role.is_client() {
+            self.fail_client_session(sid, RpcError::PeerFailed);
+        } else {
+            self.free_session(sid);
+            self.stats.server_sessions_reaped += 1;
+            self.events.push_back(Event::ServerSessionClosed(sid));
+        }
+        true
+    }
+
+    /// Client: fails every RPC of `sid`, reports the session failed, frees it.
+    pub(super) fn fail_client_session(&mut self, sid: SessionId, error: RpcError) {
+        let Some(s) = self.free_session(sid) else {
+            return;
+        };
+        self.stats.sessions_failed += 1;
+        if let Role::Client(c) = s.role {
+            let c = *c;
+            for slot in c.slots.iter().filter(|sl| sl.active) {
+                self.events.push_back(Event::RequestFailed {
+                    session: sid,
+                    tag: slot.tag,
+                    error,
+                });
+            }
+            for p in c.backlog {
+                self.events.push_back(Event::RequestFailed {
+                    session: sid,
+                    tag: p.tag,
+                    error,
+                });
+            }
+        }
+        self.events.push_back(Event::SessionFailed {
+            session: sid,
+            error,
+        });
+    }
+}

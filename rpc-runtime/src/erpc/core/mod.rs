@@ -1,0 +1,637 @@
+//! The sans-I/O eRPC protocol core (issue 5; seeds/002 §6-§11).
+//!
+//! [`Rpc`] is a pure state machine: it never touches a socket, a NIC or a clock. The caller
+//! (an event loop over a [`DatagramTransport`](super::transport::DatagramTransport), or a test
+//! with a simulated wire) feeds it inputs and drains its outputs:
+//!
+//! | inputs                                   | outputs                                    |
+//! |------------------------------------------|--------------------------------------------|
+//! | [`Rpc::handle_datagram`] (packet arrived)| [`Rpc::poll_transmit`] (packets to send)   |
+//! | [`Rpc::handle_timeout`] (time passed)    | [`Rpc::poll_event`] ([`Event`]s)           |
+//! | [`Rpc::create_session`], [`Rpc::destroy_session`], [`Rpc::enqueue_request`], [`Rpc::reply`] | [`Rpc::next_timeout`] (when to call `handle_timeout`) |
+//!
+//! Time is a [`Time`]: nanoseconds since an epoch the caller picks (virtual in tests). After
+//! any input, drain `poll_transmit` and `poll_event`, then sleep until `next_timeout()` or the
+//! next datagram.
+//!
+//! # Protocol (client driven, invariant I4)
+//! One endpoint can be client and server at once; each session has one role. A client session
+//! has [`SLOTS_PER_SESSION`] slots; slot `i` carries requests `i, i + 8, i + 16, ..` (the
+//! `req_num` advances by the window), so at most 8 RPCs are in flight per session and the rest
+//! wait in a backlog. Every packet the client sends is answered by exactly one server packet
+//! with the same `pkt_num`: request packet `k < N-1` by an explicit credit return (`ExplCr`),
+//! the last request packet by response packet 0, and RFR `k >= N` by response packet
+//! `k - (N - 1)` (response packet `j` carries `pkt_num = N - 1 + j`). Each sent packet takes one
+//! of the session's credits (default 8) and each accepted answer gives it back; slots that have
+//! packets to send but no credit wait in the session's stall queue. The client accepts
+//! answers only in order (`pkt_num == num_rx`); a slot that makes no progress for an RTO (5 ms
+//! default) rolls back (`num_tx = num_rx`, credits returned) and re-sends (go-back-N, see
+//! `pkt_loss.rs`). The server keeps per slot the last `req_num` and its response: duplicates
+//! of the current request are answered from that cache, older requests are dropped, and each
+//! request is handed to the application ([`Event::Request`]) exactly once.
+//!
+//! Session management (`sm.rs`) uses the same datagram channel with
+//! `dest_session_num = 0xffff`; connect/disconnect requests carry a unique token, are
+//! re-sent every `sm_rto`, and duplicates get the same answer. A peer that is silent for
+//! `failure_timeout` fails its sessions (`failure.rs`); connected idle clients send keepalive
+//! pings so that a live peer is never silent.
+//!
+//! Message data is copied into owned buffers (`Vec<u8>`); slot buffers are reused, so the
+//! steady state allocates once per received message (the buffer handed out in the event),
+//! never per packet. Transmit descriptors are small values rendered into the caller's buffer
+//! by `poll_transmit`.
+
+mod cr;
+mod failure;
+mod pkt_loss;
+mod req;
+mod resp;
+mod rfr;
+mod session;
+mod sm;
+mod sslot;
+
+#[cfg(test)]
+mod sim_tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+
+use thiserror::Error;
+
+use super::pkthdr::{MAX_MSG_SIZE, MAX_PKT_NUM, PKTHDR_SIZE, PktHdr, PktType};
+pub use session::SessionId;
+use session::{Session, SessionState};
+pub use sslot::SLOTS_PER_SESSION;
+
+/// Nanoseconds since a caller-chosen epoch.
+pub type Time = u64;
+
+/// One millisecond in [`Time`] units.
+pub const MS: Time = 1_000_000;
+
+/// Tunables of an [`Rpc`] endpoint.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Largest datagram in bytes, header included; data per packet is `mtu - 16`.
+    pub mtu: usize,
+    /// Packets a client session may have outstanding (default 8).
+    pub session_credits: usize,
+    /// Retransmission timeout of a slot that makes no progress (default 5 ms).
+    pub rto: Time,
+    /// Re-send interval of unanswered session-management requests (default 10 ms).
+    pub sm_rto: Time,
+    /// A peer silent this long fails its sessions (default 200 ms).
+    pub failure_timeout: Time,
+    /// A connected client that heard nothing from its server for this long pings it
+    /// (default 50 ms; must be below `failure_timeout`).
+    pub keepalive: Time,
+    /// Largest request or response data in bytes (default 8 MiB).
+    pub max_msg_size: usize,
+    /// Sessions (both roles) this endpoint holds at most (at most 65535).
+    pub max_sessions: usize,
+    /// Fingerprint of the RPC schema; a connect request with another value is refused.
+    pub schema_fingerprint: u64,
+    /// Mixed into session tokens so that a restarted endpoint at the same address does not
+    /// repeat the tokens of its previous life (pass something random).
+    pub token_nonce: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mtu: 4096,
+            session_credits: 8,
+            rto: 5 * MS,
+            sm_rto: 10 * MS,
+            failure_timeout: 200 * MS,
+            keepalive: 50 * MS,
+            max_msg_size: super::msgbuf::MAX_DATA_SIZE,
+            max_sessions: 4096,
+            schema_fingerprint: 0,
+            token_nonce: 0,
+        }
+    }
+}
+
+/// Why a [`Config`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// The MTU leaves no room for data or for a session-management packet.
+    #[error("mtu {0} too small (at least {min})", min = sm::SM_PKT_LEN + 1)]
+    MtuTooSmall(usize),
+    /// `session_credits` is 0 or above the packet-number space.
+    #[error("session_credits {0} out of range")]
+    BadCredits(usize),
+    /// A maximal request plus a maximal response would not fit the 14-bit `pkt_num`, or
+    /// the size exceeds the 24-bit `msg_size`.
+    #[error("max_msg_size {0} too large for this mtu")]
+    MsgTooLarge(usize),
+    /// `max_sessions` above 65535 or zero.
+    #[error("max_sessions {0} out of range")]
+    BadMaxSessions(usize),
+    /// `keepalive` not below `failure_timeout`, or a zero timeout.
+    #[error("timeouts inconsistent")]
+    BadTimeouts,
+}
+
+/// Why an RPC or a session failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum RpcError {
+    /// The peer was silent for `failure_timeout`.
+    #[error("peer silent for the failure timeout")]
+    PeerFailed,
+    /// The server refused the connection: its schema fingerprint differs.
+    #[error("schema fingerprint mismatch")]
+    SchemaMismatch,
+    /// The server refused the connection for lack of session slots.
+    #[error("server has no free sessions")]
+    NoResources,
+    /// The server no longer knows the session (it freed it).
+    #[error("server lost the session")]
+    SessionLost,
+}
+
+/// Why a call on [`Rpc`] was refused (caller errors; nothing changed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum CallError {
+    /// No such session, or not in a state that allows the call.
+    #[error("unknown session or wrong session state")]
+    BadSession,
+    /// The message exceeds `max_msg_size`.
+    #[error("message of {0} bytes exceeds max_msg_size")]
+    TooLarge(usize),
+    /// The session still has requests in flight or queued.
+    #[error("session busy")]
+    Busy,
+    /// All session numbers are in use.
+    #[error("no free session numbers")]
+    NoSessions,
+    /// The token does not name a request awaiting a reply (already replied, or the session
+    /// was freed).
+    #[error("stale request token")]
+    StaleToken,
+}
+
+/// Names one received request on the server; pass it to [`Rpc::reply`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReqToken {
+    session: SessionId,
+    generation: u64,
+    req_num: u64,
+}
+
+impl ReqToken {
+    /// The server session the request arrived on.
+    pub fn session(&self) -> SessionId {
+        self.session
+    }
+
+    /// The request number (unique within the session).
+    pub fn req_num(&self) -> u64 {
+        self.req_num
+    }
+}
+
+/// Something the application must know about (drained with [`Rpc::poll_event`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Server: a complete request; answer it with [`Rpc::reply`].
+    Request {
+        /// Pass to `reply`.
+        token: ReqToken,
+        /// The handler type.
+        req_type: u8,
+        /// The request data.
+        data: Vec<u8>,
+    },
+    /// Client: the response of the request enqueued with `tag`.
+    Response {
+        /// Client session.
+        session: SessionId,
+        /// The caller's tag.
+        tag: u64,
+        /// Response data.
+        data: Vec<u8>,
+    },
+    /// Client: the request enqueued with `tag` failed (its session failed).
+    RequestFailed {
+        /// Client session.
+        session: SessionId,
+        /// The caller's tag.
+        tag: u64,
+        /// Why.
+        error: RpcError,
+    },
+    /// Client: the session is connected (requests queued before now start).
+    SessionConnected(SessionId),
+    /// Client: the session failed and is freed (after the `RequestFailed` of its requests).
+    SessionFailed {
+        /// Client session.
+        session: SessionId,
+        /// Why.
+        error: RpcError,
+    },
+    /// Client: `destroy_session` completed; the session is freed.
+    SessionDisconnected(SessionId),
+    /// Server: a server session was freed because its client disconnected or failed;
+    /// tokens of its unanswered requests are now stale.
+    ServerSessionClosed(SessionId),
+}
+
+/// Counters (all monotonically increasing).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Datagrams given to `handle_datagram`.
+    pub rx_pkts: u64,
+    /// Datagrams produced by `poll_transmit`.
+    pub tx_pkts: u64,
+    /// Dropped: shorter than the header or than a session-management packet.
+    pub drop_truncated: u64,
+    /// Dropped: bad magic or reserved bits.
+    pub drop_bad_hdr: u64,
+    /// Dropped: no such session, wrong role, or wrong sender.
+    pub drop_unknown_session: u64,
+    /// Dropped: `req_num`/`pkt_num` outside the expected window (stale, duplicate or out of
+    /// order).
+    pub drop_out_of_window: u64,
+    /// Dropped: `msg_size` above `max_msg_size`.
+    pub drop_msg_too_large: u64,
+    /// Dropped: payload length or header fields inconsistent with the message.
+    pub drop_bad_len: u64,
+    /// Dropped: invalid session-management packet.
+    pub drop_bad_sm: u64,
+    /// Server: requests handed to the application (handler executions).
+    pub requests_dispatched: u64,
+    /// Server: duplicate request packets answered from the cache (CR or response).
+    pub dup_req_answered: u64,
+    /// Client: go-back-N rollbacks.
+    pub rollbacks: u64,
+    /// Client: packets re-sent after rollbacks.
+    pub retransmitted_pkts: u64,
+    /// Explicit credit returns sent.
+    pub cr_tx: u64,
+    /// Requests for response sent.
+    pub rfr_tx: u64,
+    /// Session-management packets sent.
+    pub sm_tx: u64,
+    /// Client sessions failed.
+    pub sessions_failed: u64,
+    /// Server sessions freed because the client went silent.
+    pub server_sessions_reaped: u64,
+}
+
+/// A packet waiting in the transmit queue, rendered by `poll_transmit`.
+#[derive(Debug, Clone, Copy)]
+enum Tx<A> {
+    /// A header-only packet (CR, RFR).
+    Ctrl { dest: A, hdr: [u8; PKTHDR_SIZE] },
+    /// Client request packet `pkt` of slot `slot` (skipped if the slot moved on).
+    ReqPkt {
+        session: SessionId,
+        generation: u64,
+        req_num: u64,
+        pkt: usize,
+    },
+    /// Server response packet `j` of the slot of `req_num` (skipped if the slot moved on).
+    RespPkt {
+        session: SessionId,
+        generation: u64,
+        req_num: u64,
+        j: usize,
+    },
+    /// A session-management packet.
+    Sm { dest: A, pkt: sm::SmPkt },
+}
+
+/// An eRPC endpoint: the protocol state of all its sessions (module docs describe the API).
+pub struct Rpc<A> {
+    cfg: Config,
+    data_per_pkt: usize,
+    sessions: Vec<Option<Session<A>>>,
+    /// Freed session numbers, reused oldest first (so stale packets rarely hit a new owner).
+    free_nums: VecDeque<u16>,
+    next_generation: u64,
+    token_counter: u64,
+    /// Server: (client address, connect token) -> server session.
+    conn_tokens: HashMap<(A, u64), SessionId>,
+    txq: VecDeque<Tx<A>>,
+    events: VecDeque<Event>,
+    stats: Stats,
+}
+
+impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
+    /// A new endpoint.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] for inconsistent settings.
+    pub fn new(cfg: Config) -> Result<Rpc<A>, ConfigError> {
+        if cfg.mtu <= sm::SM_PKT_LEN {
+            return Err(ConfigError::MtuTooSmall(cfg.mtu));
+        }
+        let dpp = cfg.mtu - PKTHDR_SIZE;
+        if cfg.session_credits == 0 || cfg.session_credits > usize::from(MAX_PKT_NUM) {
+            return Err(ConfigError::BadCredits(cfg.session_credits));
+        }
+        let max_pkts = sslot::pkts_for(cfg.max_msg_size, dpp);
+        if cfg.max_msg_size > MAX_MSG_SIZE as usize
+            || 2 * max_pkts - 1 > usize::from(MAX_PKT_NUM) + 1
+        {
+            return Err(ConfigError::MsgTooLarge(cfg.max_msg_size));
+        }
+        if cfg.max_sessions == 0 || cfg.max_sessions > usize::from(sm::SM_SESSION_NUM) {
+            return Err(ConfigError::BadMaxSessions(cfg.max_sessions));
+        }
+        if cfg.rto == 0
+            || cfg.sm_rto == 0
+            || cfg.keepalive == 0
+            || cfg.keepalive >= cfg.failure_timeout
+        {
+            return Err(ConfigError::BadTimeouts);
+        }
+        Ok(Rpc {
+            data_per_pkt: dpp,
+            cfg,
+            sessions: Vec::new(),
+            free_nums: VecDeque::new(),
+            next_generation: 1,
+            token_counter: 0,
+            conn_tokens: HashMap::new(),
+            txq: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: Stats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Data bytes per packet (`mtu - 16`).
+    pub fn data_per_pkt(&self) -> usize {
+        self.data_per_pkt
+    }
+
+    /// Number of live sessions (both roles).
+    pub fn num_sessions(&self) -> usize {
+        self.sessions.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Whether `session` is a connected client session.
+    pub fn is_connected(&self, session: SessionId) -> bool {
+        matches!(self.session(session), Some(s) if s.role.is_client() && s.state == SessionState::Connected)
+    }
+
+    /// Processes one received datagram from `from`. Invalid datagrams are dropped and
+    /// counted in [`Stats`]; this never panics on any input.
+    pub fn handle_datagram(&mut self, now: Time, from: A, bytes: &[u8]) {
+        self.stats.rx_pkts += 1;
+        let hdr = match PktHdr::decode(bytes) {
+            Ok(h) => h,
+            Err(super::pkthdr::HdrError::TooShort(_)) => {
+                self.stats.drop_truncated += 1;
+                return;
+            }
+            Err(_) => {
+                self.stats.drop_bad_hdr += 1;
+                return;
+            }
+        };
+        let payload = &bytes[PKTHDR_SIZE..];
+        if hdr.dest_session_num() == sm::SM_SESSION_NUM {
+            self.handle_sm(now, from, &hdr, payload);
+            return;
+        }
+        if hdr.msg_size() as usize > self.cfg.max_msg_size {
+            self.stats.drop_msg_too_large += 1;
+            return;
+        }
+        let sid = SessionId(hdr.dest_session_num());
+        let Some(s) = self.session_mut(sid) else {
+            self.stats.drop_unknown_session += 1;
+            return;
+        };
+        if s.peer != from || s.state != SessionState::Connected {
+            self.stats.drop_unknown_session += 1;
+            return;
+        }
+        match (s.role.is_client(), hdr.pkt_type()) {
+            (false, PktType::Req) => self.server_rx_req(now, sid, &hdr, payload),
+            (false, PktType::Rfr) => self.server_rx_rfr(now, sid, &hdr),
+            (true, PktType::ExplCr) => self.client_rx_cr(now, sid, &hdr),
+            (true, PktType::Resp) => self.client_rx_resp(now, sid, &hdr, payload),
+            _ => self.stats.drop_unknown_session += 1,
+        }
+    }
+
+    /// Runs every timer due at `now`: retransmissions, session-management re-sends,
+    /// keepalives, failure detection.
+    pub fn handle_timeout(&mut self, now: Time) {
+        for n in 0..self.sessions.len() {
+            let sid = SessionId(n as u16);
+            if self.session(sid).is_none() {
+                continue;
+            }
+            if self.check_failure(now, sid) {
+                continue;
+            }
+            self.sm_timers(now, sid);
+            self.rto_timers(now, sid);
+        }
+    }
+
+    /// The earliest time `handle_timeout` has work to do, if any.
+    pub fn next_timeout(&self) -> Option<Time> {
+        let mut best: Option<Time> = None;
+        let mut add = |t: Time| best = Some(best.map_or(t, |b| b.min(t)));
+        for s in self.sessions.iter().flatten() {
+            add(s.last_rx.saturating_add(self.cfg.failure_timeout));
+            if let Some(t) = self.sm_deadline(s) {
+                add(t);
+            }
+            if let Some(c) = s.role.client() {
+                for slot in &c.slots {
+                    if let Some(t) = slot.rto_deadline {
+                        add(t);
+                    }
+                }
+            }
+        }
+        best
+    }
+
+    /// Writes the next datagram to send into `buf` and returns its destination and length.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than the configured MTU (a caller bug).
+    pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<(A, usize)> {
+        assert!(buf.len() >= self.cfg.mtu, "poll_transmit buffer below mtu");
+        while let Some(tx) = self.txq.pop_front() {
+            if let Some(out) = self.render(tx, buf) {
+                self.stats.tx_pkts += 1;
+                return Some(out);
+            }
+        }
+        None
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    fn render(&self, tx: Tx<A>, buf: &mut [u8]) -> Option<(A, usize)> {
+        match tx {
+            Tx::Ctrl { dest, hdr } => {
+                buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
+                Some((dest, PKTHDR_SIZE))
+            }
+            Tx::Sm { dest, pkt } => Some((dest, pkt.encode(buf))),
+            Tx::ReqPkt {
+                session,
+                generation,
+                req_num,
+                pkt,
+            } => self.render_req_pkt(session, generation, req_num, pkt, buf),
+            Tx::RespPkt {
+                session,
+                generation,
+                req_num,
+                j,
+            } => self.render_resp_pkt(session, generation, req_num, j, buf),
+        }
+    }
+
+    fn session(&self, sid: SessionId) -> Option<&Session<A>> {
+        self.sessions.get(usize::from(sid.0))?.as_ref()
+    }
+
+    fn session_mut(&mut self, sid: SessionId) -> Option<&mut Session<A>> {
+        self.sessions.get_mut(usize::from(sid.0))?.as_mut()
+    }
+
+    /// Allocates a session number and stores `make(generation)` there.
+    fn alloc_session(&mut self, s: Session<A>) -> Option<SessionId> {
+        let n = if let Some(n) = self.free_nums.pop_front() {
+            n
+        } else if self.sessions.len() < self.cfg.max_sessions {
+            self.sessions.push(None);
+            (self.sessions.len() - 1) as u16
+        } else {
+            return None;
+        };
+        self.sessions[usize::from(n)] = Some(s);
+        Some(SessionId(n))
+    }
+
+    fn free_session(&mut self, sid: SessionId) -> Option<Session<A>> {
+        let s = self.sessions.get_mut(usize::from(sid.0))?.take()?;
+        self.free_nums.push_back(sid.0);
+        if !s.role.is_client() {
+            self.conn_tokens.remove(&(s.peer, s.token));
+        }
+        Some(s)
+    }
+
+    fn new_generation(&mut self) -> u64 {
+        let g = self.next_generation;
+        self.next_generation += 1;
+        g
+    }
+
+    /// Header for a packet to the peer of `s`.
+    fn hdr(
+        req_type: u8,
+        msg_size: usize,
+        dest: u16,
+        t: PktType,
+        pkt_num: usize,
+        req_num: u64,
+    ) -> [u8; PKTHDR_SIZE] {
+        // The fields were validated when the message was accepted (sizes below the 24-bit
+        // limit, packet numbers below 2^14, req_num below 2^44 for 2^41 requests per slot).
+        PktHdr::new(req_type, msg_size as u32, dest, t, pkt_num as u16, req_num)
+            .map(|h| h.encode())
+            .unwrap_or([0; PKTHDR_SIZE])
+    }
+
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        for s in self.sessions.iter().flatten() {
+            if let Some(c) = s.role.client() {
+                let used: usize = c.slots.iter().map(|sl| sl.num_tx - sl.num_rx).sum();
+                assert_eq!(
+                    c.credits + used,
+                    self.cfg.session_credits,
+                    "credit accounting"
+                );
+                for sl in &c.slots {
+                    assert!(sl.num_rx <= sl.num_tx);
+                }
+            }
+        }
+    }
+}
+
+/// `sessions[sid]`, borrowing only the session table (so other fields stay usable).
+fn sess_mut<A>(sessions: &mut [Option<Session<A>>], sid: SessionId) -> Option<&mut Session<A>> {
+    sessions.get_mut(usize::from(sid.0))?.as_mut()
+}
+
+impl<A> std::fmt::Debug for Rpc<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rpc")
+            .field("cfg", &self.cfg)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_validation() {
+        assert!(Rpc::<u32>::new(Config::default()).is_ok());
+        let bad = |f: fn(&mut Config)| {
+            let mut c = Config::default();
+            f(&mut c);
+            Rpc::<u32>::new(c).is_err()
+        };
+        assert!(bad(|c| c.mtu = 20));
+        assert!(bad(|c| c.session_credits = 0));
+        assert!(bad(|c| c.max_sessions = 70000));
+        assert!(bad(|c| c.keepalive = c.failure_timeout));
+        assert!(bad(|c| {
+            c.mtu = 1024;
+            c.max_msg_size = 8 << 20
+        }));
+    }
+
+    #[test]
+    fn garbage_is_counted_not_fatal() {
+        let mut rpc = Rpc::<u32>::new(Config::default()).unwrap();
+        rpc.handle_datagram(0, 1, &[1, 2, 3]);
+        rpc.handle_datagram(0, 1, &[0xff; 40]);
+        let h = PktHdr::new(0, 1, 3, PktType::Req, 0, 0).unwrap().encode();
+        rpc.handle_datagram(0, 1, &h);
+        let h = PktHdr::new(0, MAX_MSG_SIZE, 3, PktType::Req, 0, 0)
+            .unwrap()
+            .encode();
+        rpc.handle_datagram(0, 1, &h);
+        let st = rpc.stats();
+        assert_eq!(st.drop_truncated, 1);
+        assert_eq!(st.drop_bad_hdr, 1);
+        assert_eq!(st.drop_unknown_session, 1);
+        assert_eq!(st.drop_msg_too_large, 1);
+        assert!(rpc.poll_event().is_none());
+        assert!(rpc.poll_transmit(&mut [0; 4096]).is_none());
+    }
+}

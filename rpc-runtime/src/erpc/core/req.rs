@@ -1,0 +1,268 @@
+//! Requests: client request TX (slots, backlog, credits, stall queue) and server request RX
+//! (in-order reassembly, explicit credit returns, at-most-once dispatch).
+
+use std::hash::Hash;
+
+use super::session::{PendingReq, SessionState};
+use super::sslot::{SrvState, pkt_range, pkts_for, slot_of};
+use super::{CallError, Event, ReqToken, Rpc, SessionId, Time, Tx};
+use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
+
+impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
+    /// Client: queues an RPC of type `req_type` with `payload` (copied) on `session`. The
+    /// outcome arrives as [`Event::Response`] or [`Event::RequestFailed`] carrying `tag`.
+    /// Requests beyond the 8 slots, or issued while the session is still connecting, wait in
+    /// the session's backlog.
+    ///
+    /// # Errors
+    /// [`CallError::BadSession`] if `session` is not a connecting or connected client
+    /// session, [`CallError::TooLarge`] above `max_msg_size`.
+    pub fn enqueue_request(
+        &mut self,
+        now: Time,
+        session: SessionId,
+        req_type: u8,
+        payload: &[u8],
+        tag: u64,
+    ) -> Result<(), CallError> {
+        if payload.len() > self.cfg.max_msg_size {
+            return Err(CallError::TooLarge(payload.len()));
+        }
+        let dpp = self.data_per_pkt;
+        let s = super::sess_mut(&mut self.sessions, session).ok_or(CallError::BadSession)?;
+        let connected = match s.state {
+            SessionState::Connected => true,
+            SessionState::Connecting => false,
+            SessionState::Disconnecting => return Err(CallError::BadSession),
+        };
+        let c = s.role.client_mut().ok_or(CallError::BadSession)?;
+        match c.free_slot().filter(|_| connected && c.backlog.is_empty()) {
+            Some(i) => {
+                let slot = &mut c.slots[i];
+                slot.req.clear();
+                slot.req.extend_from_slice(payload);
+                slot.start(req_type, tag, dpp);
+                self.kick_session(now, session, Some(i));
+            }
+            None => c.backlog.push_back(PendingReq {
+                req_type,
+                data: payload.to_vec(),
+                tag,
+            }),
+        }
+        Ok(())
+    }
+
+    /// Client: moves backlogged requests into free slots (connected sessions only).
+    pub(super) fn drain_backlog(&mut self, now: Time, sid: SessionId) {
+        let dpp = self.data_per_pkt;
+        loop {
+            let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
+                return;
+            };
+            if s.state != SessionState::Connected {
+                return;
+            }
+            let Some(c) = s.role.client_mut() else { return };
+            let Some(i) = c.free_slot() else { return };
+            let Some(p) = c.backlog.pop_front() else {
+                return;
+            };
+            let slot = &mut c.slots[i];
+            // Keep the larger buffer of the two for reuse.
+            slot.req = p.data;
+            slot.start(p.req_type, p.tag, dpp);
+            self.kick_session(now, sid, Some(i));
+        }
+    }
+
+    /// Client: lets stalled slots, then `slot` (if given), send what their credits allow.
+    pub(super) fn kick_session(&mut self, now: Time, sid: SessionId, slot: Option<usize>) {
+        loop {
+            let Some(c) =
+                super::sess_mut(&mut self.sessions, sid).and_then(|s| s.role.client_mut())
+            else {
+                return;
+            };
+            if c.credits == 0 {
+                break;
+            }
+            let Some(i) = c.stall.pop_front() else { break };
+            c.slots[i].in_stall = false;
+            self.kick_slot(now, sid, i);
+        }
+        if let Some(i) = slot {
+            self.kick_slot(now, sid, i);
+        }
+    }
+
+    /// Client: sends request packets / RFRs of slot `i` while credits last; parks the slot
+    /// in the stall queue if it runs out.
+    pub(super) fn kick_slot(&mut self, now: Time, sid: SessionId, i: usize) {
+        let rto = self.cfg.rto;
+        let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
+            return;
+        };
+        let (peer, remote, generation) = (s.peer, s.remote_num, s.generation);
+        let Some(c) = s.role.client_mut() else { return };
+        loop {
+            let slot = &c.slots[i];
+            if !slot.wants_tx() {
+                return;
+            }
+            if c.credits == 0 {
+                let slot = &mut c.slots[i];
+                if !slot.in_stall {
+                    slot.in_stall = true;
+                    c.stall.push_back(i);
+                }
+                return;
+            }
+            let slot = &mut c.slots[i];
+            let k = slot.num_tx;
+            if k < slot.num_req_pkts {
+                self.txq.push_back(Tx::ReqPkt {
+                    session: sid,
+                    generation,
+                    req_num: slot.req_num,
+                    pkt: k,
+                });
+            } else {
+                let hdr = Self::hdr(slot.req_type, 0, remote, PktType::Rfr, k, slot.req_num);
+                self.txq.push_back(Tx::Ctrl { dest: peer, hdr });
+                self.stats.rfr_tx += 1;
+            }
+            slot.num_tx += 1;
+            c.credits -= 1;
+            if slot.rto_deadline.is_none() {
+                slot.rto_deadline = Some(now + rto);
+            }
+        }
+    }
+
+    /// Renders client request packet `pkt` (None if the slot moved on meanwhile).
+    pub(super) fn render_req_pkt(
+        &self,
+        sid: SessionId,
+        generation: u64,
+        req_num: u64,
+        pkt: usize,
+        buf: &mut [u8],
+    ) -> Option<(A, usize)> {
+        let s = self.session(sid).filter(|s| s.generation == generation)?;
+        let slot = &s.role.client()?.slots[slot_of(req_num)];
+        if !slot.active || slot.req_num != req_num || pkt >= slot.num_req_pkts {
+            return None;
+        }
+        let range = pkt_range(slot.req.len(), self.data_per_pkt, pkt);
+        let len = range.len();
+        let hdr = Self::hdr(
+            slot.req_type,
+            slot.req.len(),
+            s.remote_num,
+            PktType::Req,
+            pkt,
+            req_num,
+        );
+        buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
+        buf[PKTHDR_SIZE..PKTHDR_SIZE + len].copy_from_slice(&slot.req[range]);
+        Some((s.peer, PKTHDR_SIZE + len))
+    }
+
+    /// Server: a request packet arrived on connected server session `sid`.
+    pub(super) fn server_rx_req(
+        &mut self,
+        now: Time,
+        sid: SessionId,
+        hdr: &PktHdr,
+        payload: &[u8],
+    ) {
+        let dpp = self.data_per_pkt;
+        let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
+            return;
+        };
+        s.last_rx = now;
+        let (peer, remote, generation) = (s.peer, s.remote_num, s.generation);
+        let Some(srv) = s.role.server_mut() else {
+            return;
+        };
+        let r = hdr.req_num();
+        let k = usize::from(hdr.pkt_num());
+        let slot = &mut srv.slots[slot_of(r)];
+        let size = hdr.msg_size() as usize;
+        let new_request = match slot.req_num {
+            Some(c) if r < c => {
+                self.stats.drop_out_of_window += 1;
+                return;
+            }
+            Some(c) if r == c => false,
+            _ => true,
+        };
+        if new_request {
+            // The client only reuses a slot after the previous response completed, so a
+            // request still waiting for its reply cannot be superseded legitimately.
+            if slot.state == SrvState::AwaitingReply || k != 0 {
+                self.stats.drop_out_of_window += 1;
+                return;
+            }
+            if payload.len() != pkt_range(size, dpp, 0).len() {
+                self.stats.drop_bad_len += 1;
+                return;
+            }
+            slot.req_num = Some(r);
+            slot.state = SrvState::Receiving;
+            slot.req_type = hdr.req_type();
+            slot.req_size = size;
+            slot.num_req_pkts = pkts_for(size, dpp);
+            slot.num_rx = 0;
+            slot.req = Vec::with_capacity(size);
+            slot.resp.clear();
+            slot.num_resp_pkts = 0;
+        }
+        if size != slot.req_size || hdr.req_type() != slot.req_type || k >= slot.num_req_pkts {
+            self.stats.drop_bad_len += 1;
+            return;
+        }
+        let last = slot.num_req_pkts - 1;
+        if k < slot.num_rx {
+            // Duplicate of a packet already received: its answer was lost.
+            if k < last {
+                self.stats.dup_req_answered += 1;
+                self.send_cr(peer, remote, hdr.req_type(), k, r);
+            } else if slot.state == SrvState::Replied {
+                self.stats.dup_req_answered += 1;
+                self.queue_resp_pkt(sid, generation, r, 0);
+            } else {
+                // The handler is still running; `reply` will answer.
+                self.stats.drop_out_of_window += 1;
+            }
+            return;
+        }
+        if k > slot.num_rx {
+            self.stats.drop_out_of_window += 1;
+            return;
+        }
+        if payload.len() != pkt_range(size, dpp, k).len() {
+            self.stats.drop_bad_len += 1;
+            return;
+        }
+        slot.req.extend_from_slice(payload);
+        slot.num_rx += 1;
+        if k < last {
+            self.send_cr(peer, remote, hdr.req_type(), k, r);
+            return;
+        }
+        slot.state = SrvState::AwaitingReply;
+        let data = std::mem::take(&mut slot.req);
+        self.stats.requests_dispatched += 1;
+        self.events.push_back(Event::Request {
+            token: ReqToken {
+                session: sid,
+                generation,
+                req_num: r,
+            },
+            req_type: hdr.req_type(),
+            data,
+        });
+    }
+}

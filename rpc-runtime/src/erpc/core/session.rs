@@ -1,0 +1,191 @@
+//! Sessions: one per (peer, connection), either client or server role.
+//!
+//! A client session owns [`SLOTS_PER_SESSION`] client slots, the credit counter, the backlog
+//! of requests waiting for a free slot and the stall queue of slots waiting for credits. A
+//! server session owns [`SLOTS_PER_SESSION`] server slots (the at-most-once state). Both
+//! remember the peer address, the peer's session number, the connect token and when a valid
+//! packet was last received from the peer (for failure detection).
+
+use std::collections::VecDeque;
+
+use super::Time;
+use super::sslot::{ClientSlot, SLOTS_PER_SESSION, ServerSlot};
+
+/// A session number at this endpoint (the `dest_session_num` peers put in packets for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub(super) u16);
+
+impl SessionId {
+    /// The number.
+    pub fn num(self) -> u16 {
+        self.0
+    }
+}
+
+/// Session life cycle. Server sessions are created `Connected`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SessionState {
+    /// Client: connect request sent, no answer yet.
+    Connecting,
+    /// Data may flow.
+    Connected,
+    /// Client: disconnect request sent, no answer yet.
+    Disconnecting,
+}
+
+/// A request waiting for a free slot (or for the session to connect).
+#[derive(Debug)]
+pub(super) struct PendingReq {
+    pub req_type: u8,
+    pub data: Vec<u8>,
+    pub tag: u64,
+}
+
+/// Client-role state.
+#[derive(Debug)]
+pub(super) struct ClientSession {
+    pub credits: usize,
+    pub slots: [ClientSlot; SLOTS_PER_SESSION],
+    pub backlog: VecDeque<PendingReq>,
+    /// Slots that have packets to send but found no credit (each at most once, see
+    /// `ClientSlot::in_stall`).
+    pub stall: VecDeque<usize>,
+}
+
+impl ClientSession {
+    pub fn new(credits: usize) -> Self {
+        ClientSession {
+            credits,
+            slots: std::array::from_fn(|i| ClientSlot::new(i as u64)),
+            backlog: VecDeque::new(),
+            stall: VecDeque::new(),
+        }
+    }
+
+    /// A slot without an RPC, if any.
+    pub fn free_slot(&self) -> Option<usize> {
+        self.slots.iter().position(|s| !s.active)
+    }
+
+    /// Whether any RPC is in flight or queued.
+    pub fn busy(&self) -> bool {
+        !self.backlog.is_empty() || self.slots.iter().any(|s| s.active)
+    }
+}
+
+/// Server-role state.
+#[derive(Debug)]
+pub(super) struct ServerSession {
+    pub slots: [ServerSlot; SLOTS_PER_SESSION],
+}
+
+/// The role-specific part.
+#[derive(Debug)]
+pub(super) enum Role {
+    Client(Box<ClientSession>),
+    Server(Box<ServerSession>),
+}
+
+impl Role {
+    pub fn is_client(&self) -> bool {
+        matches!(self, Role::Client(_))
+    }
+
+    pub fn client(&self) -> Option<&ClientSession> {
+        match self {
+            Role::Client(c) => Some(c),
+            Role::Server(_) => None,
+        }
+    }
+
+    pub fn client_mut(&mut self) -> Option<&mut ClientSession> {
+        match self {
+            Role::Client(c) => Some(c),
+            Role::Server(_) => None,
+        }
+    }
+
+    pub fn server_mut(&mut self) -> Option<&mut ServerSession> {
+        match self {
+            Role::Server(s) => Some(s),
+            Role::Client(_) => None,
+        }
+    }
+
+    pub fn server(&self) -> Option<&ServerSession> {
+        match self {
+            Role::Server(s) => Some(s),
+            Role::Client(_) => None,
+        }
+    }
+}
+
+/// One session.
+#[derive(Debug)]
+pub(super) struct Session<A> {
+    pub role: Role,
+    pub state: SessionState,
+    pub peer: A,
+    /// The peer's number for this session (client: learned from the connect response).
+    pub remote_num: u16,
+    /// Connect token (unique per client endpoint).
+    pub token: u64,
+    /// Distinguishes this session from earlier owners of the same number.
+    pub generation: u64,
+    /// When a valid packet for this session last arrived (creation time initially).
+    pub last_rx: Time,
+    /// Client: when the next connect/disconnect re-send or keepalive ping is due.
+    pub sm_due: Time,
+}
+
+impl<A> Session<A> {
+    pub fn new_client(peer: A, token: u64, generation: u64, credits: usize, now: Time) -> Self {
+        Session {
+            role: Role::Client(Box::new(ClientSession::new(credits))),
+            state: SessionState::Connecting,
+            peer,
+            remote_num: 0,
+            token,
+            generation,
+            last_rx: now,
+            sm_due: now,
+        }
+    }
+
+    pub fn new_server(peer: A, remote_num: u16, token: u64, generation: u64, now: Time) -> Self {
+        Session {
+            role: Role::Server(Box::new(ServerSession {
+                slots: std::array::from_fn(|_| ServerSlot::default()),
+            })),
+            state: SessionState::Connected,
+            peer,
+            remote_num,
+            token,
+            generation,
+            last_rx: now,
+            sm_due: now,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_session_slots_and_backlog() {
+        let mut c = ClientSession::new(8);
+        assert_eq!(c.free_slot(), Some(0));
+        assert!(!c.busy());
+        for (i, s) in c.slots.iter().enumerate() {
+            assert_eq!(s.req_num, i as u64);
+        }
+        c.slots[0].active = true;
+        assert_eq!(c.free_slot(), Some(1));
+        assert!(c.busy());
+        for s in &mut c.slots {
+            s.active = true;
+        }
+        assert_eq!(c.free_slot(), None);
+    }
+}

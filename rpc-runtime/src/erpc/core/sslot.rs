@@ -1,0 +1,182 @@
+//! Session slots: the per-RPC state, [`SLOTS_PER_SESSION`] per session.
+//!
+//! Client slot `i` carries request numbers `i, i + 8, i + 16, ..`: completing an RPC
+//! advances the slot's `req_num` by the window, so the server can tell a new request on a
+//! slot (`req_num` larger than the one it holds) from a duplicate (equal) or a stale packet
+//! (smaller). The client counts packets sent (`num_tx`) and answers accepted (`num_rx`) over
+//! the whole exchange: `num_req_pkts` request packets, then one RFR per response packet
+//! after the first, `wire_pkts = num_req_pkts + num_resp_pkts - 1` in all.
+
+use super::Time;
+
+/// Slots (concurrent RPCs) per session; also the `req_num` stride of a slot.
+pub const SLOTS_PER_SESSION: usize = 8;
+
+/// Packets for a message of `size` bytes: at least one.
+#[inline]
+pub(super) fn pkts_for(size: usize, dpp: usize) -> usize {
+    size.div_ceil(dpp).max(1)
+}
+
+/// Byte range of packet `i` of a `size`-byte message (empty past the end).
+#[inline]
+pub(super) fn pkt_range(size: usize, dpp: usize, i: usize) -> std::ops::Range<usize> {
+    let start = (i * dpp).min(size);
+    start..(start + dpp).min(size)
+}
+
+/// Slot index of a request number.
+#[inline]
+pub(super) fn slot_of(req_num: u64) -> usize {
+    (req_num % SLOTS_PER_SESSION as u64) as usize
+}
+
+/// Client-side RPC state.
+#[derive(Debug)]
+pub(super) struct ClientSlot {
+    /// An RPC occupies the slot.
+    pub active: bool,
+    /// The RPC's request number (the next one's while idle).
+    pub req_num: u64,
+    pub req_type: u8,
+    pub tag: u64,
+    /// Request data (buffer reused across RPCs).
+    pub req: Vec<u8>,
+    pub num_req_pkts: usize,
+    /// Packets sent in this exchange (request packets, then RFRs).
+    pub num_tx: usize,
+    /// Answers accepted (CRs, then response packets), always `<= num_tx`.
+    pub num_rx: usize,
+    /// Response size once response packet 0 arrived.
+    pub resp_size: Option<usize>,
+    pub num_resp_pkts: usize,
+    /// Response data received so far.
+    pub resp: Vec<u8>,
+    /// Retransmission deadline while `num_tx > num_rx`.
+    pub rto_deadline: Option<Time>,
+    /// The slot sits in the session's stall queue.
+    pub in_stall: bool,
+}
+
+impl ClientSlot {
+    pub fn new(first_req_num: u64) -> Self {
+        ClientSlot {
+            active: false,
+            req_num: first_req_num,
+            req_type: 0,
+            tag: 0,
+            req: Vec::new(),
+            num_req_pkts: 0,
+            num_tx: 0,
+            num_rx: 0,
+            resp_size: None,
+            num_resp_pkts: 0,
+            resp: Vec::new(),
+            rto_deadline: None,
+            in_stall: false,
+        }
+    }
+
+    /// All packets of the exchange, once the response size is known.
+    pub fn wire_pkts(&self) -> Option<usize> {
+        self.resp_size
+            .map(|_| self.num_req_pkts + self.num_resp_pkts - 1)
+    }
+
+    /// Whether the slot has a packet it could send now given a credit.
+    pub fn wants_tx(&self) -> bool {
+        self.active
+            && (self.num_tx < self.num_req_pkts
+                || self.wire_pkts().is_some_and(|w| self.num_tx < w))
+    }
+
+    /// Starts an RPC (the request data is already in `req`).
+    pub fn start(&mut self, req_type: u8, tag: u64, dpp: usize) {
+        self.active = true;
+        self.req_type = req_type;
+        self.tag = tag;
+        self.num_req_pkts = pkts_for(self.req.len(), dpp);
+        self.num_tx = 0;
+        self.num_rx = 0;
+        self.resp_size = None;
+        self.num_resp_pkts = 0;
+        self.resp.clear();
+        self.rto_deadline = None;
+    }
+
+    /// Ends the RPC and moves on to the next request number of the slot.
+    pub fn finish(&mut self) {
+        self.active = false;
+        self.req_num += SLOTS_PER_SESSION as u64;
+        self.rto_deadline = None;
+        self.num_tx = 0;
+        self.num_rx = 0;
+    }
+}
+
+/// Server-side progress of the slot's current request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum SrvState {
+    /// Nothing received yet.
+    #[default]
+    Idle,
+    /// Request packets arriving (`num_rx` of `num_req_pkts`).
+    Receiving,
+    /// Handed to the application; waiting for `reply`.
+    AwaitingReply,
+    /// The response is cached in `resp`.
+    Replied,
+}
+
+/// Server-side at-most-once state of a slot: the last request number and its response.
+#[derive(Debug, Default)]
+pub(super) struct ServerSlot {
+    /// The request number the slot holds (None before the first request).
+    pub req_num: Option<u64>,
+    pub state: SrvState,
+    pub req_type: u8,
+    pub req_size: usize,
+    pub num_req_pkts: usize,
+    pub num_rx: usize,
+    /// Reassembly buffer (moved into the `Request` event when complete).
+    pub req: Vec<u8>,
+    /// Cached response (buffer reused across requests).
+    pub resp: Vec<u8>,
+    pub num_resp_pkts: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packet_math() {
+        assert_eq!(pkts_for(0, 100), 1);
+        assert_eq!(pkts_for(1, 100), 1);
+        assert_eq!(pkts_for(100, 100), 1);
+        assert_eq!(pkts_for(101, 100), 2);
+        assert_eq!(pkt_range(250, 100, 0), 0..100);
+        assert_eq!(pkt_range(250, 100, 2), 200..250);
+        assert_eq!(pkt_range(0, 100, 0), 0..0);
+        assert_eq!(slot_of(17), 1);
+    }
+
+    #[test]
+    fn client_slot_lifecycle() {
+        let mut s = ClientSlot::new(3);
+        assert!(!s.wants_tx());
+        s.req.extend_from_slice(&[0; 250]);
+        s.start(7, 99, 100);
+        assert_eq!(s.num_req_pkts, 3);
+        assert!(s.wants_tx());
+        s.num_tx = 3;
+        assert!(!s.wants_tx(), "waits for response packet 0");
+        s.resp_size = Some(150);
+        s.num_resp_pkts = 2;
+        assert_eq!(s.wire_pkts(), Some(4));
+        assert!(s.wants_tx(), "one RFR to send");
+        s.finish();
+        assert_eq!(s.req_num, 3 + SLOTS_PER_SESSION as u64);
+        assert!(!s.active);
+    }
+}
