@@ -15,14 +15,17 @@
 //! - [`transport`]: the [`transport::DatagramTransport`] interface the core drives, and
 //!   [`transport::udp::UdpTransport`] (UDP sockets with `sendmmsg`/`recvmmsg` batching);
 //! - [`core`]: the sans-I/O protocol core ([`core::Rpc`]): sessions, slots, credits, CR/RFR,
-//!   go-back-N, at-most-once, session management and node failure.
+//!   go-back-N, at-most-once, session management and node failure;
+//! - [`event_loop`]: [`event_loop::Endpoint`], which owns a core and a transport and runs
+//!   eRPC's `run_event_loop_once` over them (receive burst, timers, batched transmit).
 //!
-//! Not here yet (issue 5 is open): the event loop tying [`core`] to a transport, Timely and
+//! Not here yet (issue 5 is open): Timely and
 //! the wheel wired into the core, the mlx5 UD transport, and the typed
 //! `#[rpc_service(transport = "erpc")]` binding, which the macro
 //! still reports as unavailable.
 
 pub mod core;
+pub mod event_loop;
 pub mod msgbuf;
 pub mod pkthdr;
 pub mod timely;

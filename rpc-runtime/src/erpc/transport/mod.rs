@@ -4,7 +4,8 @@
 //! completions". A [`DatagramTransport`] is the other half: it moves whole datagrams between
 //! endpoints, unreliably (loss, duplication and reordering are the core's problem), in batches.
 //! Two implementations are planned: UDP sockets with `sendmmsg`/`recvmmsg` ([`udp`]) for any IP
-//! network, and mlx5 UD queue pairs.
+//! network, and mlx5 UD queue pairs. [`lossy::LossyTransport`] wraps either to inject loss,
+//! duplication and reordering in tests.
 //!
 //! # Units
 //! All sizes are in bytes. A *packet* is one datagram: eRPC's 16-byte packet header followed by
@@ -35,6 +36,7 @@
 //! says how many were taken; retry the rest later). `Err` is reserved for caller bugs (a packet
 //! larger than [`mtu`](DatagramTransport::mtu)) and for failures of the transport itself.
 
+pub mod lossy;
 pub mod udp;
 
 use std::fmt::Debug;

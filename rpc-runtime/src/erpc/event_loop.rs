@@ -1,0 +1,354 @@
+//! The event loop that ties the sans-I/O [`core::Rpc`](super::core::Rpc) to a
+//! [`DatagramTransport`] (eRPC's `run_event_loop_once`; seeds/000 §12.1).
+//!
+//! An [`Endpoint`] owns one protocol core and one transport. Each call of
+//! [`Endpoint::run_event_loop_once`] is one iteration of eRPC's single-threaded loop; the
+//! application calls it in a busy loop (eRPC's dispatch thread does the same) and, between
+//! iterations, drains [`Endpoint::poll_event`] and issues calls ([`Endpoint::enqueue_request`],
+//! [`Endpoint::reply`], ..).
+//!
+//! # Steps of one iteration and their eRPC counterparts
+//! | step here | eRPC (`run_event_loop_do_one_st`) |
+//! |---|---|
+//! | 1. read the clock once (`now`, ns since the endpoint was created) | `ev_loop_tsc_ = rdtsc()` |
+//! | 2. retry the unsent tail of the previous TX batch | part of `do_tx_burst_st` |
+//! | 3. `rx_burst` → [`Rpc::handle_datagram`] for each packet → `rx_release` | `process_comps_st` (+ `post_recvs`); session-management packets travel the same channel, so this also covers `handle_sm_rx_st` |
+//! | 4. [`Rpc::handle_timeout`] every `timer_scan_interval` | `pkt_loss_scan_st` (periodic), plus session-management retries and failure detection |
+//! | 5. drain [`Rpc::poll_transmit`] into the TX batch, one `tx_burst` per full batch | `process_credit_stall_queue_st` / `process_wheel_st` (inside the core) and `do_tx_burst_st` |
+//! | 6. events stay queued for [`Endpoint::poll_event`] | continuations / request handlers |
+//!
+//! # Units
+//! Time is [`Time`]: nanoseconds since the endpoint's creation (a monotonic [`Instant`] base).
+//! Sizes are bytes; the core's MTU is the transport's [`mtu`](DatagramTransport::mtu).
+//!
+//! # Allocation
+//! The TX batch (`batch` buffers of `mtu` bytes, plus its descriptor vectors) is allocated
+//! once in [`Endpoint::new`]; the loop itself allocates nothing per packet (the core allocates
+//! once per received message, for the buffer handed out in the event).
+//!
+//! # Ordering and back-pressure
+//! Packets leave in the order `poll_transmit` produced them. When the transport's send queue
+//! is full (`tx_burst` consumed only a prefix), the rest of the batch stays in its buffers and
+//! is sent first on the next iteration; no new packet is rendered until the batch is empty.
+//! A transport error other than "queue full" drops the batch (counted in
+//! [`LoopStats::tx_errors`]): to the protocol this is packet loss, which it recovers from.
+
+use std::io;
+use std::time::Instant;
+
+use super::core::{CallError, Config, ConfigError, Event, ReqToken, Rpc, SessionId, Stats, Time};
+use super::transport::{DatagramTransport, TxPkt};
+
+/// Default interval between timer scans ([`Rpc::handle_timeout`]), in ns (100 µs).
+pub const DEFAULT_TIMER_SCAN_INTERVAL: Time = 100_000;
+
+/// Counters of the event loop itself (all monotonically increasing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoopStats {
+    /// Calls of [`Endpoint::run_event_loop_once`].
+    pub iterations: u64,
+    /// Datagrams received and handed to the core.
+    pub rx_pkts: u64,
+    /// Datagrams consumed by the transport (sent or dropped by it per packet).
+    pub tx_pkts: u64,
+    /// `tx_burst` calls.
+    pub tx_bursts: u64,
+    /// `tx_burst` calls that consumed only a prefix (send queue full); the tail was retried.
+    pub tx_partial: u64,
+    /// `tx_burst` calls that failed; their batch was dropped.
+    pub tx_errors: u64,
+    /// Calls of [`Rpc::handle_timeout`].
+    pub timer_scans: u64,
+}
+
+/// An eRPC endpoint: a protocol core driven over a datagram transport (see the
+/// [module docs](self)).
+pub struct Endpoint<T: DatagramTransport> {
+    rpc: Rpc<T::Addr>,
+    transport: T,
+    /// Epoch of [`Time`].
+    base: Instant,
+    /// Clock reading of the current (last) iteration.
+    now: Time,
+    /// Packets per TX batch.
+    batch: usize,
+    /// MTU: stride of `tx_bufs`.
+    mtu: usize,
+    /// `batch * mtu` bytes: packet `i` of the batch is rendered at `i * mtu`.
+    tx_bufs: Box<[u8]>,
+    /// Destination and length of the rendered packets of the batch (`len() <= batch`).
+    tx_meta: Vec<(T::Addr, usize)>,
+    /// First packet of `tx_meta` not yet consumed by the transport.
+    tx_head: usize,
+    /// Reused descriptor vector for `tx_burst` (kept empty between calls; see `recycle`).
+    tx_descs: Vec<TxPkt<'static, T::Addr>>,
+    /// Interval between timer scans, ns.
+    scan_interval: Time,
+    /// Time of the last timer scan.
+    last_scan: Time,
+    /// The last `tx_burst` error, until taken.
+    last_tx_error: Option<io::Error>,
+    stats: LoopStats,
+}
+
+/// Turns an emptied vector of descriptors of one lifetime into one of another, keeping its
+/// allocation (the standard library collects `vec::IntoIter` in place when the element layout
+/// is unchanged, so this does not allocate).
+fn recycle<'a, 'b, A>(mut v: Vec<TxPkt<'a, A>>) -> Vec<TxPkt<'b, A>> {
+    v.clear();
+    v.into_iter()
+        .map(|_| -> TxPkt<'b, A> { unreachable!("vector was cleared") })
+        .collect()
+}
+
+impl<T: DatagramTransport> Endpoint<T> {
+    /// An endpoint over `transport` with the protocol settings `cfg`; `cfg.mtu` is replaced
+    /// by `transport.mtu()`, and the TX batch holds `transport.rx_batch()` packets.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] if the core refuses `cfg` (with the transport's MTU).
+    pub fn new(transport: T, mut cfg: Config) -> Result<Self, ConfigError> {
+        let mtu = transport.mtu();
+        cfg.mtu = mtu;
+        let rpc = Rpc::new(cfg)?;
+        let batch = transport.rx_batch().max(1);
+        Ok(Endpoint {
+            rpc,
+            transport,
+            base: Instant::now(),
+            now: 0,
+            batch,
+            mtu,
+            tx_bufs: vec![0; batch * mtu].into_boxed_slice(),
+            tx_meta: Vec::with_capacity(batch),
+            tx_head: 0,
+            tx_descs: Vec::with_capacity(batch),
+            scan_interval: DEFAULT_TIMER_SCAN_INTERVAL,
+            last_scan: 0,
+            last_tx_error: None,
+            stats: LoopStats::default(),
+        })
+    }
+
+    /// Sets the interval in ns between timer scans ([`Rpc::handle_timeout`]); timers fire up
+    /// to this late. Default [`DEFAULT_TIMER_SCAN_INTERVAL`]; 0 scans every iteration.
+    pub fn set_timer_scan_interval(&mut self, interval: Time) {
+        self.scan_interval = interval;
+    }
+
+    /// The current time in ns since the endpoint was created (reads the clock).
+    pub fn clock(&self) -> Time {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The clock reading of the last iteration, in ns since the endpoint was created.
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    /// One iteration of the event loop (see the [module docs](self) for its steps).
+    ///
+    /// Returns the number of datagrams received plus datagrams handed to the transport in
+    /// this iteration; `0` means the iteration found nothing to do.
+    pub fn run_event_loop_once(&mut self) -> usize {
+        self.stats.iterations += 1;
+        let now = self.clock();
+        self.now = now;
+        let mut work = self.flush_tx();
+
+        // Receive.
+        let n = self
+            .transport
+            .rx_burst(self.batch.max(self.transport.rx_batch()));
+        for i in 0..n {
+            let (from, bytes) = self.transport.rx_pkt(i);
+            self.rpc.handle_datagram(now, from, bytes);
+        }
+        self.transport.rx_release();
+        self.stats.rx_pkts += n as u64;
+        work += n;
+
+        // Timers.
+        if now.saturating_sub(self.last_scan) >= self.scan_interval {
+            self.last_scan = now;
+            if self.rpc.next_timeout().is_some_and(|t| t <= now) {
+                self.stats.timer_scans += 1;
+                self.rpc.handle_timeout(now);
+            }
+        }
+
+        // Transmit.
+        work + self.fill_and_flush()
+    }
+
+    /// Renders packets from the core into the batch and sends them until the core has
+    /// nothing left or the transport is full. Returns the packets the transport consumed.
+    fn fill_and_flush(&mut self) -> usize {
+        let mut sent = 0;
+        loop {
+            if self.tx_head < self.tx_meta.len() {
+                // A tail from an earlier burst is still waiting: the transport is full.
+                return sent;
+            }
+            self.tx_meta.clear();
+            self.tx_head = 0;
+            while self.tx_meta.len() < self.batch {
+                let off = self.tx_meta.len() * self.mtu;
+                let buf = &mut self.tx_bufs[off..off + self.mtu];
+                match self.rpc.poll_transmit(buf) {
+                    Some(m) => self.tx_meta.push(m),
+                    None => break,
+                }
+            }
+            if self.tx_meta.is_empty() {
+                return sent;
+            }
+            let full = self.tx_meta.len() == self.batch;
+            sent += self.flush_tx();
+            if !full {
+                return sent;
+            }
+        }
+    }
+
+    /// Sends the unsent part of the batch with one `tx_burst`; returns the packets consumed.
+    fn flush_tx(&mut self) -> usize {
+        if self.tx_head >= self.tx_meta.len() {
+            return 0;
+        }
+        let mut descs = recycle(std::mem::take(&mut self.tx_descs));
+        for (i, &(dest, len)) in self.tx_meta.iter().enumerate().skip(self.tx_head) {
+            let off = i * self.mtu;
+            descs.push(TxPkt::single(dest, &self.tx_bufs[off..off + len]));
+        }
+        self.stats.tx_bursts += 1;
+        let res = self.transport.tx_burst(&descs);
+        let pending = descs.len();
+        self.tx_descs = recycle(descs);
+        match res {
+            Ok(k) => {
+                self.stats.tx_pkts += k as u64;
+                if k < pending {
+                    self.stats.tx_partial += 1;
+                    self.tx_head += k;
+                } else {
+                    self.tx_head = self.tx_meta.len();
+                }
+                k
+            }
+            Err(e) => {
+                self.stats.tx_errors += 1;
+                self.last_tx_error = Some(e);
+                self.tx_head = self.tx_meta.len();
+                0
+            }
+        }
+    }
+
+    /// The next event for the application ([`Rpc::poll_event`]).
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.rpc.poll_event()
+    }
+
+    /// Client: opens a session to `peer` ([`Rpc::create_session`]) at the current time.
+    ///
+    /// # Errors
+    /// As [`Rpc::create_session`].
+    pub fn create_session(&mut self, peer: T::Addr) -> Result<SessionId, CallError> {
+        let now = self.clock();
+        self.rpc.create_session(now, peer)
+    }
+
+    /// Client: closes an idle session ([`Rpc::destroy_session`]).
+    ///
+    /// # Errors
+    /// As [`Rpc::destroy_session`].
+    pub fn destroy_session(&mut self, session: SessionId) -> Result<(), CallError> {
+        let now = self.clock();
+        self.rpc.destroy_session(now, session)
+    }
+
+    /// Client: queues a request ([`Rpc::enqueue_request`]); its packets leave on the next
+    /// iteration.
+    ///
+    /// # Errors
+    /// As [`Rpc::enqueue_request`].
+    pub fn enqueue_request(
+        &mut self,
+        session: SessionId,
+        req_type: u8,
+        payload: &[u8],
+        tag: u64,
+    ) -> Result<(), CallError> {
+        let now = self.clock();
+        self.rpc
+            .enqueue_request(now, session, req_type, payload, tag)
+    }
+
+    /// Server: answers a request ([`Rpc::reply`]); the response leaves on the next iteration.
+    ///
+    /// # Errors
+    /// As [`Rpc::reply`].
+    pub fn reply(&mut self, token: ReqToken, payload: &[u8]) -> Result<(), CallError> {
+        let now = self.clock();
+        self.rpc.reply(now, token, payload)
+    }
+
+    /// Whether `session` is a connected client session.
+    pub fn is_connected(&self, session: SessionId) -> bool {
+        self.rpc.is_connected(session)
+    }
+
+    /// The protocol core.
+    pub fn rpc(&self) -> &Rpc<T::Addr> {
+        &self.rpc
+    }
+
+    /// The protocol core, mutably (for calls not wrapped here; pass [`Endpoint::clock`] as
+    /// their time).
+    pub fn rpc_mut(&mut self) -> &mut Rpc<T::Addr> {
+        &mut self.rpc
+    }
+
+    /// The protocol core's counters.
+    pub fn core_stats(&self) -> &Stats {
+        self.rpc.stats()
+    }
+
+    /// The event loop's counters.
+    pub fn loop_stats(&self) -> LoopStats {
+        self.stats
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    /// The address peers use to reach this endpoint.
+    pub fn local_addr(&self) -> T::Addr {
+        self.transport.local_addr()
+    }
+
+    /// Takes the last `tx_burst` error (its batch was dropped), if any.
+    pub fn take_tx_error(&mut self) -> Option<io::Error> {
+        self.last_tx_error.take()
+    }
+
+    /// Packets rendered but not yet accepted by the transport.
+    pub fn tx_pending(&self) -> usize {
+        self.tx_meta.len() - self.tx_head
+    }
+}
+
+impl<T: DatagramTransport + std::fmt::Debug> std::fmt::Debug for Endpoint<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("rpc", &self.rpc)
+            .field("transport", &self.transport)
+            .field("now", &self.now)
+            .field("batch", &self.batch)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
