@@ -221,6 +221,15 @@ impl SharedRecvQueue {
         k
     }
 
+    /// Posts a zero-length receive WQE into every free entry and rings the doorbell once;
+    /// returns how many were posted (the SRQ of a transport whose data arrives by RDMA WRITE
+    /// and whose receives only carry immediates, seeds/001 "SRQ共有").
+    pub fn fill_empty(&mut self) -> u32 {
+        let n = self.post_empty_n(self.available());
+        self.ring_doorbell();
+        n
+    }
+
     /// Publishes the WQEs posted so far: store barrier, then
     /// `dbrec[0] = be32(counter & 0xffff)`. The SRQ doorbell record's WQE counter is 16 bits
     /// wide (rdma-core keeps `uint16_t counter`), like the RQ's; the device extends it against

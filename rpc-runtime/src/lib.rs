@@ -9,9 +9,11 @@ pub mod erpc;
 pub mod error;
 #[doc(hidden)]
 pub mod macro_support;
+mod rdma;
 pub mod scalerpc;
 pub mod server;
 pub mod service;
+mod tokens;
 pub mod wire;
 
 pub use client::{Client, ClientTransport};

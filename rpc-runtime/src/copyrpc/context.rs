@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 
 use mlx5::cqe::Cqe;
 use mlx5::fastmap::FastMap;
-use mlx5::verbs::{Access, Cq, Mr, Pd, Qp, QpCaps, QpInit, QpType, RcParams, RcRemote, Srq};
+use mlx5::verbs::{Access, Cq, Mr, Pd, Qp, RcParams, RcRemote, Srq};
 use mlx5::wqe::{CQ_UPDATE, Opcode, RaddrSeg, Sge, WqeDesc};
 
 use slab::Slab;
@@ -22,6 +22,7 @@ use super::endpoint::{Emit, EndpointCore, EndpointState, RecvEntry, cqe_delta};
 use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupError};
 use super::info::EndpointInfo;
 use super::stats::Stats;
+use crate::rdma::{rc_qp_on_srq, refill_srq, zero_length_srq};
 
 /// A signaled WQE is posted at least every this many WQEs (seeds/001 `SIGNAL_INTERVAL`), and
 /// also whenever a quarter of the send queue's WQEBBs went by unsignaled (an inline WQE
@@ -174,7 +175,6 @@ pub struct Context<U> {
     pd: Pd,
     device: mlx5::verbs::Context,
     cfg: ContextConfig,
-    srq_low: u32,
     stats: Stats,
 }
 
@@ -198,11 +198,7 @@ impl<U> Context<U> {
         let pd = device.alloc_pd()?;
         let send_cq = device.create_cq(cfg.cq_size)?;
         let recv_cq = device.create_cq(cfg.cq_size)?;
-        let mut srq = device.create_srq(&pd, cfg.srq_size, 1)?;
-        let n = srq.srq.available();
-        srq.srq.post_empty_n(n);
-        srq.srq.ring_doorbell();
-        let srq_low = srq.srq.capacity() * 2 / 3;
+        let srq = zero_length_srq(device, &pd, cfg.srq_size)?;
         Ok(Context {
             conns: Vec::new(),
             by_qpn: FastMap::new(),
@@ -214,7 +210,6 @@ impl<U> Context<U> {
             pd,
             device: device.clone(),
             cfg,
-            srq_low,
             stats: Stats::default(),
         })
     }
@@ -257,21 +252,14 @@ impl<U> Context<U> {
             16,
             Access::LOCAL_WRITE | Access::REMOTE_READ,
         )?;
-        let qp = self.device.create_qp(
+        let qp = rc_qp_on_srq(
+            &self.device,
             &self.pd,
-            &QpInit {
-                qp_type: QpType::Rc,
-                send_cq: &self.send_cq,
-                recv_cq: &self.recv_cq,
-                srq: Some(&self.srq),
-                caps: QpCaps {
-                    max_send_wr: self.cfg.max_send_wr,
-                    max_recv_wr: 0,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: MAX_FULL_INLINE,
-                },
-            },
+            &self.send_cq,
+            &self.recv_cq,
+            &self.srq,
+            self.cfg.max_send_wr,
+            MAX_FULL_INLINE,
         )?;
         let id = self.conns.len() as EndpointId;
         self.by_qpn.insert(qp.qpn(), id)?;
@@ -528,11 +516,9 @@ impl<U> Context<U> {
         let n = recv_cq.cq.poll(cfg.poll_budget as usize, |cqe| {
             rx.on_cqe(cqe, &mut on_response)
         });
-        if n > 0 && self.srq.srq.posted() < self.srq_low {
+        if n > 0 {
             // Step 3: refill below 2/3 of the SRQ, in one doorbell.
-            let avail = self.srq.srq.available();
-            self.srq.srq.post_empty_n(avail);
-            self.srq.srq.ring_doorbell();
+            refill_srq(&mut self.srq);
         }
         self.poll_send_cq(&mut on_response);
         if !self.dirty.is_empty() {

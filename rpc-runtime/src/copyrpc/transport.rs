@@ -39,7 +39,6 @@
 //! device model, retries advance with progress steps (doorbells anywhere on the fabric); a
 //! fabric with [`mlx5::sim::SimConfig::progress_thread`] plays the part of the NIC's retry timer.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
@@ -58,6 +57,7 @@ use crate::client::ClientTransport;
 use crate::error::{MessageKind, RpcError};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
+use crate::tokens::Tokens;
 
 /// Default [`CopyrpcAddr::max_in_flight`]: calls one client can have outstanding.
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
@@ -281,10 +281,7 @@ pub struct Copyrpc {
     max_req: u32,
     max_resp: u32,
     max_in_flight: u32,
-    free: Vec<u32>,
-    ready: VecDeque<u32>,
-    resp_len: Box<[u32]>,
-    resp_buf: Box<[u8]>,
+    tokens: Tokens,
 }
 
 impl std::fmt::Debug for Copyrpc {
@@ -294,8 +291,8 @@ impl std::fmt::Debug for Copyrpc {
             .field("ep", &self.ep)
             .field("state", &self.ctx.endpoint_state(self.ep))
             .field("max_in_flight", &self.max_in_flight)
-            .field("free", &self.free.len())
-            .field("ready", &self.ready.len())
+            .field("free", &self.tokens.free())
+            .field("ready", &self.tokens.stashed())
             .finish_non_exhaustive()
     }
 }
@@ -357,7 +354,6 @@ impl Copyrpc {
                 need: sat_u32(need),
             });
         }
-        let n = max_in_flight as usize;
         Ok(Copyrpc {
             probe: None,
             ctx,
@@ -367,10 +363,7 @@ impl Copyrpc {
             max_resp: service.max_response_bytes as u32,
             max_in_flight,
             // Popped from the end: tokens are handed out 0, 1, 2, ...
-            free: (0..max_in_flight).rev().collect(),
-            ready: VecDeque::with_capacity(n),
-            resp_len: vec![0; n].into_boxed_slice(),
-            resp_buf: vec![0; n * service.max_response_bytes].into_boxed_slice(),
+            tokens: Tokens::new(max_in_flight, service.max_response_bytes),
         })
     }
 
@@ -446,44 +439,12 @@ impl Copyrpc {
         mut delivered: usize,
         on_response: &mut impl FnMut(u32, &[u8]),
     ) -> usize {
-        let Self {
-            ctx,
-            free,
-            ready,
-            resp_len,
-            resp_buf,
-            max_resp,
-            ..
-        } = self;
-        let cap = *max_resp as usize;
+        let Self { ctx, tokens, .. } = self;
         ctx.poll(|tok, r| match r {
-            Ok(msg) if delivered < max => {
-                delivered += 1;
-                on_response(tok, msg);
-                free.push(tok);
-            }
-            Ok(msg) => stash(resp_buf, resp_len, ready, cap, tok, msg),
-            Err(_) => free.push(tok),
+            Ok(msg) => tokens.deliver_or_stash(max, &mut delivered, tok, msg, on_response),
+            Err(_) => tokens.give_back(tok),
         });
         delivered
-    }
-
-    /// Delivers up to `max` stashed responses.
-    #[cold]
-    fn drain_ready(&mut self, max: usize, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
-        let cap = self.max_resp as usize;
-        let mut n = 0;
-        while n < max {
-            let Some(tok) = self.ready.pop_front() else {
-                break;
-            };
-            let at = tok as usize * cap;
-            let len = self.resp_len[tok as usize] as usize;
-            on_response(tok, &self.resp_buf[at..at + len]);
-            self.free.push(tok);
-            n += 1;
-        }
-        n
     }
 
     /// Nothing was delivered: report a failed endpoint, or count towards a liveness check.
@@ -493,7 +454,7 @@ impl Copyrpc {
             return Err(RpcError::ServerDisconnected);
         }
         if let Some(p) = &mut self.probe
-            && self.free.len() < self.max_in_flight as usize
+            && self.tokens.free() < self.max_in_flight as usize
         {
             p.empty_polls += 1;
             if p.empty_polls >= PROBE_CHECK_POLLS {
@@ -549,30 +510,12 @@ impl Copyrpc {
             },
             CallError::NotConnected(_) | CallError::Failed(_) => RpcError::ServerDisconnected,
         };
-        self.free.push(e.into_inner());
+        self.tokens.give_back(e.into_inner());
         if matches!(err, RpcError::WouldBlock) {
             self.pump(0, 0, &mut |_, _| {});
         }
         err
     }
-}
-
-/// Copies a response beyond the poll's `max` into its token's buffer (at most `cap` bytes;
-/// the core already refused responses above the call's allowance, which is `cap`).
-#[inline(never)]
-fn stash(
-    buf: &mut [u8],
-    lens: &mut [u32],
-    ready: &mut VecDeque<u32>,
-    cap: usize,
-    tok: u32,
-    msg: &[u8],
-) {
-    let n = msg.len().min(cap);
-    let at = tok as usize * cap;
-    buf[at..at + n].copy_from_slice(&msg[..n]);
-    lens[tok as usize] = n as u32;
-    ready.push_back(tok);
 }
 
 impl ClientTransport for Copyrpc {
@@ -625,7 +568,7 @@ impl ClientTransport for Copyrpc {
     /// credit, and retry); [`RpcError::ServerDisconnected`] once the endpoint failed.
     #[inline]
     fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
-        let Some(tok) = self.free.pop() else {
+        let Some(tok) = self.tokens.take() else {
             return Err(RpcError::WouldBlock);
         };
         match self
@@ -650,8 +593,8 @@ impl ClientTransport for Copyrpc {
         mut on_response: impl FnMut(u32, &[u8]),
     ) -> Result<usize, RpcError> {
         let mut n = 0;
-        if !self.ready.is_empty() {
-            n = self.drain_ready(max, &mut on_response);
+        if self.tokens.stashed() != 0 {
+            n = self.tokens.drain(max, &mut on_response);
             if n >= max {
                 return Ok(n);
             }

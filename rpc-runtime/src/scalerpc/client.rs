@@ -11,7 +11,7 @@
 //! response arrived.
 
 use mlx5::fastmap::FastMap;
-use mlx5::verbs::{Access, Cq, Pd, Qp, QpCaps, QpInit, QpType, RcRemote, Srq};
+use mlx5::verbs::{Access, Cq, Pd, Qp, RcRemote, Srq};
 use mlx5::wqe::{CQ_UPDATE, Opcode, RaddrSeg, Sge, WqeDesc};
 
 use super::info::{ClientConnInfo, ServerConnInfo};
@@ -24,6 +24,7 @@ use super::server::rc_params;
 use super::{
     ACK_HELLO, CTRL_STOP, DOORBELL_BATCH_SIZE, IMM_ACK, IMM_NOTICE, ResponseMode, ScaleError,
 };
+use crate::rdma::{rc_qp_on_srq, refill_srq, zero_length_srq};
 
 /// Client configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,10 +222,7 @@ impl<U> ScaleClient<U> {
         )?;
         let send_cq = device.create_cq(cfg.cq_size)?;
         let recv_cq = device.create_cq(cfg.cq_size)?;
-        let mut srq = device.create_srq(&pd, cfg.srq_size, 1)?;
-        let avail = srq.srq.available();
-        srq.srq.post_empty_n(avail);
-        srq.srq.ring_doorbell();
+        let srq = zero_length_srq(device, &pd, cfg.srq_size)?;
         Ok(ScaleClient {
             conns: Vec::new(),
             by_qpn: FastMap::new(),
@@ -279,21 +277,14 @@ impl<U> ScaleClient<U> {
         if c >= self.cfg.max_conns {
             return Err(ScaleError::Config("the client has max_conns connections"));
         }
-        let qp = self.device.create_qp(
+        let qp = rc_qp_on_srq(
+            &self.device,
             &self.pd,
-            &QpInit {
-                qp_type: QpType::Rc,
-                send_cq: &self.send_cq,
-                recv_cq: &self.recv_cq,
-                srq: Some(&self.srq),
-                caps: QpCaps {
-                    max_send_wr: self.cfg.max_send_wr,
-                    max_recv_wr: 0,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: self.cfg.max_inline,
-                },
-            },
+            &self.send_cq,
+            &self.recv_cq,
+            &self.srq,
+            self.cfg.max_send_wr,
+            self.cfg.max_inline,
         )?;
         self.by_qpn.insert(qp.qpn(), c)?;
         let k = self.cfg.slots_per_conn as usize;
@@ -598,11 +589,7 @@ impl<U> ScaleClient<U> {
         }
         if any {
             self.recv_cq.cq.update_dbrec();
-            if self.srq.srq.posted() < self.srq.srq.capacity() * 2 / 3 {
-                let avail = self.srq.srq.available();
-                self.srq.srq.post_empty_n(avail);
-                self.srq.srq.ring_doorbell();
-            }
+            refill_srq(&mut self.srq);
         }
     }
 

@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use mlx5::fastmap::FastMap;
-use mlx5::verbs::{Access, Cq, Pd, Qp, QpCaps, QpInit, QpType, RcParams, RcRemote, Srq};
+use mlx5::verbs::{Access, Cq, Pd, Qp, RcParams, RcRemote, Srq};
 use mlx5::wqe::{CQ_UPDATE, Opcode, RaddrSeg, Sge, WqeDesc};
 
 use super::info::{ClientConnInfo, ServerConnInfo};
@@ -31,6 +31,7 @@ use super::sched::{ConnState, Notice, Scheduler};
 use super::{
     ACK_HELLO, CTRL_STOP, DOORBELL_BATCH_SIZE, IMM_ACK, IMM_NOTICE, ResponseMode, ScaleError,
 };
+use crate::rdma::{rc_qp_on_srq, refill_srq, zero_length_srq};
 
 /// Server configuration (seeds/003 §9 constants as defaults where the seed gives one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,10 +258,7 @@ impl ScaleServer {
         )?;
         let send_cq = device.create_cq(cfg.cq_size)?;
         let recv_cq = device.create_cq(cfg.cq_size)?;
-        let mut srq = device.create_srq(&pd, cfg.srq_size, 1)?;
-        let avail = srq.srq.available();
-        srq.srq.post_empty_n(avail);
-        srq.srq.ring_doorbell();
+        let srq = zero_length_srq(device, &pd, cfg.srq_size)?;
         let ns = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
         Ok(ScaleServer {
             conns: Vec::new(),
@@ -343,21 +341,14 @@ impl ScaleServer {
                 "the client's response region is too small",
             ));
         }
-        let mut qp = self.device.create_qp(
+        let mut qp = rc_qp_on_srq(
+            &self.device,
             &self.pd,
-            &QpInit {
-                qp_type: QpType::Rc,
-                send_cq: &self.send_cq,
-                recv_cq: &self.recv_cq,
-                srq: Some(&self.srq),
-                caps: QpCaps {
-                    max_send_wr: self.cfg.max_send_wr,
-                    max_recv_wr: 0,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: self.cfg.max_inline,
-                },
-            },
+            &self.send_cq,
+            &self.recv_cq,
+            &self.srq,
+            self.cfg.max_send_wr,
+            self.cfg.max_inline,
         )?;
         qp.connect_rc(
             &RcRemote {
@@ -604,11 +595,7 @@ impl ScaleServer {
         self.reap_evicted();
         if n > 0 {
             self.recv_cq.cq.update_dbrec();
-            if self.srq.srq.posted() < self.srq.srq.capacity() * 2 / 3 {
-                let avail = self.srq.srq.available();
-                self.srq.srq.post_empty_n(avail);
-                self.srq.srq.ring_doorbell();
-            }
+            refill_srq(&mut self.srq);
         }
     }
 

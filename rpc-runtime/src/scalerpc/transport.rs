@@ -70,7 +70,6 @@
 //!   trying to call while its connection stays inactive for that long reports
 //!   [`RpcError::ServerDisconnected`]: the server is gone, or evicted this client.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
@@ -85,6 +84,7 @@ use crate::client::ClientTransport;
 use crate::error::{MessageKind, RpcError};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
+use crate::tokens::Tokens;
 
 /// Default [`ScaleRpcAddr::timeout`]: how long [`ScaleRpc::connect`] waits for the server.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -384,10 +384,7 @@ pub struct ScaleRpc {
     max_req: usize,
     max_resp: usize,
     max_in_flight: u32,
-    free: Vec<u32>,
-    ready: VecDeque<u32>,
-    resp_len: Box<[u32]>,
-    resp_buf: Box<[u8]>,
+    tokens: Tokens,
     failed: bool,
     live: Liveness,
 }
@@ -400,8 +397,8 @@ impl std::fmt::Debug for ScaleRpc {
             .field("active", &self.client.is_active(self.conn))
             .field("failed", &self.failed)
             .field("max_in_flight", &self.max_in_flight)
-            .field("free", &self.free.len())
-            .field("ready", &self.ready.len())
+            .field("free", &self.tokens.free())
+            .field("ready", &self.tokens.stashed())
             .field("probes", &self.live.probes)
             .finish_non_exhaustive()
     }
@@ -451,10 +448,7 @@ impl ScaleRpc {
             max_req: service.max_request_bytes,
             max_resp,
             max_in_flight: 0,
-            free: Vec::new(),
-            ready: VecDeque::new(),
-            resp_len: Box::default(),
-            resp_buf: Box::default(),
+            tokens: Tokens::new(0, 0),
             failed: false,
             live: Liveness {
                 probe_interval: None,
@@ -474,13 +468,8 @@ impl ScaleRpc {
 
     /// Sizes the token free list and the stash for `n` calls in flight.
     fn set_tokens(&mut self, n: u32) {
-        let k = n as usize;
         self.max_in_flight = n;
-        // Popped from the end: tokens are handed out 0, 1, 2, ...
-        self.free = (0..n).rev().collect();
-        self.ready = VecDeque::with_capacity(k);
-        self.resp_len = vec![0; k].into_boxed_slice();
-        self.resp_buf = vec![0; k * self.max_resp].into_boxed_slice();
+        self.tokens = Tokens::new(n, self.max_resp);
     }
 
     /// Sets the liveness checks (module docs): a probe after `probe_interval` without a
@@ -497,7 +486,7 @@ impl ScaleRpc {
         probe_interval: Option<Duration>,
         activation_timeout: Option<Duration>,
     ) -> Result<Self, RpcError> {
-        if self.free.len() != self.max_in_flight as usize || self.live.probe_out {
+        if self.tokens.free() != self.max_in_flight as usize || self.live.probe_out {
             return Err(ScaleRpcSetupError::Config("with_liveness after the first call").into());
         }
         let slots = self.max_in_flight + u32::from(self.live.probe_interval.is_some());
@@ -545,7 +534,7 @@ impl ScaleRpc {
     /// Calls issued and not yet answered (responses stashed for delivery excluded).
     #[inline]
     fn outstanding(&self) -> usize {
-        self.max_in_flight as usize - self.free.len() - self.ready.len()
+        self.max_in_flight as usize - self.tokens.free() - self.tokens.stashed()
     }
 
     /// One core poll: responses go to `on_response` while fewer than `max` were delivered
@@ -562,16 +551,11 @@ impl ScaleRpc {
     ) -> usize {
         let Self {
             client,
-            free,
-            ready,
-            resp_len,
-            resp_buf,
-            max_resp,
+            tokens,
             failed,
             live,
             ..
         } = self;
-        let cap = *max_resp;
         client.poll(|tok, r| {
             if tok == PROBE_TOKEN {
                 live.probe_out = false;
@@ -585,37 +569,13 @@ impl ScaleRpc {
                 Err(CallFailure::Rejected(_)) => &[],
                 Err(CallFailure::ConnFailed) => {
                     *failed = true;
-                    free.push(tok);
+                    tokens.give_back(tok);
                     return;
                 }
             };
-            if delivered < max {
-                delivered += 1;
-                on_response(tok, msg);
-                free.push(tok);
-            } else {
-                stash(resp_buf, resp_len, ready, cap, tok, msg);
-            }
+            tokens.deliver_or_stash(max, &mut delivered, tok, msg, on_response);
         });
         delivered
-    }
-
-    /// Delivers up to `max` stashed responses.
-    #[cold]
-    fn drain_ready(&mut self, max: usize, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
-        let cap = self.max_resp;
-        let mut n = 0;
-        while n < max {
-            let Some(tok) = self.ready.pop_front() else {
-                break;
-            };
-            let at = tok as usize * cap;
-            let len = self.resp_len[tok as usize] as usize;
-            on_response(tok, &self.resp_buf[at..at + len]);
-            self.free.push(tok);
-            n += 1;
-        }
-        n
     }
 
     /// Nothing was delivered: report a failed connection, or count towards a liveness check.
@@ -687,7 +647,7 @@ impl ScaleRpc {
                 RpcError::ServerDisconnected
             }
         };
-        self.free.push(e.into_inner());
+        self.tokens.give_back(e.into_inner());
         if matches!(err, RpcError::WouldBlock) {
             self.pump(0, 0, &mut |_, _| {});
         }
@@ -735,24 +695,6 @@ impl Drop for ScaleRpc {
             self.pump(0, 0, &mut |_, _| {});
         }
     }
-}
-
-/// Copies a response beyond the poll's `max` into its token's buffer (at most `cap` bytes:
-/// the server's replies are limited to the service's largest response).
-#[inline(never)]
-fn stash(
-    buf: &mut [u8],
-    lens: &mut [u32],
-    ready: &mut VecDeque<u32>,
-    cap: usize,
-    tok: u32,
-    msg: &[u8],
-) {
-    let n = msg.len().min(cap);
-    let at = tok as usize * cap;
-    buf[at..at + n].copy_from_slice(&msg[..n]);
-    lens[tok as usize] = n as u32;
-    ready.push_back(tok);
 }
 
 impl ClientTransport for ScaleRpc {
@@ -809,10 +751,10 @@ impl ClientTransport for ScaleRpc {
     /// inactive for the activation timeout.
     #[inline]
     fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
-        let Some(tok) = self.free.pop() else {
+        let Some(tok) = self.tokens.take() else {
             return Err(RpcError::WouldBlock);
         };
-        if self.free.len() + 1 == self.max_in_flight as usize && self.ready.is_empty() {
+        if self.tokens.free() + 1 == self.max_in_flight as usize && self.tokens.stashed() == 0 {
             // Nothing outstanding: cheap (no slots to check), and catches stop notices that
             // arrived while the caller was not polling.
             self.pump(0, 0, &mut |_, _| {});
@@ -842,8 +784,8 @@ impl ClientTransport for ScaleRpc {
         mut on_response: impl FnMut(u32, &[u8]),
     ) -> Result<usize, RpcError> {
         let mut n = 0;
-        if !self.ready.is_empty() {
-            n = self.drain_ready(max, &mut on_response);
+        if self.tokens.stashed() != 0 {
+            n = self.tokens.drain(max, &mut on_response);
             if n >= max {
                 return Ok(n);
             }
