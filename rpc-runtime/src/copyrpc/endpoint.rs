@@ -676,12 +676,25 @@ impl<U> EndpointCore<U> {
             // Answering: only worth it if it grants something.
             let in_flight = self.producer + p.total - self.remote_consumer;
             let r = self.resp_reservation;
-            let g = (self.cap.saturating_sub(in_flight) / 2)
-                .saturating_sub(r)
-                .min(self.max_resp_reservation.saturating_sub(r))
-                & !(ALIGNMENT - 1);
+            let by_invariant =
+                (self.cap.saturating_sub(in_flight) / 2).saturating_sub(r) & !(ALIGNMENT - 1);
+            let by_policy = self.max_resp_reservation.saturating_sub(r) & !(ALIGNMENT - 1);
+            if by_policy == 0 {
+                // `R` is at its maximum: the grant is already with the peer (or in flight
+                // to it), or held by requests whose replies will carry new grants.
+                self.answer_flow = false;
+                return;
+            }
+            if by_invariant == 0 && self.remote_consumer < self.producer {
+                // Only the bytes not known consumed hold the grant back. The starved peer
+                // may have nothing else to send us (no piggybacked credit return), so keep
+                // the answer pending and learn its consumer position by RDMA READ; the
+                // next flush retries. Dropping the answer here deadlocked both sides.
+                self.needs_read = true;
+                return;
+            }
             self.answer_flow = false;
-            if g == 0 {
+            if by_invariant == 0 {
                 return;
             }
         }
