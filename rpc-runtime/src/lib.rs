@@ -2,6 +2,7 @@
 //! [`Service`] trait that generated code implements, the transport-generic [`Client`] and
 //! [`Server`] cores, and the transports (for now the shared-memory [`delegation`] ring).
 
+pub mod bootstrap;
 pub mod client;
 pub mod copyrpc;
 pub mod delegation;
