@@ -51,15 +51,15 @@ impl ThreadGroup {
     ///
     /// # Panics
     /// If `ranks` is 0.
-    pub fn new(ranks: usize) -> Vec<ThreadRank> {
-        Self::with_config(ThreadGroupConfig::new(ranks))
+    pub fn ranks(ranks: usize) -> Vec<ThreadRank> {
+        Self::ranks_with(ThreadGroupConfig::new(ranks))
     }
 
     /// The handles of a group shaped by `cfg`, rank `i` at index `i`.
     ///
     /// # Panics
     /// If `cfg.ranks` or `cfg.ranks_per_node` is 0.
-    pub fn with_config(cfg: ThreadGroupConfig) -> Vec<ThreadRank> {
+    pub fn ranks_with(cfg: ThreadGroupConfig) -> Vec<ThreadRank> {
         assert!(cfg.ranks > 0, "a group needs at least one rank");
         assert!(cfg.ranks_per_node != Some(0), "ranks_per_node must be >= 1");
         let shared = Arc::new(Shared {
@@ -264,7 +264,7 @@ mod tests {
 
     #[test]
     fn all_gather_barrier_and_reductions_across_many_rounds() {
-        let out = run(ThreadGroup::new(5), |r| {
+        let out = run(ThreadGroup::ranks(5), |r| {
             let mut sums = Vec::new();
             for round in 0..200u64 {
                 let mine = [r.rank() as u8, round as u8, 7];
@@ -294,7 +294,7 @@ mod tests {
             ranks_per_node: Some(2),
             ..ThreadGroupConfig::new(5)
         };
-        let out = run(ThreadGroup::with_config(cfg), |r| r.node().unwrap());
+        let out = run(ThreadGroup::ranks_with(cfg), |r| r.node().unwrap());
         let got: Vec<_> = out
             .iter()
             .map(|n| (n.node, n.local_rank, n.local_size, n.nodes))
@@ -309,7 +309,7 @@ mod tests {
                 (2, 0, 1, 3)
             ]
         );
-        let one = run(ThreadGroup::new(3), |r| r.node().unwrap());
+        let one = run(ThreadGroup::ranks(3), |r| r.node().unwrap());
         assert!(
             one.iter()
                 .enumerate()
@@ -319,7 +319,7 @@ mod tests {
 
     #[test]
     fn length_mismatch_is_reported_to_every_rank() {
-        let out = run(ThreadGroup::new(3), |r| {
+        let out = run(ThreadGroup::ranks(3), |r| {
             let mine = vec![0u8; if r.rank() == 2 { 4 } else { 3 }];
             r.all_gather(&mine)
         });
@@ -337,7 +337,7 @@ mod tests {
 
     #[test]
     fn a_rank_that_leaves_fails_the_others_instead_of_hanging() {
-        let mut ranks = ThreadGroup::new(3);
+        let mut ranks = ThreadGroup::ranks(3);
         let gone = ranks.pop().unwrap();
         let waiting: Vec<_> = ranks
             .into_iter()
@@ -356,7 +356,7 @@ mod tests {
             timeout: Duration::from_millis(100),
             ..ThreadGroupConfig::new(2)
         };
-        let ranks = ThreadGroup::with_config(cfg);
+        let ranks = ThreadGroup::ranks_with(cfg);
         let t = Instant::now();
         let e = ranks[0].barrier();
         assert_eq!(e, Err(BootstrapError::Timeout(Duration::from_millis(100))));
@@ -367,7 +367,7 @@ mod tests {
 
     #[test]
     fn a_single_rank_group_needs_nobody() {
-        let r = ThreadGroup::new(1).pop().unwrap();
+        let r = ThreadGroup::ranks(1).pop().unwrap();
         assert_eq!(r.all_gather(b"xy").unwrap(), b"xy");
         let mut v = [3u64];
         r.all_reduce_sum_u64(&mut v).unwrap();
