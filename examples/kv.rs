@@ -28,6 +28,11 @@
 //! two calls outstanding on one connection in either order, so a client then never has two
 //! writes of one key outstanding.
 //!
+//! `--transport erpc` (one rank) does the same over eRPC on UDP loopback (seeds/000, 002):
+//! each daemon serves its shard through an `ErpcServer` on its own UDP socket, and each client
+//! thread connects a `KvClient<Erpc>` (`--qd` calls in flight, over `ceil(qd / 8)` sessions) to
+//! every daemon. eRPC too may execute a client's outstanding calls in either order.
+//!
 //! Correctness: every client has a global id `g = rank * C + c` and only writes keys `k` with
 //! `k % (R * C) == g` (on any rank), so every (rank, key) has one writer, whose successive
 //! calls reach the owner daemon in issue order (one client's `fetch_add`s on a ring are
@@ -41,12 +46,14 @@
 //! cargo run --release --example kv                      # all in one process, ~10 s
 //! cargo run --release --example kv -- --ranks 2 --backend both --duration 5
 //! cargo run --release --example kv -- --transport scalerpc --clients 4 --scalerpc-group 2
+//! cargo run --release --example kv -- --transport erpc --clients 2 --daemons 2
 //! cargo run --release --example kv -- --help
 //! kv serve --shm kvbench --daemons 2                    # process 1: daemons (one rank)
 //! kv client --shm kvbench --clients 2                   # process 2: clients + check
 //! ```
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
@@ -63,6 +70,8 @@ use rpc::copyrpc::{CallError, Context, ContextConfig, EndpointConfig, EndpointId
 use rpc::delegation::{
     DelegToken, Delegate, Delegation, DelegationConfig, DelegationServer, ForwardStats, Target,
 };
+use rpc::erpc::typed::MAX_IN_FLIGHT_LIMIT as ERPC_MAX_IN_FLIGHT;
+use rpc::erpc::{Erpc, ErpcConfig, ErpcServer};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::scalerpc::{ScaleRpc, ScaleRpcAddr, ScaleRpcServer, ServerConfig as ScaleServerConfig};
 use rpc::{ClientTransport, RpcError, Server, ServerTransport, Service};
@@ -70,14 +79,14 @@ use rustc_hash::FxHashMap;
 
 #[derive(Parser, Debug)]
 #[command(
-    about = "Distributed key-value benchmark (seeds/004) over the delegation ring and copyrpc, or ScaleRPC",
+    about = "Distributed key-value benchmark (seeds/004) over the delegation ring and copyrpc, ScaleRPC or eRPC",
     long_about = "Distributed key-value benchmark (seeds/004) over the delegation ring and \
         copyrpc.\n\nWithout a subcommand (or with `run`), daemons and clients of every rank run \
         in this process; `--ranks R` runs R in-process ranks connected by copyrpc on the \
         device model. The `serve`/`client` subcommands split one rank's daemons and clients \
         into two processes; multi-rank runs across processes (MPI) are a later issue. \
-        `--transport scalerpc` serves the daemons of one rank over ScaleRPC instead of the \
-        delegation rings.",
+        `--transport scalerpc` (`--transport erpc`) serves the daemons of one rank over \
+        ScaleRPC on the device model (eRPC over UDP loopback) instead of the delegation rings.",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -115,9 +124,10 @@ struct RunArgs {
     /// copyrpc send and receive ring size per endpoint, bytes (power of two, >= 1024).
     #[arg(long, default_value_t = 1 << 20)]
     copyrpc_ring: usize,
-    /// How clients reach the daemons of their rank: the shared-memory delegation ring, or
-    /// ScaleRPC on the device model (one simulated NIC per daemon and per client thread;
-    /// one rank only).
+    /// How clients reach the daemons of their rank: the shared-memory delegation ring,
+    /// ScaleRPC on the device model (one simulated NIC per daemon and per client thread), or
+    /// eRPC over UDP loopback (one socket per daemon and per client connection). ScaleRPC and
+    /// eRPC run one rank only.
     #[arg(long, value_enum, default_value_t = Transport::Delegation)]
     transport: Transport,
     #[command(flatten)]
@@ -242,6 +252,8 @@ enum Transport {
     Delegation,
     /// ScaleRPC (seeds/003) on the device model: every daemon is a ScaleRPC server.
     Scalerpc,
+    /// eRPC (seeds/000, 002) over UDP loopback: every daemon is an eRPC server.
+    Erpc,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -373,6 +385,8 @@ struct DaemonReport {
     forward: Option<ForwardStats>,
     /// A ScaleRPC daemon: its server's counters.
     scale: Option<ScaleDaemon>,
+    /// An eRPC daemon: its endpoint's counters.
+    erpc: Option<ErpcFigures>,
 }
 
 /// The daemon event loop (seeds/004 §6: only the local ring; or a ScaleRPC server).
@@ -397,6 +411,7 @@ fn daemon_loop<T: ServerTransport>(
         keys: shard.map.len(),
         forward: None,
         scale: None,
+        erpc: None,
     }
 }
 
@@ -437,12 +452,15 @@ fn delegate_loop<R: FnMut(&KvRequest) -> Target>(
         keys: shard.map.len(),
         forward: Some(f),
         scale: None,
+        erpc: None,
     }
 }
 
 fn run_all(a: RunArgs) -> i32 {
-    if a.transport == Transport::Scalerpc {
-        return run_scalerpc(&a);
+    match a.transport {
+        Transport::Scalerpc => return run_scalerpc(&a),
+        Transport::Erpc => return run_erpc(&a),
+        Transport::Delegation => {}
     }
     let cfg = match delegation_config(&a.ring, a.load.qd) {
         Ok(c) => c,
@@ -872,6 +890,162 @@ fn run_scalerpc(a: &RunArgs) -> i32 {
     let mut s = summarize(result, &reports, &a.load, a.daemons, 1, "scalerpc");
     s.transport = "scalerpc";
     s.scale = Some(f);
+    print_summary(&s, &a.out, true);
+    if s.pass { 0 } else { 1 }
+}
+
+/// The eRPC daemons of the (single) rank: each client connection opens a UDP socket of its
+/// own and connects to a daemon's address.
+struct ErpcDaemons {
+    addrs: Vec<SocketAddr>,
+    /// Calls in flight per connection: the client's queue depth (all may go to one daemon).
+    qd: usize,
+}
+
+impl Daemons for ErpcDaemons {
+    type T = Erpc;
+    const ORDERED: bool = false;
+    fn connect(&self, _rank: usize) -> Result<Vec<KvClient<Erpc>>, RpcError> {
+        let cfg = ErpcConfig {
+            max_in_flight: self.qd,
+            ..ErpcConfig::default()
+        };
+        self.addrs
+            .iter()
+            .map(|a| {
+                Ok(KvClient::from_transport(Erpc::connect_with(
+                    a,
+                    KvService::DESCRIPTOR,
+                    &cfg,
+                )?))
+            })
+            .collect()
+    }
+
+    /// eRPC keeps a session alive by running its event loop (keepalive pings, seeds/002 §10);
+    /// `poll_with` runs it only with calls in flight, so run the idle connections' here
+    /// (they have nothing to deliver).
+    #[inline]
+    fn keepalive(rings: &mut [KvClient<Erpc>]) {
+        for r in rings.iter_mut().filter(|r| r.in_flight() == 0) {
+            let _ = r.transport_mut().poll(usize::MAX, |_, _| {});
+        }
+    }
+}
+
+/// eRPC figures of a run: the daemons' endpoint counters, summed.
+#[derive(Clone, Copy, Debug, Default)]
+struct ErpcFigures {
+    /// Sessions the daemons served at the end of the run (the checker's included).
+    sessions: usize,
+    /// Server sessions freed (clients disconnected, or silent for the failure timeout).
+    sessions_closed: u64,
+    /// Requests handed to the handlers (each executed once).
+    requests: u64,
+    /// Duplicate request packets answered from the at-most-once cache.
+    dup_requests: u64,
+    /// Datagrams dropped by the cores as invalid, stale or out of window.
+    dropped_pkts: u64,
+    rx_pkts: u64,
+    tx_pkts: u64,
+    /// `recvmmsg`/`sendmmsg` calls that moved datagrams.
+    rx_calls: u64,
+    tx_calls: u64,
+}
+
+/// `--transport erpc`: one rank whose daemons are eRPC servers on UDP loopback; then the
+/// summary.
+fn run_erpc(a: &RunArgs) -> i32 {
+    if a.ranks != 1 {
+        return fail(
+            "--transport erpc runs one rank (--ranks 1): ranks over eRPC are not supported",
+        );
+    }
+    if a.backend != Backend::Delegation {
+        return fail("--backend applies to --ranks > 1; --transport erpc runs one rank");
+    }
+    if a.daemons == 0 {
+        return fail("--daemons must be at least 1");
+    }
+    if a.load.qd == 0 || a.load.qd > ERPC_MAX_IN_FLIGHT {
+        return fail(&format!(
+            "--qd must be in 1..={ERPC_MAX_IN_FLIGHT} with --transport erpc"
+        ));
+    }
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut servers = Vec::with_capacity(a.daemons);
+    let mut addrs = Vec::with_capacity(a.daemons);
+    for d in 0..a.daemons {
+        match ErpcServer::serve::<KvService>(loopback) {
+            Ok(s) => {
+                addrs.push(s.transport().local_addr());
+                servers.push(s);
+            }
+            Err(e) => return fail(&format!("daemon {d}: erpc server: {e}")),
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = servers
+        .into_iter()
+        .enumerate()
+        .map(|(d, mut server)| {
+            let stop = stop.clone();
+            thread::Builder::new()
+                .name(format!("daemon-0.{d}"))
+                .spawn(move || {
+                    let mut r = daemon_loop(&mut server, &stop);
+                    let t = server.transport();
+                    let ep = t.endpoint();
+                    let core = ep.core_stats();
+                    let udp = rpc::erpc::transport::DatagramTransport::stats(ep.transport());
+                    r.erpc = Some(ErpcFigures {
+                        sessions: ep.rpc().num_sessions(),
+                        sessions_closed: t.stats().sessions_closed,
+                        requests: core.requests_dispatched,
+                        dup_requests: core.dup_req_answered,
+                        dropped_pkts: core.drop_truncated
+                            + core.drop_bad_hdr
+                            + core.drop_unknown_session
+                            + core.drop_out_of_window
+                            + core.drop_msg_too_large
+                            + core.drop_bad_len
+                            + core.drop_bad_sm,
+                        rx_pkts: udp.rx_pkts,
+                        tx_pkts: udp.tx_pkts,
+                        rx_calls: udp.rx_calls,
+                        tx_calls: udp.tx_calls,
+                    });
+                    r
+                })
+                .expect("spawn daemon")
+        })
+        .collect();
+    let remotes = vec![(0..a.load.clients).map(|_| Remote::None).collect()];
+    let daemons = Arc::new(ErpcDaemons {
+        addrs,
+        qd: a.load.qd,
+    });
+    let result = run_clients(daemons, remotes, &a.load, &a.out);
+    stop.store(true, Ordering::Relaxed);
+    let reports: Vec<DaemonReport> = handles
+        .into_iter()
+        .map(|h| h.join().expect("daemon panicked"))
+        .collect();
+    let mut f = ErpcFigures::default();
+    for d in reports.iter().filter_map(|r| r.erpc) {
+        f.sessions += d.sessions;
+        f.sessions_closed += d.sessions_closed;
+        f.requests += d.requests;
+        f.dup_requests += d.dup_requests;
+        f.dropped_pkts += d.dropped_pkts;
+        f.rx_pkts += d.rx_pkts;
+        f.tx_pkts += d.tx_pkts;
+        f.rx_calls += d.rx_calls;
+        f.tx_calls += d.tx_calls;
+    }
+    let mut s = summarize(result, &reports, &a.load, a.daemons, 1, "erpc");
+    s.transport = "erpc";
+    s.erpc = Some(f);
     print_summary(&s, &a.out, true);
     if s.pass { 0 } else { 1 }
 }
@@ -1423,6 +1597,8 @@ struct Summary {
     transport: &'static str,
     /// ScaleRPC runs: scheduler and QPC figures.
     scale: Option<ScaleFigures>,
+    /// eRPC runs: the daemons' endpoint counters.
+    erpc: Option<ErpcFigures>,
     backend: &'static str,
     ranks: usize,
     daemons: usize,
@@ -1516,6 +1692,7 @@ fn summarize(
     Summary {
         transport: "delegation",
         scale: None,
+        erpc: None,
         backend,
         ranks,
         daemons: ndaemons,
@@ -1620,6 +1797,17 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
                 }),
             );
         }
+        if let Some(e) = &s.erpc {
+            obj.insert(
+                "erpc".into(),
+                serde_json::json!({
+                    "sessions": e.sessions, "sessions_closed": e.sessions_closed,
+                    "requests": e.requests, "dup_requests": e.dup_requests,
+                    "dropped_pkts": e.dropped_pkts, "rx_pkts": e.rx_pkts, "tx_pkts": e.tx_pkts,
+                    "rx_calls": e.rx_calls, "tx_calls": e.tx_calls,
+                }),
+            );
+        }
         println!("{v}");
     } else if out.csv {
         if first {
@@ -1715,6 +1903,16 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
                 sc.qpc_all.0,
                 sc.qpc_all.1,
                 ratio(sc.qpc_all)
+            );
+        }
+        if let Some(e) = &s.erpc {
+            println!(
+                "  erpc        {} sessions open at the end ({} closed)   requests {}   duplicates answered {}   packets dropped {}",
+                e.sessions, e.sessions_closed, e.requests, e.dup_requests, e.dropped_pkts
+            );
+            println!(
+                "  udp         daemons rx {} pkts in {} calls, tx {} pkts in {} calls",
+                e.rx_pkts, e.rx_calls, e.tx_pkts, e.tx_calls
             );
         }
         println!(

@@ -53,7 +53,7 @@ fn empty_service() {
 
 #[test]
 fn errors_are_all_reported() {
-    let attr = quote!(transport = "erpc", colour = "blue");
+    let attr = quote!(transport = "rdma", colour = "blue");
     let item = quote! {
         pub trait Bad<T>: Send {
             async fn a(&self);
@@ -67,7 +67,7 @@ fn errors_are_all_reported() {
     let out = expand::expand(attr, item).to_string();
     let messages: Vec<&str> = out.split("compile_error !").skip(1).collect();
     for needle in [
-        "transport `erpc` is not available yet; available transports: delegation, copyrpc, scalerpc",
+        "unknown transport `rdma`; available: delegation, copyrpc, erpc, scalerpc",
         "unknown `#[rpc_service]` argument `colour`",
         "cannot have type parameters",
         "cannot have supertraits",

@@ -808,7 +808,8 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
     ));
     let connect_doc = docs(&format!(
         "Connects to a `{name}` server at `addr` (for the delegation transport, the shared-memory\n\
-         ring's name; for copyrpc, a `CopyrpcAddr`; for scalerpc, a `ScaleRpcAddr`), checking\n\
+         ring's name; for copyrpc, a `CopyrpcAddr`; for scalerpc, a `ScaleRpcAddr`; for erpc over\n\
+         UDP, the server's `SocketAddr`), checking\n\
          this build's schema fingerprint and message sizes against the server's.\n\
          \n\
          # Errors\n\
@@ -818,7 +819,7 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
     let from_transport_doc = docs(&format!(
         "Wraps a transport already connected to a `{name}` server, e.g. one built from endpoint\n\
          information exchanged by an MPI bootstrap (`rpc::copyrpc::Copyrpc::from_context`,\n\
-         `rpc::scalerpc::ScaleRpc::from_client`). The transport's constructor must have checked\n\
+         `rpc::scalerpc::ScaleRpc::from_client`, `rpc::erpc::Erpc::from_endpoint`). The transport's constructor must have checked\n\
          this service's schema fingerprint and message sizes, as [`Self::connect`] does."
     ));
     let issue_fn_doc = docs(&format!(

@@ -235,16 +235,9 @@ fn attribute_arguments() {
     let e = errors_of(quote!(transport = "foo"), item.clone());
     assert_eq!(
         e,
-        ["unknown transport `foo`; available: delegation, copyrpc, scalerpc"]
+        ["unknown transport `foo`; available: delegation, copyrpc, erpc, scalerpc"]
     );
-    let e = errors_of(quote!(transport = "erpc"), item.clone());
-    assert_eq!(
-        e,
-        [
-            "transport `erpc` is not available yet; available transports: delegation, copyrpc, scalerpc"
-        ]
-    );
-    for t in ["copyrpc", "scalerpc"] {
+    for t in ["delegation", "copyrpc", "erpc", "scalerpc"] {
         assert!(errors_of(quote!(transport = #t), item.clone()).is_empty());
     }
     let e = errors_of(

@@ -10,13 +10,13 @@ use syn::{Attribute, FnArg, Ident, Pat, Path, ReturnType, Signature, TraitItem, 
 
 use crate::parse::{AttrArgs, Errors, WireTy, normalize_tokens};
 
-/// Transports the attribute may name, with the path of their client transport type, `None`
-/// for those not implemented yet.
-pub const TRANSPORTS: &[(&str, Option<&str>)] = &[
-    ("delegation", Some("delegation::Delegation")),
-    ("copyrpc", Some("copyrpc::Copyrpc")),
-    ("erpc", None),
-    ("scalerpc", Some("scalerpc::ScaleRpc")),
+/// Transports the attribute may name, with the path of their client transport type
+/// (relative to `::rpc`).
+pub const TRANSPORTS: &[(&str, &str)] = &[
+    ("delegation", "delegation::Delegation"),
+    ("copyrpc", "copyrpc::Copyrpc"),
+    ("erpc", "erpc::Erpc"),
+    ("scalerpc", "scalerpc::ScaleRpc"),
 ];
 
 /// Method names that `<Trait>Client` already uses for its inherent methods.
@@ -261,11 +261,7 @@ pub fn validate(attr: AttrArgs, item: syn::ItemTrait, mut errors: Errors) -> syn
 }
 
 fn check_transport(attr: &AttrArgs, errors: &mut Errors) -> Option<(TokenStream, String)> {
-    let available: Vec<&str> = TRANSPORTS
-        .iter()
-        .filter(|(_, path)| path.is_some())
-        .map(|(name, _)| *name)
-        .collect();
+    let available: Vec<&str> = TRANSPORTS.iter().map(|(name, _)| *name).collect();
     let available = available.join(", ");
     let Some(lit) = &attr.transport else {
         if attr.transport_written {
@@ -281,18 +277,9 @@ fn check_transport(attr: &AttrArgs, errors: &mut Errors) -> Option<(TokenStream,
     };
     let value = lit.value();
     match TRANSPORTS.iter().find(|(name, _)| *name == value) {
-        Some((_, Some(path))) => {
+        Some((_, path)) => {
             let path: TokenStream = path.parse().expect("valid transport path");
             Some((path, value))
-        }
-        Some((_, None)) => {
-            errors.error_spanned(
-                lit,
-                format!(
-                    "transport `{value}` is not available yet; available transports: {available}"
-                ),
-            );
-            None
         }
         None => {
             errors.error_spanned(

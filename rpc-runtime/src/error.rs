@@ -85,6 +85,11 @@ pub enum RpcError {
     /// [`RpcError::Ring`].
     #[error(transparent)]
     Scalerpc(Box<crate::scalerpc::ScaleRpcSetupError>),
+    /// Setting up an eRPC client or server failed (socket or device error, bad configuration,
+    /// no answer or refusal at connect for a reason other than schema or capacity, connect
+    /// timeout). Boxed like [`RpcError::Ring`].
+    #[error(transparent)]
+    Erpc(Box<crate::erpc::ErpcSetupError>),
 }
 
 /// Which kind of message a capacity applies to.

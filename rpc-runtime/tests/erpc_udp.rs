@@ -499,3 +499,167 @@ fn steady_state_tx_and_rx_do_not_allocate() {
     assert_eq!(total, expected);
     assert_eq!(b.stats().rx_pkts, 32 * 101);
 }
+
+/// Payload of zero-copy test RPC `tag` of `len` bytes: the tag, then a pattern.
+fn zc_payload(tag: u64, len: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = (0..len.max(8))
+        .map(|i| (i as u64).wrapping_mul(13).wrapping_add(tag) as u8)
+        .collect();
+    v[..8].copy_from_slice(&tag.to_le_bytes());
+    v
+}
+
+/// An eRPC echo server on the zero-copy iteration (`rx_burst_zc`, `zc`, `reply_zc` /
+/// `reply`, `finish_iteration`; seeds/002 §7.2) in its own thread, and a client that takes
+/// single-packet responses in place too, over UDP with 20% loss, duplication and reordering
+/// each way. Single-packet requests are answered in place (`reply_zc`) or after a look with
+/// `zc` (`reply`), multi-packet ones through events; every RPC completes exactly once and
+/// every handler runs exactly once.
+#[test]
+fn zero_copy_echo_server_over_lossy_udp() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use rpc_runtime::erpc::core::{Config, Event, MS, Zc};
+    use rpc_runtime::erpc::event_loop::Endpoint;
+    use rpc_runtime::erpc::transport::lossy::{LossConfig, LossyTransport};
+
+    let loss = |seed| {
+        LossyTransport::new(
+            transport(v4_loopback(), 1472, 32),
+            LossConfig {
+                drop: 0.2,
+                seed,
+                ..LossConfig::default()
+            },
+        )
+    };
+    let cfg = Config {
+        failure_timeout: 5_000 * MS,
+        ..Config::default()
+    };
+    let mut server = Endpoint::new(loss(41), cfg.clone()).unwrap();
+    let server_addr = server.local_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Handler executions per tag, and how each was answered (zc, zc+reply, event).
+    let runs: Arc<Mutex<HashMap<u64, u32>>> = Arc::default();
+    let kinds: Arc<Mutex<[u64; 3]>> = Arc::default();
+    let (stop2, runs2, kinds2) = (stop.clone(), runs.clone(), kinds.clone());
+    let handle = std::thread::spawn(move || {
+        let tag_of = |d: &[u8]| u64::from_le_bytes(d[..8].try_into().unwrap());
+        let mut copy = [0u8; 2048];
+        while !stop2.load(Ordering::Relaxed) {
+            for k in 0..server.rx_burst_zc() {
+                let (zc, data) = server.zc(k);
+                let Zc::Request {
+                    token, req_type, ..
+                } = zc
+                else {
+                    panic!("server got {zc:?}")
+                };
+                *runs2.lock().unwrap().entry(tag_of(data)).or_default() += 1;
+                if req_type == 1 {
+                    kinds2.lock().unwrap()[0] += 1;
+                    server
+                        .reply_zc(k, |_, req, resp| resp.extend_from_slice(req))
+                        .unwrap();
+                } else {
+                    kinds2.lock().unwrap()[1] += 1;
+                    let n = data.len();
+                    copy[..n].copy_from_slice(data);
+                    server.reply(token, &copy[..n]).unwrap();
+                }
+            }
+            server.finish_iteration();
+            while let Some(ev) = server.poll_event() {
+                let Event::Request { token, data, .. } = ev else {
+                    panic!("server got {ev:?}")
+                };
+                *runs2.lock().unwrap().entry(tag_of(&data)).or_default() += 1;
+                kinds2.lock().unwrap()[2] += 1;
+                server.reply(token, &data).unwrap();
+                server.recycle(data);
+            }
+        }
+        server
+    });
+
+    let mut client = Endpoint::new(loss(42), cfg).unwrap();
+    let sid = client.create_session(server_addr).unwrap();
+    let start = Instant::now();
+    let deadline = Duration::from_secs(30);
+    while !client.is_connected(sid) {
+        assert!(start.elapsed() < deadline, "connect timed out");
+        client.run_event_loop_once();
+        while client.poll_event().is_some() {}
+    }
+    let dpp = client.rpc().data_per_pkt();
+    let n = 600u64;
+    let len_of = |tag: u64| match tag % 6 {
+        0 => 3 * dpp + 5, // multi-packet: events on both sides
+        1 => dpp,
+        _ => 8 + (tag as usize * 7) % 300,
+    };
+    let mut outstanding: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut completed = 0u64;
+    let mut zc_responses = 0u64;
+    let mut next = 0u64;
+    while completed < n {
+        assert!(
+            start.elapsed() < deadline,
+            "{completed}/{n} done; client {:?}",
+            client.core_stats()
+        );
+        while next < n && outstanding.len() < 32 {
+            let p = zc_payload(next, len_of(next));
+            let req_type = if next.is_multiple_of(2) { 1 } else { 2 };
+            client.enqueue_request(sid, req_type, &p, next).unwrap();
+            outstanding.insert(next, p);
+            next += 1;
+        }
+        for k in 0..client.rx_burst_zc() {
+            let (zc, data) = client.zc(k);
+            let Zc::Response { tag, .. } = zc else {
+                panic!("client got {zc:?}")
+            };
+            let want = outstanding.remove(&tag).expect("response once");
+            assert_eq!(data, &want[..], "tag {tag}");
+            completed += 1;
+            zc_responses += 1;
+        }
+        client.finish_iteration();
+        while let Some(ev) = client.poll_event() {
+            let Event::Response { tag, data, .. } = ev else {
+                panic!("client got {ev:?}")
+            };
+            let want = outstanding.remove(&tag).expect("response once");
+            assert_eq!(data, want, "tag {tag}");
+            completed += 1;
+            client.recycle(data);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let server = handle.join().expect("server thread");
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len() as u64, n);
+    assert!(runs.values().all(|&c| c == 1), "every handler ran once");
+    let kinds = *kinds.lock().unwrap();
+    eprintln!(
+        "zc echo: {n} RPCs in {:?}; server answers (reply_zc, zc+reply, event) {kinds:?}; \
+         client zc responses {zc_responses}; client {:?}; server {:?}",
+        start.elapsed(),
+        client.core_stats(),
+        server.core_stats()
+    );
+    assert_eq!(kinds[2], n / 6, "multi-packet requests arrive as events");
+    assert!(kinds[0] > 0 && kinds[1] > 0);
+    assert_eq!(zc_responses, n - n / 6);
+    assert_eq!(server.core_stats().requests_dispatched, n);
+    assert!(
+        server.core_stats().dup_req_answered > 0,
+        "duplicates were answered"
+    );
+    assert!(client.core_stats().rollbacks > 0);
+    assert_eq!(server.loop_stats().zc_msgs, kinds[0] + kinds[1]);
+}

@@ -174,10 +174,16 @@ fn run_calls<T: DatagramTransport>(
 }
 
 /// The default core configuration with a failure timeout long enough that a loop starved by
-/// a loaded machine (parallel tests on 2 cores, debug build) is not mistaken for a dead peer.
+/// a loaded machine (parallel tests on 2 cores, debug build) is not mistaken for a dead peer,
+/// and without congestion control: on a loaded loopback the RTT is CPU scheduling delay (often
+/// above Timely's 1 ms `T_HIGH`), which drives rates to the 15 Mbit/s minimum and makes these
+/// throughput-bound tests take many times longer. Congestion control stays on (the default) in
+/// the loss and failure tests here, in `erpc_udp.rs`, and is tested in the core's simulator.
 fn patient() -> Config {
     Config {
         failure_timeout: 5_000 * MS,
+        cc_rate_comp: false,
+        cc_pacing: false,
         ..Config::default()
     }
 }
@@ -203,8 +209,12 @@ fn large_messages() {
     let max = 8 << 20;
     // Copying 8 MiB messages in a debug build, with parallel tests sharing 2 cores, can keep
     // a loop busy for a while: a generous failure timeout keeps that from failing sessions.
+    // Without congestion control, as in `patient()`: at Timely's minimum rate an 8 MiB
+    // request alone would take 4.5 s.
     let cfg = Config {
         failure_timeout: 2_000 * MS,
+        cc_rate_comp: false,
+        cc_pacing: false,
         ..Config::default()
     };
     let server = spawn_server(udp(), cfg.clone(), None);

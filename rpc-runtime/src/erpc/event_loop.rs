@@ -17,14 +17,40 @@
 //! | 5. drain [`Rpc::poll_transmit`] into the TX batch, one `tx_burst` per full batch | `process_credit_stall_queue_st` / `process_wheel_st` (inside the core) and `do_tx_burst_st` |
 //! | 6. events stay queued for [`Endpoint::poll_event`] | continuations / request handlers |
 //!
+//! # Zero-copy iterations (seeds/002 §7.2, seeds/000 §12.2)
+//! [`Endpoint::run_event_loop_once`] copies every complete message into an [`Event`]. An
+//! application that wants eRPC's zero-copy dispatch of single-packet messages splits the
+//! iteration in two around its handlers, as eRPC runs dispatch-mode handlers between
+//! `rx_burst` and the re-posting of the RX descriptors:
+//!
+//! ```ignore
+//! let n = ep.rx_burst_zc();             // steps 1-3, the burst stays in the RX ring
+//! for k in 0..n {
+//!     match ep.zc(k) {                  // the message's bytes, in place in the RX ring
+//!         (Zc::Request { .. }, _) => ep.reply_zc(k, |req_type, req, resp| {
+//!             resp.extend_from_slice(req)   // write the response straight into the slot
+//!         })?,
+//!         (Zc::Response { tag, .. }, data) => { /* consume `data` */ }
+//!     }
+//! }
+//! ep.finish_iteration();                // release the burst (zc bytes invalid), steps 4-5
+//! while let Some(ev) = ep.poll_event() { /* multi-packet messages, session events */ }
+//! ```
+//! Single-packet requests and responses (the common case) then are never copied by the
+//! core: a request is read in place and the response written in place into the slot's
+//! cached response buffer ([`Rpc::reply_with`]); [`Endpoint::reply`] also works between the
+//! two calls. Everything else still arrives as events.
+//!
 //! # Units
 //! Time is [`Time`]: nanoseconds since the endpoint's creation (a monotonic [`Instant`] base).
 //! Sizes are bytes; the core's MTU is the transport's [`mtu`](DatagramTransport::mtu).
 //!
 //! # Allocation
-//! The TX batch (`batch` buffers of `mtu` bytes, plus its descriptor vectors) is allocated
-//! once in [`Endpoint::new`]; the loop itself allocates nothing per packet (the core allocates
-//! once per received message, for the buffer handed out in the event).
+//! The TX batch (`batch` buffers of `mtu` bytes, plus its descriptor vectors) and the list of
+//! zero-copy messages (`rx_batch` entries) are allocated once in [`Endpoint::new`]; the loop
+//! itself allocates nothing per packet. Buffers of message events come from the core's free
+//! list: return them with [`Endpoint::recycle`] and the steady state allocates nothing per
+//! message either.
 //!
 //! # Ordering and back-pressure
 //! Packets leave in the order `poll_transmit` produced them. When the transport's send queue
@@ -36,7 +62,9 @@
 use std::io;
 use std::time::Instant;
 
-use super::core::{CallError, Config, ConfigError, Event, ReqToken, Rpc, SessionId, Stats, Time};
+use super::core::{
+    CallError, Config, ConfigError, Event, ReqToken, Rpc, SessionId, Stats, Time, Zc,
+};
 use super::transport::{DatagramTransport, TxPkt};
 
 /// Default interval between timer scans ([`Rpc::handle_timeout`]), in ns (100 µs).
@@ -59,6 +87,8 @@ pub struct LoopStats {
     pub tx_errors: u64,
     /// Calls of [`Rpc::handle_timeout`].
     pub timer_scans: u64,
+    /// Zero-copy messages handed out by [`Endpoint::rx_burst_zc`].
+    pub zc_msgs: u64,
 }
 
 /// An eRPC endpoint: a protocol core driven over a datagram transport (see the
@@ -70,6 +100,8 @@ pub struct Endpoint<T: DatagramTransport> {
     base: Instant,
     /// Clock reading of the current (last) iteration.
     now: Time,
+    /// Clock reading taken before the transmit step of the current (last) iteration.
+    tx_now: Time,
     /// Packets per TX batch.
     batch: usize,
     /// MTU: stride of `tx_bufs`.
@@ -88,6 +120,12 @@ pub struct Endpoint<T: DatagramTransport> {
     last_scan: Time,
     /// The last `tx_burst` error, until taken.
     last_tx_error: Option<io::Error>,
+    /// Zero-copy messages of the current burst: (index in the burst, message).
+    zc_msgs: Vec<(usize, Zc)>,
+    /// Between the receive half of an iteration and [`Endpoint::finish_iteration`].
+    in_iteration: bool,
+    /// Packets received (and retried) in the receive half of the current iteration.
+    iter_work: usize,
     stats: LoopStats,
 }
 
@@ -117,6 +155,7 @@ impl<T: DatagramTransport> Endpoint<T> {
             transport,
             base: Instant::now(),
             now: 0,
+            tx_now: 0,
             batch,
             mtu,
             tx_bufs: vec![0; batch * mtu].into_boxed_slice(),
@@ -126,6 +165,9 @@ impl<T: DatagramTransport> Endpoint<T> {
             scan_interval: DEFAULT_TIMER_SCAN_INTERVAL,
             last_scan: 0,
             last_tx_error: None,
+            zc_msgs: Vec::with_capacity(batch),
+            in_iteration: false,
+            iter_work: 0,
             stats: LoopStats::default(),
         })
     }
@@ -146,27 +188,93 @@ impl<T: DatagramTransport> Endpoint<T> {
         self.now
     }
 
-    /// One iteration of the event loop (see the [module docs](self) for its steps).
+    /// One iteration of the event loop (see the [module docs](self) for its steps); every
+    /// complete message is copied into an [`Event`].
     ///
     /// Returns the number of datagrams received plus datagrams handed to the transport in
     /// this iteration; `0` means the iteration found nothing to do.
     pub fn run_event_loop_once(&mut self) -> usize {
-        self.stats.iterations += 1;
-        let now = self.clock();
-        self.now = now;
-        let mut work = self.flush_tx();
+        self.rx_half(false);
+        self.finish_iteration()
+    }
 
-        // Receive.
-        let n = self
-            .transport
-            .rx_burst(self.batch.max(self.transport.rx_batch()));
-        for i in 0..n {
-            let (from, bytes) = self.transport.rx_pkt(i);
-            self.rpc.handle_datagram(now, from, bytes);
+    /// The receive half of a zero-copy iteration: steps 1-3 of
+    /// [`run_event_loop_once`](Self::run_event_loop_once) (read the clock, retry the unsent
+    /// TX tail, `rx_burst`, [`Rpc::handle_datagram_zc`] for each packet), without releasing
+    /// the burst. Returns the number of zero-copy messages now available through
+    /// [`zc`](Self::zc) (complete single-packet requests and responses, still in the
+    /// transport's RX ring); other messages and session events are queued for
+    /// [`poll_event`](Self::poll_event) as usual. Call
+    /// [`finish_iteration`](Self::finish_iteration) next; until then the transport's RX
+    /// buffers of this burst stay lent out (eRPC re-posts RX descriptors only after its
+    /// dispatch-mode handlers ran, seeds/002 §7.2).
+    pub fn rx_burst_zc(&mut self) -> usize {
+        self.rx_half(true)
+    }
+
+    /// Number of zero-copy messages of the current burst (0 outside a zero-copy iteration).
+    pub fn zc_count(&self) -> usize {
+        self.zc_msgs.len()
+    }
+
+    /// Zero-copy message `k` (`k < `[`zc_count`](Self::zc_count)) of the current burst: what
+    /// it is, and its data in place in the transport's RX ring. Valid until
+    /// [`finish_iteration`](Self::finish_iteration). A request must be answered (with
+    /// [`reply_zc`](Self::reply_zc) or [`reply`](Self::reply), now or later); a response
+    /// completes the RPC enqueued with its tag.
+    ///
+    /// # Panics
+    /// If `k` is not below `zc_count()` (a caller bug).
+    pub fn zc(&self, k: usize) -> (Zc, &[u8]) {
+        let (i, z) = self.zc_msgs[k];
+        let (_, bytes) = self.transport.rx_pkt(i);
+        (z, &bytes[z.range()])
+    }
+
+    /// Server: answers zero-copy request `k` of the current burst by running the handler
+    /// `f(req_type, request, response)` with the request data in place in the RX ring and the
+    /// (empty) response buffer of the request's slot, into which `f` writes the response
+    /// ([`Rpc::reply_with`]; no intermediate copy on either side).
+    ///
+    /// # Errors
+    /// [`CallError::StaleToken`] if message `k` is a response or its request was already
+    /// answered (`f` is not called), else as [`Rpc::reply_with`].
+    ///
+    /// # Panics
+    /// If `k` is not below `zc_count()` (a caller bug).
+    pub fn reply_zc(
+        &mut self,
+        k: usize,
+        f: impl FnOnce(u8, &[u8], &mut Vec<u8>),
+    ) -> Result<(), CallError> {
+        let (i, z) = self.zc_msgs[k];
+        let Zc::Request {
+            token, req_type, ..
+        } = z
+        else {
+            return Err(CallError::StaleToken);
+        };
+        let (_, bytes) = self.transport.rx_pkt(i);
+        let req = &bytes[z.range()];
+        self.rpc
+            .reply_with(self.now, token, |resp| f(req_type, req, resp))
+    }
+
+    /// The second half of an iteration begun with [`rx_burst_zc`](Self::rx_burst_zc):
+    /// releases the receive burst (the zero-copy messages become invalid), runs due timers
+    /// and transmits (steps 4-5). Called without a preceding `rx_burst_zc` it reads the clock
+    /// itself and does just that.
+    ///
+    /// Returns the datagrams received plus datagrams handed to the transport in the whole
+    /// iteration, like [`run_event_loop_once`](Self::run_event_loop_once).
+    pub fn finish_iteration(&mut self) -> usize {
+        if !self.in_iteration {
+            self.now = self.clock();
         }
+        self.in_iteration = false;
+        self.zc_msgs.clear();
         self.transport.rx_release();
-        self.stats.rx_pkts += n as u64;
-        work += n;
+        let now = self.now;
 
         // Timers.
         if now.saturating_sub(self.last_scan) >= self.scan_interval {
@@ -177,8 +285,42 @@ impl<T: DatagramTransport> Endpoint<T> {
             }
         }
 
-        // Transmit.
+        // Transmit, with a fresh clock reading: it is the send time of the batch's client
+        // packets (their RTT samples' start), and processing the receive burst may have
+        // taken a while.
+        self.tx_now = self.clock();
+        let work = std::mem::take(&mut self.iter_work);
         work + self.fill_and_flush()
+    }
+
+    /// Steps 1-3: clock, TX retry, receive burst through the core (copying or zero-copy).
+    /// Returns the number of zero-copy messages.
+    fn rx_half(&mut self, zero_copy: bool) -> usize {
+        self.stats.iterations += 1;
+        let now = self.clock();
+        self.now = now;
+        self.in_iteration = true;
+        self.zc_msgs.clear();
+        let mut work = self.flush_tx();
+
+        let n = self
+            .transport
+            .rx_burst(self.batch.max(self.transport.rx_batch()));
+        for i in 0..n {
+            let (from, bytes) = self.transport.rx_pkt(i);
+            if zero_copy {
+                if let Some(z) = self.rpc.handle_datagram_zc(now, from, bytes) {
+                    self.zc_msgs.push((i, z));
+                }
+            } else {
+                self.rpc.handle_datagram(now, from, bytes);
+            }
+        }
+        self.stats.rx_pkts += n as u64;
+        self.stats.zc_msgs += self.zc_msgs.len() as u64;
+        work += n;
+        self.iter_work = work;
+        self.zc_msgs.len()
     }
 
     /// Renders packets from the core into the batch and sends them until the core has
@@ -195,7 +337,7 @@ impl<T: DatagramTransport> Endpoint<T> {
             while self.tx_meta.len() < self.batch {
                 let off = self.tx_meta.len() * self.mtu;
                 let buf = &mut self.tx_bufs[off..off + self.mtu];
-                match self.rpc.poll_transmit(buf) {
+                match self.rpc.poll_transmit_at(self.tx_now, buf) {
                     Some(m) => self.tx_meta.push(m),
                     None => break,
                 }
@@ -248,6 +390,12 @@ impl<T: DatagramTransport> Endpoint<T> {
     /// The next event for the application ([`Rpc::poll_event`]).
     pub fn poll_event(&mut self) -> Option<Event> {
         self.rpc.poll_event()
+    }
+
+    /// Returns the data buffer of an [`Event::Request`] / [`Event::Response`] to the core's
+    /// free list for reuse ([`Rpc::recycle`]; optional).
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        self.rpc.recycle(buf);
     }
 
     /// Client: opens a session to `peer` ([`Rpc::create_session`]) at the current time.

@@ -45,7 +45,12 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         s.last_rx = now;
         slot.num_rx += 1;
         c.credits += 1;
-        slot.rto_deadline = (slot.num_tx > slot.num_rx).then_some(now + rto);
+        // Counts from when the slot's last paced packet leaves, if later.
+        slot.rto_deadline = (slot.num_tx > slot.num_rx).then_some(now.max(slot.paced_until) + rto);
+        if let Some(d) = slot.rto_deadline {
+            self.arm(d);
+        }
+        self.cc_sample(now, sid, i, k);
         self.kick_session(now, sid, Some(i));
     }
 }

@@ -53,6 +53,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                     tag: p.tag,
                     error,
                 });
+                self.pool.put(p.data);
             }
         }
         self.events.push_back(Event::SessionFailed {

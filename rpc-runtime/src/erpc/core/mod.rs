@@ -6,9 +6,9 @@
 //!
 //! | inputs                                   | outputs                                    |
 //! |------------------------------------------|--------------------------------------------|
-//! | [`Rpc::handle_datagram`] (packet arrived)| [`Rpc::poll_transmit`] (packets to send)   |
+//! | [`Rpc::handle_datagram`] / [`Rpc::handle_datagram_zc`] (packet arrived) | [`Rpc::poll_transmit`] / [`Rpc::poll_transmit_at`] (packets to send) |
 //! | [`Rpc::handle_timeout`] (time passed)    | [`Rpc::poll_event`] ([`Event`]s)           |
-//! | [`Rpc::create_session`], [`Rpc::destroy_session`], [`Rpc::enqueue_request`], [`Rpc::reply`] | [`Rpc::next_timeout`] (when to call `handle_timeout`) |
+//! | [`Rpc::create_session`], [`Rpc::destroy_session`], [`Rpc::enqueue_request`], [`Rpc::reply`] / [`Rpc::reply_with`], [`Rpc::recycle`] | [`Rpc::next_timeout`] (when to call `handle_timeout`) |
 //!
 //! Time is a [`Time`]: nanoseconds since an epoch the caller picks (virtual in tests). After
 //! any input, drain `poll_transmit` and `poll_event`, then sleep until `next_timeout()` or the
@@ -36,14 +36,56 @@
 //! `failure_timeout` fails its sessions (`failure.rs`); connected idle clients send keepalive
 //! pings so that a live peer is never silent.
 //!
-//! Message data is copied into owned buffers (`Vec<u8>`); slot buffers are reused, so the
-//! steady state allocates once per received message (the buffer handed out in the event),
-//! never per packet. Transmit descriptors are small values rendered into the caller's buffer
-//! by `poll_transmit`.
+//! # Zero-copy single-packet messages (seeds/002 §7.2, seeds/000 §12.2)
+//! eRPC hands a single-packet request to a dispatch-mode handler in place, in the RX ring,
+//! before the receive descriptor is re-posted, and copies only multi-packet messages into a
+//! message buffer. [`Rpc::handle_datagram_zc`] does the same: for a new, complete
+//! single-packet request or response it does all the protocol bookkeeping (at-most-once state,
+//! credits, congestion control, counters) and returns a [`Zc`] naming the message's bytes
+//! inside the datagram instead of copying them into an [`Event`]; the caller handles them
+//! while it still owns the datagram (see `Endpoint::rx_burst_zc` in `event_loop`).
+//! [`Rpc::handle_datagram`] is the same function followed by a copy into an event.
+//!
+//! # Buffers
+//! Message data of events lives in `Vec<u8>`s taken from a free list inside the core; hand
+//! them back with [`Rpc::recycle`] and the steady state allocates nothing per message
+//! (buffers not returned are simply dropped and the free list refills by allocating). Slot
+//! buffers (client request, server response cache) are reused across RPCs. Transmit
+//! descriptors are small values rendered into the caller's buffer by `poll_transmit`.
+//!
+//! # Congestion control (seeds/000 §6, §12.3, §12.7; seeds/002 §6.3)
+//! Each client session runs [Timely](crate::erpc::timely): every accepted answer (credit
+//! return or response packet) yields an RTT sample against the time its client packet left
+//! (`tx_ts` per slot, seeds/000 §4.2), taken once per `poll_transmit_at`/`handle_datagram`
+//! call time, i.e. per event-loop batch (seeds/002 §6.3 "bypass 3"). A session whose rate is
+//! the link rate is *uncongested*: its samples below `T_LOW` skip the update (Timely bypass)
+//! and its packets go straight to the transmit queue (wheel bypass). A congested session's
+//! packets (request packets and RFRs; servers only answer and are not rate limited) are
+//! spaced by their wire time at the session's rate and parked in a Carousel timing wheel
+//! ([`crate::erpc::wheel`]) until due; `poll_transmit_at` releases only due packets and
+//! [`Rpc::next_timeout`] includes the wheel's next due time. A slot with packets in the wheel
+//! sends all its packets through the wheel (so none overtakes another), and its
+//! retransmission timer counts from when its last paced packet is due (packets waiting for
+//! their time are not lost). When an exchange completes while re-sent copies of its packets
+//! still wait in the wheel (after go-back-N, the answer to an original copy can arrive
+//! first), or when a slot rolls back or its session is freed, the slot's queued packets are
+//! purged first (invariant I1 of seeds/002 §4: nothing of a finished or rolled-back exchange
+//! stays queued; eRPC instead drops responses meanwhile, seeds/002 §8.1).
+//! [`Config::cc_rate_comp`] and [`Config::cc_pacing`] switch the two halves off (eRPC's
+//! `kCcRateComp` / `kCcPacing`).
+//!
+//! # Timers
+//! [`Rpc::next_timeout`] is a lower bound kept up to date as deadlines are armed (O(1)); only
+//! when it is reached does [`Rpc::handle_timeout`] scan the sessions (failure detection,
+//! keepalives, session-management re-sends, retransmission) and compute the exact next
+//! deadline. Deadlines that move later (every received packet moves the failure deadline)
+//! therefore cost nothing until the bound is reached.
 
+mod cc;
 mod cr;
 mod failure;
 mod pkt_loss;
+mod pool;
 mod req;
 mod resp;
 mod rfr;
@@ -52,7 +94,11 @@ mod sm;
 mod sslot;
 
 #[cfg(test)]
+mod cc_tests;
+#[cfg(test)]
 mod sim_tests;
+#[cfg(test)]
+mod zc_tests;
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -60,6 +106,12 @@ use std::hash::Hash;
 use thiserror::Error;
 
 use super::pkthdr::{MAX_MSG_SIZE, MAX_PKT_NUM, PKTHDR_SIZE, PktHdr, PktType};
+use super::timely::MIN_RATE_BPS;
+use super::wheel::TimingWheel;
+use cc::WheelEnt;
+pub use cc::{WHEEL_NUM_SLOTS, WHEEL_SLOT_WIDTH_NS};
+use pool::BufPool;
+pub use pool::{POOL_MAX_BUFS, POOL_MAX_BYTES};
 pub use session::SessionId;
 use session::{Session, SessionState};
 pub use sslot::SLOTS_PER_SESSION;
@@ -95,6 +147,18 @@ pub struct Config {
     /// Mixed into session tokens so that a restarted endpoint at the same address does not
     /// repeat the tokens of its previous life (pass something random).
     pub token_nonce: u64,
+    /// Link bandwidth in bits per second (default 25 Gbit/s, i.e. 25 GbE): Timely's maximum
+    /// rate; a client session at this rate is uncongested and bypasses the wheel. At least
+    /// [`MIN_RATE_BPS`] (15 Mbit/s). Wire time for pacing
+    /// counts the eRPC packet (16-byte header + data), not lower-layer headers.
+    pub link_bandwidth_bps: u64,
+    /// Compute Timely rates from RTT samples (eRPC's `kCcRateComp`; default true). When false,
+    /// every session stays at the link rate, so nothing is paced.
+    pub cc_rate_comp: bool,
+    /// Pace packets of congested sessions through the timing wheel (eRPC's `kCcPacing`;
+    /// default true). When false, rates are still computed (if `cc_rate_comp`) but every
+    /// packet goes straight to the transmit queue.
+    pub cc_pacing: bool,
 }
 
 impl Default for Config {
@@ -110,6 +174,9 @@ impl Default for Config {
             max_sessions: 4096,
             schema_fingerprint: 0,
             token_nonce: 0,
+            link_bandwidth_bps: 25_000_000_000,
+            cc_rate_comp: true,
+            cc_pacing: true,
         }
     }
 }
@@ -133,6 +200,9 @@ pub enum ConfigError {
     /// `keepalive` not below `failure_timeout`, or a zero timeout.
     #[error("timeouts inconsistent")]
     BadTimeouts,
+    /// `link_bandwidth_bps` below Timely's minimum rate (15 Mbit/s).
+    #[error("link bandwidth {0} bit/s below the 15 Mbit/s minimum rate")]
+    BadLinkBandwidth(u64),
 }
 
 /// Why an RPC or a session failed.
@@ -190,6 +260,49 @@ impl ReqToken {
     /// The request number (unique within the session).
     pub fn req_num(&self) -> u64 {
         self.req_num
+    }
+}
+
+/// A complete single-packet message handed out in place by [`Rpc::handle_datagram_zc`]
+/// (seeds/002 §7.2): its data is `bytes[offset..offset + len]` of the datagram that was
+/// passed in. The core keeps no reference to those bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Zc {
+    /// Server: a new, complete single-packet request: data is `bytes[offset..offset+len]`.
+    /// It counts as dispatched (`requests_dispatched`); answer it with [`Rpc::reply`] or
+    /// [`Rpc::reply_with`] (duplicates meanwhile are dropped, later ones get the cached
+    /// response).
+    Request {
+        /// Pass to `reply`.
+        token: ReqToken,
+        /// The handler type.
+        req_type: u8,
+        /// Offset of the data in the datagram, bytes.
+        offset: usize,
+        /// Data length, bytes.
+        len: usize,
+    },
+    /// Client: the complete single-packet response of the request enqueued with `tag`.
+    Response {
+        /// Client session.
+        session: SessionId,
+        /// The caller's tag.
+        tag: u64,
+        /// Offset of the data in the datagram, bytes.
+        offset: usize,
+        /// Data length, bytes.
+        len: usize,
+    },
+}
+
+impl Zc {
+    /// The byte range of the message data within the datagram.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        match *self {
+            Zc::Request { offset, len, .. } | Zc::Response { offset, len, .. } => {
+                offset..offset + len
+            }
+        }
     }
 }
 
@@ -279,6 +392,21 @@ pub struct Stats {
     pub sessions_failed: u64,
     /// Server sessions freed because the client went silent.
     pub server_sessions_reaped: u64,
+    /// Client: RTT samples taken (an accepted CR or response packet whose client packet's
+    /// send time was recorded).
+    pub rtt_samples: u64,
+    /// Client: RTT samples that updated a Timely rate.
+    pub timely_updates: u64,
+    /// Client: RTT samples skipped by the Timely bypass (uncongested session, RTT below
+    /// `T_LOW`; seeds/002 §6.3 bypass 1).
+    pub timely_bypassed: u64,
+    /// Client: packets (request packets, RFRs) that went through the timing wheel.
+    pub wheel_paced: u64,
+    /// Client: packets of uncongested sessions sent directly although pacing is enabled
+    /// (wheel bypass; seeds/002 §6.3 bypass 2).
+    pub wheel_bypassed: u64,
+    /// Client: queued wheel packets removed by go-back-N, completion or session teardown.
+    pub wheel_purged: u64,
 }
 
 /// A packet waiting in the transmit queue, rendered by `poll_transmit`.
@@ -288,6 +416,13 @@ enum Tx<A> {
     Ctrl { dest: A, hdr: [u8; PKTHDR_SIZE] },
     /// Client request packet `pkt` of slot `slot` (skipped if the slot moved on).
     ReqPkt {
+        session: SessionId,
+        generation: u64,
+        req_num: u64,
+        pkt: usize,
+    },
+    /// Client RFR with `pkt_num = pkt` (skipped if the slot moved on).
+    Rfr {
         session: SessionId,
         generation: u64,
         req_num: u64,
@@ -318,6 +453,19 @@ pub struct Rpc<A> {
     txq: VecDeque<Tx<A>>,
     events: VecDeque<Event>,
     stats: Stats,
+    /// Free list of message buffers (see [`Rpc::recycle`]).
+    pool: BufPool,
+    /// The timing wheel of paced packets (None without `cc_pacing`).
+    wheel: Option<TimingWheel<WheelEnt>>,
+    /// Reused output buffer of wheel reaps.
+    wheel_out: Vec<WheelEnt>,
+    /// A lower bound of every armed deadline (`Time::MAX` if none): see "Timers".
+    timer_lb: Time,
+    /// The latest time passed to any input; the time `poll_transmit` uses.
+    last_now: Time,
+    /// Calls of `check_invariants` (tests only).
+    #[cfg(test)]
+    check_calls: std::cell::Cell<u64>,
 }
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
@@ -349,6 +497,10 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         {
             return Err(ConfigError::BadTimeouts);
         }
+        if (cfg.link_bandwidth_bps as f64) < MIN_RATE_BPS {
+            return Err(ConfigError::BadLinkBandwidth(cfg.link_bandwidth_bps));
+        }
+        let cfg_pacing = cfg.cc_pacing;
         Ok(Rpc {
             data_per_pkt: dpp,
             cfg,
@@ -360,6 +512,20 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             txq: VecDeque::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
+            pool: BufPool::default(),
+            wheel: cfg_pacing.then(|| {
+                TimingWheel::with_capacity(
+                    cc::WHEEL_SLOT_WIDTH_NS,
+                    cc::WHEEL_NUM_SLOTS,
+                    0,
+                    cc::WHEEL_INITIAL_ENTRIES,
+                )
+            }),
+            wheel_out: Vec::with_capacity(cc::WHEEL_INITIAL_ENTRIES),
+            timer_lb: Time::MAX,
+            last_now: 0,
+            #[cfg(test)]
+            check_calls: std::cell::Cell::new(0),
         })
     }
 
@@ -388,51 +554,130 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         matches!(self.session(session), Some(s) if s.role.is_client() && s.state == SessionState::Connected)
     }
 
-    /// Processes one received datagram from `from`. Invalid datagrams are dropped and
+    /// The Timely rate of client session `session` in bits per second (the link bandwidth
+    /// while uncongested), or None if it is not a client session.
+    pub fn session_rate_bps(&self, session: SessionId) -> Option<f64> {
+        Some(self.session(session)?.role.client()?.timely.rate())
+    }
+
+    /// Whether client session `session` is uncongested (its Timely rate is the link rate, so
+    /// its packets bypass the wheel), or None if it is not a client session.
+    pub fn session_uncongested(&self, session: SessionId) -> Option<bool> {
+        Some(
+            self.session(session)?
+                .role
+                .client()?
+                .timely
+                .is_uncongested(),
+        )
+    }
+
+    /// Packets waiting in the timing wheel (paced packets of congested sessions).
+    pub fn wheel_len(&self) -> usize {
+        self.wheel.as_ref().map_or(0, TimingWheel::len)
+    }
+
+    /// Returns a buffer handed out in an [`Event::Request`] or [`Event::Response`] to the
+    /// core's free list, so that later messages reuse it instead of allocating. Optional:
+    /// buffers not returned are simply dropped, and the core allocates new ones as needed.
+    /// The free list keeps at most [`POOL_MAX_BUFS`] buffers and [`POOL_MAX_BYTES`] bytes of
+    /// capacity; beyond that `buf` is dropped.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        self.pool.put(buf);
+    }
+
+    /// Processes one received datagram from `from`, copying a complete message into an
+    /// [`Event`]. This is [`Rpc::handle_datagram_zc`] followed by a copy of the zero-copy
+    /// message, if any, into a buffer from the free list. Invalid datagrams are dropped and
     /// counted in [`Stats`]; this never panics on any input.
     pub fn handle_datagram(&mut self, now: Time, from: A, bytes: &[u8]) {
+        let Some(zc) = self.handle_datagram_zc(now, from, bytes) else {
+            return;
+        };
+        let src = &bytes[zc.range()];
+        let mut data = self.pool.take(src.len());
+        data.extend_from_slice(src);
+        self.events.push_back(match zc {
+            Zc::Request {
+                token, req_type, ..
+            } => Event::Request {
+                token,
+                req_type,
+                data,
+            },
+            Zc::Response { session, tag, .. } => Event::Response { session, tag, data },
+        });
+    }
+
+    /// Processes one received datagram from `from` like [`Rpc::handle_datagram`], except
+    /// that a new, complete single-packet request (server) or the complete single-packet
+    /// response of a request (client) is neither copied nor queued as an event: it is
+    /// returned as a [`Zc`] naming its bytes within `bytes`, and the caller owns handling it
+    /// (a request must be answered with [`Rpc::reply`] / [`Rpc::reply_with`]; until then
+    /// duplicates of it are dropped). All protocol effects (at-most-once bookkeeping,
+    /// credits, RTT samples, `requests_dispatched`) are the same as `handle_datagram`'s.
+    /// Everything else (multi-packet messages, session management, failures) still produces
+    /// events. Invalid datagrams are dropped and counted in [`Stats`]; this never panics on
+    /// any input. Source: seeds/002 §7.2 (zero-copy dispatch of single-packet requests).
+    pub fn handle_datagram_zc(&mut self, now: Time, from: A, bytes: &[u8]) -> Option<Zc> {
+        self.note_now(now);
         self.stats.rx_pkts += 1;
         let hdr = match PktHdr::decode(bytes) {
             Ok(h) => h,
             Err(super::pkthdr::HdrError::TooShort(_)) => {
                 self.stats.drop_truncated += 1;
-                return;
+                return None;
             }
             Err(_) => {
                 self.stats.drop_bad_hdr += 1;
-                return;
+                return None;
             }
         };
         let payload = &bytes[PKTHDR_SIZE..];
         if hdr.dest_session_num() == sm::SM_SESSION_NUM {
             self.handle_sm(now, from, &hdr, payload);
-            return;
+            return None;
         }
         if hdr.msg_size() as usize > self.cfg.max_msg_size {
             self.stats.drop_msg_too_large += 1;
-            return;
+            return None;
         }
         let sid = SessionId(hdr.dest_session_num());
         let Some(s) = self.session_mut(sid) else {
             self.stats.drop_unknown_session += 1;
-            return;
+            return None;
         };
         if s.peer != from || s.state != SessionState::Connected {
             self.stats.drop_unknown_session += 1;
-            return;
+            return None;
         }
         match (s.role.is_client(), hdr.pkt_type()) {
             (false, PktType::Req) => self.server_rx_req(now, sid, &hdr, payload),
-            (false, PktType::Rfr) => self.server_rx_rfr(now, sid, &hdr),
-            (true, PktType::ExplCr) => self.client_rx_cr(now, sid, &hdr),
+            (false, PktType::Rfr) => {
+                self.server_rx_rfr(now, sid, &hdr);
+                None
+            }
+            (true, PktType::ExplCr) => {
+                self.client_rx_cr(now, sid, &hdr);
+                None
+            }
             (true, PktType::Resp) => self.client_rx_resp(now, sid, &hdr, payload),
-            _ => self.stats.drop_unknown_session += 1,
+            _ => {
+                self.stats.drop_unknown_session += 1;
+                None
+            }
         }
     }
 
     /// Runs every timer due at `now`: retransmissions, session-management re-sends,
-    /// keepalives, failure detection.
+    /// keepalives, failure detection, and the release of due paced packets. Cheap (O(1))
+    /// while `now` is before [`Rpc::next_timeout`]; otherwise scans the sessions once.
     pub fn handle_timeout(&mut self, now: Time) {
+        self.note_now(now);
+        self.release_wheel(now);
+        if now < self.timer_lb {
+            return;
+        }
         for n in 0..self.sessions.len() {
             let sid = SessionId(n as u16);
             if self.session(sid).is_none() {
@@ -444,11 +689,21 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             self.sm_timers(now, sid);
             self.rto_timers(now, sid);
         }
+        self.release_wheel(now);
+        self.timer_lb = self.exact_next_timeout().unwrap_or(Time::MAX);
     }
 
-    /// The earliest time `handle_timeout` has work to do, if any.
+    /// When `handle_timeout` may next have work to do, if ever: a lower bound of every armed
+    /// deadline, including the timing wheel's next due packet (see "Timers" in the module
+    /// docs). Calling `handle_timeout` earlier does nothing; calling it at this time either
+    /// runs due timers or moves this bound to the exact next deadline, so it always advances.
     pub fn next_timeout(&self) -> Option<Time> {
-        let mut best: Option<Time> = None;
+        (self.timer_lb != Time::MAX).then_some(self.timer_lb)
+    }
+
+    /// The earliest armed deadline, computed by scanning every session.
+    fn exact_next_timeout(&self) -> Option<Time> {
+        let mut best: Option<Time> = self.wheel.as_ref().and_then(TimingWheel::next_due);
         let mut add = |t: Time| best = Some(best.map_or(t, |b| b.min(t)));
         for s in self.sessions.iter().flatten() {
             add(s.last_rx.saturating_add(self.cfg.failure_timeout));
@@ -466,15 +721,42 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         best
     }
 
-    /// Writes the next datagram to send into `buf` and returns its destination and length.
+    /// Lowers the timer bound to cover a deadline at `t`.
+    #[inline]
+    fn arm(&mut self, t: Time) {
+        self.timer_lb = self.timer_lb.min(t);
+    }
+
+    /// Records the latest input time (the clock `poll_transmit` uses).
+    #[inline]
+    fn note_now(&mut self, now: Time) {
+        self.last_now = self.last_now.max(now);
+    }
+
+    /// Writes the next datagram to send into `buf` and returns its destination and length,
+    /// at the latest time passed to any input (see [`Rpc::poll_transmit_at`]).
     ///
     /// # Panics
     /// If `buf` is shorter than the configured MTU (a caller bug).
     pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<(A, usize)> {
+        self.poll_transmit_at(self.last_now, buf)
+    }
+
+    /// Writes the next datagram to send at time `now` into `buf` and returns its destination
+    /// and length. Paced packets are released from the timing wheel only once their time
+    /// (ns) has come; the send time of client packets is recorded for RTT samples.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than the configured MTU (a caller bug).
+    pub fn poll_transmit_at(&mut self, now: Time, buf: &mut [u8]) -> Option<(A, usize)> {
         assert!(buf.len() >= self.cfg.mtu, "poll_transmit buffer below mtu");
+        self.note_now(now);
+        let now = self.last_now;
+        self.release_wheel(now);
         while let Some(tx) = self.txq.pop_front() {
             if let Some(out) = self.render(tx, buf) {
                 self.stats.tx_pkts += 1;
+                self.stamp_tx(now, tx);
                 return Some(out);
             }
         }
@@ -499,6 +781,12 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 req_num,
                 pkt,
             } => self.render_req_pkt(session, generation, req_num, pkt, buf),
+            Tx::Rfr {
+                session,
+                generation,
+                req_num,
+                pkt,
+            } => self.render_rfr(session, generation, req_num, pkt, buf),
             Tx::RespPkt {
                 session,
                 generation,
@@ -533,10 +821,26 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     fn free_session(&mut self, sid: SessionId) -> Option<Session<A>> {
         let s = self.sessions.get_mut(usize::from(sid.0))?.take()?;
         self.free_nums.push_back(sid.0);
-        if !s.role.is_client() {
-            self.conn_tokens.remove(&(s.peer, s.token));
+        match s.role.client() {
+            None => {
+                self.conn_tokens.remove(&(s.peer, s.token));
+            }
+            Some(c) => {
+                if c.slots.iter().any(|sl| sl.in_wheel > 0) {
+                    self.purge_wheel(|e| e.session == sid && e.generation == s.generation);
+                }
+            }
         }
         Some(s)
+    }
+
+    /// Allocates the session number for a new session and arms its failure timer (a new
+    /// client session's first SM timer is armed by the connect request it sends).
+    fn alloc_session_armed(&mut self, s: Session<A>) -> Option<SessionId> {
+        let deadline = s.last_rx.saturating_add(self.cfg.failure_timeout);
+        let sid = self.alloc_session(s)?;
+        self.arm(deadline);
+        Some(sid)
     }
 
     fn new_generation(&mut self) -> u64 {
@@ -561,9 +865,32 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             .unwrap_or([0; PKTHDR_SIZE])
     }
 
+    /// Test-only consistency checks. The full census of the timing wheel (every entry belongs
+    /// to a live slot's current exchange, and each slot's `in_wheel` is exact) walks every
+    /// wheel slot, so it runs on every 16th call; the total count is checked on every call.
     #[cfg(test)]
     fn check_invariants(&self) {
-        for s in self.sessions.iter().flatten() {
+        let census = self.check_calls.get().is_multiple_of(16);
+        self.check_calls.set(self.check_calls.get() + 1);
+        // Wheel entries per (session, generation, req_num); all of live, active exchanges.
+        let mut queued: HashMap<(u16, u64, u64), u32> = HashMap::new();
+        if let Some(w) = self.wheel.as_ref().filter(|_| census) {
+            for e in w.iter() {
+                let s = self
+                    .session(e.session)
+                    .expect("wheel entry of a freed session");
+                assert_eq!(s.generation, e.generation, "wheel entry of a freed session");
+                let c = s.role.client().expect("client session");
+                let sl = &c.slots[sslot::slot_of(e.req_num)];
+                assert!(sl.active && sl.req_num == e.req_num, "stale wheel entry");
+                *queued
+                    .entry((e.session.0, e.generation, e.req_num))
+                    .or_default() += 1;
+            }
+        }
+        let mut in_wheel = 0;
+        for (n, s) in self.sessions.iter().enumerate() {
+            let Some(s) = s else { continue };
             if let Some(c) = s.role.client() {
                 let used: usize = c.slots.iter().map(|sl| sl.num_tx - sl.num_rx).sum();
                 assert_eq!(
@@ -573,8 +900,29 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 );
                 for sl in &c.slots {
                     assert!(sl.num_rx <= sl.num_tx);
+                    assert!(
+                        sl.active || sl.in_wheel == 0,
+                        "idle slot with wheel packets"
+                    );
+                    in_wheel += sl.in_wheel as usize;
+                    if census {
+                        // I1: exactly `in_wheel` wheel entries belong to the slot's exchange.
+                        let q = queued
+                            .get(&(n as u16, s.generation, sl.req_num))
+                            .copied()
+                            .unwrap_or(0);
+                        assert_eq!(q, sl.in_wheel, "wheel count");
+                    }
                 }
             }
+        }
+        assert_eq!(in_wheel, self.wheel_len(), "wheel entries without a slot");
+        if let Some(t) = self.exact_next_timeout() {
+            assert!(
+                self.timer_lb <= t,
+                "timer bound {} above a deadline {t}",
+                self.timer_lb
+            );
         }
     }
 }

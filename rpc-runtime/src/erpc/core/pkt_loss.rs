@@ -4,8 +4,16 @@
 //! `rto` rolls back: the unanswered packets' credits return to the session, `num_tx` drops to
 //! `num_rx`, and the slot re-sends from there (request packets or RFRs). Answers to the
 //! original copies that arrive later are accepted if they are next in order and dropped as
-//! duplicates otherwise, so each packet's credit comes back exactly once. Transmit
-//! descriptors still queued for the old copies are harmless: they render the same bytes.
+//! duplicates otherwise, so each packet's credit comes back exactly once. Transmit descriptors
+//! already in the transmit queue for the old copies are harmless: they render the same bytes.
+//!
+//! With pacing, the timeout counts from when the slot's last paced packet was due to leave,
+//! so packets waiting for their pacing time are not mistaken for lost ones, and since
+//! `handle_timeout` releases due wheel packets before it checks timeouts, a slot that rolls
+//! back has nothing left in the timing wheel. The rollback still purges the slot's wheel
+//! packets (a no-op then), so that the re-sent copies could never be queued behind
+//! originals (invariant I1, seeds/002 §4). The reachable case, an exchange completing while
+//! its re-sent copies wait in the wheel, is handled at completion (`resp.rs`).
 
 use std::hash::Hash;
 
@@ -28,9 +36,11 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             let outstanding = slot.num_tx - slot.num_rx;
             slot.rto_deadline = None;
             slot.num_tx = slot.num_rx;
+            slot.paced_until = 0;
             c.credits += outstanding;
             self.stats.rollbacks += 1;
             self.stats.retransmitted_pkts += outstanding as u64;
+            self.purge_slot(sid, i);
             self.kick_session(now, sid, Some(i));
         }
     }

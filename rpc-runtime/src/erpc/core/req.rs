@@ -5,7 +5,7 @@ use std::hash::Hash;
 
 use super::session::{PendingReq, SessionState};
 use super::sslot::{SrvState, pkt_range, pkts_for, slot_of};
-use super::{CallError, Event, ReqToken, Rpc, SessionId, Time, Tx};
+use super::{CallError, Event, ReqToken, Rpc, SessionId, Time, Zc};
 use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
@@ -44,11 +44,15 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 slot.start(req_type, tag, dpp);
                 self.kick_session(now, session, Some(i));
             }
-            None => c.backlog.push_back(PendingReq {
-                req_type,
-                data: payload.to_vec(),
-                tag,
-            }),
+            None => {
+                let mut data = self.pool.take(payload.len());
+                data.extend_from_slice(payload);
+                c.backlog.push_back(PendingReq {
+                    req_type,
+                    data,
+                    tag,
+                });
+            }
         }
         Ok(())
     }
@@ -69,8 +73,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 return;
             };
             let slot = &mut c.slots[i];
-            // Keep the larger buffer of the two for reuse.
-            slot.req = p.data;
+            // The backlog buffer becomes the slot's; the slot's old one goes to the free list.
+            let old = std::mem::replace(&mut slot.req, p.data);
+            self.pool.put(old);
             slot.start(p.req_type, p.tag, dpp);
             self.kick_session(now, sid, Some(i));
         }
@@ -96,18 +101,19 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         }
     }
 
-    /// Client: sends request packets / RFRs of slot `i` while credits last; parks the slot
-    /// in the stall queue if it runs out.
+    /// Client: sends request packets / RFRs of slot `i` while credits last (directly or
+    /// through the timing wheel, see `cc.rs`); parks the slot in the stall queue if it runs
+    /// out.
     pub(super) fn kick_slot(&mut self, now: Time, sid: SessionId, i: usize) {
         let rto = self.cfg.rto;
-        let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
-            return;
-        };
-        let (peer, remote, generation) = (s.peer, s.remote_num, s.generation);
-        let Some(c) = s.role.client_mut() else { return };
+        let dpp = self.data_per_pkt;
         loop {
-            let slot = &c.slots[i];
-            if !slot.wants_tx() {
+            let Some(c) =
+                super::sess_mut(&mut self.sessions, sid).and_then(|s| s.role.client_mut())
+            else {
+                return;
+            };
+            if !c.slots[i].wants_tx() {
                 return;
             }
             if c.credits == 0 {
@@ -120,23 +126,29 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             }
             let slot = &mut c.slots[i];
             let k = slot.num_tx;
-            if k < slot.num_req_pkts {
-                self.txq.push_back(Tx::ReqPkt {
-                    session: sid,
-                    generation,
-                    req_num: slot.req_num,
-                    pkt: k,
-                });
+            let bytes = if k < slot.num_req_pkts {
+                PKTHDR_SIZE + pkt_range(slot.req.len(), dpp, k).len()
             } else {
-                let hdr = Self::hdr(slot.req_type, 0, remote, PktType::Rfr, k, slot.req_num);
-                self.txq.push_back(Tx::Ctrl { dest: peer, hdr });
                 self.stats.rfr_tx += 1;
-            }
+                PKTHDR_SIZE
+            };
             slot.num_tx += 1;
             c.credits -= 1;
-            if slot.rto_deadline.is_none() {
-                slot.rto_deadline = Some(now + rto);
-            }
+            let due = self.queue_client_pkt(now, sid, i, k, bytes);
+            let Some(c) =
+                super::sess_mut(&mut self.sessions, sid).and_then(|s| s.role.client_mut())
+            else {
+                return;
+            };
+            let slot = &mut c.slots[i];
+            // The timeout counts from when the packet leaves (later than now if paced).
+            let deadline = due + rto;
+            let d = match slot.rto_deadline {
+                None => deadline,
+                Some(d) => d.max(if due > now { deadline } else { d }),
+            };
+            slot.rto_deadline = Some(d);
+            self.arm(d);
         }
     }
 
@@ -169,23 +181,21 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         Some((s.peer, PKTHDR_SIZE + len))
     }
 
-    /// Server: a request packet arrived on connected server session `sid`.
+    /// Server: a request packet arrived on connected server session `sid`. A new
+    /// single-packet request is returned for zero-copy dispatch instead of being copied
+    /// (seeds/002 §7.2).
     pub(super) fn server_rx_req(
         &mut self,
         now: Time,
         sid: SessionId,
         hdr: &PktHdr,
         payload: &[u8],
-    ) {
+    ) -> Option<Zc> {
         let dpp = self.data_per_pkt;
-        let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
-            return;
-        };
+        let s = super::sess_mut(&mut self.sessions, sid)?;
         s.last_rx = now;
         let (peer, remote, generation) = (s.peer, s.remote_num, s.generation);
-        let Some(srv) = s.role.server_mut() else {
-            return;
-        };
+        let srv = s.role.server_mut()?;
         let r = hdr.req_num();
         let k = usize::from(hdr.pkt_num());
         let slot = &mut srv.slots[slot_of(r)];
@@ -193,7 +203,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         let new_request = match slot.req_num {
             Some(c) if r < c => {
                 self.stats.drop_out_of_window += 1;
-                return;
+                return None;
             }
             Some(c) if r == c => false,
             _ => true,
@@ -203,11 +213,11 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             // request still waiting for its reply cannot be superseded legitimately.
             if slot.state == SrvState::AwaitingReply || k != 0 {
                 self.stats.drop_out_of_window += 1;
-                return;
+                return None;
             }
             if payload.len() != pkt_range(size, dpp, 0).len() {
                 self.stats.drop_bad_len += 1;
-                return;
+                return None;
             }
             slot.req_num = Some(r);
             slot.state = SrvState::Receiving;
@@ -215,13 +225,34 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             slot.req_size = size;
             slot.num_req_pkts = pkts_for(size, dpp);
             slot.num_rx = 0;
-            slot.req = Vec::with_capacity(size);
             slot.resp.clear();
             slot.num_resp_pkts = 0;
+            if slot.num_req_pkts == 1 {
+                // Complete single-packet request: dispatched in place, never copied.
+                slot.num_rx = 1;
+                slot.state = SrvState::AwaitingReply;
+                self.stats.requests_dispatched += 1;
+                return Some(Zc::Request {
+                    token: ReqToken {
+                        session: sid,
+                        generation,
+                        req_num: r,
+                    },
+                    req_type: hdr.req_type(),
+                    offset: PKTHDR_SIZE,
+                    len: payload.len(),
+                });
+            }
+            if slot.req.capacity() == 0 {
+                slot.req = self.pool.take(size);
+            } else {
+                slot.req.clear();
+                slot.req.reserve(size);
+            }
         }
         if size != slot.req_size || hdr.req_type() != slot.req_type || k >= slot.num_req_pkts {
             self.stats.drop_bad_len += 1;
-            return;
+            return None;
         }
         let last = slot.num_req_pkts - 1;
         if k < slot.num_rx {
@@ -236,21 +267,21 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 // The handler is still running; `reply` will answer.
                 self.stats.drop_out_of_window += 1;
             }
-            return;
+            return None;
         }
         if k > slot.num_rx {
             self.stats.drop_out_of_window += 1;
-            return;
+            return None;
         }
         if payload.len() != pkt_range(size, dpp, k).len() {
             self.stats.drop_bad_len += 1;
-            return;
+            return None;
         }
         slot.req.extend_from_slice(payload);
         slot.num_rx += 1;
         if k < last {
             self.send_cr(peer, remote, hdr.req_type(), k, r);
-            return;
+            return None;
         }
         slot.state = SrvState::AwaitingReply;
         let data = std::mem::take(&mut slot.req);
@@ -264,5 +295,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             req_type: hdr.req_type(),
             data,
         });
+        None
     }
 }

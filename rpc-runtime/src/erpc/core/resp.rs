@@ -4,7 +4,7 @@
 use std::hash::Hash;
 
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
-use super::{CallError, Event, ReqToken, Rpc, SessionId, Time, Tx};
+use super::{CallError, Event, ReqToken, Rpc, SessionId, Time, Tx, Zc};
 use crate::erpc::pkthdr::{MAX_PKT_NUM, PKTHDR_SIZE, PktHdr, PktType};
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
@@ -16,7 +16,28 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// [`CallError::StaleToken`] if the request is not awaiting a reply (already answered, or
     /// its session was freed), [`CallError::TooLarge`] above `max_msg_size` or when request
     /// and response together exceed the 14-bit packet numbers (the request stays pending).
-    pub fn reply(&mut self, _now: Time, token: ReqToken, payload: &[u8]) -> Result<(), CallError> {
+    pub fn reply(&mut self, now: Time, token: ReqToken, payload: &[u8]) -> Result<(), CallError> {
+        if payload.len() > self.cfg.max_msg_size {
+            return Err(CallError::TooLarge(payload.len()));
+        }
+        self.reply_with(now, token, |buf| buf.extend_from_slice(payload))
+    }
+
+    /// Server: answers the request named by `token` with the bytes `fill` appends to the
+    /// (empty) response buffer of the request's slot, which is reused across requests and
+    /// cached for duplicates: a dispatch-mode handler writes its response in place, with no
+    /// intermediate copy (eRPC handlers fill the slot's preallocated response msgbuf).
+    /// `fill` runs only for a valid token.
+    ///
+    /// # Errors
+    /// As [`Rpc::reply`]; on [`CallError::TooLarge`] the written bytes are discarded and the
+    /// request stays pending.
+    pub fn reply_with(
+        &mut self,
+        _now: Time,
+        token: ReqToken,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<(), CallError> {
         let dpp = self.data_per_pkt;
         let max = self.cfg.max_msg_size;
         let s = self
@@ -28,14 +49,14 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         if slot.req_num != Some(token.req_num) || slot.state != SrvState::AwaitingReply {
             return Err(CallError::StaleToken);
         }
-        let num_resp_pkts = pkts_for(payload.len(), dpp);
-        if payload.len() > max
-            || slot.num_req_pkts + num_resp_pkts - 1 > usize::from(MAX_PKT_NUM) + 1
-        {
-            return Err(CallError::TooLarge(payload.len()));
-        }
         slot.resp.clear();
-        slot.resp.extend_from_slice(payload);
+        fill(&mut slot.resp);
+        let len = slot.resp.len();
+        let num_resp_pkts = pkts_for(len, dpp);
+        if len > max || slot.num_req_pkts + num_resp_pkts - 1 > usize::from(MAX_PKT_NUM) + 1 {
+            slot.resp.clear();
+            return Err(CallError::TooLarge(len));
+        }
         slot.num_resp_pkts = num_resp_pkts;
         slot.state = SrvState::Replied;
         self.queue_resp_pkt(token.session, token.generation, token.req_num, 0);
@@ -90,20 +111,20 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         Some((s.peer, PKTHDR_SIZE + len))
     }
 
-    /// Client: a response packet arrived on connected client session `sid`.
+    /// Client: a response packet arrived on connected client session `sid`. A response that
+    /// is complete in this one packet is returned for zero-copy delivery instead of being
+    /// copied (seeds/002 §7.2).
     pub(super) fn client_rx_resp(
         &mut self,
         now: Time,
         sid: SessionId,
         hdr: &PktHdr,
         payload: &[u8],
-    ) {
+    ) -> Option<Zc> {
         let dpp = self.data_per_pkt;
         let rto = self.cfg.rto;
-        let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
-            return;
-        };
-        let Some(c) = s.role.client_mut() else { return };
+        let s = super::sess_mut(&mut self.sessions, sid)?;
+        let c = s.role.client_mut()?;
         let r = hdr.req_num();
         let i = slot_of(r);
         let slot = &mut c.slots[i];
@@ -115,59 +136,99 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             || k + 1 < slot.num_req_pkts
         {
             self.stats.drop_out_of_window += 1;
-            return;
+            return None;
         }
         let j = k + 1 - slot.num_req_pkts;
         let size = hdr.msg_size() as usize;
         if hdr.req_type() != slot.req_type {
             self.stats.drop_bad_len += 1;
-            return;
+            return None;
         }
-        match slot.resp_size {
+        let single = match slot.resp_size {
             None => {
                 // j == 0 here: k == num_rx and num_rx only passes num_req_pkts - 1 after
                 // response packet 0 was accepted.
                 let n = pkts_for(size, dpp);
-                if slot.num_req_pkts + n - 1 > usize::from(crate::erpc::pkthdr::MAX_PKT_NUM) + 1 {
+                if slot.num_req_pkts + n - 1 > usize::from(MAX_PKT_NUM) + 1 {
                     self.stats.drop_bad_len += 1;
-                    return;
+                    return None;
                 }
                 if payload.len() != pkt_range(size, dpp, 0).len() {
                     self.stats.drop_bad_len += 1;
-                    return;
+                    return None;
                 }
                 slot.resp_size = Some(size);
                 slot.num_resp_pkts = n;
-                slot.resp.clear();
-                slot.resp.reserve_exact(size);
+                if n > 1 {
+                    if slot.resp.capacity() == 0 {
+                        slot.resp = self.pool.take(size);
+                    } else {
+                        slot.resp.clear();
+                        slot.resp.reserve(size);
+                    }
+                }
+                n == 1
             }
             Some(sz) => {
                 if sz != size || payload.len() != pkt_range(size, dpp, j).len() {
                     self.stats.drop_bad_len += 1;
-                    return;
+                    return None;
                 }
+                false
             }
-        }
+        };
         s.last_rx = now;
-        slot.resp.extend_from_slice(payload);
+        if !single {
+            slot.resp.extend_from_slice(payload);
+        }
         slot.num_rx += 1;
         c.credits += 1;
-        slot.rto_deadline = (slot.num_tx > slot.num_rx).then_some(now + rto);
-        if Some(slot.num_rx) == slot.wire_pkts() {
-            let data = std::mem::take(&mut slot.resp);
-            let tag = slot.tag;
-            slot.finish();
-            debug_assert_eq!(slot.req_num % SLOTS_PER_SESSION as u64, i as u64);
-            self.events.push_back(Event::Response {
+        // Counts from when the slot's last paced packet leaves, if later.
+        slot.rto_deadline = (slot.num_tx > slot.num_rx).then_some(now.max(slot.paced_until) + rto);
+        let complete = Some(slot.num_rx) == slot.wire_pkts();
+        let (tag, in_wheel) = (slot.tag, slot.in_wheel);
+        if let Some(d) = slot.rto_deadline {
+            self.arm(d);
+        }
+        self.cc_sample(now, sid, i, k);
+        if !complete {
+            self.kick_session(now, sid, Some(i));
+            return None;
+        }
+        if in_wheel > 0 {
+            // Retransmitted copies still queued: remove them before the slot moves on (I1).
+            self.purge_slot(sid, i);
+        }
+        let c = super::sess_mut(&mut self.sessions, sid)?
+            .role
+            .client_mut()?;
+        let slot = &mut c.slots[i];
+        let data = if single {
+            None
+        } else {
+            Some(std::mem::take(&mut slot.resp))
+        };
+        slot.finish();
+        debug_assert_eq!(slot.req_num % SLOTS_PER_SESSION as u64, i as u64);
+        let zc = match data {
+            Some(data) => {
+                self.events.push_back(Event::Response {
+                    session: sid,
+                    tag,
+                    data,
+                });
+                None
+            }
+            None => Some(Zc::Response {
                 session: sid,
                 tag,
-                data,
-            });
-            self.kick_session(now, sid, None);
-            self.drain_backlog(now, sid);
-        } else {
-            self.kick_session(now, sid, Some(i));
-        }
+                offset: PKTHDR_SIZE,
+                len: payload.len(),
+            }),
+        };
+        self.kick_session(now, sid, None);
+        self.drain_backlog(now, sid);
+        zc
     }
 }
 

@@ -8,9 +8,32 @@ use std::hash::Hash;
 
 use super::sslot::{SrvState, slot_of};
 use super::{Rpc, SessionId, Time};
-use crate::erpc::pkthdr::PktHdr;
+use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
+    /// Client: renders the RFR with `pkt_num = pkt` (None if the slot moved on meanwhile).
+    pub(super) fn render_rfr(
+        &self,
+        sid: SessionId,
+        generation: u64,
+        req_num: u64,
+        pkt: usize,
+        buf: &mut [u8],
+    ) -> Option<(A, usize)> {
+        let s = self.session(sid).filter(|s| s.generation == generation)?;
+        let slot = &s.role.client()?.slots[slot_of(req_num)];
+        if !slot.active
+            || slot.req_num != req_num
+            || pkt < slot.num_req_pkts
+            || slot.wire_pkts().is_none_or(|w| pkt >= w)
+        {
+            return None;
+        }
+        let hdr = Self::hdr(slot.req_type, 0, s.remote_num, PktType::Rfr, pkt, req_num);
+        buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
+        Some((s.peer, PKTHDR_SIZE))
+    }
+
     /// Server: an RFR arrived on connected server session `sid`.
     pub(super) fn server_rx_rfr(&mut self, now: Time, sid: SessionId, hdr: &PktHdr) {
         let Some(s) = super::sess_mut(&mut self.sessions, sid) else {

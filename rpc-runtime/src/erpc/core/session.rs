@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 
 use super::Time;
 use super::sslot::{ClientSlot, SLOTS_PER_SESSION, ServerSlot};
+use crate::erpc::timely::Timely;
 
 /// A session number at this endpoint (the `dest_session_num` peers put in packets for it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -50,15 +51,22 @@ pub(super) struct ClientSession {
     /// Slots that have packets to send but found no credit (each at most once, see
     /// `ClientSlot::in_stall`).
     pub stall: VecDeque<usize>,
+    /// Timely rate state of the session (seeds/000 §4.1 `ClientInfo::timely`).
+    pub timely: Timely,
+    /// Pacing: the earliest time the session's next paced packet may leave (ns); advanced by
+    /// each paced packet's wire time at the current rate.
+    pub next_tx_at: Time,
 }
 
 impl ClientSession {
-    pub fn new(credits: usize) -> Self {
+    pub fn new(credits: usize, link_bps: f64) -> Self {
         ClientSession {
             credits,
-            slots: std::array::from_fn(|i| ClientSlot::new(i as u64)),
+            slots: std::array::from_fn(|i| ClientSlot::new(i as u64, credits)),
             backlog: VecDeque::new(),
             stall: VecDeque::new(),
+            timely: Timely::new(link_bps),
+            next_tx_at: 0,
         }
     }
 
@@ -139,9 +147,16 @@ pub(super) struct Session<A> {
 }
 
 impl<A> Session<A> {
-    pub fn new_client(peer: A, token: u64, generation: u64, credits: usize, now: Time) -> Self {
+    pub fn new_client(
+        peer: A,
+        token: u64,
+        generation: u64,
+        credits: usize,
+        link_bps: f64,
+        now: Time,
+    ) -> Self {
         Session {
-            role: Role::Client(Box::new(ClientSession::new(credits))),
+            role: Role::Client(Box::new(ClientSession::new(credits, link_bps))),
             state: SessionState::Connecting,
             peer,
             remote_num: 0,
@@ -174,7 +189,7 @@ mod tests {
 
     #[test]
     fn client_session_slots_and_backlog() {
-        let mut c = ClientSession::new(8);
+        let mut c = ClientSession::new(8, 25e9);
         assert_eq!(c.free_slot(), Some(0));
         assert!(!c.busy());
         for (i, s) in c.slots.iter().enumerate() {

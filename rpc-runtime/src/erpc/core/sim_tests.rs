@@ -108,7 +108,7 @@ pub(super) fn connect_pair(fingerprint: u64) -> (Node, Node, SessionId) {
     (cl, sv, sid)
 }
 
-type Handler = Box<dyn FnMut(u8, &[u8]) -> Vec<u8>>;
+pub(super) type Handler = Box<dyn FnMut(u8, &[u8]) -> Vec<u8>>;
 
 struct InFlight {
     at: Time,
@@ -137,6 +137,11 @@ pub(super) struct Sim {
     /// Replies are held back for this long (0 = immediately).
     pub reply_delay: Time,
     pending_replies: Vec<(Time, usize, ReqToken, Vec<u8>)>,
+    /// If positive, every node's ingress link is a FIFO bottleneck of this many bits per
+    /// second: datagrams queue behind each other (a slow, queueing link).
+    pub bottleneck_bps: f64,
+    /// Per destination: when its bottleneck link is free again.
+    link_free: Vec<Time>,
 }
 
 impl Sim {
@@ -156,6 +161,8 @@ impl Sim {
             executions: HashMap::new(),
             reply_delay: 0,
             pending_replies: Vec::new(),
+            bottleneck_bps: 0.0,
+            link_free: vec![0; n],
         }
     }
 
@@ -170,7 +177,14 @@ impl Sim {
             } else {
                 0
             };
-            let at = self.now + self.latency + jitter;
+            let mut depart = self.now;
+            if self.bottleneck_bps > 0.0 {
+                let free = &mut self.link_free[dest as usize];
+                let start = (*free).max(self.now);
+                *free = start + (bytes.len() as f64 * 8.0 * 1e9 / self.bottleneck_bps) as Time;
+                depart = *free;
+            }
+            let at = depart + self.latency + jitter;
             self.seq += 1;
             self.wire.push(Reverse((at, self.seq)));
             self.pkts.insert(
@@ -296,12 +310,12 @@ impl Sim {
     }
 }
 
-fn echo() -> Handler {
+pub(super) fn echo() -> Handler {
     Box::new(|_, d| d.to_vec())
 }
 
 /// Payload for request `id` of `len` bytes: the id, then a pattern.
-fn payload(id: u64, len: usize) -> Vec<u8> {
+pub(super) fn payload(id: u64, len: usize) -> Vec<u8> {
     let mut v: Vec<u8> = (0..len).map(|i| (i as u64 * 31 + id) as u8).collect();
     let idb = id.to_le_bytes();
     let n = len.min(8);
@@ -309,7 +323,7 @@ fn payload(id: u64, len: usize) -> Vec<u8> {
     v
 }
 
-fn connect_all(sim: &mut Sim, client: usize, server: u32, n: usize) -> Vec<SessionId> {
+pub(super) fn connect_all(sim: &mut Sim, client: usize, server: u32, n: usize) -> Vec<SessionId> {
     let now = sim.now;
     let sids: Vec<_> = (0..n)
         .map(|_| sim.nodes[client].rpc.create_session(now, server).unwrap())
@@ -414,7 +428,14 @@ fn lossy_wire_exactly_once() {
             }
         }
         let total = expect.len();
+        let t0 = std::time::Instant::now();
         let ok = sim.run(600_000 * MS, |s| s.responses().len() == total);
+        eprintln!(
+            "seed {seed}: {:?} real, {} ms virtual; client 1 {:?}",
+            t0.elapsed(),
+            sim.now / MS,
+            sim.nodes[1].rpc.stats()
+        );
         assert!(ok, "seed {seed}: {} of {total} done", sim.responses().len());
         // Let stray duplicates drain, then check nothing completed twice.
         let until = sim.now + 50 * MS;

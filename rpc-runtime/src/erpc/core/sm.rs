@@ -150,8 +150,15 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             .token_nonce
             .wrapping_add(self.token_counter.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let generation = self.new_generation();
-        let s = Session::new_client(peer, token, generation, self.cfg.session_credits, now);
-        let sid = self.alloc_session(s).ok_or(CallError::NoSessions)?;
+        let s = Session::new_client(
+            peer,
+            token,
+            generation,
+            self.cfg.session_credits,
+            self.cfg.link_bandwidth_bps as f64,
+            now,
+        );
+        let sid = self.alloc_session_armed(s).ok_or(CallError::NoSessions)?;
         self.send_client_sm(now, sid);
         Ok(sid)
     }
@@ -201,6 +208,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         let dest = s.peer;
         self.txq.push_back(Tx::Sm { dest, pkt });
         self.stats.sm_tx += 1;
+        self.arm(now + sm_rto);
     }
 
     fn send_sm_resp(
@@ -303,7 +311,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         }
         let generation = self.new_generation();
         let s = Session::new_server(from, pkt.client_sess, pkt.token, generation, now);
-        match self.alloc_session(s) {
+        match self.alloc_session_armed(s) {
             Some(sid) => {
                 self.conn_tokens.insert((from, pkt.token), sid);
                 self.send_sm_resp(from, pkt, SmKind::ConnectResp, sid.0, SmStatus::Ok);
@@ -329,6 +337,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                         s.remote_num = pkt.server_sess;
                         s.state = SessionState::Connected;
                         s.sm_due = now;
+                        self.arm(now + self.cfg.keepalive);
                         self.events.push_back(Event::SessionConnected(sid));
                         self.drain_backlog(now, sid);
                     }

@@ -56,10 +56,26 @@ pub(super) struct ClientSlot {
     pub rto_deadline: Option<Time>,
     /// The slot sits in the session's stall queue.
     pub in_stall: bool,
+    /// When packet `k` of the exchange was last handed out by `poll_transmit`, at index
+    /// `k % session_credits` (eRPC's per-slot `tx_ts`, seeds/000 §4.2); [`NO_TS`] if unknown.
+    /// At most `session_credits` packets of a slot are outstanding, so indices do not collide.
+    pub tx_ts: Box<[Time]>,
+    /// Packets of this slot waiting in the timing wheel (eRPC's `wheel_count`, seeds/000
+    /// §12.8); while non-zero, new packets of the slot also go through the wheel, so that they
+    /// cannot overtake the paced ones.
+    pub in_wheel: u32,
+    /// Latest time a packet of the current exchange was scheduled to leave the wheel (0 if
+    /// none); the retransmission timeout counts from there, not from queueing.
+    pub paced_until: Time,
 }
 
+/// `tx_ts` value of a packet not (yet) sent.
+pub(super) const NO_TS: Time = Time::MAX;
+
 impl ClientSlot {
-    pub fn new(first_req_num: u64) -> Self {
+    /// An idle slot whose first RPC uses `first_req_num`, for a session with `credits`
+    /// credits.
+    pub fn new(first_req_num: u64, credits: usize) -> Self {
         ClientSlot {
             active: false,
             req_num: first_req_num,
@@ -74,6 +90,9 @@ impl ClientSlot {
             resp: Vec::new(),
             rto_deadline: None,
             in_stall: false,
+            tx_ts: vec![NO_TS; credits.max(1)].into_boxed_slice(),
+            in_wheel: 0,
+            paced_until: 0,
         }
     }
 
@@ -102,6 +121,7 @@ impl ClientSlot {
         self.num_resp_pkts = 0;
         self.resp.clear();
         self.rto_deadline = None;
+        self.paced_until = 0;
     }
 
     /// Ends the RPC and moves on to the next request number of the slot.
@@ -138,7 +158,8 @@ pub(super) struct ServerSlot {
     pub req_size: usize,
     pub num_req_pkts: usize,
     pub num_rx: usize,
-    /// Reassembly buffer (moved into the `Request` event when complete).
+    /// Reassembly buffer of a multi-packet request (moved into the `Request` event when
+    /// complete; single-packet requests are never copied here).
     pub req: Vec<u8>,
     /// Cached response (buffer reused across requests).
     pub resp: Vec<u8>,
@@ -163,7 +184,7 @@ mod tests {
 
     #[test]
     fn client_slot_lifecycle() {
-        let mut s = ClientSlot::new(3);
+        let mut s = ClientSlot::new(3, 8);
         assert!(!s.wants_tx());
         s.req.extend_from_slice(&[0; 250]);
         s.start(7, 99, 100);

@@ -3,9 +3,9 @@
 //! The eRPC core is sans-I/O: it turns "packet in / time now / call issued" into "packets out /
 //! completions". A [`DatagramTransport`] is the other half: it moves whole datagrams between
 //! endpoints, unreliably (loss, duplication and reordering are the core's problem), in batches.
-//! Two implementations are planned: UDP sockets with `sendmmsg`/`recvmmsg` ([`udp`]) for any IP
-//! network, and mlx5 UD queue pairs. [`lossy::LossyTransport`] wraps either to inject loss,
-//! duplication and reordering in tests.
+//! Two implementations: UDP sockets with `sendmmsg`/`recvmmsg` ([`udp`]) for any IP network,
+//! and mlx5 UD queue pairs ([`ud`]) on InfiniBand hardware or the device model.
+//! [`lossy::LossyTransport`] wraps either to inject loss, duplication and reordering in tests.
 //!
 //! # Units
 //! All sizes are in bytes. A *packet* is one datagram: eRPC's 16-byte packet header followed by
@@ -37,12 +37,14 @@
 //! larger than [`mtu`](DatagramTransport::mtu)) and for failures of the transport itself.
 
 pub mod lossy;
+pub mod ud;
 pub mod udp;
 
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::io;
 
+pub use ud::{UdAddr, UdConfig, UdTransport};
 pub use udp::{UdpConfig, UdpTransport};
 
 /// Size in bytes of an eRPC packet header (the same value as

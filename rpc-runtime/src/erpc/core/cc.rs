@@ -1,0 +1,251 @@
+//! Congestion control wired into the client datapath: Timely rate updates from RTT samples
+//! and Carousel pacing through the timing wheel, with eRPC's bypasses (seeds/000 §6, §12.3,
+//! §12.7, §12.8; seeds/002 §6.3).
+//!
+//! - **Sending** (`queue_client_pkt`, called by `kick_slot` for every request packet and RFR
+//!   that got a credit): eRPC's `kick_req_st` bypass decision (seeds/000 §12.3). With pacing
+//!   on, a packet goes straight to the transmit queue only if its session is uncongested and
+//!   its slot has nothing in the wheel (eRPC's `can_bypass_wheel`: the slot check keeps the
+//!   slot's packets in order); otherwise it is filed in the wheel at
+//!   `t = max(now, next_tx_at)` and the session's `next_tx_at` moves to `t` plus the packet's
+//!   wire time at the session's rate.
+//! - **Releasing** (`release_wheel`, from `poll_transmit_at` and `handle_timeout`): due
+//!   entries move to the transmit queue in time order; the slot's retransmission deadline is
+//!   pushed to at least `now + rto` because the packet only now leaves.
+//! - **Sampling** (`cc_sample`, on every accepted CR or response packet): the RTT is the time
+//!   since packet `pkt_num` was handed out by `poll_transmit_at` (`tx_ts`, stamped by
+//!   `stamp_tx`). Uncongested sessions skip samples below `T_LOW` (Timely bypass); others
+//!   update the rate ([`Timely::update`](crate::erpc::timely::Timely::update)).
+//! - **Purging** (`purge_wheel`): go-back-N, completion of an exchange that still has
+//!   retransmitted copies queued, and session teardown remove the slot's / session's
+//!   entries, so nothing of a finished or rolled-back exchange stays queued (invariant I1,
+//!   seeds/002 §4; eRPC instead drops responses while such copies are queued, seeds/002 §8.1
+//!   / Appendix C).
+
+use std::hash::Hash;
+
+use super::sslot::{NO_TS, SLOTS_PER_SESSION, slot_of};
+use super::{Rpc, SessionId, Time, Tx};
+use crate::erpc::timely::T_LOW_US;
+
+/// Width of a timing-wheel slot in ns (4 µs). eRPC uses 0.5 µs (seeds/000 §12.7); here the
+/// width is only a bucketing granularity, because a reap compares each entry's exact time,
+/// so wider slots cost no pacing precision, only a sort of a few more entries per slot.
+pub const WHEEL_SLOT_WIDTH_NS: Time = 4_000;
+/// Number of timing-wheel slots: an 8.192 ms horizon, which covers a full window of 8
+/// maximal (4 KiB) packets of one session at 15 Mbit/s only partly; later packets are parked
+/// and re-filed, never released early (eRPC covers about 1 s with 2 million slots). The
+/// wheel (16 KiB of slot heads plus a node pool that grows to the most packets ever paced
+/// at once) is created with the endpoint when `cc_pacing` is on.
+pub const WHEEL_NUM_SLOTS: usize = 2048;
+/// Paced packets the wheel has room for before its pool first grows.
+pub(super) const WHEEL_INITIAL_ENTRIES: usize = 64;
+
+/// A paced client packet: packet `pkt` (request packet if below the request's packet count,
+/// else RFR) of request `req_num` on client session `session`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct WheelEnt {
+    pub session: SessionId,
+    pub generation: u64,
+    pub req_num: u64,
+    pub pkt: u32,
+}
+
+impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
+    /// Client: queues packet `pkt` (`bytes` on the wire) of slot `i` of session `sid`, either
+    /// directly or through the wheel (see the module docs). The caller has already taken the
+    /// packet's credit. Returns the time the packet is due to leave (`now` when direct).
+    pub(super) fn queue_client_pkt(
+        &mut self,
+        now: Time,
+        sid: SessionId,
+        i: usize,
+        pkt: usize,
+        bytes: usize,
+    ) -> Time {
+        let pacing = self.cfg.cc_pacing;
+        let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
+            return now;
+        };
+        let generation = s.generation;
+        let Some(c) = s.role.client_mut() else {
+            return now;
+        };
+        let slot = &mut c.slots[i];
+        let req_num = slot.req_num;
+        let is_req = pkt < slot.num_req_pkts;
+        if !pacing || (c.timely.is_uncongested() && slot.in_wheel == 0) {
+            if pacing {
+                self.stats.wheel_bypassed += 1;
+            }
+            let tx = if is_req {
+                Tx::ReqPkt {
+                    session: sid,
+                    generation,
+                    req_num,
+                    pkt,
+                }
+            } else {
+                Tx::Rfr {
+                    session: sid,
+                    generation,
+                    req_num,
+                    pkt,
+                }
+            };
+            self.txq.push_back(tx);
+            return now;
+        }
+        let t = now.max(c.next_tx_at);
+        c.next_tx_at = t.saturating_add(c.timely.tx_time_ns(bytes).ceil() as Time);
+        slot.in_wheel += 1;
+        slot.paced_until = slot.paced_until.max(t);
+        let Some(wheel) = self.wheel.as_mut() else {
+            return now; // unreachable: the wheel exists when pacing is on
+        };
+        if wheel.is_empty() {
+            // Turn an idle wheel to now (O(1) when empty) so the entry is filed in its own
+            // slot rather than parked behind a stale current slot.
+            wheel.reap(now, &mut self.wheel_out);
+        }
+        wheel.insert(
+            WheelEnt {
+                session: sid,
+                generation,
+                req_num,
+                pkt: pkt as u32,
+            },
+            t,
+        );
+        self.stats.wheel_paced += 1;
+        self.arm(t);
+        t
+    }
+
+    /// Moves the wheel's packets due at `now` to the transmit queue.
+    pub(super) fn release_wheel(&mut self, now: Time) {
+        let Some(w) = self.wheel.as_mut() else { return };
+        if w.next_due().is_none_or(|t| t > now) {
+            return;
+        }
+        let mut out = std::mem::take(&mut self.wheel_out);
+        w.reap(now, &mut out);
+        let rto = self.cfg.rto;
+        for e in out.drain(..) {
+            let Some(s) = super::sess_mut(&mut self.sessions, e.session)
+                .filter(|s| s.generation == e.generation)
+            else {
+                continue;
+            };
+            let Some(c) = s.role.client_mut() else {
+                continue;
+            };
+            let slot = &mut c.slots[slot_of(e.req_num)];
+            if !slot.active || slot.req_num != e.req_num {
+                continue;
+            }
+            slot.in_wheel -= 1;
+            if let Some(d) = slot.rto_deadline {
+                slot.rto_deadline = Some(d.max(now + rto));
+            }
+            let pkt = e.pkt as usize;
+            self.txq.push_back(if pkt < slot.num_req_pkts {
+                Tx::ReqPkt {
+                    session: e.session,
+                    generation: e.generation,
+                    req_num: e.req_num,
+                    pkt,
+                }
+            } else {
+                Tx::Rfr {
+                    session: e.session,
+                    generation: e.generation,
+                    req_num: e.req_num,
+                    pkt,
+                }
+            });
+        }
+        self.wheel_out = out;
+    }
+
+    /// Removes the wheel entries matching `pred`; returns how many.
+    pub(super) fn purge_wheel(&mut self, pred: impl FnMut(&WheelEnt) -> bool) -> usize {
+        let n = self.wheel.as_mut().map_or(0, |w| w.purge(pred));
+        self.stats.wheel_purged += n as u64;
+        n
+    }
+
+    /// Client: removes the queued wheel packets of slot `i` of `sid` (its current exchange).
+    pub(super) fn purge_slot(&mut self, sid: SessionId, i: usize) {
+        let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
+            return;
+        };
+        let generation = s.generation;
+        let Some(c) = s.role.client_mut() else { return };
+        let slot = &mut c.slots[i];
+        if slot.in_wheel == 0 {
+            return;
+        }
+        let req_num = slot.req_num;
+        slot.in_wheel = 0;
+        self.purge_wheel(|e| {
+            e.session == sid && e.generation == generation && e.req_num == req_num
+        });
+    }
+
+    /// Records when a client packet left (`poll_transmit_at`), for RTT samples.
+    pub(super) fn stamp_tx(&mut self, now: Time, tx: Tx<A>) {
+        let (Tx::ReqPkt {
+            session,
+            generation,
+            req_num,
+            pkt,
+        }
+        | Tx::Rfr {
+            session,
+            generation,
+            req_num,
+            pkt,
+        }) = tx
+        else {
+            return;
+        };
+        let Some(c) = super::sess_mut(&mut self.sessions, session)
+            .filter(|s| s.generation == generation)
+            .and_then(|s| s.role.client_mut())
+        else {
+            return;
+        };
+        let slot = &mut c.slots[slot_of(req_num)];
+        // Only packets still awaiting their answer (not stale copies of answered ones).
+        if slot.req_num == req_num && pkt >= slot.num_rx && pkt < slot.num_tx {
+            let n = slot.tx_ts.len();
+            slot.tx_ts[pkt % n] = now;
+        }
+    }
+
+    /// Client: an answer to packet `pkt` of slot `i` of `sid` was accepted at `now`: feeds
+    /// the RTT sample to the session's Timely state (with the uncongested bypass).
+    pub(super) fn cc_sample(&mut self, now: Time, sid: SessionId, i: usize, pkt: usize) {
+        if !self.cfg.cc_rate_comp {
+            return;
+        }
+        debug_assert!(i < SLOTS_PER_SESSION);
+        let Some(c) = super::sess_mut(&mut self.sessions, sid).and_then(|s| s.role.client_mut())
+        else {
+            return;
+        };
+        let slot = &c.slots[i];
+        let sent = slot.tx_ts[pkt % slot.tx_ts.len()];
+        if sent == NO_TS || sent > now {
+            return;
+        }
+        let rtt_us = (now - sent) as f64 / 1e3;
+        self.stats.rtt_samples += 1;
+        if c.timely.is_uncongested() && rtt_us < T_LOW_US {
+            self.stats.timely_bypassed += 1;
+        } else if c.timely.update(rtt_us, now) {
+            self.stats.timely_updates += 1;
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! Congestion control in the core: Timely fed by RTT samples, pacing through the timing
+//! wheel, the Timely and wheel bypasses of uncongested sessions, and go-back-N with paced
+//! packets (seeds/000 §6, §12.3, §12.7; seeds/002 §6.3, §9).
+
+use std::collections::HashMap;
+
+use super::sim_tests::{Node, Sim, connect_all, echo, payload};
+use super::*;
+use crate::erpc::timely::{MIN_RATE_BPS, Timely};
+
+/// Drives Timely of client session `sid` down to the minimum rate with samples taken at
+/// times `0..=190 µs` (so later samples, at `now >= 1 ms`, get full steps).
+fn force_min_rate(rpc: &mut Rpc<u32>, sid: SessionId) {
+    let link = rpc.cfg.link_bandwidth_bps as f64;
+    let c = rpc.sessions[usize::from(sid.0)]
+        .as_mut()
+        .unwrap()
+        .role
+        .client_mut()
+        .unwrap();
+    c.timely = Timely::new(link);
+    for i in 0..20 {
+        c.timely.update(1e6, i * 10_000);
+    }
+    assert_eq!(c.timely.rate(), MIN_RATE_BPS);
+}
+
+/// Wire time in ns of a packet of `bytes` at the minimum rate (as the core rounds it).
+fn min_rate_wire_ns(bytes: usize) -> Time {
+    (bytes as f64 * 8.0 * 1e9 / MIN_RATE_BPS).ceil() as Time
+}
+
+/// A connected pair with configuration `cfg`, at time `now`.
+fn pair(cfg: Config, now: Time) -> (Node, Node, SessionId) {
+    let mut cl = Node::new(1, cfg.clone());
+    let mut sv = Node::new(2, cfg);
+    cl.now = now;
+    sv.now = now;
+    let sid = cl.rpc.create_session(now, 2).unwrap();
+    Node::run_reliable(&mut cl, &mut sv, |_, d| d.to_vec());
+    assert_eq!(cl.rpc.poll_event(), Some(Event::SessionConnected(sid)));
+    (cl, sv, sid)
+}
+
+/// Runs a pair over an instant, lossless wire, advancing virtual time to the next timer
+/// (paced packets included) whenever nothing moves, until `done(client events)` holds.
+fn drive(cl: &mut Node, sv: &mut Node, mut done: impl FnMut(&[Event]) -> bool) {
+    for _ in 0..100_000 {
+        Node::run_reliable(cl, sv, |_, d| d.to_vec());
+        while let Some(e) = cl.rpc.poll_event() {
+            cl.events.push(e);
+        }
+        cl.rpc.check_invariants();
+        if done(&cl.events) {
+            return;
+        }
+        let t = [cl.rpc.next_timeout(), sv.rpc.next_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+            .expect("a timer");
+        let t = t.max(cl.now);
+        cl.now = t;
+        sv.now = t;
+        cl.rpc.handle_timeout(t);
+        sv.rpc.handle_timeout(t);
+    }
+    panic!("not done");
+}
+
+/// A low-latency wire (RTT 20 µs < T_LOW): every sample takes the Timely bypass and every
+/// packet the wheel bypass; the rate stays at the link rate.
+#[test]
+fn uncongested_session_bypasses_wheel() {
+    let cfg = Config::default();
+    let dpp = cfg.mtu - 16;
+    let mut sim = Sim::new(2, cfg, 21, echo());
+    let sid = connect_all(&mut sim, 0, 1, 1)[0];
+    let sizes = [8, dpp, 3 * dpp + 1, 100];
+    for tag in 0..40u64 {
+        let now = sim.now;
+        let len = sizes[tag as usize % sizes.len()];
+        sim.nodes[0]
+            .rpc
+            .enqueue_request(now, sid, 1, &payload(tag, len), tag)
+            .unwrap();
+    }
+    assert!(sim.run(sim.now + 10_000 * MS, |s| s.responses().len() == 40));
+    let st = sim.nodes[0].rpc.stats().clone();
+    // Request packets plus RFRs: 10 x (1 + 1 + 4 + 1) + 10 x 3 RFRs.
+    let data_pkts = 10 * 7 + 10 * 3;
+    assert_eq!(st.wheel_bypassed, data_pkts);
+    assert_eq!(st.wheel_paced, 0);
+    assert_eq!(st.rtt_samples, data_pkts, "one sample per answered packet");
+    assert_eq!(st.timely_bypassed, st.rtt_samples);
+    assert_eq!(st.timely_updates, 0);
+    assert!(sim.nodes[0].rpc.session_uncongested(sid).unwrap());
+    assert_eq!(
+        sim.nodes[0].rpc.session_rate_bps(sid),
+        Some(25e9),
+        "link rate"
+    );
+    assert_eq!(sim.nodes[0].rpc.wheel_len(), 0);
+}
+
+/// Issues `rounds` rounds of 8 three-packet echo RPCs on `sid`, each round run to
+/// completion and checked; returns the lowest rate seen and whether the session ended
+/// uncongested.
+fn rounds(sim: &mut Sim, sid: SessionId, rounds: u64, tag0: u64, min_rate: &mut f64) {
+    let dpp = sim.nodes[0].rpc.data_per_pkt();
+    for r in 0..rounds {
+        let mut want = HashMap::new();
+        for k in 0..8 {
+            let tag = tag0 + r * 8 + k;
+            let p = payload(tag, 3 * dpp - 5);
+            let now = sim.now;
+            sim.nodes[0]
+                .rpc
+                .enqueue_request(now, sid, 1, &p, tag)
+                .unwrap();
+            want.insert(tag, p);
+        }
+        let ok = sim.run(sim.now + 100_000 * MS, |s| {
+            let rate = s.nodes[0].rpc.session_rate_bps(sid).unwrap();
+            *min_rate = min_rate.min(rate);
+            s.count(0, |e| matches!(e, Event::Response { .. })) == 8
+        });
+        assert!(ok, "round {r} did not complete");
+        for e in sim.nodes[0].events.drain(..) {
+            let Event::Response { tag, data, .. } = e else {
+                panic!("{e:?}")
+            };
+            assert_eq!(want.remove(&tag), Some(data), "tag {tag} once, right data");
+        }
+    }
+}
+
+/// A 50 Mbit/s queueing bottleneck under a 1 Gbit/s link rate: RTTs grow, Timely cuts the
+/// rate and packets get paced; once the bottleneck is gone, low RTTs raise the rate back to
+/// the link rate (uncongested again, bypassing the wheel).
+#[test]
+fn timely_rate_drops_on_slow_link_and_recovers() {
+    let cfg = Config {
+        mtu: 1024,
+        max_msg_size: 64 << 10,
+        link_bandwidth_bps: 1_000_000_000,
+        ..Config::default()
+    };
+    let link = cfg.link_bandwidth_bps as f64;
+    let mut sim = Sim::new(2, cfg, 22, echo());
+    let sid = connect_all(&mut sim, 0, 1, 1)[0];
+    sim.nodes[0].events.clear();
+    sim.bottleneck_bps = 50e6;
+    let mut min_rate = f64::MAX;
+    rounds(&mut sim, sid, 20, 0, &mut min_rate);
+    let st = sim.nodes[0].rpc.stats().clone();
+    eprintln!("congested: min rate {min_rate:.0} bit/s, {st:?}");
+    assert!(min_rate < 0.2 * link, "rate fell: {min_rate}");
+    assert!(st.timely_updates > 0);
+    assert!(st.wheel_paced > 0);
+    assert!(!sim.nodes[0].rpc.session_uncongested(sid).unwrap());
+
+    // The bottleneck clears (its queue drains first).
+    sim.bottleneck_bps = 0.0;
+    let mut recovered_after = None;
+    for r in 0..200 {
+        let mut ignore = f64::MAX;
+        rounds(&mut sim, sid, 1, 10_000 + r * 8, &mut ignore);
+        if sim.nodes[0].rpc.session_uncongested(sid).unwrap() {
+            recovered_after = Some(r + 1);
+            break;
+        }
+    }
+    let r = recovered_after.expect("rate back at the link rate");
+    eprintln!("uncongested again after {r} rounds");
+    assert_eq!(sim.nodes[0].rpc.session_rate_bps(sid), Some(link));
+    // Uncongested now: the next round bypasses the wheel entirely.
+    let paced = sim.nodes[0].rpc.stats().wheel_paced;
+    let mut ignore = f64::MAX;
+    rounds(&mut sim, sid, 1, 50_000, &mut ignore);
+    assert_eq!(sim.nodes[0].rpc.stats().wheel_paced, paced);
+    assert_eq!(sim.executions.len() as u64, (20 + r + 1) * 8);
+    assert!(sim.executions.values().all(|&c| c == 1));
+}
+
+/// With both halves of congestion control off, the same bottleneck neither changes the
+/// rate nor paces anything.
+#[test]
+fn cc_disabled_never_paces() {
+    let cfg = Config {
+        mtu: 1024,
+        max_msg_size: 64 << 10,
+        link_bandwidth_bps: 1_000_000_000,
+        cc_rate_comp: false,
+        cc_pacing: false,
+        ..Config::default()
+    };
+    let mut sim = Sim::new(2, cfg, 23, echo());
+    let sid = connect_all(&mut sim, 0, 1, 1)[0];
+    sim.nodes[0].events.clear();
+    sim.bottleneck_bps = 50e6;
+    let mut min_rate = f64::MAX;
+    rounds(&mut sim, sid, 5, 0, &mut min_rate);
+    assert_eq!(min_rate, 1e9);
+    let st = sim.nodes[0].rpc.stats();
+    assert_eq!(
+        (st.rtt_samples, st.wheel_paced, st.wheel_bypassed),
+        (0, 0, 0)
+    );
+}
+
+/// Paced packets leave exactly at their time, spaced by their wire time at the session's
+/// rate, never earlier; `next_timeout` names the next one.
+#[test]
+fn paced_packets_not_released_early() {
+    let t0 = MS;
+    let (mut cl, mut sv, sid) = pair(Config::default(), t0);
+    force_min_rate(&mut cl.rpc, sid);
+    let sizes = [1000usize, 10, 4000, 0];
+    for (tag, &len) in sizes.iter().enumerate() {
+        cl.rpc
+            .enqueue_request(t0, sid, 1, &payload(tag as u64, len), tag as u64)
+            .unwrap();
+    }
+    assert_eq!(cl.rpc.stats().wheel_paced, 4);
+    assert_eq!(cl.rpc.wheel_len(), 4);
+    let mut buf = vec![0u8; 4096];
+    let mut due = t0;
+    for (k, &len) in sizes.iter().enumerate() {
+        if k > 0 {
+            // The bound may lag (it is lowered, not raised, as deadlines come and go); a
+            // timer scan makes it exact.
+            let t = cl.rpc.next_timeout().unwrap();
+            assert!(t <= due);
+            if t < due {
+                cl.rpc.handle_timeout(t);
+            }
+            assert_eq!(
+                cl.rpc.next_timeout(),
+                Some(due),
+                "next timeout is packet {k}"
+            );
+            assert!(
+                cl.rpc.poll_transmit_at(due - 1, &mut buf).is_none(),
+                "packet {k} not before {due}"
+            );
+        }
+        let (_, n) = cl.rpc.poll_transmit_at(due, &mut buf).expect("due packet");
+        assert_eq!(n, PKTHDR_SIZE + len, "packets leave in order");
+        assert!(cl.rpc.poll_transmit_at(due, &mut buf).is_none());
+        sv.rpc.handle_datagram(due, 1, &buf[..n]);
+        due += min_rate_wire_ns(PKTHDR_SIZE + len);
+    }
+    assert_eq!(cl.rpc.wheel_len(), 0);
+    cl.now = due;
+    sv.now = due;
+    drive(&mut cl, &mut sv, |ev| ev.len() == 4);
+    assert!(cl.rpc.stats().rtt_samples >= 4);
+    assert_eq!(cl.rpc.stats().wheel_bypassed, 0);
+}
+
+/// Go-back-N while the session is paced: slot 0's packet is "lost" and rolled back; its
+/// re-sent copy waits in the wheel behind the other slots' packets when the answer to the
+/// original arrives. The RPC completes once, the queued copy is purged (I1) and never sent,
+/// and all eight RPCs complete once.
+#[test]
+fn go_back_n_with_packets_in_wheel_completes_once() {
+    let cfg = Config {
+        rto: MS,
+        ..Config::default()
+    };
+    let t0 = MS;
+    let (mut cl, mut sv, sid) = pair(cfg, t0);
+    force_min_rate(&mut cl.rpc, sid);
+    let w = min_rate_wire_ns(PKTHDR_SIZE + 1000);
+    for tag in 0..8u64 {
+        cl.rpc
+            .enqueue_request(t0, sid, 1, &payload(tag, 1000), tag)
+            .unwrap();
+    }
+    let mut buf = vec![0u8; 4096];
+    let (_, n) = cl.rpc.poll_transmit_at(t0, &mut buf).unwrap();
+    let lost = buf[..n].to_vec(); // slot 0's request, held back
+    assert!(cl.rpc.poll_transmit_at(t0, &mut buf).is_none());
+
+    // Slot 0 times out at t0 + rto; the wheel then holds slots 2..7 (slot 1 became due)
+    // and the session's next pacing time is t0 + 8w, where the re-sent copy goes.
+    let t1 = t0 + MS;
+    assert!(t1 < t0 + 2 * w);
+    cl.rpc.handle_timeout(t1);
+    cl.rpc.check_invariants();
+    assert_eq!(cl.rpc.stats().rollbacks, 1);
+    assert_eq!(cl.rpc.wheel_len(), 7, "slots 2..7 and slot 0's copy");
+    let slot0 = |rpc: &Rpc<u32>| {
+        rpc.sessions[usize::from(sid.0)]
+            .as_ref()
+            .unwrap()
+            .role
+            .client()
+            .unwrap()
+            .slots[0]
+            .in_wheel
+    };
+    assert_eq!(slot0(&cl.rpc), 1);
+
+    // The original arrives after all; its response completes slot 0.
+    sv.rpc.handle_datagram(t1, 1, &lost);
+    let Some(Event::Request { token, data, .. }) = sv.rpc.poll_event() else {
+        panic!()
+    };
+    sv.rpc.reply(t1, token, &data).unwrap();
+    let (_, n) = sv.rpc.poll_transmit_at(t1, &mut buf).unwrap();
+    cl.rpc.handle_datagram(t1, 2, &buf[..n]);
+    match cl.rpc.poll_event() {
+        Some(Event::Response { tag: 0, data, .. }) => assert_eq!(data, payload(0, 1000)),
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(slot0(&cl.rpc), 0);
+    assert_eq!(cl.rpc.stats().wheel_purged, 1);
+    assert_eq!(cl.rpc.wheel_len(), 6);
+    cl.rpc.check_invariants();
+
+    cl.now = t1;
+    sv.now = t1;
+    drive(&mut cl, &mut sv, |ev| ev.len() == 7);
+    let mut tags: Vec<u64> = cl
+        .events
+        .iter()
+        .map(|e| match e {
+            Event::Response { tag, data, .. } => {
+                assert_eq!(*data, payload(*tag, 1000));
+                *tag
+            }
+            e => panic!("{e:?}"),
+        })
+        .collect();
+    tags.sort_unstable();
+    assert_eq!(tags, (1..8).collect::<Vec<_>>());
+    let st = sv.rpc.stats();
+    assert_eq!(st.requests_dispatched, 8);
+    assert_eq!(st.dup_req_answered, 0, "the purged copy never left");
+    assert_eq!(cl.rpc.wheel_len(), 0);
+}
+
+/// Loss, duplication and reordering over a bottleneck that keeps sessions congested: go-back-N
+/// and pacing interact, every RPC still completes exactly once.
+#[test]
+fn lossy_congested_exactly_once() {
+    for seed in [31, 32] {
+        let cfg = Config {
+            mtu: 1024,
+            link_bandwidth_bps: 1_000_000_000,
+            max_msg_size: 32 << 10,
+            ..Config::default()
+        };
+        let dpp = cfg.mtu - 16;
+        let mut sim = Sim::new(3, cfg, seed, echo());
+        let mut sids = Vec::new();
+        for c in 1..3 {
+            sids.push((c, connect_all(&mut sim, c, 0, 2)));
+        }
+        sim.bottleneck_bps = 100e6;
+        sim.loss = 0.1;
+        sim.dup = 0.05;
+        sim.jitter = 20_000;
+        let mut rng = super::sim_tests::Rng::new(seed);
+        let mut expect = HashMap::new();
+        let mut id = 0u64;
+        for (c, ss) in &sids {
+            for &sid in ss {
+                for _ in 0..20 {
+                    id += 1;
+                    let len = match rng.below(3) {
+                        0 => 8,
+                        1 => dpp + 1,
+                        _ => 8 + rng.below(6 * dpp as u64) as usize,
+                    };
+                    let p = payload(id, len);
+                    let now = sim.now;
+                    sim.nodes[*c]
+                        .rpc
+                        .enqueue_request(now, sid, 2, &p, id)
+                        .unwrap();
+                    expect.insert((*c, id), p);
+                }
+            }
+        }
+        let total = expect.len();
+        assert!(sim.run(sim.now + 600_000 * MS, |s| s.responses().len() == total));
+        let until = sim.now + 50 * MS;
+        sim.run(until, |_| false);
+        let resp = sim.responses();
+        for ((c, tag), p) in &expect {
+            let r = &resp[&(*c, *tag)];
+            assert_eq!(r.len(), 1, "completed once");
+            assert_eq!(r[0], p);
+            assert_eq!(sim.executions[&p[..8]], 1, "executed once");
+        }
+        for c in 1..3 {
+            let st = sim.nodes[c].rpc.stats();
+            eprintln!("seed {seed} client {c}: {st:?}");
+            assert!(st.wheel_paced > 0 && st.rollbacks > 0 && st.timely_updates > 0);
+            assert_eq!(sim.nodes[c].rpc.wheel_len(), 0);
+        }
+    }
+}
+
+/// `next_timeout` is a lower bound maintained in O(1); reaching it either runs timers or
+/// moves it to the exact next deadline, and `handle_timeout` before it does nothing.
+#[test]
+fn timer_bound_advances() {
+    let cfg = Config::default();
+    let (mut cl, _sv, sid) = pair(cfg.clone(), 0);
+    // Connected at 0: keepalive due at 50 ms, failure at 200 ms; the bound may be earlier.
+    let t = cl.rpc.next_timeout().unwrap();
+    assert!(t <= cfg.keepalive);
+    cl.rpc.handle_timeout(t);
+    assert_eq!(
+        cl.rpc.next_timeout(),
+        Some(cfg.keepalive),
+        "exact after a scan"
+    );
+    let sm = cl.rpc.stats().sm_tx;
+    cl.rpc.handle_timeout(cfg.keepalive - 1);
+    assert_eq!(cl.rpc.stats().sm_tx, sm, "nothing due yet");
+    // An RPC arms its retransmission timer below the bound.
+    cl.rpc.enqueue_request(MS, sid, 1, b"x", 1).unwrap();
+    assert_eq!(cl.rpc.next_timeout(), Some(MS + cfg.rto));
+    cl.rpc.handle_timeout(cfg.keepalive);
+    assert_eq!(cl.rpc.stats().sm_tx, sm + 1, "keepalive ping");
+    cl.rpc.check_invariants();
+}

@@ -1,0 +1,1618 @@
+//! [`DatagramTransport`] over one mlx5 unreliable-datagram (UD) queue pair: eRPC's native
+//! transport (seeds/000 §9, §12.5; seeds/002 §5), on hardware or on the device model
+//! ([`mlx5::sim`]) through the same driver code.
+//!
+//! # Objects
+//! [`UdTransport::new`] takes an open [`mlx5::verbs::Context`] and creates, once: a protection
+//! domain, a send CQ and a receive CQ, one UD QP with its own receive queue (activated with the
+//! Q_Key), a registered receive ring and a registered transmit staging ring. Address handles
+//! are created on the first send to each destination and cached for the transport's lifetime;
+//! that (and the error of a failed creation, a cold path) is the only allocation after
+//! construction.
+//!
+//! # Constants (seeds/000 §12.5 "IBトランスポートパラメータ", eRPC's InfiniBand transport)
+//! | setting | default | seed |
+//! |---|---|---|
+//! | MTU (datagram the core sees) | [`DEFAULT_MTU`] = 3840 B | `kMTU` 3840 (IB); 1024 for RoCE, which this driver does not support for UD |
+//! | send queue depth | [`DEFAULT_SQ_DEPTH`] = 128 WQEs | `kSQDepth` 128 (seeds/002 §2 Appendix A: `TXQ_ENTRIES` 64) |
+//! | receive queue depth | [`DEFAULT_RQ_DEPTH`] = 512 WQEs | `kRQDepth` 512 |
+//! | signaling interval | [`DEFAULT_SIGNAL_INTERVAL`] = 64 WQEs | `kUnsigBatch` 64; §12.8 "64pkt/signal" |
+//! | inline limit | [`MAX_INLINE`] = 60 B | `kMaxInline` 60; §12.8 "`if msg.len() <= 60`" |
+//! | receive batch | [`DEFAULT_RX_BATCH`] = 32 datagrams | `kRecvSlack` 32 (receives are re-posted in batches) |
+//! | Q_Key | [`DEFAULT_QKEY`] = 0x0205 | `kQKey` 0x0205 |
+//!
+//! Deviations from seeds/002 §2 and §5 (Appendix A): the receive CQ has one entry per receive
+//! WQE instead of 8 entries allowed to overrun (an overrun is fatal for a CQ in this driver and
+//! in the model), and the receive queue has one buffer per WQE instead of a multi-packet
+//! receive queue with 512-byte strides (which the driver does not implement).
+//!
+//! # Datagram layout
+//! On the wire a datagram is the UD SEND payload: `hdr` followed by `data` of a [`TxPkt`] (the
+//! eRPC packet, at most `mtu` bytes). The transport adds nothing to the payload. It sends
+//! every datagram as SEND with immediate, and the immediate carries the sender's LID
+//! (`0xE5C0_0000 | lid`): the UD receive completion names the source QPN, but this crate's
+//! CQE decoder ([`mlx5::cqe::Cqe`]) does not expose the source LID, and without it a reply
+//! could not be addressed (the model does not fill the CQE's source-LID field either).
+//! Datagrams arriving without that immediate (a foreign UD sender that knows our QPN and
+//! Q_Key) are dropped and counted in [`TransportStats::rx_errors`].
+//!
+//! A UD receive buffer starts with the 40-byte GRH area (InfiniBand: filled only when the
+//! sender used a global route header, zero otherwise); the payload follows it. Each receive
+//! buffer of the ring is `64 + port MTU` bytes and the GRH area starts at offset 24, so the
+//! payload lent out by [`rx_pkt`](DatagramTransport::rx_pkt) starts 64-byte aligned and the
+//! GRH is skipped without a copy:
+//! ```text
+//! offset 0        24                64
+//! | 24 B unused   | GRH area (40 B) | payload (<= port MTU) | padding to a multiple of 64 B |
+//! ^ 64-B aligned                    ^ 64-B aligned: the bytes of rx_pkt(i)
+//! ```
+//! Receive buffers hold a full *port* MTU (4096 B on the model), not just the configured
+//! `mtu`: a UD datagram larger than its receive buffer is a responder length error, which on
+//! the model puts the QP into the error state (hardware reports an error completion too), so
+//! a peer with a larger MTU could otherwise kill the transport. A datagram longer than `mtu`
+//! is dropped and counted ([`TransportStats::rx_oversized`]) instead; one longer than the port
+//! MTU never arrives (the sender's NIC refuses to send it).
+//!
+//! # What is copied and why
+//! - **Receive: nothing.** The NIC writes into the registered ring; `rx_pkt` lends the payload
+//!   in place; [`rx_release`](DatagramTransport::rx_release) (or the next `rx_burst`) re-posts
+//!   the buffers of the burst, one receive doorbell per burst.
+//! - **Transmit, datagrams of at most [`MAX_INLINE`] bytes:** inline in the WQE (the 60-B rule
+//!   of the seed). Header and data are gathered into a 60-byte stack buffer and then written
+//!   into the WQE's inline segment.
+//! - **Transmit, larger datagrams:** copied (header, then data) into a slot of a registered
+//!   staging ring and sent with one data segment. The core renders packets into the event
+//!   loop's own buffers ([`Endpoint`](crate::erpc::event_loop::Endpoint)'s TX batch), which are
+//!   not registered memory, so the NIC cannot gather from them. The ring has one slot of `mtu`
+//!   bytes (rounded up to 64) per send-queue entry; a slot is reused only after the WQE that
+//!   used it has completed. A later change may register the endpoint's buffers (or the message
+//!   buffers) and gather header and data with two data segments, as eRPC does.
+//!
+//! Because every datagram is copied (or inlined) before `tx_burst` returns, the caller's
+//! buffers are free as soon as it returns. This is why the TX DMA-queue flush that eRPC needs
+//! before a retransmission or a completion (seeds/002 §9, §10, §13, invariant I1: unsignaled
+//! sends may still reference a message buffer) is not needed here.
+//!
+//! # Signaling rule (selective signaling, seeds/000 §12.8; seeds/002 §1 "unsignaled TX")
+//! Sends are unsignaled except one WQE every `signal_interval` (the `k`-th WQE with
+//! `k % signal_interval == signal_interval - 1`), and except the WQE after which the send
+//! queue would be full (no free staging slot, or fewer than 4 free WQEBBs: less than the
+//! largest WQE this transport writes, 2 WQEBBs, plus ring-end padding). A signaled WQE's
+//! completion retires it and every earlier WQE (PRM "Requester CQE"). Since `signal_interval
+//! <= sq_depth`, any `sq_depth` consecutive WQEs include a signaled one, so a queue whose
+//! staging slots are all in use always has a signaled WQE outstanding; the second rule makes
+//! that hold too when the send ring runs out of WQEBBs before slots (a provider that sizes the
+//! ring for fewer, smaller WQEs than the model and rdma-core do), and lets one completion
+//! retire the whole queue. The send CQ is polled in `tx_burst` only when the burst does not fit
+//! in the free send-queue entries; each `tx_burst` rings the send doorbell at most once.
+//! When the queue is still full after polling, `tx_burst` returns the number of datagrams
+//! consumed so far and counts [`TransportStats::tx_would_block`].
+//!
+//! # Errors
+//! - A packet longer than `mtu`: `tx_burst` fails with [`io::ErrorKind::InvalidInput`] and
+//!   sends nothing (caller bug).
+//! - The address handle for a destination cannot be created: that packet is dropped and
+//!   counted ([`TransportStats::tx_errors`]); the next packet to that destination tries again.
+//! - A destination that does not exist (no such LID or QPN, another Q_Key): the NIC sends the
+//!   datagram and the network drops it, as UD does; the transport cannot tell (the model
+//!   counts it in [`mlx5::sim::SimStats::ud_no_dest`] / `ud_bad_qkey`).
+//! - Receive error completions, datagrams without the transport's immediate or shorter than
+//!   the GRH: dropped, counted in [`TransportStats::rx_errors`].
+//! - An error completion on the send queue means the QP is in the error state (every later
+//!   WQE is flushed): the transport has failed. [`UdTransport::qp_error`] reports the first
+//!   error, `tx_burst` returns an error ([`io::ErrorKind::BrokenPipe`]), receives stop being
+//!   re-posted. A flushed receive (WR_FLUSH) marks the transport failed the same way.
+//!
+//! # Delivery on the device model
+//! The model executes a UD SEND synchronously inside the sender's doorbell
+//! ([`mlx5::sim`] "What executes"): the payload is placed in the receiver's ring and the
+//! receive CQE written before `tx_burst` returns, and a signaled send's CQE likewise. With UD
+//! fault injection ([`mlx5::sim::UdFaults`]), delayed and reordered datagrams are delivered at
+//! later *progress steps*, which every doorbell on the fabric makes (or
+//! [`mlx5::sim::Fabric::progress`], or the optional progress thread). eRPC's retransmission
+//! timer keeps ringing doorbells while anything is outstanding, so tests need no progress
+//! thread.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+
+use mlx5::cqe::{CqeError, CqeOpcode, Syndrome};
+use mlx5::mem::DmaBuf;
+use mlx5::verbs::{
+    Access, Ah, Context, Cq, LinkLayer, Mr, Pd, PortInfo, Qp, QpCaps, QpInit, QpType, UdDest,
+};
+use mlx5::wqe::{
+    CQ_UPDATE, CTRL_BYTES, DATA_BYTES, DGRAM_BYTES, DS_BYTES, DgramSeg, Opcode, Sge, WqeDesc,
+    inline_seg_bytes,
+};
+
+use super::{DatagramTransport, PKT_HDR_LEN, TransportStats, TxPkt};
+
+/// Bytes of the GRH area at the start of every UD receive buffer (InfiniBand spec; PRM
+/// "Receive queues": the first 40 bytes of a UD receive are the GRH, present or not).
+pub const GRH_BYTES: usize = 40;
+/// Largest datagram in bytes sent inline in the WQE (seeds/000 §12.5 `kMaxInline` = 60).
+pub const MAX_INLINE: usize = 60;
+/// Default MTU in bytes: the largest datagram (eRPC packet header included) the core sees
+/// (seeds/000 §12.5 `kMTU` = 3840 for InfiniBand).
+pub const DEFAULT_MTU: usize = 3840;
+/// Default send queue depth in WQEs (seeds/000 §12.5 `kSQDepth` = 128).
+pub const DEFAULT_SQ_DEPTH: u32 = 128;
+/// Default receive queue depth in WQEs, i.e. receive buffers (seeds/000 §12.5 `kRQDepth` =
+/// 512).
+pub const DEFAULT_RQ_DEPTH: u32 = 512;
+/// Default interval in WQEs between signaled sends (seeds/000 §12.5 `kUnsigBatch` = 64).
+pub const DEFAULT_SIGNAL_INTERVAL: u32 = 64;
+/// Default number of datagrams one `rx_burst` returns at most (seeds/000 §12.5
+/// `kRecvSlack` = 32: receives are re-posted in batches of this size).
+pub const DEFAULT_RX_BATCH: usize = 32;
+/// Default Q_Key (seeds/000 §12.5 `kQKey` = 0x0205). All endpoints must use the same one.
+pub const DEFAULT_QKEY: u32 = 0x0205;
+/// Largest configurable send queue depth in WQEs.
+pub const MAX_SQ_DEPTH: u32 = 4096;
+/// Largest configurable receive queue depth in WQEs.
+pub const MAX_RQ_DEPTH: u32 = 16384;
+
+/// Offset of the GRH area in a receive buffer: the payload after it starts 64-B aligned.
+const RX_GRH_OFFSET: usize = ALIGN - GRH_BYTES;
+/// Offset of the payload in a receive buffer.
+const RX_PAYLOAD_OFFSET: usize = ALIGN;
+/// Alignment in bytes of receive buffers and staging slots.
+const ALIGN: usize = 64;
+/// Upper half of the immediate of every datagram this transport sends; the lower half is the
+/// sender's LID.
+const IMM_MAGIC: u32 = 0xE5C0_0000;
+/// Mask of [`IMM_MAGIC`].
+const IMM_MAGIC_MASK: u32 = 0xFFFF_0000;
+/// Free WQEBBs under which a send is signaled: the largest WQE written here is 2 WQEBBs and
+/// ring-end padding adds at most 1 (see the module docs, "Signaling rule").
+const LOW_WQEBBS: u32 = 4;
+
+/// Address of a [`UdTransport`] endpoint: the port's LID and the QP number.
+///
+/// InfiniBand within one subnet only (no GID): this driver builds UD address vectors for
+/// InfiniBand; RoCE would need MAC and UDP fields that [`mlx5::wqe::DgramSeg`] cannot carry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UdAddr {
+    /// Local identifier of the port (InfiniBand).
+    pub lid: u16,
+    /// QP number (24 bits).
+    pub qpn: u32,
+}
+
+impl UdAddr {
+    /// The address of QP `qpn` behind the port with LID `lid`.
+    pub const fn new(lid: u16, qpn: u32) -> Self {
+        UdAddr { lid, qpn }
+    }
+
+    /// The verbs destination of this address with `qkey`.
+    pub fn dest(&self, qkey: u32) -> UdDest {
+        UdDest {
+            qpn: self.qpn,
+            qkey,
+            lid: self.lid,
+            gid: [0; 16],
+        }
+    }
+}
+
+impl fmt::Display for UdAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lid {:#x} qpn {:#x}", self.lid, self.qpn)
+    }
+}
+
+/// Configuration of a [`UdTransport`]; see the module docs for where the defaults come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdConfig {
+    /// Largest datagram in bytes (eRPC header included), sent or received; between
+    /// [`PKT_HDR_LEN`] and the port's active MTU. Both ends of a session must use the same
+    /// value. Default [`DEFAULT_MTU`].
+    pub mtu: usize,
+    /// Send queue depth in WQEs, i.e. datagrams in flight in the NIC and staging slots;
+    /// 1..=[`MAX_SQ_DEPTH`]. Default [`DEFAULT_SQ_DEPTH`].
+    pub sq_depth: u32,
+    /// Receive queue depth in WQEs, i.e. receive buffers; a power of two in
+    /// 1..=[`MAX_RQ_DEPTH`]. Default [`DEFAULT_RQ_DEPTH`].
+    pub rq_depth: u32,
+    /// Most datagrams one `rx_burst` returns (and the event loop's TX batch);
+    /// 1..=`rq_depth`. Default [`DEFAULT_RX_BATCH`].
+    pub rx_batch: usize,
+    /// One send WQE in this many is signaled (more when the queue runs low); 1..=`sq_depth`.
+    /// Default [`DEFAULT_SIGNAL_INTERVAL`].
+    pub signal_interval: u32,
+    /// Q_Key of the QP and of every destination. Default [`DEFAULT_QKEY`].
+    pub qkey: u32,
+}
+
+impl Default for UdConfig {
+    /// eRPC's InfiniBand defaults (seeds/000 §12.5).
+    fn default() -> Self {
+        UdConfig {
+            mtu: DEFAULT_MTU,
+            sq_depth: DEFAULT_SQ_DEPTH,
+            rq_depth: DEFAULT_RQ_DEPTH,
+            rx_batch: DEFAULT_RX_BATCH,
+            signal_interval: DEFAULT_SIGNAL_INTERVAL,
+            qkey: DEFAULT_QKEY,
+        }
+    }
+}
+
+impl UdConfig {
+    /// The defaults with the MTU capped at the port's active MTU (a port with a 2048-byte MTU
+    /// gets `mtu` 2048).
+    pub fn for_port(port: &PortInfo) -> Self {
+        UdConfig {
+            mtu: DEFAULT_MTU.min(port.active_mtu as usize),
+            ..UdConfig::default()
+        }
+    }
+
+    /// Checks the ranges documented on the fields against `port`.
+    ///
+    /// # Errors
+    /// [`io::ErrorKind::InvalidInput`] naming the first bad field;
+    /// [`io::ErrorKind::Unsupported`] for a RoCE port.
+    pub fn validate(&self, port: &PortInfo) -> io::Result<()> {
+        if port.link_layer != LinkLayer::InfiniBand {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "mlx5 UD transport: RoCE ports are not supported (UD address vectors here carry \
+                 no MAC/UDP fields); use the UDP transport",
+            ));
+        }
+        let bad = |what: String| Err(io::Error::new(io::ErrorKind::InvalidInput, what));
+        let port_mtu = port.active_mtu as usize;
+        if !(PKT_HDR_LEN..=port_mtu).contains(&self.mtu) {
+            return bad(format!(
+                "UD transport mtu {} outside {PKT_HDR_LEN}..={port_mtu} (port MTU)",
+                self.mtu
+            ));
+        }
+        if !(1..=MAX_SQ_DEPTH).contains(&self.sq_depth) {
+            return bad(format!(
+                "UD transport sq_depth {} outside 1..={MAX_SQ_DEPTH}",
+                self.sq_depth
+            ));
+        }
+        if !self.rq_depth.is_power_of_two() || self.rq_depth > MAX_RQ_DEPTH {
+            return bad(format!(
+                "UD transport rq_depth {} is not a power of two <= {MAX_RQ_DEPTH}",
+                self.rq_depth
+            ));
+        }
+        if !(1..=self.rq_depth as usize).contains(&self.rx_batch) {
+            return bad(format!(
+                "UD transport rx_batch {} outside 1..={}",
+                self.rx_batch, self.rq_depth
+            ));
+        }
+        if !(1..=self.sq_depth).contains(&self.signal_interval) {
+            return bad(format!(
+                "UD transport signal_interval {} outside 1..={}",
+                self.signal_interval, self.sq_depth
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A signaled send WQE not yet completed.
+#[derive(Clone, Copy, Debug, Default)]
+struct Signaled {
+    /// Its `wqe_index` (what the requester CQE's `wqe_counter` names).
+    wqe_index: u16,
+    /// The transport's send sequence number after it: every WQE before this is retired when
+    /// its CQE arrives.
+    seq_after: u64,
+}
+
+/// FIFO of signaled WQEs in posting order (fixed capacity `sq_depth`: each entry is a
+/// distinct outstanding WQE).
+#[derive(Debug)]
+struct SignaledRing {
+    buf: Box<[Signaled]>,
+    head: usize,
+    len: usize,
+}
+
+impl SignaledRing {
+    fn new(cap: usize) -> Self {
+        SignaledRing {
+            buf: vec![Signaled::default(); cap].into_boxed_slice(),
+            head: 0,
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, s: Signaled) {
+        debug_assert!(
+            self.len < self.buf.len(),
+            "more signaled WQEs than SQ entries"
+        );
+        if self.len == self.buf.len() {
+            return;
+        }
+        let i = (self.head + self.len) % self.buf.len();
+        self.buf[i] = s;
+        self.len += 1;
+    }
+
+    fn pop(&mut self) -> Option<Signaled> {
+        if self.len == 0 {
+            return None;
+        }
+        let s = self.buf[self.head];
+        self.head = (self.head + 1) % self.buf.len();
+        self.len -= 1;
+        Some(s)
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+/// A datagram of the current receive burst.
+#[derive(Clone, Copy, Debug, Default)]
+struct RxMeta {
+    addr: UdAddr,
+    /// Index of its receive buffer.
+    buf: u32,
+    /// Payload length in bytes (GRH excluded).
+    len: u32,
+}
+
+/// `ds` (16-byte units) of the UD SEND WQE for a datagram of `len` bytes: control segment,
+/// address vector, then an inline segment (`len <= inline_max`, none for an empty datagram)
+/// or one data segment.
+fn send_ds(len: usize, inline_max: usize) -> u32 {
+    let body = if len == 0 {
+        0
+    } else if len <= inline_max {
+        inline_seg_bytes(len)
+    } else {
+        DATA_BYTES
+    };
+    ((CTRL_BYTES + DGRAM_BYTES + body) / DS_BYTES) as u32
+}
+
+fn device_error(what: &str, e: mlx5::Error) -> io::Error {
+    io::Error::other(format!("mlx5 UD transport: {what}: {e}"))
+}
+
+/// eRPC datagram transport over one mlx5 UD QP; see the [module docs](self).
+pub struct UdTransport {
+    // Fields drop in declaration order: the QP before its CQs, address handles, memory
+    // regions before their buffers, everything before the PD.
+    qp: Qp,
+    send_cq: Cq,
+    recv_cq: Cq,
+    ahs: HashMap<UdAddr, Ah>,
+    rx_mr: Mr,
+    tx_mr: Mr,
+    rx_buf: DmaBuf,
+    tx_buf: DmaBuf,
+    pd: Pd,
+    /// The device (for address handles).
+    ctx: Context,
+    cfg: UdConfig,
+    local: UdAddr,
+    /// Immediate of every send: `IMM_MAGIC | our LID`.
+    imm: u32,
+    /// Largest datagram sent inline: `min(MAX_INLINE, QP's max_inline)`.
+    inline_max: usize,
+    /// Bytes per staging slot (`mtu` rounded up to 64).
+    tx_stride: usize,
+    /// Send WQEs posted (the next one's sequence number; its staging slot is
+    /// `seq % sq_depth`).
+    tx_posted: u64,
+    /// Send WQEs known complete (retired by a CQE).
+    tx_retired: u64,
+    /// Signaled WQEs outstanding, oldest first.
+    signaled: SignaledRing,
+    /// The last destination sent to, and its address vector.
+    last_dest: Option<(UdAddr, DgramSeg)>,
+    /// Bytes per receive buffer (`64 + port MTU`, rounded up to 64).
+    rx_stride: usize,
+    /// Receive WQEs posted since creation (WQE `k` uses buffer `k % rq_depth`).
+    rx_posted: u64,
+    /// Receive completions consumed since creation (completion `k` is WQE `k`: an RQ
+    /// completes in order).
+    rx_consumed: u64,
+    /// The datagrams of the current burst (first `rx_count` valid).
+    rx_meta: Box<[RxMeta]>,
+    rx_count: usize,
+    /// First error completion seen; the QP is in the error state.
+    failed: Option<CqeError>,
+    stats: TransportStats,
+}
+
+impl fmt::Debug for UdTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UdTransport")
+            .field("local", &self.local)
+            .field("cfg", &self.cfg)
+            .field("tx_outstanding", &(self.tx_posted - self.tx_retired))
+            .field("destinations", &self.ahs.len())
+            .field("rx_count", &self.rx_count)
+            .field("failed", &self.failed)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UdTransport {
+    /// Creates the UD QP, CQs and registered rings on `ctx` as `cfg` says, activates the QP
+    /// with `cfg.qkey` and posts every receive buffer.
+    ///
+    /// Memory: `rq_depth * (64 + port MTU)` bytes of receive ring and `sq_depth * mtu`
+    /// (rounded up to 64 B per slot) of staging ring, both registered.
+    ///
+    /// # Errors
+    /// Those of [`UdConfig::validate`]; [`io::ErrorKind::Other`] wrapping the device's error
+    /// when an object cannot be created.
+    pub fn new(ctx: &Context, cfg: UdConfig) -> io::Result<Self> {
+        let port = ctx.port();
+        cfg.validate(&port)?;
+        let pd = ctx.alloc_pd().map_err(|e| device_error("alloc_pd", e))?;
+        let send_cq = ctx
+            .create_cq(2 * cfg.sq_depth)
+            .map_err(|e| device_error("create send CQ", e))?;
+        let recv_cq = ctx
+            .create_cq(cfg.rq_depth)
+            .map_err(|e| device_error("create receive CQ", e))?;
+        let mut qp = ctx
+            .create_qp(
+                &pd,
+                &QpInit {
+                    qp_type: QpType::Ud,
+                    send_cq: &send_cq,
+                    recv_cq: &recv_cq,
+                    srq: None,
+                    caps: QpCaps {
+                        max_send_wr: cfg.sq_depth,
+                        max_recv_wr: cfg.rq_depth,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: MAX_INLINE as u32,
+                    },
+                },
+            )
+            .map_err(|e| device_error("create UD QP", e))?;
+        qp.activate_ud(cfg.qkey)
+            .map_err(|e| device_error("activate UD QP", e))?;
+        let rq_room = qp.rq.as_ref().map_or(0, |rq| rq.free());
+        if rq_room < cfg.rq_depth || recv_cq.cq.cqe_cnt() < cfg.rq_depth {
+            return Err(io::Error::other(format!(
+                "mlx5 UD transport: device gave {rq_room} receive WQEs and {} receive CQEs, \
+                 {} needed",
+                recv_cq.cq.cqe_cnt(),
+                cfg.rq_depth
+            )));
+        }
+
+        let rx_stride = (RX_PAYLOAD_OFFSET + port.active_mtu as usize).next_multiple_of(ALIGN);
+        let rx_buf = DmaBuf::new(cfg.rq_depth as usize * rx_stride)
+            .map_err(|e| device_error("receive ring", e))?;
+        let rx_mr = ctx
+            .reg_mr(&pd, rx_buf.as_mut_ptr(), rx_buf.len(), Access::LOCAL_WRITE)
+            .map_err(|e| device_error("register receive ring", e))?;
+        let tx_stride = cfg.mtu.next_multiple_of(ALIGN);
+        let tx_buf = DmaBuf::new(cfg.sq_depth as usize * tx_stride)
+            .map_err(|e| device_error("staging ring", e))?;
+        let tx_mr = ctx
+            .reg_mr(&pd, tx_buf.as_mut_ptr(), tx_buf.len(), Access::empty())
+            .map_err(|e| device_error("register staging ring", e))?;
+
+        let inline_max = MAX_INLINE.min(qp.sq.mem().max_inline as usize);
+        let local = UdAddr::new(port.lid, qp.qpn());
+        let mut t = UdTransport {
+            qp,
+            send_cq,
+            recv_cq,
+            ahs: HashMap::new(),
+            rx_mr,
+            tx_mr,
+            rx_buf,
+            tx_buf,
+            pd,
+            ctx: ctx.clone(),
+            cfg,
+            local,
+            imm: IMM_MAGIC | u32::from(port.lid),
+            inline_max,
+            tx_stride,
+            tx_posted: 0,
+            tx_retired: 0,
+            signaled: SignaledRing::new(cfg.sq_depth as usize),
+            last_dest: None,
+            rx_stride,
+            rx_posted: 0,
+            rx_consumed: 0,
+            rx_meta: vec![RxMeta::default(); cfg.rx_batch].into_boxed_slice(),
+            rx_count: 0,
+            failed: None,
+            stats: TransportStats::default(),
+        };
+        t.repost_receives();
+        if t.rx_posted != u64::from(cfg.rq_depth) {
+            return Err(io::Error::other(
+                "mlx5 UD transport: could not post the receive ring",
+            ));
+        }
+        Ok(t)
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &UdConfig {
+        &self.cfg
+    }
+
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qp.qpn()
+    }
+
+    /// The first error completion seen, if the QP has failed (see the module docs, "Errors").
+    pub fn qp_error(&self) -> Option<CqeError> {
+        self.failed
+    }
+
+    /// Destinations with a cached address handle.
+    pub fn known_destinations(&self) -> usize {
+        self.ahs.len()
+    }
+
+    /// Send WQEs posted and not yet known complete (at most `sq_depth`).
+    pub fn tx_outstanding(&self) -> usize {
+        (self.tx_posted - self.tx_retired) as usize
+    }
+
+    /// Retires completed sends by polling the send CQ; returns the number of send WQEs known
+    /// complete afterwards that were not before. `tx_burst` does this itself when the queue
+    /// runs low; call it to free the send queue without sending.
+    pub fn poll_tx_completions(&mut self) -> usize {
+        let before = self.tx_retired;
+        self.poll_send_cq();
+        (self.tx_retired - before) as usize
+    }
+
+    /// Polls the send CQ: successful CQEs retire the WQEs up to the signaled one they name;
+    /// an error CQE marks the transport failed.
+    fn poll_send_cq(&mut self) {
+        let UdTransport {
+            send_cq,
+            qp,
+            signaled,
+            tx_posted,
+            tx_retired,
+            failed,
+            cfg,
+            ..
+        } = self;
+        let budget = 2 * cfg.sq_depth as usize;
+        send_cq.cq.poll(budget, |c| {
+            qp.sq.retire(c.wqe_counter);
+            if let Err(e) = c.status() {
+                failed.get_or_insert(e);
+                signaled.clear();
+                *tx_retired = *tx_posted;
+                return;
+            }
+            while let Some(s) = signaled.pop() {
+                if s.wqe_index == c.wqe_counter {
+                    *tx_retired = s.seq_after;
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Whether a WQE of `ds` units can be posted now (a free staging slot and WQEBBs).
+    #[inline]
+    fn tx_has_room(&self, ds: u32) -> bool {
+        self.tx_posted - self.tx_retired < u64::from(self.cfg.sq_depth) && self.qp.sq.has_room(ds)
+    }
+
+    /// The address vector for `dest`, creating and caching its address handle on first use.
+    /// `None` if the device refuses to create it.
+    #[inline]
+    fn address_vector(&mut self, dest: UdAddr) -> Option<DgramSeg> {
+        if let Some((a, av)) = self.last_dest
+            && a == dest
+        {
+            return Some(av);
+        }
+        let av = match self.ahs.get(&dest) {
+            Some(ah) => ah.av,
+            None => self.create_ah(dest)?,
+        };
+        self.last_dest = Some((dest, av));
+        Some(av)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn create_ah(&mut self, dest: UdAddr) -> Option<DgramSeg> {
+        match self.ctx.create_ah(&self.pd, &dest.dest(self.cfg.qkey)) {
+            Ok(ah) => {
+                let av = ah.av;
+                self.ahs.insert(dest, ah);
+                Some(av)
+            }
+            Err(e) => {
+                tracing::debug!(%dest, error = %e, "mlx5 UD transport: create_ah failed");
+                None
+            }
+        }
+    }
+
+    /// Posts one UD SEND-with-immediate WQE for `p` to `av` (room was checked).
+    #[inline]
+    fn post_send(&mut self, av: DgramSeg, p: &TxPkt<'_, UdAddr>) -> mlx5::Result<()> {
+        let len = p.len();
+        let seq = self.tx_posted;
+        let ds = send_ds(len, self.inline_max);
+        let sq_depth = u64::from(self.cfg.sq_depth);
+        let full_after = seq + 1 - self.tx_retired >= sq_depth;
+        let low_after = self
+            .qp
+            .sq
+            .free_wqebbs()
+            .saturating_sub(self.qp.sq.wqebbs_needed(ds))
+            < LOW_WQEBBS;
+        let signaled = (seq + 1).is_multiple_of(u64::from(self.cfg.signal_interval))
+            || full_after
+            || low_after;
+        let mut inline = [0u8; MAX_INLINE];
+        let sge;
+        let (inline, sges): (&[u8], &[Sge]) = if len <= self.inline_max {
+            inline[..p.hdr.len()].copy_from_slice(p.hdr);
+            inline[p.hdr.len()..len].copy_from_slice(p.data);
+            (&inline[..len], &[])
+        } else {
+            let off = (seq % sq_depth) as usize * self.tx_stride;
+            // SAFETY: slot `seq % sq_depth` lies inside the staging ring (`sq_depth *
+            // tx_stride` bytes, `len <= mtu <= tx_stride`); the WQE that used it before,
+            // `seq - sq_depth`, is retired (room check: fewer than `sq_depth` outstanding), so
+            // the device no longer reads it.
+            unsafe { self.stage(off, p.hdr, p.data) };
+            sge = [Sge {
+                addr: self.tx_buf.as_ptr() as u64 + off as u64,
+                len: len as u32,
+                lkey: self.tx_mr.lkey,
+            }];
+            (&[], &sge)
+        };
+        let desc = WqeDesc {
+            opcode: Opcode::SendImm,
+            flags: if signaled { CQ_UPDATE } else { 0 },
+            imm: self.imm,
+            ud: Some(av),
+            remote: None,
+            atomic: None,
+            inline,
+            sges,
+        };
+        debug_assert_eq!(desc.ds(), ds);
+        let wqe_index = self.qp.sq.post(&desc)?;
+        self.tx_posted = seq + 1;
+        if signaled {
+            self.signaled.push(Signaled {
+                wqe_index,
+                seq_after: seq + 1,
+            });
+        }
+        self.stats.tx_pkts += 1;
+        self.stats.tx_bytes += len as u64;
+        Ok(())
+    }
+
+    /// Copies `hdr` then `data` into the staging ring at byte `off`.
+    ///
+    /// # Safety
+    /// `off + hdr.len() + data.len()` is within the staging ring and no posted, unretired WQE
+    /// reads those bytes.
+    #[inline]
+    unsafe fn stage(&mut self, off: usize, hdr: &[u8], data: &[u8]) {
+        debug_assert!(off + hdr.len() + data.len() <= self.tx_buf.len());
+        let dst = self.tx_buf.as_mut_ptr();
+        // SAFETY: caller's contract; the source slices are caller memory, never the ring
+        // (it is private to this transport), so they do not overlap it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(hdr.as_ptr(), dst.add(off), hdr.len());
+            std::ptr::copy_nonoverlapping(data.as_ptr(), dst.add(off + hdr.len()), data.len());
+        }
+    }
+
+    /// Re-posts every consumed receive buffer (one doorbell), unless the QP has failed.
+    fn repost_receives(&mut self) {
+        if self.failed.is_some() {
+            return;
+        }
+        let depth = u64::from(self.cfg.rq_depth);
+        let want = depth - (self.rx_posted - self.rx_consumed);
+        if want == 0 {
+            return;
+        }
+        let Some(rq) = self.qp.rq.as_mut() else {
+            return;
+        };
+        let base = self.rx_buf.as_ptr() as u64;
+        let len = (GRH_BYTES + (self.rx_stride - RX_PAYLOAD_OFFSET)) as u32;
+        for _ in 0..want {
+            let buf = self.rx_posted % depth;
+            let sge = Sge {
+                addr: base + buf * self.rx_stride as u64 + RX_GRH_OFFSET as u64,
+                len,
+                lkey: self.rx_mr.lkey,
+            };
+            if rq.post(&[sge]).is_err() {
+                break;
+            }
+            self.rx_posted += 1;
+        }
+        rq.ring_doorbell();
+    }
+}
+
+impl DatagramTransport for UdTransport {
+    type Addr = UdAddr;
+
+    fn mtu(&self) -> usize {
+        self.cfg.mtu
+    }
+
+    fn local_addr(&self) -> UdAddr {
+        self.local
+    }
+
+    fn rx_batch(&self) -> usize {
+        self.cfg.rx_batch
+    }
+
+    fn tx_burst(&mut self, pkts: &[TxPkt<'_, UdAddr>]) -> io::Result<usize> {
+        if let Some((i, p)) = pkts
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.len() > self.cfg.mtu)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "packet {i} is {} bytes, above the UD transport mtu {}",
+                    p.len(),
+                    self.cfg.mtu
+                ),
+            ));
+        }
+        if pkts.is_empty() {
+            return Ok(0);
+        }
+        if self.tx_posted - self.tx_retired + pkts.len() as u64 > u64::from(self.cfg.sq_depth) {
+            self.poll_send_cq();
+        }
+        let mut done = 0;
+        let mut posted = 0;
+        let mut post_error = None;
+        for p in pkts {
+            if self.failed.is_some() {
+                break;
+            }
+            let ds = send_ds(p.len(), self.inline_max);
+            if !self.tx_has_room(ds) {
+                self.poll_send_cq();
+                if self.failed.is_some() {
+                    break;
+                }
+                if !self.tx_has_room(ds) {
+                    self.stats.tx_would_block += 1;
+                    break;
+                }
+            }
+            let Some(av) = self.address_vector(p.dest) else {
+                self.stats.tx_errors += 1;
+                done += 1;
+                continue;
+            };
+            match self.post_send(av, p) {
+                Ok(()) => {
+                    done += 1;
+                    posted += 1;
+                }
+                Err(e) => {
+                    // Room was checked, so this is a driver/provider inconsistency: the
+                    // transport cannot go on sending.
+                    post_error = Some(e);
+                    break;
+                }
+            }
+        }
+        if posted > 0 {
+            self.qp.sq.ring_doorbell();
+            self.stats.tx_calls += 1;
+        }
+        if done == 0 {
+            if let Some(e) = post_error {
+                return Err(device_error("post send WQE", e));
+            }
+            if let Some(e) = self.failed {
+                return Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    format!("mlx5 UD transport: QP {:#x} failed: {e}", self.qp.qpn()),
+                ));
+            }
+        }
+        Ok(done)
+    }
+
+    fn rx_burst(&mut self, max: usize) -> usize {
+        self.rx_release();
+        let n = max.min(self.cfg.rx_batch);
+        if n == 0 {
+            return 0;
+        }
+        let UdTransport {
+            recv_cq,
+            qp,
+            rx_meta,
+            rx_consumed,
+            failed,
+            stats,
+            cfg,
+            ..
+        } = self;
+        let depth = u64::from(cfg.rq_depth);
+        let mtu = cfg.mtu;
+        let mut count = 0;
+        let polled = recv_cq.cq.poll(n, |c| {
+            // Completion `k` of the RQ is receive WQE `k`, whose buffer is `k % rq_depth`.
+            let buf = (*rx_consumed % depth) as u32;
+            *rx_consumed += 1;
+            if let Some(rq) = qp.rq.as_mut() {
+                rq.complete();
+            }
+            if let Err(e) = c.status() {
+                stats.rx_errors += 1;
+                if c.syndrome == Syndrome::WrFlush as u8 {
+                    failed.get_or_insert(e);
+                }
+                return;
+            }
+            if c.opcode != CqeOpcode::RespSendImm as u8 || c.imm & IMM_MAGIC_MASK != IMM_MAGIC {
+                stats.rx_errors += 1;
+                return;
+            }
+            let Some(len) = (c.byte_cnt as usize).checked_sub(GRH_BYTES) else {
+                stats.rx_errors += 1;
+                return;
+            };
+            if len > mtu {
+                stats.rx_oversized += 1;
+                return;
+            }
+            if len < PKT_HDR_LEN {
+                stats.rx_short += 1;
+            }
+            stats.rx_pkts += 1;
+            stats.rx_bytes += len as u64;
+            rx_meta[count] = RxMeta {
+                addr: UdAddr::new(c.imm as u16, c.src_qpn),
+                buf,
+                len: len as u32,
+            };
+            count += 1;
+        });
+        if polled > 0 {
+            self.stats.rx_calls += 1;
+        }
+        self.rx_count = count;
+        count
+    }
+
+    fn rx_pkt(&self, i: usize) -> (UdAddr, &[u8]) {
+        assert!(
+            i < self.rx_count,
+            "rx_pkt({i}) outside the current burst of {}",
+            self.rx_count
+        );
+        let m = self.rx_meta[i];
+        let off = m.buf as usize * self.rx_stride + RX_PAYLOAD_OFFSET;
+        debug_assert!(off + m.len as usize <= self.rx_buf.len());
+        // SAFETY: buffer `m.buf` lies inside the receive ring (`rq_depth * rx_stride` bytes)
+        // and `m.len <= mtu <= rx_stride - RX_PAYLOAD_OFFSET`. Its receive WQE was consumed
+        // (its completion was polled with Acquire ordering, after the device wrote the bytes)
+        // and is re-posted only by `rx_release`/`rx_burst`, which take `&mut self` and so
+        // cannot run while this borrow of `self` lives: nothing writes these bytes meanwhile.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(self.rx_buf.as_ptr().add(off), m.len as usize) };
+        (m.addr, bytes)
+    }
+
+    fn rx_release(&mut self) {
+        self.rx_count = 0;
+        self.repost_receives();
+    }
+
+    fn stats(&self) -> TransportStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use mlx5::queue::{CqMem, RqMem, SqMem, SrqMem};
+    use mlx5::sim::{Fabric, SimConfig, SimDevice};
+    use mlx5::verbs::{Handle, Provider, RcParams, RcRemote};
+
+    use super::*;
+
+    /// A sim device whose `create_ah` fails for one QPN, whose port may report another MTU
+    /// than the fabric's (to provoke a requester length error), and which may create send
+    /// rings for fewer WQEs than asked (so that WQEBBs run out before staging slots).
+    struct Tweaked {
+        inner: SimDevice,
+        fail_ah_qpn: Option<u32>,
+        port_mtu: Option<u32>,
+        max_send_wr: Option<u32>,
+    }
+
+    impl Tweaked {
+        fn new(inner: SimDevice) -> Self {
+            Tweaked {
+                inner,
+                fail_ah_qpn: None,
+                port_mtu: None,
+                max_send_wr: None,
+            }
+        }
+    }
+
+    impl Provider for Tweaked {
+        fn name(&self) -> String {
+            self.inner.name()
+        }
+        fn port(&self) -> PortInfo {
+            let mut p = self.inner.port();
+            if let Some(m) = self.port_mtu {
+                p.active_mtu = m;
+            }
+            p
+        }
+        fn alloc_pd(&self) -> mlx5::Result<Handle> {
+            self.inner.alloc_pd()
+        }
+        fn reg_mr(
+            &self,
+            pd: &Handle,
+            addr: *mut u8,
+            len: usize,
+            access: Access,
+        ) -> mlx5::Result<(Handle, u32, u32)> {
+            self.inner.reg_mr(pd, addr, len, access)
+        }
+        fn create_cq(&self, cqe: u32) -> mlx5::Result<(Handle, CqMem)> {
+            self.inner.create_cq(cqe)
+        }
+        fn create_srq(
+            &self,
+            pd: &Handle,
+            max_wr: u32,
+            max_sge: u32,
+        ) -> mlx5::Result<(Handle, SrqMem)> {
+            self.inner.create_srq(pd, max_wr, max_sge)
+        }
+        fn create_qp(
+            &self,
+            pd: &Handle,
+            init: &QpInit<'_>,
+        ) -> mlx5::Result<(Handle, u32, SqMem, Option<RqMem>)> {
+            let caps = QpCaps {
+                max_send_wr: self.max_send_wr.unwrap_or(init.caps.max_send_wr),
+                ..init.caps
+            };
+            let init = QpInit {
+                qp_type: init.qp_type,
+                send_cq: init.send_cq,
+                recv_cq: init.recv_cq,
+                srq: init.srq,
+                caps,
+            };
+            self.inner.create_qp(pd, &init)
+        }
+        fn connect_rc(
+            &self,
+            qp: &Handle,
+            remote: &RcRemote,
+            params: &RcParams,
+        ) -> mlx5::Result<()> {
+            self.inner.connect_rc(qp, remote, params)
+        }
+        fn activate_ud(&self, qp: &Handle, qkey: u32) -> mlx5::Result<()> {
+            self.inner.activate_ud(qp, qkey)
+        }
+        fn create_ah(&self, pd: &Handle, dest: &UdDest) -> mlx5::Result<(Handle, DgramSeg)> {
+            if Some(dest.qpn) == self.fail_ah_qpn {
+                return Err(mlx5::Error::InvalidArgument(
+                    "injected create_ah failure".into(),
+                ));
+            }
+            self.inner.create_ah(pd, dest)
+        }
+    }
+
+    fn small(sq_depth: u32, rq_depth: u32, rx_batch: usize, signal_interval: u32) -> UdConfig {
+        UdConfig {
+            sq_depth,
+            rq_depth,
+            rx_batch,
+            signal_interval,
+            ..UdConfig::default()
+        }
+    }
+
+    fn transport(f: &Fabric, cfg: UdConfig) -> UdTransport {
+        UdTransport::new(&f.open(), cfg).expect("UD transport")
+    }
+
+    fn pattern(len: usize, seed: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i.wrapping_mul(7) ^ seed.wrapping_mul(13)) as u8)
+            .collect()
+    }
+
+    /// Receives everything waiting, burst by burst; returns (source, bytes) and burst sizes.
+    fn drain(t: &mut UdTransport) -> (Vec<(UdAddr, Vec<u8>)>, Vec<usize>) {
+        let mut got = Vec::new();
+        let mut bursts = Vec::new();
+        loop {
+            let n = t.rx_burst(usize::MAX);
+            if n == 0 {
+                return (got, bursts);
+            }
+            bursts.push(n);
+            for i in 0..n {
+                let (a, b) = t.rx_pkt(i);
+                got.push((a, b.to_vec()));
+            }
+            t.rx_release();
+        }
+    }
+
+    #[test]
+    fn every_size_both_ways_inline_and_gathered() {
+        let f = Fabric::new(SimConfig::default());
+        let mut a = transport(&f, UdConfig::default());
+        let mut b = transport(&f, UdConfig::default());
+        let mtu = a.mtu();
+        assert_eq!(mtu, DEFAULT_MTU);
+        let (aa, ba) = (a.local_addr(), b.local_addr());
+        assert_ne!(aa, ba);
+        // Every length 0..=mtu, split into header and data at varying points (two-part
+        // gather), in bursts of 32, alternating directions.
+        let lens: Vec<usize> = (0..=mtu).collect();
+        let mut expect_short = 0;
+        for (k, chunk) in lens.chunks(32).enumerate() {
+            let (tx, rx, from, to) = if k % 2 == 0 {
+                (&mut a, &mut b, aa, ba)
+            } else {
+                (&mut b, &mut a, ba, aa)
+            };
+            let bufs: Vec<Vec<u8>> = chunk.iter().map(|&l| pattern(l, l)).collect();
+            let pkts: Vec<TxPkt<'_, UdAddr>> = bufs
+                .iter()
+                .map(|v| {
+                    let split = (v.len() % 17).min(v.len());
+                    TxPkt::new(to, &v[..split], &v[split..])
+                })
+                .collect();
+            assert_eq!(tx.tx_burst(&pkts).unwrap(), pkts.len());
+            expect_short += chunk.iter().filter(|&&l| l < PKT_HDR_LEN).count() as u64;
+            let (got, _) = drain(rx);
+            assert_eq!(got.len(), bufs.len());
+            for ((src, bytes), want) in got.iter().zip(&bufs) {
+                assert_eq!(*src, from);
+                assert_eq!(bytes, want, "datagram of {} bytes", want.len());
+            }
+        }
+        let (sa, sb) = (a.stats(), b.stats());
+        let total_bytes: u64 = lens.iter().map(|&l| l as u64).sum();
+        assert_eq!(sa.tx_pkts + sb.tx_pkts, lens.len() as u64);
+        assert_eq!(sa.tx_pkts, sb.rx_pkts);
+        assert_eq!(sb.tx_pkts, sa.rx_pkts);
+        assert_eq!(sa.tx_bytes, sb.rx_bytes);
+        assert_eq!(sb.tx_bytes, sa.rx_bytes);
+        assert_eq!(sa.tx_bytes + sb.tx_bytes, total_bytes);
+        assert_eq!(sa.rx_short + sb.rx_short, expect_short);
+        for s in [sa, sb] {
+            assert_eq!(
+                (s.tx_errors, s.tx_would_block, s.rx_errors, s.rx_oversized),
+                (0, 0, 0, 0)
+            );
+        }
+        // One doorbell per burst.
+        let bursts = lens.len().div_ceil(32) as u64;
+        assert_eq!(sa.tx_calls + sb.tx_calls, bursts);
+        let fs = f.stats();
+        assert_eq!(fs.ud_sent, lens.len() as u64);
+        assert_eq!(fs.ud_delivered, lens.len() as u64);
+        assert_eq!(fs.wqes.send_imm, lens.len() as u64);
+        // Selective signaling: one send CQE per 64 WQEs, plus at most one per 128 for the
+        // "queue full" rule (the queue is polled only when a burst does not fit).
+        let n = fs.ud_sent;
+        let send_cqes = fs.cqes - fs.ud_delivered;
+        assert!(
+            (n / 64..=n / 64 + n / 128 + 1).contains(&send_cqes),
+            "{send_cqes} send CQEs for {n} sends"
+        );
+        assert_eq!(fs.error_cqes, 0);
+        assert_eq!(a.known_destinations(), 1);
+    }
+
+    /// WQE sizes: ctrl + address vector (4 ds), then inline data up to 60 bytes, else one
+    /// data segment (`post_send` asserts that the descriptor it builds has this size).
+    #[test]
+    fn wqe_sizes_inline_up_to_60_bytes() {
+        assert_eq!(send_ds(0, MAX_INLINE), 4);
+        assert_eq!(send_ds(1, MAX_INLINE), 5);
+        assert_eq!(send_ds(12, MAX_INLINE), 5);
+        assert_eq!(send_ds(13, MAX_INLINE), 6);
+        assert_eq!(send_ds(60, MAX_INLINE), 8);
+        assert_eq!(send_ds(61, MAX_INLINE), 5);
+        assert_eq!(send_ds(DEFAULT_MTU, MAX_INLINE), 5);
+        assert_eq!(send_ds(20, 16), 5);
+        // Every WQE fits in 2 WQEBBs (the LOW_WQEBBS reasoning).
+        assert!((0..=4096).all(|l| mlx5::wqe::wqebbs(send_ds(l, MAX_INLINE)) <= 2));
+    }
+
+    #[test]
+    fn burst_larger_than_the_send_queue_is_partial_then_completes() {
+        for signal_interval in [16, 5, 1] {
+            let f = Fabric::new(SimConfig::default());
+            let mut a = transport(&f, small(16, 64, 64, signal_interval));
+            let mut b = transport(&f, small(16, 64, 64, signal_interval));
+            let to = b.local_addr();
+            let bufs: Vec<Vec<u8>> = (0..40)
+                .map(|i| pattern(if i % 3 == 0 { 20 } else { 200 }, i))
+                .collect();
+            let pkts: Vec<_> = bufs.iter().map(|v| TxPkt::single(to, v)).collect();
+            let mut got = Vec::new();
+            let mut sent = 0;
+            let mut rounds = 0;
+            while sent < pkts.len() {
+                rounds += 1;
+                assert!(rounds < 10, "send queue never drained");
+                let n = a.tx_burst(&pkts[sent..]).unwrap();
+                assert!(n <= 16, "at most sq_depth WQEs in flight, got {n}");
+                assert!(a.tx_outstanding() <= 16);
+                assert!(n > 0, "signal_interval {signal_interval}: stuck at {sent}");
+                sent += n;
+                got.extend(drain(&mut b).0.into_iter().map(|(_, v)| v));
+            }
+            assert_eq!(got, bufs, "signal_interval {signal_interval}");
+            let s = a.stats();
+            assert_eq!(s.tx_pkts, 40);
+            assert_eq!(s.tx_would_block, 2);
+            assert_eq!(s.tx_calls, 3);
+            // Only the unsignaled tail after the last signaled WQE stays outstanding.
+            a.poll_tx_completions();
+            assert!(
+                a.tx_outstanding() < signal_interval as usize,
+                "{} outstanding",
+                a.tx_outstanding()
+            );
+        }
+    }
+
+    #[test]
+    fn many_small_bursts_never_wedge_the_send_queue() {
+        // Only the "queue low" rule signals when the interval equals the depth and bursts do
+        // not divide it; every burst must still make progress.
+        let f = Fabric::new(SimConfig::default());
+        let mut a = transport(&f, small(16, 64, 64, 16));
+        let mut b = transport(&f, small(16, 64, 64, 16));
+        let to = b.local_addr();
+        let data = [0x5au8; 100];
+        let pkts = [TxPkt::single(to, &data); 7];
+        let mut total = 0;
+        for _ in 0..300 {
+            let n = a.tx_burst(&pkts).unwrap();
+            assert!(n > 0);
+            total += n;
+            drain(&mut b);
+        }
+        assert_eq!(b.stats().rx_pkts, total as u64);
+        assert_eq!(f.stats().ud_no_recv, 0);
+    }
+
+    /// A send ring of 64 WQEBBs (the provider sized it for 16 WQEs of 3 WQEBBs) holds 32 of
+    /// this transport's 2-WQEBB WQEs, fewer than its 64 staging slots, and the interval (64)
+    /// signals none of them: only the "queue low" rule keeps the queue from filling with
+    /// unsignaled WQEs that nothing would ever retire.
+    #[test]
+    fn send_ring_short_of_wqebbs_still_drains() {
+        let f = Fabric::new(SimConfig::default());
+        let ctx = Context::new(Arc::new(Tweaked {
+            max_send_wr: Some(16),
+            ..Tweaked::new(f.open_device())
+        }));
+        let mut a = UdTransport::new(&ctx, small(64, 64, 64, 64)).unwrap();
+        assert_eq!(a.qp.sq.wqe_cnt(), 64);
+        let mut b = transport(&f, UdConfig::default());
+        let to = b.local_addr();
+        let data = [0xc3u8; 100]; // gathered: ds 5, 2 WQEBBs
+        let pkts = [TxPkt::single(to, &data); 40];
+        let mut total = 0;
+        for round in 0..20 {
+            let n = a.tx_burst(&pkts).unwrap();
+            assert!(n > 0, "round {round}: send queue wedged");
+            assert!(n <= 32, "{n} WQEs of 2 WQEBBs in a 64-WQEBB ring");
+            total += n;
+            assert_eq!(drain(&mut b).0.len(), n);
+        }
+        assert_eq!(a.stats().tx_pkts, total as u64);
+        assert!(a.stats().tx_would_block > 0);
+    }
+
+    #[test]
+    fn rx_bursts_are_capped_at_rx_batch() {
+        let f = Fabric::new(SimConfig::default());
+        let mut a = transport(&f, UdConfig::default());
+        let mut b = transport(&f, small(128, 64, 16, 64));
+        let to = b.local_addr();
+        let bufs: Vec<Vec<u8>> = (0..40).map(|i| pattern(16 + i, i)).collect();
+        let pkts: Vec<_> = bufs.iter().map(|v| TxPkt::single(to, v)).collect();
+        assert_eq!(a.tx_burst(&pkts).unwrap(), 40);
+        assert_eq!(b.rx_burst(0), 0);
+        assert_eq!(b.rx_burst(5), 5);
+        let first: Vec<Vec<u8>> = (0..5).map(|i| b.rx_pkt(i).1.to_vec()).collect();
+        assert_eq!(first, bufs[..5]);
+        let (rest, bursts) = drain(&mut b);
+        assert_eq!(bursts, [16, 16, 3]);
+        let rest: Vec<Vec<u8>> = rest.into_iter().map(|(_, v)| v).collect();
+        assert_eq!(rest, bufs[5..]);
+        assert_eq!(b.stats().rx_calls, 4);
+        // Every buffer was re-posted: a full ring's worth arrives again.
+        let again: Vec<_> = (0..64).map(|_| TxPkt::single(to, &bufs[0])).collect();
+        let mut sent = 0;
+        while sent < 64 {
+            sent += a.tx_burst(&again[sent..]).unwrap();
+        }
+        assert_eq!(drain(&mut b).0.len(), 64);
+        assert_eq!(f.stats().ud_no_recv, 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the current burst")]
+    fn rx_pkt_after_release_panics() {
+        let f = Fabric::new(SimConfig::default());
+        let mut a = transport(&f, UdConfig::default());
+        let mut b = transport(&f, UdConfig::default());
+        a.tx_burst(&[TxPkt::single(b.local_addr(), &[1; 20])])
+            .unwrap();
+        assert_eq!(b.rx_burst(8), 1);
+        b.rx_release();
+        let _ = b.rx_pkt(0);
+    }
+
+    #[test]
+    fn unknown_destinations_are_per_packet_drops() {
+        let f = Fabric::new(SimConfig::default());
+        let mut a = transport(&f, UdConfig::default());
+        let mut b = transport(&f, UdConfig::default());
+        let c = transport(&f, UdConfig::default());
+        let good = b.local_addr();
+        let gone = c.local_addr();
+        drop(c);
+        let bad_qpn = UdAddr::new(good.lid, 0x00ab_cdef);
+        let bad_lid = UdAddr::new(0x0777, good.qpn);
+        let x = [9u8; 300];
+        let pkts = [
+            TxPkt::single(bad_qpn, &x),
+            TxPkt::single(good, &x[..30]),
+            TxPkt::single(bad_lid, &x[..10]),
+            TxPkt::single(gone, &x),
+            TxPkt::single(good, &x),
+        ];
+        assert_eq!(a.tx_burst(&pkts).unwrap(), 5);
+        let (got, _) = drain(&mut b);
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].1.len(), got[1].1.len()), (30, 300));
+        let fs = f.stats();
+        assert_eq!((fs.ud_sent, fs.ud_no_dest, fs.ud_delivered), (5, 3, 2));
+        let s = a.stats();
+        assert_eq!((s.tx_pkts, s.tx_errors), (5, 0));
+        assert_eq!(a.known_destinations(), 4);
+        assert!(a.qp_error().is_none());
+    }
+
+    #[test]
+    fn address_handle_failure_drops_and_counts_the_packet() {
+        let f = Fabric::new(SimConfig::default());
+        let mut b = transport(&f, UdConfig::default());
+        let poisoned = 0x00fe_dcba;
+        let ctx = Context::new(Arc::new(Tweaked {
+            fail_ah_qpn: Some(poisoned),
+            ..Tweaked::new(f.open_device())
+        }));
+        let mut a = UdTransport::new(&ctx, UdConfig::default()).unwrap();
+        let to = b.local_addr();
+        let bad = UdAddr::new(to.lid, poisoned);
+        let x = [3u8; 64];
+        let pkts = [
+            TxPkt::single(to, &x),
+            TxPkt::single(bad, &x),
+            TxPkt::single(to, &x),
+            TxPkt::single(bad, &x),
+        ];
+        assert_eq!(a.tx_burst(&pkts).unwrap(), 4);
+        let s = a.stats();
+        assert_eq!((s.tx_pkts, s.tx_errors), (2, 2));
+        assert_eq!(a.known_destinations(), 1);
+        assert_eq!(drain(&mut b).0.len(), 2);
+    }
+
+    #[test]
+    fn oversized_datagrams_are_dropped_and_counted() {
+        let f = Fabric::new(SimConfig::default());
+        let mut a = transport(&f, UdConfig::default());
+        // The peer may use the whole port MTU.
+        let mut big = transport(
+            &f,
+            UdConfig {
+                mtu: 4096,
+                ..UdConfig::default()
+            },
+        );
+        let x = pattern(4096, 1);
+        let to = a.local_addr();
+        let pkts = [
+            TxPkt::single(to, &x[..DEFAULT_MTU + 1]),
+            TxPkt::single(to, &x),
+            TxPkt::single(to, &x[..DEFAULT_MTU]),
+        ];
+        assert_eq!(big.tx_burst(&pkts).unwrap(), 3);
+        let (got, _) = drain(&mut a);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].1, x[..DEFAULT_MTU]);
+        let s = a.stats();
+        assert_eq!((s.rx_oversized, s.rx_pkts, s.rx_errors), (2, 1, 0));
+        assert!(a.qp_error().is_none());
+        // Sending above our own MTU is a caller error; nothing is sent.
+        let err = a
+            .tx_burst(&[
+                TxPkt::single(big.local_addr(), &x[..10]),
+                TxPkt::new(big.local_addr(), &x[..16], &x[16..DEFAULT_MTU + 1]),
+            ])
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(a.stats().tx_pkts, 0);
+    }
+
+    /// Datagrams from a plain UD QP: without the transport's immediate they are dropped; with
+    /// it, and with a GRH, the GRH is skipped and the source is the sender's LID and QPN.
+    #[test]
+    fn foreign_senders_and_grh() {
+        let f = Fabric::new(SimConfig::default());
+        let mut t = transport(&f, UdConfig::default());
+        let ctx = f.open();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let mut qp = ctx
+            .create_qp(
+                &pd,
+                &QpInit {
+                    qp_type: QpType::Ud,
+                    send_cq: &cq,
+                    recv_cq: &cq,
+                    srq: None,
+                    caps: QpCaps::default(),
+                },
+            )
+            .unwrap();
+        qp.activate_ud(DEFAULT_QKEY).unwrap();
+        let mut dest = t.local_addr().dest(DEFAULT_QKEY);
+        let plain = ctx.create_ah(&pd, &dest).unwrap().av;
+        dest.gid = f.open().port().gid; // any non-zero GID: the AV carries a GRH
+        let with_grh = ctx.create_ah(&pd, &dest).unwrap().av;
+        assert!(with_grh.grh && !plain.grh);
+        let lid = ctx.port().lid;
+        let sends = [
+            (Opcode::Send, 0, plain, &b"no immediate"[..]),
+            (
+                Opcode::SendImm,
+                0x1234_0000 | u32::from(lid),
+                plain,
+                b"bad magic",
+            ),
+            (
+                Opcode::SendImm,
+                IMM_MAGIC | u32::from(lid),
+                with_grh,
+                b"with a GRH",
+            ),
+            (Opcode::SendImm, IMM_MAGIC | u32::from(lid), plain, b"plain"),
+        ];
+        for (opcode, imm, av, payload) in sends {
+            qp.sq
+                .post(&WqeDesc {
+                    opcode,
+                    flags: 0,
+                    imm,
+                    ud: Some(av),
+                    remote: None,
+                    atomic: None,
+                    inline: payload,
+                    sges: &[],
+                })
+                .unwrap();
+        }
+        qp.sq.ring_doorbell();
+        let (got, _) = drain(&mut t);
+        let from = UdAddr::new(lid, qp.qpn());
+        assert_eq!(
+            got,
+            [(from, b"with a GRH".to_vec()), (from, b"plain".to_vec())]
+        );
+        assert_eq!(t.stats().rx_errors, 2);
+        // Replies reach the foreign QP at the reported address.
+        let mut rq = qp.rq.take().unwrap();
+        let buf = DmaBuf::new(4096).unwrap();
+        let mr = ctx
+            .reg_mr(&pd, buf.as_mut_ptr(), 4096, Access::LOCAL_WRITE)
+            .unwrap();
+        rq.post(&[Sge {
+            addr: buf.as_ptr() as u64,
+            len: 4096,
+            lkey: mr.lkey,
+        }])
+        .unwrap();
+        rq.ring_doorbell();
+        assert_eq!(t.tx_burst(&[TxPkt::single(from, b"reply")]).unwrap(), 1);
+        let mut seen = None;
+        cq.cq.poll(4, |c| {
+            if c.opcode == CqeOpcode::RespSendImm as u8 {
+                seen = Some((c.imm, c.src_qpn, c.byte_cnt));
+            }
+        });
+        let own = t.local_addr();
+        assert_eq!(
+            seen,
+            Some((IMM_MAGIC | u32::from(own.lid), own.qpn, 40 + 5))
+        );
+        // SAFETY: the receive completed; nothing writes the buffer any more.
+        assert_eq!(unsafe { &buf.as_slice()[40..45] }, b"reply");
+        drop(cq);
+    }
+
+    /// A requester error (here: a datagram above the fabric's real MTU, which the tweaked port
+    /// hides) puts the QP in the error state: the transport reports it and stops.
+    #[test]
+    fn send_error_fails_the_transport_without_panicking() {
+        let f = Fabric::new(SimConfig {
+            mtu: 1024,
+            ..SimConfig::default()
+        });
+        let ctx = Context::new(Arc::new(Tweaked {
+            port_mtu: Some(4096),
+            ..Tweaked::new(f.open_device())
+        }));
+        let mut a = UdTransport::new(&ctx, UdConfig::default()).unwrap();
+        let b = transport(
+            &f,
+            UdConfig {
+                mtu: 1024,
+                ..UdConfig::default()
+            },
+        );
+        let x = [1u8; 2000];
+        assert_eq!(a.tx_burst(&[TxPkt::single(b.local_addr(), &x)]).unwrap(), 1);
+        a.poll_tx_completions();
+        let e = a.qp_error().expect("requester error seen");
+        assert_eq!(
+            e.kind,
+            mlx5::cqe::CqeErrorKind::Known(Syndrome::LocalLength)
+        );
+        let err = a
+            .tx_burst(&[TxPkt::single(b.local_addr(), &x[..10])])
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+        // The posted receives are flushed (after a progress step) and not re-posted.
+        f.progress();
+        let mut flushed = 0;
+        for _ in 0..100 {
+            assert_eq!(a.rx_burst(64), 0);
+            flushed = a.stats().rx_errors;
+        }
+        assert_eq!(flushed, u64::from(DEFAULT_RQ_DEPTH));
+    }
+
+    #[test]
+    fn config_validation() {
+        let f = Fabric::new(SimConfig {
+            mtu: 2048,
+            ..SimConfig::default()
+        });
+        let ctx = f.open();
+        let port = ctx.port();
+        let bad = |c: UdConfig| UdTransport::new(&ctx, c).unwrap_err().kind();
+        // The default MTU exceeds this port's; for_port caps it.
+        assert_eq!(bad(UdConfig::default()), io::ErrorKind::InvalidInput);
+        let ok = UdConfig::for_port(&port);
+        assert_eq!(ok.mtu, 2048);
+        for c in [
+            UdConfig { mtu: 15, ..ok },
+            UdConfig { sq_depth: 0, ..ok },
+            UdConfig {
+                sq_depth: MAX_SQ_DEPTH + 1,
+                ..ok
+            },
+            UdConfig {
+                rq_depth: 100,
+                ..ok
+            },
+            UdConfig {
+                rq_depth: 2 * MAX_RQ_DEPTH,
+                ..ok
+            },
+            UdConfig { rx_batch: 0, ..ok },
+            UdConfig {
+                rx_batch: 513,
+                ..ok
+            },
+            UdConfig {
+                signal_interval: 0,
+                ..ok
+            },
+            UdConfig {
+                signal_interval: 129,
+                ..ok
+            },
+        ] {
+            assert_eq!(bad(c), io::ErrorKind::InvalidInput, "{c:?}");
+        }
+        let t = UdTransport::new(&ctx, ok).unwrap();
+        assert_eq!((t.mtu(), t.rx_batch()), (2048, DEFAULT_RX_BATCH));
+        assert_eq!(t.local_addr(), UdAddr::new(port.lid, t.qpn()));
+        let mut roce = port;
+        roce.link_layer = LinkLayer::Ethernet;
+        assert_eq!(
+            ok.validate(&roce).unwrap_err().kind(),
+            io::ErrorKind::Unsupported
+        );
+    }
+
+    #[test]
+    fn transport_is_send_and_works_from_another_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<UdTransport>();
+        let f = Fabric::new(SimConfig::default());
+        let mut a = transport(&f, UdConfig::default());
+        let b = transport(&f, UdConfig::default());
+        let to = b.local_addr();
+        let h = std::thread::spawn(move || {
+            let mut b = b;
+            let mut got = 0;
+            while got < 100 {
+                got += b.rx_burst(32);
+                std::thread::yield_now();
+            }
+            b
+        });
+        let x = [7u8; 500];
+        let mut sent = 0;
+        while sent < 100 {
+            let n = a.tx_burst(&[TxPkt::single(to, &x); 10]).unwrap();
+            sent += n;
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let b = h.join().unwrap();
+        assert_eq!(b.stats().rx_pkts, 100);
+    }
+}

@@ -1,0 +1,477 @@
+//! End-to-end eRPC over mlx5 UD on the device model: [`Endpoint`] (core + event loop) over
+//! [`UdTransport`] on both sides of one [`Fabric`], the server in its own thread. The same
+//! scenarios as `erpc_udp_e2e.rs`: small echo RPCs, large messages (up to the core's 8 MiB
+//! maximum) both ways, many sessions, 30% loss with duplication and reordering (by the model's
+//! UD fault injection, and by `LossyTransport` around the UD transport) with every RPC
+//! executed exactly once, and server failure (every pending call fails within the failure
+//! timeout).
+//!
+//! What the tests rely on from the model: a UD SEND is executed inside the sender's doorbell
+//! (`tx_burst`), so a datagram is in the receiver's ring when `tx_burst` returns; datagrams
+//! that fault injection delays or reorders are delivered at later progress steps, which every
+//! doorbell on the fabric makes. While RPCs are outstanding, eRPC's retransmission timer
+//! keeps ringing doorbells, so no progress thread is needed.
+//!
+//! Every loop here yields its thread after an iteration that found no work ([`spin`]): the
+//! model moves a datagram in the sender's thread, so a round trip needs the server's and the
+//! client's busy-polling threads to run in turn, and on a loaded 2-core machine (parallel
+//! tests, other builds) two spinning threads sharing a core otherwise take turns only once
+//! per scheduler time slice (milliseconds), far above eRPC's 5 ms retransmission timeout.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use mlx5::sim::{Fabric, SimConfig, UdFaults};
+use rpc_runtime::erpc::core::{Config, Event, MS, RpcError, SessionId};
+use rpc_runtime::erpc::event_loop::Endpoint;
+use rpc_runtime::erpc::transport::DatagramTransport;
+use rpc_runtime::erpc::transport::lossy::{LossConfig, LossyTransport};
+use rpc_runtime::erpc::transport::ud::{DEFAULT_MTU, UdAddr, UdConfig, UdTransport};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn fabric() -> Fabric {
+    Fabric::new(SimConfig::default())
+}
+
+/// One event-loop iteration; yields the thread if it found nothing to do (see the module
+/// docs).
+fn spin<T: DatagramTransport>(ep: &mut Endpoint<T>) {
+    if ep.run_event_loop_once() == 0 {
+        thread::yield_now();
+    }
+}
+
+/// A UD transport with eRPC's defaults on a new simulated NIC of `f`.
+fn ud(f: &Fabric) -> UdTransport {
+    UdTransport::new(&f.open(), UdConfig::default()).expect("UD transport")
+}
+
+/// Request/response payload: `client id | tag | pattern`.
+fn payload(client: u64, tag: u64, len: usize) -> Vec<u8> {
+    let len = len.max(16);
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&client.to_le_bytes());
+    v.extend_from_slice(&tag.to_le_bytes());
+    v.extend((16..len).map(|i| (i as u64).wrapping_mul(31).wrapping_add(tag) as u8));
+    v
+}
+
+fn parse(data: &[u8]) -> (u64, u64) {
+    let c = u64::from_le_bytes(data[..8].try_into().unwrap());
+    let t = u64::from_le_bytes(data[8..16].try_into().unwrap());
+    (c, t)
+}
+
+/// Handler executions per (client id, tag).
+type Counts = Arc<Mutex<HashMap<(u64, u64), u32>>>;
+
+struct Server<T: DatagramTransport> {
+    addr: T::Addr,
+    stop: Arc<AtomicBool>,
+    counts: Counts,
+    handle: thread::JoinHandle<Endpoint<T>>,
+}
+
+/// An echo server running in its own thread until `stop`, or until it handled `stop_after`
+/// requests (then it stops answering, i.e. fails, with the last request unanswered).
+fn spawn_server<T>(transport: T, cfg: Config, stop_after: Option<u64>) -> Server<T>
+where
+    T: DatagramTransport + Send + 'static,
+    T::Addr: Send,
+{
+    let mut ep = Endpoint::new(transport, cfg).expect("server config");
+    let addr = ep.local_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts: Counts = Arc::default();
+    let (s2, c2) = (stop.clone(), counts.clone());
+    let handle = thread::spawn(move || {
+        let mut handled = 0u64;
+        while !s2.load(Ordering::Relaxed) {
+            spin(&mut ep);
+            while let Some(ev) = ep.poll_event() {
+                if let Event::Request { token, data, .. } = ev {
+                    *c2.lock().unwrap().entry(parse(&data)).or_insert(0) += 1;
+                    handled += 1;
+                    if stop_after.is_some_and(|n| handled >= n) {
+                        s2.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                    ep.reply(token, &data).expect("reply");
+                }
+            }
+        }
+        ep
+    });
+    Server {
+        addr,
+        stop,
+        counts,
+        handle,
+    }
+}
+
+impl<T: DatagramTransport> Server<T> {
+    fn finish(self) -> (Endpoint<T>, HashMap<(u64, u64), u32>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let ep = self.handle.join().expect("server thread");
+        let counts = std::mem::take(&mut *self.counts.lock().unwrap());
+        (ep, counts)
+    }
+}
+
+/// Opens `n` sessions to `peer` and waits until all are connected.
+fn connect<T: DatagramTransport>(ep: &mut Endpoint<T>, peer: T::Addr, n: usize) -> Vec<SessionId> {
+    let sessions: Vec<_> = (0..n)
+        .map(|_| ep.create_session(peer).expect("create_session"))
+        .collect();
+    let start = Instant::now();
+    let mut connected = 0;
+    while connected < n {
+        assert!(start.elapsed() < DEADLINE, "connect timed out");
+        spin(ep);
+        while let Some(ev) = ep.poll_event() {
+            match ev {
+                Event::SessionConnected(_) => connected += 1,
+                other => panic!("unexpected event while connecting: {other:?}"),
+            }
+        }
+    }
+    sessions
+}
+
+/// Issues `calls` (session index, length) with at most `window` outstanding, checks every
+/// response byte for byte and that each tag completes exactly once.
+fn run_calls<T: DatagramTransport>(
+    ep: &mut Endpoint<T>,
+    client: u64,
+    sessions: &[SessionId],
+    calls: &[(usize, usize)],
+    window: usize,
+) {
+    // Payloads are built up front: building 8 MiB in a debug build between loop iterations
+    // would stall the event loop.
+    let mut payloads: Vec<Option<Vec<u8>>> = calls
+        .iter()
+        .enumerate()
+        .map(|(tag, &(_, len))| Some(payload(client, tag as u64, len)))
+        .collect();
+    let mut outstanding: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut next = 0usize;
+    let mut done = 0usize;
+    let start = Instant::now();
+    while done < calls.len() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "calls timed out: {done}/{} done, stats {:?} {:?} {:?}",
+            calls.len(),
+            ep.core_stats(),
+            ep.loop_stats(),
+            ep.transport().stats()
+        );
+        while next < calls.len() && outstanding.len() < window {
+            let s = calls[next].0;
+            let tag = next as u64;
+            let p = payloads[next].take().expect("payload");
+            ep.enqueue_request(sessions[s], 7, &p, tag)
+                .expect("enqueue");
+            outstanding.insert(tag, p);
+            next += 1;
+        }
+        spin(ep);
+        while let Some(ev) = ep.poll_event() {
+            match ev {
+                Event::Response { session, tag, data } => {
+                    let want = outstanding
+                        .remove(&tag)
+                        .unwrap_or_else(|| panic!("response for tag {tag} not outstanding"));
+                    assert_eq!(session, sessions[calls[tag as usize].0]);
+                    assert!(data == want, "response of tag {tag} differs");
+                    done += 1;
+                }
+                other => panic!("unexpected client event: {other:?}"),
+            }
+        }
+    }
+}
+
+/// The default core configuration with a failure timeout long enough that a loop starved by
+/// a loaded machine (parallel tests on 2 cores, debug build) is not mistaken for a dead peer.
+fn patient() -> Config {
+    Config {
+        failure_timeout: 5_000 * MS,
+        ..Config::default()
+    }
+}
+
+/// Transport counters of a run without loss: nothing dropped or refused anywhere.
+fn assert_clean(name: &str, t: &UdTransport) {
+    let s = t.stats();
+    assert_eq!(
+        (s.tx_errors, s.rx_errors, s.rx_oversized, s.rx_short),
+        (0, 0, 0, 0),
+        "{name}: {s:?}"
+    );
+    assert!(t.qp_error().is_none(), "{name}");
+}
+
+#[test]
+fn small_echo_10k() {
+    let f = fabric();
+    let server = spawn_server(ud(&f), patient(), None);
+    let mut client = Endpoint::new(ud(&f), patient()).unwrap();
+    let s = connect(&mut client, server.addr, 1);
+    let calls: Vec<_> = (0..10_000).map(|i| (0, 16 + i % 48)).collect();
+    let t = Instant::now();
+    run_calls(&mut client, 1, &s, &calls, 32);
+    eprintln!(
+        "10k small echoes over UD in {:?}; client transport {:?}",
+        t.elapsed(),
+        client.transport().stats()
+    );
+    let (sep, counts) = server.finish();
+    assert_eq!(counts.len(), 10_000);
+    assert!(counts.values().all(|&c| c == 1));
+    assert_clean("client", client.transport());
+    assert_clean("server", sep.transport());
+    // Requests of 16..64 bytes plus the 16-byte header: some inline (<= 60 B), some not;
+    // one doorbell carries several datagrams on average only if batching works at all.
+    let cs = client.transport().stats();
+    assert!(cs.tx_pkts >= 10_000 && cs.tx_calls <= cs.tx_pkts);
+    let fs = f.stats();
+    assert_eq!(fs.ud_sent, fs.ud_delivered + fs.ud_no_recv);
+}
+
+#[test]
+fn large_messages() {
+    // 8 MiB (the core's maximum) at the 3840-byte UD MTU is ~2200 packets each way.
+    let max = 8 << 20;
+    let cfg = Config {
+        failure_timeout: 5_000 * MS,
+        ..Config::default()
+    };
+    let f = fabric();
+    let server = spawn_server(ud(&f), cfg.clone(), None);
+    let mut client = Endpoint::new(ud(&f), cfg).unwrap();
+    let s = connect(&mut client, server.addr, 2);
+    let dpp = client.rpc().data_per_pkt();
+    assert_eq!(dpp, DEFAULT_MTU - 16);
+    let calls = [
+        (0, dpp),
+        (1, dpp + 1),
+        (0, 100_000),
+        (1, max - 1),
+        (0, max),
+        (1, 3 * dpp - 1),
+    ];
+    let t = Instant::now();
+    run_calls(&mut client, 2, &s, &calls, 2);
+    eprintln!("large messages (max {max} B) over UD in {:?}", t.elapsed());
+    let (sep, counts) = server.finish();
+    assert_eq!(counts.len(), calls.len());
+    assert_clean("client", client.transport());
+    assert_clean("server", sep.transport());
+    // Both directions carried the 8 MiB message: well over 2 x 8 MiB of datagrams each way.
+    assert!(client.transport().stats().tx_bytes > 16 << 20);
+    assert!(sep.transport().stats().tx_bytes > 16 << 20);
+}
+
+#[test]
+fn many_sessions() {
+    let f = fabric();
+    let server = spawn_server(ud(&f), patient(), None);
+    let mut client = Endpoint::new(ud(&f), patient()).unwrap();
+    let s = connect(&mut client, server.addr, 64);
+    let calls: Vec<_> = (0..64 * 30)
+        .map(|i| (i % 64, 16 + (i * 37) % 3000))
+        .collect();
+    let t = Instant::now();
+    run_calls(&mut client, 4, &s, &calls, 256);
+    eprintln!("64 sessions x 30 calls over UD in {:?}", t.elapsed());
+    let (ep, counts) = server.finish();
+    assert_eq!(ep.rpc().num_sessions(), 64);
+    assert_eq!(counts.len(), calls.len());
+    assert!(counts.values().all(|&c| c == 1));
+    // One address handle per peer endpoint, however many sessions.
+    assert_eq!(client.transport().known_destinations(), 1);
+    assert_eq!(ep.transport().known_destinations(), 1);
+}
+
+/// Runs 400 calls over 4 sessions at 30% loss and checks exactly-once execution.
+fn lossy_run<T>(server_t: T, client_t: T) -> (Endpoint<T>, Endpoint<T>)
+where
+    T: DatagramTransport + Send + 'static,
+    T::Addr: Send,
+{
+    let cfg = Config {
+        failure_timeout: 5_000 * MS,
+        keepalive: 20 * MS,
+        ..Config::default()
+    };
+    let server = spawn_server(server_t, cfg.clone(), None);
+    let mut client = Endpoint::new(client_t, cfg).unwrap();
+    let s = connect(&mut client, server.addr, 4);
+    let calls: Vec<_> = (0..400)
+        .map(|i| (i % 4, if i % 10 == 0 { 10_000 } else { 16 + i % 200 }))
+        .collect();
+    let t = Instant::now();
+    run_calls(&mut client, 5, &s, &calls, 32);
+    eprintln!(
+        "400 calls at 30% loss in {:?}; core {:?}",
+        t.elapsed(),
+        client.core_stats()
+    );
+    let (sep, counts) = server.finish();
+    assert_eq!(counts.len(), calls.len());
+    for (k, c) in &counts {
+        assert_eq!(*c, 1, "handler for {k:?} ran {c} times");
+    }
+    assert!(sep.core_stats().dup_req_answered > 0);
+    assert!(client.core_stats().rollbacks > 0);
+    (sep, client)
+}
+
+/// The NIC model loses 30% of all UD datagrams (both directions share the fabric), and
+/// duplicates, reorders and delays others.
+#[test]
+fn model_loss_dup_reorder_exactly_once() {
+    let f = Fabric::new(SimConfig {
+        ud_faults: Some(UdFaults {
+            seed: 0x5eed,
+            drop: 0.3,
+            duplicate: 0.05,
+            reorder: 0.1,
+            delay: 0.1,
+            max_delay: 8,
+        }),
+        ..SimConfig::default()
+    });
+    let (sep, client) = lossy_run(ud(&f), ud(&f));
+    let fs = f.stats();
+    eprintln!("fabric faults {fs:?}");
+    assert!(fs.ud_drops > 0 && fs.ud_dups > 0 && fs.ud_reorders > 0 && fs.ud_delays > 0);
+    // Drops happened in both directions: each side received fewer datagrams than the other
+    // sent, although duplicates add some.
+    let (cs, ss) = (client.transport().stats(), sep.transport().stats());
+    assert!(
+        ss.rx_pkts < cs.tx_pkts && cs.rx_pkts < ss.tx_pkts,
+        "{cs:?} {ss:?}"
+    );
+}
+
+/// `LossyTransport` around the UD transport: 30% loss each way on transmit and receive,
+/// duplication, hold-back reordering and shuffled receive bursts.
+#[test]
+fn lossy_wrapper_loss_dup_reorder_exactly_once() {
+    let f = fabric();
+    let loss = |seed| LossConfig {
+        seed,
+        ..LossConfig::default()
+    };
+    let (_sep, client) = lossy_run(
+        LossyTransport::new(ud(&f), loss(11)),
+        LossyTransport::new(ud(&f), loss(22)),
+    );
+    let ls = client.transport().loss_stats();
+    eprintln!("client faults {ls:?}");
+    assert!(ls.tx_dropped > 0 && ls.rx_dropped > 0 && ls.tx_duplicated > 0);
+    assert!(ls.tx_delayed > 0 && ls.rx_shuffled > 0);
+}
+
+#[test]
+fn server_failure_fails_pending_calls() {
+    let failure_timeout = 300 * MS;
+    let cfg = Config {
+        failure_timeout,
+        keepalive: 50 * MS,
+        ..Config::default()
+    };
+    let f = fabric();
+    // The server handles 40 requests, then stops with the 40th unanswered.
+    let server = spawn_server(ud(&f), cfg.clone(), Some(40));
+    let stopped = server.stop.clone();
+    let mut client = Endpoint::new(ud(&f), cfg).unwrap();
+    let sessions = connect(&mut client, server.addr, 4);
+    let n = 200u64;
+    for tag in 0..n {
+        let s = sessions[(tag % 4) as usize];
+        client
+            .enqueue_request(s, 1, &payload(6, tag, 64), tag)
+            .unwrap();
+    }
+    let mut outcome: HashMap<u64, Result<(), RpcError>> = HashMap::new();
+    let mut failed_sessions = 0;
+    let mut stop_seen: Option<Instant> = None;
+    let start = Instant::now();
+    let mut last_fail = start;
+    while failed_sessions < sessions.len() {
+        assert!(start.elapsed() < DEADLINE, "failure not detected");
+        if stop_seen.is_none() && stopped.load(Ordering::Relaxed) {
+            stop_seen = Some(Instant::now());
+        }
+        spin(&mut client);
+        while let Some(ev) = client.poll_event() {
+            match ev {
+                Event::Response { tag, data, .. } => {
+                    assert_eq!(data, payload(6, tag, 64));
+                    assert!(outcome.insert(tag, Ok(())).is_none(), "tag {tag} twice");
+                }
+                Event::RequestFailed { tag, error, .. } => {
+                    assert_eq!(error, RpcError::PeerFailed);
+                    assert!(outcome.insert(tag, Err(error)).is_none(), "tag {tag} twice");
+                    last_fail = Instant::now();
+                }
+                Event::SessionFailed { error, .. } => {
+                    assert_eq!(error, RpcError::PeerFailed);
+                    failed_sessions += 1;
+                }
+                other => panic!("unexpected event {other:?}"),
+            }
+        }
+    }
+    let stop_seen = stop_seen.expect("server stopped");
+    let (_, counts) = server.finish();
+    let detect = last_fail - stop_seen;
+    eprintln!("server failure detected {detect:?} after it stopped");
+    assert_eq!(
+        outcome.len() as u64,
+        n,
+        "every call has exactly one outcome"
+    );
+    // Only requests the server handled can have succeeded (replies enqueued in the server's
+    // last iteration may never have left, so fewer than 39 is possible).
+    let ok: Vec<u64> = outcome
+        .iter()
+        .filter(|(_, r)| r.is_ok())
+        .map(|(t, _)| *t)
+        .collect();
+    assert_eq!(counts.len(), 40);
+    assert!(ok.len() <= 39 && !ok.is_empty(), "{} succeeded", ok.len());
+    for t in &ok {
+        assert_eq!(
+            counts.get(&(6, *t)),
+            Some(&1),
+            "tag {t} succeeded unhandled"
+        );
+    }
+    // The last server packet arrived before the server stopped; allow loop and scan slack.
+    assert!(
+        detect < Duration::from_nanos(failure_timeout) + Duration::from_millis(200),
+        "failure took {detect:?}"
+    );
+}
+
+#[test]
+fn endpoint_sets_core_mtu_from_transport() {
+    let f = fabric();
+    let t = ud(&f);
+    let mtu = t.mtu();
+    assert_eq!(mtu, DEFAULT_MTU);
+    let ep = Endpoint::new(t, Config::default()).unwrap();
+    assert_eq!(ep.rpc().config().mtu, mtu);
+    assert_eq!(ep.rpc().data_per_pkt(), mtu - 16);
+    let _: UdAddr = ep.local_addr();
+}
