@@ -67,6 +67,7 @@ fn transport(bind: SocketAddr, mtu: usize, batch: usize) -> UdpTransport {
         mtu,
         batch,
         socket_buf_bytes: Some(4 << 20),
+        gso: true,
     })
     .expect("bind UDP transport")
 }

@@ -11,9 +11,32 @@
 //! addresses, and IPv4-mapped sources are reported as plain IPv4 addresses, so a peer has one
 //! address whichever way it is reached.
 //!
-//! Receive buffers are exactly `mtu` bytes long, so a larger datagram is truncated by the kernel
-//! and flagged with `MSG_TRUNC`; it is dropped and counted in
-//! [`TransportStats::rx_oversized`]. Datagrams shorter than an eRPC packet header
+//! # Segmentation offload (GSO/GRO)
+//! With [`UdpConfig::gso`] set (the default), the socket uses Linux UDP segmentation offload
+//! (`udp(7)`: `UDP_SEGMENT`, Linux ≥ 4.18, and `UDP_GRO`, Linux ≥ 5.0):
+//! - **Transmit**: consecutive packets of a burst to the same destination whose lengths equal
+//!   the first one's (the last may be shorter) go out as one message with a `UDP_SEGMENT`
+//!   control message carrying that length (at most [`GSO_MAX_SEGMENTS`] packets and
+//!   [`MAX_MTU`] bytes per message); the kernel cuts it into the original datagrams, so the
+//!   wire carries exactly what plain sends would. Other packets are sent as plain messages in
+//!   the same `sendmmsg` array.
+//! - **Receive**: the kernel may hand several equal-size datagrams of one sender over as one
+//!   coalesced buffer plus a `UDP_GRO` control message giving the segment size (on loopback
+//!   this happens for GSO-sent messages, which then cross the stack once). Receive buffers are
+//!   therefore [`GRO_BUF_LEN`] bytes each, at most [`GRO_MAX_RX_MSGS`] of them, and each
+//!   segment is lent out as its own datagram. Segments that do not fit in the current burst
+//!   (`max`, [`rx_batch`](DatagramTransport::rx_batch)) stay in their buffer for the next
+//!   [`rx_burst`](DatagramTransport::rx_burst), which then delivers them without a system call.
+//!
+//! If the kernel refuses either option at [`UdpTransport::bind`], or refuses a GSO message at
+//! send time (`EINVAL`, `EIO`, `EMSGSIZE`, e.g. segments above the path MTU or a device without
+//! checksum offload), that direction falls back to plain datagrams for the rest of the
+//! socket's life, logged once.
+//!
+//! Without GSO, receive buffers are exactly `mtu` bytes long, so a larger datagram is truncated
+//! by the kernel and flagged with `MSG_TRUNC`; it is dropped and counted in
+//! [`TransportStats::rx_oversized`]. With GRO, a datagram (segment) above `mtu` is dropped and
+//! counted the same way. Datagrams shorter than an eRPC packet header
 //! ([`PKT_HDR_LEN`]) are delivered unchanged (and counted in [`TransportStats::rx_short`]): the
 //! protocol core validates headers and counts bad ones itself.
 
@@ -37,8 +60,108 @@ pub const DEFAULT_BATCH: usize = 32;
 /// Largest configurable batch: the kernel caps `sendmmsg`/`recvmmsg` at `UIO_MAXIOV` messages.
 pub const MAX_BATCH: usize = 1024;
 
+/// Most datagrams per GSO message. The kernel's limit (`UDP_MAX_SEGMENTS`) is 64 on older
+/// kernels and 128 on newer ones; 64 works everywhere.
+pub const GSO_MAX_SEGMENTS: usize = 64;
+/// Size in bytes of each receive buffer when GRO is on: room for a coalesced message of up to
+/// 64 KiB (the kernel's GRO limit).
+pub const GRO_BUF_LEN: usize = 65536;
+/// Most receive buffers (messages per `recvmmsg`) when GRO is on, whatever the batch, to bound
+/// the receive ring at `GRO_MAX_RX_MSGS * GRO_BUF_LEN` bytes (4 MiB).
+pub const GRO_MAX_RX_MSGS: usize = 64;
+/// Most packets one `sendmmsg` carries when GSO is on (bounds the preallocated `iovec` array).
+const GSO_MAX_TX_PKTS: usize = 4096;
+
 /// Alignment in bytes of each receive buffer.
 const RX_ALIGN: usize = 64;
+
+/// `UDP_SEGMENT` socket option / control message (`linux/udp.h`); not exported by `libc` for
+/// glibc targets.
+const UDP_SEGMENT: libc::c_int = 103;
+/// `UDP_GRO` socket option / control message (`linux/udp.h`).
+const UDP_GRO: libc::c_int = 104;
+
+/// `CMSG_ALIGN(n)`: `n` rounded up to the control-message alignment (`size_t`).
+const fn cmsg_align(n: usize) -> usize {
+    (n + mem::size_of::<usize>() - 1) & !(mem::size_of::<usize>() - 1)
+}
+/// Aligned size in bytes of `struct cmsghdr`: where a control message's data starts.
+const CMSG_HDR: usize = cmsg_align(mem::size_of::<libc::cmsghdr>());
+/// `CMSG_LEN(data)`: the `cmsg_len` of a control message with `data` bytes of data.
+const fn cmsg_len(data: usize) -> usize {
+    CMSG_HDR + data
+}
+/// `CMSG_SPACE(data)`: the buffer space a control message with `data` bytes of data takes.
+const fn cmsg_space(data: usize) -> usize {
+    CMSG_HDR + cmsg_align(data)
+}
+/// Size in bytes of each per-message control buffer.
+const CMSG_BUF_LEN: usize = 32;
+const _: () = assert!(cmsg_space(mem::size_of::<libc::c_int>()) <= CMSG_BUF_LEN);
+const _: () = assert!(mem::align_of::<libc::cmsghdr>() <= 8);
+
+/// A per-message control-message buffer, aligned for `struct cmsghdr`.
+///
+/// Invariant: every byte is initialized (created zeroed, then written whole or by the kernel).
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct CmsgBuf([u8; CMSG_BUF_LEN]);
+
+impl CmsgBuf {
+    /// Writes one `SOL_UDP`/`UDP_SEGMENT` control message carrying `seg` (bytes per segment)
+    /// and returns its `msg_controllen`.
+    fn set_segment(&mut self, seg: u16) -> usize {
+        // SAFETY: `cmsghdr` is a C struct of integers (plus private padding integers on some
+        // libcs), for which all-zero bytes are a valid value.
+        let mut hdr: libc::cmsghdr = unsafe { mem::zeroed() };
+        hdr.cmsg_len = cmsg_len(mem::size_of::<u16>()) as _;
+        hdr.cmsg_level = libc::SOL_UDP;
+        hdr.cmsg_type = UDP_SEGMENT;
+        // SAFETY: the buffer is 8-byte aligned (≥ `cmsghdr`'s alignment, checked above) and
+        // `CMSG_BUF_LEN` ≥ its size, so the write is aligned and in bounds.
+        unsafe { self.0.as_mut_ptr().cast::<libc::cmsghdr>().write(hdr) };
+        self.0[CMSG_HDR..CMSG_HDR + 2].copy_from_slice(&seg.to_ne_bytes());
+        cmsg_space(mem::size_of::<u16>())
+    }
+
+    /// The segment size in bytes of a `SOL_UDP`/`UDP_GRO` control message among the first
+    /// `controllen` bytes written by the kernel, if there is one (and it is positive).
+    fn gro_segment(&self, controllen: usize) -> Option<usize> {
+        let end = controllen.min(CMSG_BUF_LEN);
+        let mut off = 0;
+        while off + mem::size_of::<libc::cmsghdr>() <= end {
+            // SAFETY: `off + size_of::<cmsghdr>() <= CMSG_BUF_LEN`, so the read is in bounds;
+            // every byte is initialized (type invariant) and `cmsghdr` is plain integers,
+            // valid for any bit pattern; `read_unaligned` needs no alignment.
+            let hdr = unsafe {
+                self.0
+                    .as_ptr()
+                    .add(off)
+                    .cast::<libc::cmsghdr>()
+                    .read_unaligned()
+            };
+            // `size_t` on glibc, `socklen_t` on musl.
+            #[allow(clippy::unnecessary_cast)]
+            let len = hdr.cmsg_len as usize;
+            if len < CMSG_HDR || off + len > end {
+                return None;
+            }
+            if hdr.cmsg_level == libc::SOL_UDP
+                && hdr.cmsg_type == UDP_GRO
+                && len >= cmsg_len(mem::size_of::<libc::c_int>())
+            {
+                let d = off + CMSG_HDR;
+                let mut v = [0u8; 4];
+                v.copy_from_slice(&self.0[d..d + 4]);
+                return usize::try_from(libc::c_int::from_ne_bytes(v))
+                    .ok()
+                    .filter(|&s| s > 0);
+            }
+            off += cmsg_align(len);
+        }
+        None
+    }
+}
 
 /// Configuration of a [`UdpTransport`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,12 +176,17 @@ pub struct UdpConfig {
     /// If set, requests `SO_SNDBUF` and `SO_RCVBUF` of this many bytes (the kernel caps the
     /// value at `net.core.wmem_max` / `net.core.rmem_max` and doubles it for bookkeeping).
     pub socket_buf_bytes: Option<usize>,
+    /// Use UDP segmentation offload: `UDP_SEGMENT` on transmit and `UDP_GRO` on receive (see
+    /// the [module docs](self#segmentation-offload-gsogro)). Default `true`; falls back to plain
+    /// datagrams where the kernel refuses. With GRO the receive ring takes
+    /// `min(batch, GRO_MAX_RX_MSGS) * GRO_BUF_LEN` bytes instead of about `batch * mtu`.
+    pub gso: bool,
 }
 
 impl UdpConfig {
     /// A configuration binding `bind`, with the Ethernet-safe default MTU of its address family
-    /// ([`DEFAULT_MTU_V4`] or [`DEFAULT_MTU_V6`]), [`DEFAULT_BATCH`] and the kernel's default
-    /// socket buffer sizes.
+    /// ([`DEFAULT_MTU_V4`] or [`DEFAULT_MTU_V6`]), [`DEFAULT_BATCH`], the kernel's default
+    /// socket buffer sizes and GSO/GRO on.
     pub fn new(bind: SocketAddr) -> Self {
         UdpConfig {
             bind,
@@ -69,6 +197,7 @@ impl UdpConfig {
             },
             batch: DEFAULT_BATCH,
             socket_buf_bytes: None,
+            gso: true,
         }
     }
 }
@@ -192,10 +321,25 @@ struct Block([u8; RX_ALIGN]);
 struct RxMeta {
     /// Source address.
     addr: SocketAddr,
-    /// Index of its buffer in the receive ring.
-    slot: u32,
+    /// Offset in bytes of its first byte in the receive ring.
+    start: u32,
     /// Length in bytes.
     len: u32,
+}
+
+/// A received message (one datagram, or several coalesced by GRO) whose datagrams are not all
+/// delivered yet.
+#[derive(Clone, Copy, Debug)]
+struct RxMsg {
+    /// Source address.
+    addr: SocketAddr,
+    /// Offset in bytes in the receive ring of the next undelivered datagram.
+    start: u32,
+    /// Offset in bytes in the receive ring just past the message.
+    end: u32,
+    /// Segment size in bytes (every datagram but the last of the message has this length);
+    /// 0 for a message that is a single datagram (possibly empty).
+    seg: u32,
 }
 
 /// A `mmsghdr` with every pointer null and every length zero.
@@ -246,7 +390,8 @@ fn classify_tx_error(err: &io::Error) -> TxFailure {
 /// # Safety
 /// For every header in `hdrs`: `msg_name` points to `msg_namelen` readable bytes, `msg_iov`
 /// points to `msg_iovlen` readable `iovec`s, each of which points to `iov_len` readable bytes,
-/// and `msg_control` is null with `msg_controllen` zero. All of it stays valid for the call.
+/// and `msg_control` is null with `msg_controllen` zero or points to `msg_controllen` readable
+/// bytes of well-formed control messages. All of it stays valid for the call.
 unsafe fn sys_sendmmsg(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> io::Result<usize> {
     debug_assert!(hdrs.len() <= MAX_BATCH);
     // SAFETY: the caller guarantees the pointers inside `hdrs`; `hdrs` itself is a valid,
@@ -272,7 +417,7 @@ unsafe fn sys_sendmmsg(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> io::Result<usiz
 /// For every header in `hdrs`: `msg_name` points to `msg_namelen` writable bytes, `msg_iov`
 /// points to `msg_iovlen` readable `iovec`s, each of which points to `iov_len` writable bytes
 /// that nothing else accesses during the call, and `msg_control` is null with `msg_controllen`
-/// zero.
+/// zero or points to `msg_controllen` writable bytes that nothing else accesses.
 unsafe fn sys_recvmmsg(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> io::Result<usize> {
     debug_assert!(hdrs.len() <= MAX_BATCH);
     // SAFETY: the caller guarantees the pointers inside `hdrs`; `hdrs` itself is a valid,
@@ -295,12 +440,22 @@ unsafe fn sys_recvmmsg(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> io::Result<usiz
 
 /// Sets an `int`-valued `SOL_SOCKET` option.
 fn set_socket_int(fd: BorrowedFd<'_>, opt: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    set_sockopt_int(fd, libc::SOL_SOCKET, opt, value)
+}
+
+/// Sets an `int`-valued socket option of `level`.
+fn set_sockopt_int(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    opt: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: `fd` is an open socket for the borrow's lifetime; the option value is a local
     // `c_int` whose address and size are passed together.
     let rc = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
-            libc::SOL_SOCKET,
+            level,
             opt,
             (&raw const value).cast(),
             mem::size_of::<libc::c_int>() as libc::socklen_t,
@@ -323,25 +478,47 @@ pub struct UdpTransport {
     ipv6: bool,
     /// Largest datagram in bytes.
     mtu: usize,
-    /// Messages per system call, and receive-ring size.
+    /// Most datagrams per receive burst, and most messages per `sendmmsg`.
     batch: usize,
-    /// Distance in bytes between receive buffers (`mtu` rounded up to `RX_ALIGN`).
+    /// Whether transmit bursts use `UDP_SEGMENT` (cleared for good if the kernel refuses).
+    gso: bool,
+    /// Whether `UDP_GRO` is enabled on the socket.
+    gro: bool,
+    /// Receive buffers, i.e. messages per `recvmmsg`.
+    rx_msgs: usize,
+    /// Bytes offered to the kernel per receive buffer (`mtu`, or [`GRO_BUF_LEN`] with GRO).
+    rx_buf_len: usize,
+    /// Distance in bytes between receive buffers (`rx_buf_len` rounded up to `RX_ALIGN`).
     rx_stride: usize,
     /// Transmit headers (`batch`); their pointers are rewritten by every `tx_burst`.
     tx_hdrs: Box<[libc::mmsghdr]>,
-    /// Transmit gather lists, two per message (`2 * batch`).
+    /// Transmit gather lists, two per packet, for as many packets as one `sendmmsg` may carry
+    /// (`batch`, or `batch * GSO_MAX_SEGMENTS` up to 4096 with GSO).
     tx_iovs: Box<[libc::iovec]>,
     /// Transmit destinations (`batch`).
     tx_names: Box<[RawSockAddr]>,
-    /// Receive headers (`batch`); their pointers are rewritten by every `rx_burst`.
+    /// Transmit `UDP_SEGMENT` control messages (`batch` with GSO, else empty).
+    tx_ctrl: Box<[CmsgBuf]>,
+    /// For each message of the current `sendmmsg`: packets it carries and index of its first
+    /// entry in `tx_iovs` (`batch`).
+    tx_msgs: Box<[(u32, u32)]>,
+    /// Receive headers (`rx_msgs`); their pointers are rewritten by every `recvmmsg`.
     rx_hdrs: Box<[libc::mmsghdr]>,
-    /// Receive buffer descriptors, one per ring slot (`batch`).
+    /// Receive buffer descriptors, one per buffer (`rx_msgs`).
     rx_iovs: Box<[libc::iovec]>,
-    /// Receive source addresses (`batch`).
+    /// Receive source addresses (`rx_msgs`).
     rx_names: Box<[RawSockAddr]>,
-    /// The receive ring: `batch` buffers of `rx_stride` bytes.
+    /// Receive `UDP_GRO` control messages (`rx_msgs` with GRO, else empty).
+    rx_ctrl: Box<[CmsgBuf]>,
+    /// The receive ring: `rx_msgs` buffers of `rx_stride` bytes.
     rx_buf: Box<[Block]>,
-    /// The datagrams of the current burst (first `rx_count` entries valid).
+    /// Messages of the last `recvmmsg` with undelivered datagrams: `rx_pend[rx_head..rx_tail]`.
+    rx_pend: Box<[RxMsg]>,
+    /// First pending message.
+    rx_head: usize,
+    /// End of the pending messages.
+    rx_tail: usize,
+    /// The datagrams of the current burst (first `rx_count` entries valid; `batch` entries).
     rx_meta: Box<[RxMeta]>,
     /// Number of datagrams in the current burst.
     rx_count: usize,
@@ -361,6 +538,8 @@ impl std::fmt::Debug for UdpTransport {
             .field("local", &self.local)
             .field("mtu", &self.mtu)
             .field("batch", &self.batch)
+            .field("gso", &self.gso)
+            .field("gro", &self.gro)
             .field("rx_count", &self.rx_count)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
@@ -370,9 +549,13 @@ impl std::fmt::Debug for UdpTransport {
 impl UdpTransport {
     /// Binds a nonblocking UDP socket as `config` says and preallocates all batch state.
     ///
+    /// With [`UdpConfig::gso`], probes `UDP_SEGMENT` and enables `UDP_GRO`; a refusal turns
+    /// that direction's offload off (logged once, see [`gso`](Self::gso), [`gro`](Self::gro))
+    /// and is not an error.
+    ///
     /// # Errors
     /// [`io::ErrorKind::InvalidInput`] if `mtu` or `batch` is out of range; otherwise the
-    /// errors of `bind(2)`, `fcntl(2)` and `setsockopt(2)`.
+    /// errors of `bind(2)`, `fcntl(2)` and `setsockopt(2)` (socket buffer sizes).
     pub fn bind(config: UdpConfig) -> io::Result<Self> {
         if !(PKT_HDR_LEN..=MAX_MTU).contains(&config.mtu) {
             return Err(io::Error::new(
@@ -399,32 +582,76 @@ impl UdpTransport {
             set_socket_int(socket.as_fd(), libc::SO_SNDBUF, bytes)?;
             set_socket_int(socket.as_fd(), libc::SO_RCVBUF, bytes)?;
         }
+        // Probe with segment size 0 (= no default segmentation for plain sends).
+        let gso = config.gso
+            && match set_sockopt_int(socket.as_fd(), libc::SOL_UDP, UDP_SEGMENT, 0) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!("UDP transport: kernel refuses UDP_SEGMENT ({e}); GSO off");
+                    false
+                }
+            };
+        let gro = config.gso
+            && match set_sockopt_int(socket.as_fd(), libc::SOL_UDP, UDP_GRO, 1) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!("UDP transport: kernel refuses UDP_GRO ({e}); GRO off");
+                    false
+                }
+            };
         let local = socket.local_addr()?;
         let batch = config.batch;
-        let rx_stride = config.mtu.div_ceil(RX_ALIGN) * RX_ALIGN;
+        let tx_max_pkts = if gso {
+            (batch * GSO_MAX_SEGMENTS).min(GSO_MAX_TX_PKTS).max(batch)
+        } else {
+            batch
+        };
+        let (rx_msgs, rx_buf_len) = if gro {
+            (batch.min(GRO_MAX_RX_MSGS), GRO_BUF_LEN)
+        } else {
+            (batch, config.mtu)
+        };
+        let rx_stride = rx_buf_len.div_ceil(RX_ALIGN) * RX_ALIGN;
         let empty_iov = libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
         };
         let placeholder = RxMeta {
             addr: local,
-            slot: 0,
+            start: 0,
             len: 0,
         };
+        let no_msg = RxMsg {
+            addr: local,
+            start: 0,
+            end: 0,
+            seg: 0,
+        };
+        let zero_ctrl = CmsgBuf([0; CMSG_BUF_LEN]);
         Ok(UdpTransport {
             socket,
             local,
             ipv6: local.is_ipv6(),
             mtu: config.mtu,
             batch,
+            gso,
+            gro,
+            rx_msgs,
+            rx_buf_len,
             rx_stride,
             tx_hdrs: (0..batch).map(|_| zeroed_mmsghdr()).collect(),
-            tx_iovs: vec![empty_iov; 2 * batch].into_boxed_slice(),
+            tx_iovs: vec![empty_iov; 2 * tx_max_pkts].into_boxed_slice(),
             tx_names: vec![RawSockAddr::zeroed(); batch].into_boxed_slice(),
-            rx_hdrs: (0..batch).map(|_| zeroed_mmsghdr()).collect(),
-            rx_iovs: vec![empty_iov; batch].into_boxed_slice(),
-            rx_names: vec![RawSockAddr::zeroed(); batch].into_boxed_slice(),
-            rx_buf: vec![Block([0; RX_ALIGN]); batch * rx_stride / RX_ALIGN].into_boxed_slice(),
+            tx_ctrl: vec![zero_ctrl; if gso { batch } else { 0 }].into_boxed_slice(),
+            tx_msgs: vec![(0, 0); batch].into_boxed_slice(),
+            rx_hdrs: (0..rx_msgs).map(|_| zeroed_mmsghdr()).collect(),
+            rx_iovs: vec![empty_iov; rx_msgs].into_boxed_slice(),
+            rx_names: vec![RawSockAddr::zeroed(); rx_msgs].into_boxed_slice(),
+            rx_ctrl: vec![zero_ctrl; if gro { rx_msgs } else { 0 }].into_boxed_slice(),
+            rx_buf: vec![Block([0; RX_ALIGN]); rx_msgs * rx_stride / RX_ALIGN].into_boxed_slice(),
+            rx_pend: vec![no_msg; rx_msgs].into_boxed_slice(),
+            rx_head: 0,
+            rx_tail: 0,
             rx_meta: vec![placeholder; batch].into_boxed_slice(),
             rx_count: 0,
             stats: TransportStats::default(),
@@ -436,65 +663,223 @@ impl UdpTransport {
         &self.socket
     }
 
-    /// Datagrams per `sendmmsg`/`recvmmsg` call.
+    /// Most datagrams per receive burst; most messages per `sendmmsg`/`recvmmsg` call.
     pub fn batch(&self) -> usize {
         self.batch
     }
 
-    /// Sends one chunk of at most `batch` packets; returns how many were consumed and whether
-    /// the burst must stop (queue full).
-    fn tx_chunk(&mut self, chunk: &[TxPkt<'_, SocketAddr>]) -> io::Result<(usize, bool)> {
-        debug_assert!(chunk.len() <= self.batch);
-        for (i, p) in chunk.iter().enumerate() {
-            let namelen = self.tx_names[i].set(p.dest, self.ipv6);
-            self.tx_iovs[2 * i] = libc::iovec {
-                iov_base: p.hdr.as_ptr().cast_mut().cast(),
-                iov_len: p.hdr.len(),
+    /// Whether transmit bursts currently use GSO (`UDP_SEGMENT`): [`UdpConfig::gso`] was set
+    /// and the kernel has not refused it.
+    pub fn gso(&self) -> bool {
+        self.gso
+    }
+
+    /// Whether `UDP_GRO` is enabled on the socket ([`UdpConfig::gso`] was set and the kernel
+    /// accepted it), i.e. whether received messages may hold several datagrams.
+    pub fn gro(&self) -> bool {
+        self.gro
+    }
+
+    /// Sets up the `iovec`s of packet `p` at `tx_iovs[iov..]`; returns how many were used.
+    fn push_pkt_iovs(&mut self, iov: usize, p: &TxPkt<'_, SocketAddr>, keep_empty: bool) -> usize {
+        let mut n = 0;
+        for part in [p.hdr, p.data] {
+            if part.is_empty() && !(keep_empty && n == 0) {
+                continue;
+            }
+            self.tx_iovs[iov + n] = libc::iovec {
+                iov_base: part.as_ptr().cast_mut().cast(),
+                iov_len: part.len(),
             };
-            self.tx_iovs[2 * i + 1] = libc::iovec {
-                iov_base: p.data.as_ptr().cast_mut().cast(),
-                iov_len: p.data.len(),
+            n += 1;
+        }
+        n
+    }
+
+    /// Sends one `sendmmsg` of at most `batch` messages from the front of `pkts` (several
+    /// packets per message with GSO); returns how many packets were consumed and whether the
+    /// burst must stop (queue full).
+    fn tx_chunk(&mut self, pkts: &[TxPkt<'_, SocketAddr>]) -> io::Result<(usize, bool)> {
+        let mut msgs = 0;
+        let mut p = 0;
+        let mut iov = 0;
+        while msgs < self.batch && p < pkts.len() && iov + 2 <= self.tx_iovs.len() {
+            let first = &pkts[p];
+            let seg = first.len();
+            let mut k = 1;
+            if self.gso && seg > 0 {
+                let max_k = GSO_MAX_SEGMENTS
+                    .min(MAX_MTU / seg)
+                    .min((self.tx_iovs.len() - iov) / 2);
+                while k < max_k && p + k < pkts.len() {
+                    let q = &pkts[p + k];
+                    if q.dest != first.dest || q.is_empty() || q.len() > seg {
+                        break;
+                    }
+                    k += 1;
+                    if q.len() < seg {
+                        break;
+                    }
+                }
+            }
+            let iov_start = iov;
+            for q in &pkts[p..p + k] {
+                iov += self.push_pkt_iovs(iov, q, k == 1);
+            }
+            let namelen = self.tx_names[msgs].set(first.dest, self.ipv6);
+            let controllen = if k > 1 {
+                self.tx_ctrl[msgs].set_segment(seg as u16)
+            } else {
+                0
             };
-            let h = &mut self.tx_hdrs[i].msg_hdr;
+            let h = &mut self.tx_hdrs[msgs].msg_hdr;
             h.msg_namelen = namelen;
-            h.msg_iovlen = if p.data.is_empty() { 1 } else { 2 };
+            h.msg_iovlen = (iov - iov_start) as _;
+            h.msg_controllen = controllen as _;
+            self.tx_msgs[msgs] = (k as u32, iov_start as u32);
+            msgs += 1;
+            p += k;
         }
         // Pointers are taken after the index writes above so that no later reborrow of these
         // arrays invalidates them before the system call.
         let names = self.tx_names.as_mut_ptr();
         let iovs = self.tx_iovs.as_mut_ptr();
-        for (i, h) in self.tx_hdrs[..chunk.len()].iter_mut().enumerate() {
+        let ctrl = self.tx_ctrl.as_mut_ptr();
+        for (i, h) in self.tx_hdrs[..msgs].iter_mut().enumerate() {
             h.msg_hdr.msg_name = names.wrapping_add(i).cast();
-            h.msg_hdr.msg_iov = iovs.wrapping_add(2 * i);
+            h.msg_hdr.msg_iov = iovs.wrapping_add(self.tx_msgs[i].1 as usize);
+            h.msg_hdr.msg_control = if h.msg_hdr.msg_controllen == 0 {
+                std::ptr::null_mut()
+            } else {
+                ctrl.wrapping_add(i).cast()
+            };
             h.msg_len = 0;
         }
         loop {
             self.stats.tx_calls += 1;
-            // SAFETY: for each of the first `chunk.len()` headers, `msg_name` points to entry
-            // `i` of `tx_names`, initialized by `set` with `msg_namelen` bytes; `msg_iov` points
-            // to entries `2i`, `2i + 1` of `tx_iovs` (`msg_iovlen` ≤ 2 of them used), which
-            // point into `p.hdr` / `p.data`, borrowed for this whole call; `msg_control` is null
-            // (zeroed at construction, never changed).
-            match unsafe { sys_sendmmsg(self.socket.as_raw_fd(), &mut self.tx_hdrs[..chunk.len()]) }
-            {
+            // SAFETY: for each of the first `msgs` headers, `msg_name` points to entry `i` of
+            // `tx_names`, initialized by `set` with `msg_namelen` bytes; `msg_iov` points to
+            // `msg_iovlen` consecutive initialized entries of `tx_iovs` (all in bounds: `iov`
+            // never exceeds its length), which point into the `hdr`/`data` slices of `pkts`,
+            // borrowed for this whole call; `msg_control` is null with `msg_controllen` 0, or
+            // points to entry `i` of `tx_ctrl`, holding one well-formed `UDP_SEGMENT` control
+            // message of `msg_controllen` bytes.
+            match unsafe { sys_sendmmsg(self.socket.as_raw_fd(), &mut self.tx_hdrs[..msgs]) } {
                 Ok(n) => {
-                    self.stats.tx_pkts += n as u64;
-                    self.stats.tx_bytes += chunk[..n].iter().map(|p| p.len() as u64).sum::<u64>();
-                    return Ok((n, false));
+                    let sent: usize = self.tx_msgs[..n].iter().map(|&(k, _)| k as usize).sum();
+                    self.stats.tx_pkts += sent as u64;
+                    self.stats.tx_bytes += pkts[..sent].iter().map(|p| p.len() as u64).sum::<u64>();
+                    return Ok((sent, false));
                 }
-                Err(e) => match classify_tx_error(&e) {
-                    TxFailure::Retry => continue,
-                    TxFailure::Full => {
-                        self.stats.tx_would_block += 1;
-                        return Ok((0, true));
+                Err(e) => {
+                    let first_pkts = self.tx_msgs[0].0 as usize;
+                    if first_pkts > 1
+                        && matches!(
+                            e.raw_os_error(),
+                            Some(libc::EINVAL | libc::EIO | libc::EMSGSIZE)
+                        )
+                    {
+                        // The kernel refuses this GSO message: plain datagrams from now on;
+                        // nothing was sent, the caller's loop resends these packets.
+                        tracing::warn!("UDP transport: kernel refuses a GSO send ({e}); GSO off");
+                        self.gso = false;
+                        return Ok((0, false));
                     }
-                    TxFailure::DropPacket => {
-                        self.stats.tx_errors += 1;
-                        return Ok((1, false));
+                    match classify_tx_error(&e) {
+                        TxFailure::Retry => continue,
+                        TxFailure::Full => {
+                            self.stats.tx_would_block += 1;
+                            return Ok((0, true));
+                        }
+                        TxFailure::DropPacket => {
+                            self.stats.tx_errors += first_pkts as u64;
+                            return Ok((first_pkts, false));
+                        }
+                        TxFailure::Fatal => return Err(e),
                     }
-                    TxFailure::Fatal => return Err(e),
-                },
+                }
             }
+        }
+    }
+
+    /// One `recvmmsg` into all receive buffers (at most `n` messages); queues the messages in
+    /// `rx_pend`. Requires no pending message (their buffers are reused).
+    fn rx_fill(&mut self, n: usize) {
+        debug_assert_eq!(self.rx_head, self.rx_tail);
+        self.rx_head = 0;
+        self.rx_tail = 0;
+        let n = n.min(self.rx_msgs);
+        let buf = self.rx_buf.as_mut_ptr().cast::<u8>();
+        for (i, iov) in self.rx_iovs[..n].iter_mut().enumerate() {
+            *iov = libc::iovec {
+                iov_base: buf.wrapping_add(i * self.rx_stride).cast(),
+                iov_len: self.rx_buf_len,
+            };
+        }
+        let names = self.rx_names.as_mut_ptr();
+        let iovs = self.rx_iovs.as_mut_ptr();
+        let ctrl = self.rx_ctrl.as_mut_ptr();
+        let gro = self.gro;
+        for (i, h) in self.rx_hdrs[..n].iter_mut().enumerate() {
+            h.msg_hdr.msg_name = names.wrapping_add(i).cast();
+            h.msg_hdr.msg_namelen = mem::size_of::<RawSockAddr>() as libc::socklen_t;
+            h.msg_hdr.msg_iov = iovs.wrapping_add(i);
+            h.msg_hdr.msg_iovlen = 1;
+            if gro {
+                h.msg_hdr.msg_control = ctrl.wrapping_add(i).cast();
+                h.msg_hdr.msg_controllen = CMSG_BUF_LEN as _;
+            }
+            h.msg_hdr.msg_flags = 0;
+            h.msg_len = 0;
+        }
+        let got = loop {
+            // SAFETY: for each of the first `n` headers, `msg_name` points to entry `i` of
+            // `rx_names` (`msg_namelen` = its size, writable); `msg_iov` points to entry `i` of
+            // `rx_iovs`, which points to `rx_buf_len` bytes of buffer `i` (`i * rx_stride +
+            // rx_buf_len <= rx_buf` length as `i < rx_msgs`), not otherwise borrowed during
+            // the call (`&mut self`); `msg_control` is null with `msg_controllen` 0 (zeroed at
+            // construction, never changed without GRO) or, with GRO, points to entry `i` of
+            // `rx_ctrl` (`CMSG_BUF_LEN` writable bytes).
+            match unsafe { sys_recvmmsg(self.socket.as_raw_fd(), &mut self.rx_hdrs[..n]) } {
+                Ok(got) => break got,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    self.stats.rx_errors += 1;
+                    return;
+                }
+            }
+        };
+        self.stats.rx_calls += 1;
+        for i in 0..got {
+            let h = &self.rx_hdrs[i];
+            let len = (h.msg_len as usize).min(self.rx_buf_len);
+            // `size_t` on glibc, `socklen_t` on musl.
+            #[allow(clippy::unnecessary_cast)]
+            let controllen = h.msg_hdr.msg_controllen as usize;
+            let seg = if gro {
+                self.rx_ctrl[i].gro_segment(controllen).filter(|&s| s < len)
+            } else {
+                None
+            };
+            if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || seg.unwrap_or(len) > self.mtu {
+                // Every datagram of the message is oversized (they share one size but the
+                // last, which is not longer).
+                self.stats.rx_oversized += seg.map_or(1, |s| len.div_ceil(s)) as u64;
+                continue;
+            }
+            let Some(addr) = self.rx_names[i].get(h.msg_hdr.msg_namelen) else {
+                self.stats.rx_errors += 1;
+                continue;
+            };
+            let start = i * self.rx_stride;
+            self.rx_pend[self.rx_tail] = RxMsg {
+                addr,
+                start: start as u32,
+                end: (start + len) as u32,
+                seg: seg.unwrap_or(0) as u32,
+            };
+            self.rx_tail += 1;
         }
     }
 }
@@ -539,8 +924,7 @@ impl DatagramTransport for UdpTransport {
         }
         let mut done = 0;
         while done < pkts.len() {
-            let end = pkts.len().min(done + self.batch);
-            match self.tx_chunk(&pkts[done..end]) {
+            match self.tx_chunk(&pkts[done..]) {
                 Ok((n, stop)) => {
                     done += n;
                     if stop {
@@ -560,62 +944,28 @@ impl DatagramTransport for UdpTransport {
         if n == 0 {
             return 0;
         }
-        let buf = self.rx_buf.as_mut_ptr().cast::<u8>();
-        for (i, iov) in self.rx_iovs[..n].iter_mut().enumerate() {
-            *iov = libc::iovec {
-                iov_base: buf.wrapping_add(i * self.rx_stride).cast(),
-                iov_len: self.mtu,
-            };
+        if self.rx_head == self.rx_tail {
+            self.rx_fill(n);
         }
-        let names = self.rx_names.as_mut_ptr();
-        let iovs = self.rx_iovs.as_mut_ptr();
-        for (i, h) in self.rx_hdrs[..n].iter_mut().enumerate() {
-            h.msg_hdr.msg_name = names.wrapping_add(i).cast();
-            h.msg_hdr.msg_namelen = mem::size_of::<RawSockAddr>() as libc::socklen_t;
-            h.msg_hdr.msg_iov = iovs.wrapping_add(i);
-            h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_flags = 0;
-            h.msg_len = 0;
-        }
-        let got = loop {
-            // SAFETY: for each of the first `n` headers, `msg_name` points to entry `i` of
-            // `rx_names` (`msg_namelen` = its size, writable); `msg_iov` points to entry `i` of
-            // `rx_iovs`, which points to `mtu` bytes of ring slot `i` (`i * rx_stride +
-            // mtu <= rx_buf` length), not otherwise borrowed during the call (`&mut self`);
-            // `msg_control` is null (zeroed at construction, never changed).
-            match unsafe { sys_recvmmsg(self.socket.as_raw_fd(), &mut self.rx_hdrs[..n]) } {
-                Ok(got) => break got,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return 0,
-                Err(_) => {
-                    self.stats.rx_errors += 1;
-                    return 0;
-                }
-            }
-        };
-        self.stats.rx_calls += 1;
         let mut count = 0;
-        for i in 0..got {
-            let h = &self.rx_hdrs[i];
-            if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || h.msg_len as usize > self.mtu {
-                self.stats.rx_oversized += 1;
-                continue;
-            }
-            let Some(addr) = self.rx_names[i].get(h.msg_hdr.msg_namelen) else {
-                self.stats.rx_errors += 1;
-                continue;
+        while count < n && self.rx_head < self.rx_tail {
+            let m = &mut self.rx_pend[self.rx_head];
+            let rest = m.end - m.start;
+            let len = if m.seg == 0 { rest } else { rest.min(m.seg) };
+            self.rx_meta[count] = RxMeta {
+                addr: m.addr,
+                start: m.start,
+                len,
             };
-            let len = h.msg_len as usize;
-            if len < PKT_HDR_LEN {
+            m.start += len;
+            if m.start >= m.end {
+                self.rx_head += 1;
+            }
+            if (len as usize) < PKT_HDR_LEN {
                 self.stats.rx_short += 1;
             }
             self.stats.rx_pkts += 1;
-            self.stats.rx_bytes += len as u64;
-            self.rx_meta[count] = RxMeta {
-                addr,
-                slot: i as u32,
-                len: len as u32,
-            };
+            self.stats.rx_bytes += u64::from(len);
             count += 1;
         }
         self.rx_count = count;
@@ -629,7 +979,7 @@ impl DatagramTransport for UdpTransport {
             self.rx_count
         );
         let m = self.rx_meta[i];
-        let start = m.slot as usize * self.rx_stride;
+        let start = m.start as usize;
         (
             m.addr,
             &self.rx_buf.as_bytes()[start..start + m.len as usize],
@@ -700,6 +1050,7 @@ mod tests {
     fn config_validation() {
         let mut c = UdpConfig {
             mtu: 8,
+            gso: false,
             ..UdpConfig::default()
         };
         assert_eq!(
@@ -716,5 +1067,264 @@ mod tests {
         c.batch = 3;
         let t = UdpTransport::bind(c).unwrap();
         assert_eq!((t.mtu(), t.rx_batch(), t.rx_stride), (1000, 3, 1024));
+    }
+
+    fn bind_udp(gso: bool, mtu: usize, batch: usize) -> UdpTransport {
+        UdpTransport::bind(UdpConfig {
+            mtu,
+            batch,
+            socket_buf_bytes: Some(4 << 20),
+            gso,
+            ..UdpConfig::default()
+        })
+        .unwrap()
+    }
+
+    /// Distinct contents for packet `i` of length `len`.
+    fn pattern(i: usize, len: usize) -> Vec<u8> {
+        (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
+    }
+
+    /// Receives until `want` datagrams arrived (10 s timeout), `max` per burst; returns them
+    /// and the size of every non-empty burst.
+    fn recv_n(
+        t: &mut UdpTransport,
+        want: usize,
+        max: usize,
+    ) -> (Vec<(SocketAddr, Vec<u8>)>, Vec<usize>) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let (mut got, mut bursts) = (Vec::new(), Vec::new());
+        while got.len() < want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {} of {want}",
+                got.len()
+            );
+            let n = t.rx_burst(max);
+            if n == 0 {
+                std::thread::yield_now();
+                continue;
+            }
+            bursts.push(n);
+            for i in 0..n {
+                let (a, b) = t.rx_pkt(i);
+                got.push((a, b.to_vec()));
+            }
+            t.rx_release();
+        }
+        (got, bursts)
+    }
+
+    #[test]
+    fn gso_equal_packets_and_short_tail_arrive_as_separate_datagrams() {
+        for rx_gso in [true, false] {
+            let mut tx = bind_udp(true, DEFAULT_MTU_V4, 32);
+            let mut rx = bind_udp(rx_gso, DEFAULT_MTU_V4, 32);
+            let dest = rx.local_addr();
+            let mut bufs: Vec<Vec<u8>> = (0..10).map(|i| pattern(i, 1000)).collect();
+            bufs.push(pattern(10, 300));
+            // Split header/data to exercise the gather list.
+            let pkts: Vec<_> = bufs
+                .iter()
+                .map(|b| TxPkt::new(dest, &b[..16], &b[16..]))
+                .collect();
+            assert_eq!(tx.tx_burst(&pkts).unwrap(), 11);
+            let st = tx.stats();
+            assert_eq!((st.tx_pkts, st.tx_calls), (11, 1));
+            assert_eq!(st.tx_bytes, 10 * 1000 + 300);
+            let (got, _) = recv_n(&mut rx, 11, 64);
+            assert_eq!(got.len(), 11);
+            for (i, (a, b)) in got.iter().enumerate() {
+                assert_eq!(*a, tx.local_addr());
+                assert_eq!(b, &bufs[i], "datagram {i} (rx gso {rx_gso})");
+            }
+            let rs = rx.stats();
+            assert_eq!((rs.rx_pkts, rs.rx_bytes), (11, 10_300));
+            assert_eq!((rs.rx_oversized, rs.rx_short, rs.rx_errors), (0, 0, 0));
+            if tx.gso() && rx.gro() {
+                // On loopback the GSO message reaches the GRO socket whole.
+                assert_eq!(rs.rx_calls, 1);
+            }
+        }
+    }
+
+    #[test]
+    fn gso_mixed_destinations_and_lengths_in_one_burst() {
+        let mut tx = bind_udp(true, DEFAULT_MTU_V4, 32);
+        let mut ra = bind_udp(true, DEFAULT_MTU_V4, 32);
+        let mut rb = bind_udp(false, DEFAULT_MTU_V4, 32);
+        let (a, b) = (ra.local_addr(), rb.local_addr());
+        // (destination, length): runs of equal lengths, a longer packet after a run, a short
+        // tail followed by more of the same length, an empty datagram, and 70 equal packets
+        // (more than one GSO message holds).
+        let mut plan: Vec<(SocketAddr, usize)> = vec![
+            (a, 100),
+            (a, 100),
+            (a, 100),
+            (b, 100),
+            (b, 100),
+            (a, 60),
+            (a, 100),
+            (a, 200),
+            (a, 200),
+            (b, 0),
+            (b, 17),
+            (a, 1472),
+            (b, 5),
+        ];
+        plan.extend(std::iter::repeat_n((b, 64), 70));
+        let bufs: Vec<Vec<u8>> = plan
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, l))| pattern(i, l))
+            .collect();
+        let pkts: Vec<_> = plan
+            .iter()
+            .zip(&bufs)
+            .map(|(&(d, _), buf)| TxPkt::single(d, buf))
+            .collect();
+        let mut sent = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while sent < pkts.len() {
+            assert!(std::time::Instant::now() < deadline);
+            sent += tx.tx_burst(&pkts[sent..]).unwrap();
+        }
+        assert_eq!(tx.stats().tx_pkts, pkts.len() as u64);
+        assert_eq!(tx.stats().tx_errors, 0);
+        if tx.gso() {
+            assert_eq!(tx.stats().tx_calls, 1, "one sendmmsg for the whole burst");
+        }
+        for (r, addr) in [(&mut ra, a), (&mut rb, b)] {
+            let want: Vec<&Vec<u8>> = plan
+                .iter()
+                .zip(&bufs)
+                .filter(|((d, _), _)| *d == addr)
+                .map(|(_, buf)| buf)
+                .collect();
+            let (got, _) = recv_n(r, want.len(), 64);
+            assert_eq!(got.len(), want.len());
+            for (i, (src, bytes)) in got.iter().enumerate() {
+                assert_eq!(*src, tx.local_addr());
+                assert_eq!(bytes, want[i], "datagram {i} to {addr}");
+            }
+            assert_eq!(r.rx_burst(64), 0, "nothing extra");
+        }
+        // The empty and the 5-byte datagrams are shorter than a packet header (16 B).
+        assert_eq!(rb.stats().rx_short, 2);
+    }
+
+    #[test]
+    fn gro_burst_respects_max_and_rx_batch_across_a_coalesced_message() {
+        let mut tx = bind_udp(true, DEFAULT_MTU_V4, 32);
+        let mut rx = bind_udp(true, DEFAULT_MTU_V4, 4);
+        let dest = rx.local_addr();
+        let bufs: Vec<Vec<u8>> = (0..10).map(|i| pattern(i, 500)).collect();
+        let pkts: Vec<_> = bufs.iter().map(|b| TxPkt::single(dest, b)).collect();
+        assert_eq!(tx.tx_burst(&pkts).unwrap(), 10);
+        // First burst asks for 3, then 100 (capped at rx_batch 4), then the rest.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut got = Vec::new();
+        let mut bursts = Vec::new();
+        let mut max = 3;
+        while got.len() < 10 {
+            assert!(std::time::Instant::now() < deadline);
+            let n = rx.rx_burst(max);
+            assert!(n <= max.min(rx.rx_batch()), "burst of {n} above max {max}");
+            if n == 0 {
+                std::thread::yield_now();
+                continue;
+            }
+            bursts.push(n);
+            got.extend((0..n).map(|i| rx.rx_pkt(i).1.to_vec()));
+            max = 100;
+        }
+        assert_eq!(got, bufs);
+        if tx.gso() && rx.gro() {
+            // One coalesced message, handed out over three bursts without re-receiving.
+            assert_eq!(bursts, [3, 4, 3]);
+            assert_eq!(rx.stats().rx_calls, 1);
+        }
+        assert_eq!(rx.stats().rx_pkts, 10);
+        assert_eq!(rx.rx_burst(0), 0);
+        assert_eq!(rx.rx_burst(100), 0);
+    }
+
+    #[test]
+    fn gro_oversized_segments_are_counted_per_datagram() {
+        let mut tx = bind_udp(true, 2000, 32);
+        let mut rx = bind_udp(true, 1000, 32);
+        let dest = rx.local_addr();
+        let big: Vec<u8> = pattern(0, 1500);
+        let small = pattern(1, 200);
+        let pkts = [
+            TxPkt::single(dest, &big),
+            TxPkt::single(dest, &big),
+            TxPkt::single(dest, &big),
+            TxPkt::single(dest, &small),
+        ];
+        let mut sent = 0;
+        while sent < pkts.len() {
+            sent += tx.tx_burst(&pkts[sent..]).unwrap();
+        }
+        // The 200-byte tail rides in the same GSO message as the 1500-byte ones: the whole
+        // message is dropped; every datagram of it is counted.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while rx.stats().rx_oversized + rx.stats().rx_pkts < 4 {
+            assert!(std::time::Instant::now() < deadline);
+            let n = rx.rx_burst(32);
+            for i in 0..n {
+                assert_eq!(rx.rx_pkt(i).1, &small[..]);
+            }
+        }
+        let st = rx.stats();
+        assert!(st.rx_oversized >= 3, "{st:?}");
+        assert_eq!(st.rx_oversized + st.rx_pkts, 4, "{st:?}");
+    }
+
+    #[test]
+    fn gso_off_keeps_plain_datagrams() {
+        let mut tx = bind_udp(false, 1000, 8);
+        let mut rx = bind_udp(false, 1000, 8);
+        assert!(!tx.gso() && !tx.gro() && !rx.gro());
+        assert_eq!(rx.rx_stride, 1024);
+        let dest = rx.local_addr();
+        let bufs: Vec<Vec<u8>> = (0..12).map(|i| pattern(i, 100)).collect();
+        let pkts: Vec<_> = bufs.iter().map(|b| TxPkt::single(dest, b)).collect();
+        assert_eq!(tx.tx_burst(&pkts).unwrap(), 12);
+        // 8 messages per sendmmsg without GSO.
+        assert_eq!(tx.stats().tx_calls, 2);
+        let (got, bursts) = recv_n(&mut rx, 12, 5);
+        assert!(bursts.iter().all(|&n| n <= 5));
+        let got: Vec<Vec<u8>> = got.into_iter().map(|(_, b)| b).collect();
+        assert_eq!(got, bufs);
+        // A datagram above the MTU is truncated by the kernel, dropped and counted.
+        let plain = UdpSocket::bind("127.0.0.1:0").unwrap();
+        plain.send_to(&[7u8; 1001], dest).unwrap();
+        plain.send_to(&[8u8; 1000], dest).unwrap();
+        let (got, _) = recv_n(&mut rx, 1, 8);
+        assert_eq!(got[0].1, vec![8u8; 1000]);
+        assert_eq!(rx.stats().rx_oversized, 1);
+    }
+
+    #[test]
+    fn segment_cmsg_roundtrip() {
+        let mut c = CmsgBuf([0; CMSG_BUF_LEN]);
+        let len = c.set_segment(1234);
+        assert_eq!(len, cmsg_space(2));
+        // Not a UDP_GRO message.
+        assert_eq!(c.gro_segment(len), None);
+        // Turn it into a UDP_GRO message with an int payload.
+        c.0[CMSG_HDR..CMSG_HDR + 4].copy_from_slice(&1234i32.to_ne_bytes());
+        // SAFETY: as in `set_segment`: aligned, in bounds, plain integers.
+        let mut hdr: libc::cmsghdr = unsafe { mem::zeroed() };
+        hdr.cmsg_len = cmsg_len(4) as _;
+        hdr.cmsg_level = libc::SOL_UDP;
+        hdr.cmsg_type = UDP_GRO;
+        // SAFETY: see above.
+        unsafe { c.0.as_mut_ptr().cast::<libc::cmsghdr>().write(hdr) };
+        assert_eq!(c.gro_segment(cmsg_space(4)), Some(1234));
+        // Truncated control data is ignored.
+        assert_eq!(c.gro_segment(cmsg_len(4) - 1), None);
+        assert_eq!(c.gro_segment(0), None);
     }
 }
