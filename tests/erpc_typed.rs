@@ -196,6 +196,8 @@ fn blocking_calls() {
     assert_eq!(server.stats().bad_requests, 0);
     assert_eq!(server.stats().dropped_replies, 0);
     assert_eq!(server.transport().stats().replies, 2003);
+    // Every request is a single packet: all were lent out in place from the receive ring.
+    assert_eq!(server.transport().stats().zero_copy_requests, 2003);
     assert_eq!(server.transport().endpoint().rpc().num_sessions(), 4);
 }
 
@@ -313,6 +315,8 @@ fn multi_packet_messages_and_options() {
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, 43);
     assert!(server.transport().endpoint().core_stats().cr_tx >= 43 * 5);
+    // Multi-packet requests go through the copying path.
+    assert_eq!(server.transport().stats().zero_copy_requests, 0);
 }
 
 /// Sends one raw request message through a bare transport and returns the response bytes.

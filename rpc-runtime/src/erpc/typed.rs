@@ -85,18 +85,18 @@
 //! replies); the core keeps each answered response for duplicates of its request
 //! (at-most-once, seeds/000 §7.2, seeds/002 §4 I3).
 //!
-//! **Zero copy, later.** This binding uses the copying path: the core copies every received
-//! request into a (recycled) buffer handed out in an [`Event::Request`];
-//! [`ErpcServer::poll`](ServerTransport::poll) queues them, `recv` lends them out and
-//! `release` returns the buffers. The split is chosen so that a later version can hand out
-//! single-packet requests in place in the transport's receive ring (seeds/002 §7.2, the
-//! dispatch-mode zero-copy path) with [`Endpoint::rx_burst_zc`], [`Endpoint::zc`] and
-//! [`Endpoint::finish_iteration`]: `poll` would receive a burst without re-posting it, `recv`
-//! would lend each message from the ring (then the queued copied ones), and `release` would
-//! finish the loop iteration (re-post the burst, run the timers and transmit), which is
-//! exactly when the lent bytes stop being valid under the [`ServerTransport`] contract
+//! **Zero copy.** Single-packet requests are handed out in place, in the transport's receive
+//! ring (seeds/002 §7.2, eRPC's dispatch-mode path): [`ErpcServer::poll`](ServerTransport::poll)
+//! receives a burst with [`Endpoint::rx_burst_zc`] without re-posting it, `recv` lends each
+//! such request from the ring ([`Endpoint::zc`]) and then the copied ones (multi-packet
+//! requests, which the core reassembles into recycled buffers and reports as
+//! [`Event::Request`]), and `release` finishes the loop iteration
+//! ([`Endpoint::finish_iteration`]: re-post the burst, run the timers, transmit the replies),
+//! which is exactly when the lent bytes stop being valid under the [`ServerTransport`] contract
 //! (`recv`'s borrow ends before `release`; reply tokens stay valid, and `reply` may be called
-//! before `finish_iteration`). The client could take single-packet responses the same way.
+//! before `finish_iteration`). A `poll` that found nothing leaves its (empty) iteration open;
+//! the next `poll` or `flush` finishes it. The client takes responses through the copying
+//! path (recycled buffers).
 //!
 //! # Errors
 //! Setup errors are [`ErpcSetupError`]s. Where a [`RpcError`] is required
@@ -1010,8 +1010,10 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
 /// [`Endpoint::core_stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ErpcServerStats {
-    /// Requests received and queued for `recv`.
+    /// Requests received (zero-copy and copied).
     pub requests: u64,
+    /// Requests lent out in place from the receive ring (single-packet, zero-copy).
+    pub zero_copy_requests: u64,
     /// Replies handed to the core.
     pub replies: u64,
     /// Replies refused: stale token (already answered, or the client's session is gone), or
@@ -1034,6 +1036,11 @@ pub struct ErpcServer<T: DatagramTransport = UdpTransport> {
     queue: VecDeque<(ReqToken, Vec<u8>)>,
     /// Requests handed out by `recv` since the last `release`.
     lent: Vec<Vec<u8>>,
+    /// A zero-copy iteration is open: `rx_burst_zc` ran, `finish_iteration` not yet.
+    zc_open: bool,
+    /// Zero-copy messages of the open iteration, and the next one `recv` hands out.
+    zc_count: usize,
+    zc_next: usize,
     reply_buf: Box<[u8]>,
     /// Replies given since the loop last ran.
     dirty: bool,
@@ -1112,6 +1119,9 @@ impl<T: DatagramTransport> ErpcServer<T> {
             service,
             queue: VecDeque::with_capacity(SERVER_QUEUE),
             lent: Vec::with_capacity(SERVER_QUEUE),
+            zc_open: false,
+            zc_count: 0,
+            zc_next: 0,
             reply_buf: vec![0; service.max_response_bytes].into_boxed_slice(),
             dirty: false,
             stats: ErpcServerStats::default(),
@@ -1142,8 +1152,29 @@ impl<T: DatagramTransport> ErpcServer<T> {
     /// Runs the event loop once and queues the requests that completed.
     #[inline]
     fn run_loop(&mut self) {
+        self.finish_zc();
         self.ep.run_event_loop_once();
         self.dirty = false;
+        self.drain_events();
+    }
+
+    /// Finishes an open zero-copy iteration: re-posts the receive burst (the lent requests
+    /// become invalid), runs the timers and transmits.
+    #[inline]
+    fn finish_zc(&mut self) {
+        if self.zc_open {
+            self.zc_open = false;
+            self.zc_count = 0;
+            self.zc_next = 0;
+            self.ep.finish_iteration();
+            self.dirty = false;
+            self.drain_events();
+        }
+    }
+
+    /// Queues copied requests and counts the other events.
+    #[inline]
+    fn drain_events(&mut self) {
         while let Some(ev) = self.ep.poll_event() {
             match ev {
                 Event::Request { token, data, .. } => {
@@ -1160,31 +1191,51 @@ impl<T: DatagramTransport> ErpcServer<T> {
 impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
     type ReplyToken = ReqToken;
 
-    /// Runs the event loop once (receive, timers, transmit: replies given since the last
-    /// iteration leave here) and queues the requests that completed. Returns the requests
-    /// available to `recv`.
+    /// Finishes the previous iteration if still open (timers, transmit), then receives a
+    /// burst: single-packet requests stay in place for `recv` (module docs, "Zero copy"),
+    /// multi-packet ones are queued. Returns the requests available to `recv`.
     #[inline]
     fn poll(&mut self) -> usize {
-        self.run_loop();
-        self.queue.len()
+        self.finish_zc();
+        let n = self.ep.rx_burst_zc();
+        self.zc_open = true;
+        self.zc_count = n;
+        self.zc_next = 0;
+        self.dirty = false;
+        self.stats.requests += n as u64;
+        self.drain_events();
+        n + self.queue.len()
     }
 
-    /// The next request, in arrival order (module docs on the zero-copy plan).
+    /// The next request: first the single-packet ones of the current burst, in place in the
+    /// receive ring, then the copied (multi-packet) ones in arrival order.
     #[inline]
     fn recv(&mut self) -> Option<(ReqToken, &[u8])> {
+        while self.zc_next < self.zc_count {
+            let k = self.zc_next;
+            self.zc_next += 1;
+            if let (core::Zc::Request { token, .. }, _) = self.ep.zc(k) {
+                self.stats.zero_copy_requests += 1;
+                return Some((token, self.ep.zc(k).1));
+            }
+            // A response on a server endpoint (it opens no sessions): ignored.
+            self.stats.stray_events += 1;
+        }
         let (token, data) = self.queue.pop_front()?;
         self.lent.push(data);
         let msg = self.lent.last().map_or(&[][..], |d| &d[..]);
         Some((token, msg))
     }
 
-    /// Returns the buffers of the requests handed out by `recv` to the core's free list
-    /// ([`Endpoint::recycle`]; tokens stay valid).
+    /// Returns the buffers of the copied requests handed out by `recv` to the core's free
+    /// list ([`Endpoint::recycle`]) and finishes the zero-copy iteration (re-posts the receive
+    /// burst, runs the timers, transmits the replies given so far); tokens stay valid.
     #[inline]
     fn release(&mut self) {
         for buf in self.lent.drain(..) {
             self.ep.recycle(buf);
         }
+        self.finish_zc();
     }
 
     /// Encodes the reply into the preallocated buffer and hands it to the core
@@ -1227,11 +1278,14 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
         }
     }
 
-    /// If replies were given since the loop last ran, runs it once to send them (requests
-    /// received meanwhile are queued for the next poll).
+    /// Finishes an open zero-copy iteration (which transmits); else, if replies were given
+    /// since the loop last ran, runs it once to send them (requests received meanwhile are
+    /// queued for the next poll).
     #[inline]
     fn flush(&mut self) {
-        if self.dirty {
+        if self.zc_open {
+            self.finish_zc();
+        } else if self.dirty {
             self.run_loop();
         }
     }

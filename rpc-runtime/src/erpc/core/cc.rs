@@ -21,6 +21,15 @@
 //!   entries, so nothing of a finished or rolled-back exchange stays queued (invariant I1,
 //!   seeds/002 §4; eRPC instead drops responses while such copies are queued, seeds/002 §8.1
 //!   / Appendix C).
+//!
+//! **On a shared or virtual machine.** The seed's constants (15 Mbit/s floor, 5 Mbit/s
+//! additive increase per sample, gradients normalized by a 2 µs minimum RTT, `T_LOW` 50 µs)
+//! assume a datacenter fabric whose RTT samples are stable. Over loopback on an oversubscribed
+//! VM, one sample inflated by a descheduled thread can throw a session's rate to the floor,
+//! from which it climbs back 5 Mbit/s per sample, and its packets are paced meanwhile
+//! (measured: 70-78% of QD-1 echo packets and nearly all large-message packets through the
+//! wheel; large-message goodput 1.5-12x lower). `Config::cc_rate_comp` and
+//! `Config::cc_pacing` switch it off where that matters more than eRPC fidelity.
 
 use std::hash::Hash;
 
