@@ -18,184 +18,28 @@
 //! tests, other builds) two spinning threads sharing a core otherwise take turns only once
 //! per scheduler time slice (milliseconds), far above eRPC's 5 ms retransmission timeout.
 
+mod erpc_common;
+
+use erpc_common::{DEADLINE, connect, payload, run_calls, spawn_server, spin};
+
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use mlx5::sim::{Fabric, SimConfig, UdFaults};
-use rpc_runtime::erpc::core::{Config, Event, MS, RpcError, SessionId};
+use rpc_runtime::erpc::core::{Config, Event, MS, RpcError};
 use rpc_runtime::erpc::event_loop::Endpoint;
 use rpc_runtime::erpc::transport::DatagramTransport;
 use rpc_runtime::erpc::transport::lossy::{LossConfig, LossyTransport};
 use rpc_runtime::erpc::transport::ud::{DEFAULT_MTU, UdAddr, UdConfig, UdTransport};
 
-const DEADLINE: Duration = Duration::from_secs(20);
-
 fn fabric() -> Fabric {
     Fabric::new(SimConfig::default())
-}
-
-/// One event-loop iteration; yields the thread if it found nothing to do (see the module
-/// docs).
-fn spin<T: DatagramTransport>(ep: &mut Endpoint<T>) {
-    if ep.run_event_loop_once() == 0 {
-        thread::yield_now();
-    }
 }
 
 /// A UD transport with eRPC's defaults on a new simulated NIC of `f`.
 fn ud(f: &Fabric) -> UdTransport {
     UdTransport::new(&f.open(), UdConfig::default()).expect("UD transport")
-}
-
-/// Request/response payload: `client id | tag | pattern`.
-fn payload(client: u64, tag: u64, len: usize) -> Vec<u8> {
-    let len = len.max(16);
-    let mut v = Vec::with_capacity(len);
-    v.extend_from_slice(&client.to_le_bytes());
-    v.extend_from_slice(&tag.to_le_bytes());
-    v.extend((16..len).map(|i| (i as u64).wrapping_mul(31).wrapping_add(tag) as u8));
-    v
-}
-
-fn parse(data: &[u8]) -> (u64, u64) {
-    let c = u64::from_le_bytes(data[..8].try_into().unwrap());
-    let t = u64::from_le_bytes(data[8..16].try_into().unwrap());
-    (c, t)
-}
-
-/// Handler executions per (client id, tag).
-type Counts = Arc<Mutex<HashMap<(u64, u64), u32>>>;
-
-struct Server<T: DatagramTransport> {
-    addr: T::Addr,
-    stop: Arc<AtomicBool>,
-    counts: Counts,
-    handle: thread::JoinHandle<Endpoint<T>>,
-}
-
-/// An echo server running in its own thread until `stop`, or until it handled `stop_after`
-/// requests (then it stops answering, i.e. fails, with the last request unanswered).
-fn spawn_server<T>(transport: T, cfg: Config, stop_after: Option<u64>) -> Server<T>
-where
-    T: DatagramTransport + Send + 'static,
-    T::Addr: Send,
-{
-    let mut ep = Endpoint::new(transport, cfg).expect("server config");
-    let addr = ep.local_addr();
-    let stop = Arc::new(AtomicBool::new(false));
-    let counts: Counts = Arc::default();
-    let (s2, c2) = (stop.clone(), counts.clone());
-    let handle = thread::spawn(move || {
-        let mut handled = 0u64;
-        while !s2.load(Ordering::Relaxed) {
-            spin(&mut ep);
-            while let Some(ev) = ep.poll_event() {
-                if let Event::Request { token, data, .. } = ev {
-                    *c2.lock().unwrap().entry(parse(&data)).or_insert(0) += 1;
-                    handled += 1;
-                    if stop_after.is_some_and(|n| handled >= n) {
-                        s2.store(true, Ordering::Relaxed);
-                        break;
-                    }
-                    ep.reply(token, &data).expect("reply");
-                }
-            }
-        }
-        ep
-    });
-    Server {
-        addr,
-        stop,
-        counts,
-        handle,
-    }
-}
-
-impl<T: DatagramTransport> Server<T> {
-    fn finish(self) -> (Endpoint<T>, HashMap<(u64, u64), u32>) {
-        self.stop.store(true, Ordering::Relaxed);
-        let ep = self.handle.join().expect("server thread");
-        let counts = std::mem::take(&mut *self.counts.lock().unwrap());
-        (ep, counts)
-    }
-}
-
-/// Opens `n` sessions to `peer` and waits until all are connected.
-fn connect<T: DatagramTransport>(ep: &mut Endpoint<T>, peer: T::Addr, n: usize) -> Vec<SessionId> {
-    let sessions: Vec<_> = (0..n)
-        .map(|_| ep.create_session(peer).expect("create_session"))
-        .collect();
-    let start = Instant::now();
-    let mut connected = 0;
-    while connected < n {
-        assert!(start.elapsed() < DEADLINE, "connect timed out");
-        spin(ep);
-        while let Some(ev) = ep.poll_event() {
-            match ev {
-                Event::SessionConnected(_) => connected += 1,
-                other => panic!("unexpected event while connecting: {other:?}"),
-            }
-        }
-    }
-    sessions
-}
-
-/// Issues `calls` (session index, length) with at most `window` outstanding, checks every
-/// response byte for byte and that each tag completes exactly once.
-fn run_calls<T: DatagramTransport>(
-    ep: &mut Endpoint<T>,
-    client: u64,
-    sessions: &[SessionId],
-    calls: &[(usize, usize)],
-    window: usize,
-) {
-    // Payloads are built up front: building 8 MiB in a debug build between loop iterations
-    // would stall the event loop.
-    let mut payloads: Vec<Option<Vec<u8>>> = calls
-        .iter()
-        .enumerate()
-        .map(|(tag, &(_, len))| Some(payload(client, tag as u64, len)))
-        .collect();
-    let mut outstanding: HashMap<u64, Vec<u8>> = HashMap::new();
-    let mut next = 0usize;
-    let mut done = 0usize;
-    let start = Instant::now();
-    while done < calls.len() {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "calls timed out: {done}/{} done, stats {:?} {:?} {:?}",
-            calls.len(),
-            ep.core_stats(),
-            ep.loop_stats(),
-            ep.transport().stats()
-        );
-        while next < calls.len() && outstanding.len() < window {
-            let s = calls[next].0;
-            let tag = next as u64;
-            let p = payloads[next].take().expect("payload");
-            ep.enqueue_request(sessions[s], 7, &p, tag)
-                .expect("enqueue");
-            outstanding.insert(tag, p);
-            next += 1;
-        }
-        spin(ep);
-        while let Some(ev) = ep.poll_event() {
-            match ev {
-                Event::Response { session, tag, data } => {
-                    let want = outstanding
-                        .remove(&tag)
-                        .unwrap_or_else(|| panic!("response for tag {tag} not outstanding"));
-                    assert_eq!(session, sessions[calls[tag as usize].0]);
-                    assert!(data == want, "response of tag {tag} differs");
-                    done += 1;
-                }
-                other => panic!("unexpected client event: {other:?}"),
-            }
-        }
-    }
 }
 
 /// The default core configuration with a failure timeout long enough that a loop starved by
