@@ -10,9 +10,9 @@
 //! Two implementations:
 //! - [`threads::ThreadGroup`]: ranks are threads of this process (the default; needs nothing
 //!   but Rust). Collectives meet in shared memory guarded by a mutex.
-//! - MPI ranks (cargo feature `mpi`, rsmpi; not written yet, issue 7): ranks are MPI
-//!   processes started by `mpirun`, collectives `MPI_Allgather`, `MPI_Barrier` and
-//!   `MPI_Allreduce` on `MPI_COMM_WORLD`.
+//! - `mpi::MpiBootstrap` (cargo feature `mpi`, rsmpi): ranks are MPI processes started by
+//!   `mpirun`; collectives are `MPI_Allgather`, `MPI_Barrier` and `MPI_Allreduce` on
+//!   `MPI_COMM_WORLD`.
 //!
 //! [`Bootstrap::node`] derives the node-local rank from the ranks' host names (every rank
 //! contributes its name to an all-gather; ranks with equal names share a node), which places
@@ -22,9 +22,13 @@
 //! Every collective is all-or-nothing: it returns only when every rank has entered it. A rank
 //! that never arrives must not hang the others: the in-process group fails the collective with
 //! [`BootstrapError::PeerGone`] when a rank's handle is dropped (its thread ended or panicked)
-//! and with [`BootstrapError::Timeout`] after the group's timeout.
+//! and with [`BootstrapError::Timeout`] after the group's timeout; MPI aborts the job when a
+//! process dies (Open MPI's default), which ends the others too.
 
 pub mod threads;
+
+#[cfg(feature = "mpi")]
+pub mod mpi;
 
 use std::time::Duration;
 
