@@ -100,18 +100,35 @@ pub trait Bootstrap {
     /// The implementation's failure errors (module docs).
     fn barrier(&self) -> Result<(), BootstrapError>;
 
-    /// Element-wise sum over the ranks of `values` (same length everywhere), in place.
+    /// Element-wise sum over the ranks of `values` (same length everywhere), in place,
+    /// wrapping on overflow. Default: an all-gather of every rank's values, summed locally.
     ///
     /// # Errors
     /// As [`Bootstrap::all_gather`].
-    fn all_reduce_sum_u64(&self, values: &mut [u64]) -> Result<(), BootstrapError>;
+    fn all_reduce_sum_u64(&self, values: &mut [u64]) -> Result<(), BootstrapError> {
+        let all = self.all_gather(&to_le_bytes(values.iter().map(|v| v.to_le_bytes())))?;
+        values.fill(0);
+        for (i, b) in all.chunks_exact(8).enumerate() {
+            let v = &mut values[i % values.len()];
+            *v = v.wrapping_add(u64::from_le_bytes(b.try_into().expect("8 bytes")));
+        }
+        Ok(())
+    }
 
     /// Element-wise sum over the ranks of `values` (same length everywhere), in place. The
-    /// sum is taken in rank order, so every rank gets the same bits.
+    /// sum is taken in rank order, so every rank gets the same bits (which `MPI_SUM` on
+    /// doubles does not promise); this default is therefore used by every implementation.
     ///
     /// # Errors
     /// As [`Bootstrap::all_gather`].
-    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), BootstrapError>;
+    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), BootstrapError> {
+        let all = self.all_gather(&to_le_bytes(values.iter().map(|v| v.to_le_bytes())))?;
+        values.fill(0.0);
+        for (i, b) in all.chunks_exact(8).enumerate() {
+            values[i % values.len()] += f64::from_le_bytes(b.try_into().expect("8 bytes"));
+        }
+        Ok(())
+    }
 
     /// This rank's host name as [`Bootstrap::node`] compares it.
     fn hostname(&self) -> String;
@@ -132,6 +149,11 @@ pub trait Bootstrap {
             self.rank(),
         ))
     }
+}
+
+/// The concatenated little-endian encodings of a reduction's values.
+fn to_le_bytes(values: impl Iterator<Item = [u8; 8]>) -> Vec<u8> {
+    values.flatten().collect()
 }
 
 /// Node placement of `rank` given every rank's host name (in rank order).
@@ -186,7 +208,8 @@ mod tests {
     }
 
     #[test]
-    fn local_hostname_is_not_empty() {
-        assert!(!local_hostname().is_empty());
+    fn local_hostname_is_the_kernels() {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        assert_eq!(local_hostname(), kernel.trim_end());
     }
 }

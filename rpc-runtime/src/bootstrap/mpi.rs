@@ -3,9 +3,10 @@
 //!
 //! [`MpiBootstrap::init`] initializes MPI once per process (rsmpi's `mpi::initialize`; MPI is
 //! finalized when the bootstrap is dropped). Collectives are blocking MPI calls:
-//! `MPI_Allgather` of bytes, `MPI_Barrier`, and `MPI_Allreduce` with `MPI_SUM`. A process that
-//! dies makes `mpirun` abort the job (Open MPI's default), which ends the other ranks; the
-//! errors below cover what this module checks itself.
+//! `MPI_Allgather` of bytes, `MPI_Barrier`, and `MPI_Allreduce` with `MPI_SUM` for `u64` (the
+//! `f64` sum is the trait's rank-ordered default, so every rank gets the same bits). A process
+//! that dies makes `mpirun` abort the job (Open MPI's default), which ends the other ranks;
+//! the errors below cover what this module checks itself.
 //!
 //! Lengths: MPI collectives require every rank to pass the same count, and a mismatch is
 //! undefined behaviour in MPI, so [`Bootstrap::all_gather`] and the reductions first
@@ -110,20 +111,6 @@ impl Bootstrap for MpiBootstrap {
         let mine = values.to_vec();
         self.world
             .all_reduce_into(&mine[..], values, SystemOperation::sum());
-        Ok(())
-    }
-
-    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), BootstrapError> {
-        // MPI_SUM over doubles may combine in any order; gathering and adding in rank order
-        // gives every rank the same bits (as the trait promises).
-        let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let all = self.all_gather(&mine)?;
-        values.fill(0.0);
-        for part in all.chunks_exact(mine.len().max(1)).take(self.size) {
-            for (v, b) in values.iter_mut().zip(part.chunks_exact(8)) {
-                *v += f64::from_le_bytes(b.try_into().expect("8 bytes"));
-            }
-        }
         Ok(())
     }
 

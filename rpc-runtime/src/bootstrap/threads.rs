@@ -212,30 +212,6 @@ impl Bootstrap for ThreadRank {
         self.exchange(&[]).map(|_| ())
     }
 
-    fn all_reduce_sum_u64(&self, values: &mut [u64]) -> Result<(), BootstrapError> {
-        let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let all = self.exchange(&mine)?;
-        values.fill(0);
-        for part in all.chunks_exact(mine.len().max(1)).take(self.size()) {
-            for (v, b) in values.iter_mut().zip(part.chunks_exact(8)) {
-                *v = v.wrapping_add(u64::from_le_bytes(b.try_into().expect("8 bytes")));
-            }
-        }
-        Ok(())
-    }
-
-    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), BootstrapError> {
-        let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let all = self.exchange(&mine)?;
-        values.fill(0.0);
-        for part in all.chunks_exact(mine.len().max(1)).take(self.size()) {
-            for (v, b) in values.iter_mut().zip(part.chunks_exact(8)) {
-                *v += f64::from_le_bytes(b.try_into().expect("8 bytes"));
-            }
-        }
-        Ok(())
-    }
-
     fn hostname(&self) -> String {
         self.hostname.clone()
     }

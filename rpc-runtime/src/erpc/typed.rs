@@ -1214,9 +1214,9 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
         while self.zc_next < self.zc_count {
             let k = self.zc_next;
             self.zc_next += 1;
-            if let (core::Zc::Request { token, .. }, _) = self.ep.zc(k) {
+            if let (core::Zc::Request { token, .. }, data) = self.ep.zc(k) {
                 self.stats.zero_copy_requests += 1;
-                return Some((token, self.ep.zc(k).1));
+                return Some((token, data));
             }
             // A response on a server endpoint (it opens no sessions): ignored.
             self.stats.stray_events += 1;
