@@ -5,14 +5,12 @@
 
 mod erpc_common;
 
-use erpc_common::{DEADLINE, connect, payload, run_calls, spawn_server};
+use erpc_common::{connect, run_calls, spawn_server};
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use rpc_runtime::erpc::core::{Config, Event, MS, RpcError};
+use rpc_runtime::erpc::core::{Config, MS};
 use rpc_runtime::erpc::event_loop::Endpoint;
 use rpc_runtime::erpc::transport::DatagramTransport;
 use rpc_runtime::erpc::transport::lossy::{LossConfig, LossyTransport};
@@ -144,84 +142,7 @@ fn loss_dup_reorder_exactly_once() {
 
 #[test]
 fn server_failure_fails_pending_calls() {
-    let failure_timeout = 300 * MS;
-    let cfg = Config {
-        failure_timeout,
-        keepalive: 50 * MS,
-        ..Config::default()
-    };
-    // The server handles 40 requests, then drops its endpoint with the 40th unanswered.
-    let server = spawn_server(udp(), cfg.clone(), Some(40));
-    let stopped = server.stop.clone();
-    let mut client = Endpoint::new(udp(), cfg).unwrap();
-    let sessions = connect(&mut client, server.addr, 4);
-    let n = 200u64;
-    for tag in 0..n {
-        let s = sessions[(tag % 4) as usize];
-        client
-            .enqueue_request(s, 1, &payload(6, tag, 64), tag)
-            .unwrap();
-    }
-    let mut outcome: HashMap<u64, Result<(), RpcError>> = HashMap::new();
-    let mut failed_sessions = 0;
-    let mut stop_seen: Option<Instant> = None;
-    let start = Instant::now();
-    let mut last_fail = start;
-    while failed_sessions < sessions.len() {
-        assert!(start.elapsed() < DEADLINE, "failure not detected");
-        if stop_seen.is_none() && stopped.load(Ordering::Relaxed) {
-            stop_seen = Some(Instant::now());
-        }
-        client.run_event_loop_once();
-        while let Some(ev) = client.poll_event() {
-            match ev {
-                Event::Response { tag, data, .. } => {
-                    assert_eq!(data, payload(6, tag, 64));
-                    assert!(outcome.insert(tag, Ok(())).is_none(), "tag {tag} twice");
-                }
-                Event::RequestFailed { tag, error, .. } => {
-                    assert_eq!(error, RpcError::PeerFailed);
-                    assert!(outcome.insert(tag, Err(error)).is_none(), "tag {tag} twice");
-                    last_fail = Instant::now();
-                }
-                Event::SessionFailed { error, .. } => {
-                    assert_eq!(error, RpcError::PeerFailed);
-                    failed_sessions += 1;
-                }
-                other => panic!("unexpected event {other:?}"),
-            }
-        }
-    }
-    let stop_seen = stop_seen.expect("server stopped");
-    let (_, counts) = server.finish();
-    let detect = last_fail - stop_seen;
-    eprintln!("server failure detected {detect:?} after it stopped");
-    assert_eq!(
-        outcome.len() as u64,
-        n,
-        "every call has exactly one outcome"
-    );
-    // Only requests the server handled can have succeeded (replies enqueued in the server's
-    // last iteration may never have left, so fewer than 39 is possible).
-    let ok: Vec<u64> = outcome
-        .iter()
-        .filter(|(_, r)| r.is_ok())
-        .map(|(t, _)| *t)
-        .collect();
-    assert_eq!(counts.len(), 40);
-    assert!(ok.len() <= 39 && !ok.is_empty(), "{} succeeded", ok.len());
-    for t in &ok {
-        assert_eq!(
-            counts.get(&(6, *t)),
-            Some(&1),
-            "tag {t} succeeded unhandled"
-        );
-    }
-    // The last server packet arrived before the server stopped; allow loop and scan slack.
-    assert!(
-        detect < Duration::from_nanos(failure_timeout) + Duration::from_millis(200),
-        "failure took {detect:?}"
-    );
+    erpc_common::server_failure_fails_pending_calls(udp(), udp());
 }
 
 #[test]
