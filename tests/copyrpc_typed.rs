@@ -1,19 +1,21 @@
 //! Generated stubs and server traits end to end over copyrpc, on the software device model.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+mod typed_common;
+
+use typed_common::{Store, header, spawn, spawn_kv};
+
+use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crossbeam_utils::Backoff;
 use idl::echo::{EchoClient, EchoResponse, EchoService};
-use idl::kv::{KvClient, KvRequest, KvResponse, KvServer, KvService};
+use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
 use rpc::copyrpc::{
     ConnectRefusal, Context, ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer, CopyrpcSetupError,
     EndpointConfig, EndpointFailure, EndpointState,
 };
 use rpc::mlx5::sim::{Fabric, SimConfig};
-use rpc::wire::{MsgHeader, Status};
+use rpc::wire::Status;
 use rpc::{Client, ClientTransport, RpcError, Server, Service};
 
 /// Rings of 64 KiB keep the many contexts of these tests small; the default is 1 MiB.
@@ -24,18 +26,6 @@ fn small_rings() -> EndpointConfig {
     }
 }
 
-#[derive(Default)]
-struct Store(std::collections::HashMap<u64, u64>);
-
-impl KvServer for Store {
-    fn put(&mut self, _rank: u32, key: u64, value: u64) {
-        self.0.insert(key, value);
-    }
-    fn get(&mut self, _rank: u32, key: u64) -> Option<u64> {
-        self.0.get(&key).copied()
-    }
-}
-
 /// A server of `S` on its own device, and the address clients on `fabric` connect to.
 fn server<S: Service>(fabric: &Fabric) -> (Server<S, CopyrpcServer>, CopyrpcAddr) {
     let server =
@@ -43,41 +33,6 @@ fn server<S: Service>(fabric: &Fabric) -> (Server<S, CopyrpcServer>, CopyrpcAddr
     let mut addr = CopyrpcAddr::new(fabric.open(), server.transport().listener());
     addr.endpoint = small_rings();
     (server, addr)
-}
-
-/// Runs `server` on a thread with `handler` until the returned flag is set; the thread
-/// returns the server.
-fn spawn<S: Service>(
-    mut server: Server<S, CopyrpcServer>,
-    mut handler: impl FnMut(S::Request) -> S::Response + Send + 'static,
-) -> (
-    Arc<AtomicBool>,
-    thread::JoinHandle<Server<S, CopyrpcServer>>,
-) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
-    let h = thread::spawn(move || {
-        let backoff = Backoff::new();
-        while !st.load(Ordering::Relaxed) {
-            if server.serve_once(&mut handler) == 0 {
-                backoff.snooze();
-            } else {
-                backoff.reset();
-            }
-        }
-        server
-    });
-    (stop, h)
-}
-
-fn spawn_kv(
-    server: Server<KvService, CopyrpcServer>,
-) -> (
-    Arc<AtomicBool>,
-    thread::JoinHandle<Server<KvService, CopyrpcServer>>,
-) {
-    let mut store = Store::default();
-    spawn(server, move |req| KvService::dispatch(&mut store, req))
 }
 
 /// Connects `T` on another thread while this one polls `server` (which must answer the
@@ -423,10 +378,6 @@ fn raw_roundtrip(
         .unwrap();
     }
     out.unwrap()
-}
-
-fn header(msg: &[u8]) -> MsgHeader {
-    rpc::wire::read_header(msg).unwrap()
 }
 
 #[test]

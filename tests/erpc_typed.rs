@@ -4,6 +4,10 @@
 //! a server that goes away, idle clients, many clients, and loss; and the same stubs over the
 //! mlx5 UD transport on the software device model.
 
+mod typed_common;
+
+use typed_common::{Store, header, spawn, spawn_kv};
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,9 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crossbeam_utils::Backoff;
 use idl::echo::{EchoClient, EchoResponse, EchoService};
-use idl::kv::{KvClient, KvRequest, KvResponse, KvServer, KvService};
+use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
 use rpc::erpc::core::{Config, MS};
 use rpc::erpc::event_loop::Endpoint;
 use rpc::erpc::transport::lossy::{LossConfig, LossyTransport};
@@ -23,7 +26,7 @@ use rpc::erpc::typed::{ErpcSetupError, UdConnectAddr, service_config};
 use rpc::erpc::{Erpc, ErpcConfig, ErpcServer};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::rpc_service;
-use rpc::wire::{MsgHeader, Status};
+use rpc::wire::Status;
 use rpc::{Client, ClientTransport, MessageKind, RpcError, Server, Service};
 
 /// Counts the heap allocations of threads that opted in (`COUNTING`), for the allocation
@@ -87,18 +90,6 @@ impl BlobServer for Bumper {
     }
 }
 
-#[derive(Default)]
-struct Store(HashMap<u64, u64>);
-
-impl KvServer for Store {
-    fn put(&mut self, _rank: u32, key: u64, value: u64) {
-        self.0.insert(key, value);
-    }
-    fn get(&mut self, _rank: u32, key: u64) -> Option<u64> {
-        self.0.get(&key).copied()
-    }
-}
-
 fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
@@ -122,38 +113,6 @@ fn server<S: Service>(cfg: &ErpcConfig) -> (Server<S, ErpcServer>, SocketAddr) {
     let addr = t.local_addr();
     assert_ne!(addr.port(), 0);
     (Server::new(t), addr)
-}
-
-/// Runs `server` on a thread with `handler` until the returned flag is set; the thread
-/// returns the server.
-fn spawn<S: Service, T: rpc::ServerTransport + Send + 'static>(
-    mut server: Server<S, T>,
-    mut handler: impl FnMut(S::Request) -> S::Response + Send + 'static,
-) -> (Arc<AtomicBool>, thread::JoinHandle<Server<S, T>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
-    let h = thread::spawn(move || {
-        let backoff = Backoff::new();
-        while !st.load(Ordering::Relaxed) {
-            if server.serve_once(&mut handler) == 0 {
-                backoff.snooze();
-            } else {
-                backoff.reset();
-            }
-        }
-        server
-    });
-    (stop, h)
-}
-
-fn spawn_kv(
-    server: Server<KvService, ErpcServer>,
-) -> (
-    Arc<AtomicBool>,
-    thread::JoinHandle<Server<KvService, ErpcServer>>,
-) {
-    let mut store = Store::default();
-    spawn(server, move |req| KvService::dispatch(&mut store, req))
 }
 
 /// Connects on another thread while this one polls `server` (which must run its event loop
@@ -339,10 +298,6 @@ fn raw_roundtrip(t: &mut Erpc, server: &mut Server<KvService, ErpcServer>, msg: 
         .unwrap();
     }
     out.unwrap()
-}
-
-fn header(msg: &[u8]) -> MsgHeader {
-    rpc::wire::read_header(msg).unwrap()
 }
 
 #[test]

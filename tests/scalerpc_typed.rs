@@ -1,19 +1,22 @@
 //! Generated stubs and server traits end to end over ScaleRPC, on the software device model.
 
+mod typed_common;
+
+use typed_common::{Store, header, spawn, spawn_kv};
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crossbeam_utils::Backoff;
 use idl::echo::{EchoClient, EchoResponse, EchoService};
-use idl::kv::{KvClient, KvRequest, KvResponse, KvServer, KvService};
+use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::scalerpc::{
     ClientConfig, ConnectRefusal, ScaleClient, ScaleRpc, ScaleRpcAddr, ScaleRpcServer,
     ScaleRpcSetupError, ServerConfig,
 };
-use rpc::wire::{MsgHeader, Status};
+use rpc::wire::Status;
 use rpc::{Client, ClientTransport, RpcError, Server, Service};
 
 /// Small pools: 1 KiB slots (the echo service needs 264 B requests), 8 slots per connection
@@ -27,18 +30,6 @@ fn small() -> ServerConfig {
     }
 }
 
-#[derive(Default)]
-struct Store(std::collections::HashMap<u64, u64>);
-
-impl KvServer for Store {
-    fn put(&mut self, _rank: u32, key: u64, value: u64) {
-        self.0.insert(key, value);
-    }
-    fn get(&mut self, _rank: u32, key: u64) -> Option<u64> {
-        self.0.get(&key).copied()
-    }
-}
-
 /// A server of `S` on its own device, and the address clients on `fabric` connect to.
 fn server<S: Service>(
     fabric: &Fabric,
@@ -47,41 +38,6 @@ fn server<S: Service>(
     let server = ScaleRpcServer::serve::<S>(&fabric.open(), cfg).unwrap();
     let addr = ScaleRpcAddr::new(fabric.open(), server.transport().listener());
     (server, addr)
-}
-
-/// Runs `server` on a thread with `handler` until the returned flag is set; the thread
-/// returns the server.
-fn spawn<S: Service>(
-    mut server: Server<S, ScaleRpcServer>,
-    mut handler: impl FnMut(S::Request) -> S::Response + Send + 'static,
-) -> (
-    Arc<AtomicBool>,
-    thread::JoinHandle<Server<S, ScaleRpcServer>>,
-) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
-    let h = thread::spawn(move || {
-        let backoff = Backoff::new();
-        while !st.load(Ordering::Relaxed) {
-            if server.serve_once(&mut handler) == 0 {
-                backoff.snooze();
-            } else {
-                backoff.reset();
-            }
-        }
-        server
-    });
-    (stop, h)
-}
-
-fn spawn_kv(
-    server: Server<KvService, ScaleRpcServer>,
-) -> (
-    Arc<AtomicBool>,
-    thread::JoinHandle<Server<KvService, ScaleRpcServer>>,
-) {
-    let mut store = Store::default();
-    spawn(server, move |req| KvService::dispatch(&mut store, req))
 }
 
 /// Connects `T` on another thread while this one polls `server` (which must answer the
@@ -509,10 +465,6 @@ fn raw_roundtrip(
         .unwrap();
     }
     out.unwrap()
-}
-
-fn header(msg: &[u8]) -> MsgHeader {
-    rpc::wire::read_header(msg).unwrap()
 }
 
 #[test]
