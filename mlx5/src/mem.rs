@@ -13,10 +13,19 @@
 //! Alignment: the start is 2 MiB aligned for a hugepage mapping and page aligned (4 KiB on
 //! x86-64) otherwise, which covers every alignment the queues need (64 B WQEBBs/CQEs, 4 B
 //! doorbell records). The memory is zeroed (fresh anonymous pages).
+//!
+//! # Shared backing (device model across processes)
+//! After [`crate::sim::Fabric::join`], a process's new `DmaBuf`s are *shared* file mappings
+//! instead: one file per buffer in `/dev/shm` (`mlx5sim.<node>.<pid>.<segment>`, normal pages,
+//! unlinked when the buffer drops), recorded in a process-wide segment table. That is what lets
+//! the device model running in another process of the node map the buffer and move bytes into
+//! it, as a NIC's DMA would ([`shared_segment_of`]).
 
+use std::collections::BTreeMap;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
-use std::sync::Once;
+use std::sync::{Mutex, Once};
 
 use crate::error::{Error, Result};
 
@@ -41,10 +50,13 @@ pub struct DmaBuf {
     /// Mapped length in bytes (`len` rounded up to the page size).
     map_len: usize,
     hugepage: bool,
+    /// Shared-backing segment number (`None`: a private anonymous mapping).
+    segment: Option<u32>,
 }
 
-// SAFETY: a `DmaBuf` owns a private anonymous mapping that no other handle refers to; the
-// mapping is not tied to the creating thread (munmap works from any thread). Sharing `&DmaBuf`
+// SAFETY: a `DmaBuf` owns its mapping (private anonymous, or a shared segment that other
+// processes' device models may also map, like a NIC's DMA); the mapping is not tied to the
+// creating thread (munmap works from any thread). Sharing `&DmaBuf`
 // only shares the address and length: every access to the bytes goes through raw pointers
 // (or the `unsafe` slice accessors), whose callers are responsible for synchronisation, exactly
 // as with memory the device writes.
@@ -117,6 +129,9 @@ impl DmaBuf {
         if len == 0 {
             return Err(zero_len());
         }
+        if let Some(b) = backing() {
+            return Self::shared(&b, len);
+        }
         let huge_len = round_up(len, HUGEPAGE_BYTES)?;
         match map_hugepages(huge_len) {
             Ok(ptr) => Ok(DmaBuf {
@@ -124,6 +139,7 @@ impl DmaBuf {
                 len,
                 map_len: huge_len,
                 hugepage: true,
+                segment: None,
             }),
             Err(e) => {
                 notice_fallback(&e);
@@ -142,6 +158,9 @@ impl DmaBuf {
         if len == 0 {
             return Err(zero_len());
         }
+        if let Some(b) = backing() {
+            return Self::shared(&b, len);
+        }
         let map_len = round_up(len, page_size())?;
         let ptr = map(map_len, 0).map_err(Error::Memory)?;
         Ok(DmaBuf {
@@ -149,7 +168,55 @@ impl DmaBuf {
             len,
             map_len,
             hugepage: false,
+            segment: None,
         })
+    }
+
+    /// A buffer in a new shared segment file of `b` (normal pages, zeroed: a fresh file).
+    fn shared(b: &Backing, len: usize) -> Result<Self> {
+        let map_len = round_up(len, page_size())?;
+        let (seg, path) = {
+            let mut t = table();
+            t.next_seg = t.next_seg.wrapping_add(1);
+            (t.next_seg, b.segment_path(std::process::id(), t.next_seg))
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(Error::Memory)?;
+        let mapped = file
+            .set_len(map_len as u64)
+            .and_then(|()| map_file(&file, map_len));
+        let ptr = match mapped {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(Error::Memory(e));
+            }
+        };
+        table().segments.insert(
+            ptr.as_ptr() as usize,
+            SegEntry {
+                seg,
+                len: map_len,
+                path,
+            },
+        );
+        Ok(DmaBuf {
+            ptr,
+            len,
+            map_len,
+            hugepage: false,
+            segment: Some(seg),
+        })
+    }
+
+    /// The shared-backing segment number of this buffer (`None`: private memory, which no
+    /// other process can reach).
+    pub fn segment(&self) -> Option<u32> {
+        self.segment
     }
 
     /// Start of the buffer.
@@ -235,12 +302,116 @@ fn zero_len() -> Error {
 
 impl Drop for DmaBuf {
     fn drop(&mut self) {
+        if self.segment.is_some()
+            && let Some(e) = table().segments.remove(&(self.ptr.as_ptr() as usize))
+        {
+            // Peers that mapped the segment keep their mapping (and the pages) until they
+            // unmap it; the name goes now.
+            let _ = std::fs::remove_file(&e.path);
+        }
         // SAFETY: `ptr`/`map_len` are exactly the mapping created in the constructor, owned
         // by `self` and not used after this point.
         unsafe {
             libc::munmap(self.ptr.as_ptr().cast(), self.map_len);
         }
     }
+}
+
+/// Where the shared segments of this process go (set once, by [`crate::sim::Fabric::join`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Backing {
+    /// Path prefix, e.g. `/dev/shm/mlx5sim.<node>`.
+    pub(crate) prefix: String,
+}
+
+impl Backing {
+    /// The file of segment `seg` of process `pid`.
+    pub(crate) fn segment_path(&self, pid: u32, seg: u32) -> String {
+        format!("{}.{pid}.{seg}", self.prefix)
+    }
+}
+
+/// One shared segment of this process.
+#[derive(Debug)]
+struct SegEntry {
+    seg: u32,
+    len: usize,
+    path: String,
+}
+
+/// The process-wide shared-backing state.
+#[derive(Debug, Default)]
+struct SegTable {
+    backing: Option<Backing>,
+    next_seg: u32,
+    /// Live segments by start address.
+    segments: BTreeMap<usize, SegEntry>,
+}
+
+static SEGMENTS: Mutex<SegTable> = Mutex::new(SegTable {
+    backing: None,
+    next_seg: 0,
+    segments: BTreeMap::new(),
+});
+
+fn table() -> std::sync::MutexGuard<'static, SegTable> {
+    SEGMENTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn backing() -> Option<Backing> {
+    table().backing.clone()
+}
+
+/// Whether new buffers of this process go to shared segments.
+pub(crate) fn shared_backing_active() -> bool {
+    table().backing.is_some()
+}
+
+/// Switches this process to shared backing under `b` (idempotent for the same `b`).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if the process already uses another backing.
+pub(crate) fn set_backing(b: Backing) -> Result<()> {
+    let mut t = table();
+    match &t.backing {
+        Some(old) if *old != b => Err(Error::InvalidArgument(format!(
+            "this process already joined the device-model node {}",
+            old.prefix
+        ))),
+        _ => {
+            t.backing = Some(b);
+            Ok(())
+        }
+    }
+}
+
+/// The shared segment holding `[addr, addr + len)`: `(segment, segment start address)`, or
+/// `None` when the range is not inside one shared `DmaBuf` of this process.
+pub fn shared_segment_of(addr: usize, len: usize) -> Option<(u32, usize)> {
+    let t = table();
+    let (&base, e) = t.segments.range(..=addr).next_back()?;
+    let end = addr.checked_add(len)?;
+    (end <= base + e.len).then_some((e.seg, base))
+}
+
+/// Maps `len` bytes of `file` shared, read-write.
+pub(crate) fn map_file(file: &std::fs::File, len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: a new shared mapping of an open file at a kernel-chosen address aliases no
+    // existing Rust object; the arguments are plain values.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))
 }
 
 /// Memory ordering towards the device, after rdma-core's `util/udma_barrier.h`.

@@ -12,17 +12,17 @@ use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 use crate::cqe::{self, CQE_BYTES, Cqe, CqeOpcode};
 
-/// The producer side of one CQ.
-#[derive(Debug)]
+/// The producer side of one CQ: a view (cheap to copy) of memory shared by every model that
+/// writes the CQ (see [`crate::sim::alloc::COUNTERS_OFF`]).
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct CqState {
     buf: *mut u8,
     cqe_cnt: u32,
     log2: u32,
     dbrec: *mut u32,
-    /// Producer counter (CQEs written).
-    pi: u32,
-    /// An overrun was detected; the CQ is dead.
-    pub(crate) overrun: bool,
+    /// Device counters: `[0]` the producer counter (CQEs written), `[1]` nonzero once an
+    /// overrun was detected (the CQ is dead).
+    ctr: *mut u32,
 }
 
 /// What happened to a CQE.
@@ -37,7 +37,9 @@ pub(crate) enum Push {
 }
 
 impl CqState {
-    /// A producer over `cqe_cnt` (power of two) entries at `buf` with doorbell record `dbrec`.
+    /// A producer over `cqe_cnt` (power of two) entries at `buf` with doorbell record `dbrec`,
+    /// whose device counters follow the record at [`crate::sim::alloc::COUNTERS_OFF`] (zero
+    /// for a new CQ).
     pub(crate) fn new(buf: *mut u8, cqe_cnt: u32, dbrec: *mut u32) -> Self {
         debug_assert!(cqe_cnt.is_power_of_two());
         CqState {
@@ -45,9 +47,17 @@ impl CqState {
             cqe_cnt,
             log2: cqe_cnt.trailing_zeros(),
             dbrec,
-            pi: 0,
-            overrun: false,
+            ctr: crate::sim::alloc::counters(dbrec),
         }
+    }
+
+    fn pi(&self) -> u32 {
+        crate::sim::alloc::load(self.ctr, 0)
+    }
+
+    /// Whether an overrun was detected.
+    pub(crate) fn overrun(&self) -> bool {
+        crate::sim::alloc::load(self.ctr, 1) != 0
     }
 
     /// Consumer index as software last published it (24 bits).
@@ -60,19 +70,20 @@ impl CqState {
     }
 
     /// Writes one CQE (`solicited` sets the SE bit of `op_own`).
-    pub(crate) fn push(&mut self, c: &Cqe, opcode: CqeOpcode, solicited: bool) -> Push {
-        if self.overrun {
+    pub(crate) fn push(&self, c: &Cqe, opcode: CqeOpcode, solicited: bool) -> Push {
+        if self.overrun() {
             return Push::Dead;
         }
-        let used = self.pi.wrapping_sub(self.ci()) & 0x00ff_ffff;
+        let pi = self.pi();
+        let used = pi.wrapping_sub(self.ci()) & 0x00ff_ffff;
         if used >= self.cqe_cnt {
-            self.overrun = true;
+            crate::sim::alloc::store(self.ctr, 1, 1);
             return Push::Overrun;
         }
         let mut bytes = [0u8; CQE_BYTES];
         c.encode(&mut bytes);
-        let slot = (self.pi & (self.cqe_cnt - 1)) as usize;
-        let own = cqe::op_own(opcode, self.pi, self.log2) | if solicited { 0x02 } else { 0 };
+        let slot = (pi & (self.cqe_cnt - 1)) as usize;
+        let own = cqe::op_own(opcode, pi, self.log2) | if solicited { 0x02 } else { 0 };
         // SAFETY: the slot is inside the ring (model memory, alive while the CQ is in the
         // table) and software has released it (checked above). Bytes 0..63 are written with
         // plain stores, then `op_own` with a Release store: a consumer that observes the new
@@ -83,7 +94,7 @@ impl CqState {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, cqe::off::OP_OWN);
             AtomicU8::from_ptr(p.add(cqe::off::OP_OWN)).store(own, Ordering::Release);
         }
-        self.pi = self.pi.wrapping_add(1);
+        crate::sim::alloc::store(self.ctr, 0, pi.wrapping_add(1));
         Push::Written
     }
 }
@@ -103,7 +114,7 @@ mod tests {
         let ring = ModelMem::zeroed(4 * 64).unwrap();
         let db = ModelMem::zeroed(64).unwrap();
         let dbrec = db.ptr().as_ptr() as *mut u32;
-        let mut cq = CqState::new(ring.ptr().as_ptr(), 4, dbrec);
+        let cq = CqState::new(ring.ptr().as_ptr(), 4, dbrec);
         let c = Cqe {
             opcode: 0,
             qpn: 7,
@@ -127,7 +138,9 @@ mod tests {
         assert_eq!(cq.push(&c, CqeOpcode::Req, false), Push::Dead);
 
         // A fresh CQ: 4 written, software consumed 3, so 3 more fit (the first with owner 1).
-        let mut cq = CqState::new(ring.ptr().as_ptr(), 4, dbrec);
+        let db = ModelMem::zeroed(64).unwrap();
+        let dbrec = db.ptr().as_ptr() as *mut u32;
+        let cq = CqState::new(ring.ptr().as_ptr(), 4, dbrec);
         for _ in 0..4 {
             assert_eq!(cq.push(&c, CqeOpcode::Req, false), Push::Written);
         }

@@ -62,7 +62,7 @@ struct MrHandle {
 
 impl Drop for MrHandle {
     fn drop(&mut self) {
-        self.shared.lock().mrs.deregister(self.idx);
+        self.shared.lock().deregister_mr(self.idx);
     }
 }
 
@@ -77,7 +77,7 @@ struct CqHandle {
 impl Drop for CqHandle {
     fn drop(&mut self) {
         // Removed under the lock before the memory (the fields) is freed.
-        self.shared.lock().cqs.remove(&self.cqn);
+        self.shared.lock().remove_cq(self.cqn);
     }
 }
 
@@ -91,7 +91,7 @@ struct SrqHandle {
 
 impl Drop for SrqHandle {
     fn drop(&mut self) {
-        self.shared.lock().srqs.remove(&self.srqn);
+        self.shared.lock().remove_srq(self.srqn);
     }
 }
 
@@ -218,12 +218,12 @@ impl Provider for SimDevice {
                 "reg_mr: REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE".into(),
             ));
         }
-        let (idx, lkey, rkey) = self.shared.lock().mrs.register(MrEntry {
+        let (idx, lkey, rkey) = self.shared.lock().register_mr(MrEntry {
             addr: addr as u64,
             len: len as u64,
             access,
             pd,
-        });
+        })?;
         Ok((
             Box::new(MrHandle {
                 shared: self.shared.clone(),
@@ -248,7 +248,12 @@ impl Provider for SimDevice {
             };
         }
         let state = CqState::new(ring.ptr().as_ptr(), cnt, dbrec.ptr().as_ptr().cast());
-        let cqn = self.shared.lock().add_cq(state)?;
+        let cqn = self.shared.lock().add_cq(
+            state,
+            cnt,
+            ring.ptr().as_ptr(),
+            dbrec.ptr().as_ptr().cast(),
+        )?;
         let mem = CqMem {
             buf: ring.ptr(),
             cqe_cnt: cnt,
@@ -294,8 +299,6 @@ impl Provider for SimDevice {
             max_sge: real_sge,
             dbrec: dbrec.ptr().as_ptr().cast(),
             pd,
-            head: 0,
-            consumed: 0,
         };
         let srqn = self.shared.lock().add_srq(state)?;
         let mem = SrqMem {
@@ -379,7 +382,6 @@ impl Provider for SimDevice {
                 stride,
                 max_sge: stride / DATA_BYTES as u32,
                 dbrec: dbrec_ptr,
-                consumed: 0,
             };
             (Some(buf), Some(st))
         } else {

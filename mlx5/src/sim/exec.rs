@@ -5,7 +5,8 @@ use crate::cqe::{CqeOpcode, Syndrome};
 use crate::sim::SimQpState;
 use crate::sim::faults::{Fate, Packet};
 use crate::sim::memory::{self, ScatterError};
-use crate::sim::model::{Model, RecvSource, WaitKind, blank_cqe};
+use crate::sim::model::{Model, WaitKind, blank_cqe};
+use crate::sim::target::Target;
 use crate::verbs::{Access, QpType};
 use crate::wqe::{self, CQ_UPDATE, CtrlSeg, Opcode, ParsedWqe, SOLICITED};
 
@@ -24,16 +25,6 @@ pub(crate) enum Outcome {
     Stall(WaitKind),
     /// Requester error with this syndrome (responder-side effects already applied).
     Fail(Syndrome),
-}
-
-/// The responder of an RC operation.
-#[derive(Clone, Copy, Debug)]
-struct Peer {
-    qpn: u32,
-    device: u32,
-    pd: u32,
-    recv_cq: u32,
-    access: Access,
 }
 
 impl Model {
@@ -157,31 +148,20 @@ impl Model {
 
     // ---- RC ------------------------------------------------------------------------------
 
-    /// The connected responder, if reachable: exists, is RC and in RTS, is connected back to
-    /// `qpn`, and sits on the LID given at connect time (or, with LID 0, the GID).
-    fn rc_peer(&self, qpn: u32) -> Option<Peer> {
+    /// The connected responder, if reachable: exists (in this process or, on a joined node,
+    /// in a running peer process), is RC and in RTS, is connected back to `qpn`, and sits on
+    /// the LID given at connect time (or, with LID 0, the GID); the responder NIC then looks
+    /// up its context (the packet reached it; only for this process's devices).
+    fn rc_responder(&mut self, qpn: u32) -> Option<Target> {
         let conn = self.qps.get(&qpn)?.rc?;
-        let p = self.qps.get(&conn.peer)?;
-        let pc = p.rc?;
-        let here = self.addresses(p.device, conn.lid, Some(&conn.gid));
-        (p.kind == QpType::Rc && p.state == SimQpState::Rts && pc.peer == qpn && here).then_some(
-            Peer {
-                qpn: conn.peer,
-                device: p.device,
-                pd: p.pd,
-                recv_cq: p.recv_cq,
-                access: pc.params.access,
-            },
-        )
-    }
-
-    /// [`Model::rc_peer`], and the responder NIC looks up the responder QP's context (the
-    /// packet reached it).
-    #[inline(always)]
-    fn rc_responder(&mut self, qpn: u32) -> Option<Peer> {
-        let peer = self.rc_peer(qpn)?;
-        self.qpc_touch(peer.device, peer.qpn);
-        Some(peer)
+        let t = self.resolve(conn.lid, Some(&conn.gid), conn.peer)?;
+        if t.kind != QpType::Rc || !t.rts || t.peer_qpn != Some(qpn) {
+            return None;
+        }
+        if let Some(d) = t.device {
+            self.qpc_touch(d, t.qpn);
+        }
+        Some(t)
     }
 
     fn exec_rc(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe) -> Outcome {
@@ -194,17 +174,20 @@ impl Model {
                 let Some(peer) = self.rc_responder(qpn) else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
-                let Some((r, src, rpd)) = self.peek_recv(peer.qpn) else {
+                let Some((rq, rpd)) = peer.recv else {
                     return Outcome::Stall(WaitKind::Rnr);
                 };
-                self.commit_recv(src);
-                match self.mrs.scatter_list(rpd, &r.sges, payload.len()) {
+                let Some(r) = rq.peek() else {
+                    return Outcome::Stall(WaitKind::Rnr);
+                };
+                rq.commit();
+                match self.target_scatter(&peer, rpd, &r.sges, payload.len()) {
                     Err(ScatterError::Protection) => {
-                        self.responder_error(peer.qpn, src, &r, Syndrome::LocalProt);
+                        self.target_error(&peer, &r, rq.srqn(), Syndrome::LocalProt);
                         Outcome::Fail(Syndrome::RemoteOp)
                     }
                     Err(ScatterError::Length) => {
-                        self.responder_error(peer.qpn, src, &r, Syndrome::LocalLength);
+                        self.target_error(&peer, &r, rq.srqn(), Syndrome::LocalLength);
                         Outcome::Fail(Syndrome::RemoteInvalReq)
                     }
                     Ok(spans) => {
@@ -217,9 +200,8 @@ impl Model {
                         };
                         self.respond(
                             qpn,
-                            peer.qpn,
-                            peer.recv_cq,
-                            src,
+                            &peer,
+                            rq.srqn(),
                             r.wqe_counter,
                             payload.len(),
                             w,
@@ -237,7 +219,7 @@ impl Model {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 let recv = if op == Opcode::RdmaWriteImm {
-                    match self.peek_recv(peer.qpn) {
+                    match peer.recv.and_then(|(rq, _)| Some((rq.peek()?, rq))) {
                         Some(x) => Some(x),
                         None => return Outcome::Stall(WaitKind::Rnr),
                     }
@@ -251,8 +233,10 @@ impl Model {
                     return Outcome::Fail(Syndrome::LocalQpOp);
                 };
                 if !payload.is_empty() {
-                    let Some(span) = self.mrs.remote(
+                    let Some(span) = self.target_mr(
+                        &peer,
                         remote.rkey,
+                        false,
                         peer.pd,
                         remote.raddr,
                         payload.len(),
@@ -263,13 +247,12 @@ impl Model {
                     memory::write_span(span, &payload);
                     self.stats.bytes += payload.len() as u64;
                 }
-                if let Some((r, src, _)) = recv {
-                    self.commit_recv(src);
+                if let Some((r, rq)) = recv {
+                    rq.commit();
                     self.respond(
                         qpn,
-                        peer.qpn,
-                        peer.recv_cq,
-                        src,
+                        &peer,
+                        rq.srqn(),
                         r.wqe_counter,
                         payload.len(),
                         w,
@@ -296,8 +279,10 @@ impl Model {
                     return Outcome::Fail(Syndrome::LocalQpOp);
                 };
                 if len > 0 {
-                    let Some(span) = self.mrs.remote(
+                    let Some(span) = self.target_mr(
+                        &peer,
                         remote.rkey,
+                        false,
                         peer.pd,
                         remote.raddr,
                         len,
@@ -335,10 +320,15 @@ impl Model {
                 if remote.raddr % 8 != 0 {
                     return Outcome::Fail(Syndrome::RemoteInvalReq);
                 }
-                let Some(span) =
-                    self.mrs
-                        .remote(remote.rkey, peer.pd, remote.raddr, 8, Access::REMOTE_ATOMIC)
-                else {
+                let Some(span) = self.target_mr(
+                    &peer,
+                    remote.rkey,
+                    false,
+                    peer.pd,
+                    remote.raddr,
+                    8,
+                    Access::REMOTE_ATOMIC,
+                ) else {
                     return Outcome::Fail(Syndrome::RemoteAccess);
                 };
                 let mut old = Vec::with_capacity(8);
@@ -358,30 +348,27 @@ impl Model {
         }
     }
 
-    /// Responder CQE for a SEND/SEND_IMM/WRITE_IMM from `src_qpn`.
+    /// Responder CQE at `t` for a SEND/SEND_IMM/WRITE_IMM from `src_qpn`.
     #[allow(clippy::too_many_arguments)]
     fn respond(
         &mut self,
         src_qpn: u32,
-        qpn: u32,
-        recv_cq: u32,
-        src: RecvSource,
+        t: &Target,
+        srqn: u32,
         wqe_counter: u16,
         len: usize,
         w: &ParsedWqe,
         opcode: CqeOpcode,
     ) {
-        let mut c = blank_cqe(qpn);
+        let mut c = blank_cqe(t.qpn);
         c.wqe_counter = wqe_counter;
         c.byte_cnt = len as u32;
         c.src_qpn = src_qpn;
         if opcode != CqeOpcode::RespSend {
             c.imm = w.ctrl.imm;
         }
-        if let RecvSource::Srq(srqn) = src {
-            c.srqn = srqn;
-        }
-        self.post_cqe(recv_cq, &c, opcode, w.ctrl.fm_ce_se & SOLICITED != 0);
+        c.srqn = srqn;
+        self.target_cqe(t, &c, opcode, w.ctrl.fm_ce_se & SOLICITED != 0);
     }
 
     // ---- UD ------------------------------------------------------------------------------
@@ -450,32 +437,34 @@ impl Model {
     /// Delivers a UD packet to its destination QP (or drops it, counted).
     pub(crate) fn deliver(&mut self, p: Packet) {
         let dqpn = p.av.dqpn;
-        let ok = self.qps.get(&dqpn).and_then(|d| {
-            let here = self.addresses(d.device, p.av.rlid, p.av.grh.then_some(&p.av.rgid));
-            (d.kind == QpType::Ud && d.state == SimQpState::Rts && here)
-                .then_some((d.qkey, d.device))
-        });
-        let Some((qkey, device)) = ok else {
+        let t = self
+            .resolve(p.av.rlid, p.av.grh.then_some(&p.av.rgid), dqpn)
+            .filter(|t| t.kind == QpType::Ud && t.rts);
+        let Some(t) = t else {
             self.stats.ud_no_dest += 1;
             return;
         };
         // The destination NIC needs the QP's context (Q_Key, receive queue) to deliver.
-        self.qpc_touch(device, dqpn);
-        if qkey != p.av.qkey {
+        if let Some(device) = t.device {
+            self.qpc_touch(device, dqpn);
+        }
+        if t.qkey != p.av.qkey {
             self.stats.ud_bad_qkey += 1;
             return;
         }
-        let Some((r, src, rpd)) = self.peek_recv(dqpn) else {
+        let Some((rq, r, rpd)) = t.recv.and_then(|(rq, pd)| Some((rq, rq.peek()?, pd))) else {
             self.stats.ud_no_recv += 1;
             return;
         };
-        self.commit_recv(src);
+        rq.commit();
         let len = GRH_BYTES + p.payload.len();
-        match self.mrs.scatter_list(rpd, &r.sges, len) {
+        match self.target_scatter(&t, rpd, &r.sges, len) {
             Err(ScatterError::Protection) => {
-                self.responder_error(dqpn, src, &r, Syndrome::LocalProt)
+                self.target_error(&t, &r, rq.srqn(), Syndrome::LocalProt)
             }
-            Err(ScatterError::Length) => self.responder_error(dqpn, src, &r, Syndrome::LocalLength),
+            Err(ScatterError::Length) => {
+                self.target_error(&t, &r, rq.srqn(), Syndrome::LocalLength)
+            }
             Ok(spans) => {
                 let mut data = Vec::with_capacity(len);
                 data.extend_from_slice(&grh(&p));
@@ -483,22 +472,19 @@ impl Model {
                 memory::scatter(&spans, &data);
                 self.stats.bytes += p.payload.len() as u64;
                 self.stats.ud_delivered += 1;
-                let recv_cq = self.qps[&dqpn].recv_cq;
                 let mut c = blank_cqe(dqpn);
                 c.wqe_counter = r.wqe_counter;
                 c.byte_cnt = len as u32;
                 c.src_qpn = p.src_qpn;
                 c.imm = p.imm.unwrap_or(0);
                 c.grh = if p.av.grh { CQE_GRH } else { 0 };
-                if let RecvSource::Srq(srqn) = src {
-                    c.srqn = srqn;
-                }
+                c.srqn = rq.srqn();
                 let opcode = if p.imm.is_some() {
                     CqeOpcode::RespSendImm
                 } else {
                     CqeOpcode::RespSend
                 };
-                self.post_cqe(recv_cq, &c, opcode, p.solicited);
+                self.target_cqe(&t, &c, opcode, p.solicited);
             }
         }
     }

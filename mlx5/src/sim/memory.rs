@@ -12,8 +12,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use crate::verbs::Access;
 use crate::wqe::Sge;
 
-const LKEY_TAG: u32 = 0x4c;
-const RKEY_TAG: u32 = 0x52;
+/// Low byte of every lkey.
+pub(crate) const LKEY_TAG: u32 = 0x4c;
+/// Low byte of every rkey.
+pub(crate) const RKEY_TAG: u32 = 0x52;
 
 /// One registered region.
 #[derive(Clone, Copy, Debug)]
@@ -45,20 +47,33 @@ pub(crate) enum ScatterError {
 pub(crate) struct MrTable {
     map: HashMap<u32, MrEntry>,
     next: u32,
+    /// On a joined node: this process's slot (indices are `(slot + 1) << MR_BITS | i`).
+    pub(crate) slot: Option<u32>,
 }
 
 impl MrTable {
     /// Registers a region; returns `(index, lkey, rkey)`.
-    pub(crate) fn register(&mut self, e: MrEntry) -> (u32, u32, u32) {
-        loop {
-            self.next = (self.next + 1) & 0x00ff_ffff;
-            if self.next != 0 && !self.map.contains_key(&self.next) {
+    ///
+    /// # Errors
+    /// `None` when every index is in use.
+    pub(crate) fn register(&mut self, e: MrEntry) -> Option<(u32, u32, u32)> {
+        use crate::sim::node::MR_BITS;
+        let (base, mask) = match self.slot {
+            Some(s) => ((s + 1) << MR_BITS, (1u32 << MR_BITS) - 1),
+            None => (0, 0x00ff_ffff),
+        };
+        let mut found = None;
+        for _ in 0..=mask {
+            self.next = (self.next + 1) & mask;
+            let idx = base | self.next;
+            if self.next != 0 && !self.map.contains_key(&idx) {
+                found = Some(idx);
                 break;
             }
         }
-        let idx = self.next;
+        let idx = found?;
         self.map.insert(idx, e);
-        (idx, (idx << 8) | LKEY_TAG, (idx << 8) | RKEY_TAG)
+        Some((idx, (idx << 8) | LKEY_TAG, (idx << 8) | RKEY_TAG))
     }
 
     /// Removes a region (its memory may be freed afterwards).
@@ -211,12 +226,14 @@ mod tests {
 
     fn table(buf: &mut [u8], access: Access) -> (MrTable, u32, u32) {
         let mut t = MrTable::default();
-        let (_, l, r) = t.register(MrEntry {
-            addr: buf.as_mut_ptr() as u64,
-            len: buf.len() as u64,
-            access,
-            pd: 1,
-        });
+        let (_, l, r) = t
+            .register(MrEntry {
+                addr: buf.as_mut_ptr() as u64,
+                len: buf.len() as u64,
+                access,
+                pd: 1,
+            })
+            .unwrap();
         (t, l, r)
     }
 
@@ -265,18 +282,22 @@ mod tests {
         let mut src = (0u8..32).collect::<Vec<_>>();
         let mut dst = vec![0u8; 40];
         let mut t = MrTable::default();
-        let (_, ls, _) = t.register(MrEntry {
-            addr: src.as_mut_ptr() as u64,
-            len: 32,
-            access: Access::empty(),
-            pd: 1,
-        });
-        let (_, ld, _) = t.register(MrEntry {
-            addr: dst.as_mut_ptr() as u64,
-            len: 40,
-            access: Access::LOCAL_WRITE,
-            pd: 1,
-        });
+        let (_, ls, _) = t
+            .register(MrEntry {
+                addr: src.as_mut_ptr() as u64,
+                len: 32,
+                access: Access::empty(),
+                pd: 1,
+            })
+            .unwrap();
+        let (_, ld, _) = t
+            .register(MrEntry {
+                addr: dst.as_mut_ptr() as u64,
+                len: 40,
+                access: Access::LOCAL_WRITE,
+                pd: 1,
+            })
+            .unwrap();
         let s = |off: u64, len: u32, lkey: u32, base: &mut Vec<u8>| Sge {
             addr: base.as_mut_ptr() as u64 + off,
             len,

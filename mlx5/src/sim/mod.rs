@@ -1,7 +1,8 @@
 //! Software device model: an in-memory ConnectX that executes the same WQEs as the hardware.
 //!
 //! "The same objects, created in memory and connected by a fabric object shared by the ranks
-//! (threads) of a process. On a doorbell the model reads the producer index, parses each WQE
+//! (threads) of a process." (Across processes on one host: [`Fabric::join`], see "Across
+//! processes" below.) On a doorbell the model reads the producer index, parses each WQE
 //! exactly as the PRM defines it, and executes." A [`Fabric`] is that shared object;
 //! [`Fabric::open`] gives each rank a [`Context`] on a new simulated device (its own port and
 //! LID) whose [`crate::verbs::Provider`] allocates the queue memory that the driver
@@ -131,6 +132,31 @@
 //! assert_eq!((server_misses, client_misses), (0, 0));
 //! ```
 //!
+//! # Across processes
+//! [`Fabric::join`] puts the fabric of every process on one host that joins the same node name
+//! into one network: each process keeps its own model (its devices, queues and retries), and the
+//! models share a node directory in `/dev/shm` (`sim/node.rs`) through which they find each
+//! other's QPs, SRQs, CQs and memory regions. From the join on, the process's DMA buffers
+//! ([`crate::mem::DmaBuf`]) and the model's queue memory are shared segment files, so when a
+//! doorbell in one process executes an RC WRITE/SEND/READ/atomic or a UD SEND to a QP of another
+//! process, that process's memory is written directly: the payload lands in its
+//! registered buffer, the receive WQE is consumed from its RQ/SRQ, the CQE appears in its CQ (the
+//! queue's device counters live in the queue memory, `sim/alloc.rs`), exactly as a NIC's DMA
+//! would, with no help from the target process's CPU. Numbers (QPN, CQN, SRQN, MR index, PD) and
+//! LIDs are unique on the node. Every model operation runs under the process's fabric mutex and
+//! the node lock (an OFD file lock the kernel releases if its holder dies).
+//!
+//! A process that dies (however: `abort`, `SIGKILL`) drops its liveness lock; within about
+//! 1 ms (`LIVENESS_PERIOD` in `sim/node.rs`) of a peer's next doorbell or progress step, the peer marks
+//! it dead ([`SimStats::peer_deaths`]) and its QPs become unreachable: RC requests to them fail
+//! with TRANSPORT_RETRY_EXC after `retry_cnt` retries (the QP enters the error state, as
+//! transports expect on hardware) and UD packets to them are dropped. Requests in that first
+//! millisecond still land in the dead process's (orphaned) memory, as they would on a NIC that
+//! has not yet been told. What a peer cannot do across processes: look up the target device's
+//! QPC cache (only requester-side and same-process lookups are modelled), and reach memory
+//! registered before the join (private memory; counted in [`SimStats::remote_unreachable_mr`]).
+//! Fault injection applies to the packets a process sends.
+//!
 //! # Fault injection
 //! UD packets meet [`SimConfig::ud_faults`] (`sim/faults.rs`): a seeded xoshiro256** owned by
 //! the fabric draws each packet's fate (deliver, drop, duplicate, reorder, delay) in send
@@ -144,8 +170,10 @@ mod exec;
 pub(crate) mod faults;
 pub(crate) mod memory;
 mod model;
+mod node;
 mod qpc;
 mod recv;
+mod target;
 
 #[cfg(test)]
 mod tests;
@@ -376,6 +404,11 @@ pub struct SimStats {
     pub qpc_hits: u64,
     /// QPC cache misses, all devices (each charged [`QpcCacheConfig::miss_penalty`]).
     pub qpc_misses: u64,
+    /// Joined node: accesses refused because the peer's region was registered on private
+    /// memory (allocated before [`Fabric::join`]), which no other process can reach.
+    pub remote_unreachable_mr: u64,
+    /// Joined node: peer processes this model found dead (liveness lock gone).
+    pub peer_deaths: u64,
 }
 
 /// One device's QPC cache counters ([`Fabric::qpc_stats`], [`SimDevice::qpc_stats`]). All
@@ -429,15 +462,46 @@ pub enum SimQpState {
 /// The state shared by all handles of one fabric.
 pub(crate) struct Shared {
     model: Mutex<Model>,
+    /// The node directory when the fabric spans processes ([`Fabric::join`]).
+    node: Option<Arc<node::NodeDir>>,
+}
+
+/// The model, locked: the fabric mutex and, on a joined node, the node lock (taken after the
+/// mutex, released before it: the node lock is owned by the process's open file description,
+/// so the mutex is what keeps two threads of one process from both believing they hold it).
+pub(crate) struct ModelGuard<'a> {
+    // Field order is drop order: the node lock goes first.
+    _node: Option<node::NodeLock<'a>>,
+    model: MutexGuard<'a, Model>,
+}
+
+impl std::ops::Deref for ModelGuard<'_> {
+    type Target = Model;
+    fn deref(&self) -> &Model {
+        &self.model
+    }
+}
+
+impl std::ops::DerefMut for ModelGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Model {
+        &mut self.model
+    }
 }
 
 impl Shared {
     /// Locks the model (a panic while holding the lock does not wedge the fabric: the state
     /// is still consistent object by object).
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Model> {
-        self.model.lock().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn lock(&self) -> ModelGuard<'_> {
+        let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+        ModelGuard {
+            _node: self.node.as_ref().map(|d| d.lock()),
+            model,
+        }
     }
 }
+
+/// The node this process joined (one per process: its DMA buffers follow it).
+static JOINED: Mutex<Option<(String, Weak<Shared>)>> = Mutex::new(None);
 
 impl SimDoorbell for Shared {
     fn ring_sq(&self, qpn: u32) {
@@ -472,6 +536,10 @@ impl Fabric {
     /// On an invalid configuration: an MTU that is not a power of two in 256..=4096, a retry
     /// interval of 0, fault probabilities outside [0, 1] or summing to more than 1.
     pub fn new(cfg: SimConfig) -> Fabric {
+        Self::build(cfg, None)
+    }
+
+    fn build(cfg: SimConfig, dir: Option<Arc<node::NodeDir>>) -> Fabric {
         assert!(
             cfg.mtu.is_power_of_two() && (256..=4096).contains(&cfg.mtu),
             "SimConfig::mtu must be a power of two in 256..=4096, got {}",
@@ -495,8 +563,14 @@ impl Fabric {
             );
         }
         let interval = cfg.progress_thread;
+        let mut model = Model::new(cfg);
+        if let Some(d) = &dir {
+            model.mrs.slot = Some(d.slot);
+            model.node = Some(target::link(d.clone()));
+        }
         let shared = Arc::new(Shared {
-            model: Mutex::new(Model::new(cfg)),
+            model: Mutex::new(model),
+            node: dir,
         });
         if let Some(every) = interval {
             let weak: Weak<Shared> = Arc::downgrade(&shared);
@@ -527,9 +601,34 @@ impl Fabric {
     /// [`crate::error::Error::Memory`] if the shared directory cannot be created or mapped;
     /// [`crate::error::Error::InvalidArgument`] for a bad name or a directory of another
     /// layout version, or when the process already joined a different node.
+    ///
+    /// Joining again a node this process already joined returns the same fabric (`cfg` is
+    /// then ignored).
+    ///
+    /// # Panics
+    /// On an invalid configuration, as [`Fabric::new`].
     pub fn join(node: &str, cfg: SimConfig) -> crate::error::Result<Fabric> {
-        let _ = node;
-        Ok(Fabric::new(cfg))
+        let mut joined = JOINED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((name, weak)) = joined.as_ref()
+            && let Some(shared) = weak.upgrade()
+        {
+            if name == node {
+                return Ok(Fabric { shared });
+            }
+            return Err(crate::error::Error::InvalidArgument(format!(
+                "this process is joined to node {name}, cannot join {node}"
+            )));
+        }
+        let dir = node::NodeDir::join(node)?;
+        crate::mem::set_backing(dir.backing.clone())?;
+        let fabric = Self::build(cfg, Some(Arc::new(dir)));
+        *joined = Some((node.to_string(), Arc::downgrade(&fabric.shared)));
+        Ok(fabric)
+    }
+
+    /// This process's slot on the node it joined (`None` for a process-local fabric).
+    pub fn node_slot(&self) -> Option<u32> {
+        self.shared.node.as_ref().map(|d| d.slot)
     }
 
     /// Opens a new simulated device (one port, its own LID) on this fabric: one per rank.

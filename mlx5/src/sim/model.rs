@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::sim::cq::{CqState, Push};
 use crate::sim::faults::Faults;
 use crate::sim::memory::MrTable;
+use crate::sim::node::{self, NodeLink};
 use crate::sim::qpc::{self, QpcCache};
 use crate::sim::recv::{RecvWqe, RqState, SrqState};
 use crate::sim::{QpcStats, SimConfig, SimQpState, SimStats};
@@ -122,15 +123,6 @@ pub(crate) struct QpState {
     pub(crate) wait: Option<Wait>,
 }
 
-/// Where a receive WQE came from.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum RecvSource {
-    /// The RQ of this QP.
-    Rq(u32),
-    /// This SRQ.
-    Srq(u32),
-}
-
 /// Everything behind a fabric's lock.
 pub(crate) struct Model {
     pub(crate) cfg: SimConfig,
@@ -154,6 +146,8 @@ pub(crate) struct Model {
     /// (deterministic).
     pub(crate) active: BTreeSet<u32>,
     pub(crate) faults: Faults,
+    /// The node directory, when the fabric spans processes (`sim/node.rs`).
+    pub(crate) node: Option<NodeLink>,
 }
 
 // SAFETY: the raw pointers in the tables refer to model-allocated queue memory (freed only
@@ -161,12 +155,24 @@ pub(crate) struct Model {
 // registrant until deregistration under the lock).
 unsafe impl Send for Model {}
 
-/// Next free number in a 24-bit space, skipping 0 and 1 (reserved QPNs on InfiniBand).
-fn alloc_num<V>(next: &mut u32, used: &HashMap<u32, V>) -> Result<u32> {
-    for _ in 0..0x0100_0000 {
-        *next = (*next + 1) & 0x00ff_ffff;
-        if *next > 1 && !used.contains_key(next) {
-            return Ok(*next);
+/// Next free number in a 24-bit space, skipping 0 and 1 (reserved QPNs on InfiniBand); on a
+/// joined node (`slot`), in this process's range `(slot + 1) << bits | i`, `i >= 1`
+/// (`sim/node.rs` "Numbers").
+fn alloc_num<V>(
+    next: &mut u32,
+    used: &HashMap<u32, V>,
+    slot: Option<u32>,
+    bits: u32,
+) -> Result<u32> {
+    let (base, mask) = match slot {
+        Some(s) => ((s + 1) << bits, (1u32 << bits) - 1),
+        None => (0, 0x00ff_ffff),
+    };
+    for _ in 0..=mask {
+        *next = (*next + 1) & mask;
+        let n = base | *next;
+        if *next != 0 && n > 1 && !used.contains_key(&n) {
+            return Ok(n);
         }
     }
     Err(Error::InvalidArgument("no free object number".into()))
@@ -208,7 +214,13 @@ impl Model {
             next_cqn: 0,
             next_srqn: 0,
             active: BTreeSet::new(),
+            node: None,
         }
+    }
+
+    /// This process's node slot, when joined.
+    fn slot(&self) -> Option<u32> {
+        self.node.as_ref().map(|l| l.dir.slot)
     }
 
     // ---- objects -------------------------------------------------------------------------
@@ -216,13 +228,14 @@ impl Model {
     /// A new device: its id and port (LID = id + 1; GID fe80::<id>).
     pub(crate) fn add_device(&mut self) -> (u32, PortInfo) {
         let id = self.devices.len() as u32;
-        let mut gid = [0u8; 16];
-        gid[0] = 0xfe;
-        gid[1] = 0x80;
-        gid[12..].copy_from_slice(&(id + 1).to_be_bytes());
+        let lid = match &self.node {
+            Some(l) => l.dir.alloc_lid(),
+            None => u16::try_from(id + 1).unwrap_or(0xbfff),
+        };
+        let gid = crate::sim::target::gid_of_lid(lid);
         let port = PortInfo {
             port: 1,
-            lid: u16::try_from(id + 1).unwrap_or(0xbfff),
+            lid,
             link_layer: LinkLayer::InfiniBand,
             active_mtu: self.cfg.mtu,
             gid,
@@ -281,28 +294,76 @@ impl Model {
     /// A new protection domain number.
     pub(crate) fn alloc_pd(&mut self) -> u32 {
         self.next_pd += 1;
-        self.next_pd
+        match self.slot() {
+            Some(s) => ((s + 1) << node::PD_BITS) | (self.next_pd & ((1 << node::PD_BITS) - 1)),
+            None => self.next_pd,
+        }
     }
 
-    pub(crate) fn add_cq(&mut self, cq: CqState) -> Result<u32> {
-        let cqn = alloc_num(&mut self.next_cqn, &self.cqs)?;
+    /// Adds a CQ over `cqe_cnt` entries at `ring` with doorbell block `dbrec`.
+    pub(crate) fn add_cq(
+        &mut self,
+        cq: CqState,
+        cqe_cnt: u32,
+        ring: *mut u8,
+        dbrec: *mut u32,
+    ) -> Result<u32> {
+        let slot = self.slot();
+        let cqn = alloc_num(&mut self.next_cqn, &self.cqs, slot, node::CQ_BITS)?;
         self.cqs.insert(cqn, cq);
+        self.export_cq(cqn, Some((cqe_cnt, ring, dbrec)));
         Ok(cqn)
     }
 
+    /// Removes a CQ (its memory may be freed afterwards).
+    pub(crate) fn remove_cq(&mut self, cqn: u32) {
+        self.export_cq(cqn, None);
+        self.cqs.remove(&cqn);
+    }
+
     pub(crate) fn add_srq(&mut self, srq: SrqState) -> Result<u32> {
-        let srqn = alloc_num(&mut self.next_srqn, &self.srqs)?;
+        let slot = self.slot();
+        let srqn = alloc_num(&mut self.next_srqn, &self.srqs, slot, node::SRQ_BITS)?;
         self.srqs.insert(srqn, srq);
+        self.export_srq(srqn, Some(&srq));
         Ok(srqn)
     }
 
+    /// Removes an SRQ (its memory may be freed afterwards).
+    pub(crate) fn remove_srq(&mut self, srqn: u32) {
+        self.export_srq(srqn, None);
+        self.srqs.remove(&srqn);
+    }
+
+    /// Registers a memory region: `(index, lkey, rkey)`.
+    pub(crate) fn register_mr(
+        &mut self,
+        e: crate::sim::memory::MrEntry,
+    ) -> Result<(u32, u32, u32)> {
+        let r = self
+            .mrs
+            .register(e)
+            .ok_or_else(|| Error::InvalidArgument("no free memory region index".into()))?;
+        self.export_mr(r.0, Some((e.addr, e.len, e.access, e.pd)));
+        Ok(r)
+    }
+
+    /// Deregisters memory region `idx` (its memory may be freed afterwards).
+    pub(crate) fn deregister_mr(&mut self, idx: u32) {
+        self.export_mr(idx, None);
+        self.mrs.deregister(idx);
+    }
+
     pub(crate) fn add_qp(&mut self, qp: QpState) -> Result<u32> {
-        let qpn = alloc_num(&mut self.next_qpn, &self.qps)?;
+        let slot = self.slot();
+        let qpn = alloc_num(&mut self.next_qpn, &self.qps, slot, node::QP_BITS)?;
         self.qps.insert(qpn, qp);
+        self.export_qp(qpn);
         Ok(qpn)
     }
 
     pub(crate) fn remove_qp(&mut self, qpn: u32) {
+        self.unexport_qp(qpn);
         if let Some(qp) = self.qps.remove(&qpn)
             && let Some(cache) = self.qpc.get_mut(qp.device as usize)
         {
@@ -343,6 +404,7 @@ impl Model {
             params: *params,
         });
         qp.state = SimQpState::Rts;
+        self.export_qp(qpn);
         Ok(())
     }
 
@@ -363,6 +425,7 @@ impl Model {
         }
         qp.qkey = qkey;
         qp.state = SimQpState::Rts;
+        self.export_qp(qpn);
         Ok(())
     }
 
@@ -378,7 +441,7 @@ impl Model {
     }
 
     pub(crate) fn cq_overrun(&self, cqn: u32) -> bool {
-        self.cqs.get(&cqn).is_some_and(|c| c.overrun)
+        self.cqs.get(&cqn).is_some_and(|c| c.overrun())
     }
 
     pub(crate) fn qp_state(&self, qpn: u32) -> Option<SimQpState> {
@@ -423,6 +486,9 @@ impl Model {
     pub(crate) fn step(&mut self) {
         self.step += 1;
         self.stats.steps += 1;
+        if self.node.is_some() {
+            self.node_step();
+        }
         if self.faults.pending() {
             for p in self.faults.take_due(self.step) {
                 self.deliver(p);
@@ -496,6 +562,7 @@ impl Model {
             qp.state = SimQpState::Error;
             qp.wait = None;
             self.active.insert(qpn);
+            self.export_qp(qpn);
         }
     }
 
@@ -506,17 +573,14 @@ impl Model {
             return;
         }
         let recv_cq = qp.recv_cq;
-        let Some(mut rq) = qp.rq else { return };
+        let Some(rq) = qp.rq else { return };
         let n = rq.available();
         for _ in 0..n {
             let mut c = blank_cqe(qpn);
-            c.wqe_counter = rq.consumed as u16;
+            c.wqe_counter = rq.consumed() as u16;
             c.syndrome = Syndrome::WrFlush as u8;
             rq.commit();
             self.post_cqe(recv_cq, &c, CqeOpcode::RespErr, false);
-        }
-        if let Some(q) = self.qps.get_mut(&qpn) {
-            q.rq = Some(rq);
         }
     }
 
@@ -525,7 +589,7 @@ impl Model {
     /// Writes a CQE to `cqn`; handles overruns (every QP reporting to the CQ enters the error
     /// state) and destroyed CQs.
     pub(crate) fn post_cqe(&mut self, cqn: u32, c: &Cqe, opcode: CqeOpcode, solicited: bool) {
-        let Some(cq) = self.cqs.get_mut(&cqn) else {
+        let Some(cq) = self.cqs.get(&cqn).copied() else {
             self.stats.cqes_lost += 1;
             return;
         };
@@ -548,12 +612,15 @@ impl Model {
                 );
                 self.stats.cq_overruns += 1;
                 self.stats.cqes_lost += 1;
-                for (qpn, qp) in &mut self.qps {
-                    if qp.send_cq == cqn || qp.recv_cq == cqn {
-                        qp.state = SimQpState::Error;
-                        qp.wait = None;
-                        self.active.insert(*qpn);
-                    }
+                let mut hit: Vec<u32> = self
+                    .qps
+                    .iter()
+                    .filter(|(_, qp)| qp.send_cq == cqn || qp.recv_cq == cqn)
+                    .map(|(&n, _)| n)
+                    .collect();
+                hit.sort_unstable();
+                for qpn in hit {
+                    self.set_error(qpn);
                 }
             }
             Push::Dead => self.stats.cqes_lost += 1,
@@ -579,48 +646,14 @@ impl Model {
     }
 
     /// Responder error on the receive WQE `r` taken from `src`: RESP_ERR CQE, QP to error.
-    pub(crate) fn responder_error(&mut self, qpn: u32, src: RecvSource, r: &RecvWqe, s: Syndrome) {
+    pub(crate) fn responder_error(&mut self, qpn: u32, srqn: u32, r: &RecvWqe, s: Syndrome) {
         let Some(qp) = self.qps.get(&qpn) else { return };
         let cqn = qp.recv_cq;
         let mut c = blank_cqe(qpn);
         c.wqe_counter = r.wqe_counter;
         c.syndrome = s as u8;
-        if let RecvSource::Srq(srqn) = src {
-            c.srqn = srqn;
-        }
+        c.srqn = srqn;
         self.set_error(qpn);
         self.post_cqe(cqn, &c, CqeOpcode::RespErr, false);
-    }
-
-    // ---- receive WQEs --------------------------------------------------------------------
-
-    /// The next receive WQE of `qpn` (its RQ or SRQ), without consuming it; with the PD its
-    /// scatter list is checked against.
-    pub(crate) fn peek_recv(&self, qpn: u32) -> Option<(RecvWqe, RecvSource, u32)> {
-        let qp = self.qps.get(&qpn)?;
-        match (qp.srq, &qp.rq) {
-            (Some(srqn), _) => {
-                let srq = self.srqs.get(&srqn)?;
-                Some((srq.peek()?, RecvSource::Srq(srqn), srq.pd))
-            }
-            (None, Some(rq)) => Some((rq.peek()?, RecvSource::Rq(qpn), qp.pd)),
-            (None, None) => None,
-        }
-    }
-
-    /// Consumes the WQE [`Model::peek_recv`] returned.
-    pub(crate) fn commit_recv(&mut self, src: RecvSource) {
-        match src {
-            RecvSource::Rq(qpn) => {
-                if let Some(rq) = self.qps.get_mut(&qpn).and_then(|q| q.rq.as_mut()) {
-                    rq.commit();
-                }
-            }
-            RecvSource::Srq(srqn) => {
-                if let Some(srq) = self.srqs.get_mut(&srqn) {
-                    srq.commit();
-                }
-            }
-        }
     }
 }

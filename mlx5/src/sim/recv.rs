@@ -10,6 +10,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::sim::alloc;
 use crate::wqe::{DATA_BYTES, DataSeg, Sge};
 
 /// Bytes of the SRQ "next" segment.
@@ -56,15 +57,18 @@ pub(crate) struct RqState {
     pub(crate) stride: u32,
     pub(crate) max_sge: u32,
     pub(crate) dbrec: *mut u32,
-    /// WQEs consumed.
-    pub(crate) consumed: u32,
 }
 
 impl RqState {
+    /// WQEs consumed (device counter `[0]` of the QP's doorbell block).
+    pub(crate) fn consumed(&self) -> u32 {
+        alloc::load(alloc::counters(self.dbrec), 0)
+    }
+
     /// WQEs posted and not consumed (`head - consumed` in 16 bits, at most the ring size).
     pub(crate) fn available(&self) -> u32 {
         let head = load_dbrec(self.dbrec) & 0xffff;
-        (head.wrapping_sub(self.consumed) & 0xffff).min(self.wqe_cnt)
+        (head.wrapping_sub(self.consumed()) & 0xffff).min(self.wqe_cnt)
     }
 
     /// The next WQE, if one is posted (not consumed: see [`RqState::commit`]).
@@ -72,18 +76,20 @@ impl RqState {
         if self.available() == 0 {
             return None;
         }
-        let idx = (self.consumed & (self.wqe_cnt - 1)) as usize;
+        let consumed = self.consumed();
+        let idx = (consumed & (self.wqe_cnt - 1)) as usize;
         // SAFETY: idx < wqe_cnt; the ring holds wqe_cnt * stride bytes.
         let wqe = unsafe { self.buf.add(idx * self.stride as usize) };
         Some(RecvWqe {
             sges: read_sges(wqe, self.max_sge),
-            wqe_counter: self.consumed as u16,
+            wqe_counter: consumed as u16,
         })
     }
 
     /// Consumes the WQE [`RqState::peek`] returned.
-    pub(crate) fn commit(&mut self) {
-        self.consumed = self.consumed.wrapping_add(1);
+    pub(crate) fn commit(&self) {
+        let c = alloc::counters(self.dbrec);
+        alloc::store(c, 0, alloc::load(c, 0).wrapping_add(1));
     }
 }
 
@@ -96,17 +102,21 @@ pub(crate) struct SrqState {
     pub(crate) max_sge: u32,
     pub(crate) dbrec: *mut u32,
     pub(crate) pd: u32,
-    /// Index of the next WQE the device will use.
-    pub(crate) head: u32,
-    /// WQEs consumed.
-    pub(crate) consumed: u32,
 }
 
 impl SrqState {
-    /// WQEs posted and not consumed (16-bit counter difference, at most the WQE count).
+    /// Index of the next WQE the device will use (device counter `[0]` of the SRQ's doorbell
+    /// block; 0 for a new SRQ).
+    fn head(&self) -> u32 {
+        alloc::load(alloc::counters(self.dbrec), 0)
+    }
+
+    /// WQEs posted and not consumed (16-bit counter difference, at most the WQE count;
+    /// consumed WQEs are device counter `[1]`).
     pub(crate) fn available(&self) -> u32 {
         let counter = load_dbrec(self.dbrec) & 0xffff;
-        (counter.wrapping_sub(self.consumed) & 0xffff).min(self.wqe_cnt)
+        let consumed = alloc::load(alloc::counters(self.dbrec), 1);
+        (counter.wrapping_sub(consumed) & 0xffff).min(self.wqe_cnt)
     }
 
     fn wqe(&self, idx: u32) -> *const u8 {
@@ -119,20 +129,23 @@ impl SrqState {
         if self.available() == 0 {
             return None;
         }
+        let head = self.head() & (self.wqe_cnt - 1);
         // SAFETY: the data segments follow the next segment inside the stride.
-        let segs = unsafe { self.wqe(self.head).add(SRQ_NEXT_BYTES) };
+        let segs = unsafe { self.wqe(head).add(SRQ_NEXT_BYTES) };
         Some(RecvWqe {
             sges: read_sges(segs, self.max_sge),
-            wqe_counter: self.head as u16,
+            wqe_counter: head as u16,
         })
     }
 
     /// Consumes the head WQE: the head moves to its `next_wqe_index`.
-    pub(crate) fn commit(&mut self) {
+    pub(crate) fn commit(&self) {
+        let head = self.head() & (self.wqe_cnt - 1);
         let mut b = [0u8; 2];
         // SAFETY: bytes 2..4 of a published WQE (see `peek`).
-        unsafe { std::ptr::copy_nonoverlapping(self.wqe(self.head).add(2), b.as_mut_ptr(), 2) };
-        self.head = u32::from(u16::from_be_bytes(b)) & (self.wqe_cnt - 1);
-        self.consumed = self.consumed.wrapping_add(1);
+        unsafe { std::ptr::copy_nonoverlapping(self.wqe(head).add(2), b.as_mut_ptr(), 2) };
+        let c = alloc::counters(self.dbrec);
+        alloc::store(c, 0, u32::from(u16::from_be_bytes(b)) & (self.wqe_cnt - 1));
+        alloc::store(c, 1, alloc::load(c, 1).wrapping_add(1));
     }
 }

@@ -1,0 +1,587 @@
+//! The node directory: what the device models of the processes on one host share so that a
+//! doorbell rung in one process executes against another process's queues and memory.
+//!
+//! One file `/dev/shm/mlx5sim.<node>` ([`DIR_BYTES`], sparse), mapped by every process that
+//! joined `<node>` ([`crate::sim::Fabric::join`]):
+//!
+//! | bytes | contents |
+//! |---|---|
+//! | 0..4096 | [`Header`]: magic, layout version, the next LID to hand out |
+//! | 4096.. | [`MAX_PROCS`] × [`ProcSlot`] (64 B): pid, state, attention counter |
+//! | then | per process slot: [`QP_SLOTS`] × [`QpExport`], [`CQ_SLOTS`] × [`CqExport`], [`SRQ_SLOTS`] × [`SrqExport`], [`MR_SLOTS`] × [`MrExport`] (64 B each) |
+//!
+//! **Numbers.** A process in slot `s` numbers its objects `(s + 1) << bits | i` (QPN, CQN,
+//! SRQN, MR index, PD), so every number is unique on the node and names its owner: the
+//! export of QP `qpn` is entry `qpn & (QP_SLOTS - 1)` of slot `(qpn >> QP_BITS) - 1`.
+//!
+//! **Memory.** Queue memory and registered buffers of a joined process are shared segment
+//! files ([`crate::mem`] "Shared backing"); an export names its memory by segment number,
+//! and a peer maps `mlx5sim.<node>.<pid>.<segment>` on first use (cached until the model
+//! drops). The device-side counters of a queue (CQ producer, RQ/SRQ consumer) live in its
+//! doorbell block ([`crate::sim::alloc::COUNTERS_OFF`]), so the owner's model and its peers'
+//! update one copy.
+//!
+//! **Lock.** Every model operation of a joined process (doorbell, progress step, object
+//! creation) runs under the process's fabric mutex *and* the node lock: an open-file-description
+//! (OFD) write lock on byte 0 of the directory. The kernel releases it when its holder dies,
+//! so a crashed process never wedges the node (what it was doing is cut short, like a NIC
+//! reset mid-operation).
+//!
+//! **Liveness.** Each process holds an OFD write lock on byte `LIVENESS_BASE + slot` for as
+//! long as it is joined. The kernel drops it when the process exits, however it exits (even
+//! before its parent reaps it). Peers test it with `F_OFD_GETLK` at most once per
+//! [`LIVENESS_PERIOD`] and mark a slot whose lock is gone dead: from then on its QPs are
+//! unreachable, so RC requests to them fail with TRANSPORT_RETRY_EXC after the QP's
+//! `retry_cnt` retries, as when a remote node's HCA disappears, and UD packets to them are
+//! dropped (`ud_no_dest`).
+//!
+//! **Error transitions across processes.** A peer that puts one of our QPs in the error state
+//! (a responder error, an overrun of our CQ) sets the QP's `err_pending` and bumps our slot's
+//! attention counter; our model applies it on its next step (the QP is treated as not in RTS
+//! in the meantime).
+//!
+//! Limits: [`MAX_PROCS`] processes over the directory's lifetime (slots are not reused, so a
+//! dead process's QPNs never come back), and per process [`QP_SLOTS`] QPs, [`CQ_SLOTS`] CQs,
+//! [`SRQ_SLOTS`] SRQs, [`MR_SLOTS`] MRs at a time. A directory whose processes are all gone is
+//! stale: the next process to join wipes it and the segment files under its prefix.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::mem::Backing;
+
+/// Processes that may join one node directory over its lifetime.
+pub(crate) const MAX_PROCS: usize = 64;
+/// QPN bits below the slot prefix.
+pub(crate) const QP_BITS: u32 = 14;
+/// CQN bits below the slot prefix.
+pub(crate) const CQ_BITS: u32 = 12;
+/// SRQN bits below the slot prefix.
+pub(crate) const SRQ_BITS: u32 = 10;
+/// MR index bits below the slot prefix.
+pub(crate) const MR_BITS: u32 = 14;
+/// PD bits below the slot prefix.
+pub(crate) const PD_BITS: u32 = 16;
+/// QPs one process may have at a time.
+pub(crate) const QP_SLOTS: usize = 1 << QP_BITS;
+/// CQs one process may have at a time.
+pub(crate) const CQ_SLOTS: usize = 1 << CQ_BITS;
+/// SRQs one process may have at a time.
+pub(crate) const SRQ_SLOTS: usize = 1 << SRQ_BITS;
+/// MRs one process may have at a time.
+pub(crate) const MR_SLOTS: usize = 1 << MR_BITS;
+/// How often a model checks its peers' liveness locks (at most).
+pub(crate) const LIVENESS_PERIOD: Duration = Duration::from_millis(1);
+
+const MAGIC: u64 = u64::from_le_bytes(*b"MLX5NODE");
+const VERSION: u32 = 1;
+const HEADER_BYTES: usize = 4096;
+const ENTRY: usize = 64;
+const SLOTS_OFF: usize = HEADER_BYTES;
+const AREAS_OFF: usize = SLOTS_OFF + MAX_PROCS * ENTRY;
+const QP_OFF: usize = 0;
+const CQ_OFF: usize = QP_OFF + QP_SLOTS * ENTRY;
+const SRQ_OFF: usize = CQ_OFF + CQ_SLOTS * ENTRY;
+const MR_OFF: usize = SRQ_OFF + SRQ_SLOTS * ENTRY;
+const AREA_BYTES: usize = MR_OFF + MR_SLOTS * ENTRY;
+/// Size of the directory file in bytes (sparse: untouched pages cost nothing).
+pub(crate) const DIR_BYTES: usize = AREAS_OFF + MAX_PROCS * AREA_BYTES;
+/// Byte of the node lock.
+const LOCK_BYTE: i64 = 0;
+/// First liveness byte (one per slot).
+const LIVENESS_BASE: i64 = 16;
+
+/// Slot states.
+pub(crate) mod slot_state {
+    /// Never used.
+    pub(crate) const FREE: u32 = 0;
+    /// Joined, running.
+    pub(crate) const ALIVE: u32 = 1;
+    /// Left cleanly (its fabric dropped).
+    pub(crate) const LEFT: u32 = 2;
+    /// Died while joined (liveness lock gone).
+    pub(crate) const DEAD: u32 = 3;
+}
+
+/// Directory header.
+#[repr(C)]
+pub(crate) struct Header {
+    magic: AtomicU64,
+    version: AtomicU32,
+    next_lid: AtomicU32,
+}
+
+/// One process slot.
+#[repr(C)]
+pub(crate) struct ProcSlot {
+    pub(crate) pid: AtomicU32,
+    pub(crate) state: AtomicU32,
+    /// Bumped by a peer that left work for the owner (an `err_pending`).
+    pub(crate) attention: AtomicU32,
+}
+
+/// An exported QP (64 B).
+#[repr(C)]
+pub(crate) struct QpExport {
+    /// 1 while the QP exists.
+    pub(crate) live: AtomicU32,
+    /// [`qp_state`] value.
+    pub(crate) state: AtomicU32,
+    /// A peer moved the QP to the error state; the owner applies it on its next step.
+    pub(crate) err_pending: AtomicU32,
+    /// 0 RC, 1 UD.
+    pub(crate) kind: AtomicU32,
+    pub(crate) lid: AtomicU32,
+    pub(crate) pd: AtomicU32,
+    /// RC responder access flags ([`crate::verbs::Access`] bits).
+    pub(crate) access: AtomicU32,
+    pub(crate) qkey: AtomicU32,
+    /// RC: the QPN it is connected to.
+    pub(crate) peer_qpn: AtomicU32,
+    pub(crate) recv_cq: AtomicU32,
+    /// SRQN, 0 for none.
+    pub(crate) srq: AtomicU32,
+    /// RQ ring segment (offset 0) and its doorbell block segment.
+    pub(crate) rq_seg: AtomicU32,
+    pub(crate) db_seg: AtomicU32,
+    pub(crate) rq_wqe_cnt: AtomicU32,
+    pub(crate) rq_stride: AtomicU32,
+    _pad: AtomicU32,
+}
+
+/// QP states in [`QpExport::state`].
+pub(crate) mod qp_state {
+    pub(crate) const RESET: u32 = 0;
+    pub(crate) const RTS: u32 = 1;
+    pub(crate) const ERROR: u32 = 2;
+}
+
+/// An exported CQ (64 B).
+#[repr(C)]
+pub(crate) struct CqExport {
+    pub(crate) live: AtomicU32,
+    pub(crate) cqe_cnt: AtomicU32,
+    pub(crate) ring_seg: AtomicU32,
+    pub(crate) db_seg: AtomicU32,
+    _pad: [AtomicU32; 12],
+}
+
+/// An exported SRQ (64 B).
+#[repr(C)]
+pub(crate) struct SrqExport {
+    pub(crate) live: AtomicU32,
+    pub(crate) wqe_cnt: AtomicU32,
+    pub(crate) stride: AtomicU32,
+    pub(crate) max_sge: AtomicU32,
+    pub(crate) pd: AtomicU32,
+    pub(crate) ring_seg: AtomicU32,
+    pub(crate) db_seg: AtomicU32,
+    _pad: [AtomicU32; 9],
+}
+
+/// An exported memory region (64 B).
+#[repr(C)]
+pub(crate) struct MrExport {
+    pub(crate) live: AtomicU32,
+    pub(crate) access: AtomicU32,
+    pub(crate) pd: AtomicU32,
+    /// Segment holding the region, or `u32::MAX`: private memory, unreachable from peers.
+    pub(crate) seg: AtomicU32,
+    /// Start address in the owner's address space.
+    pub(crate) addr: AtomicU64,
+    pub(crate) len: AtomicU64,
+    /// Offset of `addr` inside the segment.
+    pub(crate) seg_off: AtomicU64,
+    _pad: [AtomicU64; 3],
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<ProcSlot>() <= ENTRY);
+    assert!(std::mem::size_of::<QpExport>() == ENTRY);
+    assert!(std::mem::size_of::<CqExport>() == ENTRY);
+    assert!(std::mem::size_of::<SrqExport>() == ENTRY);
+    assert!(std::mem::size_of::<MrExport>() == ENTRY);
+};
+
+/// A joined directory: the mapping, the open file (it carries the OFD locks) and our slot.
+pub(crate) struct NodeDir {
+    file: File,
+    base: NonNull<u8>,
+    pub(crate) slot: u32,
+    pub(crate) backing: Backing,
+    path: String,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics (the export structs are
+// all atomics) and the file handle is thread-safe.
+unsafe impl Send for NodeDir {}
+// SAFETY: see `Send`.
+unsafe impl Sync for NodeDir {}
+
+fn ofd_lock(file: &File, byte: i64, cmd: libc::c_int, ty: libc::c_int) -> io::Result<libc::flock> {
+    // SAFETY: `flock` is plain data; zeroed is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ty as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = byte as libc::off_t;
+    fl.l_len = 1;
+    loop {
+        // SAFETY: a valid fd and a valid `flock` for the OFD lock commands.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl as *mut libc::flock) };
+        if r == 0 {
+            return Ok(fl);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The node lock, held while it lives.
+pub(crate) struct NodeLock<'a> {
+    dir: &'a NodeDir,
+}
+
+impl Drop for NodeLock<'_> {
+    fn drop(&mut self) {
+        let _ = ofd_lock(&self.dir.file, LOCK_BYTE, libc::F_OFD_SETLK, libc::F_UNLCK);
+    }
+}
+
+impl NodeDir {
+    /// Joins (creating or wiping a stale directory as needed) the node `name` under
+    /// `/dev/shm`.
+    pub(crate) fn join(name: &str) -> Result<NodeDir> {
+        if name.is_empty()
+            || name.len() > 100
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(Error::InvalidArgument(format!(
+                "node name {name:?}: use 1..=100 of [A-Za-z0-9_-]"
+            )));
+        }
+        let path = format!("/dev/shm/mlx5sim.{name}");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(Error::Memory)?;
+        ofd_lock(&file, LOCK_BYTE, libc::F_OFD_SETLKW, libc::F_WRLCK).map_err(Error::Memory)?;
+        let r = Self::join_locked(name, file, path);
+        if let Err(e) = &r {
+            tracing::warn!("sim: joining node {name} failed: {e}");
+        }
+        r
+    }
+
+    fn join_locked(name: &str, file: File, path: String) -> Result<NodeDir> {
+        let unlock = |f: &File| {
+            let _ = ofd_lock(f, LOCK_BYTE, libc::F_OFD_SETLK, libc::F_UNLCK);
+        };
+        let size = file.metadata().map_err(Error::Memory)?.len();
+        if size != DIR_BYTES as u64 && size != 0 {
+            unlock(&file);
+            return Err(Error::InvalidArgument(format!(
+                "{path}: {size} bytes, not a version-{VERSION} node directory"
+            )));
+        }
+        if size == 0 {
+            file.set_len(DIR_BYTES as u64).map_err(Error::Memory)?;
+        }
+        let base = match crate::mem::map_file(&file, DIR_BYTES) {
+            Ok(b) => b,
+            Err(e) => {
+                unlock(&file);
+                return Err(Error::Memory(e));
+            }
+        };
+        let mut dir = NodeDir {
+            file,
+            base,
+            slot: 0,
+            backing: Backing {
+                prefix: format!("/dev/shm/mlx5sim.{name}"),
+            },
+            path,
+        };
+        let h = dir.header();
+        let magic = h.magic.load(Ordering::Acquire);
+        if magic != 0 && (magic != MAGIC || h.version.load(Ordering::Relaxed) != VERSION) {
+            unlock(&dir.file);
+            return Err(Error::InvalidArgument(format!(
+                "{}: not a version-{VERSION} node directory",
+                dir.path
+            )));
+        }
+        if magic != 0 && dir.is_stale() {
+            tracing::info!("sim: node {name}: every process of the directory is gone; wiping it");
+            dir.wipe()?;
+        }
+        let h = dir.header();
+        if h.magic.load(Ordering::Acquire) == 0 {
+            h.version.store(VERSION, Ordering::Relaxed);
+            h.next_lid.store(1, Ordering::Relaxed);
+            h.magic.store(MAGIC, Ordering::Release);
+        }
+        let Some(slot) = (0..MAX_PROCS as u32)
+            .find(|&s| dir.proc_slot(s).state.load(Ordering::Acquire) == slot_state::FREE)
+        else {
+            unlock(&dir.file);
+            return Err(Error::InvalidArgument(format!(
+                "node {name}: all {MAX_PROCS} process slots were used; join a new node name"
+            )));
+        };
+        dir.slot = slot;
+        let s = dir.proc_slot(slot);
+        s.pid.store(std::process::id(), Ordering::Relaxed);
+        s.attention.store(0, Ordering::Relaxed);
+        s.state.store(slot_state::ALIVE, Ordering::Release);
+        let live = ofd_lock(
+            &dir.file,
+            LIVENESS_BASE + i64::from(slot),
+            libc::F_OFD_SETLK,
+            libc::F_WRLCK,
+        );
+        unlock(&dir.file);
+        live.map_err(Error::Memory)?;
+        Ok(dir)
+    }
+
+    /// Whether no slot is held by a running process.
+    fn is_stale(&self) -> bool {
+        (0..MAX_PROCS as u32).all(|s| {
+            self.proc_slot(s).state.load(Ordering::Acquire) != slot_state::ALIVE
+                || !self.liveness_held(s)
+        })
+    }
+
+    /// Zeroes the directory and removes the segment files under its prefix.
+    fn wipe(&mut self) -> Result<()> {
+        // SAFETY: the mapping is DIR_BYTES long and no other process uses it (stale).
+        unsafe { libc::munmap(self.base.as_ptr().cast(), DIR_BYTES) };
+        self.file.set_len(0).map_err(Error::Memory)?;
+        self.file.set_len(DIR_BYTES as u64).map_err(Error::Memory)?;
+        self.base = crate::mem::map_file(&self.file, DIR_BYTES).map_err(Error::Memory)?;
+        let prefix = format!("{}.", self.backing.prefix.trim_start_matches("/dev/shm/"));
+        if let Ok(rd) = std::fs::read_dir("/dev/shm") {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the node lock (blocking).
+    pub(crate) fn lock(&self) -> NodeLock<'_> {
+        if let Err(e) = ofd_lock(&self.file, LOCK_BYTE, libc::F_OFD_SETLKW, libc::F_WRLCK) {
+            // Only EDEADLK/ENOLCK are possible for a valid fd; proceeding unlocked is the
+            // lesser evil and is reported.
+            tracing::error!("sim: node lock failed: {e}");
+        }
+        NodeLock { dir: self }
+    }
+
+    /// Whether slot `s`'s liveness lock is held by some process other than us.
+    fn liveness_held(&self, s: u32) -> bool {
+        match ofd_lock(
+            &self.file,
+            LIVENESS_BASE + i64::from(s),
+            libc::F_OFD_GETLK,
+            libc::F_WRLCK,
+        ) {
+            Ok(fl) => i32::from(fl.l_type) != libc::F_UNLCK,
+            Err(_) => true,
+        }
+    }
+
+    /// Marks dead every alive peer slot whose liveness lock is gone; returns how many.
+    pub(crate) fn check_liveness(&self) -> u32 {
+        let mut n = 0;
+        for s in 0..MAX_PROCS as u32 {
+            if s == self.slot {
+                continue;
+            }
+            let st = &self.proc_slot(s).state;
+            if st.load(Ordering::Acquire) == slot_state::ALIVE && !self.liveness_held(s) {
+                st.store(slot_state::DEAD, Ordering::Release);
+                tracing::warn!(
+                    slot = s,
+                    pid = self.proc_slot(s).pid.load(Ordering::Relaxed),
+                    "sim: a process of the node died; its QPs are unreachable"
+                );
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Hands out a node-unique LID.
+    pub(crate) fn alloc_lid(&self) -> u16 {
+        let l = self.header().next_lid.fetch_add(1, Ordering::Relaxed);
+        u16::try_from(l)
+            .ok()
+            .filter(|&l| l < 0xc000)
+            .unwrap_or(0xbfff)
+    }
+
+    fn at<T>(&self, off: usize) -> &T {
+        debug_assert!(off + std::mem::size_of::<T>() <= DIR_BYTES);
+        debug_assert_eq!(off % std::mem::align_of::<T>(), 0);
+        // SAFETY: `off` is inside the mapping (the callers index fixed tables) and aligned;
+        // `T` is one of the repr(C) all-atomic structs above, valid for any bit pattern
+        // (zero-initialised by the kernel), and only accessed through atomics.
+        unsafe { &*self.base.as_ptr().add(off).cast::<T>() }
+    }
+
+    fn header(&self) -> &Header {
+        self.at(0)
+    }
+
+    /// Slot `s` (< MAX_PROCS).
+    pub(crate) fn proc_slot(&self, s: u32) -> &ProcSlot {
+        self.at(SLOTS_OFF + (s as usize % MAX_PROCS) * ENTRY)
+    }
+
+    fn area(&self, s: u32) -> usize {
+        AREAS_OFF + (s as usize % MAX_PROCS) * AREA_BYTES
+    }
+
+    /// Owner slot of a number with `bits` index bits (`None`: not a node number).
+    pub(crate) fn owner(num: u32, bits: u32) -> Option<u32> {
+        let s = num >> bits;
+        (1..=MAX_PROCS as u32).contains(&s).then(|| s - 1)
+    }
+
+    /// The export of QP `qpn` (any slot).
+    pub(crate) fn qp(&self, qpn: u32) -> Option<(u32, &QpExport)> {
+        let s = Self::owner(qpn, QP_BITS)?;
+        let i = qpn as usize & (QP_SLOTS - 1);
+        Some((s, self.at(self.area(s) + QP_OFF + i * ENTRY)))
+    }
+
+    /// The export of CQ `cqn`.
+    pub(crate) fn cq(&self, cqn: u32) -> Option<(u32, &CqExport)> {
+        let s = Self::owner(cqn, CQ_BITS)?;
+        let i = cqn as usize & (CQ_SLOTS - 1);
+        Some((s, self.at(self.area(s) + CQ_OFF + i * ENTRY)))
+    }
+
+    /// The export of SRQ `srqn`.
+    pub(crate) fn srq(&self, srqn: u32) -> Option<(u32, &SrqExport)> {
+        let s = Self::owner(srqn, SRQ_BITS)?;
+        let i = srqn as usize & (SRQ_SLOTS - 1);
+        Some((s, self.at(self.area(s) + SRQ_OFF + i * ENTRY)))
+    }
+
+    /// The export of MR index `idx`.
+    pub(crate) fn mr(&self, idx: u32) -> Option<(u32, &MrExport)> {
+        let s = Self::owner(idx, MR_BITS)?;
+        let i = idx as usize & (MR_SLOTS - 1);
+        Some((s, self.at(self.area(s) + MR_OFF + i * ENTRY)))
+    }
+
+    /// Whether slot `s` is a running process.
+    pub(crate) fn alive(&self, s: u32) -> bool {
+        self.proc_slot(s).state.load(Ordering::Acquire) == slot_state::ALIVE
+    }
+
+    /// The pid of slot `s`.
+    pub(crate) fn pid(&self, s: u32) -> u32 {
+        self.proc_slot(s).pid.load(Ordering::Relaxed)
+    }
+
+    /// Tells slot `s` it has an `err_pending` to apply.
+    pub(crate) fn poke(&self, s: u32) {
+        self.proc_slot(s).attention.fetch_add(1, Ordering::Release);
+    }
+
+    /// Our attention counter.
+    pub(crate) fn attention(&self) -> u32 {
+        self.proc_slot(self.slot).attention.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for NodeDir {
+    fn drop(&mut self) {
+        let _guard = self.lock();
+        self.proc_slot(self.slot)
+            .state
+            .store(slot_state::LEFT, Ordering::Release);
+        let _ = ofd_lock(
+            &self.file,
+            LIVENESS_BASE + i64::from(self.slot),
+            libc::F_OFD_SETLK,
+            libc::F_UNLCK,
+        );
+        let last = (0..MAX_PROCS as u32).all(|s| !self.alive(s) || !self.liveness_held(s));
+        if last {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        drop(_guard);
+        // SAFETY: the mapping is DIR_BYTES long, created in `join`, unmapped once; no
+        // reference into it outlives `self` (the accessors borrow `self`).
+        unsafe { libc::munmap(self.base.as_ptr().cast(), DIR_BYTES) };
+    }
+}
+
+/// The segments of peers this model has mapped: `(pid, segment)` → `(start, length)`.
+#[derive(Default)]
+pub(crate) struct PeerMaps {
+    maps: HashMap<(u32, u32), (usize, usize)>,
+}
+
+impl PeerMaps {
+    /// Maps (or finds) segment `seg` of process `pid`; `None` if it no longer exists.
+    pub(crate) fn get(&mut self, backing: &Backing, pid: u32, seg: u32) -> Option<(usize, usize)> {
+        if let Some(&m) = self.maps.get(&(pid, seg)) {
+            return Some(m);
+        }
+        let path = backing.segment_path(pid, seg);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .ok()?;
+        let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
+        if len == 0 {
+            return None;
+        }
+        let p = crate::mem::map_file(&file, len).ok()?;
+        let m = (p.as_ptr() as usize, len);
+        self.maps.insert((pid, seg), m);
+        Some(m)
+    }
+}
+
+impl Drop for PeerMaps {
+    fn drop(&mut self) {
+        for &(p, len) in self.maps.values() {
+            // SAFETY: each entry is a mapping made in `get`, unmapped once; the model that
+            // owned the pointers into it is being dropped.
+            unsafe { libc::munmap(p as *mut libc::c_void, len) };
+        }
+    }
+}
+
+/// State a joined model keeps about the node.
+pub(crate) struct NodeLink {
+    pub(crate) dir: std::sync::Arc<NodeDir>,
+    pub(crate) maps: PeerMaps,
+    /// When peers' liveness was last checked.
+    pub(crate) last_check: Instant,
+    /// Our attention counter as last handled.
+    pub(crate) seen_attention: u32,
+}
