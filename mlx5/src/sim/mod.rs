@@ -409,6 +409,9 @@ pub struct SimStats {
     pub remote_unreachable_mr: u64,
     /// Joined node: peer processes this model found dead (liveness lock gone).
     pub peer_deaths: u64,
+    /// Joined node: live exports of peers' QPs that failed validation (sizes, numbers,
+    /// segments missing or too short); the QP is treated as unreachable.
+    pub remote_bad_exports: u64,
 }
 
 /// One device's QPC cache counters ([`Fabric::qpc_stats`], [`SimDevice::qpc_stats`]). All

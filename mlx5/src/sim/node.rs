@@ -585,3 +585,130 @@ pub(crate) struct NodeLink {
     /// Our attention counter as last handled.
     pub(crate) seen_attention: u32,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::SimConfig;
+    use crate::sim::model::Model;
+
+    fn name(tag: &str) -> String {
+        format!("unit-{tag}-{}", std::process::id())
+    }
+
+    fn cleanup(n: &str) {
+        let _ = std::fs::remove_file(format!("/dev/shm/mlx5sim.{n}"));
+    }
+
+    #[test]
+    fn bad_names_and_foreign_files_are_refused() {
+        for bad in ["", "a/b", "x.y", &"n".repeat(101)] {
+            assert!(
+                matches!(NodeDir::join(bad), Err(Error::InvalidArgument(_))),
+                "{bad:?}"
+            );
+        }
+        // A file of another size: not ours, left alone.
+        let n = name("size");
+        std::fs::write(format!("/dev/shm/mlx5sim.{n}"), b"hello").unwrap();
+        let e = NodeDir::join(&n).err().expect("refused");
+        assert!(
+            e.to_string().contains("not a version-1 node directory"),
+            "{e}"
+        );
+        // The right size with a wrong magic.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/dev/shm/mlx5sim.{n}"))
+            .unwrap();
+        f.set_len(DIR_BYTES as u64).unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"NOTANODE", 0).unwrap();
+        assert!(matches!(NodeDir::join(&n), Err(Error::InvalidArgument(_))));
+        cleanup(&n);
+    }
+
+    #[test]
+    fn slots_liveness_and_the_last_leaver() {
+        let n = name("live");
+        let a = NodeDir::join(&n).unwrap();
+        let b = NodeDir::join(&n).unwrap();
+        assert_eq!((a.slot, b.slot), (0, 1));
+        assert_ne!(a.alloc_lid(), b.alloc_lid());
+        assert_eq!(a.check_liveness(), 0, "b holds its liveness lock");
+        // b's lock vanishes as when its process dies: a marks it dead, once.
+        ofd_lock(&b.file, LIVENESS_BASE + 1, libc::F_OFD_SETLK, libc::F_UNLCK).unwrap();
+        assert_eq!(a.check_liveness(), 1);
+        assert!(!a.alive(1));
+        assert_eq!(a.check_liveness(), 0);
+        drop(b);
+        assert!(std::path::Path::new(&format!("/dev/shm/mlx5sim.{n}")).exists());
+        drop(a);
+        assert!(
+            !std::path::Path::new(&format!("/dev/shm/mlx5sim.{n}")).exists(),
+            "the last process to leave removes the directory"
+        );
+    }
+
+    #[test]
+    fn a_stale_directory_is_wiped_with_its_segments() {
+        let n = name("stale");
+        let path = format!("/dev/shm/mlx5sim.{n}");
+        {
+            let a = NodeDir::join(&n).unwrap();
+            // Pretend a crash: the slot stays ALIVE, its lock goes.
+            ofd_lock(&a.file, LIVENESS_BASE, libc::F_OFD_SETLK, libc::F_UNLCK).unwrap();
+            a.proc_slot(0).pid.store(1, Ordering::Relaxed);
+            std::mem::forget(a); // no Drop: the directory keeps the "alive" slot
+        }
+        let seg = format!("{path}.1.7");
+        std::fs::write(&seg, b"orphan").unwrap();
+        let b = NodeDir::join(&n).unwrap();
+        assert_eq!(b.slot, 0, "wiped: slot 0 is free again");
+        assert!(
+            !std::path::Path::new(&seg).exists(),
+            "orphan segment removed"
+        );
+        drop(b);
+        cleanup(&n);
+    }
+
+    #[test]
+    fn corrupt_exports_are_unreachable_and_counted() {
+        let n = name("corrupt");
+        let me = std::sync::Arc::new(NodeDir::join(&n).unwrap());
+        let peer = NodeDir::join(&n).unwrap();
+        let lid = peer.alloc_lid();
+        let mut model = Model::new(SimConfig::default());
+        model.node = Some(crate::sim::target::link(me.clone()));
+        let qpn = ((peer.slot + 1) << QP_BITS) | 5;
+        let (_, e) = peer.qp(qpn).unwrap();
+        // Not live: simply unreachable, not counted.
+        assert!(model.resolve(lid, None, qpn).is_none());
+        assert_eq!(model.stats.remote_bad_exports, 0);
+        e.lid.store(u32::from(lid), Ordering::Relaxed);
+        e.state.store(qp_state::RTS, Ordering::Relaxed);
+        e.rq_wqe_cnt.store(3, Ordering::Relaxed); // not a power of two
+        e.rq_stride.store(16, Ordering::Relaxed);
+        e.live.store(1, Ordering::Release);
+        assert!(model.resolve(lid, None, qpn).is_none());
+        assert_eq!(model.stats.remote_bad_exports, 1);
+        // Plausible sizes, but the segments do not exist.
+        e.rq_wqe_cnt.store(4, Ordering::Relaxed);
+        e.rq_seg.store(12345, Ordering::Relaxed);
+        assert!(model.resolve(lid, None, qpn).is_none());
+        assert_eq!(model.stats.remote_bad_exports, 2);
+        // An SRQ number owned by another slot.
+        e.srq
+            .store(((me.slot + 1) << SRQ_BITS) | 1, Ordering::Relaxed);
+        assert!(model.resolve(lid, None, qpn).is_none());
+        assert_eq!(model.stats.remote_bad_exports, 3);
+        // Another LID: not addressed there, not counted.
+        assert!(model.resolve(lid + 1, None, qpn).is_none());
+        assert_eq!(model.stats.remote_bad_exports, 3);
+        drop(model);
+        drop(peer);
+        drop(me);
+        cleanup(&n);
+    }
+}

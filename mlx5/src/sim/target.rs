@@ -136,6 +136,24 @@ impl Model {
         if !here {
             return None;
         }
+        let t = Self::remote_target(link, &dir, slot, e, qpn);
+        if t.is_none() {
+            // A live export we cannot use: inconsistent fields, a segment that is gone or
+            // too short. Corrupt (or torn by a crash) shared state, never trusted.
+            self.stats.remote_bad_exports += 1;
+            tracing::warn!(qpn, slot, "sim: unusable export of a peer process's QP");
+        }
+        t
+    }
+
+    /// The [`Target`] for a peer's live, addressed export `e`, validated field by field.
+    fn remote_target(
+        link: &mut NodeLink,
+        dir: &NodeDir,
+        slot: u32,
+        e: &crate::sim::node::QpExport,
+        qpn: u32,
+    ) -> Option<Target> {
         let pid = dir.pid(slot);
         let backing = &dir.backing;
         let maps = &mut link.maps;
