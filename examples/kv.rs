@@ -8,8 +8,9 @@
 //! pre-generated per client (seeds/004 §9 step 2): uniform or zipfian (θ = 0.99 by default)
 //! keys, with a read ratio, and (with `--ranks R > 1`) a target rank uniform over the ranks.
 //!
-//! `--ranks R` runs `R` ranks in this process, each with its own simulated NIC on one shared
-//! device-model fabric. Daemon 0 of each rank is the node's delegate
+//! `--ranks R` runs `R` ranks in this process (threads, with the in-process bootstrap
+//! `rpc::bootstrap::threads`), each with its own simulated NIC on one shared device-model
+//! fabric. Daemon 0 of each rank is the node's delegate
 //! ([`rpc::delegation::Delegate`], seeds/004 §5): it serves shard 0, serves the calls other
 //! ranks send it over copyrpc (handing those for other shards to their daemon's ring), and,
 //! in the delegation backend, forwards its clients' remote calls. How a client reaches
@@ -28,10 +29,26 @@
 //! two calls outstanding on one connection in either order, so a client then never has two
 //! writes of one key outstanding.
 //!
-//! `--transport erpc` (one rank) does the same over eRPC on UDP loopback (seeds/000, 002):
+//! `--transport erpc` (one rank; several under `--mpi`, below) does the same over eRPC on UDP
+//! loopback (seeds/000, 002):
 //! each daemon serves its shard through an `ErpcServer` on its own UDP socket, and each client
 //! thread connects a `KvClient<Erpc>` (`--qd` calls in flight, over `ceil(qd / 8)` sessions) to
 //! every daemon. eRPC too may execute a client's outstanding calls in either order.
+//!
+//! Ranks as MPI processes (`--mpi`, a build with `--features mpi`): under `mpirun -np N` each
+//! process is one rank of the same topology (its daemons, its rings in `/dev/shm`, its clients,
+//! copyrpc to the other ranks; `--backend delegation|direct|both`), running exactly the per-rank
+//! code of `--ranks R`, whose ranks are threads: the ranks exchange copyrpc endpoint information
+//! through the bootstrap ([`rpc::bootstrap`]: `MPI_Allgather`), connect, and meet at a barrier
+//! before any traffic. On one host the ranks' simulated NICs share one device-model fabric
+//! ([`Fabric::join`], named after the pid of the host's first rank), so the device model needs
+//! every rank on one host; `--device mlx5_0 [--port 1]` opens a real NIC through rdma-core
+//! instead. `--mpi --transport erpc` runs eRPC over UDP across the processes: each rank's
+//! daemons serve `ErpcServer`s (on 127.0.0.1 when all ranks share a host, else on `--erpc-ip`
+//! or the address the host name resolves to), and every client thread connects a
+//! `KvClient<Erpc>` to every daemon of every rank. Rank 0 prints the totals: throughput overall and per rank, requests served per rank,
+//! latency percentiles merged over all ranks (each rank's histogram travels in hdrhistogram's V2
+//! encoding), and the correctness check; every rank exits nonzero if any rank failed.
 //!
 //! Correctness: every client has a global id `g = rank * C + c` and only writes keys `k` with
 //! `k % (R * C) == g` (on any rank), so every (rank, key) has one writer, whose successive
@@ -40,7 +57,9 @@
 //! hand-off ring keep that order). Values encode `(writer << 48) | seq`, so every read is
 //! checked for a plausible writer during the run, and at the end a sample of written keys,
 //! local and remote, is read back from the owner daemon of the owner rank and must return the
-//! last value written.
+//! last value written. The check runs where the keys live: each rank samples the keys its
+//! clients wrote, sends every sampled key to its owner rank (an all-gather), and each rank reads
+//! the keys it owns back from their owner daemon; the counts are summed over the ranks.
 //!
 //! ```text
 //! cargo run --release --example kv                      # all in one process, ~10 s
@@ -48,6 +67,10 @@
 //! cargo run --release --example kv -- --transport scalerpc --clients 4 --scalerpc-group 2
 //! cargo run --release --example kv -- --transport erpc --clients 2 --daemons 2
 //! cargo run --release --example kv -- --help
+//! cargo build --release --features mpi --example kv   # then, ranks as processes:
+//! mpirun -np 4 target/release/examples/kv --mpi --backend both --duration 5
+//! mpirun -np 2 target/release/examples/kv --mpi --transport erpc --duration 5
+//! mpirun -np 2 --host a,b target/release/examples/kv --mpi --device mlx5_0 --port 1
 //! kv serve --shm kvbench --daemons 2                    # process 1: daemons (one rank)
 //! kv client --shm kvbench --clients 2                   # process 2: clients + check
 //! ```
@@ -62,11 +85,17 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use crossbeam_utils::{Backoff, CachePadded};
 use hdrhistogram::Histogram;
+use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
 use idl::kv::{KvClient, KvRequest, KvResponse, KvServer, KvService, owner_daemon};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Zipf};
-use rpc::copyrpc::{CallError, Context, ContextConfig, EndpointConfig, EndpointId};
+use rpc::bootstrap::threads::{ThreadGroup, ThreadRank};
+use rpc::bootstrap::{Bootstrap, BootstrapError};
+use rpc::copyrpc::info::INFO_BYTES;
+use rpc::copyrpc::{
+    CallError, Context, ContextConfig, EndpointConfig, EndpointId, EndpointInfo, SetupError,
+};
 use rpc::delegation::{
     DelegToken, Delegate, Delegation, DelegationConfig, DelegationServer, ForwardStats, Target,
 };
@@ -83,8 +112,12 @@ use rustc_hash::FxHashMap;
     long_about = "Distributed key-value benchmark (seeds/004) over the delegation ring and \
         copyrpc.\n\nWithout a subcommand (or with `run`), daemons and clients of every rank run \
         in this process; `--ranks R` runs R in-process ranks connected by copyrpc on the \
-        device model. The `serve`/`client` subcommands split one rank's daemons and clients \
-        into two processes; multi-rank runs across processes (MPI) are a later issue. \
+        device model. `--mpi` (a build with `--features mpi`) makes every process of \
+        `mpirun -np N` one rank of the same topology, with copyrpc between the processes on \
+        the device model shared by the processes of a host (or on an RDMA NIC: `--device`), \
+        or eRPC over UDP between them (`--transport erpc`): \
+        `mpirun -np 4 target/release/examples/kv --mpi --backend both`. The `serve`/`client` \
+        subcommands split one rank's daemons and clients into two processes. \
         `--transport scalerpc` (`--transport erpc`) serves the daemons of one rank over \
         ScaleRPC on the device model (eRPC over UDP loopback) instead of the delegation rings.",
     args_conflicts_with_subcommands = true
@@ -102,7 +135,7 @@ enum Cmd {
     /// given).
     Run(RunArgs),
     /// Only the daemons of one rank: create `<shm>-0 .. <shm>-{D-1}` and serve until
-    /// SIGINT/SIGTERM or `--duration` (one rank; multi-rank across processes is a later issue).
+    /// SIGINT/SIGTERM or `--duration` (one rank; for ranks as processes, see `--mpi`).
     Serve(ServeArgs),
     /// Only the clients of one rank, attached to the rings of a `kv serve` process.
     Client(ClientArgs),
@@ -114,9 +147,27 @@ struct RunArgs {
     #[arg(long, short = 'd', default_value_t = 1)]
     daemons: usize,
     /// In-process ranks, each with its own simulated NIC on one device-model fabric; requests
-    /// target a rank chosen uniformly. 1: a single node, no copyrpc.
+    /// target a rank chosen uniformly. 1: a single node, no copyrpc. (With `--mpi`, the ranks
+    /// are the MPI processes.)
     #[arg(long, default_value_t = 1)]
     ranks: usize,
+    /// This process is one rank of an MPI job (`mpirun -np N .../kv --mpi`): the ranks are the
+    /// MPI processes, connected by copyrpc (delegation transport) or eRPC over UDP (`--transport
+    /// erpc`). Needs a build with `--features mpi`.
+    #[arg(long)]
+    mpi: bool,
+    /// Open this RDMA device (e.g. `mlx5_0`) through rdma-core for copyrpc between ranks,
+    /// instead of the software device model.
+    #[arg(long)]
+    device: Option<String>,
+    /// The port of `--device` (1-based).
+    #[arg(long, default_value_t = 1, requires = "device")]
+    port: u8,
+    /// `--mpi --transport erpc`: the IP address the daemons' UDP sockets bind to and advertise
+    /// (default: 127.0.0.1 when every rank runs on one host, else the first non-loopback address
+    /// the host name resolves to).
+    #[arg(long)]
+    erpc_ip: Option<std::net::IpAddr>,
     /// How clients reach other ranks: through their rank's daemon 0 (delegation), with their
     /// own copyrpc endpoints (direct), or each in turn (both).
     #[arg(long, value_enum, default_value_t = Backend::Delegation)]
@@ -126,8 +177,8 @@ struct RunArgs {
     copyrpc_ring: usize,
     /// How clients reach the daemons of their rank: the shared-memory delegation ring,
     /// ScaleRPC on the device model (one simulated NIC per daemon and per client thread), or
-    /// eRPC over UDP loopback (one socket per daemon and per client connection). ScaleRPC and
-    /// eRPC run one rank only.
+    /// eRPC over UDP loopback (one socket per daemon and per client connection). ScaleRPC runs
+    /// one rank only; eRPC one rank, or the ranks of `--mpi`.
     #[arg(long, value_enum, default_value_t = Transport::Delegation)]
     transport: Transport,
     #[command(flatten)]
@@ -310,6 +361,7 @@ const SEQ_BITS: u32 = 48;
 fn main() {
     let cli = Cli::parse();
     let code = match cli.cmd.unwrap_or(Cmd::Run(cli.run)) {
+        Cmd::Run(a) if a.mpi => run_mpi(a),
         Cmd::Run(a) => run_all(a),
         Cmd::Serve(a) => serve(a),
         Cmd::Client(a) => client_only(a),
@@ -377,6 +429,7 @@ fn spawn_daemon(
 
 #[derive(Debug, Default)]
 struct DaemonReport {
+    /// Requests the daemon's handler executed.
     requests: u64,
     bad_requests: u64,
     dropped_replies: u64,
@@ -446,7 +499,8 @@ fn delegate_loop<R: FnMut(&KvRequest) -> Target>(
     }
     let f = *dlg.stats();
     DaemonReport {
-        requests: f.ring_local + f.forwarded + f.remote_served + f.handed_off,
+        // The requests its handler executed (the hand-offs execute on the other daemons).
+        requests: f.ring_local + f.remote_served,
         bad_requests: f.bad_requests,
         dropped_replies: f.dropped_replies,
         keys: shard.map.len(),
@@ -458,46 +512,192 @@ fn delegate_loop<R: FnMut(&KvRequest) -> Target>(
 
 fn run_all(a: RunArgs) -> i32 {
     match a.transport {
-        Transport::Scalerpc => return run_scalerpc(&a),
-        Transport::Erpc => return run_erpc(&a),
-        Transport::Delegation => {}
+        Transport::Scalerpc => run_scalerpc(&a),
+        Transport::Erpc => run_erpc(&a),
+        Transport::Delegation => run_threads(&a),
     }
-    let cfg = match delegation_config(&a.ring, a.load.qd) {
-        Ok(c) => c,
-        Err(e) => return fail(&e),
-    };
+}
+
+/// Checks the arguments of the delegation transport for `ranks` ranks; the rings'
+/// configuration.
+fn delegation_args(a: &RunArgs, ranks: usize) -> Result<DelegationConfig, String> {
+    let cfg = delegation_config(&a.ring, a.load.qd)?;
     if a.daemons == 0 {
-        return fail("--daemons must be at least 1");
+        return Err("--daemons must be at least 1".into());
     }
-    if a.ranks == 0 || a.ranks > 64 {
-        return fail("--ranks must be in 1..=64");
-    }
-    if a.ranks > 1 {
+    if ranks > 1 {
         if !a.copyrpc_ring.is_power_of_two() || a.copyrpc_ring < 1024 {
-            return fail("--copyrpc-ring must be a power of two >= 1024");
+            return Err("--copyrpc-ring must be a power of two >= 1024".into());
         }
         // Each ring: the rank's clients, the checker and (daemons 1..) the delegate.
         if a.load.clients + 2 > a.ring.max_clients as usize {
-            return fail("--max-clients must be at least --clients + 2 with --ranks > 1");
+            return Err(
+                "--max-clients must be at least --clients + 2 with more than one rank".into(),
+            );
         }
     }
-    let topologies: &[Topology] = match a.backend {
+    load_args(&a.load, ranks)?;
+    Ok(cfg)
+}
+
+/// Checks the client load for `ranks` ranks.
+fn load_args(load: &LoadArgs, ranks: usize) -> Result<(), String> {
+    if load.clients == 0 || load.qd == 0 || load.keys < (load.clients * ranks) as u64 {
+        return Err("need --clients >= 1, --qd >= 1 and --keys >= --clients * ranks".into());
+    }
+    Ok(())
+}
+
+/// The backends `b` measures, in order.
+fn topologies(b: Backend) -> &'static [Topology] {
+    match b {
         Backend::Delegation => &[Topology::Delegation],
         Backend::Direct => &[Topology::Direct],
         Backend::Both => &[Topology::Delegation, Topology::Direct],
+    }
+}
+
+/// The device model of multi-rank runs.
+fn sim_config() -> SimConfig {
+    SimConfig {
+        // Steps the model now and then, so that a sender stalled on a full receive queue
+        // resumes even when nobody rings a doorbell.
+        progress_thread: Some(Duration::from_millis(1)),
+        ..SimConfig::default()
+    }
+}
+
+/// Where the NICs of a job's ranks come from.
+#[derive(Clone)]
+enum Nic {
+    /// A simulated NIC per rank on the device-model fabric (one fabric for the ranks of this
+    /// process, or for the processes of a host that joined it).
+    Sim(Fabric),
+    /// `--device`: the RDMA device through rdma-core.
+    Hw { device: String, port: u8 },
+}
+
+impl Nic {
+    /// Opens one NIC (a device context).
+    fn open(&self) -> Result<rpc::mlx5::verbs::Context, String> {
+        match self {
+            Nic::Sim(fabric) => Ok(fabric.open()),
+            Nic::Hw { device, port } => rpc::mlx5::hw::open(Some(device), *port)
+                .map_err(|e| format!("opening RDMA device {device} port {port}: {e}")),
+        }
+    }
+}
+
+/// `--device`, if given: the NIC, opened once here so that a missing device fails before
+/// anything else (every rank of an MPI job fails alike).
+fn hw_nic(a: &RunArgs) -> Result<Option<Nic>, String> {
+    let Some(device) = &a.device else {
+        return Ok(None);
     };
+    let nic = Nic::Hw {
+        device: device.clone(),
+        port: a.port,
+    };
+    nic.open()?;
+    Ok(Some(nic))
+}
+
+/// What the ranks of a job share.
+struct Job {
+    /// Prefix of the rings in /dev/shm: `kv-<pid>`, with the pid of this host's first rank.
+    base: String,
+    /// The ranks' NICs (`None`: a single rank, no copyrpc).
+    nic: Option<Nic>,
+    /// The ranks are MPI processes (else threads of this process).
+    mpi: bool,
+}
+
+/// `--ranks R` with the delegation transport: every rank is a thread of this process with
+/// the in-process bootstrap ([`ThreadGroup`]), running the per-rank code of `--mpi`.
+fn run_threads(a: &RunArgs) -> i32 {
+    if a.ranks == 0 || a.ranks > 64 {
+        return fail("--ranks must be in 1..=64");
+    }
+    let cfg = match delegation_args(a, a.ranks) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    let hw = match hw_nic(a) {
+        Ok(n) => n,
+        Err(e) => return fail(&e),
+    };
+    let nic = (a.ranks > 1).then(|| hw.unwrap_or_else(|| Nic::Sim(Fabric::new(sim_config()))));
+    let job = Arc::new(Job {
+        base: format!("kv-{}", std::process::id()),
+        nic,
+        mpi: false,
+    });
+    let args = Arc::new(a.clone());
+    let ranks: Vec<_> = ThreadGroup::ranks(a.ranks)
+        .into_iter()
+        .map(|b| {
+            let (job, args) = (job.clone(), args.clone());
+            thread::Builder::new()
+                .name(format!("rank-{}", b.rank()))
+                .spawn(move || run_ranks(&b, &job, &args, cfg))
+                .expect("spawn rank")
+        })
+        .collect();
+    let mut code = 0;
+    for h in ranks {
+        match h.join().expect("rank panicked") {
+            Ok(true) => {}
+            Ok(false) => code = code.max(1),
+            Err(e) => {
+                eprintln!("kv: {e}");
+                code = 2;
+            }
+        }
+    }
+    code
+}
+
+/// `--mpi`: this process is one rank of an MPI job.
+#[cfg(feature = "mpi")]
+fn run_mpi(a: RunArgs) -> i32 {
+    let b = match rpc::bootstrap::mpi::MpiBootstrap::init() {
+        Ok(b) => b,
+        Err(e) => return fail(&format!("MPI initialization: {e}")),
+    };
+    // Only this (the main) thread calls MPI: every collective of the run is made here, never
+    // from a daemon or client thread.
+    let code = mpi_job::run(&b, &a);
+    // Finalizes MPI: every thread of the run has ended.
+    drop(b);
+    code
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_a: RunArgs) -> i32 {
+    fail(
+        "--mpi needs MPI support: rebuild with --features mpi \
+         (cargo build --release --features mpi --example kv)",
+    )
+}
+
+/// Every backend of `a.backend`, one after the other, as rank `b.rank()` of `b.size()`
+/// (rank 0 prints the summaries); whether every run passed.
+fn run_ranks<B: Bootstrap>(
+    b: &B,
+    job: &Job,
+    a: &RunArgs,
+    cfg: DelegationConfig,
+) -> Result<bool, String> {
     let mut summaries = Vec::new();
-    for (i, &topo) in topologies.iter().enumerate() {
-        let (result, reports) = match run_topology(&a, cfg, topo) {
-            Ok(r) => r,
-            Err(e) => return fail(&e),
-        };
-        let s = summarize(result, &reports, &a.load, a.daemons, a.ranks, topo.name());
-        print_summary(&s, &a.out, i == 0);
+    for (i, &topo) in topologies(a.backend).iter().enumerate() {
+        let s = run_rank(b, job, a, cfg, topo)?;
+        if b.rank() == 0 {
+            print_summary(&s, &a.out, i == 0);
+        }
         summaries.push(s);
     }
     if let [d, x] = &summaries[..] {
-        if !a.out.json && !a.out.csv && d.mops > 0.0 {
+        if b.rank() == 0 && !a.out.json && !a.out.csv && d.mops > 0.0 {
             println!(
                 "direct vs delegation: throughput x{:.2}, p50 x{:.2}, p99 x{:.2}",
                 x.mops / d.mops,
@@ -506,11 +706,7 @@ fn run_all(a: RunArgs) -> i32 {
             );
         }
     }
-    if summaries.iter().all(|s| s.pass) {
-        0
-    } else {
-        1
-    }
+    Ok(summaries.iter().all(|s| s.pass))
 }
 
 /// What a client thread uses to reach other ranks.
@@ -524,151 +720,323 @@ enum Remote {
         ctx: Box<Context<u32>>,
         eps: Vec<Option<EndpointId>>,
     },
+    /// The client's rings reach the daemons of every rank, rank-major, `daemons` per rank
+    /// (eRPC across ranks).
+    Rings { daemons: usize },
 }
 
-/// Builds the ranks of one run (rings, devices, copyrpc contexts and connections), starts the
-/// daemons, runs the clients and the check, stops the daemons.
-fn run_topology(
-    a: &RunArgs,
-    cfg: DelegationConfig,
-    topo: Topology,
-) -> Result<(RunResult, Vec<DaemonReport>), String> {
-    let (ranks, daemons, clients) = (a.ranks, a.daemons, a.load.clients);
-    let pid = std::process::id();
-    let bases: Vec<String> = if ranks == 1 {
-        vec![format!("kv-{pid}")]
-    } else {
-        (0..ranks)
-            .map(|r| format!("kv-{pid}-{}-r{r}", topo.name()))
-            .collect()
-    };
-    let names: Vec<Vec<String>> = bases
-        .iter()
-        .map(|b| (0..daemons).map(|d| ring_name(b, d)).collect())
-        .collect();
-    let mut servers = Vec::with_capacity(ranks);
-    for b in &bases {
-        servers
-            .push(create_rings(b, daemons, cfg).map_err(|e| format!("creating the rings: {e}"))?);
+/// Ends a setup step on every rank together: its outcome here, or an error on every rank if
+/// it failed on any, so that no rank goes on to a collective that the failed ones never join.
+fn agree<B: Bootstrap, T>(b: &B, step: &str, r: Result<T, String>) -> Result<T, String> {
+    let mut failed = [u64::from(r.is_err())];
+    b.all_reduce_sum_u64(&mut failed)
+        .map_err(|e| format!("{step}: {}", boot(e)))?;
+    match r {
+        Err(e) => Err(e),
+        Ok(_) if failed[0] > 0 => Err(format!("{step} failed on {} other rank(s)", failed[0])),
+        Ok(v) => Ok(v),
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut handles = Vec::new();
-    let mut remotes: Vec<Vec<Remote>> = Vec::with_capacity(ranks);
-    // Kept alive until the run ends (the devices reference it anyway).
-    let _fabric;
-    if ranks == 1 {
-        handles.extend(start_daemons(servers.pop().expect("one rank"), 0, &stop));
-        remotes.push((0..clients).map(|_| Remote::None).collect());
+    .map_err(|e| on_rank(b, e))
+}
+
+/// `msg`, prefixed with the rank if there are several.
+fn on_rank<B: Bootstrap>(b: &B, msg: String) -> String {
+    if b.size() > 1 {
+        format!("rank {}: {msg}", b.rank())
     } else {
-        let fabric = Fabric::new(SimConfig {
-            // Steps the model now and then, so that a sender stalled on a full receive queue
-            // resumes even when nobody rings a doorbell.
-            progress_thread: Some(Duration::from_millis(1)),
-            ..SimConfig::default()
-        });
-        let devs: Vec<_> = (0..ranks).map(|_| fabric.open()).collect();
+        msg
+    }
+}
+
+fn boot(e: BootstrapError) -> String {
+    format!("bootstrap: {e}")
+}
+
+/// The daemon threads of a rank and their stop flag (also set when this is dropped on an
+/// error path).
+#[derive(Default)]
+struct DaemonThreads {
+    stop: Arc<AtomicBool>,
+    handles: Vec<thread::JoinHandle<DaemonReport>>,
+}
+
+impl DaemonThreads {
+    /// Stops the daemons; their reports.
+    fn finish(mut self) -> Vec<DaemonReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        std::mem::take(&mut self.handles)
+            .into_iter()
+            .map(|h| h.join().expect("daemon panicked"))
+            .collect()
+    }
+}
+
+impl Drop for DaemonThreads {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A rank's copyrpc contexts and endpoints (seeds/004 §9, steps 6-9): the delegate's context
+/// with its endpoints, and each client thread's remote path (direct backend: its own context
+/// with an endpoint to each other rank). Created, then connected to the other ranks'.
+struct Wiring {
+    ranks: usize,
+    clients: usize,
+    /// The delegate's context.
+    dlg: Context<DelegToken>,
+    /// Delegation backend: the delegate's endpoint to each other rank's delegate.
+    peers: Vec<Option<EndpointId>>,
+    /// Direct backend: the delegate's endpoint serving client `c` of rank `s`, at
+    /// `s * clients + c`.
+    served: Vec<Option<EndpointId>>,
+    /// Each client thread's remote path.
+    remotes: Vec<Remote>,
+}
+
+impl Wiring {
+    /// Opens the rank's NIC and creates its contexts and endpoints.
+    fn new(
+        nic: &Nic,
+        (rank, ranks): (usize, usize),
+        clients: usize,
+        ring_size: usize,
+        topo: Topology,
+    ) -> Result<Wiring, String> {
+        let device = nic.open()?;
         let ecfg = EndpointConfig {
-            ring_size: a.copyrpc_ring,
+            ring_size,
             fingerprint: KvService::DESCRIPTOR.fingerprint,
             ..EndpointConfig::default()
         };
-        let setup = |e: rpc::copyrpc::SetupError| format!("copyrpc setup: {e}");
-        let mut ctxs = devs
-            .iter()
-            .map(|d| Context::<DelegToken>::new(d, ContextConfig::default()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(setup)?;
-        let mut peers = vec![vec![None; ranks]; ranks];
-        for r in 0..ranks {
-            let mut mine = Vec::with_capacity(clients);
-            for _ in 0..clients {
-                mine.push(match topo {
-                    Topology::Delegation => Remote::Delegation,
-                    Topology::Direct => {
-                        let mut ctx = Box::new(
-                            Context::<u32>::new(&devs[r], ContextConfig::default())
-                                .map_err(setup)?,
-                        );
-                        let mut eps = vec![None; ranks];
-                        for (s, ep) in eps.iter_mut().enumerate() {
-                            if s == r {
-                                continue;
-                            }
-                            let (ec, ed) = (
-                                ctx.create_endpoint(&ecfg).map_err(setup)?,
-                                ctxs[s].create_endpoint(&ecfg).map_err(setup)?,
-                            );
-                            let ic = ctx.local_info(ec).expect("endpoint");
-                            let id = ctxs[s].local_info(ed).expect("endpoint");
-                            ctx.connect(ec, &id).map_err(setup)?;
-                            ctxs[s].connect(ed, &ic).map_err(setup)?;
-                            *ep = Some(ec);
-                        }
-                        Remote::Direct { ctx, eps }
-                    }
-                });
+        let setup = |e: SetupError| format!("copyrpc setup: {e}");
+        let mut dlg =
+            Context::<DelegToken>::new(&device, ContextConfig::default()).map_err(setup)?;
+        let (mut peers, mut served) = (vec![None; ranks], vec![None; ranks * clients]);
+        let mut remotes = Vec::with_capacity(clients);
+        let others = || (0..ranks).filter(move |&s| s != rank);
+        match topo {
+            Topology::Delegation => {
+                for s in others() {
+                    peers[s] = Some(dlg.create_endpoint(&ecfg).map_err(setup)?);
+                }
+                remotes.extend((0..clients).map(|_| Remote::Delegation));
             }
-            remotes.push(mine);
-            if topo == Topology::Delegation {
-                for s in r + 1..ranks {
-                    let (ers, esr) = (
-                        ctxs[r].create_endpoint(&ecfg).map_err(setup)?,
-                        ctxs[s].create_endpoint(&ecfg).map_err(setup)?,
-                    );
-                    let irs = ctxs[r].local_info(ers).expect("endpoint");
-                    let isr = ctxs[s].local_info(esr).expect("endpoint");
-                    ctxs[r].connect(ers, &isr).map_err(setup)?;
-                    ctxs[s].connect(esr, &irs).map_err(setup)?;
-                    peers[r][s] = Some(ers);
-                    peers[s][r] = Some(esr);
+            Topology::Direct => {
+                for s in others() {
+                    for c in 0..clients {
+                        let ep = dlg.create_endpoint(&ecfg).map_err(setup)?;
+                        served[s * clients + c] = Some(ep);
+                    }
+                }
+                for _ in 0..clients {
+                    let ctx = Context::<u32>::new(&device, ContextConfig::default());
+                    let mut ctx = Box::new(ctx.map_err(setup)?);
+                    let mut eps = vec![None; ranks];
+                    for s in others() {
+                        eps[s] = Some(ctx.create_endpoint(&ecfg).map_err(setup)?);
+                    }
+                    remotes.push(Remote::Direct { ctx, eps });
                 }
             }
         }
-        for (r, ((rings, ctx), peers)) in servers.into_iter().zip(ctxs).zip(peers).enumerate() {
-            let mut rings = rings.into_iter();
-            let ring0 = rings.next().expect("daemon 0");
-            let mut dlg = Delegate::<KvService, _>::new(
-                ring0,
-                ctx,
-                r as u32,
-                ranks as u32,
-                daemons as u32,
-                kv_route(daemons),
-            )
-            .map_err(|e| format!("rank {r}: delegate: {e}"))?;
-            for (s, ep) in peers.into_iter().enumerate() {
-                if let Some(ep) = ep {
-                    dlg.set_peer(s as u32, ep)
-                        .map_err(|e| format!("rank {r}: {e}"))?;
+        Ok(Wiring {
+            ranks,
+            clients,
+            dlg,
+            peers,
+            served,
+            remotes,
+        })
+    }
+
+    /// What the other ranks need to connect to this one's endpoints, in a fixed layout
+    /// (the same length on every rank): `peers` (R slots), `served` (R × C, rank-major),
+    /// then the clients' endpoints (C × R, client-major); `None` where there is no endpoint.
+    fn infos(&self) -> Vec<Option<EndpointInfo>> {
+        let mut v: Vec<_> = (self.peers.iter().chain(&self.served))
+            .map(|ep| ep.and_then(|ep| self.dlg.local_info(ep)))
+            .collect();
+        for r in &self.remotes {
+            if let Remote::Direct { ctx, eps } = r {
+                v.extend(eps.iter().map(|ep| ep.and_then(|ep| ctx.local_info(ep))));
+            }
+        }
+        v.resize(self.ranks + 2 * self.ranks * self.clients, None);
+        v
+    }
+
+    /// Connects every endpoint of rank `rank` to its counterpart in `all` (every rank's
+    /// [`Wiring::infos`]).
+    fn connect(&mut self, rank: usize, all: &[Vec<Option<EndpointInfo>>]) -> Result<(), String> {
+        let (r, c) = (self.ranks, self.clients);
+        let info = |s: usize, slot: usize| {
+            all[s][slot]
+                .ok_or_else(|| format!("rank {s} sent no endpoint information for this rank"))
+        };
+        let connect = |e: SetupError| format!("copyrpc connect: {e}");
+        for (s, ep) in self.peers.iter().enumerate() {
+            if let Some(ep) = *ep {
+                self.dlg.connect(ep, &info(s, rank)?).map_err(connect)?;
+            }
+        }
+        for (i, ep) in self.served.iter().enumerate() {
+            if let Some(ep) = *ep {
+                let (s, client) = (i / c, i % c);
+                let remote = info(s, r + r * c + client * r + rank)?;
+                self.dlg.connect(ep, &remote).map_err(connect)?;
+            }
+        }
+        for (client, remote) in self.remotes.iter_mut().enumerate() {
+            if let Remote::Direct { ctx, eps } = remote {
+                for (s, ep) in eps.iter().enumerate() {
+                    if let Some(ep) = *ep {
+                        let remote = info(s, r + rank * c + client)?;
+                        ctx.connect(ep, &remote).map_err(connect)?;
+                    }
                 }
             }
-            for (d, name) in names[r].iter().enumerate().skip(1) {
-                dlg.attach_daemon(d as u32, name)
-                    .map_err(|e| format!("rank {r}: daemon {d}: {e}"))?;
-            }
-            let stop2 = stop.clone();
-            handles.push(
+        }
+        Ok(())
+    }
+}
+
+/// All-gathers every rank's endpoint information ([`Wiring::infos`], the same number of
+/// slots everywhere) in its fixed-size encoding; by rank, then slot.
+fn exchange_infos<B: Bootstrap>(
+    b: &B,
+    mine: &[Option<EndpointInfo>],
+) -> Result<Vec<Vec<Option<EndpointInfo>>>, String> {
+    let mut buf = vec![0u8; mine.len() * INFO_BYTES];
+    for (slot, info) in buf.chunks_exact_mut(INFO_BYTES).zip(mine) {
+        if let Some(info) = info {
+            slot.copy_from_slice(&info.to_bytes());
+        }
+    }
+    let all = b.all_gather(&buf).map_err(boot)?;
+    // An empty slot (zeros) does not decode: no endpoint.
+    Ok(all
+        .chunks_exact(buf.len().max(1))
+        .map(|r| {
+            r.chunks_exact(INFO_BYTES)
+                .map(|s| EndpointInfo::from_bytes(s).ok())
+                .collect()
+        })
+        .collect())
+}
+
+/// One rank of a delegation-transport run (seeds/004 §9): creates its rings, opens its NIC
+/// and creates its copyrpc endpoints, exchanges their information with the other ranks
+/// through `b`, connects, meets the others at a barrier, starts its daemons, runs its
+/// clients and its part of the check, and combines the figures of all ranks (every rank
+/// returns the same summary). Every rank thread of `--ranks R` and every process of `--mpi`
+/// runs this. A setup step that fails on any rank fails on every rank ([`agree`]).
+fn run_rank<B: Bootstrap>(
+    b: &B,
+    job: &Job,
+    a: &RunArgs,
+    cfg: DelegationConfig,
+    topo: Topology,
+) -> Result<Summary, String> {
+    let (rank, ranks, daemons) = (b.rank(), b.size(), a.daemons);
+    let base = if ranks == 1 {
+        job.base.clone()
+    } else {
+        format!("{}-{}-r{rank}", job.base, topo.name())
+    };
+    let names: Vec<String> = (0..daemons).map(|d| ring_name(&base, d)).collect();
+    let servers = create_rings(&base, daemons, cfg).map_err(|e| format!("creating the rings: {e}"));
+    let servers = agree(b, "creating the rings", servers)?;
+    let mut threads = DaemonThreads::default();
+    let remotes = match (&job.nic, ranks) {
+        (_, 1) => {
+            threads.handles = start_daemons(servers, rank, &threads.stop);
+            (0..a.load.clients).map(|_| Remote::None).collect()
+        }
+        (None, _) => return Err(on_rank(b, "no NIC for copyrpc between ranks".into())),
+        (Some(nic), _) => {
+            let clients = a.load.clients;
+            let wiring = Wiring::new(nic, (rank, ranks), clients, a.copyrpc_ring, topo);
+            let mut wiring = agree(b, "copyrpc setup", wiring)?;
+            let all = exchange_infos(b, &wiring.infos()).map_err(|e| on_rank(b, e))?;
+            let mut rings = servers.into_iter();
+            let ring0 = rings.next().expect("daemon 0");
+            let delegate = wiring.connect(rank, &all).and_then(|()| {
+                let Wiring {
+                    dlg: ctx,
+                    peers,
+                    remotes,
+                    ..
+                } = wiring;
+                let mut dlg = Delegate::<KvService, _>::new(
+                    ring0,
+                    ctx,
+                    rank as u32,
+                    ranks as u32,
+                    daemons as u32,
+                    kv_route(daemons),
+                )
+                .map_err(|e| format!("delegate: {e}"))?;
+                for (s, ep) in peers.into_iter().enumerate() {
+                    if let Some(ep) = ep {
+                        dlg.set_peer(s as u32, ep).map_err(|e| e.to_string())?;
+                    }
+                }
+                for (d, name) in names.iter().enumerate().skip(1) {
+                    dlg.attach_daemon(d as u32, name)
+                        .map_err(|e| format!("daemon {d}: {e}"))?;
+                }
+                Ok((dlg, remotes))
+            });
+            let (dlg, remotes) = agree(b, "connecting the ranks", delegate)?;
+            // Every endpoint of every rank is connected before any traffic: an RC send to a
+            // QP that is not connected yet fails once the transport retries run out, as on
+            // hardware.
+            b.barrier().map_err(|e| on_rank(b, boot(e)))?;
+            let stop = threads.stop.clone();
+            threads.handles.push(
                 thread::Builder::new()
-                    .name(format!("daemon-{r}.0"))
-                    .spawn(move || delegate_loop(dlg, &stop2))
+                    .name(format!("daemon-{rank}.0"))
+                    .spawn(move || delegate_loop(dlg, &stop))
                     .expect("spawn delegate"),
             );
             for (d, server) in rings.enumerate() {
-                handles.push(spawn_daemon(r, d + 1, Server::new(server), &stop));
+                let h = spawn_daemon(rank, d + 1, Server::new(server), &threads.stop);
+                threads.handles.push(h);
             }
+            remotes
         }
-        _fabric = fabric;
-    }
-    let result = run_clients(Arc::new(Rings(names)), remotes, &a.load, &a.out);
-    stop.store(true, Ordering::Relaxed);
-    let reports = handles
-        .into_iter()
-        .map(|h| h.join().expect("daemon panicked"))
-        .collect();
-    Ok((result, reports))
+    };
+    let rings = Arc::new(Rings { rank, names });
+    let (mut s, _) = clients_and_check(b, rings, remotes, threads, &a.load, &a.out, daemons)?;
+    s.backend = topo.name();
+    s.mpi = job.mpi;
+    Ok(s)
 }
 
-/// How client threads and the checker reach the daemons of each rank.
+/// The rest of a run on every rank: the clients, the check, a barrier (no rank stops its
+/// daemons, or tears down its endpoints, while another still calls them), the daemons'
+/// stop, and the figures of all ranks combined. The summary, and this rank's daemon reports.
+fn clients_and_check<B: Bootstrap, D: Daemons>(
+    b: &B,
+    daemons: Arc<D>,
+    remotes: Vec<Remote>,
+    threads: DaemonThreads,
+    load: &LoadArgs,
+    out: &OutArgs,
+    ndaemons: usize,
+) -> Result<(Summary, Vec<DaemonReport>), String> {
+    let mut run = run_clients(b, daemons.clone(), remotes, load, out);
+    let failure = run.failure.take();
+    let check =
+        check_written(b, &*daemons, &run.clients, failure, load).map_err(|e| on_rank(b, e))?;
+    b.barrier().map_err(|e| on_rank(b, boot(e)))?;
+    let reports = threads.finish();
+    let s = combine(b, &run, &reports, check, load, ndaemons).map_err(|e| on_rank(b, e))?;
+    Ok((s, reports))
+}
+
+/// How client threads and the checker reach the daemons of a rank.
 trait Daemons: Send + Sync + 'static {
     /// The client transport.
     type T: ClientTransport;
@@ -684,14 +1052,18 @@ trait Daemons: Send + Sync + 'static {
     fn keepalive(_rings: &mut [KvClient<Self::T>]) {}
 }
 
-/// The delegation rings of each rank, by name.
-struct Rings(Vec<Vec<String>>);
+/// The delegation rings of this rank's daemons, by name (they reach this rank only).
+struct Rings {
+    rank: usize,
+    names: Vec<String>,
+}
 
 impl Daemons for Rings {
     type T = Delegation;
     const ORDERED: bool = true;
     fn connect(&self, rank: usize) -> Result<Vec<KvClient>, RpcError> {
-        self.0[rank]
+        debug_assert_eq!(rank, self.rank, "the rings of another rank");
+        self.names
             .iter()
             .map(|n| KvClient::<Delegation>::connect(n))
             .collect()
@@ -775,11 +1147,17 @@ fn run_scalerpc(a: &RunArgs) -> i32 {
     if a.backend != Backend::Delegation {
         return fail("--backend applies to --ranks > 1; --transport scalerpc runs one rank");
     }
+    if a.device.is_some() {
+        return fail("--device applies to copyrpc between ranks (the delegation transport)");
+    }
     if a.daemons == 0 {
         return fail("--daemons must be at least 1");
     }
     if a.load.qd == 0 || a.load.qd >= u16::MAX as usize - 1 {
         return fail("--qd must be in 1..65534 with --transport scalerpc");
+    }
+    if let Err(e) = load_args(&a.load, 1) {
+        return fail(&e);
     }
     let sc = &a.scale;
     if sc.scalerpc_slice_us == 0 {
@@ -825,12 +1203,12 @@ fn run_scalerpc(a: &RunArgs) -> i32 {
             Err(e) => return fail(&format!("daemon {d}: scalerpc server: {e}")),
         }
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let handles: Vec<_> = servers
+    let mut threads = DaemonThreads::default();
+    threads.handles = servers
         .into_iter()
         .enumerate()
         .map(|(d, mut server)| {
-            let stop = stop.clone();
+            let stop = threads.stop.clone();
             thread::Builder::new()
                 .name(format!("daemon-0.{d}"))
                 .spawn(move || {
@@ -849,17 +1227,23 @@ fn run_scalerpc(a: &RunArgs) -> i32 {
                 .expect("spawn daemon")
         })
         .collect();
-    let remotes = vec![(0..a.load.clients).map(|_| Remote::None).collect()];
+    let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
     let daemons = Arc::new(ScaleDaemons {
         fabric: fabric.clone(),
         addrs,
     });
-    let result = run_clients(daemons, remotes, &a.load, &a.out);
-    stop.store(true, Ordering::Relaxed);
-    let reports: Vec<DaemonReport> = handles
-        .into_iter()
-        .map(|h| h.join().expect("daemon panicked"))
-        .collect();
+    let (mut s, reports) = match clients_and_check(
+        &solo(),
+        daemons,
+        remotes,
+        threads,
+        &a.load,
+        &a.out,
+        a.daemons,
+    ) {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
     let mut f = ScaleFigures {
         group_size: cfg.group_size.unwrap_or(0),
         slice_us: sc.scalerpc_slice_us,
@@ -887,17 +1271,18 @@ fn run_scalerpc(a: &RunArgs) -> i32 {
     }
     let all = fabric.stats();
     f.qpc_all = (all.qpc_hits, all.qpc_misses);
-    let mut s = summarize(result, &reports, &a.load, a.daemons, 1, "scalerpc");
     s.transport = "scalerpc";
+    s.backend = "scalerpc";
     s.scale = Some(f);
     print_summary(&s, &a.out, true);
     if s.pass { 0 } else { 1 }
 }
 
-/// The eRPC daemons of the (single) rank: each client connection opens a UDP socket of its
-/// own and connects to a daemon's address.
+/// The eRPC daemons of every rank: each client connection opens a UDP socket of its own and
+/// connects to a daemon's address.
 struct ErpcDaemons {
-    addrs: Vec<SocketAddr>,
+    /// The daemons' addresses, by rank.
+    addrs: Vec<Vec<SocketAddr>>,
     /// Calls in flight per connection: the client's queue depth (all may go to one daemon).
     qd: usize,
 }
@@ -905,12 +1290,12 @@ struct ErpcDaemons {
 impl Daemons for ErpcDaemons {
     type T = Erpc;
     const ORDERED: bool = false;
-    fn connect(&self, _rank: usize) -> Result<Vec<KvClient<Erpc>>, RpcError> {
+    fn connect(&self, rank: usize) -> Result<Vec<KvClient<Erpc>>, RpcError> {
         let cfg = ErpcConfig {
             max_in_flight: self.qd,
             ..ErpcConfig::default()
         };
-        self.addrs
+        self.addrs[rank]
             .iter()
             .map(|a| {
                 Ok(KvClient::from_transport(Erpc::connect_with(
@@ -937,7 +1322,7 @@ impl Daemons for ErpcDaemons {
 #[derive(Clone, Copy, Debug, Default)]
 struct ErpcFigures {
     /// Sessions the daemons served at the end of the run (the checker's included).
-    sessions: usize,
+    sessions: u64,
     /// Server sessions freed (clients disconnected, or silent for the failure timeout).
     sessions_closed: u64,
     /// Requests handed to the handlers (each executed once).
@@ -953,101 +1338,153 @@ struct ErpcFigures {
     tx_calls: u64,
 }
 
-/// `--transport erpc`: one rank whose daemons are eRPC servers on UDP loopback; then the
-/// summary.
-fn run_erpc(a: &RunArgs) -> i32 {
-    if a.ranks != 1 {
-        return fail(
-            "--transport erpc runs one rank (--ranks 1): ranks over eRPC are not supported",
-        );
-    }
+/// Checks the arguments of `--transport erpc`.
+fn erpc_args(a: &RunArgs, ranks: usize) -> Result<(), String> {
     if a.backend != Backend::Delegation {
-        return fail("--backend applies to --ranks > 1; --transport erpc runs one rank");
+        return Err("--backend applies to copyrpc between ranks, not to --transport erpc".into());
+    }
+    if a.device.is_some() {
+        return Err("--device applies to copyrpc between ranks (the delegation transport)".into());
     }
     if a.daemons == 0 {
-        return fail("--daemons must be at least 1");
+        return Err("--daemons must be at least 1".into());
     }
     if a.load.qd == 0 || a.load.qd > ERPC_MAX_IN_FLIGHT {
-        return fail(&format!(
+        return Err(format!(
             "--qd must be in 1..={ERPC_MAX_IN_FLIGHT} with --transport erpc"
         ));
     }
-    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
-    let mut servers = Vec::with_capacity(a.daemons);
-    let mut addrs = Vec::with_capacity(a.daemons);
-    for d in 0..a.daemons {
-        match ErpcServer::serve::<KvService>(loopback) {
-            Ok(s) => {
-                addrs.push(s.transport().local_addr());
-                servers.push(s);
-            }
-            Err(e) => return fail(&format!("daemon {d}: erpc server: {e}")),
+    load_args(&a.load, ranks)
+}
+
+/// `--transport erpc` in one process: one rank whose daemons are eRPC servers on UDP
+/// loopback; then the summary.
+fn run_erpc(a: &RunArgs) -> i32 {
+    if a.ranks != 1 {
+        return fail(
+            "--transport erpc runs one rank in a process (--ranks 1); eRPC across ranks runs \
+             under MPI (--mpi)",
+        );
+    }
+    if let Err(e) = erpc_args(a, 1) {
+        return fail(&e);
+    }
+    let ip = a.erpc_ip.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+    match erpc_rank(&solo(), a, ip) {
+        Ok(s) => {
+            print_summary(&s, &a.out, true);
+            if s.pass { 0 } else { 1 }
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+/// Bytes of an encoded socket address: family (4 or 6), 0, port (LE), 16 address bytes.
+const ADDR_BYTES: usize = 20;
+
+fn encode_addr(a: SocketAddr) -> [u8; ADDR_BYTES] {
+    let mut b = [0u8; ADDR_BYTES];
+    b[2..4].copy_from_slice(&a.port().to_le_bytes());
+    match a.ip() {
+        std::net::IpAddr::V4(ip) => {
+            b[0] = 4;
+            b[4..8].copy_from_slice(&ip.octets());
+        }
+        std::net::IpAddr::V6(ip) => {
+            b[0] = 6;
+            b[4..20].copy_from_slice(&ip.octets());
         }
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let handles: Vec<_> = servers
-        .into_iter()
-        .enumerate()
-        .map(|(d, mut server)| {
-            let stop = stop.clone();
-            thread::Builder::new()
-                .name(format!("daemon-0.{d}"))
-                .spawn(move || {
-                    let mut r = daemon_loop(&mut server, &stop);
-                    let t = server.transport();
-                    let ep = t.endpoint();
-                    let core = ep.core_stats();
-                    let udp = rpc::erpc::transport::DatagramTransport::stats(ep.transport());
-                    r.erpc = Some(ErpcFigures {
-                        sessions: ep.rpc().num_sessions(),
-                        sessions_closed: t.stats().sessions_closed,
-                        requests: core.requests_dispatched,
-                        dup_requests: core.dup_req_answered,
-                        dropped_pkts: core.drop_truncated
-                            + core.drop_bad_hdr
-                            + core.drop_unknown_session
-                            + core.drop_out_of_window
-                            + core.drop_msg_too_large
-                            + core.drop_bad_len
-                            + core.drop_bad_sm,
-                        rx_pkts: udp.rx_pkts,
-                        tx_pkts: udp.tx_pkts,
-                        rx_calls: udp.rx_calls,
-                        tx_calls: udp.tx_calls,
-                    });
-                    r
-                })
-                .expect("spawn daemon")
+    b
+}
+
+fn decode_addr(b: &[u8]) -> SocketAddr {
+    let port = u16::from_le_bytes([b[2], b[3]]);
+    let ip: std::net::IpAddr = if b[0] == 6 {
+        <[u8; 16]>::try_from(&b[4..20]).expect("16 bytes").into()
+    } else {
+        <[u8; 4]>::try_from(&b[4..8]).expect("4 bytes").into()
+    };
+    SocketAddr::new(ip, port)
+}
+
+fn spawn_erpc_daemon(
+    rank: usize,
+    d: usize,
+    mut server: Server<KvService, ErpcServer>,
+    stop: &Arc<AtomicBool>,
+) -> thread::JoinHandle<DaemonReport> {
+    let stop = stop.clone();
+    thread::Builder::new()
+        .name(format!("daemon-{rank}.{d}"))
+        .spawn(move || {
+            let mut r = daemon_loop(&mut server, &stop);
+            let t = server.transport();
+            let ep = t.endpoint();
+            let core = ep.core_stats();
+            let udp = rpc::erpc::transport::DatagramTransport::stats(ep.transport());
+            r.erpc = Some(ErpcFigures {
+                sessions: ep.rpc().num_sessions() as u64,
+                sessions_closed: t.stats().sessions_closed,
+                requests: core.requests_dispatched,
+                dup_requests: core.dup_req_answered,
+                dropped_pkts: core.drop_truncated
+                    + core.drop_bad_hdr
+                    + core.drop_unknown_session
+                    + core.drop_out_of_window
+                    + core.drop_msg_too_large
+                    + core.drop_bad_len
+                    + core.drop_bad_sm,
+                rx_pkts: udp.rx_pkts,
+                tx_pkts: udp.tx_pkts,
+                rx_calls: udp.rx_calls,
+                tx_calls: udp.tx_calls,
+            });
+            r
         })
+        .expect("spawn daemon")
+}
+
+/// One rank of an eRPC run (`--transport erpc`; every process of `--mpi --transport erpc`):
+/// its daemons serve eRPC on UDP sockets bound to `ip`, the ranks all-gather the daemons'
+/// addresses, and every client thread connects to every daemon of every rank and sends each
+/// operation to the owner daemon of its target rank. Every rank returns the same summary.
+fn erpc_rank<B: Bootstrap>(b: &B, a: &RunArgs, ip: std::net::IpAddr) -> Result<Summary, String> {
+    let (rank, daemons) = (b.rank(), a.daemons);
+    let servers = (0..daemons)
+        .map(|d| {
+            ErpcServer::serve::<KvService>(SocketAddr::new(ip, 0))
+                .map_err(|e| format!("daemon {d}: erpc server on {ip}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>();
+    let servers = agree(b, "starting the eRPC servers", servers)?;
+    let mine: Vec<u8> = servers
+        .iter()
+        .flat_map(|s| encode_addr(s.transport().local_addr()))
         .collect();
-    let remotes = vec![(0..a.load.clients).map(|_| Remote::None).collect()];
-    let daemons = Arc::new(ErpcDaemons {
+    let all = b.all_gather(&mine).map_err(|e| on_rank(b, boot(e)))?;
+    let addrs = all
+        .chunks_exact(mine.len())
+        .map(|r| r.chunks_exact(ADDR_BYTES).map(decode_addr).collect())
+        .collect();
+    let mut threads = DaemonThreads::default();
+    for (d, server) in servers.into_iter().enumerate() {
+        let h = spawn_erpc_daemon(rank, d, server, &threads.stop);
+        threads.handles.push(h);
+    }
+    // Every rank's daemons run before any client connects to them.
+    b.barrier().map_err(|e| on_rank(b, boot(e)))?;
+    let remotes = (0..a.load.clients)
+        .map(|_| Remote::Rings { daemons })
+        .collect();
+    let erpc = Arc::new(ErpcDaemons {
         addrs,
         qd: a.load.qd,
     });
-    let result = run_clients(daemons, remotes, &a.load, &a.out);
-    stop.store(true, Ordering::Relaxed);
-    let reports: Vec<DaemonReport> = handles
-        .into_iter()
-        .map(|h| h.join().expect("daemon panicked"))
-        .collect();
-    let mut f = ErpcFigures::default();
-    for d in reports.iter().filter_map(|r| r.erpc) {
-        f.sessions += d.sessions;
-        f.sessions_closed += d.sessions_closed;
-        f.requests += d.requests;
-        f.dup_requests += d.dup_requests;
-        f.dropped_pkts += d.dropped_pkts;
-        f.rx_pkts += d.rx_pkts;
-        f.tx_pkts += d.tx_pkts;
-        f.rx_calls += d.rx_calls;
-        f.tx_calls += d.tx_calls;
-    }
-    let mut s = summarize(result, &reports, &a.load, a.daemons, 1, "erpc");
+    let (mut s, _) = clients_and_check(b, erpc, remotes, threads, &a.load, &a.out, daemons)?;
     s.transport = "erpc";
-    s.erpc = Some(f);
-    print_summary(&s, &a.out, true);
-    if s.pass { 0 } else { 1 }
+    s.backend = "erpc";
+    Ok(s)
 }
 
 fn serve(a: ServeArgs) -> i32 {
@@ -1100,12 +1537,20 @@ fn client_only(a: ClientArgs) -> i32 {
             a.shm
         ));
     }
+    if let Err(e) = load_args(&a.load, 1) {
+        return fail(&e);
+    }
     let daemons = names.len();
-    let remotes = vec![(0..a.load.clients).map(|_| Remote::None).collect()];
-    let result = run_clients(Arc::new(Rings(vec![names])), remotes, &a.load, &a.out);
-    let s = summarize(result, &[], &a.load, daemons, 1, "delegation");
-    print_summary(&s, &a.out, true);
-    if s.pass { 0 } else { 1 }
+    let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
+    let rings = Arc::new(Rings { rank: 0, names });
+    let threads = DaemonThreads::default();
+    match clients_and_check(&solo(), rings, remotes, threads, &a.load, &a.out, daemons) {
+        Ok((s, _)) => {
+            print_summary(&s, &a.out, true);
+            if s.pass { 0 } else { 1 }
+        }
+        Err(e) => fail(&e),
+    }
 }
 
 fn fail(msg: &str) -> i32 {
@@ -1113,9 +1558,13 @@ fn fail(msg: &str) -> i32 {
     2
 }
 
+/// The bootstrap of a job of one rank (this thread): its collectives return at once.
+fn solo() -> ThreadRank {
+    ThreadGroup::ranks(1).pop().expect("one rank")
+}
+
 /// What one client thread measured.
 struct ClientReport {
-    rank: usize,
     ops: u64,
     /// Operations on another rank than the client's.
     ops_remote: u64,
@@ -1125,25 +1574,32 @@ struct ClientReport {
     hist: Histogram<u64>,
     /// Latencies of the remote operations only.
     hist_remote: Histogram<u64>,
-    /// Last value written to each sampled (rank, key) (keys `k % SAMPLE_EVERY == 0`).
+    /// Last value written to each sampled (rank, key): keys `k` with
+    /// `(k / writers) % SAMPLE_EVERY == 0`, so that every writer has some (it writes only
+    /// keys `k % writers == gid`).
     written: FxHashMap<(u32, u64), u64>,
 }
 
 const SAMPLE_EVERY: u64 = 8;
 
-struct RunResult {
+/// What the client threads of one rank did.
+struct RankRun {
     elapsed: Duration,
     clients: Vec<ClientReport>,
-    check: Result<CheckReport, String>,
+    /// Why a client thread failed, if one did.
+    failure: Option<String>,
 }
 
+/// The correctness check over all ranks (the same on every rank).
 struct CheckReport {
     checked: usize,
     /// Of `checked`, keys on another rank than their writer's.
     checked_remote: usize,
     mismatches: usize,
-    /// The run wrote no sampled key, so the checker wrote (and read back) its own.
+    /// The run wrote no sampled key, so the checkers wrote (and read back) their own.
     self_written: bool,
+    /// What failed (a client thread, a check call), on any rank.
+    failures: Vec<String>,
 }
 
 /// The operations of client `gid` (global id: `rank * clients + c`) over `ranks` ranks.
@@ -1181,98 +1637,121 @@ fn gen_pattern(load: &LoadArgs, gid: usize, ranks: usize) -> Vec<Op> {
         .collect()
 }
 
-/// Runs `remotes[r].len()` client threads on each rank `r` (reaching its daemons through
-/// `daemons`), then the correctness check.
-fn run_clients<D: Daemons>(
+/// Runs this rank's client threads, one per entry of `remotes` (reaching the rank's daemons
+/// through `daemons`), for `--duration` seconds. The ranks start together (a barrier once
+/// every client is connected), and each second rank 0 prints the throughput of all ranks
+/// (a reduction on every rank: each makes the same number of them).
+fn run_clients<B: Bootstrap, D: Daemons>(
+    b: &B,
     daemons: Arc<D>,
-    remotes: Vec<Vec<Remote>>,
+    remotes: Vec<Remote>,
     load: &LoadArgs,
     out: &OutArgs,
-) -> RunResult {
-    let ranks = remotes.len();
-    if load.clients == 0 || load.qd == 0 || load.keys < (load.clients * ranks) as u64 {
-        eprintln!("kv: need --clients >= 1, --qd >= 1 and --keys >= --clients * --ranks");
-        std::process::exit(2);
-    }
-    let total = load.clients * ranks;
+) -> RankRun {
+    let (rank, ranks) = (b.rank(), b.size());
+    let n = remotes.len();
     let stop = Arc::new(AtomicBool::new(false));
     let counters: Arc<Vec<CachePadded<AtomicU64>>> = Arc::new(
-        (0..total)
+        (0..n)
             .map(|_| CachePadded::new(AtomicU64::new(0)))
             .collect(),
     );
-    let start = Arc::new(std::sync::Barrier::new(total + 1));
+    // `ready`: every client connected; `go`: every rank's clients are.
+    let ready = Arc::new(std::sync::Barrier::new(n + 1));
+    let go = Arc::new(std::sync::Barrier::new(n + 1));
     let mut handles = Vec::new();
-    for (rank, rank_remotes) in remotes.into_iter().enumerate() {
-        for (c, remote) in rank_remotes.into_iter().enumerate() {
-            let gid = rank * load.clients + c;
-            let (daemons, load, stop, counters, start) = (
-                daemons.clone(),
-                load.clone(),
-                stop.clone(),
-                counters.clone(),
-                start.clone(),
-            );
-            handles.push(
-                thread::Builder::new()
-                    .name(format!("client-{rank}.{c}"))
-                    .spawn(move || {
-                        let pattern = gen_pattern(&load, gid, ranks);
-                        let rings = daemons.connect(rank).map_err(|e| e.to_string());
-                        start.wait();
-                        let rings = rings?;
-                        // Every call of the closed loop may go to the same ring.
-                        if let Some(r) = rings.iter().find(|r| r.max_in_flight() < load.qd) {
-                            return Err(format!(
-                                "--qd {} exceeds the ring's {} response slots per client (kv serve --resp-depth)",
-                                load.qd,
-                                r.max_in_flight()
-                            ));
-                        }
-                        let me = Me { gid, rank, writers: (load.clients * ranks) as u64 };
-                        client_loop::<D>(me, rings, remote, &pattern, &load, &stop, &counters[gid])
-                    })
-                    .expect("spawn client"),
-            );
-        }
+    for (c, remote) in remotes.into_iter().enumerate() {
+        let gid = rank * load.clients + c;
+        let (daemons, load, stop, counters, ready, go) = (
+            daemons.clone(),
+            load.clone(),
+            stop.clone(),
+            counters.clone(),
+            ready.clone(),
+            go.clone(),
+        );
+        handles.push(
+            thread::Builder::new()
+                .name(format!("client-{rank}.{c}"))
+                .spawn(move || {
+                    let pattern = gen_pattern(&load, gid, ranks);
+                    let rings = match remote {
+                        // Connections to the daemons of every rank, rank-major.
+                        Remote::Rings { .. } => (0..ranks)
+                            .map(|r| daemons.connect(r))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map(|v| v.into_iter().flatten().collect()),
+                        _ => daemons.connect(rank),
+                    };
+                    let rings = rings.map_err(|e| e.to_string());
+                    ready.wait();
+                    go.wait();
+                    let rings: Vec<KvClient<D::T>> = rings?;
+                    // Every call of the closed loop may go to the same ring.
+                    if let Some(r) = rings.iter().find(|r| r.max_in_flight() < load.qd) {
+                        return Err(format!(
+                            "--qd {} exceeds the ring's {} response slots per client (kv serve --resp-depth)",
+                            load.qd,
+                            r.max_in_flight()
+                        ));
+                    }
+                    let me = Me { gid, rank, writers: (load.clients * ranks) as u64 };
+                    client_loop::<D>(me, rings, remote, &pattern, &load, &stop, &counters[c])
+                })
+                .expect("spawn client"),
+        );
     }
-    start.wait();
+    ready.wait();
+    // The clients of every rank start together.
+    let met = b.barrier();
+    go.wait();
     let t0 = Instant::now();
     let mut last = 0u64;
     let mut tick = t0;
-    while t0.elapsed().as_secs_f64() < load.duration {
-        let left = load.duration - t0.elapsed().as_secs_f64();
-        thread::sleep(Duration::from_secs_f64(left.clamp(0.0, 1.0)));
-        let total: u64 = counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+    let mut failure = met.err().map(boot);
+    // One reduction per second (the last one at `--duration`), on every rank.
+    let ticks = if out.quiet || failure.is_some() {
+        0
+    } else {
+        load.duration.max(0.0).ceil() as u64
+    };
+    for k in 1..=ticks {
+        let at = t0 + Duration::from_secs_f64((k as f64).min(load.duration));
+        thread::sleep(at.saturating_duration_since(Instant::now()));
+        let mut total = [counters
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum::<u64>()];
+        if let Err(e) = b.all_reduce_sum_u64(&mut total) {
+            failure = Some(boot(e));
+            break;
+        }
         let now = Instant::now();
-        if !out.quiet {
+        if rank == 0 {
             eprintln!(
                 "[{:5.1} s] {:8.3} Mops/s",
                 t0.elapsed().as_secs_f64(),
-                (total - last) as f64 / now.duration_since(tick).as_secs_f64() / 1e6
+                (total[0] - last) as f64 / now.duration_since(tick).as_secs_f64() / 1e6
             );
         }
-        last = total;
+        last = total[0];
         tick = now;
     }
+    let end = t0 + Duration::from_secs_f64(load.duration.max(0.0));
+    thread::sleep(end.saturating_duration_since(Instant::now()));
     stop.store(true, Ordering::Relaxed);
     let elapsed = t0.elapsed();
     let mut clients = Vec::new();
-    let mut failure = None;
     for h in handles {
         match h.join().expect("client panicked") {
             Ok(r) => clients.push(r),
             Err(e) => failure = Some(format!("client failed: {e}")),
         }
     }
-    let check = match failure {
-        Some(f) => Err(f),
-        None => check_written(&*daemons, ranks, &clients, load),
-    };
-    RunResult {
+    RankRun {
         elapsed,
         clients,
-        check,
+        failure,
     }
 }
 
@@ -1313,6 +1792,7 @@ fn issue<T: ClientTransport>(
     done: &mut Vec<Done>,
 ) -> Result<bool, String> {
     let ring = match remote {
+        Remote::Rings { daemons } => op.rank as usize * *daemons + owner_daemon(op.key, *daemons),
         _ if op.rank as usize == me.rank => owner_daemon(op.key, rings.len()),
         Remote::None | Remote::Delegation => 0,
         Remote::Direct { ctx, eps } => {
@@ -1456,7 +1936,7 @@ fn client_loop<D: Daemons>(
                     break;
                 }
                 free.pop();
-                if !op.read && op.key % SAMPLE_EVERY == 0 {
+                if !op.read && (op.key / me.writers) % SAMPLE_EVERY == 0 {
                     written.insert((op.rank, op.key), value);
                 }
                 outstanding += 1;
@@ -1510,7 +1990,6 @@ fn client_loop<D: Daemons>(
     }
     counter.store(ops, Ordering::Relaxed);
     Ok(ClientReport {
-        rank: me.rank,
         ops,
         ops_remote,
         gets,
@@ -1522,78 +2001,223 @@ fn client_loop<D: Daemons>(
     })
 }
 
-/// Reads back a sample of written keys, local and remote, from the owner daemon of the owner
-/// rank (blocking calls through fresh clients on its ring), and compares them with the last
-/// value each key's single writer wrote. A run that wrote nothing (`--read-ratio 1`) has
-/// nothing to compare, so the checker then writes its own sample keys (values with writer id
-/// `clients * ranks`, which no run client uses) and reads them back.
-fn check_written<D: Daemons>(
+/// Bytes of a sampled key in the check's exchange: its rank (4), key (8), value (8).
+const SAMPLE_BYTES: usize = 20;
+
+/// The correctness check, on every rank together. Each rank samples
+/// `ceil(--check-samples / ranks)` of the keys its clients wrote (on any rank) and
+/// all-gathers them, so that every rank reads the keys it owns back from their owner daemon
+/// (blocking calls through a fresh client of its own daemons) and compares them with the
+/// last value their single writer wrote; the counts and failures are summed over the ranks.
+/// A run that wrote nothing (`--read-ratio 1`) has nothing to compare, so each rank's
+/// checker then writes its own sample keys on its rank (values with writer id
+/// `clients * ranks`, which no run client uses) and reads them back. `failure`: a client
+/// thread of this rank failed; the rank still takes part, and the check fails.
+fn check_written<B: Bootstrap, D: Daemons>(
+    b: &B,
     daemons: &D,
-    ranks: usize,
     clients: &[ClientReport],
+    mut failure: Option<String>,
     load: &LoadArgs,
 ) -> Result<CheckReport, String> {
-    let samples = load.check_samples;
-    let mut rings = (0..ranks)
-        .map(|r| daemons.connect(r))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("check client: {e}"))?;
-    let daemons = rings[0].len();
-    // (rank, key) -> value, and whether the writer was on another rank.
-    let mut all: Vec<((u32, u64), u64, bool)> = clients
+    let (me, ranks) = (b.rank(), b.size());
+    let quota = load.check_samples.div_ceil(ranks);
+    // (rank, key, value): one writer per (rank, key), so no key twice.
+    let mut written: Vec<(u32, u64, u64)> = clients
         .iter()
-        .flat_map(|c| {
-            c.written
-                .iter()
-                .map(move |(&k, &v)| (k, v, k.0 as usize != c.rank))
-        })
+        .flat_map(|c| c.written.iter().map(|(&(r, k), &v)| (r, k, v)))
         .collect();
-    let self_written = all.is_empty();
-    if self_written {
+    written.sort_unstable();
+    let mut total = [written.len() as u64];
+    b.all_reduce_sum_u64(&mut total).map_err(boot)?;
+    let self_written = total[0] == 0;
+    let mut rings = None;
+    if failure.is_none() {
+        match daemons.connect(me) {
+            Ok(r) => rings = Some(r),
+            Err(e) => failure = Some(format!("check client: {e}")),
+        }
+    }
+    if let (true, Some(rings)) = (self_written, rings.as_mut()) {
         let writer = ((load.clients * ranks) as u64) << SEQ_BITS;
-        for i in 0..samples.max(1) as u64 {
+        let n = rings.len();
+        for i in 0..quota.max(1) as u64 {
             let (key, value) = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20, writer | i);
-            let rank = (i % ranks as u64) as u32;
-            rings[rank as usize][owner_daemon(key, daemons)]
-                .put(rank, key, value)
-                .map_err(|e| format!("check put({rank}, {key}): {e}"))?;
-            D::keepalive(&mut rings[rank as usize]);
-            all.push(((rank, key), value, false));
+            if let Err(e) = rings[owner_daemon(key, n)].put(me as u32, key, value) {
+                failure = Some(format!("check put({me}, {key}): {e}"));
+                break;
+            }
+            D::keepalive(rings);
+            written.push((me as u32, key, value));
         }
         // Later writes of a repeated key win.
-        all.reverse();
-        all.sort_by_key(|kv| kv.0);
-        all.dedup_by_key(|kv| kv.0);
+        written.reverse();
+        written.sort_by_key(|w| (w.0, w.1));
+        written.dedup_by_key(|w| (w.0, w.1));
     }
-    let step = (all.len() / samples.max(1)).max(1);
-    let (mut checked, mut checked_remote, mut mismatches) = (0, 0, 0);
-    for &((rank, key), want, remote) in all.iter().step_by(step).take(samples) {
-        let got = rings[rank as usize][owner_daemon(key, daemons)]
-            .get(rank, key)
-            .map_err(|e| format!("check get({rank}, {key}): {e}"))?;
-        D::keepalive(&mut rings[rank as usize]);
-        checked += 1;
-        checked_remote += remote as usize;
-        if got != Some(want) {
-            if mismatches < 5 {
-                eprintln!(
-                    "kv: check: rank {rank} key {key}: read {got:?}, last written Some({want})"
-                );
+    let step = (written.len() / quota.max(1)).max(1);
+    let mut sample = Vec::with_capacity(quota * SAMPLE_BYTES);
+    for &(rank, key, value) in written.iter().step_by(step).take(quota) {
+        sample.extend(rank.to_le_bytes());
+        sample.extend(key.to_le_bytes());
+        sample.extend(value.to_le_bytes());
+    }
+    let all = gather_var(b, &sample)?;
+    let (mut checked, mut checked_remote, mut mismatches) = (0u64, 0u64, 0u64);
+    if let (None, Some(rings)) = (&failure, rings.as_mut()) {
+        let n = rings.len();
+        let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
+        'read: for (writer_rank, part) in all.iter().enumerate() {
+            for rec in part.chunks_exact(SAMPLE_BYTES) {
+                let rank = u32::from_le_bytes(rec[0..4].try_into().expect("4 bytes"));
+                if rank as usize != me {
+                    continue;
+                }
+                let (key, want) = (u64_at(rec, 4), u64_at(rec, 12));
+                let got = match rings[owner_daemon(key, n)].get(rank, key) {
+                    Ok(got) => got,
+                    Err(e) => {
+                        failure = Some(format!("check get({rank}, {key}): {e}"));
+                        break 'read;
+                    }
+                };
+                D::keepalive(rings);
+                checked += 1;
+                checked_remote += u64::from(writer_rank != me);
+                if got != Some(want) {
+                    if mismatches < 5 {
+                        eprintln!(
+                            "kv: check: rank {rank} key {key}: read {got:?}, last written Some({want})"
+                        );
+                    }
+                    mismatches += 1;
+                }
             }
-            mismatches += 1;
         }
     }
+    // The checker's connections close before any daemon stops.
+    drop(rings);
+    let mut counts = [checked, checked_remote, mismatches];
+    b.all_reduce_sum_u64(&mut counts).map_err(boot)?;
+    let failure = failure.map(|f| on_rank(b, f)).unwrap_or_default();
+    let failures = gather_var(b, failure.as_bytes())?
+        .into_iter()
+        .filter(|f| !f.is_empty())
+        .map(|f| String::from_utf8_lossy(&f).into_owned())
+        .collect();
     Ok(CheckReport {
-        checked,
-        checked_remote,
-        mismatches,
+        checked: counts[0] as usize,
+        checked_remote: counts[1] as usize,
+        mismatches: counts[2] as usize,
         self_written,
+        failures,
     })
 }
 
-/// The figures of one run.
+/// All-gathers a byte string of any length from every rank (the lengths first, then each
+/// string padded to the longest); the strings by rank.
+fn gather_var<B: Bootstrap>(b: &B, mine: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let lens = b
+        .all_gather(&(mine.len() as u64).to_le_bytes())
+        .map_err(boot)?;
+    let lens: Vec<usize> = lens
+        .chunks_exact(8)
+        .map(|l| u64::from_le_bytes(l.try_into().expect("8 bytes")) as usize)
+        .collect();
+    let max = lens.iter().copied().max().unwrap_or(0);
+    let mut padded = mine.to_vec();
+    padded.resize(max, 0);
+    let all = b.all_gather(&padded).map_err(boot)?;
+    Ok(lens
+        .iter()
+        .enumerate()
+        .map(|(r, &l)| all[r * max..r * max + l].to_vec())
+        .collect())
+}
+
+/// A latency histogram: 1 ns to 60 s, 3 significant digits.
+fn new_hist() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram")
+}
+
+/// The sum over all ranks of every rank's histogram `h`: each rank's serialized with
+/// hdrhistogram's V2 encoding, all-gathered, deserialized and added.
+fn merge_hist<B: Bootstrap>(b: &B, h: &Histogram<u64>) -> Result<Histogram<u64>, String> {
+    let mut buf = Vec::new();
+    V2Serializer::new()
+        .serialize(h, &mut buf)
+        .map_err(|e| format!("serializing a histogram: {e:?}"))?;
+    let mut sum = new_hist();
+    for part in gather_var(b, &buf)? {
+        let h: Histogram<u64> = Deserializer::new()
+            .deserialize(&mut &part[..])
+            .map_err(|e| format!("deserializing a rank's histogram: {e:?}"))?;
+        sum.add(&h)
+            .map_err(|e| format!("merging the histograms: {e:?}"))?;
+    }
+    Ok(sum)
+}
+
+/// Counter structs summed field by field (over a rank's daemons, and over the ranks by a
+/// reduction).
+trait Counters: Default {
+    fn to_vec(&self) -> Vec<u64>;
+    fn from_slice(v: &[u64]) -> Self;
+    fn add(&mut self, o: &Self) {
+        let sum: Vec<u64> = (self.to_vec().iter().zip(o.to_vec()))
+            .map(|(a, b)| a + b)
+            .collect();
+        *self = Self::from_slice(&sum);
+    }
+}
+
+macro_rules! counters {
+    ($t:ty { $($f:ident),+ $(,)? }) => {
+        impl Counters for $t {
+            fn to_vec(&self) -> Vec<u64> {
+                vec![$(self.$f),+]
+            }
+            fn from_slice(v: &[u64]) -> Self {
+                let mut v = v.iter().copied();
+                let mut s = Self::default();
+                $(s.$f = v.next().expect("a value per counter");)+
+                s
+            }
+        }
+    };
+}
+
+counters!(ForwardStats {
+    ring_local,
+    forwarded,
+    responses,
+    remote_served,
+    handed_off,
+    handoff_replies,
+    bad_requests,
+    unroutable,
+    failed_calls,
+    corrupt_responses,
+    dropped_replies,
+    ring_full_retries,
+    daemon_busy_waits,
+});
+
+counters!(ErpcFigures {
+    sessions,
+    sessions_closed,
+    requests,
+    dup_requests,
+    dropped_pkts,
+    rx_pkts,
+    tx_pkts,
+    rx_calls,
+    tx_calls,
+});
+
+/// The figures of one run, over all ranks.
 struct Summary {
-    /// How clients reach the daemons of their rank (`delegation`, `scalerpc`).
+    /// How clients reach the daemons of their rank (`delegation`, `scalerpc`, `erpc`).
     transport: &'static str,
     /// ScaleRPC runs: scheduler and QPC figures.
     scale: Option<ScaleFigures>,
@@ -1601,6 +2225,8 @@ struct Summary {
     erpc: Option<ErpcFigures>,
     backend: &'static str,
     ranks: usize,
+    /// The ranks were MPI processes.
+    mpi: bool,
     daemons: usize,
     clients: usize,
     qd: usize,
@@ -1613,11 +2239,14 @@ struct Summary {
     p50_us: f64,
     p99_us: f64,
     p999_us: f64,
+    max_us: f64,
     ops_remote: u64,
     remote_p50_us: f64,
     remote_p99_us: f64,
     rank_ops: Vec<u64>,
     rank_mops: Vec<f64>,
+    /// Requests the daemons of each rank executed.
+    rank_served: Vec<u64>,
     gets: u64,
     hits: u64,
     errors: u64,
@@ -1630,71 +2259,101 @@ struct Summary {
     pass: bool,
 }
 
-fn summarize(
-    r: RunResult,
-    daemons: &[DaemonReport],
+/// The summary of a run over all ranks, from this rank's clients and daemons (every rank
+/// gets the same one): counters summed, latency histograms merged ([`merge_hist`]),
+/// throughput and requests served per rank, the check. The run's time is the longest of
+/// the ranks'.
+fn combine<B: Bootstrap>(
+    b: &B,
+    run: &RankRun,
+    reports: &[DaemonReport],
+    check: CheckReport,
     load: &LoadArgs,
     ndaemons: usize,
-    ranks: usize,
-    backend: &'static str,
-) -> Summary {
-    let new_hist = || Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
+) -> Result<Summary, String> {
     let (mut hist, mut hist_remote) = (new_hist(), new_hist());
-    let (mut ops, mut ops_remote, mut gets, mut hits, mut errors) = (0, 0, 0, 0, 0);
-    let mut rank_ops = vec![0u64; ranks];
-    for c in &r.clients {
-        hist.add(&c.hist).expect("histogram merge");
-        hist_remote.add(&c.hist_remote).expect("histogram merge");
-        ops += c.ops;
-        ops_remote += c.ops_remote;
-        gets += c.gets;
-        hits += c.hits;
-        errors += c.errors;
-        rank_ops[c.rank] += c.ops;
+    // ops, ops_remote, gets, hits, errors, bad requests.
+    let mut sums = vec![0u64; 6];
+    for c in &run.clients {
+        hist.add(&c.hist)
+            .map_err(|e| format!("histogram merge: {e:?}"))?;
+        hist_remote
+            .add(&c.hist_remote)
+            .map_err(|e| format!("histogram merge: {e:?}"))?;
+        for (s, v) in sums
+            .iter_mut()
+            .zip([c.ops, c.ops_remote, c.gets, c.hits, c.errors])
+        {
+            *s += v;
+        }
     }
-    let secs = r.elapsed.as_secs_f64();
+    let rank_ops = sums[0];
+    sums[5] = reports.iter().map(|d| d.bad_requests).sum();
+    let served: u64 = reports.iter().map(|d| d.requests).sum();
+    let (mut forward, mut erpc) = (None::<ForwardStats>, None::<ErpcFigures>);
+    for d in reports {
+        if let Some(f) = &d.forward {
+            forward.get_or_insert_with(Default::default).add(f);
+        }
+        if let Some(e) = &d.erpc {
+            erpc.get_or_insert_with(Default::default).add(e);
+        }
+    }
+    let nf = ForwardStats::default().to_vec().len();
+    sums.push(u64::from(forward.is_some()));
+    sums.extend(forward.unwrap_or_default().to_vec());
+    sums.push(u64::from(erpc.is_some()));
+    sums.extend(erpc.unwrap_or_default().to_vec());
+    b.all_reduce_sum_u64(&mut sums).map_err(boot)?;
+    let [ops, ops_remote, gets, hits, errors, bad_requests] = sums[..6] else {
+        unreachable!("six sums")
+    };
+    let forward = (sums[6] > 0).then(|| ForwardStats::from_slice(&sums[7..7 + nf]));
+    let erpc = (sums[7 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[8 + nf..]));
+    // Per rank: operations, requests served, seconds.
+    let mut mine = Vec::with_capacity(24);
+    mine.extend(rank_ops.to_le_bytes());
+    mine.extend(served.to_le_bytes());
+    mine.extend(run.elapsed.as_secs_f64().to_le_bytes());
+    let per = b.all_gather(&mine).map_err(boot)?;
+    let at = |r: &[u8], i: usize| <[u8; 8]>::try_from(&r[8 * i..8 * i + 8]).expect("8 bytes");
+    let (mut rank_ops, mut rank_served, mut rank_mops, mut secs) = (vec![], vec![], vec![], 0.0);
+    for r in per.chunks_exact(24) {
+        let (o, s, t) = (
+            u64::from_le_bytes(at(r, 0)),
+            u64::from_le_bytes(at(r, 1)),
+            f64::from_le_bytes(at(r, 2)),
+        );
+        rank_ops.push(o);
+        rank_served.push(s);
+        rank_mops.push(o as f64 / t / 1e6);
+        secs = f64::max(secs, t);
+    }
+    let hist = merge_hist(b, &hist)?;
+    let hist_remote = merge_hist(b, &hist_remote)?;
     let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
-    let mut forward: Option<ForwardStats> = None;
-    for f in daemons.iter().filter_map(|d| d.forward) {
-        let t = forward.get_or_insert_with(ForwardStats::default);
-        t.ring_local += f.ring_local;
-        t.forwarded += f.forwarded;
-        t.responses += f.responses;
-        t.remote_served += f.remote_served;
-        t.handed_off += f.handed_off;
-        t.handoff_replies += f.handoff_replies;
-        t.bad_requests += f.bad_requests;
-        t.unroutable += f.unroutable;
-        t.failed_calls += f.failed_calls;
-        t.corrupt_responses += f.corrupt_responses;
-        t.dropped_replies += f.dropped_replies;
-        t.ring_full_retries += f.ring_full_retries;
-        t.daemon_busy_waits += f.daemon_busy_waits;
-    }
-    let bad_requests: u64 = daemons.iter().map(|d| d.bad_requests).sum();
     let forward_errors = forward.map_or(0, |f| {
         f.unroutable + f.failed_calls + f.corrupt_responses + f.dropped_replies
     });
-    let (check_ok, checked, checked_remote, mismatches, check_msg) = match &r.check {
-        Ok(c) => (
-            c.mismatches == 0 && c.checked > 0,
-            c.checked,
-            c.checked_remote,
-            c.mismatches,
-            if c.self_written {
-                "the run wrote nothing: keys written by the checker".to_string()
-            } else {
-                String::new()
-            },
-        ),
-        Err(e) => (false, 0, 0, 0, e.clone()),
+    let check_ok = check.mismatches == 0 && check.checked > 0 && check.failures.is_empty();
+    let check_msg = if !check.failures.is_empty() {
+        let mut m = check.failures[..check.failures.len().min(3)].join("; ");
+        if check.failures.len() > 3 {
+            m += &format!("; and {} more", check.failures.len() - 3);
+        }
+        m
+    } else if check.self_written {
+        "the run wrote nothing: keys written by the checker".to_string()
+    } else {
+        String::new()
     };
-    Summary {
+    Ok(Summary {
         transport: "delegation",
         scale: None,
-        erpc: None,
-        backend,
-        ranks,
+        erpc,
+        backend: "delegation",
+        ranks: b.size(),
+        mpi: false,
         daemons: ndaemons,
         clients: load.clients,
         qd: load.qd,
@@ -1710,22 +2369,24 @@ fn summarize(
         p50_us: us(&hist, 0.5),
         p99_us: us(&hist, 0.99),
         p999_us: us(&hist, 0.999),
+        max_us: hist.max() as f64 / 1e3,
         ops_remote,
         remote_p50_us: us(&hist_remote, 0.5),
         remote_p99_us: us(&hist_remote, 0.99),
-        rank_mops: rank_ops.iter().map(|&o| o as f64 / secs / 1e6).collect(),
         rank_ops,
+        rank_mops,
+        rank_served,
         gets,
         hits,
         errors,
         bad_requests,
         forward,
-        checked,
-        checked_remote,
-        mismatches,
+        checked: check.checked,
+        checked_remote: check.checked_remote,
+        mismatches: check.mismatches,
         check_msg,
         pass: check_ok && errors == 0 && bad_requests == 0 && forward_errors == 0,
-    }
+    })
 }
 
 fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
@@ -1762,7 +2423,8 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
             "check_mismatches": mismatches, "check_passed": pass, "check_note": check_msg,
         });
         let more = serde_json::json!({
-            "ranks": ranks, "backend": backend, "clients_total": clients * ranks,
+            "ranks": ranks, "mpi": s.mpi, "backend": backend, "clients_total": clients * ranks,
+            "max_us": s.max_us, "rank_served": s.rank_served,
             "ops_local": ops - ops_remote, "ops_remote": ops_remote,
             "remote_p50_us": s.remote_p50_us, "remote_p99_us": s.remote_p99_us,
             "rank_ops": s.rank_ops, "rank_mops": s.rank_mops,
@@ -1812,12 +2474,13 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
     } else if out.csv {
         if first {
             println!(
-                "transport,daemons,clients,qd,read_ratio,keys,dist,seconds,ops,mops,p50_us,p99_us,p999_us,gets,get_hits,errors,check_samples,check_mismatches,check_passed,ranks,backend,ops_local,ops_remote,remote_p50_us,remote_p99_us,rank_mops,forwarded,remote_served,handed_off,unroutable,failed_calls,corrupt_responses,ring_full_retries"
+                "transport,daemons,clients,qd,read_ratio,keys,dist,seconds,ops,mops,p50_us,p99_us,p999_us,gets,get_hits,errors,check_samples,check_mismatches,check_passed,ranks,backend,ops_local,ops_remote,remote_p50_us,remote_p99_us,rank_mops,forwarded,remote_served,handed_off,unroutable,failed_calls,corrupt_responses,ring_full_retries,max_us,rank_served,mpi"
             );
         }
+        let rank_served: Vec<String> = s.rank_served.iter().map(|n| n.to_string()).collect();
         let rank_mops: Vec<String> = s.rank_mops.iter().map(|m| format!("{m:.4}")).collect();
         println!(
-            "{},{daemons},{clients},{qd},{read_ratio},{keys},{dist},{secs:.3},{ops},{mops:.4},{:.2},{:.2},{:.2},{gets},{hits},{errors},{checked},{mismatches},{pass},{ranks},{backend},{},{ops_remote},{:.2},{:.2},{},{},{},{},{},{},{},{}",
+            "{},{daemons},{clients},{qd},{read_ratio},{keys},{dist},{secs:.3},{ops},{mops:.4},{:.2},{:.2},{:.2},{gets},{hits},{errors},{checked},{mismatches},{pass},{ranks},{backend},{},{ops_remote},{:.2},{:.2},{},{},{},{},{},{},{},{},{:.2},{},{}",
             s.transport,
             s.p50_us,
             s.p99_us,
@@ -1833,6 +2496,9 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
             f.failed_calls,
             f.corrupt_responses,
             f.ring_full_retries,
+            s.max_us,
+            rank_served.join(";"),
+            s.mpi,
         );
     } else {
         if ranks == 1 {
@@ -1842,8 +2508,13 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
                 read_ratio * 100.0,
             );
         } else {
+            let kind = if s.mpi { "MPI ranks" } else { "ranks" };
+            let over = match s.transport {
+                "delegation" => format!("backend {backend}"),
+                t => format!("over {t}"),
+            };
             println!(
-                "kv, {ranks} ranks, backend {backend}: {daemons} daemon(s) and {clients} client(s) per rank, QD {qd}, {:.0}% gets, {keys} keys {dist} per rank, {secs:.1} s",
+                "kv, {ranks} {kind}, {over}: {daemons} daemon(s) and {clients} client(s) per rank, QD {qd}, {:.0}% gets, {keys} keys {dist} per rank, {secs:.1} s",
                 read_ratio * 100.0,
             );
         }
@@ -1856,10 +2527,17 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
                 .map(|(r, m)| format!("{r}: {m:.3}"))
                 .collect();
             println!("  per rank    {} Mops/s", per.join("   "));
+            let served: Vec<String> = s
+                .rank_served
+                .iter()
+                .enumerate()
+                .map(|(r, n)| format!("{r}: {n}"))
+                .collect();
+            println!("  served      {} requests", served.join("   "));
         }
         println!(
-            "  latency     p50 {:.2} us   p99 {:.2} us   p999 {:.2} us",
-            s.p50_us, s.p99_us, s.p999_us
+            "  latency     p50 {:.2} us   p99 {:.2} us   p999 {:.2} us   max {:.2} us",
+            s.p50_us, s.p99_us, s.p999_us, s.max_us
         );
         if ranks > 1 {
             println!(
@@ -1869,6 +2547,8 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
                 s.remote_p50_us,
                 s.remote_p99_us
             );
+        }
+        if ranks > 1 && s.forward.is_some() {
             println!(
                 "  delegates   forwarded {}   served remote {}   handed to daemons {}   ring-full retries {}   unroutable {}   failed {}   corrupt {}",
                 f.forwarded,
@@ -1932,5 +2612,139 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
                 format!(" ({check_msg})")
             }
         );
+    }
+}
+
+/// `--mpi`: the setup of this process's rank of an MPI job, up to the per-rank code it shares
+/// with the in-process ranks. Generic over the bootstrap; every call into it is made from
+/// the main thread.
+#[cfg(feature = "mpi")]
+mod mpi_job {
+    use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+
+    use rpc::bootstrap::HOSTNAME_BYTES;
+
+    use super::*;
+
+    /// Runs this process's rank; the exit code, the same on every rank: 0 if every run passed
+    /// its check, 1 if one did not, 2 on an error.
+    pub(super) fn run<B: Bootstrap>(b: &B, a: &RunArgs) -> i32 {
+        // The arguments are the same on every rank: rank 0 says what is wrong.
+        if let Err(e) = args(a, b.size()) {
+            return if b.rank() == 0 { fail(&e) } else { 2 };
+        }
+        let result = host(b).and_then(|host| match a.transport {
+            Transport::Erpc => erpc(b, a, &host),
+            _ => delegation(b, a, &host),
+        });
+        match result {
+            Ok(true) => 0,
+            Ok(false) => 1,
+            Err(e) => fail(&e),
+        }
+    }
+
+    fn args(a: &RunArgs, ranks: usize) -> Result<(), String> {
+        if a.ranks != 1 {
+            return Err(
+                "--ranks does not apply with --mpi: the ranks are the MPI processes (mpirun -np N)"
+                    .into(),
+            );
+        }
+        match a.transport {
+            Transport::Scalerpc => {
+                Err("--transport scalerpc runs one rank in one process, not under --mpi".into())
+            }
+            Transport::Erpc => erpc_args(a, ranks),
+            Transport::Delegation => delegation_args(a, ranks).map(drop),
+        }
+    }
+
+    /// What the ranks of this host agree on.
+    struct Host {
+        /// Hosts the job runs on.
+        hosts: usize,
+        /// The pid of this host's first rank: names the rings and the device model.
+        pid: u32,
+    }
+
+    /// Every rank's host name and pid, all-gathered.
+    fn host<B: Bootstrap>(b: &B) -> Result<Host, String> {
+        const REC: usize = HOSTNAME_BYTES + 4;
+        let mut mine = [0u8; REC];
+        let name = b.hostname();
+        let n = name.len().min(HOSTNAME_BYTES);
+        mine[..n].copy_from_slice(&name.as_bytes()[..n]);
+        mine[HOSTNAME_BYTES..].copy_from_slice(&std::process::id().to_le_bytes());
+        let all = b.all_gather(&mine).map_err(|e| on_rank(b, boot(e)))?;
+        let recs: Vec<&[u8]> = all.chunks_exact(REC).collect();
+        let me = &recs[b.rank()][..HOSTNAME_BYTES];
+        let first = recs
+            .iter()
+            .find(|r| &r[..HOSTNAME_BYTES] == me)
+            .expect("this rank's host");
+        let mut hosts: Vec<&[u8]> = recs.iter().map(|r| &r[..HOSTNAME_BYTES]).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        Ok(Host {
+            hosts: hosts.len(),
+            pid: u32::from_le_bytes(first[HOSTNAME_BYTES..].try_into().expect("4 bytes")),
+        })
+    }
+
+    /// The delegation transport: copyrpc between the ranks, on the device model shared by
+    /// the processes of this host, or on `--device`.
+    fn delegation<B: Bootstrap>(b: &B, a: &RunArgs, host: &Host) -> Result<bool, String> {
+        let cfg = delegation_args(a, b.size())?;
+        let hw = agree(b, "opening the RDMA device", hw_nic(a))?;
+        let nic = match hw {
+            _ if b.size() == 1 => None,
+            Some(hw) => Some(hw),
+            None if host.hosts > 1 => {
+                return Err(format!(
+                    "the ranks run on {} hosts, and the device model connects the processes \
+                     of one host: give --device (RDMA NICs), or use --transport erpc",
+                    host.hosts
+                ));
+            }
+            None => {
+                // Before any DMA buffer or copyrpc context exists: from here on, this
+                // process's DMA buffers live in the host's shared memory.
+                let fabric = Fabric::join(&format!("kv-{}", host.pid), sim_config())
+                    .map_err(|e| format!("joining the device model of this host: {e}"));
+                Some(Nic::Sim(agree(b, "joining the device model", fabric)?))
+            }
+        };
+        let job = Job {
+            base: format!("kv-{}", host.pid),
+            nic,
+            mpi: true,
+        };
+        run_ranks(b, &job, a, cfg)
+    }
+
+    /// eRPC over UDP between the ranks.
+    fn erpc<B: Bootstrap>(b: &B, a: &RunArgs, host: &Host) -> Result<bool, String> {
+        let ip = match a.erpc_ip {
+            Some(ip) => ip,
+            None if host.hosts == 1 => Ipv4Addr::LOCALHOST.into(),
+            None => agree(b, "finding this host's address", host_ip(&b.hostname()))?,
+        };
+        let mut s = erpc_rank(b, a, ip)?;
+        s.mpi = true;
+        if b.rank() == 0 {
+            print_summary(&s, &a.out, true);
+        }
+        Ok(s.pass)
+    }
+
+    /// The first address other than loopback that `name` resolves to.
+    fn host_ip(name: &str) -> Result<IpAddr, String> {
+        (name, 0)
+            .to_socket_addrs()
+            .map_err(|e| format!("resolving {name}: {e} (give --erpc-ip)"))?
+            .map(|a| a.ip())
+            .find(|ip| !ip.is_loopback())
+            .ok_or_else(|| format!("{name} resolves to loopback addresses only: give --erpc-ip"))
     }
 }

@@ -1,7 +1,8 @@
 //! MPI ranks (cargo feature `mpi`): the [`Bootstrap`] collectives on `MPI_COMM_WORLD` through
 //! rsmpi (seeds/004 §9 steps 8, 10 and 14: endpoint exchange, barrier, `all_reduce`).
 //!
-//! [`MpiBootstrap::init`] initializes MPI once per process (rsmpi's `mpi::initialize`; MPI is
+//! [`MpiBootstrap::init`] initializes MPI once per process (rsmpi, thread level Funneled: other
+//! threads run, only the initializing one calls MPI; MPI is
 //! finalized when the bootstrap is dropped). Collectives are blocking MPI calls:
 //! `MPI_Allgather` of bytes, `MPI_Barrier`, and `MPI_Allreduce` with `MPI_SUM` for `u64` (the
 //! `f64` sum is the trait's rank-ordered default, so every rank gets the same bits). A process
@@ -48,8 +49,15 @@ impl MpiBootstrap {
     /// [`BootstrapError::Mpi`] if MPI was already initialized in this process (rsmpi
     /// initializes once).
     pub fn init() -> Result<MpiBootstrap, BootstrapError> {
-        let universe = mpi::initialize()
+        // Funneled: the process may run many threads, but only the one that initialized MPI
+        // calls it (every `Bootstrap` method runs on that thread).
+        let (universe, provided) = mpi::initialize_with_threading(mpi::Threading::Funneled)
             .ok_or_else(|| BootstrapError::Mpi("MPI is already initialized".into()))?;
+        if provided < mpi::Threading::Funneled {
+            return Err(BootstrapError::Mpi(format!(
+                "the MPI library provides thread level {provided:?}, below Funneled"
+            )));
+        }
         let world = universe.world();
         let rank = world.rank() as usize;
         let size = world.size() as usize;
