@@ -1,7 +1,7 @@
 //! The device model across processes ([`Fabric::join`]): two processes on one node, each with
 //! its own model, RC QPs connected across them. Every opcode that crosses (WRITE, SEND into a
-//! posted receive, FETCH_ADD, READ, WRITE_IMM) moves bytes into the other process's registered
-//! memory and CQ; then one process crashes (`abort`, no cleanup) and the other's next request
+//! posted receive, FETCH_ADD, READ, WRITE_IMM) and a UD SEND_IMM moves bytes into the other
+//! process's registered memory and CQ; then one process crashes (`abort`, no cleanup) and the other's next request
 //! to it fails with TRANSPORT_RETRY_EXC instead of hanging.
 //!
 //! Each role runs in a process of its own (this test binary re-executed with
@@ -16,13 +16,14 @@ use std::time::{Duration, Instant};
 
 use mlx5::cqe::{CqeOpcode, Syndrome};
 use mlx5::sim::{Fabric, SimConfig};
-use mlx5::verbs::{QpCaps, QpType, RcParams, RcRemote};
+use mlx5::verbs::{QpCaps, QpType, RcParams, RcRemote, UdDest};
 use mlx5::wqe::{AtomicSeg, Opcode, RaddrSeg, WqeDesc};
 use sim_common::*;
 
 const ROLE: &str = "MLX5_NODE_ROLE";
 const NODE: &str = "MLX5_NODE_NAME";
 const PEER: &str = "MLX5_NODE_PEER";
+const UD_QKEY: u32 = 0x1111_2222;
 
 fn line_in() -> String {
     let mut s = String::new();
@@ -84,16 +85,23 @@ fn role_a() {
         buf.mem.segment().is_some(),
         "a joined process's DmaBuf is shared"
     );
+    // A UD QP that B sends a datagram to.
+    let udcq = n.cq(16);
+    let mut ud = n.qp(QpType::Ud, &udcq, &udcq, None, QpCaps::default());
+    ud.activate_ud(UD_QKEY).unwrap();
+    let udbuf = n.buf(4096, all_access());
+    post_recv(&mut ud, &[udbuf.sge(0, 4096)]);
     buf.write(3072, b"readable");
     buf.write(2048, &40u64.to_be_bytes());
     let port = n.ctx.port();
     say(&format!(
-        "A {} {} {} {} {}",
+        "A {} {} {} {} {} {}",
         qp.qpn(),
         port.lid,
         buf.addr(0),
         buf.mr.rkey,
-        qp2.qpn()
+        qp2.qpn(),
+        ud.qpn()
     ));
     let b = parse(&line_in());
     let params = RcParams {
@@ -139,6 +147,14 @@ fn role_a() {
         "SEND payload"
     );
     assert_eq!(buf.read(2048, 8), 47u64.to_be_bytes(), "FETCH_ADD result");
+    let mut udcq = udcq;
+    let r = poll_for(&f, &mut udcq.cq, Duration::from_secs(20)).expect("UD receive");
+    expect_ok(&r, CqeOpcode::RespSendImm);
+    assert_eq!(
+        (r.byte_cnt, r.imm, r.src_qpn),
+        (40 + 9, 0x0bad_cafe, b[5] as u32)
+    );
+    assert_eq!(udbuf.read(40, 9), b"datagram!");
     say("CHECKED");
 
     // B crashes; once the model sees its liveness lock gone (within about a millisecond),
@@ -187,6 +203,9 @@ fn role_b() {
     let mut qp = n.qp(QpType::Rc, &cq, &cq, None, QpCaps::default());
     let cq2 = n.cq(16);
     let mut qp2 = n.qp(QpType::Rc, &cq2, &cq2, None, QpCaps::default());
+    let udcq = n.cq(16);
+    let mut ud = n.qp(QpType::Ud, &udcq, &udcq, None, QpCaps::default());
+    ud.activate_ud(UD_QKEY).unwrap();
     let local = n.buf(4096, all_access());
     local.write(0, &[0xab; 64]);
     local.write(512, &(0..100u8).collect::<Vec<_>>());
@@ -217,12 +236,13 @@ fn role_b() {
     let port = n.ctx.port();
     assert_ne!(port.lid as u64, a[1], "LIDs are unique on the node");
     say(&format!(
-        "B {} {} {} {} {}",
+        "B {} {} {} {} {} {}",
         qp.qpn(),
         port.lid,
         local.addr(0),
         local.mr.rkey,
-        qp2.qpn()
+        qp2.qpn(),
+        ud.qpn()
     ));
     assert_eq!(line_in(), "go");
     let raddr = |off: u64| RaddrSeg {
@@ -295,6 +315,26 @@ fn role_b() {
         },
     );
     done("WRITE_IMM", &mut qp);
+    // A datagram to A's UD QP (LID + QPN + Q_Key, no GRH).
+    let av = n.ah(&UdDest {
+        qpn: a[5] as u32,
+        qkey: UD_QKEY,
+        lid: a[1] as u16,
+        gid: [0; 16],
+    });
+    post(
+        &mut ud,
+        &WqeDesc {
+            imm: 0x0bad_cafe,
+            ud: Some(av),
+            inline: b"datagram!",
+            ..desc(Opcode::SendImm)
+        },
+    );
+    let mut udcq = udcq;
+    let c = poll_for(&f, &mut udcq.cq, Duration::from_secs(20)).expect("UD send completion");
+    expect_ok(&c, CqeOpcode::Req);
+    assert_eq!(f.stats().ud_no_dest, 0);
     // A wrong rkey is refused by A's MR table, across the process boundary too (on the
     // second connection: the error breaks it).
     let mut cq2 = cq2;
@@ -382,7 +422,8 @@ fn processes() {
     let st = b.child.wait().unwrap();
     assert!(!st.success(), "B was to crash");
     a.send("probe");
-    a.expect("DEADOK");
+    let deaths = a.expect("DEADOK");
+    eprintln!("sim_node: B's crash noticed by A ({deaths})");
     assert!(a.child.wait().unwrap().success());
     // The directory goes with its last process; B's segment files stay (it crashed) until
     // the next join of this node name wipes them, so remove them here.
