@@ -62,6 +62,16 @@ fn poll_for(
     None
 }
 
+/// RC remote: QP `qpn` on the port with LID `lid` (InfiniBand addressing, no GID).
+fn peer_qp(qpn: u64, lid: u64) -> RcRemote {
+    RcRemote {
+        qpn: qpn as u32,
+        lid: lid as u16,
+        gid: [0; 16],
+        psn: 0,
+    }
+}
+
 fn parse(line: &str) -> Vec<u64> {
     line.split_whitespace()
         .skip(1)
@@ -108,26 +118,8 @@ fn role_a() {
         access: all_access(),
         ..RcParams::default()
     };
-    qp.connect_rc(
-        &RcRemote {
-            qpn: b[0] as u32,
-            lid: b[1] as u16,
-            gid: [0; 16],
-            psn: 0,
-        },
-        &params,
-    )
-    .unwrap();
-    qp2.connect_rc(
-        &RcRemote {
-            qpn: b[4] as u32,
-            lid: b[1] as u16,
-            gid: [0; 16],
-            psn: 0,
-        },
-        &params,
-    )
-    .unwrap();
+    qp.connect_rc(&peer_qp(b[0], b[1]), &params).unwrap();
+    qp2.connect_rc(&peer_qp(b[4], b[1]), &params).unwrap();
     post_recv(&mut qp, &[buf.sge(1024, 512)]);
     post_recv(&mut qp, &[]);
     say("READY");
@@ -213,26 +205,8 @@ fn role_b() {
         access: all_access(),
         ..RcParams::default()
     };
-    qp.connect_rc(
-        &RcRemote {
-            qpn: a[0] as u32,
-            lid: a[1] as u16,
-            gid: [0; 16],
-            psn: 0,
-        },
-        &params,
-    )
-    .unwrap();
-    qp2.connect_rc(
-        &RcRemote {
-            qpn: a[4] as u32,
-            lid: a[1] as u16,
-            gid: [0; 16],
-            psn: 0,
-        },
-        &params,
-    )
-    .unwrap();
+    qp.connect_rc(&peer_qp(a[0], a[1]), &params).unwrap();
+    qp2.connect_rc(&peer_qp(a[4], a[1]), &params).unwrap();
     let port = n.ctx.port();
     assert_ne!(port.lid as u64, a[1], "LIDs are unique on the node");
     say(&format!(

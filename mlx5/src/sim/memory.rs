@@ -153,27 +153,38 @@ impl MrTable {
         sges: &[Sge],
         len: usize,
     ) -> Result<Vec<Span>, ScatterError> {
-        let mut spans = Vec::new();
-        let mut left = len;
-        for s in sges.iter().filter(|s| s.len != 0) {
-            if left == 0 {
-                break;
-            }
-            let take = left.min(s.len as usize);
-            let sp = self
-                .local(s.lkey, pd, s.addr, s.len as usize, Access::LOCAL_WRITE)
-                .ok_or(ScatterError::Protection)?;
-            spans.push(Span {
-                ptr: sp.ptr,
-                len: take,
-            });
-            left -= take;
+        scatter_with(sges, len, |s| {
+            self.local(s.lkey, pd, s.addr, s.len as usize, Access::LOCAL_WRITE)
+        })
+    }
+}
+
+/// The spans `len` bytes take in a scatter list, each entry the payload reaches validated
+/// whole by `lookup` (zero-length entries skipped): [`ScatterError::Protection`] if one fails,
+/// [`ScatterError::Length`] if the list is too short.
+pub(crate) fn scatter_with(
+    sges: &[Sge],
+    len: usize,
+    mut lookup: impl FnMut(&Sge) -> Option<Span>,
+) -> Result<Vec<Span>, ScatterError> {
+    let mut spans = Vec::new();
+    let mut left = len;
+    for s in sges.iter().filter(|s| s.len != 0) {
+        if left == 0 {
+            break;
         }
-        if left > 0 {
-            Err(ScatterError::Length)
-        } else {
-            Ok(spans)
-        }
+        let take = left.min(s.len as usize);
+        let sp = lookup(s).ok_or(ScatterError::Protection)?;
+        spans.push(Span {
+            ptr: sp.ptr,
+            len: take,
+        });
+        left -= take;
+    }
+    if left > 0 {
+        Err(ScatterError::Length)
+    } else {
+        Ok(spans)
     }
 }
 

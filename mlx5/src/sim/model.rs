@@ -593,9 +593,34 @@ impl Model {
             self.stats.cqes_lost += 1;
             return;
         };
+        if self.write_cqe(cqn, cq, c, opcode, solicited) == Push::Overrun {
+            let mut hit: Vec<u32> = self
+                .qps
+                .iter()
+                .filter(|(_, qp)| qp.send_cq == cqn || qp.recv_cq == cqn)
+                .map(|(&n, _)| n)
+                .collect();
+            hit.sort_unstable();
+            for qpn in hit {
+                self.set_error(qpn);
+            }
+        }
+    }
+
+    /// Writes a CQE through the producer view `cq` of CQ `cqn` and counts what happened;
+    /// the caller handles an overrun (the QPs to move to the error state).
+    pub(crate) fn write_cqe(
+        &mut self,
+        cqn: u32,
+        cq: CqState,
+        c: &Cqe,
+        opcode: CqeOpcode,
+        solicited: bool,
+    ) -> Push {
         let mut c = *c;
         c.opcode = opcode as u8;
-        match cq.push(&c, opcode, solicited) {
+        let r = cq.push(&c, opcode, solicited);
+        match r {
             Push::Written => {
                 self.stats.cqes += 1;
                 if c.is_error() {
@@ -612,19 +637,10 @@ impl Model {
                 );
                 self.stats.cq_overruns += 1;
                 self.stats.cqes_lost += 1;
-                let mut hit: Vec<u32> = self
-                    .qps
-                    .iter()
-                    .filter(|(_, qp)| qp.send_cq == cqn || qp.recv_cq == cqn)
-                    .map(|(&n, _)| n)
-                    .collect();
-                hit.sort_unstable();
-                for qpn in hit {
-                    self.set_error(qpn);
-                }
             }
             Push::Dead => self.stats.cqes_lost += 1,
         }
+        r
     }
 
     /// Requester error: error CQE (even if unsignaled), QP to error.

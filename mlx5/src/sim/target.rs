@@ -333,35 +333,17 @@ impl Model {
         if t.remote.is_none() {
             return self.mrs.scatter_list(pd, sges, len);
         }
-        let mut spans = Vec::new();
-        let mut left = len;
-        for s in sges.iter().filter(|s| s.len != 0) {
-            if left == 0 {
-                break;
-            }
-            let take = left.min(s.len as usize);
-            let sp = self
-                .target_mr(
-                    t,
-                    s.lkey,
-                    true,
-                    pd,
-                    s.addr,
-                    s.len as usize,
-                    Access::LOCAL_WRITE,
-                )
-                .ok_or(ScatterError::Protection)?;
-            spans.push(Span {
-                ptr: sp.ptr,
-                len: take,
-            });
-            left -= take;
-        }
-        if left > 0 {
-            Err(ScatterError::Length)
-        } else {
-            Ok(spans)
-        }
+        crate::sim::memory::scatter_with(sges, len, |s| {
+            self.target_mr(
+                t,
+                s.lkey,
+                true,
+                pd,
+                s.addr,
+                s.len as usize,
+                Access::LOCAL_WRITE,
+            )
+        })
     }
 
     /// Writes a responder CQE to the target's receive CQ.
@@ -374,22 +356,8 @@ impl Model {
             self.post_cqe(cqn, c, opcode, solicited);
             return;
         }
-        let mut c = *c;
-        c.opcode = opcode as u8;
-        match cq.push(&c, opcode, solicited) {
-            Push::Written => {
-                self.stats.cqes += 1;
-                if c.is_error() {
-                    self.stats.error_cqes += 1;
-                }
-            }
-            Push::Overrun => {
-                tracing::warn!(cqn, "sim: a peer process's CQ overran");
-                self.stats.cq_overruns += 1;
-                self.stats.cqes_lost += 1;
-                self.remote_error(t);
-            }
-            Push::Dead => self.stats.cqes_lost += 1,
+        if self.write_cqe(cqn, cq, c, opcode, solicited) == Push::Overrun {
+            self.remote_error(t);
         }
     }
 
