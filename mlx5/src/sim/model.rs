@@ -594,16 +594,22 @@ impl Model {
             return;
         };
         if self.write_cqe(cqn, cq, c, opcode, solicited) == Push::Overrun {
-            let mut hit: Vec<u32> = self
-                .qps
-                .iter()
-                .filter(|(_, qp)| qp.send_cq == cqn || qp.recv_cq == cqn)
-                .map(|(&n, _)| n)
-                .collect();
-            hit.sort_unstable();
-            for qpn in hit {
-                self.set_error(qpn);
-            }
+            self.cq_overran(cqn);
+        }
+    }
+
+    /// CQ `cqn` (ours) overran: every QP reporting to it enters the error state.
+    #[cold]
+    pub(crate) fn cq_overran(&mut self, cqn: u32) {
+        let mut hit: Vec<u32> = self
+            .qps
+            .iter()
+            .filter(|(_, qp)| qp.send_cq == cqn || qp.recv_cq == cqn)
+            .map(|(&n, _)| n)
+            .collect();
+        hit.sort_unstable();
+        for qpn in hit {
+            self.set_error(qpn);
         }
     }
 

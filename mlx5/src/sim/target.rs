@@ -352,12 +352,13 @@ impl Model {
             self.stats.cqes_lost += 1;
             return;
         };
-        if t.remote.is_none() {
-            self.post_cqe(cqn, c, opcode, solicited);
-            return;
-        }
+        // The view taken at resolve time (no second table lookup for a local CQ).
         if self.write_cqe(cqn, cq, c, opcode, solicited) == Push::Overrun {
-            self.remote_error(t);
+            if t.remote.is_none() {
+                self.cq_overran(cqn);
+            } else {
+                self.remote_error(t);
+            }
         }
     }
 
