@@ -2,25 +2,11 @@
 //! backend must pass the correctness check (which reads back keys written from other ranks)
 //! after actually sending remote requests.
 
-use std::path::PathBuf;
+mod kv_common;
+
+use kv_common::kv_binary;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// `target/<profile>/examples/kv`, which `cargo test` builds alongside the test binaries.
-fn kv_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir");
-    let kv = profile_dir.join("examples").join("kv");
-    assert!(
-        kv.exists(),
-        "{} not found: build it with `cargo test` (which builds examples) or `cargo build --example kv`",
-        kv.display()
-    );
-    kv
-}
 
 /// Runs `kv` with a short, small workload plus `args`; returns one JSON object per backend
 /// run, after checking the exit code.

@@ -2,25 +2,12 @@
 //! the correctness check), talking through the delegation rings in /dev/shm.
 
 use std::io::{BufRead, BufReader};
+mod kv_common;
+
+use kv_common::kv_binary;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// `target/<profile>/examples/kv`, which `cargo test` builds alongside the test binaries.
-fn kv_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir");
-    let kv = profile_dir.join("examples").join("kv");
-    assert!(
-        kv.exists(),
-        "{} not found: build it with `cargo test` (which builds examples) or `cargo build --example kv`",
-        kv.display()
-    );
-    kv
-}
 
 #[test]
 fn serve_and_client_in_separate_processes() {
