@@ -361,10 +361,13 @@ fn raw_roundtrip(
     msg: &[u8],
 ) -> Vec<u8> {
     let token = t
-        .send(|b| {
-            b[..msg.len()].copy_from_slice(msg);
-            msg.len()
-        })
+        .send(
+            std::time::Instant::now() + std::time::Duration::from_secs(5),
+            |b| {
+                b[..msg.len()].copy_from_slice(msg);
+                msg.len()
+            },
+        )
         .unwrap();
     let mut out = None;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -732,4 +735,18 @@ fn client_dropped_mid_run_does_not_disturb_the_server() {
         }
     }
     assert_eq!(server.transport().context().stats().failed_endpoints, 1);
+}
+
+#[test]
+fn late_replies_are_dropped_and_a_stopped_server_fails_calls_by_deadline() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (server, mut addr) = server::<KvService>(&fabric);
+    // Two tokens: the calls after the two expired ones must reuse theirs.
+    addr.max_in_flight = 2;
+    let late = typed_common::spawn_late(server);
+    let mut kv = KvClient::<Copyrpc>::connect(&addr).unwrap();
+    let took = typed_common::late_and_stopped_server(&mut kv, &late);
+    eprintln!("copyrpc: call to a stopped server failed after {took:?} (deadline 100 ms)");
+    late.stop.store(true, Ordering::Relaxed);
+    late.handle.join().unwrap();
 }

@@ -1,5 +1,7 @@
 //! Generated stubs and server traits end to end over the delegation ring.
 
+mod typed_common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -429,4 +431,21 @@ fn eight_clients_100k_calls_each_all_matched() {
     }
     stop.store(true, Ordering::Relaxed);
     assert_eq!(server_thread.join().unwrap(), CLIENTS * CALLS);
+}
+
+#[test]
+fn late_replies_are_dropped_and_a_stopped_server_fails_calls_by_deadline() {
+    let n = name("late");
+    // Two response slots: the calls after the two expired ones must reuse theirs.
+    let cfg = DelegationConfig {
+        resp_depth: 2,
+        ..DelegationConfig::default()
+    };
+    let server = DelegationServer::serve::<KvService>(&n, cfg).unwrap();
+    let late = typed_common::spawn_late(server);
+    let mut kv = KvClient::<Delegation>::connect(&n).unwrap();
+    let took = typed_common::late_and_stopped_server(&mut kv, &late);
+    eprintln!("delegation: call to a stopped server failed after {took:?} (deadline 100 ms)");
+    late.stop.store(true, Ordering::Relaxed);
+    late.handle.join().unwrap();
 }

@@ -281,10 +281,13 @@ fn multi_packet_messages_and_options() {
 /// Sends one raw request message through a bare transport and returns the response bytes.
 fn raw_roundtrip(t: &mut Erpc, server: &mut Server<KvService, ErpcServer>, msg: &[u8]) -> Vec<u8> {
     let token = t
-        .send(|b| {
-            b[..msg.len()].copy_from_slice(msg);
-            msg.len()
-        })
+        .send(
+            std::time::Instant::now() + std::time::Duration::from_secs(5),
+            |b| {
+                b[..msg.len()].copy_from_slice(msg);
+                msg.len()
+            },
+        )
         .unwrap();
     let mut out = None;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -337,7 +340,7 @@ fn undecodable_requests_get_error_status() {
     assert_eq!(server.stats().requests, 0);
     // An encoder claiming more than the request buffer is refused before anything is sent.
     assert!(matches!(
-        raw.send(|_| 1 << 20),
+        raw.send(std::time::Instant::now(), |_| 1 << 20),
         Err(RpcError::MessageTooLarge { len: 1048576, .. })
     ));
 
@@ -1087,4 +1090,15 @@ fn steady_state_calls_allocate_nothing() {
         Some(&0),
         "allocations per phase of 10000 calls (client and server threads): {phases:?}"
     );
+}
+
+#[test]
+fn late_replies_are_dropped_and_a_stopped_server_fails_calls_by_deadline() {
+    let (server, addr) = server::<KvService>(&ErpcConfig::default());
+    let late = typed_common::spawn_late(server);
+    let mut kv = KvClient::<Erpc>::connect(&addr).unwrap();
+    let took = typed_common::late_and_stopped_server(&mut kv, &late);
+    eprintln!("erpc: call to a stopped server failed after {took:?} (deadline 100 ms)");
+    late.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    late.handle.join().unwrap();
 }

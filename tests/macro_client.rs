@@ -61,7 +61,11 @@ impl ClientTransport for Loopback {
         2
     }
 
-    fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
+    fn send(
+        &mut self,
+        _deadline: std::time::Instant,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, RpcError> {
         let token = self.free.pop().ok_or(RpcError::WouldBlock)?;
         let mut req = vec![0u8; self.service.max_request_bytes];
         let n = encode(&mut req);

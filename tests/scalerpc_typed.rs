@@ -448,10 +448,13 @@ fn raw_roundtrip(
     msg: &[u8],
 ) -> Vec<u8> {
     let token = t
-        .send(|b| {
-            b[..msg.len()].copy_from_slice(msg);
-            msg.len()
-        })
+        .send(
+            std::time::Instant::now() + std::time::Duration::from_secs(5),
+            |b| {
+                b[..msg.len()].copy_from_slice(msg);
+                msg.len()
+            },
+        )
         .unwrap();
     let mut out = None;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -731,4 +734,16 @@ fn server_dropped_with_several_groups_no_client_hangs() {
         Err(RpcError::ServerDisconnected)
     ));
     assert!(t2.elapsed() < Duration::from_millis(100));
+}
+
+#[test]
+fn late_replies_are_dropped_and_a_stopped_server_fails_calls_by_deadline() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (server, addr) = server::<KvService>(&fabric, small());
+    let late = typed_common::spawn_late(server);
+    let mut kv = KvClient::<ScaleRpc>::connect(&addr).unwrap();
+    let took = typed_common::late_and_stopped_server(&mut kv, &late);
+    eprintln!("scalerpc: call to a stopped server failed after {took:?} (deadline 100 ms)");
+    late.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    late.handle.join().unwrap();
 }

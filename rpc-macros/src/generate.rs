@@ -20,6 +20,7 @@ struct Names {
     service: Ident,
     client: Ident,
     issue: Ident,
+    with_deadline: Ident,
     request: Ident,
     response: Ident,
 }
@@ -33,6 +34,7 @@ impl Names {
             service: format_ident!("{n}Service"),
             client: format_ident!("{n}Client"),
             issue: format_ident!("{n}Issue"),
+            with_deadline: format_ident!("{n}WithDeadline"),
             request: format_ident!("{n}Request"),
             response: format_ident!("{n}Response"),
         }
@@ -699,6 +701,7 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
         service,
         client,
         issue,
+        with_deadline,
         request,
         response,
     } = names;
@@ -707,7 +710,8 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
     let transport_name = &svc.transport_name;
     let transport_path = format!("rpc::{}", transport.to_string().replace(' ', ""));
 
-    let blocking = svc.methods.iter().map(|m| {
+    let blocking_fns = |within: bool| {
+        svc.methods.iter().map(move |m| {
         let ident = &m.ident;
         let allows = &m.allows;
         let args_ident = names.args(svc, m);
@@ -720,7 +724,11 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
         let init = struct_init(&args_ident, m);
         let ret = ret_type(m);
         let lowered_ret = lowered(&m.ret);
-        let call = quote!(self.inner.call::<#args_ident, #lowered_ret>(#service::#shouty, &#init));
+        let call = if within {
+            quote!(self.client.call_within::<#args_ident, #lowered_ret>(self.timeout, #service::#shouty, &#init))
+        } else {
+            quote!(self.inner.call::<#args_ident, #lowered_ret>(#service::#shouty, &#init))
+        };
         let body = if m.ret.is_identity() {
             call
         } else {
@@ -729,12 +737,19 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
         };
         let user_docs = &m.docs;
         let sep = if user_docs.is_empty() { quote!() } else { doc("") };
+        let within_doc = if within {
+            "the timeout given to [`{client}::with_deadline`]"
+        } else {
+            "the client's default deadline ([`{client}::set_default_deadline`]; 1 s unless changed)"
+        }
+        .replace("{client}", &client.to_string());
         let d = docs(&format!(
             "Blocking call of [`{server}::{}`]: sends a [`{args_ident}`] request (method id\n\
-             [`{service}::{shouty}`]) and waits for the response. Responses of pipelined calls that\n\
-             arrive meanwhile are kept for [`{client}::poll`].\n\
+             [`{service}::{shouty}`]) and waits for the response, at most {within_doc}.\n\
+             Responses of pipelined calls that arrive meanwhile are kept for [`{client}::poll`].\n\
              \n\
              # Errors\n\
+             `RpcError::DeadlineExceeded` if the deadline passes first;\n\
              `RpcError::ServerDisconnected` if the server is gone; `RpcError::BadRequest` if the\n\
              server rejected the request; `RpcError::BadResponse` if the response does not decode.",
             m.name
@@ -750,7 +765,8 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
                 #body
             }
         }
-    });
+    })
+    };
 
     let pipelined = svc.methods.iter().map(|m| {
         let ident = &m.ident;
@@ -770,7 +786,8 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
             "Pipelined call of [`{server}::{}`]: sends a [`{args_ident}`] request (method id\n\
              [`{service}::{shouty}`]) without waiting. Its response arrives later through\n\
              [`{client}::poll`] or [`{client}::poll_with`] as `(tag, {response}::{camel}(..))`, with\n\
-             the tag given to [`{client}::issue`].\n\
+             the tag given to [`{client}::issue`], or as `RpcError::DeadlineExceeded` with that tag\n\
+             once its deadline passes ([`{issue}::with_deadline`], else the client's default).\n\
              \n\
              # Errors\n\
              `RpcError::WouldBlock` when [`{client}::max_in_flight`] calls are in flight (nothing\n\
@@ -785,11 +802,18 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
             #[inline]
             #[allow(clippy::too_many_arguments)]
             pub fn #ident(self #(, #params)*) -> ::core::result::Result<(), ::rpc::RpcError> {
-                self.client.issue(self.tag, #service::#shouty, &#init)
+                self.client.issue_within(self.tag, self.timeout, #service::#shouty, &#init)
             }
         }
     });
 
+    let blocking = blocking_fns(false);
+    let blocking_within = blocking_fns(true);
+    let with_deadline_doc = docs(&format!(
+        "Blocking calls of the `{name}` service with their own deadline: returned by\n\
+         [`{client}::with_deadline`]. Call one method on it, e.g.\n\
+         `client.with_deadline(Duration::from_millis(5)).method(args)?`."
+    ));
     let client_doc = docs(&format!(
         "Client of the `{name}` RPC service over transport `T` (default\n\
          [`{transport_path}`], from `#[rpc_service(transport = \"{transport_name}\")]`; name\n\
@@ -799,7 +823,9 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
          waits for its response, and a pipelined form, `client.issue(tag).method(args)?`, whose\n\
          response is delivered later, with its `tag`, by [`{client}::poll`] or\n\
          [`{client}::poll_with`]. Both may be mixed; up to [`{client}::max_in_flight`] calls can\n\
-         be in flight."
+         be in flight. Every call has a deadline (1 s unless [`{client}::set_default_deadline`],\n\
+         [`{client}::with_deadline`] or [`{issue}::with_deadline`] says otherwise) and ends with\n\
+         `RpcError::DeadlineExceeded` if it passes first."
     ));
     let issue_doc = docs(&format!(
         "A pipelined call of the `{name}` service about to be issued with a tag: returned by\n\
@@ -873,12 +899,51 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
 
             #(#blocking)*
 
+            /// Blocking calls with their own deadline: `client.with_deadline(d).method(args)?`
+            /// waits at most `timeout` for the response, then fails with
+            /// `RpcError::DeadlineExceeded` (a response arriving later is dropped and counted).
+            #[inline]
+            pub fn with_deadline(&mut self, timeout: ::core::time::Duration) -> #with_deadline<'_, __RpcT> {
+                #with_deadline {
+                    client: &mut self.inner,
+                    timeout,
+                }
+            }
+
+            /// Sets the deadline of later calls that do not set their own (default
+            /// `rpc::client::DEFAULT_DEADLINE`, 1 s).
+            #[inline]
+            pub fn set_default_deadline(&mut self, timeout: ::core::time::Duration) {
+                self.inner.set_default_deadline(timeout)
+            }
+
+            /// The deadline of calls that do not set their own.
+            #[inline]
+            pub fn default_deadline(&self) -> ::core::time::Duration {
+                self.inner.default_deadline()
+            }
+
+            /// Counters: calls that expired, and late or stray responses that were dropped.
+            #[inline]
+            pub fn stats(&self) -> ::rpc::client::ClientStats {
+                self.inner.stats()
+            }
+
+            /// Expired calls whose transport token is still held until their late response
+            /// arrives (`rpc::Client` docs, "Deadlines").
+            #[inline]
+            pub fn zombies(&self) -> usize {
+                self.inner.zombies()
+            }
+
             #issue_fn_doc
             #[inline]
             pub fn issue(&mut self, tag: u64) -> #issue<'_, __RpcT> {
+                let timeout = self.inner.default_deadline();
                 #issue {
                     client: &mut self.inner,
                     tag,
+                    timeout,
                 }
             }
 
@@ -934,10 +999,30 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
         #vis struct #issue<'__rpc_a, __RpcT: ::rpc::ClientTransport> {
             client: &'__rpc_a mut ::rpc::Client<#service, __RpcT>,
             tag: u64,
+            timeout: ::core::time::Duration,
         }
 
         impl<'__rpc_a, __RpcT: ::rpc::ClientTransport> #issue<'__rpc_a, __RpcT> {
+            /// Gives this call its own deadline, `timeout` from when it is sent (instead of
+            /// the client's default): `client.issue(tag).with_deadline(d).method(args)?`.
+            #[inline]
+            pub fn with_deadline(mut self, timeout: ::core::time::Duration) -> Self {
+                self.timeout = timeout;
+                self
+            }
+
             #(#pipelined)*
+        }
+
+        #with_deadline_doc
+        #[must_use = "a call is sent only when one of its methods is called"]
+        #vis struct #with_deadline<'__rpc_a, __RpcT: ::rpc::ClientTransport> {
+            client: &'__rpc_a mut ::rpc::Client<#service, __RpcT>,
+            timeout: ::core::time::Duration,
+        }
+
+        impl<'__rpc_a, __RpcT: ::rpc::ClientTransport> #with_deadline<'__rpc_a, __RpcT> {
+            #(#blocking_within)*
         }
     }
 }

@@ -484,7 +484,8 @@ fn valid_service_expands_without_errors() {
             "KvResponse",
             "KvService",
             "KvClient",
-            "KvIssue"
+            "KvIssue",
+            "KvWithDeadline"
         ]
     );
     assert!(text.contains("pub const GET : u16 = 0u16"), "{text}");

@@ -31,6 +31,11 @@ pub const CLIENT_METHODS: &[&str] = &[
     "max_in_flight",
     "transport",
     "transport_mut",
+    "with_deadline",
+    "set_default_deadline",
+    "default_deadline",
+    "stats",
+    "zombies",
 ];
 
 /// Traits the generated argument structs and enums always derive.

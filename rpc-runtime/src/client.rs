@@ -3,8 +3,26 @@
 //! A [`ClientTransport`] moves opaque messages and identifies each call in flight by a small
 //! token; [`Client`] adds typed encoding/decoding, user tags for pipelined calls, and blocking
 //! calls on top.
+//!
+//! # Every call ends
+//! Each call has a deadline ([`DEFAULT_DEADLINE`], 1 s, unless the client or the call sets
+//! another; see [`Client`]'s "Deadlines"). The waits a call can meet, and what bounds each:
+//!
+//! | wait | where | bounded by |
+//! |---|---|---|
+//! | response of a blocking call | [`Client::call_within`] | the call's deadline |
+//! | response of a pipelined call | [`Client::poll`]/[`Client::poll_with`] (never block) | the call's deadline: expiry is delivered with its tag |
+//! | no free token / transport full (`WouldBlock`: delegation response slots, copyrpc credit and ring space, ScaleRPC group not scheduled, eRPC session credits) | [`Client::call_within`] retrying `send` | the call's deadline |
+//! | delegation ring full after a position was reserved | inside `Delegation::send` | the call's deadline (`delegation` module docs) |
+//! | connect / attach | each transport's `connect` | the transport's connect timeout (its `Addr`'s `timeout`; eRPC `ErpcConfig`) |
+//! | server gone (dead process, QP error, shutdown) | every poll | the transport's liveness checks report [`RpcError::ServerDisconnected`] (delegation: `liveness_interval`; copyrpc, ScaleRPC: QP errors and the probe interval; eRPC: the session's failure detection) |
+//!
+//! A stopped (not dead) server is caught by the deadline: its calls fail with
+//! [`RpcError::DeadlineExceeded`], and its late answers, once it resumes, are dropped and
+//! counted ([`ClientStats::late_responses`]).
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use zerocopy::{Immutable, IntoBytes, KnownLayout, TryFromBytes};
@@ -36,10 +54,20 @@ pub trait ClientTransport: Sized {
     /// service's `max_request_bytes` and returns its length. Returns the call's token, which
     /// stays reserved until [`ClientTransport::poll`] delivers the response.
     ///
+    /// `deadline` is the call's deadline: a transport that must wait inside `send` (after
+    /// committing to send, as the delegation ring does after reserving a ring position) waits
+    /// at most until then. A transport that can return [`RpcError::WouldBlock`] instead must
+    /// do so rather than wait: [`Client`] bounds its retries by the deadline.
+    ///
     /// # Errors
     /// [`RpcError::WouldBlock`] when no token is free (nothing was sent; poll and retry);
+    /// [`RpcError::DeadlineExceeded`] if `deadline` passed while `send` waited;
     /// [`RpcError::ServerDisconnected`].
-    fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError>;
+    fn send(
+        &mut self,
+        deadline: Instant,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, RpcError>;
 
     /// Delivers up to `max` (`>= 1`) of the responses that have arrived as
     /// `on_response(token, message)`; returns how many were delivered. A response the
@@ -51,25 +79,220 @@ pub trait ClientTransport: Sized {
     fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError>;
 }
 
+/// What the client knows of the call on one transport token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    /// No call: the transport has not handed this token out (or handed it back).
+    Free,
+    /// A call waits for its response.
+    Live,
+    /// The call's deadline passed and it was reported as failed; the transport still holds
+    /// the token, and the response, if it ever comes, is dropped (a *zombie*).
+    Expired,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct CallSlot {
     tag: u64,
     method_id: u16,
+    state: SlotState,
+    /// When the call expires.
+    deadline: Instant,
+    /// The call's timeout (reported in its error).
+    timeout: Duration,
 }
 
 /// Tag used internally for blocking calls (reported in their errors).
 pub const BLOCKING_TAG: u64 = u64::MAX;
+
+/// Deadline of every call unless the client or the call sets another: 1 s after the call is
+/// issued. Long enough for any call of a healthy server on the software device model under a
+/// loaded debug build (typical calls take µs), short enough that a stopped or wedged server is
+/// noticed quickly. Change it per client with [`Client::set_default_deadline`], per call with
+/// [`Client::call_within`]/[`Client::issue_within`] (generated stubs:
+/// `client.with_deadline(d).method(..)`, `client.issue(tag).with_deadline(d).method(..)`).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(1);
+
+/// Counters of a [`Client`]: calls that ended without their response, and responses that
+/// arrived for no live call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Calls failed with [`RpcError::DeadlineExceeded`] after they were sent (calls that
+    /// could not even be sent before their deadline are not counted here).
+    pub expired: u64,
+    /// Responses that arrived after their call had expired; each was dropped.
+    pub late_responses: u64,
+    /// Responses the transport delivered for a token with no call on it (a transport bug
+    /// or a corrupt peer); each was dropped.
+    pub stray_responses: u64,
+}
+
+/// The per-token call table: which call each transport token carries, and the counters.
+struct Calls {
+    slots: Box<[CallSlot]>,
+    /// Calls sent and neither answered nor expired.
+    live: usize,
+    /// Expired calls whose token the transport still holds.
+    zombies: usize,
+    /// A lower bound of the deadlines of the live calls (`None`: no live call has one that
+    /// was not seen by the last scan).
+    earliest: Option<Instant>,
+    stats: ClientStats,
+}
+
+impl Calls {
+    /// Records a call just sent on `token`.
+    #[inline(always)]
+    fn start(
+        &mut self,
+        token: u32,
+        tag: u64,
+        method_id: u16,
+        deadline: Instant,
+        timeout: Duration,
+    ) {
+        if self.slots[token as usize].state != SlotState::Free {
+            self.reused(token);
+        }
+        self.slots[token as usize] = CallSlot {
+            tag,
+            method_id,
+            state: SlotState::Live,
+            deadline,
+            timeout,
+        };
+        self.live += 1;
+        match self.earliest {
+            Some(e) if e <= deadline => {}
+            _ => self.earliest = Some(deadline),
+        }
+    }
+
+    /// The transport handed out a token this table still holds: it gave up the token's old
+    /// call without delivering a response (e.g. it reconnected). That call's response can no
+    /// longer arrive under this token, so the zombie is simply forgotten.
+    #[cold]
+    fn reused(&mut self, token: u32) {
+        let slot = &mut self.slots[token as usize];
+        match slot.state {
+            SlotState::Expired => self.zombies -= 1,
+            SlotState::Live => {
+                // A transport must never hand out a token whose call is live.
+                debug_assert!(false, "transport reused live token {token}");
+                self.live -= 1;
+            }
+            SlotState::Free => {}
+        }
+        slot.state = SlotState::Free;
+    }
+
+    /// A response arrived on `token`: returns the call it completes, or `None` if the call
+    /// expired (late response) or there is none (stray response); both are dropped and counted.
+    #[inline(always)]
+    fn settle(&mut self, token: u32) -> Option<CallSlot> {
+        match self.slots.get_mut(token as usize) {
+            Some(slot) if slot.state == SlotState::Live => {
+                slot.state = SlotState::Free;
+                self.live -= 1;
+                Some(*slot)
+            }
+            _ => self.settle_dead(token),
+        }
+    }
+
+    #[cold]
+    fn settle_dead(&mut self, token: u32) -> Option<CallSlot> {
+        match self.slots.get_mut(token as usize) {
+            Some(slot) if slot.state == SlotState::Expired => {
+                slot.state = SlotState::Free;
+                self.zombies -= 1;
+                self.stats.late_responses += 1;
+                tracing::debug!(
+                    token,
+                    tag = slot.tag,
+                    "late response of an expired call dropped"
+                );
+            }
+            _ => {
+                self.stats.stray_responses += 1;
+                tracing::warn!(token, "response for a token with no call dropped");
+            }
+        }
+        None
+    }
+
+    /// Marks the live call on `token` expired (its token stays reserved in the transport).
+    #[cold]
+    fn expire(&mut self, token: u32) -> CallSlot {
+        let slot = &mut self.slots[token as usize];
+        debug_assert_eq!(slot.state, SlotState::Live);
+        slot.state = SlotState::Expired;
+        self.live -= 1;
+        self.zombies += 1;
+        self.stats.expired += 1;
+        *slot
+    }
+
+    /// Expires every live call (but `skip`) whose deadline is at or before `now`, handing
+    /// each to `out`; recomputes [`Calls::earliest`]. Cheap when nothing is due.
+    #[inline]
+    fn expire_due(&mut self, now: Instant, skip: u32, mut out: impl FnMut(CallSlot)) {
+        match self.earliest {
+            Some(e) if e <= now => {}
+            _ => return,
+        }
+        self.scan(now, skip, &mut out);
+    }
+
+    #[cold]
+    fn scan(&mut self, now: Instant, skip: u32, out: &mut dyn FnMut(CallSlot)) {
+        let mut earliest: Option<Instant> = None;
+        for token in 0..self.slots.len() as u32 {
+            let slot = self.slots[token as usize];
+            if slot.state != SlotState::Live {
+                continue;
+            }
+            if slot.deadline <= now && token != skip {
+                out(self.expire(token));
+            } else if earliest.is_none_or(|e| slot.deadline < e) {
+                earliest = Some(slot.deadline);
+            }
+        }
+        self.earliest = earliest;
+    }
+}
 
 /// Typed client core for service `S` over transport `T`: blocking calls, pipelined calls with
 /// user tags, and polling for their completions.
 ///
 /// Blocking and pipelined calls may be mixed: completions of pipelined calls that arrive while
 /// a blocking call waits are kept (in arrival order) for the next [`Client::poll`].
+///
+/// # Deadlines
+/// Every call has a deadline, [`DEFAULT_DEADLINE`] (1 s) after it is issued unless the client
+/// ([`Client::set_default_deadline`]) or the call ([`Client::call_within`],
+/// [`Client::issue_within`]) says otherwise.
+/// - A blocking call whose deadline passes returns [`RpcError::DeadlineExceeded`]; this
+///   includes the time spent waiting for a free token or for room in the transport
+///   (`WouldBlock`: delegation ring full, copyrpc credit or ring space, ScaleRPC group not
+///   scheduled).
+/// - A pipelined call whose deadline passes is delivered by [`Client::poll`] as
+///   `Err(RpcError::DeadlineExceeded { tag, .. })` and by [`Client::poll_with`] as
+///   `f(tag, Err(..))`.
+/// - The clock is read when a call is issued and when a poll finds nothing; expiry is found
+///   only on such empty polls, so a client that keeps receiving responses pays nothing more.
+/// - An expired call keeps its transport token (a *zombie*, [`Client::zombies`]) until its
+///   response arrives; that late response is dropped and counted in
+///   [`ClientStats::late_responses`], and only then can the token carry another call. A late
+///   response therefore never completes a later call, on any transport, whatever the
+///   transport's own slot, call id or request numbering. A response that never comes keeps
+///   its token until the transport reports the server gone; when every token is held by a
+///   zombie, new calls wait for room and end with [`RpcError::DeadlineExceeded`].
 pub struct Client<S: Service, T: ClientTransport> {
     transport: T,
-    slots: Box<[CallSlot]>,
+    calls: Calls,
     ready: VecDeque<(u64, Result<S::Response, RpcError>)>,
-    in_flight: usize,
+    timeout: Duration,
 }
 
 impl<S: Service, T: ClientTransport> Client<S, T> {
@@ -87,18 +310,28 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
     /// makes (schema fingerprint, message sizes) against `S::DESCRIPTOR`.
     pub fn from_transport(transport: T) -> Self {
         let n = transport.max_in_flight();
+        let now = Instant::now();
         Client {
             transport,
-            slots: vec![
-                CallSlot {
-                    tag: 0,
-                    method_id: 0
-                };
-                n
-            ]
-            .into_boxed_slice(),
+            calls: Calls {
+                slots: vec![
+                    CallSlot {
+                        tag: 0,
+                        method_id: 0,
+                        state: SlotState::Free,
+                        deadline: now,
+                        timeout: Duration::ZERO,
+                    };
+                    n
+                ]
+                .into_boxed_slice(),
+                live: 0,
+                zombies: 0,
+                earliest: None,
+                stats: ClientStats::default(),
+            },
             ready: VecDeque::with_capacity(n),
-            in_flight: 0,
+            timeout: DEFAULT_DEADLINE,
         }
     }
 
@@ -113,44 +346,88 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
     }
 
     /// Calls issued and not yet delivered by [`Client::poll`]/[`Client::poll_with`]
-    /// (including completions already received and waiting to be polled).
+    /// (including completions and expiries already found and waiting to be polled; not
+    /// including [zombies](Client::zombies)).
     pub fn in_flight(&self) -> usize {
-        self.in_flight + self.ready.len()
+        self.calls.live + self.ready.len()
     }
 
-    /// Most calls that can be in flight at once.
+    /// Expired calls whose transport token is still held until their late response arrives
+    /// (see "Deadlines" in the type's docs).
+    pub fn zombies(&self) -> usize {
+        self.calls.zombies
+    }
+
+    /// Most calls that can be in flight at once (zombies included).
     pub fn max_in_flight(&self) -> usize {
-        self.slots.len()
+        self.calls.slots.len()
     }
 
-    /// Blocking call: sends method `method_id` with `args` and waits for its response, decoded
-    /// as the lowered return type `R`.
+    /// The timeout of calls that do not set their own: [`DEFAULT_DEADLINE`] unless changed.
+    pub fn default_deadline(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sets the timeout of later calls that do not set their own (calls in flight keep
+    /// theirs).
+    pub fn set_default_deadline(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Counters: expired calls, late and stray responses.
+    pub fn stats(&self) -> ClientStats {
+        self.calls.stats
+    }
+
+    /// Blocking call with the default deadline ([`Client::call_within`]).
     ///
     /// # Errors
-    /// [`RpcError::ServerDisconnected`]; [`RpcError::BadRequest`] if the server rejected the
-    /// request; [`RpcError::BadResponse`] if the response does not decode as `R`.
+    /// As [`Client::call_within`].
     #[inline]
     pub fn call<A, R>(&mut self, method_id: u16, args: &A) -> Result<R, RpcError>
     where
         A: IntoBytes + Immutable,
         R: TryFromBytes + KnownLayout + Immutable,
     {
-        let token = self.send_blocking(BLOCKING_TAG, method_id, args)?;
+        self.call_within(self.timeout, method_id, args)
+    }
+
+    /// Blocking call: sends method `method_id` with `args` and waits, at most `timeout`, for
+    /// its response, decoded as the lowered return type `R`.
+    ///
+    /// # Errors
+    /// [`RpcError::DeadlineExceeded`] when `timeout` passes first (waiting for room to send
+    /// counts); [`RpcError::ServerDisconnected`]; [`RpcError::BadRequest`] if the server
+    /// rejected the request; [`RpcError::BadResponse`] if the response does not decode as `R`.
+    #[inline]
+    pub fn call_within<A, R>(
+        &mut self,
+        timeout: Duration,
+        method_id: u16,
+        args: &A,
+    ) -> Result<R, RpcError>
+    where
+        A: IntoBytes + Immutable,
+        R: TryFromBytes + KnownLayout + Immutable,
+    {
+        let deadline = Instant::now() + timeout;
+        let token = self.send_blocking(deadline, timeout, method_id, args)?;
         let mut out: Option<Result<R, wire::WireError>> = None;
         let backoff = Backoff::new();
         loop {
             let Self {
                 transport,
-                slots,
+                calls,
                 ready,
-                in_flight,
+                ..
             } = self;
             let n = transport.poll(usize::MAX, |tok, msg| {
-                *in_flight -= 1;
-                if tok == token {
-                    out = Some(wire::decode_response::<R>(method_id, msg));
-                } else {
-                    ready.push_back(complete::<S>(&slots[tok as usize], msg));
+                if let Some(slot) = calls.settle(tok) {
+                    if tok == token {
+                        out = Some(wire::decode_response::<R>(method_id, msg));
+                    } else {
+                        ready.push_back(complete::<S>(&slot, msg));
+                    }
                 }
             })?;
             if let Some(r) = out {
@@ -159,17 +436,21 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 });
             }
             if n == 0 {
+                let now = Instant::now();
+                if now >= deadline {
+                    let slot = self.calls.expire(token);
+                    return Err(deadline_error::<S>(BLOCKING_TAG, &slot));
+                }
+                self.expire_due(now, token);
                 backoff.snooze();
             }
         }
     }
 
-    /// Pipelined call: sends method `method_id` with `args`; its completion is delivered with
-    /// `tag` by [`Client::poll`].
+    /// Pipelined call with the default deadline ([`Client::issue_within`]).
     ///
     /// # Errors
-    /// [`RpcError::WouldBlock`] when [`Client::max_in_flight`] calls are in flight (nothing
-    /// was sent); [`RpcError::ServerDisconnected`].
+    /// As [`Client::issue_within`].
     #[inline]
     pub fn issue<A: IntoBytes + Immutable>(
         &mut self,
@@ -177,24 +458,59 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         method_id: u16,
         args: &A,
     ) -> Result<(), RpcError> {
+        self.issue_within(tag, self.timeout, method_id, args)
+    }
+
+    /// Pipelined call: sends method `method_id` with `args`; its completion, or its expiry
+    /// `timeout` from now, is delivered with `tag` by [`Client::poll`]/[`Client::poll_with`].
+    ///
+    /// # Errors
+    /// [`RpcError::WouldBlock`] when [`Client::max_in_flight`] calls are in flight or the
+    /// transport has no room now (nothing was sent); [`RpcError::ServerDisconnected`].
+    #[inline]
+    pub fn issue_within<A: IntoBytes + Immutable>(
+        &mut self,
+        tag: u64,
+        timeout: Duration,
+        method_id: u16,
+        args: &A,
+    ) -> Result<(), RpcError> {
+        let deadline = Instant::now() + timeout;
         let token = self
             .transport
-            .send(|buf| wire::encode(method_id, 0, args, buf))?;
-        self.slots[token as usize] = CallSlot { tag, method_id };
-        self.in_flight += 1;
+            .send(deadline, |buf| wire::encode(method_id, 0, args, buf))?;
+        self.calls.start(token, tag, method_id, deadline, timeout);
         Ok(())
     }
 
-    /// Pipelined call of a whole request value (see [`Client::issue`]).
+    /// Pipelined call of a whole request value with the default deadline (see
+    /// [`Client::issue_within`]).
     ///
     /// # Errors
-    /// As [`Client::issue`].
+    /// As [`Client::issue_within`].
     #[inline]
     pub fn issue_request(&mut self, tag: u64, req: &S::Request) -> Result<(), RpcError> {
+        self.issue_request_within(tag, self.timeout, req)
+    }
+
+    /// Pipelined call of a whole request value that expires `timeout` from now (see
+    /// [`Client::issue_within`]).
+    ///
+    /// # Errors
+    /// As [`Client::issue_within`].
+    #[inline]
+    pub fn issue_request_within(
+        &mut self,
+        tag: u64,
+        timeout: Duration,
+        req: &S::Request,
+    ) -> Result<(), RpcError> {
         let method_id = S::request_method_id(req);
-        let token = self.transport.send(|buf| S::encode_request(req, buf))?;
-        self.slots[token as usize] = CallSlot { tag, method_id };
-        self.in_flight += 1;
+        let deadline = Instant::now() + timeout;
+        let token = self
+            .transport
+            .send(deadline, |buf| S::encode_request(req, buf))?;
+        self.calls.start(token, tag, method_id, deadline, timeout);
         Ok(())
     }
 
@@ -202,32 +518,35 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
     /// completed yet. Never blocks.
     ///
     /// # Errors
-    /// [`RpcError::BadRequest`]/[`RpcError::BadResponse`] for a call that failed (its `tag`
-    /// is in the error); [`RpcError::ServerDisconnected`].
+    /// [`RpcError::DeadlineExceeded`]/[`RpcError::BadRequest`]/[`RpcError::BadResponse`] for
+    /// a call that failed (its `tag` is in the error; the call is consumed);
+    /// [`RpcError::ServerDisconnected`].
     #[inline]
     pub fn poll(&mut self) -> Result<Option<(u64, S::Response)>, RpcError> {
         if !self.ready.is_empty() {
             return self.pop_ready();
         }
-        if self.in_flight == 0 {
+        if self.calls.live == 0 && self.calls.zombies == 0 {
             return Ok(None);
         }
         // Take exactly one response from the transport: nothing is buffered.
         let Self {
-            transport,
-            slots,
-            in_flight,
-            ..
+            transport, calls, ..
         } = self;
         let mut done = None;
-        transport.poll(1, |tok, msg| {
-            *in_flight -= 1;
-            done = Some(complete::<S>(&slots[tok as usize], msg));
+        let n = transport.poll(1, |tok, msg| {
+            if let Some(slot) = calls.settle(tok) {
+                done = Some(complete::<S>(&slot, msg));
+            }
         })?;
         match done {
-            None => Ok(None),
             Some((tag, Ok(resp))) => Ok(Some((tag, resp))),
             Some((_, Err(e))) => Err(e),
+            None if n == 0 && self.calls.live != 0 => {
+                self.expire_due(Instant::now(), u32::MAX);
+                self.pop_ready()
+            }
+            None => Ok(None),
         }
     }
 
@@ -240,11 +559,11 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         }
     }
 
-    /// Delivers every completed pipelined call to `f(tag, result)`; returns how many.
-    /// Never blocks; cheaper than [`Client::poll`] when many calls complete at once.
+    /// Delivers every completed (or expired) pipelined call to `f(tag, result)`; returns how
+    /// many. Never blocks; cheaper than [`Client::poll`] when many calls complete at once.
     ///
     /// # Errors
-    /// [`RpcError::ServerDisconnected`] (per-call failures go to `f`).
+    /// [`RpcError::ServerDisconnected`] (per-call failures, expiry included, go to `f`).
     #[inline]
     pub fn poll_with(
         &mut self,
@@ -255,58 +574,100 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             f(tag, r);
             n += 1;
         }
-        if self.in_flight > 0 {
+        if self.calls.live > 0 || self.calls.zombies > 0 {
             let Self {
-                transport,
-                slots,
-                in_flight,
-                ..
+                transport, calls, ..
             } = self;
-            n += transport.poll(usize::MAX, |tok, msg| {
-                *in_flight -= 1;
-                let (tag, r) = complete::<S>(&slots[tok as usize], msg);
-                f(tag, r);
+            let got = transport.poll(usize::MAX, |tok, msg| {
+                if let Some(slot) = calls.settle(tok) {
+                    let (tag, r) = complete::<S>(&slot, msg);
+                    f(tag, r);
+                    n += 1;
+                }
             })?;
+            if got == 0 && self.calls.live > 0 {
+                self.calls.expire_due(Instant::now(), u32::MAX, |slot| {
+                    f(slot.tag, Err(deadline_error::<S>(slot.tag, &slot)));
+                    n += 1;
+                });
+            }
         }
         Ok(n)
     }
 
+    /// Expires the due pipelined calls (not `skip`) into the ready queue.
+    #[inline]
+    fn expire_due(&mut self, now: Instant, skip: u32) {
+        let ready = &mut self.ready;
+        self.calls.expire_due(now, skip, |slot| {
+            ready.push_back((slot.tag, Err(deadline_error::<S>(slot.tag, &slot))));
+        });
+    }
+
     fn send_blocking<A: IntoBytes + Immutable>(
         &mut self,
-        tag: u64,
+        deadline: Instant,
+        timeout: Duration,
         method_id: u16,
         args: &A,
     ) -> Result<u32, RpcError> {
         loop {
             match self
                 .transport
-                .send(|buf| wire::encode(method_id, 0, args, buf))
+                .send(deadline, |buf| wire::encode(method_id, 0, args, buf))
             {
                 Ok(token) => {
-                    self.slots[token as usize] = CallSlot { tag, method_id };
-                    self.in_flight += 1;
+                    self.calls
+                        .start(token, BLOCKING_TAG, method_id, deadline, timeout);
                     return Ok(token);
                 }
-                Err(RpcError::WouldBlock) => self.drain_into_ready()?,
+                Err(RpcError::WouldBlock) => self.wait_for_room(deadline, timeout, method_id)?,
                 Err(e) => return Err(e),
             }
         }
     }
 
+    /// A blocking call found no room to send: takes what has arrived (kept for
+    /// [`Client::poll`]), expires due pipelined calls, and fails the call once its deadline
+    /// has passed.
     #[cold]
-    fn drain_into_ready(&mut self) -> Result<(), RpcError> {
+    fn wait_for_room(
+        &mut self,
+        deadline: Instant,
+        timeout: Duration,
+        method_id: u16,
+    ) -> Result<(), RpcError> {
         let Self {
             transport,
-            slots,
+            calls,
             ready,
-            in_flight,
+            ..
         } = self;
         transport.poll(usize::MAX, |tok, msg| {
-            *in_flight -= 1;
-            ready.push_back(complete::<S>(&slots[tok as usize], msg));
+            if let Some(slot) = calls.settle(tok) {
+                ready.push_back(complete::<S>(&slot, msg));
+            }
         })?;
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(RpcError::DeadlineExceeded {
+                tag: BLOCKING_TAG,
+                method: method_name::<S>(method_id),
+                timeout,
+            });
+        }
+        self.expire_due(now, u32::MAX);
         std::hint::spin_loop();
         Ok(())
+    }
+}
+
+#[cold]
+fn deadline_error<S: Service>(tag: u64, slot: &CallSlot) -> RpcError {
+    RpcError::DeadlineExceeded {
+        tag,
+        method: method_name::<S>(slot.method_id),
+        timeout: slot.timeout,
     }
 }
 

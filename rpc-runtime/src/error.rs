@@ -14,6 +14,20 @@ pub enum RpcError {
     /// poll for responses, then issue again.
     #[error("no free call slot: poll for responses and retry")]
     WouldBlock,
+    /// The call's deadline passed before its response arrived (or, for a blocking call,
+    /// before it could be sent). The call is over: if its response arrives later, the client
+    /// drops it and counts it ([`crate::client::ClientStats::late_responses`]); it never
+    /// completes another call. A server that is stopped, overloaded or unreachable shows up
+    /// as this error.
+    #[error("call {tag} to {method}: deadline of {timeout:?} exceeded")]
+    DeadlineExceeded {
+        /// The call's tag (for blocking calls, [`crate::client::BLOCKING_TAG`]).
+        tag: u64,
+        /// Method name.
+        method: &'static str,
+        /// The call's timeout (its deadline minus the time it was issued).
+        timeout: std::time::Duration,
+    },
     /// The server could not decode the request and answered with an error status.
     #[error("call {tag} to {method}: server rejected the request ({status:?})")]
     BadRequest {

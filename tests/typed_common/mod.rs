@@ -60,3 +60,163 @@ pub fn spawn_kv<T: ServerTransport + Send + 'static>(
 pub fn header(msg: &[u8]) -> MsgHeader {
     rpc::wire::read_header(msg).unwrap()
 }
+
+/// The key whose `get` the [`spawn_late`] server answers only when told to.
+pub const LATE_KEY: u64 = u64::MAX - 1;
+
+/// Controls of a server started by [`spawn_late`].
+pub struct LateServer<S> {
+    /// Send `v`: answer every withheld `get(LATE_KEY)` with `Some(v)` (late).
+    pub answer: std::sync::mpsc::Sender<u64>,
+    /// While set, the serve loop does nothing at all (a stopped server).
+    pub paused: Arc<AtomicBool>,
+    /// Stops the serve loop; the thread returns the server.
+    pub stop: Arc<AtomicBool>,
+    /// The serve loop's thread.
+    pub handle: thread::JoinHandle<S>,
+}
+
+/// Serves KV on a thread like [`spawn_kv`], but withholds the answer to `get(_, LATE_KEY)`
+/// until told to answer (deferred replies), and stops serving entirely while `paused` is set.
+pub fn spawn_late<T: ServerTransport + Send + 'static>(
+    mut server: Server<KvService, T>,
+) -> LateServer<Server<KvService, T>> {
+    use idl::kv::{KvRequest, KvResponse};
+    let (answer, rx) = std::sync::mpsc::channel::<u64>();
+    let stop = Arc::new(AtomicBool::new(false));
+    let paused = Arc::new(AtomicBool::new(false));
+    let (st, pa) = (stop.clone(), paused.clone());
+    let handle = thread::spawn(move || {
+        let mut store = Store::default();
+        let mut held = Vec::new();
+        let backoff = Backoff::new();
+        while !st.load(Ordering::Relaxed) {
+            if pa.load(Ordering::Acquire) {
+                thread::yield_now();
+                continue;
+            }
+            let mut n = server.poll();
+            while let Some((token, req)) = server.recv() {
+                match req {
+                    KvRequest::Get(a) if a.key() == LATE_KEY => held.push(token),
+                    req => {
+                        let _ = server.reply(token, &KvService::dispatch(&mut store, req));
+                    }
+                }
+            }
+            server.release();
+            if let Ok(v) = rx.try_recv() {
+                for token in held.drain(..) {
+                    let _ = server.reply(token, &KvResponse::Get(Some(v)));
+                    n += 1;
+                }
+            }
+            server.flush();
+            if n == 0 {
+                backoff.snooze();
+            } else {
+                backoff.reset();
+            }
+        }
+        server
+    });
+    LateServer {
+        answer,
+        paused,
+        stop,
+        handle,
+    }
+}
+
+/// The deadline scenario every transport must pass, against a [`spawn_late`] server:
+/// 1. a blocking and a pipelined call the server withholds expire with
+///    `RpcError::DeadlineExceeded` (the pipelined one with its tag);
+/// 2. the server then answers both late with a value no later call expects: every later call
+///    gets its own answer, and both late responses are dropped and counted;
+/// 3. a stopped (paused) server makes calls fail with the deadline error, not block; once it
+///    resumes, calls succeed again.
+///
+/// Returns how long the call to the stopped server took to fail.
+pub fn late_and_stopped_server<T: rpc::ClientTransport, S>(
+    kv: &mut idl::kv::KvClient<T>,
+    server: &LateServer<S>,
+) -> std::time::Duration {
+    use rpc::RpcError;
+    use std::time::{Duration, Instant};
+    let short = Duration::from_millis(30);
+    let until = Instant::now() + Duration::from_secs(30);
+    kv.put(0, 5, 50).unwrap();
+
+    // 1. Expiry, blocking and pipelined.
+    let e = kv.with_deadline(short).get(0, LATE_KEY).unwrap_err();
+    assert!(
+        matches!(e, RpcError::DeadlineExceeded { method: "get", .. }),
+        "{e}"
+    );
+    kv.issue(7).with_deadline(short).get(0, LATE_KEY).unwrap();
+    let e = loop {
+        assert!(Instant::now() < until, "the pipelined call never expired");
+        match kv.poll() {
+            Ok(None) => thread::yield_now(),
+            Err(e) => break e,
+            Ok(Some(r)) => panic!("unexpected completion {r:?}"),
+        }
+    };
+    assert!(
+        matches!(e, RpcError::DeadlineExceeded { tag: 7, .. }),
+        "{e}"
+    );
+    assert_eq!(kv.stats().expired, 2);
+    assert_eq!(kv.zombies(), 2);
+
+    // 2. Late answers are dropped; later calls get their own.
+    server.answer.send(666).unwrap();
+    let mut calls = 0;
+    while kv.stats().late_responses < 2 {
+        assert!(
+            Instant::now() < until,
+            "late responses never arrived: {:?}",
+            kv.stats()
+        );
+        assert_eq!(kv.get(0, 5).unwrap(), Some(50));
+        calls += 1;
+    }
+    assert_eq!(kv.zombies(), 0);
+    // Every token is reused, pipelined too.
+    let depth = kv.max_in_flight().min(8) as u64;
+    for round in 0..4 {
+        for t in 0..depth {
+            kv.issue(t).get(0, 5).unwrap();
+        }
+        let mut got = 0;
+        while got < depth {
+            assert!(Instant::now() < until, "round {round}: {got}/{depth}");
+            if let Some((_, r)) = kv.poll().unwrap() {
+                assert_eq!(r, idl::kv::KvResponse::Get(Some(50)));
+                got += 1;
+            }
+        }
+    }
+    assert!(calls >= 1);
+    assert_eq!(kv.stats().late_responses, 2);
+    assert_eq!(kv.stats().stray_responses, 0);
+
+    // 3. A stopped server: the deadline error, in about the deadline.
+    server.paused.store(true, Ordering::Release);
+    let t = Instant::now();
+    let e = kv
+        .with_deadline(Duration::from_millis(100))
+        .get(0, 5)
+        .unwrap_err();
+    let took = t.elapsed();
+    assert!(matches!(e, RpcError::DeadlineExceeded { .. }), "{e}");
+    server.paused.store(false, Ordering::Release);
+    while kv.stats().late_responses < 3 {
+        assert!(
+            Instant::now() < until,
+            "the resumed server's late answer never came"
+        );
+        assert_eq!(kv.get(0, 5).unwrap(), Some(50));
+    }
+    took
+}

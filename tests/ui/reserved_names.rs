@@ -12,6 +12,11 @@ pub trait Kv {
     fn max_in_flight(&self);
     fn transport(&self);
     fn transport_mut(&self);
+    fn with_deadline(&self);
+    fn set_default_deadline(&self);
+    fn default_deadline(&self);
+    fn stats(&self);
+    fn zombies(&self);
     fn descriptor(&self);
     fn __rpc_get(&self, __rpc_key: u64);
 }

@@ -567,7 +567,11 @@ impl ClientTransport for Copyrpc {
     /// ring space (`InsufficientCredit`/`RingFull`: poll for responses, which also brings new
     /// credit, and retry); [`RpcError::ServerDisconnected`] once the endpoint failed.
     #[inline]
-    fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
+    fn send(
+        &mut self,
+        _deadline: std::time::Instant,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, RpcError> {
         let Some(tok) = self.tokens.take() else {
             return Err(RpcError::WouldBlock);
         };

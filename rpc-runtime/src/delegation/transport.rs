@@ -114,7 +114,11 @@ impl ClientTransport for Delegation {
     }
 
     #[inline]
-    fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
+    fn send(
+        &mut self,
+        _deadline: std::time::Instant,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, RpcError> {
         self.ring.try_call_with(encode).map_err(call_error)
     }
 

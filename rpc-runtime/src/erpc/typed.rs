@@ -935,7 +935,11 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
     /// failed, or the server refused a session; [`RpcError::MessageTooLarge`] if `encode`
     /// returned more than the service's `max_request_bytes` or the core's `max_msg_size`.
     #[inline]
-    fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
+    fn send(
+        &mut self,
+        _deadline: std::time::Instant,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, RpcError> {
         if self.failed.is_some() {
             return Err(RpcError::ServerDisconnected);
         }

@@ -750,7 +750,11 @@ impl ClientTransport for ScaleRpc {
     /// few slices); [`RpcError::ServerDisconnected`] once the connection failed, or it stayed
     /// inactive for the activation timeout.
     #[inline]
-    fn send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
+    fn send(
+        &mut self,
+        _deadline: std::time::Instant,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, RpcError> {
         let Some(tok) = self.tokens.take() else {
             return Err(RpcError::WouldBlock);
         };
