@@ -70,7 +70,7 @@ impl ClientTransport for Scripted {
 
     fn send(
         &mut self,
-        _deadline: Instant,
+        _timeout: Duration,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         if self.full {
@@ -162,7 +162,7 @@ fn a_late_response_never_completes_the_call_that_reuses_its_token() {
         ClientStats {
             expired: 1,
             late_responses: 1,
-            stray_responses: 0
+            ..Default::default()
         }
     );
     assert_eq!(c.transport().sent, 2);

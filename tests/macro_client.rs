@@ -63,7 +63,7 @@ impl ClientTransport for Loopback {
 
     fn send(
         &mut self,
-        _deadline: std::time::Instant,
+        _timeout: std::time::Duration,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         let token = self.free.pop().ok_or(RpcError::WouldBlock)?;

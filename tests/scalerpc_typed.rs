@@ -448,13 +448,10 @@ fn raw_roundtrip(
     msg: &[u8],
 ) -> Vec<u8> {
     let token = t
-        .send(
-            std::time::Instant::now() + std::time::Duration::from_secs(5),
-            |b| {
-                b[..msg.len()].copy_from_slice(msg);
-                msg.len()
-            },
-        )
+        .send(std::time::Duration::from_secs(5), |b| {
+            b[..msg.len()].copy_from_slice(msg);
+            msg.len()
+        })
         .unwrap();
     let mut out = None;
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -54,18 +54,19 @@ pub trait ClientTransport: Sized {
     /// service's `max_request_bytes` and returns its length. Returns the call's token, which
     /// stays reserved until [`ClientTransport::poll`] delivers the response.
     ///
-    /// `deadline` is the call's deadline: a transport that must wait inside `send` (after
+    /// `timeout` is the call's timeout: a transport that must wait inside `send` (after
     /// committing to send, as the delegation ring does after reserving a ring position) waits
-    /// at most until then. A transport that can return [`RpcError::WouldBlock`] instead must
-    /// do so rather than wait: [`Client`] bounds its retries by the deadline.
+    /// at most that long (reading the clock only once it has to wait). A transport that can
+    /// return [`RpcError::WouldBlock`] instead must do so rather than wait: [`Client`] bounds
+    /// its retries by the call's deadline.
     ///
     /// # Errors
     /// [`RpcError::WouldBlock`] when no token is free (nothing was sent; poll and retry);
-    /// [`RpcError::DeadlineExceeded`] if `deadline` passed while `send` waited;
+    /// [`RpcError::DeadlineExceeded`] if `timeout` passed while `send` waited;
     /// [`RpcError::ServerDisconnected`].
     fn send(
         &mut self,
-        deadline: Instant,
+        timeout: Duration,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError>;
 
@@ -94,13 +95,21 @@ enum SlotState {
 #[derive(Clone, Copy, Debug)]
 struct CallSlot {
     tag: u64,
+    /// When the call expires, in ns since [`Calls::epoch`]; [`UNSTAMPED`] until the client
+    /// next reads the clock after issuing it.
+    deadline_ns: u64,
+    /// The call's timeout (its deadline is this long after it was stamped).
+    timeout: Duration,
     method_id: u16,
     state: SlotState,
-    /// When the call expires.
-    deadline: Instant,
-    /// The call's timeout (reported in its error).
-    timeout: Duration,
 }
+
+/// [`CallSlot::deadline_ns`] of a call issued since the last clock read.
+const UNSTAMPED: u64 = u64::MAX;
+
+/// Most calls issued between two clock reads: a client that never finds a poll empty still
+/// stamps deadlines every this many calls.
+const STAMP_EVERY: usize = 64;
 
 /// Tag used internally for blocking calls (reported in their errors).
 pub const BLOCKING_TAG: u64 = u64::MAX;
@@ -122,64 +131,118 @@ pub struct ClientStats {
     pub expired: u64,
     /// Responses that arrived after their call had expired; each was dropped.
     pub late_responses: u64,
+    /// Calls given up by the transport without a response: it reported
+    /// [`RpcError::ServerDisconnected`] with them in flight, then (after a reconnect) handed
+    /// their tokens out again.
+    pub abandoned: u64,
     /// Responses the transport delivered for a token with no call on it (a transport bug
     /// or a corrupt peer); each was dropped.
     pub stray_responses: u64,
 }
 
-/// The per-token call table: which call each transport token carries, and the counters.
+/// The per-token call table: which call each transport token carries, their deadlines, and
+/// the counters.
+///
+/// Deadlines are stamped lazily so that issuing a call does not read the clock: a call is
+/// recorded with its timeout, and gets its deadline (`now + timeout`) at the next clock read,
+/// which happens when a poll finds nothing or after [`STAMP_EVERY`] calls. A deadline is
+/// therefore never earlier than `timeout` after the call was issued, and later by at most the
+/// time until the client's next empty poll (or its next [`STAMP_EVERY`] calls).
 struct Calls {
     slots: Box<[CallSlot]>,
     /// Calls sent and neither answered nor expired.
     live: usize,
     /// Expired calls whose token the transport still holds.
     zombies: usize,
-    /// A lower bound of the deadlines of the live calls (`None`: no live call has one that
-    /// was not seen by the last scan).
-    earliest: Option<Instant>,
+    /// Origin of the `*_ns` times.
+    epoch: Instant,
+    /// The earliest stamped deadline of a live call, or a lower bound of it (`u64::MAX`: none).
+    earliest_ns: u64,
+    /// Tokens of the calls issued since the last stamp (`unstamped[..pending]`).
+    unstamped: [u32; STAMP_EVERY],
+    pending: usize,
     stats: ClientStats,
 }
 
 impl Calls {
+    fn new(n: usize) -> Self {
+        Calls {
+            slots: vec![
+                CallSlot {
+                    tag: 0,
+                    deadline_ns: UNSTAMPED,
+                    timeout: Duration::ZERO,
+                    method_id: 0,
+                    state: SlotState::Free,
+                };
+                n
+            ]
+            .into_boxed_slice(),
+            live: 0,
+            zombies: 0,
+            epoch: Instant::now(),
+            earliest_ns: u64::MAX,
+            unstamped: [0; STAMP_EVERY],
+            pending: 0,
+            stats: ClientStats::default(),
+        }
+    }
+
+    /// Reads the clock: ns since [`Calls::epoch`].
+    #[inline]
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1)
+    }
+
     /// Records a call just sent on `token`.
     #[inline(always)]
-    fn start(
-        &mut self,
-        token: u32,
-        tag: u64,
-        method_id: u16,
-        deadline: Instant,
-        timeout: Duration,
-    ) {
+    fn start(&mut self, token: u32, tag: u64, method_id: u16, timeout: Duration) {
         if self.slots[token as usize].state != SlotState::Free {
             self.reused(token);
         }
         self.slots[token as usize] = CallSlot {
             tag,
+            deadline_ns: UNSTAMPED,
+            timeout,
             method_id,
             state: SlotState::Live,
-            deadline,
-            timeout,
         };
         self.live += 1;
-        match self.earliest {
-            Some(e) if e <= deadline => {}
-            _ => self.earliest = Some(deadline),
+        self.unstamped[self.pending] = token;
+        self.pending += 1;
+        if self.pending == STAMP_EVERY {
+            self.stamp(self.now_ns());
         }
     }
 
+    /// Gives every call issued since the last stamp its deadline, `now + timeout`.
+    #[cold]
+    fn stamp(&mut self, now: u64) {
+        for &token in &self.unstamped[..self.pending] {
+            let slot = &mut self.slots[token as usize];
+            if slot.state == SlotState::Live && slot.deadline_ns == UNSTAMPED {
+                let t = u64::try_from(slot.timeout.as_nanos()).unwrap_or(u64::MAX);
+                slot.deadline_ns = now.saturating_add(t).min(UNSTAMPED - 1);
+                self.earliest_ns = self.earliest_ns.min(slot.deadline_ns);
+            }
+        }
+        self.pending = 0;
+    }
+
     /// The transport handed out a token this table still holds: it gave up the token's old
-    /// call without delivering a response (e.g. it reconnected). That call's response can no
-    /// longer arrive under this token, so the zombie is simply forgotten.
+    /// call without delivering a response (it reported the server gone, then reconnected).
+    /// That call's response can no longer arrive under this token: a zombie is forgotten, a
+    /// live call is counted in [`ClientStats::abandoned`].
     #[cold]
     fn reused(&mut self, token: u32) {
         let slot = &mut self.slots[token as usize];
         match slot.state {
             SlotState::Expired => self.zombies -= 1,
             SlotState::Live => {
-                // A transport must never hand out a token whose call is live.
-                debug_assert!(false, "transport reused live token {token}");
+                // The transport failed (`ServerDisconnected`) with this call in flight and,
+                // after a reconnect, hands the token out again: the call is over.
                 self.live -= 1;
+                self.stats.abandoned += 1;
             }
             SlotState::Free => {}
         }
@@ -233,32 +296,36 @@ impl Calls {
         *slot
     }
 
-    /// Expires every live call (but `skip`) whose deadline is at or before `now`, handing
-    /// each to `out`; recomputes [`Calls::earliest`]. Cheap when nothing is due.
+    /// A poll found nothing: reads the clock, stamps the calls issued since the last read,
+    /// and expires every live call (but `skip`) whose deadline has passed, handing each to
+    /// `out`. Returns the time read.
     #[inline]
-    fn expire_due(&mut self, now: Instant, skip: u32, mut out: impl FnMut(CallSlot)) {
-        match self.earliest {
-            Some(e) if e <= now => {}
-            _ => return,
+    fn tick(&mut self, skip: u32, mut out: impl FnMut(CallSlot)) -> u64 {
+        let now = self.now_ns();
+        if self.pending != 0 {
+            self.stamp(now);
         }
-        self.scan(now, skip, &mut out);
+        if self.earliest_ns <= now {
+            self.scan(now, skip, &mut out);
+        }
+        now
     }
 
     #[cold]
-    fn scan(&mut self, now: Instant, skip: u32, out: &mut dyn FnMut(CallSlot)) {
-        let mut earliest: Option<Instant> = None;
+    fn scan(&mut self, now: u64, skip: u32, out: &mut dyn FnMut(CallSlot)) {
+        let mut earliest = u64::MAX;
         for token in 0..self.slots.len() as u32 {
             let slot = self.slots[token as usize];
             if slot.state != SlotState::Live {
                 continue;
             }
-            if slot.deadline <= now && token != skip {
+            if slot.deadline_ns <= now && token != skip {
                 out(self.expire(token));
-            } else if earliest.is_none_or(|e| slot.deadline < e) {
-                earliest = Some(slot.deadline);
+            } else if slot.deadline_ns != UNSTAMPED {
+                earliest = earliest.min(slot.deadline_ns);
             }
         }
-        self.earliest = earliest;
+        self.earliest_ns = earliest;
     }
 }
 
@@ -279,8 +346,11 @@ impl Calls {
 /// - A pipelined call whose deadline passes is delivered by [`Client::poll`] as
 ///   `Err(RpcError::DeadlineExceeded { tag, .. })` and by [`Client::poll_with`] as
 ///   `f(tag, Err(..))`.
-/// - The clock is read when a call is issued and when a poll finds nothing; expiry is found
-///   only on such empty polls, so a client that keeps receiving responses pays nothing more.
+/// - Issuing a call does not read the clock: the clock is read when a poll finds nothing (and
+///   every 64 calls), and calls issued since the previous read get their deadline then
+///   (`now + timeout`). A deadline is thus never earlier than the timeout after the call was
+///   issued, and later by at most the time to the client's next empty poll. Expiry is found on
+///   empty polls only, so a client that keeps receiving responses pays nothing more.
 /// - An expired call keeps its transport token (a *zombie*, [`Client::zombies`]) until its
 ///   response arrives; that late response is dropped and counted in
 ///   [`ClientStats::late_responses`], and only then can the token carry another call. A late
@@ -310,26 +380,9 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
     /// makes (schema fingerprint, message sizes) against `S::DESCRIPTOR`.
     pub fn from_transport(transport: T) -> Self {
         let n = transport.max_in_flight();
-        let now = Instant::now();
         Client {
             transport,
-            calls: Calls {
-                slots: vec![
-                    CallSlot {
-                        tag: 0,
-                        method_id: 0,
-                        state: SlotState::Free,
-                        deadline: now,
-                        timeout: Duration::ZERO,
-                    };
-                    n
-                ]
-                .into_boxed_slice(),
-                live: 0,
-                zombies: 0,
-                earliest: None,
-                stats: ClientStats::default(),
-            },
+            calls: Calls::new(n),
             ready: VecDeque::with_capacity(n),
             timeout: DEFAULT_DEADLINE,
         }
@@ -410,8 +463,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         A: IntoBytes + Immutable,
         R: TryFromBytes + KnownLayout + Immutable,
     {
-        let deadline = Instant::now() + timeout;
-        let token = self.send_blocking(deadline, timeout, method_id, args)?;
+        let token = self.send_blocking(timeout, method_id, args)?;
         let mut out: Option<Result<R, wire::WireError>> = None;
         let backoff = Backoff::new();
         loop {
@@ -436,12 +488,11 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 });
             }
             if n == 0 {
-                let now = Instant::now();
-                if now >= deadline {
+                let now = self.tick(token);
+                if now >= self.calls.slots[token as usize].deadline_ns {
                     let slot = self.calls.expire(token);
                     return Err(deadline_error::<S>(BLOCKING_TAG, &slot));
                 }
-                self.expire_due(now, token);
                 backoff.snooze();
             }
         }
@@ -475,11 +526,10 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         method_id: u16,
         args: &A,
     ) -> Result<(), RpcError> {
-        let deadline = Instant::now() + timeout;
         let token = self
             .transport
-            .send(deadline, |buf| wire::encode(method_id, 0, args, buf))?;
-        self.calls.start(token, tag, method_id, deadline, timeout);
+            .send(timeout, |buf| wire::encode(method_id, 0, args, buf))?;
+        self.calls.start(token, tag, method_id, timeout);
         Ok(())
     }
 
@@ -506,11 +556,10 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         req: &S::Request,
     ) -> Result<(), RpcError> {
         let method_id = S::request_method_id(req);
-        let deadline = Instant::now() + timeout;
         let token = self
             .transport
-            .send(deadline, |buf| S::encode_request(req, buf))?;
-        self.calls.start(token, tag, method_id, deadline, timeout);
+            .send(timeout, |buf| S::encode_request(req, buf))?;
+        self.calls.start(token, tag, method_id, timeout);
         Ok(())
     }
 
@@ -543,7 +592,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             Some((tag, Ok(resp))) => Ok(Some((tag, resp))),
             Some((_, Err(e))) => Err(e),
             None if n == 0 && self.calls.live != 0 => {
-                self.expire_due(Instant::now(), u32::MAX);
+                self.tick(u32::MAX);
                 self.pop_ready()
             }
             None => Ok(None),
@@ -586,7 +635,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 }
             })?;
             if got == 0 && self.calls.live > 0 {
-                self.calls.expire_due(Instant::now(), u32::MAX, |slot| {
+                self.calls.tick(u32::MAX, |slot| {
                     f(slot.tag, Err(deadline_error::<S>(slot.tag, &slot)));
                     n += 1;
                 });
@@ -595,45 +644,48 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         Ok(n)
     }
 
-    /// Expires the due pipelined calls (not `skip`) into the ready queue.
+    /// [`Calls::tick`], expiring the due pipelined calls (not `skip`) into the ready queue.
+    /// Returns the time read (ns since the client's epoch).
     #[inline]
-    fn expire_due(&mut self, now: Instant, skip: u32) {
+    fn tick(&mut self, skip: u32) -> u64 {
         let ready = &mut self.ready;
-        self.calls.expire_due(now, skip, |slot| {
+        self.calls.tick(skip, |slot| {
             ready.push_back((slot.tag, Err(deadline_error::<S>(slot.tag, &slot))));
-        });
+        })
     }
 
     fn send_blocking<A: IntoBytes + Immutable>(
         &mut self,
-        deadline: Instant,
         timeout: Duration,
         method_id: u16,
         args: &A,
     ) -> Result<u32, RpcError> {
+        // The deadline for finding room to send, set at the first refusal.
+        let mut deadline_ns = UNSTAMPED;
         loop {
             match self
                 .transport
-                .send(deadline, |buf| wire::encode(method_id, 0, args, buf))
+                .send(timeout, |buf| wire::encode(method_id, 0, args, buf))
             {
                 Ok(token) => {
-                    self.calls
-                        .start(token, BLOCKING_TAG, method_id, deadline, timeout);
+                    self.calls.start(token, BLOCKING_TAG, method_id, timeout);
                     return Ok(token);
                 }
-                Err(RpcError::WouldBlock) => self.wait_for_room(deadline, timeout, method_id)?,
+                Err(RpcError::WouldBlock) => {
+                    self.wait_for_room(&mut deadline_ns, timeout, method_id)?
+                }
                 Err(e) => return Err(e),
             }
         }
     }
 
     /// A blocking call found no room to send: takes what has arrived (kept for
-    /// [`Client::poll`]), expires due pipelined calls, and fails the call once its deadline
-    /// has passed.
+    /// [`Client::poll`]), expires due pipelined calls, and fails the call once `timeout` has
+    /// passed since its first refusal (`deadline_ns`, set here on the first one).
     #[cold]
     fn wait_for_room(
         &mut self,
-        deadline: Instant,
+        deadline_ns: &mut u64,
         timeout: Duration,
         method_id: u16,
     ) -> Result<(), RpcError> {
@@ -648,15 +700,18 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 ready.push_back(complete::<S>(&slot, msg));
             }
         })?;
-        let now = Instant::now();
-        if now >= deadline {
+        let now = self.tick(u32::MAX);
+        if *deadline_ns == UNSTAMPED {
+            let t = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+            *deadline_ns = now.saturating_add(t).min(UNSTAMPED - 1);
+        }
+        if now >= *deadline_ns {
             return Err(RpcError::DeadlineExceeded {
                 tag: BLOCKING_TAG,
                 method: method_name::<S>(method_id),
                 timeout,
             });
         }
-        self.expire_due(now, u32::MAX);
         std::hint::spin_loop();
         Ok(())
     }

@@ -116,7 +116,7 @@ impl ClientTransport for Delegation {
     #[inline]
     fn send(
         &mut self,
-        _deadline: std::time::Instant,
+        _timeout: std::time::Duration,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         self.ring.try_call_with(encode).map_err(call_error)

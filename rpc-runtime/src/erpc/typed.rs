@@ -937,7 +937,7 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
     #[inline]
     fn send(
         &mut self,
-        _deadline: std::time::Instant,
+        _timeout: std::time::Duration,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         if self.failed.is_some() {

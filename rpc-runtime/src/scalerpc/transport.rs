@@ -752,7 +752,7 @@ impl ClientTransport for ScaleRpc {
     #[inline]
     fn send(
         &mut self,
-        _deadline: std::time::Instant,
+        _timeout: std::time::Duration,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         let Some(tok) = self.tokens.take() else {

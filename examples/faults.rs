@@ -1,0 +1,236 @@
+//! The fault matrix: what a typed KV call sees on each transport when the server is stopped,
+//! answers late, or goes away, and how long the call takes to end. Prints CSV
+//! (`transport,fault,outcome,ms`), one row per fault and transport.
+//!
+//! ```sh
+//! cargo run --release --example faults
+//! ```
+//!
+//! Faults (all in one process; the RDMA transports run on the software device model with its
+//! default `SimConfig`, the eRPC one on UDP loopback):
+//! - `stopped server`: the server loop is paused (as by SIGSTOP); one blocking call with a
+//!   100 ms deadline.
+//! - `late reply`: the server withholds one answer past the call's 50 ms deadline, then sends
+//!   it; the next call must get its own answer, and the late one be dropped and counted.
+//! - `server dropped`: the server is dropped; one blocking call with the default deadline
+//!   (1 s). Transports that learn of the death report `ServerDisconnected`; the others end by
+//!   the deadline.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::Backoff;
+use idl::kv::{KvClient, KvRequest, KvResponse, KvServer, KvService};
+use rpc::copyrpc::{ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer, EndpointConfig};
+use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
+use rpc::erpc::{Erpc, ErpcServer};
+use rpc::mlx5::sim::{Fabric, SimConfig};
+use rpc::scalerpc::{ScaleRpc, ScaleRpcAddr, ScaleRpcServer, ServerConfig};
+use rpc::{ClientTransport, RpcError, Server, ServerTransport};
+use serde::Serialize;
+
+/// The key whose `get` the server answers only when told to.
+const LATE_KEY: u64 = u64::MAX - 1;
+
+#[derive(Default)]
+struct Store(std::collections::HashMap<u64, u64>);
+
+impl KvServer for Store {
+    fn put(&mut self, _rank: u32, key: u64, value: u64) {
+        self.0.insert(key, value);
+    }
+    fn get(&mut self, _rank: u32, key: u64) -> Option<u64> {
+        self.0.get(&key).copied()
+    }
+}
+
+/// A server loop on a thread that can be paused, told to answer the withheld `get(LATE_KEY)`
+/// calls, and stopped (which drops the server).
+struct Serving {
+    paused: Arc<AtomicBool>,
+    answer: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    handle: thread::JoinHandle<()>,
+}
+
+fn serve<T: ServerTransport + Send + 'static>(mut server: Server<KvService, T>) -> Serving {
+    let paused = Arc::new(AtomicBool::new(false));
+    let answer = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (p, a, s) = (paused.clone(), answer.clone(), stop.clone());
+    let handle = thread::spawn(move || {
+        let mut store = Store::default();
+        let mut held = Vec::new();
+        let backoff = Backoff::new();
+        while !s.load(Ordering::Relaxed) {
+            if p.load(Ordering::Acquire) {
+                thread::yield_now();
+                continue;
+            }
+            let mut n = server.poll();
+            while let Some((token, req)) = server.recv() {
+                match req {
+                    KvRequest::Get(g) if g.key() == LATE_KEY => held.push(token),
+                    req => {
+                        let _ = server.reply(token, &KvService::dispatch(&mut store, req));
+                    }
+                }
+            }
+            server.release();
+            if a.swap(false, Ordering::AcqRel) {
+                for token in held.drain(..) {
+                    let _ = server.reply(token, &KvResponse::Get(Some(666)));
+                    n += 1;
+                }
+            }
+            server.flush();
+            if n == 0 {
+                backoff.snooze();
+            } else {
+                backoff.reset();
+            }
+        }
+    });
+    Serving {
+        paused,
+        answer,
+        stop,
+        handle,
+    }
+}
+
+#[derive(Serialize)]
+struct Row {
+    transport: &'static str,
+    fault: &'static str,
+    outcome: String,
+    ms: f64,
+}
+
+/// Milliseconds since `t`, to 0.1 ms.
+fn ms(t: Instant) -> f64 {
+    (t.elapsed().as_secs_f64() * 1e4).round() / 10.0
+}
+
+fn outcome<V: std::fmt::Debug>(r: &Result<V, RpcError>) -> String {
+    match r {
+        Ok(v) => format!("Ok({v:?})"),
+        Err(RpcError::DeadlineExceeded { .. }) => "DeadlineExceeded".into(),
+        Err(RpcError::ServerDisconnected) => "ServerDisconnected".into(),
+        Err(e) => format!("{e}"),
+    }
+}
+
+/// Runs the three faults against one transport; `server` is served on a thread.
+fn matrix<T: ClientTransport, S: ServerTransport + Send + 'static>(
+    transport: &'static str,
+    server: Server<KvService, S>,
+    connect: impl FnOnce() -> Result<KvClient<T>, RpcError>,
+    rows: &mut Vec<Row>,
+) {
+    let serving = serve(server);
+    let mut kv = connect().expect("connect");
+    kv.put(0, 5, 50).expect("put");
+
+    serving.paused.store(true, Ordering::Release);
+    let t = Instant::now();
+    let r = kv.with_deadline(Duration::from_millis(100)).get(0, 5);
+    rows.push(Row {
+        transport,
+        fault: "stopped server (deadline 100 ms)",
+        outcome: outcome(&r),
+        ms: ms(t),
+    });
+    serving.paused.store(false, Ordering::Release);
+
+    let t = Instant::now();
+    let r = kv.with_deadline(Duration::from_millis(50)).get(0, LATE_KEY);
+    let expired = ms(t);
+    serving.answer.store(true, Ordering::Release);
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut next = Ok(None);
+    // Both late answers (the stopped server's and this one) must be dropped, every call
+    // answered with its own value.
+    while kv.stats().late_responses < 2 && Instant::now() < until {
+        next = kv.get(0, 5);
+        if !matches!(next, Ok(Some(50))) {
+            break;
+        }
+    }
+    rows.push(Row {
+        transport,
+        fault: "late reply (deadline 50 ms)",
+        outcome: format!(
+            "{}; next call {}; late responses dropped {}",
+            outcome(&r),
+            outcome(&next),
+            kv.stats().late_responses
+        ),
+        ms: expired,
+    });
+
+    serving.stop.store(true, Ordering::Relaxed);
+    serving.handle.join().expect("server thread");
+    let t = Instant::now();
+    let r = kv.get(0, 5);
+    rows.push(Row {
+        transport,
+        fault: "server dropped (default deadline 1 s)",
+        outcome: outcome(&r),
+        ms: ms(t),
+    });
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mut rows = Vec::new();
+
+    let name = format!("rpc-faults-{}", std::process::id());
+    let server = DelegationServer::serve::<KvService>(&name, DelegationConfig::default())
+        .expect("delegation server");
+    matrix::<Delegation, _>(
+        "delegation",
+        server,
+        || KvClient::connect(name.as_str()),
+        &mut rows,
+    );
+
+    let fabric = Fabric::new(SimConfig::default());
+    let rings = EndpointConfig {
+        ring_size: 1 << 16,
+        ..EndpointConfig::default()
+    };
+    let server = CopyrpcServer::serve::<KvService>(&fabric.open(), ContextConfig::default(), rings)
+        .expect("copyrpc server");
+    let mut addr = CopyrpcAddr::new(fabric.open(), server.transport().listener());
+    addr.endpoint = rings;
+    matrix::<Copyrpc, _>("copyrpc", server, || KvClient::connect(&addr), &mut rows);
+
+    let server = ScaleRpcServer::serve::<KvService>(&fabric.open(), ServerConfig::default())
+        .expect("scalerpc server");
+    let addr = ScaleRpcAddr::new(fabric.open(), server.transport().listener());
+    matrix::<ScaleRpc, _>("scalerpc", server, || KvClient::connect(&addr), &mut rows);
+
+    let server =
+        ErpcServer::serve::<KvService>("127.0.0.1:0".parse().expect("addr")).expect("erpc server");
+    let addr = server.transport().local_addr();
+    matrix::<Erpc, _>("erpc (UDP)", server, || KvClient::connect(&addr), &mut rows);
+
+    let mut w = csv_writer();
+    for r in &rows {
+        w.serialize(r).expect("csv");
+    }
+    w.flush().expect("flush");
+}
+
+fn csv_writer() -> csv::Writer<std::io::Stdout> {
+    csv::Writer::from_writer(std::io::stdout())
+}
