@@ -458,8 +458,12 @@ fn schema_mismatch_fails_at_connect() {
         Err(RpcError::SchemaMismatch {
             service: "Echo",
             expected,
-            found: 0,
-        }) => assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint),
+            found,
+        }) => {
+            // The server's real fingerprint comes back in its connect response.
+            assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
+            assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
+        }
         Err(e) => panic!("expected SchemaMismatch, got {e}"),
         Ok(_) => panic!("expected SchemaMismatch, connected"),
     }
@@ -468,7 +472,11 @@ fn schema_mismatch_fails_at_connect() {
         Err(ErpcSetupError::SchemaMismatch {
             service: "Echo",
             expected,
-        }) => assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint),
+            found,
+        }) => {
+            assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
+            assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
+        }
         other => panic!("expected SchemaMismatch, got {other:?}"),
     }
     // The right service connects; the refused clients left no session behind.

@@ -11,8 +11,10 @@
 //! (`mtu - 16` data bytes) into several packets and reassembles them (seeds/000 §8.2), so
 //! the only size limit is the core's [`Config::max_msg_size`] (8 MiB by default): both sides
 //! refuse, when they are created, a service whose largest request or response exceeds it
-//! ([`ErpcSetupError::Capacity`]). The two ends do not exchange their limits; build both from
-//! the same trait with the same limit (the default).
+//! ([`ErpcSetupError::Capacity`]). The connect handshake carries each end's `max_msg_size`,
+//! MTU and session credits, and the server refuses a client whose values differ from its own
+//! ([`ErpcSetupError::Refused`] with [`core::RpcError::ConfigMismatch`], naming the field and
+//! both values): build both ends with the same settings (the defaults).
 //!
 //! Each client opens `ceil(max_in_flight / 8)` sessions to its server (eRPC allows 8
 //! outstanding RPCs per session, [`SLOTS_PER_SESSION`]; seeds/002 §2
@@ -34,7 +36,13 @@
 //! handshake carries the schema fingerprint ([`Config::schema_fingerprint`], set to the
 //! service's by [`service_config`]); a server of another service refuses it, which fails the
 //! connect with [`ErpcSetupError::SchemaMismatch`] (seeds/000 §12.4: the server validates a
-//! connect request before it creates the session). Across processes (MPI), create the
+//! connect request before it creates the session). It also carries the MTU, `max_msg_size`
+//! and session credits, which must equal the server's, and the server admits a session only
+//! if its receive ring can absorb the packets of all its sessions (admission control,
+//! [`Config::rx_ring_entries`]); a refusal fails the connect with [`ErpcSetupError::Refused`]
+//! and a message naming the cause. Connecting is bounded: by `connect_timeout`
+//! ([`ErpcSetupError::Timeout`]) and by the core's `failure_timeout` for a server that never
+//! answers ([`ErpcSetupError::NoAnswer`]). Across processes (MPI), create the
 //! [`Endpoint`] yourself and hand it, with the server's datagram address, to
 //! [`Erpc::from_endpoint`]; [`ErpcServer::from_endpoint`] is the server-side counterpart.
 //!
@@ -101,8 +109,8 @@
 //! # Errors
 //! Setup errors are [`ErpcSetupError`]s. Where a [`RpcError`] is required
 //! ([`ClientTransport::connect`], `?` through `From<ErpcSetupError>`), a schema mismatch
-//! becomes [`RpcError::SchemaMismatch`] (with `found: 0`: eRPC's refusal does not report the
-//! server's fingerprint), a capacity problem [`RpcError::CapacityMismatch`], and everything
+//! becomes [`RpcError::SchemaMismatch`] (with `found`, the server's fingerprint, which the
+//! connect response carries), a capacity problem [`RpcError::CapacityMismatch`], and everything
 //! else [`RpcError::Erpc`] carrying the [`ErpcSetupError`].
 
 use std::collections::VecDeque;
@@ -253,16 +261,22 @@ pub enum ErpcSetupError {
     /// The server refused the session: it serves another schema (another service, or
     /// another build of this one).
     #[error(
-        "service {service}: the server refused the session (schema fingerprint mismatch; ours is {expected:#018x})"
+        "service {service}: the server refused the session (schema fingerprint mismatch: ours is {expected:#018x}, the server's is {found:#018x})"
     )]
     SchemaMismatch {
         /// Service name.
         service: &'static str,
         /// This build's fingerprint.
         expected: u64,
+        /// The server's fingerprint (carried in its connect response).
+        found: u64,
     },
-    /// The server refused the session for another reason (no free sessions), or dropped it
-    /// while connecting.
+    /// The server refused the session for another reason: a setting both ends must share
+    /// differs ([`core::RpcError::ConfigMismatch`]: MTU, `max_msg_size` or session credits;
+    /// the message names the field, both values and the client setting to change), its
+    /// receive ring has no room for another session ([`core::RpcError::NoRingEntries`],
+    /// admission control), it has no free sessions, or it dropped the session while
+    /// connecting.
     #[error("the eRPC server refused the session: {0}")]
     Refused(core::RpcError),
     /// The server did not answer the connect requests within the core's failure timeout.
@@ -283,10 +297,14 @@ impl ErpcSetupError {
     #[cold]
     pub fn into_rpc_error(self) -> RpcError {
         match self {
-            ErpcSetupError::SchemaMismatch { service, expected } => RpcError::SchemaMismatch {
+            ErpcSetupError::SchemaMismatch {
                 service,
                 expected,
-                found: 0,
+                found,
+            } => RpcError::SchemaMismatch {
+                service,
+                expected,
+                found,
             },
             ErpcSetupError::Capacity {
                 service,
@@ -613,10 +631,13 @@ impl<T: DatagramTransport> Erpc<T> {
             }
             if t.sessions.iter().any(|s| s.id.is_none()) {
                 return Err(match t.last_session_error {
-                    Some(core::RpcError::SchemaMismatch) => ErpcSetupError::SchemaMismatch {
-                        service: service.name,
-                        expected: service.fingerprint,
-                    },
+                    Some(core::RpcError::SchemaMismatch { server }) => {
+                        ErpcSetupError::SchemaMismatch {
+                            service: service.name,
+                            expected: service.fingerprint,
+                            found: server,
+                        }
+                    }
                     Some(core::RpcError::PeerFailed) | None => ErpcSetupError::NoAnswer,
                     Some(e) => ErpcSetupError::Refused(e),
                 });
@@ -839,7 +860,13 @@ impl<T: DatagramTransport> Erpc<T> {
         self.last_session_error = error;
         // The server would refuse a new session as well. (Failed calls, if any, already
         // failed the transport; an idle session is replaced by the next call.)
-        if let Some(e @ (core::RpcError::SchemaMismatch | core::RpcError::NoResources)) = error {
+        if let Some(
+            e @ (core::RpcError::SchemaMismatch { .. }
+            | core::RpcError::ConfigMismatch { .. }
+            | core::RpcError::NoRingEntries { .. }
+            | core::RpcError::NoResources),
+        ) = error
+        {
             self.failed.get_or_insert(e);
         }
     }
@@ -909,8 +936,8 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
     /// [`Erpc::connect_with`] with [`ErpcConfig::default`].
     ///
     /// # Errors
-    /// [`RpcError::SchemaMismatch`] if the server serves another schema (`found` is 0: not
-    /// reported by eRPC); [`RpcError::CapacityMismatch`] if the service's messages exceed the
+    /// [`RpcError::SchemaMismatch`] if the server serves another schema (`found` is the
+    /// server's fingerprint); [`RpcError::CapacityMismatch`] if the service's messages exceed the
     /// core's `max_msg_size`; [`RpcError::Erpc`] for every other failure (no answer,
     /// refused, timeout, socket error; module docs, "Errors").
     fn connect(
@@ -1329,13 +1356,14 @@ mod tests {
         let e = ErpcSetupError::SchemaMismatch {
             service: "S",
             expected: 5,
+            found: 6,
         };
         assert!(matches!(
             e.into_rpc_error(),
             RpcError::SchemaMismatch {
                 service: "S",
                 expected: 5,
-                found: 0
+                found: 6
             }
         ));
         let e = ErpcSetupError::Capacity {
