@@ -81,9 +81,17 @@
 //! ([`DEFAULT_FAILURE_TIMEOUT`] with [`ErpcConfig::default`]) the core fails every call of
 //! the session (seeds/002 §10, node failure). [`Erpc`] then reports
 //! [`RpcError::ServerDisconnected`] from `poll` (the pending calls are never delivered), and
-//! every later call fails with it too. A server refusing a session for
-//! another schema or for lack of sessions also fails the transport this way. Nothing hangs:
-//! the failure timeout bounds the wait.
+//! every later call fails with it at once ([`Erpc::last_failure`] tells why). A server
+//! refusing a session (another schema, other settings, no room) also fails the transport this
+//! way. Nothing hangs: the failure timeout bounds the wait.
+//!
+//! **Reconnecting is explicit**: after a server restart or a transient fault, call
+//! [`Erpc::reconnect`] (through a generated client: `client.transport_mut().reconnect()`).
+//! It replaces the sessions that have no call in flight by new ones to the same address and
+//! clears the failure; the next calls run on the new sessions (waiting, within the failure
+//! timeout, for them to connect). Without it the transport stays failed and every call fails
+//! at once, so a dead server costs a caller nothing per call. A late packet of an old session
+//! cannot reach a new one, at either end (session tokens, [`core`] module docs).
 //!
 //! # Server
 //! [`ErpcServer`] answers requests of any number of clients on one endpoint. Its
@@ -164,7 +172,8 @@ pub struct ErpcConfig {
     /// `ceil(max_in_flight / 8)` sessions.
     pub max_in_flight: usize,
     /// *Client*: how long connecting may take (all sessions connected). A server that does
-    /// not answer at all fails the connect earlier, after the core's `failure_timeout`.
+    /// not answer at all fails the connect earlier, after the core's `failure_timeout`
+    /// (which also bounds the wait when this is too long for the clock to represent).
     pub connect_timeout: Duration,
     /// *UDP*: datagram size in bytes, header included; `None`: the address family's
     /// Ethernet-safe default (1472 B for IPv4, 1452 B for IPv6). Both ends must agree.
@@ -481,6 +490,8 @@ pub struct ErpcClientStats {
     /// Events that concern no call of this client (a response for a token not in flight, a
     /// request from a peer: a client endpoint serves nothing), dropped.
     pub stray_events: u64,
+    /// Calls of [`Erpc::reconnect`].
+    pub reconnects: u64,
 }
 
 /// One session of an [`Erpc`] client: tokens `i * 8 .. i * 8 + 8` use it.
@@ -621,7 +632,9 @@ impl<T: DatagramTransport> Erpc<T> {
         for i in 0..n_sess {
             t.new_session(i).map_err(ErpcSetupError::Session)?;
         }
-        let deadline = Instant::now() + timeout;
+        // A timeout too long for the clock (e.g. `Duration::MAX`) leaves the core's
+        // `failure_timeout` as the bound (a server that never answers fails the sessions).
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             let work = t.ep.run_event_loop_once();
             t.last_loop = Instant::now();
@@ -649,7 +662,7 @@ impl<T: DatagramTransport> Erpc<T> {
             {
                 return Ok(t);
             }
-            if t.last_loop >= deadline {
+            if deadline.is_some_and(|d| t.last_loop >= d) {
                 return Err(ErpcSetupError::Timeout(timeout));
             }
             if work == 0 {
@@ -689,10 +702,61 @@ impl<T: DatagramTransport> Erpc<T> {
         self.in_flight
     }
 
-    /// Whether a failed call made this transport fail for good (every call then fails with
-    /// [`RpcError::ServerDisconnected`]).
+    /// Whether a failed call (or a refused session) made this transport fail: every call
+    /// then fails with [`RpcError::ServerDisconnected`] until [`Erpc::reconnect`].
     pub fn is_failed(&self) -> bool {
         self.failed.is_some()
+    }
+
+    /// Why the transport failed ([`Erpc::is_failed`]), else why the last session that ended
+    /// with an error did (e.g. [`core::RpcError::PeerFailed`]: the server was silent for the
+    /// failure timeout; [`core::RpcError::SessionLost`]: it no longer knew the session, as
+    /// after a restart), if any.
+    pub fn last_failure(&self) -> Option<core::RpcError> {
+        self.failed.or(self.last_session_error)
+    }
+
+    /// Reconnects after a failure (module docs, "A server that disappears"): clears the
+    /// failed state and replaces every session that has no call in flight by a new one to the
+    /// same server address (disconnecting the old one if it is still connected). Does not
+    /// wait: the new sessions connect in the background, and calls issued meanwhile wait in
+    /// the core's backlog until they are connected, or fail with
+    /// [`RpcError::ServerDisconnected`] if the server does not answer within the core's
+    /// `failure_timeout` or refuses the session (then call `reconnect` again later). Calls
+    /// still in flight keep their sessions (moving them could execute them twice); they
+    /// complete or fail on their own.
+    ///
+    /// # Errors
+    /// [`ErpcSetupError::Session`] if the endpoint cannot create a session (all session
+    /// numbers in use, or its receive ring has no room for another session); a failed
+    /// transport then stays failed.
+    #[cold]
+    pub fn reconnect(&mut self) -> Result<(), ErpcSetupError> {
+        for i in 0..self.sessions.len() {
+            let busy = self.pending[i * SLOTS_PER_SESSION..]
+                .iter()
+                .take(SLOTS_PER_SESSION)
+                .any(|&p| p);
+            if busy {
+                continue;
+            }
+            if let Some(id) = self.sessions[i].id.take() {
+                if self.ep.is_connected(id) {
+                    let _ = self.ep.destroy_session(id);
+                }
+                // Its final event (disconnected or failed) removes it from `old`.
+                self.old.push(id);
+            }
+            self.new_session(i).map_err(ErpcSetupError::Session)?;
+        }
+        self.failed = None;
+        self.last_session_error = None;
+        self.stats.reconnects += 1;
+        tracing::debug!(
+            service = self.service.name,
+            "erpc: reconnecting: new sessions opened"
+        );
+        Ok(())
     }
 
     /// One iteration of the event loop; with nothing in flight, first gives up sessions that
