@@ -1128,6 +1128,11 @@ fn client_reconnects_after_server_restart() {
     drop(h.join().unwrap());
     let t0 = Instant::now();
     assert!(matches!(kv.get(0, 1), Err(RpcError::ServerDisconnected)));
+    eprintln!(
+        "server dead: call failed after {:?} (failure_timeout {} ms)",
+        t0.elapsed(),
+        cfg.core.failure_timeout / MS
+    );
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert!(kv.transport().is_failed());
     assert_eq!(
@@ -1177,6 +1182,10 @@ fn client_reconnects_after_server_restart() {
     kv.transport_mut().reconnect().unwrap();
     let t2 = Instant::now();
     assert!(matches!(kv.get(0, 2), Err(RpcError::ServerDisconnected)));
+    eprintln!(
+        "reconnected to nothing: call failed after {:?}",
+        t2.elapsed()
+    );
     assert!(t2.elapsed() < Duration::from_secs(5), "{:?}", t2.elapsed());
     assert_eq!(
         kv.transport().last_failure(),
