@@ -19,6 +19,7 @@ use idl::echo::{EchoClient, EchoResponse, EchoService};
 use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
 use rpc::erpc::core::{Config, MS};
 use rpc::erpc::event_loop::Endpoint;
+use rpc::erpc::transport::DatagramTransport;
 use rpc::erpc::transport::lossy::{LossConfig, LossyTransport};
 use rpc::erpc::transport::ud::{UdConfig, UdTransport};
 use rpc::erpc::transport::udp::{UdpConfig, UdpTransport};
@@ -458,8 +459,12 @@ fn schema_mismatch_fails_at_connect() {
         Err(RpcError::SchemaMismatch {
             service: "Echo",
             expected,
-            found: 0,
-        }) => assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint),
+            found,
+        }) => {
+            // The server's real fingerprint comes back in its connect response.
+            assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
+            assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
+        }
         Err(e) => panic!("expected SchemaMismatch, got {e}"),
         Ok(_) => panic!("expected SchemaMismatch, connected"),
     }
@@ -468,7 +473,11 @@ fn schema_mismatch_fails_at_connect() {
         Err(ErpcSetupError::SchemaMismatch {
             service: "Echo",
             expected,
-        }) => assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint),
+            found,
+        }) => {
+            assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
+            assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
+        }
         other => panic!("expected SchemaMismatch, got {other:?}"),
     }
     // The right service connects; the refused clients left no session behind.
@@ -614,6 +623,18 @@ fn connecting_to_nothing_fails_within_the_failure_timeout() {
         KvClient::<Erpc>::connect(&addr),
         Err(RpcError::Erpc(e)) if matches!(*e, ErpcSetupError::NoAnswer)
     ));
+    // A connect timeout too long for the clock is bounded by the failure timeout (it used to
+    // overflow `Instant + Duration` and panic).
+    let cfg = ErpcConfig {
+        connect_timeout: Duration::MAX,
+        ..short_timeouts()
+    };
+    let t0 = Instant::now();
+    match Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &cfg) {
+        Err(ErpcSetupError::NoAnswer) => {}
+        other => panic!("expected NoAnswer, got {other:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     // The connect timeout applies when the core's failure timeout is longer.
     let cfg = ErpcConfig {
         connect_timeout: Duration::from_millis(100),
@@ -1098,4 +1119,182 @@ fn late_replies_are_dropped_and_a_stopped_server_fails_calls_by_deadline() {
     eprintln!("erpc: call to a stopped server failed after {took:?} (deadline 100 ms)");
     late.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     late.handle.join().unwrap();
+}
+
+/// Issue 12: a client that saw its server die reconnects explicitly (`Erpc::reconnect`) to a
+/// new server at the same address and its calls succeed again; until it does, calls fail at
+/// once with `ServerDisconnected` (and `last_failure` says why).
+#[test]
+fn client_reconnects_after_server_restart() {
+    let cfg = short_timeouts();
+    let (server, addr) = server::<KvService>(&cfg);
+    let (stop, h) = spawn_kv(server);
+    let mut kv = KvClient::from_transport(
+        Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &cfg).unwrap(),
+    );
+    kv.put(0, 1, 10).unwrap();
+    assert_eq!(kv.get(0, 1).unwrap(), Some(10));
+    // The server dies (its socket is closed).
+    stop.store(true, Ordering::Relaxed);
+    drop(h.join().unwrap());
+    let t0 = Instant::now();
+    assert!(matches!(kv.get(0, 1), Err(RpcError::ServerDisconnected)));
+    eprintln!(
+        "server dead: call failed after {:?} (failure_timeout {} ms)",
+        t0.elapsed(),
+        cfg.core.failure_timeout / MS
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(kv.transport().is_failed());
+    assert_eq!(
+        kv.transport().last_failure(),
+        Some(rpc::erpc::core::RpcError::PeerFailed)
+    );
+    // Not reconnected: later calls fail at once.
+    let t1 = Instant::now();
+    assert!(matches!(
+        kv.put(0, 1, 11),
+        Err(RpcError::ServerDisconnected)
+    ));
+    assert!(t1.elapsed() < Duration::from_millis(50));
+    // A new server at the same address; the client reconnects and its calls succeed.
+    let t = ErpcServer::bind_with(addr, KvService::DESCRIPTOR, &cfg).unwrap();
+    assert_eq!(t.local_addr(), addr);
+    let (stop, h) = spawn_kv(Server::new(t));
+    kv.transport_mut().reconnect().unwrap();
+    assert!(!kv.transport().is_failed());
+    assert_eq!(
+        kv.get(0, 1).unwrap(),
+        None,
+        "the new server's store is empty"
+    );
+    kv.put(0, 2, 20).unwrap();
+    assert_eq!(kv.get(0, 2).unwrap(), Some(20));
+    // Pipelined calls over every session.
+    for k in 0..32 {
+        kv.issue(k).put(0, 100 + k, k).unwrap();
+    }
+    let mut done = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while done < 32 {
+        assert!(Instant::now() < deadline);
+        done += kv
+            .poll_with(|_, r| assert_eq!(r.unwrap(), KvResponse::Put(())))
+            .unwrap();
+    }
+    let st = kv.transport().stats();
+    assert_eq!(st.reconnects, 1, "{st:?}");
+    assert_eq!(st.failed_calls, 1, "{st:?}");
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(server.stats().bad_requests, 0);
+    // Reconnecting to nothing: the next call fails within the failure timeout.
+    drop(server);
+    kv.transport_mut().reconnect().unwrap();
+    let t2 = Instant::now();
+    assert!(matches!(kv.get(0, 2), Err(RpcError::ServerDisconnected)));
+    eprintln!(
+        "reconnected to nothing: call failed after {:?}",
+        t2.elapsed()
+    );
+    assert!(t2.elapsed() < Duration::from_secs(5), "{:?}", t2.elapsed());
+    assert_eq!(
+        kv.transport().last_failure(),
+        Some(rpc::erpc::core::RpcError::PeerFailed)
+    );
+}
+
+/// Issue 12: a client whose UDP MTU differs from the server's is refused at connect with an
+/// error naming the field, both values and the client setting to change (before, it
+/// connected and its calls were retransmitted forever: the server's full-size response
+/// packets exceed the client's MTU).
+#[test]
+fn mtu_mismatch_refused_at_connect() {
+    let (server, addr) = server::<BlobService>(&ErpcConfig::default());
+    let (stop, h) = spawn(server, |req| BlobService::dispatch(&mut Bumper, req));
+    let cfg = ErpcConfig {
+        udp_mtu: Some(1200),
+        ..ErpcConfig::default()
+    };
+    match Erpc::<UdpTransport>::connect_with(&addr, BlobService::DESCRIPTOR, &cfg) {
+        Err(
+            e @ ErpcSetupError::Refused(rpc::erpc::core::RpcError::ConfigMismatch {
+                field: rpc::erpc::core::ConfigField::Mtu,
+                client: 1200,
+                server: 1472,
+            }),
+        ) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("mtu differs: client 1200 bytes, server 1472 bytes"),
+                "{msg}"
+            );
+            assert!(msg.contains("ErpcConfig::udp_mtu"), "{msg}");
+        }
+        other => panic!("expected an MTU mismatch, got {other:?}"),
+    }
+    // The matching client works.
+    let mut blob = BlobClient::<Erpc>::connect(&addr).unwrap();
+    assert_eq!(blob.sum([1; 8192]).unwrap(), Some(8192));
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    // The refused client asked for its four sessions; the server created none of them.
+    assert_eq!(
+        server.transport().endpoint().core_stats().connects_refused,
+        4
+    );
+}
+
+/// Issue 12: admission control. A server whose UDP receive buffer holds `E` full-size
+/// datagrams admits `E / 8` sessions of 8 credits and refuses the next at the client's
+/// connect, with an error saying so, instead of letting bursts overflow its socket buffer.
+#[test]
+fn server_admits_only_what_its_receive_ring_absorbs() {
+    let small = ErpcConfig {
+        udp_socket_buf_bytes: Some(64 << 10),
+        ..ErpcConfig::default()
+    };
+    let (server, addr) = server::<KvService>(&small);
+    let entries = server.transport().endpoint().transport().rx_ring_entries();
+    let admitted = entries / 8;
+    assert!((1..64).contains(&admitted), "{entries} entries");
+    let (stop, h) = spawn_kv(server);
+    // One session per client (8 calls in flight).
+    let cfg = ErpcConfig {
+        max_in_flight: 8,
+        ..ErpcConfig::default()
+    };
+    let mut clients = Vec::new();
+    for i in 0..admitted {
+        let mut kv = KvClient::from_transport(
+            Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &cfg).unwrap(),
+        );
+        kv.put(0, i as u64, 1).unwrap();
+        clients.push(kv);
+    }
+    match Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &cfg) {
+        Err(
+            e @ ErpcSetupError::Refused(rpc::erpc::core::RpcError::NoRingEntries {
+                ring_entries,
+                sessions,
+                credits: 8,
+            }),
+        ) => {
+            assert_eq!(ring_entries, entries as u64);
+            assert_eq!(sessions, admitted as u64);
+            let msg = e.to_string();
+            assert!(msg.contains("receive ring holds"), "{msg}");
+        }
+        other => panic!("expected NoRingEntries, got {other:?}"),
+    }
+    // The admitted clients keep working.
+    for kv in &mut clients {
+        assert_eq!(kv.get(0, 0).unwrap(), Some(1));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let server = h.join().unwrap();
+    assert_eq!(
+        server.transport().endpoint().core_stats().connects_refused,
+        1
+    );
 }

@@ -20,12 +20,12 @@
 
 mod erpc_common;
 
-use erpc_common::{connect, run_calls, spawn_server};
+use erpc_common::{DEADLINE, connect, run_calls, spawn_server, spin};
 
 use std::time::Instant;
 
 use mlx5::sim::{Fabric, SimConfig, UdFaults};
-use rpc_runtime::erpc::core::{Config, MS};
+use rpc_runtime::erpc::core::{CallError, Config, Event, MS, RpcError};
 use rpc_runtime::erpc::event_loop::Endpoint;
 use rpc_runtime::erpc::transport::DatagramTransport;
 use rpc_runtime::erpc::transport::lossy::{LossConfig, LossyTransport};
@@ -239,4 +239,65 @@ fn endpoint_sets_core_mtu_from_transport() {
     assert_eq!(ep.rpc().config().mtu, mtu);
     assert_eq!(ep.rpc().data_per_pkt(), mtu - 16);
     let _: UdAddr = ep.local_addr();
+}
+
+/// Admission control on the receive queue (issue 12; eRPC admits a session only if its RQ can
+/// absorb every session's credits): a server whose RQ has 16 receive WQEs admits two sessions
+/// of 8 credits and refuses a third at the client's connect with `NoRingEntries`, instead of
+/// letting 24 packets in flight overrun 16 WQEs; a client endpoint with a 16-WQE RQ refuses
+/// to create a third session.
+#[test]
+fn rq_depth_limits_sessions() {
+    let f = fabric();
+    let small = UdConfig {
+        rq_depth: 16,
+        rx_batch: 16,
+        ..UdConfig::default()
+    };
+    let sud = UdTransport::new(&f.open(), small).expect("UD transport");
+    assert_eq!(sud.rx_ring_entries(), 16);
+    let server = spawn_server(sud, patient(), None);
+    let mut client = Endpoint::new(ud(&f), patient()).unwrap();
+    let admitted = connect(&mut client, server.addr, 2);
+    let third = client.create_session(server.addr).unwrap();
+    let start = Instant::now();
+    let error = loop {
+        assert!(start.elapsed() < DEADLINE, "no answer to the third connect");
+        spin(&mut client);
+        if let Some(ev) = client.poll_event() {
+            match ev {
+                Event::SessionFailed { session, error } if session == third => break error,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    };
+    assert_eq!(
+        error,
+        RpcError::NoRingEntries {
+            ring_entries: 16,
+            sessions: 2,
+            credits: 8
+        }
+    );
+    // The admitted sessions carry calls.
+    let calls: Vec<_> = (0..200).map(|i| (i % 2, 100)).collect();
+    run_calls(&mut client, 1, &admitted, &calls, 16);
+    let (sep, counts) = server.finish();
+    assert_eq!(counts.len(), 200);
+    assert_eq!(sep.rpc().num_sessions(), 2);
+    assert_eq!(sep.core_stats().connects_refused, 1);
+    assert_clean("server", sep.transport());
+    // Client side: its own RQ of 16 WQEs holds two sessions.
+    let mut c = Endpoint::new(UdTransport::new(&f.open(), small).unwrap(), patient()).unwrap();
+    let peer = UdAddr::new(1, 1);
+    c.create_session(peer).unwrap();
+    c.create_session(peer).unwrap();
+    assert_eq!(
+        c.create_session(peer),
+        Err(CallError::NoRingEntries {
+            ring_entries: 16,
+            sessions: 2,
+            credits: 8
+        })
+    );
 }

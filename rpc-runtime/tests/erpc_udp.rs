@@ -664,3 +664,61 @@ fn zero_copy_echo_server_over_lossy_udp() {
     assert!(client.core_stats().rollbacks > 0);
     assert_eq!(server.loop_stats().zc_msgs, kinds[0] + kinds[1]);
 }
+
+/// Admission control relies on `rx_ring_entries` (issue 12): that many full-size datagrams
+/// sent to a socket nobody reads must all be kept by the kernel (the estimate of what the
+/// receive buffer holds is not too high), for plain datagrams (the most expensive case: one
+/// kernel buffer each) at several MTUs and buffer sizes.
+#[test]
+fn rx_ring_entries_datagrams_fit_the_socket_buffer() {
+    for (mtu, buf) in [
+        (1472, 64 << 10),
+        (1472, 256 << 10),
+        (4096, 256 << 10),
+        (512, 64 << 10),
+    ] {
+        let cfg = |bind| UdpConfig {
+            bind,
+            mtu,
+            batch: 32,
+            socket_buf_bytes: Some(buf),
+            gso: false,
+        };
+        let mut rx = UdpTransport::bind(cfg(v4_loopback())).unwrap();
+        let mut tx = UdpTransport::bind(cfg(v4_loopback())).unwrap();
+        let entries = rx.rx_ring_entries();
+        assert_eq!(
+            entries,
+            rx.rcvbuf_bytes() / rpc_runtime::erpc::transport::udp::udp_rx_charge(mtu)
+        );
+        assert!(entries >= 8, "mtu {mtu} buf {buf}: {entries} entries");
+        let data = vec![7u8; mtu - PKT_HDR_LEN];
+        let dest = rx.local_addr();
+        // Twice the estimate: the kernel keeps what fits and drops the rest.
+        for seq in 0..2 * entries as u32 {
+            let hdr = test_hdr(seq, data.len());
+            send_all(&mut tx, &[TxPkt::new(dest, &hdr, &data)]);
+        }
+        let mut got = 0;
+        loop {
+            let n = rx.rx_burst(usize::MAX);
+            if n == 0 {
+                break;
+            }
+            got += n;
+            rx.rx_release();
+        }
+        eprintln!(
+            "mtu {mtu}, SO_RCVBUF {} B: estimate {entries} datagrams, kernel kept {got}",
+            rx.rcvbuf_bytes()
+        );
+        assert!(
+            got >= entries,
+            "mtu {mtu}: the socket kept {got} datagrams, fewer than the estimate {entries}"
+        );
+        assert!(
+            got < 2 * entries,
+            "the buffer overflowed: the test sent enough"
+        );
+    }
+}

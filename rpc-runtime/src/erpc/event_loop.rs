@@ -141,13 +141,17 @@ fn recycle<'a, 'b, A>(mut v: Vec<TxPkt<'a, A>>) -> Vec<TxPkt<'b, A>> {
 
 impl<T: DatagramTransport> Endpoint<T> {
     /// An endpoint over `transport` with the protocol settings `cfg`; `cfg.mtu` is replaced
-    /// by `transport.mtu()`, and the TX batch holds `transport.rx_batch()` packets.
+    /// by `transport.mtu()`, `cfg.rx_ring_entries` (admission control) is set to
+    /// `transport.rx_ring_entries()` unless given, and the TX batch holds
+    /// `transport.rx_batch()` packets.
     ///
     /// # Errors
     /// A [`ConfigError`] if the core refuses `cfg` (with the transport's MTU).
     pub fn new(transport: T, mut cfg: Config) -> Result<Self, ConfigError> {
         let mtu = transport.mtu();
         cfg.mtu = mtu;
+        cfg.rx_ring_entries
+            .get_or_insert(transport.rx_ring_entries());
         let rpc = Rpc::new(cfg)?;
         let batch = transport.rx_batch().max(1);
         Ok(Endpoint {

@@ -13,9 +13,16 @@
 //! | 0    | 50..64   | `pkt_num`          | 14    | 0..=[`MAX_PKT_NUM`]   |
 //! | 1    | 0..44    | `req_num`          | 44    | 0..=[`MAX_REQ_NUM`]   |
 //! | 1    | 44..48   | `magic`            | 4     | always [`MAGIC`] (11) |
-//! | 1    | 48..64   | reserved           | 16    | must be zero          |
+//! | 1    | 48..64   | `token`            | 16    | 0..=65535             |
 //!
 //! Word 0 occupies bytes 0..8 and word 1 bytes 8..16, each least significant byte first.
+//! `token` occupies the 16 bits eRPC's reference implementation leaves reserved: it is the
+//! receiving session's *session token*, a random value the receiver chose when the session
+//! was connected (exchanged in the session-management handshake, see `core/sm.rs`). The
+//! receiver drops a data or control packet whose token is not its session's, so packets of
+//! an ended session cannot reach a later session that reuses its session number (issue 12;
+//! seeds/002 §4 invariant I3). Session-management packets carry 0 here and their own 64-bit
+//! connect token in the body.
 //! `msg_size` is the size of the whole message's data (not of this packet), so the format
 //! caps messages at 16 MiB - 1; the message buffers of this crate stop at 8 MiB
 //! ([`super::msgbuf::MAX_DATA_SIZE`]). `pkt_num` counts packets within one request/response
@@ -80,9 +87,6 @@ pub enum HdrError {
     /// The magic nibble is not [`MAGIC`].
     #[error("bad header magic {0} (expected {MAGIC})")]
     BadMagic(u8),
-    /// The 16 reserved bits of word 1 are not zero.
-    #[error("reserved header bits set: {0:#06x}")]
-    ReservedBitsSet(u16),
 }
 
 /// A decoded packet header with every field in range. Build one with [`PktHdr::new`] or
@@ -95,6 +99,7 @@ pub struct PktHdr {
     pkt_type: PktType,
     pkt_num: u16,
     req_num: u64,
+    token: u16,
 }
 
 impl PktHdr {
@@ -127,7 +132,21 @@ impl PktHdr {
             pkt_type,
             pkt_num,
             req_num,
+            token: 0,
         })
+    }
+
+    /// This header with session token `token` (the receiving session's; 0 by default).
+    #[inline]
+    pub fn with_token(mut self, token: u16) -> PktHdr {
+        self.token = token;
+        self
+    }
+
+    /// The receiving session's session token (module docs).
+    #[inline]
+    pub fn token(&self) -> u16 {
+        self.token
     }
 
     /// RPC request type (selects the handler).
@@ -174,7 +193,7 @@ impl PktHdr {
             | u64::from(self.dest_session_num) << 32
             | u64::from(self.pkt_type as u8) << 48
             | u64::from(self.pkt_num) << 50;
-        let w1 = self.req_num | u64::from(MAGIC) << 44;
+        let w1 = self.req_num | u64::from(MAGIC) << 44 | u64::from(self.token) << 48;
         let mut out = [0u8; PKTHDR_SIZE];
         out[..8].copy_from_slice(&w0.to_le_bytes());
         out[8..].copy_from_slice(&w1.to_le_bytes());
@@ -186,8 +205,7 @@ impl PktHdr {
     ///
     /// # Errors
     /// [`HdrError::TooShort`] for fewer than 16 bytes, [`HdrError::BadMagic`] when the magic
-    /// nibble is not [`MAGIC`], [`HdrError::ReservedBitsSet`] when bits 48..64 of word 1 are
-    /// not zero. Every other bit pattern is a valid header.
+    /// nibble is not [`MAGIC`]. Every other bit pattern is a valid header.
     #[inline]
     pub fn decode(bytes: &[u8]) -> Result<PktHdr, HdrError> {
         let Some((w0, rest)) = bytes.split_first_chunk::<8>() else {
@@ -202,10 +220,6 @@ impl PktHdr {
         if magic != MAGIC {
             return Err(HdrError::BadMagic(magic));
         }
-        let reserved = (w1 >> 48) as u16;
-        if reserved != 0 {
-            return Err(HdrError::ReservedBitsSet(reserved));
-        }
         Ok(PktHdr {
             req_type: w0 as u8,
             msg_size: ((w0 >> 8) & 0xff_ffff) as u32,
@@ -213,6 +227,7 @@ impl PktHdr {
             pkt_type: PktType::from_bits((w0 >> 48) as u8),
             pkt_num: (w0 >> 50) as u16,
             req_num: w1 & MAX_REQ_NUM,
+            token: (w1 >> 48) as u16,
         })
     }
 }
@@ -312,6 +327,21 @@ mod tests {
     }
 
     #[test]
+    fn vector_with_token() {
+        // Token 0xbeef in bits 48..64 of word 1: bytes 14 (0xef) and 15 (0xbe).
+        let hdr = PktHdr::new(3, 100, 5, PktType::Resp, 1, 0x123)
+            .unwrap()
+            .with_token(0xbeef);
+        check_vector(
+            hdr,
+            [
+                0x03, 0x64, 0x00, 0x00, 0x05, 0x00, 0x07, 0x00, // word 0
+                0x23, 0x01, 0x00, 0x00, 0x00, 0xb0, 0xef, 0xbe, // word 1
+            ],
+        );
+    }
+
+    #[test]
     fn new_rejects_out_of_range() {
         assert_eq!(
             PktHdr::new(0, MAX_MSG_SIZE + 1, 0, PktType::Req, 0, 0),
@@ -335,9 +365,15 @@ mod tests {
         let mut bad = good;
         bad[13] = 0xa0;
         assert_eq!(PktHdr::decode(&bad), Err(HdrError::BadMagic(10)));
-        let mut bad = good;
-        bad[15] = 0x80;
-        assert_eq!(PktHdr::decode(&bad), Err(HdrError::ReservedBitsSet(0x8000)));
+        // The top 16 bits of word 1 are the session token.
+        let mut tok = good;
+        tok[14] = 0x34;
+        tok[15] = 0x80;
+        assert_eq!(
+            PktHdr::decode(&tok).map(|h| h.token()),
+            Ok(0x8034),
+            "token bits"
+        );
         // Longer input: only the first 16 bytes count.
         let mut long = good.to_vec();
         long.extend_from_slice(&[0xff; 8]);
@@ -352,9 +388,12 @@ mod tests {
             0u8..4,
             0..=MAX_PKT_NUM,
             0..=MAX_REQ_NUM,
+            any::<u16>(),
         )
-            .prop_map(|(rt, ms, ds, pt, pn, rn)| {
-                PktHdr::new(rt, ms, ds, PktType::from_bits(pt), pn, rn).unwrap()
+            .prop_map(|(rt, ms, ds, pt, pn, rn, tok)| {
+                PktHdr::new(rt, ms, ds, PktType::from_bits(pt), pn, rn)
+                    .unwrap()
+                    .with_token(tok)
             })
     }
 

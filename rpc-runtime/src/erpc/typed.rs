@@ -11,8 +11,10 @@
 //! (`mtu - 16` data bytes) into several packets and reassembles them (seeds/000 §8.2), so
 //! the only size limit is the core's [`Config::max_msg_size`] (8 MiB by default): both sides
 //! refuse, when they are created, a service whose largest request or response exceeds it
-//! ([`ErpcSetupError::Capacity`]). The two ends do not exchange their limits; build both from
-//! the same trait with the same limit (the default).
+//! ([`ErpcSetupError::Capacity`]). The connect handshake carries each end's `max_msg_size`,
+//! MTU and session credits, and the server refuses a client whose values differ from its own
+//! ([`ErpcSetupError::Refused`] with [`core::RpcError::ConfigMismatch`], naming the field and
+//! both values): build both ends with the same settings (the defaults).
 //!
 //! Each client opens `ceil(max_in_flight / 8)` sessions to its server (eRPC allows 8
 //! outstanding RPCs per session, [`SLOTS_PER_SESSION`]; seeds/002 §2
@@ -34,7 +36,13 @@
 //! handshake carries the schema fingerprint ([`Config::schema_fingerprint`], set to the
 //! service's by [`service_config`]); a server of another service refuses it, which fails the
 //! connect with [`ErpcSetupError::SchemaMismatch`] (seeds/000 §12.4: the server validates a
-//! connect request before it creates the session). Across processes (MPI), create the
+//! connect request before it creates the session). It also carries the MTU, `max_msg_size`
+//! and session credits, which must equal the server's, and the server admits a session only
+//! if its receive ring can absorb the packets of all its sessions (admission control,
+//! [`Config::rx_ring_entries`]); a refusal fails the connect with [`ErpcSetupError::Refused`]
+//! and a message naming the cause. Connecting is bounded: by `connect_timeout`
+//! ([`ErpcSetupError::Timeout`]) and by the core's `failure_timeout` for a server that never
+//! answers ([`ErpcSetupError::NoAnswer`]). Across processes (MPI), create the
 //! [`Endpoint`] yourself and hand it, with the server's datagram address, to
 //! [`Erpc::from_endpoint`]; [`ErpcServer::from_endpoint`] is the server-side counterpart.
 //!
@@ -73,9 +81,17 @@
 //! ([`DEFAULT_FAILURE_TIMEOUT`] with [`ErpcConfig::default`]) the core fails every call of
 //! the session (seeds/002 §10, node failure). [`Erpc`] then reports
 //! [`RpcError::ServerDisconnected`] from `poll` (the pending calls are never delivered), and
-//! every later call fails with it too. A server refusing a session for
-//! another schema or for lack of sessions also fails the transport this way. Nothing hangs:
-//! the failure timeout bounds the wait.
+//! every later call fails with it at once ([`Erpc::last_failure`] tells why). A server
+//! refusing a session (another schema, other settings, no room) also fails the transport this
+//! way. Nothing hangs: the failure timeout bounds the wait.
+//!
+//! **Reconnecting is explicit**: after a server restart or a transient fault, call
+//! [`Erpc::reconnect`] (through a generated client: `client.transport_mut().reconnect()`).
+//! It replaces the sessions that have no call in flight by new ones to the same address and
+//! clears the failure; the next calls run on the new sessions (waiting, within the failure
+//! timeout, for them to connect). Without it the transport stays failed and every call fails
+//! at once, so a dead server costs a caller nothing per call. A late packet of an old session
+//! cannot reach a new one, at either end (session tokens, [`core`] module docs).
 //!
 //! # Server
 //! [`ErpcServer`] answers requests of any number of clients on one endpoint. Its
@@ -101,8 +117,8 @@
 //! # Errors
 //! Setup errors are [`ErpcSetupError`]s. Where a [`RpcError`] is required
 //! ([`ClientTransport::connect`], `?` through `From<ErpcSetupError>`), a schema mismatch
-//! becomes [`RpcError::SchemaMismatch`] (with `found: 0`: eRPC's refusal does not report the
-//! server's fingerprint), a capacity problem [`RpcError::CapacityMismatch`], and everything
+//! becomes [`RpcError::SchemaMismatch`] (with `found`, the server's fingerprint, which the
+//! connect response carries), a capacity problem [`RpcError::CapacityMismatch`], and everything
 //! else [`RpcError::Erpc`] carrying the [`ErpcSetupError`].
 
 use std::collections::VecDeque;
@@ -156,7 +172,8 @@ pub struct ErpcConfig {
     /// `ceil(max_in_flight / 8)` sessions.
     pub max_in_flight: usize,
     /// *Client*: how long connecting may take (all sessions connected). A server that does
-    /// not answer at all fails the connect earlier, after the core's `failure_timeout`.
+    /// not answer at all fails the connect earlier, after the core's `failure_timeout`
+    /// (which also bounds the wait when this is too long for the clock to represent).
     pub connect_timeout: Duration,
     /// *UDP*: datagram size in bytes, header included; `None`: the address family's
     /// Ethernet-safe default (1472 B for IPv4, 1452 B for IPv6). Both ends must agree.
@@ -253,16 +270,22 @@ pub enum ErpcSetupError {
     /// The server refused the session: it serves another schema (another service, or
     /// another build of this one).
     #[error(
-        "service {service}: the server refused the session (schema fingerprint mismatch; ours is {expected:#018x})"
+        "service {service}: the server refused the session (schema fingerprint mismatch: ours is {expected:#018x}, the server's is {found:#018x})"
     )]
     SchemaMismatch {
         /// Service name.
         service: &'static str,
         /// This build's fingerprint.
         expected: u64,
+        /// The server's fingerprint (carried in its connect response).
+        found: u64,
     },
-    /// The server refused the session for another reason (no free sessions), or dropped it
-    /// while connecting.
+    /// The server refused the session for another reason: a setting both ends must share
+    /// differs ([`core::RpcError::ConfigMismatch`]: MTU, `max_msg_size` or session credits;
+    /// the message names the field, both values and the client setting to change), its
+    /// receive ring has no room for another session ([`core::RpcError::NoRingEntries`],
+    /// admission control), it has no free sessions, or it dropped the session while
+    /// connecting.
     #[error("the eRPC server refused the session: {0}")]
     Refused(core::RpcError),
     /// The server did not answer the connect requests within the core's failure timeout.
@@ -283,10 +306,14 @@ impl ErpcSetupError {
     #[cold]
     pub fn into_rpc_error(self) -> RpcError {
         match self {
-            ErpcSetupError::SchemaMismatch { service, expected } => RpcError::SchemaMismatch {
+            ErpcSetupError::SchemaMismatch {
                 service,
                 expected,
-                found: 0,
+                found,
+            } => RpcError::SchemaMismatch {
+                service,
+                expected,
+                found,
             },
             ErpcSetupError::Capacity {
                 service,
@@ -463,6 +490,8 @@ pub struct ErpcClientStats {
     /// Events that concern no call of this client (a response for a token not in flight, a
     /// request from a peer: a client endpoint serves nothing), dropped.
     pub stray_events: u64,
+    /// Calls of [`Erpc::reconnect`].
+    pub reconnects: u64,
 }
 
 /// One session of an [`Erpc`] client: tokens `i * 8 .. i * 8 + 8` use it.
@@ -603,7 +632,9 @@ impl<T: DatagramTransport> Erpc<T> {
         for i in 0..n_sess {
             t.new_session(i).map_err(ErpcSetupError::Session)?;
         }
-        let deadline = Instant::now() + timeout;
+        // A timeout too long for the clock (e.g. `Duration::MAX`) leaves the core's
+        // `failure_timeout` as the bound (a server that never answers fails the sessions).
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             let work = t.ep.run_event_loop_once();
             t.last_loop = Instant::now();
@@ -613,10 +644,13 @@ impl<T: DatagramTransport> Erpc<T> {
             }
             if t.sessions.iter().any(|s| s.id.is_none()) {
                 return Err(match t.last_session_error {
-                    Some(core::RpcError::SchemaMismatch) => ErpcSetupError::SchemaMismatch {
-                        service: service.name,
-                        expected: service.fingerprint,
-                    },
+                    Some(core::RpcError::SchemaMismatch { server }) => {
+                        ErpcSetupError::SchemaMismatch {
+                            service: service.name,
+                            expected: service.fingerprint,
+                            found: server,
+                        }
+                    }
                     Some(core::RpcError::PeerFailed) | None => ErpcSetupError::NoAnswer,
                     Some(e) => ErpcSetupError::Refused(e),
                 });
@@ -628,7 +662,7 @@ impl<T: DatagramTransport> Erpc<T> {
             {
                 return Ok(t);
             }
-            if t.last_loop >= deadline {
+            if deadline.is_some_and(|d| t.last_loop >= d) {
                 return Err(ErpcSetupError::Timeout(timeout));
             }
             if work == 0 {
@@ -668,10 +702,61 @@ impl<T: DatagramTransport> Erpc<T> {
         self.in_flight
     }
 
-    /// Whether a failed call made this transport fail for good (every call then fails with
-    /// [`RpcError::ServerDisconnected`]).
+    /// Whether a failed call (or a refused session) made this transport fail: every call
+    /// then fails with [`RpcError::ServerDisconnected`] until [`Erpc::reconnect`].
     pub fn is_failed(&self) -> bool {
         self.failed.is_some()
+    }
+
+    /// Why the transport failed ([`Erpc::is_failed`]), else why the last session that ended
+    /// with an error did (e.g. [`core::RpcError::PeerFailed`]: the server was silent for the
+    /// failure timeout; [`core::RpcError::SessionLost`]: it no longer knew the session, as
+    /// after a restart), if any.
+    pub fn last_failure(&self) -> Option<core::RpcError> {
+        self.failed.or(self.last_session_error)
+    }
+
+    /// Reconnects after a failure (module docs, "A server that disappears"): clears the
+    /// failed state and replaces every session that has no call in flight by a new one to the
+    /// same server address (disconnecting the old one if it is still connected). Does not
+    /// wait: the new sessions connect in the background, and calls issued meanwhile wait in
+    /// the core's backlog until they are connected, or fail with
+    /// [`RpcError::ServerDisconnected`] if the server does not answer within the core's
+    /// `failure_timeout` or refuses the session (then call `reconnect` again later). Calls
+    /// still in flight keep their sessions (moving them could execute them twice); they
+    /// complete or fail on their own.
+    ///
+    /// # Errors
+    /// [`ErpcSetupError::Session`] if the endpoint cannot create a session (all session
+    /// numbers in use, or its receive ring has no room for another session); a failed
+    /// transport then stays failed.
+    #[cold]
+    pub fn reconnect(&mut self) -> Result<(), ErpcSetupError> {
+        for i in 0..self.sessions.len() {
+            let busy = self.pending[i * SLOTS_PER_SESSION..]
+                .iter()
+                .take(SLOTS_PER_SESSION)
+                .any(|&p| p);
+            if busy {
+                continue;
+            }
+            if let Some(id) = self.sessions[i].id.take() {
+                if self.ep.is_connected(id) {
+                    let _ = self.ep.destroy_session(id);
+                }
+                // Its final event (disconnected or failed) removes it from `old`.
+                self.old.push(id);
+            }
+            self.new_session(i).map_err(ErpcSetupError::Session)?;
+        }
+        self.failed = None;
+        self.last_session_error = None;
+        self.stats.reconnects += 1;
+        tracing::debug!(
+            service = self.service.name,
+            "erpc: reconnecting: new sessions opened"
+        );
+        Ok(())
     }
 
     /// One iteration of the event loop; with nothing in flight, first gives up sessions that
@@ -839,7 +924,13 @@ impl<T: DatagramTransport> Erpc<T> {
         self.last_session_error = error;
         // The server would refuse a new session as well. (Failed calls, if any, already
         // failed the transport; an idle session is replaced by the next call.)
-        if let Some(e @ (core::RpcError::SchemaMismatch | core::RpcError::NoResources)) = error {
+        if let Some(
+            e @ (core::RpcError::SchemaMismatch { .. }
+            | core::RpcError::ConfigMismatch { .. }
+            | core::RpcError::NoRingEntries { .. }
+            | core::RpcError::NoResources),
+        ) = error
+        {
             self.failed.get_or_insert(e);
         }
     }
@@ -909,8 +1000,8 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
     /// [`Erpc::connect_with`] with [`ErpcConfig::default`].
     ///
     /// # Errors
-    /// [`RpcError::SchemaMismatch`] if the server serves another schema (`found` is 0: not
-    /// reported by eRPC); [`RpcError::CapacityMismatch`] if the service's messages exceed the
+    /// [`RpcError::SchemaMismatch`] if the server serves another schema (`found` is the
+    /// server's fingerprint); [`RpcError::CapacityMismatch`] if the service's messages exceed the
     /// core's `max_msg_size`; [`RpcError::Erpc`] for every other failure (no answer,
     /// refused, timeout, socket error; module docs, "Errors").
     fn connect(
@@ -1333,13 +1424,14 @@ mod tests {
         let e = ErpcSetupError::SchemaMismatch {
             service: "S",
             expected: 5,
+            found: 6,
         };
         assert!(matches!(
             e.into_rpc_error(),
             RpcError::SchemaMismatch {
                 service: "S",
                 expected: 5,
-                found: 0
+                found: 6
             }
         ));
         let e = ErpcSetupError::Capacity {

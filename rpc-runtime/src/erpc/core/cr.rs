@@ -14,11 +14,20 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         &mut self,
         peer: A,
         remote: u16,
+        token: u16,
         req_type: u8,
         pkt_num: usize,
         req_num: u64,
     ) {
-        let hdr = Self::hdr(req_type, 0, remote, PktType::ExplCr, pkt_num, req_num);
+        let hdr = Self::hdr(
+            req_type,
+            0,
+            remote,
+            token,
+            PktType::ExplCr,
+            pkt_num,
+            req_num,
+        );
         self.txq.push_back(Tx::Ctrl { dest: peer, hdr });
         self.stats.cr_tx += 1;
     }

@@ -31,8 +31,23 @@
 //! request is handed to the application ([`Event::Request`]) exactly once.
 //!
 //! Session management (`sm.rs`) uses the same datagram channel with
-//! `dest_session_num = 0xffff`; connect/disconnect requests carry a unique token, are
-//! re-sent every `sm_rto`, and duplicates get the same answer. A peer that is silent for
+//! `dest_session_num = 0xffff`; connect/disconnect requests carry a random connect token, are
+//! re-sent every `sm_rto`, and duplicates get the same answer. The connect handshake carries
+//! both ends' schema fingerprint, MTU, `max_msg_size` and session credits (a mismatch refuses
+//! the session with an error naming the field and both values), and the server admits a
+//! session only if its receive ring can absorb every session's credits (admission control,
+//! [`Config::rx_ring_entries`]).
+//!
+//! # Session tokens (issue 12; seeds/002 §4 invariant I3)
+//! Session numbers are reused after a session ends, and a request number restarts at the
+//! slot index in every session, so a late packet of an ended session could otherwise be taken
+//! for one of a new session on the same number (a stale request executed twice, a stale
+//! response completing another call). Each end therefore picks a random 16-bit session token
+//! for its session at connect (different from the last token of that session number), the
+//! handshake exchanges them, every data and control packet carries the receiver's token in
+//! the header's top 16 bits, and a packet with another token is dropped and counted
+//! ([`Stats::drop_stale_token`]). Tokens come from SipHash under a random per-endpoint key, so
+//! a peer cannot predict another session's token (it can still guess one in 2^16). A peer that is silent for
 //! `failure_timeout` fails its sessions (`failure.rs`); connected idle clients send keepalive
 //! pings so that a live peer is never silent.
 //!
@@ -144,8 +159,9 @@ pub struct Config {
     pub max_sessions: usize,
     /// Fingerprint of the RPC schema; a connect request with another value is refused.
     pub schema_fingerprint: u64,
-    /// Mixed into session tokens so that a restarted endpoint at the same address does not
-    /// repeat the tokens of its previous life (pass something random).
+    /// Mixed into connect and session tokens (which are also keyed by a random key drawn
+    /// per endpoint), so that a restarted endpoint at the same address does not repeat the
+    /// tokens of its previous life (pass something random).
     pub token_nonce: u64,
     /// Link bandwidth in bits per second (default 25 Gbit/s, i.e. 25 GbE): Timely's maximum
     /// rate; a client session at this rate is uncongested and bypasses the wheel. At least
@@ -159,6 +175,16 @@ pub struct Config {
     /// default true). When false, rates are still computed (if `cc_rate_comp`) but every
     /// packet goes straight to the transmit queue.
     pub cc_pacing: bool,
+    /// Datagrams this endpoint's receive ring can hold before it drops (a UD RQ's receive
+    /// WQEs, a UDP socket's receive buffer): admission control (issue 12; eRPC refuses
+    /// sessions it lacks RX ring entries for, seeds/000 §12.4 "resources"). Every session,
+    /// of either role, may have up to `session_credits` packets in flight towards this
+    /// endpoint, so a new session is refused (server: [`RpcError::NoRingEntries`] at the
+    /// client's connect; client: [`CallError::NoRingEntries`] from `create_session`) when
+    /// `(sessions + 1) * session_credits` would exceed it. `None` (the default of the
+    /// sans-I/O core): no limit; [`Endpoint::new`](crate::erpc::event_loop::Endpoint::new)
+    /// fills in the transport's `rx_ring_entries()`; `Some(usize::MAX)` disables the check.
+    pub rx_ring_entries: Option<usize>,
 }
 
 impl Default for Config {
@@ -177,6 +203,7 @@ impl Default for Config {
             link_bandwidth_bps: 25_000_000_000,
             cc_rate_comp: true,
             cc_pacing: true,
+            rx_ring_entries: None,
         }
     }
 }
@@ -205,6 +232,56 @@ pub enum ConfigError {
     BadLinkBandwidth(u64),
 }
 
+/// A protocol setting that both ends of a session must share; the connect handshake carries
+/// each and the server refuses a session whose client differs ([`RpcError::ConfigMismatch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigField {
+    /// [`Config::mtu`] (bytes): both ends cut messages into packets of `mtu - 16` data bytes
+    /// and number them alike; a datagram above the receiver's MTU is dropped.
+    Mtu,
+    /// [`Config::max_msg_size`] (bytes): a message above the receiver's is dropped.
+    MaxMsgSize,
+    /// [`Config::session_credits`] (packets): the server's admission control counts them.
+    SessionCredits,
+}
+
+impl ConfigField {
+    /// The field's name in [`Config`].
+    pub fn name(self) -> &'static str {
+        match self {
+            ConfigField::Mtu => "mtu",
+            ConfigField::MaxMsgSize => "max_msg_size",
+            ConfigField::SessionCredits => "session_credits",
+        }
+    }
+
+    /// The field's unit.
+    pub fn unit(self) -> &'static str {
+        match self {
+            ConfigField::Mtu | ConfigField::MaxMsgSize => "bytes",
+            ConfigField::SessionCredits => "packets",
+        }
+    }
+
+    /// Where a client sets it.
+    pub fn setting(self) -> &'static str {
+        match self {
+            ConfigField::Mtu => {
+                "Config::mtu, which is the transport's MTU: UdpConfig::mtu or \
+                 ErpcConfig::udp_mtu over UDP, UdConfig::mtu over UD"
+            }
+            ConfigField::MaxMsgSize => "Config::max_msg_size",
+            ConfigField::SessionCredits => "Config::session_credits",
+        }
+    }
+}
+
+impl std::fmt::Display for ConfigField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Why an RPC or a session failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum RpcError {
@@ -212,8 +289,44 @@ pub enum RpcError {
     #[error("peer silent for the failure timeout")]
     PeerFailed,
     /// The server refused the connection: its schema fingerprint differs.
-    #[error("schema fingerprint mismatch")]
-    SchemaMismatch,
+    #[error("schema fingerprint mismatch: the server's is {server:#018x}")]
+    SchemaMismatch {
+        /// The server's fingerprint (carried in its connect response).
+        server: u64,
+    },
+    /// The server refused the connection: a setting both ends must share differs (issue
+    /// 12; seeds/000 §12.4: the server validates the transport, MTU included, before it
+    /// creates a session). The client is the side to change: a server serves many clients.
+    #[error(
+        "the server refused the session: {field} differs: client {client} {unit}, server \
+         {server} {unit}; change the client's setting ({setting}) to {server}",
+        unit = .field.unit(),
+        setting = .field.setting()
+    )]
+    ConfigMismatch {
+        /// Which setting.
+        field: ConfigField,
+        /// The client's value.
+        client: u64,
+        /// The server's value.
+        server: u64,
+    },
+    /// The server refused the connection: its receive ring cannot absorb the packets of one
+    /// more session (admission control, [`Config::rx_ring_entries`]).
+    #[error(
+        "the server refused the session: its receive ring holds {ring_entries} datagrams and it \
+         has {sessions} sessions; one more at {credits} credits each would exceed it (enlarge \
+         the server's receive ring: UD rq_depth, UDP socket buffer (net.core.rmem_max); or open \
+         fewer sessions)"
+    )]
+    NoRingEntries {
+        /// The server's receive-ring size, datagrams.
+        ring_entries: u64,
+        /// Sessions the server holds (both roles).
+        sessions: u64,
+        /// Credits per session (packets).
+        credits: u64,
+    },
     /// The server refused the connection for lack of session slots.
     #[error("server has no free sessions")]
     NoResources,
@@ -237,6 +350,20 @@ pub enum CallError {
     /// All session numbers are in use.
     #[error("no free session numbers")]
     NoSessions,
+    /// This endpoint's receive ring cannot absorb the packets of one more session
+    /// (admission control, [`Config::rx_ring_entries`]).
+    #[error(
+        "receive ring of {ring_entries} datagrams too small for {sessions} + 1 sessions of \
+         {credits} credits (enlarge the receive ring or open fewer sessions)"
+    )]
+    NoRingEntries {
+        /// The receive-ring size, datagrams.
+        ring_entries: u64,
+        /// Sessions this endpoint holds (both roles).
+        sessions: u64,
+        /// Credits per session (packets).
+        credits: u64,
+    },
     /// The token does not name a request awaiting a reply (already replied, or the session
     /// was freed).
     #[error("stale request token")]
@@ -374,6 +501,11 @@ pub struct Stats {
     pub drop_bad_len: u64,
     /// Dropped: invalid session-management packet.
     pub drop_bad_sm: u64,
+    /// Dropped: a data or control packet whose session token is not its session's: a stale
+    /// packet of an ended session whose number was reused, or a forged one (issue 12).
+    pub drop_stale_token: u64,
+    /// Server: connect requests refused (schema, settings, receive ring, session numbers).
+    pub connects_refused: u64,
     /// Server: requests handed to the application (handler executions).
     pub requests_dispatched: u64,
     /// Server: duplicate request packets answered from the cache (CR or response).
@@ -448,6 +580,13 @@ pub struct Rpc<A> {
     free_nums: VecDeque<u16>,
     next_generation: u64,
     token_counter: u64,
+    /// Key of the token generator (random per endpoint; see [`Rpc::random`]).
+    token_key: std::hash::RandomState,
+    /// Per session number, the session token its last owner chose (a new owner picks
+    /// another, so a stale packet of the previous owner never matches).
+    last_rx_token: Vec<u16>,
+    /// Live sessions (both roles), for admission control.
+    live_sessions: usize,
     /// Server: (client address, connect token) -> server session.
     conn_tokens: HashMap<(A, u64), SessionId>,
     txq: VecDeque<Tx<A>>,
@@ -508,6 +647,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             free_nums: VecDeque::new(),
             next_generation: 1,
             token_counter: 0,
+            token_key: std::hash::RandomState::new(),
+            last_rx_token: Vec::new(),
+            live_sessions: 0,
             conn_tokens: HashMap::new(),
             txq: VecDeque::new(),
             events: VecDeque::new(),
@@ -649,6 +791,10 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         };
         if s.peer != from || s.state != SessionState::Connected {
             self.stats.drop_unknown_session += 1;
+            return None;
+        }
+        if hdr.token() != s.rx_token {
+            self.stats.drop_stale_token += 1;
             return None;
         }
         match (s.role.is_client(), hdr.pkt_type()) {
@@ -815,12 +961,51 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             return None;
         };
         self.sessions[usize::from(n)] = Some(s);
+        self.live_sessions += 1;
+        // The session token: random, and not its number's previous owner's.
+        let i = usize::from(n);
+        if self.last_rx_token.len() <= i {
+            self.last_rx_token.resize(i + 1, 0);
+        }
+        let mut tok = self.random() as u16;
+        while tok == self.last_rx_token[i] {
+            tok = self.random() as u16;
+        }
+        self.last_rx_token[i] = tok;
+        if let Some(s) = self.sessions[i].as_mut() {
+            s.rx_token = tok;
+        }
         Some(SessionId(n))
+    }
+
+    /// A random 64-bit value: SipHash, under a key drawn at random for this endpoint, of
+    /// `token_nonce` and a counter (unpredictable to peers; used for connect and session
+    /// tokens).
+    fn random(&mut self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        self.token_counter += 1;
+        let mut h = self.token_key.build_hasher();
+        h.write_u64(self.cfg.token_nonce);
+        h.write_u64(self.token_counter);
+        h.finish()
+    }
+
+    /// Admission control ([`Config::rx_ring_entries`]): `Err((ring, sessions, credits))` if
+    /// one more session could overrun the receive ring.
+    fn ring_room(&self) -> Result<(), (u64, u64, u64)> {
+        let ring = self.cfg.rx_ring_entries.unwrap_or(usize::MAX);
+        let credits = self.cfg.session_credits;
+        let need = (self.live_sessions + 1).saturating_mul(credits);
+        if need > ring {
+            return Err((ring as u64, self.live_sessions as u64, credits as u64));
+        }
+        Ok(())
     }
 
     fn free_session(&mut self, sid: SessionId) -> Option<Session<A>> {
         let s = self.sessions.get_mut(usize::from(sid.0))?.take()?;
         self.free_nums.push_back(sid.0);
+        self.live_sessions -= 1;
         match s.role.client() {
             None => {
                 self.conn_tokens.remove(&(s.peer, s.token));
@@ -849,11 +1034,13 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         g
     }
 
-    /// Header for a packet to the peer of `s`.
+    /// Header for a packet to the peer of a session: `dest` is the peer's session number,
+    /// `token` the peer's session token.
     fn hdr(
         req_type: u8,
         msg_size: usize,
         dest: u16,
+        token: u16,
         t: PktType,
         pkt_num: usize,
         req_num: u64,
@@ -861,7 +1048,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         // The fields were validated when the message was accepted (sizes below the 24-bit
         // limit, packet numbers below 2^14, req_num below 2^44 for 2^41 requests per slot).
         PktHdr::new(req_type, msg_size as u32, dest, t, pkt_num as u16, req_num)
-            .map(|h| h.encode())
+            .map(|h| h.with_token(token).encode())
             .unwrap_or([0; PKTHDR_SIZE])
     }
 

@@ -172,6 +172,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             slot.req_type,
             slot.req.len(),
             s.remote_num,
+            s.tx_token,
             PktType::Req,
             pkt,
             req_num,
@@ -194,7 +195,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         let dpp = self.data_per_pkt;
         let s = super::sess_mut(&mut self.sessions, sid)?;
         s.last_rx = now;
-        let (peer, remote, generation) = (s.peer, s.remote_num, s.generation);
+        let (peer, remote, tok, generation) = (s.peer, s.remote_num, s.tx_token, s.generation);
         let srv = s.role.server_mut()?;
         let r = hdr.req_num();
         let k = usize::from(hdr.pkt_num());
@@ -259,7 +260,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             // Duplicate of a packet already received: its answer was lost.
             if k < last {
                 self.stats.dup_req_answered += 1;
-                self.send_cr(peer, remote, hdr.req_type(), k, r);
+                self.send_cr(peer, remote, tok, hdr.req_type(), k, r);
             } else if slot.state == SrvState::Replied {
                 self.stats.dup_req_answered += 1;
                 self.queue_resp_pkt(sid, generation, r, 0);
@@ -280,7 +281,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         slot.req.extend_from_slice(payload);
         slot.num_rx += 1;
         if k < last {
-            self.send_cr(peer, remote, hdr.req_type(), k, r);
+            self.send_cr(peer, remote, tok, hdr.req_type(), k, r);
             return None;
         }
         slot.state = SrvState::AwaitingReply;

@@ -102,6 +102,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             slot.req_type,
             slot.resp.len(),
             s.remote_num,
+            s.tx_token,
             PktType::Resp,
             slot.num_req_pkts - 1 + j,
             req_num,

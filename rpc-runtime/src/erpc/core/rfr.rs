@@ -29,7 +29,15 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         {
             return None;
         }
-        let hdr = Self::hdr(slot.req_type, 0, s.remote_num, PktType::Rfr, pkt, req_num);
+        let hdr = Self::hdr(
+            slot.req_type,
+            0,
+            s.remote_num,
+            s.tx_token,
+            PktType::Rfr,
+            pkt,
+            req_num,
+        );
         buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
         Some((s.peer, PKTHDR_SIZE))
     }

@@ -3,8 +3,9 @@
 //! A client session owns [`SLOTS_PER_SESSION`] client slots, the credit counter, the backlog
 //! of requests waiting for a free slot and the stall queue of slots waiting for credits. A
 //! server session owns [`SLOTS_PER_SESSION`] server slots (the at-most-once state). Both
-//! remember the peer address, the peer's session number, the connect token and when a valid
-//! packet was last received from the peer (for failure detection).
+//! remember the peer address, the peer's session number, the connect token, the two session
+//! tokens that data packets carry (see `pkthdr`) and when a valid packet was last received
+//! from the peer (for failure detection).
 
 use std::collections::VecDeque;
 
@@ -136,8 +137,14 @@ pub(super) struct Session<A> {
     pub peer: A,
     /// The peer's number for this session (client: learned from the connect response).
     pub remote_num: u16,
-    /// Connect token (unique per client endpoint).
+    /// Connect token: random, chosen by the client; session-management packets carry it.
     pub token: u64,
+    /// Session token this endpoint chose for the session: every data/control packet
+    /// addressed to it must carry it (else it is stale or forged and dropped).
+    pub rx_token: u16,
+    /// The peer's session token for the session (learned in the handshake): put in every
+    /// data/control packet sent to the peer.
+    pub tx_token: u16,
     /// Distinguishes this session from earlier owners of the same number.
     pub generation: u64,
     /// When a valid packet for this session last arrived (creation time initially).
@@ -161,13 +168,22 @@ impl<A> Session<A> {
             peer,
             remote_num: 0,
             token,
+            rx_token: 0,
+            tx_token: 0,
             generation,
             last_rx: now,
             sm_due: now,
         }
     }
 
-    pub fn new_server(peer: A, remote_num: u16, token: u64, generation: u64, now: Time) -> Self {
+    pub fn new_server(
+        peer: A,
+        remote_num: u16,
+        token: u64,
+        tx_token: u16,
+        generation: u64,
+        now: Time,
+    ) -> Self {
         Session {
             role: Role::Server(Box::new(ServerSession {
                 slots: std::array::from_fn(|_| ServerSlot::default()),
@@ -176,6 +192,8 @@ impl<A> Session<A> {
             peer,
             remote_num,
             token,
+            rx_token: 0,
+            tx_token,
             generation,
             last_rx: now,
             sm_due: now,

@@ -568,14 +568,14 @@ fn schema_mismatch_refused() {
         Some(Event::RequestFailed {
             session: sid,
             tag: 77,
-            error: RpcError::SchemaMismatch
+            error: RpcError::SchemaMismatch { server: 2 }
         })
     );
     assert_eq!(
         cl.rpc.poll_event(),
         Some(Event::SessionFailed {
             session: sid,
-            error: RpcError::SchemaMismatch
+            error: RpcError::SchemaMismatch { server: 2 }
         })
     );
     assert_eq!(sv.rpc.num_sessions(), 0);
@@ -784,4 +784,234 @@ fn fuzzed_packets_never_panic() {
     }
     let st = sv.rpc.stats();
     assert!(st.drop_bad_hdr + st.drop_truncated + st.drop_bad_len + st.drop_out_of_window > 0);
+}
+
+/// Issue 12 (seeds/002 §4 invariant I3): session numbers are reused after a session ends.
+/// A stale request and a stale response of the ended session, arriving after a new session
+/// got the same session numbers at both ends (and uses the same slot and request number),
+/// are dropped and counted (their session token is the old session's): the stale request
+/// does not run again, and the new call gets its own response.
+#[test]
+fn stale_packets_of_an_ended_session_are_dropped() {
+    let (mut cl, mut sv, sid) = connect_pair(0);
+    let mut buf = vec![0u8; 4096];
+    // The old session's call (slot 0, req_num 0): capture its request and response.
+    cl.rpc.enqueue_request(0, sid, 4, b"old-req", 1).unwrap();
+    let (_, len) = cl.rpc.poll_transmit(&mut buf).unwrap();
+    let old_req = buf[..len].to_vec();
+    sv.rpc.handle_datagram(0, 1, &old_req);
+    let Some(Event::Request { token, .. }) = sv.rpc.poll_event() else {
+        panic!("request not dispatched")
+    };
+    sv.rpc.reply(0, token, b"old-resp").unwrap();
+    let (_, len) = sv.rpc.poll_transmit(&mut buf).unwrap();
+    let old_resp = buf[..len].to_vec();
+    cl.rpc.handle_datagram(0, 2, &old_resp);
+    assert!(matches!(
+        cl.rpc.poll_event(),
+        Some(Event::Response { tag: 1, .. })
+    ));
+    // End the session; a new one gets the same numbers at both ends.
+    cl.rpc.destroy_session(0, sid).unwrap();
+    Node::run_reliable(&mut cl, &mut sv, |_, d| d.to_vec());
+    assert_eq!(cl.rpc.poll_event(), Some(Event::SessionDisconnected(sid)));
+    assert_eq!(
+        sv.rpc.poll_event(),
+        Some(Event::ServerSessionClosed(SessionId(0)))
+    );
+    let sid2 = cl.rpc.create_session(0, 2).unwrap();
+    assert_eq!(sid2, sid, "client session number reused");
+    Node::run_reliable(&mut cl, &mut sv, |_, d| d.to_vec());
+    assert_eq!(cl.rpc.poll_event(), Some(Event::SessionConnected(sid2)));
+    assert_eq!(sv.rpc.num_sessions(), 1);
+    assert!(
+        sv.rpc.session(SessionId(0)).is_some(),
+        "server number reused"
+    );
+    // The new session's first call uses slot 0 and req_num 0 again.
+    cl.rpc.enqueue_request(0, sid2, 4, b"new-req", 2).unwrap();
+    let (_, len) = cl.rpc.poll_transmit(&mut buf).unwrap();
+    let new_req = buf[..len].to_vec();
+    assert_eq!(
+        PktHdr::decode(&new_req).unwrap().req_num(),
+        PktHdr::decode(&old_req).unwrap().req_num()
+    );
+    // The stale request reaches the server first: dropped, not executed.
+    let dispatched = sv.rpc.stats().requests_dispatched;
+    sv.rpc.handle_datagram(0, 1, &old_req);
+    assert_eq!(sv.rpc.stats().drop_stale_token, 1);
+    assert_eq!(sv.rpc.stats().requests_dispatched, dispatched);
+    assert!(sv.rpc.poll_event().is_none());
+    assert!(sv.rpc.poll_transmit(&mut buf).is_none(), "nothing answered");
+    // The new request runs.
+    sv.rpc.handle_datagram(0, 1, &new_req);
+    let Some(Event::Request { token, data, .. }) = sv.rpc.poll_event() else {
+        panic!("new request not dispatched")
+    };
+    assert_eq!(data, b"new-req");
+    // The stale response reaches the client while the new call waits: dropped.
+    cl.rpc.handle_datagram(0, 2, &old_resp);
+    assert_eq!(cl.rpc.stats().drop_stale_token, 1);
+    assert!(cl.rpc.poll_event().is_none(), "stale response delivered");
+    sv.rpc.reply(0, token, b"new-resp").unwrap();
+    let (_, len) = sv.rpc.poll_transmit(&mut buf).unwrap();
+    cl.rpc.handle_datagram(0, 2, &buf[..len]);
+    assert_eq!(
+        cl.rpc.poll_event(),
+        Some(Event::Response {
+            session: sid2,
+            tag: 2,
+            data: b"new-resp".to_vec()
+        })
+    );
+    // A stale duplicate after the reply is not answered from the new call's cache either.
+    sv.rpc.handle_datagram(0, 1, &old_req);
+    assert_eq!(sv.rpc.stats().drop_stale_token, 2);
+    assert!(sv.rpc.poll_transmit(&mut buf).is_none());
+    assert_eq!(sv.rpc.stats().requests_dispatched, dispatched + 1);
+    cl.rpc.check_invariants();
+}
+
+/// Issue 12: the connect handshake carries MTU, `max_msg_size` and session credits; a client
+/// whose value differs from the server's is refused at connect, its queued call fails, and
+/// the error names the field, both values and the client setting to change (before, the
+/// session connected and its calls were retransmitted forever). The server keeps nothing.
+#[test]
+fn config_mismatch_refused_at_connect() {
+    let base = Config {
+        max_msg_size: 1 << 20,
+        ..Config::default()
+    };
+    type Case = (fn(&mut Config), ConfigField, u64, u64);
+    let cases: [Case; 3] = [
+        (|c| c.mtu = 1024, ConfigField::Mtu, 1024, 4096),
+        (
+            |c| c.max_msg_size = 1 << 19,
+            ConfigField::MaxMsgSize,
+            1 << 19,
+            1 << 20,
+        ),
+        (|c| c.session_credits = 4, ConfigField::SessionCredits, 4, 8),
+    ];
+    for (change, field, client, server) in cases {
+        let mut ccfg = base.clone();
+        change(&mut ccfg);
+        let mut cl = Node::new(1, ccfg);
+        let mut sv = Node::new(2, base.clone());
+        let sid = cl.rpc.create_session(0, 2).unwrap();
+        cl.rpc.enqueue_request(0, sid, 0, b"q", 7).unwrap();
+        Node::run_reliable(&mut cl, &mut sv, |_, d| d.to_vec());
+        let error = RpcError::ConfigMismatch {
+            field,
+            client,
+            server,
+        };
+        assert_eq!(
+            cl.rpc.poll_event(),
+            Some(Event::RequestFailed {
+                session: sid,
+                tag: 7,
+                error
+            }),
+            "{field}"
+        );
+        assert_eq!(
+            cl.rpc.poll_event(),
+            Some(Event::SessionFailed {
+                session: sid,
+                error
+            })
+        );
+        assert_eq!((cl.rpc.num_sessions(), sv.rpc.num_sessions()), (0, 0));
+        assert_eq!(sv.rpc.stats().connects_refused, 1);
+        assert_eq!(sv.rpc.stats().requests_dispatched, 0);
+        let msg = error.to_string();
+        for part in [
+            field.name(),
+            &format!("client {client} {}", field.unit()),
+            &format!("server {server} {}", field.unit()),
+            "change the client's setting",
+            field.setting(),
+        ] {
+            assert!(msg.contains(part), "{msg:?} lacks {part:?}");
+        }
+    }
+}
+
+/// Issue 12: admission control as in eRPC. A server whose receive ring holds 31 datagrams
+/// admits 3 sessions of 8 credits (24 packets in flight at most) and refuses the 4th at
+/// connect with `NoRingEntries` (before: admitted, and a burst of 32 packets could overrun
+/// the ring); once a session ends, a new one is admitted. A client endpoint refuses to
+/// create more sessions than its own ring absorbs.
+#[test]
+fn admission_control_by_receive_ring() {
+    let mut sim = Sim::new(2, Config::default(), 12, echo());
+    sim.nodes[1] = Node::new(
+        1,
+        Config {
+            rx_ring_entries: Some(31),
+            ..Config::default()
+        },
+    );
+    let sids = connect_all(&mut sim, 0, 1, 3);
+    let now = sim.now;
+    let fourth = sim.nodes[0].rpc.create_session(now, 1).unwrap();
+    assert!(sim.run(
+        now + 1000 * MS,
+        |s| s.count(0, |e| matches!(e, Event::SessionFailed { .. })) == 1
+    ));
+    let error = RpcError::NoRingEntries {
+        ring_entries: 31,
+        sessions: 3,
+        credits: 8,
+    };
+    assert_eq!(
+        sim.nodes[0].events.last(),
+        Some(&Event::SessionFailed {
+            session: fourth,
+            error
+        })
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("receive ring holds 31 datagrams")
+    );
+    assert_eq!(sim.nodes[1].rpc.num_sessions(), 3);
+    assert_eq!(sim.nodes[1].rpc.stats().connects_refused, 1);
+    // Calls on the admitted sessions work; after one session ends, a new one is admitted.
+    for (k, &sid) in sids.iter().enumerate() {
+        let now = sim.now;
+        sim.nodes[0]
+            .rpc
+            .enqueue_request(now, sid, 0, b"x", k as u64)
+            .unwrap();
+    }
+    assert!(sim.run(sim.now + 1000 * MS, |s| s.responses().len() == 3));
+    let now = sim.now;
+    sim.nodes[0].rpc.destroy_session(now, sids[0]).unwrap();
+    assert!(sim.run(now + 1000 * MS, |s| s.nodes[1].rpc.num_sessions() == 2));
+    let now = sim.now;
+    sim.nodes[0].rpc.create_session(now, 1).unwrap();
+    assert!(sim.run(
+        now + 1000 * MS,
+        |s| s.count(0, |e| matches!(e, Event::SessionConnected(_))) == 4
+    ));
+    assert_eq!(sim.nodes[1].rpc.num_sessions(), 3);
+    // The client side: a ring of 16 datagrams holds two sessions of 8 credits.
+    let mut c = Rpc::<u32>::new(Config {
+        rx_ring_entries: Some(16),
+        ..Config::default()
+    })
+    .unwrap();
+    c.create_session(0, 9).unwrap();
+    c.create_session(0, 9).unwrap();
+    assert_eq!(
+        c.create_session(0, 9),
+        Err(CallError::NoRingEntries {
+            ring_entries: 16,
+            sessions: 2,
+            credits: 8
+        })
+    );
 }

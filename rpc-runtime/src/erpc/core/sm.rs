@@ -1,33 +1,56 @@
 //! Session management: connect, disconnect and keepalive, in-band on the datagram channel.
 //!
 //! An SM packet is a packet header with `dest_session_num` = [`SM_SESSION_NUM`],
-//! `pkt_type = Req`, `req_type` = the [`SmKind`], `msg_size` = 24, `pkt_num = req_num = 0`,
-//! followed by a 24-byte body (little endian):
+//! `pkt_type = Req`, `req_type` = the [`SmKind`], `msg_size` = 48, `pkt_num = req_num = 0`,
+//! session token 0, followed by a 48-byte body (little endian):
 //!
-//! | bytes  | field                      |
-//! |--------|----------------------------|
-//! | 0..8   | token                      |
-//! | 8..10  | client session number      |
-//! | 10..12 | server session number      |
-//! | 12     | status ([`SmStatus`])      |
-//! | 13..16 | zero                       |
-//! | 16..24 | schema fingerprint         |
+//! | bytes  | field                                                              |
+//! |--------|--------------------------------------------------------------------|
+//! | 0..8   | connect token (random, chosen by the client)                       |
+//! | 8..10  | client session number                                              |
+//! | 10..12 | server session number                                              |
+//! | 12     | status ([`SmStatus`])                                              |
+//! | 13     | zero                                                               |
+//! | 14..16 | session token of the sender's session (connect request: the client's, connect response: the server's) |
+//! | 16..24 | sender's schema fingerprint                                        |
+//! | 24..28 | sender's MTU (bytes)                                               |
+//! | 28..32 | sender's `max_msg_size` (bytes)                                    |
+//! | 32..34 | sender's `session_credits` (packets)                               |
+//! | 34..36 | zero                                                               |
+//! | 36..40 | sender's receive-ring size (datagrams, saturated; `u32::MAX`: no limit) |
+//! | 40..44 | sender's live sessions (saturated)                                 |
+//! | 44..48 | zero                                                               |
 //!
 //! The client's requests (connect, disconnect, ping) are re-sent until answered; the server
 //! answers duplicates idempotently: a repeated connect (same client address and token) gets
-//! the same session number, a disconnect of an unknown session is acknowledged. A connect
-//! whose fingerprint differs from the server's is refused with `SchemaMismatch`.
+//! the same session number, a disconnect of an unknown session is acknowledged.
+//!
+//! A connect request is validated before a session is created (seeds/000 §12.4: the server
+//! checks the transport, MTU included, and its resources), in this order: schema fingerprint
+//! (`SchemaMismatch`), MTU, `max_msg_size` and session credits, which must equal the
+//! server's (`ConfigMismatch`; a client and server that differ in these would otherwise
+//! retransmit forever), room in the receive ring (`NoRingEntries`, admission control, see
+//! [`Config::rx_ring_entries`](super::Config::rx_ring_entries)), and a free session number
+//! (`NoResources`). Every connect response carries the server's values, so the client's
+//! error names the field and both values.
+//!
+//! Each side picks a random session token for its session when it creates it (different from
+//! the last token used on the same session number) and sends it in the handshake; data and
+//! control packets carry the receiver's token in the header (`pkthdr`), and a packet with
+//! another token is dropped and counted (`Stats::drop_stale_token`): a stale packet of an
+//! ended session never reaches the session that reuses its number (issue 12; seeds/002 §4,
+//! invariant I3).
 
 use std::hash::Hash;
 
 use super::session::{Session, SessionState};
-use super::{CallError, Event, Rpc, RpcError, SessionId, Time, Tx};
+use super::{CallError, ConfigField, Event, Rpc, RpcError, SessionId, Time, Tx};
 use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
 
 /// `dest_session_num` of session-management packets (never a real session number).
 pub const SM_SESSION_NUM: u16 = u16::MAX;
 /// Size of the SM body.
-const SM_BODY_LEN: usize = 24;
+const SM_BODY_LEN: usize = 48;
 /// Size of a whole SM packet.
 pub(super) const SM_PKT_LEN: usize = PKTHDR_SIZE + SM_BODY_LEN;
 
@@ -65,6 +88,8 @@ pub(super) enum SmStatus {
     SchemaMismatch = 1,
     NoResources = 2,
     NoSession = 3,
+    ConfigMismatch = 4,
+    NoRingEntries = 5,
 }
 
 impl SmStatus {
@@ -74,6 +99,8 @@ impl SmStatus {
             1 => SmStatus::SchemaMismatch,
             2 => SmStatus::NoResources,
             3 => SmStatus::NoSession,
+            4 => SmStatus::ConfigMismatch,
+            5 => SmStatus::NoRingEntries,
             _ => return None,
         })
     }
@@ -87,7 +114,15 @@ pub(super) struct SmPkt {
     pub client_sess: u16,
     pub server_sess: u16,
     pub status: SmStatus,
+    /// Session token of the sender's session (connect request and response).
+    pub sess_token: u16,
     pub fingerprint: u64,
+    /// The sender's settings (bytes, bytes, packets, datagrams) and live sessions.
+    pub mtu: u32,
+    pub max_msg_size: u32,
+    pub credits: u16,
+    pub ring_entries: u32,
+    pub sessions: u32,
 }
 
 impl SmPkt {
@@ -105,12 +140,18 @@ impl SmPkt {
         .unwrap_or([0; PKTHDR_SIZE]);
         buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
         let b = &mut buf[PKTHDR_SIZE..SM_PKT_LEN];
+        b.fill(0);
         b[0..8].copy_from_slice(&self.token.to_le_bytes());
         b[8..10].copy_from_slice(&self.client_sess.to_le_bytes());
         b[10..12].copy_from_slice(&self.server_sess.to_le_bytes());
         b[12] = self.status as u8;
-        b[13..16].fill(0);
+        b[14..16].copy_from_slice(&self.sess_token.to_le_bytes());
         b[16..24].copy_from_slice(&self.fingerprint.to_le_bytes());
+        b[24..28].copy_from_slice(&self.mtu.to_le_bytes());
+        b[28..32].copy_from_slice(&self.max_msg_size.to_le_bytes());
+        b[32..34].copy_from_slice(&self.credits.to_le_bytes());
+        b[36..40].copy_from_slice(&self.ring_entries.to_le_bytes());
+        b[40..44].copy_from_slice(&self.sessions.to_le_bytes());
         SM_PKT_LEN
     }
 
@@ -120,35 +161,59 @@ impl SmPkt {
             || hdr.msg_size() as usize != SM_BODY_LEN
             || hdr.pkt_num() != 0
             || hdr.req_num() != 0
+            || hdr.token() != 0
             || body.len() != SM_BODY_LEN
-            || body[13..16] != [0; 3]
+            || body[13] != 0
+            || body[34..36] != [0; 2]
+            || body[44..48] != [0; 4]
         {
             return None;
         }
+        let u16_at = |i: usize| Some(u16::from_le_bytes(body[i..i + 2].try_into().ok()?));
+        let u32_at = |i: usize| Some(u32::from_le_bytes(body[i..i + 4].try_into().ok()?));
+        let u64_at = |i: usize| Some(u64::from_le_bytes(body[i..i + 8].try_into().ok()?));
         Some(SmPkt {
             kind: SmKind::from_u8(hdr.req_type())?,
-            token: u64::from_le_bytes(body[0..8].try_into().ok()?),
-            client_sess: u16::from_le_bytes(body[8..10].try_into().ok()?),
-            server_sess: u16::from_le_bytes(body[10..12].try_into().ok()?),
+            token: u64_at(0)?,
+            client_sess: u16_at(8)?,
+            server_sess: u16_at(10)?,
             status: SmStatus::from_u8(body[12])?,
-            fingerprint: u64::from_le_bytes(body[16..24].try_into().ok()?),
+            sess_token: u16_at(14)?,
+            fingerprint: u64_at(16)?,
+            mtu: u32_at(24)?,
+            max_msg_size: u32_at(28)?,
+            credits: u16_at(32)?,
+            ring_entries: u32_at(36)?,
+            sessions: u32_at(40)?,
         })
     }
 }
 
+/// `v` as a `u32`, saturated.
+fn sat32(v: usize) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// Client: starts connecting a session to `peer` and returns its number at once;
-    /// [`Event::SessionConnected`] or [`Event::SessionFailed`] follows. Requests may be
-    /// enqueued right away (they wait for the connection).
+    /// [`Event::SessionConnected`] or [`Event::SessionFailed`] follows (the latter at the
+    /// latest `failure_timeout` after this call if the server never answers: connect
+    /// requests are re-sent every `sm_rto` meanwhile). Requests may be enqueued right away
+    /// (they wait for the connection).
     ///
     /// # Errors
-    /// [`CallError::NoSessions`] when `max_sessions` are in use.
+    /// [`CallError::NoSessions`] when `max_sessions` are in use;
+    /// [`CallError::NoRingEntries`] when this endpoint's receive ring cannot absorb one more
+    /// session's packets ([`Config::rx_ring_entries`](super::Config::rx_ring_entries)).
     pub fn create_session(&mut self, now: Time, peer: A) -> Result<SessionId, CallError> {
-        self.token_counter += 1;
-        let token = self
-            .cfg
-            .token_nonce
-            .wrapping_add(self.token_counter.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        self.ring_room().map_err(
+            |(ring_entries, sessions, credits)| CallError::NoRingEntries {
+                ring_entries,
+                sessions,
+                credits,
+            },
+        )?;
+        let token = self.random();
         let generation = self.new_generation();
         let s = Session::new_client(
             peer,
@@ -183,9 +248,36 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         Ok(())
     }
 
+    /// An SM packet carrying this endpoint's settings.
+    fn sm_pkt(
+        &self,
+        kind: SmKind,
+        token: u64,
+        (client_sess, server_sess): (u16, u16),
+        status: SmStatus,
+        sess_token: u16,
+    ) -> SmPkt {
+        let cfg = &self.cfg;
+        SmPkt {
+            kind,
+            token,
+            client_sess,
+            server_sess,
+            status,
+            sess_token,
+            fingerprint: cfg.schema_fingerprint,
+            mtu: sat32(cfg.mtu),
+            max_msg_size: sat32(cfg.max_msg_size),
+            // At most MAX_PKT_NUM (checked by `Rpc::new`).
+            credits: u16::try_from(cfg.session_credits).unwrap_or(u16::MAX),
+            ring_entries: sat32(cfg.rx_ring_entries.unwrap_or(usize::MAX)),
+            sessions: sat32(self.live_sessions),
+        }
+    }
+
     /// Client: (re-)sends the SM request the session's state calls for.
     fn send_client_sm(&mut self, now: Time, sid: SessionId) {
-        let (sm_rto, fp) = (self.cfg.sm_rto, self.cfg.schema_fingerprint);
+        let sm_rto = self.cfg.sm_rto;
         let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
             return;
         };
@@ -197,15 +289,8 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         // A ping is re-sent every `sm_rto` until something arrives (`sm_deadline` also waits
         // for `keepalive` of silence).
         s.sm_due = now + sm_rto;
-        let pkt = SmPkt {
-            kind,
-            token: s.token,
-            client_sess: sid.0,
-            server_sess: s.remote_num,
-            status: SmStatus::Ok,
-            fingerprint: fp,
-        };
-        let dest = s.peer;
+        let (token, remote, rx_token, dest) = (s.token, s.remote_num, s.rx_token, s.peer);
+        let pkt = self.sm_pkt(kind, token, (sid.0, remote), SmStatus::Ok, rx_token);
         self.txq.push_back(Tx::Sm { dest, pkt });
         self.stats.sm_tx += 1;
         self.arm(now + sm_rto);
@@ -218,15 +303,15 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         kind: SmKind,
         server_sess: u16,
         status: SmStatus,
+        sess_token: u16,
     ) {
-        let pkt = SmPkt {
+        let pkt = self.sm_pkt(
             kind,
-            token: req.token,
-            client_sess: req.client_sess,
-            server_sess,
+            req.token,
+            (req.client_sess, server_sess),
             status,
-            fingerprint: self.cfg.schema_fingerprint,
-        };
+            sess_token,
+        );
         self.txq.push_back(Tx::Sm { dest, pkt });
         self.stats.sm_tx += 1;
     }
@@ -277,6 +362,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                     SmKind::DisconnectResp,
                     pkt.server_sess,
                     SmStatus::Ok,
+                    0,
                 );
             }
             SmKind::Ping => {
@@ -288,7 +374,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                     }
                     _ => SmStatus::NoSession,
                 };
-                self.send_sm_resp(from, &pkt, SmKind::Pong, pkt.server_sess, status);
+                self.send_sm_resp(from, &pkt, SmKind::Pong, pkt.server_sess, status, 0);
             }
             SmKind::ConnectResp | SmKind::DisconnectResp | SmKind::Pong => {
                 self.client_sm_resp(now, from, &pkt)
@@ -296,32 +382,73 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         }
     }
 
+    /// Which setting of a connect request `pkt` differs from this endpoint's, if any.
+    fn config_mismatch(&self, pkt: &SmPkt) -> Option<(ConfigField, u64, u64)> {
+        let ours = self.sm_pkt(pkt.kind, 0, (0, 0), SmStatus::Ok, 0);
+        [
+            (ConfigField::Mtu, pkt.mtu, ours.mtu),
+            (ConfigField::MaxMsgSize, pkt.max_msg_size, ours.max_msg_size),
+            (
+                ConfigField::SessionCredits,
+                u32::from(pkt.credits),
+                u32::from(ours.credits),
+            ),
+        ]
+        .into_iter()
+        .find(|(_, theirs, ours)| theirs != ours)
+        .map(|(f, theirs, ours)| (f, u64::from(theirs), u64::from(ours)))
+    }
+
     fn server_connect(&mut self, now: Time, from: A, pkt: &SmPkt) {
         if let Some(&sid) = self.conn_tokens.get(&(from, pkt.token)) {
             // Duplicate: same answer as before.
+            let mut tok = 0;
             if let Some(s) = super::sess_mut(&mut self.sessions, sid) {
                 s.last_rx = now;
+                tok = s.rx_token;
             }
-            self.send_sm_resp(from, pkt, SmKind::ConnectResp, sid.0, SmStatus::Ok);
+            self.send_sm_resp(from, pkt, SmKind::ConnectResp, sid.0, SmStatus::Ok, tok);
             return;
         }
-        if pkt.fingerprint != self.cfg.schema_fingerprint {
-            self.send_sm_resp(from, pkt, SmKind::ConnectResp, 0, SmStatus::SchemaMismatch);
+        let refuse = if pkt.fingerprint != self.cfg.schema_fingerprint {
+            Some(SmStatus::SchemaMismatch)
+        } else if self.config_mismatch(pkt).is_some() {
+            Some(SmStatus::ConfigMismatch)
+        } else if self.ring_room().is_err() {
+            Some(SmStatus::NoRingEntries)
+        } else {
+            None
+        };
+        if let Some(status) = refuse {
+            self.stats.connects_refused += 1;
+            self.send_sm_resp(from, pkt, SmKind::ConnectResp, 0, status, 0);
             return;
         }
         let generation = self.new_generation();
-        let s = Session::new_server(from, pkt.client_sess, pkt.token, generation, now);
+        let s = Session::new_server(
+            from,
+            pkt.client_sess,
+            pkt.token,
+            pkt.sess_token,
+            generation,
+            now,
+        );
         match self.alloc_session_armed(s) {
             Some(sid) => {
                 self.conn_tokens.insert((from, pkt.token), sid);
-                self.send_sm_resp(from, pkt, SmKind::ConnectResp, sid.0, SmStatus::Ok);
+                let tok = self.session(sid).map_or(0, |s| s.rx_token);
+                self.send_sm_resp(from, pkt, SmKind::ConnectResp, sid.0, SmStatus::Ok, tok);
             }
-            None => self.send_sm_resp(from, pkt, SmKind::ConnectResp, 0, SmStatus::NoResources),
+            None => {
+                self.stats.connects_refused += 1;
+                self.send_sm_resp(from, pkt, SmKind::ConnectResp, 0, SmStatus::NoResources, 0)
+            }
         }
     }
 
     fn client_sm_resp(&mut self, now: Time, from: A, pkt: &SmPkt) {
         let sid = SessionId(pkt.client_sess);
+        // The connect token (random, 64 bits) identifies the session's SM exchange.
         let Some(s) = self
             .session_mut(sid)
             .filter(|s| s.role.is_client() && s.peer == from && s.token == pkt.token)
@@ -335,15 +462,39 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 match pkt.status {
                     SmStatus::Ok => {
                         s.remote_num = pkt.server_sess;
+                        s.tx_token = pkt.sess_token;
                         s.state = SessionState::Connected;
                         s.sm_due = now;
                         self.arm(now + self.cfg.keepalive);
                         self.events.push_back(Event::SessionConnected(sid));
                         self.drain_backlog(now, sid);
                     }
-                    SmStatus::SchemaMismatch => {
-                        self.fail_client_session(sid, RpcError::SchemaMismatch)
+                    SmStatus::SchemaMismatch => self.fail_client_session(
+                        sid,
+                        RpcError::SchemaMismatch {
+                            server: pkt.fingerprint,
+                        },
+                    ),
+                    SmStatus::ConfigMismatch => {
+                        // The response carries the server's settings.
+                        let error = match self.config_mismatch(pkt) {
+                            Some((field, server, client)) => RpcError::ConfigMismatch {
+                                field,
+                                client,
+                                server,
+                            },
+                            None => RpcError::NoResources,
+                        };
+                        self.fail_client_session(sid, error)
                     }
+                    SmStatus::NoRingEntries => self.fail_client_session(
+                        sid,
+                        RpcError::NoRingEntries {
+                            ring_entries: u64::from(pkt.ring_entries),
+                            sessions: u64::from(pkt.sessions),
+                            credits: u64::from(pkt.credits),
+                        },
+                    ),
                     SmStatus::NoResources => self.fail_client_session(sid, RpcError::NoResources),
                     SmStatus::NoSession => self.fail_client_session(sid, RpcError::SessionLost),
                 }
@@ -376,9 +527,15 @@ mod tests {
             client_sess: 7,
             server_sess: 9,
             status: SmStatus::SchemaMismatch,
+            sess_token: 0xbeef,
             fingerprint: 42,
+            mtu: 1472,
+            max_msg_size: 8 << 20,
+            credits: 8,
+            ring_entries: 512,
+            sessions: 3,
         };
-        let mut buf = [0u8; 64];
+        let mut buf = [0u8; 128];
         let n = p.encode(&mut buf);
         assert_eq!(n, SM_PKT_LEN);
         let hdr = PktHdr::decode(&buf).unwrap();
@@ -388,7 +545,15 @@ mod tests {
         let mut bad = buf;
         bad[PKTHDR_SIZE + 12] = 77; // unknown status
         assert_eq!(SmPkt::decode(&hdr, &bad[PKTHDR_SIZE..n]), None);
-        let hdr2 = PktHdr::new(99, 24, SM_SESSION_NUM, PktType::Req, 0, 0).unwrap();
+        let mut bad = buf;
+        bad[PKTHDR_SIZE + 45] = 1; // reserved bytes
+        assert_eq!(SmPkt::decode(&hdr, &bad[PKTHDR_SIZE..n]), None);
+        let hdr2 = PktHdr::new(99, 48, SM_SESSION_NUM, PktType::Req, 0, 0).unwrap();
         assert_eq!(SmPkt::decode(&hdr2, &buf[PKTHDR_SIZE..n]), None);
+        // A session token in an SM header is refused.
+        assert_eq!(
+            SmPkt::decode(&hdr.with_token(1), &buf[PKTHDR_SIZE..n]),
+            None
+        );
     }
 }

@@ -159,6 +159,10 @@ impl<T: DatagramTransport> DatagramTransport for LossyTransport<T> {
         self.inner.rx_batch()
     }
 
+    fn rx_ring_entries(&self) -> usize {
+        self.inner.rx_ring_entries()
+    }
+
     fn tx_burst(&mut self, pkts: &[TxPkt<'_, Self::Addr>]) -> io::Result<usize> {
         let mtu = self.inner.mtu();
         if pkts.iter().any(|p| p.len() > mtu) {

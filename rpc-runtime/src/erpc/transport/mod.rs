@@ -139,6 +139,13 @@ pub trait DatagramTransport {
     /// The most datagrams one [`rx_burst`](Self::rx_burst) can return (the receive ring size).
     fn rx_batch(&self) -> usize;
 
+    /// The most datagrams that can wait for [`rx_burst`](Self::rx_burst) before the receive
+    /// path drops new ones: a UD queue pair's receive WQEs (RQ depth), or what a UDP socket's
+    /// receive buffer holds. The eRPC core's admission control
+    /// ([`Config::rx_ring_entries`](crate::erpc::core::Config::rx_ring_entries)) admits only
+    /// as many sessions as this absorbs at full credit (issue 12; eRPC: `kNumRxRingEntries`).
+    fn rx_ring_entries(&self) -> usize;
+
     /// Sends `pkts` in order, batching system calls, without blocking.
     ///
     /// Returns how many packets from the front of `pkts` were consumed: sent, or dropped because

@@ -775,6 +775,11 @@ impl DatagramTransport for UdTransport {
         self.cfg.rx_batch
     }
 
+    /// `rq_depth`: one receive WQE per datagram (seeds/000 §12.5 `kRQDepth`).
+    fn rx_ring_entries(&self) -> usize {
+        self.cfg.rq_depth as usize
+    }
+
     fn tx_burst(&mut self, pkts: &[TxPkt<'_, UdAddr>]) -> io::Result<usize> {
         if let Some((i, p)) = pkts
             .iter()

@@ -55,6 +55,18 @@ pub const DEFAULT_MTU_V4: usize = 1472;
 pub const DEFAULT_MTU_V6: usize = 1452;
 /// Largest configurable MTU: the largest UDP payload over IPv4 (65535 − 20 − 8).
 pub const MAX_MTU: usize = 65507;
+/// What Linux charges a UDP socket's receive buffer for one queued datagram of `mtu` bytes, an
+/// upper estimate in bytes: the buffer's `skb->truesize`, i.e. the data allocation (payload,
+/// up to 64 B of lower-layer headers and headroom, and the ~320 B `skb_shared_info`, which
+/// the slab allocator rounds up to a power of two) plus the `sk_buff` itself and a margin
+/// (512 B together). Datagrams of 1472 B are estimated at 2560 B (measured on Linux 6.x
+/// loopback: about 2350 B). The kernel drops datagrams once the charges exceed the buffer, so
+/// `SO_RCVBUF / udp_rx_charge(mtu)` datagrams fit (checked by the test
+/// `rx_ring_entries_datagrams_fit_the_socket_buffer`).
+pub fn udp_rx_charge(mtu: usize) -> usize {
+    (mtu + 512).next_power_of_two() + 512
+}
+
 /// Default number of datagrams per `sendmmsg`/`recvmmsg` call and receive-ring size.
 pub const DEFAULT_BATCH: usize = 32;
 /// Largest configurable batch: the kernel caps `sendmmsg`/`recvmmsg` at `UIO_MAXIOV` messages.
@@ -443,6 +455,28 @@ fn set_socket_int(fd: BorrowedFd<'_>, opt: libc::c_int, value: libc::c_int) -> i
     set_sockopt_int(fd, libc::SOL_SOCKET, opt, value)
 }
 
+/// Reads an `int`-valued `SOL_SOCKET` option.
+fn get_socket_int(fd: BorrowedFd<'_>, opt: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `fd` is an open socket for the borrow's lifetime; `value` and `len` are locals
+    // whose addresses are passed with `len` holding the size of `value`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&raw mut value).cast(),
+            &raw mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Sets an `int`-valued socket option of `level`.
 fn set_sockopt_int(
     fd: BorrowedFd<'_>,
@@ -524,6 +558,10 @@ pub struct UdpTransport {
     rx_count: usize,
     /// Counters.
     stats: TransportStats,
+    /// `SO_RCVBUF` in bytes as the kernel reported it at bind.
+    rcvbuf_bytes: usize,
+    /// `rcvbuf_bytes / udp_rx_charge(mtu)`.
+    rx_ring_entries: usize,
 }
 
 // SAFETY: the raw pointers inside the `mmsghdr`/`iovec` arrays are only written and then
@@ -600,6 +638,8 @@ impl UdpTransport {
                 }
             };
         let local = socket.local_addr()?;
+        let rcvbuf_bytes =
+            usize::try_from(get_socket_int(socket.as_fd(), libc::SO_RCVBUF)?).unwrap_or(0);
         let batch = config.batch;
         let tx_max_pkts = if gso {
             (batch * GSO_MAX_SEGMENTS).min(GSO_MAX_TX_PKTS).max(batch)
@@ -655,12 +695,20 @@ impl UdpTransport {
             rx_meta: vec![placeholder; batch].into_boxed_slice(),
             rx_count: 0,
             stats: TransportStats::default(),
+            rcvbuf_bytes,
+            rx_ring_entries: rcvbuf_bytes / udp_rx_charge(config.mtu),
         })
     }
 
     /// The underlying socket (e.g. to wait for readability with `poll(2)` when idle).
     pub fn socket(&self) -> &UdpSocket {
         &self.socket
+    }
+
+    /// The socket's receive buffer in bytes (`SO_RCVBUF` as the kernel reported it at bind:
+    /// twice the requested size, capped at `net.core.rmem_max`, or `net.core.rmem_default`).
+    pub fn rcvbuf_bytes(&self) -> usize {
+        self.rcvbuf_bytes
     }
 
     /// Most datagrams per receive burst; most messages per `sendmmsg`/`recvmmsg` call.
@@ -909,6 +957,12 @@ impl DatagramTransport for UdpTransport {
 
     fn rx_batch(&self) -> usize {
         self.batch
+    }
+
+    /// The socket's receive buffer (`SO_RCVBUF` as the kernel reports it, read at bind)
+    /// divided by [`udp_rx_charge`] of the MTU: how many full-size datagrams it holds.
+    fn rx_ring_entries(&self) -> usize {
+        self.rx_ring_entries
     }
 
     fn tx_burst(&mut self, pkts: &[TxPkt<'_, SocketAddr>]) -> io::Result<usize> {
