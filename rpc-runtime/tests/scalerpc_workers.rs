@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use mlx5::sim::{Fabric, SimConfig};
 use rpc_runtime::scalerpc::{
-    ClientConfig, ScaleCallError, ScaleClient, ScaleServer, ServerConfig, WorkerConfig, WorkerPool,
+    ClientConfig, GroupSize, ScaleCallError, ScaleClient, ScaleServer, ServerConfig, WorkerConfig,
+    WorkerPool,
 };
 
 /// The response to request `(conn, seq)`: `16 + seq % 48` bytes derived from both.
@@ -42,7 +43,7 @@ fn four_workers_sixteen_connections() {
         &fabric.open(),
         ServerConfig {
             max_conns: CONNS,
-            group_size: Some(8),
+            group_size: GroupSize::Fixed(8),
             slots_per_conn: 4,
             slot_size: 256,
             slice: Duration::from_micros(100),

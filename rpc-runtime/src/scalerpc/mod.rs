@@ -48,7 +48,10 @@ pub mod worker;
 pub use client::{CallFailure, ClientConfig, ClientStats, ScaleCallError, ScaleClient};
 pub use info::{ClientConnInfo, ServerConnInfo};
 pub use sched::{ConnState, Notice, SchedStats, Scheduler};
-pub use server::{ScaleServer, ScaleToken, ServerConfig, ServerStats};
+pub use server::{
+    DEFAULT_QPC_CACHE_ENTRIES, GroupSize, ScaleServer, ScaleToken, ServerConfig, ServerStats,
+    derive_group_size,
+};
 pub use transport::{
     ConnectRefusal, Listener, ScaleRpc, ScaleRpcAddr, ScaleRpcServer, ScaleRpcSetupError,
 };
@@ -63,8 +66,14 @@ pub const IMM_NOTICE: u32 = 0x5343_4e31;
 pub const IMM_ACK: u32 = 0x5343_4131;
 /// Ack word epoch value meaning "hello: notices may be sent now".
 pub const ACK_HELLO: u32 = u32::MAX;
+/// Ack word epoch value meaning "goodbye: this connection is closed, reclaim it"
+/// ([`ScaleClient::disconnect`]). Epochs skip both reserved values.
+pub const ACK_BYE: u32 = u32::MAX - 1;
 /// Control word base value meaning "stop".
 pub const CTRL_STOP: u32 = u32::MAX;
+/// Control word base value meaning "you are evicted: the connection is closed"
+/// ([`sched::Notice::Evict`]); pool slot numbers stay below it.
+pub const CTRL_EVICT: u32 = u32::MAX - 1;
 
 /// How a response reaches the client (seeds/003 §2.2).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
