@@ -46,8 +46,9 @@
 //! **Idle clients.** A stopped client acknowledges (so that its group's bank can be reused)
 //! only when it polls, and [`crate::Client`] polls only while calls are in flight. With more
 //! than one group, a client that neither calls nor polls for [`ServerConfig::ack_timeout`]
-//! after its group was stopped holds up the next switch until then, and is evicted: its
-//! calls then fail with [`RpcError::ServerDisconnected`]. A client that pauses while others
+//! after its group was stopped holds up the next switch until then, and is evicted: the
+//! server tells it, and its calls then fail with [`ScaleRpcSetupError::Evicted`] (as
+//! [`RpcError::Scalerpc`]); connect again. A client that pauses while others
 //! run should poll its transport now and then (`client.transport_mut().poll(usize::MAX,
 //! |_, _| {})` with nothing in flight delivers nothing) or be dropped (dropping polls once
 //! more, acknowledging a pending stop). For the same reason, keep the ack timeout above the
@@ -69,7 +70,13 @@
 //!   client stopped with calls outstanding is not probed.
 //! - *Not scheduled any more.* With [`ScaleRpcAddr::activation_timeout`], a client that keeps
 //!   trying to call while its connection stays inactive for that long reports
-//!   [`RpcError::ServerDisconnected`]: the server is gone, or evicted this client.
+//!   [`RpcError::ServerDisconnected`]: the server is gone (a server that evicts a client
+//!   tells it: [`ScaleRpcSetupError::Evicted`] at once).
+//!
+//! # Disconnecting
+//! Dropping a [`ScaleRpc`] says goodbye ([`ScaleClient::disconnect`]) and waits up to
+//! [`DISCONNECT_WAIT`] for it to leave; the server then reclaims the connection, so clients
+//! may come and go indefinitely within [`ServerConfig::max_conns`] at a time.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
