@@ -1167,7 +1167,11 @@ fn run_scalerpc(a: &RunArgs) -> i32 {
     let cfg = ScaleServerConfig {
         // The rank's clients and the checker, one connection each.
         max_conns: a.load.clients as u32 + 1,
-        group_size: (sc.scalerpc_group > 0).then_some(sc.scalerpc_group),
+        group_size: if sc.scalerpc_group > 0 {
+            rpc::scalerpc::GroupSize::Fixed(sc.scalerpc_group)
+        } else {
+            rpc::scalerpc::GroupSize::Off
+        },
         // One slot per call in flight, plus the client's liveness probe.
         slots_per_conn: a.load.qd as u32 + 1,
         slot_size: sc.scalerpc_slot,
@@ -1245,7 +1249,10 @@ fn run_scalerpc(a: &RunArgs) -> i32 {
         Err(e) => return fail(&e),
     };
     let mut f = ScaleFigures {
-        group_size: cfg.group_size.unwrap_or(0),
+        group_size: match cfg.group_size {
+            rpc::scalerpc::GroupSize::Fixed(g) => g,
+            _ => 0,
+        },
         slice_us: sc.scalerpc_slice_us,
         slot_size: cfg.slot_size,
         ..ScaleFigures::default()

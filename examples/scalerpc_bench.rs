@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use plotters::prelude::*;
 use rpc::mlx5::sim::{Fabric, QpcCacheConfig, SimConfig};
-use rpc::scalerpc::{ClientConfig, ScaleCallError, ScaleClient, ScaleServer, ServerConfig};
+use rpc::scalerpc::{
+    ClientConfig, GroupSize, ScaleCallError, ScaleClient, ScaleServer, ServerConfig,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "ScaleRPC grouping benchmark: throughput and QPC misses vs connections")]
@@ -146,7 +148,7 @@ fn measure(a: &Args, n: u32, grouping: bool) -> Point {
         &sdev,
         ServerConfig {
             max_conns: n,
-            group_size: Some(group_size),
+            group_size: GroupSize::Fixed(group_size),
             slots_per_conn: a.slots,
             slot_size: SLOT,
             slice,

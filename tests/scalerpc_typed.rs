@@ -13,7 +13,7 @@ use idl::echo::{EchoClient, EchoResponse, EchoService};
 use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::scalerpc::{
-    ClientConfig, ConnectRefusal, ScaleClient, ScaleRpc, ScaleRpcAddr, ScaleRpcServer,
+    ClientConfig, ConnectRefusal, GroupSize, ScaleClient, ScaleRpc, ScaleRpcAddr, ScaleRpcServer,
     ScaleRpcSetupError, ServerConfig,
 };
 use rpc::wire::Status;
@@ -165,7 +165,7 @@ fn clients_in_small_groups_switch_during_the_run() {
     const CALLS: u64 = 1_500;
     let fabric = Fabric::new(SimConfig::default());
     let cfg = ServerConfig {
-        group_size: Some(2),
+        group_size: GroupSize::Fixed(2),
         slice: Duration::from_micros(300),
         warmup: Duration::from_micros(50),
         // Generous: a loaded machine may not run a client thread for a while.
@@ -499,11 +499,14 @@ fn undecodable_requests_get_error_status() {
         header(&raw_roundtrip(&mut raw, &mut server, &[1, 0, 0])).status,
         Status::Truncated as u16
     );
-    // An empty request is a liveness probe: the transport answers it with an empty
-    // response, the service never sees it.
-    assert_eq!(raw_roundtrip(&mut raw, &mut server, &[]), Vec::<u8>::new());
-    assert_eq!(server.transport().probes_answered(), 1);
-    assert_eq!(server.stats().bad_requests, 3);
+    // A liveness probe is told by its rpc_type (`RPC_TYPE_PROBE`), not by being empty: an
+    // empty call request is a truncated message, answered with an error status.
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, &mut server, &[])).status,
+        Status::Truncated as u16
+    );
+    assert_eq!(server.transport().probes_answered(), 0);
+    assert_eq!(server.stats().bad_requests, 4);
     assert_eq!(server.stats().requests, 0);
 
     // Through the typed client core, a get with a 4-byte body is answered with an error
@@ -527,7 +530,7 @@ fn undecodable_requests_get_error_status() {
         }) => {}
         other => panic!("expected BadRequest, got {other:?}"),
     }
-    assert_eq!(server.stats().bad_requests, 4);
+    assert_eq!(server.stats().bad_requests, 5);
 }
 
 #[test]
@@ -696,7 +699,7 @@ fn server_dropped_with_several_groups_no_client_hangs() {
         ..SimConfig::default()
     });
     let cfg = ServerConfig {
-        group_size: Some(1),
+        group_size: GroupSize::Fixed(1),
         slice: Duration::from_secs(3600),
         ..small()
     };
@@ -743,4 +746,99 @@ fn late_replies_are_dropped_and_a_stopped_server_fails_calls_by_deadline() {
     eprintln!("scalerpc: call to a stopped server failed after {took:?} (deadline 100 ms)");
     late.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     late.handle.join().unwrap();
+}
+
+/// Typed clients that connect, call and are dropped, many more than `max_conns` while one
+/// resident client holds a connection: dropping a `ScaleRpc` says goodbye, and the server
+/// reclaims the connection (QP, slots, id), so every new client is accepted.
+#[test]
+fn typed_client_churn_beyond_max_conns() {
+    const MAX: u32 = 2;
+    let fabric = Fabric::new(SimConfig::default());
+    let cfg = ServerConfig {
+        max_conns: MAX,
+        ..small()
+    };
+    let (server, addr) = server::<KvService>(&fabric, cfg);
+    let (stop, h) = spawn_kv(server);
+    let mut resident = KvClient::<ScaleRpc>::connect(&addr).unwrap();
+    resident.put(0, 0, 1).unwrap();
+    let rounds = 5 * MAX as u64;
+    for round in 0..rounds {
+        let mut kv = KvClient::<ScaleRpc>::connect(&addr)
+            .unwrap_or_else(|e| panic!("round {round}: connect refused: {e}"));
+        kv.put(0, round + 1, round).unwrap();
+        assert_eq!(kv.get(0, round + 1).unwrap(), Some(round));
+        assert_eq!(resident.get(0, 0).unwrap(), Some(1));
+    }
+    drop(resident);
+    stop.store(true, Ordering::Relaxed);
+    let mut server = h.join().unwrap();
+    // The last goodbyes are in the server's CQ (a dropped client waits until its goodbye
+    // completed): one more poll reads them.
+    server.poll();
+    let st = *server.transport().scale_server().stats();
+    assert_eq!(st.disconnects, rounds + 1, "{st:?}");
+    assert_eq!(st.reclaimed, rounds + 1, "{st:?}");
+    assert_eq!(st.failed_conns, 0, "{st:?}");
+    assert_eq!(server.transport().scale_server().num_conns(), 0);
+}
+
+/// A typed client that stops polling through its group's stop is evicted; its next call
+/// fails at once with the eviction error (before: `WouldBlock` while the connection sat
+/// "stopped" for ever, until the activation timeout).
+#[test]
+fn evicted_typed_client_fails_with_a_clear_error() {
+    let fabric = Fabric::new(SimConfig::default());
+    let cfg = ServerConfig {
+        group_size: GroupSize::Fixed(1),
+        slice: Duration::from_micros(200),
+        warmup: Duration::from_micros(50),
+        ack_timeout: Duration::from_millis(20),
+        ..small()
+    };
+    let (mut server, mut addr) = server::<KvService>(&fabric, cfg);
+    // No activation timeout: only the eviction notice can end the wait.
+    addr.activation_timeout = None;
+    let mut sleeper = connect_polling(&mut server, &addr, KvClient::<ScaleRpc>::connect).unwrap();
+    let mut addr2 = addr.clone();
+    addr2.device = fabric.open();
+    let mut worker = connect_polling(&mut server, &addr2, KvClient::<ScaleRpc>::connect).unwrap();
+    let mut store = Store::default();
+    let conn = sleeper.transport().conn();
+    assert_eq!(conn, 0);
+    // The sleeper stops polling; the server and the other client keep running until the
+    // sleeper (which never acknowledges its stop) is evicted.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut k = 0;
+    while server.transport().scale_server().stats().reclaimed == 0 {
+        assert!(Instant::now() < deadline, "never evicted");
+        if worker.in_flight() == 0 {
+            match worker.issue(k).put(0, k, k) {
+                Ok(()) => k += 1,
+                Err(RpcError::WouldBlock) => {} // its group is not scheduled yet
+                Err(e) => panic!("worker: {e}"),
+            }
+        }
+        server.serve_once(|req| KvService::dispatch(&mut store, req));
+        worker.poll().unwrap();
+    }
+    assert!(k > 0);
+    assert_eq!(
+        server
+            .transport()
+            .scale_server()
+            .scheduler()
+            .stats()
+            .evictions,
+        1
+    );
+    match sleeper.get(0, 1) {
+        Err(RpcError::Scalerpc(e)) if matches!(*e, ScaleRpcSetupError::Evicted) => {}
+        other => panic!("expected the eviction error, got {other:?}"),
+    }
+    assert!(matches!(
+        sleeper.put(0, 1, 1),
+        Err(RpcError::Scalerpc(e)) if matches!(*e, ScaleRpcSetupError::Evicted)
+    ));
 }

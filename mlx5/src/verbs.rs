@@ -181,6 +181,13 @@ pub trait Provider: Send + Sync {
     fn activate_ud(&self, qp: &Handle, qkey: u32) -> Result<()>;
     /// Builds the address vector for UD sends to `dest` (hardware: via an address handle).
     fn create_ah(&self, pd: &Handle, dest: &UdDest) -> Result<(Handle, DgramSeg)>;
+    /// QP contexts the NIC caches on chip (its QPC cache), if the provider knows it. The
+    /// software model knows its configured size ([`crate::sim::QpcCacheConfig::entries`]);
+    /// rdma-core does not report it, so hardware returns `None` (the default) and a user
+    /// takes the figure from a configuration parameter instead.
+    fn qpc_cache_entries(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// QP creation attributes.
@@ -238,6 +245,14 @@ impl Context {
     /// The port in use.
     pub fn port(&self) -> PortInfo {
         self.provider.port()
+    }
+
+    /// QP contexts this device's NIC caches (its QPC cache), if known: the software model's
+    /// configured [`crate::sim::QpcCacheConfig::entries`]; `None` on hardware (rdma-core does
+    /// not report it) and on a model without a QPC cache ([`crate::sim::SimConfig::qpc_cache`]
+    /// `None`).
+    pub fn qpc_cache_entries(&self) -> Option<u32> {
+        self.provider.qpc_cache_entries()
     }
 
     /// Allocates a protection domain.

@@ -25,8 +25,8 @@ use rpc_runtime::scalerpc::protocol::{
     trailer_offset,
 };
 use rpc_runtime::scalerpc::{
-    ACK_HELLO, CallFailure, ClientConfig, ClientConnInfo, IMM_ACK, IMM_NOTICE, ResponseMode,
-    ScaleClient, ScaleError, ScaleServer, ServerConfig, ServerConnInfo,
+    ACK_HELLO, CallFailure, ClientConfig, ClientConnInfo, GroupSize, IMM_ACK, IMM_NOTICE,
+    ResponseMode, ScaleClient, ScaleError, ScaleServer, ServerConfig, ServerConnInfo,
 };
 
 const SLOT: usize = 256;
@@ -308,7 +308,7 @@ fn header(req_id: u64, len: u16, addr: u64, rkey: u32) -> RequestHeader {
 fn server_cfg() -> ServerConfig {
     ServerConfig {
         max_conns: 8,
-        group_size: None,
+        group_size: GroupSize::Off,
         slots_per_conn: K,
         slot_size: SLOT as u32,
         ..ServerConfig::default()
@@ -581,7 +581,7 @@ fn stale_token_does_not_answer_another_connections_request_in_the_same_slot() {
         &fabric.open(),
         ServerConfig {
             max_conns: 3,
-            group_size: Some(1),
+            group_size: GroupSize::Fixed(1),
             slots_per_conn: 1,
             slot_size: SLOT as u32,
             slice: Duration::from_micros(300),
@@ -775,7 +775,7 @@ fn client_ignores_malformed_notices_and_responses() {
     client.poll(|t, r| got.push((t, r.map(<[u8]>::to_vec))));
     assert_eq!(client.stats().bad_input, 1);
     // An activation whose base overflows.
-    let word = 1u64 | ((u32::MAX as u64 - 1) << 32);
+    let word = 1u64 | ((u32::MAX as u64 - 2) << 32);
     f.send_imm(
         info.ctrl_addr,
         info.ctrl_rkey,

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use mlx5::sim::{Fabric, SimConfig};
 use rpc_runtime::scalerpc::{
-    ClientConfig, ResponseMode, ScaleCallError, ScaleClient, ScaleServer, ServerConfig,
+    ClientConfig, GroupSize, ResponseMode, ScaleCallError, ScaleClient, ScaleServer, ServerConfig,
 };
 
 fn run(
     conns: u32,
-    group: Option<u32>,
+    group: GroupSize,
     calls_per_conn: u64,
     mode: ResponseMode,
 ) -> (ScaleServer, ScaleClient<u64>) {
@@ -95,13 +95,13 @@ fn run(
 
 #[test]
 fn echo_one_group() {
-    let (s, _) = run(16, None, 2000, ResponseMode::Write);
+    let (s, _) = run(16, GroupSize::Off, 2000, ResponseMode::Write);
     assert_eq!(s.scheduler().stats().switches, 0);
 }
 
 #[test]
 fn echo_across_group_switches() {
-    let (s, c) = run(16, Some(4), 2000, ResponseMode::Write);
+    let (s, c) = run(16, GroupSize::Fixed(4), 2000, ResponseMode::Write);
     let st = s.scheduler().stats();
     assert!(st.switches > 10, "{st:?}");
     assert_eq!(st.evictions, 0);
@@ -110,7 +110,7 @@ fn echo_across_group_switches() {
 
 #[test]
 fn echo_read_mode_across_switches() {
-    let (s, c) = run(8, Some(2), 1000, ResponseMode::Read);
+    let (s, c) = run(8, GroupSize::Fixed(2), 1000, ResponseMode::Read);
     assert!(s.scheduler().stats().switches > 4);
     assert!(c.stats().reads > 0);
 }

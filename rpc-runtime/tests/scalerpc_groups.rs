@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use mlx5::sim::{Fabric, SimConfig};
 use rpc_runtime::scalerpc::{
-    CallFailure, ClientConfig, ConnState, ResponseMode, ScaleCallError, ScaleClient, ScaleError,
-    ScaleServer, ScaleToken, ServerConfig,
+    CallFailure, ClientConfig, ConnState, GroupSize, ResponseMode, ScaleCallError, ScaleClient,
+    ScaleError, ScaleServer, ScaleToken, ServerConfig,
 };
 
 const REQ: usize = 16;
@@ -128,7 +128,7 @@ impl World {
             &fabric.open(),
             ServerConfig {
                 max_conns: p.max_conns,
-                group_size: Some(p.group),
+                group_size: GroupSize::Fixed(p.group),
                 slots_per_conn: p.k,
                 slot_size: p.slot,
                 slice: p.slice,
@@ -652,7 +652,7 @@ fn two_threads_hundred_thousand_calls() {
         &fabric.open(),
         ServerConfig {
             max_conns: CONNS,
-            group_size: Some(8),
+            group_size: GroupSize::Fixed(8),
             slots_per_conn: 4,
             slot_size: 128,
             slice: Duration::from_micros(50),
@@ -779,9 +779,12 @@ fn thousand_connections_in_groups_of_64() {
 }
 
 /// The server holds a reply past `ack_timeout`: the stopped connection cannot acknowledge,
-/// so it is evicted (failed, its QP destroyed) and its bank given to the next group. The
-/// slot the held request occupies must serve the bank's new owner, and the late reply must
-/// be refused with `ConnFailed` (not written into the new owner's request).
+/// so it is evicted (told, failed, its QP destroyed) and its bank given to the next group.
+/// The slot the held request occupies must serve the bank's new owner, and the late reply
+/// must be refused with `ConnFailed` (not written into the new owner's request). The
+/// evicted client learns it from the eviction notice: its outstanding call ends with
+/// `CallFailure::Evicted` and later calls are refused with `ScaleCallError::Evicted`
+/// (before the notice existed it sat "stopped" for ever, every call `NotActive`).
 #[test]
 fn reply_held_past_ack_timeout_evicts_and_frees_the_slot() {
     let fabric = Fabric::new(SimConfig::default());
@@ -789,7 +792,7 @@ fn reply_held_past_ack_timeout_evicts_and_frees_the_slot() {
         &fabric.open(),
         ServerConfig {
             max_conns: 3,
-            group_size: Some(1),
+            group_size: GroupSize::Fixed(1),
             slots_per_conn: 1,
             slot_size: 128,
             slice: Duration::from_micros(200),
@@ -829,7 +832,7 @@ fn reply_held_past_ack_timeout_evicts_and_frees_the_slot() {
     // Connection 2 (group 2) gets bank 0 again, i.e. the held request's slot.
     let mut sent = false;
     let mut answered = None;
-    while got.is_empty() {
+    while !got.iter().any(|(t, _)| *t == 2) {
         server.poll();
         if let Some((tok, req)) = server.recv() {
             assert_eq!((tok.conn(), req), (2, &[2u8][..]));
@@ -855,13 +858,24 @@ fn reply_held_past_ack_timeout_evicts_and_frees_the_slot() {
         }
         assert!(start.elapsed() < DEADLINE, "connection 2 was never served");
     }
-    assert_eq!(got, vec![(2, Ok(vec![22]))]);
+    assert_eq!(got, vec![(0, Err(CallFailure::Evicted)), (2, Ok(vec![22]))]);
     assert_eq!(answered, Some(1), "connection 0 was evicted first");
     assert!(server.conn_failed(0));
-    assert_eq!(server.stats().failed_conns, 1);
+    let st = server.stats();
+    assert_eq!(
+        (st.failed_conns, st.evict_notices, st.reclaimed),
+        (1, 1, 1),
+        "{st:?}"
+    );
     assert!(matches!(
         server.reply(held, 1, |_| 1),
         Err(ScaleError::ConnFailed)
     ));
-    assert_eq!(client.outstanding(0), 1, "its call is never answered");
+    assert_eq!(client.outstanding(0), 0, "its call ended with the eviction");
+    assert!(client.is_evicted(0) && client.is_failed(0));
+    assert_eq!(client.stats().evictions, 1);
+    assert!(matches!(
+        client.call(0, 1, 1, 9, |_| 1),
+        Err(ScaleCallError::Evicted(9))
+    ));
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use mlx5::sim::{Fabric, SimConfig};
 use rpc_runtime::scalerpc::{
-    ClientConfig, ScaleCallError, ScaleClient, ScaleServer, ServerConfig, WorkerConfig, WorkerPool,
+    ClientConfig, GroupSize, ScaleCallError, ScaleClient, ScaleServer, ServerConfig, WorkerConfig,
+    WorkerPool,
 };
 
 /// The response to request `(conn, seq)`: `16 + seq % 48` bytes derived from both.
@@ -42,7 +43,7 @@ fn four_workers_sixteen_connections() {
         &fabric.open(),
         ServerConfig {
             max_conns: CONNS,
-            group_size: Some(8),
+            group_size: GroupSize::Fixed(8),
             slots_per_conn: 4,
             slot_size: 256,
             slice: Duration::from_micros(100),
@@ -193,4 +194,51 @@ fn a_panicking_handler_is_reported_on_the_dispatch_thread() {
         "the handler's panic surfaced on the dispatch thread"
     );
     assert!(WorkerPool::spawn(&server, 0, |_: &[u8], _: &mut [u8]| 0).is_err());
+}
+
+/// A typed worker handler gets each request's `rpc_type`.
+#[test]
+fn workers_see_the_rpc_type() {
+    let fabric = Fabric::new(SimConfig::default());
+    let mut server = ScaleServer::new(
+        &fabric.open(),
+        ServerConfig {
+            max_conns: 1,
+            slot_size: 256,
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    let mut client = ScaleClient::<u64>::new(&fabric.open(), ClientConfig::default()).unwrap();
+    let (c, info) = client.create_conn().unwrap();
+    let s = server.accept(&info).unwrap();
+    client.connect(c, &s).unwrap();
+    let mut pool = WorkerPool::with_config_typed(
+        &server,
+        WorkerConfig {
+            workers: 2,
+            depth: 0,
+        },
+        |ty: u16, _: &[u8], out: &mut [u8]| {
+            out[..2].copy_from_slice(&ty.to_le_bytes());
+            2
+        },
+    )
+    .unwrap();
+    let types = [0u16, 3, 0x1234, u16::MAX];
+    for (i, &ty) in types.iter().enumerate() {
+        client.call(c, ty, 0, i as u64, |_| 0).unwrap();
+    }
+    client.flush();
+    let mut got = vec![None; types.len()];
+    let t = Instant::now();
+    while got.iter().any(Option::is_none) {
+        assert!(t.elapsed() < Duration::from_secs(30), "{got:?}");
+        pool.poll(&mut server);
+        client.poll(|i, r| {
+            got[i as usize] = Some(u16::from_le_bytes(r.unwrap().try_into().unwrap()));
+        });
+    }
+    let got: Vec<u16> = got.into_iter().map(Option::unwrap).collect();
+    assert_eq!(got, types);
 }

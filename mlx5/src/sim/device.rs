@@ -185,6 +185,14 @@ impl Provider for SimDevice {
         self.port
     }
 
+    fn qpc_cache_entries(&self) -> Option<u32> {
+        self.shared
+            .lock()
+            .cfg
+            .qpc_cache
+            .map(|c| u32::try_from(c.entries).unwrap_or(u32::MAX))
+    }
+
     fn alloc_pd(&self) -> Result<Handle> {
         let pd = self.shared.lock().alloc_pd();
         Ok(Box::new(PdHandle {

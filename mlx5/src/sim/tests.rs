@@ -438,3 +438,27 @@ fn gid_addressing_with_lid_zero() {
         Syndrome::TransportRetryExc as u8
     );
 }
+
+/// The device handle reports the QPC cache size the fabric was configured with (what
+/// ScaleRPC derives its group size from), and `None` when the cache is not modelled.
+#[test]
+fn device_handle_reports_its_qpc_cache_size() {
+    use crate::sim::QpcCacheConfig;
+    assert_eq!(
+        Fabric::new(SimConfig::default()).open().qpc_cache_entries(),
+        Some(QpcCacheConfig::CX5_ENTRIES as u32)
+    );
+    let cx3 = Fabric::new(SimConfig {
+        qpc_cache: Some(QpcCacheConfig {
+            entries: QpcCacheConfig::CX3_ENTRIES,
+            ..QpcCacheConfig::default()
+        }),
+        ..SimConfig::default()
+    });
+    assert_eq!(cx3.open().qpc_cache_entries(), Some(400));
+    let off = Fabric::new(SimConfig {
+        qpc_cache: None,
+        ..SimConfig::default()
+    });
+    assert_eq!(off.open().qpc_cache_entries(), None);
+}

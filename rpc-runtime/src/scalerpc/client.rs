@@ -22,7 +22,8 @@ use super::protocol::{
 };
 use super::server::rc_params;
 use super::{
-    ACK_HELLO, CTRL_STOP, DOORBELL_BATCH_SIZE, IMM_ACK, IMM_NOTICE, ResponseMode, ScaleError,
+    ACK_HELLO, CTRL_EVICT, CTRL_STOP, DOORBELL_BATCH_SIZE, IMM_ACK, IMM_NOTICE, ResponseMode,
+    ScaleError,
 };
 use crate::rdma::{rc_qp_on_srq, refill_srq, zero_length_srq};
 
@@ -74,9 +75,13 @@ pub enum ScaleCallError<U> {
     /// The request does not fit a slot.
     #[error("request larger than a slot")]
     TooLarge(U),
-    /// The connection failed or does not exist.
+    /// The connection failed, was closed ([`ScaleClient::disconnect`]) or does not exist.
     #[error("connection failed")]
     Failed(U),
+    /// The server evicted the connection (it did not acknowledge a stop notice within the
+    /// server's `ack_timeout`; [`CallFailure::Evicted`]). Final: connect again.
+    #[error("connection evicted by the server (stop not acknowledged in time): connect again")]
+    Evicted(U),
 }
 
 impl<U> ScaleCallError<U> {
@@ -86,7 +91,8 @@ impl<U> ScaleCallError<U> {
             ScaleCallError::NotActive(u)
             | ScaleCallError::SlotsBusy(u)
             | ScaleCallError::TooLarge(u)
-            | ScaleCallError::Failed(u) => u,
+            | ScaleCallError::Failed(u)
+            | ScaleCallError::Evicted(u) => u,
         }
     }
 }
@@ -97,9 +103,19 @@ pub enum CallFailure {
     /// The server rejected the request (status code).
     #[error("server rejected the request (status {0})")]
     Rejected(u32),
-    /// The connection failed (error completion: the server is gone or refused access).
+    /// The connection failed (error completion: the server is gone or refused access), or
+    /// was closed by [`ScaleClient::disconnect`] with the call outstanding.
     #[error("connection failed")]
     ConnFailed,
+    /// The server evicted the connection: it did not acknowledge a stop notice within the
+    /// server's `ack_timeout` (a client that was stopped or descheduled, or a server that
+    /// held a reply that long). The server told it with an eviction notice
+    /// ([`super::CTRL_EVICT`]) and closed the connection; every call outstanding on it ends
+    /// with this error, later calls are refused with [`ScaleCallError::Evicted`]. The
+    /// client does not rejoin by itself: connect again (a new connection, possibly in
+    /// another group).
+    #[error("connection evicted by the server (stop not acknowledged within its ack timeout)")]
+    Evicted,
 }
 
 /// Client counters.
@@ -123,6 +139,10 @@ pub struct ClientStats {
     pub bad_input: u64,
     /// Error completions.
     pub error_cqes: u64,
+    /// Eviction notices received (connections the server evicted).
+    pub evictions: u64,
+    /// Goodbyes sent ([`ScaleClient::disconnect`]).
+    pub disconnects: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,6 +169,10 @@ struct ClientConn<U> {
     issued: u32,
     ack_pending: Option<u32>,
     failed: bool,
+    /// The server evicted it (implies `failed`).
+    evicted: bool,
+    /// WQE index of the goodbye, until its completion arrives.
+    bye_at: Option<u16>,
     pending_db: u32,
     unsignaled: u32,
     in_busy: bool,
@@ -258,9 +282,49 @@ impl<U> ScaleClient<U> {
         })
     }
 
-    /// Whether connection `c` failed.
+    /// Whether connection `c` failed (or was evicted, or closed).
     pub fn is_failed(&self, c: u32) -> bool {
         self.conns.get(c as usize).is_none_or(|c| c.failed)
+    }
+
+    /// Whether the server evicted connection `c` ([`CallFailure::Evicted`]).
+    pub fn is_evicted(&self, c: u32) -> bool {
+        self.conns.get(c as usize).is_some_and(|c| c.evicted)
+    }
+
+    /// Closes connection `c`: sends the server a goodbye ([`super::ACK_BYE`]; the server
+    /// destroys its QP and reclaims the connection's id and slots at its next poll) and fails
+    /// the calls outstanding on it with [`CallFailure::ConnFailed`] through `on_response`.
+    /// Later calls on `c` are refused ([`ScaleCallError::Failed`]). Nothing is sent for a
+    /// connection that failed or was never connected.
+    ///
+    /// The goodbye is executed by the NIC after this returns: keep the client context (its
+    /// QPs) alive until [`ScaleClient::goodbye_sent`] says it completed, polling meanwhile;
+    /// a goodbye lost because the context was dropped first looks like a crash to the
+    /// server, which then reclaims the connection at its next notice to it (its WRITE fails).
+    pub fn disconnect(
+        &mut self,
+        c: u32,
+        mut on_response: impl FnMut(U, Result<&[u8], CallFailure>),
+    ) {
+        let Some(conn) = self.conns.get_mut(c as usize) else {
+            return;
+        };
+        if conn.failed || conn.server.is_none() {
+            return;
+        }
+        conn.bye_at = Self::control(&mut self.stats, conn, super::ACK_BYE, 0);
+        conn.qp.sq.ring_doorbell();
+        self.stats.disconnects += 1;
+        self.fail_with(c, CallFailure::ConnFailed, &mut on_response);
+    }
+
+    /// Whether the goodbye of connection `c` ([`ScaleClient::disconnect`]) completed (or
+    /// cannot complete any more: the connection failed). Updated by [`ScaleClient::poll`].
+    pub fn goodbye_sent(&self, c: u32) -> bool {
+        self.conns
+            .get(c as usize)
+            .is_none_or(|c| c.bye_at.is_none())
     }
 
     /// Calls outstanding on connection `c`.
@@ -310,6 +374,8 @@ impl<U> ScaleClient<U> {
             issued: 0,
             ack_pending: None,
             failed: false,
+            evicted: false,
+            bye_at: None,
             pending_db: 0,
             unsignaled: 0,
             in_busy: false,
@@ -357,14 +423,20 @@ impl<U> ScaleClient<U> {
         if server.active {
             conn.state = CState::Active { base: server.base };
         }
-        Self::control(&mut self.stats, conn, ACK_HELLO, 0);
+        let _ = Self::control(&mut self.stats, conn, ACK_HELLO, 0);
         conn.qp.sq.ring_doorbell();
         Ok(())
     }
 
-    /// Posts an 8 B WRITE+IMM into the server's ack word: `word0 u32 | word1 u32`.
-    fn control(stats: &mut ClientStats, conn: &mut ClientConn<U>, word0: u32, word1: u32) {
-        let Some(s) = conn.server else { return };
+    /// Posts an 8 B WRITE+IMM into the server's ack word: `word0 u32 | word1 u32`. Returns
+    /// its WQE index (signaled) if posted.
+    fn control(
+        stats: &mut ClientStats,
+        conn: &mut ClientConn<U>,
+        word0: u32,
+        word1: u32,
+    ) -> Option<u16> {
+        let s = conn.server?;
         let data = (word0 as u64 | ((word1 as u64) << 32)).to_le_bytes();
         let r = conn.qp.sq.post(&WqeDesc {
             opcode: Opcode::RdmaWriteImm,
@@ -383,8 +455,9 @@ impl<U> ScaleClient<U> {
             conn.failed = true;
         }
         conn.unsignaled = 0;
-        stats.acks += u64::from(word0 != ACK_HELLO);
+        stats.acks += u64::from(word0 != ACK_HELLO && word0 != super::ACK_BYE);
         stats.doorbells += 1;
+        r.ok()
     }
 
     /// Issues a call on connection `c`: `encode` writes at most `max_len` payload bytes;
@@ -406,6 +479,9 @@ impl<U> ScaleClient<U> {
             return Err(ScaleCallError::Failed(user));
         };
         let (Some(server), false) = (conn.server, conn.failed) else {
+            if conn.evicted {
+                return Err(ScaleCallError::Evicted(user));
+            }
             return Err(ScaleCallError::Failed(user));
         };
         let CState::Active { base } = conn.state else {
@@ -526,7 +602,7 @@ impl<U> ScaleClient<U> {
                 self.busy.swap_remove(i);
                 if let Some(epoch) = conn.ack_pending.take() {
                     let issued = conn.issued;
-                    Self::control(&mut self.stats, conn, epoch, issued);
+                    let _ = Self::control(&mut self.stats, conn, epoch, issued);
                     conn.qp.sq.ring_doorbell();
                 }
             } else {
@@ -562,6 +638,13 @@ impl<U> ScaleClient<U> {
             let k = self.cfg.slots_per_conn;
             let conn = &mut self.conns[c as usize];
             let Some(server) = conn.server else { continue };
+            if base == CTRL_EVICT {
+                self.evicted(c, on_response);
+                continue;
+            }
+            if conn.failed {
+                continue;
+            }
             if base == CTRL_STOP {
                 if conn.state == (CState::Stopped { epoch }) {
                     // The word holds one notice: an activation and the stop that followed it
@@ -571,7 +654,7 @@ impl<U> ScaleClient<U> {
                 conn.state = CState::Stopped { epoch };
                 if conn.busy == 0 {
                     let issued = conn.issued;
-                    Self::control(&mut self.stats, conn, epoch, issued);
+                    let _ = Self::control(&mut self.stats, conn, epoch, issued);
                     conn.qp.sq.ring_doorbell();
                 } else {
                     conn.ack_pending = Some(epoch);
@@ -603,9 +686,13 @@ impl<U> ScaleClient<U> {
             let conn = &mut self.conns[c as usize];
             conn.qp.sq.retire(cqe.wqe_counter);
             if cqe.is_error() {
+                conn.bye_at = None;
                 self.stats.error_cqes += 1;
                 self.fail(c, on_response);
                 continue;
+            }
+            if conn.bye_at == Some(cqe.wqe_counter) {
+                conn.bye_at = None;
             }
             // Completed READs (signaled, in order): their slots may be checked again.
             while let Some(&(idx, j)) = conn.reads.front() {
@@ -705,16 +792,48 @@ impl<U> ScaleClient<U> {
 
     #[cold]
     fn fail(&mut self, c: u32, on_response: &mut impl FnMut(U, Result<&[u8], CallFailure>)) {
-        let conn = &mut self.conns[c as usize];
-        if !conn.failed {
-            conn.failed = true;
+        if !self.conns[c as usize].failed {
             tracing::debug!(conn = c, "scalerpc: connection failed");
         }
+        self.fail_with(c, CallFailure::ConnFailed, on_response);
+    }
+
+    /// Marks connection `c` failed and ends every call outstanding on it with `why`.
+    #[cold]
+    fn fail_with(
+        &mut self,
+        c: u32,
+        why: CallFailure,
+        on_response: &mut impl FnMut(U, Result<&[u8], CallFailure>),
+    ) {
+        let conn = &mut self.conns[c as usize];
+        conn.failed = true;
+        conn.ack_pending = None;
         for o in conn.slots.iter_mut() {
             if let Some(o) = o.take() {
                 conn.busy -= 1;
-                on_response(o.user, Err(CallFailure::ConnFailed));
+                on_response(o.user, Err(why));
             }
         }
+    }
+
+    /// The server's eviction notice for connection `c`: responses that arrived before it
+    /// are delivered (RC order: the server wrote them before the notice), the rest of the
+    /// outstanding calls end with [`CallFailure::Evicted`].
+    #[cold]
+    fn evicted(&mut self, c: u32, on_response: &mut impl FnMut(U, Result<&[u8], CallFailure>)) {
+        let conn = &mut self.conns[c as usize];
+        if conn.evicted {
+            return;
+        }
+        tracing::debug!(conn = c, "scalerpc: connection evicted by the server");
+        self.stats.evictions += 1;
+        if !conn.failed {
+            self.collect(c, on_response);
+        }
+        let conn = &mut self.conns[c as usize];
+        conn.evicted = true;
+        conn.state = CState::Idle;
+        self.fail_with(c, CallFailure::Evicted, on_response);
     }
 }

@@ -11,6 +11,37 @@
 //! - [`info`]: what client and server exchange to connect.
 //! - [`worker`]: a dispatch thread with worker threads running the handler (seeds/003 §6).
 //!
+//! # Liveness: connection lifecycle
+//! A connection ends in one of three ways, and in each the server reclaims it (destroys its
+//! QP, clears the pool slots its mapping names, frees its id for the next accept;
+//! [`ServerStats::reclaimed`]), so churn never exhausts `max_conns`:
+//! - *Goodbye.* [`ScaleClient::disconnect`] (and dropping a [`ScaleRpc`]) writes
+//!   [`ACK_BYE`] into the connection's ack word.
+//! - *Failure.* An error completion on the connection's QP (the client's context was dropped
+//!   or its process died: the server's next notice to it fails).
+//! - *Eviction.* A stopped client that does not acknowledge within the ack deadline
+//!   ([`ServerConfig::ack_timeout`] of served time, [`sched`]) is told ([`CTRL_EVICT`]; it
+//!   fails its calls with [`CallFailure::Evicted`], and a [`ScaleRpc`] reports
+//!   [`ScaleRpcSetupError::Evicted`]); the QP is destroyed once that notice completed. An
+//!   evicted client does not rejoin by itself: it connects again.
+//!
+//! # Blocking waits and what bounds them
+//! The cores ([`ScaleClient`], [`ScaleServer`], [`Scheduler`]) never block: every call
+//! returns at once ([`ScaleCallError::NotActive`] / [`ScaleCallError::SlotsBusy`] to retry
+//! later). The waits are:
+//!
+//! | where | waits for | bounded by |
+//! |---|---|---|
+//! | [`Listener::exchange`] (`ScaleRpc::connect`) | the server's answer to a connect request | [`ScaleRpcAddr::timeout`] (default 5 s) → [`ScaleRpcSetupError::Timeout`]; a dropped server → [`ScaleRpcSetupError::ServerGone`] |
+//! | typed client retrying `send` while `NotActive` ([`crate::RpcError::WouldBlock`]) | its group's turn | [`ScaleRpcAddr::activation_timeout`] (default 10 s) → [`crate::RpcError::ServerDisconnected`]; the eviction notice (`ack_timeout` of served time after its stop, if it does not acknowledge) → [`ScaleRpcSetupError::Evicted`]; the typed client's per-call deadline ([`crate::client`]) |
+//! | typed client retrying `send` while `SlotsBusy` / no token, and waiting for responses | responses to its calls | a response; the liveness probe ([`ScaleRpcAddr::probe_interval`], default 100 ms; an active connection only) → [`crate::RpcError::ServerDisconnected`] when the server's QP or NIC is gone; the eviction notice when its group was stopped meanwhile; the per-call deadline (a live but stopped, e.g. SIGSTOPped, server answers neither probes nor calls: only the deadline ends those) |
+//! | dropping a [`ScaleRpc`] | its goodbye's send completion | [`transport::DISCONNECT_WAIT`] (10 ms) |
+//! | the server's scheduler: a stopped group's bank | every member's acknowledgement | `ack_timeout` of served time → eviction; the eviction's close: `ack_timeout` more ([`Notice::Close`]); so a warm-up waits at most about 2 × `ack_timeout` of served time ([`SchedStats::warmup_delays`]) |
+//! | [`WorkerPool`] threads | the next job (idle) | pool drop (closes the queue); dropping the pool joins the workers: bounded by the handler's running time |
+//!
+//! *Served time*: the server's clock with each gap between two polls counted as at most
+//! `ack_timeout / 4`, so that the server's own pauses are not charged to its clients.
+//!
 //! ```
 //! use mlx5::sim::{Fabric, SimConfig};
 //! use rpc_runtime::scalerpc::{ClientConfig, ScaleClient, ScaleServer, ServerConfig};
@@ -48,7 +79,10 @@ pub mod worker;
 pub use client::{CallFailure, ClientConfig, ClientStats, ScaleCallError, ScaleClient};
 pub use info::{ClientConnInfo, ServerConnInfo};
 pub use sched::{ConnState, Notice, SchedStats, Scheduler};
-pub use server::{ScaleServer, ScaleToken, ServerConfig, ServerStats};
+pub use server::{
+    DEFAULT_QPC_CACHE_ENTRIES, GroupSize, ScaleServer, ScaleToken, ServerConfig, ServerStats,
+    derive_group_size,
+};
 pub use transport::{
     ConnectRefusal, Listener, ScaleRpc, ScaleRpcAddr, ScaleRpcServer, ScaleRpcSetupError,
 };
@@ -63,8 +97,14 @@ pub const IMM_NOTICE: u32 = 0x5343_4e31;
 pub const IMM_ACK: u32 = 0x5343_4131;
 /// Ack word epoch value meaning "hello: notices may be sent now".
 pub const ACK_HELLO: u32 = u32::MAX;
+/// Ack word epoch value meaning "goodbye: this connection is closed, reclaim it"
+/// ([`ScaleClient::disconnect`]). Epochs skip both reserved values.
+pub const ACK_BYE: u32 = u32::MAX - 1;
 /// Control word base value meaning "stop".
 pub const CTRL_STOP: u32 = u32::MAX;
+/// Control word base value meaning "you are evicted: the connection is closed"
+/// ([`sched::Notice::Evict`]); pool slot numbers stay below it.
+pub const CTRL_EVICT: u32 = u32::MAX - 1;
 
 /// How a response reaches the client (seeds/003 §2.2).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -5,10 +5,14 @@
 //! groups however many connections there are.
 //!
 //! # Mapping
-//! Connection `c` is member `m` of group `g` (`c = g·G + m` in join order). While `g` owns
-//! bank `b`, the client's slot `j` (`0 ≤ j < K`) is pool slot `b·G·K + m·K + j`
-//! ([`Scheduler::pool_slot`]); the client learns its base `b·G·K + m·K` from the activation
-//! notice.
+//! Connection `c` is member `m` of group `g` (`c = g·G + m`). While `g` owns bank `b`, the
+//! client's slot `j` (`0 ≤ j < K`) is pool slot `b·G·K + m·K + j` ([`Scheduler::pool_slot`]);
+//! the client learns its base `b·G·K + m·K` from the activation notice.
+//!
+//! Connection ids are reused: a connection that left ([`Scheduler::release`]: disconnected,
+//! failed, or evicted and closed) frees its id, and the next [`Scheduler::join`] takes the
+//! lowest free id, so churn never exhausts the table and groups stay filled. A group with no
+//! connection is skipped by the rotation.
 //!
 //! # Slices and switches (seeds/003 §3; the paper's time-sliced group scheduling)
 //! 1. *Warm-up.* `warmup` before the active group's slice ends, the next group gets the other
@@ -19,17 +23,41 @@
 //!    already waiting. The old bank keeps being served ("draining").
 //! 3. *Drain.* A stopped client stops issuing and acknowledges once it has no call
 //!    outstanding ([`Scheduler::on_ack`]); the bank is free again once every member
-//!    acknowledged (or failed, or missed the ack deadline and was evicted). Only then can
-//!    it be given to the next warm-up, so no request is lost or served twice across a
-//!    switch: every request a client wrote into the bank was served before it acknowledged.
+//!    acknowledged, failed, or was evicted *and closed*. Only then can it be given to the next
+//!    warm-up, so no request is lost or served twice across a switch: every request a client
+//!    wrote into the bank was served before it acknowledged, and an evicted client's QP is
+//!    gone before its slots change hands.
 //!
 //! If the other bank is still draining when warm-up is due, warm-up waits and the active
 //! group's slice is extended ([`SchedStats::warmup_delays`]).
 //!
 //! With a single group (grouping off, or fewer connections than `G`) there is no switch: the
 //! group owns bank 0 for ever.
+//!
+//! # Acknowledgement deadline and eviction (this implementation's liveness rule)
+//! seeds/003 has no rule for a client that never acknowledges; without one a stopped client
+//! that hangs holds its bank, and with it the rotation, for ever. Here:
+//! - A stopping client that has not acknowledged after `ack_timeout` is *evicted*:
+//!   [`Notice::Evict`] (the server tells the client, which fails its calls, then destroys the
+//!   QP and calls [`Scheduler::on_closed`]). The bank stays held until the close, and at most
+//!   `ack_timeout` more ([`Notice::Close`]: close now, whether the client was told or not).
+//! - The deadline runs on a *served clock*: a gap between two [`Scheduler::tick`]s counts as
+//!   at most `ack_timeout / 4`. Time the server's own loop did not run (descheduled, stopped,
+//!   a long handler) is not charged to its clients: a client whose acknowledgement could not
+//!   be read, or whose calls could not be answered, while the server was paused gets a fresh
+//!   share of the deadline once it runs again. A server loop that ticks at least every
+//!   `ack_timeout / 4` evicts after `ack_timeout` of wall time; one that ticks more rarely,
+//!   after 4 ticks.
+//! - Only [`Scheduler::tick`] evicts. The server reads every acknowledgement already in its
+//!   CQ *before* it ticks, so a client that acknowledged in time is never evicted because the
+//!   server was late to read it; and an acknowledgement ([`Scheduler::on_ack`]) never evicts
+//!   its group's other members (their acknowledgements may be next in the same batch).
 
-/// What the server must tell one client.
+/// Reserved epoch values: epochs skip them, so an epoch is never mistaken for a hello or a
+/// goodbye in the acknowledgement word ([`super::ACK_HELLO`], [`super::ACK_BYE`]).
+const EPOCH_LIMIT: u32 = super::ACK_BYE;
+
+/// What the server must do for one client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Notice {
     /// Start issuing: your slot `j` is pool slot `base + j` (seeds/003 §4 mapping), epoch
@@ -49,11 +77,26 @@ pub enum Notice {
         /// Epoch of the activation being ended.
         epoch: u32,
     },
+    /// The client missed the acknowledgement deadline: tell it it is evicted, then close the
+    /// connection (destroy its QP) and report [`Scheduler::on_closed`]. Its group's bank is
+    /// held until then (module docs).
+    Evict {
+        /// Connection.
+        conn: u32,
+    },
+    /// An evicted connection was not closed within `ack_timeout` (its eviction notice never
+    /// completed): close it now. The scheduler already counts it as closed.
+    Close {
+        /// Connection.
+        conn: u32,
+    },
 }
 
 /// Per-connection scheduling state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnState {
+    /// No connection has this id (never joined, or released): free for the next join.
+    Free,
     /// Its group is neither active nor warming up.
     Idle,
     /// Activated (warming up or active) in `epoch`, base `base`.
@@ -67,11 +110,32 @@ pub enum ConnState {
     Stopping {
         /// Epoch.
         epoch: u32,
-        /// Time (ns, scheduler clock) of the stop notice.
+        /// Served-clock time (ns, module docs) of the stop notice.
         since: u64,
     },
-    /// Failed or evicted: counts as drained, never activated again.
+    /// Evicted ([`Notice::Evict`]), not closed yet: still holds its bank.
+    Evicting {
+        /// Served-clock time (ns) of the eviction.
+        since: u64,
+    },
+    /// Failed, or evicted and closed: counts as drained, never activated again; its id is
+    /// reused after [`Scheduler::release`].
     Dead,
+}
+
+impl ConnState {
+    /// Whether a connection holds this id (anything but [`ConnState::Free`]).
+    fn joined(self) -> bool {
+        self != ConnState::Free
+    }
+
+    /// Whether the connection takes part in the rotation (joined, not dead or evicted).
+    fn live(self) -> bool {
+        !matches!(
+            self,
+            ConnState::Free | ConnState::Dead | ConnState::Evicting { .. }
+        )
+    }
 }
 
 /// Counters.
@@ -89,6 +153,11 @@ pub struct SchedStats {
     pub bad_acks: u64,
     /// Connections evicted for missing the acknowledgement deadline.
     pub evictions: u64,
+    /// Of those, closed by the close deadline ([`Notice::Close`]) rather than
+    /// [`Scheduler::on_closed`].
+    pub forced_closes: u64,
+    /// Connection ids released for reuse ([`Scheduler::release`]).
+    pub released: u64,
 }
 
 /// The scheduler. Times are nanoseconds on any monotonic clock the caller uses.
@@ -99,7 +168,11 @@ pub struct Scheduler {
     slice_ns: u64,
     warmup_ns: u64,
     ack_timeout_ns: u64,
+    /// Longest gap between two ticks the served clock charges (module docs).
+    stall_ns: u64,
     conns: Vec<ConnState>,
+    /// Free ids below `conns.len()`.
+    free: Vec<u32>,
     /// Bank owned by each group, if any.
     bank_of: Vec<Option<u8>>,
     /// Group owning each bank.
@@ -110,16 +183,20 @@ pub struct Scheduler {
     warming: Option<u32>,
     slice_start: u64,
     epoch: u32,
+    /// Served clock (ns) and the caller's time of the last tick.
+    served: u64,
+    last_tick: Option<u64>,
     stats: SchedStats,
 }
 
 impl Scheduler {
     /// A scheduler for groups of `group_size` connections with `k` slots each, slices of
     /// `slice_ns`, warm-up `warmup_ns` before a slice ends, evicting a stopped client that
-    /// has not acknowledged after `ack_timeout_ns`.
+    /// has not acknowledged after `ack_timeout_ns` of served time (module docs).
     ///
     /// # Panics
-    /// If `group_size` or `k` is 0 or `group_size * k * 2` overflows `u32`.
+    /// If `group_size` or `k` is 0 or `group_size * k * 2` does not fit below
+    /// [`super::CTRL_EVICT`] (pool slot numbers must not collide with the control words).
     pub fn new(
         group_size: u32,
         k: u32,
@@ -135,7 +212,7 @@ impl Scheduler {
             group_size
                 .checked_mul(k)
                 .and_then(|x| x.checked_mul(2))
-                .is_some(),
+                .is_some_and(|x| x < super::CTRL_EVICT),
             "pool too large"
         );
         Scheduler {
@@ -144,7 +221,9 @@ impl Scheduler {
             slice_ns,
             warmup_ns: warmup_ns.min(slice_ns),
             ack_timeout_ns,
+            stall_ns: ack_timeout_ns / 4,
             conns: Vec::new(),
+            free: Vec::new(),
             bank_of: Vec::new(),
             owner: [None, None],
             draining: [false, false],
@@ -152,6 +231,8 @@ impl Scheduler {
             warming: None,
             slice_start: 0,
             epoch: 0,
+            served: 0,
+            last_tick: None,
             stats: SchedStats::default(),
         }
     }
@@ -167,12 +248,17 @@ impl Scheduler {
         &self.stats
     }
 
-    /// Connections joined.
+    /// Connections joined and not released.
     pub fn num_conns(&self) -> u32 {
+        (self.conns.len() - self.free.len()) as u32
+    }
+
+    /// Connection ids in use or free for reuse: ids are below this.
+    pub fn id_bound(&self) -> u32 {
         self.conns.len() as u32
     }
 
-    /// Groups (the last may be partial).
+    /// Groups (the last may be partial; a group may be empty after releases).
     pub fn num_groups(&self) -> u32 {
         self.conns.len().div_ceil(self.group_size as usize) as u32
     }
@@ -192,13 +278,19 @@ impl Scheduler {
         self.warming
     }
 
+    /// The served clock (ns): the caller's time with long gaps between ticks shortened to
+    /// `ack_timeout / 4` (module docs).
+    pub fn served_ns(&self) -> u64 {
+        self.served
+    }
+
     /// Group of connection `c` and its member index.
     #[inline]
     pub fn group_of(&self, c: u32) -> (u32, u32) {
         (c / self.group_size, c % self.group_size)
     }
 
-    /// Connections of group `g`.
+    /// Connection ids of group `g` (some may be free).
     pub fn members(&self, g: u32) -> std::ops::Range<u32> {
         let start = g * self.group_size;
         start..(start + self.group_size).min(self.conns.len() as u32)
@@ -224,13 +316,20 @@ impl Scheduler {
         self.active.into_iter().chain(draining)
     }
 
-    /// Adds a connection (the next id) at time `now`; if its group owns a bank, the client is
-    /// activated at once (`notify`).
+    /// Adds a connection at time `now`, taking the lowest free id (a released one, else the
+    /// next new one); if its group owns a bank that is not draining, the client is activated
+    /// at once (`notify`). Returns its id.
     pub fn join(&mut self, now: u64, notify: &mut impl FnMut(Notice)) -> u32 {
-        let c = self.conns.len() as u32;
-        self.conns.push(ConnState::Idle);
+        let c = match self.free.iter().enumerate().min_by_key(|&(_, &c)| c) {
+            Some((i, _)) => self.free.swap_remove(i),
+            None => {
+                self.conns.push(ConnState::Free);
+                self.conns.len() as u32 - 1
+            }
+        };
+        self.conns[c as usize] = ConnState::Idle;
         let (g, _) = self.group_of(c);
-        if self.bank_of.len() <= g as usize {
+        while self.bank_of.len() <= g as usize {
             self.bank_of.push(None);
         }
         if self.active.is_none() {
@@ -246,6 +345,24 @@ impl Scheduler {
         c
     }
 
+    /// Frees id `c` of a connection that is gone for good (the caller destroyed its QP and
+    /// cleared its slots): a later [`Scheduler::join`] may reuse it. A connection still in
+    /// the rotation is first treated as failed ([`Scheduler::on_failed`]); an evicted one
+    /// as closed. Returns whether `c` was joined.
+    pub fn release(&mut self, c: u32) -> bool {
+        let Some(&s) = self.conns.get(c as usize) else {
+            return false;
+        };
+        if !s.joined() {
+            return false;
+        }
+        self.conns[c as usize] = ConnState::Free;
+        self.free.push(c);
+        self.stats.released += 1;
+        self.check_group(c);
+        true
+    }
+
     fn assign(&mut self, g: u32, b: usize) {
         self.owner[b] = Some(g);
         self.draining[b] = false;
@@ -253,7 +370,7 @@ impl Scheduler {
     }
 
     fn activate(&mut self, c: u32, b: u32, notify: &mut impl FnMut(Notice)) {
-        if self.conns[c as usize] == ConnState::Dead {
+        if self.conns[c as usize] != ConnState::Idle {
             return;
         }
         let (_, m) = self.group_of(c);
@@ -269,27 +386,39 @@ impl Scheduler {
         });
     }
 
-    /// Advances time: starts a warm-up, switches groups, evicts clients past the ack
-    /// deadline, frees drained banks. Notices go to `notify`.
-    pub fn tick(&mut self, now: u64, notify: &mut impl FnMut(Notice)) {
+    /// The group after `g` in the rotation that has a live member, if any other than `g`.
+    fn next_group(&self, g: u32) -> Option<u32> {
         let groups = self.num_groups();
+        (1..groups)
+            .map(|i| (g + i) % groups)
+            .find(|&h| self.members(h).any(|c| self.conns[c as usize].live()))
+    }
+
+    /// Advances time to `now`: evicts clients past the acknowledgement deadline and closes
+    /// evicted ones past the close deadline, frees drained banks, starts a warm-up, switches
+    /// groups. Notices go to `notify`. Read the acknowledgements already received
+    /// ([`Scheduler::on_ack`]) before calling this (module docs).
+    pub fn tick(&mut self, now: u64, notify: &mut impl FnMut(Notice)) {
+        let gap = self.last_tick.map_or(0, |t| now.saturating_sub(t));
+        self.served += gap.min(self.stall_ns);
+        self.last_tick = Some(now);
         for b in 0..2 {
             if self.draining[b] {
-                self.check_drained(b, now);
+                self.evict_overdue(b, notify);
+                self.check_drained(b);
             }
         }
         let Some(active) = self.active else { return };
-        if groups <= 1 {
-            return;
-        }
         let elapsed = now.saturating_sub(self.slice_start);
         if self.warming.is_none() && elapsed + self.warmup_ns >= self.slice_ns {
+            let Some(next) = self.next_group(active) else {
+                return;
+            };
             let b = 1 - self.bank_of[active as usize].expect("active group owns a bank") as usize;
             if self.owner[b].is_some() && self.draining[b] {
                 self.stats.warmup_delays += 1;
             } else {
-                let next = (active + 1) % groups;
-                self.epoch = self.epoch.wrapping_add(1);
+                self.epoch = (self.epoch + 1) % EPOCH_LIMIT;
                 self.assign(next, b);
                 self.warming = Some(next);
                 self.stats.warmups += 1;
@@ -305,7 +434,10 @@ impl Scheduler {
             self.draining[b] = true;
             for c in self.members(active) {
                 if let ConnState::Active { epoch, .. } = self.conns[c as usize] {
-                    self.conns[c as usize] = ConnState::Stopping { epoch, since: now };
+                    self.conns[c as usize] = ConnState::Stopping {
+                        epoch,
+                        since: self.served,
+                    };
                     notify(Notice::Stop { conn: c, epoch });
                 }
             }
@@ -313,32 +445,49 @@ impl Scheduler {
             self.warming = None;
             self.slice_start = now;
             self.stats.switches += 1;
-            self.check_drained(b, now);
+            self.check_drained(b);
         }
     }
 
-    /// Frees bank `b` if every member of its group is drained; evicts members past the
-    /// deadline.
-    fn check_drained(&mut self, b: usize, now: u64) {
+    /// Evicts the members of bank `b`'s group past the acknowledgement deadline; closes
+    /// evicted ones past the close deadline.
+    #[cold]
+    fn evict_overdue(&mut self, b: usize, notify: &mut impl FnMut(Notice)) {
+        let Some(g) = self.owner[b] else { return };
+        for c in self.members(g) {
+            match self.conns[c as usize] {
+                ConnState::Stopping { since, .. }
+                    if self.served.saturating_sub(since) >= self.ack_timeout_ns =>
+                {
+                    self.conns[c as usize] = ConnState::Evicting { since: self.served };
+                    self.stats.evictions += 1;
+                    notify(Notice::Evict { conn: c });
+                }
+                ConnState::Evicting { since }
+                    if self.served.saturating_sub(since) >= self.ack_timeout_ns =>
+                {
+                    self.conns[c as usize] = ConnState::Dead;
+                    self.stats.forced_closes += 1;
+                    notify(Notice::Close { conn: c });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Frees bank `b` if every member of its group is drained (idle, dead or free). Never
+    /// evicts.
+    fn check_drained(&mut self, b: usize) {
         if !self.draining[b] {
             return;
         }
         let Some(g) = self.owner[b] else { return };
-        let mut done = true;
-        for c in self.members(g) {
-            match self.conns[c as usize] {
-                ConnState::Stopping { since, .. } => {
-                    if now.saturating_sub(since) >= self.ack_timeout_ns {
-                        self.conns[c as usize] = ConnState::Dead;
-                        self.stats.evictions += 1;
-                    } else {
-                        done = false;
-                    }
-                }
-                ConnState::Active { .. } => done = false,
-                ConnState::Idle | ConnState::Dead => {}
-            }
-        }
+        let done = self.members(g).all(|c| {
+            matches!(
+                self.conns[c as usize],
+                ConnState::Idle | ConnState::Dead | ConnState::Free
+            )
+        });
         if done {
             self.owner[b] = None;
             self.draining[b] = false;
@@ -346,17 +495,23 @@ impl Scheduler {
         }
     }
 
+    /// Re-checks the bank of `c`'s group, if it is draining.
+    fn check_group(&mut self, c: u32) {
+        let (g, _) = self.group_of(c);
+        if let Some(b) = self.bank_of.get(g as usize).copied().flatten() {
+            self.check_drained(b as usize);
+        }
+    }
+
     /// Client `c` acknowledged stop `epoch` with nothing outstanding. Returns whether the
-    /// acknowledgement was accepted (else counted in [`SchedStats::bad_acks`]).
-    pub fn on_ack(&mut self, c: u32, epoch: u32, now: u64) -> bool {
+    /// acknowledgement was accepted (else counted in [`SchedStats::bad_acks`]). Frees the
+    /// bank if this was the last member it waited for; never evicts (module docs).
+    pub fn on_ack(&mut self, c: u32, epoch: u32) -> bool {
         match self.conns.get(c as usize) {
             Some(ConnState::Stopping { epoch: e, .. }) if *e == epoch => {
                 self.conns[c as usize] = ConnState::Idle;
                 self.stats.acks += 1;
-                let (g, _) = self.group_of(c);
-                if let Some(b) = self.bank_of[g as usize] {
-                    self.check_drained(b as usize, now);
-                }
+                self.check_group(c);
                 true
             }
             _ => {
@@ -367,18 +522,30 @@ impl Scheduler {
     }
 
     /// Connection `c` failed (its QP is in error): it counts as drained from now on.
-    pub fn on_failed(&mut self, c: u32, now: u64) {
-        if let Some(s) = self.conns.get_mut(c as usize) {
+    pub fn on_failed(&mut self, c: u32) {
+        if let Some(s) = self.conns.get_mut(c as usize)
+            && s.joined()
+        {
             *s = ConnState::Dead;
-            let (g, _) = self.group_of(c);
-            if let Some(b) = self.bank_of[g as usize] {
-                self.check_drained(b as usize, now);
-            }
+            self.check_group(c);
         }
     }
 
-    /// Whether a request found in pool slot `p` while scanning connection `c`'s slots may
-    /// be served: `c` is active or stopping (draining) and `p` is within its mapping.
+    /// Evicted connection `c` was closed (its QP destroyed after the eviction notice
+    /// completed): its bank may change hands. Returns whether `c` was being evicted.
+    pub fn on_closed(&mut self, c: u32) -> bool {
+        match self.conns.get(c as usize) {
+            Some(ConnState::Evicting { .. }) => {
+                self.conns[c as usize] = ConnState::Dead;
+                self.check_group(c);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether a request found while scanning connection `c`'s slots may be served: `c` is
+    /// active or stopping (draining).
     #[inline]
     pub fn may_serve(&self, c: u32) -> bool {
         matches!(
@@ -448,9 +615,9 @@ mod tests {
         // Next warm-up (group 0 again) must wait for the drain.
         assert!(collect(&mut s, 180).is_empty());
         assert_eq!(s.stats().warmup_delays, 1);
-        assert!(!s.on_ack(0, 7, 181), "wrong epoch");
-        assert!(s.on_ack(0, 0, 181));
-        assert!(s.on_ack(1, 0, 182));
+        assert!(!s.on_ack(0, 7), "wrong epoch");
+        assert!(s.on_ack(0, 0));
+        assert!(s.on_ack(1, 0));
         assert_eq!(s.serving().collect::<Vec<_>>(), vec![1]);
         let n = collect(&mut s, 183);
         assert!(matches!(
@@ -472,18 +639,19 @@ mod tests {
         }
         collect(&mut s, 95);
         collect(&mut s, 100); // conn 0 stopping
-        s.on_failed(1, 101); // the warmed client died: still switchable later
-        collect(&mut s, 149);
-        assert_eq!(
+        s.on_failed(1); // the warmed client died: still switchable later
+        for t in (105..150).step_by(5) {
+            assert!(!collect(&mut s, t).contains(&Notice::Evict { conn: 0 }));
+        }
+        assert!(matches!(
             s.conn_state(0),
-            Some(ConnState::Stopping {
-                epoch: 0,
-                since: 100
-            })
-        );
-        collect(&mut s, 150);
-        assert_eq!(s.conn_state(0), Some(ConnState::Dead));
+            Some(ConnState::Stopping { epoch: 0, .. })
+        ));
+        assert!(collect(&mut s, 150).contains(&Notice::Evict { conn: 0 }));
+        assert!(matches!(s.conn_state(0), Some(ConnState::Evicting { .. })));
         assert_eq!(s.stats().evictions, 1);
+        assert!(s.on_closed(0));
+        assert_eq!(s.conn_state(0), Some(ConnState::Dead));
         // Dead connections are never activated again.
         for t in (200..2000).step_by(10) {
             for n in collect(&mut s, t) {
@@ -492,5 +660,160 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The server read the group's acknowledgements late (its loop was paused past the
+    /// deadline, no tick in between): the first acknowledgement must not evict the
+    /// sibling whose acknowledgement is next in the same batch.
+    #[test]
+    fn an_acknowledgement_never_evicts_its_siblings() {
+        let mut s = Scheduler::new(2, 1, 100, 20, 50);
+        for _ in 0..4 {
+            s.join(0, &mut |_| {});
+        }
+        collect(&mut s, 80);
+        collect(&mut s, 100); // conns 0 and 1 stopping
+        // Paused: the next thing the server does, far past the deadline, is read the acks.
+        assert!(s.on_ack(0, 0));
+        assert!(matches!(s.conn_state(1), Some(ConnState::Stopping { .. })));
+        assert!(s.on_ack(1, 0), "the sibling's acknowledgement is accepted");
+        assert_eq!(s.stats().evictions, 0);
+        assert_eq!(s.serving().collect::<Vec<_>>(), vec![1], "bank 0 drained");
+        assert!(
+            collect(&mut s, 10_000)
+                .iter()
+                .all(|n| !matches!(n, Notice::Evict { .. }))
+        );
+    }
+
+    /// A long gap between ticks (the server loop did not run) counts as `ack_timeout / 4`:
+    /// a stopped client is evicted only after `ack_timeout` of time the server ran.
+    #[test]
+    fn a_server_pause_is_not_charged_to_its_clients() {
+        let mut s = Scheduler::new(1, 1, 100, 10, 40);
+        for _ in 0..2 {
+            s.join(0, &mut |_| {});
+        }
+        collect(&mut s, 90);
+        collect(&mut s, 100); // conn 0 stopping, served 0 + ...
+        let stopped_at = s.served_ns();
+        assert!(collect(&mut s, 100_000).is_empty(), "a pause evicts nobody");
+        assert_eq!(s.served_ns(), stopped_at + 10);
+        assert!(matches!(s.conn_state(0), Some(ConnState::Stopping { .. })));
+        // The server runs again: 30 more ns of served time reach the deadline.
+        let mut t = 100_000;
+        let mut evicted_at = None;
+        while evicted_at.is_none() {
+            t += 5;
+            if collect(&mut s, t).contains(&Notice::Evict { conn: 0 }) {
+                evicted_at = Some(t);
+            }
+        }
+        assert_eq!(evicted_at, Some(100_030));
+        // An acknowledgement that arrives late (after eviction) is refused.
+        assert!(!s.on_ack(0, 0));
+    }
+
+    /// An evicted connection holds its bank until it is closed: by `on_closed`, else by the
+    /// close deadline (`Notice::Close`, `ack_timeout` later).
+    #[test]
+    fn an_evicted_connection_holds_the_bank_until_closed() {
+        let mut s = Scheduler::new(1, 1, 100, 10, 200);
+        for _ in 0..3 {
+            s.join(0, &mut |_| {});
+        }
+        collect(&mut s, 90);
+        collect(&mut s, 100); // conn 0 stopping (bank 0), conn 1 active on bank 1
+        let mut t = 100;
+        let mut notices = Vec::new();
+        while !notices.contains(&Notice::Evict { conn: 0 }) {
+            t += 5;
+            notices = collect(&mut s, t);
+        }
+        // Warm-up of group 2 waits for bank 0 while conn 0 is being evicted.
+        let delays = s.stats().warmup_delays;
+        let mut closed = false;
+        let mut warmed = false;
+        while !warmed {
+            t += 5;
+            for n in collect(&mut s, t) {
+                closed |= n == Notice::Close { conn: 0 };
+                if let Notice::Activate { conn: 2, base, .. } = n {
+                    assert!(closed, "bank 0 given away before conn 0 was closed");
+                    assert_eq!(base, 0);
+                    warmed = true;
+                }
+            }
+            assert!(t < 10_000);
+        }
+        assert!(s.stats().warmup_delays > delays);
+        assert_eq!(s.stats().forced_closes, 1);
+        assert_eq!(s.conn_state(0), Some(ConnState::Dead));
+        assert!(!s.on_closed(0), "already closed by the deadline");
+        assert!(warmed);
+    }
+
+    /// Released ids are reused (lowest first), and a group without connections is skipped.
+    #[test]
+    fn released_ids_are_reused_and_empty_groups_skipped() {
+        let mut s = Scheduler::new(2, 1, 100, 20, 1000);
+        for _ in 0..4 {
+            s.join(0, &mut |_| {});
+        }
+        assert!(s.release(1));
+        assert!(!s.release(1), "released twice");
+        assert_eq!(s.num_conns(), 3);
+        let mut v = Vec::new();
+        assert_eq!(s.join(1, &mut |n| v.push(n)), 1, "the free id is reused");
+        assert_eq!(
+            v,
+            vec![Notice::Activate {
+                conn: 1,
+                base: 1,
+                epoch: 0
+            }],
+            "its group is active: activated at once, on the same slots"
+        );
+        assert!(s.release(2) && s.release(3));
+        // Group 1 is empty: no warm-up, no switch, however long.
+        for t in (0..2000).step_by(10) {
+            assert!(collect(&mut s, t).is_empty());
+        }
+        assert_eq!((s.stats().switches, s.stats().warmups), (0, 0));
+        assert_eq!(s.join(2000, &mut |_| {}), 2);
+        for t in (2000..2400).step_by(10) {
+            collect(&mut s, t);
+        }
+        assert!(
+            s.stats().switches > 0,
+            "rotation resumes once group 1 has a member"
+        );
+        assert_eq!(s.stats().released, 3);
+    }
+
+    /// Epochs skip the values reserved for hello and goodbye.
+    #[test]
+    fn epochs_skip_the_reserved_words() {
+        let mut s = Scheduler::new(1, 1, 100, 10, 1000);
+        for _ in 0..2 {
+            s.join(0, &mut |_| {});
+        }
+        s.epoch = EPOCH_LIMIT - 1;
+        let mut seen = Vec::new();
+        let mut t = 0;
+        while seen.len() < 3 {
+            t += 10;
+            for n in collect(&mut s, t) {
+                match n {
+                    Notice::Activate { epoch, .. } => seen.push(epoch),
+                    Notice::Stop { conn, epoch } => {
+                        assert!(s.on_ack(conn, epoch));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!(seen[0], 0, "wrapped before {}", super::super::ACK_BYE);
+        assert!(seen.iter().all(|&e| e < EPOCH_LIMIT));
     }
 }

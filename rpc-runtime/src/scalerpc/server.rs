@@ -29,20 +29,32 @@ use super::protocol::{
 };
 use super::sched::{ConnState, Notice, Scheduler};
 use super::{
-    ACK_HELLO, CTRL_STOP, DOORBELL_BATCH_SIZE, IMM_ACK, IMM_NOTICE, ResponseMode, ScaleError,
+    ACK_BYE, ACK_HELLO, CTRL_EVICT, CTRL_STOP, DOORBELL_BATCH_SIZE, IMM_ACK, IMM_NOTICE,
+    ResponseMode, ScaleError,
 };
 use crate::rdma::{rc_qp_on_srq, refill_srq, zero_length_srq};
 
 /// Server configuration (seeds/003 §9 constants as defaults where the seed gives one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// Most client connections.
+    /// Most client connections at once. Ids of connections that are gone (disconnected,
+    /// failed, evicted) are reclaimed ([`ServerStats::reclaimed`]), so churn never exhausts it.
     pub max_conns: u32,
-    /// Connections per group (`None`: grouping off, every connection in one group and one
-    /// bank, the per-connection-buffer baseline). Default 400: two groups (the active and the
-    /// warming one) use 80 % of the 1000-entry QP-context cache estimated for ConnectX-5
-    /// (seeds/003 §3.2, `SAFE_CACHE_RATIO`).
-    pub group_size: Option<u32>,
+    /// Connections per group: derived from the NIC's QP-context cache by default
+    /// ([`GroupSize::Auto`], [`derive_group_size`]), or given ([`GroupSize::Fixed`]), or
+    /// grouping off ([`GroupSize::Off`]).
+    pub group_size: GroupSize,
+    /// QP contexts the NIC caches, for [`GroupSize::Auto`]: the parameter to set on hardware
+    /// (rdma-core does not report it). `None`: the device's figure
+    /// ([`mlx5::verbs::Context::qpc_cache_entries`]: the software model knows its own), else
+    /// [`DEFAULT_QPC_CACHE_ENTRIES`].
+    pub qpc_cache_entries: Option<u32>,
+    /// Percentage of the QPC cache the groups may fill, for [`GroupSize::Auto`] (seeds/003
+    /// §3.2 / §9 `SAFE_CACHE_RATIO` 0.8: 80).
+    pub safe_cache_ratio_pct: u32,
+    /// Server threads (one [`ScaleServer`] each) sharing the NIC, for [`GroupSize::Auto`]:
+    /// each gets its share of the cache (seeds/003 §3.2 `num_threads`).
+    pub server_threads: u32,
     /// Pool slots per connection (calls a client may have in flight on it).
     pub slots_per_conn: u32,
     /// Slot size in bytes, a multiple of 64 (seeds/003 `DEFAULT_SLOT_SIZE` 4096).
@@ -51,11 +63,14 @@ pub struct ServerConfig {
     pub slice: Duration,
     /// How long before a slice ends the next group is activated (warm-up).
     pub warmup: Duration,
-    /// A stopped client that has not acknowledged after this long is evicted: the
-    /// connection fails ([`ScaleServer::conn_failed`], [`ServerStats::failed_conns`]) and its
-    /// QP is destroyed, so that the client's next WRITE fails instead of landing in a bank
-    /// that now belongs to another group. A client acknowledges only once every call it made
-    /// was answered: keep this above the longest time the server defers a reply.
+    /// A stopped client that has not acknowledged after this long (of *served* time: time
+    /// the server loop did not run is charged at most a quarter of this per gap,
+    /// [`super::sched`]) is evicted: the client is told ([`super::CTRL_EVICT`]: it fails its
+    /// calls with [`super::CallFailure::Evicted`]), then the connection fails
+    /// ([`ScaleServer::conn_failed`], [`ServerStats::failed_conns`]), its QP is destroyed (so
+    /// that a late WRITE of the client fails instead of landing in a bank that now belongs to
+    /// another group) and its id is reclaimed. A client acknowledges only once every call it
+    /// made was answered: keep this above the longest time the server defers a reply.
     pub ack_timeout: Duration,
     /// How responses reach the client.
     pub response_mode: ResponseMode,
@@ -75,7 +90,10 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             max_conns: 1024,
-            group_size: Some(400),
+            group_size: GroupSize::Auto,
+            qpc_cache_entries: None,
+            safe_cache_ratio_pct: 80,
+            server_threads: 1,
             slots_per_conn: 4,
             slot_size: 4096,
             slice: Duration::from_micros(200),
@@ -89,6 +107,50 @@ impl Default for ServerConfig {
             fingerprint: 0,
         }
     }
+}
+
+/// How [`ServerConfig::group_size`] is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GroupSize {
+    /// Derived from the NIC's QPC cache, the safe ratio and the server threads
+    /// ([`derive_group_size`], seeds/003 §3.2). The default.
+    #[default]
+    Auto,
+    /// Exactly this many connections per group (clamped to `1..=max_conns`): the explicit
+    /// override.
+    Fixed(u32),
+    /// Grouping off: every connection in one group and one bank (the per-connection-buffer
+    /// baseline).
+    Off,
+}
+
+/// QPC cache entries assumed when neither [`ServerConfig::qpc_cache_entries`] nor the device
+/// gives a figure: the ConnectX-5 estimate of seeds/003 §9 (`NIC_QPC_CACHE_ENTRIES_CX5`).
+pub const DEFAULT_QPC_CACHE_ENTRIES: u32 = 1000;
+
+/// Connections per group for a NIC caching `cache_entries` QP contexts (seeds/003 §3.2
+/// `calculate_group_size`): the safe share `cache_entries × safe_ratio_pct / 100`, divided
+/// among `server_threads`, and halved, because in this implementation two groups per thread
+/// are resident at a switch (the active one and the one warming up, [`super::sched`]); the
+/// seed's formula assumes one. Capped by `max_conns` (the seed's `total_connections /
+/// num_threads`: one group holds all of a thread's connections if they fit) and at least 1.
+///
+/// ```
+/// use rpc_runtime::scalerpc::server::derive_group_size;
+/// assert_eq!(derive_group_size(1000, 80, 1, 100_000), 400); // ConnectX-5, one thread
+/// assert_eq!(derive_group_size(400, 80, 2, 100_000), 80); // ConnectX-3, two threads
+/// assert_eq!(derive_group_size(1000, 80, 1, 50), 50);
+/// ```
+pub fn derive_group_size(
+    cache_entries: u32,
+    safe_ratio_pct: u32,
+    server_threads: u32,
+    max_conns: u32,
+) -> u32 {
+    let safe = u64::from(cache_entries) * u64::from(safe_ratio_pct.min(100)) / 100;
+    let per_thread = safe / u64::from(server_threads.max(1));
+    let g = u32::try_from(per_thread / 2).unwrap_or(u32::MAX);
+    g.clamp(1, max_conns.max(1))
 }
 
 /// Server counters.
@@ -124,6 +186,13 @@ pub struct ServerStats {
     pub error_cqes: u64,
     /// Connections failed (error completion or eviction).
     pub failed_conns: u64,
+    /// Eviction notices posted (the client was told, [`super::CTRL_EVICT`]).
+    pub evict_notices: u64,
+    /// Clients that said goodbye ([`super::ACK_BYE`]).
+    pub disconnects: u64,
+    /// Connection ids reclaimed (QP destroyed, slots cleared, id free for the next accept):
+    /// after a goodbye, a failure or an eviction.
+    pub reclaimed: u64,
     /// Send attempts that found the send queue full (retried next poll).
     pub sq_full: u64,
 }
@@ -133,15 +202,29 @@ pub struct ServerStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScaleToken {
     conn: u32,
+    /// Incarnation of connection id `conn` (ids are reused after a reclaim).
+    incarnation: u32,
     slot: u32,
     req_id: u64,
     resp_addr: u64,
+    rpc_type: u16,
 }
 
 impl ScaleToken {
     /// Connection the request came on.
     pub fn conn(&self) -> u32 {
         self.conn
+    }
+
+    /// The request's `rpc_type` as the client wrote it in the header (seeds/003 §5.1;
+    /// [`super::ScaleClient::call`]'s `rpc_type`): which handler the request is for.
+    pub fn rpc_type(&self) -> u16 {
+        self.rpc_type
+    }
+
+    /// The request id (per connection, increasing).
+    pub fn req_id(&self) -> u64 {
+        self.req_id
     }
 }
 
@@ -176,6 +259,10 @@ struct ServerConn {
     failed: bool,
     unsignaled: u32,
     pending_db: u32,
+    /// Incarnation of this id (bumped when the id is reclaimed).
+    incarnation: u32,
+    /// WQE index of the eviction notice: the connection is closed once it completes.
+    close_at: Option<u16>,
 }
 
 /// A ScaleRPC server. Field order is drop order: QPs before the SRQ/CQs, registrations before
@@ -191,6 +278,8 @@ pub struct ScaleServer {
     ready: VecDeque<(u32, u32)>,
     dirty: Vec<u32>,
     sched: Scheduler,
+    /// Connections to close (evicted and not told, or past the close deadline); reused.
+    closing: Vec<u32>,
     srq: Srq,
     send_cq: Cq,
     recv_cq: Cq,
@@ -200,8 +289,6 @@ pub struct ScaleServer {
     group_size: u32,
     clock: Instant,
     stats: ServerStats,
-    /// Scheduler evictions already turned into failed connections.
-    seen_evictions: u64,
     /// Some confirmed connection holds notices that found its send queue full.
     notices_held: bool,
 }
@@ -238,10 +325,16 @@ impl ScaleServer {
         if request_bytes(0) > cfg.slot_size as usize {
             return Err(ScaleError::Config("slot_size too small"));
         }
-        let group_size = cfg
-            .group_size
-            .unwrap_or(cfg.max_conns)
-            .clamp(1, cfg.max_conns);
+        let group_size = match cfg.group_size {
+            GroupSize::Fixed(g) => g.clamp(1, cfg.max_conns),
+            GroupSize::Off => cfg.max_conns,
+            GroupSize::Auto => derive_group_size(
+                Self::cache_entries(device, &cfg),
+                cfg.safe_cache_ratio_pct,
+                cfg.server_threads,
+                cfg.max_conns,
+            ),
+        };
         let n = Scheduler::pool_slots(group_size, cfg.slots_per_conn, cfg.max_conns) as usize;
         let pd = device.alloc_pd()?;
         let mut access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
@@ -269,6 +362,7 @@ impl ScaleServer {
             acks,
             ready: VecDeque::with_capacity(n),
             dirty: Vec::new(),
+            closing: Vec::new(),
             sched: Scheduler::new(
                 group_size,
                 cfg.slots_per_conn,
@@ -285,9 +379,16 @@ impl ScaleServer {
             group_size,
             clock: Instant::now(),
             stats: ServerStats::default(),
-            seen_evictions: 0,
             notices_held: false,
         })
+    }
+
+    /// QPC cache entries [`GroupSize::Auto`] uses: the configured figure, else the device's,
+    /// else [`DEFAULT_QPC_CACHE_ENTRIES`].
+    fn cache_entries(device: &mlx5::verbs::Context, cfg: &ServerConfig) -> u32 {
+        cfg.qpc_cache_entries
+            .or_else(|| device.qpc_cache_entries())
+            .unwrap_or(DEFAULT_QPC_CACHE_ENTRIES)
     }
 
     /// Counters.
@@ -305,12 +406,13 @@ impl ScaleServer {
         &self.cfg
     }
 
-    /// Connections accepted.
+    /// Connections accepted and not reclaimed.
     pub fn num_conns(&self) -> u32 {
-        self.conns.len() as u32
+        self.sched.num_conns()
     }
 
-    /// Whether connection `c` failed (error completion or eviction).
+    /// Whether connection `c` failed (error completion or eviction) or was reclaimed (until
+    /// its id is reused by the next accept).
     pub fn conn_failed(&self, c: u32) -> bool {
         self.conns.get(c as usize).is_none_or(|c| c.failed)
     }
@@ -320,7 +422,10 @@ impl ScaleServer {
     }
 
     /// Accepts a client: checks its fingerprint, creates and connects an RC QP, joins it to
-    /// a group, and returns what the client needs (including whether it starts active).
+    /// a group (taking the lowest free connection id: ids of reclaimed connections are
+    /// reused), and returns what the client needs (including whether it starts active).
+    /// With `max_conns` connections it first reads the control messages already received,
+    /// so that a goodbye waiting there frees its id for this client.
     ///
     /// # Errors
     /// [`ScaleError::SchemaMismatch`], [`ScaleError::Config`] (too many connections, a
@@ -333,8 +438,15 @@ impl ScaleServer {
                 theirs: client.fingerprint,
             });
         }
-        if self.conns.len() as u32 >= self.cfg.max_conns {
-            return Err(ScaleError::Config("the server has max_conns connections"));
+        if self.sched.num_conns() >= self.cfg.max_conns {
+            // Goodbyes (and failures) already in the CQ free ids: read them first.
+            let mut dirty = std::mem::take(&mut self.dirty);
+            self.poll_recv(&mut dirty);
+            self.poll_send();
+            self.dirty = dirty;
+            if self.sched.num_conns() >= self.cfg.max_conns {
+                return Err(ScaleError::Config("the server has max_conns connections"));
+            }
         }
         if client.resp_len < response_bytes(0) as u64 {
             return Err(ScaleError::Config(
@@ -359,9 +471,19 @@ impl ScaleServer {
             },
             &rc_params(),
         )?;
-        let c = self.conns.len() as u32;
-        self.by_qpn.insert(qp.qpn(), c)?;
-        self.conns.push(ServerConn {
+        let now = self.now();
+        let mut start = None;
+        // The lowest free id: a reclaimed one, else the next new one.
+        let c = self.sched.join(now, &mut |n| start = Some(n));
+        if let Err(e) = self.by_qpn.insert(qp.qpn(), c) {
+            self.sched.release(c);
+            return Err(e.into());
+        }
+        let incarnation = self
+            .conns
+            .get(c as usize)
+            .map_or(0, |old| old.incarnation.wrapping_add(1));
+        let conn = ServerConn {
             qp: Some(qp),
             resp_addr: client.resp_addr,
             resp_len: client.resp_len,
@@ -373,11 +495,14 @@ impl ScaleServer {
             failed: false,
             unsignaled: 0,
             pending_db: 0,
-        });
-        let now = self.now();
-        let mut start = None;
-        let joined = self.sched.join(now, &mut |n| start = Some(n));
-        debug_assert_eq!(joined, c);
+            incarnation,
+            close_at: None,
+        };
+        if c as usize == self.conns.len() {
+            self.conns.push(conn);
+        } else {
+            self.conns[c as usize] = conn;
+        }
         let (active, base, epoch) = match start {
             Some(Notice::Activate { base, epoch, .. }) => (true, base, epoch),
             _ => (false, 0, 0),
@@ -402,27 +527,33 @@ impl ScaleServer {
         })
     }
 
-    /// One round of the dispatch loop: scheduler (notices), control messages (hellos, acks),
-    /// send completions, then a scan of the served groups' slots for complete requests.
-    /// Returns how many requests are ready for [`ScaleServer::recv`].
+    /// One round of the dispatch loop: control messages (hellos, acknowledgements,
+    /// goodbyes) and send completions first, then the scheduler (notices, evictions), then a
+    /// scan of the served groups' slots for complete requests. Acknowledgements are read
+    /// before the scheduler runs, so a client whose acknowledgement is already in the CQ is
+    /// never evicted because this loop was late to read it ([`super::sched`]). Returns how
+    /// many requests are ready for [`ScaleServer::recv`].
     pub fn poll(&mut self) -> usize {
-        let now = self.now();
         let mut out = std::mem::take(&mut self.dirty);
+        self.poll_recv(&mut out);
+        self.poll_send();
+        let now = self.now();
         {
             let Self {
                 sched,
                 conns,
                 stats,
                 notices_held,
+                closing,
                 ..
             } = self;
             sched.tick(now, &mut |n| {
-                *notices_held |= Self::notice(conns, stats, &mut out, n)
+                *notices_held |= Self::notice(conns, stats, &mut out, closing, n)
             });
         }
-        self.reap_evicted();
-        self.poll_recv(now, &mut out);
-        self.poll_send(now);
+        if !self.closing.is_empty() {
+            self.close_pending();
+        }
         if self.notices_held {
             self.retry_held_notices(&mut out);
         }
@@ -446,37 +577,53 @@ impl ScaleServer {
         self.ready.len()
     }
 
-    /// Turns scheduler evictions into failed connections: the connection is marked failed
-    /// and its QP destroyed, so that the evicted client, should it wake up, cannot write
-    /// into a bank that now belongs to another group (its next WRITE or acknowledgement fails
-    /// with an error completion and the client fails the connection).
-    #[inline]
-    fn reap_evicted(&mut self) {
-        if self.sched.stats().evictions != self.seen_evictions {
-            self.evict_dead();
+    /// Closes the connections queued in `closing` (evicted ones that cannot be told, or
+    /// whose eviction notice did not complete within the close deadline).
+    #[cold]
+    fn close_pending(&mut self) {
+        let closing = std::mem::take(&mut self.closing);
+        for &c in &closing {
+            self.sched.on_closed(c);
+            self.reclaim(c);
         }
+        self.closing = closing;
+        self.closing.clear();
     }
 
+    /// Connection `c` is gone for good (goodbye, failure, eviction closed): its QP is
+    /// destroyed (a late WRITE of its client fails instead of landing in a bank that may
+    /// belong to another connection by now), the slots its mapping names are cleared (so
+    /// the id's next owner never sees the old requests, and tokens of the old incarnation
+    /// are stale: [`ScaleError::ConnFailed`]), and the id is given back to the scheduler for
+    /// the next [`ScaleServer::accept`] ([`ServerStats::reclaimed`]).
     #[cold]
-    fn evict_dead(&mut self) {
-        self.seen_evictions = self.sched.stats().evictions;
-        for c in 0..self.conns.len() {
-            let conn = &mut self.conns[c];
-            if conn.failed || self.sched.conn_state(c as u32) != Some(ConnState::Dead) {
-                continue;
-            }
-            conn.failed = true;
-            conn.held.clear();
-            conn.pending_db = 0;
-            self.stats.failed_conns += 1;
-            if let Some(qp) = conn.qp.take() {
-                self.by_qpn.remove(qp.qpn());
-            }
-            tracing::debug!(
-                conn = c,
-                "scalerpc: connection evicted (no acknowledgement)"
-            );
+    fn reclaim(&mut self, c: u32) {
+        if self.sched.conn_state(c) == Some(ConnState::Free) {
+            return;
         }
+        let conn = &mut self.conns[c as usize];
+        if !conn.failed {
+            conn.failed = true;
+            self.stats.failed_conns += 1;
+        }
+        conn.held.clear();
+        conn.pending_db = 0;
+        conn.close_at = None;
+        if let Some(qp) = conn.qp.take() {
+            self.by_qpn.remove(qp.qpn());
+        }
+        if let Some(base) = self.sched.pool_slot(c, 0) {
+            for j in 0..self.cfg.slots_per_conn {
+                let i = (base + j) as usize;
+                self.pool.store_u32(i, 0, 0);
+                self.states[i] = SlotState::Free;
+                self.owner[i] = u32::MAX;
+            }
+        }
+        self.acks.store_u32(c as usize, 0, 0);
+        self.sched.release(c);
+        self.stats.reclaimed += 1;
+        tracing::debug!(conn = c, "scalerpc: connection reclaimed");
     }
 
     /// Re-posts notices held because a send queue was full.
@@ -490,30 +637,54 @@ impl ScaleServer {
             }
             let held = std::mem::take(&mut conn.held);
             for n in held {
-                self.notices_held |= Self::notice(&mut self.conns, &mut self.stats, dirty, n);
+                self.notices_held |= Self::notice(
+                    &mut self.conns,
+                    &mut self.stats,
+                    dirty,
+                    &mut self.closing,
+                    n,
+                );
             }
+        }
+        if !self.closing.is_empty() {
+            self.close_pending();
         }
     }
 
     /// Posts (or holds, before the hello) a notice: 8 B WRITE+IMM into the client's control
-    /// word: `epoch u32 | base u32` (`base | CTRL_STOP` for a stop). Returns whether it was
-    /// held because the send queue was full (retried at the next poll; later notices queue
-    /// behind it, so the client sees them in order).
+    /// word: `epoch u32 | base u32` (`base` = [`CTRL_STOP`] for a stop, [`CTRL_EVICT`] for an
+    /// eviction). Returns whether it was held because the send queue was full (retried at the
+    /// next poll; later notices queue behind it, so the client sees them in order). An
+    /// eviction of a client that never said hello, and [`Notice::Close`], queue the
+    /// connection in `closing`.
     fn notice(
         conns: &mut [ServerConn],
         stats: &mut ServerStats,
         dirty: &mut Vec<u32>,
+        closing: &mut Vec<u32>,
         n: Notice,
     ) -> bool {
         let c = match n {
-            Notice::Activate { conn, .. } | Notice::Stop { conn, .. } => conn,
+            Notice::Activate { conn, .. }
+            | Notice::Stop { conn, .. }
+            | Notice::Evict { conn }
+            | Notice::Close { conn } => conn,
         };
         let conn = &mut conns[c as usize];
+        if let Notice::Close { .. } = n {
+            closing.push(c);
+            return false;
+        }
         if conn.failed {
             return false;
         }
         if !conn.confirmed {
-            conn.held.push(n);
+            if let Notice::Evict { .. } = n {
+                // It cannot be told (it never said hello): close at once.
+                closing.push(c);
+            } else {
+                conn.held.push(n);
+            }
             return false;
         }
         if !conn.held.is_empty() {
@@ -526,6 +697,7 @@ impl ScaleServer {
         let word = match n {
             Notice::Activate { base, epoch, .. } => (epoch as u64) | ((base as u64) << 32),
             Notice::Stop { epoch, .. } => (epoch as u64) | ((CTRL_STOP as u64) << 32),
+            Notice::Evict { .. } | Notice::Close { .. } => (CTRL_EVICT as u64) << 32,
         };
         let r = qp.sq.post(&WqeDesc {
             opcode: Opcode::RdmaWriteImm,
@@ -541,13 +713,25 @@ impl ScaleServer {
             sges: &[],
         });
         match r {
-            Ok(_) => {
+            Ok(idx) => {
                 conn.unsignaled = 0;
                 stats.notices += 1;
                 if conn.pending_db == 0 {
                     dirty.push(c);
                 }
                 conn.pending_db += 1;
+                if let Notice::Evict { .. } = n {
+                    // Failed for the application from now on; the QP stays until the notice
+                    // completed (`poll_send`), or the close deadline.
+                    conn.failed = true;
+                    conn.close_at = Some(idx);
+                    stats.failed_conns += 1;
+                    stats.evict_notices += 1;
+                    tracing::debug!(
+                        conn = c,
+                        "scalerpc: connection evicted (no acknowledgement)"
+                    );
+                }
                 false
             }
             Err(_) => {
@@ -559,7 +743,7 @@ impl ScaleServer {
         }
     }
 
-    fn poll_recv(&mut self, now: u64, dirty: &mut Vec<u32>) {
+    fn poll_recv(&mut self, dirty: &mut Vec<u32>) {
         let mut n = 0;
         while let Some(cqe) = self.recv_cq.cq.poll_one() {
             n += 1;
@@ -571,7 +755,7 @@ impl ScaleServer {
                 continue;
             };
             if cqe.is_error() {
-                self.fail_conn(c, now);
+                self.fail_conn(c);
                 continue;
             }
             if cqe.imm != IMM_ACK {
@@ -585,32 +769,56 @@ impl ScaleServer {
                 conn.confirmed = true;
                 let held = std::mem::take(&mut conn.held);
                 for notice in held {
-                    self.notices_held |=
-                        Self::notice(&mut self.conns, &mut self.stats, dirty, notice);
+                    self.notices_held |= Self::notice(
+                        &mut self.conns,
+                        &mut self.stats,
+                        dirty,
+                        &mut self.closing,
+                        notice,
+                    );
                 }
-            } else if !self.sched.on_ack(c, epoch, now) {
+            } else if epoch == ACK_BYE {
+                self.goodbye(c);
+            } else if !self.sched.on_ack(c, epoch) {
                 self.stats.bad_control += 1;
             }
         }
-        self.reap_evicted();
         if n > 0 {
             self.recv_cq.cq.update_dbrec();
             refill_srq(&mut self.srq);
         }
     }
 
-    fn poll_send(&mut self, now: u64) {
+    /// The client closed connection `c` ([`super::ScaleClient::disconnect`]): reclaim it.
+    #[cold]
+    fn goodbye(&mut self, c: u32) {
+        self.stats.disconnects += 1;
+        let conn = &mut self.conns[c as usize];
+        if !conn.failed {
+            // Not a failure: the client left.
+            conn.failed = true;
+        }
+        self.sched.on_failed(c);
+        self.reclaim(c);
+    }
+
+    fn poll_send(&mut self) {
         let mut any = false;
         while let Some(cqe) = self.send_cq.cq.poll_one() {
             any = true;
             let Some(&c) = self.by_qpn.get(cqe.qpn) else {
                 continue;
             };
-            if let Some(qp) = self.conns[c as usize].qp.as_mut() {
+            let conn = &mut self.conns[c as usize];
+            if let Some(qp) = conn.qp.as_mut() {
                 qp.sq.retire(cqe.wqe_counter);
             }
             if cqe.is_error() {
-                self.fail_conn(c, now);
+                self.fail_conn(c);
+            } else if conn.close_at == Some(cqe.wqe_counter) {
+                // The eviction notice reached the client: close.
+                self.sched.on_closed(c);
+                self.reclaim(c);
             }
         }
         if any {
@@ -618,18 +826,18 @@ impl ScaleServer {
         }
     }
 
+    /// An error completion on connection `c`: it failed; it is reclaimed at once.
     #[cold]
-    fn fail_conn(&mut self, c: u32, now: u64) {
+    fn fail_conn(&mut self, c: u32) {
         self.stats.error_cqes += 1;
         let conn = &mut self.conns[c as usize];
         if !conn.failed {
             conn.failed = true;
-            conn.held.clear();
             self.stats.failed_conns += 1;
             tracing::debug!(conn = c, "scalerpc: connection failed");
         }
-        self.sched.on_failed(c, now);
-        self.reap_evicted();
+        self.sched.on_failed(c);
+        self.reclaim(c);
     }
 
     /// Scans the slots of every connection of the served groups (active, then draining) for
@@ -731,9 +939,11 @@ impl ScaleServer {
         {
             let tok = ScaleToken {
                 conn: c,
+                incarnation: conn.incarnation,
                 slot: i as u32,
                 req_id: h.req_id,
                 resp_addr: h.client_slot_addr,
+                rpc_type: h.rpc_type,
             };
             self.states[i] = SlotState::Reserved;
             self.owner[i] = c;
@@ -741,8 +951,9 @@ impl ScaleServer {
         }
     }
 
-    /// The next complete request: `(token, payload)`. The payload stays valid until the next
-    /// call on the server.
+    /// The next complete request: `(token, payload)`; the token also carries the request's
+    /// `rpc_type` ([`ScaleToken::rpc_type`]). The payload stays valid until the next call on
+    /// the server.
     pub fn recv(&mut self) -> Option<(ScaleToken, &[u8])> {
         let (c, p) = loop {
             let (c, p) = self.ready.pop_front()?;
@@ -765,9 +976,11 @@ impl ScaleServer {
         self.stats.requests += 1;
         let tok = ScaleToken {
             conn: c,
+            incarnation: self.conns[c as usize].incarnation,
             slot: p,
             req_id: h.req_id,
             resp_addr: h.client_slot_addr,
+            rpc_type: h.rpc_type,
         };
         let len = h.payload_len as usize;
         Some((tok, &b[REQUEST_HEADER_SIZE..REQUEST_HEADER_SIZE + len]))
@@ -813,6 +1026,16 @@ impl ScaleServer {
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), ScaleError> {
         let i = tok.slot as usize;
+        if self
+            .conns
+            .get(tok.conn as usize)
+            .is_some_and(|c| c.incarnation != tok.incarnation)
+        {
+            // An earlier incarnation of this connection id (reclaimed since): its slot may
+            // hold the new connection's request by now.
+            self.stats.stale_replies += 1;
+            return Err(ScaleError::ConnFailed);
+        }
         if self.states.get(i) != Some(&SlotState::Reserved) || self.owner[i] != tok.conn {
             if self.conns.get(tok.conn as usize).is_some_and(|c| c.failed) {
                 // Its slots may have been released already (eviction, bank reuse).
@@ -832,8 +1055,7 @@ impl ScaleServer {
             self.stats.sq_full += 1;
             qp.sq.ring_doorbell();
             conn.pending_db = 0;
-            let now = self.now();
-            self.poll_send(now);
+            self.poll_send();
         }
         // SAFETY: the slot is reserved for this request: the client waits for our response
         // before writing it again.
@@ -924,8 +1146,7 @@ impl ScaleServer {
                 Ok(())
             }
             Err(_) => {
-                let now = self.now();
-                self.fail_conn(tok.conn, now);
+                self.fail_conn(tok.conn);
                 Err(ScaleError::ConnFailed)
             }
         }

@@ -27,8 +27,9 @@
 //! has a call outstanding. Blocking calls wait this out by themselves; a pipelined caller
 //! polls and retries. With `n` groups a client may wait up to about `(n - 1)` slices (plus
 //! warm-up extensions while the other bank drains) before its group comes round again; with
-//! one group (fewer connections than [`ServerConfig::group_size`], the default up to 400)
-//! it never waits for the schedule.
+//! one group (fewer connections than the group size, [`ServerConfig::group_size`]; derived
+//! from the NIC's QP-context cache by default, 400 on the default device model) it never
+//! waits for the schedule.
 //!
 //! **Ordering.** Calls outstanding together on one connection sit in different slots, which
 //! the server scans in slot order: two such calls may execute in either order (copyrpc and
@@ -45,8 +46,9 @@
 //! **Idle clients.** A stopped client acknowledges (so that its group's bank can be reused)
 //! only when it polls, and [`crate::Client`] polls only while calls are in flight. With more
 //! than one group, a client that neither calls nor polls for [`ServerConfig::ack_timeout`]
-//! after its group was stopped holds up the next switch until then, and is evicted: its
-//! calls then fail with [`RpcError::ServerDisconnected`]. A client that pauses while others
+//! after its group was stopped holds up the next switch until then, and is evicted: the
+//! server tells it, and its calls then fail with [`ScaleRpcSetupError::Evicted`] (as
+//! [`RpcError::Scalerpc`]); connect again. A client that pauses while others
 //! run should poll its transport now and then (`client.transport_mut().poll(usize::MAX,
 //! |_, _| {})` with nothing in flight delivers nothing) or be dropped (dropping polls once
 //! more, acknowledging a pending stop). For the same reason, keep the ack timeout above the
@@ -68,7 +70,13 @@
 //!   client stopped with calls outstanding is not probed.
 //! - *Not scheduled any more.* With [`ScaleRpcAddr::activation_timeout`], a client that keeps
 //!   trying to call while its connection stays inactive for that long reports
-//!   [`RpcError::ServerDisconnected`]: the server is gone, or evicted this client.
+//!   [`RpcError::ServerDisconnected`]: the server is gone (a server that evicts a client
+//!   tells it: [`ScaleRpcSetupError::Evicted`] at once).
+//!
+//! # Disconnecting
+//! Dropping a [`ScaleRpc`] says goodbye ([`ScaleClient::disconnect`]) and waits up to
+//! [`DISCONNECT_WAIT`] for it to leave; the server then reclaims the connection, so clients
+//! may come and go indefinitely within [`ServerConfig::max_conns`] at a time.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -94,6 +102,10 @@ pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// machine a group's turn can be delayed by other groups' acknowledgement timeouts and by
 /// thread scheduling; a liveness timeout must not fire on a merely slow server.
 pub const DEFAULT_ACTIVATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest time dropping a [`ScaleRpc`] waits for its goodbye to complete (on the device
+/// model it completes within the doorbell; on hardware within microseconds unless the
+/// server's NIC is gone).
+pub const DISCONNECT_WAIT: Duration = Duration::from_millis(10);
 /// `rpc_type` of the requests [`ScaleRpc`] sends for calls.
 pub const RPC_TYPE_CALL: u16 = 0;
 /// `rpc_type` of liveness probes (empty requests, answered by [`ScaleRpcServer`] itself).
@@ -169,6 +181,13 @@ pub enum ScaleRpcSetupError {
     /// A configuration value or argument is unusable.
     #[error("invalid scalerpc configuration: {0}")]
     Config(&'static str),
+    /// The server evicted this client's connection: it did not acknowledge a stop notice
+    /// within the server's [`ServerConfig::ack_timeout`] ([`CallFailure::Evicted`]). Calls
+    /// pending at the eviction and every later call fail with this error; connect again.
+    #[error(
+        "the scalerpc server evicted this connection (a stop notice was not acknowledged within its ack timeout): connect again"
+    )]
+    Evicted,
 }
 
 /// One connect request: the client's connection, its slot geometry, and where the server's
@@ -386,6 +405,8 @@ pub struct ScaleRpc {
     max_in_flight: u32,
     tokens: Tokens,
     failed: bool,
+    /// The server evicted the connection (implies `failed`).
+    evicted: bool,
     live: Liveness,
 }
 
@@ -450,6 +471,7 @@ impl ScaleRpc {
             max_in_flight: 0,
             tokens: Tokens::new(0, 0),
             failed: false,
+            evicted: false,
             live: Liveness {
                 probe_interval: None,
                 activation_timeout: None,
@@ -553,22 +575,23 @@ impl ScaleRpc {
             client,
             tokens,
             failed,
+            evicted,
             live,
             ..
         } = self;
         client.poll(|tok, r| {
+            if let Err(f @ (CallFailure::ConnFailed | CallFailure::Evicted)) = r {
+                *failed = true;
+                *evicted |= f == CallFailure::Evicted;
+            }
             if tok == PROBE_TOKEN {
                 live.probe_out = false;
-                if r == Err(CallFailure::ConnFailed) {
-                    *failed = true;
-                }
                 return;
             }
             let msg = match r {
                 Ok(msg) => msg,
                 Err(CallFailure::Rejected(_)) => &[],
-                Err(CallFailure::ConnFailed) => {
-                    *failed = true;
+                Err(CallFailure::ConnFailed | CallFailure::Evicted) => {
                     tokens.give_back(tok);
                     return;
                 }
@@ -578,12 +601,12 @@ impl ScaleRpc {
         delivered
     }
 
-    /// Nothing was delivered: report a failed connection, or count towards a liveness check.
+    /// Nothing was delivered: report a failed connection (an evicted one with
+    /// [`ScaleRpcSetupError::Evicted`]), or count towards a liveness check.
     #[inline]
     fn idle(&mut self) -> Result<usize, RpcError> {
         if self.failed || self.client.is_failed(self.conn) {
-            self.failed = true;
-            return Err(RpcError::ServerDisconnected);
+            return Err(self.failed_error());
         }
         if self.live.probe_interval.is_some() && self.outstanding() > 0 {
             self.live.empty_polls += 1;
@@ -642,16 +665,26 @@ impl ScaleRpc {
                 len: self.max_req,
                 cap: max_request_payload(self.slot_size),
             },
-            ScaleCallError::Failed(_) => {
-                self.failed = true;
-                RpcError::ServerDisconnected
-            }
+            ScaleCallError::Failed(_) | ScaleCallError::Evicted(_) => self.failed_error(),
         };
         self.tokens.give_back(e.into_inner());
         if matches!(err, RpcError::WouldBlock) {
             self.pump(0, 0, &mut |_, _| {});
         }
         err
+    }
+
+    /// The error of a failed connection: [`ScaleRpcSetupError::Evicted`] if the server
+    /// evicted it, else [`RpcError::ServerDisconnected`].
+    #[cold]
+    fn failed_error(&mut self) -> RpcError {
+        self.failed = true;
+        self.evicted |= self.client.is_evicted(self.conn);
+        if self.evicted {
+            ScaleRpcSetupError::Evicted.into()
+        } else {
+            RpcError::ServerDisconnected
+        }
     }
 
     /// A call found the connection inactive: [`RpcError::WouldBlock`], or
@@ -686,13 +719,20 @@ impl ScaleRpc {
 }
 
 impl Drop for ScaleRpc {
-    /// Polls once more, so that a stop notice that arrived since the last poll is
-    /// acknowledged: the server can then reuse the group's bank at once instead of waiting
-    /// for the ack timeout to evict this connection. (A notice sent after the connection is
-    /// gone fails at the server, which also counts as drained.)
+    /// Closes the connection: polls once more (acknowledging a pending stop notice), then
+    /// says goodbye ([`ScaleClient::disconnect`]) so that the server reclaims the connection
+    /// at once, and waits up to [`DISCONNECT_WAIT`] for the goodbye to complete before the
+    /// QP is destroyed. (A goodbye that does not make it looks like a crash: the server
+    /// reclaims the connection when its next notice to it fails.)
     fn drop(&mut self) {
-        if !self.failed {
-            self.pump(0, 0, &mut |_, _| {});
+        if self.failed {
+            return;
+        }
+        self.pump(0, 0, &mut |_, _| {});
+        self.client.disconnect(self.conn, |_, _| {});
+        let start = Instant::now();
+        while !self.client.goodbye_sent(self.conn) && start.elapsed() < DISCONNECT_WAIT {
+            self.client.poll(|_, _| {});
         }
     }
 }
@@ -988,13 +1028,13 @@ impl ServerTransport for ScaleRpcServer {
         self.inner.poll()
     }
 
-    /// The next request. Liveness probes (empty requests, never a valid message) are answered
-    /// here and skipped.
+    /// The next request. Liveness probes (`rpc_type` [`RPC_TYPE_PROBE`]) are answered here
+    /// and skipped.
     #[inline]
     fn recv(&mut self) -> Option<(ScaleToken, &[u8])> {
         loop {
             let (tok, msg) = self.inner.recv()?;
-            if !msg.is_empty() {
+            if tok.rpc_type() != RPC_TYPE_PROBE {
                 let msg: *const [u8] = msg;
                 // SAFETY: `msg` borrows `self.inner` (its pool slot, reserved for this request
                 // until it is answered) and is returned under that same `&mut self` borrow;

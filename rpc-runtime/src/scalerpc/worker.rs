@@ -120,6 +120,24 @@ impl WorkerPool {
     where
         H: Fn(&[u8], &mut [u8]) -> usize + Send + Clone + 'static,
     {
+        Self::with_config_typed(server, cfg, move |_, req: &[u8], resp: &mut [u8]| {
+            handler(req, resp)
+        })
+    }
+
+    /// [`WorkerPool::with_config`] with a handler that also gets the request's `rpc_type`
+    /// (seeds/003 §6.2: workers dispatch on it): `handler(rpc_type, request, response)`.
+    ///
+    /// # Errors
+    /// As [`WorkerPool::spawn`].
+    pub fn with_config_typed<H>(
+        server: &ScaleServer,
+        cfg: WorkerConfig,
+        handler: H,
+    ) -> Result<Self, ScaleError>
+    where
+        H: Fn(u16, &[u8], &mut [u8]) -> usize + Send + Clone + 'static,
+    {
         if cfg.workers == 0 {
             return Err(ScaleError::Config(
                 "a worker pool needs at least one worker",
@@ -165,8 +183,9 @@ impl WorkerPool {
                 .name(format!("scalerpc-worker-{w}"))
                 .spawn(move || {
                     for mut job in rx.iter() {
+                        let ty = job.tok.map_or(0, |t| t.rpc_type());
                         let r = catch_unwind(AssertUnwindSafe(|| {
-                            h(&job.req[..job.req_len], &mut job.resp)
+                            h(ty, &job.req[..job.req_len], &mut job.resp)
                         }));
                         job.resp_len = r.ok().map(|n| n.min(job.resp.len()));
                         count[w].fetch_add(1, Ordering::Relaxed);
