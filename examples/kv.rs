@@ -276,6 +276,10 @@ struct LoadArgs {
     /// Written keys read back by the end-of-run correctness check.
     #[arg(long, default_value_t = 10_000)]
     check_samples: usize,
+    /// Test hook (hidden): client thread 0 of rank 0 fails on purpose once it has completed
+    /// this many operations, as a fault would make it fail (tests/kv_faults.rs).
+    #[arg(long, hide = true)]
+    fail_client_after: Option<u64>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -1582,6 +1586,22 @@ struct ClientReport {
 
 const SAMPLE_EVERY: u64 = 8;
 
+impl ClientReport {
+    /// A client thread that has done nothing yet.
+    fn new() -> Self {
+        ClientReport {
+            ops: 0,
+            ops_remote: 0,
+            gets: 0,
+            hits: 0,
+            errors: 0,
+            hist: new_hist(),
+            hist_remote: new_hist(),
+            written: FxHashMap::default(),
+        }
+    }
+}
+
 /// What the client threads of one rank did.
 struct RankRun {
     elapsed: Duration,
@@ -1639,8 +1659,11 @@ fn gen_pattern(load: &LoadArgs, gid: usize, ranks: usize) -> Vec<Op> {
 
 /// Runs this rank's client threads, one per entry of `remotes` (reaching the rank's daemons
 /// through `daemons`), for `--duration` seconds. The ranks start together (a barrier once
-/// every client is connected), and each second rank 0 prints the throughput of all ranks
-/// (a reduction on every rank: each makes the same number of them).
+/// every client is connected), and each second every rank sums the operations done and the
+/// client threads failed over all ranks (a reduction on every rank: each makes the same number
+/// of them); rank 0 prints the throughput. A client thread that fails wakes this thread at
+/// once, and the run of every rank ends at that rank's next reduction (at once with one rank):
+/// the other client threads stop, and what every thread did up to then is kept.
 fn run_clients<B: Bootstrap, D: Daemons>(
     b: &B,
     daemons: Arc<D>,
@@ -1659,44 +1682,41 @@ fn run_clients<B: Bootstrap, D: Daemons>(
     // `ready`: every client connected; `go`: every rank's clients are.
     let ready = Arc::new(std::sync::Barrier::new(n + 1));
     let go = Arc::new(std::sync::Barrier::new(n + 1));
+    // A client thread that fails says so here (and stops the others).
+    let (failed_tx, failed_rx) = crossbeam_channel::bounded::<()>(n);
     let mut handles = Vec::new();
     for (c, remote) in remotes.into_iter().enumerate() {
         let gid = rank * load.clients + c;
-        let (daemons, load, stop, counters, ready, go) = (
+        let (daemons, load, stop, counters, ready, go, failed) = (
             daemons.clone(),
             load.clone(),
             stop.clone(),
             counters.clone(),
             ready.clone(),
             go.clone(),
+            failed_tx.clone(),
         );
         handles.push(
             thread::Builder::new()
                 .name(format!("client-{rank}.{c}"))
                 .spawn(move || {
-                    let pattern = gen_pattern(&load, gid, ranks);
-                    let rings = match remote {
-                        // Connections to the daemons of every rank, rank-major.
-                        Remote::Rings { .. } => (0..ranks)
-                            .map(|r| daemons.connect(r))
-                            .collect::<Result<Vec<_>, _>>()
-                            .map(|v| v.into_iter().flatten().collect()),
-                        _ => daemons.connect(rank),
-                    };
-                    let rings = rings.map_err(|e| e.to_string());
-                    ready.wait();
-                    go.wait();
-                    let rings: Vec<KvClient<D::T>> = rings?;
-                    // Every call of the closed loop may go to the same ring.
-                    if let Some(r) = rings.iter().find(|r| r.max_in_flight() < load.qd) {
-                        return Err(format!(
-                            "--qd {} exceeds the ring's {} response slots per client (kv serve --resp-depth)",
-                            load.qd,
-                            r.max_in_flight()
-                        ));
+                    let mut report = ClientReport::new();
+                    let r = client_thread::<D>(
+                        gid,
+                        (rank, ranks),
+                        &*daemons,
+                        remote,
+                        &load,
+                        (&ready, &go),
+                        &stop,
+                        &counters[c],
+                        &mut report,
+                    );
+                    if r.is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                        let _ = failed.send(());
                     }
-                    let me = Me { gid, rank, writers: (load.clients * ranks) as u64 };
-                    client_loop::<D>(me, rings, remote, &pattern, &load, &stop, &counters[c])
+                    (report, r.err())
                 })
                 .expect("spawn client"),
         );
@@ -1710,42 +1730,55 @@ fn run_clients<B: Bootstrap, D: Daemons>(
     let mut tick = t0;
     let mut failure = met.err().map(boot);
     // One reduction per second (the last one at `--duration`), on every rank.
-    let ticks = if out.quiet || failure.is_some() {
+    let ticks = if failure.is_some() {
         0
     } else {
         load.duration.max(0.0).ceil() as u64
     };
     for k in 1..=ticks {
         let at = t0 + Duration::from_secs_f64((k as f64).min(load.duration));
-        thread::sleep(at.saturating_duration_since(Instant::now()));
-        let mut total = [counters
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .sum::<u64>()];
+        // Wakes early if a client thread fails.
+        let failed_here = failed_rx.recv_deadline(at).is_ok();
+        // Operations done, and whether a client thread failed, over all ranks.
+        let mut total = [
+            counters
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .sum::<u64>(),
+            u64::from(failed_here),
+        ];
         if let Err(e) = b.all_reduce_sum_u64(&mut total) {
             failure = Some(boot(e));
             break;
         }
         let now = Instant::now();
-        if rank == 0 {
+        if rank == 0 && !out.quiet {
             eprintln!(
                 "[{:5.1} s] {:8.3} Mops/s",
                 t0.elapsed().as_secs_f64(),
                 (total[0] - last) as f64 / now.duration_since(tick).as_secs_f64() / 1e6
             );
         }
+        if total[1] > 0 {
+            break;
+        }
         last = total[0];
         tick = now;
     }
-    let end = t0 + Duration::from_secs_f64(load.duration.max(0.0));
-    thread::sleep(end.saturating_duration_since(Instant::now()));
+    if ticks == 0 {
+        let end = t0 + Duration::from_secs_f64(load.duration.max(0.0));
+        let _ = failed_rx.recv_deadline(end);
+    }
     stop.store(true, Ordering::Relaxed);
     let elapsed = t0.elapsed();
     let mut clients = Vec::new();
-    for h in handles {
-        match h.join().expect("client panicked") {
-            Ok(r) => clients.push(r),
-            Err(e) => failure = Some(format!("client failed: {e}")),
+    for (c, h) in handles.into_iter().enumerate() {
+        let (report, err) = h.join().expect("client panicked");
+        clients.push(report);
+        if let Some(e) = err {
+            let e = format!("client {rank}.{c} failed: {e}");
+            eprintln!("kv: {e}");
+            failure.get_or_insert(e);
         }
     }
     RankRun {
@@ -1753,6 +1786,54 @@ fn run_clients<B: Bootstrap, D: Daemons>(
         clients,
         failure,
     }
+}
+
+/// One client thread: connects to the daemons, waits for the run to start (`ready`, then
+/// `go`: the barriers every client thread of the rank meets, connected or not), and runs the
+/// closed loop until `stop`, accumulating into `report` (so that what it did is kept if it
+/// fails).
+///
+/// # Errors
+/// Why the thread failed: connecting, a call, or the test hook `--fail-client-after`.
+#[allow(clippy::too_many_arguments)]
+fn client_thread<D: Daemons>(
+    gid: usize,
+    (rank, ranks): (usize, usize),
+    daemons: &D,
+    remote: Remote,
+    load: &LoadArgs,
+    (ready, go): (&std::sync::Barrier, &std::sync::Barrier),
+    stop: &AtomicBool,
+    counter: &AtomicU64,
+    report: &mut ClientReport,
+) -> Result<(), String> {
+    let pattern = gen_pattern(load, gid, ranks);
+    let rings = match remote {
+        // Connections to the daemons of every rank, rank-major.
+        Remote::Rings { .. } => (0..ranks)
+            .map(|r| daemons.connect(r))
+            .collect::<Result<Vec<_>, _>>()
+            .map(|v| v.into_iter().flatten().collect()),
+        _ => daemons.connect(rank),
+    };
+    let rings = rings.map_err(|e| e.to_string());
+    ready.wait();
+    go.wait();
+    let rings: Vec<KvClient<D::T>> = rings?;
+    // Every call of the closed loop may go to the same ring.
+    if let Some(r) = rings.iter().find(|r| r.max_in_flight() < load.qd) {
+        return Err(format!(
+            "--qd {} exceeds the ring's {} response slots per client (kv serve --resp-depth)",
+            load.qd,
+            r.max_in_flight()
+        ));
+    }
+    let me = Me {
+        gid,
+        rank,
+        writers: (load.clients * ranks) as u64,
+    };
+    client_loop::<D>(me, rings, remote, &pattern, load, stop, counter, report)
 }
 
 /// Who a client thread is.
@@ -1866,11 +1947,14 @@ fn client_loop<D: Daemons>(
     load: &LoadArgs,
     stop: &AtomicBool,
     counter: &AtomicU64,
-) -> Result<ClientReport, String> {
+    rep: &mut ClientReport,
+) -> Result<(), String> {
     let qd = load.qd;
-    let new_hist = || Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
-    let (mut hist, mut hist_remote) = (new_hist(), new_hist());
-    let mut written = FxHashMap::default();
+    // The test hook `--fail-client-after`: client 0 fails once it has done this many.
+    let fail_after = match load.fail_client_after {
+        Some(n) if me.gid == 0 => n,
+        _ => u64::MAX,
+    };
     // Per tag (0..qd): when it was issued and what it was.
     let mut inflight: Vec<(Instant, Op)> = vec![
         (
@@ -1885,8 +1969,7 @@ fn client_loop<D: Daemons>(
     ];
     let mut done: Vec<Done> = Vec::with_capacity(qd);
     let mut free: Vec<u64> = (0..qd as u64).collect();
-    let (mut next, mut seq, mut ops, mut ops_remote, mut gets, mut hits, mut errors) =
-        (0usize, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut next, mut seq) = (0usize, 0u64);
     let mut outstanding = 0usize;
     // The next operation, taken from the pattern but not issued yet, and its value.
     let mut waiting: Option<(Op, u64)> = None;
@@ -1937,7 +2020,7 @@ fn client_loop<D: Daemons>(
                 }
                 free.pop();
                 if !op.read && (op.key / me.writers) % SAMPLE_EVERY == 0 {
-                    written.insert((op.rank, op.key), value);
+                    rep.written.insert((op.rank, op.key), value);
                 }
                 outstanding += 1;
             }
@@ -1963,42 +2046,41 @@ fn client_loop<D: Daemons>(
                 writes_out.remove(&(op.rank, op.key));
             }
             let ns = (t.elapsed().as_nanos() as u64).max(1);
-            let _ = hist.record(ns);
+            let _ = rep.hist.record(ns);
             if op.rank as usize != me.rank {
-                ops_remote += 1;
-                let _ = hist_remote.record(ns);
+                rep.ops_remote += 1;
+                let _ = rep.hist_remote.record(ns);
             }
-            ops += 1;
+            rep.ops += 1;
             match r {
                 Some(KvResponse::Get(v)) if op.read => {
-                    gets += 1;
+                    rep.gets += 1;
                     if let Some(v) = v {
-                        hits += 1;
+                        rep.hits += 1;
                         // Single writer per key: the value must come from the key's writer.
                         if v >> SEQ_BITS != op.key % me.writers {
-                            errors += 1;
+                            rep.errors += 1;
                         }
                     }
                 }
                 Some(KvResponse::Put(())) if !op.read => {}
-                _ => errors += 1,
+                _ => rep.errors += 1,
             }
             outstanding -= 1;
             free.push(tag);
         }
-        counter.store(ops, Ordering::Relaxed);
+        counter.store(rep.ops, Ordering::Relaxed);
+        if rep.ops >= fail_after {
+            return Err(failed_on_purpose(rep.ops));
+        }
     }
-    counter.store(ops, Ordering::Relaxed);
-    Ok(ClientReport {
-        ops,
-        ops_remote,
-        gets,
-        hits,
-        errors,
-        hist,
-        hist_remote,
-        written,
-    })
+    Ok(())
+}
+
+/// The error of the test hook `--fail-client-after`.
+#[cold]
+fn failed_on_purpose(ops: u64) -> String {
+    format!("failed on purpose after {ops} operations (test hook --fail-client-after)")
 }
 
 /// Bytes of a sampled key in the check's exchange: its rank (4), key (8), value (8).

@@ -1,0 +1,111 @@
+//! The `kv` main job under faults (issue 12 §5), across two processes: `kv serve` (daemons)
+//! and `kv client` (client threads and the check). Faults are made on purpose, never by
+//! timing: a client thread that fails (the hidden test hook `--fail-client-after`), a
+//! daemon process killed while the clients run, a reply the daemon drops (the hidden test hook
+//! `kv serve --drop-reply`), and two client processes sharing the daemons.
+
+mod kv_common;
+
+use std::io::{BufRead, BufReader};
+use std::time::{Duration, Instant};
+
+use kv_common::{Serve, client, finish_within};
+
+/// A client thread that fails ends `kv client` at once (not at `--duration`), and the summary
+/// keeps what the client threads did before it (the failing one's operations included),
+/// names the failure and exits non-zero.
+#[test]
+fn a_failing_client_thread_ends_the_run_with_its_partial_results() {
+    let serve = Serve::start("failthread", 2, &[]);
+    let t0 = Instant::now();
+    let child = client(
+        &serve.shm,
+        &[
+            "--clients",
+            "1",
+            "--qd",
+            "8",
+            "--duration",
+            "120",
+            "--quiet",
+        ],
+    )
+    .args(["--fail-client-after", "2000"])
+    .spawn()
+    .expect("spawn kv client");
+    let (code, v, stderr) = finish_within(child, Duration::from_secs(60), "kv client");
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
+    assert_eq!(code, Some(1), "{v}\nstderr: {stderr}");
+    // The only client thread failed: every operation counted is one of its own.
+    assert!(v["ops"].as_u64().unwrap() >= 2000, "{v}");
+    assert!(v["seconds"].as_f64().unwrap() < 60.0, "{v}");
+    assert_eq!(v["check_passed"], false, "{v}");
+    let note = v["check_note"].as_str().unwrap();
+    assert!(note.contains("client 0.0 failed"), "{v}");
+    assert!(note.contains("failed on purpose"), "{v}");
+    assert!(stderr.contains("client 0.0 failed"), "{stderr}");
+}
+
+/// With several client threads, one failing stops the others too; their operations count.
+#[test]
+fn one_failing_thread_of_several_stops_the_others() {
+    let serve = Serve::start("failone", 1, &[]);
+    let child = client(
+        &serve.shm,
+        &[
+            "--clients",
+            "3",
+            "--qd",
+            "4",
+            "--duration",
+            "120",
+            "--quiet",
+        ],
+    )
+    .args(["--fail-client-after", "1000"])
+    .spawn()
+    .expect("spawn kv client");
+    let (code, v, stderr) = finish_within(child, Duration::from_secs(60), "kv client");
+    let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
+    assert_eq!(code, Some(1), "{v}\nstderr: {stderr}");
+    assert!(v["ops"].as_u64().unwrap() >= 1000, "{v}");
+    assert_eq!(v["clients"], 3, "{v}");
+    let note = v["check_note"].as_str().unwrap();
+    // Only client 0 failed; the others stopped cleanly.
+    assert!(note.contains("client 0.0 failed"), "{v}");
+    assert!(!note.contains("client 0.1"), "{v}");
+}
+
+/// The daemons' process killed (SIGKILL) while the clients run: every client thread finds the
+/// server gone, and `kv client` ends with what it did, not at `--duration`.
+#[test]
+fn killed_daemons_end_the_client_run_with_its_partial_results() {
+    let mut serve = Serve::start("killserve", 2, &[]);
+    let mut child = client(
+        &serve.shm,
+        &["--clients", "2", "--qd", "8", "--duration", "120"],
+    )
+    .spawn()
+    .expect("spawn kv client");
+    // The first progress line: the run is going.
+    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let first = err.next().expect("kv client exited early").expect("a line");
+    assert!(first.starts_with('['), "unexpected first line: {first}");
+    serve.kill();
+    let rest = std::thread::spawn(move || err.map_while(Result::ok).collect::<Vec<_>>());
+    let (code, v, _) = finish_within(child, Duration::from_secs(60), "kv client");
+    let stderr = rest.join().unwrap().join("\n");
+    let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
+    assert_eq!(code, Some(1), "{v}\nstderr: {stderr}");
+    assert!(v["ops"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["check_passed"], false, "{v}");
+    assert!(
+        v["check_note"]
+            .as_str()
+            .unwrap()
+            .contains("server disconnected"),
+        "{v}"
+    );
+    assert!(stderr.contains("server disconnected"), "{stderr}");
+}
