@@ -61,6 +61,14 @@
 //! clients wrote, sends every sampled key to its owner rank (an all-gather), and each rank reads
 //! the keys it owns back from their owner daemon; the counts are summed over the ranks.
 //!
+//! `kv client` shares its daemons with any other `kv client` process, before, after or at the
+//! same time, so there a client's writer id is instead its client id on ring 0, which the ring
+//! hands out at attach (unique among the clients attached at once, whatever their process),
+//! and it writes the keys `k` with `k % max_clients == id` (`kv serve --max-clients`, which
+//! `--keys` must reach): every key still has one writer among the processes, and a value a
+//! read finds, written by any process, names it. A client thread stays attached until the
+//! check has read its keys back.
+//!
 //! ```text
 //! cargo run --release --example kv                      # all in one process, ~10 s
 //! cargo run --release --example kv -- --ranks 2 --backend both --duration 5
@@ -1011,7 +1019,7 @@ fn run_rank<B: Bootstrap>(
             remotes
         }
     };
-    let rings = Arc::new(Rings { rank, names });
+    let rings = Arc::new(Rings::new(rank, names, false));
     let (mut s, _) = clients_and_check(b, rings, remotes, threads, &a.load, &a.out, daemons)?;
     s.backend = topo.name();
     s.mpi = job.mpi;
@@ -1032,8 +1040,10 @@ fn clients_and_check<B: Bootstrap, D: Daemons>(
 ) -> Result<(Summary, Vec<DaemonReport>), String> {
     let mut run = run_clients(b, daemons.clone(), remotes, load, out);
     let failure = run.failure.take();
-    let check =
-        check_written(b, &*daemons, &run.clients, failure, load).map_err(|e| on_rank(b, e))?;
+    let check = check_written(b, &*daemons, &run.clients, failure, load);
+    // The client threads' connections, if kept for the check, close before any daemon stops.
+    daemons.release();
+    let check = check.map_err(|e| on_rank(b, e))?;
     b.barrier().map_err(|e| on_rank(b, boot(e)))?;
     let reports = threads.finish();
     let s = combine(b, &run, &reports, check, load, ndaemons).map_err(|e| on_rank(b, e))?;
@@ -1054,12 +1064,46 @@ trait Daemons: Send + Sync + 'static {
     /// idle).
     #[inline]
     fn keepalive(_rings: &mut [KvClient<Self::T>]) {}
+    /// The writer id of the client connected through `conns` (from [`Daemons::connect`]) and
+    /// the number of writer ids `W`: the client writes only keys `k` with `k % W == id`.
+    /// `None` (the default): the daemons serve this job alone, and a client's writer id is
+    /// its global id among the job's `clients * ranks` client threads.
+    fn writer(&self, _conns: &[KvClient<Self::T>]) -> Option<(u64, u64)> {
+        None
+    }
+    /// A client thread's connections once its closed loop has ended; by default they close
+    /// here. [`Daemons::release`] closes the ones an implementation keeps.
+    fn finished(&self, conns: Vec<KvClient<Self::T>>) {
+        drop(conns);
+    }
+    /// Closes the connections [`Daemons::finished`] kept (after the check).
+    fn release(&self) {}
 }
 
 /// The delegation rings of this rank's daemons, by name (they reach this rank only).
 struct Rings {
     rank: usize,
     names: Vec<String>,
+    /// `kv client`: the daemons are another process's, which other `kv client` processes may
+    /// use before, after or alongside this one. Writer ids are then the client ids ring 0
+    /// hands out at attach (unique among the clients attached to it, whatever their
+    /// process), over `max_clients` writer ids; and a client thread's connections stay
+    /// attached until the check is done, so that no other process takes its id (and writes
+    /// its keys) before this one has read them back.
+    shared: bool,
+    /// Connections of finished client threads (`shared`), closed by [`Daemons::release`].
+    held: std::sync::Mutex<Vec<Vec<KvClient>>>,
+}
+
+impl Rings {
+    fn new(rank: usize, names: Vec<String>, shared: bool) -> Self {
+        Rings {
+            rank,
+            names,
+            shared,
+            held: Default::default(),
+        }
+    }
 }
 
 impl Daemons for Rings {
@@ -1071,6 +1115,24 @@ impl Daemons for Rings {
             .iter()
             .map(|n| KvClient::<Delegation>::connect(n))
             .collect()
+    }
+
+    fn writer(&self, conns: &[KvClient]) -> Option<(u64, u64)> {
+        let ring = conns.first().filter(|_| self.shared)?.transport().ring();
+        Some((
+            u64::from(ring.client_id()),
+            u64::from(ring.info().max_clients),
+        ))
+    }
+
+    fn finished(&self, conns: Vec<KvClient>) {
+        if self.shared {
+            self.held.lock().expect("held connections").push(conns);
+        }
+    }
+
+    fn release(&self) {
+        self.held.lock().expect("held connections").clear();
     }
 }
 
@@ -1544,9 +1606,23 @@ fn client_only(a: ClientArgs) -> i32 {
     if let Err(e) = load_args(&a.load, 1) {
         return fail(&e);
     }
+    // Writer ids are ring 0's client ids: every key class `k % max_clients` needs keys.
+    match rpc::delegation::RingClient::attach(&names[0]) {
+        Ok(r) if a.load.keys < u64::from(r.info().max_clients) => {
+            return fail(&format!(
+                "--keys {} is fewer than the rings' client ids (kv serve --max-clients {}): \
+                 each client of any kv client process writes the keys k with \
+                 k % max_clients == its client id on ring 0",
+                a.load.keys,
+                r.info().max_clients
+            ));
+        }
+        Ok(_) => {}
+        Err(e) => return fail(&format!("attaching to {}: {e}", names[0])),
+    }
     let daemons = names.len();
     let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
-    let rings = Arc::new(Rings { rank: 0, names });
+    let rings = Arc::new(Rings::new(0, names, true));
     let threads = DaemonThreads::default();
     match clients_and_check(&solo(), rings, remotes, threads, &a.load, &a.out, daemons) {
         Ok((s, _)) => {
@@ -1622,13 +1698,15 @@ struct CheckReport {
     failures: Vec<String>,
 }
 
-/// The operations of client `gid` (global id: `rank * clients + c`) over `ranks` ranks.
-/// With one rank the pattern is exactly the single-node one (no rank is drawn).
-fn gen_pattern(load: &LoadArgs, gid: usize, ranks: usize) -> Vec<Op> {
+/// The operations of client `gid` (global id: `rank * clients + c`; it seeds the RNG) over
+/// `ranks` ranks, for writer `me.writer` of `me.writers` (it writes only the keys `k` with
+/// `k % writers == writer`). With one rank the pattern is exactly the single-node one (no
+/// rank is drawn).
+fn gen_pattern(load: &LoadArgs, me: Me, ranks: usize) -> Vec<Op> {
     let mut rng =
-        SmallRng::seed_from_u64(load.seed ^ (gid as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        SmallRng::seed_from_u64(load.seed ^ (me.gid as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let zipf = Zipf::new(load.keys as f64, load.theta).expect("zipf parameters");
-    let writers = (load.clients * ranks) as u64;
+    let (writer, writers) = (me.writer, me.writers);
     (0..load.pattern_len.max(1))
         .map(|_| {
             let mut key = match load.dist {
@@ -1642,7 +1720,7 @@ fn gen_pattern(load: &LoadArgs, gid: usize, ranks: usize) -> Vec<Op> {
             let read = rng.random_bool(load.read_ratio.clamp(0.0, 1.0));
             if !read {
                 // Single writer per key: this client writes only keys congruent to its id.
-                key = key - key % writers + gid as u64;
+                key = key - key % writers + writer;
                 if key >= load.keys {
                     key -= writers;
                 }
@@ -1807,7 +1885,6 @@ fn client_thread<D: Daemons>(
     counter: &AtomicU64,
     report: &mut ClientReport,
 ) -> Result<(), String> {
-    let pattern = gen_pattern(load, gid, ranks);
     let rings = match remote {
         // Connections to the daemons of every rank, rank-major.
         Remote::Rings { .. } => (0..ranks)
@@ -1816,10 +1893,28 @@ fn client_thread<D: Daemons>(
             .map(|v| v.into_iter().flatten().collect()),
         _ => daemons.connect(rank),
     };
-    let rings = rings.map_err(|e| e.to_string());
+    let rings = rings.map_err(|e| e.to_string()).and_then(|rings| {
+        let (writer, writers) = daemons
+            .writer(&rings)
+            .unwrap_or((gid as u64, (load.clients * ranks) as u64));
+        if writers > load.keys || writers > 1 << (64 - SEQ_BITS) {
+            return Err(format!(
+                "{writers} writer ids do not fit --keys {} (or {} bits)",
+                load.keys,
+                64 - SEQ_BITS
+            ));
+        }
+        let me = Me {
+            gid,
+            rank,
+            writer,
+            writers,
+        };
+        Ok((rings, me, gen_pattern(load, me, ranks)))
+    });
     ready.wait();
     go.wait();
-    let rings: Vec<KvClient<D::T>> = rings?;
+    let (mut rings, me, pattern) = rings?;
     // Every call of the closed loop may go to the same ring.
     if let Some(r) = rings.iter().find(|r| r.max_in_flight() < load.qd) {
         return Err(format!(
@@ -1828,21 +1923,23 @@ fn client_thread<D: Daemons>(
             r.max_in_flight()
         ));
     }
-    let me = Me {
-        gid,
-        rank,
-        writers: (load.clients * ranks) as u64,
-    };
-    client_loop::<D>(me, rings, remote, &pattern, load, stop, counter, report)
+    let r = client_loop::<D>(
+        me, &mut rings, remote, &pattern, load, stop, counter, report,
+    );
+    daemons.finished(rings);
+    r
 }
 
 /// Who a client thread is.
 #[derive(Clone, Copy)]
 struct Me {
-    /// Global client id (`rank * clients + c`): the writer id in values.
+    /// Global client id (`rank * clients + c`).
     gid: usize,
     rank: usize,
-    /// Number of writers (all clients of all ranks).
+    /// The writer id in values: the client writes only keys `k` with
+    /// `k % writers == writer` ([`Daemons::writer`]; by default `gid`).
+    writer: u64,
+    /// Number of writer ids (by default all clients of all ranks).
     writers: u64,
 }
 
@@ -1941,7 +2038,7 @@ fn direct_done(
 #[allow(clippy::too_many_arguments)]
 fn client_loop<D: Daemons>(
     me: Me,
-    mut rings: Vec<KvClient<D::T>>,
+    rings: &mut [KvClient<D::T>],
     mut remote: Remote,
     pattern: &[Op],
     load: &LoadArgs,
@@ -1992,7 +2089,7 @@ fn client_loop<D: Daemons>(
                         let mut value = 0;
                         if !op.read {
                             seq += 1;
-                            value = ((me.gid as u64) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1));
+                            value = (me.writer << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1));
                         }
                         (op, value)
                     }
@@ -2006,7 +2103,7 @@ fn client_loop<D: Daemons>(
                 let sent = issue(
                     me,
                     (tag, op, value),
-                    &mut rings,
+                    rings,
                     &mut remote,
                     &inflight,
                     &mut done,
@@ -2035,7 +2132,7 @@ fn client_loop<D: Daemons>(
             ctx.poll(|t, r| done.push(direct_done(&inflight, t, r)));
         }
         if done.is_empty() {
-            D::keepalive(&mut rings);
+            D::keepalive(rings);
             backoff.snooze();
             continue;
         }
@@ -2121,10 +2218,20 @@ fn check_written<B: Bootstrap, D: Daemons>(
         }
     }
     if let (true, Some(rings)) = (self_written, rings.as_mut()) {
-        let writer = ((load.clients * ranks) as u64) << SEQ_BITS;
+        // A writer id of its own: past the run's clients, or the one the daemons hand out
+        // (then only keys of its class, which no other client writes).
+        let (id, class) = match daemons.writer(rings) {
+            Some((id, writers)) => (id, Some(writers)),
+            None => ((load.clients * ranks) as u64, None),
+        };
+        let writer = id << SEQ_BITS;
         let n = rings.len();
         for i in 0..quota.max(1) as u64 {
-            let (key, value) = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20, writer | i);
+            let mut key = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
+            if let Some(writers) = class {
+                key = key - key % writers + id;
+            }
+            let value = writer | i;
             if let Err(e) = rings[owner_daemon(key, n)].put(me as u32, key, value) {
                 failure = Some(format!("check put({me}, {key}): {e}"));
                 break;

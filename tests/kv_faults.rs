@@ -109,3 +109,89 @@ fn killed_daemons_end_the_client_run_with_its_partial_results() {
     );
     assert!(stderr.contains("server disconnected"), "{stderr}");
 }
+
+/// A passing `kv client` summary.
+fn assert_passed(code: Option<i32>, v: Option<serde_json::Value>, stderr: &str) {
+    let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
+    assert_eq!(code, Some(0), "{v}\nstderr: {stderr}");
+    assert_eq!(v["check_passed"], true, "{v}");
+    assert_eq!(v["errors"], 0, "{v}");
+    assert_eq!(v["check_mismatches"], 0, "{v}");
+    assert!(v["check_samples"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["ops"].as_u64().unwrap() > 0, "{v}");
+}
+
+/// Two `kv client` runs, one after the other, against one `kv serve` with different
+/// `--clients`: the second reads values the first wrote, and must find each from the key's
+/// one writer (writer ids are unique per client process, the key partition the same).
+#[test]
+fn consecutive_client_runs_with_different_client_counts_pass() {
+    let serve = Serve::start("twoclients", 2, &[]);
+    for clients in ["1", "2", "3"] {
+        let child = client(
+            &serve.shm,
+            &[
+                "--clients",
+                clients,
+                "--qd",
+                "8",
+                "--duration",
+                "1",
+                "--quiet",
+            ],
+        )
+        .spawn()
+        .expect("spawn kv client");
+        let (code, v, stderr) = finish_within(child, Duration::from_secs(60), "kv client");
+        assert_passed(code, v, &stderr);
+    }
+}
+
+/// Two `kv client` processes at once against one `kv serve` (the second starts once the
+/// first is running), with different `--clients`: each key still has one writer, so both
+/// pass their checks.
+#[test]
+fn concurrent_client_runs_with_different_client_counts_pass() {
+    let serve = Serve::start("concurrent", 2, &[]);
+    let mut first = client(
+        &serve.shm,
+        &["--clients", "2", "--qd", "8", "--duration", "3"],
+    )
+    .spawn()
+    .expect("spawn kv client");
+    let mut err = BufReader::new(first.stderr.take().expect("stderr")).lines();
+    let line = err.next().expect("kv client exited early").expect("a line");
+    assert!(line.starts_with('['), "unexpected first line: {line}");
+    let rest = std::thread::spawn(move || err.map_while(Result::ok).collect::<Vec<_>>());
+    let second = client(
+        &serve.shm,
+        &["--clients", "3", "--qd", "8", "--duration", "1", "--quiet"],
+    )
+    .spawn()
+    .expect("spawn kv client");
+    let (code, v, stderr) = finish_within(second, Duration::from_secs(60), "second kv client");
+    assert_passed(code, v, &stderr);
+    let (code, v, _) = finish_within(first, Duration::from_secs(60), "first kv client");
+    assert_passed(code, v, &rest.join().unwrap().join("\n"));
+}
+
+/// The key partition of `kv client` processes is by the rings' client ids (`k % max_clients`),
+/// so a key range smaller than `--max-clients` is refused up front.
+#[test]
+fn client_refuses_fewer_keys_than_ring_client_ids() {
+    let serve = Serve::start("fewkeys", 1, &["--max-clients", "16"]);
+    let out = std::process::Command::new(kv_common::kv_binary())
+        .args(["client", "--shm", &serve.shm, "--keys", "8", "--json"])
+        .args(["--duration", "1", "--quiet"])
+        .output()
+        .expect("run kv client");
+    let (code, stderr) = (out.status.code(), String::from_utf8_lossy(&out.stderr));
+    let v = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .map(str::to_owned);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(v.is_none(), "{v:?}");
+    assert!(stderr.contains("--keys 8"), "{stderr}");
+    assert!(stderr.contains("--max-clients 16"), "{stderr}");
+}
