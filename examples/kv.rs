@@ -69,6 +69,13 @@
 //! read finds, written by any process, names it. A client thread stays attached until the
 //! check has read its keys back.
 //!
+//! Faults: every call has a deadline (`--deadline-ms`, 1000 by default); one with no
+//! completion by then (a lost reply, a stopped daemon) counts as an error and is given up (its
+//! tag comes back only if a late completion arrives, which is dropped), so the stop loop and
+//! the check always end; the summary names how many expired. A client thread that fails
+//! (a call's error, a daemon gone) ends the run at once: the other threads stop, the summary
+//! keeps what every thread did and names the failure, and the exit code is 1.
+//!
 //! ```text
 //! cargo run --release --example kv                      # all in one process, ~10 s
 //! cargo run --release --example kv -- --ranks 2 --backend both --duration 5
@@ -212,6 +219,10 @@ struct ServeArgs {
     /// Stop after this many seconds (0: until SIGINT/SIGTERM).
     #[arg(long, default_value_t = 0.0)]
     duration: f64,
+    /// Test hook (hidden): daemon 0 executes its N-th request (1-based) but drops the reply,
+    /// as a lost reply would (tests/kv_faults.rs).
+    #[arg(long, hide = true)]
+    drop_reply: Option<u64>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -284,6 +295,11 @@ struct LoadArgs {
     /// Written keys read back by the end-of-run correctness check.
     #[arg(long, default_value_t = 10_000)]
     check_samples: usize,
+    /// Per-call deadline, milliseconds: a call with no reply this long after it was issued
+    /// (a lost reply, a stopped daemon) counts as an error and is given up (a late reply is
+    /// dropped), so the run and its check always end.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    deadline_ms: u64,
     /// Test hook (hidden): client thread 0 of rank 0 fails on purpose once it has completed
     /// this many operations, as a fault would make it fail (tests/kv_faults.rs).
     #[arg(long, hide = true)]
@@ -477,6 +493,37 @@ fn daemon_loop<T: ServerTransport>(
         forward: None,
         scale: None,
         erpc: None,
+    }
+}
+
+/// [`daemon_loop`] for the test hook `kv serve --drop-reply N`: the `drop`-th request
+/// (1-based; 0: none) is executed and its reply dropped (counted in `dropped_replies`).
+fn daemon_loop_dropping(server: &mut KvServerCore, stop: &AtomicBool, drop: u64) -> DaemonReport {
+    let mut shard = Shard::default();
+    let (mut seen, mut dropped) = (0u64, 0u64);
+    while !stop.load(Ordering::Relaxed) {
+        if server.poll() == 0 {
+            thread::yield_now();
+            continue;
+        }
+        while let Some((token, req)) = server.recv() {
+            let resp = KvService::dispatch(&mut shard, req);
+            seen += 1;
+            if seen == drop {
+                dropped += 1;
+            } else {
+                let _ = server.reply(token, &resp);
+            }
+        }
+        server.release();
+    }
+    let s = server.stats();
+    DaemonReport {
+        requests: s.requests,
+        bad_requests: s.bad_requests,
+        dropped_replies: s.dropped_replies + dropped,
+        keys: shard.map.len(),
+        ..DaemonReport::default()
     }
 }
 
@@ -1565,7 +1612,21 @@ fn serve(a: ServeArgs) -> i32 {
         }
     }
     let daemons = match create_rings(&a.shm, a.daemons, cfg) {
-        Ok(s) => start_daemons(s, 0, &stop),
+        Ok(s) => match a.drop_reply {
+            None => start_daemons(s, 0, &stop),
+            Some(n) => s
+                .into_iter()
+                .enumerate()
+                .map(|(d, server)| {
+                    let (mut server, stop) = (Server::new(server), stop.clone());
+                    let drop = if d == 0 { n } else { 0 };
+                    thread::Builder::new()
+                        .name(format!("daemon-0.{d}"))
+                        .spawn(move || daemon_loop_dropping(&mut server, &stop, drop))
+                        .expect("spawn daemon")
+                })
+                .collect(),
+        },
         Err(e) => return fail(&format!("creating the rings: {e}")),
     };
     println!(
@@ -1654,6 +1715,10 @@ struct ClientReport {
     hist: Histogram<u64>,
     /// Latencies of the remote operations only.
     hist_remote: Histogram<u64>,
+    /// Calls given up at `--deadline-ms` (also counted in `errors`).
+    expired: u64,
+    /// Completions of calls given up that came late (dropped).
+    late: u64,
     /// Last value written to each sampled (rank, key): keys `k` with
     /// `(k / writers) % SAMPLE_EVERY == 0`, so that every writer has some (it writes only
     /// keys `k % writers == gid`).
@@ -1671,6 +1736,8 @@ impl ClientReport {
             gets: 0,
             hits: 0,
             errors: 0,
+            expired: 0,
+            late: 0,
             hist: new_hist(),
             hist_remote: new_hist(),
             written: FxHashMap::default(),
@@ -1968,6 +2035,7 @@ fn issue<T: ClientTransport>(
     remote: &mut Remote,
     inflight: &[(Instant, Op)],
     done: &mut Vec<Done>,
+    deadline: Duration,
 ) -> Result<bool, String> {
     let ring = match remote {
         Remote::Rings { daemons } => op.rank as usize * *daemons + owner_daemon(op.key, *daemons),
@@ -1994,6 +2062,9 @@ fn issue<T: ClientTransport>(
                     Ok(_) => return Ok(true),
                     Err(e) if e.is_retryable() => {
                         ctx.poll(|t, r| done.push(direct_done(inflight, t, r)));
+                        if done.is_empty() && inflight[tag as usize].0.elapsed() >= deadline {
+                            return Err(no_room(op.rank, deadline));
+                        }
                     }
                     Err(CallError::Failed(_)) => {
                         return Err(format!("endpoint to rank {} failed", op.rank));
@@ -2014,6 +2085,15 @@ fn issue<T: ClientTransport>(
         Err(RpcError::WouldBlock) => Ok(false),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// A direct call that found no room on its endpoint to rank `rank` for `deadline`.
+#[cold]
+fn no_room(rank: u32, deadline: Duration) -> String {
+    format!(
+        "copyrpc call to rank {rank}: no room on the endpoint within --deadline-ms {}",
+        deadline.as_millis()
+    )
 }
 
 /// Decodes a direct (copyrpc) response for the call with tag `t`.
@@ -2052,7 +2132,13 @@ fn client_loop<D: Daemons>(
         Some(n) if me.gid == 0 => n,
         _ => u64::MAX,
     };
-    // Per tag (0..qd): when it was issued and what it was.
+    // Per tag (0..qd): whether a call is in flight on it (`Tag`), when it was issued and what
+    // it was.
+    let mut state = vec![Tag::Free; qd];
+    let deadline = Duration::from_millis(load.deadline_ms);
+    // No call in flight can expire before this (the clock is read only when polls find
+    // nothing).
+    let mut next_expiry = Instant::now() + deadline;
     let mut inflight: Vec<(Instant, Op)> = vec![
         (
             Instant::now(),
@@ -2107,6 +2193,7 @@ fn client_loop<D: Daemons>(
                     &mut remote,
                     &inflight,
                     &mut done,
+                    deadline,
                 )?;
                 if !sent {
                     if !D::ORDERED && !op.read {
@@ -2116,6 +2203,7 @@ fn client_loop<D: Daemons>(
                     break;
                 }
                 free.pop();
+                state[tag as usize] = Tag::Live;
                 if !op.read && (op.key / me.writers) % SAMPLE_EVERY == 0 {
                     rep.written.insert((op.rank, op.key), value);
                 }
@@ -2133,11 +2221,31 @@ fn client_loop<D: Daemons>(
         }
         if done.is_empty() {
             D::keepalive(rings);
+            if outstanding > 0 {
+                let now = Instant::now();
+                if now >= next_expiry {
+                    let (n, next) = expire(
+                        (&inflight, &mut state),
+                        (now, deadline),
+                        rep,
+                        (!D::ORDERED).then_some(&mut writes_out),
+                    );
+                    outstanding -= n;
+                    next_expiry = next;
+                }
+            }
             backoff.snooze();
             continue;
         }
         backoff.reset();
         for (tag, r) in done.drain(..) {
+            if state[tag as usize] == Tag::Expired {
+                // A late completion of a call given up: dropped; its tag is free again.
+                late(&mut state[tag as usize], rep);
+                free.push(tag);
+                continue;
+            }
+            state[tag as usize] = Tag::Free;
             let (t, op) = inflight[tag as usize];
             if !D::ORDERED && !op.read {
                 writes_out.remove(&(op.rank, op.key));
@@ -2174,6 +2282,60 @@ fn client_loop<D: Daemons>(
     Ok(())
 }
 
+/// Where a tag of a client thread stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tag {
+    /// No call on it.
+    Free,
+    /// A call in flight.
+    Live,
+    /// Its call got no completion within `--deadline-ms`: counted as an error and given up;
+    /// the tag is reused once the transport delivers that call's (late) completion, if ever.
+    Expired,
+}
+
+/// Gives up every call in flight (`Tag::Live`) issued `deadline` or more before `now`
+/// (`inflight`: issue time and operation by tag): counts it in `rep.errors` and
+/// `rep.expired`, forgets its write (whether it executed is unknown) from the sampled keys
+/// and, for unordered transports, from `writes_out`. Returns how many expired and the earliest
+/// instant another call in flight can expire.
+#[cold]
+fn expire(
+    (inflight, state): (&[(Instant, Op)], &mut [Tag]),
+    (now, deadline): (Instant, Duration),
+    rep: &mut ClientReport,
+    mut writes_out: Option<&mut rustc_hash::FxHashSet<(u32, u64)>>,
+) -> (usize, Instant) {
+    let (mut n, mut next) = (0, now + deadline);
+    for (s, &(at, op)) in state.iter_mut().zip(inflight) {
+        if *s != Tag::Live {
+            continue;
+        }
+        if at + deadline > now {
+            next = next.min(at + deadline);
+            continue;
+        }
+        *s = Tag::Expired;
+        n += 1;
+        rep.errors += 1;
+        rep.expired += 1;
+        if !op.read {
+            rep.written.remove(&(op.rank, op.key));
+            if let Some(w) = writes_out.as_deref_mut() {
+                w.remove(&(op.rank, op.key));
+            }
+        }
+    }
+    (n, next)
+}
+
+/// A late completion on an expired tag: the tag is free again; counted in `rep.late`.
+#[cold]
+fn late(state: &mut Tag, rep: &mut ClientReport) {
+    *state = Tag::Free;
+    rep.late += 1;
+}
+
 /// The error of the test hook `--fail-client-after`.
 #[cold]
 fn failed_on_purpose(ops: u64) -> String {
@@ -2186,7 +2348,8 @@ const SAMPLE_BYTES: usize = 20;
 /// The correctness check, on every rank together. Each rank samples
 /// `ceil(--check-samples / ranks)` of the keys its clients wrote (on any rank) and
 /// all-gathers them, so that every rank reads the keys it owns back from their owner daemon
-/// (blocking calls through a fresh client of its own daemons) and compares them with the
+/// (one call at a time, each bounded by `--deadline-ms`, through a fresh client of its own
+/// daemons) and compares them with the
 /// last value their single writer wrote; the counts and failures are summed over the ranks.
 /// A run that wrote nothing (`--read-ratio 1`) has nothing to compare, so each rank's
 /// checker then writes its own sample keys on its rank (values with writer id
@@ -2201,6 +2364,7 @@ fn check_written<B: Bootstrap, D: Daemons>(
 ) -> Result<CheckReport, String> {
     let (me, ranks) = (b.rank(), b.size());
     let quota = load.check_samples.div_ceil(ranks);
+    let deadline = Duration::from_millis(load.deadline_ms);
     // (rank, key, value): one writer per (rank, key), so no key twice.
     let mut written: Vec<(u32, u64, u64)> = clients
         .iter()
@@ -2232,7 +2396,8 @@ fn check_written<B: Bootstrap, D: Daemons>(
                 key = key - key % writers + id;
             }
             let value = writer | i;
-            if let Err(e) = rings[owner_daemon(key, n)].put(me as u32, key, value) {
+            let put = KvRequest::put(me as u32, key, value);
+            if let Err(e) = check_call::<D>(&mut rings[owner_daemon(key, n)], &put, deadline) {
                 failure = Some(format!("check put({me}, {key}): {e}"));
                 break;
             }
@@ -2263,8 +2428,13 @@ fn check_written<B: Bootstrap, D: Daemons>(
                     continue;
                 }
                 let (key, want) = (u64_at(rec, 4), u64_at(rec, 12));
-                let got = match rings[owner_daemon(key, n)].get(rank, key) {
-                    Ok(got) => got,
+                let get = KvRequest::get(rank, key);
+                let got = match check_call::<D>(&mut rings[owner_daemon(key, n)], &get, deadline) {
+                    Ok(KvResponse::Get(got)) => got,
+                    Ok(other) => {
+                        failure = Some(format!("check get({rank}, {key}): answered {other:?}"));
+                        break 'read;
+                    }
                     Err(e) => {
                         failure = Some(format!("check get({rank}, {key}): {e}"));
                         break 'read;
@@ -2301,6 +2471,46 @@ fn check_written<B: Bootstrap, D: Daemons>(
         self_written,
         failures,
     })
+}
+
+/// A call of the check on `ring` (which has nothing else in flight), waiting at most
+/// `deadline` for its completion.
+///
+/// # Errors
+/// The call's error, or that no reply came within `deadline` (the call is given up: the check
+/// stops at its first failure and closes the connection).
+fn check_call<D: Daemons>(
+    ring: &mut KvClient<D::T>,
+    req: &KvRequest,
+    deadline: Duration,
+) -> Result<KvResponse, String> {
+    let t0 = Instant::now();
+    let backoff = Backoff::new();
+    loop {
+        match ring.issue_request(0, req) {
+            Ok(()) => break,
+            Err(RpcError::WouldBlock) if t0.elapsed() < deadline => backoff.snooze(),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let mut out = None;
+    loop {
+        let n = ring
+            .poll_with(|_, r| out = Some(r))
+            .map_err(|e| e.to_string())?;
+        if let Some(r) = out {
+            return r.map_err(|e| e.to_string());
+        }
+        if n == 0 {
+            if t0.elapsed() >= deadline {
+                return Err(format!(
+                    "no reply within --deadline-ms {}",
+                    deadline.as_millis()
+                ));
+            }
+            backoff.snooze();
+        }
+    }
 }
 
 /// All-gathers a byte string of any length from every rank (the lengths first, then each
@@ -2438,7 +2648,10 @@ struct Summary {
     rank_served: Vec<u64>,
     gets: u64,
     hits: u64,
+    /// Failed operations: error responses, implausible reads, calls expired.
     errors: u64,
+    /// Calls given up at `--deadline-ms`.
+    expired: u64,
     bad_requests: u64,
     forward: Option<ForwardStats>,
     checked: usize,
@@ -2461,8 +2674,8 @@ fn combine<B: Bootstrap>(
     ndaemons: usize,
 ) -> Result<Summary, String> {
     let (mut hist, mut hist_remote) = (new_hist(), new_hist());
-    // ops, ops_remote, gets, hits, errors, bad requests.
-    let mut sums = vec![0u64; 6];
+    // ops, ops_remote, gets, hits, errors, bad requests, calls expired.
+    let mut sums = vec![0u64; 7];
     for c in &run.clients {
         hist.add(&c.hist)
             .map_err(|e| format!("histogram merge: {e:?}"))?;
@@ -2475,6 +2688,7 @@ fn combine<B: Bootstrap>(
         {
             *s += v;
         }
+        sums[6] += c.expired;
     }
     let rank_ops = sums[0];
     sums[5] = reports.iter().map(|d| d.bad_requests).sum();
@@ -2494,11 +2708,11 @@ fn combine<B: Bootstrap>(
     sums.push(u64::from(erpc.is_some()));
     sums.extend(erpc.unwrap_or_default().to_vec());
     b.all_reduce_sum_u64(&mut sums).map_err(boot)?;
-    let [ops, ops_remote, gets, hits, errors, bad_requests] = sums[..6] else {
-        unreachable!("six sums")
+    let [ops, ops_remote, gets, hits, errors, bad_requests, expired] = sums[..7] else {
+        unreachable!("seven sums")
     };
-    let forward = (sums[6] > 0).then(|| ForwardStats::from_slice(&sums[7..7 + nf]));
-    let erpc = (sums[7 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[8 + nf..]));
+    let forward = (sums[7] > 0).then(|| ForwardStats::from_slice(&sums[8..8 + nf]));
+    let erpc = (sums[8 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[9 + nf..]));
     // Per rank: operations, requests served, seconds.
     let mut mine = Vec::with_capacity(24);
     mine.extend(rank_ops.to_le_bytes());
@@ -2525,17 +2739,23 @@ fn combine<B: Bootstrap>(
         f.unroutable + f.failed_calls + f.corrupt_responses + f.dropped_replies
     });
     let check_ok = check.mismatches == 0 && check.checked > 0 && check.failures.is_empty();
-    let check_msg = if !check.failures.is_empty() {
+    let mut notes = Vec::new();
+    if expired > 0 {
+        notes.push(format!(
+            "{expired} call(s) got no reply within --deadline-ms {}",
+            load.deadline_ms
+        ));
+    }
+    if !check.failures.is_empty() {
         let mut m = check.failures[..check.failures.len().min(3)].join("; ");
         if check.failures.len() > 3 {
             m += &format!("; and {} more", check.failures.len() - 3);
         }
-        m
+        notes.push(m);
     } else if check.self_written {
-        "the run wrote nothing: keys written by the checker".to_string()
-    } else {
-        String::new()
-    };
+        notes.push("the run wrote nothing: keys written by the checker".to_string());
+    }
+    let check_msg = notes.join("; ");
     Ok(Summary {
         transport: "delegation",
         scale: None,
@@ -2568,6 +2788,7 @@ fn combine<B: Bootstrap>(
         gets,
         hits,
         errors,
+        expired,
         bad_requests,
         forward,
         checked: check.checked,
@@ -2617,7 +2838,7 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
             "ops_local": ops - ops_remote, "ops_remote": ops_remote,
             "remote_p50_us": s.remote_p50_us, "remote_p99_us": s.remote_p99_us,
             "rank_ops": s.rank_ops, "rank_mops": s.rank_mops,
-            "check_samples_remote": checked_remote,
+            "check_samples_remote": checked_remote, "deadline_exceeded": s.expired,
         });
         let forward = s.forward.map(|f| {
             serde_json::json!({

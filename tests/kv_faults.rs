@@ -195,3 +195,69 @@ fn client_refuses_fewer_keys_than_ring_client_ids() {
     assert!(stderr.contains("--keys 8"), "{stderr}");
     assert!(stderr.contains("--max-clients 16"), "{stderr}");
 }
+
+/// The daemons drop one reply (the hidden test hook `kv serve --drop-reply N`): that call
+/// never completes, so `kv client` counts it as an error once `--deadline-ms` has passed and
+/// ends (its stop loop used to wait for it forever), with a failing check and exit code 1.
+#[test]
+fn a_dropped_reply_expires_at_the_deadline_instead_of_hanging_the_stop_loop() {
+    let serve = Serve::start("dropreply", 2, &["--drop-reply", "50"]);
+    let child = client(
+        &serve.shm,
+        &["--clients", "2", "--qd", "8", "--duration", "1", "--quiet"],
+    )
+    .args(["--deadline-ms", "300"])
+    .spawn()
+    .expect("spawn kv client");
+    let (code, v, stderr) = finish_within(child, Duration::from_secs(60), "kv client");
+    let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
+    assert_eq!(code, Some(1), "{v}\nstderr: {stderr}");
+    // Exactly the one call whose reply was dropped.
+    assert_eq!(v["deadline_exceeded"], 1, "{v}");
+    assert_eq!(v["errors"], 1, "{v}");
+    assert!(v["ops"].as_u64().unwrap() > 50, "{v}");
+    assert_eq!(v["check_passed"], false, "{v}");
+    assert!(
+        v["check_note"]
+            .as_str()
+            .unwrap()
+            .contains("1 call(s) got no reply within --deadline-ms 300"),
+        "{v}"
+    );
+}
+
+/// The daemons' process stopped (SIGSTOP: alive, holding its rings, answering nothing) while
+/// the clients run: every call in flight expires at `--deadline-ms`, the check's calls too,
+/// and `kv client` ends with a failing check instead of waiting forever.
+#[test]
+fn stopped_daemons_end_the_client_run_at_the_deadline() {
+    let serve = Serve::start("stopserve", 1, &[]);
+    let mut child = client(
+        &serve.shm,
+        &["--clients", "2", "--qd", "4", "--duration", "2"],
+    )
+    .args(["--deadline-ms", "300"])
+    .spawn()
+    .expect("spawn kv client");
+    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let first = err.next().expect("kv client exited early").expect("a line");
+    assert!(first.starts_with('['), "unexpected first line: {first}");
+    serve.pause();
+    let rest = std::thread::spawn(move || err.map_while(Result::ok).collect::<Vec<_>>());
+    let (code, v, _) = finish_within(child, Duration::from_secs(60), "kv client");
+    let stderr = rest.join().unwrap().join("\n");
+    let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
+    assert_eq!(code, Some(1), "{v}\nstderr: {stderr}");
+    assert!(v["ops"].as_u64().unwrap() > 0, "{v}");
+    // The calls in flight when the daemon stopped (at most --qd per client thread).
+    let expired = v["deadline_exceeded"].as_u64().unwrap();
+    assert!((1..=8).contains(&expired), "{v}");
+    assert_eq!(v["check_passed"], false, "{v}");
+    let note = v["check_note"].as_str().unwrap();
+    assert!(
+        note.contains("got no reply within --deadline-ms 300"),
+        "{v}"
+    );
+    // The checker's first read got no reply either.
+    assert!(note.contains("check "), "{v}");
+}
