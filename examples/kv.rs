@@ -304,6 +304,11 @@ struct LoadArgs {
     /// this many operations, as a fault would make it fail (tests/kv_faults.rs).
     #[arg(long, hide = true)]
     fail_client_after: Option<u64>,
+    /// Test hook (hidden): client thread 0 of rank 0 ignores the N-th (1-based) completion of
+    /// its raw copyrpc calls (`--backend direct`), as if the reply were lost
+    /// (tests/kv_faults.rs).
+    #[arg(long, hide = true)]
+    lose_direct_reply: Option<u64>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -1717,7 +1722,8 @@ struct ClientReport {
     hist_remote: Histogram<u64>,
     /// Calls given up at `--deadline-ms` (also counted in `errors`).
     expired: u64,
-    /// Completions of calls given up that came late (dropped).
+    /// Completions of calls given up that came late (dropped): raw ones seen by the loop,
+    /// typed ones counted by their clients.
     late: u64,
     /// Last value written to each sampled (rank, key): keys `k` with
     /// `(k / writers) % SAMPLE_EVERY == 0`, so that every writer has some (it writes only
@@ -1960,7 +1966,8 @@ fn client_thread<D: Daemons>(
             .map(|v| v.into_iter().flatten().collect()),
         _ => daemons.connect(rank),
     };
-    let rings = rings.map_err(|e| e.to_string()).and_then(|rings| {
+    let rings = rings.map_err(|e| e.to_string()).and_then(|mut rings| {
+        set_deadline(&mut rings, load);
         let (writer, writers) = daemons
             .writer(&rings)
             .unwrap_or((gid as u64, (load.clients * ranks) as u64));
@@ -1993,6 +2000,8 @@ fn client_thread<D: Daemons>(
     let r = client_loop::<D>(
         me, &mut rings, remote, &pattern, load, stop, counter, report,
     );
+    // Late responses of expired typed calls, dropped by their clients.
+    report.late += rings.iter().map(|c| c.stats().late_responses).sum::<u64>();
     daemons.finished(rings);
     r
 }
@@ -2010,8 +2019,37 @@ struct Me {
     writers: u64,
 }
 
-/// A completed call: its tag and response (`None`: the call failed).
-type Done = (u64, Option<KvResponse>);
+/// A completed call: its tag and response, or how it failed.
+type Done = (u64, Result<KvResponse, Failed>);
+
+/// How a call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failed {
+    /// No completion within `--deadline-ms` (the typed client's `DeadlineExceeded`).
+    Deadline,
+    /// An error response, or one that did not decode.
+    Error,
+}
+
+/// How a typed call failed.
+#[cold]
+fn failed(e: RpcError) -> Failed {
+    match e {
+        RpcError::DeadlineExceeded { .. } => Failed::Deadline,
+        _ => Failed::Error,
+    }
+}
+
+/// What [`issue`] did with an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sent {
+    /// Nothing: the transport cannot take the call now; poll and issue it again.
+    Later,
+    /// A typed call (its client enforces its deadline).
+    Typed,
+    /// A raw copyrpc call over a direct endpoint (the client loop enforces its deadline).
+    Raw,
+}
 
 /// The method id of an operation.
 #[inline]
@@ -2025,8 +2063,9 @@ fn method_of(op: &Op) -> u16 {
 
 /// Sends `op` with tag `tag`: to the owner daemon's ring if it is for this rank, else over
 /// the remote path. Direct calls that find the copyrpc ring full poll (completions go to
-/// `done`) and retry. Returns `false` if the daemon's transport cannot take the call now
-/// (ScaleRPC: the connection's group is not scheduled): poll and issue it again.
+/// `done`) and retry, until `deadline` after the call's issue time (then the thread fails).
+/// Returns [`Sent::Later`] if the daemon's transport cannot take the call now (ScaleRPC: the
+/// connection's group is not scheduled): poll and issue it again.
 #[inline]
 fn issue<T: ClientTransport>(
     me: Me,
@@ -2036,7 +2075,7 @@ fn issue<T: ClientTransport>(
     inflight: &[(Instant, Op)],
     done: &mut Vec<Done>,
     deadline: Duration,
-) -> Result<bool, String> {
+) -> Result<Sent, String> {
     let ring = match remote {
         Remote::Rings { daemons } => op.rank as usize * *daemons + owner_daemon(op.key, *daemons),
         _ if op.rank as usize == me.rank => owner_daemon(op.key, rings.len()),
@@ -2059,7 +2098,7 @@ fn issue<T: ClientTransport>(
                     d.max_response_bytes as u32,
                     |buf| KvService::encode_request(&req, buf),
                 ) {
-                    Ok(_) => return Ok(true),
+                    Ok(_) => return Ok(Sent::Raw),
                     Err(e) if e.is_retryable() => {
                         ctx.poll(|t, r| done.push(direct_done(inflight, t, r)));
                         if done.is_empty() && inflight[tag as usize].0.elapsed() >= deadline {
@@ -2081,8 +2120,8 @@ fn issue<T: ClientTransport>(
         ring.issue(tag).put(op.rank, op.key, value)
     };
     match r {
-        Ok(()) => Ok(true),
-        Err(RpcError::WouldBlock) => Ok(false),
+        Ok(()) => Ok(Sent::Typed),
+        Err(RpcError::WouldBlock) => Ok(Sent::Later),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -2106,7 +2145,8 @@ fn direct_done(
     let op = inflight[t as usize].1;
     let resp = r
         .ok()
-        .and_then(|b| KvService::decode_response(method_of(&op), b).ok());
+        .and_then(|b| KvService::decode_response(method_of(&op), b).ok())
+        .ok_or(Failed::Error);
     (t as u64, resp)
 }
 
@@ -2136,9 +2176,16 @@ fn client_loop<D: Daemons>(
     // it was.
     let mut state = vec![Tag::Free; qd];
     let deadline = Duration::from_millis(load.deadline_ms);
-    // No call in flight can expire before this (the clock is read only when polls find
-    // nothing).
+    // Raw (direct copyrpc) calls in flight, whose deadlines this loop enforces; none of them
+    // expires before `next_expiry` (the clock is read only when polls find nothing).
+    let mut raw_out = 0usize;
     let mut next_expiry = Instant::now() + deadline;
+    // The test hook `--lose-direct-reply`: raw completions seen, and which one to ignore.
+    let mut raw_seen = 0u64;
+    let lose_at = match load.lose_direct_reply {
+        Some(n) if me.gid == 0 => n,
+        _ => 0,
+    };
     let mut inflight: Vec<(Instant, Op)> = vec![
         (
             Instant::now(),
@@ -2186,7 +2233,7 @@ fn client_loop<D: Daemons>(
                     break;
                 }
                 inflight[tag as usize] = (Instant::now(), op);
-                let sent = issue(
+                let sent = match issue(
                     me,
                     (tag, op, value),
                     rings,
@@ -2194,8 +2241,12 @@ fn client_loop<D: Daemons>(
                     &inflight,
                     &mut done,
                     deadline,
-                )?;
-                if !sent {
+                )? {
+                    Sent::Typed => Tag::Live,
+                    Sent::Raw => Tag::Raw,
+                    Sent::Later => Tag::Free,
+                };
+                if sent == Tag::Free {
                     if !D::ORDERED && !op.read {
                         writes_out.remove(&(op.rank, op.key));
                     }
@@ -2203,7 +2254,8 @@ fn client_loop<D: Daemons>(
                     break;
                 }
                 free.pop();
-                state[tag as usize] = Tag::Live;
+                state[tag as usize] = sent;
+                raw_out += usize::from(sent == Tag::Raw);
                 if !op.read && (op.key / me.writers) % SAMPLE_EVERY == 0 {
                     rep.written.insert((op.rank, op.key), value);
                 }
@@ -2213,7 +2265,7 @@ fn client_loop<D: Daemons>(
             break;
         }
         for ring in rings.iter_mut() {
-            ring.poll_with(|tag, r| done.push((tag, r.ok())))
+            ring.poll_with(|tag, r| done.push((tag, r.map_err(failed))))
                 .map_err(|e| e.to_string())?;
         }
         if let Remote::Direct { ctx, .. } = &mut remote {
@@ -2221,7 +2273,7 @@ fn client_loop<D: Daemons>(
         }
         if done.is_empty() {
             D::keepalive(rings);
-            if outstanding > 0 {
+            if raw_out > 0 {
                 let now = Instant::now();
                 if now >= next_expiry {
                     let (n, next) = expire(
@@ -2231,6 +2283,7 @@ fn client_loop<D: Daemons>(
                         (!D::ORDERED).then_some(&mut writes_out),
                     );
                     outstanding -= n;
+                    raw_out -= n;
                     next_expiry = next;
                 }
             }
@@ -2239,16 +2292,31 @@ fn client_loop<D: Daemons>(
         }
         backoff.reset();
         for (tag, r) in done.drain(..) {
-            if state[tag as usize] == Tag::Expired {
+            let was = std::mem::replace(&mut state[tag as usize], Tag::Free);
+            if was == Tag::Raw {
+                raw_seen += 1;
+                if raw_seen == lose_at {
+                    // Test hook: as if this reply were lost.
+                    state[tag as usize] = Tag::Raw;
+                    continue;
+                }
+                raw_out -= 1;
+            } else if was == Tag::Expired {
                 // A late completion of a call given up: dropped; its tag is free again.
-                late(&mut state[tag as usize], rep);
+                rep.late += 1;
                 free.push(tag);
                 continue;
             }
-            state[tag as usize] = Tag::Free;
             let (t, op) = inflight[tag as usize];
             if !D::ORDERED && !op.read {
                 writes_out.remove(&(op.rank, op.key));
+            }
+            if r == Err(Failed::Deadline) {
+                // The typed client gave the call up at its deadline.
+                expired(op, rep);
+                outstanding -= 1;
+                free.push(tag);
+                continue;
             }
             let ns = (t.elapsed().as_nanos() as u64).max(1);
             let _ = rep.hist.record(ns);
@@ -2258,7 +2326,7 @@ fn client_loop<D: Daemons>(
             }
             rep.ops += 1;
             match r {
-                Some(KvResponse::Get(v)) if op.read => {
+                Ok(KvResponse::Get(v)) if op.read => {
                     rep.gets += 1;
                     if let Some(v) = v {
                         rep.hits += 1;
@@ -2268,7 +2336,7 @@ fn client_loop<D: Daemons>(
                         }
                     }
                 }
-                Some(KvResponse::Put(())) if !op.read => {}
+                Ok(KvResponse::Put(())) if !op.read => {}
                 _ => rep.errors += 1,
             }
             outstanding -= 1;
@@ -2287,18 +2355,32 @@ fn client_loop<D: Daemons>(
 enum Tag {
     /// No call on it.
     Free,
-    /// A call in flight.
+    /// A typed call in flight: its client delivers it, or its expiry at `--deadline-ms`
+    /// (`RpcError::DeadlineExceeded`), and drops a late response itself.
     Live,
-    /// Its call got no completion within `--deadline-ms`: counted as an error and given up;
-    /// the tag is reused once the transport delivers that call's (late) completion, if ever.
+    /// A raw copyrpc call in flight over a direct endpoint: [`expire`] gives it up at
+    /// `--deadline-ms`.
+    Raw,
+    /// Its raw call got no completion within `--deadline-ms`: counted as an error and given
+    /// up; the tag is reused once that call's late completion arrives (dropped), if ever.
     Expired,
 }
 
-/// Gives up every call in flight (`Tag::Live`) issued `deadline` or more before `now`
-/// (`inflight`: issue time and operation by tag): counts it in `rep.errors` and
-/// `rep.expired`, forgets its write (whether it executed is unknown) from the sampled keys
-/// and, for unordered transports, from `writes_out`. Returns how many expired and the earliest
-/// instant another call in flight can expire.
+/// A call given up at its deadline: an error, counted in `rep.expired`; its write (whether it
+/// executed is unknown) leaves the sampled keys.
+#[cold]
+fn expired(op: Op, rep: &mut ClientReport) {
+    rep.errors += 1;
+    rep.expired += 1;
+    if !op.read {
+        rep.written.remove(&(op.rank, op.key));
+    }
+}
+
+/// Gives up every raw call in flight (`Tag::Raw`) issued `deadline` or more before `now`
+/// (`inflight`: issue time and operation by tag; see [`expired`]), and, for unordered
+/// transports, forgets its write from `writes_out`. Returns how many expired and the earliest
+/// instant another raw call in flight can expire.
 #[cold]
 fn expire(
     (inflight, state): (&[(Instant, Op)], &mut [Tag]),
@@ -2308,7 +2390,7 @@ fn expire(
 ) -> (usize, Instant) {
     let (mut n, mut next) = (0, now + deadline);
     for (s, &(at, op)) in state.iter_mut().zip(inflight) {
-        if *s != Tag::Live {
+        if *s != Tag::Raw {
             continue;
         }
         if at + deadline > now {
@@ -2317,23 +2399,12 @@ fn expire(
         }
         *s = Tag::Expired;
         n += 1;
-        rep.errors += 1;
-        rep.expired += 1;
-        if !op.read {
-            rep.written.remove(&(op.rank, op.key));
-            if let Some(w) = writes_out.as_deref_mut() {
-                w.remove(&(op.rank, op.key));
-            }
+        expired(op, rep);
+        if let Some(w) = writes_out.as_deref_mut().filter(|_| !op.read) {
+            w.remove(&(op.rank, op.key));
         }
     }
     (n, next)
-}
-
-/// A late completion on an expired tag: the tag is free again; counted in `rep.late`.
-#[cold]
-fn late(state: &mut Tag, rep: &mut ClientReport) {
-    *state = Tag::Free;
-    rep.late += 1;
 }
 
 /// The error of the test hook `--fail-client-after`.
@@ -2348,7 +2419,7 @@ const SAMPLE_BYTES: usize = 20;
 /// The correctness check, on every rank together. Each rank samples
 /// `ceil(--check-samples / ranks)` of the keys its clients wrote (on any rank) and
 /// all-gathers them, so that every rank reads the keys it owns back from their owner daemon
-/// (one call at a time, each bounded by `--deadline-ms`, through a fresh client of its own
+/// (blocking calls, each bounded by `--deadline-ms`, through a fresh client of its own
 /// daemons) and compares them with the
 /// last value their single writer wrote; the counts and failures are summed over the ranks.
 /// A run that wrote nothing (`--read-ratio 1`) has nothing to compare, so each rank's
@@ -2364,7 +2435,6 @@ fn check_written<B: Bootstrap, D: Daemons>(
 ) -> Result<CheckReport, String> {
     let (me, ranks) = (b.rank(), b.size());
     let quota = load.check_samples.div_ceil(ranks);
-    let deadline = Duration::from_millis(load.deadline_ms);
     // (rank, key, value): one writer per (rank, key), so no key twice.
     let mut written: Vec<(u32, u64, u64)> = clients
         .iter()
@@ -2377,7 +2447,10 @@ fn check_written<B: Bootstrap, D: Daemons>(
     let mut rings = None;
     if failure.is_none() {
         match daemons.connect(me) {
-            Ok(r) => rings = Some(r),
+            Ok(mut r) => {
+                set_deadline(&mut r, load);
+                rings = Some(r)
+            }
             Err(e) => failure = Some(format!("check client: {e}")),
         }
     }
@@ -2396,8 +2469,7 @@ fn check_written<B: Bootstrap, D: Daemons>(
                 key = key - key % writers + id;
             }
             let value = writer | i;
-            let put = KvRequest::put(me as u32, key, value);
-            if let Err(e) = check_call::<D>(&mut rings[owner_daemon(key, n)], &put, deadline) {
+            if let Err(e) = rings[owner_daemon(key, n)].put(me as u32, key, value) {
                 failure = Some(format!("check put({me}, {key}): {e}"));
                 break;
             }
@@ -2428,13 +2500,8 @@ fn check_written<B: Bootstrap, D: Daemons>(
                     continue;
                 }
                 let (key, want) = (u64_at(rec, 4), u64_at(rec, 12));
-                let get = KvRequest::get(rank, key);
-                let got = match check_call::<D>(&mut rings[owner_daemon(key, n)], &get, deadline) {
-                    Ok(KvResponse::Get(got)) => got,
-                    Ok(other) => {
-                        failure = Some(format!("check get({rank}, {key}): answered {other:?}"));
-                        break 'read;
-                    }
+                let got = match rings[owner_daemon(key, n)].get(rank, key) {
+                    Ok(got) => got,
                     Err(e) => {
                         failure = Some(format!("check get({rank}, {key}): {e}"));
                         break 'read;
@@ -2473,43 +2540,10 @@ fn check_written<B: Bootstrap, D: Daemons>(
     })
 }
 
-/// A call of the check on `ring` (which has nothing else in flight), waiting at most
-/// `deadline` for its completion.
-///
-/// # Errors
-/// The call's error, or that no reply came within `deadline` (the call is given up: the check
-/// stops at its first failure and closes the connection).
-fn check_call<D: Daemons>(
-    ring: &mut KvClient<D::T>,
-    req: &KvRequest,
-    deadline: Duration,
-) -> Result<KvResponse, String> {
-    let t0 = Instant::now();
-    let backoff = Backoff::new();
-    loop {
-        match ring.issue_request(0, req) {
-            Ok(()) => break,
-            Err(RpcError::WouldBlock) if t0.elapsed() < deadline => backoff.snooze(),
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    let mut out = None;
-    loop {
-        let n = ring
-            .poll_with(|_, r| out = Some(r))
-            .map_err(|e| e.to_string())?;
-        if let Some(r) = out {
-            return r.map_err(|e| e.to_string());
-        }
-        if n == 0 {
-            if t0.elapsed() >= deadline {
-                return Err(format!(
-                    "no reply within --deadline-ms {}",
-                    deadline.as_millis()
-                ));
-            }
-            backoff.snooze();
-        }
+/// Gives every call of `conns` the deadline `--deadline-ms` (the typed clients' default).
+fn set_deadline<T: ClientTransport>(conns: &mut [KvClient<T>], load: &LoadArgs) {
+    for c in conns {
+        c.set_default_deadline(Duration::from_millis(load.deadline_ms));
     }
 }
 
@@ -2652,6 +2686,8 @@ struct Summary {
     errors: u64,
     /// Calls given up at `--deadline-ms`.
     expired: u64,
+    /// Late responses of calls given up (dropped).
+    late: u64,
     bad_requests: u64,
     forward: Option<ForwardStats>,
     checked: usize,
@@ -2674,8 +2710,8 @@ fn combine<B: Bootstrap>(
     ndaemons: usize,
 ) -> Result<Summary, String> {
     let (mut hist, mut hist_remote) = (new_hist(), new_hist());
-    // ops, ops_remote, gets, hits, errors, bad requests, calls expired.
-    let mut sums = vec![0u64; 7];
+    // ops, ops_remote, gets, hits, errors, bad requests, calls expired, late responses.
+    let mut sums = vec![0u64; 8];
     for c in &run.clients {
         hist.add(&c.hist)
             .map_err(|e| format!("histogram merge: {e:?}"))?;
@@ -2689,6 +2725,7 @@ fn combine<B: Bootstrap>(
             *s += v;
         }
         sums[6] += c.expired;
+        sums[7] += c.late;
     }
     let rank_ops = sums[0];
     sums[5] = reports.iter().map(|d| d.bad_requests).sum();
@@ -2708,11 +2745,21 @@ fn combine<B: Bootstrap>(
     sums.push(u64::from(erpc.is_some()));
     sums.extend(erpc.unwrap_or_default().to_vec());
     b.all_reduce_sum_u64(&mut sums).map_err(boot)?;
-    let [ops, ops_remote, gets, hits, errors, bad_requests, expired] = sums[..7] else {
-        unreachable!("seven sums")
+    let [
+        ops,
+        ops_remote,
+        gets,
+        hits,
+        errors,
+        bad_requests,
+        expired,
+        late,
+    ] = sums[..8]
+    else {
+        unreachable!("eight sums")
     };
-    let forward = (sums[7] > 0).then(|| ForwardStats::from_slice(&sums[8..8 + nf]));
-    let erpc = (sums[8 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[9 + nf..]));
+    let forward = (sums[8] > 0).then(|| ForwardStats::from_slice(&sums[9..9 + nf]));
+    let erpc = (sums[9 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[10 + nf..]));
     // Per rank: operations, requests served, seconds.
     let mut mine = Vec::with_capacity(24);
     mine.extend(rank_ops.to_le_bytes());
@@ -2789,6 +2836,7 @@ fn combine<B: Bootstrap>(
         hits,
         errors,
         expired,
+        late,
         bad_requests,
         forward,
         checked: check.checked,
@@ -2839,6 +2887,7 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
             "remote_p50_us": s.remote_p50_us, "remote_p99_us": s.remote_p99_us,
             "rank_ops": s.rank_ops, "rank_mops": s.rank_mops,
             "check_samples_remote": checked_remote, "deadline_exceeded": s.expired,
+            "late_responses": s.late,
         });
         let forward = s.forward.map(|f| {
             serde_json::json!({

@@ -227,8 +227,9 @@ fn a_dropped_reply_expires_at_the_deadline_instead_of_hanging_the_stop_loop() {
 }
 
 /// The daemons' process stopped (SIGSTOP: alive, holding its rings, answering nothing) while
-/// the clients run: every call in flight expires at `--deadline-ms`, the check's calls too,
-/// and `kv client` ends with a failing check instead of waiting forever.
+/// the clients run: every call in flight expires at `--deadline-ms` (the typed client's
+/// deadline), the check's calls too, and `kv client` ends with a failing check instead of
+/// waiting forever.
 #[test]
 fn stopped_daemons_end_the_client_run_at_the_deadline() {
     let serve = Serve::start("stopserve", 1, &[]);
@@ -249,9 +250,12 @@ fn stopped_daemons_end_the_client_run_at_the_deadline() {
     let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
     assert_eq!(code, Some(1), "{v}\nstderr: {stderr}");
     assert!(v["ops"].as_u64().unwrap() > 0, "{v}");
-    // The calls in flight when the daemon stopped (at most --qd per client thread).
+    // Each client thread had calls in flight when the daemon stopped, and issued new ones as
+    // those expired until the ring client's response slots (kv serve --resp-depth 64) were
+    // all held by expired calls.
     let expired = v["deadline_exceeded"].as_u64().unwrap();
-    assert!((1..=8).contains(&expired), "{v}");
+    assert!((2..=2 * 64).contains(&expired), "{v}");
+    assert_eq!(v["errors"].as_u64().unwrap(), expired, "{v}");
     assert_eq!(v["check_passed"], false, "{v}");
     let note = v["check_note"].as_str().unwrap();
     assert!(
@@ -260,4 +264,35 @@ fn stopped_daemons_end_the_client_run_at_the_deadline() {
     );
     // The checker's first read got no reply either.
     assert!(note.contains("check "), "{v}");
+}
+
+/// `--backend direct` drives copyrpc endpoints without the typed client, so the client loop
+/// enforces their deadline itself: a reply lost on one (the hidden test hook
+/// `--lose-direct-reply`) expires that one call at `--deadline-ms`, and the run ends (its stop
+/// loop used to wait for the call forever) with exit code 1.
+#[test]
+fn a_lost_direct_reply_expires_at_the_deadline() {
+    let child = std::process::Command::new(kv_common::kv_binary())
+        .args(["--ranks", "2", "--backend", "direct", "--qd", "8"])
+        .args(["--duration", "1", "--json", "--quiet", "--keys", "4096"])
+        .args(["--pattern-len", "4096", "--check-samples", "500"])
+        .args(["--deadline-ms", "300", "--lose-direct-reply", "20"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn kv");
+    let (code, v, stderr) = finish_within(child, Duration::from_secs(60), "kv --ranks 2");
+    let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
+    assert_eq!(code, Some(1), "{v}\nstderr: {stderr}");
+    assert_eq!(v["backend"], "direct", "{v}");
+    assert_eq!(v["deadline_exceeded"], 1, "{v}");
+    assert_eq!(v["errors"], 1, "{v}");
+    assert!(v["ops_remote"].as_u64().unwrap() > 20, "{v}");
+    assert!(
+        v["check_note"]
+            .as_str()
+            .unwrap()
+            .contains("1 call(s) got no reply within --deadline-ms 300"),
+        "{v}"
+    );
 }
