@@ -2172,13 +2172,15 @@ fn client_loop<D: Daemons>(
         Some(n) if me.gid == 0 => n,
         _ => u64::MAX,
     };
-    // Per tag (0..qd): whether a call is in flight on it (`Tag`), when it was issued and what
-    // it was.
+    // Per tag (0..qd): the raw calls' state (`Tag`; typed calls' tags stay `Free`: their
+    // clients track them), when it was issued and what it was.
     let mut state = vec![Tag::Free; qd];
     let deadline = Duration::from_millis(load.deadline_ms);
     // Raw (direct copyrpc) calls in flight, whose deadlines this loop enforces; none of them
     // expires before `next_expiry` (the clock is read only when polls find nothing).
-    let mut raw_out = 0usize;
+    // `tracked`: tags not `Free` (raw calls in flight or expired); 0 on the typed-only path,
+    // which then never reads `state`.
+    let (mut raw_out, mut tracked) = (0usize, 0usize);
     let mut next_expiry = Instant::now() + deadline;
     // The test hook `--lose-direct-reply`: raw completions seen, and which one to ignore.
     let mut raw_seen = 0u64;
@@ -2233,7 +2235,7 @@ fn client_loop<D: Daemons>(
                     break;
                 }
                 inflight[tag as usize] = (Instant::now(), op);
-                let sent = match issue(
+                let sent = issue(
                     me,
                     (tag, op, value),
                     rings,
@@ -2241,12 +2243,8 @@ fn client_loop<D: Daemons>(
                     &inflight,
                     &mut done,
                     deadline,
-                )? {
-                    Sent::Typed => Tag::Live,
-                    Sent::Raw => Tag::Raw,
-                    Sent::Later => Tag::Free,
-                };
-                if sent == Tag::Free {
+                )?;
+                if sent == Sent::Later {
                     if !D::ORDERED && !op.read {
                         writes_out.remove(&(op.rank, op.key));
                     }
@@ -2254,8 +2252,11 @@ fn client_loop<D: Daemons>(
                     break;
                 }
                 free.pop();
-                state[tag as usize] = sent;
-                raw_out += usize::from(sent == Tag::Raw);
+                if sent == Sent::Raw {
+                    state[tag as usize] = Tag::Raw;
+                    raw_out += 1;
+                    tracked += 1;
+                }
                 if !op.read && (op.key / me.writers) % SAMPLE_EVERY == 0 {
                     rep.written.insert((op.rank, op.key), value);
                 }
@@ -2292,20 +2293,24 @@ fn client_loop<D: Daemons>(
         }
         backoff.reset();
         for (tag, r) in done.drain(..) {
-            let was = std::mem::replace(&mut state[tag as usize], Tag::Free);
-            if was == Tag::Raw {
-                raw_seen += 1;
-                if raw_seen == lose_at {
-                    // Test hook: as if this reply were lost.
-                    state[tag as usize] = Tag::Raw;
+            if tracked > 0 && state[tag as usize] != Tag::Free {
+                let was = std::mem::replace(&mut state[tag as usize], Tag::Free);
+                if was == Tag::Raw {
+                    raw_seen += 1;
+                    if raw_seen == lose_at {
+                        // Test hook: as if this reply were lost.
+                        state[tag as usize] = Tag::Raw;
+                        continue;
+                    }
+                    raw_out -= 1;
+                    tracked -= 1;
+                } else {
+                    // A late completion of a call given up: dropped; its tag is free again.
+                    rep.late += 1;
+                    tracked -= 1;
+                    free.push(tag);
                     continue;
                 }
-                raw_out -= 1;
-            } else if was == Tag::Expired {
-                // A late completion of a call given up: dropped; its tag is free again.
-                rep.late += 1;
-                free.push(tag);
-                continue;
             }
             let (t, op) = inflight[tag as usize];
             if !D::ORDERED && !op.read {
@@ -2353,11 +2358,10 @@ fn client_loop<D: Daemons>(
 /// Where a tag of a client thread stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tag {
-    /// No call on it.
+    /// No raw call on it (free, or a typed call in flight: its client delivers it, or its
+    /// expiry at `--deadline-ms` as `RpcError::DeadlineExceeded`, and drops a late response
+    /// itself).
     Free,
-    /// A typed call in flight: its client delivers it, or its expiry at `--deadline-ms`
-    /// (`RpcError::DeadlineExceeded`), and drops a late response itself.
-    Live,
     /// A raw copyrpc call in flight over a direct endpoint: [`expire`] gives it up at
     /// `--deadline-ms`.
     Raw,
