@@ -61,6 +61,21 @@
 //! clients wrote, sends every sampled key to its owner rank (an all-gather), and each rank reads
 //! the keys it owns back from their owner daemon; the counts are summed over the ranks.
 //!
+//! `kv client` shares its daemons with any other `kv client` process, before, after or at the
+//! same time, so there a client's writer id is instead its client id on ring 0, which the ring
+//! hands out at attach (unique among the clients attached at once, whatever their process),
+//! and it writes the keys `k` with `k % max_clients == id` (`kv serve --max-clients`, which
+//! `--keys` must reach): every key still has one writer among the processes, and a value a
+//! read finds, written by any process, names it. A client thread stays attached until the
+//! check has read its keys back.
+//!
+//! Faults: every call has a deadline (`--deadline-ms`, 1000 by default); one with no
+//! completion by then (a lost reply, a stopped daemon) counts as an error and is given up (its
+//! tag comes back only if a late completion arrives, which is dropped), so the stop loop and
+//! the check always end; the summary names how many expired. A client thread that fails
+//! (a call's error, a daemon gone) ends the run at once: the other threads stop, the summary
+//! keeps what every thread did and names the failure, and the exit code is 1.
+//!
 //! ```text
 //! cargo run --release --example kv                      # all in one process, ~10 s
 //! cargo run --release --example kv -- --ranks 2 --backend both --duration 5
@@ -204,6 +219,10 @@ struct ServeArgs {
     /// Stop after this many seconds (0: until SIGINT/SIGTERM).
     #[arg(long, default_value_t = 0.0)]
     duration: f64,
+    /// Test hook (hidden): daemon 0 executes its N-th request (1-based) but drops the reply,
+    /// as a lost reply would (tests/kv_faults.rs).
+    #[arg(long, hide = true)]
+    drop_reply: Option<u64>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -276,6 +295,20 @@ struct LoadArgs {
     /// Written keys read back by the end-of-run correctness check.
     #[arg(long, default_value_t = 10_000)]
     check_samples: usize,
+    /// Per-call deadline, milliseconds: a call with no reply this long after it was issued
+    /// (a lost reply, a stopped daemon) counts as an error and is given up (a late reply is
+    /// dropped), so the run and its check always end.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    deadline_ms: u64,
+    /// Test hook (hidden): client thread 0 of rank 0 fails on purpose once it has completed
+    /// this many operations, as a fault would make it fail (tests/kv_faults.rs).
+    #[arg(long, hide = true)]
+    fail_client_after: Option<u64>,
+    /// Test hook (hidden): client thread 0 of rank 0 ignores the N-th (1-based) completion of
+    /// its raw copyrpc calls (`--backend direct`), as if the reply were lost
+    /// (tests/kv_faults.rs).
+    #[arg(long, hide = true)]
+    lose_direct_reply: Option<u64>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -465,6 +498,37 @@ fn daemon_loop<T: ServerTransport>(
         forward: None,
         scale: None,
         erpc: None,
+    }
+}
+
+/// [`daemon_loop`] for the test hook `kv serve --drop-reply N`: the `drop`-th request
+/// (1-based; 0: none) is executed and its reply dropped (counted in `dropped_replies`).
+fn daemon_loop_dropping(server: &mut KvServerCore, stop: &AtomicBool, drop: u64) -> DaemonReport {
+    let mut shard = Shard::default();
+    let (mut seen, mut dropped) = (0u64, 0u64);
+    while !stop.load(Ordering::Relaxed) {
+        if server.poll() == 0 {
+            thread::yield_now();
+            continue;
+        }
+        while let Some((token, req)) = server.recv() {
+            let resp = KvService::dispatch(&mut shard, req);
+            seen += 1;
+            if seen == drop {
+                dropped += 1;
+            } else {
+                let _ = server.reply(token, &resp);
+            }
+        }
+        server.release();
+    }
+    let s = server.stats();
+    DaemonReport {
+        requests: s.requests,
+        bad_requests: s.bad_requests,
+        dropped_replies: s.dropped_replies + dropped,
+        keys: shard.map.len(),
+        ..DaemonReport::default()
     }
 }
 
@@ -1007,7 +1071,7 @@ fn run_rank<B: Bootstrap>(
             remotes
         }
     };
-    let rings = Arc::new(Rings { rank, names });
+    let rings = Arc::new(Rings::new(rank, names, false));
     let (mut s, _) = clients_and_check(b, rings, remotes, threads, &a.load, &a.out, daemons)?;
     s.backend = topo.name();
     s.mpi = job.mpi;
@@ -1028,8 +1092,10 @@ fn clients_and_check<B: Bootstrap, D: Daemons>(
 ) -> Result<(Summary, Vec<DaemonReport>), String> {
     let mut run = run_clients(b, daemons.clone(), remotes, load, out);
     let failure = run.failure.take();
-    let check =
-        check_written(b, &*daemons, &run.clients, failure, load).map_err(|e| on_rank(b, e))?;
+    let check = check_written(b, &*daemons, &run.clients, failure, load);
+    // The client threads' connections, if kept for the check, close before any daemon stops.
+    daemons.release();
+    let check = check.map_err(|e| on_rank(b, e))?;
     b.barrier().map_err(|e| on_rank(b, boot(e)))?;
     let reports = threads.finish();
     let s = combine(b, &run, &reports, check, load, ndaemons).map_err(|e| on_rank(b, e))?;
@@ -1050,12 +1116,46 @@ trait Daemons: Send + Sync + 'static {
     /// idle).
     #[inline]
     fn keepalive(_rings: &mut [KvClient<Self::T>]) {}
+    /// The writer id of the client connected through `conns` (from [`Daemons::connect`]) and
+    /// the number of writer ids `W`: the client writes only keys `k` with `k % W == id`.
+    /// `None` (the default): the daemons serve this job alone, and a client's writer id is
+    /// its global id among the job's `clients * ranks` client threads.
+    fn writer(&self, _conns: &[KvClient<Self::T>]) -> Option<(u64, u64)> {
+        None
+    }
+    /// A client thread's connections once its closed loop has ended; by default they close
+    /// here. [`Daemons::release`] closes the ones an implementation keeps.
+    fn finished(&self, conns: Vec<KvClient<Self::T>>) {
+        drop(conns);
+    }
+    /// Closes the connections [`Daemons::finished`] kept (after the check).
+    fn release(&self) {}
 }
 
 /// The delegation rings of this rank's daemons, by name (they reach this rank only).
 struct Rings {
     rank: usize,
     names: Vec<String>,
+    /// `kv client`: the daemons are another process's, which other `kv client` processes may
+    /// use before, after or alongside this one. Writer ids are then the client ids ring 0
+    /// hands out at attach (unique among the clients attached to it, whatever their
+    /// process), over `max_clients` writer ids; and a client thread's connections stay
+    /// attached until the check is done, so that no other process takes its id (and writes
+    /// its keys) before this one has read them back.
+    shared: bool,
+    /// Connections of finished client threads (`shared`), closed by [`Daemons::release`].
+    held: std::sync::Mutex<Vec<Vec<KvClient>>>,
+}
+
+impl Rings {
+    fn new(rank: usize, names: Vec<String>, shared: bool) -> Self {
+        Rings {
+            rank,
+            names,
+            shared,
+            held: Default::default(),
+        }
+    }
 }
 
 impl Daemons for Rings {
@@ -1067,6 +1167,24 @@ impl Daemons for Rings {
             .iter()
             .map(|n| KvClient::<Delegation>::connect(n))
             .collect()
+    }
+
+    fn writer(&self, conns: &[KvClient]) -> Option<(u64, u64)> {
+        let ring = conns.first().filter(|_| self.shared)?.transport().ring();
+        Some((
+            u64::from(ring.client_id()),
+            u64::from(ring.info().max_clients),
+        ))
+    }
+
+    fn finished(&self, conns: Vec<KvClient>) {
+        if self.shared {
+            self.held.lock().expect("held connections").push(conns);
+        }
+    }
+
+    fn release(&self) {
+        self.held.lock().expect("held connections").clear();
     }
 }
 
@@ -1506,7 +1624,21 @@ fn serve(a: ServeArgs) -> i32 {
         }
     }
     let daemons = match create_rings(&a.shm, a.daemons, cfg) {
-        Ok(s) => start_daemons(s, 0, &stop),
+        Ok(s) => match a.drop_reply {
+            None => start_daemons(s, 0, &stop),
+            Some(n) => s
+                .into_iter()
+                .enumerate()
+                .map(|(d, server)| {
+                    let (mut server, stop) = (Server::new(server), stop.clone());
+                    let drop = if d == 0 { n } else { 0 };
+                    thread::Builder::new()
+                        .name(format!("daemon-0.{d}"))
+                        .spawn(move || daemon_loop_dropping(&mut server, &stop, drop))
+                        .expect("spawn daemon")
+                })
+                .collect(),
+        },
         Err(e) => return fail(&format!("creating the rings: {e}")),
     };
     println!(
@@ -1547,9 +1679,23 @@ fn client_only(a: ClientArgs) -> i32 {
     if let Err(e) = load_args(&a.load, 1) {
         return fail(&e);
     }
+    // Writer ids are ring 0's client ids: every key class `k % max_clients` needs keys.
+    match rpc::delegation::RingClient::attach(&names[0]) {
+        Ok(r) if a.load.keys < u64::from(r.info().max_clients) => {
+            return fail(&format!(
+                "--keys {} is fewer than the rings' client ids (kv serve --max-clients {}): \
+                 each client of any kv client process writes the keys k with \
+                 k % max_clients == its client id on ring 0",
+                a.load.keys,
+                r.info().max_clients
+            ));
+        }
+        Ok(_) => {}
+        Err(e) => return fail(&format!("attaching to {}: {e}", names[0])),
+    }
     let daemons = names.len();
     let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
-    let rings = Arc::new(Rings { rank: 0, names });
+    let rings = Arc::new(Rings::new(0, names, true));
     let threads = DaemonThreads::default();
     match clients_and_check(&solo(), rings, remotes, threads, &a.load, &a.out, daemons) {
         Ok((s, _)) => {
@@ -1581,6 +1727,11 @@ struct ClientReport {
     hist: Histogram<u64>,
     /// Latencies of the remote operations only.
     hist_remote: Histogram<u64>,
+    /// Calls given up at `--deadline-ms` (also counted in `errors`).
+    expired: u64,
+    /// Completions of calls given up that came late (dropped): raw ones seen by the loop,
+    /// typed ones counted by their clients.
+    late: u64,
     /// Last value written to each sampled (rank, key): keys `k` with
     /// `(k / writers) % SAMPLE_EVERY == 0`, so that every writer has some (it writes only
     /// keys `k % writers == gid`).
@@ -1588,6 +1739,24 @@ struct ClientReport {
 }
 
 const SAMPLE_EVERY: u64 = 8;
+
+impl ClientReport {
+    /// A client thread that has done nothing yet.
+    fn new() -> Self {
+        ClientReport {
+            ops: 0,
+            ops_remote: 0,
+            gets: 0,
+            hits: 0,
+            errors: 0,
+            expired: 0,
+            late: 0,
+            hist: new_hist(),
+            hist_remote: new_hist(),
+            written: FxHashMap::default(),
+        }
+    }
+}
 
 /// What the client threads of one rank did.
 struct RankRun {
@@ -1609,13 +1778,15 @@ struct CheckReport {
     failures: Vec<String>,
 }
 
-/// The operations of client `gid` (global id: `rank * clients + c`) over `ranks` ranks.
-/// With one rank the pattern is exactly the single-node one (no rank is drawn).
-fn gen_pattern(load: &LoadArgs, gid: usize, ranks: usize) -> Vec<Op> {
+/// The operations of client `gid` (global id: `rank * clients + c`; it seeds the RNG) over
+/// `ranks` ranks, for writer `me.writer` of `me.writers` (it writes only the keys `k` with
+/// `k % writers == writer`). With one rank the pattern is exactly the single-node one (no
+/// rank is drawn).
+fn gen_pattern(load: &LoadArgs, me: Me, ranks: usize) -> Vec<Op> {
     let mut rng =
-        SmallRng::seed_from_u64(load.seed ^ (gid as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        SmallRng::seed_from_u64(load.seed ^ (me.gid as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let zipf = Zipf::new(load.keys as f64, load.theta).expect("zipf parameters");
-    let writers = (load.clients * ranks) as u64;
+    let (writer, writers) = (me.writer, me.writers);
     (0..load.pattern_len.max(1))
         .map(|_| {
             let mut key = match load.dist {
@@ -1629,7 +1800,7 @@ fn gen_pattern(load: &LoadArgs, gid: usize, ranks: usize) -> Vec<Op> {
             let read = rng.random_bool(load.read_ratio.clamp(0.0, 1.0));
             if !read {
                 // Single writer per key: this client writes only keys congruent to its id.
-                key = key - key % writers + gid as u64;
+                key = key - key % writers + writer;
                 if key >= load.keys {
                     key -= writers;
                 }
@@ -1646,8 +1817,11 @@ fn gen_pattern(load: &LoadArgs, gid: usize, ranks: usize) -> Vec<Op> {
 
 /// Runs this rank's client threads, one per entry of `remotes` (reaching the rank's daemons
 /// through `daemons`), for `--duration` seconds. The ranks start together (a barrier once
-/// every client is connected), and each second rank 0 prints the throughput of all ranks
-/// (a reduction on every rank: each makes the same number of them).
+/// every client is connected), and each second every rank sums the operations done and the
+/// client threads failed over all ranks (a reduction on every rank: each makes the same number
+/// of them); rank 0 prints the throughput. A client thread that fails wakes this thread at
+/// once, and the run of every rank ends at that rank's next reduction (at once with one rank):
+/// the other client threads stop, and what every thread did up to then is kept.
 fn run_clients<B: Bootstrap, D: Daemons>(
     b: &B,
     daemons: Arc<D>,
@@ -1666,44 +1840,41 @@ fn run_clients<B: Bootstrap, D: Daemons>(
     // `ready`: every client connected; `go`: every rank's clients are.
     let ready = Arc::new(std::sync::Barrier::new(n + 1));
     let go = Arc::new(std::sync::Barrier::new(n + 1));
+    // A client thread that fails says so here (and stops the others).
+    let (failed_tx, failed_rx) = crossbeam_channel::bounded::<()>(n);
     let mut handles = Vec::new();
     for (c, remote) in remotes.into_iter().enumerate() {
         let gid = rank * load.clients + c;
-        let (daemons, load, stop, counters, ready, go) = (
+        let (daemons, load, stop, counters, ready, go, failed) = (
             daemons.clone(),
             load.clone(),
             stop.clone(),
             counters.clone(),
             ready.clone(),
             go.clone(),
+            failed_tx.clone(),
         );
         handles.push(
             thread::Builder::new()
                 .name(format!("client-{rank}.{c}"))
                 .spawn(move || {
-                    let pattern = gen_pattern(&load, gid, ranks);
-                    let rings = match remote {
-                        // Connections to the daemons of every rank, rank-major.
-                        Remote::Rings { .. } => (0..ranks)
-                            .map(|r| daemons.connect(r))
-                            .collect::<Result<Vec<_>, _>>()
-                            .map(|v| v.into_iter().flatten().collect()),
-                        _ => daemons.connect(rank),
-                    };
-                    let rings = rings.map_err(|e| e.to_string());
-                    ready.wait();
-                    go.wait();
-                    let rings: Vec<KvClient<D::T>> = rings?;
-                    // Every call of the closed loop may go to the same ring.
-                    if let Some(r) = rings.iter().find(|r| r.max_in_flight() < load.qd) {
-                        return Err(format!(
-                            "--qd {} exceeds the ring's {} response slots per client (kv serve --resp-depth)",
-                            load.qd,
-                            r.max_in_flight()
-                        ));
+                    let mut report = ClientReport::new();
+                    let r = client_thread::<D>(
+                        gid,
+                        (rank, ranks),
+                        &*daemons,
+                        remote,
+                        &load,
+                        (&ready, &go),
+                        &stop,
+                        &counters[c],
+                        &mut report,
+                    );
+                    if r.is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                        let _ = failed.send(());
                     }
-                    let me = Me { gid, rank, writers: (load.clients * ranks) as u64 };
-                    client_loop::<D>(me, rings, remote, &pattern, &load, &stop, &counters[c])
+                    (report, r.err())
                 })
                 .expect("spawn client"),
         );
@@ -1717,42 +1888,55 @@ fn run_clients<B: Bootstrap, D: Daemons>(
     let mut tick = t0;
     let mut failure = met.err().map(boot);
     // One reduction per second (the last one at `--duration`), on every rank.
-    let ticks = if out.quiet || failure.is_some() {
+    let ticks = if failure.is_some() {
         0
     } else {
         load.duration.max(0.0).ceil() as u64
     };
     for k in 1..=ticks {
         let at = t0 + Duration::from_secs_f64((k as f64).min(load.duration));
-        thread::sleep(at.saturating_duration_since(Instant::now()));
-        let mut total = [counters
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .sum::<u64>()];
+        // Wakes early if a client thread fails.
+        let failed_here = failed_rx.recv_deadline(at).is_ok();
+        // Operations done, and whether a client thread failed, over all ranks.
+        let mut total = [
+            counters
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .sum::<u64>(),
+            u64::from(failed_here),
+        ];
         if let Err(e) = b.all_reduce_sum_u64(&mut total) {
             failure = Some(boot(e));
             break;
         }
         let now = Instant::now();
-        if rank == 0 {
+        if rank == 0 && !out.quiet {
             eprintln!(
                 "[{:5.1} s] {:8.3} Mops/s",
                 t0.elapsed().as_secs_f64(),
                 (total[0] - last) as f64 / now.duration_since(tick).as_secs_f64() / 1e6
             );
         }
+        if total[1] > 0 {
+            break;
+        }
         last = total[0];
         tick = now;
     }
-    let end = t0 + Duration::from_secs_f64(load.duration.max(0.0));
-    thread::sleep(end.saturating_duration_since(Instant::now()));
+    if ticks == 0 {
+        let end = t0 + Duration::from_secs_f64(load.duration.max(0.0));
+        let _ = failed_rx.recv_deadline(end);
+    }
     stop.store(true, Ordering::Relaxed);
     let elapsed = t0.elapsed();
     let mut clients = Vec::new();
-    for h in handles {
-        match h.join().expect("client panicked") {
-            Ok(r) => clients.push(r),
-            Err(e) => failure = Some(format!("client failed: {e}")),
+    for (c, h) in handles.into_iter().enumerate() {
+        let (report, err) = h.join().expect("client panicked");
+        clients.push(report);
+        if let Some(e) = err {
+            let e = format!("client {rank}.{c} failed: {e}");
+            eprintln!("kv: {e}");
+            failure.get_or_insert(e);
         }
     }
     RankRun {
@@ -1762,18 +1946,117 @@ fn run_clients<B: Bootstrap, D: Daemons>(
     }
 }
 
+/// One client thread: connects to the daemons, waits for the run to start (`ready`, then
+/// `go`: the barriers every client thread of the rank meets, connected or not), and runs the
+/// closed loop until `stop`, accumulating into `report` (so that what it did is kept if it
+/// fails).
+///
+/// # Errors
+/// Why the thread failed: connecting, a call, or the test hook `--fail-client-after`.
+#[allow(clippy::too_many_arguments)]
+fn client_thread<D: Daemons>(
+    gid: usize,
+    (rank, ranks): (usize, usize),
+    daemons: &D,
+    remote: Remote,
+    load: &LoadArgs,
+    (ready, go): (&std::sync::Barrier, &std::sync::Barrier),
+    stop: &AtomicBool,
+    counter: &AtomicU64,
+    report: &mut ClientReport,
+) -> Result<(), String> {
+    let rings = match remote {
+        // Connections to the daemons of every rank, rank-major.
+        Remote::Rings { .. } => (0..ranks)
+            .map(|r| daemons.connect(r))
+            .collect::<Result<Vec<_>, _>>()
+            .map(|v| v.into_iter().flatten().collect()),
+        _ => daemons.connect(rank),
+    };
+    let rings = rings.map_err(|e| e.to_string()).and_then(|mut rings| {
+        set_deadline(&mut rings, load);
+        let (writer, writers) = daemons
+            .writer(&rings)
+            .unwrap_or((gid as u64, (load.clients * ranks) as u64));
+        if writers > load.keys || writers > 1 << (64 - SEQ_BITS) {
+            return Err(format!(
+                "{writers} writer ids do not fit --keys {} (or {} bits)",
+                load.keys,
+                64 - SEQ_BITS
+            ));
+        }
+        let me = Me {
+            gid,
+            rank,
+            writer,
+            writers,
+        };
+        Ok((rings, me, gen_pattern(load, me, ranks)))
+    });
+    ready.wait();
+    go.wait();
+    let (mut rings, me, pattern) = rings?;
+    // Every call of the closed loop may go to the same ring.
+    if let Some(r) = rings.iter().find(|r| r.max_in_flight() < load.qd) {
+        return Err(format!(
+            "--qd {} exceeds the ring's {} response slots per client (kv serve --resp-depth)",
+            load.qd,
+            r.max_in_flight()
+        ));
+    }
+    let r = client_loop::<D>(
+        me, &mut rings, remote, &pattern, load, stop, counter, report,
+    );
+    // Late responses of expired typed calls, dropped by their clients.
+    report.late += rings.iter().map(|c| c.stats().late_responses).sum::<u64>();
+    daemons.finished(rings);
+    r
+}
+
 /// Who a client thread is.
 #[derive(Clone, Copy)]
 struct Me {
-    /// Global client id (`rank * clients + c`): the writer id in values.
+    /// Global client id (`rank * clients + c`).
     gid: usize,
     rank: usize,
-    /// Number of writers (all clients of all ranks).
+    /// The writer id in values: the client writes only keys `k` with
+    /// `k % writers == writer` ([`Daemons::writer`]; by default `gid`).
+    writer: u64,
+    /// Number of writer ids (by default all clients of all ranks).
     writers: u64,
 }
 
-/// A completed call: its tag and response (`None`: the call failed).
-type Done = (u64, Option<KvResponse>);
+/// A completed call: its tag and response, or how it failed.
+type Done = (u64, Result<KvResponse, Failed>);
+
+/// How a call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failed {
+    /// No completion within `--deadline-ms` (the typed client's `DeadlineExceeded`).
+    Deadline,
+    /// An error response, or one that did not decode.
+    Error,
+}
+
+/// How a typed call failed.
+#[cold]
+fn failed(e: RpcError) -> Failed {
+    match e {
+        RpcError::DeadlineExceeded { .. } => Failed::Deadline,
+        _ => Failed::Error,
+    }
+}
+
+/// What [`issue`] did with an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sent {
+    /// Nothing: the transport cannot take the call now; poll and issue it again.
+    Later,
+    /// A typed call (its client enforces its deadline).
+    Typed,
+    /// A raw copyrpc call over a direct endpoint (the client loop enforces its deadline).
+    Raw,
+}
 
 /// The method id of an operation.
 #[inline]
@@ -1787,8 +2070,9 @@ fn method_of(op: &Op) -> u16 {
 
 /// Sends `op` with tag `tag`: to the owner daemon's ring if it is for this rank, else over
 /// the remote path. Direct calls that find the copyrpc ring full poll (completions go to
-/// `done`) and retry. Returns `false` if the daemon's transport cannot take the call now
-/// (ScaleRPC: the connection's group is not scheduled): poll and issue it again.
+/// `done`) and retry, until `deadline` after the call's issue time (then the thread fails).
+/// Returns [`Sent::Later`] if the daemon's transport cannot take the call now (ScaleRPC: the
+/// connection's group is not scheduled): poll and issue it again.
 #[inline]
 fn issue<T: ClientTransport>(
     me: Me,
@@ -1797,7 +2081,8 @@ fn issue<T: ClientTransport>(
     remote: &mut Remote,
     inflight: &[(Instant, Op)],
     done: &mut Vec<Done>,
-) -> Result<bool, String> {
+    deadline: Duration,
+) -> Result<Sent, String> {
     let ring = match remote {
         Remote::Rings { daemons } => op.rank as usize * *daemons + owner_daemon(op.key, *daemons),
         _ if op.rank as usize == me.rank => owner_daemon(op.key, rings.len()),
@@ -1820,9 +2105,12 @@ fn issue<T: ClientTransport>(
                     d.max_response_bytes as u32,
                     |buf| KvService::encode_request(&req, buf),
                 ) {
-                    Ok(_) => return Ok(true),
+                    Ok(_) => return Ok(Sent::Raw),
                     Err(e) if e.is_retryable() => {
                         ctx.poll(|t, r| done.push(direct_done(inflight, t, r)));
+                        if done.is_empty() && inflight[tag as usize].0.elapsed() >= deadline {
+                            return Err(no_room(op.rank, deadline));
+                        }
                     }
                     Err(CallError::Failed(_)) => {
                         return Err(format!("endpoint to rank {} failed", op.rank));
@@ -1839,10 +2127,19 @@ fn issue<T: ClientTransport>(
         ring.issue(tag).put(op.rank, op.key, value)
     };
     match r {
-        Ok(()) => Ok(true),
-        Err(RpcError::WouldBlock) => Ok(false),
+        Ok(()) => Ok(Sent::Typed),
+        Err(RpcError::WouldBlock) => Ok(Sent::Later),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// A direct call that found no room on its endpoint to rank `rank` for `deadline`.
+#[cold]
+fn no_room(rank: u32, deadline: Duration) -> String {
+    format!(
+        "copyrpc call to rank {rank}: no room on the endpoint within --deadline-ms {}",
+        deadline.as_millis()
+    )
 }
 
 /// Decodes a direct (copyrpc) response for the call with tag `t`.
@@ -1855,7 +2152,8 @@ fn direct_done(
     let op = inflight[t as usize].1;
     let resp = r
         .ok()
-        .and_then(|b| KvService::decode_response(method_of(&op), b).ok());
+        .and_then(|b| KvService::decode_response(method_of(&op), b).ok())
+        .ok_or(Failed::Error);
     (t as u64, resp)
 }
 
@@ -1867,18 +2165,36 @@ fn direct_done(
 #[allow(clippy::too_many_arguments)]
 fn client_loop<D: Daemons>(
     me: Me,
-    mut rings: Vec<KvClient<D::T>>,
+    rings: &mut [KvClient<D::T>],
     mut remote: Remote,
     pattern: &[Op],
     load: &LoadArgs,
     stop: &AtomicBool,
     counter: &AtomicU64,
-) -> Result<ClientReport, String> {
+    rep: &mut ClientReport,
+) -> Result<(), String> {
     let qd = load.qd;
-    let new_hist = || Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
-    let (mut hist, mut hist_remote) = (new_hist(), new_hist());
-    let mut written = FxHashMap::default();
-    // Per tag (0..qd): when it was issued and what it was.
+    // The test hook `--fail-client-after`: client 0 fails once it has done this many.
+    let fail_after = match load.fail_client_after {
+        Some(n) if me.gid == 0 => n,
+        _ => u64::MAX,
+    };
+    // Per tag (0..qd): the raw calls' state (`Tag`; typed calls' tags stay `Free`: their
+    // clients track them), when it was issued and what it was.
+    let mut state = vec![Tag::Free; qd];
+    let deadline = Duration::from_millis(load.deadline_ms);
+    // Raw (direct copyrpc) calls in flight, whose deadlines this loop enforces; none of them
+    // expires before `next_expiry` (the clock is read only when polls find nothing).
+    // `tracked`: tags not `Free` (raw calls in flight or expired); 0 on the typed-only path,
+    // which then never reads `state`.
+    let (mut raw_out, mut tracked) = (0usize, 0usize);
+    let mut next_expiry = Instant::now() + deadline;
+    // The test hook `--lose-direct-reply`: raw completions seen, and which one to ignore.
+    let mut raw_seen = 0u64;
+    let lose_at = match load.lose_direct_reply {
+        Some(n) if me.gid == 0 => n,
+        _ => 0,
+    };
     let mut inflight: Vec<(Instant, Op)> = vec![
         (
             Instant::now(),
@@ -1892,8 +2208,7 @@ fn client_loop<D: Daemons>(
     ];
     let mut done: Vec<Done> = Vec::with_capacity(qd);
     let mut free: Vec<u64> = (0..qd as u64).collect();
-    let (mut next, mut seq, mut ops, mut ops_remote, mut gets, mut hits, mut errors) =
-        (0usize, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut next, mut seq) = (0usize, 0u64);
     let mut outstanding = 0usize;
     // The next operation, taken from the pattern but not issued yet, and its value.
     let mut waiting: Option<(Op, u64)> = None;
@@ -1916,7 +2231,7 @@ fn client_loop<D: Daemons>(
                         let mut value = 0;
                         if !op.read {
                             seq += 1;
-                            value = ((me.gid as u64) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1));
+                            value = (me.writer << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1));
                         }
                         (op, value)
                     }
@@ -1930,12 +2245,13 @@ fn client_loop<D: Daemons>(
                 let sent = issue(
                     me,
                     (tag, op, value),
-                    &mut rings,
+                    rings,
                     &mut remote,
                     &inflight,
                     &mut done,
+                    deadline,
                 )?;
-                if !sent {
+                if sent == Sent::Later {
                     if !D::ORDERED && !op.read {
                         writes_out.remove(&(op.rank, op.key));
                     }
@@ -1943,8 +2259,13 @@ fn client_loop<D: Daemons>(
                     break;
                 }
                 free.pop();
+                if sent == Sent::Raw {
+                    state[tag as usize] = Tag::Raw;
+                    raw_out += 1;
+                    tracked += 1;
+                }
                 if !op.read && (op.key / me.writers) % SAMPLE_EVERY == 0 {
-                    written.insert((op.rank, op.key), value);
+                    rep.written.insert((op.rank, op.key), value);
                 }
                 outstanding += 1;
             }
@@ -1952,60 +2273,155 @@ fn client_loop<D: Daemons>(
             break;
         }
         for ring in rings.iter_mut() {
-            ring.poll_with(|tag, r| done.push((tag, r.ok())))
+            ring.poll_with(|tag, r| done.push((tag, r.map_err(failed))))
                 .map_err(|e| e.to_string())?;
         }
         if let Remote::Direct { ctx, .. } = &mut remote {
             ctx.poll(|t, r| done.push(direct_done(&inflight, t, r)));
         }
         if done.is_empty() {
-            D::keepalive(&mut rings);
+            D::keepalive(rings);
+            if raw_out > 0 {
+                let now = Instant::now();
+                if now >= next_expiry {
+                    let (n, next) = expire(
+                        (&inflight, &mut state),
+                        (now, deadline),
+                        rep,
+                        (!D::ORDERED).then_some(&mut writes_out),
+                    );
+                    outstanding -= n;
+                    raw_out -= n;
+                    next_expiry = next;
+                }
+            }
             backoff.snooze();
             continue;
         }
         backoff.reset();
         for (tag, r) in done.drain(..) {
+            if tracked > 0 && state[tag as usize] != Tag::Free {
+                let was = std::mem::replace(&mut state[tag as usize], Tag::Free);
+                if was == Tag::Raw {
+                    raw_seen += 1;
+                    if raw_seen == lose_at {
+                        // Test hook: as if this reply were lost.
+                        state[tag as usize] = Tag::Raw;
+                        continue;
+                    }
+                    raw_out -= 1;
+                    tracked -= 1;
+                } else {
+                    // A late completion of a call given up: dropped; its tag is free again.
+                    rep.late += 1;
+                    tracked -= 1;
+                    free.push(tag);
+                    continue;
+                }
+            }
             let (t, op) = inflight[tag as usize];
             if !D::ORDERED && !op.read {
                 writes_out.remove(&(op.rank, op.key));
             }
-            let ns = (t.elapsed().as_nanos() as u64).max(1);
-            let _ = hist.record(ns);
-            if op.rank as usize != me.rank {
-                ops_remote += 1;
-                let _ = hist_remote.record(ns);
+            if r == Err(Failed::Deadline) {
+                // The typed client gave the call up at its deadline.
+                expired(op, rep);
+                outstanding -= 1;
+                free.push(tag);
+                continue;
             }
-            ops += 1;
+            let ns = (t.elapsed().as_nanos() as u64).max(1);
+            let _ = rep.hist.record(ns);
+            if op.rank as usize != me.rank {
+                rep.ops_remote += 1;
+                let _ = rep.hist_remote.record(ns);
+            }
+            rep.ops += 1;
             match r {
-                Some(KvResponse::Get(v)) if op.read => {
-                    gets += 1;
+                Ok(KvResponse::Get(v)) if op.read => {
+                    rep.gets += 1;
                     if let Some(v) = v {
-                        hits += 1;
+                        rep.hits += 1;
                         // Single writer per key: the value must come from the key's writer.
                         if v >> SEQ_BITS != op.key % me.writers {
-                            errors += 1;
+                            rep.errors += 1;
                         }
                     }
                 }
-                Some(KvResponse::Put(())) if !op.read => {}
-                _ => errors += 1,
+                Ok(KvResponse::Put(())) if !op.read => {}
+                _ => rep.errors += 1,
             }
             outstanding -= 1;
             free.push(tag);
         }
-        counter.store(ops, Ordering::Relaxed);
+        counter.store(rep.ops, Ordering::Relaxed);
+        if rep.ops >= fail_after {
+            return Err(failed_on_purpose(rep.ops));
+        }
     }
-    counter.store(ops, Ordering::Relaxed);
-    Ok(ClientReport {
-        ops,
-        ops_remote,
-        gets,
-        hits,
-        errors,
-        hist,
-        hist_remote,
-        written,
-    })
+    Ok(())
+}
+
+/// Where a tag of a client thread stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tag {
+    /// No raw call on it (free, or a typed call in flight: its client delivers it, or its
+    /// expiry at `--deadline-ms` as `RpcError::DeadlineExceeded`, and drops a late response
+    /// itself).
+    Free,
+    /// A raw copyrpc call in flight over a direct endpoint: [`expire`] gives it up at
+    /// `--deadline-ms`.
+    Raw,
+    /// Its raw call got no completion within `--deadline-ms`: counted as an error and given
+    /// up; the tag is reused once that call's late completion arrives (dropped), if ever.
+    Expired,
+}
+
+/// A call given up at its deadline: an error, counted in `rep.expired`; its write (whether it
+/// executed is unknown) leaves the sampled keys.
+#[cold]
+fn expired(op: Op, rep: &mut ClientReport) {
+    rep.errors += 1;
+    rep.expired += 1;
+    if !op.read {
+        rep.written.remove(&(op.rank, op.key));
+    }
+}
+
+/// Gives up every raw call in flight (`Tag::Raw`) issued `deadline` or more before `now`
+/// (`inflight`: issue time and operation by tag; see [`expired`]), and, for unordered
+/// transports, forgets its write from `writes_out`. Returns how many expired and the earliest
+/// instant another raw call in flight can expire.
+#[cold]
+fn expire(
+    (inflight, state): (&[(Instant, Op)], &mut [Tag]),
+    (now, deadline): (Instant, Duration),
+    rep: &mut ClientReport,
+    mut writes_out: Option<&mut rustc_hash::FxHashSet<(u32, u64)>>,
+) -> (usize, Instant) {
+    let (mut n, mut next) = (0, now + deadline);
+    for (s, &(at, op)) in state.iter_mut().zip(inflight) {
+        if *s != Tag::Raw {
+            continue;
+        }
+        if at + deadline > now {
+            next = next.min(at + deadline);
+            continue;
+        }
+        *s = Tag::Expired;
+        n += 1;
+        expired(op, rep);
+        if let Some(w) = writes_out.as_deref_mut().filter(|_| !op.read) {
+            w.remove(&(op.rank, op.key));
+        }
+    }
+    (n, next)
+}
+
+/// The error of the test hook `--fail-client-after`.
+#[cold]
+fn failed_on_purpose(ops: u64) -> String {
+    format!("failed on purpose after {ops} operations (test hook --fail-client-after)")
 }
 
 /// Bytes of a sampled key in the check's exchange: its rank (4), key (8), value (8).
@@ -2014,7 +2430,8 @@ const SAMPLE_BYTES: usize = 20;
 /// The correctness check, on every rank together. Each rank samples
 /// `ceil(--check-samples / ranks)` of the keys its clients wrote (on any rank) and
 /// all-gathers them, so that every rank reads the keys it owns back from their owner daemon
-/// (blocking calls through a fresh client of its own daemons) and compares them with the
+/// (blocking calls, each bounded by `--deadline-ms`, through a fresh client of its own
+/// daemons) and compares them with the
 /// last value their single writer wrote; the counts and failures are summed over the ranks.
 /// A run that wrote nothing (`--read-ratio 1`) has nothing to compare, so each rank's
 /// checker then writes its own sample keys on its rank (values with writer id
@@ -2041,15 +2458,28 @@ fn check_written<B: Bootstrap, D: Daemons>(
     let mut rings = None;
     if failure.is_none() {
         match daemons.connect(me) {
-            Ok(r) => rings = Some(r),
+            Ok(mut r) => {
+                set_deadline(&mut r, load);
+                rings = Some(r)
+            }
             Err(e) => failure = Some(format!("check client: {e}")),
         }
     }
     if let (true, Some(rings)) = (self_written, rings.as_mut()) {
-        let writer = ((load.clients * ranks) as u64) << SEQ_BITS;
+        // A writer id of its own: past the run's clients, or the one the daemons hand out
+        // (then only keys of its class, which no other client writes).
+        let (id, class) = match daemons.writer(rings) {
+            Some((id, writers)) => (id, Some(writers)),
+            None => ((load.clients * ranks) as u64, None),
+        };
+        let writer = id << SEQ_BITS;
         let n = rings.len();
         for i in 0..quota.max(1) as u64 {
-            let (key, value) = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20, writer | i);
+            let mut key = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
+            if let Some(writers) = class {
+                key = key - key % writers + id;
+            }
+            let value = writer | i;
             if let Err(e) = rings[owner_daemon(key, n)].put(me as u32, key, value) {
                 failure = Some(format!("check put({me}, {key}): {e}"));
                 break;
@@ -2119,6 +2549,13 @@ fn check_written<B: Bootstrap, D: Daemons>(
         self_written,
         failures,
     })
+}
+
+/// Gives every call of `conns` the deadline `--deadline-ms` (the typed clients' default).
+fn set_deadline<T: ClientTransport>(conns: &mut [KvClient<T>], load: &LoadArgs) {
+    for c in conns {
+        c.set_default_deadline(Duration::from_millis(load.deadline_ms));
+    }
 }
 
 /// All-gathers a byte string of any length from every rank (the lengths first, then each
@@ -2256,7 +2693,12 @@ struct Summary {
     rank_served: Vec<u64>,
     gets: u64,
     hits: u64,
+    /// Failed operations: error responses, implausible reads, calls expired.
     errors: u64,
+    /// Calls given up at `--deadline-ms`.
+    expired: u64,
+    /// Late responses of calls given up (dropped).
+    late: u64,
     bad_requests: u64,
     forward: Option<ForwardStats>,
     checked: usize,
@@ -2279,8 +2721,8 @@ fn combine<B: Bootstrap>(
     ndaemons: usize,
 ) -> Result<Summary, String> {
     let (mut hist, mut hist_remote) = (new_hist(), new_hist());
-    // ops, ops_remote, gets, hits, errors, bad requests.
-    let mut sums = vec![0u64; 6];
+    // ops, ops_remote, gets, hits, errors, bad requests, calls expired, late responses.
+    let mut sums = vec![0u64; 8];
     for c in &run.clients {
         hist.add(&c.hist)
             .map_err(|e| format!("histogram merge: {e:?}"))?;
@@ -2293,6 +2735,8 @@ fn combine<B: Bootstrap>(
         {
             *s += v;
         }
+        sums[6] += c.expired;
+        sums[7] += c.late;
     }
     let rank_ops = sums[0];
     sums[5] = reports.iter().map(|d| d.bad_requests).sum();
@@ -2312,11 +2756,21 @@ fn combine<B: Bootstrap>(
     sums.push(u64::from(erpc.is_some()));
     sums.extend(erpc.unwrap_or_default().to_vec());
     b.all_reduce_sum_u64(&mut sums).map_err(boot)?;
-    let [ops, ops_remote, gets, hits, errors, bad_requests] = sums[..6] else {
-        unreachable!("six sums")
+    let [
+        ops,
+        ops_remote,
+        gets,
+        hits,
+        errors,
+        bad_requests,
+        expired,
+        late,
+    ] = sums[..8]
+    else {
+        unreachable!("eight sums")
     };
-    let forward = (sums[6] > 0).then(|| ForwardStats::from_slice(&sums[7..7 + nf]));
-    let erpc = (sums[7 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[8 + nf..]));
+    let forward = (sums[8] > 0).then(|| ForwardStats::from_slice(&sums[9..9 + nf]));
+    let erpc = (sums[9 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[10 + nf..]));
     // Per rank: operations, requests served, seconds.
     let mut mine = Vec::with_capacity(24);
     mine.extend(rank_ops.to_le_bytes());
@@ -2343,17 +2797,23 @@ fn combine<B: Bootstrap>(
         f.unroutable + f.failed_calls + f.corrupt_responses + f.dropped_replies
     });
     let check_ok = check.mismatches == 0 && check.checked > 0 && check.failures.is_empty();
-    let check_msg = if !check.failures.is_empty() {
+    let mut notes = Vec::new();
+    if expired > 0 {
+        notes.push(format!(
+            "{expired} call(s) got no reply within --deadline-ms {}",
+            load.deadline_ms
+        ));
+    }
+    if !check.failures.is_empty() {
         let mut m = check.failures[..check.failures.len().min(3)].join("; ");
         if check.failures.len() > 3 {
             m += &format!("; and {} more", check.failures.len() - 3);
         }
-        m
+        notes.push(m);
     } else if check.self_written {
-        "the run wrote nothing: keys written by the checker".to_string()
-    } else {
-        String::new()
-    };
+        notes.push("the run wrote nothing: keys written by the checker".to_string());
+    }
+    let check_msg = notes.join("; ");
     Ok(Summary {
         transport: "delegation",
         scale: None,
@@ -2386,6 +2846,8 @@ fn combine<B: Bootstrap>(
         gets,
         hits,
         errors,
+        expired,
+        late,
         bad_requests,
         forward,
         checked: check.checked,
@@ -2435,7 +2897,8 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
             "ops_local": ops - ops_remote, "ops_remote": ops_remote,
             "remote_p50_us": s.remote_p50_us, "remote_p99_us": s.remote_p99_us,
             "rank_ops": s.rank_ops, "rank_mops": s.rank_mops,
-            "check_samples_remote": checked_remote,
+            "check_samples_remote": checked_remote, "deadline_exceeded": s.expired,
+            "late_responses": s.late,
         });
         let forward = s.forward.map(|f| {
             serde_json::json!({

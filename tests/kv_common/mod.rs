@@ -69,3 +69,143 @@ pub fn passing(args: &[&str]) -> serde_json::Value {
     assert!(v["ops"].as_u64().unwrap() > 0, "{v}");
     v
 }
+
+/// A `kv serve` process for the two-process tests: started with `--shm <unique name>`, its
+/// `ready` line read; on drop it is killed (SIGKILL) and its rings are removed.
+pub struct Serve {
+    child: std::process::Child,
+    /// The rings' base name in /dev/shm.
+    pub shm: String,
+    daemons: usize,
+}
+
+impl Serve {
+    /// Starts `kv serve --shm kv-<tag>-<pid> --daemons <daemons> --duration 300` plus `args`
+    /// and waits for its `ready` line.
+    pub fn start(tag: &str, daemons: usize, args: &[&str]) -> Serve {
+        use std::io::{BufRead, BufReader};
+        let shm = format!("kv-{tag}-{}", std::process::id());
+        let mut child = Command::new(kv_binary())
+            .args(["serve", "--shm", &shm, "--daemons", &daemons.to_string()])
+            .args(["--duration", "300"])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn kv serve");
+        let out = child.stdout.take().expect("serve stdout");
+        let mut lines = BufReader::new(out).lines();
+        let ready = lines
+            .next()
+            .expect("kv serve exited early")
+            .expect("a line");
+        assert!(ready.starts_with("ready"), "unexpected first line: {ready}");
+        // Keep reading (the daemons' final lines) so that serve never blocks on a full pipe.
+        std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+        Serve {
+            child,
+            shm,
+            daemons,
+        }
+    }
+
+    /// Kills the daemons' process (SIGKILL: no clean shutdown, the rings stay behind).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Stops the process (SIGSTOP): it holds its rings but answers nothing.
+    pub fn pause(&self) {
+        signal(self.child.id(), "STOP");
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        // A paused process must run to die; it may be gone already (no check).
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .stderr(std::process::Stdio::null())
+            .status();
+        self.kill();
+        for d in 0..self.daemons {
+            let _ = std::fs::remove_file(format!("/dev/shm/{}-{d}", self.shm));
+        }
+    }
+}
+
+/// Sends `SIG<sig>` through the `kill` command (no unsafe libc call needed in a test).
+pub fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill -{sig} {pid}");
+}
+
+/// `kv client --shm <shm>` with a small workload (`--keys 4096 --pattern-len 4096
+/// --check-samples 500 --json`) plus `args`; stdout and stderr piped.
+pub fn client(shm: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(kv_binary());
+    c.args(["client", "--shm", shm])
+        .args([
+            "--keys",
+            "4096",
+            "--pattern-len",
+            "4096",
+            "--check-samples",
+            "500",
+        ])
+        .arg("--json")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    c
+}
+
+/// Waits up to `limit` for `child` to exit; kills it and fails the test if it does not.
+/// Returns the exit code, the JSON summary (the first stdout line, if any) and stderr.
+pub fn finish_within(
+    mut child: std::process::Child,
+    limit: Duration,
+    what: &str,
+) -> (Option<i32>, Option<serde_json::Value>, String) {
+    use std::io::Read;
+    let t0 = Instant::now();
+    // Read the pipes while waiting, so that the child never blocks on a full one.
+    let mut out = child.stdout.take().expect("stdout piped");
+    let err = child.stderr.take();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    // (Stderr already taken by the caller: reported empty.)
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut err) = err {
+            let _ = err.read_to_string(&mut s);
+        }
+        s
+    });
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break st;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{what}: still running after {limit:?}; stderr: {}",
+                err.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = out.join().expect("stdout reader");
+    let json = stdout
+        .lines()
+        .next()
+        .map(|l| serde_json::from_str(l).expect("a JSON summary"));
+    (status.code(), json, err.join().expect("stderr reader"))
+}
