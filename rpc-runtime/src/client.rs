@@ -95,8 +95,8 @@ enum SlotState {
 #[derive(Clone, Copy, Debug)]
 struct CallSlot {
     tag: u64,
-    /// When the call expires, in ns since [`Calls::epoch`]; [`UNSTAMPED`] until the client
-    /// next reads the clock after issuing it.
+    /// When the call expires, in ns since [`Calls::epoch`]; valid once the call was stamped
+    /// ([`Calls::stamp`], at the client's next clock read after issuing it).
     deadline_ns: u64,
     /// The call's timeout (its deadline is this long after it was stamped).
     timeout: Duration,
@@ -104,12 +104,19 @@ struct CallSlot {
     state: SlotState,
 }
 
-/// [`CallSlot::deadline_ns`] of a call issued since the last clock read.
+/// What a response completes: the call's tag and method.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    tag: u64,
+    method_id: u16,
+}
+
+/// "No deadline yet" for a blocking call waiting for room to send.
 const UNSTAMPED: u64 = u64::MAX;
 
 /// Most calls issued between two clock reads: a client that never finds a poll empty still
 /// stamps deadlines every this many calls.
-const STAMP_EVERY: usize = 64;
+const STAMP_EVERY: usize = 256;
 
 /// Tag used internally for blocking calls (reported in their errors).
 pub const BLOCKING_TAG: u64 = u64::MAX;
@@ -197,30 +204,43 @@ impl Calls {
     /// Records a call just sent on `token`.
     #[inline(always)]
     fn start(&mut self, token: u32, tag: u64, method_id: u16, timeout: Duration) {
-        if self.slots[token as usize].state != SlotState::Free {
-            self.reused(token);
+        match self.slots.get_mut(token as usize) {
+            Some(slot) if slot.state == SlotState::Free => {
+                // `deadline_ns` is left as it is: `stamp` sets it (every live call is stamped
+                // before any scan or deadline check reads it).
+                slot.tag = tag;
+                slot.timeout = timeout;
+                slot.method_id = method_id;
+                slot.state = SlotState::Live;
+            }
+            _ => self.start_reused(token, tag, method_id, timeout),
         }
-        self.slots[token as usize] = CallSlot {
-            tag,
-            deadline_ns: UNSTAMPED,
-            timeout,
-            method_id,
-            state: SlotState::Live,
-        };
         self.live += 1;
-        self.unstamped[self.pending] = token;
+        self.unstamped[self.pending % STAMP_EVERY] = token;
         self.pending += 1;
         if self.pending == STAMP_EVERY {
             self.stamp(self.now_ns());
         }
     }
 
-    /// Gives every call issued since the last stamp its deadline, `now + timeout`.
+    /// [`Calls::start`] on a token this table still holds (see [`Calls::reused`]).
+    #[cold]
+    fn start_reused(&mut self, token: u32, tag: u64, method_id: u16, timeout: Duration) {
+        self.reused(token);
+        let slot = &mut self.slots[token as usize];
+        slot.tag = tag;
+        slot.timeout = timeout;
+        slot.method_id = method_id;
+        slot.state = SlotState::Live;
+    }
+
+    /// Gives every call issued since the last stamp its deadline, `now + timeout` (a token
+    /// listed twice, answered and reissued in between, is stamped twice with the same `now`).
     #[cold]
     fn stamp(&mut self, now: u64) {
         for &token in &self.unstamped[..self.pending] {
             let slot = &mut self.slots[token as usize];
-            if slot.state == SlotState::Live && slot.deadline_ns == UNSTAMPED {
+            if slot.state == SlotState::Live {
                 let t = u64::try_from(slot.timeout.as_nanos()).unwrap_or(u64::MAX);
                 slot.deadline_ns = now.saturating_add(t).min(UNSTAMPED - 1);
                 self.earliest_ns = self.earliest_ns.min(slot.deadline_ns);
@@ -252,19 +272,22 @@ impl Calls {
     /// A response arrived on `token`: returns the call it completes, or `None` if the call
     /// expired (late response) or there is none (stray response); both are dropped and counted.
     #[inline(always)]
-    fn settle(&mut self, token: u32) -> Option<CallSlot> {
+    fn settle(&mut self, token: u32) -> Option<Call> {
         match self.slots.get_mut(token as usize) {
             Some(slot) if slot.state == SlotState::Live => {
                 slot.state = SlotState::Free;
                 self.live -= 1;
-                Some(*slot)
+                Some(Call {
+                    tag: slot.tag,
+                    method_id: slot.method_id,
+                })
             }
             _ => self.settle_dead(token),
         }
     }
 
     #[cold]
-    fn settle_dead(&mut self, token: u32) -> Option<CallSlot> {
+    fn settle_dead(&mut self, token: u32) -> Option<Call> {
         match self.slots.get_mut(token as usize) {
             Some(slot) if slot.state == SlotState::Expired => {
                 slot.state = SlotState::Free;
@@ -321,7 +344,7 @@ impl Calls {
             }
             if slot.deadline_ns <= now && token != skip {
                 out(self.expire(token));
-            } else if slot.deadline_ns != UNSTAMPED {
+            } else {
                 earliest = earliest.min(slot.deadline_ns);
             }
         }
@@ -347,7 +370,7 @@ impl Calls {
 ///   `Err(RpcError::DeadlineExceeded { tag, .. })` and by [`Client::poll_with`] as
 ///   `f(tag, Err(..))`.
 /// - Issuing a call does not read the clock: the clock is read when a poll finds nothing (and
-///   every 64 calls), and calls issued since the previous read get their deadline then
+///   every 256 calls), and calls issued since the previous read get their deadline then
 ///   (`now + timeout`). A deadline is thus never earlier than the timeout after the call was
 ///   issued, and later by at most the time to the client's next empty poll. Expiry is found on
 ///   empty polls only, so a client that keeps receiving responses pays nothing more.
@@ -474,11 +497,11 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 ..
             } = self;
             let n = transport.poll(usize::MAX, |tok, msg| {
-                if let Some(slot) = calls.settle(tok) {
+                if let Some(call) = calls.settle(tok) {
                     if tok == token {
                         out = Some(wire::decode_response::<R>(method_id, msg));
                     } else {
-                        ready.push_back(complete::<S>(&slot, msg));
+                        ready.push_back(complete::<S>(call, msg));
                     }
                 }
             })?;
@@ -584,8 +607,8 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         } = self;
         let mut done = None;
         let n = transport.poll(1, |tok, msg| {
-            if let Some(slot) = calls.settle(tok) {
-                done = Some(complete::<S>(&slot, msg));
+            if let Some(call) = calls.settle(tok) {
+                done = Some(complete::<S>(call, msg));
             }
         })?;
         match done {
@@ -628,8 +651,8 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 transport, calls, ..
             } = self;
             let got = transport.poll(usize::MAX, |tok, msg| {
-                if let Some(slot) = calls.settle(tok) {
-                    let (tag, r) = complete::<S>(&slot, msg);
+                if let Some(call) = calls.settle(tok) {
+                    let (tag, r) = complete::<S>(call, msg);
                     f(tag, r);
                     n += 1;
                 }
@@ -696,8 +719,8 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             ..
         } = self;
         transport.poll(usize::MAX, |tok, msg| {
-            if let Some(slot) = calls.settle(tok) {
-                ready.push_back(complete::<S>(&slot, msg));
+            if let Some(call) = calls.settle(tok) {
+                ready.push_back(complete::<S>(call, msg));
             }
         })?;
         let now = self.tick(u32::MAX);
@@ -727,11 +750,11 @@ fn deadline_error<S: Service>(tag: u64, slot: &CallSlot) -> RpcError {
 }
 
 #[inline(always)]
-fn complete<S: Service>(slot: &CallSlot, msg: &[u8]) -> (u64, Result<S::Response, RpcError>) {
+fn complete<S: Service>(call: Call, msg: &[u8]) -> (u64, Result<S::Response, RpcError>) {
     (
-        slot.tag,
-        S::decode_response(slot.method_id, msg)
-            .map_err(|e| RpcError::from_wire(slot.tag, method_name::<S>(slot.method_id), e)),
+        call.tag,
+        S::decode_response(call.method_id, msg)
+            .map_err(|e| RpcError::from_wire(call.tag, method_name::<S>(call.method_id), e)),
     )
 }
 
