@@ -480,10 +480,21 @@ fn daemon_loop<T: ServerTransport>(
     server: &mut Server<KvService, T>,
     stop: &AtomicBool,
 ) -> DaemonReport {
+    daemon_loop_observing(server, stop, |_| {})
+}
+
+/// [`daemon_loop`] that also calls `observe` with the server whenever a round found nothing
+/// to do (to sample transport state, e.g. the connections a ScaleRPC server holds).
+fn daemon_loop_observing<T: ServerTransport>(
+    server: &mut Server<KvService, T>,
+    stop: &AtomicBool,
+    mut observe: impl FnMut(&Server<KvService, T>),
+) -> DaemonReport {
     let mut shard = Shard::default();
     let backoff = Backoff::new();
     while !stop.load(Ordering::Relaxed) {
         if server.serve_once(|req| KvService::dispatch(&mut shard, req)) == 0 {
+            observe(server);
             backoff.snooze();
         } else {
             backoff.reset();
@@ -1334,12 +1345,20 @@ fn run_scalerpc(a: &RunArgs) -> i32 {
             thread::Builder::new()
                 .name(format!("daemon-0.{d}"))
                 .spawn(move || {
-                    let mut r = daemon_loop(&mut server, &stop);
+                    // Clients disconnect (and their connections are reclaimed) before the
+                    // daemons stop: report the connections accepted over the run (held now
+                    // or reclaimed) and the most groups seen at once.
+                    let mut groups = 0;
+                    let mut r = daemon_loop_observing(&mut server, &stop, |server| {
+                        let s = server.transport().scale_server();
+                        groups = groups.max(s.scheduler().num_groups());
+                    });
                     let t = server.transport();
                     let s = t.scale_server();
                     r.scale = Some(ScaleDaemon {
-                        conns: s.num_conns(),
-                        groups: s.scheduler().num_groups(),
+                        conns: s.num_conns()
+                            + u32::try_from(s.stats().reclaimed).unwrap_or(u32::MAX),
+                        groups,
                         sched: *s.scheduler().stats(),
                         server: *s.stats(),
                         probes: t.probes_answered(),

@@ -25,8 +25,8 @@ fn scalerpc_transport_passes_the_check() {
 
 #[test]
 fn scalerpc_groups_switch_during_the_run_and_the_check_passes() {
-    // Two daemons, five connections each (four clients and the checker) in groups of two:
-    // three groups per daemon take turns every 100 us.
+    // Two daemons, five connections each (four clients, then the checker, which reuses a
+    // reclaimed connection id) in groups of two: two groups per daemon take turns every 100 us.
     let v = passing(&[
         "--transport",
         "scalerpc",
@@ -45,7 +45,7 @@ fn scalerpc_groups_switch_during_the_run_and_the_check_passes() {
     ]);
     let s = &v["scalerpc"];
     assert_eq!(s["conns"], 10, "{v}");
-    assert_eq!(s["groups"], 3, "{v}");
+    assert_eq!(s["groups"], 2, "{v}");
     assert!(s["switches"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["daemons"], 2, "{v}");
     assert_eq!(v["clients"], 4, "{v}");
