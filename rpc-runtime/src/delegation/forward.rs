@@ -66,8 +66,10 @@
 //! Nothing a peer or client sends makes the delegate panic. A request that does not decode is
 //! answered with its [`crate::wire::WireError::status`] ([`ForwardStats::bad_requests`]); a
 //! request for a rank that does not exist, for which there is no endpoint, or (arriving from
-//! a peer) for another rank or a daemon that does not exist, with [`Status::Unreachable`]
-//! ([`ForwardStats::unroutable`]); a call whose endpoint or daemon failed, with
+//! a peer) for another rank or a daemon that does not exist, or (taken from the ring) for this
+//! rank but a daemon other than the delegate — ring clients call the other daemons of their
+//! rank on those daemons' own rings (seeds/004 §4.4), so the delegate's ring carries only
+//! shard-0 and remote-rank calls — with [`Status::Unreachable`] ([`ForwardStats::unroutable`]); a call whose endpoint or daemon failed, with
 //! [`Status::Unreachable`] ([`ForwardStats::failed_calls`]); a response that is not a wire
 //! message or does not fit the client's slot, with [`Status::BadForwardedResponse`]
 //! ([`ForwardStats::corrupt_responses`]).
@@ -149,8 +151,9 @@ pub struct ForwardStats {
     pub handoff_replies: u64,
     /// Requests that did not decode, answered with the decode error's status.
     pub bad_requests: u64,
-    /// Requests for a rank or daemon that does not exist or has no endpoint, or (from a
-    /// peer) for another rank, answered with [`Status::Unreachable`].
+    /// Requests for a rank or daemon that does not exist or has no endpoint, (from a peer)
+    /// for another rank, or (from the ring) for a daemon of this rank other than the
+    /// delegate, answered with [`Status::Unreachable`].
     pub unroutable: u64,
     /// Forwarded calls whose endpoint or daemon failed (or refused them), answered with
     /// [`Status::Unreachable`].
@@ -586,6 +589,13 @@ impl Io<'_> {
             };
             let t = route(&req);
             if t.rank == self.rank {
+                if t.daemon != 0 {
+                    // Another daemon's shard (or no such daemon): the ring's clients reach the
+                    // other daemons of their rank through those daemons' own rings (seeds/004
+                    // §4.4), so this entry is misaddressed. Answered, never served here.
+                    self.misaddressed(ring, token, method_id, t.daemon);
+                    continue;
+                }
                 // Phase 3: this daemon's shard.
                 let resp = handler(req);
                 self.stats.ring_local += 1;
@@ -619,6 +629,26 @@ impl Io<'_> {
         }
         ring.advance_tail();
         n
+    }
+
+    /// A ring entry for this rank but another daemon (cold): [`Status::Unreachable`],
+    /// counted in [`ForwardStats::unroutable`].
+    #[cold]
+    #[inline(never)]
+    fn misaddressed(
+        &mut self,
+        ring: &mut RingServer,
+        token: ReplyToken,
+        method_id: u16,
+        daemon: u32,
+    ) {
+        self.stats.unroutable += 1;
+        tracing::debug!(
+            daemon,
+            daemons = self.daemons.len(),
+            "delegate: ring entry for another daemon of this rank refused"
+        );
+        ring_status(ring, self.stats, token, method_id, Status::Unreachable);
     }
 
     /// seeds/004 §5 "copyrpc 送信リング満杯 (Phase 2)" (cold): nested progress — `ctx.poll`
@@ -1230,6 +1260,66 @@ mod tests {
         assert_eq!(s1.remote_served, 2, "{s1:?}"); // keys 4, 10
         assert_eq!(s1.handed_off, 3, "{s1:?}"); // keys POISON, 5, 11
         assert_eq!(s0.dropped_replies + s1.dropped_replies, 0);
+    }
+
+    /// A ring entry for the delegate's own rank is served only if it is for daemon 0: one for
+    /// another daemon of the rank (which the ring's clients must call on that daemon's own
+    /// ring, seeds/004 §4.4) or for a daemon that does not exist is answered with
+    /// `Unreachable` and counted, never handed to the shard-0 handler.
+    #[test]
+    fn ring_entry_for_another_daemon_is_refused() {
+        let fabric = Fabric::new(SimConfig::default());
+        let dev = fabric.open();
+        let ring_name = name("own-rank");
+        let ring = DelegationServer::create(
+            &ring_name,
+            Svc::DESCRIPTOR,
+            DelegationConfig {
+                max_clients: 2,
+                ring_depth: 8,
+                resp_depth: 8,
+                ..DelegationConfig::default()
+            },
+        )
+        .unwrap();
+        let ctx = Context::new(&dev, ContextConfig::default()).unwrap();
+        // One rank, two daemons; key % 4 names the daemon (2 and 3 do not exist).
+        let route: Route = Box::new(|a: &Args| Target {
+            rank: a.rank,
+            daemon: (a.key % 4) as u32,
+        });
+        let mut d = Delegate::<Svc, Route>::new(ring, ctx, 0, 1, 2, route).unwrap();
+        let mut c = RingClient::attach(&ring_name).unwrap();
+        let keys = [4u64, 5, 6, 7, u64::MAX, 8];
+        let mut slot_key = [u64::MAX; 8];
+        for &key in &keys {
+            let slot = c.try_call(&encode(Args { rank: 0, key })).unwrap();
+            slot_key[slot as usize] = key;
+        }
+        let mut served = Vec::new();
+        let mut got = Vec::new();
+        let t = Instant::now();
+        while got.len() < keys.len() {
+            assert!(t.elapsed() < Duration::from_secs(10), "stuck: {got:?}");
+            d.run_once(|a: Args| {
+                served.push(a.key);
+                a.key * 100 + WHO_R0
+            });
+            c.poll(|slot, r| got.push((slot_key[slot as usize], r.to_vec())))
+                .unwrap();
+        }
+        got.sort_by_key(|(k, _)| *k);
+        for (key, r) in &got {
+            if key % 4 == 0 {
+                assert_eq!(Svc::decode_response(0, r), Ok(key * 100 + WHO_R0));
+            } else {
+                assert_eq!(status_of(r), Status::Unreachable as u16, "key {key}");
+            }
+        }
+        assert_eq!(served, vec![4, 8], "only daemon 0's keys reach the handler");
+        let s = *d.stats();
+        assert_eq!((s.ring_local, s.unroutable), (2, 4), "{s:?}");
+        assert_eq!(s.dropped_replies, 0);
     }
 
     #[test]
