@@ -104,7 +104,7 @@ mod stats;
 
 pub use client::RingClient;
 pub use config::{RingConfig, RingInfo};
-pub use error::{CallError, ReplyError, RingError};
+pub use error::{CallError, ReplyError, RingError, RingFault};
 pub use server::{RecvEntry, ReplyToken, RingServer};
 pub use shm::SHM_DIR;
 pub use stats::RingStats;
