@@ -56,7 +56,12 @@
 //! - **Another daemon's ring full (Phase 1).** A hand-off that finds all of this delegate's
 //!   response slots on that ring in use ([`RingCallError::WouldBlock`]) copies the request out
 //!   (cold path) and drains that daemon's responses (Phase 4 for it) until a slot is free.
-//!   Daemons never wait for the delegate, so this terminates.
+//!   Daemons never wait for the delegate, so this terminates unless the daemon is stopped.
+//!
+//! Both waits are bounded by the delegate's wait timeout ([`Delegate::set_wait_timeout`],
+//! default [`DEFAULT_WAIT_TIMEOUT`]): a stopped (SIGSTOP) daemon or peer must not stop the
+//! delegate, which serves every other client and rank. A wait that reaches it answers its
+//! request with [`Status::Unreachable`] ([`ForwardStats::wait_timeouts`]).
 //!
 //! Order: the calls of one client to one destination are forwarded in the order the client
 //! issued them (the ring is consumed in order; a retried call blocks the pass), so a single
@@ -77,6 +82,7 @@
 //! The hot path does not allocate: scratch buffers and tables are sized at construction.
 
 use std::marker::PhantomData;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 
@@ -85,6 +91,10 @@ use crate::copyrpc::{Context, EndpointFailure, EndpointId, RecvHandle, ReplyErro
 use crate::error::{MessageKind, RpcError};
 use crate::service::Service;
 use crate::wire::{self, Status};
+
+/// Default bound on a delegate's back-pressure waits ([`Delegate::set_wait_timeout`]): 1 s,
+/// the default call deadline suggested for the typed clients.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Where a request must be served: a rank, and the daemon (shard) within it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -169,6 +179,9 @@ pub struct ForwardStats {
     /// Phase 1 hand-offs that found all response slots on the daemon's ring in use and
     /// waited for its responses.
     pub daemon_busy_waits: u64,
+    /// Phase 1 hand-offs and Phase 2 calls that gave up after waiting the delegate's wait
+    /// timeout for room (a stopped daemon or peer), answered with [`Status::Unreachable`].
+    pub wait_timeouts: u64,
 }
 
 /// Setting up a [`Delegate`] failed.
@@ -221,6 +234,8 @@ pub struct Delegate<S: Service, R> {
     /// Copy of one copyrpc request for the Phase 1 hand-off retry path (`max_request_bytes`).
     handoff_scratch: Box<[u8]>,
     stats: ForwardStats,
+    /// Bound on the back-pressure waits (see [`Delegate::set_wait_timeout`]).
+    wait_timeout: Duration,
     _service: PhantomData<fn() -> S>,
 }
 
@@ -291,6 +306,7 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
             scratch: vec![0u8; S::DESCRIPTOR.max_request_bytes].into_boxed_slice(),
             handoff_scratch: vec![0u8; S::DESCRIPTOR.max_request_bytes].into_boxed_slice(),
             stats: ForwardStats::default(),
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
             _service: PhantomData,
         })
     }
@@ -341,6 +357,14 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
         Ok(())
     }
 
+    /// Sets the bound on each back-pressure wait (default [`DEFAULT_WAIT_TIMEOUT`]): a Phase 1
+    /// hand-off waiting for a free response slot on another daemon's ring, and a Phase 2
+    /// `copyrpc call` waiting for ring space or credit. A wait that reaches it answers its
+    /// request with [`Status::Unreachable`] ([`ForwardStats::wait_timeouts`]).
+    pub fn set_wait_timeout(&mut self, timeout: Duration) {
+        self.wait_timeout = timeout;
+    }
+
     /// This delegate's rank.
     pub fn rank(&self) -> u32 {
         self.rank
@@ -383,6 +407,7 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
             scratch,
             handoff_scratch,
             stats,
+            wait_timeout,
             ..
         } = self;
         let ring = ring.ring_mut();
@@ -394,6 +419,7 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
             pending,
             handoff_scratch,
             stats,
+            wait_timeout: *wait_timeout,
         };
         // Phase 1 (seeds/004 §5 Phase 1): copyrpc completions and incoming requests.
         let mut work = io.poll_copyrpc(ring);
@@ -443,6 +469,8 @@ struct Io<'a> {
     pending: &'a mut [Box<[Option<RecvHandle>]>],
     handoff_scratch: &'a mut [u8],
     stats: &'a mut ForwardStats,
+    /// Bound on each back-pressure wait.
+    wait_timeout: Duration,
 }
 
 impl Io<'_> {
@@ -534,6 +562,7 @@ impl Io<'_> {
     #[inline(never)]
     fn hand_off_when_free(&mut self, d: usize, h: RecvHandle, method_id: u16, len: usize) {
         self.stats.daemon_busy_waits += 1;
+        let deadline = Instant::now() + self.wait_timeout;
         let backoff = Backoff::new();
         loop {
             if self.drain_daemon(d) == 0 {
@@ -544,13 +573,27 @@ impl Io<'_> {
                 self.reply_status(h, method_id, Status::Unreachable);
                 return;
             };
-            match client.try_call(&self.handoff_scratch[..len]) {
+            if Instant::now() >= deadline {
+                self.stats.wait_timeouts += 1;
+                self.reply_status(h, method_id, Status::Unreachable);
+                return;
+            }
+            let msg = &self.handoff_scratch[..len];
+            match client.try_call_with_deadline(deadline, |buf| {
+                buf[..msg.len()].copy_from_slice(msg);
+                msg.len()
+            }) {
                 Ok(slot) => {
                     self.stats.handed_off += 1;
                     self.pending[d][slot as usize] = Some(h);
                     return;
                 }
                 Err(RingCallError::WouldBlock) => {}
+                Err(RingCallError::Timeout) => {
+                    self.stats.wait_timeouts += 1;
+                    self.reply_status(h, method_id, Status::Unreachable);
+                    return;
+                }
                 Err(_) => {
                     self.stats.failed_calls += 1;
                     self.reply_status(h, method_id, Status::Unreachable);
@@ -666,6 +709,7 @@ impl Io<'_> {
         handler: &mut impl FnMut(S::Request) -> S::Response,
     ) {
         let allowance = S::DESCRIPTOR.max_response_bytes as u32;
+        let deadline = Instant::now() + self.wait_timeout;
         let backoff = Backoff::new();
         loop {
             self.stats.ring_full_retries += 1;
@@ -689,6 +733,17 @@ impl Io<'_> {
                     );
                     return;
                 }
+            }
+            if Instant::now() >= deadline {
+                self.stats.wait_timeouts += 1;
+                ring_status(
+                    ring,
+                    self.stats,
+                    tok.reply_token(),
+                    tok.method_id,
+                    Status::Unreachable,
+                );
+                return;
             }
             if work == 0 {
                 backoff.snooze();
@@ -1320,6 +1375,75 @@ mod tests {
         let s = *d.stats();
         assert_eq!((s.ring_local, s.unroutable), (2, 4), "{s:?}");
         assert_eq!(s.dropped_replies, 0);
+    }
+
+    /// A daemon that stops draining its ring (stopped, not dead) makes the delegate's Phase 1
+    /// hand-off wait for a free response slot: the wait ends at the delegate's wait timeout
+    /// with `Unreachable`, the delegate keeps serving, and once the daemon runs again the
+    /// calls handed to it are answered.
+    #[test]
+    fn hand_off_wait_is_bounded() {
+        let s = setup(1 << 16);
+        let Setup {
+            mut d1,
+            daemon1,
+            mut direct,
+            direct_ep,
+            ..
+        } = s;
+        d1.set_wait_timeout(Duration::from_millis(100));
+        // Daemon 1 not running: its ring takes 4 hand-offs (4 response slots per client).
+        let keys = [1u64, 3, 5, 7, 9, 2];
+        for (i, &key) in keys.iter().enumerate() {
+            direct
+                .call(direct_ep, &encode(Args { rank: 1, key }), i as u32, 64)
+                .unwrap();
+        }
+        let mut got: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        let t = Instant::now();
+        // Key 9 waits, times out; key 2 (daemon 0) is served after it.
+        while got[4].is_none() || got[5].is_none() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "stuck: {:?}",
+                d1.stats()
+            );
+            d1.run_once(|a: Args| a.key * 100 + WHO_R1D0);
+            direct.poll(|i, r| got[i as usize] = Some(r.expect("endpoint alive").to_vec()));
+        }
+        let waited = t.elapsed();
+        assert_eq!(
+            status_of(got[4].as_ref().unwrap()),
+            Status::Unreachable as u16
+        );
+        assert_eq!(
+            Svc::decode_response(0, got[5].as_ref().unwrap()),
+            Ok(2 * 100 + WHO_R1D0)
+        );
+        assert!(got[..4].iter().all(Option::is_none));
+        let st = *d1.stats();
+        assert_eq!((st.wait_timeouts, st.handed_off), (1, 4), "{st:?}");
+        assert!(waited >= Duration::from_millis(100), "{waited:?}");
+        // The daemon runs again: the four hand-offs are answered.
+        let stop = Arc::new(AtomicBool::new(false));
+        let td = run_daemon1(daemon1, stop.clone());
+        while got[..4].iter().any(Option::is_none) {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "stuck: {:?}",
+                d1.stats()
+            );
+            d1.run_once(|a: Args| a.key * 100 + WHO_R1D0);
+            direct.poll(|i, r| got[i as usize] = Some(r.expect("endpoint alive").to_vec()));
+        }
+        stop.store(true, Ordering::Release);
+        assert_eq!(td.join().unwrap(), 4);
+        for (k, r) in keys[..4].iter().zip(&got) {
+            assert_eq!(
+                Svc::decode_response(0, r.as_ref().unwrap()),
+                Ok(k * 100 + WHO_R1D1)
+            );
+        }
     }
 
     #[test]
