@@ -551,7 +551,8 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
     ) -> Result<(), RpcError> {
         let token = self
             .transport
-            .send(timeout, |buf| wire::encode(method_id, 0, args, buf))?;
+            .send(timeout, |buf| wire::encode(method_id, 0, args, buf))
+            .map_err(|e| send_error::<S>(e, tag, method_id))?;
         self.calls.start(token, tag, method_id, timeout);
         Ok(())
     }
@@ -581,7 +582,8 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         let method_id = S::request_method_id(req);
         let token = self
             .transport
-            .send(timeout, |buf| S::encode_request(req, buf))?;
+            .send(timeout, |buf| S::encode_request(req, buf))
+            .map_err(|e| send_error::<S>(e, tag, method_id))?;
         self.calls.start(token, tag, method_id, timeout);
         Ok(())
     }
@@ -697,7 +699,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 Err(RpcError::WouldBlock) => {
                     self.wait_for_room(&mut deadline_ns, timeout, method_id)?
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(send_error::<S>(e, BLOCKING_TAG, method_id)),
             }
         }
     }
@@ -737,6 +739,20 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         }
         std::hint::spin_loop();
         Ok(())
+    }
+}
+
+/// A transport's `send` failed: a [`RpcError::DeadlineExceeded`] it reports (it waited inside
+/// `send` until the timeout) gets the call's tag and method.
+#[cold]
+fn send_error<S: Service>(e: RpcError, tag: u64, method_id: u16) -> RpcError {
+    match e {
+        RpcError::DeadlineExceeded { timeout, .. } => RpcError::DeadlineExceeded {
+            tag,
+            method: method_name::<S>(method_id),
+            timeout,
+        },
+        e => e,
     }
 }
 

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use rpc_runtime::delegation::layout::{self, MAGIC};
 use rpc_runtime::delegation::{
-    CallError, ReplyError, ReplyToken, RingClient, RingConfig, RingError, RingServer, SHM_DIR,
+    CallError, ReplyError, ReplyToken, RingClient, RingConfig, RingError, RingFault, RingServer,
+    SHM_DIR,
 };
 
 fn unique_name(tag: &str) -> String {
@@ -302,13 +303,17 @@ fn ring_dead_client_hole_is_skipped_and_id_reclaimed() {
 #[test]
 fn ring_hole_of_live_client_is_not_skipped() {
     let name = unique_name("hole-live");
-    let cfg = small_cfg();
+    // Within the stall timeout (here: long), a live client's hole is waited for.
+    let cfg = RingConfig {
+        stall_timeout: Duration::from_secs(30),
+        ..small_cfg()
+    };
     let mut server = RingServer::create(&name, &cfg).unwrap();
     let mut stuck = RingClient::attach(&name).unwrap();
     let mut other = RingClient::attach(&name).unwrap();
     stuck.__reserve_without_commit().unwrap();
     let idx = other.try_call(b"behind").unwrap();
-    // The owner is alive: the server must wait, however long.
+    // The owner is alive: the server must wait (until the stall timeout).
     let start = Instant::now();
     while start.elapsed() < cfg.hole_timeout * 4 {
         assert_eq!(serve_once(&mut server), 0);
@@ -820,4 +825,547 @@ fn corrupt_response_length_is_delivered_empty_and_counted() {
         client.poll(|s, b| echoed.push((s, b.to_vec()))).unwrap();
     }
     assert_eq!(echoed, vec![(slot2, b"again".to_vec())]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 12 §2: a corrupt or stuck ring fails loudly; bounded waits.
+// ---------------------------------------------------------------------------------------------
+
+fn layout_of(cfg: &RingConfig) -> layout::Layout {
+    layout::Layout::new(layout::LayoutParams {
+        max_clients: cfg.max_clients,
+        ring_depth: cfg.ring_depth,
+        resp_depth: cfg.resp_depth,
+        req_payload_cap: cfg.req_payload_cap,
+        resp_payload_cap: cfg.resp_payload_cap,
+    })
+    .unwrap()
+}
+
+/// Writes `v` at byte `off` of the ring file `/dev/shm/name` (a scribbler of shared memory).
+fn poke_u64(name: &str, off: u64, v: u64) {
+    let f = OpenOptions::new().write(true).open(shm_file(name)).unwrap();
+    f.write_all_at(&v.to_ne_bytes(), off).unwrap();
+}
+
+fn peek_u64(name: &str, off: u64) -> u64 {
+    let f = OpenOptions::new().read(true).open(shm_file(name)).unwrap();
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, off).unwrap();
+    u64::from_ne_bytes(b)
+}
+
+/// Runs `f` on a thread and fails the test if it has not returned within `limit` (a hang on
+/// the code before the fix becomes a failure, not a stuck test run).
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("did not return within {limit:?}: hangs"))
+}
+
+/// The server finds `head` behind its cursor, marks the ring failed and counts it; every
+/// client then fails at once — a call, a poll with a call outstanding — and a new client
+/// cannot attach.
+#[test]
+fn corrupt_head_behind_tail_detected_by_server_fails_every_client() {
+    let name = unique_name("head-behind");
+    let cfg = small_cfg();
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut a = RingClient::attach(&name).unwrap();
+    let mut b = RingClient::attach(&name).unwrap();
+    for i in 0..5u8 {
+        roundtrip(&mut server, &mut a, &[i; 4]);
+    }
+    b.try_call(b"outstanding").unwrap();
+    serve_once(&mut server); // answered, not yet polled by b
+    b.try_call(b"outstanding 2").unwrap();
+    // head = 0 although tail = cursor = 7.
+    poke_u64(&name, layout::OFF_HEAD as u64, 0);
+    assert_eq!(server.poll(), 0);
+    assert_eq!(server.fault(), Some(RingFault::HeadBehindTail));
+    assert_eq!(server.stats().ring_faults, 1);
+    assert!(server.recv().is_none());
+    let corrupt = Err(CallError::RingCorrupt(RingFault::HeadBehindTail));
+    let (a, b) = within(Duration::from_secs(5), move || {
+        assert_eq!(a.try_call(b"after"), corrupt.map(|_: ()| 0));
+        // b still gets the response that arrived before, then the error.
+        let mut got = Vec::new();
+        assert_eq!(b.poll(|_, r| got.push(r.to_vec())), Ok(1));
+        assert_eq!(got, vec![b"outstanding".to_vec()]);
+        assert_eq!(
+            b.poll(|_, _| panic!("no more responses")),
+            corrupt.map(|_: ()| 0)
+        );
+        (a, b)
+    });
+    assert_eq!(
+        (a.fault(), b.fault()),
+        (
+            Some(RingFault::HeadBehindTail),
+            Some(RingFault::HeadBehindTail)
+        )
+    );
+    assert!(matches!(
+        RingClient::attach(&name),
+        Err(RingError::Failed {
+            fault: RingFault::HeadBehindTail,
+            ..
+        })
+    ));
+    // The server stays failed.
+    poke_u64(&name, layout::OFF_HEAD as u64, 7);
+    assert_eq!(server.poll(), 0);
+    assert_eq!(server.stats().ring_faults, 1);
+}
+
+/// A client finds `head` behind `tail` before the server does: it fails its call at once,
+/// counts the fault and marks the ring failed; the server and the other clients follow.
+#[test]
+fn corrupt_head_behind_tail_detected_by_client() {
+    let name = unique_name("head-behind-c");
+    let cfg = small_cfg();
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut a = RingClient::attach(&name).unwrap();
+    let mut b = RingClient::attach(&name).unwrap();
+    for i in 0..3u8 {
+        roundtrip(&mut server, &mut a, &[i; 4]);
+    }
+    poke_u64(&name, layout::OFF_HEAD as u64, 1); // tail is 3
+    let a = within(Duration::from_secs(5), move || {
+        assert_eq!(
+            a.try_call(b"x"),
+            Err(CallError::RingCorrupt(RingFault::HeadBehindTail))
+        );
+        a
+    });
+    assert_eq!(a.ring_faults(), 1);
+    assert_eq!(
+        b.try_call(b"y"),
+        Err(CallError::RingCorrupt(RingFault::HeadBehindTail))
+    );
+    assert_eq!(b.ring_faults(), 0, "b learnt it from the header");
+    serve_once(&mut server);
+    assert_eq!(server.fault(), Some(RingFault::HeadBehindTail));
+}
+
+/// `head` far ahead of `tail` (garbage) is detected by both sides; a `head` exactly
+/// `ring_depth` ahead (a full ring) is not a fault: the call waits and times out.
+#[test]
+fn corrupt_head_too_far_ahead_is_detected() {
+    let name = unique_name("head-ahead");
+    let cfg = small_cfg();
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut a = RingClient::attach(&name).unwrap();
+    roundtrip(&mut server, &mut a, b"ok");
+    // Client side first: no server poll in between.
+    poke_u64(&name, layout::OFF_HEAD as u64, 1 + (1 << 40));
+    let a = within(Duration::from_secs(5), move || {
+        assert_eq!(
+            a.try_call(b"x"),
+            Err(CallError::RingCorrupt(RingFault::HeadTooFarAhead))
+        );
+        a
+    });
+    assert_eq!(a.ring_faults(), 1);
+    drop(a);
+    drop(server);
+
+    // Server side first, with the smallest impossible distance.
+    let name = unique_name("head-ahead2");
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut a = RingClient::attach(&name).unwrap();
+    roundtrip(&mut server, &mut a, b"ok");
+    let max_ahead = u64::from(cfg.ring_depth) + 4 * u64::from(cfg.max_clients);
+    // A full ring is legal: the client waits and times out.
+    poke_u64(
+        &name,
+        layout::OFF_HEAD as u64,
+        1 + u64::from(cfg.ring_depth),
+    );
+    let t = Instant::now();
+    assert_eq!(
+        a.try_call_with_deadline(t + Duration::from_millis(30), |_| 0),
+        Err(CallError::Timeout)
+    );
+    assert!(t.elapsed() >= Duration::from_millis(30));
+    assert_eq!(a.fault(), None);
+    poke_u64(&name, layout::OFF_HEAD as u64, 1 + max_ahead);
+    server.poll();
+    assert_eq!(
+        server.fault(),
+        None,
+        "head - tail == max_ahead is still possible"
+    );
+    poke_u64(&name, layout::OFF_HEAD as u64, 2 + max_ahead);
+    assert_eq!(server.poll(), 0);
+    assert_eq!(server.fault(), Some(RingFault::HeadTooFarAhead));
+    assert_eq!(server.stats().ring_faults, 1);
+    assert_eq!(
+        a.try_call(b"x"),
+        Err(CallError::RingCorrupt(RingFault::HeadTooFarAhead))
+    );
+}
+
+/// `tail` is written only by the server: a changed `tail` is found by the server's slow check
+/// (within a liveness interval while it polls), and a `tail` ahead of `head` by a client.
+#[test]
+fn corrupt_tail_is_detected() {
+    let name = unique_name("tail");
+    let cfg = small_cfg();
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut a = RingClient::attach(&name).unwrap();
+    for i in 0..3u8 {
+        roundtrip(&mut server, &mut a, &[i; 2]);
+    }
+    a.try_call(b"pending").unwrap();
+    // tail behind: every client would wait for room that never comes.
+    poke_u64(&name, layout::OFF_TAIL as u64, 1);
+    serve_until(&mut server, Duration::from_secs(5), |s| s.fault().is_some());
+    assert_eq!(server.fault(), Some(RingFault::TailCorrupt));
+    assert_eq!(server.stats().ring_faults, 1);
+    let mut got = 0;
+    // The pending call was answered before the check; then the poll reports the fault.
+    while a.in_flight() > 0 {
+        got += a.poll(|_, _| {}).unwrap();
+    }
+    assert_eq!(got, 1);
+    assert_eq!(
+        a.try_call(b"x"),
+        Err(CallError::RingCorrupt(RingFault::TailCorrupt))
+    );
+    drop(a);
+    drop(server);
+
+    let name = unique_name("tail2");
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut a = RingClient::attach(&name).unwrap();
+    roundtrip(&mut server, &mut a, b"ok");
+    poke_u64(&name, layout::OFF_TAIL as u64, 5); // head is 1
+    let a = within(Duration::from_secs(5), move || {
+        assert_eq!(
+            a.try_call(b"x"),
+            Err(CallError::RingCorrupt(RingFault::HeadBehindTail))
+        );
+        a
+    });
+    assert_eq!(a.ring_faults(), 1);
+}
+
+/// A slot sequence word no protocol step produces is found by the client that claims the
+/// slot and by the server at a hole on it; both fail the ring.
+#[test]
+fn corrupt_slot_sequence_word_is_detected() {
+    let name = unique_name("seq");
+    let cfg = small_cfg();
+    let l = layout_of(&cfg);
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut a = RingClient::attach(&name).unwrap();
+    roundtrip(&mut server, &mut a, b"ok");
+    // Slot of position 1: a word for position 2 (another slot).
+    poke_u64(
+        &name,
+        l.seq_offset(1) as u64,
+        layout::seq_word(2, layout::SEQ_FREE),
+    );
+    assert_eq!(
+        a.try_call(b"x"),
+        Err(CallError::RingCorrupt(RingFault::SlotSequence))
+    );
+    assert_eq!(a.ring_faults(), 1);
+    drop(a);
+    drop(server);
+
+    let name = unique_name("seq2");
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut a = RingClient::attach(&name).unwrap();
+    let mut dead = RingClient::attach(&name).unwrap();
+    roundtrip(&mut server, &mut a, b"ok");
+    assert_eq!(dead.__reserve_without_commit().unwrap(), 1);
+    dead.__crash();
+    poke_u64(
+        &name,
+        l.seq_offset(1) as u64,
+        layout::seq_word(1 + 3 * 8, layout::SEQ_COMMITTED),
+    );
+    serve_until(&mut server, Duration::from_secs(5), |s| s.fault().is_some());
+    assert_eq!(server.fault(), Some(RingFault::SlotSequence));
+    assert_eq!(server.stats().ring_faults, 1);
+}
+
+fn stall_cfg() -> RingConfig {
+    RingConfig {
+        max_clients: 4,
+        ring_depth: 4,
+        resp_depth: 4,
+        hole_timeout: Duration::from_millis(20),
+        stall_timeout: Duration::from_millis(100),
+        ..small_cfg()
+    }
+}
+
+/// A live client that reserved a position and stalls (here: forever) no longer blocks the
+/// ring: after `stall_timeout` the server skips the position and counts it.
+#[test]
+fn stalled_live_client_does_not_block_the_ring() {
+    let name = unique_name("stall-block");
+    let cfg = stall_cfg();
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut stuck = RingClient::attach(&name).unwrap();
+    let mut other = RingClient::attach(&name).unwrap();
+    stuck.__reserve_without_commit().unwrap();
+    let start = Instant::now();
+    let idx = other.try_call(b"behind").unwrap();
+    let mut got = None;
+    while got.is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "ring blocked by a stalled client: {:?}",
+            server.stats()
+        );
+        serve_once(&mut server);
+        other.poll(|i, r| got = Some((i, r.to_vec()))).unwrap();
+    }
+    let waited = start.elapsed();
+    assert_eq!(got.unwrap(), (idx, b"behind".to_vec()));
+    assert!(waited >= cfg.stall_timeout, "skipped after {waited:?}");
+    let s = server.stats();
+    assert_eq!((s.stalls_skipped, s.holes_skipped), (1, 0), "{s:?}");
+    eprintln!(
+        "stalled hole skipped after {waited:?} (stall_timeout {:?})",
+        cfg.stall_timeout
+    );
+}
+
+/// A client stalled between its reservation and its claim: once the server skipped its
+/// position, the late claim is refused (`Skipped`), nothing is written, and the client's next
+/// call works.
+#[test]
+fn stalled_client_late_claim_is_refused() {
+    let name = unique_name("stall-claim");
+    let cfg = stall_cfg();
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut s = RingClient::attach(&name).unwrap();
+    let mut o = RingClient::attach(&name).unwrap();
+    let far = Instant::now() + Duration::from_secs(10);
+    let p = s.__begin(far).unwrap();
+    assert_eq!(p.pos(), 0);
+    let idx = o.try_call(b"other").unwrap();
+    serve_until(&mut server, Duration::from_secs(5), |sv| {
+        sv.stats().stalls_skipped == 1
+    });
+    // Wrap the ring past the skipped position a few times.
+    let mut got = Vec::new();
+    while got.is_empty() {
+        serve_once(&mut server);
+        o.poll(|i, r| got.push((i, r.to_vec()))).unwrap();
+    }
+    assert_eq!(got, vec![(idx, b"other".to_vec())]);
+    for i in 0..10u8 {
+        roundtrip(&mut server, &mut o, &[i; 6]);
+    }
+    assert_eq!(s.__claim(&p, far), Err(CallError::Skipped));
+    assert_eq!((s.skipped_calls(), s.in_flight()), (1, 0));
+    roundtrip(&mut server, &mut s, b"s works again");
+    roundtrip(&mut server, &mut o, b"o too");
+    let st = server.stats();
+    assert_eq!((st.stalls_skipped, st.received), (1, 13), "{st:?}");
+}
+
+/// A client stalled *inside* its payload write (slot claimed, half written): the server
+/// skips its position after `stall_timeout` but keeps the slot away from later laps while the
+/// client holds it; a later call on the same slot times out waiting (and its position is
+/// skipped too); the late commit is refused, the slot is handed on, and every request and
+/// response stays intact.
+#[test]
+fn stalled_client_late_commit_is_refused_and_slot_handed_on() {
+    let name = unique_name("stall-commit");
+    let cfg = stall_cfg();
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut s = RingClient::attach(&name).unwrap();
+    let mut o = RingClient::attach(&name).unwrap();
+    let far = Instant::now() + Duration::from_secs(10);
+    let p = s.__begin(far).unwrap();
+    assert_eq!(p.pos(), 0);
+    s.__claim(&p, far).unwrap();
+    let r = s.__finish(p, |buf| {
+        buf[..4].copy_from_slice(b"LATE");
+        // Stalled here, mid-write. The others go on: positions 1..3 are served.
+        let slots: Vec<u32> = (1..4u8).map(|i| o.try_call(&[i; 3]).unwrap()).collect();
+        serve_until(&mut server, Duration::from_secs(5), |sv| {
+            sv.stats().stalls_skipped == 1
+        });
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            serve_once(&mut server);
+            o.poll(|i, r| got.push((i, r.to_vec()))).unwrap();
+        }
+        got.sort();
+        let mut want: Vec<_> = slots
+            .iter()
+            .zip(1..4u8)
+            .map(|(&i, b)| (i, vec![b; 3]))
+            .collect();
+        want.sort();
+        assert_eq!(got, want);
+        // Position 4 is on the slot this client still holds: the call waits, then times out.
+        let t = Instant::now();
+        assert_eq!(
+            o.try_call_with_deadline(t + Duration::from_millis(30), |b| {
+                b[0] = b'!';
+                1
+            }),
+            Err(CallError::Timeout)
+        );
+        // Position 4 is skipped too once it is `stall_timeout` old (its slot is held: the
+        // abandoned position cannot be skipped as an ordinary hole); position 5 works.
+        serve_until(&mut server, Duration::from_secs(5), |sv| {
+            sv.stats().stalls_skipped == 2
+        });
+        roundtrip(&mut server, &mut o, b"five");
+        buf[4..8].copy_from_slice(b"DATA");
+        8
+    });
+    assert_eq!(r, Err(CallError::Skipped));
+    assert_eq!((s.skipped_calls(), s.in_flight()), (1, 0));
+    // The slot was handed on: many wraps, both clients, every payload intact.
+    for i in 0..20u8 {
+        roundtrip(&mut server, &mut o, &[i; 9]);
+        roundtrip(&mut server, &mut s, &[i ^ 0xff; 5]);
+    }
+    let st = server.stats();
+    assert_eq!(st.stalls_skipped, 2, "{st:?}");
+    assert_eq!(
+        st.received,
+        3 + 1 + 40,
+        "the late entry was never received: {st:?}"
+    );
+    assert_eq!((st.invalid_entries(), st.aborted), (0, 0));
+}
+
+/// A client that dies while holding a slot whose position the server skipped: the server
+/// takes the slot back (it would otherwise cost every later lap of that slot a stall).
+#[test]
+fn holder_dying_after_skip_releases_its_slot() {
+    let name = unique_name("stall-die");
+    let cfg = stall_cfg();
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut s = RingClient::attach(&name).unwrap();
+    let mut o = RingClient::attach(&name).unwrap();
+    let far = Instant::now() + Duration::from_secs(10);
+    let p = s.__begin(far).unwrap();
+    s.__claim(&p, far).unwrap();
+    roundtrip(&mut server, &mut o, b"1"); // served once position 0 is skipped
+    assert_eq!(server.stats().stalls_skipped, 1);
+    s.__crash();
+    // Positions 2, 3 are served; 4 is on the dead client's slot: the call waits (this test
+    // serves in the same thread, so it times out and retries) until the server takes the
+    // slot back.
+    o.set_send_timeout(Duration::from_millis(10));
+    let start = Instant::now();
+    let mut timeouts = 0;
+    let mut done = 0u8;
+    while done < 12 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            server.stats()
+        );
+        match o.try_call(&[done; 3]) {
+            Ok(_) => {
+                let mut got = None;
+                while got.is_none() {
+                    serve_once(&mut server);
+                    o.poll(|_, r| got = Some(r.to_vec())).unwrap();
+                }
+                assert_eq!(got.unwrap(), vec![done; 3]);
+                done += 1;
+            }
+            Err(CallError::Timeout) => {
+                timeouts += 1;
+                serve_once(&mut server);
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let st = server.stats();
+    assert_eq!(st.held_slots_released, 1, "{st:?}");
+    assert!(timeouts >= 1);
+    // Every later lap of the slot works without a stall: 12 calls wrap the 4-slot ring 3 times.
+    assert_eq!(st.stalls_skipped, 1, "later laps did not stall: {st:?}");
+    eprintln!(
+        "slot taken back after {:?}, {timeouts} timed-out attempts",
+        start.elapsed()
+    );
+}
+
+/// The deadline bounds the wait for room: with the server not consuming, a call on a full
+/// ring returns `Timeout` at its deadline. Its position is abandoned, never written; the
+/// client reserves nothing more until the server has passed it; the server skips it as a hole
+/// without an owner (after `hole_timeout`, not `stall_timeout`), and the ring works on.
+#[test]
+fn full_ring_call_times_out_and_its_position_is_skipped() {
+    let name = unique_name("full-timeout");
+    let cfg = RingConfig {
+        resp_depth: 8,
+        stall_timeout: Duration::from_secs(30),
+        ..stall_cfg()
+    };
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut c = RingClient::attach(&name).unwrap();
+    for i in 0..4u8 {
+        c.try_call(&[i]).unwrap(); // positions 0..3: the ring is full
+    }
+    let t = Instant::now();
+    let d = Duration::from_millis(50);
+    assert_eq!(
+        c.try_call_with_deadline(t + d, |b| {
+            b[0] = 0xEE;
+            1
+        }),
+        Err(CallError::Timeout)
+    );
+    let took = t.elapsed();
+    assert!(took >= d && took < d + Duration::from_secs(1), "{took:?}");
+    assert_eq!(
+        peek_u64(&name, layout::OFF_HEAD as u64),
+        5,
+        "position 4 abandoned"
+    );
+    // The send timeout bounds try_call too; nothing new is reserved while position 4 is
+    // ahead of the server.
+    c.set_send_timeout(Duration::from_millis(20));
+    assert_eq!(c.try_call(b"x"), Err(CallError::Timeout));
+    assert_eq!(peek_u64(&name, layout::OFF_HEAD as u64), 5);
+    assert_eq!(c.timed_out_calls(), 2);
+    let mut n = 0;
+    while n < 4 {
+        serve_once(&mut server);
+        n += c.poll(|i, r| assert_eq!(r, &[i as u8])).unwrap();
+    }
+    let start = Instant::now();
+    serve_until(&mut server, Duration::from_secs(5), |s| {
+        s.stats().holes_skipped == 1
+    });
+    let idx = c.try_call(b"again").unwrap();
+    let mut got = None;
+    while got.is_none() {
+        serve_once(&mut server);
+        c.poll(|i, r| got = Some((i, r.to_vec()))).unwrap();
+    }
+    assert_eq!(got.unwrap(), (idx, b"again".to_vec()));
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let s = server.stats();
+    assert_eq!(
+        (s.holes_skipped, s.stalls_skipped, s.received),
+        (1, 0, 5),
+        "{s:?}"
+    );
+    assert_eq!(
+        s.invalid_entries() + s.aborted,
+        0,
+        "the abandoned slot was never written"
+    );
 }

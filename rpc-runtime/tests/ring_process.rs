@@ -85,6 +85,7 @@ fn serve_once(server: &mut RingServer) -> Vec<Vec<u8>> {
 
 /// `calls` pipelined calls, each response checked. Payload: pid, client id, sequence number.
 fn client_calls(c: &mut RingClient, calls: u64) {
+    c.set_send_timeout(Duration::from_secs(60));
     let depth = c.info().resp_depth as usize;
     let mut slot_req: Vec<Option<Vec<u8>>> = vec![None; depth];
     let (mut next, mut done) = (0u64, 0u64);
@@ -101,6 +102,8 @@ fn client_calls(c: &mut RingClient, calls: u64) {
                     next += 1;
                 }
                 Err(CallError::WouldBlock) => break,
+                // Stalled past the stall timeout (a loaded machine): not delivered; resend.
+                Err(CallError::Skipped) => {}
                 Err(e) => panic!("try_call: {e}"),
             }
         }
@@ -384,4 +387,112 @@ fn ring_client_process_dies_mid_call() {
     }
     h.join().unwrap();
     assert_eq!(server.stats().holes_skipped, 1);
+}
+
+/// Kills (SIGCONT, then SIGKILL) a child process on drop, so a failing test leaves no stopped
+/// process behind.
+struct KillOnDrop(Option<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGCONT) };
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Sends `sig` to `pid` and waits until /proc shows the process stopped (`T`) or not.
+fn signal_and_wait(pid: u32, sig: libc::c_int, stopped: bool) {
+    // SAFETY: plain kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        // The state follows the parenthesized command name.
+        let state = stat.rsplit(')').next().unwrap().trim_start().chars().next();
+        if (state == Some('T')) == stopped {
+            return;
+        }
+        assert!(Instant::now() < deadline, "pid {pid} state {state:?}");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A server process that is stopped (SIGSTOP), not dead: it still holds its lock, so the
+/// liveness check cannot help. A call on the ring it no longer drains returns
+/// `CallError::Timeout` at its deadline; after SIGCONT the outstanding calls are answered, the
+/// abandoned position is skipped, and the ring works again.
+#[test]
+fn ring_server_sigstop_call_times_out_then_recovers() {
+    if let Some((_, name)) = child_role() {
+        child_server(&name);
+        return;
+    }
+    let name = unique_name("xproc-stop");
+    let child = spawn_child(
+        "ring_server_sigstop_call_times_out_then_recovers",
+        "server",
+        &name,
+    );
+    let pid = child.id();
+    let mut guard = KillOnDrop(Some(child));
+    let mut c = attach_retry(&name);
+    client_calls(&mut c, 200);
+
+    signal_and_wait(pid, libc::SIGSTOP, true);
+    // The ring (depth 4) takes 4 more requests; the 5th finds no room.
+    let wait = Duration::from_millis(200);
+    let mut sent = Vec::new();
+    let (err, took) = loop {
+        let t = Instant::now();
+        let req = [sent.len() as u8; 5];
+        match c.try_call_with_deadline(t + wait, |b| {
+            b[..5].copy_from_slice(&req);
+            5
+        }) {
+            Ok(idx) => sent.push((idx, req)),
+            Err(e) => break (e, t.elapsed()),
+        }
+        assert!(sent.len() <= 4, "a stopped server cannot make room");
+    };
+    assert_eq!(err, CallError::Timeout);
+    assert_eq!(sent.len(), 4);
+    assert!(
+        took >= wait && took < wait + Duration::from_secs(2),
+        "{took:?}"
+    );
+    // Polling does not fail (the server is alive, only stopped): the caller's deadline
+    // bounds the wait for responses.
+    assert_eq!(c.poll(|_, _| panic!("stopped server answered")), Ok(0));
+    let t = Instant::now();
+    assert_eq!(
+        c.try_call_with_deadline(t + wait, |_| 0),
+        Err(CallError::Timeout)
+    );
+    let took2 = t.elapsed();
+    eprintln!(
+        "SIGSTOPped server: reservation with a {wait:?} deadline returned Timeout after {took:?} (first) / {took2:?} (second)"
+    );
+
+    signal_and_wait(pid, libc::SIGCONT, false);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < sent.len() {
+        assert!(Instant::now() < deadline, "no responses after SIGCONT");
+        c.poll(|i, r| got.push((i, r.to_vec()))).unwrap();
+        thread::yield_now();
+    }
+    got.sort();
+    let mut want: Vec<_> = sent.iter().map(|(i, r)| (*i, transform(r))).collect();
+    want.sort();
+    assert_eq!(got, want);
+    let resumed = Instant::now();
+    client_calls(&mut c, 200);
+    eprintln!("after SIGCONT: 200 calls in {:?}", resumed.elapsed());
+    assert_eq!(call(&mut c, b"EXIT").unwrap(), transform(b"EXIT"));
+    let mut child = guard.0.take().unwrap();
+    assert!(wait_child(&mut child, Duration::from_secs(30)).success());
 }

@@ -4,14 +4,14 @@
 
 use std::fs::File;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::fence;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 
 use super::config::RingInfo;
-use super::error::{CallError, RingError};
+use super::error::{CallError, RingError, RingFault};
 use super::header;
 use super::layout::*;
 use super::shm::{self, ShmMap};
@@ -26,6 +26,11 @@ use super::shm::{self, ShmMap};
 ///
 /// Dropping the client marks its id `DETACHED` and releases its lock; the server then reclaims
 /// the id (replies still in flight to it are refused with `StaleToken`).
+///
+/// Every wait of a call is bounded: by the deadline of
+/// [`try_call_with_deadline`](Self::try_call_with_deadline), or by the client's send timeout
+/// ([`DEFAULT_SEND_TIMEOUT`], see [`set_send_timeout`](Self::set_send_timeout)) for
+/// [`try_call`](Self::try_call) and [`try_call_with`](Self::try_call_with).
 pub struct RingClient {
     path: PathBuf,
     /// This client's own open file description; holds the OFD lock on its client record.
@@ -47,10 +52,84 @@ pub struct RingClient {
     liveness_interval: Duration,
     next_liveness_check: Instant,
     corrupt_responses: u64,
+    /// Calls refused because the server skipped their position (stall).
+    skipped_calls: u64,
+    /// Calls that gave up waiting for room at their deadline.
+    timed_out_calls: u64,
+    /// Impossible ring states this client found (it marked the ring failed).
+    ring_faults: u64,
+    /// How long `try_call`/`try_call_with` wait for room before [`CallError::Timeout`].
+    send_timeout: Duration,
+    /// `ring_depth + 4 * max_clients`: beyond this distance from `tail`, `head` is impossible
+    /// (see [`RingFault::HeadTooFarAhead`]).
+    max_ahead: u64,
+    /// A position this client reserved and abandoned at a deadline, until the server passes
+    /// it: no new reservation is made before (so a client never has more than one abandoned
+    /// position ahead of `tail`).
+    abandoned: Option<u64>,
+    /// Sticky: the ring was marked failed.
+    fault: Option<RingFault>,
     /// Sticky: the server was found dead or shut down.
     disconnected: bool,
     /// Test hook `__crash` was used: `Drop` must not touch shared state.
     crashed: bool,
+}
+
+/// Default bound on the time [`RingClient::try_call`] and [`RingClient::try_call_with`] wait
+/// for room in the ring (or for the slot's previous writer): 1 s, the default call deadline
+/// suggested for the typed client. Past it they return [`CallError::Timeout`].
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `ring_depth + 4 * max_clients`: the bound on `head - tail` used to recognize a corrupt
+/// `head` (see [`RingFault::HeadTooFarAhead`]).
+pub(crate) fn max_ahead(ring_depth: u32, max_clients: u32) -> u64 {
+    u64::from(ring_depth) + 4 * u64::from(max_clients)
+}
+
+/// When a call's waits end: a fixed instant, or a duration counted from the first time the
+/// call has to wait (so the fast path never reads the clock).
+#[derive(Clone, Copy, Debug)]
+enum Deadline {
+    At(Instant),
+    After(Duration),
+}
+
+impl Deadline {
+    /// Resolves `After` against the clock on first use.
+    #[cold]
+    fn instant(&mut self) -> Instant {
+        match *self {
+            Deadline::At(t) => t,
+            Deadline::After(d) => {
+                let now = Instant::now();
+                // A year stands in for "never" (and cannot overflow `Instant`).
+                let t = now + d.min(Duration::from_secs(365 * 86_400));
+                *self = Deadline::At(t);
+                t
+            }
+        }
+    }
+}
+
+/// A call between its reservation and its commit (test hooks: [`RingClient::__begin`],
+/// [`RingClient::__claim`], [`RingClient::__finish`]).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct PendingCall {
+    pos: u64,
+    idx: u32,
+}
+
+impl PendingCall {
+    /// The reserved ring position.
+    pub fn pos(&self) -> u64 {
+        self.pos
+    }
+
+    /// The response slot the call will use.
+    pub fn resp_slot(&self) -> u32 {
+        self.idx
+    }
 }
 
 impl RingClient {
@@ -60,7 +139,8 @@ impl RingClient {
     /// modes: missing file, wrong magic or version, inconsistent sizes, truncated file), checks
     /// that a live server holds the ring, and acquires a client id: first a fresh one from
     /// `next_client_id`, then any `FREE` (reclaimed) one. Fails with
-    /// [`RingError::NoFreeClientId`] if all `max_clients` ids are in use.
+    /// [`RingError::NoFreeClientId`] if all `max_clients` ids are in use, and with
+    /// [`RingError::Failed`] if the ring was marked failed.
     pub fn attach(name: &str) -> Result<Self, RingError> {
         let (_, path) = shm::shm_path(name)?;
         let io = |op| {
@@ -81,6 +161,9 @@ impl RingClient {
             .map_err(io("fcntl(F_OFD_GETLK)"))?;
         if !server_locked || map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0 {
             return Err(RingError::ServerNotRunning { path });
+        }
+        if let Some(fault) = RingFault::from_code(map.u8_at(OFF_RING_FAULT).load(Acquire)) {
+            return Err(RingError::Failed { path, fault });
         }
         let Some((client_id, generation)) =
             acquire_id(&file, &map, &layout).map_err(io("fcntl(F_OFD_SETLK)"))?
@@ -111,6 +194,13 @@ impl RingClient {
             liveness_interval: hdr.liveness_interval,
             next_liveness_check: Instant::now() + hdr.liveness_interval,
             corrupt_responses: 0,
+            skipped_calls: 0,
+            timed_out_calls: 0,
+            ring_faults: 0,
+            send_timeout: DEFAULT_SEND_TIMEOUT,
+            max_ahead: max_ahead(p.ring_depth, p.max_clients),
+            abandoned: None,
+            fault: None,
             disconnected: false,
             crashed: false,
         })
@@ -119,6 +209,11 @@ impl RingClient {
     /// The ring's parameters (from the header).
     pub fn info(&self) -> RingInfo {
         self.info
+    }
+
+    /// The ring file (`/dev/shm/NAME`).
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
     }
 
     /// This client's id (`< max_clients`).
@@ -143,12 +238,41 @@ impl RingClient {
         self.corrupt_responses
     }
 
+    /// Calls refused with [`CallError::Skipped`]: the server skipped their position because
+    /// this client stalled between reserving and committing for longer than `stall_timeout`.
+    pub fn skipped_calls(&self) -> u64 {
+        self.skipped_calls
+    }
+
+    /// Calls that returned [`CallError::Timeout`].
+    pub fn timed_out_calls(&self) -> u64 {
+        self.timed_out_calls
+    }
+
+    /// Impossible ring states this client found (each marked the ring failed, see
+    /// [`RingFault`]).
+    pub fn ring_faults(&self) -> u64 {
+        self.ring_faults
+    }
+
+    /// The fault the ring was marked failed with, once this client has seen it.
+    pub fn fault(&self) -> Option<RingFault> {
+        self.fault
+    }
+
+    /// Sets how long [`try_call`](Self::try_call) and [`try_call_with`](Self::try_call_with)
+    /// wait for room in the ring before failing with [`CallError::Timeout`] (default
+    /// [`DEFAULT_SEND_TIMEOUT`]). The clock is read only once a call has to wait.
+    pub fn set_send_timeout(&mut self, timeout: Duration) {
+        self.send_timeout = timeout;
+    }
+
     /// Sends `payload` as a request. Returns the response slot index that
     /// [`poll`](Self::poll) will report the response under.
     ///
     /// Errors: [`CallError::PayloadTooLarge`] if `payload` exceeds `req_payload_cap`, and
     /// otherwise as [`try_call_with`](Self::try_call_with). Blocks (spinning, then yielding)
-    /// only while the ring is full.
+    /// only while the ring is full, for at most the send timeout.
     #[inline]
     pub fn try_call(&mut self, payload: &[u8]) -> Result<u32, CallError> {
         let cap = self.layout.params.req_payload_cap as usize;
@@ -158,80 +282,182 @@ impl RingClient {
                 cap,
             });
         }
-        self.try_call_with(|buf| {
+        self.call(Deadline::After(self.send_timeout), |buf| {
             buf[..payload.len()].copy_from_slice(payload);
             payload.len()
         })
     }
 
-    /// Sends a request that `write` produces directly in the reserved request slot: `write`
-    /// gets the slot's payload area (`req_payload_cap` bytes of shared memory) and returns the
-    /// number of bytes used. Source: seeds/004 §2.2 Client call() — 2-phase commit:
-    ///
-    /// 1. `server_alive` (Acquire) false → [`CallError::ServerDisconnected`].
-    /// 2. Pick a free response slot round-robin; none free → [`CallError::WouldBlock`] (nothing
-    ///    reserved).
-    /// 3. `reserving_pos = RESERVING`; `pos = head.fetch_add(1, Release)`; `reserving_pos = pos`.
-    ///    (Release, not the seed's Relaxed, so that a server whose `head.load(Acquire)` covers
-    ///    `pos` also sees `RESERVING` in this client's record: the hole check relies on it.)
-    /// 4. Wait until `pos - tail < ring_depth` (spin, then yield; every `liveness_interval`
-    ///    check the server is alive, else [`CallError::ServerDisconnected`]).
-    /// 5. Write `client_id`, `resp_slot_idx`, `payload_len` and the payload (`write`).
-    /// 6. `fence(Release)`; `committed = 1` (Release).
-    /// 7. `reserving_pos = IDLE` (Release); the slot is now outstanding.
-    ///
-    /// If `write` returns more than the capacity ([`CallError::PayloadTooLarge`]) or panics, the
-    /// reserved position is committed as an *aborted* entry that the server skips, so the ring
-    /// never stalls on it.
+    /// [`try_call_with_deadline`](Self::try_call_with_deadline) with a deadline of the send
+    /// timeout ([`DEFAULT_SEND_TIMEOUT`] unless [`set_send_timeout`](Self::set_send_timeout)),
+    /// counted from the moment the call first has to wait.
     #[inline]
     pub fn try_call_with(
         &mut self,
         write: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, CallError> {
-        if self.disconnected || self.map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0 {
-            return Err(self.disconnect());
-        }
-        let p = self.layout.params;
-        if self.in_flight == p.resp_depth as usize {
+        self.call(Deadline::After(self.send_timeout), write)
+    }
+
+    /// [`try_call_with_deadline`](Self::try_call_with_deadline) with a deadline of `timeout`
+    /// counted from the moment the call first has to wait (the clock is not read otherwise).
+    #[inline]
+    pub fn try_call_with_timeout(
+        &mut self,
+        timeout: Duration,
+        write: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, CallError> {
+        self.call(Deadline::After(timeout), write)
+    }
+
+    /// Sends a request that `write` produces directly in the reserved request slot: `write`
+    /// gets the slot's payload area (`req_payload_cap` bytes of shared memory) and returns the
+    /// number of bytes used. Waits (spinning, then yielding) only while the ring is full or the
+    /// slot's previous writer has not handed it on, and never past `deadline`. Source:
+    /// seeds/004 §2.2 Client call() — 2-phase commit, with the extensions of the module docs:
+    ///
+    /// 1. `server_alive` (Acquire) false → [`CallError::ServerDisconnected`]; ring marked
+    ///    failed → [`CallError::RingCorrupt`].
+    /// 2. Pick a free response slot round-robin; none free → [`CallError::WouldBlock`] (nothing
+    ///    reserved).
+    /// 3. If an earlier call of this client abandoned a position at its deadline, wait until
+    ///    the server has passed it (`tail > abandoned`) before reserving again (extension).
+    /// 4. Read `tail`; `reserving_pos = RESERVING`; `pos = head.fetch_add(1, Release)`;
+    ///    `reserving_pos = pos`. (Release, not the seed's Relaxed, so that a server whose
+    ///    `head.load(Acquire)` covers `pos` also sees `RESERVING` in this client's record: the
+    ///    hole check relies on it.) Reservations stay in `fetch_add` order (a ticket queue),
+    ///    as in the seed: there is no pre-check that would let later callers overtake a
+    ///    waiting one.
+    /// 5. Wait until `pos - tail < ring_depth`. `tail > pos` means the server skipped `pos`
+    ///    (this client stalled) → [`CallError::Skipped`]. A `pos` below the `tail` read
+    ///    before the `fetch_add`, or more than `ring_depth + 4 * max_clients` above `tail`,
+    ///    is impossible → [`CallError::RingCorrupt`], and the ring is marked failed.
+    /// 6. Claim the slot (extension): CAS its sequence word `FREE(pos)` → `CLAIMED(pos)`. If
+    ///    the previous lap's writer still holds it (`SKIPPED(pos - ring_depth)`), wait; if the
+    ///    word names a later position, or `SKIPPED(pos)`, the server skipped `pos` →
+    ///    [`CallError::Skipped`]; any other word → [`CallError::RingCorrupt`].
+    /// 7. Write `client_id`, `resp_slot_idx`, `payload_len` and the payload (`write`).
+    /// 8. Commit: CAS `CLAIMED(pos)` → `COMMITTED(pos)` (Release; the seed's `committed = 1`).
+    ///    If the server skipped `pos` meanwhile (`SKIPPED(p)`, `p >= pos`), the commit is
+    ///    refused: hand the slot on (`FREE(p + ring_depth)`) and fail with
+    ///    [`CallError::Skipped`].
+    /// 9. `reserving_pos = IDLE` (Release); the slot is now outstanding.
+    ///
+    /// A wait that reaches `deadline` fails with [`CallError::Timeout`] (the reserved
+    /// position, if any, is abandoned unclaimed, and the server skips it); one that finds the
+    /// server dead fails with [`CallError::ServerDisconnected`] (checked every
+    /// `liveness_interval`). If `write` returns more than the capacity
+    /// ([`CallError::PayloadTooLarge`]) or panics, the claimed slot is committed as an
+    /// *aborted* entry that the server skips, so the ring never stalls on it.
+    #[inline]
+    pub fn try_call_with_deadline(
+        &mut self,
+        deadline: Instant,
+        write: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, CallError> {
+        self.call(Deadline::At(deadline), write)
+    }
+
+    /// Steps 1-9 of [`try_call_with_deadline`](Self::try_call_with_deadline).
+    #[inline(always)]
+    fn call(
+        &mut self,
+        mut deadline: Deadline,
+        write: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, CallError> {
+        let pending = self.begin(&mut deadline)?;
+        self.claim(&pending, &mut deadline)?;
+        self.finish(pending, write)
+    }
+
+    /// Steps 1-5: checks, response slot, reservation, room.
+    #[inline]
+    fn begin(&mut self, deadline: &mut Deadline) -> Result<PendingCall, CallError> {
+        self.check_usable()?;
+        if self.in_flight == self.layout.params.resp_depth as usize {
             return Err(CallError::WouldBlock);
         }
+        if self.abandoned.is_some() {
+            self.wait_abandoned_passed(deadline)?;
+        }
         let idx = self.pick_free_slot();
-        let pos = self.reserve()?;
+        let pos = self.reserve(deadline)?;
+        Ok(PendingCall { pos, idx })
+    }
+
+    /// The sequence word of the slot holding `pos`.
+    #[inline]
+    fn seq(&self, pos: u64) -> &AtomicU64 {
+        self.map.u64_at(self.layout.seq_offset(pos))
+    }
+
+    /// Step 6: claims the slot of the reserved position.
+    #[inline]
+    fn claim(&mut self, pending: &PendingCall, deadline: &mut Deadline) -> Result<(), CallError> {
+        let pos = pending.pos;
+        // Acquire: the server's (or the previous holder's) Release store of `FREE(pos)` was
+        // made after its last access to the slot, so this client's writes come after it.
+        match self.seq(pos).compare_exchange(
+            seq_word(pos, SEQ_FREE),
+            seq_word(pos, SEQ_CLAIMED),
+            Acquire,
+            Acquire,
+        ) {
+            Ok(_) => Ok(()),
+            Err(word) => self.claim_slow(pos, word, deadline),
+        }
+    }
+
+    /// Steps 7-9: writes the request into the claimed slot and commits it.
+    #[inline]
+    fn finish(
+        &mut self,
+        pending: PendingCall,
+        write: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, CallError> {
+        let PendingCall { pos, idx } = pending;
+        let p = self.layout.params;
         let off = self.layout.req_slot_offset(pos);
         let cap = p.req_payload_cap as usize;
         let dst = self.map.bytes(off + SLOT_PAYLOAD, cap);
         let guard = AbortOnUnwind {
             map: &self.map,
-            slot: off,
+            layout: &self.layout,
+            pos,
             record: self.record,
             client_id: self.client_id,
         };
         // SAFETY: `dst` is the in-bounds payload area (`cap` bytes) of the slot for `pos`. This
-        // client owns it exclusively from the reservation until its commit: no other client
-        // got `pos` from `fetch_add`, positions `pos - k * ring_depth` were all consumed by the
-        // server (`pos - tail < ring_depth`, and the server reads a slot only while it is
-        // committed and clears `committed` before advancing `tail`), and the server reads it
-        // only after `committed = 1`, stored below.
+        // client owns it exclusively from its claim until its commit (or, if the server skips
+        // `pos` meanwhile, until it hands the slot on): the claim CAS succeeded on
+        // `FREE(pos)`, which the server stores only after its last read of the slot's previous
+        // lap, and no other writer can claim the slot before this client stores `FREE` of a
+        // later lap; the server reads the slot only after `COMMITTED(pos)`.
         let len = write(unsafe { std::slice::from_raw_parts_mut(dst, cap) });
         std::mem::forget(guard);
         if len > cap {
-            abort_entry(&self.map, off, self.record, self.client_id);
+            let _ = commit_entry(
+                &self.map,
+                &self.layout,
+                pos,
+                self.record,
+                self.client_id,
+                0,
+                ABORTED_PAYLOAD_LEN,
+            );
             return Err(CallError::PayloadTooLarge { len, cap });
         }
-        self.map
-            .u32_at(off + SLOT_CLIENT_ID)
-            .store(self.client_id, Relaxed);
-        self.map
-            .u32_at(off + SLOT_RESP_SLOT_IDX)
-            .store(idx, Relaxed);
-        self.map
-            .u32_at(off + SLOT_PAYLOAD_LEN)
-            .store(len as u32, Relaxed);
-        fence(Release);
-        self.map.u8_at(off + SLOT_COMMITTED).store(1, Release);
-        self.map
-            .u64_at(self.record + REC_RESERVING_POS)
-            .store(POS_IDLE, Release);
+        if !commit_entry(
+            &self.map,
+            &self.layout,
+            pos,
+            self.record,
+            self.client_id,
+            idx,
+            len as u32,
+        ) {
+            return Err(self.refused(pos));
+        }
         self.outstanding[idx as usize / 64] |= 1 << (idx % 64);
         self.in_flight += 1;
         self.next_resp_slot = (idx + 1) & (p.resp_depth - 1);
@@ -246,8 +472,11 @@ impl RingClient {
     ///
     /// When nothing arrived and calls are outstanding, checks the server's liveness
     /// (`server_alive` every time, its lock every `liveness_interval`) and returns
-    /// [`CallError::ServerDisconnected`] if it is gone, so a caller waiting for a response
-    /// never spins forever. Responses that arrived before the server died are still delivered.
+    /// [`CallError::ServerDisconnected`] if it is gone, or [`CallError::RingCorrupt`] if the
+    /// ring was marked failed, so a caller waiting for a response never spins forever on a
+    /// dead server or a failed ring. Responses that arrived before are still delivered. (A
+    /// server that is alive but stopped is bounded only by the caller's own deadline: poll
+    /// never blocks.)
     ///
     /// A response slot whose `payload_len` exceeds `resp_payload_cap` (only a misbehaving
     /// writer of the shared memory can do that) is delivered as an empty message, so the
@@ -267,8 +496,8 @@ impl RingClient {
         mut on_response: impl FnMut(u32, &[u8]),
     ) -> Result<usize, CallError> {
         if self.in_flight == 0 {
-            return if self.disconnected {
-                Err(CallError::ServerDisconnected)
+            return if self.disconnected || self.fault.is_some() {
+                Err(self.unusable())
             } else {
                 Ok(0)
             };
@@ -324,13 +553,29 @@ impl RingClient {
 
     /// Slow liveness check: fails with [`CallError::ServerDisconnected`] if the server shut down
     /// (`server_alive == false`) or its process is gone (no lock on the header, checked with
-    /// `F_OFD_GETLK`). Once disconnected, a client stays disconnected.
+    /// `F_OFD_GETLK`), and with [`CallError::RingCorrupt`] if the ring was marked failed. Once
+    /// disconnected (or failed), a client stays so.
     pub fn check_server(&mut self) -> Result<(), CallError> {
         if self.disconnected
+            || self.fault.is_some()
             || self.map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0
+            || self.map.u8_at(OFF_RING_FAULT).load(Relaxed) != 0
             || !self.server_lock_held()
         {
-            return Err(self.disconnect());
+            return Err(self.unusable());
+        }
+        Ok(())
+    }
+
+    /// Step 1: the server is up and the ring not marked failed (two loads of the header line).
+    #[inline]
+    fn check_usable(&mut self) -> Result<(), CallError> {
+        if self.disconnected
+            || self.fault.is_some()
+            || self.map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0
+            || self.map.u8_at(OFF_RING_FAULT).load(Relaxed) != 0
+        {
+            return Err(self.unusable());
         }
         Ok(())
     }
@@ -347,55 +592,210 @@ impl RingClient {
         i
     }
 
-    /// Steps 3 and 4 of a call: reserves a position and waits until its slot is free.
+    /// Steps 4-5 of a call: reservation, wait for room.
     #[inline]
-    fn reserve(&mut self) -> Result<u64, CallError> {
+    fn reserve(&mut self, deadline: &mut Deadline) -> Result<u64, CallError> {
+        let depth = u64::from(self.layout.params.ring_depth);
+        // Read before the `fetch_add`: `tail <= head <= pos` for any sound ring.
+        let tail = self.map.u64_at(OFF_TAIL).load(Acquire);
         let rp = self.map.u64_at(self.record + REC_RESERVING_POS);
         rp.store(POS_RESERVING, Relaxed);
         let pos = self.map.u64_at(OFF_HEAD).fetch_add(1, Release);
         // Release: a server that reads `pos` here also sees this client's earlier commits.
         rp.store(pos, Release);
-        let tail = self.map.u64_at(OFF_TAIL).load(Acquire);
-        if pos.wrapping_sub(tail) >= u64::from(self.layout.params.ring_depth) {
-            self.wait_for_room(pos)?;
+        // `tail` only grows, so room against the old value is room now. (Wrapping: a `pos`
+        // below `tail` takes the slow path too.)
+        if pos.wrapping_sub(tail) >= depth {
+            self.wait_for_room(pos, tail, deadline)?;
         }
         Ok(pos)
     }
 
-    /// The ring is full: wait until `pos - tail < ring_depth`, with exponential backoff that
-    /// ends in `yield`, checking server liveness every `liveness_interval`.
+    /// Step 3: an earlier call abandoned a position; wait until the server has passed it.
     #[cold]
     #[inline(never)]
-    fn wait_for_room(&mut self, pos: u64) -> Result<(), CallError> {
+    fn wait_abandoned_passed(&mut self, deadline: &mut Deadline) -> Result<(), CallError> {
+        let Some(pos) = self.abandoned else {
+            return Ok(());
+        };
+        let backoff = Backoff::new();
+        while self.map.u64_at(OFF_TAIL).load(Acquire) <= pos {
+            self.wait_step(&backoff, deadline)?;
+        }
+        self.abandoned = None;
+        Ok(())
+    }
+
+    /// Step 5, the reserved position is not yet inside the ring's window: waits until
+    /// `pos - tail < ring_depth` (`tail0`: `tail` read before the `fetch_add`). On failure the
+    /// position is abandoned (never written).
+    #[cold]
+    #[inline(never)]
+    fn wait_for_room(
+        &mut self,
+        pos: u64,
+        tail0: u64,
+        deadline: &mut Deadline,
+    ) -> Result<(), CallError> {
+        if pos < tail0 {
+            // `tail0 <= head` when it was read, and `pos` is a later `head`.
+            return Err(self.found_fault(RingFault::HeadBehindTail));
+        }
         let depth = u64::from(self.layout.params.ring_depth);
         let backoff = Backoff::new();
         loop {
-            backoff.snooze();
+            // Read after the `fetch_add`: `pos - tail` is at most `head - tail` of that moment.
             let tail = self.map.u64_at(OFF_TAIL).load(Acquire);
-            if pos.wrapping_sub(tail) < depth {
+            if tail > pos {
+                // The server passed `pos`, which this client never committed: it skipped it.
+                return Err(self.refused(pos));
+            }
+            if pos - tail < depth {
                 return Ok(());
             }
-            let dead = self.map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0
-                || (self.liveness_due() && !self.server_lock_held());
-            if dead {
-                // The reserved position is abandoned: there is no server to consume it.
-                self.map
-                    .u64_at(self.record + REC_RESERVING_POS)
-                    .store(POS_IDLE, Release);
-                return Err(self.disconnect());
+            if pos - tail > self.max_ahead || pos > MAX_POS {
+                return Err(self.found_fault(RingFault::HeadTooFarAhead));
+            }
+            if let Err(e) = self.wait_step(&backoff, deadline) {
+                return Err(self.abandon(pos, e));
             }
         }
     }
 
-    /// Nothing arrived while calls are outstanding: is the server still there?
+    /// Step 6, the claim CAS failed with `word`: waits for the previous lap's writer, or
+    /// finds that the server skipped `pos`, or that the word is impossible.
+    #[cold]
+    #[inline(never)]
+    fn claim_slow(
+        &mut self,
+        pos: u64,
+        mut word: u64,
+        deadline: &mut Deadline,
+    ) -> Result<(), CallError> {
+        let depth = u64::from(self.layout.params.ring_depth);
+        let backoff = Backoff::new();
+        loop {
+            let (wpos, state) = (seq_pos(word), seq_state(word));
+            if wpos == pos && state == SEQ_FREE {
+                match self.seq(pos).compare_exchange(
+                    word,
+                    seq_word(pos, SEQ_CLAIMED),
+                    Acquire,
+                    Acquire,
+                ) {
+                    Ok(_) => return Ok(()),
+                    Err(w) => {
+                        word = w;
+                        continue;
+                    }
+                }
+            }
+            if (wpos ^ pos) & (depth - 1) != 0 {
+                return Err(self.found_fault(RingFault::SlotSequence));
+            }
+            if wpos > pos || (wpos == pos && state == SEQ_SKIPPED) {
+                return Err(self.refused(pos));
+            }
+            // `tail > pos - depth` (step 5), so the server has consumed or skipped the previous
+            // lap: the only word left below `pos` is its writer still holding the slot.
+            if wpos == pos || wpos + depth != pos || state != SEQ_SKIPPED {
+                return Err(self.found_fault(RingFault::SlotSequence));
+            }
+            if let Err(e) = self.wait_step(&backoff, deadline) {
+                return Err(self.abandon(pos, e));
+            }
+            word = self.seq(pos).load(Acquire);
+        }
+    }
+
+    /// One round of a bounded wait: back off, then fail if the server is gone or the ring
+    /// failed (every round; the server's lock every `liveness_interval`) or `deadline` passed.
+    #[cold]
+    fn wait_step(&mut self, backoff: &Backoff, deadline: &mut Deadline) -> Result<(), CallError> {
+        backoff.snooze();
+        if self.map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0
+            || self.map.u8_at(OFF_RING_FAULT).load(Acquire) != 0
+            || (self.liveness_due() && !self.server_lock_held())
+        {
+            return Err(self.unusable());
+        }
+        if Instant::now() >= deadline.instant() {
+            self.timed_out_calls += 1;
+            return Err(CallError::Timeout);
+        }
+        Ok(())
+    }
+
+    /// Gives up the reserved, unclaimed position `pos` without writing it (the call failed
+    /// with `e`): the server skips it as a hole without an owner, and this client reserves
+    /// nothing new until it has.
+    #[cold]
+    fn abandon(&mut self, pos: u64, e: CallError) -> CallError {
+        self.abandoned = Some(pos);
+        self.idle(e)
+    }
+
+    /// Clears `reserving_pos` (no call in progress) and returns `e`.
+    #[cold]
+    fn idle(&mut self, e: CallError) -> CallError {
+        self.map
+            .u64_at(self.record + REC_RESERVING_POS)
+            .store(POS_IDLE, Release);
+        e
+    }
+
+    /// The server skipped `pos` (the late commit, claim or wait of a stalled call).
+    #[cold]
+    fn refused(&mut self, pos: u64) -> CallError {
+        self.skipped_calls += 1;
+        tracing::debug!(
+            path = %self.path.display(), client_id = self.client_id, pos,
+            "call refused: the server skipped its stalled position"
+        );
+        self.idle(CallError::Skipped)
+    }
+
+    /// This client found an impossible ring state: mark the ring failed (the first fault
+    /// found wins) and fail the call.
+    #[cold]
+    #[inline(never)]
+    fn found_fault(&mut self, fault: RingFault) -> CallError {
+        self.ring_faults += 1;
+        let _ = self
+            .map
+            .u8_at(OFF_RING_FAULT)
+            .compare_exchange(0, fault.code(), AcqRel, Acquire);
+        tracing::error!(
+            path = %self.path.display(), client_id = self.client_id, %fault,
+            "delegation ring corrupt; marked failed"
+        );
+        self.idle(CallError::RingCorrupt(fault));
+        self.unusable()
+    }
+
+    /// The ring failed, or else the server is gone: the matching sticky error.
+    #[cold]
+    fn unusable(&mut self) -> CallError {
+        if self.fault.is_none() {
+            self.fault = RingFault::from_code(self.map.u8_at(OFF_RING_FAULT).load(Acquire));
+        }
+        match self.fault {
+            Some(f) => CallError::RingCorrupt(f),
+            None => self.disconnect(),
+        }
+    }
+
+    /// Nothing arrived while calls are outstanding: is the server still there, the ring sound?
     #[cold]
     #[inline(never)]
     fn on_idle(&mut self) -> Result<(), CallError> {
         if self.disconnected
+            || self.fault.is_some()
             || self.map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0
+            || self.map.u8_at(OFF_RING_FAULT).load(Acquire) != 0
             || (self.liveness_due() && !self.server_lock_held())
         {
-            return Err(self.disconnect());
+            return Err(self.unusable());
         }
         Ok(())
     }
@@ -515,30 +915,87 @@ fn try_claim(file: &File, map: &ShmMap, layout: &Layout, id: u32) -> std::io::Re
     Ok(Some(generation))
 }
 
-/// Commits the reserved slot at byte offset `slot` as an aborted entry
-/// (`payload_len = ABORTED_PAYLOAD_LEN`) and clears the record's `reserving_pos`.
-fn abort_entry(map: &ShmMap, slot: usize, record: usize, client_id: u32) {
-    map.u32_at(slot + SLOT_CLIENT_ID).store(client_id, Relaxed);
-    map.u32_at(slot + SLOT_RESP_SLOT_IDX).store(0, Relaxed);
-    map.u32_at(slot + SLOT_PAYLOAD_LEN)
-        .store(ABORTED_PAYLOAD_LEN, Relaxed);
-    fence(Release);
-    map.u8_at(slot + SLOT_COMMITTED).store(1, Release);
+/// Writes an entry's fields into the claimed slot of `pos` and commits it: CAS of the slot's
+/// sequence word `CLAIMED(pos)` → `COMMITTED(pos)` (Release, so the server's Acquire load of
+/// `COMMITTED(pos)` sees the payload). Then `reserving_pos = IDLE` (Release). Returns false if
+/// the commit was refused because the server skipped `pos` meanwhile; the slot has then been
+/// handed on ([`hand_on`]).
+fn commit_entry(
+    map: &ShmMap,
+    layout: &Layout,
+    pos: u64,
+    record: usize,
+    client_id: u32,
+    resp_slot_idx: u32,
+    len: u32,
+) -> bool {
+    let off = layout.req_slot_offset(pos);
+    map.u32_at(off + SLOT_CLIENT_ID).store(client_id, Relaxed);
+    map.u32_at(off + SLOT_RESP_SLOT_IDX)
+        .store(resp_slot_idx, Relaxed);
+    map.u32_at(off + SLOT_PAYLOAD_LEN).store(len, Relaxed);
+    let seq = map.u64_at(layout.seq_offset(pos));
+    let committed = match seq.compare_exchange(
+        seq_word(pos, SEQ_CLAIMED),
+        seq_word(pos, SEQ_COMMITTED),
+        Release,
+        Acquire,
+    ) {
+        Ok(_) => true,
+        Err(word) => {
+            hand_on(seq, word, pos, u64::from(layout.params.ring_depth));
+            false
+        }
+    };
     map.u64_at(record + REC_RESERVING_POS)
         .store(POS_IDLE, Release);
+    committed
 }
 
-/// Commits the slot as aborted if the payload writer of `try_call_with` unwinds.
+/// The commit of `pos` was refused: the server skipped it while this client held the slot
+/// (`SKIPPED(p)`, `p >= pos`; `p > pos` if the server also skipped later laps that waited for
+/// the slot). Hands the slot on to the next lap, `FREE(p + ring_depth)` (Release: this
+/// client's writes happen before the next writer's). Any other word means the server already
+/// took the slot back (it found this client dead) or the word is garbage: leave it.
+#[cold]
+#[inline(never)]
+fn hand_on(seq: &AtomicU64, mut word: u64, pos: u64, depth: u64) {
+    while seq_state(word) == SEQ_SKIPPED
+        && seq_pos(word) >= pos
+        && (seq_pos(word) - pos) & (depth - 1) == 0
+    {
+        match seq.compare_exchange(
+            word,
+            seq_word(seq_pos(word) + depth, SEQ_FREE),
+            Release,
+            Acquire,
+        ) {
+            Ok(_) => return,
+            Err(w) => word = w,
+        }
+    }
+}
+
+/// Commits the claimed slot as aborted if the payload writer of `try_call_with` unwinds.
 struct AbortOnUnwind<'a> {
     map: &'a ShmMap,
-    slot: usize,
+    layout: &'a Layout,
+    pos: u64,
     record: usize,
     client_id: u32,
 }
 
 impl Drop for AbortOnUnwind<'_> {
     fn drop(&mut self) {
-        abort_entry(self.map, self.slot, self.record, self.client_id);
+        let _ = commit_entry(
+            self.map,
+            self.layout,
+            self.pos,
+            self.record,
+            self.client_id,
+            0,
+            ABORTED_PAYLOAD_LEN,
+        );
     }
 }
 
@@ -558,17 +1015,40 @@ impl Drop for RingClient {
     }
 }
 
-/// Test hooks: they break the protocol on purpose and exist only for the crate's tests.
+/// Test hooks: they break the protocol on purpose, or stop a call between its steps, and exist
+/// only for the crate's tests.
 #[doc(hidden)]
 impl RingClient {
-    /// Reserves a position (call steps 1, 3 and 4) and returns it without ever committing it,
-    /// leaving `reserving_pos == pos`: what a client that dies mid-call leaves behind. The
-    /// client must not make calls afterwards (follow with `__crash`, drop, or process exit).
+    /// Reserves a position (call steps 1, 4-5) and returns it without ever claiming or
+    /// committing it, leaving `reserving_pos == pos`: what a client that dies mid-call leaves
+    /// behind. The client must not make calls afterwards (follow with `__crash`, drop, or
+    /// process exit).
     pub fn __reserve_without_commit(&mut self) -> Result<u64, CallError> {
-        if self.disconnected || self.map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0 {
-            return Err(self.disconnect());
-        }
-        self.reserve()
+        self.check_usable()?;
+        self.reserve(&mut Deadline::After(self.send_timeout))
+    }
+
+    /// Call steps 1-5 of [`try_call_with_deadline`](Self::try_call_with_deadline): the call
+    /// stops after reserving its position (`reserving_pos == pos`, slot not claimed). Continue
+    /// with [`__claim`](Self::__claim) and [`__finish`](Self::__finish), exactly as the real
+    /// call does, to play a client that stalls at that point. Make no other call meanwhile.
+    pub fn __begin(&mut self, deadline: Instant) -> Result<PendingCall, CallError> {
+        self.begin(&mut Deadline::At(deadline))
+    }
+
+    /// Call step 6 (the claim) of a call stopped by [`__begin`](Self::__begin).
+    pub fn __claim(&mut self, pending: &PendingCall, deadline: Instant) -> Result<(), CallError> {
+        self.claim(pending, &mut Deadline::At(deadline))
+    }
+
+    /// Call steps 7-9 (write, commit) of a call stopped by [`__begin`](Self::__begin) and
+    /// claimed with [`__claim`](Self::__claim).
+    pub fn __finish(
+        &mut self,
+        pending: PendingCall,
+        write: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, CallError> {
+        self.finish(pending, write)
     }
 
     /// Simulates the death of this client's process: releases the record lock without marking
@@ -578,9 +1058,10 @@ impl RingClient {
         let _ = shm::unlock(&self.file, self.record as u64, CLIENT_RECORD_SIZE);
     }
 
-    /// Reserves a position and commits an arbitrary entry in it: the given `client_id`,
-    /// `resp_slot_idx` and `payload_len` fields, and `bytes` (truncated to `req_payload_cap`)
-    /// as payload. Returns the position. Bypasses all client-side bookkeeping.
+    /// Reserves a position, claims its slot and commits an arbitrary entry in it: the given
+    /// `client_id`, `resp_slot_idx` and `payload_len` fields, and `bytes` (truncated to
+    /// `req_payload_cap`) as payload. Returns the position. Bypasses all client-side
+    /// bookkeeping.
     pub fn __raw_commit(
         &mut self,
         client_id: u32,
@@ -588,27 +1069,26 @@ impl RingClient {
         payload_len: u32,
         bytes: &[u8],
     ) -> Result<u64, CallError> {
+        let mut deadline = Deadline::After(self.send_timeout);
         let pos = self.__reserve_without_commit()?;
+        self.claim(&PendingCall { pos, idx: 0 }, &mut deadline)?;
         let off = self.layout.req_slot_offset(pos);
         let n = bytes.len().min(self.layout.params.req_payload_cap as usize);
         let dst = self.map.bytes(off + SLOT_PAYLOAD, n);
         // SAFETY: in-bounds (checked by `bytes`) and owned by this client until the commit, as
-        // in `try_call_with`.
+        // in `finish`.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, n) };
-        self.map
-            .u32_at(off + SLOT_CLIENT_ID)
-            .store(client_id, Relaxed);
-        self.map
-            .u32_at(off + SLOT_RESP_SLOT_IDX)
-            .store(resp_slot_idx, Relaxed);
-        self.map
-            .u32_at(off + SLOT_PAYLOAD_LEN)
-            .store(payload_len, Relaxed);
-        fence(Release);
-        self.map.u8_at(off + SLOT_COMMITTED).store(1, Release);
-        self.map
-            .u64_at(self.record + REC_RESERVING_POS)
-            .store(POS_IDLE, Release);
+        if !commit_entry(
+            &self.map,
+            &self.layout,
+            pos,
+            self.record,
+            client_id,
+            resp_slot_idx,
+            payload_len,
+        ) {
+            return Err(self.refused(pos));
+        }
         Ok(pos)
     }
 }

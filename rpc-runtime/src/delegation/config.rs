@@ -32,6 +32,16 @@ pub struct RingConfig {
     /// How long the server waits at a hole (a reserved but uncommitted position) before checking
     /// whether the reserving client died. Default 50 ms. Extension (the seed waits forever).
     pub hole_timeout: Duration,
+    /// How long the server waits at a hole whose reserving client is *alive* (it stalled
+    /// between `fetch_add` and its commit: descheduled, stopped, paging) before skipping it
+    /// anyway; the stalled client's late commit is then refused with
+    /// [`CallError::Skipped`](super::CallError::Skipped). Must be non-zero and at most 60 s.
+    ///
+    /// Default 200 ms: well above a scheduler time slice and the short stalls of a busy
+    /// machine (skipping a merely descheduled client costs that client one retried call), and
+    /// well below the 1 s default call deadline, so one stalled client delays the others by at
+    /// most a fifth of their deadline. Extension (the seed waits forever).
+    pub stall_timeout: Duration,
     /// How often the slow liveness checks run: the server's scan for dead or detached clients,
     /// and (stored in the header) the clients' check for a dead server. Default 10 ms; must be
     /// non-zero and at most 60 s. Extension.
@@ -40,7 +50,8 @@ pub struct RingConfig {
 
 impl Default for RingConfig {
     /// `max_clients` 64, `ring_depth` 1024 (seeds/004 §9), `resp_depth` 32, payload
-    /// capacities 64 bytes, fingerprint 0, `hole_timeout` 50 ms, `liveness_interval` 10 ms.
+    /// capacities 64 bytes, fingerprint 0, `hole_timeout` 50 ms, `stall_timeout` 200 ms,
+    /// `liveness_interval` 10 ms.
     fn default() -> Self {
         Self {
             max_clients: 64,
@@ -50,6 +61,7 @@ impl Default for RingConfig {
             resp_payload_cap: 64,
             fingerprint: 0,
             hole_timeout: Duration::from_millis(50),
+            stall_timeout: Duration::from_millis(200),
             liveness_interval: Duration::from_millis(10),
         }
     }

@@ -93,6 +93,15 @@ pub enum RingError {
         /// The file.
         path: PathBuf,
     },
+    /// The ring was marked failed: its server or a client found an impossible state in it
+    /// (see [`RingFault`]). A new server must create the ring afresh.
+    #[error("delegation ring {path} was marked failed: {fault}")]
+    Failed {
+        /// The file.
+        path: PathBuf,
+        /// What was found.
+        fault: RingFault,
+    },
     /// All `max_clients` ids are held by live (or not yet reclaimed) clients.
     #[error("delegation ring {path}: all {max_clients} client ids are in use")]
     NoFreeClientId {
@@ -101,6 +110,58 @@ pub enum RingError {
         /// The ring's `max_clients`.
         max_clients: u32,
     },
+}
+
+/// An impossible state found in a ring's shared memory (only a process that scribbles over
+/// the file, or a bug, can cause one). The first one found is stored in the header (byte
+/// [`OFF_RING_FAULT`](super::layout::OFF_RING_FAULT)) as its code, which marks the ring
+/// failed: every later call and poll of every client fails at once with
+/// [`CallError::RingCorrupt`], attaching fails with [`RingError::Failed`], and the server stops
+/// serving ([`RingServer::fault`](super::RingServer::fault)). Extension, seed: none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[repr(u8)]
+pub enum RingFault {
+    /// `head` is behind `tail` (or behind the server's cursor): positions below `tail` were
+    /// all reserved, so `head >= tail` always holds.
+    #[error("head is behind tail")]
+    HeadBehindTail = 1,
+    /// `head` is ahead of `tail` (or of the server's cursor) by more than
+    /// `ring_depth + 4 * max_clients`, or above [`MAX_POS`](super::layout::MAX_POS). Only
+    /// `ring_depth` positions fit in the ring's window, and beyond it a client id can hold at
+    /// most two positions (the call waiting for room, and one abandoned earlier that the
+    /// server has not passed yet); the bound allows twice that, so that no legal interleaving
+    /// (a stale read of `tail`, an id's dead predecessor) can trip it.
+    #[error("head is further ahead of tail than ring_depth plus the waiting clients allow")]
+    HeadTooFarAhead = 2,
+    /// `tail` is not the value the server last published (only the server writes it).
+    #[error("tail was changed by someone other than the server")]
+    TailCorrupt = 3,
+    /// A slot's sequence word names a position or state that no protocol step produces for
+    /// the position being reserved, claimed or consumed.
+    #[error("a slot sequence word is impossible for its position")]
+    SlotSequence = 4,
+    /// A fault code this build does not know (another build, or garbage in the header).
+    #[error("unknown fault code")]
+    Unknown = 255,
+}
+
+impl RingFault {
+    /// The code stored in the header (never 0).
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The fault a non-zero header code names (`None` for 0: no fault).
+    pub fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            0 => return None,
+            1 => Self::HeadBehindTail,
+            2 => Self::HeadTooFarAhead,
+            3 => Self::TailCorrupt,
+            4 => Self::SlotSequence,
+            _ => Self::Unknown,
+        })
+    }
 }
 
 /// A client call or poll failed. Source: seeds/004 §2.2 (`CallError::ServerDisconnected`).
@@ -114,6 +175,24 @@ pub enum CallError {
     /// Nothing was reserved or sent.
     #[error("all response slots are in use; poll for responses first")]
     WouldBlock,
+    /// The call's deadline passed while waiting for room in the ring (the server is stopped,
+    /// e.g. SIGSTOP, or too slow), or for the slot's previous writer to hand it on. Nothing was
+    /// sent; if a position had already been reserved it is abandoned (never written), and the
+    /// server skips it (after `hole_timeout`, see the module docs).
+    #[error("deadline passed while waiting for room in the delegation ring")]
+    Timeout,
+    /// The server skipped this call's reserved position because the client stalled between
+    /// reserving it and committing for longer than the server's `stall_timeout`. The request
+    /// was not delivered and never will be (the late commit was refused); the call can be
+    /// retried.
+    #[error(
+        "the server skipped the reserved position: the client stalled for longer than the stall timeout"
+    )]
+    Skipped,
+    /// The ring was marked failed (an impossible `head`/`tail` or slot sequence word, see
+    /// [`RingFault`]): outstanding calls will never be answered, and every later call fails.
+    #[error("delegation ring failed: {0}")]
+    RingCorrupt(RingFault),
     /// The request does not fit in a request slot. With `try_call` nothing was reserved or sent;
     /// with `try_call_with` the reserved slot was released as an aborted entry.
     #[error("request payload of {len} bytes exceeds the ring's capacity of {cap} bytes")]

@@ -56,7 +56,12 @@
 //! - **Another daemon's ring full (Phase 1).** A hand-off that finds all of this delegate's
 //!   response slots on that ring in use ([`RingCallError::WouldBlock`]) copies the request out
 //!   (cold path) and drains that daemon's responses (Phase 4 for it) until a slot is free.
-//!   Daemons never wait for the delegate, so this terminates.
+//!   Daemons never wait for the delegate, so this terminates unless the daemon is stopped.
+//!
+//! Both waits are bounded by the delegate's wait timeout ([`Delegate::set_wait_timeout`],
+//! default [`DEFAULT_WAIT_TIMEOUT`]): a stopped (SIGSTOP) daemon or peer must not stop the
+//! delegate, which serves every other client and rank. A wait that reaches it answers its
+//! request with [`Status::Unreachable`] ([`ForwardStats::wait_timeouts`]).
 //!
 //! Order: the calls of one client to one destination are forwarded in the order the client
 //! issued them (the ring is consumed in order; a retried call blocks the pass), so a single
@@ -66,8 +71,10 @@
 //! Nothing a peer or client sends makes the delegate panic. A request that does not decode is
 //! answered with its [`crate::wire::WireError::status`] ([`ForwardStats::bad_requests`]); a
 //! request for a rank that does not exist, for which there is no endpoint, or (arriving from
-//! a peer) for another rank or a daemon that does not exist, with [`Status::Unreachable`]
-//! ([`ForwardStats::unroutable`]); a call whose endpoint or daemon failed, with
+//! a peer) for another rank or a daemon that does not exist, or (taken from the ring) for this
+//! rank but a daemon other than the delegate — ring clients call the other daemons of their
+//! rank on those daemons' own rings (seeds/004 §4.4), so the delegate's ring carries only
+//! shard-0 and remote-rank calls — with [`Status::Unreachable`] ([`ForwardStats::unroutable`]); a call whose endpoint or daemon failed, with
 //! [`Status::Unreachable`] ([`ForwardStats::failed_calls`]); a response that is not a wire
 //! message or does not fit the client's slot, with [`Status::BadForwardedResponse`]
 //! ([`ForwardStats::corrupt_responses`]).
@@ -75,6 +82,7 @@
 //! The hot path does not allocate: scratch buffers and tables are sized at construction.
 
 use std::marker::PhantomData;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 
@@ -83,6 +91,10 @@ use crate::copyrpc::{Context, EndpointFailure, EndpointId, RecvHandle, ReplyErro
 use crate::error::{MessageKind, RpcError};
 use crate::service::Service;
 use crate::wire::{self, Status};
+
+/// Default bound on a delegate's back-pressure waits ([`Delegate::set_wait_timeout`]): 1 s,
+/// the default call deadline suggested for the typed clients.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Where a request must be served: a rank, and the daemon (shard) within it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -149,8 +161,9 @@ pub struct ForwardStats {
     pub handoff_replies: u64,
     /// Requests that did not decode, answered with the decode error's status.
     pub bad_requests: u64,
-    /// Requests for a rank or daemon that does not exist or has no endpoint, or (from a
-    /// peer) for another rank, answered with [`Status::Unreachable`].
+    /// Requests for a rank or daemon that does not exist or has no endpoint, (from a peer)
+    /// for another rank, or (from the ring) for a daemon of this rank other than the
+    /// delegate, answered with [`Status::Unreachable`].
     pub unroutable: u64,
     /// Forwarded calls whose endpoint or daemon failed (or refused them), answered with
     /// [`Status::Unreachable`].
@@ -166,6 +179,9 @@ pub struct ForwardStats {
     /// Phase 1 hand-offs that found all response slots on the daemon's ring in use and
     /// waited for its responses.
     pub daemon_busy_waits: u64,
+    /// Phase 1 hand-offs and Phase 2 calls that gave up after waiting the delegate's wait
+    /// timeout for room (a stopped daemon or peer), answered with [`Status::Unreachable`].
+    pub wait_timeouts: u64,
 }
 
 /// Setting up a [`Delegate`] failed.
@@ -218,6 +234,8 @@ pub struct Delegate<S: Service, R> {
     /// Copy of one copyrpc request for the Phase 1 hand-off retry path (`max_request_bytes`).
     handoff_scratch: Box<[u8]>,
     stats: ForwardStats,
+    /// Bound on the back-pressure waits (see [`Delegate::set_wait_timeout`]).
+    wait_timeout: Duration,
     _service: PhantomData<fn() -> S>,
 }
 
@@ -288,6 +306,7 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
             scratch: vec![0u8; S::DESCRIPTOR.max_request_bytes].into_boxed_slice(),
             handoff_scratch: vec![0u8; S::DESCRIPTOR.max_request_bytes].into_boxed_slice(),
             stats: ForwardStats::default(),
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
             _service: PhantomData,
         })
     }
@@ -338,6 +357,14 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
         Ok(())
     }
 
+    /// Sets the bound on each back-pressure wait (default [`DEFAULT_WAIT_TIMEOUT`]): a Phase 1
+    /// hand-off waiting for a free response slot on another daemon's ring, and a Phase 2
+    /// `copyrpc call` waiting for ring space or credit. A wait that reaches it answers its
+    /// request with [`Status::Unreachable`] ([`ForwardStats::wait_timeouts`]).
+    pub fn set_wait_timeout(&mut self, timeout: Duration) {
+        self.wait_timeout = timeout;
+    }
+
     /// This delegate's rank.
     pub fn rank(&self) -> u32 {
         self.rank
@@ -380,6 +407,7 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
             scratch,
             handoff_scratch,
             stats,
+            wait_timeout,
             ..
         } = self;
         let ring = ring.ring_mut();
@@ -391,6 +419,7 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
             pending,
             handoff_scratch,
             stats,
+            wait_timeout: *wait_timeout,
         };
         // Phase 1 (seeds/004 §5 Phase 1): copyrpc completions and incoming requests.
         let mut work = io.poll_copyrpc(ring);
@@ -440,6 +469,8 @@ struct Io<'a> {
     pending: &'a mut [Box<[Option<RecvHandle>]>],
     handoff_scratch: &'a mut [u8],
     stats: &'a mut ForwardStats,
+    /// Bound on each back-pressure wait.
+    wait_timeout: Duration,
 }
 
 impl Io<'_> {
@@ -531,6 +562,7 @@ impl Io<'_> {
     #[inline(never)]
     fn hand_off_when_free(&mut self, d: usize, h: RecvHandle, method_id: u16, len: usize) {
         self.stats.daemon_busy_waits += 1;
+        let deadline = Instant::now() + self.wait_timeout;
         let backoff = Backoff::new();
         loop {
             if self.drain_daemon(d) == 0 {
@@ -541,13 +573,27 @@ impl Io<'_> {
                 self.reply_status(h, method_id, Status::Unreachable);
                 return;
             };
-            match client.try_call(&self.handoff_scratch[..len]) {
+            if Instant::now() >= deadline {
+                self.stats.wait_timeouts += 1;
+                self.reply_status(h, method_id, Status::Unreachable);
+                return;
+            }
+            let msg = &self.handoff_scratch[..len];
+            match client.try_call_with_deadline(deadline, |buf| {
+                buf[..msg.len()].copy_from_slice(msg);
+                msg.len()
+            }) {
                 Ok(slot) => {
                     self.stats.handed_off += 1;
                     self.pending[d][slot as usize] = Some(h);
                     return;
                 }
                 Err(RingCallError::WouldBlock) => {}
+                Err(RingCallError::Timeout) => {
+                    self.stats.wait_timeouts += 1;
+                    self.reply_status(h, method_id, Status::Unreachable);
+                    return;
+                }
                 Err(_) => {
                     self.stats.failed_calls += 1;
                     self.reply_status(h, method_id, Status::Unreachable);
@@ -586,6 +632,13 @@ impl Io<'_> {
             };
             let t = route(&req);
             if t.rank == self.rank {
+                if t.daemon != 0 {
+                    // Another daemon's shard (or no such daemon): the ring's clients reach the
+                    // other daemons of their rank through those daemons' own rings (seeds/004
+                    // §4.4), so this entry is misaddressed. Answered, never served here.
+                    self.misaddressed(ring, token, method_id, t.daemon);
+                    continue;
+                }
                 // Phase 3: this daemon's shard.
                 let resp = handler(req);
                 self.stats.ring_local += 1;
@@ -621,6 +674,26 @@ impl Io<'_> {
         n
     }
 
+    /// A ring entry for this rank but another daemon (cold): [`Status::Unreachable`],
+    /// counted in [`ForwardStats::unroutable`].
+    #[cold]
+    #[inline(never)]
+    fn misaddressed(
+        &mut self,
+        ring: &mut RingServer,
+        token: ReplyToken,
+        method_id: u16,
+        daemon: u32,
+    ) {
+        self.stats.unroutable += 1;
+        tracing::debug!(
+            daemon,
+            daemons = self.daemons.len(),
+            "delegate: ring entry for another daemon of this rank refused"
+        );
+        ring_status(ring, self.stats, token, method_id, Status::Unreachable);
+    }
+
     /// seeds/004 §5 "copyrpc 送信リング満杯 (Phase 2)" (cold): nested progress — `ctx.poll`
     /// delivering responses, serving incoming requests, draining the other daemons — then
     /// retry, until the call is written or fails for good.
@@ -636,6 +709,7 @@ impl Io<'_> {
         handler: &mut impl FnMut(S::Request) -> S::Response,
     ) {
         let allowance = S::DESCRIPTOR.max_response_bytes as u32;
+        let deadline = Instant::now() + self.wait_timeout;
         let backoff = Backoff::new();
         loop {
             self.stats.ring_full_retries += 1;
@@ -659,6 +733,17 @@ impl Io<'_> {
                     );
                     return;
                 }
+            }
+            if Instant::now() >= deadline {
+                self.stats.wait_timeouts += 1;
+                ring_status(
+                    ring,
+                    self.stats,
+                    tok.reply_token(),
+                    tok.method_id,
+                    Status::Unreachable,
+                );
+                return;
             }
             if work == 0 {
                 backoff.snooze();
@@ -1230,6 +1315,135 @@ mod tests {
         assert_eq!(s1.remote_served, 2, "{s1:?}"); // keys 4, 10
         assert_eq!(s1.handed_off, 3, "{s1:?}"); // keys POISON, 5, 11
         assert_eq!(s0.dropped_replies + s1.dropped_replies, 0);
+    }
+
+    /// A ring entry for the delegate's own rank is served only if it is for daemon 0: one for
+    /// another daemon of the rank (which the ring's clients must call on that daemon's own
+    /// ring, seeds/004 §4.4) or for a daemon that does not exist is answered with
+    /// `Unreachable` and counted, never handed to the shard-0 handler.
+    #[test]
+    fn ring_entry_for_another_daemon_is_refused() {
+        let fabric = Fabric::new(SimConfig::default());
+        let dev = fabric.open();
+        let ring_name = name("own-rank");
+        let ring = DelegationServer::create(
+            &ring_name,
+            Svc::DESCRIPTOR,
+            DelegationConfig {
+                max_clients: 2,
+                ring_depth: 8,
+                resp_depth: 8,
+                ..DelegationConfig::default()
+            },
+        )
+        .unwrap();
+        let ctx = Context::new(&dev, ContextConfig::default()).unwrap();
+        // One rank, two daemons; key % 4 names the daemon (2 and 3 do not exist).
+        let route: Route = Box::new(|a: &Args| Target {
+            rank: a.rank,
+            daemon: (a.key % 4) as u32,
+        });
+        let mut d = Delegate::<Svc, Route>::new(ring, ctx, 0, 1, 2, route).unwrap();
+        let mut c = RingClient::attach(&ring_name).unwrap();
+        let keys = [4u64, 5, 6, 7, u64::MAX, 8];
+        let mut slot_key = [u64::MAX; 8];
+        for &key in &keys {
+            let slot = c.try_call(&encode(Args { rank: 0, key })).unwrap();
+            slot_key[slot as usize] = key;
+        }
+        let mut served = Vec::new();
+        let mut got = Vec::new();
+        let t = Instant::now();
+        while got.len() < keys.len() {
+            assert!(t.elapsed() < Duration::from_secs(10), "stuck: {got:?}");
+            d.run_once(|a: Args| {
+                served.push(a.key);
+                a.key * 100 + WHO_R0
+            });
+            c.poll(|slot, r| got.push((slot_key[slot as usize], r.to_vec())))
+                .unwrap();
+        }
+        got.sort_by_key(|(k, _)| *k);
+        for (key, r) in &got {
+            if key % 4 == 0 {
+                assert_eq!(Svc::decode_response(0, r), Ok(key * 100 + WHO_R0));
+            } else {
+                assert_eq!(status_of(r), Status::Unreachable as u16, "key {key}");
+            }
+        }
+        assert_eq!(served, vec![4, 8], "only daemon 0's keys reach the handler");
+        let s = *d.stats();
+        assert_eq!((s.ring_local, s.unroutable), (2, 4), "{s:?}");
+        assert_eq!(s.dropped_replies, 0);
+    }
+
+    /// A daemon that stops draining its ring (stopped, not dead) makes the delegate's Phase 1
+    /// hand-off wait for a free response slot: the wait ends at the delegate's wait timeout
+    /// with `Unreachable`, the delegate keeps serving, and once the daemon runs again the
+    /// calls handed to it are answered.
+    #[test]
+    fn hand_off_wait_is_bounded() {
+        let s = setup(1 << 16);
+        let Setup {
+            mut d1,
+            daemon1,
+            mut direct,
+            direct_ep,
+            ..
+        } = s;
+        d1.set_wait_timeout(Duration::from_millis(100));
+        // Daemon 1 not running: its ring takes 4 hand-offs (4 response slots per client).
+        let keys = [1u64, 3, 5, 7, 9, 2];
+        for (i, &key) in keys.iter().enumerate() {
+            direct
+                .call(direct_ep, &encode(Args { rank: 1, key }), i as u32, 64)
+                .unwrap();
+        }
+        let mut got: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        let t = Instant::now();
+        // Key 9 waits, times out; key 2 (daemon 0) is served after it.
+        while got[4].is_none() || got[5].is_none() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "stuck: {:?}",
+                d1.stats()
+            );
+            d1.run_once(|a: Args| a.key * 100 + WHO_R1D0);
+            direct.poll(|i, r| got[i as usize] = Some(r.expect("endpoint alive").to_vec()));
+        }
+        let waited = t.elapsed();
+        assert_eq!(
+            status_of(got[4].as_ref().unwrap()),
+            Status::Unreachable as u16
+        );
+        assert_eq!(
+            Svc::decode_response(0, got[5].as_ref().unwrap()),
+            Ok(2 * 100 + WHO_R1D0)
+        );
+        assert!(got[..4].iter().all(Option::is_none));
+        let st = *d1.stats();
+        assert_eq!((st.wait_timeouts, st.handed_off), (1, 4), "{st:?}");
+        assert!(waited >= Duration::from_millis(100), "{waited:?}");
+        // The daemon runs again: the four hand-offs are answered.
+        let stop = Arc::new(AtomicBool::new(false));
+        let td = run_daemon1(daemon1, stop.clone());
+        while got[..4].iter().any(Option::is_none) {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "stuck: {:?}",
+                d1.stats()
+            );
+            d1.run_once(|a: Args| a.key * 100 + WHO_R1D0);
+            direct.poll(|i, r| got[i as usize] = Some(r.expect("endpoint alive").to_vec()));
+        }
+        stop.store(true, Ordering::Release);
+        assert_eq!(td.join().unwrap(), 4);
+        for (k, r) in keys[..4].iter().zip(&got) {
+            assert_eq!(
+                Svc::decode_response(0, r.as_ref().unwrap()),
+                Ok(k * 100 + WHO_R1D1)
+            );
+        }
     }
 
     #[test]

@@ -48,8 +48,9 @@ impl Header {
 }
 
 /// Initializes a freshly created, zero-filled file: all header fields (seed and extension), the
-/// ring control words (`head = tail = 0`), and every client record (`FREE`, generation 0,
-/// `reserving_pos = IDLE`). Request and response slots stay zero (`committed = valid = 0`).
+/// ring control words (`head = tail = 0`), the slot sequence words (slot `i`: `FREE` for
+/// position `i`), and every client record (`FREE`, generation 0, `reserving_pos = IDLE`).
+/// Request and response slots stay zero (`valid = 0`).
 /// `server_alive` is stored last, with `Release`.
 pub fn init(map: &ShmMap, layout: &Layout, cfg: &RingConfig, liveness_ns: u64, pid: u32) {
     let p = &layout.params;
@@ -76,6 +77,11 @@ pub fn init(map: &ShmMap, layout: &Layout, cfg: &RingConfig, liveness_ns: u64, p
         .store(liveness_ns, Relaxed);
     map.u64_at(OFF_HEAD).store(0, Relaxed);
     map.u64_at(OFF_TAIL).store(0, Relaxed);
+    map.u8_at(OFF_RING_FAULT).store(0, Relaxed);
+    for i in 0..u64::from(p.ring_depth) {
+        map.u64_at(layout.seq_offset(i))
+            .store(seq_word(i, SEQ_FREE), Relaxed);
+    }
     for id in 0..p.max_clients {
         let rec = layout.record_offset(id);
         map.u32_at(rec + REC_STATE).store(CLIENT_FREE, Relaxed);

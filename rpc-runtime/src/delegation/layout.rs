@@ -13,6 +13,7 @@
 //! 256      ring_depth request slots           seeds/004 §2.1 Request Ring Slot
 //! resp     max_clients*resp_depth resp slots  seeds/004 §2.1 Response Slot
 //! table    max_clients client records (128 B)  extension, seed: none
+//! seq      ring_depth slot sequence words (64 B) extension, seed: none
 //! total
 //! ```
 
@@ -45,7 +46,13 @@ pub const OFF_RESP_DEPTH: usize = 20;
 pub const OFF_NEXT_CLIENT_ID: usize = 24;
 /// `AtomicBool` (one byte, 0/1) server_alive. Source: seeds/004 §2.1 Header.
 pub const OFF_SERVER_ALIVE: usize = 28;
-/// `u64` schema fingerprint. Extension, seed: padding (bytes 29..127).
+/// `AtomicU8` ring fault code: 0 while the ring is sound; otherwise the [`RingFault`] code of
+/// the first impossible state found in it (by the server or a client), after which every call
+/// and poll fails at once and no new client attaches. Extension, seed: padding (byte 29).
+///
+/// [`RingFault`]: super::RingFault
+pub const OFF_RING_FAULT: usize = 29;
+/// `u64` schema fingerprint. Extension, seed: padding (bytes 30..127).
 pub const OFF_FINGERPRINT: usize = 32;
 /// `u32` request payload capacity in bytes. Extension, seed: padding. (The seed sizes slots by
 /// `size_of::<Req>()`; a byte ring stores the capacity instead.)
@@ -91,7 +98,11 @@ pub const OFF_TAIL: usize = 192;
 pub const RING_SLOTS_OFFSET: u64 = 256;
 /// Bytes of slot metadata before the request payload. Source: seeds/004 §2.1 (`16 + size_of::<Req>()`).
 pub const REQ_SLOT_HEADER: u64 = 16;
-/// `AtomicU8` committed (0 = not committed, 1 = committed). Source: seeds/004 §2.1.
+/// `AtomicU8` committed in seeds/004 §2.1. **Unused here (always 0)**: the commit flag of
+/// this implementation is the slot's sequence word ([`Layout::seq_offset`]), which also names
+/// the position (lap) it belongs to, so a late commit of a position the server skipped cannot
+/// be taken for a commit of a later lap of the same slot. Extension (deviation), see the
+/// module docs.
 pub const SLOT_COMMITTED: usize = 0;
 /// `u32` client_id. Source: seeds/004 §2.1.
 pub const SLOT_CLIENT_ID: usize = 4;
@@ -153,6 +164,45 @@ pub const POS_IDLE: u64 = u64::MAX;
 pub const POS_RESERVING: u64 = u64::MAX - 1;
 
 // ---------------------------------------------------------------------------------------------
+// Slot sequence words (after the client table). Extension, seed: none.
+// ---------------------------------------------------------------------------------------------
+
+/// Distance between two slot sequence words, in bytes (one cache line each, so that writers
+/// of neighbouring positions do not share a line).
+pub const SEQ_STRIDE: u64 = 64;
+/// Sequence state: the slot is free for the writer of the word's position.
+pub const SEQ_FREE: u64 = 0;
+/// Sequence state: the writer of the word's position claimed the slot and is writing it.
+pub const SEQ_CLAIMED: u64 = 1;
+/// Sequence state: the entry of the word's position is committed (the seed's `committed = 1`).
+pub const SEQ_COMMITTED: u64 = 2;
+/// Sequence state: the server skipped the word's position while an earlier claimant (the writer
+/// of this or an earlier lap of the slot) still held the slot; that writer must hand the slot on
+/// (to `FREE` of the next lap) when it resumes.
+pub const SEQ_SKIPPED: u64 = 3;
+/// Largest position a sequence word can name (`pos << 2` must not overflow). A `head` above it
+/// is impossible: it would take 2^62 reservations.
+pub const MAX_POS: u64 = (1 << 62) - 1;
+
+/// The sequence word for `pos` in `state` (`SEQ_*`): `pos << 2 | state`.
+#[inline]
+pub const fn seq_word(pos: u64, state: u64) -> u64 {
+    (pos << 2) | state
+}
+
+/// The position a sequence word names.
+#[inline]
+pub const fn seq_pos(word: u64) -> u64 {
+    word >> 2
+}
+
+/// The state (`SEQ_*`) of a sequence word.
+#[inline]
+pub const fn seq_state(word: u64) -> u64 {
+    word & 3
+}
+
+// ---------------------------------------------------------------------------------------------
 // Limits.
 // ---------------------------------------------------------------------------------------------
 
@@ -209,7 +259,10 @@ pub struct Layout {
     pub resp_area_offset: u64,
     /// `resp_area_offset + max_clients * resp_depth * resp_slot_size`. Extension, seed: none.
     pub client_table_offset: u64,
-    /// `client_table_offset + max_clients * 64`: the file size.
+    /// `client_table_offset + max_clients * CLIENT_RECORD_SIZE`: the slot sequence words.
+    /// Extension, seed: none.
+    pub seq_table_offset: u64,
+    /// `seq_table_offset + ring_depth * SEQ_STRIDE`: the file size.
     pub total_size: u64,
 }
 
@@ -266,17 +319,19 @@ impl Layout {
                 "slot sizes {req_slot} / {resp_slot} bytes do not fit in u32"
             ));
         };
-        let total = || -> Option<(u64, u64, u64)> {
+        let total = || -> Option<(u64, u64, u64, u64)> {
             let resp_area =
                 RING_SLOTS_OFFSET.checked_add(u64::from(p.ring_depth).checked_mul(req_slot)?)?;
             let resp_bytes = u64::from(p.max_clients)
                 .checked_mul(u64::from(p.resp_depth))?
                 .checked_mul(resp_slot)?;
             let table = resp_area.checked_add(resp_bytes)?;
-            let total = table.checked_add(u64::from(p.max_clients) * CLIENT_RECORD_SIZE)?;
-            Some((resp_area, table, total))
+            let seq = table.checked_add(u64::from(p.max_clients) * CLIENT_RECORD_SIZE)?;
+            let total = seq.checked_add(u64::from(p.ring_depth) * SEQ_STRIDE)?;
+            Some((resp_area, table, seq, total))
         };
-        let Some((resp_area_offset, client_table_offset, total_size)) = total() else {
+        let Some((resp_area_offset, client_table_offset, seq_table_offset, total_size)) = total()
+        else {
             return err("total size overflows u64".into());
         };
         if total_size > MAX_TOTAL_SIZE || usize::try_from(total_size).is_err() {
@@ -290,6 +345,7 @@ impl Layout {
             resp_slot_size,
             resp_area_offset,
             client_table_offset,
+            seq_table_offset,
             total_size,
         })
     }
@@ -311,6 +367,13 @@ impl Layout {
         debug_assert!(client_id < self.params.max_clients && slot_idx < self.params.resp_depth);
         let n = u64::from(client_id) * u64::from(self.params.resp_depth) + u64::from(slot_idx);
         (self.resp_area_offset + n * u64::from(self.resp_slot_size)) as usize
+    }
+
+    /// Byte offset of the sequence word of the slot holding position `pos`. Always in bounds.
+    #[inline]
+    pub fn seq_offset(&self, pos: u64) -> usize {
+        let idx = pos & u64::from(self.params.ring_depth - 1);
+        (self.seq_table_offset + idx * SEQ_STRIDE) as usize
     }
 
     /// Byte offset of the client record of `client_id` (callers check `client_id < max_clients`).
@@ -346,6 +409,7 @@ mod tests {
             "head and tail on separate cache lines"
         );
         const { assert!(OFF_LIVENESS_INTERVAL_NS + 8 <= HEADER_SIZE as usize) };
+        const { assert!(OFF_RING_FAULT > OFF_SERVER_ALIVE && OFF_RING_FAULT < OFF_FINGERPRINT) };
         const { assert!(REC_PID + 4 <= 64 && REC_RESERVING_POS == 64) };
         const { assert!(REC_RESERVING_POS + 8 <= CLIENT_RECORD_SIZE as usize) };
     }
@@ -358,15 +422,19 @@ mod tests {
         assert_eq!(l.resp_area_offset, 256 + 1024 * 128);
         assert_eq!(l.client_table_offset, l.resp_area_offset + 64 * 32 * 128);
         assert_eq!(
-            l.total_size,
+            l.seq_table_offset,
             l.client_table_offset + 64 * CLIENT_RECORD_SIZE
         );
+        assert_eq!(l.total_size, l.seq_table_offset + 1024 * SEQ_STRIDE);
+        assert_eq!(l.seq_offset(1025), l.seq_table_offset as usize + 64);
         let l = Layout::new(params(1, 1, 1, 48, 56)).unwrap();
         assert_eq!((l.req_slot_size, l.resp_slot_size), (64, 64));
         assert_eq!(l.req_slot_offset(7), 256);
         assert_eq!(l.resp_slot_offset(0, 0), 256 + 64);
         assert_eq!(l.record_offset(0), 256 + 128);
-        assert_eq!(l.total_size, 256 + 128 + CLIENT_RECORD_SIZE);
+        assert_eq!(l.total_size, 256 + 128 + CLIENT_RECORD_SIZE + SEQ_STRIDE);
+        assert_eq!(seq_word(5, SEQ_SKIPPED), 23);
+        assert_eq!((seq_pos(23), seq_state(23)), (5, SEQ_SKIPPED));
     }
 
     #[test]

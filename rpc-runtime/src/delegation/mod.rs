@@ -10,8 +10,9 @@
 //! Exactly seeds/004 §2.1 — 128-byte header, ring control (`head` @128, `tail` @192), request
 //! slots from 256, response slots after them — with documented extensions stored in the seed's
 //! padding (schema fingerprint, payload capacities, redundant sizes for validation, payload
-//! lengths, pids, the liveness interval) and a client table appended at the end. See
-//! [`layout`] for every offset and its source.
+//! lengths, pids, the liveness interval, the ring fault byte), a client table and one
+//! sequence word per request slot appended at the end. See [`layout`] for every offset and
+//! its source.
 //!
 //! # Protocol
 //! Seeds/004 §2.2: a client reserves a position with `head.fetch_add(1)`, waits until
@@ -21,6 +22,20 @@
 //! publishes its cursor as `tail` ([`RingServer::advance_tail`]) and writes each reply into the
 //! client's response slot ([`RingServer::reply`]), which the client reads
 //! ([`RingClient::poll`]).
+//!
+//! **Slot sequence words (extension, deviation).** The seed's `committed` byte cannot tell
+//! which lap of a slot it belongs to, so a client that stalls between `fetch_add` and its
+//! commit, and commits after the server gave its position up, would have its late entry read
+//! as the next lap's. Each slot therefore has a 64-bit sequence word `pos << 2 | state`
+//! (states `FREE`, `CLAIMED`, `COMMITTED`, `SKIPPED`; see [`layout`]) that replaces the
+//! `committed` byte (left 0). Slot `i` starts `FREE(i)`. A writer of `pos` *claims* the slot
+//! (CAS `FREE(pos)` → `CLAIMED(pos)`) before touching it, writes, and *commits* (CAS
+//! `CLAIMED(pos)` → `COMMITTED(pos)`, Release). The server reads an entry only at
+//! `COMMITTED(pos)` and frees the slot for the next lap with `FREE(pos + ring_depth)`
+//! (Release) after copying it out. Every transition is a CAS from the exact word expected, so
+//! a writer and the server skipping its position can never both win: exactly one of "the
+//! entry is served" and "the call fails with [`CallError::Skipped`]" happens, and no writer
+//! ever touches a slot that belongs to another lap.
 //!
 //! The seed assumes that every process lives forever. This implementation adds the mechanisms
 //! below so that a crashed server, a crashed client, or a garbage file cannot hang or corrupt
@@ -60,30 +75,77 @@
 //! no longer `ACTIVE`, or whose id has been reclaimed (and perhaps reused), is refused with
 //! [`ReplyError::StaleToken`] instead of landing in the new owner's slots.
 //!
-//! # Holes left by dead clients
-//! A client that dies between `fetch_add` and its commit leaves a *hole*: a position that will
-//! never be committed. The seed's server would stop there forever. Here, every call brackets
-//! its reservation in its record: `reserving_pos = RESERVING` (Relaxed), `pos =
-//! head.fetch_add(1, Release)`, `reserving_pos = pos` (Release), …, commit, `reserving_pos =
-//! IDLE` (Release). When [`RingServer::poll`] finds the hole at its cursor older than
-//! `hole_timeout`, it scans the table: if any non-`FREE` record with `reserving_pos ==
-//! RESERVING` or `== cursor` has a live owner (lock held), that owner is about to commit and the
-//! server keeps waiting. Otherwise it re-checks `committed == 0`, skips the position
-//! (`holes_skipped`), and resets the dead owner's `reserving_pos`.
+//! # Holes: dead, abandoned and stalled reservations
+//! A client that dies, gives up (deadline) or stalls between `fetch_add` and its commit
+//! leaves a *hole*: a position that is not committed. The seed's server would stop there
+//! forever. Here, every call brackets its reservation in its record: `reserving_pos =
+//! RESERVING` (Relaxed), `pos = head.fetch_add(1, Release)`, `reserving_pos = pos` (Release),
+//! …, commit, `reserving_pos = IDLE` (Release). When [`RingServer::poll`] finds a hole at its
+//! cursor, it examines it every `min(hole_timeout, stall_timeout)`: it scans the table for
+//! non-`FREE` records with `reserving_pos == RESERVING` or `== cursor` and checks their
+//! owners' locks.
 //!
-//! Why skipping is safe: the server saw `head > cursor` with an Acquire load, which
-//! synchronizes with the Release `fetch_add` that reserved `cursor` (and all earlier ones, a
-//! release sequence), so the owner's `RESERVING` store — or a later one — is visible. A live
-//! owner therefore shows `RESERVING` or `cursor` until it stores `IDLE` after committing, and
-//! since that store is Release, a server that reads `IDLE` (or the owner's next, Release-stored
-//! position) also sees `committed == 1` on its re-check. So the server skips only positions
-//! whose owner is dead — its lock is gone, so its process (or, for the in-process test hook,
-//! its `RingClient`) no longer exists — and a dead owner never writes again, so the skipped
-//! slot can be reused safely. A live owner waiting at `cursor` for ring space is never blocked
-//! forever: once the server advances `tail` to its cursor, `pos - tail == 0 < ring_depth`.
-//! The timeout only keeps the system calls off the common path of short-lived holes.
-//! (A lock lives as long as any descriptor of its open file description: a process that
-//! `fork`s without `exec` while attached keeps its parent's client alive in this sense.)
+//! * No live owner (it died, abandoned the position at its deadline, or is unknown): the hole
+//!   is skipped (`holes_skipped`) after `hole_timeout` (default 50 ms).
+//! * A live owner: the server waits up to `stall_timeout` (default 200 ms, see
+//!   [`RingConfig::stall_timeout`] for the choice) from when it first saw the hole, then
+//!   skips it anyway (`stalls_skipped`). The seed waits forever; before this change a 3 s
+//!   stall of one client stopped every client for 3 s.
+//!
+//! Skipping is a CAS on the slot's sequence word from the value examined: `FREE(pos)` (not
+//! claimed) → `FREE(pos + ring_depth)`, so the late writer's claim fails; `CLAIMED(pos)` of a
+//! dead writer → `FREE(pos + ring_depth)` (a dead process never writes again); `CLAIMED(pos)`
+//! of a live (or unknown) writer → `SKIPPED(pos)`: it may be in the middle of writing, so the
+//! slot stays its own until it resumes, finds its commit refused and hands the slot on itself
+//! (`FREE(p + ring_depth)`). Later laps of that slot meanwhile wait (bounded by their
+//! deadlines) and, if the holder stays stalled, are skipped in turn (`SKIPPED(pos - depth)` →
+//! `SKIPPED(pos)`, after `stall_timeout`); if the holder dies, the server takes the slot back
+//! (`held_slots_released`). A commit that lands before the skip CAS wins and is served. So a
+//! stalled client may resume at any instruction: before its claim, it finds a later word and
+//! fails with [`CallError::Skipped`] without writing; after it, its commit CAS fails and it
+//! fails the same way; in no case does it write a slot of another lap, and the server never
+//! reads a slot whose word is not `COMMITTED` of the position it is at.
+//!
+//! The owner scan only decides *when* a hole is skipped (a dead owner need not be waited for;
+//! the timeouts keep the system calls off the path of short-lived holes); the sequence word
+//! makes every skip safe. (A lock lives as long as any descriptor of its open file
+//! description: a process that `fork`s without `exec` while attached keeps its parent's
+//! client alive in this sense.)
+//!
+//! # A corrupt ring fails loudly
+//! Impossible ring states are detected by the server and by the clients, reported as
+//! [`RingFault`] and counted ([`RingStats::ring_faults`], [`RingClient::ring_faults`]):
+//! `head` behind `tail` (or the server's cursor); `head` more than `ring_depth +
+//! 4 * max_clients` ahead (see [`RingFault::HeadTooFarAhead`] for why no legal state gets
+//! there); `tail` changed by someone other than the server; a slot sequence word no protocol
+//! step produces. The first finder stores the fault's code in the header (byte
+//! [`layout::OFF_RING_FAULT`]), which **marks the ring failed**: every client's next call,
+//! every poll with calls outstanding and every blocked wait (within one backoff round) fail
+//! at once with [`CallError::RingCorrupt`]; [`RingClient::attach`] fails with
+//! [`RingError::Failed`]; the server serves nothing more ([`RingServer::fault`]).
+//!
+//! Why failed and not repaired: after `head` or `tail` was overwritten nobody can tell which
+//! positions clients hold, which were committed and which requests were already served. Any
+//! repair (say, `head = tail = cursor`) could hand one slot to two writers, serve a request
+//! twice, or leave a client waiting for a position that no longer exists. A failed ring gives
+//! every current and future client an immediate, explicit error instead of a hang or a wrong
+//! answer; the operator restarts the server, which creates a fresh ring (replacing the failed
+//! file).
+//!
+//! # Every wait is bounded
+//! Nothing in this module blocks in the kernel; these are all the loops that wait for another
+//! party, and what ends each:
+//!
+//! | where | waits for | bounded by |
+//! |---|---|---|
+//! | [`RingClient::try_call_with_deadline`]: the reserved position is not yet in the window (`pos - tail >= ring_depth`) | the server to consume | the call's deadline ([`CallError::Timeout`]; the position is abandoned, never written, and skipped as a hole after `hole_timeout`); server death: `server_alive` every round, its lock every `liveness_interval` ([`CallError::ServerDisconnected`]); a failed ring ([`CallError::RingCorrupt`]); the server passing the position ([`CallError::Skipped`]) |
+//! | same call, before reserving, if an earlier call of this client abandoned a position | the server to pass that position | as above |
+//! | same call, claiming a slot still held by a stalled writer of the previous lap | that writer to hand the slot on | as above; and the server skips the waiting position after `stall_timeout` ([`CallError::Skipped`]) |
+//! | [`RingClient::try_call`], [`RingClient::try_call_with`], and the typed [`Delegation`] transport's `send` | as above | as above, with the client's send timeout as the deadline ([`DEFAULT_SEND_TIMEOUT`] = 1 s, [`RingClient::set_send_timeout`]) |
+//! | [`RingClient::poll`] | nothing: it never blocks | the caller's deadline. It fails at once on a shut-down server or a failed ring, and within `liveness_interval` on a dead server |
+//! | [`RingServer::poll`] at a hole (it does not block either: it returns 0) | the reserving client to commit | `hole_timeout` if the owner is dead, unknown or gave up; `stall_timeout` if it is alive |
+//! | [`Delegate`] Phase 1 hand-off to a daemon whose response slots are all in use | the daemon to answer | the delegate's wait timeout ([`forward::DEFAULT_WAIT_TIMEOUT`] = 1 s, [`Delegate::set_wait_timeout`]), which is also the hand-off call's deadline |
+//! | [`Delegate`] Phase 2 `copyrpc call` on a full ring or short of credit | the peer delegate to return space | the delegate's wait timeout; an endpoint failure reported by copyrpc |
 //!
 //! # Garbage in shared memory
 //! Every value read from shared memory is validated before it is used as an index: `recv`
@@ -102,9 +164,11 @@ mod server;
 mod shm;
 mod stats;
 
-pub use client::RingClient;
+#[doc(hidden)]
+pub use client::PendingCall;
+pub use client::{DEFAULT_SEND_TIMEOUT, RingClient};
 pub use config::{RingConfig, RingInfo};
-pub use error::{CallError, ReplyError, RingError};
+pub use error::{CallError, ReplyError, RingError, RingFault};
 pub use server::{RecvEntry, ReplyToken, RingServer};
 pub use shm::SHM_DIR;
 pub use stats::RingStats;

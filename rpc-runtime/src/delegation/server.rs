@@ -3,12 +3,12 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU64, fence};
 use std::time::{Duration, Instant};
 
 use super::config::{RingConfig, RingInfo};
-use super::error::{ReplyError, RingError};
+use super::error::{ReplyError, RingError, RingFault};
 use super::header::{self, Header};
 use super::layout::*;
 use super::shm::{self, ShmMap};
@@ -42,6 +42,19 @@ pub struct RecvEntry<'a> {
 const POLLS_PER_CLOCK_CHECK: u32 = 1024;
 /// `death_noticed` value for "alive, or not yet seen dead".
 const NOT_NOTICED: u64 = u64::MAX;
+/// `held_by` value for "no known holder".
+const NO_HOLDER: u32 = u32::MAX;
+
+/// Who reserved the position of a hole, as far as the client table tells.
+#[derive(Clone, Copy, Debug, Default)]
+struct HoleOwner {
+    /// A live client whose `reserving_pos` is the hole's position.
+    live: Option<u32>,
+    /// A live client between `RESERVING` and storing its position (it may be the owner).
+    live_reserving: bool,
+    /// A dead client whose `reserving_pos` is the hole's position.
+    dead: Option<u32>,
+}
 
 /// The server (single consumer) end of a delegation ring: creates `/dev/shm/NAME`, receives
 /// requests in ring order and writes replies directly into the clients' response slots.
@@ -73,7 +86,15 @@ pub struct RingServer {
     layout: Layout,
     fingerprint: u64,
     hole_timeout: Duration,
+    stall_timeout: Duration,
     liveness_interval: Duration,
+    /// `ring_depth + 4 * max_clients`: beyond this distance from the cursor, `head` is
+    /// impossible (see [`RingFault::HeadTooFarAhead`]).
+    max_ahead: u64,
+    /// The value of the last `advance_tail` (only the server writes `tail`).
+    tail_published: u64,
+    /// Set once the ring is marked failed: the server then serves nothing.
+    fault: Option<RingFault>,
     /// Next position to consume. Source: seeds/004 §2.2 (`cursor`).
     cursor: u64,
     /// `recv` returns entries only below this position: `cursor + min(head - cursor, ring_depth)`
@@ -88,8 +109,13 @@ pub struct RingServer {
     stats: RingStats,
     polls_until_clock: u32,
     next_reclaim_scan: Instant,
-    /// The hole at `cursor` and when it was first seen (or last re-examined).
+    /// The hole at `cursor` and when it was first seen.
     hole: Option<(u64, Instant)>,
+    /// When the hole at `cursor` is examined next (the scan makes system calls).
+    next_hole_check: Instant,
+    /// Per slot: the client id that held it (claimed, not committed) when the server skipped
+    /// its position, or `NO_HOLDER`. Meaningful only while the slot's word is `SKIPPED`.
+    held_by: Box<[u32]>,
     /// Per client id: `head` observed when the owner was first seen detached or dead.
     death_noticed: Box<[u64]>,
 }
@@ -112,6 +138,14 @@ impl RingServer {
                 reason: format!(
                     "liveness_interval = {:?} must be in (0, 60 s]",
                     cfg.liveness_interval
+                ),
+            });
+        }
+        if cfg.stall_timeout.is_zero() || cfg.stall_timeout > Duration::from_secs(60) {
+            return Err(RingError::InvalidConfig {
+                reason: format!(
+                    "stall_timeout = {:?} must be in (0, 60 s]",
+                    cfg.stall_timeout
                 ),
             });
         }
@@ -172,7 +206,11 @@ impl RingServer {
             layout,
             fingerprint: cfg.fingerprint,
             hole_timeout: cfg.hole_timeout,
+            stall_timeout: cfg.stall_timeout,
             liveness_interval: cfg.liveness_interval,
+            max_ahead: super::client::max_ahead(p.ring_depth, p.max_clients),
+            tail_published: 0,
+            fault: None,
             cursor: 0,
             limit: 0,
             scratch: vec![0u8; p.req_payload_cap as usize].into_boxed_slice(),
@@ -181,6 +219,8 @@ impl RingServer {
             polls_until_clock: POLLS_PER_CLOCK_CHECK,
             next_reclaim_scan: now + cfg.liveness_interval,
             hole: None,
+            next_hole_check: now,
+            held_by: vec![NO_HOLDER; p.ring_depth as usize].into_boxed_slice(),
             death_noticed: vec![NOT_NOTICED; p.max_clients as usize].into_boxed_slice(),
         })
     }
@@ -206,31 +246,49 @@ impl RingServer {
         &self.stats
     }
 
+    /// The fault the ring was marked failed with (by this server or a client), if any. A
+    /// failed ring serves nothing more: `poll` returns 0 and `recv` `None`; drop the server and
+    /// create the ring again.
+    pub fn fault(&self) -> Option<RingFault> {
+        self.fault
+    }
+
     /// Scans for committed requests. Source: seeds/004 §2.2 Server poll().
     ///
-    /// Snapshots `head` (Acquire) and counts the committed entries from the cursor up to the
-    /// first hole (a reserved but uncommitted position), scanning at most `ring_depth`
-    /// positions. Returns that count; [`recv`](Self::recv) then takes them out.
+    /// Snapshots `head` (Acquire) and counts the committed entries (sequence word
+    /// `COMMITTED(pos)`, the seed's `committed == 1`) from the cursor up to the first hole (a
+    /// reserved but uncommitted position), scanning at most `ring_depth` positions. Returns
+    /// that count; [`recv`](Self::recv) then takes them out.
     ///
-    /// Also drives the cold paths: if the cursor itself is a hole older than `hole_timeout`,
-    /// checks whether the reserving client died and, if so, skips the position; and every
-    /// `liveness_interval` (clock read every 1024 polls) reclaims ids of detached or dead
-    /// clients. See the module docs.
+    /// A `head` behind the cursor or more than `ring_depth + 4 * max_clients` ahead of it is
+    /// impossible: the ring is marked failed ([`RingFault`], [`RingStats::ring_faults`]) and
+    /// this and every later poll returns 0.
+    ///
+    /// Also drives the cold paths: if the cursor itself is a hole, it is examined every
+    /// `min(hole_timeout, stall_timeout)`, and skipped once its reserving client is dead (or
+    /// unknown) or it is older than `stall_timeout`; and every `liveness_interval` (clock read
+    /// every 1024 polls) ids of detached or dead clients are reclaimed and `tail` and the
+    /// header's fault byte are checked. See the module docs.
     #[inline]
     pub fn poll(&mut self) -> usize {
+        if self.fault.is_some() {
+            return 0;
+        }
         let head = self.map.u64_at(OFF_HEAD).load(Acquire);
         let depth = u64::from(self.layout.params.ring_depth);
-        // `head < cursor` only if something scribbled over `head`: then there is nothing to read.
-        let avail = if head >= self.cursor {
-            (head - self.cursor).min(depth)
-        } else {
-            0
-        };
+        // Wrapping: a `head` behind the cursor shows up as a huge distance.
+        let ahead = head.wrapping_sub(self.cursor);
+        if ahead > self.max_ahead {
+            self.bad_head(head);
+            return 0;
+        }
+        let avail = ahead.min(depth);
         self.limit = self.cursor + avail;
         let mut n = 0;
         while n < avail {
-            let off = self.layout.req_slot_offset(self.cursor + n);
-            if self.map.u8_at(off + SLOT_COMMITTED).load(Acquire) == 0 {
+            let pos = self.cursor + n;
+            let seq = self.map.u64_at(self.layout.seq_offset(pos));
+            if seq.load(Acquire) != seq_word(pos, SEQ_COMMITTED) {
                 break;
             }
             n += 1;
@@ -249,7 +307,8 @@ impl RingServer {
     ///
     /// Returns `None` at the position limit of the last [`poll`](Self::poll) or at a hole.
     /// Otherwise reads `client_id`, `resp_slot_idx`, `payload_len`, validates them, copies the
-    /// payload into a server-owned buffer, clears `committed` (Release) and advances the cursor.
+    /// payload into a server-owned buffer, frees the slot for the next lap (sequence word
+    /// `FREE(pos + ring_depth)`, Release; the seed's `committed = 0`) and advances the cursor.
     /// Invalid entries (client id out of range, client not `ACTIVE`, response slot out of
     /// range, length above the capacity) are consumed, counted in [`RingStats`], and skipped.
     #[inline]
@@ -259,9 +318,10 @@ impl RingServer {
                 return None;
             }
             let p = self.layout.params;
-            let off = self.layout.req_slot_offset(self.cursor);
-            let committed = self.map.u8_at(off + SLOT_COMMITTED);
-            if committed.load(Acquire) == 0 {
+            let pos = self.cursor;
+            let off = self.layout.req_slot_offset(pos);
+            let seq = self.map.u64_at(self.layout.seq_offset(pos));
+            if seq.load(Acquire) != seq_word(pos, SEQ_COMMITTED) {
                 return None;
             }
             let client_id = self.map.u32_at(off + SLOT_CLIENT_ID).load(Relaxed);
@@ -281,14 +341,14 @@ impl RingServer {
                 // SAFETY: `src` is `len <= req_payload_cap` in-bounds bytes of the slot's payload
                 // area (checked by `bytes`); `scratch` holds `req_payload_cap` bytes and does not
                 // overlap the mapping. The slot is committed and owned by the server until it
-                // clears `committed` below: its writer finished before its Release commit, which
-                // the Acquire load above synchronizes with, and no other client may write it
-                // before the server advances `tail` past this position.
+                // frees it below: its writer finished before its Release commit, which the
+                // Acquire load above synchronizes with, and no writer may claim the slot before
+                // it holds `FREE` of the next lap.
                 unsafe {
                     std::ptr::copy_nonoverlapping(src, self.scratch.as_mut_ptr(), len as usize)
                 };
             }
-            committed.store(0, Release);
+            seq.store(seq_word(pos + u64::from(p.ring_depth), SEQ_FREE), Release);
             self.cursor += 1;
             if ok {
                 let bit = client_id as usize * p.resp_depth as usize + slot_idx as usize;
@@ -309,9 +369,30 @@ impl RingServer {
 
     /// Publishes the cursor as the new `tail` (Release), letting clients reuse the consumed
     /// slots. Source: seeds/004 §2.2 Server advance_tail().
+    ///
+    /// Does nothing if the cursor has not moved since the last call (so idle rounds do not
+    /// invalidate the clients' cached copy of `tail`). Before storing, checks that `tail` still
+    /// holds the value it last published (only the server writes it): if not, the ring is
+    /// marked failed ([`RingFault::TailCorrupt`]) and nothing is stored.
     #[inline]
     pub fn advance_tail(&mut self) {
-        self.map.u64_at(OFF_TAIL).store(self.cursor, Release);
+        if self.cursor == self.tail_published {
+            return;
+        }
+        let tail = self.map.u64_at(OFF_TAIL);
+        if tail.load(Relaxed) != self.tail_published {
+            self.bad_tail();
+            return;
+        }
+        tail.store(self.cursor, Release);
+        self.tail_published = self.cursor;
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bad_tail(&mut self) {
+        tracing::error!(ring = %self.name, published = self.tail_published, "tail changed");
+        self.fail(RingFault::TailCorrupt);
     }
 
     /// Writes `payload` into the response slot named by `token` and sets `valid` (Release).
@@ -435,58 +516,152 @@ impl RingServer {
         );
     }
 
-    /// The cursor is at a hole. Times it; once older than `hole_timeout`, resolves it.
+    /// `head` is behind the cursor or impossibly far ahead: mark the ring failed.
+    #[cold]
+    #[inline(never)]
+    fn bad_head(&mut self, head: u64) {
+        let fault = if head < self.cursor {
+            RingFault::HeadBehindTail
+        } else {
+            RingFault::HeadTooFarAhead
+        };
+        tracing::error!(ring = %self.name, head, cursor = self.cursor, "impossible head");
+        self.fail(fault);
+    }
+
+    /// Marks the ring failed with `fault` (the header's fault byte keeps the first fault
+    /// anyone found): clients fail every call and poll at once, the server serves nothing.
+    #[cold]
+    #[inline(never)]
+    fn fail(&mut self, fault: RingFault) {
+        if self.fault.is_some() {
+            return;
+        }
+        self.stats.ring_faults += 1;
+        let stored =
+            match self
+                .map
+                .u8_at(OFF_RING_FAULT)
+                .compare_exchange(0, fault.code(), Release, Acquire)
+            {
+                Ok(_) => fault,
+                Err(code) => RingFault::from_code(code).unwrap_or(fault),
+            };
+        self.fault = Some(stored);
+        self.limit = self.cursor;
+        tracing::error!(ring = %self.name, %fault, "delegation ring corrupt; marked failed");
+    }
+
+    /// Slow checks of the ring control: `tail` must still be what the server published, and
+    /// a fault found by a client (header byte) stops the server too.
+    #[cold]
+    fn check_control(&mut self) {
+        if self.fault.is_some() {
+            return;
+        }
+        let code = self.map.u8_at(OFF_RING_FAULT).load(Acquire);
+        if let Some(f) = RingFault::from_code(code) {
+            tracing::error!(ring = %self.name, fault = %f, "delegation ring marked failed by a client");
+            self.fault = Some(f);
+            self.limit = self.cursor;
+            return;
+        }
+        if self.map.u64_at(OFF_TAIL).load(Acquire) != self.tail_published {
+            self.bad_tail();
+        }
+    }
+
+    /// The cursor is at a hole. Times it; every `min(hole_timeout, stall_timeout)` after it
+    /// was first seen, tries to resolve it.
     #[cold]
     #[inline(never)]
     fn on_hole(&mut self) {
         let now = Instant::now();
+        let interval = self.hole_timeout.min(self.stall_timeout);
         match self.hole {
             Some((pos, since)) if pos == self.cursor => {
-                if now.duration_since(since) >= self.hole_timeout {
-                    self.resolve_holes();
-                    // Whether or not it was resolved, look again only after another timeout.
-                    self.hole = Some((self.cursor, Instant::now()));
+                if now >= self.next_hole_check {
+                    self.next_hole_check = now + interval;
+                    self.check_control();
+                    if self.fault.is_none() {
+                        self.resolve_holes(now.duration_since(since));
+                    }
                 }
             }
-            _ => self.hole = Some((self.cursor, now)),
+            _ => {
+                self.hole = Some((self.cursor, now));
+                self.next_hole_check = now + interval;
+            }
         }
     }
 
-    /// Skips holes at the cursor whose reserving client is dead (see the module docs for why
-    /// this is safe). Stops at the first hole that a live client may still fill.
+    /// Skips the holes at the cursor that may be skipped (see the module docs): one whose
+    /// reserving client is dead or unknown; and, if the first one is older than
+    /// `stall_timeout` (`age`), that one whatever its owner. Every skip is a CAS on the slot's
+    /// sequence word from the value examined, so a commit that lands meanwhile wins and is
+    /// served. Stops at the first hole that must still wait.
     #[cold]
     #[inline(never)]
-    fn resolve_holes(&mut self) {
+    fn resolve_holes(&mut self, age: Duration) {
+        let depth = u64::from(self.layout.params.ring_depth);
         // Bounded, so that a scribbled `head` cannot keep the server here.
-        for _ in 0..self.layout.params.ring_depth {
+        for i in 0..2 * depth {
             let head = self.map.u64_at(OFF_HEAD).load(Acquire);
             let pos = self.cursor;
-            let off = self.layout.req_slot_offset(pos);
-            if head <= pos || self.map.u8_at(off + SLOT_COMMITTED).load(Acquire) != 0 {
+            if head <= pos {
                 return;
             }
+            let slot = (pos & (depth - 1)) as usize;
+            let seq = self.map.u64_at(self.layout.seq_offset(pos));
+            let word = seq.load(Acquire);
+            let stalled = i == 0 && age >= self.stall_timeout;
+            let (wpos, state) = (seq_pos(word), seq_state(word));
             let mut dead_owner = None;
-            for id in 0..self.layout.params.max_clients {
-                let rec = self.layout.record_offset(id);
-                if self.map.u32_at(rec + REC_STATE).load(Acquire) == CLIENT_FREE {
-                    continue;
-                }
-                let rp = self.map.u64_at(rec + REC_RESERVING_POS).load(Acquire);
-                if rp != POS_RESERVING && rp != pos {
-                    continue;
-                }
-                if self.client_alive(id) {
+            let (new, stall) = if word == seq_word(pos, SEQ_COMMITTED) {
+                return;
+            } else if wpos == pos && (state == SEQ_FREE || state == SEQ_CLAIMED) {
+                let owner = self.hole_owner(pos);
+                let live = owner.live.is_some() || owner.live_reserving;
+                if live && !stalled {
                     return; // A live client is (or may be) about to fill `pos`.
                 }
-                if rp == pos {
-                    dead_owner = Some(rec);
+                dead_owner = owner.dead;
+                if state == SEQ_FREE || (owner.dead.is_some() && !live) {
+                    // Unclaimed, or claimed by a dead writer that will never write again:
+                    // the slot goes straight to the next lap.
+                    (seq_word(pos + depth, SEQ_FREE), live)
+                } else {
+                    // The writer may still be writing: it must hand the slot on itself.
+                    self.held_by[slot] = owner.live.unwrap_or(NO_HOLDER);
+                    (seq_word(pos, SEQ_SKIPPED), true)
                 }
-            }
-            // Re-check: an owner that stored IDLE after our scan has committed.
-            if self.map.u8_at(off + SLOT_COMMITTED).load(Acquire) != 0 {
+            } else if state == SEQ_SKIPPED && wpos + depth == pos {
+                // The slot is still held by the stalled writer of an earlier lap.
+                let holder = self.held_by[slot];
+                if holder != NO_HOLDER && !self.client_alive(holder) {
+                    if seq
+                        .compare_exchange(word, seq_word(pos, SEQ_FREE), AcqRel, Acquire)
+                        .is_ok()
+                    {
+                        self.held_by[slot] = NO_HOLDER;
+                        self.stats.held_slots_released += 1;
+                    }
+                    continue; // Re-examine `pos`, now free for its own writer.
+                }
+                if !stalled {
+                    return;
+                }
+                (seq_word(pos, SEQ_SKIPPED), true)
+            } else {
+                tracing::error!(ring = %self.name, pos, word, "impossible slot sequence word");
+                self.fail(RingFault::SlotSequence);
                 return;
+            };
+            if seq.compare_exchange(word, new, AcqRel, Acquire).is_err() {
+                continue; // Changed under us (committed, claimed): look again.
             }
-            if let Some(rec) = dead_owner {
+            if let Some(id) = dead_owner {
+                let rec = self.layout.record_offset(id);
                 let _ = self
                     .map
                     .u64_at(rec + REC_RESERVING_POS)
@@ -494,9 +669,38 @@ impl RingServer {
             }
             self.cursor += 1;
             self.limit = self.limit.max(self.cursor);
-            self.stats.holes_skipped += 1;
-            tracing::warn!(ring = %self.name, pos, "skipped a position reserved by a dead client");
+            if stall {
+                self.stats.stalls_skipped += 1;
+                tracing::warn!(ring = %self.name, pos, ?age, "skipped a position of a stalled client");
+            } else {
+                self.stats.holes_skipped += 1;
+                tracing::warn!(ring = %self.name, pos, "skipped a position reserved by a dead client");
+            }
         }
+    }
+
+    /// Scans the client table for the reserver of hole `pos`: records (not `FREE`) whose
+    /// `reserving_pos` is `pos` or `RESERVING`, and whether their owners are alive.
+    #[cold]
+    fn hole_owner(&self, pos: u64) -> HoleOwner {
+        let mut owner = HoleOwner::default();
+        for id in 0..self.layout.params.max_clients {
+            let rec = self.layout.record_offset(id);
+            if self.map.u32_at(rec + REC_STATE).load(Acquire) == CLIENT_FREE {
+                continue;
+            }
+            let rp = self.map.u64_at(rec + REC_RESERVING_POS).load(Acquire);
+            if rp != POS_RESERVING && rp != pos {
+                continue;
+            }
+            match (self.client_alive(id), rp == pos) {
+                (true, true) => owner.live = Some(id),
+                (true, false) => owner.live_reserving = true,
+                (false, true) => owner.dead = Some(id),
+                (false, false) => {}
+            }
+        }
+        owner
     }
 
     /// Whether the owner of client record `id` is alive: some open file description holds the
@@ -514,6 +718,7 @@ impl RingServer {
         let now = Instant::now();
         if now >= self.next_reclaim_scan {
             self.next_reclaim_scan = now + self.liveness_interval;
+            self.check_control();
             self.reclaim_scan();
         }
     }
@@ -543,10 +748,32 @@ impl RingServer {
         }
     }
 
-    /// Returns client id `id` to `FREE`: bumps the generation, clears its response slots and
+    /// Returns client id `id` to `FREE`: takes back the request slots it still held when the
+    /// server skipped its positions, bumps the generation, clears its response slots and
     /// pending replies, resets `reserving_pos`, then publishes `FREE` (Release).
     fn reclaim(&mut self, id: u32) {
         let p = self.layout.params;
+        let depth = u64::from(p.ring_depth);
+        for slot in 0..p.ring_depth as usize {
+            if self.held_by[slot] != id {
+                continue;
+            }
+            self.held_by[slot] = NO_HOLDER;
+            let seq = self.map.u64_at(self.layout.seq_offset(slot as u64));
+            let word = seq.load(Acquire);
+            if seq_state(word) == SEQ_SKIPPED
+                && seq
+                    .compare_exchange(
+                        word,
+                        seq_word(seq_pos(word) + depth, SEQ_FREE),
+                        AcqRel,
+                        Acquire,
+                    )
+                    .is_ok()
+            {
+                self.stats.held_slots_released += 1;
+            }
+        }
         let rec = self.layout.record_offset(id);
         self.map.u32_at(rec + REC_GENERATION).fetch_add(1, Relaxed);
         for s in 0..p.resp_depth {
@@ -574,6 +801,7 @@ impl std::fmt::Debug for RingServer {
             .field("cursor", &self.cursor)
             .field("limit", &self.limit)
             .field("hole", &self.hole)
+            .field("fault", &self.fault)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }

@@ -9,8 +9,20 @@ pub struct RingStats {
     pub received: u64,
     /// Replies published (`valid` set to 1).
     pub replied: u64,
-    /// Ring positions skipped because the client that reserved them died before committing.
+    /// Ring positions skipped because the client that reserved them died (or abandoned them
+    /// at its deadline, or is unknown) before committing.
     pub holes_skipped: u64,
+    /// Ring positions skipped because their live client stalled between reserving and
+    /// committing for longer than `stall_timeout` (its late commit is refused), including
+    /// positions that waited for a slot such a client still held.
+    pub stalls_skipped: u64,
+    /// Request slots the server took back from a client that died while holding them after
+    /// the server had skipped its position.
+    pub held_slots_released: u64,
+    /// Impossible ring states the server found (head behind or too far ahead, tail changed,
+    /// impossible slot sequence word); each marks the ring failed (see
+    /// [`RingFault`](super::RingFault)).
+    pub ring_faults: u64,
     /// Entries dropped because `client_id >= max_clients`.
     pub bad_client_id: u64,
     /// Entries dropped because `resp_slot_idx >= resp_depth`.

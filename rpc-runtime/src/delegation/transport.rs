@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::{CallError, ReplyError, ReplyToken, RingClient, RingConfig, RingServer};
+use super::{CallError, ReplyError, ReplyToken, RingClient, RingConfig, RingError, RingServer};
 use crate::client::ClientTransport;
 use crate::error::{MessageKind, RpcError};
 use crate::server::ServerTransport;
@@ -28,6 +28,9 @@ pub struct DelegationConfig {
     /// How long the server waits at a hole (a reserved but uncommitted request slot) before
     /// checking whether its owner died.
     pub hole_timeout: Duration,
+    /// How long the server waits at a hole whose owner is alive but stalled before skipping
+    /// it (the owner's late commit is then refused). See [`RingConfig::stall_timeout`].
+    pub stall_timeout: Duration,
     /// How often clients and server check each other's liveness while waiting.
     pub liveness_interval: Duration,
 }
@@ -40,6 +43,7 @@ impl Default for DelegationConfig {
             ring_depth: ring.ring_depth,
             resp_depth: ring.resp_depth,
             hole_timeout: ring.hole_timeout,
+            stall_timeout: ring.stall_timeout,
             liveness_interval: ring.liveness_interval,
         }
     }
@@ -65,14 +69,36 @@ impl Delegation {
     }
 }
 
-#[inline]
-fn call_error(e: CallError) -> RpcError {
+#[cold]
+fn call_error(e: CallError, ring: &RingClient) -> RpcError {
     match e {
         CallError::WouldBlock => RpcError::WouldBlock,
         CallError::ServerDisconnected => RpcError::ServerDisconnected,
         // The ring's capacity was checked against the service at attach time, so only an
         // encoder that disagrees with the descriptor gets here; the ring aborted the slot.
         CallError::PayloadTooLarge { len, cap } => RpcError::MessageTooLarge { len, cap },
+        // The ring stayed full (a stopped or overloaded server) past the call's timeout;
+        // `Client` fills in the call's tag and method.
+        // (`send` reports the call's timeout; `poll` never waits, so never times out.)
+        CallError::Timeout => deadline_exceeded(std::time::Duration::ZERO),
+        // The server skipped the call's position because this client stalled; nothing was
+        // delivered, so sending again is safe (the typed client retries on WouldBlock).
+        CallError::Skipped => RpcError::WouldBlock,
+        CallError::RingCorrupt(fault) => RpcError::Ring(Box::new(RingError::Failed {
+            path: ring.path().to_path_buf(),
+            fault,
+        })),
+    }
+}
+
+/// The ring stayed full past the call's timeout; [`crate::Client`] fills in the call's tag and
+/// method.
+#[cold]
+fn deadline_exceeded(timeout: std::time::Duration) -> RpcError {
+    RpcError::DeadlineExceeded {
+        tag: crate::client::BLOCKING_TAG,
+        method: "",
+        timeout,
     }
 }
 
@@ -116,15 +142,22 @@ impl ClientTransport for Delegation {
     #[inline]
     fn send(
         &mut self,
-        _timeout: std::time::Duration,
+        timeout: std::time::Duration,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
-        self.ring.try_call_with(encode).map_err(call_error)
+        self.ring
+            .try_call_with_timeout(timeout, encode)
+            .map_err(|e| match e {
+                CallError::Timeout => deadline_exceeded(timeout),
+                e => call_error(e, &self.ring),
+            })
     }
 
     #[inline]
     fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
-        self.ring.poll_up_to(max, on_response).map_err(call_error)
+        self.ring
+            .poll_up_to(max, on_response)
+            .map_err(|e| call_error(e, &self.ring))
     }
 }
 
@@ -154,6 +187,7 @@ impl DelegationServer {
             resp_payload_cap: service.max_response_bytes as u32,
             fingerprint: service.fingerprint,
             hole_timeout: cfg.hole_timeout,
+            stall_timeout: cfg.stall_timeout,
             liveness_interval: cfg.liveness_interval,
         };
         Ok(DelegationServer {
