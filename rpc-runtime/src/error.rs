@@ -7,7 +7,8 @@ use crate::wire::{Status, WireError};
 #[non_exhaustive]
 pub enum RpcError {
     /// The server is gone (clean shutdown, or its process died): every call in flight and
-    /// every later call fails with this.
+    /// every later call fails with this, until the transport reconnects (only eRPC can:
+    /// `Erpc::reconnect`).
     #[error("server disconnected")]
     ServerDisconnected,
     /// No call slot is free right now (all response slots of this client are in use):

@@ -118,6 +118,8 @@ impl Deadline {
 pub struct PendingCall {
     pos: u64,
     idx: u32,
+    /// Byte offset of `pos`'s sequence word (computed once per call).
+    seq_off: usize,
 }
 
 impl PendingCall {
@@ -159,10 +161,10 @@ impl RingClient {
         let map = ShmMap::map(&file, layout.total_size).map_err(io("mmap"))?;
         let server_locked = shm::is_locked_by_other(&file, SERVER_LOCK_START, SERVER_LOCK_LEN)
             .map_err(io("fcntl(F_OFD_GETLK)"))?;
-        if !server_locked || map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0 {
+        if !server_locked || map.hdr_u8::<OFF_SERVER_ALIVE>().load(Acquire) == 0 {
             return Err(RingError::ServerNotRunning { path });
         }
-        if let Some(fault) = RingFault::from_code(map.u8_at(OFF_RING_FAULT).load(Acquire)) {
+        if let Some(fault) = RingFault::from_code(map.hdr_u8::<OFF_RING_FAULT>().load(Acquire)) {
             return Err(RingError::Failed { path, fault });
         }
         let Some((client_id, generation)) =
@@ -371,7 +373,7 @@ impl RingClient {
     }
 
     /// Steps 1-5: checks, response slot, reservation, room.
-    #[inline]
+    #[inline(always)]
     fn begin(&mut self, deadline: &mut Deadline) -> Result<PendingCall, CallError> {
         self.check_usable()?;
         if self.in_flight == self.layout.params.resp_depth as usize {
@@ -382,7 +384,11 @@ impl RingClient {
         }
         let idx = self.pick_free_slot();
         let pos = self.reserve(deadline)?;
-        Ok(PendingCall { pos, idx })
+        Ok(PendingCall {
+            pos,
+            idx,
+            seq_off: self.layout.seq_offset(pos),
+        })
     }
 
     /// The sequence word of the slot holding `pos`.
@@ -392,12 +398,12 @@ impl RingClient {
     }
 
     /// Step 6: claims the slot of the reserved position.
-    #[inline]
+    #[inline(always)]
     fn claim(&mut self, pending: &PendingCall, deadline: &mut Deadline) -> Result<(), CallError> {
         let pos = pending.pos;
         // Acquire: the server's (or the previous holder's) Release store of `FREE(pos)` was
         // made after its last access to the slot, so this client's writes come after it.
-        match self.seq(pos).compare_exchange(
+        match self.map.u64_at(pending.seq_off).compare_exchange(
             seq_word(pos, SEQ_FREE),
             seq_word(pos, SEQ_CLAIMED),
             Acquire,
@@ -409,13 +415,13 @@ impl RingClient {
     }
 
     /// Steps 7-9: writes the request into the claimed slot and commits it.
-    #[inline]
+    #[inline(always)]
     fn finish(
         &mut self,
         pending: PendingCall,
         write: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, CallError> {
-        let PendingCall { pos, idx } = pending;
+        let PendingCall { pos, idx, seq_off } = pending;
         let p = self.layout.params;
         let off = self.layout.req_slot_offset(pos);
         let cap = p.req_payload_cap as usize;
@@ -436,21 +442,12 @@ impl RingClient {
         let len = write(unsafe { std::slice::from_raw_parts_mut(dst, cap) });
         std::mem::forget(guard);
         if len > cap {
-            let _ = commit_entry(
-                &self.map,
-                &self.layout,
-                pos,
-                self.record,
-                self.client_id,
-                0,
-                ABORTED_PAYLOAD_LEN,
-            );
-            return Err(CallError::PayloadTooLarge { len, cap });
+            return Err(self.abort_oversize(pos, len, cap));
         }
         if !commit_entry(
             &self.map,
             &self.layout,
-            pos,
+            (pos, off, seq_off),
             self.record,
             self.client_id,
             idx,
@@ -462,6 +459,27 @@ impl RingClient {
         self.in_flight += 1;
         self.next_resp_slot = (idx + 1) & (p.resp_depth - 1);
         Ok(idx)
+    }
+
+    /// `write` returned more than the capacity: commit the claimed slot of `pos` as an
+    /// aborted entry (the server skips it) and fail the call.
+    #[cold]
+    #[inline(never)]
+    fn abort_oversize(&mut self, pos: u64, len: usize, cap: usize) -> CallError {
+        let _ = commit_entry(
+            &self.map,
+            &self.layout,
+            (
+                pos,
+                self.layout.req_slot_offset(pos),
+                self.layout.seq_offset(pos),
+            ),
+            self.record,
+            self.client_id,
+            0,
+            ABORTED_PAYLOAD_LEN,
+        );
+        CallError::PayloadTooLarge { len, cap }
     }
 
     /// Delivers the responses that have arrived. Source: seeds/004 §2.2 Client poll().
@@ -558,8 +576,8 @@ impl RingClient {
     pub fn check_server(&mut self) -> Result<(), CallError> {
         if self.disconnected
             || self.fault.is_some()
-            || self.map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0
-            || self.map.u8_at(OFF_RING_FAULT).load(Relaxed) != 0
+            || self.map.hdr_u8::<OFF_SERVER_ALIVE>().load(Acquire) == 0
+            || self.map.hdr_u8::<OFF_RING_FAULT>().load(Relaxed) != 0
             || !self.server_lock_held()
         {
             return Err(self.unusable());
@@ -568,12 +586,12 @@ impl RingClient {
     }
 
     /// Step 1: the server is up and the ring not marked failed (two loads of the header line).
-    #[inline]
+    #[inline(always)]
     fn check_usable(&mut self) -> Result<(), CallError> {
         if self.disconnected
             || self.fault.is_some()
-            || self.map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0
-            || self.map.u8_at(OFF_RING_FAULT).load(Relaxed) != 0
+            || self.map.hdr_u8::<OFF_SERVER_ALIVE>().load(Acquire) == 0
+            || self.map.hdr_u8::<OFF_RING_FAULT>().load(Relaxed) != 0
         {
             return Err(self.unusable());
         }
@@ -593,14 +611,14 @@ impl RingClient {
     }
 
     /// Steps 4-5 of a call: reservation, wait for room.
-    #[inline]
+    #[inline(always)]
     fn reserve(&mut self, deadline: &mut Deadline) -> Result<u64, CallError> {
         let depth = u64::from(self.layout.params.ring_depth);
         // Read before the `fetch_add`: `tail <= head <= pos` for any sound ring.
-        let tail = self.map.u64_at(OFF_TAIL).load(Acquire);
+        let tail = self.map.hdr_u64::<OFF_TAIL>().load(Acquire);
         let rp = self.map.u64_at(self.record + REC_RESERVING_POS);
         rp.store(POS_RESERVING, Relaxed);
-        let pos = self.map.u64_at(OFF_HEAD).fetch_add(1, Release);
+        let pos = self.map.hdr_u64::<OFF_HEAD>().fetch_add(1, Release);
         // Release: a server that reads `pos` here also sees this client's earlier commits.
         rp.store(pos, Release);
         // `tail` only grows, so room against the old value is room now. (Wrapping: a `pos`
@@ -619,7 +637,7 @@ impl RingClient {
             return Ok(());
         };
         let backoff = Backoff::new();
-        while self.map.u64_at(OFF_TAIL).load(Acquire) <= pos {
+        while self.map.hdr_u64::<OFF_TAIL>().load(Acquire) <= pos {
             self.wait_step(&backoff, deadline)?;
         }
         self.abandoned = None;
@@ -645,7 +663,7 @@ impl RingClient {
         let backoff = Backoff::new();
         loop {
             // Read after the `fetch_add`: `pos - tail` is at most `head - tail` of that moment.
-            let tail = self.map.u64_at(OFF_TAIL).load(Acquire);
+            let tail = self.map.hdr_u64::<OFF_TAIL>().load(Acquire);
             if tail > pos {
                 // The server passed `pos`, which this client never committed: it skipped it.
                 return Err(self.refused(pos));
@@ -713,8 +731,8 @@ impl RingClient {
     #[cold]
     fn wait_step(&mut self, backoff: &Backoff, deadline: &mut Deadline) -> Result<(), CallError> {
         backoff.snooze();
-        if self.map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0
-            || self.map.u8_at(OFF_RING_FAULT).load(Acquire) != 0
+        if self.map.hdr_u8::<OFF_SERVER_ALIVE>().load(Acquire) == 0
+            || self.map.hdr_u8::<OFF_RING_FAULT>().load(Acquire) != 0
             || (self.liveness_due() && !self.server_lock_held())
         {
             return Err(self.unusable());
@@ -761,10 +779,10 @@ impl RingClient {
     #[inline(never)]
     fn found_fault(&mut self, fault: RingFault) -> CallError {
         self.ring_faults += 1;
-        let _ = self
-            .map
-            .u8_at(OFF_RING_FAULT)
-            .compare_exchange(0, fault.code(), AcqRel, Acquire);
+        let _ =
+            self.map
+                .hdr_u8::<OFF_RING_FAULT>()
+                .compare_exchange(0, fault.code(), AcqRel, Acquire);
         tracing::error!(
             path = %self.path.display(), client_id = self.client_id, %fault,
             "delegation ring corrupt; marked failed"
@@ -777,7 +795,7 @@ impl RingClient {
     #[cold]
     fn unusable(&mut self) -> CallError {
         if self.fault.is_none() {
-            self.fault = RingFault::from_code(self.map.u8_at(OFF_RING_FAULT).load(Acquire));
+            self.fault = RingFault::from_code(self.map.hdr_u8::<OFF_RING_FAULT>().load(Acquire));
         }
         match self.fault {
             Some(f) => CallError::RingCorrupt(f),
@@ -791,8 +809,8 @@ impl RingClient {
     fn on_idle(&mut self) -> Result<(), CallError> {
         if self.disconnected
             || self.fault.is_some()
-            || self.map.u8_at(OFF_SERVER_ALIVE).load(Acquire) == 0
-            || self.map.u8_at(OFF_RING_FAULT).load(Acquire) != 0
+            || self.map.hdr_u8::<OFF_SERVER_ALIVE>().load(Acquire) == 0
+            || self.map.hdr_u8::<OFF_RING_FAULT>().load(Acquire) != 0
             || (self.liveness_due() && !self.server_lock_held())
         {
             return Err(self.unusable());
@@ -920,21 +938,27 @@ fn try_claim(file: &File, map: &ShmMap, layout: &Layout, id: u32) -> std::io::Re
 /// `COMMITTED(pos)` sees the payload). Then `reserving_pos = IDLE` (Release). Returns false if
 /// the commit was refused because the server skipped `pos` meanwhile; the slot has then been
 /// handed on ([`hand_on`]).
+#[inline(always)]
 fn commit_entry(
     map: &ShmMap,
     layout: &Layout,
-    pos: u64,
+    (pos, off, seq_off): (u64, usize, usize),
     record: usize,
     client_id: u32,
     resp_slot_idx: u32,
     len: u32,
 ) -> bool {
-    let off = layout.req_slot_offset(pos);
-    map.u32_at(off + SLOT_CLIENT_ID).store(client_id, Relaxed);
-    map.u32_at(off + SLOT_RESP_SLOT_IDX)
-        .store(resp_slot_idx, Relaxed);
-    map.u32_at(off + SLOT_PAYLOAD_LEN).store(len, Relaxed);
-    let seq = map.u64_at(layout.seq_offset(pos));
+    debug_assert_eq!(
+        (off, seq_off),
+        (layout.req_slot_offset(pos), layout.seq_offset(pos))
+    );
+    const _: () =
+        assert!(SLOT_RESP_SLOT_IDX == SLOT_CLIENT_ID + 4 && SLOT_PAYLOAD_LEN == SLOT_CLIENT_ID + 8);
+    let [id, idx, plen] = map.u32x3_at(off + SLOT_CLIENT_ID);
+    id.store(client_id, Relaxed);
+    idx.store(resp_slot_idx, Relaxed);
+    plen.store(len, Relaxed);
+    let seq = map.u64_at(seq_off);
     let committed = match seq.compare_exchange(
         seq_word(pos, SEQ_CLAIMED),
         seq_word(pos, SEQ_COMMITTED),
@@ -990,7 +1014,11 @@ impl Drop for AbortOnUnwind<'_> {
         let _ = commit_entry(
             self.map,
             self.layout,
-            self.pos,
+            (
+                self.pos,
+                self.layout.req_slot_offset(self.pos),
+                self.layout.seq_offset(self.pos),
+            ),
             self.record,
             self.client_id,
             0,
@@ -1071,7 +1099,14 @@ impl RingClient {
     ) -> Result<u64, CallError> {
         let mut deadline = Deadline::After(self.send_timeout);
         let pos = self.__reserve_without_commit()?;
-        self.claim(&PendingCall { pos, idx: 0 }, &mut deadline)?;
+        self.claim(
+            &PendingCall {
+                pos,
+                idx: 0,
+                seq_off: self.layout.seq_offset(pos),
+            },
+            &mut deadline,
+        )?;
         let off = self.layout.req_slot_offset(pos);
         let n = bytes.len().min(self.layout.params.req_payload_cap as usize);
         let dst = self.map.bytes(off + SLOT_PAYLOAD, n);
@@ -1081,7 +1116,11 @@ impl RingClient {
         if !commit_entry(
             &self.map,
             &self.layout,
-            pos,
+            (
+                pos,
+                self.layout.req_slot_offset(pos),
+                self.layout.seq_offset(pos),
+            ),
             self.record,
             client_id,
             resp_slot_idx,

@@ -75,9 +75,9 @@ pub fn init(map: &ShmMap, layout: &Layout, cfg: &RingConfig, liveness_ns: u64, p
     map.u32_at(OFF_SERVER_PID).store(pid, Relaxed);
     map.u64_at(OFF_LIVENESS_INTERVAL_NS)
         .store(liveness_ns, Relaxed);
-    map.u64_at(OFF_HEAD).store(0, Relaxed);
-    map.u64_at(OFF_TAIL).store(0, Relaxed);
-    map.u8_at(OFF_RING_FAULT).store(0, Relaxed);
+    map.hdr_u64::<OFF_HEAD>().store(0, Relaxed);
+    map.hdr_u64::<OFF_TAIL>().store(0, Relaxed);
+    map.hdr_u8::<OFF_RING_FAULT>().store(0, Relaxed);
     for i in 0..u64::from(p.ring_depth) {
         map.u64_at(layout.seq_offset(i))
             .store(seq_word(i, SEQ_FREE), Relaxed);
@@ -89,7 +89,7 @@ pub fn init(map: &ShmMap, layout: &Layout, cfg: &RingConfig, liveness_ns: u64, p
         map.u64_at(rec + REC_RESERVING_POS).store(POS_IDLE, Relaxed);
         map.u32_at(rec + REC_PID).store(0, Relaxed);
     }
-    map.u8_at(OFF_SERVER_ALIVE).store(1, Release);
+    map.hdr_u8::<OFF_SERVER_ALIVE>().store(1, Release);
 }
 
 /// Reads the first 128 bytes of `file` with `pread` (no mapping).

@@ -274,7 +274,7 @@ impl RingServer {
         if self.fault.is_some() {
             return 0;
         }
-        let head = self.map.u64_at(OFF_HEAD).load(Acquire);
+        let head = self.map.hdr_u64::<OFF_HEAD>().load(Acquire);
         let depth = u64::from(self.layout.params.ring_depth);
         // Wrapping: a `head` behind the cursor shows up as a huge distance.
         let ahead = head.wrapping_sub(self.cursor);
@@ -379,7 +379,7 @@ impl RingServer {
         if self.cursor == self.tail_published {
             return;
         }
-        let tail = self.map.u64_at(OFF_TAIL);
+        let tail = self.map.hdr_u64::<OFF_TAIL>();
         if tail.load(Relaxed) != self.tail_published {
             self.bad_tail();
             return;
@@ -538,15 +538,15 @@ impl RingServer {
             return;
         }
         self.stats.ring_faults += 1;
-        let stored =
-            match self
-                .map
-                .u8_at(OFF_RING_FAULT)
-                .compare_exchange(0, fault.code(), Release, Acquire)
-            {
-                Ok(_) => fault,
-                Err(code) => RingFault::from_code(code).unwrap_or(fault),
-            };
+        let stored = match self.map.hdr_u8::<OFF_RING_FAULT>().compare_exchange(
+            0,
+            fault.code(),
+            Release,
+            Acquire,
+        ) {
+            Ok(_) => fault,
+            Err(code) => RingFault::from_code(code).unwrap_or(fault),
+        };
         self.fault = Some(stored);
         self.limit = self.cursor;
         tracing::error!(ring = %self.name, %fault, "delegation ring corrupt; marked failed");
@@ -559,14 +559,14 @@ impl RingServer {
         if self.fault.is_some() {
             return;
         }
-        let code = self.map.u8_at(OFF_RING_FAULT).load(Acquire);
+        let code = self.map.hdr_u8::<OFF_RING_FAULT>().load(Acquire);
         if let Some(f) = RingFault::from_code(code) {
             tracing::error!(ring = %self.name, fault = %f, "delegation ring marked failed by a client");
             self.fault = Some(f);
             self.limit = self.cursor;
             return;
         }
-        if self.map.u64_at(OFF_TAIL).load(Acquire) != self.tail_published {
+        if self.map.hdr_u64::<OFF_TAIL>().load(Acquire) != self.tail_published {
             self.bad_tail();
         }
     }
@@ -606,7 +606,7 @@ impl RingServer {
         let depth = u64::from(self.layout.params.ring_depth);
         // Bounded, so that a scribbled `head` cannot keep the server here.
         for i in 0..2 * depth {
-            let head = self.map.u64_at(OFF_HEAD).load(Acquire);
+            let head = self.map.hdr_u64::<OFF_HEAD>().load(Acquire);
             let pos = self.cursor;
             if head <= pos {
                 return;
@@ -741,7 +741,7 @@ impl RingServer {
                 *noticed = NOT_NOTICED;
             } else if *noticed == NOT_NOTICED {
                 // Everything the owner ever reserved is below this head.
-                *noticed = self.map.u64_at(OFF_HEAD).load(Acquire);
+                *noticed = self.map.hdr_u64::<OFF_HEAD>().load(Acquire);
             } else if self.cursor >= *noticed {
                 self.reclaim(id);
             }
@@ -863,7 +863,7 @@ impl Drop for RingServer {
     /// Clean shutdown: `server_alive = false` (Release), unlink the file (if it is still ours),
     /// release the server lock.
     fn drop(&mut self) {
-        self.map.u8_at(OFF_SERVER_ALIVE).store(0, Release);
+        self.map.hdr_u8::<OFF_SERVER_ALIVE>().store(0, Release);
         if shm::same_file(&self.file, &self.path) {
             let _ = std::fs::remove_file(&self.path);
         }

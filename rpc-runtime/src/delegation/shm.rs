@@ -126,6 +126,10 @@ pub fn is_locked_by_other(file: &File, start: u64, len: u64) -> io::Result<bool>
     Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
 }
 
+/// Bytes of the ring header that every mapping has ([`ShmMap::map`] refuses less): the fixed
+/// fields up to `tail` (`RING_SLOTS_OFFSET`).
+pub const HEADER_LEN: usize = super::layout::RING_SLOTS_OFFSET as usize;
+
 /// A shared read-write mapping of the first `len` bytes of a ring file, with bounds-checked
 /// accessors for the atomic fields and payload areas.
 ///
@@ -140,10 +144,52 @@ pub struct ShmMap {
 
 impl ShmMap {
     /// Maps `[0, len)` of `file` shared and read-write.
+    ///
+    /// # Errors
+    /// `InvalidInput` if `len` is below [`HEADER_LEN`] (the header's fixed fields, which the
+    /// unchecked [`ShmMap::hdr_u8`]/[`ShmMap::hdr_u64`] accessors rely on) or does not fit a
+    /// `usize`; the `mmap` error otherwise.
     pub fn map(file: &File, len: u64) -> io::Result<Self> {
         let len = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        if len < HEADER_LEN {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
         let map = MmapOptions::new().len(len).map_raw(file)?;
         Ok(Self { map, len })
+    }
+
+    /// The `AtomicU8` header field at the constant offset `OFF` (< [`HEADER_LEN`], checked at
+    /// compile time): no run-time bounds check, for the fields every call reads
+    /// (`server_alive`, the fault byte).
+    #[inline(always)]
+    pub fn hdr_u8<const OFF: usize>(&self) -> &AtomicU8 {
+        const { assert!(OFF < HEADER_LEN) };
+        // SAFETY: `OFF < HEADER_LEN <= self.len` (`map` refuses shorter mappings), so the byte
+        // is inside the mapping, which lives as long as `self`; every access to it by this
+        // crate, in any process, is atomic.
+        unsafe { AtomicU8::from_ptr(self.map.as_mut_ptr().add(OFF)) }
+    }
+
+    /// The `AtomicU64` header field at the constant offset `OFF` (8-aligned and
+    /// `OFF + 8 <= HEADER_LEN`, checked at compile time): no run-time bounds check, for `head`
+    /// and `tail`.
+    #[inline(always)]
+    pub fn hdr_u64<const OFF: usize>(&self) -> &AtomicU64 {
+        const { assert!(OFF + 8 <= HEADER_LEN && OFF.is_multiple_of(8)) };
+        // SAFETY: in bounds as in `hdr_u8`; aligned because the mapping is page-aligned and
+        // `OFF` is a multiple of 8.
+        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(OFF).cast()) }
+    }
+
+    /// The three `AtomicU32`s at `off`, `off + 4`, `off + 8` (must be 4-aligned and in bounds,
+    /// else panics): one bounds check for a slot header's `client_id`, `resp_slot_idx` and
+    /// `payload_len`.
+    #[inline]
+    pub fn u32x3_at(&self, off: usize) -> &[AtomicU32; 3] {
+        let p = self.ptr(off, 12, 4);
+        // SAFETY: as for `u64_at` (12 in-bounds bytes, 4-aligned); `[AtomicU32; 3]` has the
+        // layout of three consecutive `AtomicU32`s.
+        unsafe { &*p.cast::<[AtomicU32; 3]>() }
     }
 
     #[inline]
