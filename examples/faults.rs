@@ -15,6 +15,9 @@
 //! - `server dropped`: the server is dropped; one blocking call with the default deadline
 //!   (1 s). Transports that learn of the death report `ServerDisconnected`; the others end by
 //!   the deadline.
+//!
+//! Exits 1 (naming the row) if any call ends otherwise: with another error, with a wrong
+//! answer, or more than 2 s after its deadline.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +33,10 @@ use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::scalerpc::{ScaleRpc, ScaleRpcAddr, ScaleRpcServer, ServerConfig};
 use rpc::{ClientTransport, RpcError, Server, ServerTransport};
 use serde::Serialize;
+
+/// How far past its deadline a call may end before the run counts it as a failure (ms): a
+/// generous bound for a loaded machine, far below "hangs".
+const LIMIT_MS: f64 = 2000.0;
 
 /// The key whose `get` the server answers only when told to.
 const LATE_KEY: u64 = u64::MAX - 1;
@@ -107,6 +114,8 @@ struct Row {
     fault: &'static str,
     outcome: String,
     ms: f64,
+    /// The outcome is the one every transport must give (see the module docs).
+    ok: bool,
 }
 
 /// Milliseconds since `t`, to 0.1 ms.
@@ -137,11 +146,13 @@ fn matrix<T: ClientTransport, S: ServerTransport + Send + 'static>(
     serving.paused.store(true, Ordering::Release);
     let t = Instant::now();
     let r = kv.with_deadline(Duration::from_millis(100)).get(0, 5);
+    let took = ms(t);
     rows.push(Row {
         transport,
         fault: "stopped server (deadline 100 ms)",
+        ok: matches!(r, Err(RpcError::DeadlineExceeded { .. })) && took < LIMIT_MS,
         outcome: outcome(&r),
-        ms: ms(t),
+        ms: took,
     });
     serving.paused.store(false, Ordering::Release);
 
@@ -162,6 +173,10 @@ fn matrix<T: ClientTransport, S: ServerTransport + Send + 'static>(
     rows.push(Row {
         transport,
         fault: "late reply (deadline 50 ms)",
+        ok: matches!(r, Err(RpcError::DeadlineExceeded { .. }))
+            && matches!(next, Ok(Some(50)))
+            && kv.stats().late_responses == 2
+            && expired < LIMIT_MS,
         outcome: format!(
             "{}; next call {}; late responses dropped {}",
             outcome(&r),
@@ -175,11 +190,16 @@ fn matrix<T: ClientTransport, S: ServerTransport + Send + 'static>(
     serving.handle.join().expect("server thread");
     let t = Instant::now();
     let r = kv.get(0, 5);
+    let took = ms(t);
     rows.push(Row {
         transport,
         fault: "server dropped (default deadline 1 s)",
+        ok: matches!(
+            r,
+            Err(RpcError::DeadlineExceeded { .. } | RpcError::ServerDisconnected)
+        ) && took < 1000.0 + LIMIT_MS,
         outcome: outcome(&r),
-        ms: ms(t),
+        ms: took,
     });
 }
 
@@ -229,6 +249,16 @@ fn main() {
         w.serialize(r).expect("csv");
     }
     w.flush().expect("flush");
+    let bad: Vec<&Row> = rows.iter().filter(|r| !r.ok).collect();
+    if !bad.is_empty() {
+        for r in bad {
+            eprintln!(
+                "faults: {} / {}: unexpected outcome {} after {} ms",
+                r.transport, r.fault, r.outcome, r.ms
+            );
+        }
+        std::process::exit(1);
+    }
 }
 
 fn csv_writer() -> csv::Writer<std::io::Stdout> {
