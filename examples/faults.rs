@@ -19,13 +19,15 @@
 //! Exits 1 (naming the row) if any call ends otherwise: with another error, with a wrong
 //! answer, or more than 2 s after its deadline.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread;
+// The serve loop with a pause switch and withheld answers, shared with the typed tests.
+#[path = "../tests/typed_common/mod.rs"]
+mod typed_common;
+
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crossbeam_utils::Backoff;
-use idl::kv::{KvClient, KvRequest, KvResponse, KvServer, KvService};
+use idl::kv::{KvClient, KvService};
+use typed_common::{LATE_KEY, spawn_late};
 use rpc::copyrpc::{ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer, EndpointConfig};
 use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
 use rpc::erpc::{Erpc, ErpcServer};
@@ -37,76 +39,6 @@ use serde::Serialize;
 /// How far past its deadline a call may end before the run counts it as a failure (ms): a
 /// generous bound for a loaded machine, far below "hangs".
 const LIMIT_MS: f64 = 2000.0;
-
-/// The key whose `get` the server answers only when told to.
-const LATE_KEY: u64 = u64::MAX - 1;
-
-#[derive(Default)]
-struct Store(std::collections::HashMap<u64, u64>);
-
-impl KvServer for Store {
-    fn put(&mut self, _rank: u32, key: u64, value: u64) {
-        self.0.insert(key, value);
-    }
-    fn get(&mut self, _rank: u32, key: u64) -> Option<u64> {
-        self.0.get(&key).copied()
-    }
-}
-
-/// A server loop on a thread that can be paused, told to answer the withheld `get(LATE_KEY)`
-/// calls, and stopped (which drops the server).
-struct Serving {
-    paused: Arc<AtomicBool>,
-    answer: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    handle: thread::JoinHandle<()>,
-}
-
-fn serve<T: ServerTransport + Send + 'static>(mut server: Server<KvService, T>) -> Serving {
-    let paused = Arc::new(AtomicBool::new(false));
-    let answer = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (p, a, s) = (paused.clone(), answer.clone(), stop.clone());
-    let handle = thread::spawn(move || {
-        let mut store = Store::default();
-        let mut held = Vec::new();
-        let backoff = Backoff::new();
-        while !s.load(Ordering::Relaxed) {
-            if p.load(Ordering::Acquire) {
-                thread::yield_now();
-                continue;
-            }
-            let mut n = server.poll();
-            while let Some((token, req)) = server.recv() {
-                match req {
-                    KvRequest::Get(g) if g.key() == LATE_KEY => held.push(token),
-                    req => {
-                        let _ = server.reply(token, &KvService::dispatch(&mut store, req));
-                    }
-                }
-            }
-            server.release();
-            if a.swap(false, Ordering::AcqRel) {
-                for token in held.drain(..) {
-                    let _ = server.reply(token, &KvResponse::Get(Some(666)));
-                    n += 1;
-                }
-            }
-            server.flush();
-            if n == 0 {
-                backoff.snooze();
-            } else {
-                backoff.reset();
-            }
-        }
-    });
-    Serving {
-        paused,
-        answer,
-        stop,
-        handle,
-    }
-}
 
 #[derive(Serialize)]
 struct Row {
@@ -139,7 +71,7 @@ fn matrix<T: ClientTransport, S: ServerTransport + Send + 'static>(
     connect: impl FnOnce() -> Result<KvClient<T>, RpcError>,
     rows: &mut Vec<Row>,
 ) {
-    let serving = serve(server);
+    let serving = spawn_late(server);
     let mut kv = connect().expect("connect");
     kv.put(0, 5, 50).expect("put");
 
@@ -159,7 +91,7 @@ fn matrix<T: ClientTransport, S: ServerTransport + Send + 'static>(
     let t = Instant::now();
     let r = kv.with_deadline(Duration::from_millis(50)).get(0, LATE_KEY);
     let expired = ms(t);
-    serving.answer.store(true, Ordering::Release);
+    serving.answer.send(666).expect("server thread");
     let until = Instant::now() + Duration::from_secs(10);
     let mut next = Ok(None);
     // Both late answers (the stopped server's and this one) must be dropped, every call
