@@ -27,7 +27,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use idl::kv::{KvClient, KvService};
-use typed_common::{LATE_KEY, spawn_late};
 use rpc::copyrpc::{ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer, EndpointConfig};
 use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
 use rpc::erpc::{Erpc, ErpcServer};
@@ -35,6 +34,7 @@ use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::scalerpc::{ScaleRpc, ScaleRpcAddr, ScaleRpcServer, ServerConfig};
 use rpc::{ClientTransport, RpcError, Server, ServerTransport};
 use serde::Serialize;
+use typed_common::{LATE_KEY, spawn_late};
 
 /// How far past its deadline a call may end before the run counts it as a failure (ms): a
 /// generous bound for a loaded machine, far below "hangs".

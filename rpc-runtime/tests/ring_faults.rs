@@ -76,6 +76,20 @@ fn serve_until(
 }
 
 /// One call served by `server` and its response checked.
+/// A new ring `name` with one attached client.
+fn attached(name: &str, cfg: &RingConfig) -> (RingServer, RingClient) {
+    let server = RingServer::create(name, cfg).unwrap();
+    let client = RingClient::attach(name).unwrap();
+    (server, client)
+}
+
+/// [`attached`], after one round trip that shows the ring works.
+fn serving(name: &str, cfg: &RingConfig) -> (RingServer, RingClient) {
+    let (mut server, mut client) = attached(name, cfg);
+    roundtrip(&mut server, &mut client, b"ok");
+    (server, client)
+}
+
 fn roundtrip(server: &mut RingServer, client: &mut RingClient, payload: &[u8]) {
     let idx = client.try_call(payload).expect("try_call");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -873,8 +887,7 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
 fn corrupt_head_behind_tail_detected_by_server_fails_every_client() {
     let name = unique_name("head-behind");
     let cfg = small_cfg();
-    let mut server = RingServer::create(&name, &cfg).unwrap();
-    let mut a = RingClient::attach(&name).unwrap();
+    let (mut server, mut a) = attached(&name, &cfg);
     let mut b = RingClient::attach(&name).unwrap();
     for i in 0..5u8 {
         roundtrip(&mut server, &mut a, &[i; 4]);
@@ -927,8 +940,7 @@ fn corrupt_head_behind_tail_detected_by_server_fails_every_client() {
 fn corrupt_head_behind_tail_detected_by_client() {
     let name = unique_name("head-behind-c");
     let cfg = small_cfg();
-    let mut server = RingServer::create(&name, &cfg).unwrap();
-    let mut a = RingClient::attach(&name).unwrap();
+    let (mut server, mut a) = attached(&name, &cfg);
     let mut b = RingClient::attach(&name).unwrap();
     for i in 0..3u8 {
         roundtrip(&mut server, &mut a, &[i; 4]);
@@ -957,9 +969,7 @@ fn corrupt_head_behind_tail_detected_by_client() {
 fn corrupt_head_too_far_ahead_is_detected() {
     let name = unique_name("head-ahead");
     let cfg = small_cfg();
-    let mut server = RingServer::create(&name, &cfg).unwrap();
-    let mut a = RingClient::attach(&name).unwrap();
-    roundtrip(&mut server, &mut a, b"ok");
+    let (server, mut a) = serving(&name, &cfg);
     // Client side first: no server poll in between.
     poke_u64(&name, layout::OFF_HEAD as u64, 1 + (1 << 40));
     let a = within(Duration::from_secs(5), move || {
@@ -975,9 +985,7 @@ fn corrupt_head_too_far_ahead_is_detected() {
 
     // Server side first, with the smallest impossible distance.
     let name = unique_name("head-ahead2");
-    let mut server = RingServer::create(&name, &cfg).unwrap();
-    let mut a = RingClient::attach(&name).unwrap();
-    roundtrip(&mut server, &mut a, b"ok");
+    let (mut server, mut a) = serving(&name, &cfg);
     let max_ahead = u64::from(cfg.ring_depth) + 4 * u64::from(cfg.max_clients);
     // A full ring is legal: the client waits and times out.
     poke_u64(
@@ -1015,8 +1023,7 @@ fn corrupt_head_too_far_ahead_is_detected() {
 fn corrupt_tail_is_detected() {
     let name = unique_name("tail");
     let cfg = small_cfg();
-    let mut server = RingServer::create(&name, &cfg).unwrap();
-    let mut a = RingClient::attach(&name).unwrap();
+    let (mut server, mut a) = attached(&name, &cfg);
     for i in 0..3u8 {
         roundtrip(&mut server, &mut a, &[i; 2]);
     }
@@ -1040,9 +1047,7 @@ fn corrupt_tail_is_detected() {
     drop(server);
 
     let name = unique_name("tail2");
-    let mut server = RingServer::create(&name, &cfg).unwrap();
-    let mut a = RingClient::attach(&name).unwrap();
-    roundtrip(&mut server, &mut a, b"ok");
+    let (_server, mut a) = serving(&name, &cfg);
     poke_u64(&name, layout::OFF_TAIL as u64, 5); // head is 1
     let a = within(Duration::from_secs(5), move || {
         assert_eq!(
@@ -1061,9 +1066,7 @@ fn corrupt_slot_sequence_word_is_detected() {
     let name = unique_name("seq");
     let cfg = small_cfg();
     let l = layout_of(&cfg);
-    let mut server = RingServer::create(&name, &cfg).unwrap();
-    let mut a = RingClient::attach(&name).unwrap();
-    roundtrip(&mut server, &mut a, b"ok");
+    let (server, mut a) = serving(&name, &cfg);
     // Slot of position 1: a word for position 2 (another slot).
     poke_u64(
         &name,
@@ -1079,8 +1082,7 @@ fn corrupt_slot_sequence_word_is_detected() {
     drop(server);
 
     let name = unique_name("seq2");
-    let mut server = RingServer::create(&name, &cfg).unwrap();
-    let mut a = RingClient::attach(&name).unwrap();
+    let (mut server, mut a) = attached(&name, &cfg);
     let mut dead = RingClient::attach(&name).unwrap();
     roundtrip(&mut server, &mut a, b"ok");
     assert_eq!(dead.__reserve_without_commit().unwrap(), 1);
