@@ -165,8 +165,9 @@ struct Calls {
     epoch: Instant,
     /// The earliest stamped deadline of a live call, or a lower bound of it (`u64::MAX`: none).
     earliest_ns: u64,
-    /// Tokens of the calls issued since the last stamp (`unstamped[..pending]`).
-    unstamped: [u32; STAMP_EVERY],
+    /// One bit per token: a call was issued on it since the last stamp.
+    unstamped: Box<[u64]>,
+    /// Calls issued since the last stamp.
     pending: usize,
     stats: ClientStats,
 }
@@ -189,7 +190,7 @@ impl Calls {
             zombies: 0,
             epoch: Instant::now(),
             earliest_ns: u64::MAX,
-            unstamped: [0; STAMP_EVERY],
+            unstamped: vec![0; n.div_ceil(64)].into_boxed_slice(),
             pending: 0,
             stats: ClientStats::default(),
         }
@@ -216,7 +217,9 @@ impl Calls {
             _ => self.start_reused(token, tag, method_id, timeout),
         }
         self.live += 1;
-        self.unstamped[self.pending % STAMP_EVERY] = token;
+        if let Some(w) = self.unstamped.get_mut(token as usize / 64) {
+            *w |= 1 << (token % 64);
+        }
         self.pending += 1;
         if self.pending == STAMP_EVERY {
             self.stamp(self.now_ns());
@@ -234,16 +237,22 @@ impl Calls {
         slot.state = SlotState::Live;
     }
 
-    /// Gives every call issued since the last stamp its deadline, `now + timeout` (a token
-    /// listed twice, answered and reissued in between, is stamped twice with the same `now`).
+    /// Gives every call issued since the last stamp its deadline, `now + timeout`: walks the
+    /// set bits of [`Calls::unstamped`] (a token answered and reissued in between carries
+    /// its newest call, issued before `now` too).
     #[cold]
     fn stamp(&mut self, now: u64) {
-        for &token in &self.unstamped[..self.pending] {
-            let slot = &mut self.slots[token as usize];
-            if slot.state == SlotState::Live {
-                let t = u64::try_from(slot.timeout.as_nanos()).unwrap_or(u64::MAX);
-                slot.deadline_ns = now.saturating_add(t).min(UNSTAMPED - 1);
-                self.earliest_ns = self.earliest_ns.min(slot.deadline_ns);
+        for w in 0..self.unstamped.len() {
+            let mut bits = std::mem::take(&mut self.unstamped[w]);
+            while bits != 0 {
+                let token = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let slot = &mut self.slots[token];
+                if slot.state == SlotState::Live {
+                    let t = u64::try_from(slot.timeout.as_nanos()).unwrap_or(u64::MAX);
+                    slot.deadline_ns = now.saturating_add(t).min(UNSTAMPED - 1);
+                    self.earliest_ns = self.earliest_ns.min(slot.deadline_ns);
+                }
             }
         }
         self.pending = 0;
