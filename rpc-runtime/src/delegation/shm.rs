@@ -130,6 +130,14 @@ pub fn is_locked_by_other(file: &File, start: u64, len: u64) -> io::Result<bool>
 /// fields up to `tail` (`RING_SLOTS_OFFSET`).
 pub const HEADER_LEN: usize = super::layout::RING_SLOTS_OFFSET as usize;
 
+/// A field accessor was given an offset outside the mapping or misaligned: a logic error.
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn field_out_of_bounds(off: usize, size: usize, len: usize) -> ! {
+    panic!("ring field at {off} ({size} B) outside mapping of {len} bytes or misaligned")
+}
+
 /// A shared read-write mapping of the first `len` bytes of a ring file, with bounds-checked
 /// accessors for the atomic fields and payload areas.
 ///
@@ -192,6 +200,18 @@ impl ShmMap {
         unsafe { &*p.cast::<[AtomicU32; 3]>() }
     }
 
+    /// Pointer to the naturally aligned `SIZE`-byte field at `off` (`SIZE` a power of two up
+    /// to 16, so `SIZE <= HEADER_LEN <= self.len` and `self.len - SIZE` cannot underflow):
+    /// one branch for both the bounds and the alignment check.
+    #[inline(always)]
+    fn field_ptr<const SIZE: usize>(&self, off: usize) -> *mut u8 {
+        const { assert!(SIZE.is_power_of_two() && SIZE <= 16 && SIZE <= HEADER_LEN) };
+        if (off > self.len - SIZE) | (off & (SIZE - 1) != 0) {
+            field_out_of_bounds(off, SIZE, self.len);
+        }
+        self.map.as_mut_ptr().wrapping_add(off)
+    }
+
     #[inline]
     fn ptr(&self, off: usize, size: usize, align: usize) -> *mut u8 {
         assert!(
@@ -205,7 +225,7 @@ impl ShmMap {
     /// The `AtomicU64` at byte offset `off` (must be 8-aligned and in bounds, else panics).
     #[inline]
     pub fn u64_at(&self, off: usize) -> &AtomicU64 {
-        let p = self.ptr(off, 8, 8);
+        let p = self.field_ptr::<8>(off);
         // SAFETY: in bounds and aligned (checked above); the mapping lives as long as `self`;
         // every access to this location by this crate, in any process, is atomic.
         unsafe { AtomicU64::from_ptr(p.cast()) }
@@ -214,7 +234,7 @@ impl ShmMap {
     /// The `AtomicU32` at byte offset `off` (must be 4-aligned and in bounds, else panics).
     #[inline]
     pub fn u32_at(&self, off: usize) -> &AtomicU32 {
-        let p = self.ptr(off, 4, 4);
+        let p = self.field_ptr::<4>(off);
         // SAFETY: as for `u64_at`.
         unsafe { AtomicU32::from_ptr(p.cast()) }
     }
@@ -222,7 +242,7 @@ impl ShmMap {
     /// The `AtomicU8` at byte offset `off` (must be in bounds, else panics).
     #[inline]
     pub fn u8_at(&self, off: usize) -> &AtomicU8 {
-        let p = self.ptr(off, 1, 1);
+        let p = self.field_ptr::<1>(off);
         // SAFETY: as for `u64_at`.
         unsafe { AtomicU8::from_ptr(p) }
     }
