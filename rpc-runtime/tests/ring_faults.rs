@@ -571,13 +571,16 @@ fn ring_attach_rejects_bad_files() {
     );
     let e = attach_to_edited("zeros", None, |b| b.fill(0)).unwrap_err();
     assert!(matches!(e, RingError::BadMagic { .. }), "{e}");
-    let e = attach_to_edited("version", None, |b| put_u32(b, layout::OFF_VERSION, 2)).unwrap_err();
+    let e = attach_to_edited("version", None, |b| {
+        put_u32(b, layout::OFF_VERSION, layout::VERSION + 1)
+    })
+    .unwrap_err();
     assert!(
         matches!(
             e,
             RingError::UnsupportedVersion {
-                found: 2,
-                expected: 1,
+                found: 3,
+                expected: 2,
                 ..
             }
         ),
@@ -731,11 +734,14 @@ fn ring_edited_file_offsets_checked_by_pwrite() {
         .write(true)
         .open(shm_file(&name))
         .unwrap();
-    f.write_all_at(&2u32.to_ne_bytes(), layout::OFF_VERSION as u64)
-        .unwrap();
+    f.write_all_at(
+        &(layout::VERSION + 1).to_ne_bytes(),
+        layout::OFF_VERSION as u64,
+    )
+    .unwrap();
     assert!(matches!(
         RingClient::attach(&name),
-        Err(RingError::UnsupportedVersion { found: 2, .. })
+        Err(RingError::UnsupportedVersion { found: 3, .. })
     ));
     roundtrip(&mut server, &mut c, b"unaffected");
 }

@@ -19,8 +19,11 @@
 
 /// File magic, "DLGRPCV1" read as a big-endian `u64`. Source: seeds/004 §2.1.
 pub const MAGIC: u64 = 0x444C_4752_5043_5631;
-/// Layout version written at [`OFF_VERSION`]. Source: seeds/004 §2.1 Header (初期値 1).
-pub const VERSION: u32 = 1;
+/// Layout version written at [`OFF_VERSION`]. Seeds/004 §2.1 Header has 1 (初期値 1); this
+/// implementation writes 2 because its request slot header differs from the seed's (the
+/// sequence word, [`SLOT_SEQ`]), so a build with the seed's layout refuses the ring with a
+/// clear version error instead of misreading slots.
+pub const VERSION: u32 = 2;
 
 /// Cache-line size every region and slot is aligned to, in bytes. Source: seeds/004 §2.1
 /// ("各 64B アラインメント").
@@ -96,22 +99,24 @@ pub const OFF_TAIL: usize = 192;
 
 /// Offset of request slot 0, in bytes. Source: seeds/004 §2.1 Request Ring Slot.
 pub const RING_SLOTS_OFFSET: u64 = 256;
-/// Bytes of slot metadata before the request payload. Source: seeds/004 §2.1 (`16 + size_of::<Req>()`).
-pub const REQ_SLOT_HEADER: u64 = 16;
-/// `AtomicU8` committed in seeds/004 §2.1. **Unused here (always 0)**: the commit flag of
-/// this implementation is the slot's sequence word ([`Layout::seq_offset`]), which also names
-/// the position (lap) it belongs to, so a late commit of a position the server skipped cannot
-/// be taken for a commit of a later lap of the same slot. Extension (deviation), see the
-/// module docs.
-pub const SLOT_COMMITTED: usize = 0;
-/// `u32` client_id. Source: seeds/004 §2.1.
-pub const SLOT_CLIENT_ID: usize = 4;
-/// `u32` resp_slot_idx. Source: seeds/004 §2.1.
-pub const SLOT_RESP_SLOT_IDX: usize = 8;
-/// `u32` payload length in bytes. Extension, seed: padding (+12..+15).
-pub const SLOT_PAYLOAD_LEN: usize = 12;
-/// Start of the request payload. Source: seeds/004 §2.1.
-pub const SLOT_PAYLOAD: usize = 16;
+/// Bytes of slot metadata before the request payload: 24 (seeds/004 §2.1 has
+/// `16 + size_of::<Req>()`; the 8 more bytes hold the sequence word, see [`SLOT_SEQ`]).
+pub const REQ_SLOT_HEADER: u64 = 24;
+/// `AtomicU64` sequence word `pos << 2 | state` ([`seq_word`]). It replaces the seed's
+/// `AtomicU8 committed` (+0, seeds/004 §2.1) as the slot's commit flag and also names the
+/// position (lap) it belongs to, so a late commit of a position the server skipped cannot be
+/// taken for a commit of a later lap of the same slot. It sits in the slot's first cache line,
+/// with the header the server reads next, so a call moves no extra line between the cores.
+/// Extension (deviation), see the module docs.
+pub const SLOT_SEQ: usize = 0;
+/// `u32` client_id. Source: seeds/004 §2.1 (at +4 there; moved by [`SLOT_SEQ`]).
+pub const SLOT_CLIENT_ID: usize = 8;
+/// `u32` resp_slot_idx. Source: seeds/004 §2.1 (at +8 there).
+pub const SLOT_RESP_SLOT_IDX: usize = 12;
+/// `u32` payload length in bytes. Extension, seed: none.
+pub const SLOT_PAYLOAD_LEN: usize = 16;
+/// Start of the request payload (8-aligned). Source: seeds/004 §2.1 (at +16 there).
+pub const SLOT_PAYLOAD: usize = 24;
 /// `payload_len` value a client commits when it must give up a reserved slot without a request
 /// (its payload writer panicked or returned a length above the capacity). The server consumes
 /// such an entry silently (counted as `aborted`). Extension, seed: none.
@@ -164,12 +169,9 @@ pub const POS_IDLE: u64 = u64::MAX;
 pub const POS_RESERVING: u64 = u64::MAX - 1;
 
 // ---------------------------------------------------------------------------------------------
-// Slot sequence words (after the client table). Extension, seed: none.
+// Slot sequence words (at the start of each request slot). Extension, seed: none.
 // ---------------------------------------------------------------------------------------------
 
-/// Distance between two slot sequence words, in bytes (one cache line each, so that writers
-/// of neighbouring positions do not share a line).
-pub const SEQ_STRIDE: u64 = 64;
 /// Sequence state: the slot is free for the writer of the word's position.
 pub const SEQ_FREE: u64 = 0;
 /// Sequence state: the writer of the word's position claimed the slot and is writing it.
@@ -259,10 +261,7 @@ pub struct Layout {
     pub resp_area_offset: u64,
     /// `resp_area_offset + max_clients * resp_depth * resp_slot_size`. Extension, seed: none.
     pub client_table_offset: u64,
-    /// `client_table_offset + max_clients * CLIENT_RECORD_SIZE`: the slot sequence words.
-    /// Extension, seed: none.
-    pub seq_table_offset: u64,
-    /// `seq_table_offset + ring_depth * SEQ_STRIDE`: the file size.
+    /// `client_table_offset + max_clients * CLIENT_RECORD_SIZE`: the file size.
     pub total_size: u64,
 }
 
@@ -319,19 +318,17 @@ impl Layout {
                 "slot sizes {req_slot} / {resp_slot} bytes do not fit in u32"
             ));
         };
-        let total = || -> Option<(u64, u64, u64, u64)> {
+        let total = || -> Option<(u64, u64, u64)> {
             let resp_area =
                 RING_SLOTS_OFFSET.checked_add(u64::from(p.ring_depth).checked_mul(req_slot)?)?;
             let resp_bytes = u64::from(p.max_clients)
                 .checked_mul(u64::from(p.resp_depth))?
                 .checked_mul(resp_slot)?;
             let table = resp_area.checked_add(resp_bytes)?;
-            let seq = table.checked_add(u64::from(p.max_clients) * CLIENT_RECORD_SIZE)?;
-            let total = seq.checked_add(u64::from(p.ring_depth) * SEQ_STRIDE)?;
-            Some((resp_area, table, seq, total))
+            let total = table.checked_add(u64::from(p.max_clients) * CLIENT_RECORD_SIZE)?;
+            Some((resp_area, table, total))
         };
-        let Some((resp_area_offset, client_table_offset, seq_table_offset, total_size)) = total()
-        else {
+        let Some((resp_area_offset, client_table_offset, total_size)) = total() else {
             return err("total size overflows u64".into());
         };
         if total_size > MAX_TOTAL_SIZE || usize::try_from(total_size).is_err() {
@@ -345,7 +342,6 @@ impl Layout {
             resp_slot_size,
             resp_area_offset,
             client_table_offset,
-            seq_table_offset,
             total_size,
         })
     }
@@ -369,11 +365,11 @@ impl Layout {
         (self.resp_area_offset + n * u64::from(self.resp_slot_size)) as usize
     }
 
-    /// Byte offset of the sequence word of the slot holding position `pos`. Always in bounds.
+    /// Byte offset of the sequence word ([`SLOT_SEQ`]) of the slot holding position `pos`.
+    /// Always in bounds.
     #[inline]
     pub fn seq_offset(&self, pos: u64) -> usize {
-        let idx = pos & u64::from(self.params.ring_depth - 1);
-        (self.seq_table_offset + idx * SEQ_STRIDE) as usize
+        self.req_slot_offset(pos) + SLOT_SEQ
     }
 
     /// Byte offset of the client record of `client_id` (callers check `client_id < max_clients`).
@@ -417,22 +413,21 @@ mod tests {
     #[test]
     fn sizes() {
         let l = Layout::new(params(64, 1024, 32, 64, 64)).unwrap();
-        assert_eq!(l.req_slot_size, 128); // align_up(16 + 64, 64)
+        assert_eq!(l.req_slot_size, 128); // align_up(24 + 64, 64)
         assert_eq!(l.resp_slot_size, 128); // align_up(8 + 64, 64)
         assert_eq!(l.resp_area_offset, 256 + 1024 * 128);
         assert_eq!(l.client_table_offset, l.resp_area_offset + 64 * 32 * 128);
         assert_eq!(
-            l.seq_table_offset,
+            l.total_size,
             l.client_table_offset + 64 * CLIENT_RECORD_SIZE
         );
-        assert_eq!(l.total_size, l.seq_table_offset + 1024 * SEQ_STRIDE);
-        assert_eq!(l.seq_offset(1025), l.seq_table_offset as usize + 64);
-        let l = Layout::new(params(1, 1, 1, 48, 56)).unwrap();
+        assert_eq!(l.seq_offset(1025), 256 + 128 + SLOT_SEQ);
+        let l = Layout::new(params(1, 1, 1, 40, 56)).unwrap();
         assert_eq!((l.req_slot_size, l.resp_slot_size), (64, 64));
         assert_eq!(l.req_slot_offset(7), 256);
         assert_eq!(l.resp_slot_offset(0, 0), 256 + 64);
         assert_eq!(l.record_offset(0), 256 + 128);
-        assert_eq!(l.total_size, 256 + 128 + CLIENT_RECORD_SIZE + SEQ_STRIDE);
+        assert_eq!(l.total_size, 256 + 128 + CLIENT_RECORD_SIZE);
         assert_eq!(seq_word(5, SEQ_SKIPPED), 23);
         assert_eq!((seq_pos(23), seq_state(23)), (5, SEQ_SKIPPED));
     }

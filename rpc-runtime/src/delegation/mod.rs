@@ -10,8 +10,9 @@
 //! Exactly seeds/004 §2.1 — 128-byte header, ring control (`head` @128, `tail` @192), request
 //! slots from 256, response slots after them — with documented extensions stored in the seed's
 //! padding (schema fingerprint, payload capacities, redundant sizes for validation, payload
-//! lengths, pids, the liveness interval, the ring fault byte), a client table and one
-//! sequence word per request slot appended at the end. See [`layout`] for every offset and
+//! lengths, pids, the liveness interval, the ring fault byte), and a client table
+//! appended at the end; each request slot starts with a 64-bit sequence word (its header is
+//! 24 bytes, the seed's 16, and the layout version is 2). See [`layout`] for every offset and
 //! its source.
 //!
 //! # Protocol
@@ -28,7 +29,7 @@
 //! commit, and commits after the server gave its position up, would have its late entry read
 //! as the next lap's. Each slot therefore has a 64-bit sequence word `pos << 2 | state`
 //! (states `FREE`, `CLAIMED`, `COMMITTED`, `SKIPPED`; see [`layout`]) that replaces the
-//! `committed` byte (left 0). Slot `i` starts `FREE(i)`. A writer of `pos` *claims* the slot
+//! `committed` byte at the start of the slot, in the cache line the server reads next. Slot `i` starts `FREE(i)`. A writer of `pos` *claims* the slot
 //! (CAS `FREE(pos)` → `CLAIMED(pos)`) before touching it, writes, and *commits* (CAS
 //! `CLAIMED(pos)` → `COMMITTED(pos)`, Release). The server reads an entry only at
 //! `COMMITTED(pos)` and frees the slot for the next lap with `FREE(pos + ring_depth)`
