@@ -228,17 +228,9 @@ pub fn service_config(service: &ServiceDescriptor, base: &Config) -> Config {
     }
 }
 
-/// A random value for [`Config::token_nonce`] (std's randomly keyed hasher over the clock).
+/// A random value for [`Config::token_nonce`] (from `rand`'s OS-seeded thread generator).
 fn random_nonce() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::hash::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
+    rand::Rng::next_u64(&mut rand::rng())
 }
 
 /// Setting up an eRPC client or server failed.

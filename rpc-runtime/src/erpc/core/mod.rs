@@ -46,7 +46,7 @@
 //! for its session at connect (different from the last token of that session number), the
 //! handshake exchanges them, every data and control packet carries the receiver's token in
 //! the header's top 16 bits, and a packet with another token is dropped and counted
-//! ([`Stats::drop_stale_token`]). Tokens come from SipHash under a random per-endpoint key, so
+//! ([`Stats::drop_stale_token`]). Tokens come from an OS-seeded ChaCha12 generator per endpoint, so
 //! a peer cannot predict another session's token (it can still guess one in 2^16). A peer that is silent for
 //! `failure_timeout` fails its sessions (`failure.rs`); connected idle clients send keepalive
 //! pings so that a live peer is never silent.
@@ -159,9 +159,9 @@ pub struct Config {
     pub max_sessions: usize,
     /// Fingerprint of the RPC schema; a connect request with another value is refused.
     pub schema_fingerprint: u64,
-    /// Mixed into connect and session tokens (which are also keyed by a random key drawn
-    /// per endpoint), so that a restarted endpoint at the same address does not repeat the
-    /// tokens of its previous life (pass something random).
+    /// XORed into connect and session tokens, which come from a generator seeded from the OS
+    /// per endpoint (so a restarted endpoint at the same address does not repeat the tokens
+    /// of its previous life even with the same nonce).
     pub token_nonce: u64,
     /// Link bandwidth in bits per second (default 25 Gbit/s, i.e. 25 GbE): Timely's maximum
     /// rate; a client session at this rate is uncongested and bypasses the wheel. At least
@@ -579,9 +579,9 @@ pub struct Rpc<A> {
     /// Freed session numbers, reused oldest first (so stale packets rarely hit a new owner).
     free_nums: VecDeque<u16>,
     next_generation: u64,
-    token_counter: u64,
-    /// Key of the token generator (random per endpoint; see [`Rpc::random`]).
-    token_key: std::hash::RandomState,
+    /// Source of connect and session tokens: ChaCha12 (`rand::rngs::StdRng`) seeded from the
+    /// OS per endpoint.
+    token_rng: rand::rngs::StdRng,
     /// Per session number, the session token its last owner chose (a new owner picks
     /// another, so a stale packet of the previous owner never matches).
     last_rx_token: Vec<u16>,
@@ -646,8 +646,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             sessions: Vec::new(),
             free_nums: VecDeque::new(),
             next_generation: 1,
-            token_counter: 0,
-            token_key: std::hash::RandomState::new(),
+            token_rng: rand::make_rng(),
             last_rx_token: Vec::new(),
             live_sessions: 0,
             conn_tokens: HashMap::new(),
@@ -978,16 +977,11 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         Some(SessionId(n))
     }
 
-    /// A random 64-bit value: SipHash, under a key drawn at random for this endpoint, of
-    /// `token_nonce` and a counter (unpredictable to peers; used for connect and session
-    /// tokens).
+    /// A random 64-bit value for connect and session tokens: the next output of this
+    /// endpoint's OS-seeded ChaCha12 generator, XORed with `token_nonce` (unpredictable to
+    /// peers).
     fn random(&mut self) -> u64 {
-        use std::hash::{BuildHasher, Hasher};
-        self.token_counter += 1;
-        let mut h = self.token_key.build_hasher();
-        h.write_u64(self.cfg.token_nonce);
-        h.write_u64(self.token_counter);
-        h.finish()
+        rand::Rng::next_u64(&mut self.token_rng) ^ self.cfg.token_nonce
     }
 
     /// Admission control ([`Config::rx_ring_entries`]): `Err((ring, sessions, credits))` if
