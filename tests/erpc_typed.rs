@@ -1112,9 +1112,20 @@ fn steady_state_calls_allocate_nothing() {
 
 #[test]
 fn late_replies_are_dropped_and_a_stopped_server_fails_calls_by_deadline() {
-    let (server, addr) = server::<KvService>(&ErpcConfig::default());
+    // A failure timeout far above the 100 ms pause, so that only the deadline can end the
+    // call to the stopped server, however slowly a loaded machine runs the test.
+    let cfg = ErpcConfig {
+        core: Config {
+            failure_timeout: 10_000 * MS,
+            ..Config::default()
+        },
+        ..ErpcConfig::default()
+    };
+    let (server, addr) = server::<KvService>(&cfg);
     let late = typed_common::spawn_late(server);
-    let mut kv = KvClient::<Erpc>::connect(&addr).unwrap();
+    let mut kv = KvClient::from_transport(
+        Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &cfg).unwrap(),
+    );
     let took = typed_common::late_and_stopped_server(&mut kv, &late);
     eprintln!("erpc: call to a stopped server failed after {took:?} (deadline 100 ms)");
     late.stop.store(true, std::sync::atomic::Ordering::Relaxed);
