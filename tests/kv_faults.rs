@@ -7,6 +7,7 @@
 mod kv_common;
 
 use std::io::{BufRead, BufReader};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kv_common::{Serve, client, finish_within};
@@ -82,23 +83,11 @@ fn one_failing_thread_of_several_stops_the_others() {
 #[test]
 fn killed_daemons_end_the_client_run_with_its_partial_results() {
     let mut serve = Serve::start("killserve", 2, &[]);
-    let mut child = client(
+    let cmd = client(
         &serve.shm,
         &["--clients", "2", "--qd", "8", "--duration", "120"],
-    )
-    .spawn()
-    .expect("spawn kv client");
-    // The first progress line: the run is going.
-    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let first = err.next().expect("kv client exited early").expect("a line");
-    assert!(first.starts_with('['), "unexpected first line: {first}");
-    serve.kill();
-    let rest = std::thread::spawn(move || err.map_while(Result::ok).collect::<Vec<_>>());
-    let (code, v, _) = finish_within(child, Duration::from_secs(60), "kv client");
-    let stderr = rest.join().unwrap().join("\n");
-    let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
-    assert_eq!(code, Some(1), "{v}\nstderr: {stderr}");
-    assert!(v["ops"].as_u64().unwrap() > 0, "{v}");
+    );
+    let (v, stderr) = through_fault(cmd, || serve.kill());
     assert_eq!(v["check_passed"], false, "{v}");
     assert!(
         v["check_note"]
@@ -108,6 +97,24 @@ fn killed_daemons_end_the_client_run_with_its_partial_results() {
         "{v}"
     );
     assert!(stderr.contains("server disconnected"), "{stderr}");
+}
+
+/// Runs the `kv client` command `cmd` until its first progress line (the run is going),
+/// applies `fault`, and waits (at most 60 s) for the run to end: it must end with exit code 1
+/// and a summary counting some operations. Returns the summary and the rest of stderr.
+fn through_fault(mut cmd: Command, fault: impl FnOnce()) -> (serde_json::Value, String) {
+    let mut child = cmd.spawn().expect("spawn kv client");
+    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let first = err.next().expect("kv client exited early").expect("a line");
+    assert!(first.starts_with('['), "unexpected first line: {first}");
+    fault();
+    let rest = std::thread::spawn(move || err.map_while(Result::ok).collect::<Vec<_>>());
+    let (code, v, _) = finish_within(child, Duration::from_secs(60), "kv client");
+    let stderr = rest.join().unwrap().join("\n");
+    let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
+    assert_eq!(code, Some(1), "{v}\nstderr: {stderr}");
+    assert!(v["ops"].as_u64().unwrap() > 0, "{v}");
+    (v, stderr)
 }
 
 /// A passing `kv client` summary.
@@ -233,23 +240,12 @@ fn a_dropped_reply_expires_at_the_deadline_instead_of_hanging_the_stop_loop() {
 #[test]
 fn stopped_daemons_end_the_client_run_at_the_deadline() {
     let serve = Serve::start("stopserve", 1, &[]);
-    let mut child = client(
+    let mut cmd = client(
         &serve.shm,
         &["--clients", "2", "--qd", "4", "--duration", "2"],
-    )
-    .args(["--deadline-ms", "300"])
-    .spawn()
-    .expect("spawn kv client");
-    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let first = err.next().expect("kv client exited early").expect("a line");
-    assert!(first.starts_with('['), "unexpected first line: {first}");
-    serve.pause();
-    let rest = std::thread::spawn(move || err.map_while(Result::ok).collect::<Vec<_>>());
-    let (code, v, _) = finish_within(child, Duration::from_secs(60), "kv client");
-    let stderr = rest.join().unwrap().join("\n");
-    let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
-    assert_eq!(code, Some(1), "{v}\nstderr: {stderr}");
-    assert!(v["ops"].as_u64().unwrap() > 0, "{v}");
+    );
+    cmd.args(["--deadline-ms", "300"]);
+    let (v, _) = through_fault(cmd, || serve.pause());
     // Each client thread had calls in flight when the daemon stopped, and issued new ones as
     // those expired until the ring client's response slots (kv serve --resp-depth 64) were
     // all held by expired calls.

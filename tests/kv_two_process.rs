@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 mod kv_common;
 
-use kv_common::kv_binary;
+use kv_common::{client, kv_binary, signal};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,29 +31,22 @@ fn serve_and_client_in_separate_processes() {
     assert!(ready.starts_with("ready"), "unexpected first line: {ready}");
 
     let t0 = Instant::now();
-    let out = Command::new(&kv)
-        .args([
-            "client",
-            "--shm",
-            &shm,
+    let out = client(
+        &shm,
+        &[
             "--clients",
             "2",
             "--qd",
             "8",
             "--duration",
             "1",
-        ])
-        .args([
-            "--keys",
-            "4096",
-            "--pattern-len",
-            "4096",
-            "--check-samples",
-            "500",
-        ])
-        .args(["--dist", "zipf", "--json", "--quiet"])
-        .output()
-        .expect("run kv client");
+            "--dist",
+            "zipf",
+            "--quiet",
+        ],
+    )
+    .output()
+    .expect("run kv client");
     assert!(t0.elapsed() < Duration::from_secs(60));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -69,7 +62,7 @@ fn serve_and_client_in_separate_processes() {
     assert!(v["check_samples"].as_u64().unwrap() > 0, "{v}");
 
     // SIGTERM: the daemons stop cleanly and remove their rings.
-    send_sigterm(serve.id());
+    signal(serve.id(), "TERM");
     let status = serve.wait().expect("wait serve");
     assert!(status.success(), "kv serve exited with {status}");
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
@@ -84,13 +77,4 @@ fn serve_and_client_in_separate_processes() {
             "ring {d} left behind"
         );
     }
-}
-
-/// Sends SIGTERM through the `kill` command (no unsafe libc call needed in a test).
-fn send_sigterm(pid: u32) {
-    let st = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(st.success());
 }

@@ -469,11 +469,7 @@ impl RingClient {
         let _ = commit_entry(
             &self.map,
             &self.layout,
-            (
-                pos,
-                self.layout.req_slot_offset(pos),
-                self.layout.seq_offset(pos),
-            ),
+            self.layout.slot_at(pos),
             self.record,
             self.client_id,
             0,
@@ -1014,11 +1010,7 @@ impl Drop for AbortOnUnwind<'_> {
         let _ = commit_entry(
             self.map,
             self.layout,
-            (
-                self.pos,
-                self.layout.req_slot_offset(self.pos),
-                self.layout.seq_offset(self.pos),
-            ),
+            self.layout.slot_at(self.pos),
             self.record,
             self.client_id,
             0,
@@ -1116,11 +1108,7 @@ impl RingClient {
         if !commit_entry(
             &self.map,
             &self.layout,
-            (
-                pos,
-                self.layout.req_slot_offset(pos),
-                self.layout.seq_offset(pos),
-            ),
+            self.layout.slot_at(pos),
             self.record,
             client_id,
             resp_slot_idx,

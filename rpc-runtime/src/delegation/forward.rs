@@ -724,26 +724,12 @@ impl Io<'_> {
                 Err(e) if e.is_retryable() => {}
                 Err(_) => {
                     self.stats.failed_calls += 1;
-                    ring_status(
-                        ring,
-                        self.stats,
-                        tok.reply_token(),
-                        tok.method_id,
-                        Status::Unreachable,
-                    );
-                    return;
+                    break;
                 }
             }
             if Instant::now() >= deadline {
                 self.stats.wait_timeouts += 1;
-                ring_status(
-                    ring,
-                    self.stats,
-                    tok.reply_token(),
-                    tok.method_id,
-                    Status::Unreachable,
-                );
-                return;
+                break;
             }
             if work == 0 {
                 backoff.snooze();
@@ -751,6 +737,14 @@ impl Io<'_> {
                 backoff.reset();
             }
         }
+        // Failed for good, or no room before the wait timeout: the caller gets `Unreachable`.
+        ring_status(
+            ring,
+            self.stats,
+            tok.reply_token(),
+            tok.method_id,
+            Status::Unreachable,
+        );
     }
 
     /// Phase 4 (seeds/004 §4.3 steps 7-8) for every other daemon.

@@ -372,6 +372,13 @@ impl Layout {
         self.req_slot_offset(pos) + SLOT_SEQ
     }
 
+    /// `(pos, req_slot_offset(pos), seq_offset(pos))`: a position with the offsets of its slot
+    /// and sequence word, as a commit takes them.
+    #[inline]
+    pub fn slot_at(&self, pos: u64) -> (u64, usize, usize) {
+        (pos, self.req_slot_offset(pos), self.seq_offset(pos))
+    }
+
     /// Byte offset of the client record of `client_id` (callers check `client_id < max_clients`).
     #[inline]
     pub fn record_offset(&self, client_id: u32) -> usize {
