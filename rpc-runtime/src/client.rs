@@ -114,6 +114,13 @@ struct Call {
 /// "No deadline yet" for a blocking call waiting for room to send.
 const UNSTAMPED: u64 = u64::MAX;
 
+/// `now + timeout` in ns since a client's epoch, saturated below [`UNSTAMPED`].
+#[inline]
+fn deadline_after(now: u64, timeout: Duration) -> u64 {
+    let t = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+    now.saturating_add(t).min(UNSTAMPED - 1)
+}
+
 /// Most calls issued between two clock reads: a client that never finds a poll empty still
 /// stamps deadlines every this many calls.
 const STAMP_EVERY: usize = 256;
@@ -249,8 +256,7 @@ impl Calls {
                 bits &= bits - 1;
                 let slot = &mut self.slots[token];
                 if slot.state == SlotState::Live {
-                    let t = u64::try_from(slot.timeout.as_nanos()).unwrap_or(u64::MAX);
-                    slot.deadline_ns = now.saturating_add(t).min(UNSTAMPED - 1);
+                    slot.deadline_ns = deadline_after(now, slot.timeout);
                     self.earliest_ns = self.earliest_ns.min(slot.deadline_ns);
                 }
             }
@@ -736,8 +742,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         })?;
         let now = self.tick(u32::MAX);
         if *deadline_ns == UNSTAMPED {
-            let t = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-            *deadline_ns = now.saturating_add(t).min(UNSTAMPED - 1);
+            *deadline_ns = deadline_after(now, timeout);
         }
         if now >= *deadline_ns {
             return Err(RpcError::DeadlineExceeded {
