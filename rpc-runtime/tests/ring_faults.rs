@@ -579,10 +579,10 @@ fn ring_attach_rejects_bad_files() {
         matches!(
             e,
             RingError::UnsupportedVersion {
-                found: 3,
-                expected: 2,
+                found,
+                expected,
                 ..
-            }
+            } if found == layout::VERSION + 1 && expected == layout::VERSION
         ),
         "{e}"
     );
@@ -741,7 +741,7 @@ fn ring_edited_file_offsets_checked_by_pwrite() {
     .unwrap();
     assert!(matches!(
         RingClient::attach(&name),
-        Err(RingError::UnsupportedVersion { found: 3, .. })
+        Err(RingError::UnsupportedVersion { found, .. }) if found == layout::VERSION + 1
     ));
     roundtrip(&mut server, &mut c, b"unaffected");
 }
@@ -1147,11 +1147,46 @@ fn stalled_live_client_does_not_block_the_ring() {
     );
 }
 
-/// A client stalled between its reservation and its claim: once the server skipped its
-/// position, the late claim is refused (`Skipped`), nothing is written, and the client's next
-/// call works.
+/// Calls `try_call(payload)` on `client` and waits for its response while another thread
+/// serves the ring; checks the echo.
+fn call_served_elsewhere(client: &mut RingClient, payload: &[u8]) {
+    let idx = client.try_call(payload).expect("try_call");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = None;
+    while got.is_none() {
+        assert!(Instant::now() < deadline, "no response");
+        client
+            .poll(|i, r| got = Some((i, r.to_vec())))
+            .expect("poll");
+        std::thread::yield_now();
+    }
+    assert_eq!(got.unwrap(), (idx, payload.to_vec()));
+}
+
+/// Runs `f` while a scoped thread serves `server` (echo), then stops that thread.
+fn with_server_thread<T>(server: &mut RingServer, f: impl FnOnce() -> T) -> T {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if serve_once(server) == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let out = f();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    })
+}
+
+/// A client stalled between its reservation and its slot check: the server skips its
+/// position after `stall_timeout` and holds the slot for it; later laps of that slot are
+/// passed at once and their writers reserve again (no call fails, nobody waits for the
+/// stall); when the stalled client resumes, its refusal check fails the call with `Skipped`
+/// before anything is committed, the slot is released, and both clients go on.
 #[test]
-fn stalled_client_late_claim_is_refused() {
+fn stalled_client_late_call_is_refused_and_others_pass_its_slot() {
     let name = unique_name("stall-claim");
     let cfg = stall_cfg();
     let mut server = RingServer::create(&name, &cfg).unwrap();
@@ -1164,31 +1199,59 @@ fn stalled_client_late_claim_is_refused() {
     serve_until(&mut server, Duration::from_secs(5), |sv| {
         sv.stats().stalls_skipped == 1
     });
-    // Wrap the ring past the skipped position a few times.
     let mut got = Vec::new();
     while got.is_empty() {
         serve_once(&mut server);
         o.poll(|i, r| got.push((i, r.to_vec()))).unwrap();
     }
     assert_eq!(got, vec![(idx, b"other".to_vec())]);
-    for i in 0..10u8 {
-        roundtrip(&mut server, &mut o, &[i; 6]);
-    }
-    assert_eq!(s.__claim(&p, far), Err(CallError::Skipped));
+    // Ten more calls wrap the 4-slot ring past the held slot 0 three times (positions 4, 8
+    // and 12 are given up and reserved again), with no stall and no failed call.
+    let t = Instant::now();
+    with_server_thread(&mut server, || {
+        for i in 0..10u8 {
+            call_served_elsewhere(&mut o, &[i; 6]);
+        }
+    });
+    assert!(t.elapsed() < cfg.stall_timeout, "{:?}", t.elapsed());
+    assert_eq!(o.held_slot_retries(), 3);
+    assert_eq!(server.stats().held_laps_skipped, 3, "{:?}", server.stats());
+    // The stalled client resumes: its slot (still held for it) reads `FREE(0)`, it writes,
+    // and its refusal check finds `tail > 0`: nothing committed.
+    s.__claim(&p, far).unwrap();
+    let r = s.__finish(p, |buf| {
+        buf[..4].copy_from_slice(b"LATE");
+        4
+    });
+    assert_eq!(r, Err(CallError::Skipped));
     assert_eq!((s.skipped_calls(), s.in_flight()), (1, 0));
-    roundtrip(&mut server, &mut s, b"s works again");
-    roundtrip(&mut server, &mut o, b"o too");
+    serve_until(&mut server, Duration::from_secs(5), |sv| {
+        sv.stats().held_slots_released == 1
+    });
+    for i in 0..8u8 {
+        roundtrip(&mut server, &mut s, &[i; 5]);
+        roundtrip(&mut server, &mut o, &[i ^ 0xff; 7]);
+    }
     let st = server.stats();
-    assert_eq!((st.stalls_skipped, st.received), (1, 13), "{st:?}");
+    assert_eq!((st.stalls_skipped, st.held_laps_skipped), (1, 3), "{st:?}");
+    assert_eq!(
+        st.received,
+        1 + 10 + 16,
+        "the late entry was never received: {st:?}"
+    );
+    assert_eq!(
+        (st.late_commits_dropped, st.invalid_entries(), st.aborted),
+        (0, 0, 0)
+    );
+    assert_eq!(o.held_slot_retries(), 3, "the released slot is used again");
 }
 
-/// A client stalled *inside* its payload write (slot claimed, half written): the server
-/// skips its position after `stall_timeout` but keeps the slot away from later laps while the
-/// client holds it; a later call on the same slot times out waiting (and its position is
-/// skipped too); the late commit is refused, the slot is handed on, and every request and
-/// response stays intact.
+/// A client stalled *inside* its payload write: the server skips its position after
+/// `stall_timeout` but holds the slot for it; a later call on that slot passes it without
+/// waiting for the stall; the late commit is refused, the slot released, and every request
+/// and response stays intact.
 #[test]
-fn stalled_client_late_commit_is_refused_and_slot_handed_on() {
+fn stalled_client_late_commit_is_refused_and_slot_released() {
     let name = unique_name("stall-commit");
     let cfg = stall_cfg();
     let mut server = RingServer::create(&name, &cfg).unwrap();
@@ -1218,39 +1281,76 @@ fn stalled_client_late_commit_is_refused_and_slot_handed_on() {
             .collect();
         want.sort();
         assert_eq!(got, want);
-        // Position 4 is on the slot this client still holds: the call waits, then times out.
+        // Position 4 is on the slot this client still holds: the server passes it at once and
+        // the call goes on at position 5.
         let t = Instant::now();
-        assert_eq!(
-            o.try_call_with_deadline(t + Duration::from_millis(30), |b| {
-                b[0] = b'!';
-                1
-            }),
-            Err(CallError::Timeout)
-        );
-        // Position 4 is skipped too once it is `stall_timeout` old (its slot is held: the
-        // abandoned position cannot be skipped as an ordinary hole); position 5 works.
-        serve_until(&mut server, Duration::from_secs(5), |sv| {
-            sv.stats().stalls_skipped == 2
-        });
-        roundtrip(&mut server, &mut o, b"five");
+        with_server_thread(&mut server, || call_served_elsewhere(&mut o, b"five"));
+        assert!(t.elapsed() < cfg.stall_timeout, "{:?}", t.elapsed());
+        assert_eq!(o.held_slot_retries(), 1);
         buf[4..8].copy_from_slice(b"DATA");
         8
     });
     assert_eq!(r, Err(CallError::Skipped));
     assert_eq!((s.skipped_calls(), s.in_flight()), (1, 0));
-    // The slot was handed on: many wraps, both clients, every payload intact.
+    serve_until(&mut server, Duration::from_secs(5), |sv| {
+        sv.stats().held_slots_released == 1
+    });
+    // The slot was released: many wraps, both clients, every payload intact.
     for i in 0..20u8 {
         roundtrip(&mut server, &mut o, &[i; 9]);
         roundtrip(&mut server, &mut s, &[i ^ 0xff; 5]);
     }
     let st = server.stats();
-    assert_eq!(st.stalls_skipped, 2, "{st:?}");
+    assert_eq!((st.stalls_skipped, st.held_laps_skipped), (1, 1), "{st:?}");
     assert_eq!(
         st.received,
         3 + 1 + 40,
         "the late entry was never received: {st:?}"
     );
-    assert_eq!((st.invalid_entries(), st.aborted), (0, 0));
+    assert_eq!(
+        (st.late_commits_dropped, st.invalid_entries(), st.aborted),
+        (0, 0, 0)
+    );
+}
+
+/// The narrow race the refusal check cannot close: the stall ends between the check and the
+/// commit store, so an entry is committed after the server skipped its position. It is never
+/// served; the server drops and counts it when it releases the slot, and the ring goes on.
+#[test]
+fn commit_after_skip_is_dropped_and_counted() {
+    let name = unique_name("stall-late-commit");
+    let cfg = stall_cfg();
+    let mut server = RingServer::create(&name, &cfg).unwrap();
+    let mut s = RingClient::attach(&name).unwrap();
+    let mut o = RingClient::attach(&name).unwrap();
+    // `s` reserves position 0 and stalls; the server skips it and holds slot 0.
+    let pos = s.__reserve_without_commit().unwrap();
+    assert_eq!(pos, 0);
+    roundtrip(&mut server, &mut o, b"1");
+    assert_eq!(server.stats().stalls_skipped, 1);
+    // Play the commit that passed its check before the skip: sequence word `COMMITTED(0)`,
+    // then `reserving_pos = IDLE`, as the client's commit does.
+    let l = layout_of(&cfg);
+    poke_u64(
+        &name,
+        l.seq_offset(0) as u64,
+        layout::seq_word(0, layout::SEQ_COMMITTED),
+    );
+    poke_u64(
+        &name,
+        (l.record_offset(s.client_id()) + layout::REC_RESERVING_POS) as u64,
+        layout::POS_IDLE,
+    );
+    serve_until(&mut server, Duration::from_secs(5), |sv| {
+        sv.stats().held_slots_released == 1
+    });
+    assert_eq!(server.stats().late_commits_dropped, 1);
+    for i in 0..10u8 {
+        roundtrip(&mut server, &mut o, &[i; 4]);
+    }
+    let st = server.stats();
+    assert_eq!(st.received, 11, "the late entry was not served: {st:?}");
+    assert_eq!(st.invalid_entries(), 0);
 }
 
 /// A client that dies while holding a slot whose position the server skipped: the server

@@ -56,6 +56,9 @@ pub struct RingClient {
     skipped_calls: u64,
     /// Calls that gave up waiting for room at their deadline.
     timed_out_calls: u64,
+    /// Positions given up and reserved again because their slot was held (see
+    /// [`held_slot_retries`](Self::held_slot_retries)).
+    held_slot_retries: u64,
     /// Impossible ring states this client found (it marked the ring failed).
     ring_faults: u64,
     /// How long `try_call`/`try_call_with` wait for room before [`CallError::Timeout`].
@@ -198,6 +201,7 @@ impl RingClient {
             corrupt_responses: 0,
             skipped_calls: 0,
             timed_out_calls: 0,
+            held_slot_retries: 0,
             ring_faults: 0,
             send_timeout: DEFAULT_SEND_TIMEOUT,
             max_ahead: max_ahead(p.ring_depth, p.max_clients),
@@ -249,6 +253,13 @@ impl RingClient {
     /// Calls that returned [`CallError::Timeout`].
     pub fn timed_out_calls(&self) -> u64 {
         self.timed_out_calls
+    }
+
+    /// Reserved positions this client gave up, and reserved again within the same call,
+    /// because their slot was still held by a stalled writer of an earlier lap (the server
+    /// passes such positions at once). Not an error: the call went on.
+    pub fn held_slot_retries(&self) -> u64 {
+        self.held_slot_retries
     }
 
     /// Impossible ring states this client found (each marked the ring failed, see
@@ -334,15 +345,17 @@ impl RingClient {
     ///    (this client stalled) → [`CallError::Skipped`]. A `pos` below the `tail` read
     ///    before the `fetch_add`, or more than `ring_depth + 4 * max_clients` above `tail`,
     ///    is impossible → [`CallError::RingCorrupt`], and the ring is marked failed.
-    /// 6. Claim the slot (extension): CAS its sequence word `FREE(pos)` → `CLAIMED(pos)`. If
-    ///    the previous lap's writer still holds it (`SKIPPED(pos - ring_depth)`), wait; if the
-    ///    word names a later position, or `SKIPPED(pos)`, the server skipped `pos` →
-    ///    [`CallError::Skipped`]; any other word → [`CallError::RingCorrupt`].
+    /// 6. Check the slot (extension): its sequence word must be `FREE(pos)` (Acquire load; no
+    ///    read-modify-write). A word of an earlier lap means that lap's stalled writer still
+    ///    holds the slot: wait until the word becomes `FREE(pos)` or the server passes `pos`
+    ///    (it does so at once), and in the latter case reserve a new position (back to step
+    ///    4, counted in [`held_slot_retries`](Self::held_slot_retries)); a word of a later lap
+    ///    likewise. Any other word → [`CallError::RingCorrupt`].
     /// 7. Write `client_id`, `resp_slot_idx`, `payload_len` and the payload (`write`).
-    /// 8. Commit: CAS `CLAIMED(pos)` → `COMMITTED(pos)` (Release; the seed's `committed = 1`).
-    ///    If the server skipped `pos` meanwhile (`SKIPPED(p)`, `p >= pos`), the commit is
-    ///    refused: hand the slot on (`FREE(p + ring_depth)`) and fail with
-    ///    [`CallError::Skipped`].
+    /// 8. Refusal check, then commit (the seed's `committed = 1`): if `tail > pos` the server
+    ///    skipped `pos` because this client stalled for longer than `stall_timeout`: nothing
+    ///    is committed and the call fails with [`CallError::Skipped`]. Otherwise store
+    ///    `COMMITTED(pos)` (Release).
     /// 9. `reserving_pos = IDLE` (Release); the slot is now outstanding.
     ///
     /// A wait that reaches `deadline` fails with [`CallError::Timeout`] (the reserved
@@ -367,8 +380,12 @@ impl RingClient {
         mut deadline: Deadline,
         write: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, CallError> {
-        let pending = self.begin(&mut deadline)?;
-        self.claim(&pending, &mut deadline)?;
+        let pending = loop {
+            let pending = self.begin(&mut deadline)?;
+            if self.claim(&pending, &mut deadline)? {
+                break pending;
+            }
+        };
         self.finish(pending, write)
     }
 
@@ -397,21 +414,19 @@ impl RingClient {
         self.map.u64_at(self.layout.seq_offset(pos))
     }
 
-    /// Step 6: claims the slot of the reserved position.
+    /// Step 6: checks that the slot of the reserved position is free for it (a load, no
+    /// read-modify-write). Returns `Ok(false)` if the server passed the position because an
+    /// earlier lap's writer still holds the slot: the caller reserves again.
     #[inline(always)]
-    fn claim(&mut self, pending: &PendingCall, deadline: &mut Deadline) -> Result<(), CallError> {
+    fn claim(&mut self, pending: &PendingCall, deadline: &mut Deadline) -> Result<bool, CallError> {
         let pos = pending.pos;
-        // Acquire: the server's (or the previous holder's) Release store of `FREE(pos)` was
-        // made after its last access to the slot, so this client's writes come after it.
-        match self.map.u64_at(pending.seq_off).compare_exchange(
-            seq_word(pos, SEQ_FREE),
-            seq_word(pos, SEQ_CLAIMED),
-            Acquire,
-            Acquire,
-        ) {
-            Ok(_) => Ok(()),
-            Err(word) => self.claim_slow(pos, word, deadline),
+        // Acquire: the server's Release store of `FREE(pos)` was made after its last access to
+        // the slot's previous lap, so this client's writes come after it.
+        let word = self.map.u64_at(pending.seq_off).load(Acquire);
+        if word == seq_word(pos, SEQ_FREE) {
+            return Ok(true);
         }
+        self.claim_slow(pos, word, deadline)
     }
 
     /// Steps 7-9: writes the request into the claimed slot and commits it.
@@ -434,11 +449,13 @@ impl RingClient {
             client_id: self.client_id,
         };
         // SAFETY: `dst` is the in-bounds payload area (`cap` bytes) of the slot for `pos`. This
-        // client owns it exclusively from its claim until its commit (or, if the server skips
-        // `pos` meanwhile, until it hands the slot on): the claim CAS succeeded on
+        // client owns it exclusively from its slot check until its commit (or refusal): it saw
         // `FREE(pos)`, which the server stores only after its last read of the slot's previous
-        // lap, and no other writer can claim the slot before this client stores `FREE` of a
-        // later lap; the server reads the slot only after `COMMITTED(pos)`.
+        // lap (or after that lap's writer moved on); the server stores `FREE` of a later lap
+        // only after this client's `COMMITTED(pos)` or, if it skipped `pos`, once this
+        // client's `reserving_pos` (Release, after its last write here) no longer names
+        // `pos`; no other writer writes a slot without seeing `FREE` of its own position; and
+        // the server reads the slot only after `COMMITTED(pos)`.
         let len = write(unsafe { std::slice::from_raw_parts_mut(dst, cap) });
         std::mem::forget(guard);
         if len > cap {
@@ -676,8 +693,13 @@ impl RingClient {
         }
     }
 
-    /// Step 6, the claim CAS failed with `word`: waits for the previous lap's writer, or
-    /// finds that the server skipped `pos`, or that the word is impossible.
+    /// Step 6, the slot's word is not `FREE(pos)`: it names an earlier lap whose writer still
+    /// holds the slot (the server skipped that lap while its writer was stalled), or a later
+    /// lap (the server passed `pos` and has released the slot since). Waits until the slot is
+    /// released to `pos` (`Ok(true)`) or the server passes `pos` (`Ok(false)`, counted in
+    /// [`held_slot_retries`](RingClient::held_slot_retries)); the server passes such positions
+    /// at once, without an owner check. Any other word is impossible →
+    /// [`CallError::RingCorrupt`].
     #[cold]
     #[inline(never)]
     fn claim_slow(
@@ -685,35 +707,21 @@ impl RingClient {
         pos: u64,
         mut word: u64,
         deadline: &mut Deadline,
-    ) -> Result<(), CallError> {
+    ) -> Result<bool, CallError> {
         let depth = u64::from(self.layout.params.ring_depth);
         let backoff = Backoff::new();
         loop {
+            if word == seq_word(pos, SEQ_FREE) {
+                return Ok(true);
+            }
             let (wpos, state) = (seq_pos(word), seq_state(word));
-            if wpos == pos && state == SEQ_FREE {
-                match self.seq(pos).compare_exchange(
-                    word,
-                    seq_word(pos, SEQ_CLAIMED),
-                    Acquire,
-                    Acquire,
-                ) {
-                    Ok(_) => return Ok(()),
-                    Err(w) => {
-                        word = w;
-                        continue;
-                    }
-                }
-            }
-            if (wpos ^ pos) & (depth - 1) != 0 {
+            let same_slot = (wpos ^ pos) & (depth - 1) == 0;
+            if !same_slot || wpos == pos || (state != SEQ_FREE && state != SEQ_COMMITTED) {
                 return Err(self.found_fault(RingFault::SlotSequence));
             }
-            if wpos > pos || (wpos == pos && state == SEQ_SKIPPED) {
-                return Err(self.refused(pos));
-            }
-            // `tail > pos - depth` (step 5), so the server has consumed or skipped the previous
-            // lap: the only word left below `pos` is its writer still holding the slot.
-            if wpos == pos || wpos + depth != pos || state != SEQ_SKIPPED {
-                return Err(self.found_fault(RingFault::SlotSequence));
+            if wpos > pos || self.map.hdr_u64::<OFF_TAIL>().load(Acquire) > pos {
+                self.held_slot_retries += 1;
+                return Ok(false);
             }
             if let Err(e) = self.wait_step(&backoff, deadline) {
                 return Err(self.abandon(pos, e));
@@ -929,11 +937,13 @@ fn try_claim(file: &File, map: &ShmMap, layout: &Layout, id: u32) -> std::io::Re
     Ok(Some(generation))
 }
 
-/// Writes an entry's fields into the claimed slot of `pos` and commits it: CAS of the slot's
-/// sequence word `CLAIMED(pos)` → `COMMITTED(pos)` (Release, so the server's Acquire load of
-/// `COMMITTED(pos)` sees the payload). Then `reserving_pos = IDLE` (Release). Returns false if
-/// the commit was refused because the server skipped `pos` meanwhile; the slot has then been
-/// handed on ([`hand_on`]).
+/// Writes an entry's fields into the slot of `pos` and commits it, unless the server has
+/// passed `pos` meanwhile (`tail > pos`: it skipped the position because this client stalled
+/// for longer than `stall_timeout`); then nothing is committed and false is returned. The
+/// commit is a plain store of `COMMITTED(pos)` to the slot's sequence word (Release, so the
+/// server's Acquire load of `COMMITTED(pos)` sees the payload). Then `reserving_pos = IDLE`
+/// (Release), which also tells a server that holds the slot for this client (see the module
+/// docs) that the slot may go to its next writer.
 #[inline(always)]
 fn commit_entry(
     map: &ShmMap,
@@ -954,46 +964,17 @@ fn commit_entry(
     id.store(client_id, Relaxed);
     idx.store(resp_slot_idx, Relaxed);
     plen.store(len, Relaxed);
-    let seq = map.u64_at(seq_off);
-    let committed = match seq.compare_exchange(
-        seq_word(pos, SEQ_CLAIMED),
-        seq_word(pos, SEQ_COMMITTED),
-        Release,
-        Acquire,
-    ) {
-        Ok(_) => true,
-        Err(word) => {
-            hand_on(seq, word, pos, u64::from(layout.params.ring_depth));
-            false
-        }
-    };
+    // The refusal check. A stall that ends between this load and the store below commits an
+    // entry the server no longer reads: it drops and counts it when it releases the slot
+    // (`late_commits_dropped`), and the call ends by its deadline.
+    let committed = map.hdr_u64::<OFF_TAIL>().load(Acquire) <= pos;
+    if committed {
+        map.u64_at(seq_off)
+            .store(seq_word(pos, SEQ_COMMITTED), Release);
+    }
     map.u64_at(record + REC_RESERVING_POS)
         .store(POS_IDLE, Release);
     committed
-}
-
-/// The commit of `pos` was refused: the server skipped it while this client held the slot
-/// (`SKIPPED(p)`, `p >= pos`; `p > pos` if the server also skipped later laps that waited for
-/// the slot). Hands the slot on to the next lap, `FREE(p + ring_depth)` (Release: this
-/// client's writes happen before the next writer's). Any other word means the server already
-/// took the slot back (it found this client dead) or the word is garbage: leave it.
-#[cold]
-#[inline(never)]
-fn hand_on(seq: &AtomicU64, mut word: u64, pos: u64, depth: u64) {
-    while seq_state(word) == SEQ_SKIPPED
-        && seq_pos(word) >= pos
-        && (seq_pos(word) - pos) & (depth - 1) == 0
-    {
-        match seq.compare_exchange(
-            word,
-            seq_word(seq_pos(word) + depth, SEQ_FREE),
-            Release,
-            Acquire,
-        ) {
-            Ok(_) => return,
-            Err(w) => word = w,
-        }
-    }
 }
 
 /// Commits the claimed slot as aborted if the payload writer of `try_call_with` unwinds.
@@ -1056,9 +1037,14 @@ impl RingClient {
         self.begin(&mut Deadline::At(deadline))
     }
 
-    /// Call step 6 (the claim) of a call stopped by [`__begin`](Self::__begin).
+    /// Call step 6 (the slot check) of a call stopped by [`__begin`](Self::__begin). Where the
+    /// real call would reserve again (the server passed the position because the slot is
+    /// still held by an earlier lap's writer), returns [`CallError::Skipped`].
     pub fn __claim(&mut self, pending: &PendingCall, deadline: Instant) -> Result<(), CallError> {
-        self.claim(pending, &mut Deadline::At(deadline))
+        match self.claim(pending, &mut Deadline::At(deadline))? {
+            true => Ok(()),
+            false => Err(self.refused(pending.pos)),
+        }
     }
 
     /// Call steps 7-9 (write, commit) of a call stopped by [`__begin`](Self::__begin) and
@@ -1078,7 +1064,7 @@ impl RingClient {
         let _ = shm::unlock(&self.file, self.record as u64, CLIENT_RECORD_SIZE);
     }
 
-    /// Reserves a position, claims its slot and commits an arbitrary entry in it: the given
+    /// Reserves a position, checks its slot and commits an arbitrary entry in it: the given
     /// `client_id`, `resp_slot_idx` and `payload_len` fields, and `bytes` (truncated to
     /// `req_payload_cap`) as payload. Returns the position. Bypasses all client-side
     /// bookkeeping.
@@ -1091,14 +1077,14 @@ impl RingClient {
     ) -> Result<u64, CallError> {
         let mut deadline = Deadline::After(self.send_timeout);
         let pos = self.__reserve_without_commit()?;
-        self.claim(
-            &PendingCall {
-                pos,
-                idx: 0,
-                seq_off: self.layout.seq_offset(pos),
-            },
-            &mut deadline,
-        )?;
+        let pending = PendingCall {
+            pos,
+            idx: 0,
+            seq_off: self.layout.seq_offset(pos),
+        };
+        if !self.claim(&pending, &mut deadline)? {
+            return Err(self.refused(pos));
+        }
         let off = self.layout.req_slot_offset(pos);
         let n = bytes.len().min(self.layout.params.req_payload_cap as usize);
         let dst = self.map.bytes(off + SLOT_PAYLOAD, n);

@@ -20,10 +20,11 @@
 /// File magic, "DLGRPCV1" read as a big-endian `u64`. Source: seeds/004 §2.1.
 pub const MAGIC: u64 = 0x444C_4752_5043_5631;
 /// Layout version written at [`OFF_VERSION`]. Seeds/004 §2.1 Header has 1 (初期値 1); this
-/// implementation writes 2 because its request slot header differs from the seed's (the
-/// sequence word, [`SLOT_SEQ`]), so a build with the seed's layout refuses the ring with a
-/// clear version error instead of misreading slots.
-pub const VERSION: u32 = 2;
+/// implementation writes 3: its request slot header differs from the seed's (the sequence
+/// word, [`SLOT_SEQ`]), so a build with the seed's layout refuses the ring with a clear version
+/// error instead of misreading slots; version 2 had the same layout but a claim/commit protocol
+/// with two more sequence states (a CAS claim), which must not meet this one on a ring.
+pub const VERSION: u32 = 3;
 
 /// Cache-line size every region and slot is aligned to, in bytes. Source: seeds/004 §2.1
 /// ("各 64B アラインメント").
@@ -172,16 +173,13 @@ pub const POS_RESERVING: u64 = u64::MAX - 1;
 // Slot sequence words (at the start of each request slot). Extension, seed: none.
 // ---------------------------------------------------------------------------------------------
 
-/// Sequence state: the slot is free for the writer of the word's position.
+/// Sequence state: the slot is free for the writer of the word's position. Stored by the
+/// server (after consuming the previous lap, or when it releases a held slot or skips a
+/// position nobody will write) with Release; a writer loads it with Acquire before writing.
 pub const SEQ_FREE: u64 = 0;
-/// Sequence state: the writer of the word's position claimed the slot and is writing it.
-pub const SEQ_CLAIMED: u64 = 1;
 /// Sequence state: the entry of the word's position is committed (the seed's `committed = 1`).
+/// Stored only by the writer of that position, with Release, after its last write to the slot.
 pub const SEQ_COMMITTED: u64 = 2;
-/// Sequence state: the server skipped the word's position while an earlier claimant (the writer
-/// of this or an earlier lap of the slot) still held the slot; that writer must hand the slot on
-/// (to `FREE` of the next lap) when it resumes.
-pub const SEQ_SKIPPED: u64 = 3;
 /// Largest position a sequence word can name (`pos << 2` must not overflow). A `head` above it
 /// is impossible: it would take 2^62 reservations.
 pub const MAX_POS: u64 = (1 << 62) - 1;
@@ -435,8 +433,8 @@ mod tests {
         assert_eq!(l.resp_slot_offset(0, 0), 256 + 64);
         assert_eq!(l.record_offset(0), 256 + 128);
         assert_eq!(l.total_size, 256 + 128 + CLIENT_RECORD_SIZE);
-        assert_eq!(seq_word(5, SEQ_SKIPPED), 23);
-        assert_eq!((seq_pos(23), seq_state(23)), (5, SEQ_SKIPPED));
+        assert_eq!(seq_word(5, SEQ_COMMITTED), 22);
+        assert_eq!((seq_pos(22), seq_state(22)), (5, SEQ_COMMITTED));
     }
 
     #[test]

@@ -28,16 +28,17 @@
 //! which lap of a slot it belongs to, so a client that stalls between `fetch_add` and its
 //! commit, and commits after the server gave its position up, would have its late entry read
 //! as the next lap's. Each slot therefore has a 64-bit sequence word `pos << 2 | state`
-//! (states `FREE`, `CLAIMED`, `COMMITTED`, `SKIPPED`; see [`layout`]) that replaces the
-//! `committed` byte at the start of the slot, in the cache line the server reads next. Slot `i` starts `FREE(i)`. A writer of `pos` *claims* the slot
-//! (CAS `FREE(pos)` → `CLAIMED(pos)`) before touching it, writes, and *commits* (CAS
-//! `CLAIMED(pos)` → `COMMITTED(pos)`, Release). The server reads an entry only at
+//! (states `FREE` and `COMMITTED`; see [`layout`]) that replaces the `committed` byte at the
+//! start of the slot, in the cache line the server reads next. Slot `i` starts `FREE(i)`. A
+//! writer of `pos` writes the slot only after it has seen `FREE(pos)` there (an Acquire load),
+//! and commits by storing `COMMITTED(pos)` (Release). The server reads an entry only at
 //! `COMMITTED(pos)` and frees the slot for the next lap with `FREE(pos + ring_depth)`
-//! (Release) after copying it out. Every transition is a CAS from the exact word expected, so
-//! a writer and the server skipping its position can never both win: exactly one of "the
-//! entry is served" and "the call fails with [`CallError::Skipped`]" happens, and no writer
-//! ever touches a slot that belongs to another lap.
-//!
+//! (Release) after copying it out. So no writer ever touches a slot that belongs to another
+//! lap, and the server never reads a slot whose word is not `COMMITTED` of the position it is
+//! at. The client's hot path has one read-modify-write, the seed's `fetch_add` on `head`: the
+//! slot check is a load and the commit a store (an earlier version claimed and committed
+//! with a CAS each, which cost about 20% of throughput at QD 32, see `ring_vs_crossbeam`).
+
 //! The seed assumes that every process lives forever. This implementation adds the mechanisms
 //! below so that a crashed server, a crashed client, or a garbage file cannot hang or corrupt
 //! the others.
@@ -93,19 +94,28 @@
 //!   skips it anyway (`stalls_skipped`). The seed waits forever; before this change a 3 s
 //!   stall of one client stopped every client for 3 s.
 //!
-//! Skipping is a CAS on the slot's sequence word from the value examined: `FREE(pos)` (not
-//! claimed) → `FREE(pos + ring_depth)`, so the late writer's claim fails; `CLAIMED(pos)` of a
-//! dead writer → `FREE(pos + ring_depth)` (a dead process never writes again); `CLAIMED(pos)`
-//! of a live (or unknown) writer → `SKIPPED(pos)`: it may be in the middle of writing, so the
-//! slot stays its own until it resumes, finds its commit refused and hands the slot on itself
-//! (`FREE(p + ring_depth)`). Later laps of that slot meanwhile wait (bounded by their
-//! deadlines) and, if the holder stays stalled, are skipped in turn (`SKIPPED(pos - depth)` →
-//! `SKIPPED(pos)`, after `stall_timeout`); if the holder dies, the server takes the slot back
-//! (`held_slots_released`). A commit that lands before the skip CAS wins and is served. So a
-//! stalled client may resume at any instruction: before its claim, it finds a later word and
-//! fails with [`CallError::Skipped`] without writing; after it, its commit CAS fails and it
-//! fails the same way; in no case does it write a slot of another lap, and the server never
-//! reads a slot whose word is not `COMMITTED` of the position it is at.
+//! What a skip does to the slot depends on who might still write it:
+//!
+//! * **Nobody** (the owner is dead or unknown, or it abandoned the position): CAS
+//!   `FREE(pos)` → `FREE(pos + ring_depth)`; the slot goes to the next lap. A commit that lands
+//!   before the CAS wins and is served.
+//! * **A live owner** (stalled): it may be writing the slot right now, or resume at any
+//!   instruction and write it, and its commit is a plain store the server cannot veto. So the
+//!   server leaves the word alone and **holds** the slot for it: it remembers the held
+//!   position and passes every later lap of that slot at once (`held_laps_skipped`): their
+//!   writers see a word of an earlier lap, wait until the server has passed their position,
+//!   and reserve again within the same call ([`RingClient::held_slot_retries`]; no call
+//!   fails). The held slot is released (`held_slots_released`) to the first lap the server
+//!   has not passed, once the holder has moved on: its `reserving_pos`, stored with Release
+//!   after its last write to the slot, no longer names the position, or it died.
+//!
+//! The stalled client learns of the skip from `tail`: its refusal check just before the commit
+//! store finds `tail > pos`, so it commits nothing and fails the call with
+//! [`CallError::Skipped`] (the typed transport resends). Only a stall that ends exactly between
+//! that check and the commit store commits an entry the server will not read: it is dropped
+//! and counted when the slot is released (`late_commits_dropped`), and that call ends by its
+//! deadline. A stopped client thus costs the ring one slot of capacity while it is stopped,
+//! never a wait of other clients (the same whether it stopped before, during or after writing).
 //!
 //! The owner scan only decides *when* a hole is skipped (a dead owner need not be waited for;
 //! the timeouts keep the system calls off the path of short-lived holes); the sequence word
@@ -141,7 +151,7 @@
 //! |---|---|---|
 //! | [`RingClient::try_call_with_deadline`]: the reserved position is not yet in the window (`pos - tail >= ring_depth`) | the server to consume | the call's deadline ([`CallError::Timeout`]; the position is abandoned, never written, and skipped as a hole after `hole_timeout`); server death: `server_alive` every round, its lock every `liveness_interval` ([`CallError::ServerDisconnected`]); a failed ring ([`CallError::RingCorrupt`]); the server passing the position ([`CallError::Skipped`]) |
 //! | same call, before reserving, if an earlier call of this client abandoned a position | the server to pass that position | as above |
-//! | same call, claiming a slot still held by a stalled writer of the previous lap | that writer to hand the slot on | as above; and the server skips the waiting position after `stall_timeout` ([`CallError::Skipped`]) |
+//! | same call, the slot of the reserved position is still held for a stalled writer of an earlier lap | the server to pass the position (it does so on its next poll, no timeout), then the call reserves again | as above |
 //! | [`RingClient::try_call`], [`RingClient::try_call_with`], and the typed [`Delegation`] transport's `send` | as above | as above, with the client's send timeout as the deadline ([`DEFAULT_SEND_TIMEOUT`] = 1 s, [`RingClient::set_send_timeout`]) |
 //! | [`RingClient::poll`] | nothing: it never blocks | the caller's deadline. It fails at once on a shut-down server or a failed ring, and within `liveness_interval` on a dead server |
 //! | [`RingServer::poll`] at a hole (it does not block either: it returns 0) | the reserving client to commit | `hole_timeout` if the owner is dead, unknown or gave up; `stall_timeout` if it is alive |

@@ -42,8 +42,11 @@ pub struct RecvEntry<'a> {
 const POLLS_PER_CLOCK_CHECK: u32 = 1024;
 /// `death_noticed` value for "alive, or not yet seen dead".
 const NOT_NOTICED: u64 = u64::MAX;
-/// `held_by` value for "no known holder".
-const NO_HOLDER: u32 = u32::MAX;
+/// `held_by` value for "the holder is unknown" (a live client was between `RESERVING` and
+/// storing its position when the server skipped the hole).
+const UNKNOWN_HOLDER: u32 = u32::MAX;
+/// `held_pos` value for "the slot is not held".
+const NOT_HELD: u64 = u64::MAX;
 
 /// Who reserved the position of a hole, as far as the client table tells.
 #[derive(Clone, Copy, Debug, Default)]
@@ -113,9 +116,13 @@ pub struct RingServer {
     hole: Option<(u64, Instant)>,
     /// When the hole at `cursor` is examined next (the scan makes system calls).
     next_hole_check: Instant,
-    /// Per slot: the client id that held it (claimed, not committed) when the server skipped
-    /// its position, or `NO_HOLDER`. Meaningful only while the slot's word is `SKIPPED`.
+    /// Per slot: the position the server skipped while its live writer stalled, as long as
+    /// that writer may still write the slot (`NOT_HELD` otherwise). See the module docs.
+    held_pos: Box<[u64]>,
+    /// Per slot: the client id of the writer of `held_pos` (`UNKNOWN_HOLDER` if unknown).
     held_by: Box<[u32]>,
+    /// Number of slots with `held_pos != NOT_HELD`.
+    held_count: usize,
     /// Per client id: `head` observed when the owner was first seen detached or dead.
     death_noticed: Box<[u64]>,
 }
@@ -220,7 +227,9 @@ impl RingServer {
             next_reclaim_scan: now + cfg.liveness_interval,
             hole: None,
             next_hole_check: now,
-            held_by: vec![NO_HOLDER; p.ring_depth as usize].into_boxed_slice(),
+            held_pos: vec![NOT_HELD; p.ring_depth as usize].into_boxed_slice(),
+            held_by: vec![UNKNOWN_HOLDER; p.ring_depth as usize].into_boxed_slice(),
+            held_count: 0,
             death_noticed: vec![NOT_NOTICED; p.max_clients as usize].into_boxed_slice(),
         })
     }
@@ -576,6 +585,12 @@ impl RingServer {
     #[cold]
     #[inline(never)]
     fn on_hole(&mut self) {
+        if self.held_count != 0 && self.held_pos[self.slot_of(self.cursor)] != NOT_HELD {
+            // The cursor's slot is held by a stalled writer of an earlier lap: the cursor's own
+            // writer will never write it, so pass it now (no clock, no owner scan).
+            self.resolve_holes(Duration::ZERO);
+            return;
+        }
         let now = Instant::now();
         let interval = self.hole_timeout.min(self.stall_timeout);
         match self.hole {
@@ -595,11 +610,18 @@ impl RingServer {
         }
     }
 
-    /// Skips the holes at the cursor that may be skipped (see the module docs): one whose
-    /// reserving client is dead or unknown; and, if the first one is older than
-    /// `stall_timeout` (`age`), that one whatever its owner. Every skip is a CAS on the slot's
-    /// sequence word from the value examined, so a commit that lands meanwhile wins and is
-    /// served. Stops at the first hole that must still wait.
+    /// Skips the holes at the cursor that may be skipped (see the module docs, "Holes"):
+    ///
+    /// * a position whose slot is held by a stalled writer of an earlier lap: at once (after
+    ///   trying to release the slot);
+    /// * a position whose reserving client is dead, or unknown: the slot goes straight to the
+    ///   next lap (CAS `FREE(pos)` → `FREE(pos + ring_depth)`, so a commit that lands meanwhile
+    ///   wins and is served);
+    /// * if the first hole is older than `stall_timeout` (`age`), that one whatever its owner:
+    ///   a live owner may still write the slot, so the server does not touch the word and
+    ///   *holds* the slot (`held_pos`) until the owner has moved on ([`Self::try_release`]).
+    ///
+    /// Stops at the first hole that must still wait.
     #[cold]
     #[inline(never)]
     fn resolve_holes(&mut self, age: Duration) {
@@ -611,70 +633,140 @@ impl RingServer {
             if head <= pos {
                 return;
             }
-            let slot = (pos & (depth - 1)) as usize;
-            let seq = self.map.u64_at(self.layout.seq_offset(pos));
-            let word = seq.load(Acquire);
-            let stalled = i == 0 && age >= self.stall_timeout;
-            let (wpos, state) = (seq_pos(word), seq_state(word));
-            let mut dead_owner = None;
-            let (new, stall) = if word == seq_word(pos, SEQ_COMMITTED) {
-                return;
-            } else if wpos == pos && (state == SEQ_FREE || state == SEQ_CLAIMED) {
-                let owner = self.hole_owner(pos);
-                let live = owner.live.is_some() || owner.live_reserving;
-                if live && !stalled {
-                    return; // A live client is (or may be) about to fill `pos`.
+            let slot = self.slot_of(pos);
+            if self.held_pos[slot] != NOT_HELD {
+                if self.try_release(slot) {
+                    continue; // Re-examine `pos`: its slot is now `FREE(pos)`.
                 }
-                dead_owner = owner.dead;
-                if state == SEQ_FREE || (owner.dead.is_some() && !live) {
-                    // Unclaimed, or claimed by a dead writer that will never write again:
-                    // the slot goes straight to the next lap.
-                    (seq_word(pos + depth, SEQ_FREE), live)
-                } else {
-                    // The writer may still be writing: it must hand the slot on itself.
-                    self.held_by[slot] = owner.live.unwrap_or(NO_HOLDER);
-                    (seq_word(pos, SEQ_SKIPPED), true)
-                }
-            } else if state == SEQ_SKIPPED && wpos + depth == pos {
-                // The slot is still held by the stalled writer of an earlier lap.
-                let holder = self.held_by[slot];
-                if holder != NO_HOLDER && !self.client_alive(holder) {
-                    if seq
-                        .compare_exchange(word, seq_word(pos, SEQ_FREE), AcqRel, Acquire)
-                        .is_ok()
-                    {
-                        self.held_by[slot] = NO_HOLDER;
-                        self.stats.held_slots_released += 1;
-                    }
-                    continue; // Re-examine `pos`, now free for its own writer.
-                }
-                if !stalled {
+                if self.fault.is_some() {
                     return;
                 }
-                (seq_word(pos, SEQ_SKIPPED), true)
-            } else {
+                self.pass(pos);
+                self.stats.held_laps_skipped += 1;
+                continue;
+            }
+            let seq = self.map.u64_at(self.layout.seq_offset(pos));
+            let word = seq.load(Acquire);
+            if word == seq_word(pos, SEQ_COMMITTED) {
+                return;
+            }
+            if word != seq_word(pos, SEQ_FREE) {
                 tracing::error!(ring = %self.name, pos, word, "impossible slot sequence word");
                 self.fail(RingFault::SlotSequence);
                 return;
-            };
-            if seq.compare_exchange(word, new, AcqRel, Acquire).is_err() {
-                continue; // Changed under us (committed, claimed): look again.
             }
-            if let Some(id) = dead_owner {
+            let stalled = i == 0 && age >= self.stall_timeout;
+            let owner = self.hole_owner(pos);
+            let live = owner.live.is_some() || owner.live_reserving;
+            if live && !stalled {
+                return; // A live client is (or may be) about to fill `pos`.
+            }
+            if live {
+                // The owner may be writing the slot right now, or resume later and write it:
+                // hold the slot for it, pass the position.
+                self.held_pos[slot] = pos;
+                self.held_by[slot] = owner.live.unwrap_or(UNKNOWN_HOLDER);
+                self.held_count += 1;
+                self.pass(pos);
+                self.stats.stalls_skipped += 1;
+                tracing::warn!(ring = %self.name, pos, ?age, "skipped a position of a stalled client");
+                continue;
+            }
+            // Nobody alive will write `pos`: the slot goes to the next lap.
+            if seq
+                .compare_exchange(word, seq_word(pos + depth, SEQ_FREE), AcqRel, Acquire)
+                .is_err()
+            {
+                continue; // Committed meanwhile: look again.
+            }
+            if let Some(id) = owner.dead {
                 let rec = self.layout.record_offset(id);
                 let _ = self
                     .map
                     .u64_at(rec + REC_RESERVING_POS)
                     .compare_exchange(pos, POS_IDLE, Relaxed, Relaxed);
             }
-            self.cursor += 1;
-            self.limit = self.limit.max(self.cursor);
-            if stall {
-                self.stats.stalls_skipped += 1;
-                tracing::warn!(ring = %self.name, pos, ?age, "skipped a position of a stalled client");
-            } else {
-                self.stats.holes_skipped += 1;
-                tracing::warn!(ring = %self.name, pos, "skipped a position reserved by a dead client");
+            self.pass(pos);
+            self.stats.holes_skipped += 1;
+            tracing::warn!(ring = %self.name, pos, "skipped a position reserved by a dead client");
+        }
+    }
+
+    /// The physical slot of `pos`.
+    #[inline]
+    fn slot_of(&self, pos: u64) -> usize {
+        (pos & u64::from(self.layout.params.ring_depth - 1)) as usize
+    }
+
+    /// Moves the cursor past the hole `pos` (the cursor) without reading it.
+    #[cold]
+    fn pass(&mut self, pos: u64) {
+        debug_assert_eq!(pos, self.cursor);
+        self.cursor = pos + 1;
+        self.limit = self.limit.max(self.cursor);
+    }
+
+    /// Releases held slot `slot` if its holder can no longer write it: the holder is dead, or
+    /// its `reserving_pos` (Acquire, stored with Release after its last write to the slot) no
+    /// longer names the held position; for an unknown holder, no live client is `RESERVING`
+    /// or names the position. The slot then goes to the first lap the server has not passed,
+    /// `FREE(r)` with `r >= cursor` (its writer, if it already saw the old word, gave `r` up
+    /// and the server skips `r` as a hole without an owner). An entry the holder committed
+    /// after the skip is dropped and counted in [`RingStats::late_commits_dropped`]. Returns
+    /// whether the slot was released.
+    #[cold]
+    #[inline(never)]
+    fn try_release(&mut self, slot: usize) -> bool {
+        let held = self.held_pos[slot];
+        let holder = self.held_by[slot];
+        let still_held = if holder == UNKNOWN_HOLDER {
+            let owner = self.hole_owner(held);
+            owner.live.is_some() || owner.live_reserving
+        } else {
+            let rec = self.layout.record_offset(holder);
+            self.map.u64_at(rec + REC_RESERVING_POS).load(Acquire) == held
+                && self.client_alive(holder)
+        };
+        if still_held {
+            return false;
+        }
+        let depth = u64::from(self.layout.params.ring_depth);
+        let seq = self.map.u64_at(self.layout.seq_offset(held));
+        let word = seq.load(Acquire);
+        if word == seq_word(held, SEQ_COMMITTED) {
+            self.stats.late_commits_dropped += 1;
+            tracing::warn!(ring = %self.name, pos = held, "dropped an entry committed after its position was skipped");
+        } else if word != seq_word(held, SEQ_FREE) {
+            tracing::error!(ring = %self.name, pos = held, word, "impossible word in a held slot");
+            self.fail(RingFault::SlotSequence);
+            return false;
+        }
+        let laps = (self.cursor - held).div_ceil(depth);
+        let next = held + laps * depth;
+        if seq
+            .compare_exchange(word, seq_word(next, SEQ_FREE), AcqRel, Acquire)
+            .is_err()
+        {
+            tracing::error!(ring = %self.name, pos = held, "held slot changed while released");
+            self.fail(RingFault::SlotSequence);
+            return false;
+        }
+        self.held_pos[slot] = NOT_HELD;
+        self.held_by[slot] = UNKNOWN_HOLDER;
+        self.held_count -= 1;
+        self.stats.held_slots_released += 1;
+        true
+    }
+
+    /// Tries to release every held slot (see [`Self::try_release`]).
+    #[cold]
+    fn release_held(&mut self) {
+        for slot in 0..self.held_pos.len() {
+            if self.held_count == 0 || self.fault.is_some() {
+                return;
+            }
+            if self.held_pos[slot] != NOT_HELD {
+                self.try_release(slot);
             }
         }
     }
@@ -720,6 +812,7 @@ impl RingServer {
             self.next_reclaim_scan = now + self.liveness_interval;
             self.check_control();
             self.reclaim_scan();
+            self.release_held();
         }
     }
 
@@ -753,25 +846,10 @@ impl RingServer {
     /// pending replies, resets `reserving_pos`, then publishes `FREE` (Release).
     fn reclaim(&mut self, id: u32) {
         let p = self.layout.params;
-        let depth = u64::from(p.ring_depth);
+        // The dead or detached owner writes nothing more: its held slots go on.
         for slot in 0..p.ring_depth as usize {
-            if self.held_by[slot] != id {
-                continue;
-            }
-            self.held_by[slot] = NO_HOLDER;
-            let seq = self.map.u64_at(self.layout.seq_offset(slot as u64));
-            let word = seq.load(Acquire);
-            if seq_state(word) == SEQ_SKIPPED
-                && seq
-                    .compare_exchange(
-                        word,
-                        seq_word(seq_pos(word) + depth, SEQ_FREE),
-                        AcqRel,
-                        Acquire,
-                    )
-                    .is_ok()
-            {
-                self.stats.held_slots_released += 1;
+            if self.held_pos[slot] != NOT_HELD && self.held_by[slot] == id {
+                self.try_release(slot);
             }
         }
         let rec = self.layout.record_offset(id);

@@ -13,12 +13,19 @@ pub struct RingStats {
     /// at its deadline, or is unknown) before committing.
     pub holes_skipped: u64,
     /// Ring positions skipped because their live client stalled between reserving and
-    /// committing for longer than `stall_timeout` (its late commit is refused), including
-    /// positions that waited for a slot such a client still held.
+    /// committing for longer than `stall_timeout`. The slot is then *held* for that client
+    /// until it has moved on (its commit, if it still makes one, is refused or dropped).
     pub stalls_skipped: u64,
-    /// Request slots the server took back from a client that died while holding them after
-    /// the server had skipped its position.
+    /// Ring positions passed at once because their slot was still held for the stalled
+    /// writer of an earlier lap (their own writers reserve again; no call fails).
+    pub held_laps_skipped: u64,
+    /// Held slots given to their next lap once the holder moved on (it refused its own late
+    /// commit, committed late, died or detached).
     pub held_slots_released: u64,
+    /// Entries committed after the server had skipped their position (the client's stall
+    /// ended between its refusal check and its commit store): dropped, never served; that
+    /// call ends by its deadline.
+    pub late_commits_dropped: u64,
     /// Impossible ring states the server found (head behind or too far ahead, tail changed,
     /// impossible slot sequence word); each marks the ring failed (see
     /// [`RingFault`](super::RingFault)).
