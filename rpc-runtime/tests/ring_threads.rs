@@ -3,7 +3,7 @@
 //! its request; none is lost or duplicated.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -182,4 +182,163 @@ fn ring_depth_one_single_response_slot() {
         ..RingConfig::default()
     };
     stress("depth1", cfg, 3, 3_000, 12);
+}
+
+/// One call at a time until `keep_going()` is false (at least `min_calls`); a call whose
+/// closure `stall(seq)` returns true waits inside its payload write (slot checked, nothing
+/// committed) until the server has skipped its position (`skips` moved) and then received 8
+/// more requests (`served`: two laps of a 4-slot ring past the held slot). Returns
+/// `(answered, refused, lost, stalled)`; a call is `lost` if it was sent but not answered
+/// within 10 s (only a commit that lands after its position was skipped can be).
+fn run_stalling_client(
+    name: &str,
+    min_calls: u64,
+    keep_going: impl Fn() -> bool,
+    (skips, served): (&AtomicU64, &AtomicU64),
+    stall: impl Fn(u64) -> bool,
+) -> (u64, u64, u64, u64) {
+    let mut c = RingClient::attach(name).expect("attach");
+    c.set_send_timeout(Duration::from_secs(60));
+    let tag = c.client_id() ^ 0x57A1_0000;
+    let (mut answered, mut refused, mut lost, mut stalled) = (0, 0, 0, 0);
+    let (mut req, mut expect) = ([0u8; 64], [0u8; 64]);
+    let mut seq = 0u64;
+    while seq < min_calls || keep_going() {
+        let mut stall_now = stall(seq);
+        loop {
+            let r = c.try_call_with(|buf| {
+                let n = request(tag, seq, 24, buf);
+                if stall_now {
+                    let before = skips.load(Ordering::Acquire);
+                    let t = Instant::now();
+                    while skips.load(Ordering::Acquire) == before {
+                        assert!(t.elapsed() < Duration::from_secs(10), "never skipped");
+                        thread::yield_now();
+                    }
+                    let at_skip = served.load(Ordering::Acquire);
+                    while served.load(Ordering::Acquire) < at_skip + 8 {
+                        assert!(t.elapsed() < Duration::from_secs(10), "others stopped");
+                        thread::yield_now();
+                    }
+                }
+                n
+            });
+            match r {
+                Ok(idx) => {
+                    let t = Instant::now();
+                    let mut got = None;
+                    while got.is_none() && t.elapsed() < Duration::from_secs(10) {
+                        c.poll(|i, resp| got = Some((i, resp.to_vec())))
+                            .expect("poll");
+                        thread::yield_now();
+                    }
+                    match got {
+                        Some((i, resp)) => {
+                            assert_eq!(i, idx);
+                            let n = request(tag, seq, 24, &mut req);
+                            let m = transform(&req[..n], &mut expect);
+                            assert_eq!(resp, &expect[..m], "response does not match {seq}");
+                            answered += 1;
+                        }
+                        None => lost += 1,
+                    }
+                    break;
+                }
+                Err(CallError::Skipped) => {
+                    refused += 1;
+                    if stall_now {
+                        stalled += 1;
+                        stall_now = false;
+                    }
+                }
+                Err(e) => panic!("try_call: {e}"),
+            }
+        }
+        seq += 1;
+    }
+    (answered, refused, lost, stalled)
+}
+
+/// A writer that stalls inside its payload write until the server has skipped its position
+/// and served two more laps, every 10th call, next to two writers that never stall, on a
+/// 4-slot ring: every stalled call is refused (`Skipped`), the others pass its held slot (at
+/// least twice per stall) without waiting for it, and no request is lost, duplicated or
+/// corrupted. The stalls are synchronized with the server's counters, not timed.
+#[test]
+fn ring_stalling_writer_is_refused_and_never_corrupts() {
+    let name = unique_name("stalling");
+    let cfg = RingConfig {
+        max_clients: 4,
+        ring_depth: 4,
+        resp_depth: 2,
+        req_payload_cap: 32,
+        resp_payload_cap: 32,
+        hole_timeout: Duration::from_millis(1),
+        stall_timeout: Duration::from_millis(2),
+        liveness_interval: Duration::from_millis(1),
+        ..RingConfig::default()
+    };
+    let mut server = RingServer::create(&name, &cfg).expect("create");
+    let stop = Arc::new(AtomicBool::new(false));
+    // (stalls_skipped, received), published by the server thread after each round.
+    let counters = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+    let staller_done = Arc::new(AtomicBool::new(false));
+    let srv = {
+        let (stop, counters) = (stop.clone(), counters.clone());
+        thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while !stop.load(Ordering::Acquire) {
+                server.poll();
+                while let Some(e) = server.recv() {
+                    let token = e.token;
+                    let n = transform(e.payload, &mut buf);
+                    server.reply(token, &buf[..n]).expect("reply");
+                }
+                server.advance_tail();
+                // After `advance_tail`: a writer that sees a count move also sees the tail.
+                let st = server.stats();
+                counters.0.store(st.stalls_skipped, Ordering::Release);
+                counters.1.store(st.received, Ordering::Release);
+                thread::yield_now();
+            }
+            server.stats().clone()
+        })
+    };
+    let spawn_client = |min_calls: u64, stalls: bool| {
+        let (name, counters, done) = (name.clone(), counters.clone(), staller_done.clone());
+        thread::spawn(move || {
+            let c = (&counters.0, &counters.1);
+            if stalls {
+                let r = run_stalling_client(&name, min_calls, || false, c, |seq| seq % 10 == 5);
+                done.store(true, Ordering::Release);
+                r
+            } else {
+                let keep_going = || !done.load(Ordering::Acquire);
+                run_stalling_client(&name, min_calls, keep_going, c, |_| false)
+            }
+        })
+    };
+    let staller = spawn_client(100, true);
+    let others: Vec<_> = (0..2).map(|_| spawn_client(50, false)).collect();
+    let s = staller.join().expect("staller");
+    let o: Vec<_> = others
+        .into_iter()
+        .map(|h| h.join().expect("client"))
+        .collect();
+    stop.store(true, Ordering::Release);
+    let stats = srv.join().expect("server");
+    eprintln!("staller {s:?}, others {o:?}: {stats:?}");
+    assert_eq!(s.3, 10, "every stalled call was refused");
+    let all = [s, o[0], o[1]];
+    let answered: u64 = all.iter().map(|r| r.0).sum();
+    let refused: u64 = all.iter().map(|r| r.1).sum();
+    let lost: u64 = all.iter().map(|r| r.2).sum();
+    assert_eq!(stats.received, answered, "{stats:?}");
+    assert_eq!(lost, stats.late_commits_dropped, "{stats:?}");
+    assert_eq!(stats.stalls_skipped, refused + lost, "{stats:?}");
+    assert_eq!(
+        (stats.invalid_entries(), stats.aborted, stats.holes_skipped),
+        (0, 0, 0)
+    );
+    assert!(stats.held_laps_skipped >= 2 * 10, "{stats:?}");
 }
