@@ -1163,15 +1163,22 @@ fn call_served_elsewhere(client: &mut RingClient, payload: &[u8]) {
     assert_eq!(got.unwrap(), (idx, payload.to_vec()));
 }
 
-/// Runs `f` while a scoped thread serves `server` (echo), then stops that thread.
+/// Runs `f` while a scoped thread serves `server` (echo), then stops that thread. The loop is
+/// the typed server's: `advance_tail` only after a poll that found entries.
 fn with_server_thread<T>(server: &mut RingServer, f: impl FnOnce() -> T) -> T {
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|sc| {
         sc.spawn(|| {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                if serve_once(server) == 0 {
+                if server.poll() == 0 {
                     std::thread::yield_now();
+                    continue;
                 }
+                while let Some(e) = server.recv() {
+                    let (token, payload) = (e.token, e.payload.to_vec());
+                    server.reply(token, &payload).expect("reply");
+                }
+                server.advance_tail();
             }
         });
         let out = f();

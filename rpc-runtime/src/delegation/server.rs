@@ -698,12 +698,16 @@ impl RingServer {
         (pos & u64::from(self.layout.params.ring_depth - 1)) as usize
     }
 
-    /// Moves the cursor past the hole `pos` (the cursor) without reading it.
+    /// Moves the cursor past the hole `pos` (the cursor) without reading it, and publishes
+    /// the new `tail` at once: a writer waiting for the server to pass its position (a held
+    /// lap) may be the only client, so no later entry would make the caller's loop publish it
+    /// (loops call `advance_tail` only after a poll that found entries).
     #[cold]
     fn pass(&mut self, pos: u64) {
         debug_assert_eq!(pos, self.cursor);
         self.cursor = pos + 1;
         self.limit = self.limit.max(self.cursor);
+        self.advance_tail();
     }
 
     /// Releases held slot `slot` if its holder can no longer write it: the holder is dead, or
