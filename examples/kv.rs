@@ -61,6 +61,11 @@
 //! clients wrote, sends every sampled key to its owner rank (an all-gather), and each rank reads
 //! the keys it owns back from their owner daemon; the counts are summed over the ranks.
 //!
+//! `kv serve` lists its rings in a ring manifest, `/dev/shm/<shm>.rings`
+//! ([`rpc::delegation::RingManifest`]: this user's file, mode 0600), and `kv client` attaches
+//! to exactly the rings listed there, never to whatever `<shm>-N` names exist, so a ring file
+//! another local user creates is never taken for a daemon (and is refused if named).
+//!
 //! `kv client` shares its daemons with any other `kv client` process, before, after or at the
 //! same time, so there a client's writer id is instead its client id on ring 0, which the ring
 //! hands out at attach (unique among the clients attached at once, whatever their process),

@@ -284,8 +284,8 @@ impl RingManifest {
             file.write_all(&bytes).map_err(io(&tmp, "write"))?;
             // Whatever is at the name now must be this user's (a stale manifest) to be
             // replaced; another user's file is left alone.
-            // (A non-root user cannot rename over another user's file in the sticky
-            // `/dev/shm` anyway; this also holds for root.)
+            // (The sticky `/dev/shm` already stops a non-root user from renaming over another
+            // user's file; this check covers root too.)
             drop(shm::open_owned(&path)?);
             std::fs::rename(&tmp, &path).map_err(io(&path, "rename"))
         })();
