@@ -22,6 +22,12 @@
 //! not to be hostile (they could `ptrace` each other anyway), and everything they write is
 //! still validated (see the module docs of [`super`]).
 //!
+//! # Locks are never waited for
+//! Every lock on a ring file is taken with non-blocking `F_OFD_SETLK` ([`try_lock_write`]),
+//! which fails at once when another open file description holds a conflicting lock, or tested
+//! with `F_OFD_GETLK`; nothing here uses a blocking `F_OFD_SETLKW`, so no lock held by another
+//! process can stall a server or a client (the bound on waiting is zero).
+//!
 //! OFD locks belong to an open file description (one `open(2)`), not to a process: two
 //! `open`s of the same file in one process hold independent locks that conflict with each other,
 //! and the kernel releases a description's locks when its last descriptor is closed — in
