@@ -61,6 +61,11 @@
 //! clients wrote, sends every sampled key to its owner rank (an all-gather), and each rank reads
 //! the keys it owns back from their owner daemon; the counts are summed over the ranks.
 //!
+//! `kv serve` lists its rings in a ring manifest, `/dev/shm/<shm>.rings`
+//! ([`rpc::delegation::RingManifest`]: this user's file, mode 0600), and `kv client` attaches
+//! to exactly the rings listed there, never to whatever `<shm>-N` names exist, so a ring file
+//! another local user creates is never taken for a daemon (and is refused if named).
+//!
 //! `kv client` shares its daemons with any other `kv client` process, before, after or at the
 //! same time, so there a client's writer id is instead its client id on ring 0, which the ring
 //! hands out at attach (unique among the clients attached at once, whatever their process),
@@ -112,7 +117,8 @@ use rpc::copyrpc::{
     CallError, Context, ContextConfig, EndpointConfig, EndpointId, EndpointInfo, SetupError,
 };
 use rpc::delegation::{
-    DelegToken, Delegate, Delegation, DelegationConfig, DelegationServer, ForwardStats, Target,
+    DelegToken, Delegate, Delegation, DelegationConfig, DelegationServer, ForwardStats, RingError,
+    RingManifest, Target, read_manifest,
 };
 use rpc::erpc::typed::MAX_IN_FLIGHT_LIMIT as ERPC_MAX_IN_FLIGHT;
 use rpc::erpc::{Erpc, ErpcConfig, ErpcServer};
@@ -149,10 +155,12 @@ enum Cmd {
     /// Daemons and clients of every rank in this process (the default when no subcommand is
     /// given).
     Run(RunArgs),
-    /// Only the daemons of one rank: create `<shm>-0 .. <shm>-{D-1}` and serve until
-    /// SIGINT/SIGTERM or `--duration` (one rank; for ranks as processes, see `--mpi`).
+    /// Only the daemons of one rank: create `<shm>-0 .. <shm>-{D-1}`, list them in the ring
+    /// manifest `<shm>.rings`, and serve until SIGINT/SIGTERM or `--duration` (one rank; for
+    /// ranks as processes, see `--mpi`).
     Serve(ServeArgs),
-    /// Only the clients of one rank, attached to the rings of a `kv serve` process.
+    /// Only the clients of one rank, attached to the rings a `kv serve` process listed in its
+    /// ring manifest `<shm>.rings`.
     Client(ClientArgs),
 }
 
@@ -1660,6 +1668,20 @@ fn serve(a: ServeArgs) -> i32 {
         },
         Err(e) => return fail(&format!("creating the rings: {e}")),
     };
+    // The rings' manifest, written once they all exist: `kv client` attaches only to the
+    // rings it lists (never to whatever `<shm>-N` names another user may create).
+    let names: Vec<String> = (0..a.daemons).map(|d| ring_name(&a.shm, d)).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let _manifest = match RingManifest::publish(&a.shm, &names) {
+        Ok(m) => m,
+        Err(e) => {
+            stop.store(true, Ordering::Relaxed);
+            for h in daemons {
+                let _ = h.join();
+            }
+            return fail(&format!("publishing the ring manifest: {e}"));
+        }
+    };
     println!(
         "ready shm={} daemons={}",
         a.shm.trim_start_matches('/'),
@@ -1684,17 +1706,19 @@ fn serve(a: ServeArgs) -> i32 {
 }
 
 fn client_only(a: ClientArgs) -> i32 {
-    let mut names = Vec::new();
-    while std::path::Path::new(&format!("/dev/shm/{}", ring_name(&a.shm, names.len()))).exists() {
-        names.push(ring_name(&a.shm, names.len()));
-    }
-    if names.is_empty() {
-        return fail(&format!(
-            "no ring /dev/shm/{} (start `kv serve --shm {}` first)",
-            ring_name(&a.shm, 0),
-            a.shm
-        ));
-    }
+    // The rings `kv serve` listed in its manifest (this user's file, mode 0600, validated),
+    // not whichever `<shm>-N` names happen to exist.
+    let names = match read_manifest(&a.shm) {
+        Ok(n) => n,
+        Err(RingError::NotFound { path }) => {
+            return fail(&format!(
+                "no ring manifest {} (start `kv serve --shm {}` first)",
+                path.display(),
+                a.shm
+            ));
+        }
+        Err(e) => return fail(&format!("reading the ring manifest: {e}")),
+    };
     if let Err(e) = load_args(&a.load, 1) {
         return fail(&e);
     }

@@ -77,4 +77,8 @@ fn serve_and_client_in_separate_processes() {
             "ring {d} left behind"
         );
     }
+    assert!(
+        !PathBuf::from(format!("/dev/shm/{shm}.rings")).exists(),
+        "ring manifest left behind"
+    );
 }

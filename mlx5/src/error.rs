@@ -55,4 +55,37 @@ pub enum Error {
     /// Memory allocation or mapping failed.
     #[error("memory: {0}")]
     Memory(#[source] std::io::Error),
+    /// A device-model file in `/dev/shm` (the node directory, a peer's memory segment) is not
+    /// one this user's processes created: it is owned by another user, grants group or other
+    /// users any access, is a symbolic link or is not a regular file (checked with `fstat` on
+    /// the opened descriptor, before anything is mapped). Nothing was mapped.
+    #[error(
+        "refusing {path}: {reason} (owner uid {owner}, mode {mode:04o}; a device-model file must be a regular file owned by uid {expected_uid} with mode 0600)"
+    )]
+    UnsafeFile {
+        /// The file.
+        path: String,
+        /// Its owner uid (`st_uid`; `u32::MAX` if it could not be read).
+        owner: u32,
+        /// Its permission bits (`st_mode & 0o7777`).
+        mode: u32,
+        /// This process's effective uid.
+        expected_uid: u32,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A lock on a shared file stayed held by another open file description (another
+    /// process, or a hostile user with read access) for longer than its bound, so the
+    /// operation that needed it was not done.
+    #[error("{lock} on {path} is held by someone else: gave up after {waited:?} (bound {bound:?})")]
+    LockTimeout {
+        /// Which lock ("node lock (byte 0)").
+        lock: &'static str,
+        /// The file.
+        path: String,
+        /// How long this call waited.
+        waited: std::time::Duration,
+        /// The configured bound ([`crate::sim::SimConfig::node_lock_timeout`]).
+        bound: std::time::Duration,
+    },
 }

@@ -125,6 +125,8 @@ unsafe impl Send for BlueFlame {}
 /// The device model's doorbell entry point.
 pub trait SimDoorbell: Send + Sync {
     /// The send queue of `qpn` has new WQEs up to its doorbell record's producer index: parse
-    /// and execute them (PRM semantics), write CQEs, then return.
+    /// and execute them (PRM semantics), write CQEs, then return. (On a joined node whose node
+    /// lock stays held by someone else past its bound, the doorbell returns after the bound
+    /// with the WQEs still posted; the next doorbell of the QP executes them.)
     fn ring_sq(&self, qpn: u32);
 }

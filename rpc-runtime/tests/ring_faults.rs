@@ -3,7 +3,8 @@
 //! and committing, aborted calls, clean server shutdown, name and configuration validation.
 
 use std::fs::OpenOptions;
-use std::os::unix::fs::FileExt;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -524,7 +525,14 @@ fn attach_to_edited(
     edit(&mut bytes);
     let dst = unique_name(tag);
     let _cleanup = Cleanup(shm_file(&dst));
-    std::fs::write(shm_file(&dst), &bytes).unwrap();
+    // Mode 0600, as a server creates it: attach refuses other modes before reading anything.
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(shm_file(&dst))
+        .and_then(|mut f| f.write_all(&bytes))
+        .unwrap();
     lock_header_and_attach(&dst)
 }
 

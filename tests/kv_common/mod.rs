@@ -71,7 +71,8 @@ pub fn passing(args: &[&str]) -> serde_json::Value {
 }
 
 /// A `kv serve` process for the two-process tests: started with `--shm <unique name>`, its
-/// `ready` line read; on drop it is killed (SIGKILL) and its rings are removed.
+/// `ready` line read; on drop it is killed (SIGKILL) and its rings and ring manifest are
+/// removed.
 pub struct Serve {
     child: std::process::Child,
     /// The rings' base name in /dev/shm.
@@ -131,6 +132,7 @@ impl Drop for Serve {
         for d in 0..self.daemons {
             let _ = std::fs::remove_file(format!("/dev/shm/{}-{d}", self.shm));
         }
+        let _ = std::fs::remove_file(format!("/dev/shm/{}.rings", self.shm));
     }
 }
 

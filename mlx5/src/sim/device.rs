@@ -62,7 +62,7 @@ struct MrHandle {
 
 impl Drop for MrHandle {
     fn drop(&mut self) {
-        self.shared.lock().deregister_mr(self.idx);
+        self.shared.lock_for_teardown().deregister_mr(self.idx);
     }
 }
 
@@ -77,7 +77,7 @@ struct CqHandle {
 impl Drop for CqHandle {
     fn drop(&mut self) {
         // Removed under the lock before the memory (the fields) is freed.
-        self.shared.lock().remove_cq(self.cqn);
+        self.shared.lock_for_teardown().remove_cq(self.cqn);
     }
 }
 
@@ -91,7 +91,7 @@ struct SrqHandle {
 
 impl Drop for SrqHandle {
     fn drop(&mut self) {
-        self.shared.lock().remove_srq(self.srqn);
+        self.shared.lock_for_teardown().remove_srq(self.srqn);
     }
 }
 
@@ -105,7 +105,7 @@ struct QpHandle {
 
 impl Drop for QpHandle {
     fn drop(&mut self) {
-        self.shared.lock().remove_qp(self.qpn);
+        self.shared.lock_for_teardown().remove_qp(self.qpn);
     }
 }
 
@@ -124,7 +124,7 @@ impl SimDevice {
     /// This device's QPC cache counters (same as [`crate::sim::Fabric::qpc_stats`] with its
     /// LID).
     pub fn qpc_stats(&self) -> QpcStats {
-        self.shared.lock().qpc_stats(self.id)
+        self.shared.lock_local().qpc_stats(self.id)
     }
 
     /// `h` as a `T` of this device.
@@ -187,14 +187,14 @@ impl Provider for SimDevice {
 
     fn qpc_cache_entries(&self) -> Option<u32> {
         self.shared
-            .lock()
+            .lock_local()
             .cfg
             .qpc_cache
             .map(|c| u32::try_from(c.entries).unwrap_or(u32::MAX))
     }
 
     fn alloc_pd(&self) -> Result<Handle> {
-        let pd = self.shared.lock().alloc_pd();
+        let pd = self.shared.lock()?.alloc_pd();
         Ok(Box::new(PdHandle {
             shared: self.shared.clone(),
             device: self.id,
@@ -226,7 +226,7 @@ impl Provider for SimDevice {
                 "reg_mr: REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE".into(),
             ));
         }
-        let (idx, lkey, rkey) = self.shared.lock().register_mr(MrEntry {
+        let (idx, lkey, rkey) = self.shared.lock()?.register_mr(MrEntry {
             addr: addr as u64,
             len: len as u64,
             access,
@@ -256,7 +256,7 @@ impl Provider for SimDevice {
             };
         }
         let state = CqState::new(ring.ptr().as_ptr(), cnt, dbrec.ptr().as_ptr().cast());
-        let cqn = self.shared.lock().add_cq(
+        let cqn = self.shared.lock()?.add_cq(
             state,
             cnt,
             ring.ptr().as_ptr(),
@@ -308,7 +308,7 @@ impl Provider for SimDevice {
             dbrec: dbrec.ptr().as_ptr().cast(),
             pd,
         };
-        let srqn = self.shared.lock().add_srq(state)?;
+        let srqn = self.shared.lock()?.add_srq(state)?;
         let mem = SrqMem {
             buf: buf.ptr(),
             wqe_cnt: cnt,
@@ -415,7 +415,7 @@ impl Provider for SimDevice {
             qkey: 0,
             wait: None,
         };
-        let qpn = self.shared.lock().add_qp(state)?;
+        let qpn = self.shared.lock()?.add_qp(state)?;
         let doorbell: Arc<dyn SimDoorbell> = self.shared.clone();
         let sq = SqMem {
             buf: sq_buf.ptr(),
@@ -454,12 +454,12 @@ impl Provider for SimDevice {
 
     fn connect_rc(&self, qp: &Handle, remote: &RcRemote, params: &RcParams) -> Result<()> {
         let qpn = self.qp(qp)?;
-        self.shared.lock().connect_rc(qpn, remote, params)
+        self.shared.lock()?.connect_rc(qpn, remote, params)
     }
 
     fn activate_ud(&self, qp: &Handle, qkey: u32) -> Result<()> {
         let qpn = self.qp(qp)?;
-        self.shared.lock().activate_ud(qpn, qkey)
+        self.shared.lock()?.activate_ud(qpn, qkey)
     }
 
     fn create_ah(&self, pd: &Handle, dest: &UdDest) -> Result<(Handle, DgramSeg)> {

@@ -144,7 +144,11 @@
 //! queue's device counters live in the queue memory, `sim/alloc.rs`), exactly as a NIC's DMA
 //! would, with no help from the target process's CPU. Numbers (QPN, CQN, SRQN, MR index, PD) and
 //! LIDs are unique on the node. Every model operation runs under the process's fabric mutex and
-//! the node lock (an OFD file lock the kernel releases if its holder dies).
+//! the node lock (an OFD file lock the kernel releases if its holder dies), waited for at most
+//! [`SimConfig::node_lock_timeout`]: a lock held longer (by a stopped peer, or by anyone who can
+//! open the directory) gives [`crate::error::Error::LockTimeout`], never a stall. The node's
+//! files are this user's only: created `O_EXCL` with mode 0600 whatever the umask, and checked
+//! with `fstat` for owner and mode before they are mapped ([`crate::mem`] "Ownership").
 //!
 //! A process that dies (however: `abort`, `SIGKILL`) drops its liveness lock; within about
 //! 1 ms (`LIVENESS_PERIOD` in `sim/node.rs`) of a peer's next doorbell or progress step, the peer marks
@@ -186,6 +190,7 @@ use crate::verbs::Context;
 use crate::wqe::Opcode;
 
 pub use device::SimDevice;
+pub use node::DEFAULT_NODE_LOCK_TIMEOUT;
 
 use model::Model;
 
@@ -276,6 +281,13 @@ pub struct SimConfig {
     pub progress_thread: Option<Duration>,
     /// Each device's QP-context cache (`None`: not modelled, no counters, no penalty).
     pub qpc_cache: Option<QpcCacheConfig>,
+    /// Joined node ([`Fabric::join`]): the longest a join or model operation waits for the
+    /// node lock (an OFD lock on byte 0 of the node directory) while another open file
+    /// description holds it. Beyond it the call fails with
+    /// [`Error::LockTimeout`](crate::error::Error::LockTimeout) (a doorbell, which cannot fail,
+    /// leaves its WQEs posted for the next one; see `sim/node.rs` "The lock wait is bounded"),
+    /// counted in [`SimStats::node_lock_timeouts`]. Default [`DEFAULT_NODE_LOCK_TIMEOUT`] (1 s).
+    pub node_lock_timeout: Duration,
 }
 
 impl Default for SimConfig {
@@ -288,6 +300,7 @@ impl Default for SimConfig {
             rnr_retry_override: None,
             progress_thread: None,
             qpc_cache: Some(QpcCacheConfig::default()),
+            node_lock_timeout: DEFAULT_NODE_LOCK_TIMEOUT,
         }
     }
 }
@@ -412,6 +425,12 @@ pub struct SimStats {
     /// Joined node: live exports of peers' QPs that failed validation (sizes, numbers,
     /// segments missing or too short); the QP is treated as unreachable.
     pub remote_bad_exports: u64,
+    /// Joined node: calls that gave up waiting for the node lock after
+    /// [`SimConfig::node_lock_timeout`] (another open file description held it).
+    pub node_lock_timeouts: u64,
+    /// Shared files this process refused to map because of their owner, mode or type (the
+    /// node directory, peers' segments; see [`crate::mem`] "Ownership"). Process-wide.
+    pub unsafe_files_refused: u64,
 }
 
 /// One device's QPC cache counters ([`Fabric::qpc_stats`], [`SimDevice::qpc_stats`]). All
@@ -492,13 +511,51 @@ impl std::ops::DerefMut for ModelGuard<'_> {
 }
 
 impl Shared {
-    /// Locks the model (a panic while holding the lock does not wedge the fabric: the state
-    /// is still consistent object by object).
-    pub(crate) fn lock(&self) -> ModelGuard<'_> {
-        let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+    /// Locks the model: the fabric mutex and, on a joined node, the node lock (a panic while
+    /// holding the mutex does not wedge the fabric: the state is still consistent object by
+    /// object).
+    ///
+    /// # Errors
+    /// [`crate::error::Error::LockTimeout`] if the node lock stays held by another open file
+    /// description for [`SimConfig::node_lock_timeout`] (counted in
+    /// [`SimStats::node_lock_timeouts`]); the mutex is released again.
+    #[inline]
+    pub(crate) fn lock(&self) -> crate::error::Result<ModelGuard<'_>> {
+        let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+        let node = match &self.node {
+            None => None,
+            Some(d) => match d.lock() {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    model.stats.node_lock_timeouts += 1;
+                    return Err(e);
+                }
+            },
+        };
+        Ok(ModelGuard { _node: node, model })
+    }
+
+    /// Only the fabric mutex, never the node lock: for reading this process's own state
+    /// (counters, configuration, its QPs' and CQs' states) and adding a device (its LID comes
+    /// from an atomic counter in the directory).
+    pub(crate) fn lock_local(&self) -> ModelGuard<'_> {
         ModelGuard {
-            _node: self.node.as_ref().map(|d| d.lock()),
-            model,
+            _node: None,
+            model: self.model.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    /// For tearing down this process's own objects, which cannot fail: [`Shared::lock`], or,
+    /// when the node lock stays held for the whole bound, the fabric mutex alone (the
+    /// object must leave the model before its memory is freed; peers keep their own mappings
+    /// of its segments, so they never touch freed memory).
+    pub(crate) fn lock_for_teardown(&self) -> ModelGuard<'_> {
+        match self.lock() {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::error!("sim: tearing an object down without the node lock: {e}");
+                self.lock_local()
+            }
         }
     }
 }
@@ -507,9 +564,21 @@ impl Shared {
 static JOINED: Mutex<Option<(String, Weak<Shared>)>> = Mutex::new(None);
 
 impl SimDoorbell for Shared {
+    #[inline]
     fn ring_sq(&self, qpn: u32) {
-        self.lock().ring(qpn);
+        match self.lock() {
+            Ok(mut g) => g.ring(qpn),
+            // Counted and logged by `lock`: the WQEs stay posted (their producer index is in
+            // the doorbell record) and run at the next doorbell of this QP.
+            Err(e) => ring_deferred(qpn, &e),
+        }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn ring_deferred(qpn: u32, e: &crate::error::Error) {
+    tracing::error!(qpn, "sim: doorbell not executed: {e}; the WQEs stay posted");
 }
 
 /// A simulated network: devices opened on it reach each other. Cheap to clone (an `Arc`).
@@ -583,7 +652,11 @@ impl Fabric {
                     loop {
                         std::thread::sleep(every);
                         match weak.upgrade() {
-                            Some(s) => s.lock().step(),
+                            Some(s) => {
+                                if let Ok(mut g) = s.lock() {
+                                    g.step();
+                                }
+                            }
                             None => break,
                         }
                     }
@@ -622,7 +695,7 @@ impl Fabric {
                 "this process is joined to node {name}, cannot join {node}"
             )));
         }
-        let dir = node::NodeDir::join(node)?;
+        let dir = node::NodeDir::join(node, cfg.node_lock_timeout)?;
         crate::mem::set_backing(dir.backing.clone())?;
         let fabric = Self::build(cfg, Some(Arc::new(dir)));
         *joined = Some((node.to_string(), Arc::downgrade(&fabric.shared)));
@@ -641,40 +714,54 @@ impl Fabric {
 
     /// Like [`Fabric::open`], returning the device itself.
     pub fn open_device(&self) -> SimDevice {
-        let (id, port) = self.shared.lock().add_device();
+        let (id, port) = self.shared.lock_local().add_device();
         SimDevice::new(self.shared.clone(), id, port)
     }
 
     /// Counters so far.
     pub fn stats(&self) -> SimStats {
-        self.shared.lock().stats
+        let mut s = self.shared.lock_local().stats;
+        s.unsafe_files_refused = crate::mem::unsafe_files_refused();
+        s
     }
 
     /// QPC cache counters of the device whose port has LID `lid` (`None`: no such device).
     /// Pass a rank's `ctx.port().lid` to separate, e.g., the server NIC's misses from a
     /// client NIC's; [`Fabric::stats`] has the sums over all devices.
     pub fn qpc_stats(&self, lid: u16) -> Option<QpcStats> {
-        self.shared.lock().qpc_stats_by_lid(lid)
+        self.shared.lock_local().qpc_stats_by_lid(lid)
     }
 
     /// Makes one progress step: delivers due delayed/reordered UD packets, retries stalled
-    /// QPs once, flushes QPs in error.
+    /// QPs once, flushes QPs in error. On a joined node whose node lock stays held by someone
+    /// else for [`SimConfig::node_lock_timeout`], the step is skipped (counted in
+    /// [`SimStats::node_lock_timeouts`]; [`Fabric::try_progress`] returns the error).
     pub fn progress(&self) {
-        self.shared.lock().step();
+        let _ = self.try_progress();
+    }
+
+    /// [`Fabric::progress`], returning the error when the step was skipped.
+    ///
+    /// # Errors
+    /// [`crate::error::Error::LockTimeout`] if the node lock stayed held by another open file
+    /// description for [`SimConfig::node_lock_timeout`].
+    pub fn try_progress(&self) -> crate::error::Result<()> {
+        self.shared.lock()?.step();
+        Ok(())
     }
 
     /// Whether CQ `cqn` overran (hardware would raise an asynchronous CQ error event).
     pub fn cq_overrun(&self, cqn: u32) -> bool {
-        self.shared.lock().cq_overrun(cqn)
+        self.shared.lock_local().cq_overrun(cqn)
     }
 
     /// The state of QP `qpn` (`None` if it does not exist).
     pub fn qp_state(&self, qpn: u32) -> Option<SimQpState> {
-        self.shared.lock().qp_state(qpn)
+        self.shared.lock_local().qp_state(qpn)
     }
 
     /// The configuration.
     pub fn config(&self) -> SimConfig {
-        self.shared.lock().cfg.clone()
+        self.shared.lock_local().cfg.clone()
     }
 }

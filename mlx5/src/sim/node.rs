@@ -27,6 +27,28 @@
 //! so a crashed process never wedges the node (what it was doing is cut short, like a NIC
 //! reset mid-operation).
 //!
+//! **The lock wait is bounded.** Anyone who can open the directory can lock its bytes, and a
+//! peer can be stopped (SIGSTOP) while holding the lock, so the node lock is never waited for
+//! without a bound: it is taken with non-blocking `F_OFD_SETLK` — one `fcntl` when
+//! uncontended, the hot path of every doorbell — and on contention retried with backoff
+//! (spinning, then yielding, then sleeping 20 µs doubling to 1 ms) until
+//! [`SimConfig::node_lock_timeout`](crate::sim::SimConfig::node_lock_timeout) (default
+//! [`DEFAULT_NODE_LOCK_TIMEOUT`], 1 s) has passed. Then the call gives up with
+//! [`Error::LockTimeout`] naming the lock, the file and how long it waited, counted in
+//! [`SimStats::node_lock_timeouts`](crate::sim::SimStats::node_lock_timeouts): a join or an
+//! object creation returns it; a doorbell cannot fail (it has no error path, like a NIC's), so
+//! its WQEs stay posted and run at the next doorbell of that QP that gets the lock; a progress
+//! step is skipped; the teardown of this process's own objects (dropping a QP, CQ, SRQ or MR)
+//! and leaving the node proceed without the node lock after the bound, since they must not
+//! leave freed memory in the model (peers keep their own mappings of the segments).
+//!
+//! **Ownership.** The directory and every segment file are created `O_EXCL`, mode exactly
+//! 0600 whatever the umask, and opened only after `fstat` on the descriptor shows a regular
+//! file of this process's effective uid with no group or other permission bits (see
+//! [`crate::mem`] "Ownership"): only processes of the same user share a node, and another
+//! user's file at the directory's name is an error, never wiped or reused. A stale directory
+//! wipe removes only this user's segment files.
+//!
 //! **Liveness.** Each process holds an OFD write lock on byte `LIVENESS_BASE + slot` for as
 //! long as it is joined. The kernel drops it when the process exits, however it exits (even
 //! before its parent reaps it). Peers test it with `F_OFD_GETLK` at most once per
@@ -78,6 +100,13 @@ pub(crate) const SRQ_SLOTS: usize = 1 << SRQ_BITS;
 pub(crate) const MR_SLOTS: usize = 1 << MR_BITS;
 /// How often a model checks its peers' liveness locks (at most).
 pub(crate) const LIVENESS_PERIOD: Duration = Duration::from_millis(1);
+/// Default bound on waiting for the node lock
+/// ([`SimConfig::node_lock_timeout`](crate::sim::SimConfig::node_lock_timeout)): long
+/// compared with any model operation (microseconds to a few milliseconds under load), short
+/// enough that a held lock surfaces as an error rather than a stall.
+pub const DEFAULT_NODE_LOCK_TIMEOUT: Duration = Duration::from_secs(1);
+/// Names the node lock in [`Error::LockTimeout`].
+const NODE_LOCK: &str = "node lock (byte 0)";
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MLX5NODE");
 const VERSION: u32 = 1;
@@ -216,6 +245,8 @@ pub(crate) struct NodeDir {
     pub(crate) slot: u32,
     pub(crate) backing: Backing,
     path: String,
+    /// Bound on waiting for the node lock.
+    lock_timeout: Duration,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics (the export structs are
@@ -244,6 +275,82 @@ fn ofd_lock(file: &File, byte: i64, cmd: libc::c_int, ty: libc::c_int) -> io::Re
     }
 }
 
+/// Takes a non-blocking OFD write lock on `byte` of `file`: `Ok(false)` if another open file
+/// description holds a conflicting lock.
+#[inline]
+fn try_lock_byte(file: &File, byte: i64) -> io::Result<bool> {
+    match ofd_lock(file, byte, libc::F_OFD_SETLK, libc::F_WRLCK) {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes the write lock on `byte` of `file` (at `path`), waiting at most `bound`: one
+/// `F_OFD_SETLK` when it is free, else [`lock_contended`].
+///
+/// # Errors
+/// [`Error::LockTimeout`] naming `what`, `path` and the time waited if the lock stayed held
+/// for `bound`; [`Error::Memory`] if `fcntl` fails otherwise.
+#[inline]
+fn lock_byte(
+    file: &File,
+    byte: i64,
+    what: &'static str,
+    path: &str,
+    bound: Duration,
+) -> Result<()> {
+    if try_lock_byte(file, byte).map_err(Error::Memory)? {
+        return Ok(());
+    }
+    lock_contended(file, byte, what, path, bound)
+}
+
+/// The contended path of [`lock_byte`]: retries with backoff (about 64 spins, then yields up
+/// to 50 µs after the start, then sleeps of 20 µs doubling to 1 ms) until `bound` has passed.
+#[cold]
+#[inline(never)]
+fn lock_contended(
+    file: &File,
+    byte: i64,
+    what: &'static str,
+    path: &str,
+    bound: Duration,
+) -> Result<()> {
+    let t0 = Instant::now();
+    let mut spins = 0u32;
+    let mut nap = Duration::from_micros(20);
+    loop {
+        let waited = t0.elapsed();
+        if waited >= bound {
+            tracing::error!(
+                lock = what,
+                path,
+                ?waited,
+                "sim: lock held too long; giving up"
+            );
+            return Err(Error::LockTimeout {
+                lock: what,
+                path: path.to_string(),
+                waited,
+                bound,
+            });
+        }
+        if spins < 64 {
+            spins += 1;
+            std::hint::spin_loop();
+        } else if waited < Duration::from_micros(50) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(nap.min(bound - waited));
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
+        if try_lock_byte(file, byte).map_err(Error::Memory)? {
+            return Ok(());
+        }
+    }
+}
+
 /// The node lock, held while it lives.
 pub(crate) struct NodeLock<'a> {
     dir: &'a NodeDir,
@@ -257,8 +364,14 @@ impl Drop for NodeLock<'_> {
 
 impl NodeDir {
     /// Joins (creating or wiping a stale directory as needed) the node `name` under
-    /// `/dev/shm`.
-    pub(crate) fn join(name: &str) -> Result<NodeDir> {
+    /// `/dev/shm`, waiting at most `lock_timeout` for the node lock.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad name or a file that is not a node directory;
+    /// [`Error::UnsafeFile`] if the file at the directory's name is not this user's private
+    /// regular file; [`Error::LockTimeout`] if the node lock stays held for `lock_timeout`;
+    /// [`Error::Memory`] if creating, opening or mapping fails.
+    pub(crate) fn join(name: &str, lock_timeout: Duration) -> Result<NodeDir> {
         if name.is_empty()
             || name.len() > 100
             || !name
@@ -270,22 +383,43 @@ impl NodeDir {
             )));
         }
         let path = format!("/dev/shm/mlx5sim.{name}");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(Error::Memory)?;
-        ofd_lock(&file, LOCK_BYTE, libc::F_OFD_SETLKW, libc::F_WRLCK).map_err(Error::Memory)?;
-        let r = Self::join_locked(name, file, path);
+        let file = Self::open_or_create(&path)?;
+        lock_byte(&file, LOCK_BYTE, NODE_LOCK, &path, lock_timeout)?;
+        let r = Self::join_locked(name, file, path, lock_timeout);
         if let Err(e) = &r {
             tracing::warn!("sim: joining node {name} failed: {e}");
         }
         r
     }
 
-    fn join_locked(name: &str, file: File, path: String) -> Result<NodeDir> {
+    /// Creates the directory file (`O_EXCL`, 0600) or opens the existing one and checks its
+    /// owner, mode and type before it is used. A new file is empty; it is sized and
+    /// initialized under the node lock (by whichever process locks it first).
+    fn open_or_create(path: &str) -> Result<File> {
+        let p = std::path::Path::new(path);
+        // Racing with a process that creates or removes the file at the same time: a few
+        // rounds settle it.
+        for _ in 0..8 {
+            match crate::mem::create_private(p) {
+                Ok(f) => return Ok(f),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::Memory(e)),
+            }
+            if let Some(f) = crate::mem::open_private(p)? {
+                return Ok(f);
+            }
+        }
+        Err(Error::Memory(io::Error::other(format!(
+            "{path}: created and removed by others while joining; try again"
+        ))))
+    }
+
+    fn join_locked(
+        name: &str,
+        file: File,
+        path: String,
+        lock_timeout: Duration,
+    ) -> Result<NodeDir> {
         let unlock = |f: &File| {
             let _ = ofd_lock(f, LOCK_BYTE, libc::F_OFD_SETLK, libc::F_UNLCK);
         };
@@ -314,6 +448,7 @@ impl NodeDir {
                 prefix: format!("/dev/shm/mlx5sim.{name}"),
             },
             path,
+            lock_timeout,
         };
         let h = dir.header();
         let magic = h.magic.load(Ordering::Acquire);
@@ -374,24 +509,46 @@ impl NodeDir {
         self.file.set_len(DIR_BYTES as u64).map_err(Error::Memory)?;
         self.base = crate::mem::map_file(&self.file, DIR_BYTES).map_err(Error::Memory)?;
         let prefix = format!("{}.", self.backing.prefix.trim_start_matches("/dev/shm/"));
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
         if let Ok(rd) = std::fs::read_dir("/dev/shm") {
             for e in rd.flatten() {
-                if e.file_name().to_string_lossy().starts_with(&prefix) {
-                    let _ = std::fs::remove_file(e.path());
+                if !e.file_name().to_string_lossy().starts_with(&prefix) {
+                    continue;
+                }
+                // Only this user's files: another user's file is never removed.
+                use std::os::unix::fs::MetadataExt;
+                match std::fs::symlink_metadata(e.path()) {
+                    Ok(m) if m.uid() == me => {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                    Ok(m) => tracing::warn!(
+                        path = %e.path().display(), owner = m.uid(),
+                        "sim: leaving another user's file under the node prefix"
+                    ),
+                    Err(_) => {}
                 }
             }
         }
         Ok(())
     }
 
-    /// Takes the node lock (blocking).
-    pub(crate) fn lock(&self) -> NodeLock<'_> {
-        if let Err(e) = ofd_lock(&self.file, LOCK_BYTE, libc::F_OFD_SETLKW, libc::F_WRLCK) {
-            // Only EDEADLK/ENOLCK are possible for a valid fd; proceeding unlocked is the
-            // lesser evil and is reported.
-            tracing::error!("sim: node lock failed: {e}");
-        }
-        NodeLock { dir: self }
+    /// Takes the node lock, waiting at most the node's lock bound (one `fcntl` when free; see
+    /// "The lock wait is bounded" in the module docs).
+    ///
+    /// # Errors
+    /// [`Error::LockTimeout`] if another open file description holds it for the whole bound;
+    /// [`Error::Memory`] if `fcntl` fails otherwise.
+    #[inline]
+    pub(crate) fn lock(&self) -> Result<NodeLock<'_>> {
+        lock_byte(
+            &self.file,
+            LOCK_BYTE,
+            NODE_LOCK,
+            &self.path,
+            self.lock_timeout,
+        )?;
+        Ok(NodeLock { dir: self })
     }
 
     /// Whether slot `s`'s liveness lock is held by some process other than us.
@@ -516,7 +673,9 @@ impl NodeDir {
 
 impl Drop for NodeDir {
     fn drop(&mut self) {
-        let _guard = self.lock();
+        // Leaving cannot fail: without the lock (held by someone else for the whole bound)
+        // the slot is still marked LEFT, but the directory is not removed.
+        let _guard = self.lock().ok();
         self.proc_slot(self.slot)
             .state
             .store(slot_state::LEFT, Ordering::Release);
@@ -527,7 +686,7 @@ impl Drop for NodeDir {
             libc::F_UNLCK,
         );
         let last = (0..MAX_PROCS as u32).all(|s| !self.alive(s) || !self.liveness_held(s));
-        if last {
+        if last && _guard.is_some() {
             let _ = std::fs::remove_file(&self.path);
         }
         drop(_guard);
@@ -544,17 +703,16 @@ pub(crate) struct PeerMaps {
 }
 
 impl PeerMaps {
-    /// Maps (or finds) segment `seg` of process `pid`; `None` if it no longer exists.
+    /// Maps (or finds) segment `seg` of process `pid`; `None` if it no longer exists or is not
+    /// this user's private regular file (see [`crate::mem::open_private`]).
     pub(crate) fn get(&mut self, backing: &Backing, pid: u32, seg: u32) -> Option<(usize, usize)> {
         if let Some(&m) = self.maps.get(&(pid, seg)) {
             return Some(m);
         }
         let path = backing.segment_path(pid, seg);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .ok()?;
+        // Owner, mode and type checked on the descriptor before mapping (a refusal is logged
+        // and counted by `open_private`).
+        let file = crate::mem::open_private(std::path::Path::new(&path)).ok()??;
         let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
         if len == 0 {
             return None;
@@ -604,14 +762,29 @@ mod tests {
     fn bad_names_and_foreign_files_are_refused() {
         for bad in ["", "a/b", "x.y", &"n".repeat(101)] {
             assert!(
-                matches!(NodeDir::join(bad), Err(Error::InvalidArgument(_))),
+                matches!(
+                    NodeDir::join(bad, DEFAULT_NODE_LOCK_TIMEOUT),
+                    Err(Error::InvalidArgument(_))
+                ),
                 "{bad:?}"
             );
         }
         // A file of another size: not ours, left alone.
         let n = name("size");
-        std::fs::write(format!("/dev/shm/mlx5sim.{n}"), b"hello").unwrap();
-        let e = NodeDir::join(&n).err().expect("refused");
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(format!("/dev/shm/mlx5sim.{n}"))
+                .and_then(|mut f| f.write_all(b"hello"))
+                .unwrap();
+        }
+        let e = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT)
+            .err()
+            .expect("refused");
         assert!(
             e.to_string().contains("not a version-1 node directory"),
             "{e}"
@@ -624,15 +797,18 @@ mod tests {
         f.set_len(DIR_BYTES as u64).unwrap();
         use std::os::unix::fs::FileExt;
         f.write_all_at(b"NOTANODE", 0).unwrap();
-        assert!(matches!(NodeDir::join(&n), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT),
+            Err(Error::InvalidArgument(_))
+        ));
         cleanup(&n);
     }
 
     #[test]
     fn slots_liveness_and_the_last_leaver() {
         let n = name("live");
-        let a = NodeDir::join(&n).unwrap();
-        let b = NodeDir::join(&n).unwrap();
+        let a = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT).unwrap();
+        let b = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT).unwrap();
         assert_eq!((a.slot, b.slot), (0, 1));
         assert_ne!(a.alloc_lid(), b.alloc_lid());
         assert_eq!(a.check_liveness(), 0, "b holds its liveness lock");
@@ -655,7 +831,7 @@ mod tests {
         let n = name("stale");
         let path = format!("/dev/shm/mlx5sim.{n}");
         {
-            let a = NodeDir::join(&n).unwrap();
+            let a = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT).unwrap();
             // Pretend a crash: the slot stays ALIVE, its lock goes.
             ofd_lock(&a.file, LIVENESS_BASE, libc::F_OFD_SETLK, libc::F_UNLCK).unwrap();
             a.proc_slot(0).pid.store(1, Ordering::Relaxed);
@@ -663,7 +839,7 @@ mod tests {
         }
         let seg = format!("{path}.1.7");
         std::fs::write(&seg, b"orphan").unwrap();
-        let b = NodeDir::join(&n).unwrap();
+        let b = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT).unwrap();
         assert_eq!(b.slot, 0, "wiped: slot 0 is free again");
         assert!(
             !std::path::Path::new(&seg).exists(),
@@ -676,8 +852,8 @@ mod tests {
     #[test]
     fn corrupt_exports_are_unreachable_and_counted() {
         let n = name("corrupt");
-        let me = std::sync::Arc::new(NodeDir::join(&n).unwrap());
-        let peer = NodeDir::join(&n).unwrap();
+        let me = std::sync::Arc::new(NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT).unwrap());
+        let peer = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT).unwrap();
         let lid = peer.alloc_lid();
         let mut model = Model::new(SimConfig::default());
         model.node = Some(crate::sim::target::link(me.clone()));
@@ -709,6 +885,201 @@ mod tests {
         drop(model);
         drop(peer);
         drop(me);
+        cleanup(&n);
+    }
+
+    /// Writes `bytes` into a new file `path` with exactly `mode`.
+    fn write_file(path: &str, bytes: &[u8], mode: u32) {
+        use std::io::Write;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .unwrap();
+        f.write_all(bytes).unwrap();
+        f.set_permissions(std::fs::Permissions::from_mode(mode))
+            .unwrap();
+    }
+
+    fn mode_of(path: &str) -> u32 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    fn is_root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    /// Runs `f` on a thread; panics if it has not returned within `limit` (so that a call
+    /// that blocks forever fails the test instead of hanging it).
+    fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("did not return within {limit:?}: a stall"))
+    }
+
+    #[test]
+    fn the_directory_is_created_0600_whatever_the_umask() {
+        let n = name("umask");
+        let path = format!("/dev/shm/mlx5sim.{n}");
+        // SAFETY: umask has no preconditions; restored at once. (Other tests of this binary
+        // that create files set their modes explicitly or through `create_private`.)
+        let old = unsafe { libc::umask(0) };
+        let d = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT);
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        let d = d.unwrap();
+        assert_eq!(mode_of(&path), 0o600);
+        drop(d);
+        cleanup(&n);
+    }
+
+    #[test]
+    fn a_directory_with_group_or_other_bits_or_a_symlink_is_refused() {
+        for (tag, mode) in [("m644", 0o644), ("m660", 0o660), ("m606", 0o606)] {
+            let n = name(tag);
+            let path = format!("/dev/shm/mlx5sim.{n}");
+            write_file(&path, b"", mode);
+            let before = crate::mem::unsafe_files_refused();
+            let e = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT)
+                .err()
+                .expect("refused");
+            match &e {
+                Error::UnsafeFile {
+                    path: p,
+                    mode: m,
+                    owner,
+                    ..
+                } => {
+                    assert_eq!((p.as_str(), *m), (path.as_str(), mode));
+                    assert_eq!(*owner, unsafe { libc::geteuid() });
+                }
+                other => panic!("{tag}: expected UnsafeFile, got {other}"),
+            }
+            assert!(e.to_string().contains(&format!("mode {mode:04o}")), "{e}");
+            assert!(crate::mem::unsafe_files_refused() > before);
+            assert_eq!(mode_of(&path), mode, "left alone");
+            cleanup(&n);
+        }
+        let n = name("link");
+        let path = format!("/dev/shm/mlx5sim.{n}");
+        let target = format!("/dev/shm/mlx5sim.{n}-target");
+        write_file(&target, b"", 0o600);
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let e = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT)
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&e, Error::UnsafeFile { reason, .. } if reason.contains("symbolic link")),
+            "{e}"
+        );
+        cleanup(&n);
+        let _ = std::fs::remove_file(&target);
+    }
+
+    #[test]
+    fn another_users_directory_and_segments_are_refused_and_left() {
+        if !is_root() {
+            eprintln!("skipped: needs root (chowns files to uid 65534 for another user)");
+            return;
+        }
+        let n = name("foreign");
+        let path = format!("/dev/shm/mlx5sim.{n}");
+        write_file(&path, b"", 0o600);
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        let e = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT)
+            .err()
+            .expect("refused");
+        assert!(matches!(&e, Error::UnsafeFile { owner: 65534, .. }), "{e}");
+        assert!(e.to_string().contains("owner uid 65534"), "{e}");
+        cleanup(&n);
+
+        // A stale directory of ours is wiped, but another user's file under its prefix stays.
+        let n = name("wipe-foreign");
+        let path = format!("/dev/shm/mlx5sim.{n}");
+        {
+            let a = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT).unwrap();
+            ofd_lock(&a.file, LIVENESS_BASE, libc::F_OFD_SETLK, libc::F_UNLCK).unwrap();
+            std::mem::forget(a);
+        }
+        let foreign = format!("{path}.1.9");
+        write_file(&foreign, b"theirs", 0o600);
+        std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).unwrap();
+        let b = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT).unwrap();
+        assert_eq!(b.slot, 0, "wiped");
+        assert_eq!(std::fs::read(&foreign).unwrap(), b"theirs", "never removed");
+        // And a peer never maps it as a segment.
+        let mut maps = PeerMaps::default();
+        assert!(maps.get(&b.backing, 1, 9).is_none());
+        drop(b);
+        let _ = std::fs::remove_file(&foreign);
+        cleanup(&n);
+    }
+
+    #[test]
+    fn a_peer_segment_with_group_or_other_bits_is_not_mapped() {
+        let n = name("seg");
+        let backing = Backing {
+            prefix: format!("/dev/shm/mlx5sim.{n}"),
+        };
+        let good = backing.segment_path(4242, 1);
+        let bad = backing.segment_path(4242, 2);
+        write_file(&good, &[7u8; 4096], 0o600);
+        write_file(&bad, &[7u8; 4096], 0o644);
+        let mut maps = PeerMaps::default();
+        assert!(maps.get(&backing, 4242, 1).is_some(), "0600: mapped");
+        let before = crate::mem::unsafe_files_refused();
+        assert!(maps.get(&backing, 4242, 2).is_none(), "0644: refused");
+        assert_eq!(crate::mem::unsafe_files_refused(), before + 1);
+        drop(maps);
+        let _ = std::fs::remove_file(&good);
+        let _ = std::fs::remove_file(&bad);
+    }
+
+    #[test]
+    fn a_foreign_lock_on_the_node_byte_makes_join_fail_within_its_bound() {
+        let n = name("held");
+        let path = format!("/dev/shm/mlx5sim.{n}");
+        let mut a = NodeDir::join(&n, DEFAULT_NODE_LOCK_TIMEOUT).unwrap();
+        // Someone else (another open file description, read-only, as any user who can open
+        // the file could) holds a read lock on byte 0.
+        let other = std::fs::File::open(&path).unwrap();
+        ofd_lock(&other, LOCK_BYTE, libc::F_OFD_SETLK, libc::F_RDLCK).unwrap();
+        let bound = Duration::from_millis(100);
+        let n2 = n.clone();
+        let (r, waited) = within(Duration::from_secs(10), move || {
+            let t0 = Instant::now();
+            let r = NodeDir::join(&n2, bound).map(|_| ());
+            (r, t0.elapsed())
+        });
+        match r {
+            Err(Error::LockTimeout {
+                lock,
+                path: p,
+                waited: w,
+                bound: b,
+            }) => {
+                assert_eq!((lock, p.as_str(), b), (NODE_LOCK, path.as_str(), bound));
+                assert!(w >= bound && waited >= bound, "{w:?}");
+            }
+            other => panic!("expected LockTimeout, got {other:?}"),
+        }
+        assert!(waited < bound + Duration::from_secs(2), "{waited:?}");
+        // `a`'s own lock (an operation of a joined process) fails the same way.
+        let t0 = Instant::now();
+        a.lock_timeout = bound;
+        assert!(matches!(a.lock(), Err(Error::LockTimeout { .. })));
+        assert!(t0.elapsed() >= bound && t0.elapsed() < bound + Duration::from_secs(2));
+        drop(other);
+        // Released: joining works again.
+        let b = NodeDir::join(&n, bound).unwrap();
+        drop((a, b));
         cleanup(&n);
     }
 }

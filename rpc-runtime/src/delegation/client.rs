@@ -140,8 +140,11 @@ impl PendingCall {
 impl RingClient {
     /// Attaches to the ring `/dev/shm/NAME` (`name` is `"kv0"` or `"/kv0"`).
     ///
-    /// Validates the whole header before mapping the file (see [`RingError`] for the failure
-    /// modes: missing file, wrong magic or version, inconsistent sizes, truncated file), checks
+    /// Refuses, before reading or mapping anything, a file that is not a regular file owned by
+    /// this process's effective uid with mode 0600 ([`RingError::UnsafeFile`]: another user's
+    /// file is never trusted, whatever its name). Validates the whole header before mapping
+    /// the file (see [`RingError`] for the failure modes: missing file, wrong magic or
+    /// version, inconsistent sizes, truncated file), checks
     /// that a live server holds the ring, and acquires a client id: first a fresh one from
     /// `next_client_id`, then any `FREE` (reclaimed) one. Fails with
     /// [`RingError::NoFreeClientId`] if all `max_clients` ids are in use, and with
@@ -152,12 +155,9 @@ impl RingClient {
             let path = path.clone();
             move |source| RingError::Io { path, op, source }
         };
-        let file = match shm::open_existing(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(RingError::NotFound { path });
-            }
-            Err(e) => return Err(io("open")(e)),
+        // Owner, mode and type are checked on the descriptor before anything is read or mapped.
+        let Some(file) = shm::open_private(&path)? else {
+            return Err(RingError::NotFound { path });
         };
         let hdr = header::read_and_validate(&file, &path)?;
         let layout = hdr.layout;

@@ -30,8 +30,37 @@ pub enum RingError {
         /// Pid recorded in the existing file's header (diagnostic; 0 if unreadable).
         pid: u32,
     },
-    /// No ring file with this name.
-    #[error("delegation ring {path} does not exist (is the server running?)")]
+    /// The file at the ring's (or manifest's) name is not one this user's server created: it
+    /// is owned by another user, grants group or other users any access, is a symbolic link or
+    /// is not a regular file (checked with `fstat` on the opened descriptor, before anything is
+    /// read or mapped). Nothing was read or mapped, and a server never unlinks or reuses such a
+    /// file. Counted in [`unsafe_files_refused`](super::unsafe_files_refused).
+    #[error(
+        "refusing {path}: {reason} (owner uid {owner}, mode {mode:04o}; a shared-memory file must be a regular file owned by uid {expected_uid} with mode 0600)"
+    )]
+    UnsafeFile {
+        /// The file.
+        path: PathBuf,
+        /// Its owner uid (`st_uid`; `u32::MAX` if it could not be read).
+        owner: u32,
+        /// Its permission bits (`st_mode & 0o7777`).
+        mode: u32,
+        /// This process's effective uid.
+        expected_uid: u32,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A ring manifest ([`RingManifest`](super::RingManifest)) does not parse: wrong magic or
+    /// version, truncated, a length or checksum that does not match, an invalid ring name.
+    #[error("ring manifest {path} is invalid: {reason}")]
+    BadManifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// What is wrong, with the offending values.
+        reason: String,
+    },
+    /// No ring file (or ring manifest) with this name.
+    #[error("delegation ring file {path} does not exist (is the server running?)")]
     NotFound {
         /// The file.
         path: PathBuf,

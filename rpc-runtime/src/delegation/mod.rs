@@ -171,6 +171,7 @@ mod config;
 mod error;
 mod header;
 pub mod layout;
+pub mod manifest;
 mod server;
 mod shm;
 mod stats;
@@ -180,8 +181,9 @@ pub use client::PendingCall;
 pub use client::{DEFAULT_SEND_TIMEOUT, RingClient};
 pub use config::{RingConfig, RingInfo};
 pub use error::{CallError, ReplyError, RingError, RingFault};
+pub use manifest::{RingManifest, read_manifest};
 pub use server::{RecvEntry, ReplyToken, RingServer};
-pub use shm::SHM_DIR;
+pub use shm::{SHM_DIR, unsafe_files_refused};
 pub use stats::RingStats;
 
 mod transport;

@@ -132,9 +132,12 @@ impl RingServer {
     /// starts serving it.
     ///
     /// The file is initialized under a temporary name, locked, and then `link`ed into place, so
-    /// a client never sees a half-initialized ring. If `NAME` already exists and a live server
-    /// holds its lock, fails with [`RingError::AlreadyExists`]; if it exists but no live server
-    /// holds it (a crashed server's leftover, or garbage), it is replaced.
+    /// a client never sees a half-initialized ring. The file is created `O_EXCL` and its mode
+    /// set to exactly 0600 with `fchmod`, whatever the umask. If `NAME` already exists and a
+    /// live server holds its lock, fails with [`RingError::AlreadyExists`]; if it belongs to
+    /// another user (or is a symbolic link), fails with [`RingError::UnsafeFile`] and leaves it
+    /// alone; if it is this user's and no live server holds it (a crashed server's leftover,
+    /// or garbage), it is replaced.
     pub fn create(name: &str, cfg: &RingConfig) -> Result<Self, RingError> {
         let (name, path) = shm::shm_path(name)?;
         let layout = Layout::new(cfg.layout_params())
@@ -889,8 +892,9 @@ impl std::fmt::Debug for RingServer {
     }
 }
 
-/// Links the initialized, locked temporary file `tmp` to `path`, replacing a stale file (one no
-/// live server holds) if present.
+/// Links the initialized, locked temporary file `tmp` to `path`, replacing a stale file (one of
+/// this user that no live server holds) if present; a file of another user (or a symbolic link)
+/// at `path` is [`RingError::UnsafeFile`] and is left alone.
 fn publish(tmp: &std::path::Path, path: &std::path::Path) -> Result<(), RingError> {
     let io = |op| {
         let path = path.to_path_buf();
@@ -905,10 +909,11 @@ fn publish(tmp: &std::path::Path, path: &std::path::Path) -> Result<(), RingErro
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(io("link")(e)),
         }
-        let old = match shm::open_existing(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(io("open")(e)),
+        // Only a file of this user can be this user's stale ring: another user's file (or a
+        // symbolic link) is an error, never locked, unlinked or reused (checked with `fstat`
+        // on the opened descriptor).
+        let Some(old) = shm::open_owned(path)? else {
+            continue;
         };
         // Every ring file is locked by its server before it is linked, so an unlocked file at
         // the name is stale. Taking its lock ourselves makes the replacement exclusive.

@@ -2,6 +2,32 @@
 //! (mode 0600), mapping it ([`ShmMap`], over `memmap2::MmapRaw`), and open-file-description
 //! (OFD) byte-range locks (`fcntl` `F_OFD_SETLK` / `F_OFD_GETLK`).
 //!
+//! # Ownership: nothing shared is trusted by name
+//! `/dev/shm` is writable by every local user, so a name there proves nothing about who made
+//! the file behind it. The rule, for every ring file and ring manifest:
+//! - **Creating**: `O_CREAT | O_EXCL | O_NOFOLLOW` with mode 0600, then `fchmod(0600)` on the
+//!   new descriptor, so the mode is exactly 0600 whatever the process's umask
+//!   ([`create_exclusive`]).
+//! - **Opening**: `O_NOFOLLOW`, then `fstat` on the opened descriptor, *before* anything is
+//!   read or mapped: the file must be a regular file, owned by this process's effective uid,
+//!   with no group or other permission bit ([`open_private`], [`check_private`]). Anything
+//!   else is refused with [`RingError::UnsafeFile`], which names the file, its owner uid and its
+//!   mode, and is counted process-wide ([`unsafe_files_refused`]). Checking the descriptor
+//!   (not the name) leaves no window between the check and the use.
+//! - **Replacing**: a file of this user that no live server holds is stale and is replaced
+//!   (see [`RingServer::create`](super::RingServer::create)); a file of another user is an
+//!   error and is never unlinked, locked, read or reused.
+//!
+//! So only processes of the same user can reach a ring: that user's processes are trusted
+//! not to be hostile (they could `ptrace` each other anyway), and everything they write is
+//! still validated (see the module docs of [`super`]).
+//!
+//! # Locks are never waited for
+//! Every lock on a ring file is taken with non-blocking `F_OFD_SETLK` ([`try_lock_write`]),
+//! which fails at once when another open file description holds a conflicting lock, or tested
+//! with `F_OFD_GETLK`; nothing here uses a blocking `F_OFD_SETLKW`, so no lock held by another
+//! process can stall a server or a client (the bound on waiting is zero).
+//!
 //! OFD locks belong to an open file description (one `open(2)`), not to a process: two
 //! `open`s of the same file in one process hold independent locks that conflict with each other,
 //! and the kernel releases a description's locks when its last descriptor is closed — in
@@ -13,7 +39,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use memmap2::{MmapOptions, MmapRaw};
 
@@ -52,19 +78,182 @@ pub fn shm_path(name: &str) -> Result<(String, PathBuf), RingError> {
     Ok((n.to_owned(), Path::new(SHM_DIR).join(n)))
 }
 
-/// Creates `path` exclusively (`O_CREAT | O_EXCL`), read-write, mode 0600, close-on-exec.
+/// The mode of every file this module creates: read-write for the owner, nothing for group
+/// and other users.
+pub const FILE_MODE: u32 = 0o600;
+
+/// Files refused by [`check_private`] in this process (all rings and manifests).
+static UNSAFE_FILES_REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// How many shared-memory files (ring files, ring manifests) this process refused to use
+/// because of their owner, mode or type ([`RingError::UnsafeFile`]), since it started.
+pub fn unsafe_files_refused() -> u64 {
+    UNSAFE_FILES_REFUSED.load(Relaxed)
+}
+
+/// This process's effective uid (the owner every file it opens must have).
+pub fn euid() -> u32 {
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Creates `path` exclusively (`O_CREAT | O_EXCL | O_NOFOLLOW`), read-write, close-on-exec,
+/// and sets its mode to exactly [`FILE_MODE`] with `fchmod` (the umask can only have removed
+/// bits at creation; `fchmod` is not subject to it).
+///
+/// # Errors
+/// `AlreadyExists` if anything (a file, a symbolic link) is at `path`; the `open` or `fchmod`
+/// error otherwise (a file created before a failed `fchmod` is removed).
 pub fn create_exclusive(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    if let Err(e) = fchmod_private(&file) {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(file)
+}
+
+/// `fchmod(fd, 0600)`.
+fn fchmod_private(file: &File) -> io::Result<()> {
+    // SAFETY: `file` keeps the descriptor open for the duration of the call.
+    if unsafe { libc::fchmod(file.as_raw_fd(), FILE_MODE as libc::mode_t) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Opens an existing `path` read-write (close-on-exec, `O_NOFOLLOW`: a symbolic link fails
+/// with `ELOOP`), without checking it: follow with [`check_private`] before using the file.
+pub fn open_existing(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
 }
 
-/// Opens an existing `path` read-write (close-on-exec).
-pub fn open_existing(path: &Path) -> io::Result<File> {
-    OpenOptions::new().read(true).write(true).open(path)
+/// Why a file is refused, from its `st_uid` and `st_mode` (`None`: it is acceptable).
+fn unsafe_reason(uid: u32, mode: u32, is_file: bool) -> Option<&'static str> {
+    if !is_file {
+        Some("it is not a regular file")
+    } else if uid != euid() {
+        Some("it is owned by another user")
+    } else if mode & 0o077 != 0 {
+        Some("group or other users have access to it")
+    } else {
+        None
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn refuse(path: &Path, owner: u32, mode: u32, reason: &'static str) -> RingError {
+    UNSAFE_FILES_REFUSED.fetch_add(1, Relaxed);
+    tracing::warn!(
+        path = %path.display(), owner, mode = format_args!("{mode:o}"), reason,
+        "refusing a shared-memory file"
+    );
+    RingError::UnsafeFile {
+        path: path.to_path_buf(),
+        owner,
+        mode,
+        expected_uid: euid(),
+        reason,
+    }
+}
+
+/// Checks the open `file` (at `path`, for the error) with `fstat`: a regular file, owned by
+/// this process's effective uid, with no group or other permission bits (see the module docs).
+///
+/// # Errors
+/// [`RingError::UnsafeFile`] (counted in [`unsafe_files_refused`]) naming the file, its owner
+/// uid, its mode and what is wrong; [`RingError::Io`] if `fstat` fails.
+pub fn check_private(file: &File, path: &Path) -> Result<(), RingError> {
+    let md = file.metadata().map_err(|source| RingError::Io {
+        path: path.to_path_buf(),
+        op: "fstat",
+        source,
+    })?;
+    match unsafe_reason(md.uid(), md.mode(), md.file_type().is_file()) {
+        None => Ok(()),
+        Some(reason) => Err(refuse(path, md.uid(), md.mode() & 0o7777, reason)),
+    }
+}
+
+/// Opens the existing `path` ([`open_existing`]) and checks it ([`check_private`]) before
+/// returning it. `Ok(None)` if nothing is at `path`.
+///
+/// # Errors
+/// [`RingError::UnsafeFile`] for a symbolic link, a file that is not regular, owned by another
+/// user or accessible to group or other users; [`RingError::Io`] if `open` fails otherwise.
+pub fn open_private(path: &Path) -> Result<Option<File>, RingError> {
+    open_checked(path, check_private)
+}
+
+/// Opens the existing `path` ([`open_existing`]) and checks that this user owns it
+/// ([`check_owner`]; mode and type are not checked). `Ok(None)` if nothing is at `path`.
+///
+/// # Errors
+/// [`RingError::UnsafeFile`] for a symbolic link or another user's file; [`RingError::Io`] if
+/// `open` fails otherwise.
+pub fn open_owned(path: &Path) -> Result<Option<File>, RingError> {
+    open_checked(path, check_owner)
+}
+
+fn open_checked(
+    path: &Path,
+    check: fn(&File, &Path) -> Result<(), RingError>,
+) -> Result<Option<File>, RingError> {
+    match open_existing(path) {
+        Ok(file) => {
+            check(&file, path)?;
+            Ok(Some(file))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            // O_NOFOLLOW refused a symbolic link: report its owner and mode.
+            let (uid, mode) = std::fs::symlink_metadata(path)
+                .map(|m| (m.uid(), m.mode() & 0o7777))
+                .unwrap_or((u32::MAX, 0));
+            Err(refuse(path, uid, mode, "it is a symbolic link"))
+        }
+        Err(source) => Err(RingError::Io {
+            path: path.to_path_buf(),
+            op: "open",
+            source,
+        }),
+    }
+}
+
+/// Refuses the file `file` (at `path`) unless this process's effective uid owns it (mode and
+/// type are not checked): what a server checks before treating an existing file as its own
+/// stale ring that it may lock, unlink and replace.
+///
+/// # Errors
+/// [`RingError::UnsafeFile`] (counted) for a file of another user; [`RingError::Io`] if
+/// `fstat` fails.
+pub fn check_owner(file: &File, path: &Path) -> Result<(), RingError> {
+    let md = file.metadata().map_err(|source| RingError::Io {
+        path: path.to_path_buf(),
+        op: "fstat",
+        source,
+    })?;
+    if md.uid() == euid() {
+        Ok(())
+    } else {
+        Err(refuse(
+            path,
+            md.uid(),
+            md.mode() & 0o7777,
+            "it is owned by another user",
+        ))
+    }
 }
 
 /// Whether `path` currently names the same inode as `file` (false if `path` is gone).
