@@ -124,7 +124,13 @@ fn large_messages() {
 #[test]
 fn many_sessions() {
     let f = fabric();
-    let server = spawn_server(ud(&f), patient(), None);
+    // One client takes every session the server's RQ admits: no per-source share (the
+    // default would be half, issue 14).
+    let cfg = Config {
+        max_sessions_per_source: Some(64),
+        ..patient()
+    };
+    let server = spawn_server(ud(&f), cfg, None);
     let mut client = Endpoint::new(ud(&f), patient()).unwrap();
     let s = connect(&mut client, server.addr, 64);
     let calls: Vec<_> = (0..64 * 30)
@@ -256,7 +262,12 @@ fn rq_depth_limits_sessions() {
     };
     let sud = UdTransport::new(&f.open(), small).expect("UD transport");
     assert_eq!(sud.rx_ring_entries(), 16);
-    let server = spawn_server(sud, patient(), None);
+    // One client takes every session: no per-source share (issue 14).
+    let cfg = Config {
+        max_sessions_per_source: Some(16),
+        ..patient()
+    };
+    let server = spawn_server(sud, cfg, None);
     let mut client = Endpoint::new(ud(&f), patient()).unwrap();
     let admitted = connect(&mut client, server.addr, 2);
     let third = client.create_session(server.addr).unwrap();

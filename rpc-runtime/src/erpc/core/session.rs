@@ -60,10 +60,12 @@ pub(super) struct ClientSession {
 }
 
 impl ClientSession {
-    pub fn new(credits: usize, link_bps: f64) -> Self {
+    /// A client session whose slot `i` starts at request number `req_base + i`
+    /// (`req_base` a multiple of [`SLOTS_PER_SESSION`], see `Session::req_base`).
+    pub fn new(credits: usize, link_bps: f64, req_base: u64) -> Self {
         ClientSession {
             credits,
-            slots: std::array::from_fn(|i| ClientSlot::new(i as u64, credits)),
+            slots: std::array::from_fn(|i| ClientSlot::new(req_base + i as u64, credits)),
             backlog: VecDeque::new(),
             stall: VecDeque::new(),
             timely: Timely::new(link_bps),
@@ -151,6 +153,14 @@ pub(super) struct Session<A> {
     pub last_rx: Time,
     /// Client: when the next connect/disconnect re-send or keepalive ping is due.
     pub sm_due: Time,
+    /// Request number of the session's first request on slot 0 (slot `i` starts at
+    /// `req_base + i`): random, chosen by the client and sent in the connect request, so
+    /// that an off-path sender cannot predict the request numbers a forged packet must
+    /// carry (issue 14; see `pkthdr`).
+    pub req_base: u64,
+    /// When the session was created (ns): a server session without any request by
+    /// `created + idle_session_timeout` is reclaimed.
+    pub created: Time,
 }
 
 impl<A> Session<A> {
@@ -160,10 +170,11 @@ impl<A> Session<A> {
         generation: u64,
         credits: usize,
         link_bps: f64,
+        req_base: u64,
         now: Time,
     ) -> Self {
         Session {
-            role: Role::Client(Box::new(ClientSession::new(credits, link_bps))),
+            role: Role::Client(Box::new(ClientSession::new(credits, link_bps, req_base))),
             state: SessionState::Connecting,
             peer,
             remote_num: 0,
@@ -173,6 +184,8 @@ impl<A> Session<A> {
             generation,
             last_rx: now,
             sm_due: now,
+            req_base,
+            created: now,
         }
     }
 
@@ -182,11 +195,12 @@ impl<A> Session<A> {
         token: u64,
         tx_token: u16,
         generation: u64,
+        req_base: u64,
         now: Time,
     ) -> Self {
         Session {
             role: Role::Server(Box::new(ServerSession {
-                slots: std::array::from_fn(|_| ServerSlot::default()),
+                slots: std::array::from_fn(|i| ServerSlot::new(req_base + i as u64)),
             })),
             state: SessionState::Connected,
             peer,
@@ -197,7 +211,16 @@ impl<A> Session<A> {
             generation,
             last_rx: now,
             sm_due: now,
+            req_base,
+            created: now,
         }
+    }
+}
+
+impl ServerSession {
+    /// Whether the client has sent any request on the session (a slot holds one).
+    pub fn got_request(&self) -> bool {
+        self.slots.iter().any(|s| s.req_num.is_some())
     }
 }
 
@@ -207,7 +230,7 @@ mod tests {
 
     #[test]
     fn client_session_slots_and_backlog() {
-        let mut c = ClientSession::new(8, 25e9);
+        let mut c = ClientSession::new(8, 25e9, 0);
         assert_eq!(c.free_slot(), Some(0));
         assert!(!c.busy());
         for (i, s) in c.slots.iter().enumerate() {
