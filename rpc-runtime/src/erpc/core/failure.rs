@@ -36,7 +36,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// not (issue 14; [`Config::idle_session_timeout`](super::Config::idle_session_timeout)).
     pub(super) fn idle_deadline(&self, s: &Session<A>) -> Option<Time> {
         let srv = s.role.server()?;
-        (!srv.got_request()).then(|| s.created.saturating_add(self.cfg.idle_session_timeout))
+        (!srv.got_request()).then(|| srv.created.saturating_add(self.cfg.idle_session_timeout))
     }
 
     /// Reclaims server session `sid` if its client has sent no request within

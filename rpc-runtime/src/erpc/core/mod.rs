@@ -669,7 +669,7 @@ enum Tx<A> {
         j: usize,
     },
     /// A session-management packet.
-    Sm { dest: A, pkt: sm::SmPkt },
+    Sm { dest: A, out: sm::SmOut },
 }
 
 /// An eRPC endpoint: the protocol state of all its sessions (module docs describe the API).
@@ -1053,7 +1053,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
                 Some((dest, PKTHDR_SIZE))
             }
-            Tx::Sm { dest, pkt } => Some((dest, pkt.encode(buf))),
+            Tx::Sm { dest, out } => Some((dest, self.render_sm(&out, buf))),
             Tx::ReqPkt {
                 session,
                 generation,

@@ -57,13 +57,19 @@ pub(super) struct ClientSession {
     /// Pacing: the earliest time the session's next paced packet may leave (ns); advanced by
     /// each paced packet's wire time at the current rate.
     pub next_tx_at: Time,
+    /// Request number of the session's first request on slot 0 (slot `i` starts at
+    /// `req_base + i`): random, chosen by the client and sent in the connect request, so
+    /// that an off-path sender cannot predict the request numbers a forged packet must
+    /// carry (issue 14; see `pkthdr`).
+    pub req_base: u64,
 }
 
 impl ClientSession {
     /// A client session whose slot `i` starts at request number `req_base + i`
-    /// (`req_base` a multiple of [`SLOTS_PER_SESSION`], see `Session::req_base`).
+    /// (`req_base` a multiple of [`SLOTS_PER_SESSION`], see `ClientSession::req_base`).
     pub fn new(credits: usize, link_bps: f64, req_base: u64) -> Self {
         ClientSession {
+            req_base,
             credits,
             slots: std::array::from_fn(|i| ClientSlot::new(req_base + i as u64, credits)),
             backlog: VecDeque::new(),
@@ -88,6 +94,9 @@ impl ClientSession {
 #[derive(Debug)]
 pub(super) struct ServerSession {
     pub slots: [ServerSlot; SLOTS_PER_SESSION],
+    /// When the session was created (ns): without any request by
+    /// `created + idle_session_timeout` it is reclaimed (issue 14).
+    pub created: Time,
 }
 
 /// The role-specific part.
@@ -153,14 +162,6 @@ pub(super) struct Session<A> {
     pub last_rx: Time,
     /// Client: when the next connect/disconnect re-send or keepalive ping is due.
     pub sm_due: Time,
-    /// Request number of the session's first request on slot 0 (slot `i` starts at
-    /// `req_base + i`): random, chosen by the client and sent in the connect request, so
-    /// that an off-path sender cannot predict the request numbers a forged packet must
-    /// carry (issue 14; see `pkthdr`).
-    pub req_base: u64,
-    /// When the session was created (ns): a server session without any request by
-    /// `created + idle_session_timeout` is reclaimed.
-    pub created: Time,
 }
 
 impl<A> Session<A> {
@@ -184,8 +185,6 @@ impl<A> Session<A> {
             generation,
             last_rx: now,
             sm_due: now,
-            req_base,
-            created: now,
         }
     }
 
@@ -201,6 +200,7 @@ impl<A> Session<A> {
         Session {
             role: Role::Server(Box::new(ServerSession {
                 slots: std::array::from_fn(|i| ServerSlot::new(req_base + i as u64)),
+                created: now,
             })),
             state: SessionState::Connected,
             peer,
@@ -211,8 +211,6 @@ impl<A> Session<A> {
             generation,
             last_rx: now,
             sm_due: now,
-            req_base,
-            created: now,
         }
     }
 }

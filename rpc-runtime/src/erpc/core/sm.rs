@@ -147,7 +147,7 @@ pub(super) struct SmPkt {
     pub credits: u16,
     pub ring_entries: u32,
     pub sessions: u32,
-    /// Connect request: the client session's request-number base (`Session::req_base`);
+    /// Connect request: the client session's request-number base (`ClientSession::req_base`);
     /// 0 in other packets.
     pub req_base: u64,
     /// The sender's per-source session limit (saturated).
@@ -223,6 +223,20 @@ impl SmPkt {
     }
 }
 
+/// An SM packet in the transmit queue: its own fields only; the sender's settings are added
+/// when it is rendered ([`Rpc::sm_pkt`]), which keeps transmit-queue entries small (they are
+/// moved on every packet of the hot path).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SmOut {
+    pub kind: SmKind,
+    pub status: SmStatus,
+    pub client_sess: u16,
+    pub server_sess: u16,
+    pub sess_token: u16,
+    pub token: u64,
+    pub req_base: u64,
+}
+
 /// `v` as a `u32`, saturated.
 fn sat32(v: usize) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
@@ -284,24 +298,24 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         Ok(())
     }
 
-    /// An SM packet carrying this endpoint's settings.
-    fn sm_pkt(
-        &self,
-        kind: SmKind,
-        token: u64,
-        (client_sess, server_sess): (u16, u16),
-        status: SmStatus,
-        sess_token: u16,
-        req_base: u64,
-    ) -> SmPkt {
+    /// Renders SM packet `o` into `buf` (at least [`SM_PKT_LEN`] bytes); returns its length.
+    /// Out of line: the transmit path of data packets stays small.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn render_sm(&self, o: &SmOut, buf: &mut [u8]) -> usize {
+        self.sm_pkt(o).encode(buf)
+    }
+
+    /// The SM packet `o` with this endpoint's settings, as rendered for sending.
+    pub(super) fn sm_pkt(&self, o: &SmOut) -> SmPkt {
         let cfg = &self.cfg;
         SmPkt {
-            kind,
-            token,
-            client_sess,
-            server_sess,
-            status,
-            sess_token,
+            kind: o.kind,
+            token: o.token,
+            client_sess: o.client_sess,
+            server_sess: o.server_sess,
+            status: o.status,
+            sess_token: o.sess_token,
             fingerprint: cfg.schema_fingerprint,
             mtu: sat32(cfg.mtu),
             max_msg_size: sat32(cfg.max_msg_size),
@@ -309,7 +323,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             credits: u16::try_from(cfg.session_credits).unwrap_or(u16::MAX),
             ring_entries: sat32(cfg.rx_ring_entries.unwrap_or(usize::MAX)),
             sessions: sat32(self.live_sessions),
-            req_base,
+            req_base: o.req_base,
             src_limit: sat32(self.src_limit),
         }
     }
@@ -329,13 +343,20 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         // for `keepalive` of silence).
         s.sm_due = now + sm_rto;
         let (token, remote, rx_token, dest) = (s.token, s.remote_num, s.rx_token, s.peer);
-        let base = if kind == SmKind::ConnectReq {
-            s.req_base
-        } else {
-            0
+        let base = match (kind, s.role.client()) {
+            (SmKind::ConnectReq, Some(c)) => c.req_base,
+            _ => 0,
         };
-        let pkt = self.sm_pkt(kind, token, (sid.0, remote), SmStatus::Ok, rx_token, base);
-        self.txq.push_back(Tx::Sm { dest, pkt });
+        let out = SmOut {
+            kind,
+            status: SmStatus::Ok,
+            client_sess: sid.0,
+            server_sess: remote,
+            sess_token: rx_token,
+            token,
+            req_base: base,
+        };
+        self.txq.push_back(Tx::Sm { dest, out });
         self.stats.sm_tx += 1;
         self.arm(now + sm_rto);
     }
@@ -349,15 +370,16 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         status: SmStatus,
         sess_token: u16,
     ) {
-        let pkt = self.sm_pkt(
+        let out = SmOut {
             kind,
-            req.token,
-            (req.client_sess, server_sess),
             status,
+            client_sess: req.client_sess,
+            server_sess,
             sess_token,
-            0,
-        );
-        self.txq.push_back(Tx::Sm { dest, pkt });
+            token: req.token,
+            req_base: 0,
+        };
+        self.txq.push_back(Tx::Sm { dest, out });
         self.stats.sm_tx += 1;
     }
 
@@ -384,6 +406,8 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// ping, and anything not a response) first pass their source's rate limit
     /// (`admit.rs`); requests and responses that name a live session with another peer or
     /// connect token are dropped and counted (`Stats::drop_sm_bad_token`, issue 14).
+    #[cold]
+    #[inline(never)]
     pub(super) fn handle_sm(&mut self, now: Time, from: A, hdr: &PktHdr, body: &[u8]) {
         let response = matches!(
             SmKind::from_u8(hdr.req_type()),
@@ -458,7 +482,15 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
 
     /// Which setting of a connect request `pkt` differs from this endpoint's, if any.
     fn config_mismatch(&self, pkt: &SmPkt) -> Option<(ConfigField, u64, u64)> {
-        let ours = self.sm_pkt(pkt.kind, 0, (0, 0), SmStatus::Ok, 0, 0);
+        let ours = self.sm_pkt(&SmOut {
+            kind: pkt.kind,
+            status: SmStatus::Ok,
+            client_sess: 0,
+            server_sess: 0,
+            sess_token: 0,
+            token: 0,
+            req_base: 0,
+        });
         [
             (ConfigField::Mtu, pkt.mtu, ours.mtu),
             (ConfigField::MaxMsgSize, pkt.max_msg_size, ours.max_msg_size),
