@@ -303,7 +303,7 @@ pub enum ConfigError {
     BadLinkBandwidth(u64),
     /// A per-source limit is zero (`max_sessions_per_source`, `sm_rate_per_source`,
     /// `sm_burst_per_source`, `sm_rate_table_entries`) or `idle_session_timeout` is zero.
-    #[error("per-source limit {0} must be at least 1")]
+    #[error("Config::{0} must be at least 1")]
     BadSourceLimit(&'static str),
 }
 
