@@ -259,6 +259,7 @@ fn idle_never_sending_session_is_reclaimed() {
     );
     assert!(cl.rpc.is_connected(busy));
     assert!(!cl.rpc.is_connected(idle));
+    sv.rpc.check_invariants();
 }
 
 /// A connect flood from one source (64 connect requests with distinct connect tokens, the
@@ -316,6 +317,7 @@ fn connect_flood_from_one_source_leaves_others_served() {
     // The per-source counts: one entry per source holding sessions.
     assert_eq!(sv.rpc.src_sessions.len(), 2);
     assert_eq!(sv.rpc.src_sessions[&99], 8);
+    sv.rpc.check_invariants();
 }
 
 /// Session-management requests beyond a source's burst are dropped unanswered and counted;
@@ -369,6 +371,7 @@ fn sm_requests_are_rate_limited_per_source() {
     }
     assert_eq!(sv.rpc.sm_limiter.entries(), 4096);
     assert_eq!(sv.rpc.src_sessions.len(), 1);
+    sv.rpc.check_invariants();
 }
 
 /// Per-source settings are validated.

@@ -1238,6 +1238,19 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             }
         }
         assert_eq!(in_wheel, self.wheel_len(), "wheel entries without a slot");
+        // Per-source session counts (issue 14): exactly the server sessions per peer, and no
+        // entry for a source without one.
+        let mut per_src: HashMap<A, usize> = HashMap::new();
+        for s in self
+            .sessions
+            .iter()
+            .flatten()
+            .filter(|s| !s.role.is_client())
+        {
+            *per_src.entry(s.peer).or_default() += 1;
+        }
+        assert_eq!(per_src, self.src_sessions, "per-source session counts");
+        assert!(per_src.values().all(|&n| n <= self.src_limit));
         if let Some(t) = self.exact_next_timeout() {
             assert!(
                 self.timer_lb <= t,
