@@ -1393,8 +1393,10 @@ fn server_admits_only_what_its_receive_ring_absorbs() {
     }
     stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
-    assert_eq!(
-        server.transport().endpoint().core_stats().connects_refused,
-        1
-    );
+    // At least the one refusal. (The client re-sends its connect request every `sm_rto`, 10
+    // ms, until an answer arrives; on a loaded machine a copy can reach the server before the
+    // refusal reaches the client, and each copy is refused and counted.)
+    let st = server.transport().endpoint().core_stats();
+    assert!(st.connects_refused >= 1, "{st:?}");
+    assert_eq!(st.connects_refused_source_limit, 0, "{st:?}");
 }
