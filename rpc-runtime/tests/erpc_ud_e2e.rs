@@ -3,8 +3,8 @@
 //! scenarios as `erpc_udp_e2e.rs`: small echo RPCs, large messages (up to the core's 8 MiB
 //! maximum) both ways, many sessions, 30% loss with duplication and reordering (by the model's
 //! UD fault injection, and by `LossyTransport` around the UD transport) with every RPC
-//! executed exactly once, and server failure (every pending call fails within the failure
-//! timeout).
+//! executed exactly once, server failure (every pending call fails within the failure
+//! timeout), and the per-source session limit with the remote QP as the source (issue 14).
 //!
 //! What the tests rely on from the model: a UD SEND is executed inside the sender's doorbell
 //! (`tx_burst`), so a datagram is in the receiver's ring when `tx_burst` returns; datagrams
@@ -124,7 +124,13 @@ fn large_messages() {
 #[test]
 fn many_sessions() {
     let f = fabric();
-    let server = spawn_server(ud(&f), patient(), None);
+    // One client takes every session the server's RQ admits: no per-source share (the
+    // default would be half, issue 14).
+    let cfg = Config {
+        max_sessions_per_source: Some(64),
+        ..patient()
+    };
+    let server = spawn_server(ud(&f), cfg, None);
     let mut client = Endpoint::new(ud(&f), patient()).unwrap();
     let s = connect(&mut client, server.addr, 64);
     let calls: Vec<_> = (0..64 * 30)
@@ -140,6 +146,45 @@ fn many_sessions() {
     // One address handle per peer endpoint, however many sessions.
     assert_eq!(client.transport().known_destinations(), 1);
     assert_eq!(ep.transport().known_destinations(), 1);
+}
+
+/// Issue 14: over UD a source is the remote QP (LID, QPN). One client endpoint that asks for
+/// 40 sessions from a server whose RQ admits 64 gets the default per-source share, 32; the
+/// rest are refused with `SourceLimit`, and another endpoint (another QP) still connects and
+/// is served. Before, the first endpoint could take all 64.
+#[test]
+fn per_source_session_limit_over_ud() {
+    let f = fabric();
+    let server = spawn_server(ud(&f), patient(), None);
+    let mut greedy = Endpoint::new(ud(&f), patient()).unwrap();
+    let asked: Vec<_> = (0..40)
+        .map(|_| greedy.create_session(server.addr).unwrap())
+        .collect();
+    let (mut connected, mut limited) = (0, 0);
+    let start = Instant::now();
+    while connected + limited < asked.len() {
+        assert!(start.elapsed() < DEADLINE, "connects not answered");
+        spin(&mut greedy);
+        while let Some(ev) = greedy.poll_event() {
+            match ev {
+                Event::SessionConnected(_) => connected += 1,
+                Event::SessionFailed {
+                    error: RpcError::SourceLimit { limit: 32 },
+                    ..
+                } => limited += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert_eq!((connected, limited), (32, 8));
+    let mut other = Endpoint::new(ud(&f), patient()).unwrap();
+    let s = connect(&mut other, server.addr, 1);
+    let calls: Vec<_> = (0..20).map(|i| (0, 16 + i)).collect();
+    run_calls(&mut other, 2, &s, &calls, 4);
+    let (ep, counts) = server.finish();
+    assert_eq!(ep.rpc().num_sessions(), 33);
+    assert_eq!(ep.core_stats().connects_refused_source_limit, 8);
+    assert_eq!(counts.len(), 20);
 }
 
 /// Runs 400 calls over 4 sessions at 30% loss and checks exactly-once execution.
@@ -256,7 +301,12 @@ fn rq_depth_limits_sessions() {
     };
     let sud = UdTransport::new(&f.open(), small).expect("UD transport");
     assert_eq!(sud.rx_ring_entries(), 16);
-    let server = spawn_server(sud, patient(), None);
+    // One client takes every session: no per-source share (issue 14).
+    let cfg = Config {
+        max_sessions_per_source: Some(16),
+        ..patient()
+    };
+    let server = spawn_server(sud, cfg, None);
     let mut client = Endpoint::new(ud(&f), patient()).unwrap();
     let admitted = connect(&mut client, server.addr, 2);
     let third = client.create_session(server.addr).unwrap();

@@ -37,6 +37,7 @@
 //! | core: a call whose server is alive (answers pings) but never replies | not by the core (eRPC has no RPC timeout): the typed client's per-call deadline (`crate::Client`) ends the call; the slot and token stay reserved until the response comes or the session fails, and a late response is then dropped by the client | `RpcError::DeadlineExceeded` from the generic client |
 //! | core: a disconnect ([`core::Rpc::destroy_session`]; nobody waits for it) | `failure_timeout` | `SessionFailed` instead of `SessionDisconnected` |
 //! | core, server: a request awaiting its reply keeps its slot | the reply, or `failure_timeout` of client silence (the session is reaped and the token goes stale) | `ServerSessionClosed` |
+//! | core, server: a connected session whose client never sends a request (issue 14) | `idle_session_timeout` (10 s) after the connect | reclaimed ([`core::Stats::server_sessions_idle_reclaimed`], `ServerSessionClosed`); the client's next ping gets `SessionLost` |
 //! | [`Erpc::reconnect`] | does not wait: the new sessions connect in the background, under the rows above | calls fail with `ServerDisconnected` if the server stays silent |
 //! | event loop: a full transmit queue | never waited for: the unsent tail is retried on the next iteration | packets leave later (or, on a transport error, count as lost and are re-sent by go-back-N) |
 

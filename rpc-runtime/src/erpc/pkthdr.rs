@@ -23,6 +23,38 @@
 //! an ended session cannot reach a later session that reuses its session number (issue 12;
 //! seeds/002 §4 invariant I3). Session-management packets carry 0 here and their own 64-bit
 //! connect token in the body.
+//!
+//! # Layout against seeds/000 §2.1
+//! The seed's header is the same 16 bytes with the same fields and widths (`req_type` 8,
+//! `msg_size` 24, `dest_session_num` 16, `pkt_type` 2 + `pkt_num` 14, `req_num` 44, `magic`
+//! 4); the one change is that the 16 bits after `magic`, reserved there, carry `token`
+//! (issue 12). No other field can give up bits: the 24-bit `msg_size` and 14-bit `pkt_num`
+//! are needed for 8 MiB messages at a 1472-byte UDP MTU, and 44-bit request numbers for
+//! sessions that live long. The token therefore stays at 16 bits and no extension word is
+//! added to data packets (it would cost 8 bytes of every packet and of every `MsgBuffer`
+//! header). Instead (issue 14) request numbers are made unpredictable: a client session's
+//! slot `i` starts at `base + i`, where `base` is a random multiple of 8 below 2^43 that the
+//! client picks and sends in the connect request (`core/sm.rs`, bytes 48..56 of the body),
+//! and the server takes a new request on a slot only with exactly the next number. The
+//! 64-bit tokens of session-management packets are in their body (`core/sm.rs`).
+//!
+//! # What a forger must guess (issue 14)
+//! A sender that cannot see the session's packets (off path) and wants a data or control
+//! packet accepted must send it with the source address (IP and port, or LID and QPN) of the
+//! receiver's peer, which it can spoof, and with:
+//! - `dest_session_num`: small, reused numbers; assume known;
+//! - `token`: 16 random bits chosen by the receiver at connect (1 in 65 536);
+//! - `req_num`: exactly the request number the receiving slot expects: the random base
+//!   (2^40 equally likely values) plus 8 times the number of calls the slot has completed;
+//!   a packet with another number is dropped (`Stats::drop_out_of_window`);
+//! - `pkt_num`: the one packet number the receiver expects next (small, guessable).
+//!
+//! About 56 unknown bits in all: a forged response that would complete a call, a forged
+//! request that would run or block a slot, or a forged credit return or RFR each has a
+//! chance of about 2^-56 per datagram, and every miss is counted. A session-management
+//! packet must carry the session's 64-bit connect token (2^-64 per datagram). An attacker
+//! who can read the session's packets (on path) learns all of these and is not defended
+//! against.
 //! `msg_size` is the size of the whole message's data (not of this packet), so the format
 //! caps messages at 16 MiB - 1; the message buffers of this crate stop at 8 MiB
 //! ([`super::msgbuf::MAX_DATA_SIZE`]). `pkt_num` counts packets within one request/response

@@ -276,8 +276,9 @@ pub enum ErpcSetupError {
     /// differs ([`core::RpcError::ConfigMismatch`]: MTU, `max_msg_size` or session credits;
     /// the message names the field, both values and the client setting to change), its
     /// receive ring has no room for another session ([`core::RpcError::NoRingEntries`],
-    /// admission control), it has no free sessions, or it dropped the session while
-    /// connecting.
+    /// admission control), this client's address already holds the server's per-source
+    /// limit of sessions ([`core::RpcError::SourceLimit`]), it has no free sessions, or it
+    /// dropped the session while connecting.
     #[error("the eRPC server refused the session: {0}")]
     Refused(core::RpcError),
     /// The server did not answer the connect requests within the core's failure timeout.
@@ -920,6 +921,7 @@ impl<T: DatagramTransport> Erpc<T> {
             e @ (core::RpcError::SchemaMismatch { .. }
             | core::RpcError::ConfigMismatch { .. }
             | core::RpcError::NoRingEntries { .. }
+            | core::RpcError::SourceLimit { .. }
             | core::RpcError::NoResources),
         ) = error
         {

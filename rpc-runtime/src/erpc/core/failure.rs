@@ -8,7 +8,7 @@
 
 use std::hash::Hash;
 
-use super::session::Role;
+use super::session::{Role, Session};
 use super::{Event, Rpc, RpcError, SessionId, Time};
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
@@ -29,6 +29,28 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             self.stats.server_sessions_reaped += 1;
             self.events.push_back(Event::ServerSessionClosed(sid));
         }
+        true
+    }
+
+    /// When server session `s` is reclaimed for never having received a request, if it has
+    /// not (issue 14; [`Config::idle_session_timeout`](super::Config::idle_session_timeout)).
+    pub(super) fn idle_deadline(&self, s: &Session<A>) -> Option<Time> {
+        let srv = s.role.server()?;
+        (!srv.got_request()).then(|| srv.created.saturating_add(self.cfg.idle_session_timeout))
+    }
+
+    /// Reclaims server session `sid` if its client has sent no request within
+    /// `idle_session_timeout` of connecting; returns whether it was freed.
+    pub(super) fn check_idle(&mut self, now: Time, sid: SessionId) -> bool {
+        let Some(s) = self.session(sid) else {
+            return true;
+        };
+        if self.idle_deadline(s).is_none_or(|d| now < d) {
+            return false;
+        }
+        self.free_session(sid);
+        self.stats.server_sessions_idle_reclaimed += 1;
+        self.events.push_back(Event::ServerSessionClosed(sid));
         true
     }
 

@@ -51,6 +51,28 @@
 //! `failure_timeout` fails its sessions (`failure.rs`); connected idle clients send keepalive
 //! pings so that a live peer is never silent.
 //!
+//! # Forged packets and floods (issue 14)
+//! Against senders of arbitrary datagrams (off path: they cannot read the session's
+//! packets but can spoof source addresses):
+//! - request numbers start at a random per-session base sent in the connect request, and a
+//!   server slot takes only the exact next request number, so a forged data or control
+//!   packet must match the 16-bit token *and* an unpredictable request number (about 56
+//!   bits; the list of what must be guessed is in [`pkthdr`](super::pkthdr));
+//! - session-management packets of a session must carry its 64-bit connect token and come
+//!   from its peer; others are dropped and counted ([`Stats::drop_sm_bad_token`]), so a
+//!   forged disconnect ends nothing;
+//! - per source (the peer address `A`), a server holds at most
+//!   [`Config::max_sessions_per_source`] sessions and takes at most
+//!   [`Config::sm_rate_per_source`] session-management requests per second, with state in
+//!   memory bounded whatever the number of sources (`admit.rs`);
+//! - a server session whose client sends no request within
+//!   [`Config::idle_session_timeout`] of connecting is reclaimed
+//!   ([`Stats::server_sessions_idle_reclaimed`]).
+//!
+//! Not defended against: an on-path attacker (it reads tokens and request numbers), and a
+//! flood from many sources (many ports or spoofed addresses), which only the global limits
+//! (`max_sessions`, receive-ring admission) and the idle reclaim bound.
+//!
 //! # Zero-copy single-packet messages (seeds/002 §7.2, seeds/000 §12.2)
 //! eRPC hands a single-packet request to a dispatch-mode handler in place, in the RX ring,
 //! before the receive descriptor is re-posted, and copies only multi-packet messages into a
@@ -96,6 +118,7 @@
 //! deadline. Deadlines that move later (every received packet moves the failure deadline)
 //! therefore cost nothing until the bound is reached.
 
+mod admit;
 mod cc;
 mod cr;
 mod failure;
@@ -108,6 +131,8 @@ mod session;
 mod sm;
 mod sslot;
 
+#[cfg(test)]
+mod admission_tests;
 #[cfg(test)]
 mod cc_tests;
 #[cfg(test)]
@@ -185,6 +210,30 @@ pub struct Config {
     /// sans-I/O core): no limit; [`Endpoint::new`](crate::erpc::event_loop::Endpoint::new)
     /// fills in the transport's `rx_ring_entries()`; `Some(usize::MAX)` disables the check.
     pub rx_ring_entries: Option<usize>,
+    /// Server sessions one source (peer address: IP address and port over UDP, LID and QPN
+    /// over UD) may hold at once (issue 14); a connect request beyond it is refused
+    /// ([`RpcError::SourceLimit`] at the client). `None` (default): half of the sessions the
+    /// endpoint can hold ([`Config::source_session_limit`]), so that one source never holds
+    /// them all. `Some(0)` is refused by [`Rpc::new`].
+    pub max_sessions_per_source: Option<usize>,
+    /// Session-management requests (connect, disconnect, ping) one source may send per
+    /// second (issue 14; default 2000); requests beyond the budget are dropped unanswered
+    /// and counted ([`Stats::drop_sm_rate_limited`]). A connected idle client sends one ping
+    /// per `keepalive` per session, a connecting one one request per `sm_rto`.
+    pub sm_rate_per_source: u64,
+    /// Session-management requests one source may send in a burst above the rate (default
+    /// 256: a client connecting that many sessions at once is not slowed).
+    pub sm_burst_per_source: u64,
+    /// Entries of the fixed table of per-source rate buckets (default 4096, 16 bytes each);
+    /// sources beyond it share entries (see `admit.rs`), so memory does not grow with the
+    /// number of sources.
+    pub sm_rate_table_entries: usize,
+    /// A server session whose client has sent no request packet this long (ns) after the
+    /// connect is reclaimed (issue 14; default 10 s), counted in
+    /// [`Stats::server_sessions_idle_reclaimed`]; its client learns it at its next ping
+    /// ([`RpcError::SessionLost`]). Keepalive pings do not count as requests. `Time::MAX`
+    /// keeps such sessions.
+    pub idle_session_timeout: Time,
 }
 
 impl Default for Config {
@@ -204,7 +253,29 @@ impl Default for Config {
             cc_rate_comp: true,
             cc_pacing: true,
             rx_ring_entries: None,
+            max_sessions_per_source: None,
+            sm_rate_per_source: 2000,
+            sm_burst_per_source: 256,
+            sm_rate_table_entries: 4096,
+            idle_session_timeout: 10_000 * MS,
         }
+    }
+}
+
+impl Config {
+    /// The sessions (both roles) this endpoint can hold: `max_sessions`, and no more than its
+    /// receive ring absorbs at full credit (`rx_ring_entries / session_credits`; see
+    /// [`Config::rx_ring_entries`]).
+    pub fn session_capacity(&self) -> usize {
+        let ring = self.rx_ring_entries.unwrap_or(usize::MAX);
+        self.max_sessions.min(ring / self.session_credits.max(1))
+    }
+
+    /// The server sessions one source may hold: [`Config::max_sessions_per_source`], or by
+    /// default half of [`Config::session_capacity`] (at least 1).
+    pub fn source_session_limit(&self) -> usize {
+        self.max_sessions_per_source
+            .unwrap_or_else(|| (self.session_capacity() / 2).max(1))
     }
 }
 
@@ -230,6 +301,10 @@ pub enum ConfigError {
     /// `link_bandwidth_bps` below Timely's minimum rate (15 Mbit/s).
     #[error("link bandwidth {0} bit/s below the 15 Mbit/s minimum rate")]
     BadLinkBandwidth(u64),
+    /// A per-source limit is zero (`max_sessions_per_source`, `sm_rate_per_source`,
+    /// `sm_burst_per_source`, `sm_rate_table_entries`) or `idle_session_timeout` is zero.
+    #[error("Config::{0} must be at least 1")]
+    BadSourceLimit(&'static str),
 }
 
 /// A protocol setting that both ends of a session must share; the connect handshake carries
@@ -326,6 +401,18 @@ pub enum RpcError {
         sessions: u64,
         /// Credits per session (packets).
         credits: u64,
+    },
+    /// The server refused the connection: this client's address (IP address and port over
+    /// UDP; LID and QPN over UD) already holds as many sessions as the server admits per
+    /// source (issue 14; the server's [`Config::max_sessions_per_source`]).
+    #[error(
+        "the server refused the session: this address already holds {limit} sessions, the \
+         server's per-source limit (raise the server's Config::max_sessions_per_source, or \
+         open fewer sessions, e.g. a smaller max_in_flight)"
+    )]
+    SourceLimit {
+        /// The server's per-source session limit.
+        limit: u64,
     },
     /// The server refused the connection for lack of session slots.
     #[error("server has no free sessions")]
@@ -502,8 +589,22 @@ pub struct Stats {
     /// Dropped: invalid session-management packet.
     pub drop_bad_sm: u64,
     /// Dropped: a data or control packet whose session token is not its session's: a stale
-    /// packet of an ended session whose number was reused, or a forged one (issue 12).
+    /// packet of an ended session whose number was reused, or a forged one (issues 12, 14).
     pub drop_stale_token: u64,
+    /// Dropped: a session-management packet (disconnect, ping, or a connect, disconnect or
+    /// ping response) naming a live session whose peer address or 64-bit connect token is
+    /// not the packet's: forged, or a late duplicate of a previous owner of the session
+    /// number (issue 14). The session is not affected.
+    pub drop_sm_bad_token: u64,
+    /// Dropped unanswered: a session-management request over its source's rate
+    /// ([`Config::sm_rate_per_source`], issue 14).
+    pub drop_sm_rate_limited: u64,
+    /// Server: connect requests refused because their source holds its limit of sessions
+    /// ([`Config::max_sessions_per_source`]; also counted in `connects_refused`).
+    pub connects_refused_source_limit: u64,
+    /// Server sessions reclaimed because their client sent no request within
+    /// [`Config::idle_session_timeout`] of connecting (issue 14).
+    pub server_sessions_idle_reclaimed: u64,
     /// Server: connect requests refused (schema, settings, receive ring, session numbers).
     pub connects_refused: u64,
     /// Server: requests handed to the application (handler executions).
@@ -568,7 +669,7 @@ enum Tx<A> {
         j: usize,
     },
     /// A session-management packet.
-    Sm { dest: A, pkt: sm::SmPkt },
+    Sm { dest: A, out: sm::SmOut },
 }
 
 /// An eRPC endpoint: the protocol state of all its sessions (module docs describe the API).
@@ -589,6 +690,13 @@ pub struct Rpc<A> {
     live_sessions: usize,
     /// Server: (client address, connect token) -> server session.
     conn_tokens: HashMap<(A, u64), SessionId>,
+    /// Server: server sessions per source; only sources holding a session have an entry, so
+    /// it has at most `max_sessions` entries (`admit.rs`).
+    src_sessions: HashMap<A, usize>,
+    /// Server: the fixed table of per-source rate buckets for session-management requests.
+    sm_limiter: admit::SmLimiter,
+    /// [`Config::source_session_limit`], computed once.
+    src_limit: usize,
     txq: VecDeque<Tx<A>>,
     events: VecDeque<Event>,
     stats: Stats,
@@ -639,6 +747,26 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         if (cfg.link_bandwidth_bps as f64) < MIN_RATE_BPS {
             return Err(ConfigError::BadLinkBandwidth(cfg.link_bandwidth_bps));
         }
+        for (name, v) in [
+            (
+                "max_sessions_per_source",
+                cfg.max_sessions_per_source.unwrap_or(1) as u64,
+            ),
+            ("sm_rate_per_source", cfg.sm_rate_per_source),
+            ("sm_burst_per_source", cfg.sm_burst_per_source),
+            ("sm_rate_table_entries", cfg.sm_rate_table_entries as u64),
+            ("idle_session_timeout", cfg.idle_session_timeout),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::BadSourceLimit(name));
+            }
+        }
+        let sm_limiter = admit::SmLimiter::new(
+            cfg.sm_rate_table_entries,
+            cfg.sm_rate_per_source,
+            cfg.sm_burst_per_source,
+        );
+        let src_limit = cfg.source_session_limit();
         let cfg_pacing = cfg.cc_pacing;
         Ok(Rpc {
             data_per_pkt: dpp,
@@ -650,6 +778,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             last_rx_token: Vec::new(),
             live_sessions: 0,
             conn_tokens: HashMap::new(),
+            src_sessions: HashMap::new(),
+            sm_limiter,
+            src_limit,
             txq: VecDeque::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
@@ -828,7 +959,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             if self.session(sid).is_none() {
                 continue;
             }
-            if self.check_failure(now, sid) {
+            if self.check_failure(now, sid) || self.check_idle(now, sid) {
                 continue;
             }
             self.sm_timers(now, sid);
@@ -852,6 +983,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         let mut add = |t: Time| best = Some(best.map_or(t, |b| b.min(t)));
         for s in self.sessions.iter().flatten() {
             add(s.last_rx.saturating_add(self.cfg.failure_timeout));
+            if let Some(t) = self.idle_deadline(s) {
+                add(t);
+            }
             if let Some(t) = self.sm_deadline(s) {
                 add(t);
             }
@@ -919,7 +1053,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
                 Some((dest, PKTHDR_SIZE))
             }
-            Tx::Sm { dest, pkt } => Some((dest, pkt.encode(buf))),
+            Tx::Sm { dest, out } => Some((dest, self.render_sm(&out, buf))),
             Tx::ReqPkt {
                 session,
                 generation,
@@ -1003,6 +1137,12 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         match s.role.client() {
             None => {
                 self.conn_tokens.remove(&(s.peer, s.token));
+                if let Some(n) = self.src_sessions.get_mut(&s.peer) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.src_sessions.remove(&s.peer);
+                    }
+                }
             }
             Some(c) => {
                 if c.slots.iter().any(|sl| sl.in_wheel > 0) {
@@ -1098,6 +1238,19 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             }
         }
         assert_eq!(in_wheel, self.wheel_len(), "wheel entries without a slot");
+        // Per-source session counts (issue 14): exactly the server sessions per peer, and no
+        // entry for a source without one.
+        let mut per_src: HashMap<A, usize> = HashMap::new();
+        for s in self
+            .sessions
+            .iter()
+            .flatten()
+            .filter(|s| !s.role.is_client())
+        {
+            *per_src.entry(s.peer).or_default() += 1;
+        }
+        assert_eq!(per_src, self.src_sessions, "per-source session counts");
+        assert!(per_src.values().all(|&n| n <= self.src_limit));
         if let Some(t) = self.exact_next_timeout() {
             assert!(
                 self.timer_lb <= t,

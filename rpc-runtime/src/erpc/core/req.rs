@@ -4,7 +4,7 @@
 use std::hash::Hash;
 
 use super::session::{PendingReq, SessionState};
-use super::sslot::{SrvState, pkt_range, pkts_for, slot_of};
+use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
 use super::{CallError, Event, ReqToken, Rpc, SessionId, Time, Zc};
 use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
 
@@ -201,13 +201,15 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         let k = usize::from(hdr.pkt_num());
         let slot = &mut srv.slots[slot_of(r)];
         let size = hdr.msg_size() as usize;
-        let new_request = match slot.req_num {
-            Some(c) if r < c => {
-                self.stats.drop_out_of_window += 1;
-                return None;
-            }
-            Some(c) if r == c => false,
-            _ => true,
+        // A new request carries exactly the slot's next request number, a duplicate the held
+        // one; anything else is stale or forged (the base is random, issue 14).
+        let new_request = if r == slot.next_req {
+            true
+        } else if slot.req_num == Some(r) {
+            false
+        } else {
+            self.stats.drop_out_of_window += 1;
+            return None;
         };
         if new_request {
             // The client only reuses a slot after the previous response completed, so a
@@ -221,6 +223,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 return None;
             }
             slot.req_num = Some(r);
+            slot.next_req = r + SLOTS_PER_SESSION as u64;
             slot.state = SrvState::Receiving;
             slot.req_type = hdr.req_type();
             slot.req_size = size;

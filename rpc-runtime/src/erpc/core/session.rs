@@ -57,13 +57,21 @@ pub(super) struct ClientSession {
     /// Pacing: the earliest time the session's next paced packet may leave (ns); advanced by
     /// each paced packet's wire time at the current rate.
     pub next_tx_at: Time,
+    /// Request number of the session's first request on slot 0 (slot `i` starts at
+    /// `req_base + i`): random, chosen by the client and sent in the connect request, so
+    /// that an off-path sender cannot predict the request numbers a forged packet must
+    /// carry (issue 14; see `pkthdr`).
+    pub req_base: u64,
 }
 
 impl ClientSession {
-    pub fn new(credits: usize, link_bps: f64) -> Self {
+    /// A client session whose slot `i` starts at request number `req_base + i`
+    /// (`req_base` a multiple of [`SLOTS_PER_SESSION`], see `ClientSession::req_base`).
+    pub fn new(credits: usize, link_bps: f64, req_base: u64) -> Self {
         ClientSession {
+            req_base,
             credits,
-            slots: std::array::from_fn(|i| ClientSlot::new(i as u64, credits)),
+            slots: std::array::from_fn(|i| ClientSlot::new(req_base + i as u64, credits)),
             backlog: VecDeque::new(),
             stall: VecDeque::new(),
             timely: Timely::new(link_bps),
@@ -86,6 +94,9 @@ impl ClientSession {
 #[derive(Debug)]
 pub(super) struct ServerSession {
     pub slots: [ServerSlot; SLOTS_PER_SESSION],
+    /// When the session was created (ns): without any request by
+    /// `created + idle_session_timeout` it is reclaimed (issue 14).
+    pub created: Time,
 }
 
 /// The role-specific part.
@@ -160,10 +171,11 @@ impl<A> Session<A> {
         generation: u64,
         credits: usize,
         link_bps: f64,
+        req_base: u64,
         now: Time,
     ) -> Self {
         Session {
-            role: Role::Client(Box::new(ClientSession::new(credits, link_bps))),
+            role: Role::Client(Box::new(ClientSession::new(credits, link_bps, req_base))),
             state: SessionState::Connecting,
             peer,
             remote_num: 0,
@@ -182,11 +194,13 @@ impl<A> Session<A> {
         token: u64,
         tx_token: u16,
         generation: u64,
+        req_base: u64,
         now: Time,
     ) -> Self {
         Session {
             role: Role::Server(Box::new(ServerSession {
-                slots: std::array::from_fn(|_| ServerSlot::default()),
+                slots: std::array::from_fn(|i| ServerSlot::new(req_base + i as u64)),
+                created: now,
             })),
             state: SessionState::Connected,
             peer,
@@ -201,13 +215,20 @@ impl<A> Session<A> {
     }
 }
 
+impl ServerSession {
+    /// Whether the client has sent any request on the session (a slot holds one).
+    pub fn got_request(&self) -> bool {
+        self.slots.iter().any(|s| s.req_num.is_some())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn client_session_slots_and_backlog() {
-        let mut c = ClientSession::new(8, 25e9);
+        let mut c = ClientSession::new(8, 25e9, 0);
         assert_eq!(c.free_slot(), Some(0));
         assert!(!c.busy());
         for (i, s) in c.slots.iter().enumerate() {

@@ -1,12 +1,12 @@
 //! Session management: connect, disconnect and keepalive, in-band on the datagram channel.
 //!
 //! An SM packet is a packet header with `dest_session_num` = [`SM_SESSION_NUM`],
-//! `pkt_type = Req`, `req_type` = the [`SmKind`], `msg_size` = 48, `pkt_num = req_num = 0`,
-//! session token 0, followed by a 48-byte body (little endian):
+//! `pkt_type = Req`, `req_type` = the [`SmKind`], `msg_size` = 64, `pkt_num = req_num = 0`,
+//! session token 0, followed by a 64-byte body (little endian):
 //!
 //! | bytes  | field                                                              |
 //! |--------|--------------------------------------------------------------------|
-//! | 0..8   | connect token (random, chosen by the client)                       |
+//! | 0..8   | connect token (random, chosen by the client): the session's 64-bit SM token |
 //! | 8..10  | client session number                                              |
 //! | 10..12 | server session number                                              |
 //! | 12     | status ([`SmStatus`])                                              |
@@ -20,37 +20,59 @@
 //! | 36..40 | sender's receive-ring size (datagrams, saturated; `u32::MAX`: no limit) |
 //! | 40..44 | sender's live sessions (saturated)                                 |
 //! | 44..48 | zero                                                               |
+//! | 48..56 | connect request: the client session's request-number base (a multiple of 8 below 2^43); otherwise 0 (issue 14) |
+//! | 56..60 | sender's per-source session limit (saturated; issue 14)            |
+//! | 60..64 | zero                                                               |
+//!
+//! (Issue 14 grew the body from 48 to 64 bytes, adding bytes 48..64; endpoints of both
+//! versions do not interoperate: a 48-byte body is refused as truncated.)
 //!
 //! The client's requests (connect, disconnect, ping) are re-sent until answered; the server
 //! answers duplicates idempotently: a repeated connect (same client address and token) gets
 //! the same session number, a disconnect of an unknown session is acknowledged.
 //!
 //! A connect request is validated before a session is created (seeds/000 §12.4: the server
-//! checks the transport, MTU included, and its resources), in this order: schema fingerprint
-//! (`SchemaMismatch`), MTU, `max_msg_size` and session credits, which must equal the
-//! server's (`ConfigMismatch`; a client and server that differ in these would otherwise
-//! retransmit forever), room in the receive ring (`NoRingEntries`, admission control, see
+//! checks the transport, MTU included, and its resources), in this order: request-number
+//! base (else dropped as a bad SM packet), schema fingerprint (`SchemaMismatch`), MTU,
+//! `max_msg_size` and session credits, which must equal the server's (`ConfigMismatch`; a
+//! client and server that differ in these would otherwise retransmit forever), the
+//! sessions its source already holds (`SourceLimit`, issue 14, see `admit.rs`), room in the
+//! receive ring (`NoRingEntries`, admission control, see
 //! [`Config::rx_ring_entries`](super::Config::rx_ring_entries)), and a free session number
 //! (`NoResources`). Every connect response carries the server's values, so the client's
 //! error names the field and both values.
 //!
+//! # Tokens (issues 12 and 14)
 //! Each side picks a random session token for its session when it creates it (different from
 //! the last token used on the same session number) and sends it in the handshake; data and
 //! control packets carry the receiver's token in the header (`pkthdr`), and a packet with
 //! another token is dropped and counted (`Stats::drop_stale_token`): a stale packet of an
 //! ended session never reaches the session that reuses its number (issue 12; seeds/002 §4,
-//! invariant I3).
+//! invariant I3). The header has room for 16 bits only, so the client also picks a random
+//! request-number base for the session (see `pkthdr` for what a forger must then guess).
+//!
+//! SM packets of a session (disconnect, ping and the three responses) are authenticated by
+//! the 64-bit connect token in the body, this packet kind's extension field: the server
+//! acts on a disconnect or ping only if the named server session's peer address and connect
+//! token are the packet's, the client on a response only if its session's are. Anything
+//! else that names a live session is dropped and counted (`Stats::drop_sm_bad_token`), and
+//! the session is untouched: a forged disconnect never ends a session. Before any of this,
+//! SM requests pass their source's rate limit (`admit.rs`).
 
 use std::hash::Hash;
 
 use super::session::{Session, SessionState};
+use super::sslot::{SLOTS_PER_SESSION, slot_of};
 use super::{CallError, ConfigField, Event, Rpc, RpcError, SessionId, Time, Tx};
 use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
 
 /// `dest_session_num` of session-management packets (never a real session number).
 pub const SM_SESSION_NUM: u16 = u16::MAX;
+/// Request-number bases are below this (2^43): a session then has at least 2^43 request
+/// numbers left, 2^40 requests per slot, before the 44-bit field runs out.
+pub(super) const REQ_BASE_LIMIT: u64 = 1 << 43;
 /// Size of the SM body.
-const SM_BODY_LEN: usize = 48;
+const SM_BODY_LEN: usize = 64;
 /// Size of a whole SM packet.
 pub(super) const SM_PKT_LEN: usize = PKTHDR_SIZE + SM_BODY_LEN;
 
@@ -90,6 +112,7 @@ pub(super) enum SmStatus {
     NoSession = 3,
     ConfigMismatch = 4,
     NoRingEntries = 5,
+    SourceLimit = 6,
 }
 
 impl SmStatus {
@@ -101,6 +124,7 @@ impl SmStatus {
             3 => SmStatus::NoSession,
             4 => SmStatus::ConfigMismatch,
             5 => SmStatus::NoRingEntries,
+            6 => SmStatus::SourceLimit,
             _ => return None,
         })
     }
@@ -123,6 +147,11 @@ pub(super) struct SmPkt {
     pub credits: u16,
     pub ring_entries: u32,
     pub sessions: u32,
+    /// Connect request: the client session's request-number base (`ClientSession::req_base`);
+    /// 0 in other packets.
+    pub req_base: u64,
+    /// The sender's per-source session limit (saturated).
+    pub src_limit: u32,
 }
 
 impl SmPkt {
@@ -152,6 +181,8 @@ impl SmPkt {
         b[32..34].copy_from_slice(&self.credits.to_le_bytes());
         b[36..40].copy_from_slice(&self.ring_entries.to_le_bytes());
         b[40..44].copy_from_slice(&self.sessions.to_le_bytes());
+        b[48..56].copy_from_slice(&self.req_base.to_le_bytes());
+        b[56..60].copy_from_slice(&self.src_limit.to_le_bytes());
         SM_PKT_LEN
     }
 
@@ -166,6 +197,7 @@ impl SmPkt {
             || body[13] != 0
             || body[34..36] != [0; 2]
             || body[44..48] != [0; 4]
+            || body[60..64] != [0; 4]
         {
             return None;
         }
@@ -185,8 +217,24 @@ impl SmPkt {
             credits: u16_at(32)?,
             ring_entries: u32_at(36)?,
             sessions: u32_at(40)?,
+            req_base: u64_at(48)?,
+            src_limit: u32_at(56)?,
         })
     }
+}
+
+/// An SM packet in the transmit queue: its own fields only; the sender's settings are added
+/// when it is rendered ([`Rpc::sm_pkt`]), which keeps transmit-queue entries small (they are
+/// moved on every packet of the hot path).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SmOut {
+    pub kind: SmKind,
+    pub status: SmStatus,
+    pub client_sess: u16,
+    pub server_sess: u16,
+    pub sess_token: u16,
+    pub token: u64,
+    pub req_base: u64,
 }
 
 /// `v` as a `u32`, saturated.
@@ -214,6 +262,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             },
         )?;
         let token = self.random();
+        let req_base = self.random() & (REQ_BASE_LIMIT - 1) & !(SLOTS_PER_SESSION as u64 - 1);
         let generation = self.new_generation();
         let s = Session::new_client(
             peer,
@@ -221,6 +270,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             generation,
             self.cfg.session_credits,
             self.cfg.link_bandwidth_bps as f64,
+            req_base,
             now,
         );
         let sid = self.alloc_session_armed(s).ok_or(CallError::NoSessions)?;
@@ -248,23 +298,24 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         Ok(())
     }
 
-    /// An SM packet carrying this endpoint's settings.
-    fn sm_pkt(
-        &self,
-        kind: SmKind,
-        token: u64,
-        (client_sess, server_sess): (u16, u16),
-        status: SmStatus,
-        sess_token: u16,
-    ) -> SmPkt {
+    /// Renders SM packet `o` into `buf` (at least [`SM_PKT_LEN`] bytes); returns its length.
+    /// Out of line: the transmit path of data packets stays small.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn render_sm(&self, o: &SmOut, buf: &mut [u8]) -> usize {
+        self.sm_pkt(o).encode(buf)
+    }
+
+    /// The SM packet `o` with this endpoint's settings, as rendered for sending.
+    pub(super) fn sm_pkt(&self, o: &SmOut) -> SmPkt {
         let cfg = &self.cfg;
         SmPkt {
-            kind,
-            token,
-            client_sess,
-            server_sess,
-            status,
-            sess_token,
+            kind: o.kind,
+            token: o.token,
+            client_sess: o.client_sess,
+            server_sess: o.server_sess,
+            status: o.status,
+            sess_token: o.sess_token,
             fingerprint: cfg.schema_fingerprint,
             mtu: sat32(cfg.mtu),
             max_msg_size: sat32(cfg.max_msg_size),
@@ -272,6 +323,8 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             credits: u16::try_from(cfg.session_credits).unwrap_or(u16::MAX),
             ring_entries: sat32(cfg.rx_ring_entries.unwrap_or(usize::MAX)),
             sessions: sat32(self.live_sessions),
+            req_base: o.req_base,
+            src_limit: sat32(self.src_limit),
         }
     }
 
@@ -290,8 +343,20 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         // for `keepalive` of silence).
         s.sm_due = now + sm_rto;
         let (token, remote, rx_token, dest) = (s.token, s.remote_num, s.rx_token, s.peer);
-        let pkt = self.sm_pkt(kind, token, (sid.0, remote), SmStatus::Ok, rx_token);
-        self.txq.push_back(Tx::Sm { dest, pkt });
+        let base = match (kind, s.role.client()) {
+            (SmKind::ConnectReq, Some(c)) => c.req_base,
+            _ => 0,
+        };
+        let out = SmOut {
+            kind,
+            status: SmStatus::Ok,
+            client_sess: sid.0,
+            server_sess: remote,
+            sess_token: rx_token,
+            token,
+            req_base: base,
+        };
+        self.txq.push_back(Tx::Sm { dest, out });
         self.stats.sm_tx += 1;
         self.arm(now + sm_rto);
     }
@@ -305,14 +370,16 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         status: SmStatus,
         sess_token: u16,
     ) {
-        let pkt = self.sm_pkt(
+        let out = SmOut {
             kind,
-            req.token,
-            (req.client_sess, server_sess),
             status,
+            client_sess: req.client_sess,
+            server_sess,
             sess_token,
-        );
-        self.txq.push_back(Tx::Sm { dest, pkt });
+            token: req.token,
+            req_base: 0,
+        };
+        self.txq.push_back(Tx::Sm { dest, out });
         self.stats.sm_tx += 1;
     }
 
@@ -335,8 +402,21 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         }
     }
 
-    /// Processes a packet addressed to [`SM_SESSION_NUM`].
+    /// Processes a packet addressed to [`SM_SESSION_NUM`]. Requests (connect, disconnect,
+    /// ping, and anything not a response) first pass their source's rate limit
+    /// (`admit.rs`); requests and responses that name a live session with another peer or
+    /// connect token are dropped and counted (`Stats::drop_sm_bad_token`, issue 14).
+    #[cold]
+    #[inline(never)]
     pub(super) fn handle_sm(&mut self, now: Time, from: A, hdr: &PktHdr, body: &[u8]) {
+        let response = matches!(
+            SmKind::from_u8(hdr.req_type()),
+            Some(SmKind::ConnectResp | SmKind::DisconnectResp | SmKind::Pong)
+        );
+        if !response && !self.sm_limiter.admit(&from, now) {
+            self.stats.drop_sm_rate_limited += 1;
+            return;
+        }
         let Some(pkt) = SmPkt::decode(hdr, body) else {
             if body.len() < SM_BODY_LEN {
                 self.stats.drop_truncated += 1;
@@ -349,12 +429,16 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             SmKind::ConnectReq => self.server_connect(now, from, &pkt),
             SmKind::DisconnectReq => {
                 let sid = SessionId(pkt.server_sess);
-                if self
-                    .session(sid)
-                    .is_some_and(|s| !s.role.is_client() && s.peer == from && s.token == pkt.token)
-                {
-                    self.free_session(sid);
-                    self.events.push_back(Event::ServerSessionClosed(sid));
+                match self.server_session_of(sid, from, pkt.token) {
+                    Some(true) => {
+                        self.free_session(sid);
+                        self.events.push_back(Event::ServerSessionClosed(sid));
+                    }
+                    // Forged, or a late duplicate after the number was reused: the session
+                    // stays. (The acknowledgement below changes nothing: the real client
+                    // drops it, its connect token differs.)
+                    Some(false) => self.stats.drop_sm_bad_token += 1,
+                    None => {}
                 }
                 self.send_sm_resp(
                     from,
@@ -367,12 +451,18 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             }
             SmKind::Ping => {
                 let sid = SessionId(pkt.server_sess);
-                let status = match super::sess_mut(&mut self.sessions, sid) {
-                    Some(s) if !s.role.is_client() && s.peer == from && s.token == pkt.token => {
-                        s.last_rx = now;
+                let status = match self.server_session_of(sid, from, pkt.token) {
+                    Some(true) => {
+                        if let Some(s) = super::sess_mut(&mut self.sessions, sid) {
+                            s.last_rx = now;
+                        }
                         SmStatus::Ok
                     }
-                    _ => SmStatus::NoSession,
+                    Some(false) => {
+                        self.stats.drop_sm_bad_token += 1;
+                        SmStatus::NoSession
+                    }
+                    None => SmStatus::NoSession,
                 };
                 self.send_sm_resp(from, &pkt, SmKind::Pong, pkt.server_sess, status, 0);
             }
@@ -382,9 +472,25 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         }
     }
 
+    /// Whether server session `sid` belongs to `from` with connect token `token`: None if
+    /// there is no such server session, `Some(false)` if it is another peer's or another
+    /// connection's.
+    fn server_session_of(&self, sid: SessionId, from: A, token: u64) -> Option<bool> {
+        let s = self.session(sid).filter(|s| !s.role.is_client())?;
+        Some(s.peer == from && s.token == token)
+    }
+
     /// Which setting of a connect request `pkt` differs from this endpoint's, if any.
     fn config_mismatch(&self, pkt: &SmPkt) -> Option<(ConfigField, u64, u64)> {
-        let ours = self.sm_pkt(pkt.kind, 0, (0, 0), SmStatus::Ok, 0);
+        let ours = self.sm_pkt(&SmOut {
+            kind: pkt.kind,
+            status: SmStatus::Ok,
+            client_sess: 0,
+            server_sess: 0,
+            sess_token: 0,
+            token: 0,
+            req_base: 0,
+        });
         [
             (ConfigField::Mtu, pkt.mtu, ours.mtu),
             (ConfigField::MaxMsgSize, pkt.max_msg_size, ours.max_msg_size),
@@ -410,10 +516,19 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             self.send_sm_resp(from, pkt, SmKind::ConnectResp, sid.0, SmStatus::Ok, tok);
             return;
         }
+        // A base the client could not have produced (not a multiple of the window, or too
+        // large to leave room for its requests) is a bad packet.
+        if pkt.req_base >= REQ_BASE_LIMIT || slot_of(pkt.req_base) != 0 {
+            self.stats.drop_bad_sm += 1;
+            return;
+        }
         let refuse = if pkt.fingerprint != self.cfg.schema_fingerprint {
             Some(SmStatus::SchemaMismatch)
         } else if self.config_mismatch(pkt).is_some() {
             Some(SmStatus::ConfigMismatch)
+        } else if self.src_sessions.get(&from).copied().unwrap_or(0) >= self.src_limit {
+            self.stats.connects_refused_source_limit += 1;
+            Some(SmStatus::SourceLimit)
         } else if self.ring_room().is_err() {
             Some(SmStatus::NoRingEntries)
         } else {
@@ -431,11 +546,14 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             pkt.token,
             pkt.sess_token,
             generation,
+            pkt.req_base,
             now,
         );
         match self.alloc_session_armed(s) {
             Some(sid) => {
                 self.conn_tokens.insert((from, pkt.token), sid);
+                *self.src_sessions.entry(from).or_insert(0) += 1;
+                self.arm(now.saturating_add(self.cfg.idle_session_timeout));
                 let tok = self.session(sid).map_or(0, |s| s.rx_token);
                 self.send_sm_resp(from, pkt, SmKind::ConnectResp, sid.0, SmStatus::Ok, tok);
             }
@@ -449,13 +567,15 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     fn client_sm_resp(&mut self, now: Time, from: A, pkt: &SmPkt) {
         let sid = SessionId(pkt.client_sess);
         // The connect token (random, 64 bits) identifies the session's SM exchange.
-        let Some(s) = self
-            .session_mut(sid)
-            .filter(|s| s.role.is_client() && s.peer == from && s.token == pkt.token)
-        else {
+        let Some(s) = self.session_mut(sid).filter(|s| s.role.is_client()) else {
             self.stats.drop_unknown_session += 1;
             return;
         };
+        if s.peer != from || s.token != pkt.token {
+            // Forged, or a late answer to a previous owner of the session number.
+            self.stats.drop_sm_bad_token += 1;
+            return;
+        }
         match (pkt.kind, s.state) {
             (SmKind::ConnectResp, SessionState::Connecting) => {
                 s.last_rx = now;
@@ -493,6 +613,12 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                             ring_entries: u64::from(pkt.ring_entries),
                             sessions: u64::from(pkt.sessions),
                             credits: u64::from(pkt.credits),
+                        },
+                    ),
+                    SmStatus::SourceLimit => self.fail_client_session(
+                        sid,
+                        RpcError::SourceLimit {
+                            limit: u64::from(pkt.src_limit),
                         },
                     ),
                     SmStatus::NoResources => self.fail_client_session(sid, RpcError::NoResources),
@@ -534,6 +660,8 @@ mod tests {
             credits: 8,
             ring_entries: 512,
             sessions: 3,
+            req_base: 0x0000_0123_4567_89a8,
+            src_limit: 17,
         };
         let mut buf = [0u8; 128];
         let n = p.encode(&mut buf);
@@ -547,6 +675,9 @@ mod tests {
         assert_eq!(SmPkt::decode(&hdr, &bad[PKTHDR_SIZE..n]), None);
         let mut bad = buf;
         bad[PKTHDR_SIZE + 45] = 1; // reserved bytes
+        assert_eq!(SmPkt::decode(&hdr, &bad[PKTHDR_SIZE..n]), None);
+        let mut bad = buf;
+        bad[PKTHDR_SIZE + 61] = 1; // reserved bytes after the extension
         assert_eq!(SmPkt::decode(&hdr, &bad[PKTHDR_SIZE..n]), None);
         let hdr2 = PktHdr::new(99, 48, SM_SESSION_NUM, PktType::Req, 0, 0).unwrap();
         assert_eq!(SmPkt::decode(&hdr2, &buf[PKTHDR_SIZE..n]), None);

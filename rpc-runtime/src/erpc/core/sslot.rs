@@ -1,9 +1,10 @@
 //! Session slots: the per-RPC state, [`SLOTS_PER_SESSION`] per session.
 //!
-//! Client slot `i` carries request numbers `i, i + 8, i + 16, ..`: completing an RPC
-//! advances the slot's `req_num` by the window, so the server can tell a new request on a
-//! slot (`req_num` larger than the one it holds) from a duplicate (equal) or a stale packet
-//! (smaller). The client counts packets sent (`num_tx`) and answers accepted (`num_rx`) over
+//! Client slot `i` carries request numbers `b + i, b + i + 8, b + i + 16, ..`, where `b` is
+//! the session's random request-number base (a multiple of 8, sent in the connect request;
+//! issue 14): completing an RPC advances the slot's `req_num` by the window, so the server
+//! can tell a new request on a slot (exactly the held `req_num` + 8) from a duplicate
+//! (equal) or a stale or forged packet (anything else). The client counts packets sent (`num_tx`) and answers accepted (`num_rx`) over
 //! the whole exchange: `num_req_pkts` request packets, then one RFR per response packet
 //! after the first, `wire_pkts = num_req_pkts + num_resp_pkts - 1` in all.
 
@@ -153,6 +154,11 @@ pub(super) enum SrvState {
 pub(super) struct ServerSlot {
     /// The request number the slot holds (None before the first request).
     pub req_num: Option<u64>,
+    /// The only request number a new request on the slot may carry: the session's first
+    /// for the slot (`req_base + i`, from the connect request), then the held one plus
+    /// [`SLOTS_PER_SESSION`]. The client moves a slot on only after the previous response
+    /// completed, so it never skips one; anything else is stale or forged (issue 14).
+    pub next_req: u64,
     pub state: SrvState,
     pub req_type: u8,
     pub req_size: usize,
@@ -164,6 +170,16 @@ pub(super) struct ServerSlot {
     /// Cached response (buffer reused across requests).
     pub resp: Vec<u8>,
     pub num_resp_pkts: usize,
+}
+
+impl ServerSlot {
+    /// An idle slot whose first request is `first_req_num`.
+    pub fn new(first_req_num: u64) -> Self {
+        ServerSlot {
+            next_req: first_req_num,
+            ..ServerSlot::default()
+        }
+    }
 }
 
 #[cfg(test)]
