@@ -587,6 +587,14 @@ pub(crate) struct NodeLink {
 }
 
 #[cfg(test)]
+impl NodeLink {
+    /// The peer segments mapped so far, `(start address, length)` (for `export_props`).
+    pub(crate) fn maps_for_test(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.maps.maps.values().copied()
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::sim::SimConfig;
