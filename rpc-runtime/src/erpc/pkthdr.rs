@@ -403,6 +403,22 @@ mod tests {
             prop_assert_eq!(PktHdr::decode(&hdr.encode()), Ok(hdr));
         }
 
+        /// Any byte string (issue 14 §4): `TooShort` with its length below 16 bytes,
+        /// `BadMagic` with the nibble found, otherwise the header of the first 16 bytes.
+        #[test]
+        fn prop_decode_any_length(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            match PktHdr::decode(&bytes) {
+                Err(HdrError::TooShort(n)) => prop_assert!(n == bytes.len() && n < PKTHDR_SIZE),
+                Err(HdrError::BadMagic(m)) => {
+                    prop_assert!(bytes.len() >= PKTHDR_SIZE);
+                    prop_assert_eq!(m, bytes[13] >> 4);
+                    prop_assert_ne!(m, MAGIC);
+                }
+                Err(e) => prop_assert!(false, "decode never returns {:?}", e),
+                Ok(h) => prop_assert_eq!(&h.encode()[..], &bytes[..PKTHDR_SIZE]),
+            }
+        }
+
         #[test]
         fn prop_decode_never_panics(bytes in any::<[u8; 16]>()) {
             // Whatever decodes re-encodes to the same bytes (no information is dropped).

@@ -111,6 +111,8 @@ mod sslot;
 #[cfg(test)]
 mod cc_tests;
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod sim_tests;
 #[cfg(test)]
 mod zc_tests;
