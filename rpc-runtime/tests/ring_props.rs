@@ -317,7 +317,8 @@ proptest! {
     /// Free-form: rounds of calls from both clients, serving, and client polls, with
     /// arbitrary bytes written at arbitrary offsets of the request slots (sequence words
     /// included), the response slots and the client records in between. Nothing panics or
-    /// hangs; every call ends in a response index or a typed error; everything `recv`
+    /// hangs; every call ends in a response index or a typed error; attaching over the
+    /// scribbled client table gives an id in range or a typed error; everything `recv`
     /// returns is in range (checked in `serve`); a client hears only about indices it has
     /// outstanding; and once the server reports a fault, it is counted, and a client that
     /// reports one fails its calls with `RingCorrupt`.
@@ -380,6 +381,10 @@ proptest! {
                 if let Err(CallError::RingCorrupt(_)) = res {
                     prop_assert!(c.fault().is_some());
                 }
+            }
+            // Attaching reads the client table: an id in range, or a typed error.
+            if let Ok(c) = RingClient::attach(&r.name) {
+                prop_assert!(c.client_id() < MAX_CLIENTS);
             }
             // A fault anyone reports was counted by whoever found it.
             if r.server.fault().is_some() || r.victim.fault().is_some() || r.other.fault().is_some() {
