@@ -4,6 +4,9 @@
 //! rings by `RecvQ::peek`. Every field here is arbitrary (a corrupt or hostile peer), and
 //! the segment numbers name files of chosen lengths (or none).
 //!
+//! The directory's own header and process slots (written by every process that joined) are
+//! read by `NodeDir::join` and the LID allocator: [`join_over_arbitrary_directory_records`].
+//!
 //! Asserted: nothing panics; a live export addressed by the LID is either resolved into a
 //! target whose every ring and doorbell block lies inside a segment that exists and is long
 //! enough, or refused and counted in `SimStats::remote_bad_exports`; an export that is not
@@ -21,7 +24,7 @@ use proptest::test_runner::{Config, TestRunner};
 use super::SimConfig;
 use super::memory::RKEY_TAG;
 use super::model::Model;
-use super::node::{CQ_BITS, MR_BITS, NodeDir, QP_BITS, SRQ_BITS};
+use super::node::{CQ_BITS, DIR_BYTES, MAX_PROCS, MR_BITS, NodeDir, QP_BITS, SRQ_BITS};
 use super::target::{RecvQ, link};
 use crate::verbs::Access;
 
@@ -383,4 +386,128 @@ fn peer_exports_are_validated_or_counted() {
             Ok(())
         })
         .unwrap();
+}
+
+/// Layout of the directory's records as `node.rs` documents it: the header (magic `u64`,
+/// version `u32`, next LID `u32`) at 0, process slot `s` (pid, state, attention: `u32`s) at
+/// `4096 + 64 * s`.
+const SLOT0: u64 = 4096;
+
+proptest! {
+    /// A directory file whose header and process slots hold arbitrary values (another
+    /// process wrote them, or a crash tore them): joining either succeeds, in a slot that was
+    /// free (or after wiping a directory whose processes are all gone), handing out LIDs in
+    /// the unicast range, or fails with a typed error; it never panics.
+    #[test]
+    fn join_over_arbitrary_directory_records(
+        magic in prop_oneof![Just(0u64), Just(u64::from_le_bytes(*b"MLX5NODE")), any::<u64>()],
+        version in prop_oneof![Just(1u32), any::<u32>()],
+        next_lid in prop_oneof![Just(1u32), Just(0u32), 0xbff0u32..0xc010, any::<u32>()],
+        slots in proptest::collection::vec(
+            (0usize..MAX_PROCS, any::<u32>(), prop_oneof![0u32..5, any::<u32>()], any::<u32>()),
+            0..8,
+        ),
+    ) {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!("props-dir-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let path = format!("/dev/shm/mlx5sim.{name}");
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(DIR_BYTES as u64).unwrap();
+        f.write_all_at(&magic.to_le_bytes(), 0).unwrap();
+        f.write_all_at(&version.to_le_bytes(), 8).unwrap();
+        f.write_all_at(&next_lid.to_le_bytes(), 12).unwrap();
+        for &(s, pid, state, attention) in &slots {
+            let off = SLOT0 + 64 * s as u64;
+            f.write_all_at(&pid.to_le_bytes(), off).unwrap();
+            f.write_all_at(&state.to_le_bytes(), off + 4).unwrap();
+            f.write_all_at(&attention.to_le_bytes(), off + 8).unwrap();
+        }
+        drop(f);
+        let r = NodeDir::join(&name);
+        let result = match &r {
+            Ok(d) => {
+                let ok = (d.slot as usize) < MAX_PROCS && d.alive(d.slot);
+                let lid = d.alloc_lid();
+                ok && (1..0xc000).contains(&lid)
+            }
+            Err(crate::error::Error::InvalidArgument(_)) | Err(crate::error::Error::Memory(_)) => {
+                magic != 0
+            }
+            Err(_) => false,
+        };
+        drop(r);
+        let _ = std::fs::remove_file(&path);
+        prop_assert!(result);
+    }
+}
+
+proptest! {
+    /// The same with a live process in the directory (so it is not wiped): its header's LID
+    /// counter and the other process slots are overwritten; a second process joins in a free
+    /// slot other than the live one's, and every LID handed out is a unicast LID
+    /// (`1..0xc000`: LID 0 would mean "address by GID" to the model); or the join fails with
+    /// a typed error when no slot is free.
+    #[test]
+    fn join_beside_a_live_process_over_arbitrary_records(
+        next_lid in prop_oneof![Just(0u32), Just(1u32), 0xbff0u32..0xc010, any::<u32>()],
+        slots in proptest::collection::vec(
+            (1usize..MAX_PROCS, any::<u32>(), prop_oneof![0u32..5, any::<u32>()]),
+            0..8,
+        ),
+        fill in any::<bool>(),
+    ) {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!("props-live-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let path = format!("/dev/shm/mlx5sim.{name}");
+        let a = NodeDir::join(&name).unwrap();
+        prop_assert_eq!(a.slot, 0);
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&next_lid.to_le_bytes(), 12).unwrap();
+        let mut writes = slots.clone();
+        if fill {
+            // Every other slot used: no room for a second process.
+            writes.extend((1..MAX_PROCS).map(|s| (s, 1, 2)));
+        }
+        for &(s, pid, state) in &writes {
+            let off = SLOT0 + 64 * s as u64;
+            f.write_all_at(&pid.to_le_bytes(), off).unwrap();
+            f.write_all_at(&state.to_le_bytes(), off + 4).unwrap();
+        }
+        let lid_a = a.alloc_lid();
+        let b = NodeDir::join(&name);
+        let free = (1..MAX_PROCS).any(|s| {
+            writes.iter().rev().find(|w| w.0 == s).is_none_or(|w| w.2 == 0)
+        });
+        let outcome = match &b {
+            Ok(b) => Ok((b.slot, b.alloc_lid())),
+            Err(crate::error::Error::InvalidArgument(_)) => Err(()),
+            Err(e) => panic!("join: {e}"),
+        };
+        drop(b);
+        drop(a);
+        let _ = std::fs::remove_file(&path);
+        prop_assert!((1..0xc000).contains(&lid_a), "LID {} handed out", lid_a);
+        match outcome {
+            Ok((slot, lid_b)) => {
+                prop_assert!(free && slot != 0 && (slot as usize) < MAX_PROCS);
+                prop_assert!((1..0xc000).contains(&lid_b), "LID {} handed out", lid_b);
+            }
+            Err(()) => prop_assert!(!free),
+        }
+    }
+}
+
+/// Regression (found by `join_beside_a_live_process_over_arbitrary_records`): a LID counter
+/// of 0 in the shared header used to hand out LID 0.
+#[test]
+fn a_zero_lid_counter_gives_a_unicast_lid() {
+    let name = format!("props-lid0-{}", std::process::id());
+    let path = format!("/dev/shm/mlx5sim.{name}");
+    let a = NodeDir::join(&name).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&0u32.to_le_bytes(), 12).unwrap();
+    let lid = a.alloc_lid();
+    drop(a);
+    let _ = std::fs::remove_file(&path);
+    assert_ne!(lid, 0);
 }
