@@ -11,6 +11,9 @@
 //! Every malformed request must be counted in the server's stats, never reach `recv()`, and
 //! write nothing outside the region the forger registered; an honest client on the same
 //! server keeps working throughout.
+//!
+//! `arbitrary_slot_bytes_are_served_or_counted` does the same with whole pool slots of
+//! arbitrary bytes (issue 14 §4): 64 cases by default, `PROPTEST_CASES=<n>` for more.
 
 use std::time::Duration;
 

@@ -234,6 +234,8 @@ impl PktHdr {
 
 #[cfg(test)]
 mod tests {
+    //! Vectors and property tests; the decoder's properties run 256 cases by default and
+    //! `PROPTEST_CASES=<n>` runs more (proptest reads the variable itself; issue 14 §4).
     use super::*;
     use proptest::prelude::*;
 
