@@ -111,6 +111,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use rpc::bootstrap::threads::{ThreadGroup, ThreadRank};
+use rpc::bootstrap::wire::{self, encode_socket_addr};
 use rpc::bootstrap::{Bootstrap, BootstrapError};
 use rpc::copyrpc::info::INFO_BYTES;
 use rpc::copyrpc::{
@@ -997,15 +998,20 @@ fn exchange_infos<B: Bootstrap>(
         }
     }
     let all = b.all_gather(&buf).map_err(boot)?;
-    // An empty slot (zeros) does not decode: no endpoint.
-    Ok(all
-        .chunks_exact(buf.len().max(1))
-        .map(|r| {
-            r.chunks_exact(INFO_BYTES)
-                .map(|s| EndpointInfo::from_bytes(s).ok())
-                .collect()
-        })
-        .collect())
+    decode_infos(&all, b.size(), mine.len())
+}
+
+/// Every rank's endpoint slots from [`exchange_infos`]'s all-gather (`ranks` contributions of
+/// `slots` encodings): an all-zero slot is no endpoint; any other slot must decode
+/// ([`EndpointInfo::from_bytes`]), else the error names the rank and slot (issue 14: bytes
+/// from other processes are checked, never trusted).
+fn decode_infos(
+    all: &[u8],
+    ranks: usize,
+    slots: usize,
+) -> Result<Vec<Vec<Option<EndpointInfo>>>, String> {
+    wire::decode_slots(all, ranks, slots, INFO_BYTES, EndpointInfo::from_bytes)
+        .map_err(|e| format!("endpoint information: {e}"))
 }
 
 /// One rank of a delegation-transport run (seeds/004 §9): creates its rings, opens its NIC
@@ -1531,35 +1537,6 @@ fn run_erpc(a: &RunArgs) -> i32 {
     }
 }
 
-/// Bytes of an encoded socket address: family (4 or 6), 0, port (LE), 16 address bytes.
-const ADDR_BYTES: usize = 20;
-
-fn encode_addr(a: SocketAddr) -> [u8; ADDR_BYTES] {
-    let mut b = [0u8; ADDR_BYTES];
-    b[2..4].copy_from_slice(&a.port().to_le_bytes());
-    match a.ip() {
-        std::net::IpAddr::V4(ip) => {
-            b[0] = 4;
-            b[4..8].copy_from_slice(&ip.octets());
-        }
-        std::net::IpAddr::V6(ip) => {
-            b[0] = 6;
-            b[4..20].copy_from_slice(&ip.octets());
-        }
-    }
-    b
-}
-
-fn decode_addr(b: &[u8]) -> SocketAddr {
-    let port = u16::from_le_bytes([b[2], b[3]]);
-    let ip: std::net::IpAddr = if b[0] == 6 {
-        <[u8; 16]>::try_from(&b[4..20]).expect("16 bytes").into()
-    } else {
-        <[u8; 4]>::try_from(&b[4..8]).expect("4 bytes").into()
-    };
-    SocketAddr::new(ip, port)
-}
-
 fn spawn_erpc_daemon(
     rank: usize,
     d: usize,
@@ -1612,13 +1589,12 @@ fn erpc_rank<B: Bootstrap>(b: &B, a: &RunArgs, ip: std::net::IpAddr) -> Result<S
     let servers = agree(b, "starting the eRPC servers", servers)?;
     let mine: Vec<u8> = servers
         .iter()
-        .flat_map(|s| encode_addr(s.transport().local_addr()))
+        .flat_map(|s| encode_socket_addr(s.transport().local_addr()))
         .collect();
     let all = b.all_gather(&mine).map_err(|e| on_rank(b, boot(e)))?;
-    let addrs = all
-        .chunks_exact(mine.len())
-        .map(|r| r.chunks_exact(ADDR_BYTES).map(decode_addr).collect())
-        .collect();
+    // Addresses from other ranks are checked (issue 14): a bad one is an error naming its rank.
+    let addrs = wire::decode_socket_addrs(&all, b.size(), daemons)
+        .map_err(|e| on_rank(b, format!("daemon addresses: {e}")))?;
     let mut threads = DaemonThreads::default();
     for (d, server) in servers.into_iter().enumerate() {
         let h = spawn_erpc_daemon(rank, d, server, &threads.stop);
@@ -2546,14 +2522,25 @@ fn check_written<B: Bootstrap, D: Daemons>(
     let (mut checked, mut checked_remote, mut mismatches) = (0u64, 0u64, 0u64);
     if let (None, Some(rings)) = (&failure, rings.as_mut()) {
         let n = rings.len();
-        let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
         'read: for (writer_rank, part) in all.iter().enumerate() {
+            if part.len() % SAMPLE_BYTES != 0 {
+                failure = Some(format!(
+                    "check: rank {writer_rank} sent {} sample bytes, not a multiple of {SAMPLE_BYTES}",
+                    part.len()
+                ));
+                break 'read;
+            }
             for rec in part.chunks_exact(SAMPLE_BYTES) {
-                let rank = u32::from_le_bytes(rec[0..4].try_into().expect("4 bytes"));
+                let (Some(rank), Some(key), Some(want)) = (
+                    wire::le_u32(rec, 0),
+                    wire::le_u64(rec, 4),
+                    wire::le_u64(rec, 12),
+                ) else {
+                    continue; // unreachable: every chunk is SAMPLE_BYTES long
+                };
                 if rank as usize != me {
                     continue;
                 }
-                let (key, want) = (u64_at(rec, 4), u64_at(rec, 12));
                 let got = match rings[owner_daemon(key, n)].get(rank, key) {
                     Ok(got) => got,
                     Err(e) => {
@@ -2601,25 +2588,14 @@ fn set_deadline<T: ClientTransport>(conns: &mut [KvClient<T>], load: &LoadArgs) 
     }
 }
 
-/// All-gathers a byte string of any length from every rank (the lengths first, then each
-/// string padded to the longest); the strings by rank.
+/// Longest byte string a rank may contribute to [`gather_var`] (256 MiB): a length read from
+/// another rank never sizes an allocation beyond it.
+const GATHER_MAX_BYTES: usize = 256 << 20;
+
+/// All-gathers a byte string of any length from every rank ([`wire::gather_var`], at most
+/// [`GATHER_MAX_BYTES`]); the strings by rank.
 fn gather_var<B: Bootstrap>(b: &B, mine: &[u8]) -> Result<Vec<Vec<u8>>, String> {
-    let lens = b
-        .all_gather(&(mine.len() as u64).to_le_bytes())
-        .map_err(boot)?;
-    let lens: Vec<usize> = lens
-        .chunks_exact(8)
-        .map(|l| u64::from_le_bytes(l.try_into().expect("8 bytes")) as usize)
-        .collect();
-    let max = lens.iter().copied().max().unwrap_or(0);
-    let mut padded = mine.to_vec();
-    padded.resize(max, 0);
-    let all = b.all_gather(&padded).map_err(boot)?;
-    Ok(lens
-        .iter()
-        .enumerate()
-        .map(|(r, &l)| all[r * max..r * max + l].to_vec())
-        .collect())
+    wire::gather_var(b, mine, GATHER_MAX_BYTES).map_err(boot)
 }
 
 /// A latency histogram: 1 ns to 60 s, 3 significant digits.
@@ -2820,14 +2796,15 @@ fn combine<B: Bootstrap>(
     mine.extend(served.to_le_bytes());
     mine.extend(run.elapsed.as_secs_f64().to_le_bytes());
     let per = b.all_gather(&mine).map_err(boot)?;
-    let at = |r: &[u8], i: usize| <[u8; 8]>::try_from(&r[8 * i..8 * i + 8]).expect("8 bytes");
+    let per = wire::split_ranks(&per, b.size(), 24).map_err(boot)?;
     let (mut rank_ops, mut rank_served, mut rank_mops, mut secs) = (vec![], vec![], vec![], 0.0);
-    for r in per.chunks_exact(24) {
-        let (o, s, t) = (
-            u64::from_le_bytes(at(r, 0)),
-            u64::from_le_bytes(at(r, 1)),
-            f64::from_le_bytes(at(r, 2)),
-        );
+    for (rank, r) in per.iter().enumerate() {
+        let (Some(o), Some(s), Some(t)) =
+            (wire::le_u64(r, 0), wire::le_u64(r, 8), wire::le_u64(r, 16))
+        else {
+            return Err(format!("rank {rank} sent a short figures record"));
+        };
+        let t = f64::from_bits(t);
         rank_ops.push(o);
         rank_served.push(s);
         rank_mops.push(o as f64 / t / 1e6);
@@ -3135,8 +3112,6 @@ fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
 mod mpi_job {
     use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
 
-    use rpc::bootstrap::HOSTNAME_BYTES;
-
     use super::*;
 
     /// Runs this process's rank; the exit code, the same on every rank: 0 if every run passed
@@ -3181,28 +3156,14 @@ mod mpi_job {
         pid: u32,
     }
 
-    /// Every rank's host name and pid, all-gathered.
+    /// Every rank's host name and pid, all-gathered ([`wire::encode_host`]; the records of
+    /// other ranks are checked by [`wire::decode_hosts`], issue 14).
     fn host<B: Bootstrap>(b: &B) -> Result<Host, String> {
-        const REC: usize = HOSTNAME_BYTES + 4;
-        let mut mine = [0u8; REC];
-        let name = b.hostname();
-        let n = name.len().min(HOSTNAME_BYTES);
-        mine[..n].copy_from_slice(&name.as_bytes()[..n]);
-        mine[HOSTNAME_BYTES..].copy_from_slice(&std::process::id().to_le_bytes());
+        let mine = wire::encode_host(&b.hostname(), std::process::id());
         let all = b.all_gather(&mine).map_err(|e| on_rank(b, boot(e)))?;
-        let recs: Vec<&[u8]> = all.chunks_exact(REC).collect();
-        let me = &recs[b.rank()][..HOSTNAME_BYTES];
-        let first = recs
-            .iter()
-            .find(|r| &r[..HOSTNAME_BYTES] == me)
-            .expect("this rank's host");
-        let mut hosts: Vec<&[u8]> = recs.iter().map(|r| &r[..HOSTNAME_BYTES]).collect();
-        hosts.sort_unstable();
-        hosts.dedup();
-        Ok(Host {
-            hosts: hosts.len(),
-            pid: u32::from_le_bytes(first[HOSTNAME_BYTES..].try_into().expect("4 bytes")),
-        })
+        let (hosts, pid) =
+            wire::decode_hosts(&all, b.size(), b.rank()).map_err(|e| on_rank(b, boot(e)))?;
+        Ok(Host { hosts, pid })
     }
 
     /// The delegation transport: copyrpc between the ranks, on the device model shared by

@@ -348,4 +348,49 @@ mod tests {
         c.opcode = CqeOpcode::Req as u8;
         assert!(c.status().is_ok());
     }
+
+    /// Property tests over arbitrary CQE bytes (issue 14 §4). 256 cases by default;
+    /// `PROPTEST_CASES=<n>` runs more (proptest reads the variable itself).
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            /// `Cqe::decode` is total over the 64 bytes and keeps every field its encoder
+            /// writes: decoding, re-encoding (with the same `op_own`) and decoding again gives
+            /// the same value. `status` is the typed error exactly for the two error opcodes,
+            /// with the syndrome typed when known and kept raw (with the vendor syndrome)
+            /// otherwise, and every opcode nibble outside the handled set is refused by
+            /// `CqeOpcode::from_nibble`.
+            #[test]
+            fn decode_is_total_and_canonical(lo in any::<[u8; 32]>(), hi in any::<[u8; 32]>()) {
+                let mut b = [0u8; CQE_BYTES];
+                b[..32].copy_from_slice(&lo);
+                b[32..].copy_from_slice(&hi);
+                let c = Cqe::decode(&b);
+                let mut again = [0u8; CQE_BYTES];
+                c.encode(&mut again);
+                again[off::OP_OWN] = b[off::OP_OWN];
+                prop_assert_eq!(Cqe::decode(&again), c);
+                prop_assert_eq!(c.opcode, b[off::OP_OWN] >> 4);
+                let known = CqeOpcode::from_nibble(c.opcode);
+                prop_assert_eq!(known.is_none(), (4..=12).contains(&c.opcode));
+                match c.status() {
+                    Ok(()) => prop_assert!(!c.is_error()),
+                    Err(e) => {
+                        prop_assert!(c.is_error());
+                        prop_assert_eq!(e.qpn, c.qpn);
+                        match Syndrome::from_u8(c.syndrome) {
+                            Some(s) => prop_assert_eq!(e.kind, CqeErrorKind::Known(s)),
+                            None => prop_assert_eq!(
+                                e.kind,
+                                CqeErrorKind::Unknown { syndrome: c.syndrome, vendor: c.vendor_syndrome }
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -478,15 +478,23 @@ pub enum ParseError {
     /// An inline segment claims more bytes than the WQE holds.
     #[error("inline length {0} exceeds the WQE")]
     InlineLength(usize),
+    /// Fewer bytes than a control segment ([`CTRL_BYTES`]) were given.
+    #[error("{0} bytes do not hold a control segment")]
+    Truncated(usize),
 }
 
 /// Parses one WQE from `b` (which must hold at least the WQE's `ds * 16` bytes; the caller
 /// copies a wrapped WQE out of the ring first). `ud` says whether the QP is UD.
 ///
 /// # Errors
-/// [`ParseError`] for an unknown opcode, a `ds` that does not cover the mandatory segments, or
-/// an inline length past the WQE end.
+/// [`ParseError::Truncated`] if `b` is shorter than a control segment (issue 14: any byte
+/// string is refused with an error, never a panic), [`ParseError::Opcode`] for an unknown
+/// opcode, [`ParseError::Ds`] for a `ds` that does not cover the mandatory segments, or
+/// [`ParseError::InlineLength`] for an inline length past the WQE end.
 pub fn parse(b: &[u8], ud: bool) -> Result<ParsedWqe, ParseError> {
+    if b.len() < CTRL_BYTES {
+        return Err(ParseError::Truncated(b.len()));
+    }
     let ctrl = CtrlSeg::read(b);
     let op = Opcode::from_u8(ctrl.opcode).ok_or(ParseError::Opcode(ctrl.opcode))?;
     let end = ctrl.ds as usize * DS_BYTES;
@@ -663,5 +671,107 @@ mod tests {
         b[4..8].copy_from_slice(&((1u32 << 8) | 3).to_be_bytes());
         b[32..36].copy_from_slice(&(INLINE_SEG | 40).to_be_bytes());
         assert_eq!(parse(&b, false), Err(ParseError::InlineLength(40)));
+    }
+
+    /// Property tests over arbitrary WQE bytes (issue 14 §4): the device model parses WQEs
+    /// from send rings that a driver, possibly in another process, wrote. 256 cases by
+    /// default; `PROPTEST_CASES=<n>` runs more (proptest reads the variable itself).
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Bytes with a plausible control segment (a known opcode, a `ds` that fits or is just
+        /// off) ahead of arbitrary segment bytes, so the segment walk is exercised and not
+        /// only the opcode check.
+        fn plausible() -> impl Strategy<Value = Vec<u8>> {
+            (
+                prop_oneof![
+                    Just(Opcode::Nop),
+                    Just(Opcode::RdmaWrite),
+                    Just(Opcode::RdmaWriteImm),
+                    Just(Opcode::Send),
+                    Just(Opcode::SendImm),
+                    Just(Opcode::RdmaRead),
+                    Just(Opcode::AtomicCs),
+                    Just(Opcode::AtomicFa),
+                ],
+                0u8..70,
+                proptest::collection::vec(any::<u8>(), 0..1100),
+                proptest::collection::vec((0usize..1100, any::<u32>()), 0..6),
+            )
+                .prop_map(|(op, ds, mut b, words)| {
+                    if b.len() >= 8 {
+                        b[0..4].copy_from_slice(&(op as u32).to_be_bytes());
+                        b[7] = ds;
+                    }
+                    // Inline-segment headers (bit 31) with arbitrary lengths at arbitrary
+                    // 16-byte boundaries.
+                    for (at, w) in words {
+                        let at = at / DS_BYTES * DS_BYTES;
+                        if at + 4 <= b.len() {
+                            b[at..at + 4].copy_from_slice(&(w | INLINE_SEG).to_be_bytes());
+                        }
+                    }
+                    b
+                })
+        }
+
+        /// What any outcome of `parse(b, ud)` must satisfy: no panic (the call returned); an
+        /// accepted WQE lies inside `b` and inside its own `ds`; a refusal is the typed error
+        /// that names the first fault.
+        fn check(b: &[u8], ud: bool) -> Result<(), TestCaseError> {
+            match parse(b, ud) {
+                Ok(w) => {
+                    let ds = w.ctrl.ds as usize;
+                    prop_assert!(ds >= 1 && ds as u32 <= MAX_DS && ds * DS_BYTES <= b.len());
+                    prop_assert_eq!(w.ctrl, CtrlSeg::read(b));
+                    let op = Opcode::from_u8(w.ctrl.opcode);
+                    prop_assert!(op.is_some());
+                    let used = CTRL_BYTES
+                        + if w.ud.is_some() { DGRAM_BYTES } else { 0 }
+                        + if w.remote.is_some() { RADDR_BYTES } else { 0 }
+                        + if w.atomic.is_some() { ATOMIC_BYTES } else { 0 }
+                        + w.sges.len() * DATA_BYTES;
+                    prop_assert!(used + w.inline.len() <= ds * DS_BYTES);
+                    prop_assert_eq!(w.ud.is_some(), ud && op != Some(Opcode::Nop));
+                }
+                Err(ParseError::Truncated(len)) => {
+                    prop_assert_eq!(len, b.len());
+                    prop_assert!(len < CTRL_BYTES);
+                }
+                Err(ParseError::Opcode(o)) => {
+                    prop_assert!(b.len() >= CTRL_BYTES);
+                    prop_assert_eq!(o, b[3]);
+                    prop_assert!(Opcode::from_u8(o).is_none());
+                }
+                Err(ParseError::Ds(d)) => prop_assert_eq!(d, b[7]),
+                Err(ParseError::InlineLength(_)) => prop_assert!(!ud || b.len() > CTRL_BYTES),
+            }
+            Ok(())
+        }
+
+        proptest! {
+            /// Arbitrary bytes of any length, as either QP type.
+            #[test]
+            fn parse_arbitrary_bytes(b in proptest::collection::vec(any::<u8>(), 0..300), ud in any::<bool>()) {
+                check(&b, ud)?;
+            }
+
+            /// A known opcode and a near-valid `ds` ahead of arbitrary segments.
+            #[test]
+            fn parse_plausible_control_segments(b in plausible(), ud in any::<bool>()) {
+                check(&b, ud)?;
+            }
+        }
+
+        /// Regression (found by `parse_arbitrary_bytes`): fewer than 16 bytes used to panic
+        /// in `CtrlSeg::read`; now a typed error.
+        #[test]
+        fn short_input_is_a_typed_error() {
+            for n in 0..CTRL_BYTES {
+                assert_eq!(parse(&vec![0u8; n], false), Err(ParseError::Truncated(n)));
+            }
+        }
     }
 }

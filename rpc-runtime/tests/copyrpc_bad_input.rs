@@ -824,3 +824,66 @@ fn second_reply_with_one_handle_is_refused() {
     assert_eq!(c.stats().corrupt_batches, 0);
     let _ = es;
 }
+
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            // Each case builds a fabric and two contexts: 64 by default, more with
+            // PROPTEST_CASES (this override applies only when the variable is unset).
+            cases: if std::env::var_os("PROPTEST_CASES").is_none() {
+                64
+            } else {
+                proptest::test_runner::Config::default().cases
+            },
+            ..proptest::test_runner::Config::default()
+        })]
+
+        /// Arbitrary bytes and an arbitrary immediate written into the context endpoint's receive
+        /// ring by the forging peer (issue 14 §4), with one call pending: either the batch is
+        /// accepted (the endpoint stays connected, nothing counted) or it is counted once in
+        /// `corrupt_batches` and the endpoint fails with a protocol error that the pending call
+        /// gets (unless an accepted response answered it first); nothing panics, and the other
+        /// endpoint keeps working.
+        #[test]
+        fn arbitrary_ring_bytes_are_accepted_or_counted(
+            bytes in proptest::collection::vec(
+                prop_oneof![3 => Just(0u8), 1 => any::<u8>()],
+                0..600,
+            ),
+            imm in prop_oneof![
+                Just(None),
+                (0u32..40).prop_map(Some),
+                any::<u32>().prop_map(Some),
+            ],
+        ) {
+            let mut rig = Rig::new();
+            rig.call_bad(1);
+            let imm = imm.unwrap_or(encode_imm(bytes.len().next_multiple_of(32) as u64));
+            rig.forger.send(&bytes, imm);
+            rig.poll_a();
+            let st = *rig.a.stats();
+            match rig.a.endpoint_state(rig.bad) {
+                Some(EndpointState::Connected) => {
+                    prop_assert_eq!(st.corrupt_batches, 0);
+                    prop_assert_eq!(st.failed_endpoints, 0);
+                }
+                Some(EndpointState::Failed(why)) => {
+                    prop_assert!(matches!(why, EndpointFailure::Protocol(_)), "{:?}", why);
+                    prop_assert_eq!(st.corrupt_batches, 1);
+                    prop_assert_eq!(st.failed_endpoints, 1);
+                    match rig.got.remove(&1) {
+                        Some(Err(e)) => prop_assert_eq!(e, why),
+                        Some(Ok(_)) => {} // answered by the batch before the fault was found
+                        None => prop_assert!(false, "the pending call was neither answered nor failed"),
+                    }
+                }
+                s => prop_assert!(false, "endpoint state {:?}", s),
+            }
+            rig.round_trip_good(77);
+        }
+    }
+}

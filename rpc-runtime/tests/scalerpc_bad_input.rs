@@ -11,6 +11,9 @@
 //! Every malformed request must be counted in the server's stats, never reach `recv()`, and
 //! write nothing outside the region the forger registered; an honest client on the same
 //! server keeps working throughout.
+//!
+//! `arbitrary_slot_bytes_are_served_or_counted` does the same with whole pool slots of
+//! arbitrary bytes (issue 14 §4): 64 cases by default, `PROPTEST_CASES=<n>` for more.
 
 use std::time::Duration;
 
@@ -433,7 +436,7 @@ fn oversized_payload_len_is_rejected_with_a_status_when_the_address_validates() 
     r.poll_expect_nothing();
     assert_eq!(r.server.stats().bad_length, 1);
     let b = r.forger.big.read(REGION + 2 * SLOT, SLOT);
-    let h = ResponseHeader::read(&b);
+    let h = ResponseHeader::read(b.first_chunk().unwrap());
     assert_eq!(
         h,
         ResponseHeader {
@@ -478,7 +481,7 @@ fn oversized_payload_len_is_rejected_with_a_status_when_the_address_validates() 
         .unwrap();
     r.server.flush();
     let b = r.forger.big.read(REGION + 2 * SLOT, SLOT);
-    let h = ResponseHeader::read(&b);
+    let h = ResponseHeader::read(b.first_chunk().unwrap());
     assert_eq!((h.req_id, h.status, h.payload_len), (43, STATUS_OK, 4));
     assert_eq!(&b[RESPONSE_HEADER_SIZE..RESPONSE_HEADER_SIZE + 4], b"dcba");
 }
@@ -512,7 +515,14 @@ fn response_addresses_outside_the_region_write_nothing() {
         r.forger.assert_guards_intact();
         // The region itself got nothing either.
         assert_ne!(
-            ResponseHeader::read(&r.forger.big.read(REGION + j as usize * SLOT, 20)).magic,
+            ResponseHeader::read(
+                r.forger
+                    .big
+                    .read(REGION + j as usize * SLOT, 20)
+                    .first_chunk()
+                    .unwrap()
+            )
+            .magic,
             RESPONSE_MAGIC,
             "{what}"
         );
@@ -710,7 +720,13 @@ fn replies_are_truncated_to_max_response_and_oversized_ones_refused() {
     let (tok, _) = r.server.recv().unwrap();
     r.server.reply(tok, 0, |_| 0).unwrap();
     r.server.flush();
-    let h = ResponseHeader::read(&r.forger.big.read(2 * REGION - response_bytes(0), 20));
+    let h = ResponseHeader::read(
+        r.forger
+            .big
+            .read(2 * REGION - response_bytes(0), 20)
+            .first_chunk()
+            .unwrap(),
+    );
     assert_eq!((h.magic, h.req_id, h.payload_len), (RESPONSE_MAGIC, 8, 0));
     r.forger.assert_guards_intact();
     r.honest_round_trip(9);
@@ -793,7 +809,7 @@ fn client_ignores_malformed_notices_and_responses() {
         })
         .unwrap();
     client.flush();
-    let h = RequestHeader::read(&f.pool.read(0, REQUEST_HEADER_SIZE));
+    let h = RequestHeader::read(f.pool.read(0, REQUEST_HEADER_SIZE).first_chunk().unwrap());
     assert_eq!((h.magic, h.rpc_type, h.payload_len), (REQUEST_MAGIC, 9, 4));
     let respond = |f: &mut Forger, req_id: u64, status: u32, len: u32, trailer_ok: bool| {
         let mut b = vec![0u8; response_bytes(4)];
@@ -830,8 +846,160 @@ fn client_ignores_malformed_notices_and_responses() {
     got.clear();
     client.call(c, 9, 0, 78, |_| 0).unwrap();
     client.flush();
-    let h = RequestHeader::read(&f.pool.read(0, REQUEST_HEADER_SIZE));
+    let h = RequestHeader::read(f.pool.read(0, REQUEST_HEADER_SIZE).first_chunk().unwrap());
     respond(&mut f, h.req_id, STATUS_OK, 4, true);
     client.poll(|t, r| got.push((t, r.map(<[u8]>::to_vec))));
     assert_eq!(got, vec![(78, Ok(b"resp".to_vec()))]);
+}
+
+/// One forged pool slot: a header whose every field is arbitrary (magic mostly one of the
+/// meaningful values, response address mostly inside or next to the forger's region), the
+/// rest of the slot arbitrary, and the trailer the header calls for written or not.
+#[derive(Clone, Debug)]
+struct Forged {
+    slot: u32,
+    magic: u32,
+    req_id: u64,
+    rpc_type: u16,
+    payload_len: u16,
+    /// Offset of the response address from the region start (may be outside it).
+    addr_off: i64,
+    right_rkey: bool,
+    trailer: bool,
+    fill: Vec<u8>,
+}
+
+fn forged() -> impl proptest::strategy::Strategy<Value = Forged> {
+    use proptest::prelude::*;
+    (
+        (
+            0..K,
+            prop_oneof![
+                4 => Just(REQUEST_MAGIC),
+                1 => Just(RESPONSE_MAGIC),
+                1 => Just(0u32),
+                1 => any::<u32>(),
+            ],
+            any::<u64>(),
+            any::<u16>(),
+            prop_oneof![4 => 0u16..(SLOT as u16), 1 => any::<u16>()],
+        ),
+        (
+            prop_oneof![
+                4 => 0i64..REGION as i64,
+                1 => -(SLOT as i64)..(REGION + SLOT) as i64,
+                1 => any::<i64>(),
+            ],
+            prop_oneof![4 => Just(true), 1 => Just(false)],
+            prop_oneof![4 => Just(true), 1 => Just(false)],
+            proptest::collection::vec(any::<u8>(), SLOT..=SLOT),
+        ),
+    )
+        .prop_map(
+            |(
+                (slot, magic, req_id, rpc_type, payload_len),
+                (addr_off, right_rkey, trailer, fill),
+            )| Forged {
+                slot,
+                magic,
+                req_id,
+                rpc_type,
+                payload_len,
+                addr_off,
+                right_rkey,
+                trailer,
+                fill,
+            },
+        )
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config {
+        // Each case builds a fabric, a server and two clients: 64 by default, more with
+        // PROPTEST_CASES (this override applies only when the variable is unset).
+        cases: if std::env::var_os("PROPTEST_CASES").is_none() {
+            64
+        } else {
+            proptest::test_runner::Config::default().cases
+        },
+        ..proptest::test_runner::Config::default()
+    })]
+
+    /// Arbitrary pool-slot contents (issue 14 §4), a whole slot each: a slot is served by
+    /// `recv()` exactly when it is a complete request (request magic, a length that fits the
+    /// slot, the trailer) with a response address inside the forger's region and its rkey,
+    /// with the forged payload; otherwise it is counted in exactly the matching counter
+    /// (`bad_magic`, `bad_length`, `bad_response_addr`), or, for a zero or response magic or
+    /// a missing trailer, ignored as not (yet) a request. Nothing is ever written outside the
+    /// forger's region, and the honest client keeps being served.
+    #[test]
+    fn arbitrary_slot_bytes_are_served_or_counted(slots in proptest::collection::vec(forged(), 1..6)) {
+        use proptest::prelude::*;
+        let mut r = Rig::new(ResponseMode::Write);
+        let (rkey, region) = (r.forger.big.mr.rkey, r.forger.region());
+        for f in &slots {
+            let addr = region.wrapping_add_signed(f.addr_off);
+            let h = RequestHeader {
+                magic: f.magic,
+                req_id: f.req_id,
+                rpc_type: f.rpc_type,
+                payload_len: f.payload_len,
+                client_slot_addr: addr,
+                client_slot_rkey: if f.right_rkey { rkey } else { rkey ^ 0x100 },
+            };
+            let mut b = f.fill.clone();
+            h.write(&mut b[..REQUEST_HEADER_SIZE]);
+            let len = usize::from(f.payload_len);
+            let t = trailer_offset(REQUEST_HEADER_SIZE, len);
+            if f.trailer && t + 8 <= SLOT {
+                b[t..t + 8].copy_from_slice(&trailer(f.magic, f.req_id).to_le_bytes());
+            }
+            let before = *r.server.stats();
+            r.forger.write_slot(f.slot, &b);
+            // The oracle.
+            let fits = request_bytes(len) <= SLOT;
+            let complete = fits
+                && u64::from_le_bytes(b[t..t + 8].try_into().unwrap())
+                    == trailer(REQUEST_MAGIC, f.req_id);
+            let addr_ok = f.right_rkey
+                && addr >= region
+                && addr.saturating_add(response_bytes(0) as u64) <= region + REGION as u64;
+            let served = f.magic == REQUEST_MAGIC && complete && addr_ok;
+            let mut got = Vec::new();
+            for _ in 0..3 {
+                r.server.poll();
+                while let Some((tok, req)) = r.server.recv() {
+                    got.push((tok.conn(), req.to_vec()));
+                    r.server.reply(tok, 2, |o| { o[..2].copy_from_slice(b"ok"); 2 }).unwrap();
+                }
+                r.server.flush();
+            }
+            let after = *r.server.stats();
+            let d = |a: u64, b: u64| a - b;
+            let counted = (
+                d(after.bad_magic, before.bad_magic),
+                d(after.bad_length, before.bad_length),
+                d(after.bad_response_addr, before.bad_response_addr),
+            );
+            if served {
+                prop_assert_eq!(got, vec![(1, b[REQUEST_HEADER_SIZE..REQUEST_HEADER_SIZE + len].to_vec())]);
+                prop_assert_eq!(counted, (0, 0, 0));
+            } else {
+                prop_assert!(got.is_empty(), "served {:?}", got);
+                let want = match f.magic {
+                    0 | RESPONSE_MAGIC => (0, 0, 0),
+                    REQUEST_MAGIC if !fits => (0, 1, 0),
+                    REQUEST_MAGIC if !complete => (0, 0, 0),
+                    REQUEST_MAGIC => (0, 0, 1),
+                    _ => (1, 0, 0),
+                };
+                prop_assert_eq!(counted, want, "{:?}", f);
+            }
+            r.forger.assert_guards_intact();
+            // Clear the slot so that a leftover (incomplete) request does not meet the next
+            // forged bytes' trailer.
+            r.forger.write_slot(f.slot, &[0u8; SLOT]);
+        }
+        r.honest_round_trip(7);
+    }
 }

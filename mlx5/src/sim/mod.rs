@@ -180,6 +180,8 @@ mod recv;
 mod target;
 
 #[cfg(test)]
+mod export_props;
+#[cfg(test)]
 mod tests;
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};

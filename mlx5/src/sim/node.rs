@@ -585,12 +585,14 @@ impl NodeDir {
         n
     }
 
-    /// Hands out a node-unique LID.
+    /// Hands out a node-unique LID, always a unicast LID (`1..0xc000`). The counter is in
+    /// the shared header, so any value may be found there (issue 14): 0 (which the model
+    /// reads as "address by GID") and values past the unicast range give `0xbfff`.
     pub(crate) fn alloc_lid(&self) -> u16 {
         let l = self.header().next_lid.fetch_add(1, Ordering::Relaxed);
         u16::try_from(l)
             .ok()
-            .filter(|&l| l < 0xc000)
+            .filter(|&l| (1..0xc000).contains(&l))
             .unwrap_or(0xbfff)
     }
 
@@ -742,6 +744,14 @@ pub(crate) struct NodeLink {
     pub(crate) last_check: Instant,
     /// Our attention counter as last handled.
     pub(crate) seen_attention: u32,
+}
+
+#[cfg(test)]
+impl NodeLink {
+    /// The peer segments mapped so far, `(start address, length)` (for `export_props`).
+    pub(crate) fn maps_for_test(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.maps.maps.values().copied()
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@
 //! process dies (Open MPI's default), which ends the others too.
 
 pub mod threads;
+pub mod wire;
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -63,6 +64,15 @@ pub enum BootstrapError {
     /// The MPI library reported an error.
     #[error("MPI: {0}")]
     Mpi(String),
+    /// What a rank contributed does not decode ([`wire`]; issue 14: bytes from another
+    /// process are checked, never trusted).
+    #[error("rank {rank} sent a bad record: {what}")]
+    BadRecord {
+        /// The rank whose contribution is wrong (0 when the result as a whole is).
+        rank: usize,
+        /// What is wrong with it.
+        what: String,
+    },
 }
 
 /// Where a rank sits among the ranks of its node.
@@ -107,10 +117,12 @@ pub trait Bootstrap {
     /// As [`Bootstrap::all_gather`].
     fn all_reduce_sum_u64(&self, values: &mut [u64]) -> Result<(), BootstrapError> {
         let all = self.all_gather(&to_le_bytes(values.iter().map(|v| v.to_le_bytes())))?;
+        let words = wire::split_ranks(&all, self.size(), 8 * values.len())?;
         values.fill(0);
-        for (i, b) in all.chunks_exact(8).enumerate() {
-            let v = &mut values[i % values.len()];
-            *v = v.wrapping_add(u64::from_le_bytes(b.try_into().expect("8 bytes")));
+        for part in words {
+            for (i, v) in values.iter_mut().enumerate() {
+                *v = v.wrapping_add(wire::le_u64(part, 8 * i).unwrap_or(0));
+            }
         }
         Ok(())
     }
@@ -123,9 +135,12 @@ pub trait Bootstrap {
     /// As [`Bootstrap::all_gather`].
     fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), BootstrapError> {
         let all = self.all_gather(&to_le_bytes(values.iter().map(|v| v.to_le_bytes())))?;
+        let words = wire::split_ranks(&all, self.size(), 8 * values.len())?;
         values.fill(0.0);
-        for (i, b) in all.chunks_exact(8).enumerate() {
-            values[i % values.len()] += f64::from_le_bytes(b.try_into().expect("8 bytes"));
+        for part in words {
+            for (i, v) in values.iter_mut().enumerate() {
+                *v += f64::from_bits(wire::le_u64(part, 8 * i).unwrap_or(0));
+            }
         }
         Ok(())
     }
@@ -144,10 +159,15 @@ pub trait Bootstrap {
         let n = name.len().min(HOSTNAME_BYTES);
         mine[..n].copy_from_slice(&name.as_bytes()[..n]);
         let all = self.all_gather(&mine)?;
-        Ok(node_info(
-            &all.chunks_exact(HOSTNAME_BYTES).collect::<Vec<_>>(),
-            self.rank(),
-        ))
+        let names = wire::split_ranks(&all, self.size(), HOSTNAME_BYTES)?;
+        node_info(&names, self.rank()).ok_or_else(|| BootstrapError::BadRecord {
+            rank: self.rank(),
+            what: format!(
+                "rank {} outside the {} ranks gathered",
+                self.rank(),
+                names.len()
+            ),
+        })
     }
 }
 
@@ -156,21 +176,22 @@ fn to_le_bytes(values: impl Iterator<Item = [u8; 8]>) -> Vec<u8> {
     values.flatten().collect()
 }
 
-/// Node placement of `rank` given every rank's host name (in rank order).
-pub(crate) fn node_info(names: &[&[u8]], rank: usize) -> NodeInfo {
+/// Node placement of `rank` given every rank's host name (in rank order); `None` if `rank`
+/// is not among them.
+pub(crate) fn node_info(names: &[&[u8]], rank: usize) -> Option<NodeInfo> {
     let mut firsts: Vec<&[u8]> = Vec::new();
     for n in names {
         if !firsts.contains(n) {
             firsts.push(n);
         }
     }
-    let me = names[rank];
-    NodeInfo {
-        node: firsts.iter().position(|n| *n == me).expect("own name"),
+    let me = *names.get(rank)?;
+    Some(NodeInfo {
+        node: firsts.iter().position(|n| *n == me)?,
         nodes: firsts.len(),
         local_rank: names[..rank].iter().filter(|n| **n == me).count(),
         local_size: names.iter().filter(|n| **n == me).count(),
-    }
+    })
 }
 
 /// The host name of this machine (`gethostname(2)`), or `"localhost"` if it cannot be read.
@@ -192,7 +213,9 @@ mod tests {
     #[test]
     fn node_info_groups_ranks_by_host_name_in_rank_order() {
         let names: Vec<&[u8]> = vec![b"b", b"a", b"b", b"c", b"a", b"b"];
-        let got: Vec<_> = (0..names.len()).map(|r| node_info(&names, r)).collect();
+        let got: Vec<_> = (0..names.len())
+            .map(|r| node_info(&names, r).unwrap())
+            .collect();
         let want = [
             (0, 0, 3),
             (1, 0, 2),
@@ -205,6 +228,7 @@ mod tests {
             assert_eq!((g.node, g.local_rank, g.local_size), w, "rank {r}");
             assert_eq!(g.nodes, 3);
         }
+        assert_eq!(node_info(&names, names.len()), None);
     }
 
     #[test]

@@ -112,4 +112,43 @@ mod tests {
         bad[0] ^= 1;
         assert!(EndpointInfo::from_bytes(&bad).is_err());
     }
+
+    /// Property test over arbitrary bytes (issue 14 §4): endpoint information arrives from
+    /// other ranks (MPI, files). 256 cases by default; `PROPTEST_CASES=<n>` runs more
+    /// (proptest reads the variable itself).
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            /// Any byte string: `BadInfo` unless it is 96 bytes starting with the magic;
+            /// otherwise every field is taken from its offset, so re-encoding gives back the
+            /// input with only the reserved bytes (18..24, 88..96) zeroed.
+            #[test]
+            fn from_bytes_over_arbitrary_bytes(
+                b in prop_oneof![
+                    proptest::collection::vec(any::<u8>(), 0..200),
+                    proptest::collection::vec(any::<u8>(), INFO_BYTES..=INFO_BYTES).prop_map(|mut b| {
+                        b[..8].copy_from_slice(&INFO_MAGIC);
+                        b
+                    }),
+                ],
+            ) {
+                match EndpointInfo::from_bytes(&b) {
+                    Err(SetupError::BadInfo(_)) => {
+                        prop_assert!(b.len() != INFO_BYTES || b[..8] != INFO_MAGIC)
+                    }
+                    Err(e) => prop_assert!(false, "unexpected error {:?}", e),
+                    Ok(info) => {
+                        prop_assert!(b.len() == INFO_BYTES && b[..8] == INFO_MAGIC);
+                        let mut want = b.clone();
+                        want[18..24].fill(0);
+                        want[88..96].fill(0);
+                        prop_assert_eq!(&info.to_bytes()[..], &want[..]);
+                    }
+                }
+            }
+        }
+    }
 }

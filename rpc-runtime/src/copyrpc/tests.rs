@@ -1180,3 +1180,92 @@ proptest! {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Arbitrary ring bytes (issue 14 §4). The peer writes the receive ring and chooses the
+// immediate, so `ingest` must take any bytes and any length: every refusal is a typed
+// `ProtocolError` with nothing delivered and nothing of the receive state changed (the
+// context then fails the endpoint and counts `corrupt_batches`, see
+// `tests/copyrpc_bad_input.rs`). 256 cases by default; `PROPTEST_CASES=<n>` runs more
+// (proptest reads the variable itself).
+
+/// Everything `ingest` may change on a refusal.
+type RecvState = ((u64, u64, u64, u64), u64, u64, u64, usize, usize);
+
+fn recv_state(p: &Pair, x: usize) -> RecvState {
+    let c = &p.s[x].core;
+    (
+        c.positions(),
+        c.recv_position(),
+        c.peer_credit(),
+        c.unused_grant(),
+        c.pending_calls(),
+        p.s[x].queue.len(),
+    )
+}
+
+proptest! {
+    /// Raw bytes (no batch structure at all, or a metadata block with arbitrary messages
+    /// behind it) and any immediate: never a panic or an out-of-bounds read; a refusal is a
+    /// typed error and changes nothing; an accepted batch delivers only requests lying
+    /// inside the ring and keeps the credit within the ring.
+    #[test]
+    fn raw_ring_bytes_are_parsed_or_refused(
+        bytes in prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..700),
+            (0u32..4, proptest::collection::vec(any::<u8>(), 0..700)).prop_map(|(n, mut b)| {
+                // A plausible metadata block: small counts, no credit, then raw bytes.
+                if b.len() >= 32 {
+                    b[..20].fill(0);
+                    b[16..20].copy_from_slice(&n.to_le_bytes());
+                }
+                b
+            }),
+        ],
+        imm in prop_oneof![
+            (0u32..24),
+            any::<u32>(),
+        ],
+        side in 0usize..2,
+    ) {
+        let (mut p, _) = pair_with_pending_call();
+        let delta = crate::copyrpc::encoding::decode_imm(imm);
+        let ring = p.s[side].core.recv_size();
+        let before = recv_state(&p, side);
+        let queued = p.s[side].queue.len();
+        let (r, delivered) = forge(&mut p, side, &bytes, delta);
+        match r {
+            Err(ProtocolError::UnknownCallId(_)) if delivered > 0 => {
+                // The one refusal found on delivery (a second response to one call).
+            }
+            Err(_) => {
+                prop_assert_eq!(delivered, 0);
+                prop_assert_eq!(recv_state(&p, side), before);
+            }
+            Ok(()) => {
+                for e in p.s[side].queue.iter().skip(queued) {
+                    prop_assert!(e.off as u64 + e.len as u64 <= ring);
+                }
+                prop_assert!(p.s[side].core.peer_credit() <= ring);
+                prop_assert!(delta >= META && delta <= ring);
+            }
+        }
+    }
+
+    /// The consumer word the peer exposes for RDMA READ is any `u64`: a value beyond what
+    /// was sent is refused with `BadConsumer` and ignored.
+    #[test]
+    fn consumer_word_is_bounded(value in any::<u64>()) {
+        let (mut p, _) = pair_with_pending_call();
+        let (producer, consumer, _, _) = p.s[0].core.positions();
+        let r = p.s[0].core.on_consumer_read(value);
+        let (_, after, _, _) = p.s[0].core.positions();
+        if value > producer {
+            prop_assert_eq!(r, Err(ProtocolError::BadConsumer));
+            prop_assert_eq!(after, consumer);
+        } else {
+            prop_assert_eq!(r, Ok(()));
+            prop_assert_eq!(after, consumer.max(value));
+        }
+    }
+}

@@ -266,6 +266,8 @@ impl PktHdr {
 
 #[cfg(test)]
 mod tests {
+    //! Vectors and property tests; the decoder's properties run 256 cases by default and
+    //! `PROPTEST_CASES=<n>` runs more (proptest reads the variable itself; issue 14 §4).
     use super::*;
     use proptest::prelude::*;
 
@@ -433,6 +435,22 @@ mod tests {
         #[test]
         fn prop_round_trip(hdr in arb_hdr()) {
             prop_assert_eq!(PktHdr::decode(&hdr.encode()), Ok(hdr));
+        }
+
+        /// Any byte string (issue 14 §4): `TooShort` with its length below 16 bytes,
+        /// `BadMagic` with the nibble found, otherwise the header of the first 16 bytes.
+        #[test]
+        fn prop_decode_any_length(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            match PktHdr::decode(&bytes) {
+                Err(HdrError::TooShort(n)) => prop_assert!(n == bytes.len() && n < PKTHDR_SIZE),
+                Err(HdrError::BadMagic(m)) => {
+                    prop_assert!(bytes.len() >= PKTHDR_SIZE);
+                    prop_assert_eq!(m, bytes[13] >> 4);
+                    prop_assert_ne!(m, MAGIC);
+                }
+                Err(e) => prop_assert!(false, "decode never returns {:?}", e),
+                Ok(h) => prop_assert_eq!(&h.encode()[..], &bytes[..PKTHDR_SIZE]),
+            }
         }
 
         #[test]

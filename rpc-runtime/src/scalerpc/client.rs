@@ -734,7 +734,10 @@ impl<U> ScaleClient<U> {
                 // SAFETY: response slot `s` of this connection; bytes read after the magic
                 // (Acquire) and accepted only with a matching trailer (Acquire).
                 let b = unsafe { self.resp.bytes(s) };
-                let h = ResponseHeader::read(&b[..RESPONSE_HEADER_SIZE]);
+                let h = ResponseHeader::read(
+                    b.first_chunk()
+                        .expect("slot_size >= 64 >= RESPONSE_HEADER_SIZE, checked at construction"),
+                );
                 let len = h.payload_len as usize;
                 if h.req_id == o.req_id && response_bytes(len) <= self.resp.slot {
                     let t = trailer_offset(RESPONSE_HEADER_SIZE, len);

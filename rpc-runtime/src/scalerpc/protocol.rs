@@ -84,9 +84,11 @@ impl RequestHeader {
         b[28..32].fill(0);
     }
 
-    /// Reads the 32 bytes.
+    /// Reads the 32 bytes. Total: every bit pattern is a header (the reader checks the
+    /// magic, the length against its slot, the trailer and the response address); the
+    /// array type rules out a short input (issue 14).
     #[inline(always)]
-    pub fn read(b: &[u8]) -> Self {
+    pub fn read(b: &[u8; REQUEST_HEADER_SIZE]) -> Self {
         RequestHeader {
             magic: u32::from_le_bytes(b[0..4].try_into().unwrap()),
             req_id: u64::from_le_bytes(b[4..12].try_into().unwrap()),
@@ -121,9 +123,11 @@ impl ResponseHeader {
         b[16..20].copy_from_slice(&self.payload_len.to_le_bytes());
     }
 
-    /// Reads the 20 bytes.
+    /// Reads the 20 bytes. Total: every bit pattern is a header (the reader checks the
+    /// magic, request id, length and trailer); the array type rules out a short input
+    /// (issue 14).
     #[inline(always)]
-    pub fn read(b: &[u8]) -> Self {
+    pub fn read(b: &[u8; RESPONSE_HEADER_SIZE]) -> Self {
         ResponseHeader {
             magic: u32::from_le_bytes(b[0..4].try_into().unwrap()),
             req_id: u64::from_le_bytes(b[4..12].try_into().unwrap()),
@@ -176,9 +180,56 @@ mod tests {
             status: STATUS_OK,
             payload_len: 12,
         };
-        let mut b = [0u8; 20];
+        let mut b = [0u8; RESPONSE_HEADER_SIZE];
         r.write(&mut b);
         assert_eq!(ResponseHeader::read(&b), r);
         assert_eq!(trailer(REQUEST_MAGIC, 0x1_0000_0005), 0x0000_0005_dead_beef);
+    }
+
+    /// Property tests over arbitrary bytes (issue 14 §4): a pool slot is written by the
+    /// client, a response slot by the server, each over RDMA. 256 cases by default;
+    /// `PROPTEST_CASES=<n>` runs more (proptest reads the variable itself).
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            /// Any 32 bytes read as a request header keep every field: writing it back gives
+            /// the input with only the pad (28..32) zeroed.
+            #[test]
+            fn request_header_over_arbitrary_bytes(b in any::<[u8; REQUEST_HEADER_SIZE]>()) {
+                let h = RequestHeader::read(&b);
+                let mut out = [0xffu8; REQUEST_HEADER_SIZE];
+                h.write(&mut out);
+                let mut want = b;
+                want[28..].fill(0);
+                prop_assert_eq!(out, want);
+            }
+
+            /// Any 20 bytes read as a response header round-trip exactly.
+            #[test]
+            fn response_header_over_arbitrary_bytes(b in any::<[u8; RESPONSE_HEADER_SIZE]>()) {
+                let h = ResponseHeader::read(&b);
+                let mut out = [0u8; RESPONSE_HEADER_SIZE];
+                h.write(&mut out);
+                prop_assert_eq!(out, b);
+            }
+
+            /// The sizes computed from a length the peer wrote (any `u16` request length,
+            /// any `u32` response length) never overflow, put the trailer 8-aligned right
+            /// after the payload, and grow with the length.
+            #[test]
+            fn sizes_from_arbitrary_lengths(req in any::<u16>(), resp in any::<u32>()) {
+                let (req, resp) = (usize::from(req), resp as usize);
+                let t = trailer_offset(REQUEST_HEADER_SIZE, req);
+                prop_assert!(t.is_multiple_of(8) && t >= REQUEST_HEADER_SIZE + req && t < REQUEST_HEADER_SIZE + req + 8);
+                prop_assert_eq!(request_bytes(req), t + TRAILER_SIZE);
+                let t = trailer_offset(RESPONSE_HEADER_SIZE, resp);
+                prop_assert!(t.is_multiple_of(8) && t >= RESPONSE_HEADER_SIZE + resp && t < RESPONSE_HEADER_SIZE + resp + 8);
+                prop_assert_eq!(response_bytes(resp), t + TRAILER_SIZE);
+                prop_assert!(request_bytes(req) <= request_bytes(req + 1));
+            }
+        }
     }
 }

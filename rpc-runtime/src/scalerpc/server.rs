@@ -34,6 +34,14 @@ use super::{
 };
 use crate::rdma::{rc_qp_on_srq, refill_srq, zero_length_srq};
 
+/// The request header bytes at the start of a pool slot. Every slot holds at least
+/// `request_bytes(0)` bytes (checked by [`ScaleServer::new`]), so this cannot fail.
+#[inline(always)]
+fn header(slot: &[u8]) -> &[u8; REQUEST_HEADER_SIZE] {
+    slot.first_chunk()
+        .expect("slot_size >= request_bytes(0), checked at construction")
+}
+
 /// Server configuration (seeds/003 §9 constants as defaults where the seed gives one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
@@ -888,7 +896,7 @@ impl ScaleServer {
         }
         // SAFETY: slot `i` of the pool; the header bytes are read after its magic (Acquire);
         // if the header is still being written, the trailer check below fails.
-        let h = RequestHeader::read(unsafe { &self.pool.bytes(i)[..REQUEST_HEADER_SIZE] });
+        let h = RequestHeader::read(header(unsafe { self.pool.bytes(i) }));
         let len = h.payload_len as usize;
         if request_bytes(len) > self.pool.slot {
             return self.reject_length(c, i, &h);
@@ -972,7 +980,7 @@ impl ScaleServer {
         // SAFETY: a complete request (trailer checked); the client does not write the slot
         // again before our response, and nobody else writes it while the bank is ours.
         let b = unsafe { self.pool.bytes(i) };
-        let h = RequestHeader::read(&b[..REQUEST_HEADER_SIZE]);
+        let h = RequestHeader::read(header(b));
         self.stats.requests += 1;
         let tok = ScaleToken {
             conn: c,
@@ -1060,7 +1068,7 @@ impl ScaleServer {
         // SAFETY: the slot is reserved for this request: the client waits for our response
         // before writing it again.
         let b = unsafe { self.pool.bytes_mut(i) };
-        if RequestHeader::read(&b[..REQUEST_HEADER_SIZE]).req_id != tok.req_id {
+        if RequestHeader::read(header(b)).req_id != tok.req_id {
             self.stats.stale_replies += 1;
             return Err(ScaleError::StaleToken);
         }

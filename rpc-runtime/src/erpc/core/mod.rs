@@ -136,6 +136,8 @@ mod admission_tests;
 #[cfg(test)]
 mod cc_tests;
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod sim_tests;
 #[cfg(test)]
 mod zc_tests;

@@ -323,6 +323,28 @@ impl RawSockAddr {
     }
 }
 
+/// How a received message of `len` bytes (already capped at the buffer length) is handed
+/// out: `Ok(None)` as one datagram, `Ok(Some(seg))` as GRO segments of `seg` bytes (the last
+/// may be shorter; `0 < seg < len`), or `Err(n)`: dropped, `n` oversized datagrams to count.
+/// `ctrl` is the message's control buffer when GRO is on, of which the kernel wrote
+/// `controllen` bytes; `flags` its `msg_flags`. Every input (any control bytes, any lengths)
+/// gives one of these; nothing reads outside `ctrl`.
+fn classify_rx(
+    ctrl: Option<&CmsgBuf>,
+    controllen: usize,
+    len: usize,
+    flags: libc::c_int,
+    mtu: usize,
+) -> Result<Option<usize>, u64> {
+    let seg = ctrl.and_then(|c| c.gro_segment(controllen).filter(|&s| s < len));
+    if flags & libc::MSG_TRUNC != 0 || seg.unwrap_or(len) > mtu {
+        // Every datagram of the message is oversized (they share one size but the last,
+        // which is not longer).
+        return Err(seg.map_or(1, |s| len.div_ceil(s)) as u64);
+    }
+    Ok(seg)
+}
+
 /// One `RX_ALIGN`-byte block of the receive ring; gives the ring its alignment.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -905,17 +927,14 @@ impl UdpTransport {
             // `size_t` on glibc, `socklen_t` on musl.
             #[allow(clippy::unnecessary_cast)]
             let controllen = h.msg_hdr.msg_controllen as usize;
-            let seg = if gro {
-                self.rx_ctrl[i].gro_segment(controllen).filter(|&s| s < len)
-            } else {
-                None
+            let ctrl = gro.then(|| &self.rx_ctrl[i]);
+            let seg = match classify_rx(ctrl, controllen, len, h.msg_hdr.msg_flags, self.mtu) {
+                Ok(seg) => seg,
+                Err(oversized) => {
+                    self.stats.rx_oversized += oversized;
+                    continue;
+                }
             };
-            if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || seg.unwrap_or(len) > self.mtu {
-                // Every datagram of the message is oversized (they share one size but the
-                // last, which is not longer).
-                self.stats.rx_oversized += seg.map_or(1, |s| len.div_ceil(s)) as u64;
-                continue;
-            }
             let Some(addr) = self.rx_names[i].get(h.msg_hdr.msg_namelen) else {
                 self.stats.rx_errors += 1;
                 continue;
@@ -1380,5 +1399,211 @@ mod tests {
         // Truncated control data is ignored.
         assert_eq!(c.gro_segment(cmsg_len(4) - 1), None);
         assert_eq!(c.gro_segment(0), None);
+    }
+
+    /// Property tests of what the receive path decodes from the kernel and the wire (issue 14
+    /// §4): `UDP_GRO` control messages, source addresses, and the cutting of a coalesced
+    /// message into datagrams. 256 cases per property by default; `PROPTEST_CASES=<n>` runs
+    /// more (proptest reads the variable itself).
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// The control-message walk of `cmsg(3)`, written out independently on the bytes:
+        /// the segment size of the first `SOL_UDP`/`UDP_GRO` message with room for an `int`.
+        fn gro_oracle(b: &[u8; CMSG_BUF_LEN], controllen: usize) -> Option<usize> {
+            assert_eq!(mem::size_of::<libc::cmsghdr>(), 16, "64-bit glibc layout");
+            let end = controllen.min(CMSG_BUF_LEN);
+            let mut off = 0;
+            while off + 16 <= end {
+                let len = u64::from_ne_bytes(b[off..off + 8].try_into().unwrap()) as usize;
+                let level = i32::from_ne_bytes(b[off + 8..off + 12].try_into().unwrap());
+                let ty = i32::from_ne_bytes(b[off + 12..off + 16].try_into().unwrap());
+                if len < 16 || off + len > end {
+                    return None;
+                }
+                if level == libc::SOL_UDP && ty == UDP_GRO && len >= 20 {
+                    let v = i32::from_ne_bytes(b[off + 16..off + 20].try_into().unwrap());
+                    return (v > 0).then_some(v as usize);
+                }
+                off += len.div_ceil(8) * 8;
+            }
+            None
+        }
+
+        /// Control bytes that are often a well-formed `UDP_GRO` message (possibly after
+        /// another message), else arbitrary.
+        fn ctrl_bytes() -> impl Strategy<Value = [u8; CMSG_BUF_LEN]> {
+            (
+                any::<[u8; CMSG_BUF_LEN]>(),
+                0u8..4,
+                any::<i32>(),
+                0usize..40,
+            )
+                .prop_map(|(mut b, shape, seg, clen)| {
+                    let mut put = |off: usize, len: usize, level: i32, ty: i32| {
+                        if off + 16 <= CMSG_BUF_LEN {
+                            b[off..off + 8].copy_from_slice(&(len as u64).to_ne_bytes());
+                            b[off + 8..off + 12].copy_from_slice(&level.to_ne_bytes());
+                            b[off + 12..off + 16].copy_from_slice(&ty.to_ne_bytes());
+                        }
+                    };
+                    match shape {
+                        0 => {}
+                        1 => put(0, clen, libc::SOL_UDP, UDP_GRO),
+                        2 => put(0, 20, libc::SOL_UDP, UDP_GRO),
+                        _ => put(0, 16, libc::SOL_SOCKET, 1),
+                    }
+                    if shape == 2 {
+                        b[16..20].copy_from_slice(&seg.to_ne_bytes());
+                    }
+                    b
+                })
+        }
+
+        proptest! {
+            /// `gro_segment` over arbitrary control bytes and any `controllen` (a kernel
+            /// may report more than the buffer): never reads outside the buffer, and finds
+            /// exactly what the written-out walk finds.
+            #[test]
+            fn gro_segment_over_arbitrary_control_bytes(
+                b in ctrl_bytes(),
+                controllen in prop_oneof![0usize..=CMSG_BUF_LEN, any::<usize>()],
+            ) {
+                let c = CmsgBuf(b);
+                prop_assert_eq!(c.gro_segment(controllen), gro_oracle(&b, controllen));
+            }
+
+            /// Every received message is either handed out (whole, or as segments of a size
+            /// below its length and at most the MTU) or dropped with a count of at least one
+            /// oversized datagram: one per datagram the message holds.
+            #[test]
+            fn classify_rx_over_arbitrary_messages(
+                b in ctrl_bytes(),
+                controllen in 0usize..64,
+                gro in any::<bool>(),
+                len in prop_oneof![0usize..2000, 0usize..=GRO_BUF_LEN],
+                trunc in any::<bool>(),
+                mtu in PKT_HDR_LEN..=MAX_MTU,
+            ) {
+                let c = CmsgBuf(b);
+                let flags = if trunc { libc::MSG_TRUNC } else { 0 };
+                let seg = if gro { gro_oracle(&b, controllen).filter(|&s| s < len) } else { None };
+                match classify_rx(gro.then_some(&c), controllen, len, flags, mtu) {
+                    Ok(None) => prop_assert!(!trunc && len <= mtu && seg.is_none()),
+                    Ok(Some(s)) => {
+                        prop_assert!(!trunc && s > 0 && s < len && s <= mtu);
+                        prop_assert_eq!(Some(s), seg);
+                    }
+                    Err(n) => {
+                        prop_assert!(trunc || seg.unwrap_or(len) > mtu);
+                        prop_assert_eq!(n, seg.map_or(1, |s| len.div_ceil(s)) as u64);
+                    }
+                }
+            }
+
+            /// A source address as the kernel (or anything) left it: decoded only for
+            /// `AF_INET` / `AF_INET6` with a long enough length, and then to the address the
+            /// bytes hold (IPv4-mapped IPv6 as IPv4).
+            #[test]
+            fn sockaddr_get_over_arbitrary_bytes(
+                bytes in any::<[u8; 28]>(),
+                family in prop_oneof![Just(libc::AF_INET), Just(libc::AF_INET6), any::<i32>()],
+                len in prop_oneof![0u32..40, any::<u32>()],
+            ) {
+                assert_eq!(mem::size_of::<RawSockAddr>(), 28);
+                let mut b = bytes;
+                b[0..2].copy_from_slice(&(family as u16).to_ne_bytes());
+                let mut raw = RawSockAddr::zeroed();
+                // SAFETY: `RawSockAddr` is 28 bytes of plain integers, valid for any pattern.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(b.as_ptr(), (&raw mut raw).cast::<u8>(), 28)
+                };
+                let fam = i32::from(u16::from_ne_bytes([b[0], b[1]]));
+                let port = u16::from_be_bytes([b[2], b[3]]);
+                let got = raw.get(len);
+                match fam {
+                    libc::AF_INET if len as usize >= 16 => prop_assert_eq!(
+                        got,
+                        Some(SocketAddr::from((Ipv4Addr::new(b[4], b[5], b[6], b[7]), port)))
+                    ),
+                    libc::AF_INET6 if len as usize >= 28 => {
+                        let ip = Ipv6Addr::from(<[u8; 16]>::try_from(&b[8..24]).unwrap());
+                        let want = match ip.to_ipv4_mapped() {
+                            Some(v4) => SocketAddr::from((v4, port)),
+                            None => SocketAddr::V6(SocketAddrV6::new(
+                                ip,
+                                port,
+                                u32::from_be_bytes(b[4..8].try_into().unwrap()),
+                                u32::from_ne_bytes(b[24..28].try_into().unwrap()),
+                            )),
+                        };
+                        prop_assert_eq!(got, Some(want));
+                    }
+                    _ => prop_assert_eq!(got, None),
+                }
+            }
+
+            /// Pending messages with any segment size are handed out as datagrams that lie
+            /// inside their message, cover it exactly and in order, are at most the segment
+            /// size, come at most `max` (and `batch`) per burst, and are counted (`rx_pkts`,
+            /// `rx_bytes`, and `rx_short` below a header).
+            #[test]
+            fn rx_burst_cuts_messages_within_their_bounds(
+                msgs in proptest::collection::vec((0usize..=1472, any::<u16>(), any::<bool>()), 1..=8),
+                maxes in proptest::collection::vec(1usize..12, 1..40),
+            ) {
+                let mut t = bind_udp(false, DEFAULT_MTU_V4, 8);
+                let from: SocketAddr = "10.0.0.1:9".parse().unwrap();
+                let mut want: Vec<Vec<Vec<u8>>> = Vec::new();
+                for (i, &(len, seg, coalesced)) in msgs.iter().enumerate() {
+                    let start = i * t.rx_stride;
+                    let seg = if coalesced && len > 1 { 1 + seg as usize % (len - 1) } else { 0 };
+                    let bytes = pattern(i, len);
+                    t.rx_buf.as_mut_bytes()[start..start + len].copy_from_slice(&bytes);
+                    t.rx_pend[i] = RxMsg {
+                        addr: from,
+                        start: start as u32,
+                        end: (start + len) as u32,
+                        seg: seg as u32,
+                    };
+                    want.push(if seg == 0 {
+                        vec![bytes]
+                    } else {
+                        bytes.chunks(seg).map(<[u8]>::to_vec).collect()
+                    });
+                }
+                t.rx_head = 0;
+                t.rx_tail = msgs.len();
+                let want: Vec<Vec<u8>> = want.into_iter().flatten().collect();
+                let mut got = Vec::new();
+                for &max in &maxes {
+                    if t.rx_head == t.rx_tail {
+                        break;
+                    }
+                    let n = t.rx_burst(max);
+                    prop_assert!(n <= max.min(8) && n >= 1);
+                    for i in 0..n {
+                        let (a, b) = t.rx_pkt(i);
+                        prop_assert_eq!(a, from);
+                        got.push(b.to_vec());
+                    }
+                    t.rx_release();
+                }
+                if t.rx_head == t.rx_tail {
+                    prop_assert_eq!(&got, &want);
+                } else {
+                    prop_assert_eq!(&got[..], &want[..got.len()]);
+                }
+                let st = t.stats();
+                prop_assert_eq!(st.rx_pkts, got.len() as u64);
+                prop_assert_eq!(st.rx_bytes, got.iter().map(|g| g.len() as u64).sum::<u64>());
+                prop_assert_eq!(
+                    st.rx_short,
+                    got.iter().filter(|g| g.len() < PKT_HDR_LEN).count() as u64
+                );
+            }
+        }
     }
 }
