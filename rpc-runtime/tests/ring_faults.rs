@@ -179,12 +179,14 @@ fn ring_reply_token_checks() {
 
     // BadToken: out of range.
     let bad = ReplyToken {
+        call_tag: 0,
         client_id: cfg.max_clients,
         generation: 0,
         resp_slot_idx: 0,
     };
     assert_eq!(server.reply(bad, b"x"), Err(ReplyError::BadToken));
     let bad = ReplyToken {
+        call_tag: 0,
         client_id: c.client_id(),
         generation: c.generation(),
         resp_slot_idx: cfg.resp_depth,
@@ -192,6 +194,7 @@ fn ring_reply_token_checks() {
     assert_eq!(server.reply(bad, b"x"), Err(ReplyError::BadToken));
     // A token never issued (nothing pending on that slot) is stale.
     let never = ReplyToken {
+        call_tag: 0,
         client_id: c.client_id(),
         generation: c.generation(),
         resp_slot_idx: 0,

@@ -28,7 +28,7 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 use rpc_runtime::delegation::layout::{
     self, ABORTED_PAYLOAD_LEN, CLIENT_ACTIVE, Layout, LayoutParams, REC_STATE, RESP_PAYLOAD,
-    RESP_PAYLOAD_LEN, RESP_VALID, SLOT_CLIENT_ID, SLOT_PAYLOAD, SLOT_PAYLOAD_LEN,
+    RESP_PAYLOAD_LEN, RESP_TAG, RESP_VALID, SLOT_CLIENT_ID, SLOT_PAYLOAD, SLOT_PAYLOAD_LEN,
     SLOT_RESP_SLOT_IDX,
 };
 use rpc_runtime::delegation::{CallError, ReplyError, RingClient, RingConfig, RingServer, SHM_DIR};
@@ -396,16 +396,13 @@ proptest! {
     }
 }
 
-/// Finding (issue 14 §4, reported to the lead; `#[ignore]`d until the protocol files are
-/// fixed): a committed entry whose metadata another process overwrote to name client B's
-/// response slot that B has no call on gets served and answered into that slot (`valid = 1`).
-/// B's next call on that slot then takes the forged answer for its own: wrong data, and its
-/// real answer is refused with `SlotBusy`. A client could refuse to start a call on a slot
-/// whose `valid` is set (counting it), or the server could skip replies to slots with no call
-/// outstanding; both are in `delegation/{client,server}.rs`, which this change does not edit.
+/// A committed entry whose metadata another process overwrote to name client B's response
+/// slot that B has no call on gets served and answered into that slot (`valid = 1`). Found by
+/// the property tests above: B's next call on that slot used to take that answer for its own
+/// (wrong data) and its real answer was refused with `SlotBusy`. Now B clears a response in
+/// a slot it is about to use (counted in `stray_responses`), and gets its own answer.
 #[test]
-#[ignore = "finding: misdelivery after a forged entry names an idle response slot (see doc)"]
-fn forged_entry_into_an_idle_response_slot_is_taken_for_the_next_response() {
+fn forged_entry_into_an_idle_response_slot_is_not_taken_for_the_next_response() {
     let mut r = Ring::new();
     r.victim.try_call(b"abc").unwrap();
     let off = r.layout.req_slot_offset(0);
@@ -423,4 +420,33 @@ fn forged_entry_into_an_idle_response_slot_is_taken_for_the_next_response() {
         Some((0, b"mine".to_vec())),
         "the other client's own answer"
     );
+    assert_eq!(r.other.stray_responses(), 1);
+}
+
+/// An answer with another call's tag lands in B's slot while B's call on it is outstanding
+/// (for example the answer to an entry whose metadata was overwritten to name that slot,
+/// served before B's own): B drops it (counted), goes on waiting, and gets its own answer.
+#[test]
+fn stray_answer_during_a_call_is_dropped_by_its_tag() {
+    let mut r = Ring::new();
+    let j = r.other.try_call(b"mine").unwrap();
+    let off = r.layout.resp_slot_offset(r.other.client_id(), j);
+    // The call is at ring position 0, so its tag is 0; the stray answer has tag 7.
+    r.file
+        .write_all_at(&7u16.to_ne_bytes(), (off + RESP_TAG) as u64)
+        .unwrap();
+    r.write_u32(off + RESP_PAYLOAD_LEN, 3);
+    r.file
+        .write_all_at(b"bad", (off + RESP_PAYLOAD) as u64)
+        .unwrap();
+    r.file
+        .write_all_at(&[1u8], (off + RESP_VALID) as u64)
+        .unwrap();
+    let mut heard = Vec::new();
+    r.other.poll(|i, b| heard.push((i, b.to_vec()))).unwrap();
+    assert!(heard.is_empty(), "{heard:?}");
+    assert_eq!((r.other.stray_responses(), r.other.in_flight()), (1, 1));
+    assert_eq!(r.serve().len(), 1);
+    r.other.poll(|i, b| heard.push((i, b.to_vec()))).unwrap();
+    assert_eq!(heard, vec![(j, b"mine".to_vec())]);
 }

@@ -216,8 +216,8 @@ struct Node {
 impl Node {
     fn new(tag: &str) -> Node {
         let name = format!("props-{tag}-{}", std::process::id());
-        let me = Arc::new(NodeDir::join(&name).unwrap());
-        let peer = NodeDir::join(&name).unwrap();
+        let me = Arc::new(NodeDir::join(&name, super::DEFAULT_NODE_LOCK_TIMEOUT).unwrap());
+        let peer = NodeDir::join(&name, super::DEFAULT_NODE_LOCK_TIMEOUT).unwrap();
         let pid = peer.pid(peer.slot);
         let mut files = Vec::new();
         for (s, len) in SEGS {
@@ -423,7 +423,7 @@ proptest! {
             f.write_all_at(&attention.to_le_bytes(), off + 8).unwrap();
         }
         drop(f);
-        let r = NodeDir::join(&name);
+        let r = NodeDir::join(&name, super::DEFAULT_NODE_LOCK_TIMEOUT);
         let result = match &r {
             Ok(d) => {
                 let ok = (d.slot as usize) < MAX_PROCS && d.alive(d.slot);
@@ -459,7 +459,7 @@ proptest! {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let name = format!("props-live-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
         let path = format!("/dev/shm/mlx5sim.{name}");
-        let a = NodeDir::join(&name).unwrap();
+        let a = NodeDir::join(&name, super::DEFAULT_NODE_LOCK_TIMEOUT).unwrap();
         prop_assert_eq!(a.slot, 0);
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.write_all_at(&next_lid.to_le_bytes(), 12).unwrap();
@@ -474,7 +474,7 @@ proptest! {
             f.write_all_at(&state.to_le_bytes(), off + 4).unwrap();
         }
         let lid_a = a.alloc_lid();
-        let b = NodeDir::join(&name);
+        let b = NodeDir::join(&name, super::DEFAULT_NODE_LOCK_TIMEOUT);
         let free = (1..MAX_PROCS).any(|s| {
             writes.iter().rev().find(|w| w.0 == s).is_none_or(|w| w.2 == 0)
         });
@@ -503,7 +503,7 @@ proptest! {
 fn a_zero_lid_counter_gives_a_unicast_lid() {
     let name = format!("props-lid0-{}", std::process::id());
     let path = format!("/dev/shm/mlx5sim.{name}");
-    let a = NodeDir::join(&name).unwrap();
+    let a = NodeDir::join(&name, super::DEFAULT_NODE_LOCK_TIMEOUT).unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.write_all_at(&0u32.to_le_bytes(), 12).unwrap();
     let lid = a.alloc_lid();

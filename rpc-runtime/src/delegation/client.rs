@@ -47,6 +47,11 @@ pub struct RingClient {
     in_flight: usize,
     /// One bit per response slot: a call is outstanding on it.
     outstanding: Box<[u64]>,
+    /// Per response slot: the call tag (low 16 bits of the ring position) of the call
+    /// outstanding on it; a response with another tag is not this call's.
+    call_tags: Box<[u16]>,
+    /// Responses dropped because their tag was not that of the slot's call.
+    stray_responses: u64,
     /// Copy of the current response (`resp_payload_cap` bytes).
     scratch: Box<[u8]>,
     liveness_interval: Duration,
@@ -195,6 +200,8 @@ impl RingClient {
             next_resp_slot: 0,
             in_flight: 0,
             outstanding: vec![0u64; (p.resp_depth as usize).div_ceil(64)].into_boxed_slice(),
+            call_tags: vec![0u16; p.resp_depth as usize].into_boxed_slice(),
+            stray_responses: 0,
             scratch: vec![0u8; p.resp_payload_cap as usize].into_boxed_slice(),
             liveness_interval: hdr.liveness_interval,
             next_liveness_check: Instant::now() + hdr.liveness_interval,
@@ -236,6 +243,13 @@ impl RingClient {
     /// Number of calls sent whose response has not been delivered by [`poll`](Self::poll).
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    /// Responses dropped because their call tag ([`RESP_TAG`]) was not that of the call
+    /// outstanding on their slot: answers to ring entries whose metadata was overwritten to
+    /// name this client's slot (only a misbehaving writer of shared memory can cause this).
+    pub fn stray_responses(&self) -> u64 {
+        self.stray_responses
     }
 
     /// Responses whose `payload_len` exceeded `resp_payload_cap` (only a misbehaving writer of
@@ -400,6 +414,16 @@ impl RingClient {
             self.wait_abandoned_passed(deadline)?;
         }
         let idx = self.pick_free_slot();
+        // A response in a slot with no call outstanding answers nobody of this client (an
+        // entry whose metadata was overwritten named it): clear it before the slot is used,
+        // so the server's answer to this call is not refused as `SlotBusy`.
+        let valid = self
+            .map
+            .u8_at(self.layout.resp_slot_offset(self.client_id, idx) + RESP_VALID);
+        if valid.load(Relaxed) != 0 {
+            valid.store(0, Release);
+            self.stray_response(idx);
+        }
         let pos = self.reserve(deadline)?;
         Ok(PendingCall {
             pos,
@@ -473,6 +497,7 @@ impl RingClient {
             return Err(self.refused(pos));
         }
         self.outstanding[idx as usize / 64] |= 1 << (idx % 64);
+        self.call_tags[idx as usize] = pos as u16;
         self.in_flight += 1;
         self.next_resp_slot = (idx + 1) & (p.resp_depth - 1);
         Ok(idx)
@@ -498,8 +523,11 @@ impl RingClient {
     /// Delivers the responses that have arrived. Source: seeds/004 §2.2 Client poll().
     ///
     /// Scans only the response slots with a call outstanding; for each with `valid != 0`
-    /// (Acquire): copies the response out, clears `valid` (Release), frees the slot and calls
-    /// `on_response(resp_slot_idx, bytes)`. Returns the number delivered.
+    /// (Acquire): if the slot's call tag ([`RESP_TAG`]) is that of the call outstanding on it,
+    /// copies the response out, clears `valid` (Release), frees the slot and calls
+    /// `on_response(resp_slot_idx, bytes)`; otherwise drops the response (clears `valid`,
+    /// counts it in [`stray_responses`](Self::stray_responses)) and keeps waiting. Returns the
+    /// number delivered.
     ///
     /// When nothing arrived and calls are outstanding, checks the server's liveness
     /// (`server_alive` every time, its lock every `liveness_interval`) and returns
@@ -544,6 +572,12 @@ impl RingClient {
                 let off = self.layout.resp_slot_offset(self.client_id, idx);
                 let valid = self.map.u8_at(off + RESP_VALID);
                 if valid.load(Acquire) == 0 {
+                    continue;
+                }
+                if self.map.u16_at(off + RESP_TAG).load(Relaxed) != self.call_tags[idx as usize] {
+                    // Not this call's answer: drop it, keep waiting for the right one.
+                    valid.store(0, Release);
+                    self.stray_response(idx);
                     continue;
                 }
                 let len = self.map.u32_at(off + RESP_PAYLOAD_LEN).load(Relaxed);
@@ -852,6 +886,16 @@ impl RingClient {
         }
         self.disconnected = true;
         CallError::ServerDisconnected
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn stray_response(&mut self, idx: u32) {
+        self.stray_responses += 1;
+        tracing::warn!(
+            path = %self.path.display(), resp_slot_idx = idx,
+            "dropped a response whose call tag is not that of the slot's call"
+        );
     }
 
     #[cold]

@@ -119,6 +119,8 @@ pub struct DelegToken {
     pub generation: u32,
     /// Method id of the request.
     pub method_id: u16,
+    /// The ring entry's call tag ([`ReplyToken::call_tag`]).
+    pub call_tag: u16,
 }
 
 impl DelegToken {
@@ -130,6 +132,7 @@ impl DelegToken {
             resp_slot_idx: token.resp_slot_idx,
             generation: token.generation,
             method_id,
+            call_tag: token.call_tag,
         }
     }
 
@@ -140,6 +143,7 @@ impl DelegToken {
             client_id: self.client_id,
             generation: self.generation,
             resp_slot_idx: self.resp_slot_idx,
+            call_tag: self.call_tag,
         }
     }
 }

@@ -131,6 +131,11 @@ pub const ABORTED_PAYLOAD_LEN: u32 = u32::MAX;
 pub const RESP_SLOT_HEADER: u64 = 8;
 /// `AtomicU8` valid (0 = empty, 1 = response present). Source: seeds/004 §2.1.
 pub const RESP_VALID: usize = 0;
+/// `u16` call tag: the low 16 bits of the ring position of the request this response answers.
+/// The client delivers a response only if the tag is that of the call outstanding on the
+/// slot, so an answer to an entry whose metadata was overwritten to name this slot is dropped
+/// (and counted), never taken for another call's. Extension, seed: padding (+1..+7).
+pub const RESP_TAG: usize = 2;
 /// `u32` payload length in bytes. Extension, seed: padding (+1..+7).
 pub const RESP_PAYLOAD_LEN: usize = 4;
 /// Start of the response payload. Source: seeds/004 §2.1.

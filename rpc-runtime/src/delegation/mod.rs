@@ -161,7 +161,12 @@
 //! # Garbage in shared memory
 //! Every value read from shared memory is validated before it is used as an index: `recv`
 //! drops (and counts in [`RingStats`]) entries whose client id, response slot or length is out
-//! of range or whose client is not `ACTIVE`; reply tokens are bounds-checked; the header is
+//! of range or whose client is not `ACTIVE`; a response carries the call tag of the request
+//! it answers (low 16 bits of its ring position, [`layout::RESP_TAG`]) and a client delivers
+//! only the one whose tag matches the call outstanding on the slot, clearing a stray one
+//! ([`RingClient::stray_responses`]), so an entry whose metadata was overwritten to name
+//! another client's slot cannot hand its answer to that client's call; reply tokens are
+//! bounds-checked; the header is
 //! validated field by field before the file is mapped ([`RingError`]). All shared-memory
 //! accesses go through bounds-checked accessors. (A process that truncates the file under a
 //! mapping can still cause `SIGBUS`; the files are mode 0600.)

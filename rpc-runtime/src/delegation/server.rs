@@ -26,6 +26,10 @@ pub struct ReplyToken {
     pub generation: u32,
     /// The response slot the sender waits on (`< resp_depth`). Source: seeds/004 §2.1 +8.
     pub resp_slot_idx: u32,
+    /// Low 16 bits of the request's ring position, written with the reply
+    /// ([`RESP_TAG`](super::layout::RESP_TAG)) so the client can tell the answer to its own call from a stray
+    /// one (extension).
+    pub call_tag: u16,
 }
 
 /// A request taken out of the ring by [`RingServer::recv`]. Source: seeds/004 §2.2 recv step 5.
@@ -371,6 +375,7 @@ impl RingServer {
                         client_id,
                         generation,
                         resp_slot_idx: slot_idx,
+                        call_tag: pos as u16,
                     },
                     payload: &self.scratch[..len as usize],
                 });
@@ -475,6 +480,9 @@ impl RingServer {
         self.map
             .u32_at(off + RESP_PAYLOAD_LEN)
             .store(len as u32, Relaxed);
+        self.map
+            .u16_at(off + RESP_TAG)
+            .store(token.call_tag, Relaxed);
         fence(Release);
         self.map.u8_at(off + RESP_VALID).store(1, Release);
         self.pending[bit / 64] &= !(1 << (bit % 64));

@@ -39,7 +39,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use memmap2::{MmapOptions, MmapRaw};
 
@@ -426,6 +426,14 @@ impl ShmMap {
         let p = self.field_ptr::<4>(off);
         // SAFETY: as for `u64_at`.
         unsafe { AtomicU32::from_ptr(p.cast()) }
+    }
+
+    /// The `AtomicU16` at byte offset `off` (must be 2-aligned and in bounds, else panics).
+    #[inline]
+    pub fn u16_at(&self, off: usize) -> &AtomicU16 {
+        let p = self.field_ptr::<2>(off);
+        // SAFETY: as for `u64_at`.
+        unsafe { AtomicU16::from_ptr(p.cast()) }
     }
 
     /// The `AtomicU8` at byte offset `off` (must be in bounds, else panics).
