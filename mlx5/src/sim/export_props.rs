@@ -222,7 +222,7 @@ impl Node {
         let mut files = Vec::new();
         for (s, len) in SEGS {
             let path = peer.backing.segment_path(pid, s);
-            let f = std::fs::File::create(&path).unwrap();
+            let f = private_file(&path);
             f.set_len(len as u64).unwrap();
             // Arbitrary-looking receive WQEs and doorbell records: every byte 0x5a except a
             // few, so `peek` finds posted WQEs with garbage scatter entries.
@@ -393,6 +393,23 @@ fn peer_exports_are_validated_or_counted() {
 /// `4096 + 64 * s`.
 const SLOT0: u64 = 4096;
 
+/// Creates `path` (truncating) with mode 0600, as the model's own files are: the tests are
+/// about the records' contents, not about the ownership checks (see `node.rs` for those).
+fn private_file(path: &str) -> std::fs::File {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .unwrap();
+    f
+}
+
 proptest! {
     /// A directory file whose header and process slots hold arbitrary values (another
     /// process wrote them, or a crash tore them): joining either succeeds, in a slot that was
@@ -411,7 +428,7 @@ proptest! {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let name = format!("props-dir-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
         let path = format!("/dev/shm/mlx5sim.{name}");
-        let f = std::fs::File::create(&path).unwrap();
+        let f = private_file(&path);
         f.set_len(DIR_BYTES as u64).unwrap();
         f.write_all_at(&magic.to_le_bytes(), 0).unwrap();
         f.write_all_at(&version.to_le_bytes(), 8).unwrap();
