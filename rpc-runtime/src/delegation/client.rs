@@ -446,8 +446,22 @@ impl RingClient {
         let pos = pending.pos;
         // Acquire: the server's Release store of `FREE(pos)` was made after its last access to
         // the slot's previous lap, so this client's writes come after it.
-        let word = self.map.u64_at(pending.seq_off).load(Acquire);
-        if word == seq_word(pos, SEQ_FREE) {
+        let seq = self.map.u64_at(pending.seq_off);
+        let free = seq_word(pos, SEQ_FREE);
+        // Two equivalent checks (a CAS of `FREE(pos)` to itself succeeds exactly when the word
+        // is `FREE(pos)`), chosen for speed: with no other call in flight the caller waits for
+        // this one, and the locked CAS takes the slot's line exclusive in one transfer
+        // (`ring_vs_crossbeam` QD 1: p50 230 ns vs 300 ns with the load); with calls in flight
+        // the load lets the CPU overlap this line's transfer with the rest of the call (QD 32:
+        // 10.9 vs 8.5 Mops/s with the CAS).
+        let word = if self.in_flight == 0 {
+            match seq.compare_exchange(free, free, Acquire, Acquire) {
+                Ok(w) | Err(w) => w,
+            }
+        } else {
+            seq.load(Acquire)
+        };
+        if word == free {
             return Ok(true);
         }
         self.claim_slow(pos, word, deadline)
