@@ -42,6 +42,11 @@ pub struct RingClient {
     generation: u32,
     /// Byte offset of this client's record in the client table.
     record: usize,
+    /// Byte offset of this client's response slot 0 (its slots follow, `resp_slot_size`
+    /// bytes apart; both from the validated layout).
+    resp_base: usize,
+    /// `Layout::resp_slot_size`, in bytes.
+    resp_slot_size: usize,
     /// Round-robin start for picking a response slot. Source: seeds/004 §2.2 call() step 2.
     next_resp_slot: u32,
     in_flight: usize,
@@ -192,6 +197,8 @@ impl RingClient {
             path,
             file,
             record: layout.record_offset(client_id),
+            resp_base: layout.resp_slot_offset(client_id, 0),
+            resp_slot_size: layout.resp_slot_size as usize,
             map,
             layout,
             info: hdr.info(),
@@ -417,9 +424,7 @@ impl RingClient {
         // A response in a slot with no call outstanding answers nobody of this client (an
         // entry whose metadata was overwritten named it): clear it before the slot is used,
         // so the server's answer to this call is not refused as `SlotBusy`.
-        let valid = self
-            .map
-            .u8_at(self.layout.resp_slot_offset(self.client_id, idx) + RESP_VALID);
+        let valid = self.map.u8_at(self.resp_slot(idx) + RESP_VALID);
         if valid.load(Relaxed) != 0 {
             valid.store(0, Release);
             self.stray_response(idx);
@@ -430,6 +435,13 @@ impl RingClient {
             idx,
             seq_off: self.layout.seq_offset(pos),
         })
+    }
+
+    /// Byte offset of this client's response slot `idx` (`idx < resp_depth`: callers pick it
+    /// from their own bookkeeping; the accessors bounds-check the result anyway).
+    #[inline(always)]
+    fn resp_slot(&self, idx: u32) -> usize {
+        self.resp_base + idx as usize * self.resp_slot_size
     }
 
     /// The sequence word of the slot holding `pos`.
@@ -583,7 +595,7 @@ impl RingClient {
                 let b = bits.trailing_zeros();
                 bits &= bits - 1;
                 let idx = w as u32 * 64 + b;
-                let off = self.layout.resp_slot_offset(self.client_id, idx);
+                let off = self.resp_slot(idx);
                 let valid = self.map.u8_at(off + RESP_VALID);
                 if valid.load(Acquire) == 0 {
                     continue;
