@@ -13,6 +13,7 @@ pub mod error;
 pub mod fastmap;
 pub mod hw;
 pub mod mem;
+pub mod private_file;
 pub mod queue;
 pub mod rq;
 pub mod sim;

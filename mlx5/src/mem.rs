@@ -397,9 +397,6 @@ pub fn shared_segment_of(addr: usize, len: usize) -> Option<(u32, usize)> {
     (end <= base + e.len).then_some((e.seg, base))
 }
 
-/// Mode of every shared device-model file: read-write for the owner only.
-pub(crate) const SHARED_FILE_MODE: u32 = 0o600;
-
 /// Shared files this process refused ([`check_private`]), since it started.
 static UNSAFE_FILES_REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -408,35 +405,15 @@ pub(crate) fn unsafe_files_refused() -> u64 {
     UNSAFE_FILES_REFUSED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
-/// Creates `path` exclusively (`O_CREAT | O_EXCL | O_NOFOLLOW`, read-write, close-on-exec)
-/// and sets its mode to exactly [`SHARED_FILE_MODE`] with `fchmod` (not subject to the umask).
-/// A file left by a failed `fchmod` is removed.
+/// Creates `path` as a private shared file ([`crate::private_file::create`]: `O_EXCL`,
+/// `O_NOFOLLOW`, exactly mode 0600).
 pub(crate) fn create_private(path: &std::path::Path) -> io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(SHARED_FILE_MODE)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
-    // SAFETY: `file` keeps the descriptor open for the duration of the call.
-    if unsafe { libc::fchmod(file.as_raw_fd(), SHARED_FILE_MODE as libc::mode_t) } == -1 {
-        let e = io::Error::last_os_error();
-        let _ = std::fs::remove_file(path);
-        return Err(e);
-    }
-    Ok(file)
+    crate::private_file::create(path)
 }
 
 #[cold]
 #[inline(never)]
-fn refuse(path: &std::path::Path, owner: u32, mode: u32, reason: &'static str) -> Error {
+fn refuse(path: &std::path::Path, (owner, mode): (u32, u32), reason: &'static str) -> Error {
     UNSAFE_FILES_REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     tracing::warn!(
         path = %path.display(), owner, mode = format_args!("{mode:o}"), reason,
@@ -446,58 +423,47 @@ fn refuse(path: &std::path::Path, owner: u32, mode: u32, reason: &'static str) -
         path: path.display().to_string(),
         owner,
         mode,
-        expected_uid: euid(),
+        expected_uid: crate::private_file::euid(),
         reason,
     }
 }
 
-/// Checks the open `file` (at `path`) with `fstat`: a regular file owned by this process's
-/// effective uid with no group or other permission bits.
+/// Checks the open `file` (at `path`) with `fstat` against the shared-file trust rule
+/// ([`crate::private_file::problem`]).
 ///
 /// # Errors
 /// [`Error::UnsafeFile`] (counted) naming the file, its owner, its mode and the reason;
 /// [`Error::Memory`] if `fstat` fails.
 pub(crate) fn check_private(file: &std::fs::File, path: &std::path::Path) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
     let md = file.metadata().map_err(Error::Memory)?;
-    let (uid, mode) = (md.uid(), md.mode() & 0o7777);
-    let reason = if !md.file_type().is_file() {
-        "it is not a regular file"
-    } else if uid != euid() {
-        "it is owned by another user"
-    } else if mode & 0o077 != 0 {
-        "group or other users have access to it"
-    } else {
-        return Ok(());
-    };
-    Err(refuse(path, uid, mode, reason))
+    match crate::private_file::problem(&md) {
+        None => Ok(()),
+        Some(reason) => Err(refuse(
+            path,
+            crate::private_file::owner_and_mode(&md),
+            reason,
+        )),
+    }
 }
 
-/// Opens the existing `path` read-write (`O_NOFOLLOW`, close-on-exec) and checks it with
+/// Opens the existing `path` ([`crate::private_file::open`]) and checks it with
 /// [`check_private`] before returning it. `Ok(None)` if nothing is at `path`.
 ///
 /// # Errors
 /// [`Error::UnsafeFile`] for a symbolic link or a file [`check_private`] refuses;
 /// [`Error::Memory`] if `open` fails otherwise.
 pub(crate) fn open_private(path: &std::path::Path) -> Result<Option<std::fs::File>> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
+    match crate::private_file::open(path) {
         Ok(file) => {
             check_private(&file, path)?;
             Ok(Some(file))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            let (uid, mode) = std::fs::symlink_metadata(path)
-                .map(|m| (m.uid(), m.mode() & 0o7777))
-                .unwrap_or((u32::MAX, 0));
-            Err(refuse(path, uid, mode, "it is a symbolic link"))
-        }
+        Err(e) if crate::private_file::is_symlink_error(&e) => Err(refuse(
+            path,
+            crate::private_file::link_owner_and_mode(path),
+            "it is a symbolic link",
+        )),
         Err(e) => Err(Error::Memory(e)),
     }
 }

@@ -34,10 +34,10 @@
 //! particular when the owning process dies. This is what makes them usable as liveness tokens
 //! between threads of one process as well as between processes.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
 
@@ -78,10 +78,6 @@ pub fn shm_path(name: &str) -> Result<(String, PathBuf), RingError> {
     Ok((n.to_owned(), Path::new(SHM_DIR).join(n)))
 }
 
-/// The mode of every file this module creates: read-write for the owner, nothing for group
-/// and other users.
-pub const FILE_MODE: u32 = 0o600;
-
 /// Files refused by [`check_private`] in this process (all rings and manifests).
 static UNSAFE_FILES_REFUSED: AtomicU64 = AtomicU64::new(0);
 
@@ -93,67 +89,28 @@ pub fn unsafe_files_refused() -> u64 {
 
 /// This process's effective uid (the owner every file it opens must have).
 pub fn euid() -> u32 {
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    mlx5::private_file::euid()
 }
 
 /// Creates `path` exclusively (`O_CREAT | O_EXCL | O_NOFOLLOW`), read-write, close-on-exec,
-/// and sets its mode to exactly [`FILE_MODE`] with `fchmod` (the umask can only have removed
-/// bits at creation; `fchmod` is not subject to it).
+/// with mode exactly 0600 ([`mlx5::private_file::create`]).
 ///
 /// # Errors
 /// `AlreadyExists` if anything (a file, a symbolic link) is at `path`; the `open` or `fchmod`
 /// error otherwise (a file created before a failed `fchmod` is removed).
 pub fn create_exclusive(path: &Path) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(FILE_MODE)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
-    if let Err(e) = fchmod_private(&file) {
-        let _ = std::fs::remove_file(path);
-        return Err(e);
-    }
-    Ok(file)
-}
-
-/// `fchmod(fd, 0600)`.
-fn fchmod_private(file: &File) -> io::Result<()> {
-    // SAFETY: `file` keeps the descriptor open for the duration of the call.
-    if unsafe { libc::fchmod(file.as_raw_fd(), FILE_MODE as libc::mode_t) } == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    mlx5::private_file::create(path)
 }
 
 /// Opens an existing `path` read-write (close-on-exec, `O_NOFOLLOW`: a symbolic link fails
 /// with `ELOOP`), without checking it: follow with [`check_private`] before using the file.
 pub fn open_existing(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-}
-
-/// Why a file is refused, from its `st_uid` and `st_mode` (`None`: it is acceptable).
-fn unsafe_reason(uid: u32, mode: u32, is_file: bool) -> Option<&'static str> {
-    if !is_file {
-        Some("it is not a regular file")
-    } else if uid != euid() {
-        Some("it is owned by another user")
-    } else if mode & 0o077 != 0 {
-        Some("group or other users have access to it")
-    } else {
-        None
-    }
+    mlx5::private_file::open(path)
 }
 
 #[cold]
 #[inline(never)]
-fn refuse(path: &Path, owner: u32, mode: u32, reason: &'static str) -> RingError {
+fn refuse(path: &Path, (owner, mode): (u32, u32), reason: &'static str) -> RingError {
     UNSAFE_FILES_REFUSED.fetch_add(1, Relaxed);
     tracing::warn!(
         path = %path.display(), owner, mode = format_args!("{mode:o}"), reason,
@@ -168,22 +125,48 @@ fn refuse(path: &Path, owner: u32, mode: u32, reason: &'static str) -> RingError
     }
 }
 
-/// Checks the open `file` (at `path`, for the error) with `fstat`: a regular file, owned by
-/// this process's effective uid, with no group or other permission bits (see the module docs).
-///
-/// # Errors
-/// [`RingError::UnsafeFile`] (counted in [`unsafe_files_refused`]) naming the file, its owner
-/// uid, its mode and what is wrong; [`RingError::Io`] if `fstat` fails.
-pub fn check_private(file: &File, path: &Path) -> Result<(), RingError> {
+/// Checks the open `file` (at `path`, for the error) with `fstat` against `problem` (one of
+/// [`mlx5::private_file`]'s rules).
+fn check_with(
+    file: &File,
+    path: &Path,
+    problem: fn(&std::fs::Metadata) -> Option<&'static str>,
+) -> Result<(), RingError> {
     let md = file.metadata().map_err(|source| RingError::Io {
         path: path.to_path_buf(),
         op: "fstat",
         source,
     })?;
-    match unsafe_reason(md.uid(), md.mode(), md.file_type().is_file()) {
+    match problem(&md) {
         None => Ok(()),
-        Some(reason) => Err(refuse(path, md.uid(), md.mode() & 0o7777, reason)),
+        Some(reason) => Err(refuse(
+            path,
+            mlx5::private_file::owner_and_mode(&md),
+            reason,
+        )),
     }
+}
+
+/// Checks the open `file` (at `path`, for the error) with `fstat`: a regular file, owned by
+/// this process's effective uid, with no group or other permission bits (see the module docs
+/// and [`mlx5::private_file`]).
+///
+/// # Errors
+/// [`RingError::UnsafeFile`] (counted in [`unsafe_files_refused`]) naming the file, its owner
+/// uid, its mode and what is wrong; [`RingError::Io`] if `fstat` fails.
+pub fn check_private(file: &File, path: &Path) -> Result<(), RingError> {
+    check_with(file, path, mlx5::private_file::problem)
+}
+
+/// Refuses the file `file` (at `path`) unless this process's effective uid owns it (mode and
+/// type are not checked): what a server checks before treating an existing file as its own
+/// stale ring that it may lock, unlink and replace.
+///
+/// # Errors
+/// [`RingError::UnsafeFile`] (counted) for a file of another user; [`RingError::Io`] if
+/// `fstat` fails.
+pub fn check_owner(file: &File, path: &Path) -> Result<(), RingError> {
+    check_with(file, path, mlx5::private_file::owner_problem)
 }
 
 /// Opens the existing `path` ([`open_existing`]) and checks it ([`check_private`]) before
@@ -216,43 +199,16 @@ fn open_checked(
             Ok(Some(file))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            // O_NOFOLLOW refused a symbolic link: report its owner and mode.
-            let (uid, mode) = std::fs::symlink_metadata(path)
-                .map(|m| (m.uid(), m.mode() & 0o7777))
-                .unwrap_or((u32::MAX, 0));
-            Err(refuse(path, uid, mode, "it is a symbolic link"))
-        }
+        Err(e) if mlx5::private_file::is_symlink_error(&e) => Err(refuse(
+            path,
+            mlx5::private_file::link_owner_and_mode(path),
+            "it is a symbolic link",
+        )),
         Err(source) => Err(RingError::Io {
             path: path.to_path_buf(),
             op: "open",
             source,
         }),
-    }
-}
-
-/// Refuses the file `file` (at `path`) unless this process's effective uid owns it (mode and
-/// type are not checked): what a server checks before treating an existing file as its own
-/// stale ring that it may lock, unlink and replace.
-///
-/// # Errors
-/// [`RingError::UnsafeFile`] (counted) for a file of another user; [`RingError::Io`] if
-/// `fstat` fails.
-pub fn check_owner(file: &File, path: &Path) -> Result<(), RingError> {
-    let md = file.metadata().map_err(|source| RingError::Io {
-        path: path.to_path_buf(),
-        op: "fstat",
-        source,
-    })?;
-    if md.uid() == euid() {
-        Ok(())
-    } else {
-        Err(refuse(
-            path,
-            md.uid(),
-            md.mode() & 0o7777,
-            "it is owned by another user",
-        ))
     }
 }
 
