@@ -1425,6 +1425,25 @@ mod tests {
         assert_eq!(a.stats().tx_pkts, 0);
     }
 
+    /// A plain UD QP (default caps, one CQ for both directions) activated with the default
+    /// Q_Key: a sender that is not an eRPC transport.
+    fn plain_ud_qp(ctx: &Context, pd: &Pd, cq: &Cq) -> Qp {
+        let mut qp = ctx
+            .create_qp(
+                pd,
+                &QpInit {
+                    qp_type: QpType::Ud,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    caps: QpCaps::default(),
+                },
+            )
+            .unwrap();
+        qp.activate_ud(DEFAULT_QKEY).unwrap();
+        qp
+    }
+
     /// Datagrams from a plain UD QP: without the transport's immediate they are dropped; with
     /// it, and with a GRH, the GRH is skipped and the source is the sender's LID and QPN.
     #[test]
@@ -1434,19 +1453,7 @@ mod tests {
         let ctx = f.open();
         let pd = ctx.alloc_pd().unwrap();
         let mut cq = ctx.create_cq(16).unwrap();
-        let mut qp = ctx
-            .create_qp(
-                &pd,
-                &QpInit {
-                    qp_type: QpType::Ud,
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    srq: None,
-                    caps: QpCaps::default(),
-                },
-            )
-            .unwrap();
-        qp.activate_ud(DEFAULT_QKEY).unwrap();
+        let mut qp = plain_ud_qp(&ctx, &pd, &cq);
         let mut dest = t.local_addr().dest(DEFAULT_QKEY);
         let plain = ctx.create_ah(&pd, &dest).unwrap().av;
         dest.gid = f.open().port().gid; // any non-zero GID: the AV carries a GRH
@@ -1722,19 +1729,7 @@ mod tests {
                 let lid = ctx.port().lid;
                 let pd = ctx.alloc_pd().unwrap();
                 let mut cq = ctx.create_cq(16).unwrap();
-                let mut qp = ctx
-                    .create_qp(
-                        &pd,
-                        &QpInit {
-                            qp_type: QpType::Ud,
-                            send_cq: &cq,
-                            recv_cq: &cq,
-                            srq: None,
-                            caps: QpCaps::default(),
-                        },
-                    )
-                    .unwrap();
-                qp.activate_ud(DEFAULT_QKEY).unwrap();
+                let mut qp = super::plain_ud_qp(&ctx, &pd, &cq);
                 let av = ctx.create_ah(&pd, &t.local_addr().dest(DEFAULT_QKEY)).unwrap().av;
                 let buf = DmaBuf::new(8192).unwrap();
                 let mr = ctx.reg_mr(&pd, buf.as_mut_ptr(), 8192, Access::LOCAL_WRITE).unwrap();
