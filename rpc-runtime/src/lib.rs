@@ -8,6 +8,7 @@ pub mod copyrpc;
 pub mod delegation;
 pub mod erpc;
 pub mod error;
+pub mod flux;
 #[doc(hidden)]
 pub mod macro_support;
 mod rdma;
