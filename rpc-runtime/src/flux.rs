@@ -330,17 +330,20 @@ impl<T, U> Flux<T, U> {
         let mut delivered = 0;
         for from in 0..self.nodes() {
             while let Some(r) = self.lanes[from][me].responses.pop() {
-                let slot = self.slots.get_mut(r.call.slot as usize);
-                match slot {
-                    Some(s) if s.generation == r.call.generation && s.token.is_some() => {
-                        let token = s.token.take().expect("checked above");
+                let token = match self.slots.get_mut(r.call.slot as usize) {
+                    Some(s) if s.generation == r.call.generation => s.token.take(),
+                    _ => None,
+                };
+                match token {
+                    Some(token) => {
+                        let s = &mut self.slots[r.call.slot as usize];
                         s.generation = s.generation.wrapping_add(1);
                         self.free.push(r.call.slot);
                         self.stats.responses += 1;
                         delivered += 1;
                         on_response(token, r.payload);
                     }
-                    _ => self.stale(),
+                    None => self.stale(),
                 }
             }
         }

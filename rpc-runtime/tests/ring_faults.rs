@@ -2,10 +2,11 @@
 //! memory, garbage ring files, stale and bad reply tokens, clients that die between reserving
 //! and committing, aborted calls, clean server shutdown, name and configuration validation.
 
+mod ring_common;
+
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -15,21 +16,7 @@ use rpc_runtime::delegation::{
     SHM_DIR,
 };
 
-fn unique_name(tag: &str) -> String {
-    format!("rt-{}-{tag}", std::process::id())
-}
-
-fn shm_file(name: &str) -> PathBuf {
-    PathBuf::from(SHM_DIR).join(name)
-}
-
-/// Removes a file on drop (for files no server owns).
-struct Cleanup(PathBuf);
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+use ring_common::{Cleanup, shm_file, unique_name};
 
 fn small_cfg() -> RingConfig {
     RingConfig {
@@ -47,6 +34,13 @@ fn small_cfg() -> RingConfig {
 /// Polls, echoes every request back, advances the tail. Returns the number served.
 fn serve_once(server: &mut RingServer) -> usize {
     server.poll();
+    let n = echo_received(server);
+    server.advance_tail();
+    n
+}
+
+/// Echoes every request the last poll found back to its sender. Returns the number served.
+fn echo_received(server: &mut RingServer) -> usize {
     let mut n = 0;
     while let Some(e) = server.recv() {
         let token = e.token;
@@ -54,7 +48,6 @@ fn serve_once(server: &mut RingServer) -> usize {
         server.reply(token, &payload).expect("reply");
         n += 1;
     }
-    server.advance_tail();
     n
 }
 
@@ -1185,10 +1178,7 @@ fn with_server_thread<T>(server: &mut RingServer, f: impl FnOnce() -> T) -> T {
                     std::thread::yield_now();
                     continue;
                 }
-                while let Some(e) = server.recv() {
-                    let (token, payload) = (e.token, e.payload.to_vec());
-                    server.reply(token, &payload).expect("reply");
-                }
+                echo_received(server);
                 server.advance_tail();
             }
         });

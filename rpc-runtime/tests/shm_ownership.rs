@@ -8,10 +8,11 @@
 //! Tests in this binary run in parallel with one that changes the process umask: every file a
 //! test makes itself gets its mode set explicitly (`write_file`).
 
+mod ring_common;
+
 use std::fs::{OpenOptions, Permissions};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -21,24 +22,10 @@ use rpc_runtime::delegation::{
     unsafe_files_refused,
 };
 
+use ring_common::{Cleanup, shm_file, unique_name};
+
 /// The uid the root-only tests give files ("nobody").
 const FOREIGN_UID: u32 = 65534;
-
-fn unique_name(tag: &str) -> String {
-    format!("own-{}-{tag}", std::process::id())
-}
-
-fn shm_file(name: &str) -> PathBuf {
-    PathBuf::from(SHM_DIR).join(name)
-}
-
-/// Removes a file on drop (for files no server owns).
-struct Cleanup(PathBuf);
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn cfg() -> RingConfig {
     RingConfig {
