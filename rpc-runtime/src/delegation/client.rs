@@ -366,12 +366,13 @@ impl RingClient {
     ///    (this client stalled) → [`CallError::Skipped`]. A `pos` below the `tail` read
     ///    before the `fetch_add`, or more than `ring_depth + 4 * max_clients` above `tail`,
     ///    is impossible → [`CallError::RingCorrupt`], and the ring is marked failed.
-    /// 6. Check the slot (extension): its sequence word must be `FREE(pos)` (Acquire load; no
-    ///    read-modify-write). A word of an earlier lap means that lap's stalled writer still
-    ///    holds the slot: wait until the word becomes `FREE(pos)` or the server passes `pos`
-    ///    (it does so at once), and in the latter case reserve a new position (back to step
-    ///    4, counted in [`held_slot_retries`](Self::held_slot_retries)); a word of a later lap
-    ///    likewise. Any other word → [`CallError::RingCorrupt`].
+    /// 6. Check the slot (extension): its sequence word must be `FREE(pos)` (Acquire load, or
+    ///    with no other call in flight a CAS of `FREE(pos)` to itself; no state change). A
+    ///    word of an earlier lap means that lap's stalled writer still holds the slot: wait
+    ///    until the word becomes `FREE(pos)` or the server passes `pos` (it does so at once),
+    ///    and in the latter case reserve a new position (back to step 4, counted in
+    ///    [`held_slot_retries`](Self::held_slot_retries)); a word of a later lap likewise. Any
+    ///    other word → [`CallError::RingCorrupt`].
     /// 7. Write `client_id`, `resp_slot_idx`, `payload_len` and the payload (`write`).
     /// 8. Refusal check, then commit (the seed's `committed = 1`): if `tail > pos` the server
     ///    skipped `pos` because this client stalled for longer than `stall_timeout`: nothing
@@ -450,9 +451,10 @@ impl RingClient {
         self.map.u64_at(self.layout.seq_offset(pos))
     }
 
-    /// Step 6: checks that the slot of the reserved position is free for it (a load, no
-    /// read-modify-write). Returns `Ok(false)` if the server passed the position because an
-    /// earlier lap's writer still holds the slot: the caller reserves again.
+    /// Step 6: checks that the slot of the reserved position is free for it (a load with calls
+    /// in flight; a CAS of the word to itself, no state change, when this is the only call).
+    /// Returns `Ok(false)` if the server passed the position because an earlier lap's writer
+    /// still holds the slot: the caller reserves again.
     #[inline(always)]
     fn claim(&mut self, pending: &PendingCall, deadline: &mut Deadline) -> Result<bool, CallError> {
         let pos = pending.pos;
