@@ -417,6 +417,33 @@ impl<T, U> Flux<T, U> {
         Some(token)
     }
 
+    /// Gives up every outstanding call whose user token satisfies `expired` (a sweep at the
+    /// caller's deadline, e.g. calls issued before a cut-off time): each such call's slot is
+    /// freed and its token passed to `on_expired`; late responses to them are dropped and
+    /// counted in [`FluxStats::stale_responses`]. Visits every slot (`max_inflight`): call it
+    /// periodically, not per message. Returns the number of calls given up.
+    #[cold]
+    pub fn cancel_where(
+        &mut self,
+        mut expired: impl FnMut(&U) -> bool,
+        mut on_expired: impl FnMut(U),
+    ) -> usize {
+        let mut n = 0;
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if !s.token.as_ref().is_some_and(&mut expired) {
+                continue;
+            }
+            if let Some(token) = s.token.take() {
+                s.generation = s.generation.wrapping_add(1);
+                self.free.push(i as u32);
+                self.stats.cancelled += 1;
+                n += 1;
+                on_expired(token);
+            }
+        }
+        n
+    }
+
     #[cold]
     #[inline(never)]
     fn stale(&mut self) {

@@ -155,6 +155,38 @@ fn cancelled_call_late_response_is_dropped() {
     assert_eq!(nodes[0].in_flight(), 0);
 }
 
+/// `cancel_where` gives up exactly the calls its predicate picks; their late answers are
+/// stale, the others are delivered.
+#[test]
+fn cancel_where_sweeps_only_the_expired_calls() {
+    let mut nodes = flux::network::<u32, u32>(2, small(8, 4)).unwrap();
+    for t in 0..4 {
+        nodes[0].call(1, t, t).unwrap();
+    }
+    let mut given_up = Vec::new();
+    assert_eq!(
+        nodes[0].cancel_where(|&t| t % 2 == 0, |t| given_up.push(t)),
+        2
+    );
+    given_up.sort_unstable();
+    assert_eq!(given_up, vec![0, 2]);
+    assert_eq!(nodes[0].in_flight(), 2);
+    while let Some((_, tok, req)) = nodes[1].try_recv_raw() {
+        nodes[1].reply(tok, req + 100).unwrap();
+    }
+    let mut got = Vec::new();
+    nodes[0].poll(|tok, r| got.push((tok, r)));
+    got.sort_unstable();
+    assert_eq!(got, vec![(1, 101), (3, 103)]);
+    let s = nodes[0].stats();
+    assert_eq!((s.cancelled, s.stale_responses), (2, 2));
+    // Freed slots are reusable.
+    for t in 10..12 {
+        nodes[0].call(1, t, t).unwrap();
+    }
+    assert_eq!(nodes[0].in_flight(), 2);
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Call { from: usize, to: usize },

@@ -437,7 +437,11 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
 }
 
 /// Checks that a ring was made for `S`.
-fn check_ring<S: Service>(fingerprint: u64, req_cap: u32, resp_cap: u32) -> Result<(), RpcError> {
+pub(super) fn check_ring<S: Service>(
+    fingerprint: u64,
+    req_cap: u32,
+    resp_cap: u32,
+) -> Result<(), RpcError> {
     let d = S::DESCRIPTOR;
     if fingerprint != d.fingerprint {
         return Err(RpcError::SchemaMismatch {
@@ -899,7 +903,7 @@ fn deliver_response(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     //! Two in-process ranks on the device model with tiny copyrpc rings (4 KiB: the Phase 2
     //! `RingFull`/credit path runs constantly) and a tiny hand-off ring on rank 1 (4 response
     //! slots per client: the Phase 1 hand-off waits too). Every request is answered exactly
@@ -923,14 +927,14 @@ mod tests {
         Clone, Copy, Debug, PartialEq, Eq, TryFromBytes, IntoBytes, KnownLayout, Immutable,
     )]
     #[repr(C, packed)]
-    struct Args {
-        rank: u32,
-        key: u64,
+    pub(crate) struct Args {
+        pub(crate) rank: u32,
+        pub(crate) key: u64,
     }
 
     /// `lookup(rank, key) -> u64`: answered with `key * 100 + who`, where `who` names the
     /// shard that served it.
-    struct Svc;
+    pub(crate) struct Svc;
 
     const ARGS: &[ArgDescriptor] = &[
         ArgDescriptor {
@@ -989,7 +993,7 @@ mod tests {
     /// Daemon 1 answers this key with bytes that are not a wire message.
     const POISON: u64 = 1_000_001;
 
-    fn name(tag: &str) -> String {
+    pub(crate) fn name(tag: &str) -> String {
         static N: AtomicU64 = AtomicU64::new(0);
         format!(
             "fwd-{}-{}-{tag}",
@@ -1145,7 +1149,7 @@ mod tests {
 
     /// Issues every request of `reqs` through the ring client with up to `resp_depth` in
     /// flight; returns each request's response bytes, in request order.
-    fn ring_calls(c: &mut RingClient, reqs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    pub(crate) fn ring_calls(c: &mut RingClient, reqs: &[Vec<u8>]) -> Vec<Vec<u8>> {
         let depth = c.info().resp_depth as usize;
         let mut slot_req = vec![usize::MAX; depth];
         let mut out: Vec<Option<Vec<u8>>> = vec![None; reqs.len()];
@@ -1174,14 +1178,14 @@ mod tests {
         out.into_iter().map(Option::unwrap).collect()
     }
 
-    fn encode(a: Args) -> Vec<u8> {
+    pub(crate) fn encode(a: Args) -> Vec<u8> {
         let mut b = vec![0u8; 64];
         let n = Svc::encode_request(&a, &mut b);
         b.truncate(n);
         b
     }
 
-    fn status_of(resp: &[u8]) -> u16 {
+    pub(crate) fn status_of(resp: &[u8]) -> u16 {
         wire::read_header(resp).expect("a wire message").status
     }
 

@@ -199,3 +199,4 @@ pub use transport::*;
 
 pub mod forward;
 pub use forward::{DelegToken, Delegate, DelegateError, ForwardStats, Target};
+pub mod node;
