@@ -1,0 +1,836 @@
+//! TODO
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::{Backoff, CachePadded};
+use hdrhistogram::Histogram;
+use idl::kv::{KvClient, KvRequest, KvResponse, KvService, owner_daemon};
+use rpc::bootstrap::Bootstrap;
+use rpc::copyrpc::CallError;
+use rpc::delegation::Delegation;
+use rpc::erpc::{Erpc, ErpcConfig};
+use rpc::mlx5::sim::Fabric;
+use rpc::scalerpc::{ScaleRpc, ScaleRpcAddr};
+use rpc::{ClientTransport, RpcError, Service};
+use rustc_hash::FxHashMap;
+
+use crate::config::*;
+use crate::report::*;
+use crate::wiring::*;
+use crate::workload::*;
+
+/// How client threads and the checker reach the daemons of a rank.
+pub(crate) trait Daemons: Send + Sync + 'static {
+    /// The client transport.
+    type T: ClientTransport;
+    /// Whether one client's calls on one connection execute in issue order. If not, a client
+    /// never has two writes of one key outstanding (their order would be unknown).
+    const ORDERED: bool;
+    /// Connects one client (a client thread, or the checker) to every daemon of `rank`, in
+    /// daemon order.
+    fn connect(&self, rank: usize) -> Result<Vec<KvClient<Self::T>>, RpcError>;
+    /// Lets connections without calls in flight make progress (called when a client is
+    /// idle).
+    #[inline]
+    fn keepalive(_rings: &mut [KvClient<Self::T>]) {}
+    /// The writer id of the client connected through `conns` (from [`Daemons::connect`]) and
+    /// the number of writer ids `W`: the client writes only keys `k` with `k % W == id`.
+    /// `None` (the default): the daemons serve this job alone, and a client's writer id is
+    /// its global id among the job's `clients * ranks` client threads.
+    fn writer(&self, _conns: &[KvClient<Self::T>]) -> Option<(u64, u64)> {
+        None
+    }
+    /// A client thread's connections once its closed loop has ended; by default they close
+    /// here. [`Daemons::release`] closes the ones an implementation keeps.
+    fn finished(&self, conns: Vec<KvClient<Self::T>>) {
+        drop(conns);
+    }
+    /// Closes the connections [`Daemons::finished`] kept (after the check).
+    fn release(&self) {}
+}
+
+/// The delegation rings of this rank's daemons, by name (they reach this rank only).
+pub(crate) struct Rings {
+    pub(crate) rank: usize,
+    pub(crate) names: Vec<String>,
+    /// `kv client`: the daemons are another process's, which other `kv client` processes may
+    /// use before, after or alongside this one. Writer ids are then the client ids ring 0
+    /// hands out at attach (unique among the clients attached to it, whatever their
+    /// process), over `max_clients` writer ids; and a client thread's connections stay
+    /// attached until the check is done, so that no other process takes its id (and writes
+    /// its keys) before this one has read them back.
+    pub(crate) shared: bool,
+    /// Connections of finished client threads (`shared`), closed by [`Daemons::release`].
+    pub(crate) held: std::sync::Mutex<Vec<Vec<KvClient>>>,
+}
+
+impl Rings {
+    pub(crate) fn new(rank: usize, names: Vec<String>, shared: bool) -> Self {
+        Rings {
+            rank,
+            names,
+            shared,
+            held: Default::default(),
+        }
+    }
+}
+
+impl Daemons for Rings {
+    type T = Delegation;
+    const ORDERED: bool = true;
+    fn connect(&self, rank: usize) -> Result<Vec<KvClient>, RpcError> {
+        debug_assert_eq!(rank, self.rank, "the rings of another rank");
+        self.names
+            .iter()
+            .map(|n| KvClient::<Delegation>::connect(n))
+            .collect()
+    }
+
+    fn writer(&self, conns: &[KvClient]) -> Option<(u64, u64)> {
+        let ring = conns.first().filter(|_| self.shared)?.transport().ring();
+        Some((
+            u64::from(ring.client_id()),
+            u64::from(ring.info().max_clients),
+        ))
+    }
+
+    fn finished(&self, conns: Vec<KvClient>) {
+        if self.shared {
+            self.held.lock().expect("held connections").push(conns);
+        }
+    }
+
+    fn release(&self) {
+        self.held.lock().expect("held connections").clear();
+    }
+}
+
+/// The ScaleRPC daemons of the (single) rank: each client opens a NIC of its own on `fabric`
+/// and connects to every daemon's listener.
+pub(crate) struct ScaleDaemons {
+    pub(crate) fabric: Fabric,
+    pub(crate) addrs: Vec<ScaleRpcAddr>,
+}
+
+impl Daemons for ScaleDaemons {
+    type T = ScaleRpc;
+    const ORDERED: bool = false;
+    fn connect(&self, _rank: usize) -> Result<Vec<KvClient<ScaleRpc>>, RpcError> {
+        let device = self.fabric.open();
+        self.addrs
+            .iter()
+            .map(|a| {
+                let mut a = a.clone();
+                a.device = device.clone();
+                KvClient::<ScaleRpc>::connect(&a)
+            })
+            .collect()
+    }
+
+    /// A ScaleRPC client acknowledges a stop notice only when it polls; one with nothing in
+    /// flight is not polled by `poll_with`, so poll its transport here (it has nothing to
+    /// deliver).
+    #[inline]
+    fn keepalive(rings: &mut [KvClient<ScaleRpc>]) {
+        for r in rings.iter_mut().filter(|r| r.in_flight() == 0) {
+            let _ = r.transport_mut().poll(usize::MAX, |_, _| {});
+        }
+    }
+}
+
+/// The eRPC daemons of every rank: each client connection opens a UDP socket of its own and
+/// connects to a daemon's address.
+pub(crate) struct ErpcDaemons {
+    /// The daemons' addresses, by rank.
+    pub(crate) addrs: Vec<Vec<SocketAddr>>,
+    /// Calls in flight per connection: the client's queue depth (all may go to one daemon).
+    pub(crate) qd: usize,
+}
+
+impl Daemons for ErpcDaemons {
+    type T = Erpc;
+    const ORDERED: bool = false;
+    fn connect(&self, rank: usize) -> Result<Vec<KvClient<Erpc>>, RpcError> {
+        let cfg = ErpcConfig {
+            max_in_flight: self.qd,
+            ..ErpcConfig::default()
+        };
+        self.addrs[rank]
+            .iter()
+            .map(|a| {
+                Ok(KvClient::from_transport(Erpc::connect_with(
+                    a,
+                    KvService::DESCRIPTOR,
+                    &cfg,
+                )?))
+            })
+            .collect()
+    }
+
+    /// eRPC keeps a session alive by running its event loop (keepalive pings, seeds/002 §10);
+    /// `poll_with` runs it only with calls in flight, so run the idle connections' here
+    /// (they have nothing to deliver).
+    #[inline]
+    fn keepalive(rings: &mut [KvClient<Erpc>]) {
+        for r in rings.iter_mut().filter(|r| r.in_flight() == 0) {
+            let _ = r.transport_mut().poll(usize::MAX, |_, _| {});
+        }
+    }
+}
+
+/// What one client thread measured.
+pub(crate) struct ClientReport {
+    pub(crate) ops: u64,
+    /// Operations on another rank than the client's.
+    pub(crate) ops_remote: u64,
+    pub(crate) gets: u64,
+    pub(crate) hits: u64,
+    pub(crate) errors: u64,
+    pub(crate) hist: Histogram<u64>,
+    /// Latencies of the remote operations only.
+    pub(crate) hist_remote: Histogram<u64>,
+    /// Calls given up at `--deadline-ms` (also counted in `errors`).
+    pub(crate) expired: u64,
+    /// Completions of calls given up that came late (dropped): raw ones seen by the loop,
+    /// typed ones counted by their clients.
+    pub(crate) late: u64,
+    /// Last value written to each sampled (rank, key): keys `k` with
+    /// `(k / writers) % SAMPLE_EVERY == 0`, so that every writer has some (it writes only
+    /// keys `k % writers == gid`).
+    pub(crate) written: FxHashMap<(u32, u64), u64>,
+}
+
+pub(crate) const SAMPLE_EVERY: u64 = 8;
+
+impl ClientReport {
+    /// A client thread that has done nothing yet.
+    pub(crate) fn new() -> Self {
+        ClientReport {
+            ops: 0,
+            ops_remote: 0,
+            gets: 0,
+            hits: 0,
+            errors: 0,
+            expired: 0,
+            late: 0,
+            hist: new_hist(),
+            hist_remote: new_hist(),
+            written: FxHashMap::default(),
+        }
+    }
+}
+
+/// What the client threads of one rank did.
+pub(crate) struct RankRun {
+    pub(crate) elapsed: Duration,
+    pub(crate) clients: Vec<ClientReport>,
+    /// Why a client thread failed, if one did.
+    pub(crate) failure: Option<String>,
+}
+
+/// Runs this rank's client threads, one per entry of `remotes` (reaching the rank's daemons
+/// through `daemons`), for `--duration` seconds. The ranks start together (a barrier once
+/// every client is connected), and each second every rank sums the operations done and the
+/// client threads failed over all ranks (a reduction on every rank: each makes the same number
+/// of them); rank 0 prints the throughput. A client thread that fails wakes this thread at
+/// once, and the run of every rank ends at that rank's next reduction (at once with one rank):
+/// the other client threads stop, and what every thread did up to then is kept.
+pub(crate) fn run_clients<B: Bootstrap, D: Daemons>(
+    b: &B,
+    daemons: Arc<D>,
+    remotes: Vec<Remote>,
+    load: &LoadArgs,
+    out: &OutArgs,
+) -> RankRun {
+    let (rank, ranks) = (b.rank(), b.size());
+    let n = remotes.len();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters: Arc<Vec<CachePadded<AtomicU64>>> = Arc::new(
+        (0..n)
+            .map(|_| CachePadded::new(AtomicU64::new(0)))
+            .collect(),
+    );
+    // `ready`: every client connected; `go`: every rank's clients are.
+    let ready = Arc::new(std::sync::Barrier::new(n + 1));
+    let go = Arc::new(std::sync::Barrier::new(n + 1));
+    // A client thread that fails says so here (and stops the others).
+    let (failed_tx, failed_rx) = crossbeam_channel::bounded::<()>(n);
+    let mut handles = Vec::new();
+    for (c, remote) in remotes.into_iter().enumerate() {
+        let gid = rank * load.clients + c;
+        let (daemons, load, stop, counters, ready, go, failed) = (
+            daemons.clone(),
+            load.clone(),
+            stop.clone(),
+            counters.clone(),
+            ready.clone(),
+            go.clone(),
+            failed_tx.clone(),
+        );
+        handles.push(
+            thread::Builder::new()
+                .name(format!("client-{rank}.{c}"))
+                .spawn(move || {
+                    let mut report = ClientReport::new();
+                    let r = client_thread::<D>(
+                        gid,
+                        (rank, ranks),
+                        &*daemons,
+                        remote,
+                        &load,
+                        (&ready, &go),
+                        &stop,
+                        &counters[c],
+                        &mut report,
+                    );
+                    if r.is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                        let _ = failed.send(());
+                    }
+                    (report, r.err())
+                })
+                .expect("spawn client"),
+        );
+    }
+    ready.wait();
+    // The clients of every rank start together.
+    let met = b.barrier();
+    go.wait();
+    let t0 = Instant::now();
+    let mut last = 0u64;
+    let mut tick = t0;
+    let mut failure = met.err().map(boot);
+    // One reduction per second (the last one at `--duration`), on every rank.
+    let ticks = if failure.is_some() {
+        0
+    } else {
+        load.duration.max(0.0).ceil() as u64
+    };
+    for k in 1..=ticks {
+        let at = t0 + Duration::from_secs_f64((k as f64).min(load.duration));
+        // Wakes early if a client thread fails.
+        let failed_here = failed_rx.recv_deadline(at).is_ok();
+        // Operations done, and whether a client thread failed, over all ranks.
+        let mut total = [
+            counters
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .sum::<u64>(),
+            u64::from(failed_here),
+        ];
+        if let Err(e) = b.all_reduce_sum_u64(&mut total) {
+            failure = Some(boot(e));
+            break;
+        }
+        let now = Instant::now();
+        if rank == 0 && !out.quiet {
+            eprintln!(
+                "[{:5.1} s] {:8.3} Mops/s",
+                t0.elapsed().as_secs_f64(),
+                (total[0] - last) as f64 / now.duration_since(tick).as_secs_f64() / 1e6
+            );
+        }
+        if total[1] > 0 {
+            break;
+        }
+        last = total[0];
+        tick = now;
+    }
+    if ticks == 0 {
+        let end = t0 + Duration::from_secs_f64(load.duration.max(0.0));
+        let _ = failed_rx.recv_deadline(end);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = t0.elapsed();
+    let mut clients = Vec::new();
+    for (c, h) in handles.into_iter().enumerate() {
+        let (report, err) = h.join().expect("client panicked");
+        clients.push(report);
+        if let Some(e) = err {
+            let e = format!("client {rank}.{c} failed: {e}");
+            eprintln!("kv: {e}");
+            failure.get_or_insert(e);
+        }
+    }
+    RankRun {
+        elapsed,
+        clients,
+        failure,
+    }
+}
+
+/// One client thread: connects to the daemons, waits for the run to start (`ready`, then
+/// `go`: the barriers every client thread of the rank meets, connected or not), and runs the
+/// closed loop until `stop`, accumulating into `report` (so that what it did is kept if it
+/// fails).
+///
+/// # Errors
+/// Why the thread failed: connecting, a call, or the test hook `--fail-client-after`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn client_thread<D: Daemons>(
+    gid: usize,
+    (rank, ranks): (usize, usize),
+    daemons: &D,
+    remote: Remote,
+    load: &LoadArgs,
+    (ready, go): (&std::sync::Barrier, &std::sync::Barrier),
+    stop: &AtomicBool,
+    counter: &AtomicU64,
+    report: &mut ClientReport,
+) -> Result<(), String> {
+    let rings = match remote {
+        // Connections to the daemons of every rank, rank-major.
+        Remote::Rings { .. } => (0..ranks)
+            .map(|r| daemons.connect(r))
+            .collect::<Result<Vec<_>, _>>()
+            .map(|v| v.into_iter().flatten().collect()),
+        _ => daemons.connect(rank),
+    };
+    let rings = rings.map_err(|e| e.to_string()).and_then(|mut rings| {
+        set_deadline(&mut rings, load);
+        let (writer, writers) = daemons
+            .writer(&rings)
+            .unwrap_or((gid as u64, (load.clients * ranks) as u64));
+        if writers > load.keys || writers > 1 << (64 - SEQ_BITS) {
+            return Err(format!(
+                "{writers} writer ids do not fit --keys {} (or {} bits)",
+                load.keys,
+                64 - SEQ_BITS
+            ));
+        }
+        let me = Me {
+            gid,
+            rank,
+            writer,
+            writers,
+        };
+        Ok((rings, me, gen_pattern(load, me, ranks)))
+    });
+    ready.wait();
+    go.wait();
+    let (mut rings, me, pattern) = rings?;
+    // Every call of the closed loop may go to the same ring.
+    if let Some(r) = rings.iter().find(|r| r.max_in_flight() < load.qd) {
+        return Err(format!(
+            "--qd {} exceeds the ring's {} response slots per client (kv serve --resp-depth)",
+            load.qd,
+            r.max_in_flight()
+        ));
+    }
+    let r = client_loop::<D>(
+        me, &mut rings, remote, &pattern, load, stop, counter, report,
+    );
+    // Late responses of expired typed calls, dropped by their clients.
+    report.late += rings.iter().map(|c| c.stats().late_responses).sum::<u64>();
+    daemons.finished(rings);
+    r
+}
+
+/// A completed call: its tag and response, or how it failed.
+pub(crate) type Done = (u64, Result<KvResponse, Failed>);
+
+/// How a call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Failed {
+    /// No completion within `--deadline-ms` (the typed client's `DeadlineExceeded`).
+    Deadline,
+    /// An error response, or one that did not decode.
+    Error,
+}
+
+/// How a typed call failed.
+#[cold]
+pub(crate) fn failed(e: RpcError) -> Failed {
+    match e {
+        RpcError::DeadlineExceeded { .. } => Failed::Deadline,
+        _ => Failed::Error,
+    }
+}
+
+/// What [`issue`] did with an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// Nothing: the transport cannot take the call now; poll and issue it again.
+    Later,
+    /// A typed call (its client enforces its deadline).
+    Typed,
+    /// A raw copyrpc call over a direct endpoint (the client loop enforces its deadline).
+    Raw,
+}
+
+/// The method id of an operation.
+#[inline]
+pub(crate) fn method_of(op: &Op) -> u16 {
+    if op.read {
+        KvService::GET
+    } else {
+        KvService::PUT
+    }
+}
+
+/// Sends `op` with tag `tag`: to the owner daemon's ring if it is for this rank, else over
+/// the remote path. Direct calls that find the copyrpc ring full poll (completions go to
+/// `done`) and retry, until `deadline` after the call's issue time (then the thread fails).
+/// Returns [`Sent::Later`] if the daemon's transport cannot take the call now (ScaleRPC: the
+/// connection's group is not scheduled): poll and issue it again.
+#[inline]
+pub(crate) fn issue<T: ClientTransport>(
+    me: Me,
+    (tag, op, value): (u64, Op, u64),
+    rings: &mut [KvClient<T>],
+    remote: &mut Remote,
+    inflight: &[(Instant, Op)],
+    done: &mut Vec<Done>,
+    deadline: Duration,
+) -> Result<Sent, String> {
+    let ring = match remote {
+        Remote::Rings { daemons } => op.rank as usize * *daemons + owner_daemon(op.key, *daemons),
+        _ if op.rank as usize == me.rank => owner_daemon(op.key, rings.len()),
+        Remote::None | Remote::Delegation => 0,
+        Remote::Direct { ctx, eps } => {
+            let Some(ep) = eps.get(op.rank as usize).copied().flatten() else {
+                return Err(format!("no endpoint to rank {}", op.rank));
+            };
+            let req = if op.read {
+                KvRequest::get(op.rank, op.key)
+            } else {
+                KvRequest::put(op.rank, op.key, value)
+            };
+            let d = KvService::DESCRIPTOR;
+            loop {
+                match ctx.call_with(
+                    ep,
+                    d.max_request_bytes as u32,
+                    tag as u32,
+                    d.max_response_bytes as u32,
+                    |buf| KvService::encode_request(&req, buf),
+                ) {
+                    Ok(_) => return Ok(Sent::Raw),
+                    Err(e) if e.is_retryable() => {
+                        ctx.poll(|t, r| done.push(direct_done(inflight, t, r)));
+                        if done.is_empty() && inflight[tag as usize].0.elapsed() >= deadline {
+                            return Err(no_room(op.rank, deadline));
+                        }
+                    }
+                    Err(CallError::Failed(_)) => {
+                        return Err(format!("endpoint to rank {} failed", op.rank));
+                    }
+                    Err(e) => return Err(format!("copyrpc call to rank {}: {e}", op.rank)),
+                }
+            }
+        }
+    };
+    let ring = &mut rings[ring];
+    let r = if op.read {
+        ring.issue(tag).get(op.rank, op.key)
+    } else {
+        ring.issue(tag).put(op.rank, op.key, value)
+    };
+    match r {
+        Ok(()) => Ok(Sent::Typed),
+        Err(RpcError::WouldBlock) => Ok(Sent::Later),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A direct call that found no room on its endpoint to rank `rank` for `deadline`.
+#[cold]
+pub(crate) fn no_room(rank: u32, deadline: Duration) -> String {
+    format!(
+        "copyrpc call to rank {rank}: no room on the endpoint within --deadline-ms {}",
+        deadline.as_millis()
+    )
+}
+
+/// Decodes a direct (copyrpc) response for the call with tag `t`.
+#[inline]
+pub(crate) fn direct_done(
+    inflight: &[(Instant, Op)],
+    t: u32,
+    r: Result<&[u8], rpc::copyrpc::EndpointFailure>,
+) -> Done {
+    let op = inflight[t as usize].1;
+    let resp = r
+        .ok()
+        .and_then(|b| KvService::decode_response(method_of(&op), b).ok())
+        .ok_or(Failed::Error);
+    (t as u64, resp)
+}
+
+/// The closed loop of one client thread (seeds/004 §7): requests for its rank go to the owner
+/// daemon's ring, the others over `remote`; every ring and the copyrpc context (if any) are
+/// polled, and each completion is replaced by the next operation of the pattern. An operation
+/// the transport cannot take yet (or, on a transport that does not keep a connection's calls
+/// in order, a write of a key with a write outstanding) waits, and the ones after it too.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn client_loop<D: Daemons>(
+    me: Me,
+    rings: &mut [KvClient<D::T>],
+    mut remote: Remote,
+    pattern: &[Op],
+    load: &LoadArgs,
+    stop: &AtomicBool,
+    counter: &AtomicU64,
+    rep: &mut ClientReport,
+) -> Result<(), String> {
+    let qd = load.qd;
+    // The test hook `--fail-client-after`: client 0 fails once it has done this many.
+    let fail_after = match load.fail_client_after {
+        Some(n) if me.gid == 0 => n,
+        _ => u64::MAX,
+    };
+    // Per tag (0..qd): the raw calls' state (`Tag`; typed calls' tags stay `Free`: their
+    // clients track them), when it was issued and what it was.
+    let mut state = vec![Tag::Free; qd];
+    let deadline = Duration::from_millis(load.deadline_ms);
+    // Raw (direct copyrpc) calls in flight, whose deadlines this loop enforces; none of them
+    // expires before `next_expiry` (the clock is read only when polls find nothing).
+    // `tracked`: tags not `Free` (raw calls in flight or expired); 0 on the typed-only path,
+    // which then never reads `state`.
+    let (mut raw_out, mut tracked) = (0usize, 0usize);
+    let mut next_expiry = Instant::now() + deadline;
+    // The test hook `--lose-direct-reply`: raw completions seen, and which one to ignore.
+    let mut raw_seen = 0u64;
+    let lose_at = match load.lose_direct_reply {
+        Some(n) if me.gid == 0 => n,
+        _ => 0,
+    };
+    let mut inflight: Vec<(Instant, Op)> = vec![
+        (
+            Instant::now(),
+            Op {
+                key: 0,
+                rank: 0,
+                read: true
+            }
+        );
+        qd
+    ];
+    let mut done: Vec<Done> = Vec::with_capacity(qd);
+    let mut free: Vec<u64> = (0..qd as u64).collect();
+    let (mut next, mut seq) = (0usize, 0u64);
+    let mut outstanding = 0usize;
+    // The next operation, taken from the pattern but not issued yet, and its value.
+    let mut waiting: Option<(Op, u64)> = None;
+    // Unordered transports: (rank, key) of the writes outstanding.
+    let mut writes_out: rustc_hash::FxHashSet<(u32, u64)> = Default::default();
+    let backoff = Backoff::new();
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        if !stopping {
+            while let Some(&tag) = free.last() {
+                let (op, value) = match waiting.take() {
+                    Some(w) => w,
+                    None => {
+                        let op = pattern[next];
+                        next = if next + 1 == pattern.len() {
+                            0
+                        } else {
+                            next + 1
+                        };
+                        let mut value = 0;
+                        if !op.read {
+                            seq += 1;
+                            value = (me.writer << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1));
+                        }
+                        (op, value)
+                    }
+                };
+                if !D::ORDERED && !op.read && !writes_out.insert((op.rank, op.key)) {
+                    // A write of this key is outstanding: the two could execute in either order.
+                    waiting = Some((op, value));
+                    break;
+                }
+                inflight[tag as usize] = (Instant::now(), op);
+                let sent = issue(
+                    me,
+                    (tag, op, value),
+                    rings,
+                    &mut remote,
+                    &inflight,
+                    &mut done,
+                    deadline,
+                )?;
+                if sent == Sent::Later {
+                    if !D::ORDERED && !op.read {
+                        writes_out.remove(&(op.rank, op.key));
+                    }
+                    waiting = Some((op, value));
+                    break;
+                }
+                free.pop();
+                if sent == Sent::Raw {
+                    state[tag as usize] = Tag::Raw;
+                    raw_out += 1;
+                    tracked += 1;
+                }
+                if !op.read && (op.key / me.writers) % SAMPLE_EVERY == 0 {
+                    rep.written.insert((op.rank, op.key), value);
+                }
+                outstanding += 1;
+            }
+        } else if outstanding == 0 {
+            break;
+        }
+        for ring in rings.iter_mut() {
+            ring.poll_with(|tag, r| done.push((tag, r.map_err(failed))))
+                .map_err(|e| e.to_string())?;
+        }
+        if let Remote::Direct { ctx, .. } = &mut remote {
+            ctx.poll(|t, r| done.push(direct_done(&inflight, t, r)));
+        }
+        if done.is_empty() {
+            D::keepalive(rings);
+            if raw_out > 0 {
+                let now = Instant::now();
+                if now >= next_expiry {
+                    let (n, next) = expire(
+                        (&inflight, &mut state),
+                        (now, deadline),
+                        rep,
+                        (!D::ORDERED).then_some(&mut writes_out),
+                    );
+                    outstanding -= n;
+                    raw_out -= n;
+                    next_expiry = next;
+                }
+            }
+            backoff.snooze();
+            continue;
+        }
+        backoff.reset();
+        for (tag, r) in done.drain(..) {
+            if tracked > 0 && state[tag as usize] != Tag::Free {
+                let was = std::mem::replace(&mut state[tag as usize], Tag::Free);
+                if was == Tag::Raw {
+                    raw_seen += 1;
+                    if raw_seen == lose_at {
+                        // Test hook: as if this reply were lost.
+                        state[tag as usize] = Tag::Raw;
+                        continue;
+                    }
+                    raw_out -= 1;
+                    tracked -= 1;
+                } else {
+                    // A late completion of a call given up: dropped; its tag is free again.
+                    rep.late += 1;
+                    tracked -= 1;
+                    free.push(tag);
+                    continue;
+                }
+            }
+            let (t, op) = inflight[tag as usize];
+            if !D::ORDERED && !op.read {
+                writes_out.remove(&(op.rank, op.key));
+            }
+            if r == Err(Failed::Deadline) {
+                // The typed client gave the call up at its deadline.
+                expired(op, rep);
+                outstanding -= 1;
+                free.push(tag);
+                continue;
+            }
+            let ns = (t.elapsed().as_nanos() as u64).max(1);
+            let _ = rep.hist.record(ns);
+            if op.rank as usize != me.rank {
+                rep.ops_remote += 1;
+                let _ = rep.hist_remote.record(ns);
+            }
+            rep.ops += 1;
+            match r {
+                Ok(KvResponse::Get(v)) if op.read => {
+                    rep.gets += 1;
+                    if let Some(v) = v {
+                        rep.hits += 1;
+                        // Single writer per key: the value must come from the key's writer.
+                        if v >> SEQ_BITS != op.key % me.writers {
+                            rep.errors += 1;
+                        }
+                    }
+                }
+                Ok(KvResponse::Put(())) if !op.read => {}
+                _ => rep.errors += 1,
+            }
+            outstanding -= 1;
+            free.push(tag);
+        }
+        counter.store(rep.ops, Ordering::Relaxed);
+        if rep.ops >= fail_after {
+            return Err(failed_on_purpose(rep.ops));
+        }
+    }
+    Ok(())
+}
+
+/// Where a tag of a client thread stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tag {
+    /// No raw call on it (free, or a typed call in flight: its client delivers it, or its
+    /// expiry at `--deadline-ms` as `RpcError::DeadlineExceeded`, and drops a late response
+    /// itself).
+    Free,
+    /// A raw copyrpc call in flight over a direct endpoint: [`expire`] gives it up at
+    /// `--deadline-ms`.
+    Raw,
+    /// Its raw call got no completion within `--deadline-ms`: counted as an error and given
+    /// up; the tag is reused once that call's late completion arrives (dropped), if ever.
+    Expired,
+}
+
+/// A call given up at its deadline: an error, counted in `rep.expired`; its write (whether it
+/// executed is unknown) leaves the sampled keys.
+#[cold]
+pub(crate) fn expired(op: Op, rep: &mut ClientReport) {
+    rep.errors += 1;
+    rep.expired += 1;
+    if !op.read {
+        rep.written.remove(&(op.rank, op.key));
+    }
+}
+
+/// Gives up every raw call in flight (`Tag::Raw`) issued `deadline` or more before `now`
+/// (`inflight`: issue time and operation by tag; see [`expired`]), and, for unordered
+/// transports, forgets its write from `writes_out`. Returns how many expired and the earliest
+/// instant another raw call in flight can expire.
+#[cold]
+pub(crate) fn expire(
+    (inflight, state): (&[(Instant, Op)], &mut [Tag]),
+    (now, deadline): (Instant, Duration),
+    rep: &mut ClientReport,
+    mut writes_out: Option<&mut rustc_hash::FxHashSet<(u32, u64)>>,
+) -> (usize, Instant) {
+    let (mut n, mut next) = (0, now + deadline);
+    for (s, &(at, op)) in state.iter_mut().zip(inflight) {
+        if *s != Tag::Raw {
+            continue;
+        }
+        if at + deadline > now {
+            next = next.min(at + deadline);
+            continue;
+        }
+        *s = Tag::Expired;
+        n += 1;
+        expired(op, rep);
+        if let Some(w) = writes_out.as_deref_mut().filter(|_| !op.read) {
+            w.remove(&(op.rank, op.key));
+        }
+    }
+    (n, next)
+}
+
+/// The error of the test hook `--fail-client-after`.
+#[cold]
+pub(crate) fn failed_on_purpose(ops: u64) -> String {
+    format!("failed on purpose after {ops} operations (test hook --fail-client-after)")
+}
+
+/// Gives every call of `conns` the deadline `--deadline-ms` (the typed clients' default).
+pub(crate) fn set_deadline<T: ClientTransport>(conns: &mut [KvClient<T>], load: &LoadArgs) {
+    for c in conns {
+        c.set_default_deadline(Duration::from_millis(load.deadline_ms));
+    }
+}

@@ -1,0 +1,321 @@
+//! TODO
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use rpc::delegation::DelegationConfig;
+use rpc::erpc::typed::MAX_IN_FLIGHT_LIMIT as ERPC_MAX_IN_FLIGHT;
+
+use crate::workload::*;
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "Distributed key-value benchmark (seeds/004) over the delegation ring and copyrpc, ScaleRPC or eRPC",
+    long_about = "Distributed key-value benchmark (seeds/004) over the delegation ring and \
+        copyrpc.\n\nWithout a subcommand (or with `run`), daemons and clients of every rank run \
+        in this process; `--ranks R` runs R in-process ranks connected by copyrpc on the \
+        device model. `--mpi` (a build with `--features mpi`) makes every process of \
+        `mpirun -np N` one rank of the same topology, with copyrpc between the processes on \
+        the device model shared by the processes of a host (or on an RDMA NIC: `--device`), \
+        or eRPC over UDP between them (`--transport erpc`): \
+        `mpirun -np 4 target/release/examples/kv --mpi --backend both`. The `serve`/`client` \
+        subcommands split one rank's daemons and clients into two processes. \
+        `--transport scalerpc` (`--transport erpc`) serves the daemons of one rank over \
+        ScaleRPC on the device model (eRPC over UDP loopback) instead of the delegation rings.",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub(crate) cmd: Option<Cmd>,
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Cmd {
+    /// Daemons and clients of every rank in this process (the default when no subcommand is
+    /// given).
+    Run(RunArgs),
+    /// Only the daemons of one rank: create `<shm>-0 .. <shm>-{D-1}`, list them in the ring
+    /// manifest `<shm>.rings`, and serve until SIGINT/SIGTERM or `--duration` (one rank; for
+    /// ranks as processes, see `--mpi`).
+    Serve(ServeArgs),
+    /// Only the clients of one rank, attached to the rings a `kv serve` process listed in its
+    /// ring manifest `<shm>.rings`.
+    Client(ClientArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct RunArgs {
+    /// Daemon (shard server) threads per rank.
+    #[arg(long, short = 'd', default_value_t = 1)]
+    pub(crate) daemons: usize,
+    /// In-process ranks, each with its own simulated NIC on one device-model fabric; requests
+    /// target a rank chosen uniformly. 1: a single node, no copyrpc. (With `--mpi`, the ranks
+    /// are the MPI processes.)
+    #[arg(long, default_value_t = 1)]
+    pub(crate) ranks: usize,
+    /// This process is one rank of an MPI job (`mpirun -np N .../kv --mpi`): the ranks are the
+    /// MPI processes, connected by copyrpc (delegation transport) or eRPC over UDP (`--transport
+    /// erpc`). Needs a build with `--features mpi`.
+    #[arg(long)]
+    pub(crate) mpi: bool,
+    /// Open this RDMA device (e.g. `mlx5_0`) through rdma-core for copyrpc between ranks,
+    /// instead of the software device model.
+    #[arg(long)]
+    pub(crate) device: Option<String>,
+    /// The port of `--device` (1-based).
+    #[arg(long, default_value_t = 1, requires = "device")]
+    pub(crate) port: u8,
+    /// `--mpi --transport erpc`: the IP address the daemons' UDP sockets bind to and advertise
+    /// (default: 127.0.0.1 when every rank runs on one host, else the first non-loopback address
+    /// the host name resolves to).
+    #[arg(long)]
+    pub(crate) erpc_ip: Option<std::net::IpAddr>,
+    /// How clients reach other ranks: through their rank's daemon 0 (delegation), with their
+    /// own copyrpc endpoints (direct), or each in turn (both).
+    #[arg(long, value_enum, default_value_t = Backend::Delegation)]
+    pub(crate) backend: Backend,
+    /// copyrpc send and receive ring size per endpoint, bytes (power of two, >= 1024).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub(crate) copyrpc_ring: usize,
+    /// How clients reach the daemons of their rank: the shared-memory delegation ring,
+    /// ScaleRPC on the device model (one simulated NIC per daemon and per client thread), or
+    /// eRPC over UDP loopback (one socket per daemon and per client connection). ScaleRPC runs
+    /// one rank only; eRPC one rank, or the ranks of `--mpi`.
+    #[arg(long, value_enum, default_value_t = Transport::Delegation)]
+    pub(crate) transport: Transport,
+    #[command(flatten)]
+    pub(crate) scale: ScaleArgs,
+    #[command(flatten)]
+    pub(crate) ring: RingArgs,
+    #[command(flatten)]
+    pub(crate) load: LoadArgs,
+    #[command(flatten)]
+    pub(crate) out: OutArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ServeArgs {
+    /// Base name of the rings in /dev/shm.
+    #[arg(long)]
+    pub(crate) shm: String,
+    /// Daemon (shard server) threads.
+    #[arg(long, short = 'd', default_value_t = 1)]
+    pub(crate) daemons: usize,
+    #[command(flatten)]
+    pub(crate) ring: RingArgs,
+    /// Stop after this many seconds (0: until SIGINT/SIGTERM).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) duration: f64,
+    /// Test hook (hidden): daemon 0 executes its N-th request (1-based) but drops the reply,
+    /// as a lost reply would (tests/kv_faults.rs).
+    #[arg(long, hide = true)]
+    pub(crate) drop_reply: Option<u64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ClientArgs {
+    /// Base name of the rings in /dev/shm (as given to `kv serve`).
+    #[arg(long)]
+    pub(crate) shm: String,
+    #[command(flatten)]
+    pub(crate) load: LoadArgs,
+    #[command(flatten)]
+    pub(crate) out: OutArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct RingArgs {
+    /// Request slots per ring (power of two; seeds/004 §9: 1024).
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) ring_depth: u32,
+    /// Most clients per ring.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) max_clients: u32,
+    /// Response slots per client (power of two, at least the largest queue depth used).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) resp_depth: u32,
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ScaleArgs {
+    /// ScaleRPC: connections per group; each daemon serves one group per time slice (0:
+    /// grouping off). The seeds/003 default is 400.
+    #[arg(long, default_value_t = 400)]
+    pub(crate) scalerpc_group: u32,
+    /// ScaleRPC: a group's time slice, microseconds (warm-up: a quarter of it).
+    #[arg(long, default_value_t = 200)]
+    pub(crate) scalerpc_slice_us: u64,
+    /// ScaleRPC: message pool slot size, bytes (a multiple of 64; KV messages fit 128).
+    #[arg(long, default_value_t = 128)]
+    pub(crate) scalerpc_slot: u32,
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct LoadArgs {
+    /// Client threads (per rank).
+    #[arg(long, short = 'c', default_value_t = 1)]
+    pub(crate) clients: usize,
+    /// Calls in flight per client thread (closed loop).
+    #[arg(long, default_value_t = 32)]
+    pub(crate) qd: usize,
+    /// Fraction of gets (the rest are puts).
+    #[arg(long, default_value_t = 0.5)]
+    pub(crate) read_ratio: f64,
+    /// Key range: keys are 0..keys (on every rank).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub(crate) keys: u64,
+    /// Key distribution.
+    #[arg(long, value_enum, default_value_t = Dist::Uniform)]
+    pub(crate) dist: Dist,
+    /// Zipf exponent θ (with --dist zipf).
+    #[arg(long, default_value_t = 0.99)]
+    pub(crate) theta: f64,
+    /// Measured run time in seconds (per backend).
+    #[arg(long, default_value_t = 8.0)]
+    pub(crate) duration: f64,
+    /// Pre-generated operations per client (the pattern is replayed cyclically).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub(crate) pattern_len: usize,
+    /// RNG seed (same seed, same access patterns).
+    #[arg(long, default_value_t = 42)]
+    pub(crate) seed: u64,
+    /// Written keys read back by the end-of-run correctness check.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) check_samples: usize,
+    /// Per-call deadline, milliseconds: a call with no reply this long after it was issued
+    /// (a lost reply, a stopped daemon) counts as an error and is given up (a late reply is
+    /// dropped), so the run and its check always end.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) deadline_ms: u64,
+    /// Test hook (hidden): client thread 0 of rank 0 fails on purpose once it has completed
+    /// this many operations, as a fault would make it fail (tests/kv_faults.rs).
+    #[arg(long, hide = true)]
+    pub(crate) fail_client_after: Option<u64>,
+    /// Test hook (hidden): client thread 0 of rank 0 ignores the N-th (1-based) completion of
+    /// its raw copyrpc calls (`--backend direct`), as if the reply were lost
+    /// (tests/kv_faults.rs).
+    #[arg(long, hide = true)]
+    pub(crate) lose_direct_reply: Option<u64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct OutArgs {
+    /// Print the summary as one JSON object on stdout (one line per backend run).
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Print the summary as CSV (header + one row per backend run) on stdout.
+    #[arg(long, conflicts_with = "json")]
+    pub(crate) csv: bool,
+    /// No per-second progress lines.
+    #[arg(long)]
+    pub(crate) quiet: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// The shared-memory delegation ring of seeds/004 (`/dev/shm`).
+    Delegation,
+    /// ScaleRPC (seeds/003) on the device model: every daemon is a ScaleRPC server.
+    Scalerpc,
+    /// eRPC (seeds/000, 002) over UDP loopback: every daemon is an eRPC server.
+    Erpc,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// Remote calls go through the client's rank's daemon 0 (seeds/004 §1.2, §4).
+    Delegation,
+    /// Each client thread has its own copyrpc endpoints to every remote rank's daemon 0.
+    Direct,
+    /// `delegation`, then `direct`, in one process.
+    Both,
+}
+
+/// The topology of one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Topology {
+    Delegation,
+    Direct,
+}
+
+impl Topology {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Topology::Delegation => "delegation",
+            Topology::Direct => "direct",
+        }
+    }
+}
+
+pub(crate) fn delegation_config(r: &RingArgs, qd: usize) -> Result<DelegationConfig, String> {
+    if !r.resp_depth.is_power_of_two() || (r.resp_depth as usize) < qd.max(1) {
+        return Err(format!(
+            "--resp-depth {} must be a power of two >= --qd {qd}",
+            r.resp_depth
+        ));
+    }
+    Ok(DelegationConfig {
+        max_clients: r.max_clients,
+        ring_depth: r.ring_depth,
+        resp_depth: r.resp_depth,
+        ..DelegationConfig::default()
+    })
+}
+
+/// Checks the arguments of the delegation transport for `ranks` ranks; the rings'
+/// configuration.
+pub(crate) fn delegation_args(a: &RunArgs, ranks: usize) -> Result<DelegationConfig, String> {
+    let cfg = delegation_config(&a.ring, a.load.qd)?;
+    if a.daemons == 0 {
+        return Err("--daemons must be at least 1".into());
+    }
+    if ranks > 1 {
+        if !a.copyrpc_ring.is_power_of_two() || a.copyrpc_ring < 1024 {
+            return Err("--copyrpc-ring must be a power of two >= 1024".into());
+        }
+        // Each ring: the rank's clients, the checker and (daemons 1..) the delegate.
+        if a.load.clients + 2 > a.ring.max_clients as usize {
+            return Err(
+                "--max-clients must be at least --clients + 2 with more than one rank".into(),
+            );
+        }
+    }
+    load_args(&a.load, ranks)?;
+    Ok(cfg)
+}
+
+/// Checks the client load for `ranks` ranks.
+pub(crate) fn load_args(load: &LoadArgs, ranks: usize) -> Result<(), String> {
+    if load.clients == 0 || load.qd == 0 || load.keys < (load.clients * ranks) as u64 {
+        return Err("need --clients >= 1, --qd >= 1 and --keys >= --clients * ranks".into());
+    }
+    Ok(())
+}
+
+/// The backends `b` measures, in order.
+pub(crate) fn topologies(b: Backend) -> &'static [Topology] {
+    match b {
+        Backend::Delegation => &[Topology::Delegation],
+        Backend::Direct => &[Topology::Direct],
+        Backend::Both => &[Topology::Delegation, Topology::Direct],
+    }
+}
+
+/// Checks the arguments of `--transport erpc`.
+pub(crate) fn erpc_args(a: &RunArgs, ranks: usize) -> Result<(), String> {
+    if a.backend != Backend::Delegation {
+        return Err("--backend applies to copyrpc between ranks, not to --transport erpc".into());
+    }
+    if a.device.is_some() {
+        return Err("--device applies to copyrpc between ranks (the delegation transport)".into());
+    }
+    if a.daemons == 0 {
+        return Err("--daemons must be at least 1".into());
+    }
+    if a.load.qd == 0 || a.load.qd > ERPC_MAX_IN_FLIGHT {
+        return Err(format!(
+            "--qd must be in 1..={ERPC_MAX_IN_FLIGHT} with --transport erpc"
+        ));
+    }
+    load_args(&a.load, ranks)
+}

@@ -1,0 +1,233 @@
+//! TODO
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+
+use crossbeam_utils::Backoff;
+use idl::kv::{KvRequest, KvService};
+use rpc::delegation::{Delegate, DelegationConfig, DelegationServer, ForwardStats, Target};
+use rpc::erpc::ErpcServer;
+use rpc::{RpcError, Server, ServerTransport, Service};
+
+use crate::report::*;
+use crate::shard::*;
+
+pub(crate) fn ring_name(base: &str, d: usize) -> String {
+    format!("{}-{d}", base.trim_start_matches('/'))
+}
+
+pub(crate) type KvServerCore = Server<KvService, DelegationServer>;
+
+/// Creates one ring per daemon.
+pub(crate) fn create_rings(
+    base: &str,
+    daemons: usize,
+    cfg: DelegationConfig,
+) -> Result<Vec<DelegationServer>, RpcError> {
+    (0..daemons)
+        .map(|d| DelegationServer::create(&ring_name(base, d), KvService::DESCRIPTOR, cfg))
+        .collect()
+}
+
+/// Starts one plain daemon thread per ring (single rank: seeds/004 §6, only the local ring).
+pub(crate) fn start_daemons(
+    servers: Vec<DelegationServer>,
+    rank: usize,
+    stop: &Arc<AtomicBool>,
+) -> Vec<thread::JoinHandle<DaemonReport>> {
+    servers
+        .into_iter()
+        .enumerate()
+        .map(|(d, server)| spawn_daemon(rank, d, Server::new(server), stop))
+        .collect()
+}
+
+pub(crate) fn spawn_daemon(
+    rank: usize,
+    d: usize,
+    mut server: KvServerCore,
+    stop: &Arc<AtomicBool>,
+) -> thread::JoinHandle<DaemonReport> {
+    let stop = stop.clone();
+    thread::Builder::new()
+        .name(format!("daemon-{rank}.{d}"))
+        .spawn(move || daemon_loop(&mut server, &stop))
+        .expect("spawn daemon")
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct DaemonReport {
+    /// Requests the daemon's handler executed.
+    pub(crate) requests: u64,
+    pub(crate) bad_requests: u64,
+    pub(crate) dropped_replies: u64,
+    pub(crate) keys: usize,
+    /// Daemon 0 of a multi-rank run: the delegate's counters.
+    pub(crate) forward: Option<ForwardStats>,
+    /// A ScaleRPC daemon: its server's counters.
+    pub(crate) scale: Option<ScaleDaemon>,
+    /// An eRPC daemon: its endpoint's counters.
+    pub(crate) erpc: Option<ErpcFigures>,
+}
+
+/// The daemon event loop (seeds/004 §6: only the local ring; or a ScaleRPC server).
+pub(crate) fn daemon_loop<T: ServerTransport>(
+    server: &mut Server<KvService, T>,
+    stop: &AtomicBool,
+) -> DaemonReport {
+    daemon_loop_observing(server, stop, |_| {})
+}
+
+/// [`daemon_loop`] that also calls `observe` with the server whenever a round found nothing
+/// to do (to sample transport state, e.g. the connections a ScaleRPC server holds).
+pub(crate) fn daemon_loop_observing<T: ServerTransport>(
+    server: &mut Server<KvService, T>,
+    stop: &AtomicBool,
+    mut observe: impl FnMut(&Server<KvService, T>),
+) -> DaemonReport {
+    let mut shard = Shard::default();
+    let backoff = Backoff::new();
+    while !stop.load(Ordering::Relaxed) {
+        if server.serve_once(|req| KvService::dispatch(&mut shard, req)) == 0 {
+            observe(server);
+            backoff.snooze();
+        } else {
+            backoff.reset();
+        }
+    }
+    let s = server.stats();
+    DaemonReport {
+        requests: s.requests,
+        bad_requests: s.bad_requests,
+        dropped_replies: s.dropped_replies,
+        keys: shard.map.len(),
+        forward: None,
+        scale: None,
+        erpc: None,
+    }
+}
+
+/// [`daemon_loop`] for the test hook `kv serve --drop-reply N`: the `drop`-th request
+/// (1-based; 0: none) is executed and its reply dropped (counted in `dropped_replies`).
+pub(crate) fn daemon_loop_dropping(
+    server: &mut KvServerCore,
+    stop: &AtomicBool,
+    drop: u64,
+) -> DaemonReport {
+    let mut shard = Shard::default();
+    let (mut seen, mut dropped) = (0u64, 0u64);
+    while !stop.load(Ordering::Relaxed) {
+        if server.poll() == 0 {
+            thread::yield_now();
+            continue;
+        }
+        while let Some((token, req)) = server.recv() {
+            let resp = KvService::dispatch(&mut shard, req);
+            seen += 1;
+            if seen == drop {
+                dropped += 1;
+            } else {
+                let _ = server.reply(token, &resp);
+            }
+        }
+        server.release();
+    }
+    let s = server.stats();
+    DaemonReport {
+        requests: s.requests,
+        bad_requests: s.bad_requests,
+        dropped_replies: s.dropped_replies + dropped,
+        keys: shard.map.len(),
+        ..DaemonReport::default()
+    }
+}
+
+/// The delegate's event loop: daemon 0 of a rank in a multi-rank run (seeds/004 §5).
+pub(crate) fn delegate_loop<R: FnMut(&KvRequest) -> Target>(
+    mut dlg: Delegate<KvService, R>,
+    stop: &AtomicBool,
+) -> DaemonReport {
+    let mut shard = Shard::default();
+    let backoff = Backoff::new();
+    while !stop.load(Ordering::Relaxed) {
+        if dlg.run_once(|req| KvService::dispatch(&mut shard, req)) == 0 {
+            backoff.snooze();
+        } else {
+            backoff.reset();
+        }
+    }
+    let f = *dlg.stats();
+    DaemonReport {
+        // The requests its handler executed (the hand-offs execute on the other daemons).
+        requests: f.ring_local + f.remote_served,
+        bad_requests: f.bad_requests,
+        dropped_replies: f.dropped_replies,
+        keys: shard.map.len(),
+        forward: Some(f),
+        scale: None,
+        erpc: None,
+    }
+}
+
+/// The daemon threads of a rank and their stop flag (also set when this is dropped on an
+/// error path).
+#[derive(Default)]
+pub(crate) struct DaemonThreads {
+    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) handles: Vec<thread::JoinHandle<DaemonReport>>,
+}
+
+impl DaemonThreads {
+    /// Stops the daemons; their reports.
+    pub(crate) fn finish(mut self) -> Vec<DaemonReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        std::mem::take(&mut self.handles)
+            .into_iter()
+            .map(|h| h.join().expect("daemon panicked"))
+            .collect()
+    }
+}
+
+impl Drop for DaemonThreads {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+pub(crate) fn spawn_erpc_daemon(
+    rank: usize,
+    d: usize,
+    mut server: Server<KvService, ErpcServer>,
+    stop: &Arc<AtomicBool>,
+) -> thread::JoinHandle<DaemonReport> {
+    let stop = stop.clone();
+    thread::Builder::new()
+        .name(format!("daemon-{rank}.{d}"))
+        .spawn(move || {
+            let mut r = daemon_loop(&mut server, &stop);
+            let t = server.transport();
+            let ep = t.endpoint();
+            let core = ep.core_stats();
+            let udp = rpc::erpc::transport::DatagramTransport::stats(ep.transport());
+            r.erpc = Some(ErpcFigures {
+                sessions: ep.rpc().num_sessions() as u64,
+                sessions_closed: t.stats().sessions_closed,
+                requests: core.requests_dispatched,
+                dup_requests: core.dup_req_answered,
+                dropped_pkts: core.drop_truncated
+                    + core.drop_bad_hdr
+                    + core.drop_unknown_session
+                    + core.drop_out_of_window
+                    + core.drop_msg_too_large
+                    + core.drop_bad_len
+                    + core.drop_bad_sm,
+                rx_pkts: udp.rx_pkts,
+                tx_pkts: udp.tx_pkts,
+                rx_calls: udp.rx_calls,
+                tx_calls: udp.tx_calls,
+            });
+            r
+        })
+        .expect("spawn daemon")
+}

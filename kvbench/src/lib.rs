@@ -1,0 +1,106 @@
+//! `kvbench`: the key-value benchmark of seeds/004 (the `kv` example is its command line), over typed `#[rpc_service]` stubs, the
+//! shared-memory delegation ring and, across ranks, copyrpc on the device model.
+//!
+//! Topology of one rank (seeds/004 §1.3, §7, §9): `D` daemon threads each own a shard
+//! (`key % D`) and serve it through their own delegation ring in `/dev/shm`; `C` client
+//! threads run a closed loop with `QD` calls in flight each, sending every request for their
+//! own rank to the owner daemon's ring. Access patterns (rank, key, read/write) are
+//! pre-generated per client (seeds/004 §9 step 2): uniform or zipfian (θ = 0.99 by default)
+//! keys, with a read ratio, and (with `--ranks R > 1`) a target rank uniform over the ranks.
+//!
+//! `--ranks R` runs `R` ranks in this process (threads, with the in-process bootstrap
+//! `rpc::bootstrap::threads`), each with its own simulated NIC on one shared device-model
+//! fabric. Daemon 0 of each rank is the node's delegate
+//! ([`rpc::delegation::Delegate`], seeds/004 §5): it serves shard 0, serves the calls other
+//! ranks send it over copyrpc (handing those for other shards to their daemon's ring), and,
+//! in the delegation backend, forwards its clients' remote calls. How a client reaches
+//! another rank (`--backend`):
+//! - `delegation` (seeds/004 §1.2, §4): into its own rank's daemon-0 ring; daemon 0 forwards
+//!   it over copyrpc to the target rank's daemon 0 (one endpoint per remote rank).
+//! - `direct` (seeds/004 §7 dual-path routing, with copyrpc as the remote path): each client
+//!   thread has its own copyrpc context with one endpoint per remote rank, connected to that
+//!   rank's daemon 0, and polls it alongside its rings.
+//! - `both`: the two, one after the other in this process, and their ratio.
+//!
+//! `--transport scalerpc` (one rank) replaces the delegation rings by ScaleRPC (seeds/003): each
+//! daemon serves its shard through a `ScaleRpcServer` on its own simulated NIC, and each client
+//! thread, on a NIC of its own, connects a `KvClient<ScaleRpc>` to every daemon
+//! (`--scalerpc-group`, `--scalerpc-slice-us` set the connection grouping). ScaleRPC may execute
+//! two calls outstanding on one connection in either order, so a client then never has two
+//! writes of one key outstanding.
+//!
+//! `--transport erpc` (one rank; several under `--mpi`, below) does the same over eRPC on UDP
+//! loopback (seeds/000, 002):
+//! each daemon serves its shard through an `ErpcServer` on its own UDP socket, and each client
+//! thread connects a `KvClient<Erpc>` (`--qd` calls in flight, over `ceil(qd / 8)` sessions) to
+//! every daemon. eRPC too may execute a client's outstanding calls in either order.
+//!
+//! Ranks as MPI processes (`--mpi`, a build with `--features mpi`): under `mpirun -np N` each
+//! process is one rank of the same topology (its daemons, its rings in `/dev/shm`, its clients,
+//! copyrpc to the other ranks; `--backend delegation|direct|both`), running exactly the per-rank
+//! code of `--ranks R`, whose ranks are threads: the ranks exchange copyrpc endpoint information
+//! through the bootstrap ([`rpc::bootstrap`]: `MPI_Allgather`), connect, and meet at a barrier
+//! before any traffic. On one host the ranks' simulated NICs share one device-model fabric
+//! ([`rpc::mlx5::sim::Fabric::join`], named after the pid of the host's first rank), so the device model needs
+//! every rank on one host; `--device mlx5_0 [--port 1]` opens a real NIC through rdma-core
+//! instead. `--mpi --transport erpc` runs eRPC over UDP across the processes: each rank's
+//! daemons serve `ErpcServer`s (on 127.0.0.1 when all ranks share a host, else on `--erpc-ip`
+//! or the address the host name resolves to), and every client thread connects a
+//! `KvClient<Erpc>` to every daemon of every rank. Rank 0 prints the totals: throughput overall and per rank, requests served per rank,
+//! latency percentiles merged over all ranks (each rank's histogram travels in hdrhistogram's V2
+//! encoding), and the correctness check; every rank exits nonzero if any rank failed.
+//!
+//! Correctness: every client has a global id `g = rank * C + c` and only writes keys `k` with
+//! `k % (R * C) == g` (on any rank), so every (rank, key) has one writer, whose successive
+//! calls reach the owner daemon in issue order (one client's `fetch_add`s on a ring are
+//! ordered; the delegate forwards a client's calls in ring order, and copyrpc and the
+//! hand-off ring keep that order). Values encode `(writer << 48) | seq`, so every read is
+//! checked for a plausible writer during the run, and at the end a sample of written keys,
+//! local and remote, is read back from the owner daemon of the owner rank and must return the
+//! last value written. The check runs where the keys live: each rank samples the keys its
+//! clients wrote, sends every sampled key to its owner rank (an all-gather), and each rank reads
+//! the keys it owns back from their owner daemon; the counts are summed over the ranks.
+//!
+//! `kv serve` lists its rings in a ring manifest, `/dev/shm/<shm>.rings`
+//! ([`rpc::delegation::RingManifest`]: this user's file, mode 0600), and `kv client` attaches
+//! to exactly the rings listed there, never to whatever `<shm>-N` names exist, so a ring file
+//! another local user creates is never taken for a daemon (and is refused if named).
+//!
+//! `kv client` shares its daemons with any other `kv client` process, before, after or at the
+//! same time, so there a client's writer id is instead its client id on ring 0, which the ring
+//! hands out at attach (unique among the clients attached at once, whatever their process),
+//! and it writes the keys `k` with `k % max_clients == id` (`kv serve --max-clients`, which
+//! `--keys` must reach): every key still has one writer among the processes, and a value a
+//! read finds, written by any process, names it. A client thread stays attached until the
+//! check has read its keys back.
+//!
+//! Faults: every call has a deadline (`--deadline-ms`, 1000 by default); one with no
+//! completion by then (a lost reply, a stopped daemon) counts as an error and is given up (its
+//! tag comes back only if a late completion arrives, which is dropped), so the stop loop and
+//! the check always end; the summary names how many expired. A client thread that fails
+//! (a call's error, a daemon gone) ends the run at once: the other threads stop, the summary
+//! keeps what every thread did and names the failure, and the exit code is 1.
+//!
+//! ```text
+//! cargo run --release --example kv                      # all in one process, ~10 s
+//! cargo run --release --example kv -- --ranks 2 --backend both --duration 5
+//! cargo run --release --example kv -- --transport scalerpc --clients 4 --scalerpc-group 2
+//! cargo run --release --example kv -- --transport erpc --clients 2 --daemons 2
+//! cargo run --release --example kv -- --help
+//! cargo build --release --features mpi --example kv   # then, ranks as processes:
+//! mpirun -np 4 target/release/examples/kv --mpi --backend both --duration 5
+//! mpirun -np 2 target/release/examples/kv --mpi --transport erpc --duration 5
+//! mpirun -np 2 --host a,b target/release/examples/kv --mpi --device mlx5_0 --port 1
+//! kv serve --shm kvbench --daemons 2                    # process 1: daemons (one rank)
+//! kv client --shm kvbench --clients 2                   # process 2: clients + check
+//! ```
+
+pub mod check;
+pub mod client;
+pub mod config;
+pub mod daemon;
+pub mod report;
+pub mod run;
+pub mod shard;
+pub mod wiring;
+pub mod workload;

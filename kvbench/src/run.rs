@@ -1,0 +1,711 @@
+//! TODO
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use idl::kv::KvService;
+use rpc::Server;
+use rpc::bootstrap::Bootstrap;
+use rpc::bootstrap::threads::ThreadGroup;
+use rpc::bootstrap::wire::{self, encode_socket_addr};
+use rpc::delegation::{Delegate, DelegationConfig, RingError, RingManifest, read_manifest};
+use rpc::erpc::ErpcServer;
+use rpc::mlx5::sim::{Fabric, SimConfig};
+use rpc::scalerpc::{ScaleRpcAddr, ScaleRpcServer, ServerConfig as ScaleServerConfig};
+
+use crate::check::*;
+use crate::client::*;
+use crate::config::*;
+use crate::daemon::*;
+use crate::report::*;
+use crate::shard::*;
+use crate::wiring::*;
+
+/// Runs the command line `cli`; the process exit code.
+pub fn main(cli: Cli) -> i32 {
+    match cli.cmd.unwrap_or(Cmd::Run(cli.run)) {
+        Cmd::Run(a) if a.mpi => run_mpi(a),
+        Cmd::Run(a) => run_all(a),
+        Cmd::Serve(a) => serve(a),
+        Cmd::Client(a) => client_only(a),
+    }
+}
+
+pub(crate) fn run_all(a: RunArgs) -> i32 {
+    match a.transport {
+        Transport::Scalerpc => run_scalerpc(&a),
+        Transport::Erpc => run_erpc(&a),
+        Transport::Delegation => run_threads(&a),
+    }
+}
+
+/// `--ranks R` with the delegation transport: every rank is a thread of this process with
+/// the in-process bootstrap ([`ThreadGroup`]), running the per-rank code of `--mpi`.
+pub(crate) fn run_threads(a: &RunArgs) -> i32 {
+    if a.ranks == 0 || a.ranks > 64 {
+        return fail("--ranks must be in 1..=64");
+    }
+    let cfg = match delegation_args(a, a.ranks) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    let hw = match hw_nic(a) {
+        Ok(n) => n,
+        Err(e) => return fail(&e),
+    };
+    let nic = (a.ranks > 1).then(|| hw.unwrap_or_else(|| Nic::Sim(Fabric::new(sim_config()))));
+    let job = Arc::new(Job {
+        base: format!("kv-{}", std::process::id()),
+        nic,
+        mpi: false,
+    });
+    let args = Arc::new(a.clone());
+    let ranks: Vec<_> = ThreadGroup::ranks(a.ranks)
+        .into_iter()
+        .map(|b| {
+            let (job, args) = (job.clone(), args.clone());
+            thread::Builder::new()
+                .name(format!("rank-{}", b.rank()))
+                .spawn(move || run_ranks(&b, &job, &args, cfg))
+                .expect("spawn rank")
+        })
+        .collect();
+    let mut code = 0;
+    for h in ranks {
+        match h.join().expect("rank panicked") {
+            Ok(true) => {}
+            Ok(false) => code = code.max(1),
+            Err(e) => {
+                eprintln!("kv: {e}");
+                code = 2;
+            }
+        }
+    }
+    code
+}
+
+/// `--mpi`: this process is one rank of an MPI job.
+#[cfg(feature = "mpi")]
+pub(crate) fn run_mpi(a: RunArgs) -> i32 {
+    let b = match rpc::bootstrap::mpi::MpiBootstrap::init() {
+        Ok(b) => b,
+        Err(e) => return fail(&format!("MPI initialization: {e}")),
+    };
+    // Only this (the main) thread calls MPI: every collective of the run is made here, never
+    // from a daemon or client thread.
+    let code = mpi_job::run(&b, &a);
+    // Finalizes MPI: every thread of the run has ended.
+    drop(b);
+    code
+}
+
+#[cfg(not(feature = "mpi"))]
+pub(crate) fn run_mpi(_a: RunArgs) -> i32 {
+    fail(
+        "--mpi needs MPI support: rebuild with --features mpi \
+         (cargo build --release --features mpi --example kv)",
+    )
+}
+
+/// Every backend of `a.backend`, one after the other, as rank `b.rank()` of `b.size()`
+/// (rank 0 prints the summaries); whether every run passed.
+pub(crate) fn run_ranks<B: Bootstrap>(
+    b: &B,
+    job: &Job,
+    a: &RunArgs,
+    cfg: DelegationConfig,
+) -> Result<bool, String> {
+    let mut summaries = Vec::new();
+    for (i, &topo) in topologies(a.backend).iter().enumerate() {
+        let s = run_rank(b, job, a, cfg, topo)?;
+        if b.rank() == 0 {
+            print_summary(&s, &a.out, i == 0);
+        }
+        summaries.push(s);
+    }
+    if let [d, x] = &summaries[..] {
+        if b.rank() == 0 && !a.out.json && !a.out.csv && d.mops > 0.0 {
+            println!(
+                "direct vs delegation: throughput x{:.2}, p50 x{:.2}, p99 x{:.2}",
+                x.mops / d.mops,
+                x.p50_us / d.p50_us.max(1e-9),
+                x.p99_us / d.p99_us.max(1e-9)
+            );
+        }
+    }
+    Ok(summaries.iter().all(|s| s.pass))
+}
+
+/// One rank of a delegation-transport run (seeds/004 §9): creates its rings, opens its NIC
+/// and creates its copyrpc endpoints, exchanges their information with the other ranks
+/// through `b`, connects, meets the others at a barrier, starts its daemons, runs its
+/// clients and its part of the check, and combines the figures of all ranks (every rank
+/// returns the same summary). Every rank thread of `--ranks R` and every process of `--mpi`
+/// runs this. A setup step that fails on any rank fails on every rank ([`agree`]).
+pub(crate) fn run_rank<B: Bootstrap>(
+    b: &B,
+    job: &Job,
+    a: &RunArgs,
+    cfg: DelegationConfig,
+    topo: Topology,
+) -> Result<Summary, String> {
+    let (rank, ranks, daemons) = (b.rank(), b.size(), a.daemons);
+    let base = if ranks == 1 {
+        job.base.clone()
+    } else {
+        format!("{}-{}-r{rank}", job.base, topo.name())
+    };
+    let names: Vec<String> = (0..daemons).map(|d| ring_name(&base, d)).collect();
+    let servers = create_rings(&base, daemons, cfg).map_err(|e| format!("creating the rings: {e}"));
+    let servers = agree(b, "creating the rings", servers)?;
+    let mut threads = DaemonThreads::default();
+    let remotes = match (&job.nic, ranks) {
+        (_, 1) => {
+            threads.handles = start_daemons(servers, rank, &threads.stop);
+            (0..a.load.clients).map(|_| Remote::None).collect()
+        }
+        (None, _) => return Err(on_rank(b, "no NIC for copyrpc between ranks".into())),
+        (Some(nic), _) => {
+            let clients = a.load.clients;
+            let wiring = Wiring::new(nic, (rank, ranks), clients, a.copyrpc_ring, topo);
+            let mut wiring = agree(b, "copyrpc setup", wiring)?;
+            let all = exchange_infos(b, &wiring.infos()).map_err(|e| on_rank(b, e))?;
+            let mut rings = servers.into_iter();
+            let ring0 = rings.next().expect("daemon 0");
+            let delegate = wiring.connect(rank, &all).and_then(|()| {
+                let Wiring {
+                    dlg: ctx,
+                    peers,
+                    remotes,
+                    ..
+                } = wiring;
+                let mut dlg = Delegate::<KvService, _>::new(
+                    ring0,
+                    ctx,
+                    rank as u32,
+                    ranks as u32,
+                    daemons as u32,
+                    kv_route(daemons),
+                )
+                .map_err(|e| format!("delegate: {e}"))?;
+                for (s, ep) in peers.into_iter().enumerate() {
+                    if let Some(ep) = ep {
+                        dlg.set_peer(s as u32, ep).map_err(|e| e.to_string())?;
+                    }
+                }
+                for (d, name) in names.iter().enumerate().skip(1) {
+                    dlg.attach_daemon(d as u32, name)
+                        .map_err(|e| format!("daemon {d}: {e}"))?;
+                }
+                Ok((dlg, remotes))
+            });
+            let (dlg, remotes) = agree(b, "connecting the ranks", delegate)?;
+            // Every endpoint of every rank is connected before any traffic: an RC send to a
+            // QP that is not connected yet fails once the transport retries run out, as on
+            // hardware.
+            b.barrier().map_err(|e| on_rank(b, boot(e)))?;
+            let stop = threads.stop.clone();
+            threads.handles.push(
+                thread::Builder::new()
+                    .name(format!("daemon-{rank}.0"))
+                    .spawn(move || delegate_loop(dlg, &stop))
+                    .expect("spawn delegate"),
+            );
+            for (d, server) in rings.enumerate() {
+                let h = spawn_daemon(rank, d + 1, Server::new(server), &threads.stop);
+                threads.handles.push(h);
+            }
+            remotes
+        }
+    };
+    let rings = Arc::new(Rings::new(rank, names, false));
+    let (mut s, _) = clients_and_check(b, rings, remotes, threads, &a.load, &a.out, daemons)?;
+    s.backend = topo.name();
+    s.mpi = job.mpi;
+    Ok(s)
+}
+
+/// The rest of a run on every rank: the clients, the check, a barrier (no rank stops its
+/// daemons, or tears down its endpoints, while another still calls them), the daemons'
+/// stop, and the figures of all ranks combined. The summary, and this rank's daemon reports.
+pub(crate) fn clients_and_check<B: Bootstrap, D: Daemons>(
+    b: &B,
+    daemons: Arc<D>,
+    remotes: Vec<Remote>,
+    threads: DaemonThreads,
+    load: &LoadArgs,
+    out: &OutArgs,
+    ndaemons: usize,
+) -> Result<(Summary, Vec<DaemonReport>), String> {
+    let mut run = run_clients(b, daemons.clone(), remotes, load, out);
+    let failure = run.failure.take();
+    let check = check_written(b, &*daemons, &run.clients, failure, load);
+    // The client threads' connections, if kept for the check, close before any daemon stops.
+    daemons.release();
+    let check = check.map_err(|e| on_rank(b, e))?;
+    b.barrier().map_err(|e| on_rank(b, boot(e)))?;
+    let reports = threads.finish();
+    let s = combine(b, &run, &reports, check, load, ndaemons).map_err(|e| on_rank(b, e))?;
+    Ok((s, reports))
+}
+
+/// `--transport scalerpc`: one rank whose daemons are ScaleRPC servers, each on its own NIC
+/// of one device-model fabric; then the summary.
+pub(crate) fn run_scalerpc(a: &RunArgs) -> i32 {
+    if a.ranks != 1 {
+        return fail(
+            "--transport scalerpc runs one rank (--ranks 1): ranks over ScaleRPC are not supported",
+        );
+    }
+    if a.backend != Backend::Delegation {
+        return fail("--backend applies to --ranks > 1; --transport scalerpc runs one rank");
+    }
+    if a.device.is_some() {
+        return fail("--device applies to copyrpc between ranks (the delegation transport)");
+    }
+    if a.daemons == 0 {
+        return fail("--daemons must be at least 1");
+    }
+    if a.load.qd == 0 || a.load.qd >= u16::MAX as usize - 1 {
+        return fail("--qd must be in 1..65534 with --transport scalerpc");
+    }
+    if let Err(e) = load_args(&a.load, 1) {
+        return fail(&e);
+    }
+    let sc = &a.scale;
+    if sc.scalerpc_slice_us == 0 {
+        return fail("--scalerpc-slice-us must be at least 1");
+    }
+    let slice = Duration::from_micros(sc.scalerpc_slice_us);
+    let cfg = ScaleServerConfig {
+        // The rank's clients and the checker, one connection each.
+        max_conns: a.load.clients as u32 + 1,
+        group_size: if sc.scalerpc_group > 0 {
+            rpc::scalerpc::GroupSize::Fixed(sc.scalerpc_group)
+        } else {
+            rpc::scalerpc::GroupSize::Off
+        },
+        // One slot per call in flight, plus the client's liveness probe.
+        slots_per_conn: a.load.qd as u32 + 1,
+        slot_size: sc.scalerpc_slot,
+        slice,
+        warmup: slice / 4,
+        // Every client polls all the time and one that is gone fails its connection, so the
+        // ack timeout only guards against a client thread the OS does not run for a while
+        // (eviction is final).
+        ack_timeout: Duration::from_secs(1),
+        ..ScaleServerConfig::default()
+    };
+    let fabric = Fabric::new(SimConfig {
+        // Steps the model now and then, so that retries towards a client that is gone
+        // (its connection dropped at the end of the run) complete without other traffic.
+        progress_thread: Some(Duration::from_millis(1)),
+        ..SimConfig::default()
+    });
+    let mut servers = Vec::with_capacity(a.daemons);
+    let mut addrs = Vec::with_capacity(a.daemons);
+    let mut lids = Vec::with_capacity(a.daemons);
+    for d in 0..a.daemons {
+        let device = fabric.open();
+        match ScaleRpcServer::serve::<KvService>(&device, cfg) {
+            Ok(s) => {
+                let mut addr = ScaleRpcAddr::new(device.clone(), s.transport().listener());
+                // A benchmark's clients wait for their group however long an oversubscribed
+                // machine takes; a dead server is still detected by the probe.
+                addr.activation_timeout = Some(Duration::from_secs(60));
+                addrs.push(addr);
+                lids.push(device.port().lid);
+                servers.push(s);
+            }
+            Err(e) => return fail(&format!("daemon {d}: scalerpc server: {e}")),
+        }
+    }
+    let mut threads = DaemonThreads::default();
+    threads.handles = servers
+        .into_iter()
+        .enumerate()
+        .map(|(d, mut server)| {
+            let stop = threads.stop.clone();
+            thread::Builder::new()
+                .name(format!("daemon-0.{d}"))
+                .spawn(move || {
+                    // Clients disconnect (and their connections are reclaimed) before the
+                    // daemons stop: report the connections accepted over the run (held now
+                    // or reclaimed) and the most groups seen at once.
+                    let mut groups = 0;
+                    let mut r = daemon_loop_observing(&mut server, &stop, |server| {
+                        let s = server.transport().scale_server();
+                        groups = groups.max(s.scheduler().num_groups());
+                    });
+                    let t = server.transport();
+                    let s = t.scale_server();
+                    r.scale = Some(ScaleDaemon {
+                        conns: s.num_conns()
+                            + u32::try_from(s.stats().reclaimed).unwrap_or(u32::MAX),
+                        groups,
+                        sched: *s.scheduler().stats(),
+                        server: *s.stats(),
+                        probes: t.probes_answered(),
+                    });
+                    r
+                })
+                .expect("spawn daemon")
+        })
+        .collect();
+    let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
+    let daemons = Arc::new(ScaleDaemons {
+        fabric: fabric.clone(),
+        addrs,
+    });
+    let (mut s, reports) = match clients_and_check(
+        &solo(),
+        daemons,
+        remotes,
+        threads,
+        &a.load,
+        &a.out,
+        a.daemons,
+    ) {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    let mut f = ScaleFigures {
+        group_size: match cfg.group_size {
+            rpc::scalerpc::GroupSize::Fixed(g) => g,
+            _ => 0,
+        },
+        slice_us: sc.scalerpc_slice_us,
+        slot_size: cfg.slot_size,
+        ..ScaleFigures::default()
+    };
+    for d in reports.iter().filter_map(|r| r.scale) {
+        f.conns += d.conns;
+        f.groups = f.groups.max(d.groups);
+        f.switches += d.sched.switches;
+        f.warmup_delays += d.sched.warmup_delays;
+        f.acks += d.sched.acks;
+        f.evictions += d.sched.evictions;
+        f.failed_conns += d.server.failed_conns;
+        f.requests += d.server.requests;
+        f.doorbells += d.server.doorbells;
+        f.notices += d.server.notices;
+        f.probes += d.probes;
+    }
+    for lid in lids {
+        if let Some(q) = fabric.qpc_stats(lid) {
+            f.qpc_server.0 += q.hits;
+            f.qpc_server.1 += q.misses;
+        }
+    }
+    let all = fabric.stats();
+    f.qpc_all = (all.qpc_hits, all.qpc_misses);
+    s.transport = "scalerpc";
+    s.backend = "scalerpc";
+    s.scale = Some(f);
+    print_summary(&s, &a.out, true);
+    if s.pass { 0 } else { 1 }
+}
+
+/// `--transport erpc` in one process: one rank whose daemons are eRPC servers on UDP
+/// loopback; then the summary.
+pub(crate) fn run_erpc(a: &RunArgs) -> i32 {
+    if a.ranks != 1 {
+        return fail(
+            "--transport erpc runs one rank in a process (--ranks 1); eRPC across ranks runs \
+             under MPI (--mpi)",
+        );
+    }
+    if let Err(e) = erpc_args(a, 1) {
+        return fail(&e);
+    }
+    let ip = a.erpc_ip.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+    match erpc_rank(&solo(), a, ip) {
+        Ok(s) => {
+            print_summary(&s, &a.out, true);
+            if s.pass { 0 } else { 1 }
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+/// One rank of an eRPC run (`--transport erpc`; every process of `--mpi --transport erpc`):
+/// its daemons serve eRPC on UDP sockets bound to `ip`, the ranks all-gather the daemons'
+/// addresses, and every client thread connects to every daemon of every rank and sends each
+/// operation to the owner daemon of its target rank. Every rank returns the same summary.
+pub(crate) fn erpc_rank<B: Bootstrap>(
+    b: &B,
+    a: &RunArgs,
+    ip: std::net::IpAddr,
+) -> Result<Summary, String> {
+    let (rank, daemons) = (b.rank(), a.daemons);
+    let servers = (0..daemons)
+        .map(|d| {
+            ErpcServer::serve::<KvService>(SocketAddr::new(ip, 0))
+                .map_err(|e| format!("daemon {d}: erpc server on {ip}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>();
+    let servers = agree(b, "starting the eRPC servers", servers)?;
+    let mine: Vec<u8> = servers
+        .iter()
+        .flat_map(|s| encode_socket_addr(s.transport().local_addr()))
+        .collect();
+    let all = b.all_gather(&mine).map_err(|e| on_rank(b, boot(e)))?;
+    // Addresses from other ranks are checked (issue 14): a bad one is an error naming its rank.
+    let addrs = wire::decode_socket_addrs(&all, b.size(), daemons)
+        .map_err(|e| on_rank(b, format!("daemon addresses: {e}")))?;
+    let mut threads = DaemonThreads::default();
+    for (d, server) in servers.into_iter().enumerate() {
+        let h = spawn_erpc_daemon(rank, d, server, &threads.stop);
+        threads.handles.push(h);
+    }
+    // Every rank's daemons run before any client connects to them.
+    b.barrier().map_err(|e| on_rank(b, boot(e)))?;
+    let remotes = (0..a.load.clients)
+        .map(|_| Remote::Rings { daemons })
+        .collect();
+    let erpc = Arc::new(ErpcDaemons {
+        addrs,
+        qd: a.load.qd,
+    });
+    let (mut s, _) = clients_and_check(b, erpc, remotes, threads, &a.load, &a.out, daemons)?;
+    s.transport = "erpc";
+    s.backend = "erpc";
+    Ok(s)
+}
+
+pub(crate) fn serve(a: ServeArgs) -> i32 {
+    let cfg = match delegation_config(&a.ring, 1) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(sig, stop.clone()) {
+            return fail(&format!("installing the signal handler: {e}"));
+        }
+    }
+    let daemons = match create_rings(&a.shm, a.daemons, cfg) {
+        Ok(s) => match a.drop_reply {
+            None => start_daemons(s, 0, &stop),
+            Some(n) => s
+                .into_iter()
+                .enumerate()
+                .map(|(d, server)| {
+                    let (mut server, stop) = (Server::new(server), stop.clone());
+                    let drop = if d == 0 { n } else { 0 };
+                    thread::Builder::new()
+                        .name(format!("daemon-0.{d}"))
+                        .spawn(move || daemon_loop_dropping(&mut server, &stop, drop))
+                        .expect("spawn daemon")
+                })
+                .collect(),
+        },
+        Err(e) => return fail(&format!("creating the rings: {e}")),
+    };
+    // The rings' manifest, written once they all exist: `kv client` attaches only to the
+    // rings it lists (never to whatever `<shm>-N` names another user may create).
+    let names: Vec<String> = (0..a.daemons).map(|d| ring_name(&a.shm, d)).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let _manifest = match RingManifest::publish(&a.shm, &names) {
+        Ok(m) => m,
+        Err(e) => {
+            stop.store(true, Ordering::Relaxed);
+            for h in daemons {
+                let _ = h.join();
+            }
+            return fail(&format!("publishing the ring manifest: {e}"));
+        }
+    };
+    println!(
+        "ready shm={} daemons={}",
+        a.shm.trim_start_matches('/'),
+        a.daemons
+    );
+    let _ = std::io::stdout().flush();
+    let t0 = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        thread::sleep(Duration::from_millis(20));
+        if a.duration > 0.0 && t0.elapsed().as_secs_f64() >= a.duration {
+            stop.store(true, Ordering::Relaxed);
+        }
+    }
+    for (d, h) in daemons.into_iter().enumerate() {
+        let r = h.join().expect("daemon panicked");
+        println!(
+            "daemon {d}: requests={} bad_requests={} dropped_replies={} keys={}",
+            r.requests, r.bad_requests, r.dropped_replies, r.keys
+        );
+    }
+    0
+}
+
+pub(crate) fn client_only(a: ClientArgs) -> i32 {
+    // The rings `kv serve` listed in its manifest (this user's file, mode 0600, validated),
+    // not whichever `<shm>-N` names happen to exist.
+    let names = match read_manifest(&a.shm) {
+        Ok(n) => n,
+        Err(RingError::NotFound { path }) => {
+            return fail(&format!(
+                "no ring manifest {} (start `kv serve --shm {}` first)",
+                path.display(),
+                a.shm
+            ));
+        }
+        Err(e) => return fail(&format!("reading the ring manifest: {e}")),
+    };
+    if let Err(e) = load_args(&a.load, 1) {
+        return fail(&e);
+    }
+    // Writer ids are ring 0's client ids: every key class `k % max_clients` needs keys.
+    match rpc::delegation::RingClient::attach(&names[0]) {
+        Ok(r) if a.load.keys < u64::from(r.info().max_clients) => {
+            return fail(&format!(
+                "--keys {} is fewer than the rings' client ids (kv serve --max-clients {}): \
+                 each client of any kv client process writes the keys k with \
+                 k % max_clients == its client id on ring 0",
+                a.load.keys,
+                r.info().max_clients
+            ));
+        }
+        Ok(_) => {}
+        Err(e) => return fail(&format!("attaching to {}: {e}", names[0])),
+    }
+    let daemons = names.len();
+    let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
+    let rings = Arc::new(Rings::new(0, names, true));
+    let threads = DaemonThreads::default();
+    match clients_and_check(&solo(), rings, remotes, threads, &a.load, &a.out, daemons) {
+        Ok((s, _)) => {
+            print_summary(&s, &a.out, true);
+            if s.pass { 0 } else { 1 }
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+pub(crate) fn fail(msg: &str) -> i32 {
+    eprintln!("kv: {msg}");
+    2
+}
+
+/// `--mpi`: the setup of this process's rank of an MPI job, up to the per-rank code it shares
+/// with the in-process ranks. Generic over the bootstrap; every call into it is made from
+/// the main thread.
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi_job {
+    use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+
+    use super::*;
+
+    /// Runs this process's rank; the exit code, the same on every rank: 0 if every run passed
+    /// its check, 1 if one did not, 2 on an error.
+    pub(super) fn run<B: Bootstrap>(b: &B, a: &RunArgs) -> i32 {
+        // The arguments are the same on every rank: rank 0 says what is wrong.
+        if let Err(e) = args(a, b.size()) {
+            return if b.rank() == 0 { fail(&e) } else { 2 };
+        }
+        let result = host(b).and_then(|host| match a.transport {
+            Transport::Erpc => erpc(b, a, &host),
+            _ => delegation(b, a, &host),
+        });
+        match result {
+            Ok(true) => 0,
+            Ok(false) => 1,
+            Err(e) => fail(&e),
+        }
+    }
+
+    fn args(a: &RunArgs, ranks: usize) -> Result<(), String> {
+        if a.ranks != 1 {
+            return Err(
+                "--ranks does not apply with --mpi: the ranks are the MPI processes (mpirun -np N)"
+                    .into(),
+            );
+        }
+        match a.transport {
+            Transport::Scalerpc => {
+                Err("--transport scalerpc runs one rank in one process, not under --mpi".into())
+            }
+            Transport::Erpc => erpc_args(a, ranks),
+            Transport::Delegation => delegation_args(a, ranks).map(drop),
+        }
+    }
+
+    /// What the ranks of this host agree on.
+    struct Host {
+        /// Hosts the job runs on.
+        hosts: usize,
+        /// The pid of this host's first rank: names the rings and the device model.
+        pid: u32,
+    }
+
+    /// Every rank's host name and pid, all-gathered ([`wire::encode_host`]; the records of
+    /// other ranks are checked by [`wire::decode_hosts`], issue 14).
+    fn host<B: Bootstrap>(b: &B) -> Result<Host, String> {
+        let mine = wire::encode_host(&b.hostname(), std::process::id());
+        let all = b.all_gather(&mine).map_err(|e| on_rank(b, boot(e)))?;
+        let (hosts, pid) =
+            wire::decode_hosts(&all, b.size(), b.rank()).map_err(|e| on_rank(b, boot(e)))?;
+        Ok(Host { hosts, pid })
+    }
+
+    /// The delegation transport: copyrpc between the ranks, on the device model shared by
+    /// the processes of this host, or on `--device`.
+    fn delegation<B: Bootstrap>(b: &B, a: &RunArgs, host: &Host) -> Result<bool, String> {
+        let cfg = delegation_args(a, b.size())?;
+        let hw = agree(b, "opening the RDMA device", hw_nic(a))?;
+        let nic = match hw {
+            _ if b.size() == 1 => None,
+            Some(hw) => Some(hw),
+            None if host.hosts > 1 => {
+                return Err(format!(
+                    "the ranks run on {} hosts, and the device model connects the processes \
+                     of one host: give --device (RDMA NICs), or use --transport erpc",
+                    host.hosts
+                ));
+            }
+            None => {
+                // Before any DMA buffer or copyrpc context exists: from here on, this
+                // process's DMA buffers live in the host's shared memory.
+                let fabric = Fabric::join(&format!("kv-{}", host.pid), sim_config())
+                    .map_err(|e| format!("joining the device model of this host: {e}"));
+                Some(Nic::Sim(agree(b, "joining the device model", fabric)?))
+            }
+        };
+        let job = Job {
+            base: format!("kv-{}", host.pid),
+            nic,
+            mpi: true,
+        };
+        run_ranks(b, &job, a, cfg)
+    }
+
+    /// eRPC over UDP between the ranks.
+    fn erpc<B: Bootstrap>(b: &B, a: &RunArgs, host: &Host) -> Result<bool, String> {
+        let ip = match a.erpc_ip {
+            Some(ip) => ip,
+            None if host.hosts == 1 => Ipv4Addr::LOCALHOST.into(),
+            None => agree(b, "finding this host's address", host_ip(&b.hostname()))?,
+        };
+        let mut s = erpc_rank(b, a, ip)?;
+        s.mpi = true;
+        if b.rank() == 0 {
+            print_summary(&s, &a.out, true);
+        }
+        Ok(s.pass)
+    }
+
+    /// The first address other than loopback that `name` resolves to.
+    fn host_ip(name: &str) -> Result<IpAddr, String> {
+        (name, 0)
+            .to_socket_addrs()
+            .map_err(|e| format!("resolving {name}: {e} (give --erpc-ip)"))?
+            .map(|a| a.ip())
+            .find(|ip| !ip.is_loopback())
+            .ok_or_else(|| format!("{name} resolves to loopback addresses only: give --erpc-ip"))
+    }
+}
