@@ -421,11 +421,32 @@ pub(crate) fn client_thread<D: Daemons>(
             r.max_in_flight()
         ));
     }
+    let mut remote = remote;
+    if let Remote::Ring(ring) = &mut remote {
+        set_deadline(std::slice::from_mut(&mut **ring), load);
+        if ring.max_in_flight() < load.qd {
+            return Err(format!(
+                "--qd {} exceeds Daemon#0's ring's {} response slots per client",
+                load.qd,
+                ring.max_in_flight()
+            ));
+        }
+    }
     let r = client_loop::<D>(
-        me, &mut rings, remote, &pattern, load, stop, counter, report,
+        me,
+        &mut rings,
+        &mut remote,
+        &pattern,
+        load,
+        stop,
+        counter,
+        report,
     );
     // Late responses of expired typed calls, dropped by their clients.
     report.late += rings.iter().map(|c| c.stats().late_responses).sum::<u64>();
+    if let Remote::Ring(ring) = &remote {
+        report.late += ring.stats().late_responses;
+    }
     daemons.finished(rings);
     r
 }
@@ -490,7 +511,9 @@ pub(crate) fn issue<T: ClientTransport>(
     let ring = match remote {
         Remote::Rings { daemons } => op.rank as usize * *daemons + owner_daemon(op.key, *daemons),
         _ if op.rank as usize == me.rank => owner_daemon(op.key, rings.len()),
-        Remote::None | Remote::Delegation => 0,
+        Remote::Ring(ring) => return typed_issue(ring, tag, op, value),
+        Remote::None => 0,
+        Remote::Meta => owner_daemon(op.key, rings.len()),
         Remote::Direct { ctx, eps } => {
             let Some(ep) = eps.get(op.rank as usize).copied().flatten() else {
                 return Err(format!("no endpoint to rank {}", op.rank));
@@ -524,11 +547,21 @@ pub(crate) fn issue<T: ClientTransport>(
             }
         }
     };
-    let ring = &mut rings[ring];
+    typed_issue(&mut rings[ring], tag, op, value)
+}
+
+/// Issues `op` with tag `tag` on a typed connection.
+#[inline]
+fn typed_issue<T: ClientTransport>(
+    conn: &mut KvClient<T>,
+    tag: u64,
+    op: Op,
+    value: u64,
+) -> Result<Sent, String> {
     let r = if op.read {
-        ring.issue(tag).get(op.rank, op.key)
+        conn.issue(tag).get(op.rank, op.key)
     } else {
-        ring.issue(tag).put(op.rank, op.key, value)
+        conn.issue(tag).put(op.rank, op.key, value)
     };
     match r {
         Ok(()) => Ok(Sent::Typed),
@@ -570,7 +603,7 @@ pub(crate) fn direct_done(
 pub(crate) fn client_loop<D: Daemons>(
     me: Me,
     rings: &mut [KvClient<D::T>],
-    mut remote: Remote,
+    remote: &mut Remote,
     pattern: &[Op],
     load: &LoadArgs,
     stop: &AtomicBool,
@@ -650,7 +683,7 @@ pub(crate) fn client_loop<D: Daemons>(
                     me,
                     (tag, op, value),
                     rings,
-                    &mut remote,
+                    remote,
                     &inflight,
                     &mut done,
                     deadline,
@@ -680,7 +713,11 @@ pub(crate) fn client_loop<D: Daemons>(
             ring.poll_with(|tag, r| done.push((tag, r.map_err(failed))))
                 .map_err(|e| e.to_string())?;
         }
-        if let Remote::Direct { ctx, .. } = &mut remote {
+        if let Remote::Ring(ring) = remote {
+            ring.poll_with(|tag, r| done.push((tag, r.map_err(failed))))
+                .map_err(|e| e.to_string())?;
+        }
+        if let Remote::Direct { ctx, .. } = remote {
             ctx.poll(|t, r| done.push(direct_done(&inflight, t, r)));
         }
         if done.is_empty() {

@@ -223,17 +223,25 @@ pub(crate) enum Transport {
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Backend {
-    /// Remote calls go through the client's rank's daemon 0 (seeds/004 §1.2, §4).
+    /// seeds/004 Meta (§1.1): every call goes over ipc to the key's owner daemon; a remote
+    /// one is passed over Flux to the daemon holding the target rank's copyrpc endpoint
+    /// (daemon `rank % D`, §1.4).
+    Meta,
+    /// seeds/004 Delegation (§1.2): local calls over ipc to the owner daemon, remote calls
+    /// straight into Daemon#0's delegation ring; Daemon#0 holds every endpoint.
     Delegation,
-    /// Each client thread has its own copyrpc endpoints to every remote rank's daemon 0.
+    /// Upstream's third baseline, not in seeds/004's table: each client thread has its own
+    /// copyrpc endpoints to every remote rank's daemon 0; local calls go to each daemon's
+    /// delegation ring.
     Direct,
-    /// `delegation`, then `direct`, in one process.
-    Both,
+    /// `meta`, `delegation`, then `direct`, in one process.
+    All,
 }
 
 /// The topology of one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Topology {
+    Meta,
     Delegation,
     Direct,
 }
@@ -241,6 +249,7 @@ pub(crate) enum Topology {
 impl Topology {
     pub(crate) fn name(self) -> &'static str {
         match self {
+            Topology::Meta => "meta",
             Topology::Delegation => "delegation",
             Topology::Direct => "direct",
         }
@@ -295,9 +304,10 @@ pub(crate) fn load_args(load: &LoadArgs, ranks: usize) -> Result<(), String> {
 /// The backends `b` measures, in order.
 pub(crate) fn topologies(b: Backend) -> &'static [Topology] {
     match b {
+        Backend::Meta => &[Topology::Meta],
         Backend::Delegation => &[Topology::Delegation],
         Backend::Direct => &[Topology::Direct],
-        Backend::Both => &[Topology::Delegation, Topology::Direct],
+        Backend::All => &[Topology::Meta, Topology::Delegation, Topology::Direct],
     }
 }
 

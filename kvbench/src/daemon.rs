@@ -63,8 +63,10 @@ pub(crate) struct DaemonReport {
     pub(crate) bad_requests: u64,
     pub(crate) dropped_replies: u64,
     pub(crate) keys: usize,
-    /// Daemon 0 of a multi-rank run: the delegate's counters.
+    /// Daemon 0 of a multi-rank `direct` run: the delegate's counters.
     pub(crate) forward: Option<ForwardStats>,
+    /// A daemon of the Meta or Delegation backend: its counters.
+    pub(crate) node: Option<rpc::delegation::node::NodeStats>,
     /// A ScaleRPC daemon: its server's counters.
     pub(crate) scale: Option<ScaleDaemon>,
     /// An eRPC daemon: its endpoint's counters.
@@ -103,6 +105,7 @@ pub(crate) fn daemon_loop_observing<T: ServerTransport>(
         dropped_replies: s.dropped_replies,
         keys: shard.map.len(),
         forward: None,
+        node: None,
         scale: None,
         erpc: None,
     }
@@ -165,6 +168,7 @@ pub(crate) fn delegate_loop<R: FnMut(&KvRequest) -> Target>(
         dropped_replies: f.dropped_replies,
         keys: shard.map.len(),
         forward: Some(f),
+        node: None,
         scale: None,
         erpc: None,
     }

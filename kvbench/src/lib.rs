@@ -101,6 +101,7 @@ pub mod config;
 pub mod daemon;
 pub mod report;
 pub mod run;
+pub mod seed;
 pub mod shard;
 pub mod wiring;
 pub mod workload;

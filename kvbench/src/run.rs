@@ -121,26 +121,60 @@ pub(crate) fn run_ranks<B: Bootstrap>(
 ) -> Result<bool, String> {
     let mut summaries = Vec::new();
     for (i, &topo) in topologies(a.backend).iter().enumerate() {
-        let s = run_rank(b, job, a, cfg, topo)?;
+        let s = match topo {
+            Topology::Meta | Topology::Delegation => crate::seed::run_seed_rank(b, job, a, topo)?,
+            Topology::Direct => run_rank(b, job, a, cfg)?,
+        };
         if b.rank() == 0 {
             print_summary(&s, &a.out, i == 0);
         }
         summaries.push(s);
     }
-    if let [d, x] = &summaries[..] {
-        if b.rank() == 0 && !a.out.json && !a.out.csv && d.mops > 0.0 {
-            println!(
-                "direct vs delegation: throughput x{:.2}, p50 x{:.2}, p99 x{:.2}",
-                x.mops / d.mops,
-                x.p50_us / d.p50_us.max(1e-9),
-                x.p99_us / d.p99_us.max(1e-9)
-            );
-        }
+    if b.rank() == 0 && !a.out.json && !a.out.csv {
+        compare(&summaries, b.size());
     }
     Ok(summaries.iter().all(|s| s.pass))
 }
 
-/// One rank of a delegation-transport run (seeds/004 §9): creates its rings, opens its NIC
+/// The ratios between the backends of one run, on stdout. With one rank every call is local
+/// and the backends differ only in Daemon#0's extra ring poll (seeds/004 §10), so there is
+/// no remote-path comparison to make: it says so instead of printing a ratio.
+fn compare(summaries: &[Summary], ranks: usize) {
+    let by = |name: &str| summaries.iter().find(|s| s.backend == name);
+    if summaries.len() < 2 {
+        return;
+    }
+    if ranks == 1 {
+        println!(
+            "one rank: no remote traffic, so no remote-path comparison (the backends differ \
+             only in Daemon#0's delegation-ring poll, seeds/004 §10); run with --ranks 2 to \
+             compare them"
+        );
+        return;
+    }
+    let ratio = |x: &Summary, base: &Summary, what: &str| {
+        if base.mops > 0.0 {
+            println!(
+                "{what}: throughput x{:.2}, p50 x{:.2}, p99 x{:.2}",
+                x.mops / base.mops,
+                x.p50_us / base.p50_us.max(1e-9),
+                x.p99_us / base.p99_us.max(1e-9)
+            );
+        }
+    };
+    if let (Some(d), Some(m)) = (by("delegation"), by("meta")) {
+        ratio(
+            d,
+            m,
+            "delegation vs meta (seeds/004 §10: x1.41 on two nodes)",
+        );
+    }
+    if let (Some(x), Some(d)) = (by("direct"), by("delegation")) {
+        ratio(x, d, "direct (upstream baseline) vs delegation");
+    }
+}
+
+/// One rank of a `direct`-backend run (upstream's baseline): creates its rings, opens its NIC
 /// and creates its copyrpc endpoints, exchanges their information with the other ranks
 /// through `b`, connects, meets the others at a barrier, starts its daemons, runs its
 /// clients and its part of the check, and combines the figures of all ranks (every rank
@@ -151,14 +185,10 @@ pub(crate) fn run_rank<B: Bootstrap>(
     job: &Job,
     a: &RunArgs,
     cfg: DelegationConfig,
-    topo: Topology,
 ) -> Result<Summary, String> {
+    let topo = Topology::Direct;
     let (rank, ranks, daemons) = (b.rank(), b.size(), a.daemons);
-    let base = if ranks == 1 {
-        job.base.clone()
-    } else {
-        format!("{}-{}-r{rank}", job.base, topo.name())
-    };
+    let base = format!("{}-{}-r{rank}", job.base, topo.name());
     let names: Vec<String> = (0..daemons).map(|d| ring_name(&base, d)).collect();
     let servers = create_rings(&base, daemons, cfg).map_err(|e| format!("creating the rings: {e}"));
     let servers = agree(b, "creating the rings", servers)?;
@@ -171,17 +201,14 @@ pub(crate) fn run_rank<B: Bootstrap>(
         (None, _) => return Err(on_rank(b, "no NIC for copyrpc between ranks".into())),
         (Some(nic), _) => {
             let clients = a.load.clients;
-            let wiring = Wiring::new(nic, (rank, ranks), clients, a.copyrpc_ring, topo);
+            let wiring = Wiring::new(nic, (rank, ranks), clients, a.copyrpc_ring);
             let mut wiring = agree(b, "copyrpc setup", wiring)?;
             let all = exchange_infos(b, &wiring.infos()).map_err(|e| on_rank(b, e))?;
             let mut rings = servers.into_iter();
             let ring0 = rings.next().expect("daemon 0");
             let delegate = wiring.connect(rank, &all).and_then(|()| {
                 let Wiring {
-                    dlg: ctx,
-                    peers,
-                    remotes,
-                    ..
+                    dlg: ctx, remotes, ..
                 } = wiring;
                 let mut dlg = Delegate::<KvService, _>::new(
                     ring0,
@@ -192,11 +219,6 @@ pub(crate) fn run_rank<B: Bootstrap>(
                     kv_route(daemons),
                 )
                 .map_err(|e| format!("delegate: {e}"))?;
-                for (s, ep) in peers.into_iter().enumerate() {
-                    if let Some(ep) = ep {
-                        dlg.set_peer(s as u32, ep).map_err(|e| e.to_string())?;
-                    }
-                }
                 for (d, name) in names.iter().enumerate().skip(1) {
                     dlg.attach_daemon(d as u32, name)
                         .map_err(|e| format!("daemon {d}: {e}"))?;

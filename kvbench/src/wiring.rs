@@ -73,8 +73,12 @@ pub(crate) struct Job {
 pub(crate) enum Remote {
     /// Single rank: no remote requests.
     None,
-    /// Through daemon 0's ring (`rings[0]`), which forwards over copyrpc.
-    Delegation,
+    /// Meta backend (seeds/004 §1.1): remote calls too go over ipc to the key's owner daemon
+    /// (`rings[key % D]`), which passes them on.
+    Meta,
+    /// Delegation backend (seeds/004 §1.2, §7): remote calls go into Daemon#0's delegation
+    /// ring through this client.
+    Ring(Box<idl::kv::KvClient<rpc::delegation::Delegation>>),
     /// Own copyrpc context with an endpoint to each remote rank's daemon 0 (`eps[rank]`).
     Direct {
         ctx: Box<Context<u32>>,
@@ -112,18 +116,16 @@ pub(crate) fn boot(e: BootstrapError) -> String {
     format!("bootstrap: {e}")
 }
 
-/// A rank's copyrpc contexts and endpoints (seeds/004 §9, steps 6-9): the delegate's context
-/// with its endpoints, and each client thread's remote path (direct backend: its own context
-/// with an endpoint to each other rank). Created, then connected to the other ranks'.
+/// A rank's copyrpc contexts and endpoints for the `direct` backend (upstream's baseline):
+/// the delegate's context with one endpoint serving each client thread of each other rank,
+/// and each client thread's own context with an endpoint to each other rank's delegate.
+/// Created, then connected to the other ranks'.
 pub(crate) struct Wiring {
     pub(crate) ranks: usize,
     pub(crate) clients: usize,
     /// The delegate's context.
     pub(crate) dlg: Context<DelegToken>,
-    /// Delegation backend: the delegate's endpoint to each other rank's delegate.
-    pub(crate) peers: Vec<Option<EndpointId>>,
-    /// Direct backend: the delegate's endpoint serving client `c` of rank `s`, at
-    /// `s * clients + c`.
+    /// The delegate's endpoint serving client `c` of rank `s`, at `s * clients + c`.
     pub(crate) served: Vec<Option<EndpointId>>,
     /// Each client thread's remote path.
     pub(crate) remotes: Vec<Remote>,
@@ -136,7 +138,6 @@ impl Wiring {
         (rank, ranks): (usize, usize),
         clients: usize,
         ring_size: usize,
-        topo: Topology,
     ) -> Result<Wiring, String> {
         let device = nic.open()?;
         let ecfg = EndpointConfig {
@@ -147,49 +148,38 @@ impl Wiring {
         let setup = |e: SetupError| format!("copyrpc setup: {e}");
         let mut dlg =
             Context::<DelegToken>::new(&device, ContextConfig::default()).map_err(setup)?;
-        let (mut peers, mut served) = (vec![None; ranks], vec![None; ranks * clients]);
+        let mut served = vec![None; ranks * clients];
         let mut remotes = Vec::with_capacity(clients);
         let others = || (0..ranks).filter(move |&s| s != rank);
-        match topo {
-            Topology::Delegation => {
-                for s in others() {
-                    peers[s] = Some(dlg.create_endpoint(&ecfg).map_err(setup)?);
-                }
-                remotes.extend((0..clients).map(|_| Remote::Delegation));
+        for s in others() {
+            for c in 0..clients {
+                let ep = dlg.create_endpoint(&ecfg).map_err(setup)?;
+                served[s * clients + c] = Some(ep);
             }
-            Topology::Direct => {
-                for s in others() {
-                    for c in 0..clients {
-                        let ep = dlg.create_endpoint(&ecfg).map_err(setup)?;
-                        served[s * clients + c] = Some(ep);
-                    }
-                }
-                for _ in 0..clients {
-                    let ctx = Context::<u32>::new(&device, ContextConfig::default());
-                    let mut ctx = Box::new(ctx.map_err(setup)?);
-                    let mut eps = vec![None; ranks];
-                    for s in others() {
-                        eps[s] = Some(ctx.create_endpoint(&ecfg).map_err(setup)?);
-                    }
-                    remotes.push(Remote::Direct { ctx, eps });
-                }
+        }
+        for _ in 0..clients {
+            let ctx = Context::<u32>::new(&device, ContextConfig::default());
+            let mut ctx = Box::new(ctx.map_err(setup)?);
+            let mut eps = vec![None; ranks];
+            for s in others() {
+                eps[s] = Some(ctx.create_endpoint(&ecfg).map_err(setup)?);
             }
+            remotes.push(Remote::Direct { ctx, eps });
         }
         Ok(Wiring {
             ranks,
             clients,
             dlg,
-            peers,
             served,
             remotes,
         })
     }
 
     /// What the other ranks need to connect to this one's endpoints, in a fixed layout
-    /// (the same length on every rank): `peers` (R slots), `served` (R × C, rank-major),
-    /// then the clients' endpoints (C × R, client-major); `None` where there is no endpoint.
+    /// (the same length on every rank): `served` (R × C, rank-major), then the clients'
+    /// endpoints (C × R, client-major); `None` where there is no endpoint.
     pub(crate) fn infos(&self) -> Vec<Option<EndpointInfo>> {
-        let mut v: Vec<_> = (self.peers.iter().chain(&self.served))
+        let mut v: Vec<_> = (self.served.iter())
             .map(|ep| ep.and_then(|ep| self.dlg.local_info(ep)))
             .collect();
         for r in &self.remotes {
@@ -197,7 +187,7 @@ impl Wiring {
                 v.extend(eps.iter().map(|ep| ep.and_then(|ep| ctx.local_info(ep))));
             }
         }
-        v.resize(self.ranks + 2 * self.ranks * self.clients, None);
+        v.resize(2 * self.ranks * self.clients, None);
         v
     }
 
@@ -214,15 +204,10 @@ impl Wiring {
                 .ok_or_else(|| format!("rank {s} sent no endpoint information for this rank"))
         };
         let connect = |e: SetupError| format!("copyrpc connect: {e}");
-        for (s, ep) in self.peers.iter().enumerate() {
-            if let Some(ep) = *ep {
-                self.dlg.connect(ep, &info(s, rank)?).map_err(connect)?;
-            }
-        }
         for (i, ep) in self.served.iter().enumerate() {
             if let Some(ep) = *ep {
                 let (s, client) = (i / c, i % c);
-                let remote = info(s, r + r * c + client * r + rank)?;
+                let remote = info(s, r * c + client * r + rank)?;
                 self.dlg.connect(ep, &remote).map_err(connect)?;
             }
         }
@@ -230,7 +215,7 @@ impl Wiring {
             if let Remote::Direct { ctx, eps } = remote {
                 for (s, ep) in eps.iter().enumerate() {
                     if let Some(ep) = *ep {
-                        let remote = info(s, r + rank * c + client)?;
+                        let remote = info(s, rank * c + client)?;
                         ctx.connect(ep, &remote).map_err(connect)?;
                     }
                 }

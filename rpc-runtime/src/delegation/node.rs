@@ -449,8 +449,15 @@ impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: u
     /// Adds the copyrpc context holding this daemon's endpoints; register each with
     /// [`NodeDaemon::set_peer`] once connected.
     pub fn with_context(mut self, ctx: NodeContext<L>) -> Self {
-        self.ctx = Some(ctx);
+        self.set_context(ctx);
         self
+    }
+
+    /// [`NodeDaemon::with_context`] in place (replaces any earlier context and forgets the
+    /// endpoints registered with it).
+    pub fn set_context(&mut self, ctx: NodeContext<L>) {
+        self.peers.iter_mut().for_each(|p| *p = None);
+        self.ctx = Some(ctx);
     }
 
     /// Routes calls for `rank` over endpoint `ep` of the context (connected to the daemon of

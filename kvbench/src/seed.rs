@@ -1,0 +1,265 @@
+//! The two backends of seeds/004, **Meta** and **Delegation** (§1, §4-§7), on one rank.
+//!
+//! Every daemon `d` of a rank serves shard `d` (`key % D`) to the rank's clients over its own
+//! local server (the seed's ipc: per-client SPSC rings in `/dev/shm`, §4.4) and talks to the
+//! rank's other daemons over Flux (§4.3); each runs [`rpc::delegation::node::NodeDaemon`],
+//! whose module docs state the routing and the phase order (§5, §6). The backends differ in
+//! where the copyrpc endpoints to the other ranks live and in how a client reaches them
+//! (§1.4, §7):
+//! - **Meta**: daemon `d` holds the endpoints of the remote ranks `s` with `s % D == d`; a
+//!   client sends every call, remote ones too, over ipc to the daemon owning the key's shard,
+//!   which passes a remote call over Flux to the endpoint's holder (3 hops: client → ipc →
+//!   Daemon#N → Flux → Daemon#h → copyrpc).
+//! - **Delegation**: Daemon#0 holds every endpoint and a delegation ring (`ring_depth`, one
+//!   response slot per call in flight: `resp_depth = QD`, §9 step 4) into which the clients
+//!   write their remote calls directly (1 hop).
+//!
+//! The rank's endpoint information is all-gathered through the bootstrap (§9 step 8: one
+//! record per rank pair, from whichever daemon holds the endpoint), every endpoint connected,
+//! and the ranks meet at a barrier before any traffic (§9 steps 9-10).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+
+use crossbeam_utils::Backoff;
+use idl::kv::{KvClient, KvRequest, KvService};
+use rpc::bootstrap::Bootstrap;
+use rpc::copyrpc::{Context, ContextConfig, EndpointConfig, EndpointId, EndpointInfo, SetupError};
+use rpc::delegation::node::{NodeConfig, NodeDaemon, Placement};
+use rpc::delegation::{Delegation, DelegationConfig, DelegationServer, Target};
+use rpc::flux::{self, FluxConfig};
+use rpc::{RpcError, Service};
+
+use crate::client::Daemons;
+use crate::config::{RunArgs, Topology};
+use crate::daemon::{DaemonReport, DaemonThreads};
+use crate::report::Summary;
+use crate::run::clients_and_check;
+use crate::shard::{Shard, kv_route};
+use crate::wiring::{Job, Nic, Remote, agree, boot, exchange_infos, on_rank};
+
+/// The local server of a daemon (the seed's ipc server).
+pub(crate) type LocalServer = DelegationServer;
+/// A client's connection to a daemon's local server.
+pub(crate) type LocalClient = Delegation;
+
+type Router = Box<dyn FnMut(&KvRequest) -> Target + Send>;
+type KvNode = NodeDaemon<KvService, LocalServer, Router>;
+
+/// Where the copyrpc endpoints live for `topo` (seeds/004 §1.4).
+pub(crate) fn placement(topo: Topology) -> Placement {
+    match topo {
+        Topology::Meta => Placement::Distributed,
+        _ => Placement::Aggregated,
+    }
+}
+
+/// The local servers of this rank's daemons, by name.
+pub(crate) struct LocalServers {
+    rank: usize,
+    names: Vec<String>,
+}
+
+impl Daemons for LocalServers {
+    type T = LocalClient;
+    const ORDERED: bool = true;
+    fn connect(&self, rank: usize) -> Result<Vec<KvClient<LocalClient>>, RpcError> {
+        debug_assert_eq!(rank, self.rank, "the local servers of another rank");
+        self.names
+            .iter()
+            .map(|n| KvClient::<LocalClient>::connect(n))
+            .collect()
+    }
+}
+
+/// One rank of a Meta or Delegation run (seeds/004 §9): creates the daemons' local servers
+/// (and, Delegation, Daemon#0's ring), the Flux network, and (several ranks) the copyrpc
+/// endpoints, exchanges and connects them, starts the daemons, runs the clients and the
+/// check, and combines the figures of all ranks. A setup step that fails on any rank fails on
+/// every rank ([`agree`]).
+pub(crate) fn run_seed_rank<B: Bootstrap>(
+    b: &B,
+    job: &Job,
+    a: &RunArgs,
+    topo: Topology,
+) -> Result<Summary, String> {
+    let (rank, ranks, daemons) = (b.rank(), b.size(), a.daemons);
+    let clients = a.load.clients;
+    let placement = placement(topo);
+    let base = format!("{}-{}-r{rank}", job.base, topo.name());
+    // seeds/004 §9 step 3: one ipc server per daemon.
+    let names: Vec<String> = (0..daemons).map(|d| format!("{base}-ipc{d}")).collect();
+    let ring_name = format!("{base}-ring");
+    let local_cfg = DelegationConfig {
+        max_clients: a.ring.max_clients,
+        ring_depth: a.ring.ring_depth,
+        resp_depth: a.ring.resp_depth,
+        ..DelegationConfig::default()
+    };
+    // seeds/004 §9 step 4: Daemon#0's ring, resp_depth = QD.
+    let ring_cfg = DelegationConfig {
+        max_clients: (clients as u32).max(1),
+        ring_depth: a.ring.ring_depth,
+        resp_depth: (a.load.qd.max(1) as u32).next_power_of_two(),
+        ..DelegationConfig::default()
+    };
+    let nodes = build_nodes(
+        (rank, ranks, daemons),
+        placement,
+        &names,
+        (&ring_name, ring_cfg),
+        local_cfg,
+    );
+    let mut nodes = agree(b, "creating the daemons", nodes)?;
+    if ranks > 1 {
+        let Some(nic) = &job.nic else {
+            return Err(on_rank(b, "no NIC for copyrpc between ranks".into()));
+        };
+        let eps = create_endpoints(nic, (rank, ranks), &mut nodes, a.copyrpc_ring, placement);
+        let (eps, infos) = agree(b, "copyrpc setup", eps)?;
+        let all = exchange_infos(b, &infos).map_err(|e| on_rank(b, e))?;
+        let connected = connect_endpoints(&mut nodes, rank, placement, &eps, &all);
+        agree(b, "connecting the ranks", connected)?;
+        // Every endpoint of every rank is connected before any traffic (§9 steps 9-10).
+        b.barrier().map_err(|e| on_rank(b, boot(e)))?;
+    }
+    let remotes: Result<Vec<Remote>, String> = (0..clients)
+        .map(|_| match (ranks, placement) {
+            (1, _) => Ok(Remote::None),
+            (_, Placement::Distributed) => Ok(Remote::Meta),
+            (_, Placement::Aggregated) => KvClient::<Delegation>::connect(&ring_name)
+                .map(|c| Remote::Ring(Box::new(c)))
+                .map_err(|e| format!("attaching to Daemon#0's ring: {e}")),
+        })
+        .collect();
+    let mut threads = DaemonThreads::default();
+    for (d, node) in nodes.into_iter().enumerate() {
+        let stop = threads.stop.clone();
+        threads.handles.push(
+            thread::Builder::new()
+                .name(format!("daemon-{rank}.{d}"))
+                .spawn(move || node_loop(node, &stop))
+                .expect("spawn daemon"),
+        );
+    }
+    let remotes = agree(b, "connecting the clients", remotes)?;
+    let locals = Arc::new(LocalServers { rank, names });
+    let (mut s, _) = clients_and_check(b, locals, remotes, threads, &a.load, &a.out, daemons)?;
+    s.backend = topo.name();
+    s.mpi = job.mpi;
+    Ok(s)
+}
+
+/// The daemons of a rank, with their local servers, Flux nodes and (Delegation) Daemon#0's
+/// ring; no copyrpc yet.
+fn build_nodes(
+    (rank, ranks, daemons): (usize, usize, usize),
+    placement: Placement,
+    names: &[String],
+    (ring_name, ring_cfg): (&str, DelegationConfig),
+    local_cfg: DelegationConfig,
+) -> Result<Vec<KvNode>, String> {
+    // seeds/004 §9 step 5: capacity 1024, max_inflight 256.
+    let fluxes = flux::network(daemons, FluxConfig::default()).map_err(|e| e.to_string())?;
+    let mut nodes = Vec::with_capacity(daemons);
+    for ((d, f), name) in fluxes.into_iter().enumerate().zip(names) {
+        let local = LocalServer::create(name, KvService::DESCRIPTOR, local_cfg)
+            .map_err(|e| format!("daemon {d}: creating its ipc server: {e}"))?;
+        let cfg = NodeConfig::new(
+            placement,
+            (rank as u32, ranks as u32),
+            (d as u32, daemons as u32),
+        );
+        let route: Router = Box::new(kv_route(daemons));
+        let mut node = KvNode::new(cfg, local, f, route).map_err(|e| format!("daemon {d}: {e}"))?;
+        if placement == Placement::Aggregated && d == 0 {
+            let ring = DelegationServer::create(ring_name, KvService::DESCRIPTOR, ring_cfg)
+                .map_err(|e| format!("creating Daemon#0's ring: {e}"))?;
+            node = node.with_ring(ring).map_err(|e| e.to_string())?;
+        }
+        nodes.push(node);
+    }
+    Ok(nodes)
+}
+
+/// Creates a copyrpc context on every daemon that holds an endpoint and the endpoints
+/// themselves (seeds/004 §1.4, §9 step 6): the endpoint towards each other rank `s` on
+/// daemon `placement.holder(s)`. Returns the endpoint by rank, and its information by rank
+/// (what the other ranks need: slot `s` is this rank's endpoint towards `s`).
+#[allow(clippy::type_complexity)]
+fn create_endpoints(
+    nic: &Nic,
+    (rank, ranks): (usize, usize),
+    nodes: &mut [KvNode],
+    ring_size: usize,
+    placement: Placement,
+) -> Result<(Vec<Option<EndpointId>>, Vec<Option<EndpointInfo>>), String> {
+    let device = nic.open()?;
+    let ecfg = EndpointConfig {
+        ring_size,
+        fingerprint: KvService::DESCRIPTOR.fingerprint,
+        ..EndpointConfig::default()
+    };
+    let setup = |e: SetupError| format!("copyrpc setup: {e}");
+    let daemons = nodes.len() as u32;
+    let (mut eps, mut infos) = (vec![None; ranks], vec![None; ranks]);
+    for s in (0..ranks).filter(|&s| s != rank) {
+        let d = placement.holder(s as u32, daemons) as usize;
+        let node = &mut nodes[d];
+        if node.context().is_none() {
+            node.set_context(Context::new(&device, ContextConfig::default()).map_err(setup)?);
+        }
+        let ctx = node.context_mut().ok_or("daemon without a context")?;
+        let ep = ctx.create_endpoint(&ecfg).map_err(setup)?;
+        infos[s] = ctx.local_info(ep);
+        eps[s] = Some(ep);
+    }
+    Ok((eps, infos))
+}
+
+/// Connects this rank's endpoint towards each rank `s` to that rank's endpoint towards this
+/// one (`all[s][rank]`) and registers it with its daemon.
+fn connect_endpoints(
+    nodes: &mut [KvNode],
+    rank: usize,
+    placement: Placement,
+    eps: &[Option<EndpointId>],
+    all: &[Vec<Option<EndpointInfo>>],
+) -> Result<(), String> {
+    let daemons = nodes.len() as u32;
+    for (s, ep) in eps.iter().enumerate() {
+        let Some(ep) = *ep else { continue };
+        let remote = all[s][rank]
+            .ok_or_else(|| format!("rank {s} sent no endpoint information for this rank"))?;
+        let node = &mut nodes[placement.holder(s as u32, daemons) as usize];
+        let ctx = node.context_mut().ok_or("daemon without a context")?;
+        ctx.connect(ep, &remote)
+            .map_err(|e| format!("copyrpc connect: {e}"))?;
+        node.set_peer(s as u32, ep).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// A daemon's event loop (seeds/004 §5 for a daemon with copyrpc, §6 otherwise) until
+/// `stop`; its report.
+fn node_loop(mut node: KvNode, stop: &AtomicBool) -> DaemonReport {
+    let mut shard = Shard::default();
+    let backoff = Backoff::new();
+    while !stop.load(Ordering::Relaxed) {
+        if node.run_once(|req| KvService::dispatch(&mut shard, req)) == 0 {
+            backoff.snooze();
+        } else {
+            backoff.reset();
+        }
+    }
+    let s = *node.stats();
+    DaemonReport {
+        requests: s.local_served + s.ring_served + s.remote_served + s.flux_served,
+        bad_requests: s.bad_requests,
+        dropped_replies: s.dropped_replies,
+        keys: shard.map.len(),
+        node: Some(s),
+        ..DaemonReport::default()
+    }
+}
