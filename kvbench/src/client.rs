@@ -19,6 +19,7 @@ use rpc::{ClientTransport, RpcError, Service};
 use rustc_hash::FxHashMap;
 
 use crate::config::*;
+use crate::pinning::{Pinning, pin_current};
 use crate::report::*;
 use crate::wiring::*;
 use crate::workload::*;
@@ -226,7 +227,11 @@ impl ClientReport {
 
 /// What the client threads of one rank did.
 pub(crate) struct RankRun {
+    /// From the clients' start to their stop (warm-up and every run).
     pub(crate) elapsed: Duration,
+    /// Each measured run (seeds/004 §9 step 12): the operations completed by the clients of
+    /// every rank between the run's start and its stop time, and its length in seconds.
+    pub(crate) runs: Vec<(u64, f64)>,
     pub(crate) clients: Vec<ClientReport>,
     /// Why a client thread failed, if one did.
     pub(crate) failure: Option<String>,
@@ -245,10 +250,13 @@ pub(crate) fn run_clients<B: Bootstrap, D: Daemons>(
     remotes: Vec<Remote>,
     load: &LoadArgs,
     out: &OutArgs,
+    pin: &Pinning,
 ) -> RankRun {
     let (rank, ranks) = (b.rank(), b.size());
     let n = remotes.len();
     let stop = Arc::new(AtomicBool::new(false));
+    // Set while a run is measured: clients record latencies only then.
+    let measuring = Arc::new(AtomicBool::new(false));
     let counters: Arc<Vec<CachePadded<AtomicU64>>> = Arc::new(
         (0..n)
             .map(|_| CachePadded::new(AtomicU64::new(0)))
@@ -262,19 +270,22 @@ pub(crate) fn run_clients<B: Bootstrap, D: Daemons>(
     let mut handles = Vec::new();
     for (c, remote) in remotes.into_iter().enumerate() {
         let gid = rank * load.clients + c;
-        let (daemons, load, stop, counters, ready, go, failed) = (
+        let (daemons, load, stop, measuring, counters, ready, go, failed) = (
             daemons.clone(),
             load.clone(),
             stop.clone(),
+            measuring.clone(),
             counters.clone(),
             ready.clone(),
             go.clone(),
             failed_tx.clone(),
         );
+        let core = pin.client(c);
         handles.push(
             thread::Builder::new()
                 .name(format!("client-{rank}.{c}"))
                 .spawn(move || {
+                    pin_current(core);
                     let mut report = ClientReport::new();
                     let r = client_thread::<D>(
                         gid,
@@ -283,7 +294,7 @@ pub(crate) fn run_clients<B: Bootstrap, D: Daemons>(
                         remote,
                         &load,
                         (&ready, &go),
-                        &stop,
+                        (&stop, &measuring),
                         &counters[c],
                         &mut report,
                     );
@@ -301,48 +312,16 @@ pub(crate) fn run_clients<B: Bootstrap, D: Daemons>(
     let met = b.barrier();
     go.wait();
     let t0 = Instant::now();
-    let mut last = 0u64;
-    let mut tick = t0;
+    let mut runs = Vec::new();
     let mut failure = met.err().map(boot);
-    // One reduction per second (the last one at `--duration`), on every rank.
-    let ticks = if failure.is_some() {
-        0
-    } else {
-        load.duration.max(0.0).ceil() as u64
-    };
-    for k in 1..=ticks {
-        let at = t0 + Duration::from_secs_f64((k as f64).min(load.duration));
-        // Wakes early if a client thread fails.
-        let failed_here = failed_rx.recv_deadline(at).is_ok();
-        // Operations done, and whether a client thread failed, over all ranks.
-        let mut total = [
+    if failure.is_none() {
+        let sum = || {
             counters
                 .iter()
                 .map(|c| c.load(Ordering::Relaxed))
-                .sum::<u64>(),
-            u64::from(failed_here),
-        ];
-        if let Err(e) = b.all_reduce_sum_u64(&mut total) {
-            failure = Some(boot(e));
-            break;
-        }
-        let now = Instant::now();
-        if rank == 0 && !out.quiet {
-            eprintln!(
-                "[{:5.1} s] {:8.3} Mops/s",
-                t0.elapsed().as_secs_f64(),
-                (total[0] - last) as f64 / now.duration_since(tick).as_secs_f64() / 1e6
-            );
-        }
-        if total[1] > 0 {
-            break;
-        }
-        last = total[0];
-        tick = now;
-    }
-    if ticks == 0 {
-        let end = t0 + Duration::from_secs_f64(load.duration.max(0.0));
-        let _ = failed_rx.recv_deadline(end);
+                .sum::<u64>()
+        };
+        failure = measure(b, load, (out, rank), sum, &failed_rx, &measuring, &mut runs);
     }
     stop.store(true, Ordering::Relaxed);
     let elapsed = t0.elapsed();
@@ -358,9 +337,82 @@ pub(crate) fn run_clients<B: Bootstrap, D: Daemons>(
     }
     RankRun {
         elapsed,
+        runs,
         clients,
         failure,
     }
+}
+
+/// The warm-up and the measured runs of seeds/004 §9 step 12, while the clients run: the
+/// warm-up (`--warmup`, not measured), then `--runs` runs of `--duration` seconds, each
+/// after a barrier of all ranks. Within a run, every second (and at its end) each rank sums
+/// the operations its clients completed since the run started and whether a client thread
+/// failed, over all ranks (a reduction on every rank, so each makes the same number of
+/// them); rank 0 prints the rate. A run's figure is the operations completed up to its stop
+/// time (`sum`, the clients' counters, read at that instant: completions after it do not
+/// count) and its measured length. A client thread that fails (`failed`) ends the
+/// measurement at every rank's next reduction. Returns a bootstrap failure, if any.
+fn measure<B: Bootstrap>(
+    b: &B,
+    load: &LoadArgs,
+    (out, rank): (&OutArgs, usize),
+    sum: impl Fn() -> u64,
+    failed: &crossbeam_channel::Receiver<()>,
+    measuring: &AtomicBool,
+    runs: &mut Vec<(u64, f64)>,
+) -> Option<String> {
+    let warm_end = Instant::now() + Duration::from_secs_f64(load.warmup.max(0.0));
+    let mut flag = [u64::from(failed.recv_deadline(warm_end).is_ok())];
+    if let Err(e) = b.all_reduce_sum_u64(&mut flag) {
+        return Some(boot(e));
+    }
+    if flag[0] > 0 {
+        return None;
+    }
+    let duration = load.duration.max(0.0);
+    let ticks = (duration.ceil() as u64).max(1);
+    for run in 0..load.runs {
+        if let Err(e) = b.barrier() {
+            return Some(boot(e));
+        }
+        measuring.store(true, Ordering::Relaxed);
+        let (t0, start) = (Instant::now(), sum());
+        let (mut last, mut tick) = (0u64, t0);
+        for k in 1..=ticks {
+            let at = t0 + Duration::from_secs_f64((k as f64).min(duration));
+            // Wakes early if a client thread fails.
+            let failed_here = failed.recv_deadline(at).is_ok();
+            let (ops, now) = (sum() - start, Instant::now());
+            let mut total = [ops, u64::from(failed_here)];
+            if let Err(e) = b.all_reduce_sum_u64(&mut total) {
+                measuring.store(false, Ordering::Relaxed);
+                return Some(boot(e));
+            }
+            if rank == 0 && !out.quiet {
+                let label = if load.runs > 1 {
+                    format!("run {}/{}", run + 1, load.runs)
+                } else {
+                    "run".to_owned()
+                };
+                eprintln!(
+                    "[{label} {:5.1} s] {:8.3} Mops/s",
+                    now.duration_since(t0).as_secs_f64(),
+                    (total[0] - last) as f64 / now.duration_since(tick).as_secs_f64() / 1e6
+                );
+            }
+            if total[1] > 0 {
+                measuring.store(false, Ordering::Relaxed);
+                return None;
+            }
+            if k == ticks {
+                runs.push((total[0], now.duration_since(t0).as_secs_f64()));
+            }
+            last = total[0];
+            tick = now;
+        }
+        measuring.store(false, Ordering::Relaxed);
+    }
+    None
 }
 
 /// One client thread: connects to the daemons, waits for the run to start (`ready`, then
@@ -378,7 +430,7 @@ pub(crate) fn client_thread<D: Daemons>(
     remote: Remote,
     load: &LoadArgs,
     (ready, go): (&std::sync::Barrier, &std::sync::Barrier),
-    stop: &AtomicBool,
+    stop: (&AtomicBool, &AtomicBool),
     counter: &AtomicU64,
     report: &mut ClientReport,
 ) -> Result<(), String> {
@@ -606,7 +658,7 @@ pub(crate) fn client_loop<D: Daemons>(
     remote: &mut Remote,
     pattern: &[Op],
     load: &LoadArgs,
-    stop: &AtomicBool,
+    (stop, measuring): (&AtomicBool, &AtomicBool),
     counter: &AtomicU64,
     rep: &mut ClientReport,
 ) -> Result<(), String> {
@@ -771,11 +823,17 @@ pub(crate) fn client_loop<D: Daemons>(
                 free.push(tag);
                 continue;
             }
+            // Latency only while a run is measured (not in the warm-up, seeds/004 §9).
+            let measured = measuring.load(Ordering::Relaxed);
             let ns = (t.elapsed().as_nanos() as u64).max(1);
-            let _ = rep.hist.record(ns);
+            if measured {
+                let _ = rep.hist.record(ns);
+            }
             if op.rank as usize != me.rank {
                 rep.ops_remote += 1;
-                let _ = rep.hist_remote.record(ns);
+                if measured {
+                    let _ = rep.hist_remote.record(ns);
+                }
             }
             rep.ops += 1;
             match r {

@@ -170,9 +170,21 @@ pub(crate) struct LoadArgs {
     /// Zipf exponent θ (with --dist zipf).
     #[arg(long, default_value_t = 0.99)]
     pub(crate) theta: f64,
-    /// Measured run time in seconds (per backend).
+    /// Measured time of each run in seconds (seeds/004 §9 step 12: `sleep(duration)`).
     #[arg(long, default_value_t = 8.0)]
     pub(crate) duration: f64,
+    /// Measured runs per backend (seeds/004 §9 step 12), each after a barrier of all ranks;
+    /// the summary gives each run's throughput and their median.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) runs: u32,
+    /// Warm-up before the first run, seconds: the clients run but nothing is measured
+    /// (neither throughput nor latency).
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) warmup: f64,
+    /// Do not pin daemons and clients to cores (seeds/004 §9 step 1; pinning is on by
+    /// default when the host has a core for every daemon and client thread of its ranks).
+    #[arg(long)]
+    pub(crate) no_pin: bool,
     /// Pre-generated operations per client (the pattern is replayed cyclically).
     #[arg(long, default_value_t = 1 << 20)]
     pub(crate) pattern_len: usize,

@@ -10,6 +10,7 @@ use rpc::delegation::{Delegate, DelegationConfig, DelegationServer, ForwardStats
 use rpc::erpc::ErpcServer;
 use rpc::{RpcError, Server, ServerTransport, Service};
 
+use crate::pinning::{Pinning, pin_current};
 use crate::report::*;
 use crate::shard::*;
 
@@ -35,11 +36,12 @@ pub(crate) fn start_daemons(
     servers: Vec<DelegationServer>,
     rank: usize,
     stop: &Arc<AtomicBool>,
+    pin: &Pinning,
 ) -> Vec<thread::JoinHandle<DaemonReport>> {
     servers
         .into_iter()
         .enumerate()
-        .map(|(d, server)| spawn_daemon(rank, d, Server::new(server), stop))
+        .map(|(d, server)| spawn_daemon(rank, d, Server::new(server), stop, pin))
         .collect()
 }
 
@@ -48,11 +50,16 @@ pub(crate) fn spawn_daemon(
     d: usize,
     mut server: KvServerCore,
     stop: &Arc<AtomicBool>,
+    pin: &Pinning,
 ) -> thread::JoinHandle<DaemonReport> {
     let stop = stop.clone();
+    let core = pin.daemon(d);
     thread::Builder::new()
         .name(format!("daemon-{rank}.{d}"))
-        .spawn(move || daemon_loop(&mut server, &stop))
+        .spawn(move || {
+            pin_current(core);
+            daemon_loop(&mut server, &stop)
+        })
         .expect("spawn daemon")
 }
 

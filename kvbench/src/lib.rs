@@ -99,6 +99,7 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod pinning;
 pub mod report;
 pub mod run;
 pub mod seed;

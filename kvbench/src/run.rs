@@ -21,6 +21,7 @@ use crate::check::*;
 use crate::client::*;
 use crate::config::*;
 use crate::daemon::*;
+use crate::pinning::{Pinning, pin_current};
 use crate::report::*;
 use crate::shard::*;
 use crate::wiring::*;
@@ -188,6 +189,9 @@ pub(crate) fn run_rank<B: Bootstrap>(
 ) -> Result<Summary, String> {
     let topo = Topology::Direct;
     let (rank, ranks, daemons) = (b.rank(), b.size(), a.daemons);
+    let pin = Pinning::plan(b, !a.load.no_pin, daemons, a.load.clients);
+    let pin = agree(b, "planning the CPU pinning", pin)?;
+    let core0 = pin.daemon(0);
     let base = format!("{}-{}-r{rank}", job.base, topo.name());
     let names: Vec<String> = (0..daemons).map(|d| ring_name(&base, d)).collect();
     let servers = create_rings(&base, daemons, cfg).map_err(|e| format!("creating the rings: {e}"));
@@ -195,7 +199,7 @@ pub(crate) fn run_rank<B: Bootstrap>(
     let mut threads = DaemonThreads::default();
     let remotes = match (&job.nic, ranks) {
         (_, 1) => {
-            threads.handles = start_daemons(servers, rank, &threads.stop);
+            threads.handles = start_daemons(servers, rank, &threads.stop, &pin);
             (0..a.load.clients).map(|_| Remote::None).collect()
         }
         (None, _) => return Err(on_rank(b, "no NIC for copyrpc between ranks".into())),
@@ -234,18 +238,22 @@ pub(crate) fn run_rank<B: Bootstrap>(
             threads.handles.push(
                 thread::Builder::new()
                     .name(format!("daemon-{rank}.0"))
-                    .spawn(move || delegate_loop(dlg, &stop))
+                    .spawn(move || {
+                        pin_current(core0);
+                        delegate_loop(dlg, &stop)
+                    })
                     .expect("spawn delegate"),
             );
             for (d, server) in rings.enumerate() {
-                let h = spawn_daemon(rank, d + 1, Server::new(server), &threads.stop);
+                let h = spawn_daemon(rank, d + 1, Server::new(server), &threads.stop, &pin);
                 threads.handles.push(h);
             }
             remotes
         }
     };
     let rings = Arc::new(Rings::new(rank, names, false));
-    let (mut s, _) = clients_and_check(b, rings, remotes, threads, &a.load, &a.out, daemons)?;
+    let (mut s, _) =
+        clients_and_check(b, rings, remotes, threads, (&a.load, &a.out, &pin), daemons)?;
     s.backend = topo.name();
     s.mpi = job.mpi;
     Ok(s)
@@ -259,11 +267,10 @@ pub(crate) fn clients_and_check<B: Bootstrap, D: Daemons>(
     daemons: Arc<D>,
     remotes: Vec<Remote>,
     threads: DaemonThreads,
-    load: &LoadArgs,
-    out: &OutArgs,
+    (load, out, pin): (&LoadArgs, &OutArgs, &Pinning),
     ndaemons: usize,
 ) -> Result<(Summary, Vec<DaemonReport>), String> {
-    let mut run = run_clients(b, daemons.clone(), remotes, load, out);
+    let mut run = run_clients(b, daemons.clone(), remotes, load, out, pin);
     let failure = run.failure.take();
     let check = check_written(b, &*daemons, &run.clients, failure, load);
     // The client threads' connections, if kept for the check, close before any daemon stops.
@@ -388,8 +395,7 @@ pub(crate) fn run_scalerpc(a: &RunArgs) -> i32 {
         daemons,
         remotes,
         threads,
-        &a.load,
-        &a.out,
+        (&a.load, &a.out, &Pinning::off("ScaleRPC")),
         a.daemons,
     ) {
         Ok(r) => r,
@@ -493,7 +499,14 @@ pub(crate) fn erpc_rank<B: Bootstrap>(
         addrs,
         qd: a.load.qd,
     });
-    let (mut s, _) = clients_and_check(b, erpc, remotes, threads, &a.load, &a.out, daemons)?;
+    let (mut s, _) = clients_and_check(
+        b,
+        erpc,
+        remotes,
+        threads,
+        (&a.load, &a.out, &Pinning::off("eRPC")),
+        daemons,
+    )?;
     s.transport = "erpc";
     s.backend = "erpc";
     Ok(s)
@@ -512,7 +525,7 @@ pub(crate) fn serve(a: ServeArgs) -> i32 {
     }
     let daemons = match create_rings(&a.shm, a.daemons, cfg) {
         Ok(s) => match a.drop_reply {
-            None => start_daemons(s, 0, &stop),
+            None => start_daemons(s, 0, &stop, &Pinning::off("kv serve")),
             Some(n) => s
                 .into_iter()
                 .enumerate()
@@ -600,7 +613,14 @@ pub(crate) fn client_only(a: ClientArgs) -> i32 {
     let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
     let rings = Arc::new(Rings::new(0, names, true));
     let threads = DaemonThreads::default();
-    match clients_and_check(&solo(), rings, remotes, threads, &a.load, &a.out, daemons) {
+    match clients_and_check(
+        &solo(),
+        rings,
+        remotes,
+        threads,
+        (&a.load, &a.out, &Pinning::off("kv client")),
+        daemons,
+    ) {
         Ok((s, _)) => {
             print_summary(&s, &a.out, true);
             if s.pass { 0 } else { 1 }

@@ -34,6 +34,7 @@ use rpc::{RpcError, Service};
 use crate::client::Daemons;
 use crate::config::{RunArgs, Topology};
 use crate::daemon::{DaemonReport, DaemonThreads};
+use crate::pinning::{Pinning, pin_current};
 use crate::report::Summary;
 use crate::run::clients_and_check;
 use crate::shard::{Shard, kv_route};
@@ -104,6 +105,8 @@ pub(crate) fn run_seed_rank<B: Bootstrap>(
         resp_depth: (a.load.qd.max(1) as u32).next_power_of_two(),
         ..DelegationConfig::default()
     };
+    let pin = Pinning::plan(b, !a.load.no_pin, daemons, clients);
+    let pin = agree(b, "planning the CPU pinning", pin)?;
     let nodes = build_nodes(
         (rank, ranks, daemons),
         placement,
@@ -135,17 +138,27 @@ pub(crate) fn run_seed_rank<B: Bootstrap>(
         .collect();
     let mut threads = DaemonThreads::default();
     for (d, node) in nodes.into_iter().enumerate() {
-        let stop = threads.stop.clone();
+        let (stop, core) = (threads.stop.clone(), pin.daemon(d));
         threads.handles.push(
             thread::Builder::new()
                 .name(format!("daemon-{rank}.{d}"))
-                .spawn(move || node_loop(node, &stop))
+                .spawn(move || {
+                    pin_current(core);
+                    node_loop(node, &stop)
+                })
                 .expect("spawn daemon"),
         );
     }
     let remotes = agree(b, "connecting the clients", remotes)?;
     let locals = Arc::new(LocalServers { rank, names });
-    let (mut s, _) = clients_and_check(b, locals, remotes, threads, &a.load, &a.out, daemons)?;
+    let (mut s, _) = clients_and_check(
+        b,
+        locals,
+        remotes,
+        threads,
+        (&a.load, &a.out, &pin),
+        daemons,
+    )?;
     s.backend = topo.name();
     s.mpi = job.mpi;
     Ok(s)
