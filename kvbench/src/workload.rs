@@ -8,7 +8,7 @@ use rand_distr::{Distribution, Zipf};
 use crate::config::*;
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Dist {
+pub enum Dist {
     Uniform,
     Zipf,
 }
