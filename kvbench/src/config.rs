@@ -1,4 +1,8 @@
-//! TODO
+//! The command line of `kv` (clap): every flag with its default and help text
+//! ([`Cli`], its subcommands [`Cmd`] and their argument groups), the transports, backends
+//! and per-run topologies they choose ([`Transport`], [`Backend`], [`Topology`]: the backends
+//! of a `--backend` are listed in one place, `topologies`), and the checks of argument
+//! combinations that run before anything starts.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rpc::delegation::DelegationConfig;

@@ -1,5 +1,5 @@
 //! Reporting: the figures of a run over all ranks ([`Summary`], serializable with `serde`),
-//! how they are combined from every rank's clients and daemons ([`combine`]: counters summed
+//! how they are combined from every rank's clients and daemons (`combine`: counters summed
 //! by a reduction, latency histograms merged from hdrhistogram's V2 encoding), and how they
 //! are printed: human-readable text, one JSON object per run (`--json`, `serde_json`) or
 //! CSV (`--csv`, the `csv` crate).
@@ -19,16 +19,6 @@ use crate::config::*;
 use crate::daemon::*;
 use crate::wiring::*;
 use crate::workload::*;
-
-/// One ScaleRPC daemon's server counters.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ScaleDaemon {
-    pub(crate) conns: u32,
-    pub(crate) groups: u32,
-    pub(crate) sched: rpc::scalerpc::SchedStats,
-    pub(crate) server: rpc::scalerpc::ServerStats,
-    pub(crate) probes: u64,
-}
 
 /// ScaleRPC figures of a run (JSON: the `scalerpc` object): the daemons' counters summed,
 /// and the QPC caches.

@@ -1,4 +1,8 @@
-//! TODO
+//! Running a job: the command line's entry point ([`main`]), an in-process run of any
+//! transport ([`run_all`]: one thread per rank, returning the summaries without printing
+//! them), a rank of an MPI job (`--mpi`, behind the `mpi` feature), the `kv serve` daemons
+//! and the `kv client` clients ([`client_only`]). The transport of a run is chosen in one
+//! `match` for in-process runs ([`run_all`]) and one for MPI ranks.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -414,33 +418,7 @@ fn run_scalerpc(a: &RunArgs) -> Result<Summary, String> {
     threads.handles = servers
         .into_iter()
         .enumerate()
-        .map(|(d, mut server)| {
-            let stop = threads.stop.clone();
-            thread::Builder::new()
-                .name(format!("daemon-0.{d}"))
-                .spawn(move || {
-                    // Clients disconnect (and their connections are reclaimed) before the
-                    // daemons stop: report the connections accepted over the run (held now
-                    // or reclaimed) and the most groups seen at once.
-                    let mut groups = 0;
-                    let mut r = daemon_loop_observing(&mut server, &stop, |server| {
-                        let s = server.transport().scale_server();
-                        groups = groups.max(s.scheduler().num_groups());
-                    });
-                    let t = server.transport();
-                    let s = t.scale_server();
-                    r.scale = Some(ScaleDaemon {
-                        conns: s.num_conns()
-                            + u32::try_from(s.stats().reclaimed).unwrap_or(u32::MAX),
-                        groups,
-                        sched: *s.scheduler().stats(),
-                        server: *s.stats(),
-                        probes: t.probes_answered(),
-                    });
-                    r
-                })
-                .expect("spawn daemon")
-        })
+        .map(|(d, server)| spawn_scale_daemon(0, d, server, &threads.stop))
         .collect();
     let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
     let daemons = Arc::new(ScaleDaemons {
