@@ -780,3 +780,246 @@ pub fn text(s: &Summary) -> String {
     );
     t
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A two-rank delegation summary with every figure distinct.
+    fn sample() -> Summary {
+        Summary {
+            transport: "delegation",
+            daemons: 2,
+            clients: 3,
+            qd: 8,
+            read_ratio: 1.0,
+            keys: 4096,
+            dist: "zipf(0.99)".into(),
+            secs: 1.23456,
+            ops: 1000,
+            mops: 0.000_810_12,
+            p50_us: 12.345,
+            p99_us: 67.891,
+            p999_us: 100.5,
+            gets: 600,
+            hits: 500,
+            errors: 1,
+            bad_requests: 2,
+            checked: 77,
+            mismatches: 3,
+            pass: false,
+            check_msg: "a note".into(),
+            ranks: 2,
+            mpi: true,
+            backend: "direct",
+            clients_total: 6,
+            max_us: 250.126,
+            rank_served: vec![510, 495],
+            ops_local: 400,
+            ops_remote: 600,
+            remote_p50_us: 20.004,
+            remote_p99_us: 80.555,
+            rank_ops: vec![520, 480],
+            rank_mops: vec![0.000_42, 0.000_391_23],
+            checked_remote: 40,
+            expired: 4,
+            late: 5,
+            forward: Some(Forward {
+                forwarded: 11,
+                remote_served: 12,
+                handed_off: 13,
+                unroutable: 14,
+                failed_calls: 15,
+                corrupt_responses: 16,
+                ring_full_retries: 17,
+                ..Forward::default()
+            }),
+            scale: None,
+            erpc: None,
+        }
+    }
+
+    fn keys(v: &serde_json::Value) -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().expect("an object").keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    fn sorted(names: &[&str]) -> Vec<String> {
+        let mut k: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        k.sort();
+        k
+    }
+
+    /// The JSON summary has exactly the fields the hand-written JSON had (tests and scripts
+    /// read them by name), `forward` is `null` without delegates, and the `scalerpc` and
+    /// `erpc` objects appear only in runs of those transports, with their fields.
+    #[test]
+    fn json_keeps_the_field_names() {
+        let mut s = sample();
+        s.forward = None;
+        let v: serde_json::Value = serde_json::from_str(&json(&s)).expect("JSON");
+        assert_eq!(
+            keys(&v),
+            sorted(&[
+                "transport",
+                "daemons",
+                "clients",
+                "qd",
+                "read_ratio",
+                "keys",
+                "dist",
+                "seconds",
+                "ops",
+                "mops",
+                "p50_us",
+                "p99_us",
+                "p999_us",
+                "gets",
+                "get_hits",
+                "errors",
+                "bad_requests",
+                "check_samples",
+                "check_mismatches",
+                "check_passed",
+                "check_note",
+                "ranks",
+                "mpi",
+                "backend",
+                "clients_total",
+                "max_us",
+                "rank_served",
+                "ops_local",
+                "ops_remote",
+                "remote_p50_us",
+                "remote_p99_us",
+                "rank_ops",
+                "rank_mops",
+                "check_samples_remote",
+                "deadline_exceeded",
+                "late_responses",
+                "forward",
+            ])
+        );
+        assert!(v["forward"].is_null());
+        assert_eq!(v["seconds"], 1.23456);
+        assert_eq!(v["get_hits"], 500);
+        assert_eq!(v["check_passed"], false);
+        assert_eq!(v["deadline_exceeded"], 4);
+        assert_eq!(v["late_responses"], 5);
+        assert_eq!(v["rank_served"], serde_json::json!([510, 495]));
+
+        let mut s = sample();
+        s.scale = Some(ScaleFigures {
+            qpc_server_misses: 9,
+            ..ScaleFigures::default()
+        });
+        s.erpc = Some(ErpcFigures {
+            dup_requests: 7,
+            ..ErpcFigures::default()
+        });
+        let v: serde_json::Value = serde_json::from_str(&json(&s)).expect("JSON");
+        assert_eq!(
+            keys(&v["forward"]),
+            sorted(&[
+                "ring_local",
+                "forwarded",
+                "responses",
+                "remote_served",
+                "handed_off",
+                "handoff_replies",
+                "bad_requests",
+                "unroutable",
+                "failed_calls",
+                "corrupt_responses",
+                "dropped_replies",
+                "ring_full_retries",
+                "daemon_busy_waits",
+                "wait_timeouts",
+            ])
+        );
+        assert_eq!(v["forward"]["handed_off"], 13);
+        assert_eq!(
+            keys(&v["scalerpc"]),
+            sorted(&[
+                "group_size",
+                "slice_us",
+                "slot_size",
+                "conns",
+                "groups",
+                "switches",
+                "warmup_delays",
+                "acks",
+                "evictions",
+                "failed_conns",
+                "requests",
+                "doorbells",
+                "notices",
+                "probes",
+                "qpc_server_hits",
+                "qpc_server_misses",
+                "qpc_hits",
+                "qpc_misses",
+            ])
+        );
+        assert_eq!(v["scalerpc"]["qpc_server_misses"], 9);
+        assert_eq!(
+            keys(&v["erpc"]),
+            sorted(&[
+                "sessions",
+                "sessions_closed",
+                "requests",
+                "dup_requests",
+                "dropped_pkts",
+                "rx_pkts",
+                "tx_pkts",
+                "rx_calls",
+                "tx_calls",
+            ])
+        );
+        assert_eq!(v["erpc"]["dup_requests"], 7);
+        // One line per run.
+        let line = render(&s, Format::Json, false);
+        assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+    }
+
+    /// The CSV header and row are the hand-written ones, character for character: the same
+    /// columns, the figures rounded alike (`read_ratio` as `Display` prints it), the
+    /// per-rank lists joined by `;`.
+    #[test]
+    fn csv_matches_the_hand_written_format() {
+        let s = sample();
+        let header = "transport,daemons,clients,qd,read_ratio,keys,dist,seconds,ops,mops,p50_us,p99_us,p999_us,gets,get_hits,errors,check_samples,check_mismatches,check_passed,ranks,backend,ops_local,ops_remote,remote_p50_us,remote_p99_us,rank_mops,forwarded,remote_served,handed_off,unroutable,failed_calls,corrupt_responses,ring_full_retries,max_us,rank_served,mpi";
+        let row = "delegation,2,3,8,1,4096,zipf(0.99),1.235,1000,0.0008,12.35,67.89,100.50,600,500,1,77,3,false,2,direct,400,600,20.00,80.56,0.0004;0.0004,11,12,13,14,15,16,17,250.13,510;495,true";
+        assert_eq!(csv(&s, true), format!("{header}\n{row}\n"));
+        assert_eq!(csv(&s, false), format!("{row}\n"));
+        assert_eq!(render(&s, Format::Csv, true), format!("{header}\n{row}\n"));
+    }
+
+    /// The text summary of a multi-rank run names the ranks' figures and the check's
+    /// outcome and note; the ratio line compares direct to delegation.
+    #[test]
+    fn text_and_ratio_lines() {
+        let s = sample();
+        let t = text(&s);
+        assert!(t.starts_with("kv, 2 MPI ranks, backend direct: 2 daemon(s) and 3 client(s) per rank, QD 8, 100% gets, 4096 keys zipf(0.99) per rank, 1.2 s\n"), "{t}");
+        assert!(
+            t.contains("  per rank    0: 0.000   1: 0.000 Mops/s\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("  served      0: 510   1: 495 requests\n"),
+            "{t}"
+        );
+        assert!(t.contains("  delegates   forwarded 11   served remote 12   handed to daemons 13   ring-full retries 17   unroutable 14   failed 15   corrupt 16\n"), "{t}");
+        assert!(t.ends_with("  check       FAILED: 77 written keys read back (40 written from another rank), 3 mismatches (a note)\n"), "{t}");
+        let mut d = sample();
+        d.mops = s.mops / 2.0;
+        assert_eq!(
+            ratio_line(&d, &s).as_deref(),
+            Some("direct vs delegation: throughput x2.00, p50 x1.00, p99 x1.00")
+        );
+        d.mops = 0.0;
+        assert_eq!(ratio_line(&d, &s), None);
+    }
+}
