@@ -1,5 +1,6 @@
 //! The `kv` main job under faults (issue 12 §5), across two processes: `kv serve` (daemons)
-//! and `kv client` (client threads and the check). Faults are made on purpose, never by
+//! and `kv client` (client threads and the check); and a lost direct reply in a run of two
+//! in-process ranks through the `kvbench` library. Faults are made on purpose, never by
 //! timing: a client thread that fails (the hidden test hook `--fail-client-after`), a
 //! daemon process killed while the clients run, a reply the daemon drops (the hidden test hook
 //! `kv serve --drop-reply`), and two client processes sharing the daemons.
@@ -268,16 +269,30 @@ fn stopped_daemons_end_the_client_run_at_the_deadline() {
 /// loop used to wait for the call forever) with exit code 1.
 #[test]
 fn a_lost_direct_reply_expires_at_the_deadline() {
-    let child = std::process::Command::new(kv_common::kv_binary())
-        .args(["--ranks", "2", "--backend", "direct", "--qd", "8"])
-        .args(["--duration", "1", "--json", "--quiet", "--keys", "4096"])
-        .args(["--pattern-len", "4096", "--check-samples", "500"])
-        .args(["--deadline-ms", "300", "--lose-direct-reply", "20"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn kv");
-    let (code, v, stderr) = finish_within(child, Duration::from_secs(60), "kv --ranks 2");
+    let args = [
+        "--ranks",
+        "2",
+        "--backend",
+        "direct",
+        "--qd",
+        "8",
+        "--duration",
+        "1",
+        "--json",
+        "--quiet",
+        "--keys",
+        "4096",
+        "--pattern-len",
+        "4096",
+        "--check-samples",
+        "500",
+        "--deadline-ms",
+        "300",
+        "--lose-direct-reply",
+        "20",
+    ];
+    let (code, v, stderr) = kv_common::run_in_process(&args, Duration::from_secs(60));
+    let v = v.into_iter().next();
     let v = v.unwrap_or_else(|| panic!("no summary; stderr: {stderr}"));
     assert_eq!(code, Some(1), "{v}\nstderr: {stderr}");
     assert_eq!(v["backend"], "direct", "{v}");

@@ -1,45 +1,35 @@
-//! The `kv` main job with several in-process ranks (seeds/004 §1.2, §4, §5, §7): each
+//! The `kv` main job with several in-process ranks (run through the `kvbench` library) (seeds/004 §1.2, §4, §5, §7): each
 //! backend must pass the correctness check (which reads back keys written from other ranks)
 //! after actually sending remote requests.
 
 mod kv_common;
 
-use kv_common::kv_binary;
-use std::process::Command;
-use std::time::{Duration, Instant};
+use kv_common::run_in_process;
+use std::time::Duration;
 
-/// Runs `kv` with a short, small workload plus `args`; returns one JSON object per backend
-/// run, after checking the exit code.
+/// Runs `kv` in this process with a short, small workload plus `args`; returns one JSON
+/// object per backend run, after checking the exit code.
 fn run_kv(args: &[&str]) -> Vec<serde_json::Value> {
     let qd: &[&str] = if args.contains(&"--qd") {
         &[]
     } else {
         &["--qd", "8"]
     };
-    let t0 = Instant::now();
-    let out = Command::new(kv_binary())
-        .args(["--duration", "1", "--keys", "4096"])
-        .args(qd)
-        .args(["--pattern-len", "4096", "--check-samples", "500"])
-        .args(["--json", "--quiet"])
-        .args(args)
-        .output()
-        .expect("run kv");
-    assert!(
-        t0.elapsed() < Duration::from_secs(120),
-        "kv {args:?} too slow"
+    let all: Vec<&str> = ["--duration", "1", "--keys", "4096"]
+        .iter()
+        .chain(qd)
+        .chain(&["--pattern-len", "4096", "--check-samples", "500"])
+        .chain(&["--json", "--quiet"])
+        .chain(args)
+        .copied()
+        .collect();
+    let (code, summaries, stderr) = run_in_process(&all, Duration::from_secs(120));
+    assert_eq!(
+        code,
+        Some(0),
+        "kv {args:?} failed: {summaries:?}\nstderr: {stderr}"
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "kv {args:?} failed: {}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON summary per line"))
-        .collect()
+    summaries
 }
 
 /// The checks every multi-rank run must pass.

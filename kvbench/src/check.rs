@@ -1,4 +1,6 @@
-//! TODO
+//! The end-of-run correctness check (see the crate docs, "Correctness"): a sample of the
+//! written keys, local and remote, is read back from its owner daemon on its owner rank and
+//! must hold the last value written; the counts are summed over the ranks.
 
 use idl::kv::owner_daemon;
 use rpc::bootstrap::Bootstrap;

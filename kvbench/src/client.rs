@@ -1,4 +1,7 @@
-//! TODO
+//! The client threads of a rank: how they reach the daemons (`Daemons`: the delegation
+//! rings, ScaleRPC or eRPC), the run of a rank's client threads (start together, one
+//! reduction per second, a failing thread stops the others), the closed loop with
+//! `--qd` calls in flight and a deadline per call, and what each thread measured.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

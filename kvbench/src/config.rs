@@ -1,4 +1,8 @@
-//! TODO
+//! The command line of `kv` (clap): every flag with its default and help text
+//! ([`Cli`], its subcommands [`Cmd`] and their argument groups), the transports, backends
+//! and per-run topologies they choose ([`Transport`], [`Backend`], [`Topology`]: the backends
+//! of a `--backend` are listed in one place, `topologies`), and the checks of argument
+//! combinations that run before anything starts.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rpc::delegation::DelegationConfig;
@@ -24,13 +28,13 @@ use crate::workload::*;
 )]
 pub struct Cli {
     #[command(subcommand)]
-    pub(crate) cmd: Option<Cmd>,
+    pub cmd: Option<Cmd>,
     #[command(flatten)]
-    pub(crate) run: RunArgs,
+    pub run: RunArgs,
 }
 
 #[derive(Subcommand, Debug)]
-pub(crate) enum Cmd {
+pub enum Cmd {
     /// Daemons and clients of every rank in this process (the default when no subcommand is
     /// given).
     Run(RunArgs),
@@ -44,187 +48,187 @@ pub(crate) enum Cmd {
 }
 
 #[derive(Args, Debug, Clone)]
-pub(crate) struct RunArgs {
+pub struct RunArgs {
     /// Daemon (shard server) threads per rank.
     #[arg(long, short = 'd', default_value_t = 1)]
-    pub(crate) daemons: usize,
+    pub daemons: usize,
     /// In-process ranks, each with its own simulated NIC on one device-model fabric; requests
     /// target a rank chosen uniformly. 1: a single node, no copyrpc. (With `--mpi`, the ranks
     /// are the MPI processes.)
     #[arg(long, default_value_t = 1)]
-    pub(crate) ranks: usize,
+    pub ranks: usize,
     /// This process is one rank of an MPI job (`mpirun -np N .../kv --mpi`): the ranks are the
     /// MPI processes, connected by copyrpc (delegation transport) or eRPC over UDP (`--transport
     /// erpc`). Needs a build with `--features mpi`.
     #[arg(long)]
-    pub(crate) mpi: bool,
+    pub mpi: bool,
     /// Open this RDMA device (e.g. `mlx5_0`) through rdma-core for copyrpc between ranks,
     /// instead of the software device model.
     #[arg(long)]
-    pub(crate) device: Option<String>,
+    pub device: Option<String>,
     /// The port of `--device` (1-based).
     #[arg(long, default_value_t = 1, requires = "device")]
-    pub(crate) port: u8,
+    pub port: u8,
     /// `--mpi --transport erpc`: the IP address the daemons' UDP sockets bind to and advertise
     /// (default: 127.0.0.1 when every rank runs on one host, else the first non-loopback address
     /// the host name resolves to).
     #[arg(long)]
-    pub(crate) erpc_ip: Option<std::net::IpAddr>,
+    pub erpc_ip: Option<std::net::IpAddr>,
     /// How clients reach other ranks: through their rank's daemon 0 (delegation), with their
     /// own copyrpc endpoints (direct), or each in turn (both).
     #[arg(long, value_enum, default_value_t = Backend::Delegation)]
-    pub(crate) backend: Backend,
+    pub backend: Backend,
     /// copyrpc send and receive ring size per endpoint, bytes (power of two, >= 1024).
     #[arg(long, default_value_t = 1 << 20)]
-    pub(crate) copyrpc_ring: usize,
+    pub copyrpc_ring: usize,
     /// How clients reach the daemons of their rank: the shared-memory delegation ring,
     /// ScaleRPC on the device model (one simulated NIC per daemon and per client thread), or
     /// eRPC over UDP loopback (one socket per daemon and per client connection). ScaleRPC runs
     /// one rank only; eRPC one rank, or the ranks of `--mpi`.
     #[arg(long, value_enum, default_value_t = Transport::Delegation)]
-    pub(crate) transport: Transport,
+    pub transport: Transport,
     #[command(flatten)]
-    pub(crate) scale: ScaleArgs,
+    pub scale: ScaleArgs,
     #[command(flatten)]
-    pub(crate) ring: RingArgs,
+    pub ring: RingArgs,
     #[command(flatten)]
-    pub(crate) load: LoadArgs,
+    pub load: LoadArgs,
     #[command(flatten)]
-    pub(crate) out: OutArgs,
+    pub out: OutArgs,
 }
 
 #[derive(Args, Debug, Clone)]
-pub(crate) struct ServeArgs {
+pub struct ServeArgs {
     /// Base name of the rings in /dev/shm.
     #[arg(long)]
-    pub(crate) shm: String,
+    pub shm: String,
     /// Daemon (shard server) threads.
     #[arg(long, short = 'd', default_value_t = 1)]
-    pub(crate) daemons: usize,
+    pub daemons: usize,
     #[command(flatten)]
-    pub(crate) ring: RingArgs,
+    pub ring: RingArgs,
     /// Stop after this many seconds (0: until SIGINT/SIGTERM).
     #[arg(long, default_value_t = 0.0)]
-    pub(crate) duration: f64,
+    pub duration: f64,
     /// Test hook (hidden): daemon 0 executes its N-th request (1-based) but drops the reply,
     /// as a lost reply would (tests/kv_faults.rs).
     #[arg(long, hide = true)]
-    pub(crate) drop_reply: Option<u64>,
+    pub drop_reply: Option<u64>,
 }
 
 #[derive(Args, Debug, Clone)]
-pub(crate) struct ClientArgs {
+pub struct ClientArgs {
     /// Base name of the rings in /dev/shm (as given to `kv serve`).
     #[arg(long)]
-    pub(crate) shm: String,
+    pub shm: String,
     #[command(flatten)]
-    pub(crate) load: LoadArgs,
+    pub load: LoadArgs,
     #[command(flatten)]
-    pub(crate) out: OutArgs,
+    pub out: OutArgs,
 }
 
 #[derive(Args, Debug, Clone)]
-pub(crate) struct RingArgs {
+pub struct RingArgs {
     /// Request slots per ring (power of two; seeds/004 §9: 1024).
     #[arg(long, default_value_t = 1024)]
-    pub(crate) ring_depth: u32,
+    pub ring_depth: u32,
     /// Most clients per ring.
     #[arg(long, default_value_t = 64)]
-    pub(crate) max_clients: u32,
+    pub max_clients: u32,
     /// Response slots per client (power of two, at least the largest queue depth used).
     #[arg(long, default_value_t = 64)]
-    pub(crate) resp_depth: u32,
+    pub resp_depth: u32,
 }
 
 #[derive(Args, Debug, Clone)]
-pub(crate) struct ScaleArgs {
+pub struct ScaleArgs {
     /// ScaleRPC: connections per group; each daemon serves one group per time slice (0:
     /// grouping off). The seeds/003 default is 400.
     #[arg(long, default_value_t = 400)]
-    pub(crate) scalerpc_group: u32,
+    pub scalerpc_group: u32,
     /// ScaleRPC: a group's time slice, microseconds (warm-up: a quarter of it).
     #[arg(long, default_value_t = 200)]
-    pub(crate) scalerpc_slice_us: u64,
+    pub scalerpc_slice_us: u64,
     /// ScaleRPC: message pool slot size, bytes (a multiple of 64; KV messages fit 128).
     #[arg(long, default_value_t = 128)]
-    pub(crate) scalerpc_slot: u32,
+    pub scalerpc_slot: u32,
 }
 
 #[derive(Args, Debug, Clone)]
-pub(crate) struct LoadArgs {
+pub struct LoadArgs {
     /// Client threads (per rank).
     #[arg(long, short = 'c', default_value_t = 1)]
-    pub(crate) clients: usize,
+    pub clients: usize,
     /// Calls in flight per client thread (closed loop).
     #[arg(long, default_value_t = 32)]
-    pub(crate) qd: usize,
+    pub qd: usize,
     /// Fraction of gets (the rest are puts).
     #[arg(long, default_value_t = 0.5)]
-    pub(crate) read_ratio: f64,
+    pub read_ratio: f64,
     /// Key range: keys are 0..keys (on every rank).
     #[arg(long, default_value_t = 1 << 20)]
-    pub(crate) keys: u64,
+    pub keys: u64,
     /// Key distribution.
     #[arg(long, value_enum, default_value_t = Dist::Uniform)]
-    pub(crate) dist: Dist,
+    pub dist: Dist,
     /// Zipf exponent θ (with --dist zipf).
     #[arg(long, default_value_t = 0.99)]
-    pub(crate) theta: f64,
+    pub theta: f64,
     /// Measured time of each run in seconds (seeds/004 §9 step 12: `sleep(duration)`).
     #[arg(long, default_value_t = 8.0)]
-    pub(crate) duration: f64,
+    pub duration: f64,
     /// Measured runs per backend (seeds/004 §9 step 12), each after a barrier of all ranks;
     /// the summary gives each run's throughput and their median.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    pub(crate) runs: u32,
+    pub runs: u32,
     /// Warm-up before the first run, seconds: the clients run but nothing is measured
     /// (neither throughput nor latency).
     #[arg(long, default_value_t = 1.0)]
-    pub(crate) warmup: f64,
+    pub warmup: f64,
     /// Do not pin daemons and clients to cores (seeds/004 §9 step 1; pinning is on by
     /// default when the host has a core for every daemon and client thread of its ranks).
     #[arg(long)]
-    pub(crate) no_pin: bool,
+    pub no_pin: bool,
     /// Pre-generated operations per client (the pattern is replayed cyclically).
     #[arg(long, default_value_t = 1 << 20)]
-    pub(crate) pattern_len: usize,
+    pub pattern_len: usize,
     /// RNG seed (same seed, same access patterns).
     #[arg(long, default_value_t = 42)]
-    pub(crate) seed: u64,
+    pub seed: u64,
     /// Written keys read back by the end-of-run correctness check.
     #[arg(long, default_value_t = 10_000)]
-    pub(crate) check_samples: usize,
+    pub check_samples: usize,
     /// Per-call deadline, milliseconds: a call with no reply this long after it was issued
     /// (a lost reply, a stopped daemon) counts as an error and is given up (a late reply is
     /// dropped), so the run and its check always end.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub(crate) deadline_ms: u64,
+    pub deadline_ms: u64,
     /// Test hook (hidden): client thread 0 of rank 0 fails on purpose once it has completed
     /// this many operations, as a fault would make it fail (tests/kv_faults.rs).
     #[arg(long, hide = true)]
-    pub(crate) fail_client_after: Option<u64>,
+    pub fail_client_after: Option<u64>,
     /// Test hook (hidden): client thread 0 of rank 0 ignores the N-th (1-based) completion of
     /// its raw copyrpc calls (`--backend direct`), as if the reply were lost
     /// (tests/kv_faults.rs).
     #[arg(long, hide = true)]
-    pub(crate) lose_direct_reply: Option<u64>,
+    pub lose_direct_reply: Option<u64>,
 }
 
 #[derive(Args, Debug, Clone)]
-pub(crate) struct OutArgs {
+pub struct OutArgs {
     /// Print the summary as one JSON object on stdout (one line per backend run).
     #[arg(long)]
-    pub(crate) json: bool,
+    pub json: bool,
     /// Print the summary as CSV (header + one row per backend run) on stdout.
     #[arg(long, conflicts_with = "json")]
-    pub(crate) csv: bool,
+    pub csv: bool,
     /// No per-second progress lines.
     #[arg(long)]
-    pub(crate) quiet: bool,
+    pub quiet: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Transport {
+pub enum Transport {
     /// The shared-memory delegation ring of seeds/004 (`/dev/shm`).
     Delegation,
     /// ScaleRPC (seeds/003) on the device model: every daemon is a ScaleRPC server.
@@ -234,7 +238,7 @@ pub(crate) enum Transport {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Backend {
+pub enum Backend {
     /// seeds/004 Meta (§1.1): every call goes over ipc to the key's owner daemon; a remote
     /// one is passed over Flux to the daemon holding the target rank's copyrpc endpoint
     /// (daemon `rank % D`, §1.4).
@@ -252,10 +256,17 @@ pub(crate) enum Backend {
 
 /// The topology of one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Topology {
+pub enum Topology {
     Meta,
     Delegation,
     Direct,
+}
+
+impl Cli {
+    /// The subcommand given, or `run` with the top-level flags when none is.
+    pub fn into_command(self) -> Cmd {
+        self.cmd.unwrap_or(Cmd::Run(self.run))
+    }
 }
 
 impl Topology {

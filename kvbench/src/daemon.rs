@@ -1,4 +1,7 @@
-//! TODO
+//! The daemon threads of a rank: their rings, their event loops (plain, observing, the
+//! `kv serve --drop-reply` test hook, and the delegate of seeds/004 §5), one spawn function
+//! per kind of daemon (delegation ring, delegate, ScaleRPC, eRPC), their stop flag, and what
+//! each reports when it stops (`DaemonReport`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,6 +11,7 @@ use crossbeam_utils::Backoff;
 use idl::kv::{KvRequest, KvService};
 use rpc::delegation::{Delegate, DelegationConfig, DelegationServer, ForwardStats, Target};
 use rpc::erpc::ErpcServer;
+use rpc::scalerpc::ScaleRpcServer;
 use rpc::{RpcError, Server, ServerTransport, Service};
 
 use crate::pinning::{Pinning, pin_current};
@@ -237,6 +241,51 @@ pub(crate) fn spawn_erpc_daemon(
                 tx_pkts: udp.tx_pkts,
                 rx_calls: udp.rx_calls,
                 tx_calls: udp.tx_calls,
+            });
+            r
+        })
+        .expect("spawn daemon")
+}
+
+/// One ScaleRPC daemon's server counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ScaleDaemon {
+    pub(crate) conns: u32,
+    pub(crate) groups: u32,
+    pub(crate) sched: rpc::scalerpc::SchedStats,
+    pub(crate) server: rpc::scalerpc::ServerStats,
+    pub(crate) probes: u64,
+}
+
+/// Spawns the thread of ScaleRPC daemon `d` of `rank`: the [`daemon_loop_observing`] of
+/// `server`, sampling the most groups its scheduler held at once, then its counters
+/// ([`ScaleDaemon`]) in its report.
+pub(crate) fn spawn_scale_daemon(
+    rank: usize,
+    d: usize,
+    mut server: Server<KvService, ScaleRpcServer>,
+    stop: &Arc<AtomicBool>,
+) -> thread::JoinHandle<DaemonReport> {
+    let stop = stop.clone();
+    thread::Builder::new()
+        .name(format!("daemon-{rank}.{d}"))
+        .spawn(move || {
+            // Clients disconnect (and their connections are reclaimed) before the daemons
+            // stop: report the connections accepted over the run (held now or reclaimed) and
+            // the most groups seen at once.
+            let mut groups = 0;
+            let mut r = daemon_loop_observing(&mut server, &stop, |server| {
+                let s = server.transport().scale_server();
+                groups = groups.max(s.scheduler().num_groups());
+            });
+            let t = server.transport();
+            let s = t.scale_server();
+            r.scale = Some(ScaleDaemon {
+                conns: s.num_conns() + u32::try_from(s.stats().reclaimed).unwrap_or(u32::MAX),
+                groups,
+                sched: *s.scheduler().stats(),
+                server: *s.stats(),
+                probes: t.probes_answered(),
             });
             r
         })

@@ -1,5 +1,14 @@
-//! `kvbench`: the key-value benchmark of seeds/004 (the `kv` example is its command line), over typed `#[rpc_service]` stubs, the
-//! shared-memory delegation ring and, across ranks, copyrpc on the device model.
+//! `kvbench`: the key-value benchmark of seeds/004, over typed `#[rpc_service]` stubs, the
+//! shared-memory delegation ring and, across ranks, copyrpc on the device model. The `kv`
+//! example (`examples/kv.rs`) is its command line: it parses [`config::Cli`] and calls
+//! [`run::main`]. In-process runs are also a library call, [`run::run_all`], returning one
+//! [`report::Summary`] per backend run without printing it ([`report::print_summaries`]
+//! prints them as text, JSON or CSV).
+//!
+//! Layout, one module per concern: [`config`] (the command line), [`workload`] (access
+//! patterns), [`shard`] (a daemon's store and request routing), [`daemon`] (daemon threads),
+//! [`wiring`] (NICs, copyrpc endpoints and the bootstrap between ranks), [`client`] (client
+//! threads), [`check`] (the correctness check), [`report`] (summaries), [`run`] (jobs).
 //!
 //! Topology of one rank (seeds/004 §1.3, §7, §9): `D` daemon threads each own a shard
 //! (`key % D`) and serve it through their own delegation ring in `/dev/shm`; `C` client

@@ -1,10 +1,17 @@
-//! TODO
+//! Reporting: the figures of a run over all ranks ([`Summary`], serializable with `serde`),
+//! how they are combined from every rank's clients and daemons (`combine`: counters summed
+//! by a reduction, latency histograms merged from hdrhistogram's V2 encoding), and how they
+//! are printed: human-readable text, one JSON object per run (`--json`, `serde_json`) or
+//! CSV (`--csv`, the `csv` crate).
+
+use std::io::Write;
 
 use hdrhistogram::Histogram;
 use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
 use rpc::bootstrap::Bootstrap;
-use rpc::bootstrap::wire::{self};
+use rpc::bootstrap::wire;
 use rpc::delegation::ForwardStats;
+use serde::Serialize;
 
 use crate::check::*;
 use crate::client::*;
@@ -13,57 +20,51 @@ use crate::daemon::*;
 use crate::wiring::*;
 use crate::workload::*;
 
-/// One ScaleRPC daemon's server counters.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ScaleDaemon {
-    pub(crate) conns: u32,
-    pub(crate) groups: u32,
-    pub(crate) sched: rpc::scalerpc::SchedStats,
-    pub(crate) server: rpc::scalerpc::ServerStats,
-    pub(crate) probes: u64,
-}
-
-/// ScaleRPC figures of a run: the daemons' counters summed, and the QPC caches.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ScaleFigures {
-    pub(crate) group_size: u32,
-    pub(crate) slice_us: u64,
-    pub(crate) slot_size: u32,
-    pub(crate) conns: u32,
+/// ScaleRPC figures of a run (JSON: the `scalerpc` object): the daemons' counters summed,
+/// and the QPC caches.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct ScaleFigures {
+    pub group_size: u32,
+    pub slice_us: u64,
+    pub slot_size: u32,
+    pub conns: u32,
     /// Most groups on one daemon.
-    pub(crate) groups: u32,
-    pub(crate) switches: u64,
-    pub(crate) warmup_delays: u64,
-    pub(crate) acks: u64,
-    pub(crate) evictions: u64,
-    pub(crate) failed_conns: u64,
-    pub(crate) requests: u64,
-    pub(crate) doorbells: u64,
-    pub(crate) notices: u64,
-    pub(crate) probes: u64,
-    /// QPC cache of the daemons' NICs (hits, misses), and of every NIC of the fabric.
-    pub(crate) qpc_server: (u64, u64),
-    pub(crate) qpc_all: (u64, u64),
+    pub groups: u32,
+    pub switches: u64,
+    pub warmup_delays: u64,
+    pub acks: u64,
+    pub evictions: u64,
+    pub failed_conns: u64,
+    pub requests: u64,
+    pub doorbells: u64,
+    pub notices: u64,
+    pub probes: u64,
+    /// QPC cache hits and misses of the daemons' NICs.
+    pub qpc_server_hits: u64,
+    pub qpc_server_misses: u64,
+    /// QPC cache hits and misses of every NIC of the fabric.
+    pub qpc_hits: u64,
+    pub qpc_misses: u64,
 }
 
-/// eRPC figures of a run: the daemons' endpoint counters, summed.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ErpcFigures {
+/// eRPC figures of a run (JSON: the `erpc` object): the daemons' endpoint counters, summed.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct ErpcFigures {
     /// Sessions the daemons served at the end of the run (the checker's included).
-    pub(crate) sessions: u64,
+    pub sessions: u64,
     /// Server sessions freed (clients disconnected, or silent for the failure timeout).
-    pub(crate) sessions_closed: u64,
+    pub sessions_closed: u64,
     /// Requests handed to the handlers (each executed once).
-    pub(crate) requests: u64,
+    pub requests: u64,
     /// Duplicate request packets answered from the at-most-once cache.
-    pub(crate) dup_requests: u64,
+    pub dup_requests: u64,
     /// Datagrams dropped by the cores as invalid, stale or out of window.
-    pub(crate) dropped_pkts: u64,
-    pub(crate) rx_pkts: u64,
-    pub(crate) tx_pkts: u64,
+    pub dropped_pkts: u64,
+    pub rx_pkts: u64,
+    pub tx_pkts: u64,
     /// `recvmmsg`/`sendmmsg` calls that moved datagrams.
-    pub(crate) rx_calls: u64,
-    pub(crate) tx_calls: u64,
+    pub rx_calls: u64,
+    pub tx_calls: u64,
 }
 
 /// A latency histogram: 1 ns to 60 s, 3 significant digits.
@@ -121,7 +122,65 @@ macro_rules! counters {
     };
 }
 
-counters!(ForwardStats {
+/// The delegates' counters of a run (JSON: the `forward` object; `null` without
+/// delegates): [`ForwardStats`] summed over the ranks' delegates.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Forward {
+    pub ring_local: u64,
+    pub forwarded: u64,
+    pub responses: u64,
+    pub remote_served: u64,
+    pub handed_off: u64,
+    pub handoff_replies: u64,
+    pub bad_requests: u64,
+    pub unroutable: u64,
+    pub failed_calls: u64,
+    pub corrupt_responses: u64,
+    pub dropped_replies: u64,
+    pub ring_full_retries: u64,
+    pub daemon_busy_waits: u64,
+    pub wait_timeouts: u64,
+}
+
+impl From<ForwardStats> for Forward {
+    fn from(f: ForwardStats) -> Self {
+        // Destructured without `..`: a counter added to `ForwardStats` must be added here.
+        let ForwardStats {
+            ring_local,
+            forwarded,
+            responses,
+            remote_served,
+            handed_off,
+            handoff_replies,
+            bad_requests,
+            unroutable,
+            failed_calls,
+            corrupt_responses,
+            dropped_replies,
+            ring_full_retries,
+            daemon_busy_waits,
+            wait_timeouts,
+        } = f;
+        Forward {
+            ring_local,
+            forwarded,
+            responses,
+            remote_served,
+            handed_off,
+            handoff_replies,
+            bad_requests,
+            unroutable,
+            failed_calls,
+            corrupt_responses,
+            dropped_replies,
+            ring_full_retries,
+            daemon_busy_waits,
+            wait_timeouts,
+        }
+    }
+}
+
+counters!(Forward {
     ring_local,
     forwarded,
     responses,
@@ -135,6 +194,7 @@ counters!(ForwardStats {
     dropped_replies,
     ring_full_retries,
     daemon_busy_waits,
+    wait_timeouts,
 });
 
 counters!(ErpcFigures {
@@ -149,53 +209,94 @@ counters!(ErpcFigures {
     tx_calls,
 });
 
-/// The figures of one run, over all ranks.
-pub(crate) struct Summary {
+/// The figures of one run, over all ranks (every rank computes the same one). Serialized
+/// (`--json`) under the names given here; the text and CSV forms are [`text`] and
+/// [`CsvRow`].
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
     /// How clients reach the daemons of their rank (`delegation`, `scalerpc`, `erpc`).
-    pub(crate) transport: &'static str,
-    /// ScaleRPC runs: scheduler and QPC figures.
-    pub(crate) scale: Option<ScaleFigures>,
-    /// eRPC runs: the daemons' endpoint counters.
-    pub(crate) erpc: Option<ErpcFigures>,
-    pub(crate) backend: &'static str,
-    pub(crate) ranks: usize,
-    /// The ranks were MPI processes.
-    pub(crate) mpi: bool,
-    pub(crate) daemons: usize,
-    pub(crate) clients: usize,
-    pub(crate) qd: usize,
-    pub(crate) read_ratio: f64,
-    pub(crate) keys: u64,
-    pub(crate) dist: String,
-    pub(crate) secs: f64,
-    pub(crate) ops: u64,
-    pub(crate) mops: f64,
-    pub(crate) p50_us: f64,
-    pub(crate) p99_us: f64,
-    pub(crate) p999_us: f64,
-    pub(crate) max_us: f64,
-    pub(crate) ops_remote: u64,
-    pub(crate) remote_p50_us: f64,
-    pub(crate) remote_p99_us: f64,
-    pub(crate) rank_ops: Vec<u64>,
-    pub(crate) rank_mops: Vec<f64>,
-    /// Requests the daemons of each rank executed.
-    pub(crate) rank_served: Vec<u64>,
-    pub(crate) gets: u64,
-    pub(crate) hits: u64,
+    pub transport: &'static str,
+    /// Daemon threads per rank.
+    pub daemons: usize,
+    /// Client threads per rank.
+    pub clients: usize,
+    /// Calls in flight per client thread.
+    pub qd: usize,
+    /// Fraction of gets in the access patterns.
+    pub read_ratio: f64,
+    /// Key range per rank.
+    pub keys: u64,
+    /// Key distribution: `uniform` or `zipf(θ)`.
+    pub dist: String,
+    /// The run's time, seconds (the longest of the ranks').
+    #[serde(rename = "seconds")]
+    pub secs: f64,
+    /// Operations completed, all ranks.
+    pub ops: u64,
+    /// Throughput, millions of operations per second.
+    pub mops: f64,
+    /// Latency percentiles over all operations, microseconds.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    /// Gets issued, and of them the ones that found a value.
+    pub gets: u64,
+    #[serde(rename = "get_hits")]
+    pub hits: u64,
     /// Failed operations: error responses, implausible reads, calls expired.
-    pub(crate) errors: u64,
+    pub errors: u64,
+    /// Requests the daemons could not decode.
+    pub bad_requests: u64,
+    /// Written keys the check read back.
+    #[serde(rename = "check_samples")]
+    pub checked: usize,
+    /// Of those, the ones that did not hold the last value written.
+    #[serde(rename = "check_mismatches")]
+    pub mismatches: usize,
+    /// The check passed, with no errors and no bad requests.
+    #[serde(rename = "check_passed")]
+    pub pass: bool,
+    /// What the check notes (calls expired, failures, keys written by the checker).
+    #[serde(rename = "check_note")]
+    pub check_msg: String,
+    /// Ranks of the run.
+    pub ranks: usize,
+    /// The ranks were MPI processes.
+    pub mpi: bool,
+    /// How clients reach other ranks (`delegation`, `direct`), or the transport.
+    pub backend: &'static str,
+    /// Client threads over all ranks.
+    pub clients_total: usize,
+    /// Largest latency, microseconds.
+    pub max_us: f64,
+    /// Requests the daemons of each rank executed, by rank.
+    pub rank_served: Vec<u64>,
+    /// Operations on the client's own rank, and on another.
+    pub ops_local: u64,
+    pub ops_remote: u64,
+    /// Latency percentiles of the remote operations, microseconds.
+    pub remote_p50_us: f64,
+    pub remote_p99_us: f64,
+    /// Operations, and millions of operations per second, by rank.
+    pub rank_ops: Vec<u64>,
+    pub rank_mops: Vec<f64>,
+    /// Of `check_samples`, keys written from another rank than their owner.
+    #[serde(rename = "check_samples_remote")]
+    pub checked_remote: usize,
     /// Calls given up at `--deadline-ms`.
-    pub(crate) expired: u64,
+    #[serde(rename = "deadline_exceeded")]
+    pub expired: u64,
     /// Late responses of calls given up (dropped).
-    pub(crate) late: u64,
-    pub(crate) bad_requests: u64,
-    pub(crate) forward: Option<ForwardStats>,
-    pub(crate) checked: usize,
-    pub(crate) checked_remote: usize,
-    pub(crate) mismatches: usize,
-    pub(crate) check_msg: String,
-    pub(crate) pass: bool,
+    #[serde(rename = "late_responses")]
+    pub late: u64,
+    /// The delegates' counters (multi-rank delegation-transport runs).
+    pub forward: Option<Forward>,
+    /// ScaleRPC runs: scheduler and QPC figures.
+    #[serde(rename = "scalerpc", skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleFigures>,
+    /// eRPC runs: the daemons' endpoint counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub erpc: Option<ErpcFigures>,
 }
 
 /// The summary of a run over all ranks, from this rank's clients and daemons (every rank
@@ -231,16 +332,18 @@ pub(crate) fn combine<B: Bootstrap>(
     let rank_ops = sums[0];
     sums[5] = reports.iter().map(|d| d.bad_requests).sum();
     let served: u64 = reports.iter().map(|d| d.requests).sum();
-    let (mut forward, mut erpc) = (None::<ForwardStats>, None::<ErpcFigures>);
+    let (mut forward, mut erpc) = (None::<Forward>, None::<ErpcFigures>);
     for d in reports {
         if let Some(f) = &d.forward {
-            forward.get_or_insert_with(Default::default).add(f);
+            forward
+                .get_or_insert_with(Default::default)
+                .add(&Forward::from(*f));
         }
         if let Some(e) = &d.erpc {
             erpc.get_or_insert_with(Default::default).add(e);
         }
     }
-    let nf = ForwardStats::default().to_vec().len();
+    let nf = Forward::default().to_vec().len();
     sums.push(u64::from(forward.is_some()));
     sums.extend(forward.unwrap_or_default().to_vec());
     sums.push(u64::from(erpc.is_some()));
@@ -259,7 +362,7 @@ pub(crate) fn combine<B: Bootstrap>(
     else {
         unreachable!("eight sums")
     };
-    let forward = (sums[8] > 0).then(|| ForwardStats::from_slice(&sums[9..9 + nf]));
+    let forward = (sums[8] > 0).then(|| Forward::from_slice(&sums[9..9 + nf]));
     let erpc = (sums[9 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[10 + nf..]));
     // Per rank: operations, requests served, seconds.
     let mut mine = Vec::with_capacity(24);
@@ -311,6 +414,7 @@ pub(crate) fn combine<B: Bootstrap>(
         erpc,
         backend: "delegation",
         ranks: b.size(),
+        clients_total: load.clients * b.size(),
         mpi: false,
         daemons: ndaemons,
         clients: load.clients,
@@ -328,6 +432,7 @@ pub(crate) fn combine<B: Bootstrap>(
         p99_us: us(&hist, 0.99),
         p999_us: us(&hist, 0.999),
         max_us: hist.max() as f64 / 1e3,
+        ops_local: ops - ops_remote,
         ops_remote,
         remote_p50_us: us(&hist_remote, 0.5),
         remote_p99_us: us(&hist_remote, 0.99),
@@ -349,7 +454,200 @@ pub(crate) fn combine<B: Bootstrap>(
     })
 }
 
-pub(crate) fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
+/// How [`print_summaries`] prints: `--json`, `--csv`, or text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+    Csv,
+}
+
+impl Format {
+    /// The format `--json` / `--csv` choose (text without either).
+    pub fn of(out: &OutArgs) -> Format {
+        if out.json {
+            Format::Json
+        } else if out.csv {
+            Format::Csv
+        } else {
+            Format::Text
+        }
+    }
+}
+
+/// Prints the summaries of one invocation on stdout in the format of `out`: each run's, in
+/// order (CSV: the header before the first row), then, for a `--backend both` pair in text,
+/// how `direct` compares to `delegation`.
+pub fn print_summaries(summaries: &[Summary], out: &OutArgs) {
+    let format = Format::of(out);
+    let mut stdout = std::io::stdout().lock();
+    for (i, s) in summaries.iter().enumerate() {
+        let _ = stdout.write_all(render(s, format, i == 0).as_bytes());
+    }
+    if format == Format::Text {
+        for line in comparison(summaries) {
+            let _ = writeln!(stdout, "{line}");
+        }
+    }
+    let _ = stdout.flush();
+}
+
+/// One summary in `format`, ending in a newline; `first`: the CSV header precedes the row.
+pub fn render(s: &Summary, format: Format, first: bool) -> String {
+    match format {
+        Format::Json => json(s) + "\n",
+        Format::Csv => csv(s, first),
+        Format::Text => text(s),
+    }
+}
+
+/// How the backends of one run compare: delegation against meta (the seeds/004 §10
+/// experiment) and direct against delegation, as throughput and latency ratios. With one
+/// rank every call is local and the backends differ only in Daemon#0's extra ring poll
+/// (seeds/004 §10), so there is no remote path to compare: one line says so instead of a
+/// ratio of two runs of the same thing.
+pub fn comparison(summaries: &[Summary]) -> Vec<String> {
+    let by = |name: &str| summaries.iter().find(|s| s.backend == name);
+    let ranks = summaries.first().map_or(1, |s| s.ranks);
+    if summaries.len() < 2 {
+        return Vec::new();
+    }
+    if ranks == 1 {
+        return vec![
+            "one rank: no remote traffic, so no comparison of the remote paths (the backends \
+             differ only in Daemon#0's delegation-ring poll, seeds/004 §10); use --ranks 2"
+                .to_owned(),
+        ];
+    }
+    let mut lines = Vec::new();
+    if let (Some(d), Some(m)) = (by("delegation"), by("meta")) {
+        lines.extend(ratio_line("delegation vs meta", m, d));
+    }
+    if let (Some(x), Some(d)) = (by("direct"), by("delegation")) {
+        lines.extend(ratio_line("direct (upstream baseline) vs delegation", d, x));
+    }
+    lines
+}
+
+/// `what: throughput xA, p50 xB, p99 xC`, the ratios of run `x` to run `base`; `None` if
+/// `base` did nothing.
+pub fn ratio_line(what: &str, base: &Summary, x: &Summary) -> Option<String> {
+    (base.mops > 0.0).then(|| {
+        format!(
+            "{what}: throughput x{:.2}, p50 x{:.2}, p99 x{:.2}",
+            x.mops / base.mops,
+            x.p50_us / base.p50_us.max(1e-9),
+            x.p99_us / base.p99_us.max(1e-9)
+        )
+    })
+}
+
+/// The summary as one line of JSON (no newline).
+pub fn json(s: &Summary) -> String {
+    serde_json::to_string(s).expect("a summary serializes (string keys only)")
+}
+
+/// One CSV row of a summary (`--csv`): the columns in order, with the figures rounded as
+/// printed (seconds to 3 decimals, throughputs to 4, latencies to 2), and the per-rank lists
+/// joined by `;`.
+#[derive(Debug, Serialize)]
+pub struct CsvRow<'a> {
+    pub transport: &'a str,
+    pub daemons: usize,
+    pub clients: usize,
+    pub qd: usize,
+    pub read_ratio: String,
+    pub keys: u64,
+    pub dist: &'a str,
+    pub seconds: String,
+    pub ops: u64,
+    pub mops: String,
+    pub p50_us: String,
+    pub p99_us: String,
+    pub p999_us: String,
+    pub gets: u64,
+    pub get_hits: u64,
+    pub errors: u64,
+    pub check_samples: usize,
+    pub check_mismatches: usize,
+    pub check_passed: bool,
+    pub ranks: usize,
+    pub backend: &'a str,
+    pub ops_local: u64,
+    pub ops_remote: u64,
+    pub remote_p50_us: String,
+    pub remote_p99_us: String,
+    pub rank_mops: String,
+    pub forwarded: u64,
+    pub remote_served: u64,
+    pub handed_off: u64,
+    pub unroutable: u64,
+    pub failed_calls: u64,
+    pub corrupt_responses: u64,
+    pub ring_full_retries: u64,
+    pub max_us: String,
+    pub rank_served: String,
+    pub mpi: bool,
+}
+
+impl<'a> From<&'a Summary> for CsvRow<'a> {
+    fn from(s: &'a Summary) -> Self {
+        let f = s.forward.unwrap_or_default();
+        let join = |v: Vec<String>| v.join(";");
+        CsvRow {
+            transport: s.transport,
+            daemons: s.daemons,
+            clients: s.clients,
+            qd: s.qd,
+            read_ratio: s.read_ratio.to_string(),
+            keys: s.keys,
+            dist: &s.dist,
+            seconds: format!("{:.3}", s.secs),
+            ops: s.ops,
+            mops: format!("{:.4}", s.mops),
+            p50_us: format!("{:.2}", s.p50_us),
+            p99_us: format!("{:.2}", s.p99_us),
+            p999_us: format!("{:.2}", s.p999_us),
+            gets: s.gets,
+            get_hits: s.hits,
+            errors: s.errors,
+            check_samples: s.checked,
+            check_mismatches: s.mismatches,
+            check_passed: s.pass,
+            ranks: s.ranks,
+            backend: s.backend,
+            ops_local: s.ops_local,
+            ops_remote: s.ops_remote,
+            remote_p50_us: format!("{:.2}", s.remote_p50_us),
+            remote_p99_us: format!("{:.2}", s.remote_p99_us),
+            rank_mops: join(s.rank_mops.iter().map(|m| format!("{m:.4}")).collect()),
+            forwarded: f.forwarded,
+            remote_served: f.remote_served,
+            handed_off: f.handed_off,
+            unroutable: f.unroutable,
+            failed_calls: f.failed_calls,
+            corrupt_responses: f.corrupt_responses,
+            ring_full_retries: f.ring_full_retries,
+            max_us: format!("{:.2}", s.max_us),
+            rank_served: join(s.rank_served.iter().map(u64::to_string).collect()),
+            mpi: s.mpi,
+        }
+    }
+}
+
+/// The summary as a CSV row ([`CsvRow`]), after the header line if `header`.
+pub fn csv(s: &Summary, header: bool) -> String {
+    let mut w = csv::WriterBuilder::new()
+        .has_headers(header)
+        .from_writer(Vec::new());
+    w.serialize(CsvRow::from(s))
+        .expect("a CSV row serializes (flat fields)");
+    let bytes = w.into_inner().expect("writing to memory");
+    String::from_utf8(bytes).expect("CSV of UTF-8 fields")
+}
+
+/// The summary as human-readable text (several lines, each ending in a newline).
+pub fn text(s: &Summary) -> String {
     let Summary {
         ranks,
         daemons,
@@ -373,205 +671,398 @@ pub(crate) fn print_summary(s: &Summary, out: &OutArgs, first: bool) {
     } = *s;
     let (dist, backend, check_msg) = (&s.dist, s.backend, &s.check_msg);
     let f = s.forward.unwrap_or_default();
-    if out.json {
-        let mut v = serde_json::json!({
-            "transport": s.transport, "daemons": daemons, "clients": clients, "qd": qd,
-            "read_ratio": read_ratio, "keys": keys, "dist": dist, "seconds": secs,
-            "ops": ops, "mops": mops, "p50_us": s.p50_us, "p99_us": s.p99_us,
-            "p999_us": s.p999_us, "gets": gets, "get_hits": hits, "errors": errors,
-            "bad_requests": bad_requests, "check_samples": checked,
-            "check_mismatches": mismatches, "check_passed": pass, "check_note": check_msg,
-        });
-        let more = serde_json::json!({
-            "ranks": ranks, "mpi": s.mpi, "backend": backend, "clients_total": clients * ranks,
-            "max_us": s.max_us, "rank_served": s.rank_served,
-            "ops_local": ops - ops_remote, "ops_remote": ops_remote,
-            "remote_p50_us": s.remote_p50_us, "remote_p99_us": s.remote_p99_us,
-            "rank_ops": s.rank_ops, "rank_mops": s.rank_mops,
-            "check_samples_remote": checked_remote, "deadline_exceeded": s.expired,
-            "late_responses": s.late,
-        });
-        let forward = s.forward.map(|f| {
-            serde_json::json!({
-                "ring_local": f.ring_local, "forwarded": f.forwarded, "responses": f.responses,
-                "remote_served": f.remote_served, "handed_off": f.handed_off,
-                "handoff_replies": f.handoff_replies, "bad_requests": f.bad_requests,
-                "unroutable": f.unroutable, "failed_calls": f.failed_calls,
-                "corrupt_responses": f.corrupt_responses, "dropped_replies": f.dropped_replies,
-                "ring_full_retries": f.ring_full_retries,
-                "daemon_busy_waits": f.daemon_busy_waits,
-            })
-        });
-        let obj = v.as_object_mut().expect("an object");
-        obj.extend(more.as_object().expect("an object").clone());
-        obj.insert("forward".into(), forward.unwrap_or(serde_json::Value::Null));
-        if let Some(sc) = &s.scale {
-            obj.insert(
-                "scalerpc".into(),
-                serde_json::json!({
-                    "group_size": sc.group_size, "slice_us": sc.slice_us,
-                    "slot_size": sc.slot_size, "conns": sc.conns, "groups": sc.groups,
-                    "switches": sc.switches, "warmup_delays": sc.warmup_delays,
-                    "acks": sc.acks, "evictions": sc.evictions,
-                    "failed_conns": sc.failed_conns, "requests": sc.requests,
-                    "doorbells": sc.doorbells, "notices": sc.notices, "probes": sc.probes,
-                    "qpc_server_hits": sc.qpc_server.0, "qpc_server_misses": sc.qpc_server.1,
-                    "qpc_hits": sc.qpc_all.0, "qpc_misses": sc.qpc_all.1,
-                }),
-            );
-        }
-        if let Some(e) = &s.erpc {
-            obj.insert(
-                "erpc".into(),
-                serde_json::json!({
-                    "sessions": e.sessions, "sessions_closed": e.sessions_closed,
-                    "requests": e.requests, "dup_requests": e.dup_requests,
-                    "dropped_pkts": e.dropped_pkts, "rx_pkts": e.rx_pkts, "tx_pkts": e.tx_pkts,
-                    "rx_calls": e.rx_calls, "tx_calls": e.tx_calls,
-                }),
-            );
-        }
-        println!("{v}");
-    } else if out.csv {
-        if first {
-            println!(
-                "transport,daemons,clients,qd,read_ratio,keys,dist,seconds,ops,mops,p50_us,p99_us,p999_us,gets,get_hits,errors,check_samples,check_mismatches,check_passed,ranks,backend,ops_local,ops_remote,remote_p50_us,remote_p99_us,rank_mops,forwarded,remote_served,handed_off,unroutable,failed_calls,corrupt_responses,ring_full_retries,max_us,rank_served,mpi"
-            );
-        }
-        let rank_served: Vec<String> = s.rank_served.iter().map(|n| n.to_string()).collect();
-        let rank_mops: Vec<String> = s.rank_mops.iter().map(|m| format!("{m:.4}")).collect();
-        println!(
-            "{},{daemons},{clients},{qd},{read_ratio},{keys},{dist},{secs:.3},{ops},{mops:.4},{:.2},{:.2},{:.2},{gets},{hits},{errors},{checked},{mismatches},{pass},{ranks},{backend},{},{ops_remote},{:.2},{:.2},{},{},{},{},{},{},{},{},{:.2},{},{}",
+    let mut t = String::new();
+    // One line of the text, formatted as by `format!`.
+    macro_rules! say {
+        ($($arg:tt)*) => {{
+            t.push_str(&format!($($arg)*));
+            t.push('\n');
+        }};
+    }
+    if ranks == 1 {
+        say!(
+            "kv over {}: {daemons} daemon(s), {clients} client(s), QD {qd}, {:.0}% gets, {keys} keys {dist}, {secs:.1} s",
             s.transport,
-            s.p50_us,
-            s.p99_us,
-            s.p999_us,
+            read_ratio * 100.0,
+        );
+    } else {
+        let kind = if s.mpi { "MPI ranks" } else { "ranks" };
+        let over = match s.transport {
+            "delegation" => format!("backend {backend}"),
+            t => format!("over {t}"),
+        };
+        say!(
+            "kv, {ranks} {kind}, {over}: {daemons} daemon(s) and {clients} client(s) per rank, QD {qd}, {:.0}% gets, {keys} keys {dist} per rank, {secs:.1} s",
+            read_ratio * 100.0,
+        );
+    }
+    say!("  throughput  {mops:.3} Mops/s ({ops} ops)");
+    if ranks > 1 {
+        let per: Vec<String> = s
+            .rank_mops
+            .iter()
+            .enumerate()
+            .map(|(r, m)| format!("{r}: {m:.3}"))
+            .collect();
+        say!("  per rank    {} Mops/s", per.join("   "));
+        let served: Vec<String> = s
+            .rank_served
+            .iter()
+            .enumerate()
+            .map(|(r, n)| format!("{r}: {n}"))
+            .collect();
+        say!("  served      {} requests", served.join("   "));
+    }
+    say!(
+        "  latency     p50 {:.2} us   p99 {:.2} us   p999 {:.2} us   max {:.2} us",
+        s.p50_us,
+        s.p99_us,
+        s.p999_us,
+        s.max_us
+    );
+    if ranks > 1 {
+        say!(
+            "  remote      {ops_remote} ops ({:.0}%), {} local   p50 {:.2} us   p99 {:.2} us",
+            ops_remote as f64 * 100.0 / ops.max(1) as f64,
             ops - ops_remote,
             s.remote_p50_us,
-            s.remote_p99_us,
-            rank_mops.join(";"),
+            s.remote_p99_us
+        );
+    }
+    if ranks > 1 && s.forward.is_some() {
+        say!(
+            "  delegates   forwarded {}   served remote {}   handed to daemons {}   ring-full retries {}   unroutable {}   failed {}   corrupt {}",
             f.forwarded,
             f.remote_served,
             f.handed_off,
+            f.ring_full_retries,
             f.unroutable,
             f.failed_calls,
-            f.corrupt_responses,
-            f.ring_full_retries,
-            s.max_us,
-            rank_served.join(";"),
-            s.mpi,
+            f.corrupt_responses
         );
-    } else {
-        if ranks == 1 {
-            println!(
-                "kv over {}: {daemons} daemon(s), {clients} client(s), QD {qd}, {:.0}% gets, {keys} keys {dist}, {secs:.1} s",
-                s.transport,
-                read_ratio * 100.0,
-            );
+    }
+    if let Some(sc) = &s.scale {
+        let group = if sc.group_size == 0 {
+            "off".to_string()
         } else {
-            let kind = if s.mpi { "MPI ranks" } else { "ranks" };
-            let over = match s.transport {
-                "delegation" => format!("backend {backend}"),
-                t => format!("over {t}"),
-            };
-            println!(
-                "kv, {ranks} {kind}, {over}: {daemons} daemon(s) and {clients} client(s) per rank, QD {qd}, {:.0}% gets, {keys} keys {dist} per rank, {secs:.1} s",
-                read_ratio * 100.0,
-            );
-        }
-        println!("  throughput  {mops:.3} Mops/s ({ops} ops)");
+            sc.group_size.to_string()
+        };
+        say!(
+            "  scalerpc    {} connections, group size {group} ({} group(s) per daemon), slice {} us, slot {} B",
+            sc.conns,
+            sc.groups,
+            sc.slice_us,
+            sc.slot_size
+        );
+        say!(
+            "  schedule    switches {}   warm-up delays {}   acks {}   evictions {}   conns failed or closed {}   probes {}",
+            sc.switches,
+            sc.warmup_delays,
+            sc.acks,
+            sc.evictions,
+            sc.failed_conns,
+            sc.probes
+        );
+        let ratio = |(h, m): (u64, u64)| m as f64 * 100.0 / (h + m).max(1) as f64;
+        say!(
+            "  qpc cache   daemon NICs: {} hits, {} misses ({:.2}%)   all NICs: {} hits, {} misses ({:.2}%)",
+            sc.qpc_server_hits,
+            sc.qpc_server_misses,
+            ratio((sc.qpc_server_hits, sc.qpc_server_misses)),
+            sc.qpc_hits,
+            sc.qpc_misses,
+            ratio((sc.qpc_hits, sc.qpc_misses))
+        );
+    }
+    if let Some(e) = &s.erpc {
+        say!(
+            "  erpc        {} sessions open at the end ({} closed)   requests {}   duplicates answered {}   packets dropped {}",
+            e.sessions,
+            e.sessions_closed,
+            e.requests,
+            e.dup_requests,
+            e.dropped_pkts
+        );
+        say!(
+            "  udp         daemons rx {} pkts in {} calls, tx {} pkts in {} calls",
+            e.rx_pkts,
+            e.rx_calls,
+            e.tx_pkts,
+            e.tx_calls
+        );
+    }
+    say!("  gets        {gets} ({hits} found)   errors {errors}   bad requests {bad_requests}");
+    say!(
+        "  check       {}: {checked} written keys read back{}, {mismatches} mismatches{}",
+        if pass { "PASSED" } else { "FAILED" },
         if ranks > 1 {
-            let per: Vec<String> = s
-                .rank_mops
-                .iter()
-                .enumerate()
-                .map(|(r, m)| format!("{r}: {m:.3}"))
-                .collect();
-            println!("  per rank    {} Mops/s", per.join("   "));
-            let served: Vec<String> = s
-                .rank_served
-                .iter()
-                .enumerate()
-                .map(|(r, n)| format!("{r}: {n}"))
-                .collect();
-            println!("  served      {} requests", served.join("   "));
+            format!(" ({checked_remote} written from another rank)")
+        } else {
+            String::new()
+        },
+        if check_msg.is_empty() {
+            String::new()
+        } else {
+            format!(" ({check_msg})")
         }
-        println!(
-            "  latency     p50 {:.2} us   p99 {:.2} us   p999 {:.2} us   max {:.2} us",
-            s.p50_us, s.p99_us, s.p999_us, s.max_us
+    );
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A two-rank delegation summary with every figure distinct.
+    fn sample() -> Summary {
+        Summary {
+            transport: "delegation",
+            daemons: 2,
+            clients: 3,
+            qd: 8,
+            read_ratio: 1.0,
+            keys: 4096,
+            dist: "zipf(0.99)".into(),
+            secs: 1.23456,
+            ops: 1000,
+            mops: 0.000_810_12,
+            p50_us: 12.345,
+            p99_us: 67.891,
+            p999_us: 100.5,
+            gets: 600,
+            hits: 500,
+            errors: 1,
+            bad_requests: 2,
+            checked: 77,
+            mismatches: 3,
+            pass: false,
+            check_msg: "a note".into(),
+            ranks: 2,
+            mpi: true,
+            backend: "direct",
+            clients_total: 6,
+            max_us: 250.126,
+            rank_served: vec![510, 495],
+            ops_local: 400,
+            ops_remote: 600,
+            remote_p50_us: 20.004,
+            remote_p99_us: 80.555,
+            rank_ops: vec![520, 480],
+            rank_mops: vec![0.000_42, 0.000_391_23],
+            checked_remote: 40,
+            expired: 4,
+            late: 5,
+            forward: Some(Forward {
+                forwarded: 11,
+                remote_served: 12,
+                handed_off: 13,
+                unroutable: 14,
+                failed_calls: 15,
+                corrupt_responses: 16,
+                ring_full_retries: 17,
+                ..Forward::default()
+            }),
+            scale: None,
+            erpc: None,
+        }
+    }
+
+    fn keys(v: &serde_json::Value) -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().expect("an object").keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    fn sorted(names: &[&str]) -> Vec<String> {
+        let mut k: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        k.sort();
+        k
+    }
+
+    /// The JSON summary has exactly the fields the hand-written JSON had (tests and scripts
+    /// read them by name), `forward` is `null` without delegates, and the `scalerpc` and
+    /// `erpc` objects appear only in runs of those transports, with their fields.
+    #[test]
+    fn json_keeps_the_field_names() {
+        let mut s = sample();
+        s.forward = None;
+        let v: serde_json::Value = serde_json::from_str(&json(&s)).expect("JSON");
+        assert_eq!(
+            keys(&v),
+            sorted(&[
+                "transport",
+                "daemons",
+                "clients",
+                "qd",
+                "read_ratio",
+                "keys",
+                "dist",
+                "seconds",
+                "ops",
+                "mops",
+                "p50_us",
+                "p99_us",
+                "p999_us",
+                "gets",
+                "get_hits",
+                "errors",
+                "bad_requests",
+                "check_samples",
+                "check_mismatches",
+                "check_passed",
+                "check_note",
+                "ranks",
+                "mpi",
+                "backend",
+                "clients_total",
+                "max_us",
+                "rank_served",
+                "ops_local",
+                "ops_remote",
+                "remote_p50_us",
+                "remote_p99_us",
+                "rank_ops",
+                "rank_mops",
+                "check_samples_remote",
+                "deadline_exceeded",
+                "late_responses",
+                "forward",
+            ])
         );
-        if ranks > 1 {
-            println!(
-                "  remote      {ops_remote} ops ({:.0}%), {} local   p50 {:.2} us   p99 {:.2} us",
-                ops_remote as f64 * 100.0 / ops.max(1) as f64,
-                ops - ops_remote,
-                s.remote_p50_us,
-                s.remote_p99_us
-            );
-        }
-        if ranks > 1 && s.forward.is_some() {
-            println!(
-                "  delegates   forwarded {}   served remote {}   handed to daemons {}   ring-full retries {}   unroutable {}   failed {}   corrupt {}",
-                f.forwarded,
-                f.remote_served,
-                f.handed_off,
-                f.ring_full_retries,
-                f.unroutable,
-                f.failed_calls,
-                f.corrupt_responses
-            );
-        }
-        if let Some(sc) = &s.scale {
-            let group = if sc.group_size == 0 {
-                "off".to_string()
-            } else {
-                sc.group_size.to_string()
-            };
-            println!(
-                "  scalerpc    {} connections, group size {group} ({} group(s) per daemon), slice {} us, slot {} B",
-                sc.conns, sc.groups, sc.slice_us, sc.slot_size
-            );
-            println!(
-                "  schedule    switches {}   warm-up delays {}   acks {}   evictions {}   conns failed or closed {}   probes {}",
-                sc.switches, sc.warmup_delays, sc.acks, sc.evictions, sc.failed_conns, sc.probes
-            );
-            let ratio = |(h, m): (u64, u64)| m as f64 * 100.0 / (h + m).max(1) as f64;
-            println!(
-                "  qpc cache   daemon NICs: {} hits, {} misses ({:.2}%)   all NICs: {} hits, {} misses ({:.2}%)",
-                sc.qpc_server.0,
-                sc.qpc_server.1,
-                ratio(sc.qpc_server),
-                sc.qpc_all.0,
-                sc.qpc_all.1,
-                ratio(sc.qpc_all)
-            );
-        }
-        if let Some(e) = &s.erpc {
-            println!(
-                "  erpc        {} sessions open at the end ({} closed)   requests {}   duplicates answered {}   packets dropped {}",
-                e.sessions, e.sessions_closed, e.requests, e.dup_requests, e.dropped_pkts
-            );
-            println!(
-                "  udp         daemons rx {} pkts in {} calls, tx {} pkts in {} calls",
-                e.rx_pkts, e.rx_calls, e.tx_pkts, e.tx_calls
-            );
-        }
-        println!(
-            "  gets        {gets} ({hits} found)   errors {errors}   bad requests {bad_requests}"
+        assert!(v["forward"].is_null());
+        assert_eq!(v["seconds"], 1.23456);
+        assert_eq!(v["get_hits"], 500);
+        assert_eq!(v["check_passed"], false);
+        assert_eq!(v["deadline_exceeded"], 4);
+        assert_eq!(v["late_responses"], 5);
+        assert_eq!(v["rank_served"], serde_json::json!([510, 495]));
+
+        let mut s = sample();
+        s.scale = Some(ScaleFigures {
+            qpc_server_misses: 9,
+            ..ScaleFigures::default()
+        });
+        s.erpc = Some(ErpcFigures {
+            dup_requests: 7,
+            ..ErpcFigures::default()
+        });
+        let v: serde_json::Value = serde_json::from_str(&json(&s)).expect("JSON");
+        assert_eq!(
+            keys(&v["forward"]),
+            sorted(&[
+                "ring_local",
+                "forwarded",
+                "responses",
+                "remote_served",
+                "handed_off",
+                "handoff_replies",
+                "bad_requests",
+                "unroutable",
+                "failed_calls",
+                "corrupt_responses",
+                "dropped_replies",
+                "ring_full_retries",
+                "daemon_busy_waits",
+                "wait_timeouts",
+            ])
         );
-        println!(
-            "  check       {}: {checked} written keys read back{}, {mismatches} mismatches{}",
-            if pass { "PASSED" } else { "FAILED" },
-            if ranks > 1 {
-                format!(" ({checked_remote} written from another rank)")
-            } else {
-                String::new()
-            },
-            if check_msg.is_empty() {
-                String::new()
-            } else {
-                format!(" ({check_msg})")
-            }
+        assert_eq!(v["forward"]["handed_off"], 13);
+        assert_eq!(
+            keys(&v["scalerpc"]),
+            sorted(&[
+                "group_size",
+                "slice_us",
+                "slot_size",
+                "conns",
+                "groups",
+                "switches",
+                "warmup_delays",
+                "acks",
+                "evictions",
+                "failed_conns",
+                "requests",
+                "doorbells",
+                "notices",
+                "probes",
+                "qpc_server_hits",
+                "qpc_server_misses",
+                "qpc_hits",
+                "qpc_misses",
+            ])
         );
+        assert_eq!(v["scalerpc"]["qpc_server_misses"], 9);
+        assert_eq!(
+            keys(&v["erpc"]),
+            sorted(&[
+                "sessions",
+                "sessions_closed",
+                "requests",
+                "dup_requests",
+                "dropped_pkts",
+                "rx_pkts",
+                "tx_pkts",
+                "rx_calls",
+                "tx_calls",
+            ])
+        );
+        assert_eq!(v["erpc"]["dup_requests"], 7);
+        // One line per run.
+        let line = render(&s, Format::Json, false);
+        assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+    }
+
+    /// The CSV header and row are the hand-written ones, character for character: the same
+    /// columns, the figures rounded alike (`read_ratio` as `Display` prints it), the
+    /// per-rank lists joined by `;`.
+    #[test]
+    fn csv_matches_the_hand_written_format() {
+        let s = sample();
+        let header = "transport,daemons,clients,qd,read_ratio,keys,dist,seconds,ops,mops,p50_us,p99_us,p999_us,gets,get_hits,errors,check_samples,check_mismatches,check_passed,ranks,backend,ops_local,ops_remote,remote_p50_us,remote_p99_us,rank_mops,forwarded,remote_served,handed_off,unroutable,failed_calls,corrupt_responses,ring_full_retries,max_us,rank_served,mpi";
+        let row = "delegation,2,3,8,1,4096,zipf(0.99),1.235,1000,0.0008,12.35,67.89,100.50,600,500,1,77,3,false,2,direct,400,600,20.00,80.56,0.0004;0.0004,11,12,13,14,15,16,17,250.13,510;495,true";
+        assert_eq!(csv(&s, true), format!("{header}\n{row}\n"));
+        assert_eq!(csv(&s, false), format!("{row}\n"));
+        assert_eq!(render(&s, Format::Csv, true), format!("{header}\n{row}\n"));
+    }
+
+    /// The text summary of a multi-rank run names the ranks' figures and the check's
+    /// outcome and note; the ratio line compares direct to delegation.
+    #[test]
+    fn text_and_ratio_lines() {
+        let s = sample();
+        let t = text(&s);
+        assert!(t.starts_with("kv, 2 MPI ranks, backend direct: 2 daemon(s) and 3 client(s) per rank, QD 8, 100% gets, 4096 keys zipf(0.99) per rank, 1.2 s\n"), "{t}");
+        assert!(
+            t.contains("  per rank    0: 0.000   1: 0.000 Mops/s\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("  served      0: 510   1: 495 requests\n"),
+            "{t}"
+        );
+        assert!(t.contains("  delegates   forwarded 11   served remote 12   handed to daemons 13   ring-full retries 17   unroutable 14   failed 15   corrupt 16\n"), "{t}");
+        assert!(t.ends_with("  check       FAILED: 77 written keys read back (40 written from another rank), 3 mismatches (a note)\n"), "{t}");
+        let mut d = sample();
+        d.mops = s.mops / 2.0;
+        d.backend = "delegation";
+        let mut m = sample();
+        m.mops = s.mops / 4.0;
+        m.backend = "meta";
+        assert_eq!(
+            comparison(&[m.clone(), d.clone(), s.clone()]),
+            vec![
+                "delegation vs meta: throughput x2.00, p50 x1.00, p99 x1.00".to_owned(),
+                "direct (upstream baseline) vs delegation: throughput x2.00, p50 x1.00, p99 x1.00"
+                    .to_owned(),
+            ]
+        );
+        d.mops = 0.0;
+        assert_eq!(ratio_line("x", &d, &s), None);
+        // One rank: no ratio, a note that there is no remote traffic.
+        for x in [&mut m, &mut d] {
+            x.ranks = 1;
+        }
+        let one = comparison(&[m, d]);
+        assert_eq!(one.len(), 1);
+        assert!(one[0].starts_with("one rank: no remote traffic"), "{one:?}");
     }
 }

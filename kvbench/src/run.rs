@@ -1,4 +1,8 @@
-//! TODO
+//! Running a job: the command line's entry point ([`main`]), an in-process run of any
+//! transport ([`run_all`]: one thread per rank, returning the summaries without printing
+//! them), a rank of an MPI job (`--mpi`, behind the `mpi` feature), the `kv serve` daemons
+//! and the `kv client` clients ([`client_only`]). The transport of a run is chosen in one
+//! `match` for in-process runs ([`run_all`]) and one for MPI ranks.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -26,41 +30,111 @@ use crate::report::*;
 use crate::shard::*;
 use crate::wiring::*;
 
-/// Runs the command line `cli`; the process exit code.
-pub fn main(cli: Cli) -> i32 {
-    match cli.cmd.unwrap_or(Cmd::Run(cli.run)) {
-        Cmd::Run(a) if a.mpi => run_mpi(a),
-        Cmd::Run(a) => run_all(a),
-        Cmd::Serve(a) => serve(a),
-        Cmd::Client(a) => client_only(a),
+/// Why a run ended without its summaries (exit code 2): a bad argument, a setup step or a
+/// collective that failed. A run whose check fails is not an error: its summary says so.
+#[derive(Debug, Default)]
+pub struct RunError {
+    /// What failed, one message per failing rank (naming the rank when there are several).
+    pub messages: Vec<String>,
+    /// The summaries of the runs that ended before the failure (`--backend both`).
+    pub completed: Vec<Summary>,
+}
+
+impl From<String> for RunError {
+    fn from(msg: String) -> Self {
+        RunError {
+            messages: vec![msg],
+            completed: Vec::new(),
+        }
     }
 }
 
-pub(crate) fn run_all(a: RunArgs) -> i32 {
+impl From<&str> for RunError {
+    fn from(msg: &str) -> Self {
+        RunError::from(msg.to_string())
+    }
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.messages.join("; "))
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// Runs the command line `cli` (printing the summaries on stdout and errors on stderr);
+/// the process exit code: 0 if every run passed its check, 1 if one did not, 2 on an error.
+pub fn main(cli: Cli) -> i32 {
+    match cli.into_command() {
+        Cmd::Run(a) if a.mpi => run_mpi(a),
+        Cmd::Run(a) => {
+            let r = run_all(&a);
+            report(r, &a.out, true)
+        }
+        Cmd::Serve(a) => serve(a),
+        Cmd::Client(a) => {
+            let r = client_only(&a).map(|s| vec![s]).map_err(RunError::from);
+            report(r, &a.out, true)
+        }
+    }
+}
+
+/// The exit code of a run's outcome: 0 if every run passed its check, 1 if one did not, 2
+/// on an error.
+pub fn exit_code(r: &Result<Vec<Summary>, RunError>) -> i32 {
+    match r {
+        Ok(v) if v.iter().all(|s| s.pass) => 0,
+        Ok(_) => 1,
+        Err(_) => 2,
+    }
+}
+
+/// Prints the outcome `r` (the summaries if `print`; the errors, `kv: ` first, on stderr);
+/// its exit code ([`exit_code`]).
+fn report(r: Result<Vec<Summary>, RunError>, out: &OutArgs, print: bool) -> i32 {
+    let code = exit_code(&r);
+    match r {
+        Ok(v) if print => print_summaries(&v, out),
+        Ok(_) => {}
+        Err(e) => {
+            if print {
+                print_summaries(&e.completed, out);
+            }
+            for m in &e.messages {
+                eprintln!("kv: {m}");
+            }
+        }
+    }
+    code
+}
+
+/// Runs `a` in this process (every rank a thread; not `--mpi`), without printing the
+/// summaries (progress lines, unless `--quiet`, go to stderr): one summary per backend run,
+/// in order.
+///
+/// # Errors
+/// A bad argument, or a setup step that failed (see [`RunError`]).
+pub fn run_all(a: &RunArgs) -> Result<Vec<Summary>, RunError> {
+    // The one place a transport is chosen for an in-process run (`--mpi`: `mpi_job::run`).
     match a.transport {
-        Transport::Scalerpc => run_scalerpc(&a),
-        Transport::Erpc => run_erpc(&a),
-        Transport::Delegation => run_threads(&a),
+        Transport::Scalerpc => run_scalerpc(a).map(|s| vec![s]).map_err(RunError::from),
+        Transport::Erpc => run_erpc(a).map(|s| vec![s]).map_err(RunError::from),
+        Transport::Delegation => run_threads(a),
     }
 }
 
 /// `--ranks R` with the delegation transport: every rank is a thread of this process with
 /// the in-process bootstrap ([`ThreadGroup`]), running the per-rank code of `--mpi`.
-pub(crate) fn run_threads(a: &RunArgs) -> i32 {
+fn run_threads(a: &RunArgs) -> Result<Vec<Summary>, RunError> {
     if a.ranks == 0 || a.ranks > 64 {
-        return fail("--ranks must be in 1..=64");
+        return Err("--ranks must be in 1..=64".into());
     }
-    let cfg = match delegation_args(a, a.ranks) {
-        Ok(c) => c,
-        Err(e) => return fail(&e),
-    };
-    let hw = match hw_nic(a) {
-        Ok(n) => n,
-        Err(e) => return fail(&e),
-    };
+    let cfg = delegation_args(a, a.ranks)?;
+    let hw = hw_nic(a)?;
     let nic = (a.ranks > 1).then(|| hw.unwrap_or_else(|| Nic::Sim(Fabric::new(sim_config()))));
     let job = Arc::new(Job {
-        base: format!("kv-{}", std::process::id()),
+        base: run_base(),
         nic,
         mpi: false,
     });
@@ -75,18 +149,38 @@ pub(crate) fn run_threads(a: &RunArgs) -> i32 {
                 .expect("spawn rank")
         })
         .collect();
-    let mut code = 0;
-    for h in ranks {
-        match h.join().expect("rank panicked") {
-            Ok(true) => {}
-            Ok(false) => code = code.max(1),
-            Err(e) => {
-                eprintln!("kv: {e}");
-                code = 2;
+    // Every rank has the same summaries: rank 0's are the run's.
+    let mut outcome = Ok(Vec::new());
+    for (rank, h) in ranks.into_iter().enumerate() {
+        match (h.join().expect("rank panicked"), &mut outcome) {
+            (Ok(v), Ok(mine)) if rank == 0 => *mine = v,
+            (Ok(_), _) => {}
+            (Err(e), Ok(mine)) => {
+                let completed = if rank == 0 {
+                    e.completed
+                } else {
+                    std::mem::take(mine)
+                };
+                outcome = Err(RunError {
+                    messages: e.messages,
+                    completed,
+                });
             }
+            (Err(e), Err(all)) => all.messages.extend(e.messages),
         }
     }
-    code
+    outcome
+}
+
+/// The prefix of an in-process run's rings in /dev/shm: `kv-<pid>` for the first run of this
+/// process, `kv-<pid>.<n>` for the n-th after it (runs of one process, e.g. tests calling
+/// [`run_all`] at once, never share ring names).
+fn run_base() -> String {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    match RUNS.fetch_add(1, Ordering::Relaxed) {
+        0 => format!("kv-{}", std::process::id()),
+        n => format!("kv-{}.{n}", std::process::id()),
+    }
 }
 
 /// `--mpi`: this process is one rank of an MPI job.
@@ -112,67 +206,34 @@ pub(crate) fn run_mpi(_a: RunArgs) -> i32 {
     )
 }
 
-/// Every backend of `a.backend`, one after the other, as rank `b.rank()` of `b.size()`
-/// (rank 0 prints the summaries); whether every run passed.
-pub(crate) fn run_ranks<B: Bootstrap>(
+/// Every backend of `a.backend`, one after the other, as rank `b.rank()` of `b.size()`;
+/// their summaries (the same on every rank).
+///
+/// # Errors
+/// The failure of a run, with the summaries of the runs before it.
+fn run_ranks<B: Bootstrap>(
     b: &B,
     job: &Job,
     a: &RunArgs,
     cfg: DelegationConfig,
-) -> Result<bool, String> {
-    let mut summaries = Vec::new();
-    for (i, &topo) in topologies(a.backend).iter().enumerate() {
-        let s = match topo {
-            Topology::Meta | Topology::Delegation => crate::seed::run_seed_rank(b, job, a, topo)?,
-            Topology::Direct => run_rank(b, job, a, cfg)?,
+) -> Result<Vec<Summary>, RunError> {
+    let mut completed = Vec::new();
+    for &topo in topologies(a.backend) {
+        let r = match topo {
+            Topology::Meta | Topology::Delegation => crate::seed::run_seed_rank(b, job, a, topo),
+            Topology::Direct => run_rank(b, job, a, cfg),
         };
-        if b.rank() == 0 {
-            print_summary(&s, &a.out, i == 0);
+        match r {
+            Ok(s) => completed.push(s),
+            Err(e) => {
+                return Err(RunError {
+                    messages: vec![e],
+                    completed,
+                });
+            }
         }
-        summaries.push(s);
     }
-    if b.rank() == 0 && !a.out.json && !a.out.csv {
-        compare(&summaries, b.size());
-    }
-    Ok(summaries.iter().all(|s| s.pass))
-}
-
-/// The ratios between the backends of one run, on stdout. With one rank every call is local
-/// and the backends differ only in Daemon#0's extra ring poll (seeds/004 §10), so there is
-/// no remote-path comparison to make: it says so instead of printing a ratio.
-fn compare(summaries: &[Summary], ranks: usize) {
-    let by = |name: &str| summaries.iter().find(|s| s.backend == name);
-    if summaries.len() < 2 {
-        return;
-    }
-    if ranks == 1 {
-        println!(
-            "one rank: no remote traffic, so no remote-path comparison (the backends differ \
-             only in Daemon#0's delegation-ring poll, seeds/004 §10); run with --ranks 2 to \
-             compare them"
-        );
-        return;
-    }
-    let ratio = |x: &Summary, base: &Summary, what: &str| {
-        if base.mops > 0.0 {
-            println!(
-                "{what}: throughput x{:.2}, p50 x{:.2}, p99 x{:.2}",
-                x.mops / base.mops,
-                x.p50_us / base.p50_us.max(1e-9),
-                x.p99_us / base.p99_us.max(1e-9)
-            );
-        }
-    };
-    if let (Some(d), Some(m)) = (by("delegation"), by("meta")) {
-        ratio(
-            d,
-            m,
-            "delegation vs meta (seeds/004 §10: x1.41 on two nodes)",
-        );
-    }
-    if let (Some(x), Some(d)) = (by("direct"), by("delegation")) {
-        ratio(x, d, "direct (upstream baseline) vs delegation");
-    }
+    Ok(completed)
 }
 
 /// One rank of a `direct`-backend run (upstream's baseline): creates its rings, opens its NIC
@@ -284,30 +345,29 @@ pub(crate) fn clients_and_check<B: Bootstrap, D: Daemons>(
 
 /// `--transport scalerpc`: one rank whose daemons are ScaleRPC servers, each on its own NIC
 /// of one device-model fabric; then the summary.
-pub(crate) fn run_scalerpc(a: &RunArgs) -> i32 {
+fn run_scalerpc(a: &RunArgs) -> Result<Summary, String> {
     if a.ranks != 1 {
-        return fail(
-            "--transport scalerpc runs one rank (--ranks 1): ranks over ScaleRPC are not supported",
+        return Err(
+            "--transport scalerpc runs one rank (--ranks 1): ranks over ScaleRPC are not supported"
+                .into(),
         );
     }
     if a.backend != Backend::Delegation {
-        return fail("--backend applies to --ranks > 1; --transport scalerpc runs one rank");
+        return Err("--backend applies to --ranks > 1; --transport scalerpc runs one rank".into());
     }
     if a.device.is_some() {
-        return fail("--device applies to copyrpc between ranks (the delegation transport)");
+        return Err("--device applies to copyrpc between ranks (the delegation transport)".into());
     }
     if a.daemons == 0 {
-        return fail("--daemons must be at least 1");
+        return Err("--daemons must be at least 1".into());
     }
     if a.load.qd == 0 || a.load.qd >= u16::MAX as usize - 1 {
-        return fail("--qd must be in 1..65534 with --transport scalerpc");
+        return Err("--qd must be in 1..65534 with --transport scalerpc".into());
     }
-    if let Err(e) = load_args(&a.load, 1) {
-        return fail(&e);
-    }
+    load_args(&a.load, 1)?;
     let sc = &a.scale;
     if sc.scalerpc_slice_us == 0 {
-        return fail("--scalerpc-slice-us must be at least 1");
+        return Err("--scalerpc-slice-us must be at least 1".into());
     }
     let slice = Duration::from_micros(sc.scalerpc_slice_us);
     let cfg = ScaleServerConfig {
@@ -350,57 +410,28 @@ pub(crate) fn run_scalerpc(a: &RunArgs) -> i32 {
                 lids.push(device.port().lid);
                 servers.push(s);
             }
-            Err(e) => return fail(&format!("daemon {d}: scalerpc server: {e}")),
+            Err(e) => return Err(format!("daemon {d}: scalerpc server: {e}")),
         }
     }
     let mut threads = DaemonThreads::default();
     threads.handles = servers
         .into_iter()
         .enumerate()
-        .map(|(d, mut server)| {
-            let stop = threads.stop.clone();
-            thread::Builder::new()
-                .name(format!("daemon-0.{d}"))
-                .spawn(move || {
-                    // Clients disconnect (and their connections are reclaimed) before the
-                    // daemons stop: report the connections accepted over the run (held now
-                    // or reclaimed) and the most groups seen at once.
-                    let mut groups = 0;
-                    let mut r = daemon_loop_observing(&mut server, &stop, |server| {
-                        let s = server.transport().scale_server();
-                        groups = groups.max(s.scheduler().num_groups());
-                    });
-                    let t = server.transport();
-                    let s = t.scale_server();
-                    r.scale = Some(ScaleDaemon {
-                        conns: s.num_conns()
-                            + u32::try_from(s.stats().reclaimed).unwrap_or(u32::MAX),
-                        groups,
-                        sched: *s.scheduler().stats(),
-                        server: *s.stats(),
-                        probes: t.probes_answered(),
-                    });
-                    r
-                })
-                .expect("spawn daemon")
-        })
+        .map(|(d, server)| spawn_scale_daemon(0, d, server, &threads.stop))
         .collect();
     let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
     let daemons = Arc::new(ScaleDaemons {
         fabric: fabric.clone(),
         addrs,
     });
-    let (mut s, reports) = match clients_and_check(
+    let (mut s, reports) = clients_and_check(
         &solo(),
         daemons,
         remotes,
         threads,
         (&a.load, &a.out, &Pinning::off("ScaleRPC")),
         a.daemons,
-    ) {
-        Ok(r) => r,
-        Err(e) => return fail(&e),
-    };
+    )?;
     let mut f = ScaleFigures {
         group_size: match cfg.group_size {
             rpc::scalerpc::GroupSize::Fixed(g) => g,
@@ -425,39 +456,31 @@ pub(crate) fn run_scalerpc(a: &RunArgs) -> i32 {
     }
     for lid in lids {
         if let Some(q) = fabric.qpc_stats(lid) {
-            f.qpc_server.0 += q.hits;
-            f.qpc_server.1 += q.misses;
+            f.qpc_server_hits += q.hits;
+            f.qpc_server_misses += q.misses;
         }
     }
     let all = fabric.stats();
-    f.qpc_all = (all.qpc_hits, all.qpc_misses);
+    (f.qpc_hits, f.qpc_misses) = (all.qpc_hits, all.qpc_misses);
     s.transport = "scalerpc";
     s.backend = "scalerpc";
     s.scale = Some(f);
-    print_summary(&s, &a.out, true);
-    if s.pass { 0 } else { 1 }
+    Ok(s)
 }
 
 /// `--transport erpc` in one process: one rank whose daemons are eRPC servers on UDP
 /// loopback; then the summary.
-pub(crate) fn run_erpc(a: &RunArgs) -> i32 {
+fn run_erpc(a: &RunArgs) -> Result<Summary, String> {
     if a.ranks != 1 {
-        return fail(
+        return Err(
             "--transport erpc runs one rank in a process (--ranks 1); eRPC across ranks runs \
-             under MPI (--mpi)",
+             under MPI (--mpi)"
+                .into(),
         );
     }
-    if let Err(e) = erpc_args(a, 1) {
-        return fail(&e);
-    }
+    erpc_args(a, 1)?;
     let ip = a.erpc_ip.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
-    match erpc_rank(&solo(), a, ip) {
-        Ok(s) => {
-            print_summary(&s, &a.out, true);
-            if s.pass { 0 } else { 1 }
-        }
-        Err(e) => fail(&e),
-    }
+    erpc_rank(&solo(), a, ip)
 }
 
 /// One rank of an eRPC run (`--transport erpc`; every process of `--mpi --transport erpc`):
@@ -578,27 +601,30 @@ pub(crate) fn serve(a: ServeArgs) -> i32 {
     0
 }
 
-pub(crate) fn client_only(a: ClientArgs) -> i32 {
+/// `kv client`: this process's client threads and the check against the rings a `kv serve`
+/// process listed in its manifest; the summary (not printed).
+///
+/// # Errors
+/// No manifest, a bad one, a bad argument, or a ring that cannot be attached.
+pub fn client_only(a: &ClientArgs) -> Result<Summary, String> {
     // The rings `kv serve` listed in its manifest (this user's file, mode 0600, validated),
     // not whichever `<shm>-N` names happen to exist.
     let names = match read_manifest(&a.shm) {
         Ok(n) => n,
         Err(RingError::NotFound { path }) => {
-            return fail(&format!(
+            return Err(format!(
                 "no ring manifest {} (start `kv serve --shm {}` first)",
                 path.display(),
                 a.shm
             ));
         }
-        Err(e) => return fail(&format!("reading the ring manifest: {e}")),
+        Err(e) => return Err(format!("reading the ring manifest: {e}")),
     };
-    if let Err(e) = load_args(&a.load, 1) {
-        return fail(&e);
-    }
+    load_args(&a.load, 1)?;
     // Writer ids are ring 0's client ids: every key class `k % max_clients` needs keys.
     match rpc::delegation::RingClient::attach(&names[0]) {
         Ok(r) if a.load.keys < u64::from(r.info().max_clients) => {
-            return fail(&format!(
+            return Err(format!(
                 "--keys {} is fewer than the rings' client ids (kv serve --max-clients {}): \
                  each client of any kv client process writes the keys k with \
                  k % max_clients == its client id on ring 0",
@@ -607,26 +633,21 @@ pub(crate) fn client_only(a: ClientArgs) -> i32 {
             ));
         }
         Ok(_) => {}
-        Err(e) => return fail(&format!("attaching to {}: {e}", names[0])),
+        Err(e) => return Err(format!("attaching to {}: {e}", names[0])),
     }
     let daemons = names.len();
     let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
     let rings = Arc::new(Rings::new(0, names, true));
     let threads = DaemonThreads::default();
-    match clients_and_check(
+    clients_and_check(
         &solo(),
         rings,
         remotes,
         threads,
         (&a.load, &a.out, &Pinning::off("kv client")),
         daemons,
-    ) {
-        Ok((s, _)) => {
-            print_summary(&s, &a.out, true);
-            if s.pass { 0 } else { 1 }
-        }
-        Err(e) => fail(&e),
-    }
+    )
+    .map(|(s, _)| s)
 }
 
 pub(crate) fn fail(msg: &str) -> i32 {
@@ -650,15 +671,15 @@ pub(crate) mod mpi_job {
         if let Err(e) = args(a, b.size()) {
             return if b.rank() == 0 { fail(&e) } else { 2 };
         }
-        let result = host(b).and_then(|host| match a.transport {
-            Transport::Erpc => erpc(b, a, &host),
-            _ => delegation(b, a, &host),
-        });
-        match result {
-            Ok(true) => 0,
-            Ok(false) => 1,
-            Err(e) => fail(&e),
-        }
+        // The one place a transport is chosen for a rank of an MPI job.
+        let result = host(b)
+            .map_err(RunError::from)
+            .and_then(|host| match a.transport {
+                Transport::Erpc => erpc(b, a, &host).map(|s| vec![s]).map_err(RunError::from),
+                _ => delegation(b, a, &host),
+            });
+        // Rank 0 prints the summaries (the same on every rank); every rank its errors.
+        report(result, &a.out, b.rank() == 0)
     }
 
     fn args(a: &RunArgs, ranks: usize) -> Result<(), String> {
@@ -697,7 +718,7 @@ pub(crate) mod mpi_job {
 
     /// The delegation transport: copyrpc between the ranks, on the device model shared by
     /// the processes of this host, or on `--device`.
-    fn delegation<B: Bootstrap>(b: &B, a: &RunArgs, host: &Host) -> Result<bool, String> {
+    fn delegation<B: Bootstrap>(b: &B, a: &RunArgs, host: &Host) -> Result<Vec<Summary>, RunError> {
         let cfg = delegation_args(a, b.size())?;
         let hw = agree(b, "opening the RDMA device", hw_nic(a))?;
         let nic = match hw {
@@ -708,7 +729,8 @@ pub(crate) mod mpi_job {
                     "the ranks run on {} hosts, and the device model connects the processes \
                      of one host: give --device (RDMA NICs), or use --transport erpc",
                     host.hosts
-                ));
+                )
+                .into());
             }
             None => {
                 // Before any DMA buffer or copyrpc context exists: from here on, this
@@ -727,7 +749,7 @@ pub(crate) mod mpi_job {
     }
 
     /// eRPC over UDP between the ranks.
-    fn erpc<B: Bootstrap>(b: &B, a: &RunArgs, host: &Host) -> Result<bool, String> {
+    fn erpc<B: Bootstrap>(b: &B, a: &RunArgs, host: &Host) -> Result<Summary, String> {
         let ip = match a.erpc_ip {
             Some(ip) => ip,
             None if host.hosts == 1 => Ipv4Addr::LOCALHOST.into(),
@@ -735,10 +757,7 @@ pub(crate) mod mpi_job {
         };
         let mut s = erpc_rank(b, a, ip)?;
         s.mpi = true;
-        if b.rank() == 0 {
-            print_summary(&s, &a.out, true);
-        }
-        Ok(s.pass)
+        Ok(s)
     }
 
     /// The first address other than loopback that `name` resolves to.

@@ -1,4 +1,6 @@
-//! TODO
+//! One daemon's shard (`Shard`, served through the generated `KvServer` trait) and where
+//! a request is served: its `rank` field and the owner daemon `key % daemons` there
+//! (seeds/004 §7, §8).
 
 use idl::kv::{KvRequest, KvServer, owner_daemon};
 use rpc::delegation::Target;

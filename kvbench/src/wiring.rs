@@ -1,4 +1,8 @@
-//! TODO
+//! Wiring the ranks of a job together (seeds/004 §9 steps 6-9): where their NICs come from
+//! (`Nic`), each rank's copyrpc contexts and endpoints (`Wiring`) and how a client thread
+//! reaches other ranks (`Remote`), the exchange of endpoint information through the bootstrap
+//! (checked, never trusted: issue 14), and the helpers that end every setup step on all ranks
+//! together (`agree`).
 
 use std::time::Duration;
 

@@ -1,4 +1,7 @@
-//! TODO
+//! The workload (seeds/004 §9 step 2): the key distribution ([`Dist`]), one client's
+//! pre-generated operations (`gen_pattern`, replayed cyclically), and the writer-id scheme
+//! that gives every (rank, key) exactly one writer: a client writes only the keys `k` with
+//! `k % writers == writer`, and its values are `(writer << SEQ_BITS) | seq`.
 
 use clap::ValueEnum;
 use rand::rngs::SmallRng;
@@ -8,7 +11,7 @@ use rand_distr::{Distribution, Zipf};
 use crate::config::*;
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Dist {
+pub enum Dist {
     Uniform,
     Zipf,
 }

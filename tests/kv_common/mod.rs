@@ -1,6 +1,7 @@
-//! Helpers shared by the tests that run the `kv` example binary (`tests/kv_*.rs`): finding
-//! it, running it with a small workload and parsing its JSON summary, and the checks every
-//! passing single-rank run must meet.
+//! Helpers shared by the `kv` tests (`tests/kv_*.rs`): running a job in this process through
+//! the `kvbench` library with a small workload and turning its summaries into JSON, the
+//! checks every passing single-rank run must meet, and, for the tests that need separate
+//! processes (`kv serve` / `kv client`), finding the example binary and driving it.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -23,37 +24,61 @@ pub fn kv_binary() -> PathBuf {
     kv
 }
 
-/// Runs `kv --duration 1 --json` with a small workload plus `args`; returns the exit code,
-/// the JSON summary (if any) and stderr.
+/// Runs `kv --duration 1 --json --quiet` with a small workload plus `args` in this process
+/// ([`kvbench::run::run_all`]); returns the exit code the binary would have, the JSON of the
+/// first summary (if any) and the errors as the binary prints them on stderr.
 pub fn run_kv(args: &[&str]) -> (Option<i32>, Option<serde_json::Value>, String) {
+    let small = [
+        "--duration",
+        "1",
+        "--json",
+        "--quiet",
+        "--keys",
+        "65536",
+        "--pattern-len",
+        "8192",
+        "--check-samples",
+        "1000",
+    ];
+    let all: Vec<&str> = small.iter().chain(args).copied().collect();
+    let (code, summaries, stderr) = run_in_process(&all, Duration::from_secs(120));
+    (code, summaries.into_iter().next(), stderr)
+}
+
+/// Runs `kv <args>` (no subcommand) in this process through [`kvbench::run::run_all`], failing
+/// the test if it takes longer than `limit`: the exit code the binary would have
+/// ([`kvbench::run::exit_code`]), every summary as JSON (the ones completed before an error
+/// included), and the errors, one `kv: <message>` line each, as the binary prints them.
+pub fn run_in_process(
+    args: &[&str],
+    limit: Duration,
+) -> (Option<i32>, Vec<serde_json::Value>, String) {
+    use clap::Parser;
+    let cli =
+        kvbench::config::Cli::try_parse_from(std::iter::once("kv").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("kv {args:?}: {e}"));
+    let kvbench::config::Cmd::Run(a) = cli.into_command() else {
+        panic!("kv {args:?}: not a run");
+    };
     let t0 = Instant::now();
-    let out = Command::new(kv_binary())
-        .args(["--duration", "1", "--json", "--quiet"])
-        .args([
-            "--keys",
-            "65536",
-            "--pattern-len",
-            "8192",
-            "--check-samples",
-            "1000",
-        ])
-        .args(args)
-        .output()
-        .expect("run kv");
-    assert!(
-        t0.elapsed() < Duration::from_secs(120),
-        "kv {args:?} too slow"
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json = stdout
-        .lines()
-        .next()
-        .map(|l| serde_json::from_str(l).expect("a JSON summary"));
-    (
-        out.status.code(),
-        json,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(kvbench::run::run_all(&a));
+    });
+    let r = rx
+        .recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("kv {args:?}: still running after {limit:?}"));
+    assert!(t0.elapsed() < limit, "kv {args:?} too slow");
+    let code = kvbench::run::exit_code(&r);
+    let json = |s: &kvbench::report::Summary| serde_json::to_value(s).expect("a JSON summary");
+    match r {
+        Ok(v) => (Some(code), v.iter().map(json).collect(), String::new()),
+        Err(e) => (
+            Some(code),
+            e.completed.iter().map(json).collect(),
+            e.messages.iter().map(|m| format!("kv: {m}\n")).collect(),
+        ),
+    }
 }
 
 /// A passing run's summary.
