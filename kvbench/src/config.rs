@@ -57,6 +57,13 @@ pub struct RunArgs {
     /// are the MPI processes.)
     #[arg(long, default_value_t = 1)]
     pub ranks: usize,
+    /// Run a published configuration instead of the flags above: `seed004` is seeds/004 §10's
+    /// experiment (2 daemons, 4 clients, QD 4, `resp_depth = QD`, ring depth 1024; Meta and
+    /// Delegation on one rank and on two ranks, in-process; under `--mpi`, at the job's
+    /// rank count) and prints its table beside ours. `--duration`, `--runs`, `--warmup`,
+    /// `--no-pin` and the output flags still apply.
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
     /// This process is one rank of an MPI job (`mpirun -np N .../kv --mpi`): the ranks are the
     /// MPI processes, connected by copyrpc (delegation transport) or eRPC over UDP (`--transport
     /// erpc`). Needs a build with `--features mpi`.
@@ -237,6 +244,31 @@ pub enum Transport {
     Erpc,
 }
 
+/// A published configuration (`--preset`).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// seeds/004 §10: 2 daemons, 4 clients, QD 4, Meta vs Delegation on 1 and 2 nodes.
+    Seed004,
+}
+
+impl RunArgs {
+    /// These arguments with the seeds/004 §10 configuration on `ranks` ranks (Meta, then
+    /// Delegation: [`topologies_of`]): 2 daemons, 4 clients, QD 4, `resp_depth = QD` (every
+    /// ring's response slots per client), request ring depth 1024 (§9 steps 3-4).
+    pub fn seed004(&self, ranks: usize) -> RunArgs {
+        let mut a = self.clone();
+        a.preset = Some(Preset::Seed004);
+        a.ranks = ranks;
+        a.daemons = 2;
+        a.load.clients = 4;
+        a.load.qd = 4;
+        a.ring.resp_depth = 4;
+        a.ring.ring_depth = 1024;
+        a.transport = Transport::Delegation;
+        a
+    }
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// seeds/004 Meta (§1.1): every call goes over ipc to the key's owner daemon; a remote
@@ -322,6 +354,14 @@ pub(crate) fn load_args(load: &LoadArgs, ranks: usize) -> Result<(), String> {
         return Err("need --clients >= 1, --qd >= 1 and --keys >= --clients * ranks".into());
     }
     Ok(())
+}
+
+/// The backends a run of `a` measures, in order: the preset's, else `--backend`'s.
+pub(crate) fn topologies_of(a: &RunArgs) -> &'static [Topology] {
+    match a.preset {
+        Some(Preset::Seed004) => &[Topology::Meta, Topology::Delegation],
+        None => topologies(a.backend),
+    }
 }
 
 /// The backends `b` measures, in order.

@@ -67,6 +67,19 @@ impl Pinning {
         })
     }
 
+    /// What the summary says about pinning.
+    pub fn note(&self) -> String {
+        match &self.off_reason {
+            None => format!(
+                "{} daemon(s) and {} client(s) pinned to cores {:?}",
+                self.daemons,
+                self.cores.len() - self.daemons,
+                self.cores.iter().map(|c| c.id).collect::<Vec<_>>()
+            ),
+            Some(why) => format!("off ({why})"),
+        }
+    }
+
     /// Whether threads are pinned.
     pub fn pinned(&self) -> bool {
         !self.cores.is_empty()

@@ -197,6 +197,89 @@ counters!(Forward {
     wait_timeouts,
 });
 
+/// The daemons' counters of a Meta or Delegation run (JSON: the `node` object; absent for
+/// the other backends): [`rpc::delegation::node::NodeStats`] summed over every daemon of every
+/// rank.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Node {
+    pub local_served: u64,
+    pub ring_served: u64,
+    pub remote_served: u64,
+    pub flux_served: u64,
+    pub copyrpc_calls: u64,
+    pub copyrpc_responses: u64,
+    pub flux_calls: u64,
+    pub flux_responses: u64,
+    pub backlogged: u64,
+    pub backlog_full: u64,
+    pub wait_timeouts: u64,
+    pub bad_requests: u64,
+    pub unroutable: u64,
+    pub failed_calls: u64,
+    pub corrupt_responses: u64,
+    pub dropped_replies: u64,
+}
+
+impl From<rpc::delegation::node::NodeStats> for Node {
+    fn from(n: rpc::delegation::node::NodeStats) -> Self {
+        let rpc::delegation::node::NodeStats {
+            local_served,
+            ring_served,
+            remote_served,
+            flux_served,
+            copyrpc_calls,
+            copyrpc_responses,
+            flux_calls,
+            flux_responses,
+            backlogged,
+            backlog_full,
+            wait_timeouts,
+            bad_requests,
+            unroutable,
+            failed_calls,
+            corrupt_responses,
+            dropped_replies,
+        } = n;
+        Node {
+            local_served,
+            ring_served,
+            remote_served,
+            flux_served,
+            copyrpc_calls,
+            copyrpc_responses,
+            flux_calls,
+            flux_responses,
+            backlogged,
+            backlog_full,
+            wait_timeouts,
+            bad_requests,
+            unroutable,
+            failed_calls,
+            corrupt_responses,
+            dropped_replies,
+        }
+    }
+}
+
+counters!(Node {
+    local_served,
+    ring_served,
+    remote_served,
+    flux_served,
+    copyrpc_calls,
+    copyrpc_responses,
+    flux_calls,
+    flux_responses,
+    backlogged,
+    backlog_full,
+    wait_timeouts,
+    bad_requests,
+    unroutable,
+    failed_calls,
+    corrupt_responses,
+    dropped_replies,
+});
+
 counters!(ErpcFigures {
     sessions,
     sessions_closed,
@@ -233,8 +316,18 @@ pub struct Summary {
     pub secs: f64,
     /// Operations completed, all ranks.
     pub ops: u64,
-    /// Throughput, millions of operations per second.
+    /// Throughput, millions of operations per second: the median of `run_mops`
+    /// (seeds/004 §9 step 12).
     pub mops: f64,
+    /// Each measured run's throughput, all ranks, millions of operations per second: the
+    /// operations completed between the run's start and its stop time, per second.
+    pub run_mops: Vec<f64>,
+    /// Operations completed inside the measured runs, all ranks (`ops` also counts the
+    /// warm-up and the calls drained after the stop).
+    pub measured_ops: u64,
+    /// Daemons and clients were pinned to cores; else why not.
+    pub pinned: bool,
+    pub pin_note: String,
     /// Latency percentiles over all operations, microseconds.
     pub p50_us: f64,
     pub p99_us: f64,
@@ -291,6 +384,9 @@ pub struct Summary {
     pub late: u64,
     /// The delegates' counters (multi-rank delegation-transport runs).
     pub forward: Option<Forward>,
+    /// The daemons' counters (Meta and Delegation runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<Node>,
     /// ScaleRPC runs: scheduler and QPC figures.
     #[serde(rename = "scalerpc", skip_serializing_if = "Option::is_none")]
     pub scale: Option<ScaleFigures>,
@@ -333,7 +429,12 @@ pub(crate) fn combine<B: Bootstrap>(
     sums[5] = reports.iter().map(|d| d.bad_requests).sum();
     let served: u64 = reports.iter().map(|d| d.requests).sum();
     let (mut forward, mut erpc) = (None::<Forward>, None::<ErpcFigures>);
+    let mut node = None::<Node>;
     for d in reports {
+        if let Some(n) = &d.node {
+            node.get_or_insert_with(Default::default)
+                .add(&Node::from(*n));
+        }
         if let Some(f) = &d.forward {
             forward
                 .get_or_insert_with(Default::default)
@@ -348,6 +449,9 @@ pub(crate) fn combine<B: Bootstrap>(
     sums.extend(forward.unwrap_or_default().to_vec());
     sums.push(u64::from(erpc.is_some()));
     sums.extend(erpc.unwrap_or_default().to_vec());
+    let ne = ErpcFigures::default().to_vec().len();
+    sums.push(u64::from(node.is_some()));
+    sums.extend(node.unwrap_or_default().to_vec());
     b.all_reduce_sum_u64(&mut sums).map_err(boot)?;
     let [
         ops,
@@ -363,7 +467,16 @@ pub(crate) fn combine<B: Bootstrap>(
         unreachable!("eight sums")
     };
     let forward = (sums[8] > 0).then(|| Forward::from_slice(&sums[9..9 + nf]));
-    let erpc = (sums[9 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[10 + nf..]));
+    let erpc = (sums[9 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[10 + nf..10 + nf + ne]));
+    let node = (sums[10 + nf + ne] > 0).then(|| Node::from_slice(&sums[11 + nf + ne..]));
+    // seeds/004 §9 step 12: each run's throughput (the same on every rank: the run figures
+    // are already sums over the ranks), and their median.
+    let run_mops: Vec<f64> = run
+        .runs
+        .iter()
+        .map(|&(o, t)| o as f64 / t.max(1e-9) / 1e6)
+        .collect();
+    let measured_ops = run.runs.iter().map(|r| r.0).sum();
     // Per rank: operations, requests served, seconds.
     let mut mine = Vec::with_capacity(24);
     mine.extend(rank_ops.to_le_bytes());
@@ -389,6 +502,8 @@ pub(crate) fn combine<B: Bootstrap>(
     let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
     let forward_errors = forward.map_or(0, |f| {
         f.unroutable + f.failed_calls + f.corrupt_responses + f.dropped_replies
+    }) + node.map_or(0, |n| {
+        n.unroutable + n.failed_calls + n.corrupt_responses + n.dropped_replies + n.backlog_full
     });
     let check_ok = check.mismatches == 0 && check.checked > 0 && check.failures.is_empty();
     let mut notes = Vec::new();
@@ -427,7 +542,12 @@ pub(crate) fn combine<B: Bootstrap>(
         },
         secs,
         ops,
-        mops: ops as f64 / secs / 1e6,
+        mops: median(&run_mops).unwrap_or(ops as f64 / secs / 1e6),
+        run_mops,
+        measured_ops,
+        pinned: false,
+        pin_note: String::new(),
+        node,
         p50_us: us(&hist, 0.5),
         p99_us: us(&hist, 0.99),
         p999_us: us(&hist, 0.999),
@@ -452,6 +572,18 @@ pub(crate) fn combine<B: Bootstrap>(
         check_msg,
         pass: check_ok && errors == 0 && bad_requests == 0 && forward_errors == 0,
     })
+}
+
+/// The median of `v` (the mean of the middle two for an even count); `None` if empty.
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 /// How [`print_summaries`] prints: `--json`, `--csv`, or text.
@@ -507,26 +639,87 @@ pub fn render(s: &Summary, format: Format, first: bool) -> String {
 /// (seeds/004 §10), so there is no remote path to compare: one line says so instead of a
 /// ratio of two runs of the same thing.
 pub fn comparison(summaries: &[Summary]) -> Vec<String> {
-    let by = |name: &str| summaries.iter().find(|s| s.backend == name);
-    let ranks = summaries.first().map_or(1, |s| s.ranks);
-    if summaries.len() < 2 {
-        return Vec::new();
-    }
-    if ranks == 1 {
-        return vec![
-            "one rank: no remote traffic, so no comparison of the remote paths (the backends \
-             differ only in Daemon#0's delegation-ring poll, seeds/004 §10); use --ranks 2"
-                .to_owned(),
-        ];
-    }
+    let mut ranks: Vec<usize> = summaries.iter().map(|s| s.ranks).collect();
+    ranks.dedup();
     let mut lines = Vec::new();
-    if let (Some(d), Some(m)) = (by("delegation"), by("meta")) {
-        lines.extend(ratio_line("delegation vs meta", m, d));
-    }
-    if let (Some(x), Some(d)) = (by("direct"), by("delegation")) {
-        lines.extend(ratio_line("direct (upstream baseline) vs delegation", d, x));
+    for &r in &ranks {
+        let group: Vec<&Summary> = summaries.iter().filter(|s| s.ranks == r).collect();
+        if group.len() < 2 {
+            continue;
+        }
+        if r == 1 {
+            lines.push(
+                "one rank: no remote traffic, so no comparison of the remote paths (the \
+                 backends differ only in Daemon#0's delegation-ring poll, seeds/004 §10); use \
+                 --ranks 2"
+                    .to_owned(),
+            );
+            continue;
+        }
+        let by = |name: &str| group.iter().copied().find(|s| s.backend == name);
+        let prefix = if ranks.len() > 1 {
+            format!("{r} ranks: ")
+        } else {
+            String::new()
+        };
+        if let (Some(d), Some(m)) = (by("delegation"), by("meta")) {
+            lines.extend(ratio_line(&format!("{prefix}delegation vs meta"), m, d));
+        }
+        if let (Some(x), Some(d)) = (by("direct"), by("delegation")) {
+            lines.extend(ratio_line(
+                &format!("{prefix}direct (upstream baseline) vs delegation"),
+                d,
+                x,
+            ));
+        }
     }
     lines
+}
+
+/// seeds/004 §10's figures, requests per second: (backend, one node, two nodes).
+pub const SEED004_RPS: [(&str, f64, f64); 2] =
+    [("meta", 25.2e6, 3.37e6), ("delegation", 21.0e6, 4.76e6)];
+
+/// The seeds/004 §10 table beside ours (`--preset seed004`): requests per second of Meta and
+/// Delegation on one node and two, all ranks, and the Delegation / Meta ratio, for the seed
+/// (fern03-fern04, ConnectX) and for this run (`summaries`: the preset's runs; a cell with
+/// no run is `-`).
+pub fn seed004_table(summaries: &[Summary]) -> String {
+    let ours = |backend: &str, ranks: usize| {
+        summaries
+            .iter()
+            .find(|s| s.backend == backend && s.ranks == ranks)
+            .map(|s| s.mops * 1e6)
+    };
+    let m = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.3}M", v / 1e6));
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("x{:.2}", a / b),
+        _ => "-".to_owned(),
+    };
+    let mut t = String::from(
+        "\nseeds/004 §10 (2 daemons, 4 clients, QD 4), requests/s over all ranks:\n\
+         | backend            | 1 node: seed | 1 rank: ours | 2 nodes: seed | 2 ranks: ours |\n\
+         |--------------------|--------------|--------------|---------------|---------------|\n",
+    );
+    for (backend, one, two) in SEED004_RPS {
+        t += &format!(
+            "| {backend:<18} | {:>12} | {:>12} | {:>13} | {:>13} |\n",
+            m(Some(one)),
+            m(ours(backend, 1)),
+            m(Some(two)),
+            m(ours(backend, 2)),
+        );
+    }
+    let (sm, sd) = (SEED004_RPS[0], SEED004_RPS[1]);
+    t += &format!(
+        "| {:<18} | {:>12} | {:>12} | {:>13} | {:>13} |\n",
+        "delegation / meta",
+        ratio(Some(sd.1), Some(sm.1)),
+        ratio(ours("delegation", 1), ours("meta", 1)),
+        ratio(Some(sd.2), Some(sm.2)),
+        ratio(ours("delegation", 2), ours("meta", 2)),
+    );
+    t
 }
 
 /// `what: throughput xA, p50 xB, p99 xC`, the ratios of run `x` to run `base`; `None` if
@@ -696,7 +889,16 @@ pub fn text(s: &Summary) -> String {
             read_ratio * 100.0,
         );
     }
-    say!("  throughput  {mops:.3} Mops/s ({ops} ops)");
+    if s.run_mops.len() > 1 {
+        let runs: Vec<String> = s.run_mops.iter().map(|m| format!("{m:.3}")).collect();
+        say!(
+            "  throughput  {mops:.3} Mops/s, median of {} runs ({})   {ops} ops",
+            runs.len(),
+            runs.join(", ")
+        );
+    } else {
+        say!("  throughput  {mops:.3} Mops/s ({ops} ops)");
+    }
     if ranks > 1 {
         let per: Vec<String> = s
             .rank_mops
@@ -740,6 +942,23 @@ pub fn text(s: &Summary) -> String {
             f.failed_calls,
             f.corrupt_responses
         );
+    }
+    if let Some(n) = &s.node {
+        say!(
+            "  daemons     served: local {}  remote {}  via flux {}   copyrpc calls {}   flux calls {}   backlogged {}   unroutable {}   failed {}   timeouts {}",
+            n.local_served,
+            n.remote_served,
+            n.flux_served,
+            n.copyrpc_calls,
+            n.flux_calls,
+            n.backlogged,
+            n.unroutable,
+            n.failed_calls,
+            n.wait_timeouts
+        );
+    }
+    if !s.pin_note.is_empty() {
+        say!("  pinning     {}", s.pin_note);
     }
     if let Some(sc) = &s.scale {
         let group = if sc.group_size == 0 {
@@ -852,6 +1071,11 @@ mod tests {
             checked_remote: 40,
             expired: 4,
             late: 5,
+            run_mops: vec![0.000_810_12],
+            measured_ops: 990,
+            pinned: false,
+            pin_note: String::new(),
+            node: None,
             forward: Some(Forward {
                 forwarded: 11,
                 remote_served: 12,

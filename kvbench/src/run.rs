@@ -70,12 +70,12 @@ pub fn main(cli: Cli) -> i32 {
         Cmd::Run(a) if a.mpi => run_mpi(a),
         Cmd::Run(a) => {
             let r = run_all(&a);
-            report(r, &a.out, true)
+            report(r, &a.out, true, a.preset)
         }
         Cmd::Serve(a) => serve(a),
         Cmd::Client(a) => {
             let r = client_only(&a).map(|s| vec![s]).map_err(RunError::from);
-            report(r, &a.out, true)
+            report(r, &a.out, true, None)
         }
     }
 }
@@ -90,12 +90,23 @@ pub fn exit_code(r: &Result<Vec<Summary>, RunError>) -> i32 {
     }
 }
 
-/// Prints the outcome `r` (the summaries if `print`; the errors, `kv: ` first, on stderr);
-/// its exit code ([`exit_code`]).
-fn report(r: Result<Vec<Summary>, RunError>, out: &OutArgs, print: bool) -> i32 {
+/// Prints the outcome `r` (the summaries if `print`, then with `--preset seed004` in text
+/// the seed's table beside ours; the errors, `kv: ` first, on stderr); its exit code
+/// ([`exit_code`]).
+fn report(
+    r: Result<Vec<Summary>, RunError>,
+    out: &OutArgs,
+    print: bool,
+    preset: Option<Preset>,
+) -> i32 {
     let code = exit_code(&r);
     match r {
-        Ok(v) if print => print_summaries(&v, out),
+        Ok(v) if print => {
+            print_summaries(&v, out);
+            if preset == Some(Preset::Seed004) && Format::of(out) == Format::Text {
+                print!("{}", seed004_table(&v));
+            }
+        }
         Ok(_) => {}
         Err(e) => {
             if print {
@@ -116,6 +127,21 @@ fn report(r: Result<Vec<Summary>, RunError>, out: &OutArgs, print: bool) -> i32 
 /// # Errors
 /// A bad argument, or a setup step that failed (see [`RunError`]).
 pub fn run_all(a: &RunArgs) -> Result<Vec<Summary>, RunError> {
+    if a.preset == Some(Preset::Seed004) {
+        // seeds/004 §10: Meta and Delegation, on one node and on two.
+        let mut all = Vec::new();
+        for ranks in [1, 2] {
+            match run_threads(&a.seed004(ranks)) {
+                Ok(v) => all.extend(v),
+                Err(mut e) => {
+                    all.append(&mut e.completed);
+                    e.completed = all;
+                    return Err(e);
+                }
+            }
+        }
+        return Ok(all);
+    }
     // The one place a transport is chosen for an in-process run (`--mpi`: `mpi_job::run`).
     match a.transport {
         Transport::Scalerpc => run_scalerpc(a).map(|s| vec![s]).map_err(RunError::from),
@@ -218,7 +244,7 @@ fn run_ranks<B: Bootstrap>(
     cfg: DelegationConfig,
 ) -> Result<Vec<Summary>, RunError> {
     let mut completed = Vec::new();
-    for &topo in topologies(a.backend) {
+    for &topo in topologies_of(a) {
         let r = match topo {
             Topology::Meta | Topology::Delegation => crate::seed::run_seed_rank(b, job, a, topo),
             Topology::Direct => run_rank(b, job, a, cfg),
@@ -317,6 +343,7 @@ pub(crate) fn run_rank<B: Bootstrap>(
         clients_and_check(b, rings, remotes, threads, (&a.load, &a.out, &pin), daemons)?;
     s.backend = topo.name();
     s.mpi = job.mpi;
+    (s.pinned, s.pin_note) = (pin.pinned(), pin.note());
     Ok(s)
 }
 
@@ -667,6 +694,9 @@ pub(crate) mod mpi_job {
     /// Runs this process's rank; the exit code, the same on every rank: 0 if every run passed
     /// its check, 1 if one did not, 2 on an error.
     pub(super) fn run<B: Bootstrap>(b: &B, a: &RunArgs) -> i32 {
+        // `--preset seed004`: its configuration at this job's rank count.
+        let preset = a.preset.map(|_| a.seed004(1));
+        let a = preset.as_ref().unwrap_or(a);
         // The arguments are the same on every rank: rank 0 says what is wrong.
         if let Err(e) = args(a, b.size()) {
             return if b.rank() == 0 { fail(&e) } else { 2 };
@@ -679,7 +709,7 @@ pub(crate) mod mpi_job {
                 _ => delegation(b, a, &host),
             });
         // Rank 0 prints the summaries (the same on every rank); every rank its errors.
-        report(result, &a.out, b.rank() == 0)
+        report(result, &a.out, b.rank() == 0, a.preset)
     }
 
     fn args(a: &RunArgs, ranks: usize) -> Result<(), String> {

@@ -161,6 +161,7 @@ pub(crate) fn run_seed_rank<B: Bootstrap>(
     )?;
     s.backend = topo.name();
     s.mpi = job.mpi;
+    (s.pinned, s.pin_note) = (pin.pinned(), pin.note());
     Ok(s)
 }
 
