@@ -105,6 +105,10 @@ pub enum RpcError {
     /// timeout). Boxed like [`RpcError::Ring`].
     #[error(transparent)]
     Erpc(Box<crate::erpc::ErpcSetupError>),
+    /// Setting up an ipc client or server failed, or the server found this client's rings
+    /// corrupt ([`crate::ipc::IpcError::ClientFault`]). Boxed like [`RpcError::Ring`].
+    #[error(transparent)]
+    Ipc(Box<crate::ipc::IpcError>),
 }
 
 /// Which kind of message a capacity applies to.
@@ -129,6 +133,13 @@ impl From<crate::delegation::RingError> for RpcError {
     #[cold]
     fn from(e: crate::delegation::RingError) -> Self {
         RpcError::Ring(Box::new(e))
+    }
+}
+
+impl From<crate::ipc::IpcError> for RpcError {
+    #[cold]
+    fn from(e: crate::ipc::IpcError) -> Self {
+        RpcError::Ipc(Box::new(e))
     }
 }
 

@@ -9,6 +9,7 @@ pub mod delegation;
 pub mod erpc;
 pub mod error;
 pub mod flux;
+pub mod ipc;
 #[doc(hidden)]
 pub mod macro_support;
 mod rdma;

@@ -1,0 +1,444 @@
+//! The client side: [`Ipc`] claims a client block, writes requests into its SPSC request ring
+//! and reads responses from its SPSC response ring (seeds/004 §1.3 "ipc Client", §4.4 steps 1
+//! and 3, §7).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::time::{Duration, Instant};
+
+use super::error::IpcError;
+use super::header::{self, Header};
+use super::layout::*;
+use super::shm::{self, Map};
+use crate::client::ClientTransport;
+use crate::error::{MessageKind, RpcError};
+use crate::service::ServiceDescriptor;
+
+/// Empty polls with calls in flight between two reads of the clock for the server-liveness
+/// check (which runs every `liveness_interval` of the server's header).
+const EMPTY_POLLS_PER_CLOCK: u32 = 256;
+
+/// Client-side counters; every field counts events since attach.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IpcClientStats {
+    /// Requests published.
+    pub sent: u64,
+    /// Responses delivered to their call.
+    pub delivered: u64,
+    /// Responses whose tag matched no call in flight (a duplicate, a reply to an earlier use
+    /// of the slot, a corrupted tag): dropped, never delivered to another call.
+    pub stale_responses: u64,
+    /// Responses with a length over the response capacity: delivered to their call as an
+    /// empty message (which fails to decode).
+    pub corrupt_responses: u64,
+    /// Times this client found its response ring corrupt (`resp_head` more than `depth` ahead
+    /// of `resp_tail`, or behind it).
+    pub ring_faults: u64,
+}
+
+/// Client transport over an ipc segment in `/dev/shm` (seeds/004 §1.3).
+///
+/// `KvClient::<Ipc>::connect("kv0")` attaches to `/dev/shm/kv0`. Up to `depth` calls may be
+/// in flight ([`ClientTransport::max_in_flight`]); `send` returns [`RpcError::WouldBlock`]
+/// beyond that (per-client back-pressure, seeds/004 §2.3 "ring ベース (per-client)"). Dropping
+/// it detaches (the server reclaims the block).
+#[derive(Debug)]
+pub struct Ipc {
+    path: PathBuf,
+    /// Own open file description: holds the OFD lock on this block's record line.
+    file: File,
+    map: Map,
+    layout: Layout,
+    hdr: Header,
+    client: u32,
+    owner: u64,
+    block: usize,
+    /// Requests published (local copy of `req_head`).
+    req_head: u64,
+    /// Responses consumed (local copy of `resp_tail`).
+    resp_tail: u64,
+    /// Per token: tag of the call in flight on it, or `NO_CALL`.
+    calls: Box<[u32]>,
+    /// Free tokens (stack).
+    free: Vec<u32>,
+    /// Per-call sequence number (upper bits of tags).
+    seq: u32,
+    /// `log2(depth)`.
+    shift: u32,
+    gone: bool,
+    fault: Option<(u32, &'static str)>,
+    empty_polls: u32,
+    next_liveness_check: Option<Instant>,
+    stats: IpcClientStats,
+}
+
+const NO_CALL: u32 = u32::MAX;
+
+impl Ipc {
+    /// Attaches to `/dev/shm/<name>`: checks the file (regular, owned by this euid, mode 0600)
+    /// and its header before mapping it, checks that a live server holds it, and claims a free
+    /// client block (lock its record line, then CAS its owner word `FREE(g)` → `ACTIVE(g,
+    /// pid)`).
+    ///
+    /// # Errors
+    /// [`IpcError::InvalidName`]; [`IpcError::Io`] (`NotFound` if no such file);
+    /// [`IpcError::UnsafeFile`]; [`IpcError::BadMagic`], [`IpcError::UnsupportedVersion`],
+    /// [`IpcError::CorruptHeader`]; [`IpcError::NoServer`] (shut down or dead);
+    /// [`IpcError::NoFreeSlot`].
+    pub fn attach(name: &str) -> Result<Self, IpcError> {
+        let (_, path) = shm::shm_path(name)?;
+        let Some(file) = shm::open_checked(&path, true)? else {
+            return Err(shm::io_err(&path, "open")(
+                std::io::ErrorKind::NotFound.into(),
+            ));
+        };
+        let hdr = header::read_and_validate(&file, &path)?;
+        let layout = hdr.layout;
+        let map = Map::new(&file, layout.total_size).map_err(shm::io_err(&path, "mmap"))?;
+        if map.u8(OFF_SERVER_ALIVE).load(Acquire) != 1
+            || !shm::locked_by_other(&file, 0, SERVER_LOCK_LEN)
+        {
+            return Err(IpcError::NoServer { path });
+        }
+        let pid = std::process::id();
+        for c in 0..layout.params.max_clients {
+            let block = layout.block(c);
+            let owner = map.u64(block + CB_OWNER).load(Acquire);
+            if owner_state(owner) != STATE_FREE {
+                continue;
+            }
+            if !shm::try_lock(&file, block as u64, RECORD_SIZE)
+                .map_err(shm::io_err(&path, "fcntl"))?
+            {
+                continue;
+            }
+            let mine = owner_word(STATE_ACTIVE, owner_gen(owner), pid);
+            if map
+                .u64(block + CB_OWNER)
+                .compare_exchange(owner, mine, AcqRel, Relaxed)
+                .is_err()
+            {
+                let _ = shm::unlock(&file, block as u64, RECORD_SIZE);
+                continue;
+            }
+            let depth = layout.params.depth;
+            return Ok(Ipc {
+                req_head: map.u64(block + CB_REQ_HEAD).load(Acquire),
+                resp_tail: map.u64(block + CB_RESP_TAIL).load(Acquire),
+                path,
+                file,
+                map,
+                layout,
+                hdr,
+                client: c,
+                owner: mine,
+                block,
+                calls: vec![NO_CALL; depth as usize].into_boxed_slice(),
+                free: (0..depth).rev().collect(),
+                seq: 0,
+                shift: depth.trailing_zeros(),
+                gone: false,
+                fault: None,
+                empty_polls: 0,
+                next_liveness_check: None,
+                stats: IpcClientStats::default(),
+            });
+        }
+        Err(IpcError::NoFreeSlot {
+            path,
+            max_clients: layout.params.max_clients,
+        })
+    }
+
+    /// The client block this client owns.
+    pub fn client_index(&self) -> u32 {
+        self.client
+    }
+
+    /// The file attached to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The segment's layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The schema fingerprint in the header.
+    pub fn fingerprint(&self) -> u64 {
+        self.hdr.fingerprint
+    }
+
+    /// Counters since attach.
+    pub fn stats(&self) -> &IpcClientStats {
+        &self.stats
+    }
+
+    /// Calls in flight (sent, response not yet delivered).
+    pub fn in_flight(&self) -> usize {
+        self.calls.len() - self.free.len()
+    }
+
+    /// Fails with the fault recorded by the server or this client, or with
+    /// `ServerDisconnected` after a clean shutdown or a detected death.
+    #[inline]
+    fn check(&mut self) -> Result<(), RpcError> {
+        if self.gone {
+            return Err(RpcError::ServerDisconnected);
+        }
+        if self.map.u8(OFF_SERVER_ALIVE).load(Acquire) != 1 {
+            return Err(self.server_gone());
+        }
+        if let Some((code, reason)) = self.fault {
+            return Err(self.fault_error(code, reason));
+        }
+        let code = self.map.u32(self.block + CB_FAULT).load(Acquire);
+        if code != 0 {
+            return Err(self.faulted(code, "the server found this client's request ring corrupt"));
+        }
+        Ok(())
+    }
+
+    #[cold]
+    fn server_gone(&mut self) -> RpcError {
+        self.gone = true;
+        RpcError::ServerDisconnected
+    }
+
+    #[cold]
+    fn faulted(&mut self, code: u32, reason: &'static str) -> RpcError {
+        if self.fault.is_none() {
+            self.fault = Some((code, reason));
+            if code == 0 {
+                self.stats.ring_faults += 1;
+            }
+        }
+        self.fault_error(code, reason)
+    }
+
+    #[cold]
+    fn fault_error(&self, code: u32, reason: &'static str) -> RpcError {
+        RpcError::Ipc(Box::new(IpcError::ClientFault {
+            path: self.path.clone(),
+            client: self.client,
+            code,
+            reason,
+        }))
+    }
+
+    /// Publishes one request: `encode` writes the message into the slot (a buffer of the
+    /// request capacity) and returns its length. Returns the call's token (`0..depth`). Never
+    /// waits.
+    ///
+    /// # Errors
+    /// [`RpcError::WouldBlock`] with `depth` calls in flight, or while the server has not
+    /// released the request slots (nothing sent); [`RpcError::MessageTooLarge`] if `encode`
+    /// returns more than the capacity (nothing sent); [`RpcError::ServerDisconnected`];
+    /// [`RpcError::Ipc`] with [`IpcError::ClientFault`].
+    #[inline]
+    pub fn try_send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
+        self.check()?;
+        let Some(&token) = self.free.last() else {
+            return Err(RpcError::WouldBlock);
+        };
+        let depth = u64::from(self.layout.params.depth);
+        let tail = self.map.u64(self.block + CB_REQ_TAIL).load(Acquire);
+        let used = self.req_head.wrapping_sub(tail);
+        if used >= depth {
+            if used > depth {
+                return Err(self.faulted(0, "req_tail is ahead of req_head or too far behind"));
+            }
+            return Err(RpcError::WouldBlock);
+        }
+        let cap = self.layout.params.req_cap as usize;
+        let slot = self.layout.req_slot(self.client, self.req_head);
+        let ptr = self.map.bytes(slot + SLOT_PAYLOAD, cap);
+        // SAFETY: in bounds (checked by `bytes`); position `req_head` is at least one lap ahead
+        // of everything the server may still read (`req_head - req_tail < depth`), so only this
+        // client touches the slot until `req_head` is published past it.
+        let len = encode(unsafe { std::slice::from_raw_parts_mut(ptr, cap) });
+        if len > cap {
+            return Err(RpcError::MessageTooLarge { len, cap });
+        }
+        self.free.pop();
+        let tag = (self.seq << self.shift) | token;
+        self.seq = self.seq.wrapping_add(1) & (u32::MAX >> self.shift);
+        self.calls[token as usize] = tag;
+        self.map.u32(slot + SLOT_LEN).store(len as u32, Relaxed);
+        self.map.u32(slot + SLOT_TAG).store(tag, Relaxed);
+        self.req_head += 1;
+        self.map
+            .u64(self.block + CB_REQ_HEAD)
+            .store(self.req_head, Release);
+        self.stats.sent += 1;
+        Ok(token)
+    }
+
+    /// Delivers up to `max` arrived responses as `on_response(token, message)` and returns how
+    /// many. A response whose tag matches no call in flight is dropped and counted
+    /// ([`IpcClientStats::stale_responses`]). Never waits.
+    ///
+    /// # Errors
+    /// [`RpcError::ServerDisconnected`] after a clean shutdown (checked every call), or, with
+    /// calls in flight and nothing arrived, once no process holds the server's lock (checked
+    /// every `liveness_interval`); [`RpcError::Ipc`] with [`IpcError::ClientFault`].
+    #[inline]
+    pub fn poll_up_to(
+        &mut self,
+        max: usize,
+        mut on_response: impl FnMut(u32, &[u8]),
+    ) -> Result<usize, RpcError> {
+        let head = self.map.u64(self.block + CB_RESP_HEAD).load(Acquire);
+        let avail = head.wrapping_sub(self.resp_tail);
+        if avail == 0 {
+            if self.free.len() == self.calls.len() {
+                return Ok(0);
+            }
+            self.check()?;
+            self.check_server_alive()?;
+            return Ok(0);
+        }
+        if avail > u64::from(self.layout.params.depth) {
+            return Err(self.faulted(0, "resp_head is behind resp_tail or too far ahead"));
+        }
+        let cap = self.layout.params.resp_cap;
+        let mask = self.layout.params.depth - 1;
+        let mut n = 0;
+        while self.resp_tail != head && n < max {
+            let slot = self.layout.resp_slot(self.client, self.resp_tail);
+            let len = self.map.u32(slot + SLOT_LEN).load(Relaxed);
+            let tag = self.map.u32(slot + SLOT_TAG).load(Relaxed);
+            let token = tag & mask;
+            if self.calls[token as usize] != tag {
+                self.stats.stale_responses += 1;
+                tracing::debug!(client = self.client, tag, "ipc: stale response dropped");
+            } else {
+                self.calls[token as usize] = NO_CALL;
+                self.free.push(token);
+                n += 1;
+                self.stats.delivered += 1;
+                if len > cap {
+                    self.stats.corrupt_responses += 1;
+                    on_response(token, &[]);
+                } else {
+                    let ptr = self.map.bytes(slot + SLOT_PAYLOAD, len as usize);
+                    // SAFETY: in bounds (checked); the server wrote this slot before publishing
+                    // `resp_head` past it (Acquire above) and does not write it again until
+                    // this client publishes `resp_tail` past it.
+                    on_response(token, unsafe {
+                        std::slice::from_raw_parts(ptr, len as usize)
+                    });
+                }
+            }
+            self.resp_tail += 1;
+        }
+        self.map
+            .u64(self.block + CB_RESP_TAIL)
+            .store(self.resp_tail, Release);
+        self.empty_polls = 0;
+        Ok(n)
+    }
+
+    /// With calls in flight and nothing arrived: every [`EMPTY_POLLS_PER_CLOCK`] such polls,
+    /// and at most every `liveness_interval`, checks that a process holds the server's lock.
+    #[inline]
+    fn check_server_alive(&mut self) -> Result<(), RpcError> {
+        self.empty_polls += 1;
+        if self.empty_polls < EMPTY_POLLS_PER_CLOCK {
+            return Ok(());
+        }
+        self.empty_polls = 0;
+        self.liveness_slow()
+    }
+
+    #[cold]
+    fn liveness_slow(&mut self) -> Result<(), RpcError> {
+        let now = Instant::now();
+        match self.next_liveness_check {
+            Some(t) if now < t => return Ok(()),
+            None => {
+                self.next_liveness_check = Some(now + self.hdr.liveness);
+                return Ok(());
+            }
+            Some(_) => {}
+        }
+        self.next_liveness_check = Some(now + self.hdr.liveness);
+        if shm::locked_by_other(&self.file, 0, SERVER_LOCK_LEN) {
+            Ok(())
+        } else {
+            Err(self.server_gone())
+        }
+    }
+
+    /// The server's liveness interval from the header.
+    pub fn liveness_interval(&self) -> Duration {
+        self.hdr.liveness
+    }
+}
+
+impl Drop for Ipc {
+    fn drop(&mut self) {
+        let detached = owner_word(STATE_DETACHED, owner_gen(self.owner), owner_pid(self.owner));
+        let _ = self
+            .map
+            .u64(self.block + CB_OWNER)
+            .compare_exchange(self.owner, detached, Release, Relaxed);
+        let _ = shm::unlock(&self.file, self.block as u64, RECORD_SIZE);
+    }
+}
+
+impl ClientTransport for Ipc {
+    type Addr = str;
+
+    fn connect(name: &str, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
+        let ipc = Ipc::attach(name)?;
+        if ipc.hdr.fingerprint != service.fingerprint {
+            return Err(RpcError::SchemaMismatch {
+                service: service.name,
+                expected: service.fingerprint,
+                found: ipc.hdr.fingerprint,
+            });
+        }
+        let p = ipc.layout.params;
+        let need = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        for (what, cap, n) in [
+            (MessageKind::Request, p.req_cap, service.max_request_bytes),
+            (
+                MessageKind::Response,
+                p.resp_cap,
+                service.max_response_bytes,
+            ),
+        ] {
+            if (cap as usize) < n {
+                return Err(RpcError::CapacityMismatch {
+                    service: service.name,
+                    what,
+                    cap,
+                    need: need(n),
+                });
+            }
+        }
+        Ok(ipc)
+    }
+
+    #[inline]
+    fn max_in_flight(&self) -> usize {
+        self.layout.params.depth as usize
+    }
+
+    #[inline]
+    fn send(
+        &mut self,
+        _timeout: Duration,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, RpcError> {
+        self.try_send(encode)
+    }
+
+    #[inline]
+    fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
+        self.poll_up_to(max, on_response)
+    }
+}
