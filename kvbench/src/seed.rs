@@ -29,6 +29,7 @@ use rpc::copyrpc::{Context, ContextConfig, EndpointConfig, EndpointId, EndpointI
 use rpc::delegation::node::{NodeConfig, NodeDaemon, Placement};
 use rpc::delegation::{Delegation, DelegationConfig, DelegationServer, Target};
 use rpc::flux::{self, FluxConfig};
+use rpc::ipc::{Ipc, IpcConfig, IpcServer};
 use rpc::{RpcError, Service};
 
 use crate::client::Daemons;
@@ -40,10 +41,10 @@ use crate::run::clients_and_check;
 use crate::shard::{Shard, kv_route};
 use crate::wiring::{Job, Nic, Remote, agree, boot, exchange_infos, on_rank};
 
-/// The local server of a daemon (the seed's ipc server).
-pub(crate) type LocalServer = DelegationServer;
+/// The local server of a daemon: the seed's ipc server (per-client SPSC rings, §4.4).
+pub(crate) type LocalServer = IpcServer;
 /// A client's connection to a daemon's local server.
-pub(crate) type LocalClient = Delegation;
+pub(crate) type LocalClient = Ipc;
 
 type Router = Box<dyn FnMut(&KvRequest) -> Target + Send>;
 type KvNode = NodeDaemon<KvService, LocalServer, Router>;
@@ -92,11 +93,11 @@ pub(crate) fn run_seed_rank<B: Bootstrap>(
     // seeds/004 §9 step 3: one ipc server per daemon.
     let names: Vec<String> = (0..daemons).map(|d| format!("{base}-ipc{d}")).collect();
     let ring_name = format!("{base}-ring");
-    let local_cfg = DelegationConfig {
+    // seeds/004 §9 step 3: every client of the rank (and the checker), `QD` calls each.
+    let local_cfg = IpcConfig {
         max_clients: a.ring.max_clients,
-        ring_depth: a.ring.ring_depth,
-        resp_depth: a.ring.resp_depth,
-        ..DelegationConfig::default()
+        depth: a.ring.resp_depth,
+        ..IpcConfig::default()
     };
     // seeds/004 §9 step 4: Daemon#0's ring, resp_depth = QD.
     let ring_cfg = DelegationConfig {
@@ -172,7 +173,7 @@ fn build_nodes(
     placement: Placement,
     names: &[String],
     (ring_name, ring_cfg): (&str, DelegationConfig),
-    local_cfg: DelegationConfig,
+    local_cfg: IpcConfig,
 ) -> Result<Vec<KvNode>, String> {
     // seeds/004 §9 step 5: capacity 1024, max_inflight 256.
     let fluxes = flux::network(daemons, FluxConfig::default()).map_err(|e| e.to_string())?;
