@@ -31,6 +31,8 @@ pub fn run_kv(args: &[&str]) -> (Option<i32>, Option<serde_json::Value>, String)
     let small = [
         "--duration",
         "1",
+        "--warmup",
+        "0.2",
         "--json",
         "--quiet",
         "--keys",

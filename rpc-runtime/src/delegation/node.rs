@@ -43,11 +43,16 @@
 //! The seed retries a `copyrpc call` that finds the send ring full after a nested `ctx.poll`,
 //! and parks the responses of that nested poll. Here a call that finds no room — copyrpc ring
 //! full or credit short, a Flux queue full or the Flux in-flight limit reached — is copied
-//! (cold path) into the daemon's **backlog**, a FIFO retried at the start of Phase 2 of later
-//! rounds, after Phase 1 has returned credit. While the backlog is not empty every new
-//! outgoing call joins it too, so the calls of one client towards one destination leave in
-//! the order the client issued them (a single writer's puts to a key are applied in issue
-//! order, which the KV benchmark's check relies on). No phase waits, and none nests another.
+//! (cold path) into the daemon's **backlog**, one FIFO per destination (each copyrpc
+//! endpoint, each other daemon), retried at the start of Phase 2 of later rounds, after
+//! Phase 1 has returned credit. While a destination's FIFO is not empty every new call
+//! towards it joins the FIFO too, so the calls of one client towards one destination leave
+//! in the order the client issued them (a single writer's puts to a key are applied in issue
+//! order, which the KV benchmark's check relies on). One FIFO per destination, not one for
+//! all: a call waiting for copyrpc credit must not hold back a hand-off over Flux, whose
+//! answer is what returns the credit the peer waits for (with one FIFO, two daemons 0
+//! waiting for each other's credit would wait for ever). No phase waits, and none nests
+//! another.
 //! The backlog holds at most [`NodeConfig::backlog`] calls; one more is answered
 //! [`Status::Unreachable`] ([`NodeStats::backlog_full`]).
 //!
@@ -318,8 +323,89 @@ struct Pending<T, const N: usize> {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Hop {
-    Copyrpc(EndpointId),
+    /// `copyrpc call` on the endpoint `ep` towards `rank`.
+    Copyrpc { rank: u32, ep: EndpointId },
+    /// `flux.call` to daemon `d`.
     Flux(u32),
+}
+
+/// The calls waiting for room: one FIFO per destination (module docs, "Back-pressure").
+struct Backlog<T, const N: usize> {
+    /// Flux to daemon `d` at `d`; copyrpc towards rank `r` at `daemons + r`.
+    queues: Box<[VecDeque<Pending<T, N>>]>,
+    daemons: usize,
+    /// Calls waiting, all FIFOs.
+    len: usize,
+    /// Most calls waiting, all FIFOs.
+    cap: usize,
+}
+
+impl<T, const N: usize> Backlog<T, N> {
+    fn new(cap: usize, daemons: u32, ranks: u32) -> Self {
+        Backlog {
+            queues: (0..daemons + ranks).map(|_| VecDeque::new()).collect(),
+            daemons: daemons as usize,
+            len: 0,
+            cap,
+        }
+    }
+
+    #[inline]
+    fn index(&self, hop: Hop) -> usize {
+        match hop {
+            Hop::Flux(d) => d as usize,
+            Hop::Copyrpc { rank, .. } => self.daemons + rank as usize,
+        }
+    }
+
+    /// Whether calls towards `hop` wait (a new one must queue behind them).
+    #[inline]
+    fn waiting(&self, hop: Hop) -> bool {
+        self.len > 0
+            && self
+                .queues
+                .get(self.index(hop))
+                .is_some_and(|q| !q.is_empty())
+    }
+
+    /// Queues `p` behind the calls towards its destination; `p` back if the backlog is full.
+    fn push_back(&mut self, p: Pending<T, N>) -> Result<(), Pending<T, N>> {
+        let i = self.index(p.to);
+        match self.queues.get_mut(i) {
+            Some(q) if self.len < self.cap => {
+                q.push_back(p);
+                self.len += 1;
+                Ok(())
+            }
+            _ => Err(p),
+        }
+    }
+
+    fn pop_front(&mut self, q: usize) -> Option<Pending<T, N>> {
+        let p = self.queues.get_mut(q)?.pop_front()?;
+        self.len -= 1;
+        Some(p)
+    }
+
+    fn push_front(&mut self, q: usize, p: Pending<T, N>) {
+        if let Some(queue) = self.queues.get_mut(q) {
+            queue.push_front(p);
+            self.len += 1;
+        }
+    }
+
+    /// Removes every call queued before `cutoff` (each FIFO is in issue order), passing each
+    /// to `out`.
+    fn expire(&mut self, cutoff: Instant, mut out: impl FnMut(Pending<T, N>)) {
+        for q in self.queues.iter_mut() {
+            while q.front().is_some_and(|p| p.issued < cutoff) {
+                if let Some(p) = q.pop_front() {
+                    self.len -= 1;
+                    out(p);
+                }
+            }
+        }
+    }
 }
 
 /// One daemon of a rank in the seeds/004 system, for service `S`, serving its shard to local
@@ -334,7 +420,7 @@ pub struct NodeDaemon<S: Service, L: ServerTransport, R, const N: usize = DEFAUL
     peers: Box<[Option<EndpointId>]>,
     flux: NodeFlux<L, N>,
     route: R,
-    backlog: VecDeque<Pending<L::ReplyToken, N>>,
+    backlog: Backlog<L::ReplyToken, N>,
     stats: NodeStats,
     rounds: u64,
     _service: PhantomData<fn() -> S>,
@@ -416,7 +502,7 @@ impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: u
             peers: vec![None; cfg.ranks as usize].into_boxed_slice(),
             flux,
             route,
-            backlog: VecDeque::with_capacity(cfg.backlog),
+            backlog: Backlog::new(cfg.backlog, cfg.daemons, cfg.ranks),
             stats: NodeStats::default(),
             rounds: 0,
             _service: PhantomData,
@@ -523,7 +609,7 @@ impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: u
 
     /// Calls waiting in the backlog.
     pub fn backlog_len(&self) -> usize {
-        self.backlog.len()
+        self.backlog.len
     }
 
     /// One round of the event loop, Phases 1-4 (module docs); `handler` serves this daemon's
@@ -565,7 +651,7 @@ impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: u
             work += io.serve_incoming(route, &mut handler);
         }
         // Phase 2 (§5 Phase 2): the backlog, then the delegation ring.
-        if !io.backlog.is_empty() {
+        if io.backlog.len > 0 {
             work += io.drain_backlog();
         }
         if io.ring.is_some() {
@@ -596,11 +682,8 @@ impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: u
             |o| o.issued < cutoff,
             |o| expired.push((o.caller, o.method_id)),
         );
-        while self.backlog.front().is_some_and(|p| p.issued < cutoff) {
-            if let Some(p) = self.backlog.pop_front() {
-                expired.push((p.from, p.method_id));
-            }
-        }
+        self.backlog
+            .expire(cutoff, |p| expired.push((p.from, p.method_id)));
         let mut io = self.io();
         for (caller, method_id) in expired {
             io.stats.wait_timeouts += 1;
@@ -635,7 +718,7 @@ struct Io<'a, S: Service, L: ServerTransport, const N: usize> {
     has_ctx: bool,
     peers: &'a [Option<EndpointId>],
     flux: &'a mut NodeFlux<L, N>,
-    backlog: &'a mut VecDeque<Pending<L::ReplyToken, N>>,
+    backlog: &'a mut Backlog<L::ReplyToken, N>,
     stats: &'a mut NodeStats,
     _service: PhantomData<fn() -> S>,
 }
@@ -670,7 +753,7 @@ fn route_to(cfg: &NodeConfig, peers: &[Option<EndpointId>], has_ctx: bool, t: Ta
         return Route::Send(Hop::Flux(holder));
     }
     match peers.get(t.rank as usize).copied().flatten() {
-        Some(ep) if has_ctx => Route::Send(Hop::Copyrpc(ep)),
+        Some(ep) if has_ctx => Route::Send(Hop::Copyrpc { rank: t.rank, ep }),
         _ => Route::Unroutable,
     }
 }
@@ -756,7 +839,7 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
                     let m = WireMsg::<N>::new(msg);
                     self.send(hop, m, caller, method_id);
                 }
-                Route::Send(Hop::Copyrpc(_)) | Route::Unroutable => {
+                Route::Send(Hop::Copyrpc { .. }) | Route::Unroutable => {
                     self.unroutable(caller, method_id)
                 }
             }
@@ -914,7 +997,9 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
                 }
                 // A daemon passes over Flux only what the receiver serves or sends over
                 // copyrpc; passing it on over Flux again could loop.
-                Route::Send(hop @ Hop::Copyrpc(_)) => self.send(hop, Some(m), caller, method_id),
+                Route::Send(hop @ Hop::Copyrpc { .. }) => {
+                    self.send(hop, Some(m), caller, method_id)
+                }
                 Route::Send(Hop::Flux(_)) | Route::Unroutable => self.unroutable(caller, method_id),
             }
         }
@@ -935,7 +1020,7 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
         let Some(m) = m else {
             return self.unroutable(caller, method_id);
         };
-        if !self.backlog.is_empty() {
+        if self.backlog.waiting(hop) {
             return self.park(m, hop, caller, method_id, None);
         }
         if let Err(m) = self.try_send(hop, m, caller, method_id, None) {
@@ -954,7 +1039,7 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
         issued: Option<Instant>,
     ) -> Result<(), WireMsg<N>> {
         match hop {
-            Hop::Copyrpc(ep) => {
+            Hop::Copyrpc { ep, .. } => {
                 let Some(ctx) = self.ctx.as_deref_mut() else {
                     self.unroutable(caller, method_id);
                     return Ok(());
@@ -1007,31 +1092,36 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
         method_id: u16,
         issued: Option<Instant>,
     ) {
-        if self.backlog.len() >= self.cfg.backlog {
-            self.stats.backlog_full += 1;
-            return self.status(from, method_id, Status::Unreachable);
-        }
-        self.stats.backlogged += 1;
-        self.backlog.push_back(Pending {
+        let p = Pending {
             msg,
             to,
             from,
             method_id,
             issued: issued.unwrap_or_else(Instant::now),
-        });
+        };
+        match self.backlog.push_back(p) {
+            Ok(()) => self.stats.backlogged += 1,
+            Err(p) => {
+                self.stats.backlog_full += 1;
+                self.status(p.from, method_id, Status::Unreachable);
+            }
+        }
     }
 
-    /// Phase 2, first part: retries the backlog in order until a call finds no room.
+    /// Phase 2, first part: retries each destination's FIFO in order until a call finds no
+    /// room.
     #[cold]
     #[inline(never)]
     fn drain_backlog(&mut self) -> usize {
         let mut n = 0;
-        while let Some(p) = self.backlog.pop_front() {
-            match self.try_send(p.to, p.msg, p.from, p.method_id, Some(p.issued)) {
-                Ok(()) => n += 1,
-                Err(msg) => {
-                    self.backlog.push_front(Pending { msg, ..p });
-                    break;
+        for q in 0..self.backlog.queues.len() {
+            while let Some(p) = self.backlog.pop_front(q) {
+                match self.try_send(p.to, p.msg, p.from, p.method_id, Some(p.issued)) {
+                    Ok(()) => n += 1,
+                    Err(msg) => {
+                        self.backlog.push_front(q, Pending { msg, ..p });
+                        break;
+                    }
                 }
             }
         }
@@ -1259,9 +1349,14 @@ mod tests {
         })
     }
 
-    /// Rank 0's client calls: local ones to the owner daemon's local server, remote ones to
-    /// the owner daemon's local server (Distributed) or Daemon#0's ring (Aggregated).
+    /// Rank 0's client calls: see [`rank_calls`].
     fn client_calls(r0: &Rank, placement: Placement, args: &[Args]) -> Vec<Vec<u8>> {
+        rank_calls(r0, 0, placement, args)
+    }
+
+    /// Client calls on rank `me`: local ones to the owner daemon's local server, remote ones
+    /// to the owner daemon's local server (Distributed) or Daemon#0's ring (Aggregated).
+    fn rank_calls(r0: &Rank, me: u32, placement: Placement, args: &[Args]) -> Vec<Vec<u8>> {
         let mut out = vec![Vec::new(); args.len()];
         let mut lanes: Vec<(String, Vec<usize>)> =
             r0.locals.iter().map(|n| (n.clone(), Vec::new())).collect();
@@ -1269,7 +1364,7 @@ mod tests {
             lanes.push((ring.clone(), Vec::new()));
         }
         for (i, a) in args.iter().enumerate() {
-            let lane = if a.rank != 0 && placement == Placement::Aggregated {
+            let lane = if a.rank != me && placement == Placement::Aggregated {
                 lanes.len() - 1
             } else {
                 (a.key % u64::from(DAEMONS)) as usize
@@ -1381,6 +1476,49 @@ mod tests {
     #[test]
     fn meta_backend_answers_every_call_from_its_owner() {
         every_call_answered_by_its_owner(Placement::Distributed);
+    }
+
+    /// Both ranks call each other at once, deeply pipelined, over 4 KiB copyrpc rings and
+    /// with two daemons, so both Daemons#0 wait for credit while holding hand-offs to their
+    /// daemon 1: calls waiting for copyrpc credit must not hold back the Flux hand-offs whose
+    /// answers return the peer's credit (with one backlog FIFO for all destinations this
+    /// deadlocked until every call timed out).
+    #[test]
+    fn symmetric_load_on_tiny_rings_completes() {
+        for placement in [Placement::Aggregated, Placement::Distributed] {
+            let (ranks, _fabric) = setup(placement, 4096, Duration::from_secs(30));
+            let stop = Arc::new(AtomicBool::new(false));
+            let (ranks, handles) = start(ranks, &stop);
+            let callers: Vec<_> = (0..RANKS)
+                .map(|me| {
+                    let r = &ranks[me as usize];
+                    let mine = Rank {
+                        daemons: Vec::new(),
+                        locals: r.locals.clone(),
+                        ring: r.ring.clone(),
+                    };
+                    thread::spawn(move || {
+                        let args: Vec<Args> =
+                            (0..1500u64).map(|key| Args { rank: 1 - me, key }).collect();
+                        let resps = rank_calls(&mine, me, placement, &args);
+                        for (a, r) in args.iter().zip(&resps) {
+                            let key = a.key;
+                            assert_eq!(Svc::decode_response(0, r), Ok(expected(a)), "key {key}");
+                        }
+                    })
+                })
+                .collect();
+            for c in callers {
+                c.join().unwrap();
+            }
+            stop.store(true, Ordering::Release);
+            let stats: Vec<NodeStats> = handles
+                .into_iter()
+                .map(|h| *h.join().unwrap().stats())
+                .collect();
+            assert!(stats.iter().any(|s| s.backlogged > 0), "{stats:?}");
+            assert!(stats.iter().all(|s| s.wait_timeouts == 0), "{stats:?}");
+        }
     }
 
     /// Rank 1's daemon 1 never runs (a stopped daemon): calls for its shard that reach rank
