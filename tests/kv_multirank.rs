@@ -15,8 +15,14 @@ fn run_kv(args: &[&str]) -> Vec<serde_json::Value> {
     } else {
         &["--qd", "8"]
     };
-    let all: Vec<&str> = ["--duration", "1", "--warmup", "0.2", "--keys", "4096"]
+    let duration: &[&str] = if args.contains(&"--duration") {
+        &[]
+    } else {
+        &["--duration", "1"]
+    };
+    let all: Vec<&str> = ["--warmup", "0.2", "--keys", "4096"]
         .iter()
+        .chain(duration)
         .chain(qd)
         .chain(&["--pattern-len", "4096", "--check-samples", "500"])
         .chain(&["--json", "--quiet"])

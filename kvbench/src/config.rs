@@ -12,18 +12,20 @@ use crate::workload::*;
 
 #[derive(Parser, Debug)]
 #[command(
-    about = "Distributed key-value benchmark (seeds/004) over the delegation ring and copyrpc, ScaleRPC or eRPC",
-    long_about = "Distributed key-value benchmark (seeds/004) over the delegation ring and \
-        copyrpc.\n\nWithout a subcommand (or with `run`), daemons and clients of every rank run \
+    about = "Distributed key-value benchmark (seeds/004): ipc, Flux, the delegation ring and copyrpc, or ScaleRPC or eRPC",
+    long_about = "Distributed key-value benchmark (seeds/004): per-client ipc rings to the \
+        shard daemons, Flux between them, the delegation ring and copyrpc between ranks \
+        (--backend meta|delegation|direct|all; --preset seed004 runs the seed's Meta vs \
+        Delegation experiment).\n\nWithout a subcommand (or with `run`), daemons and clients of every rank run \
         in this process; `--ranks R` runs R in-process ranks connected by copyrpc on the \
         device model. `--mpi` (a build with `--features mpi`) makes every process of \
         `mpirun -np N` one rank of the same topology, with copyrpc between the processes on \
         the device model shared by the processes of a host (or on an RDMA NIC: `--device`), \
         or eRPC over UDP between them (`--transport erpc`): \
-        `mpirun -np 4 target/release/examples/kv --mpi --backend both`. The `serve`/`client` \
+        `mpirun -np 4 target/release/examples/kv --mpi --backend all`. The `serve`/`client` \
         subcommands split one rank's daemons and clients into two processes. \
         `--transport scalerpc` (`--transport erpc`) serves the daemons of one rank over \
-        ScaleRPC on the device model (eRPC over UDP loopback) instead of the delegation rings.",
+        ScaleRPC on the device model (eRPC over UDP loopback) instead of ipc and rings.",
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
@@ -81,8 +83,9 @@ pub struct RunArgs {
     /// the host name resolves to).
     #[arg(long)]
     pub erpc_ip: Option<std::net::IpAddr>,
-    /// How clients reach other ranks: through their rank's daemon 0 (delegation), with their
-    /// own copyrpc endpoints (direct), or each in turn (both).
+    /// How clients reach other ranks (seeds/004 §1): through the key's owner daemon, Flux and
+    /// the endpoint's holder (meta), straight into Daemon#0's ring (delegation), with their
+    /// own copyrpc endpoints (direct, upstream's baseline), or each in turn (all).
     #[arg(long, value_enum, default_value_t = Backend::Delegation)]
     pub backend: Backend,
     /// copyrpc send and receive ring size per endpoint, bytes (power of two, >= 1024).

@@ -7,29 +7,47 @@
 //!
 //! Layout, one module per concern: [`config`] (the command line), [`workload`] (access
 //! patterns), [`shard`] (a daemon's store and request routing), [`daemon`] (daemon threads),
-//! [`wiring`] (NICs, copyrpc endpoints and the bootstrap between ranks), [`client`] (client
-//! threads), [`check`] (the correctness check), [`report`] (summaries), [`run`] (jobs).
+//! [`seed`] (the Meta and Delegation backends of seeds/004), [`wiring`] (NICs, copyrpc
+//! endpoints and the bootstrap between ranks), [`client`] (client threads, the warm-up and
+//! the measured runs), [`pinning`] (CPU pinning), [`check`] (the correctness check),
+//! [`report`] (summaries, the seeds/004 table), [`run`] (jobs).
 //!
 //! Topology of one rank (seeds/004 §1.3, §7, §9): `D` daemon threads each own a shard
-//! (`key % D`) and serve it through their own delegation ring in `/dev/shm`; `C` client
-//! threads run a closed loop with `QD` calls in flight each, sending every request for their
-//! own rank to the owner daemon's ring. Access patterns (rank, key, read/write) are
-//! pre-generated per client (seeds/004 §9 step 2): uniform or zipfian (θ = 0.99 by default)
-//! keys, with a read ratio, and (with `--ranks R > 1`) a target rank uniform over the ranks.
+//! (`key % D`) and serve it to the rank's clients through their own ipc server in `/dev/shm`
+//! (per-client SPSC rings, [`rpc::ipc`]); they talk to each other over Flux
+//! ([`rpc::flux`]). `C` client threads run a closed loop with `QD` calls in flight each,
+//! sending every request for their own rank to the owner daemon over ipc. Access patterns
+//! (rank, key, read/write) are pre-generated per client (seeds/004 §9 step 2): uniform or
+//! zipfian (θ = 0.99 by default) keys, with a read ratio, and (with `--ranks R > 1`) a target
+//! rank uniform over the ranks. Each daemon runs [`rpc::delegation::node::NodeDaemon`] (its
+//! module docs give the routing and the phase order of seeds/004 §5-§6).
 //!
 //! `--ranks R` runs `R` ranks in this process (threads, with the in-process bootstrap
 //! `rpc::bootstrap::threads`), each with its own simulated NIC on one shared device-model
-//! fabric. Daemon 0 of each rank is the node's delegate
-//! ([`rpc::delegation::Delegate`], seeds/004 §5): it serves shard 0, serves the calls other
-//! ranks send it over copyrpc (handing those for other shards to their daemon's ring), and,
-//! in the delegation backend, forwards its clients' remote calls. How a client reaches
-//! another rank (`--backend`):
-//! - `delegation` (seeds/004 §1.2, §4): into its own rank's daemon-0 ring; daemon 0 forwards
-//!   it over copyrpc to the target rank's daemon 0 (one endpoint per remote rank).
-//! - `direct` (seeds/004 §7 dual-path routing, with copyrpc as the remote path): each client
-//!   thread has its own copyrpc context with one endpoint per remote rank, connected to that
-//!   rank's daemon 0, and polls it alongside its rings.
-//! - `both`: the two, one after the other in this process, and their ratio.
+//! fabric. How a client reaches another rank (`--backend`):
+//! - `meta` (seeds/004 §1.1, §1.4): over ipc to the key's owner daemon like a local call; that
+//!   daemon passes it over Flux to the daemon holding the target rank's copyrpc endpoint
+//!   (daemon `rank % D`), which sends it (3 hops).
+//! - `delegation` (seeds/004 §1.2, §4): straight into Daemon#0's delegation ring
+//!   ([`rpc::delegation`], `fetch_add` on a shared MPSC ring); Daemon#0 holds every endpoint
+//!   and sends it over copyrpc (1 hop).
+//! - `direct` (upstream's third baseline, not in seeds/004's table): each client thread has
+//!   its own copyrpc context with one endpoint per remote rank, connected to that rank's
+//!   daemon 0 ([`rpc::delegation::Delegate`]), and polls it alongside its connections; local
+//!   calls go to the daemons' delegation rings.
+//! - `all`: the three, one after the other in this process, and their ratios.
+//!
+//! On the receiving rank a call is served by the daemon that holds the endpoint it arrived
+//! on, or passed over Flux to the key's owner daemon (seeds/004 §4.3). With one rank there is
+//! no remote traffic: the summary says so instead of comparing the backends.
+//!
+//! The benchmark method is seeds/004 §9's: a warm-up (`--warmup`, not measured), then
+//! `--runs N` measured runs of `--duration` seconds, each after a barrier of all ranks; a
+//! run counts the operations completed up to its stop time, and the summary gives each run's
+//! throughput and their median. Daemons and clients are pinned to cores (daemons first,
+//! `core_affinity`) when the host has one for each, unless `--no-pin`. `--preset seed004`
+//! runs seeds/004 §10's experiment (2 daemons, 4 clients, QD 4, Meta and Delegation on one
+//! rank and on two) and prints its table beside ours ([`report::seed004_table`]).
 //!
 //! `--transport scalerpc` (one rank) replaces the delegation rings by ScaleRPC (seeds/003): each
 //! daemon serves its shard through a `ScaleRpcServer` on its own simulated NIC, and each client
@@ -46,7 +64,7 @@
 //!
 //! Ranks as MPI processes (`--mpi`, a build with `--features mpi`): under `mpirun -np N` each
 //! process is one rank of the same topology (its daemons, its rings in `/dev/shm`, its clients,
-//! copyrpc to the other ranks; `--backend delegation|direct|both`), running exactly the per-rank
+//! copyrpc to the other ranks; `--backend meta|delegation|direct|all`), running exactly the per-rank
 //! code of `--ranks R`, whose ranks are threads: the ranks exchange copyrpc endpoint information
 //! through the bootstrap ([`rpc::bootstrap`]: `MPI_Allgather`), connect, and meet at a barrier
 //! before any traffic. On one host the ranks' simulated NICs share one device-model fabric
@@ -92,12 +110,13 @@
 //!
 //! ```text
 //! cargo run --release --example kv                      # all in one process, ~10 s
-//! cargo run --release --example kv -- --ranks 2 --backend both --duration 5
+//! cargo run --release --example kv -- --ranks 2 --backend all --duration 5
+//! cargo run --release --example kv -- --preset seed004 --runs 3
 //! cargo run --release --example kv -- --transport scalerpc --clients 4 --scalerpc-group 2
 //! cargo run --release --example kv -- --transport erpc --clients 2 --daemons 2
 //! cargo run --release --example kv -- --help
 //! cargo build --release --features mpi --example kv   # then, ranks as processes:
-//! mpirun -np 4 target/release/examples/kv --mpi --backend both --duration 5
+//! mpirun -np 4 target/release/examples/kv --mpi --backend all --duration 5
 //! mpirun -np 2 target/release/examples/kv --mpi --transport erpc --duration 5
 //! mpirun -np 2 --host a,b target/release/examples/kv --mpi --device mlx5_0 --port 1
 //! kv serve --shm kvbench --daemons 2                    # process 1: daemons (one rank)

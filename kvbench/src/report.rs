@@ -608,8 +608,8 @@ impl Format {
 }
 
 /// Prints the summaries of one invocation on stdout in the format of `out`: each run's, in
-/// order (CSV: the header before the first row), then, for a `--backend both` pair in text,
-/// how `direct` compares to `delegation`.
+/// order (CSV: the header before the first row), then, in text, how the backends compare
+/// ([`comparison`]).
 pub fn print_summaries(summaries: &[Summary], out: &OutArgs) {
     let format = Format::of(out);
     let mut stdout = std::io::stdout().lock();

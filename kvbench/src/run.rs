@@ -36,7 +36,7 @@ use crate::wiring::*;
 pub struct RunError {
     /// What failed, one message per failing rank (naming the rank when there are several).
     pub messages: Vec<String>,
-    /// The summaries of the runs that ended before the failure (`--backend both`).
+    /// The summaries of the runs that ended before the failure (`--backend all`, `--preset`).
     pub completed: Vec<Summary>,
 }
 
