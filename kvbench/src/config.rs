@@ -256,7 +256,7 @@ pub enum Preset {
 
 impl RunArgs {
     /// These arguments with the seeds/004 §10 configuration on `ranks` ranks (Meta, then
-    /// Delegation: [`topologies_of`]): 2 daemons, 4 clients, QD 4, `resp_depth = QD` (every
+    /// Delegation): 2 daemons, 4 clients, QD 4, `resp_depth = QD` (every
     /// ring's response slots per client), request ring depth 1024 (§9 steps 3-4).
     pub fn seed004(&self, ranks: usize) -> RunArgs {
         let mut a = self.clone();

@@ -53,6 +53,10 @@
 //! answer is what returns the credit the peer waits for (with one FIFO, two daemons 0
 //! waiting for each other's credit would wait for ever). No phase waits, and none nests
 //! another.
+//! The seed's second rule, a copyrpc *reply* that finds the ring full in Phase 4 (a nested
+//! poll whose responses wait in `nested_resp_buf`), has no counterpart: this copyrpc core
+//! never refuses a reply for lack of space (the caller's credit reserved it, see
+//! [`crate::copyrpc::endpoint`]), so Phase 4 replies at once and buffers nothing.
 //! The backlog holds at most [`NodeConfig::backlog`] calls; one more is answered
 //! [`Status::Unreachable`] ([`NodeStats::backlog_full`]).
 //!
