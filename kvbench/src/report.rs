@@ -872,7 +872,14 @@ pub fn text(s: &Summary) -> String {
             t.push('\n');
         }};
     }
-    if ranks == 1 {
+    if ranks == 1 && s.transport == "delegation" && s.backend != "delegation" {
+        // One rank of the Meta or direct backend (the default, delegation, keeps the line
+        // it always had).
+        say!(
+            "kv, 1 rank, backend {backend}: {daemons} daemon(s), {clients} client(s), QD {qd}, {:.0}% gets, {keys} keys {dist}, {secs:.1} s",
+            read_ratio * 100.0,
+        );
+    } else if ranks == 1 {
         say!(
             "kv over {}: {daemons} daemon(s), {clients} client(s), QD {qd}, {:.0}% gets, {keys} keys {dist}, {secs:.1} s",
             s.transport,
