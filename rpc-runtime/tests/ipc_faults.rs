@@ -126,41 +126,79 @@ fn client_detects_response_head_out_of_range() {
 }
 
 #[test]
-fn response_with_foreign_tag_is_dropped_not_delivered() {
-    let n = unique_name("staletag");
+fn forged_token_is_refused_by_the_server() {
+    let n = unique_name("forged");
     let mut s = server(&n, 1, 4);
     let mut c = Ipc::attach(&n).unwrap();
-    let mut raw = Raw::open(&n);
-    let l = *s.layout();
     let t = send(&mut c, b"q");
     s.poll();
     let (token, _) = s.recv().unwrap();
-    // A forged token with another tag: its response must not complete the call.
+    // A token with another tag answers no call awaiting a reply: refused, never written.
     let forged = IpcToken {
         tag: token.tag ^ 0x100,
         ..token
     };
-    s.reply_with(forged, |buf| {
-        buf[0] = 1;
-        1
-    })
-    .unwrap();
+    assert!(s.reply_with(forged, |_| 1).is_err());
+    assert_eq!(s.stats().duplicate_replies, 1);
+    assert_eq!(
+        c.poll_up_to(4, |_, _| panic!("nothing was replied"))
+            .unwrap(),
+        0
+    );
+    // The real reply still goes through, once.
+    s.reply_with(token, |_| 0).unwrap();
+    assert!(s.reply_with(token, |_| 0).is_err());
+    assert_eq!(s.stats().duplicate_replies, 2);
+    let mut got = Vec::new();
+    c.poll_up_to(4, |tok, _| got.push(tok)).unwrap();
+    assert_eq!(got, [t]);
+}
+
+#[test]
+fn response_with_foreign_tag_is_dropped_not_delivered() {
+    let n = unique_name("staletag");
+    let s = server(&n, 1, 4);
+    let mut c = Ipc::attach(&n).unwrap();
+    let mut raw = Raw::open(&n);
+    let l = *s.layout();
+    let t = send(&mut c, b"q");
+    let tag = raw.u32(l.req_slot(0, 0) + SLOT_TAG);
+    // A response carrying another tag (same call token, other call number) in slot 0, then
+    // the right one in slot 1.
+    for (pos, tg) in [(0, tag ^ 0x100), (1, tag)] {
+        raw.put_u32(l.resp_slot(0, pos) + SLOT_LEN, 2);
+        raw.put_u32(l.resp_slot(0, pos) + SLOT_TAG, tg);
+    }
+    raw.put_u64(l.block(0) + CB_RESP_HEAD, 1);
     assert_eq!(
         c.poll_up_to(4, |_, _| panic!("delivered a stale response"))
             .unwrap(),
         0
     );
     assert_eq!(c.stats().stale_responses, 1);
-    // The real reply to the same call is refused as a duplicate (one request, one reply)...
-    assert!(s.reply_with(token, |_| 0).is_err());
-    assert_eq!(s.stats().duplicate_replies, 1);
-    // ...and a response written directly with the right tag is delivered to its call.
-    raw.put_u32(l.resp_slot(0, 1) + SLOT_LEN, 2);
-    raw.put_u32(l.resp_slot(0, 1) + SLOT_TAG, token.tag);
     raw.put_u64(l.block(0) + CB_RESP_HEAD, 2);
     let mut got = Vec::new();
     c.poll_up_to(4, |tok, b| got.push((tok, b.len()))).unwrap();
     assert_eq!(got, [(t, 2)]);
+    assert_eq!(raw.u64(l.block(0) + CB_RESP_TAIL), 2, "both slots consumed");
+}
+
+#[test]
+fn request_reusing_a_busy_call_token_is_dropped() {
+    let n = unique_name("reuse");
+    let mut s = server(&n, 1, 4);
+    let mut c = Ipc::attach(&n).unwrap();
+    let mut raw = Raw::open(&n);
+    let l = *s.layout();
+    send(&mut c, b"a");
+    send(&mut c, b"b");
+    let tag0 = raw.u32(l.req_slot(0, 0) + SLOT_TAG);
+    raw.put_u32(l.req_slot(0, 1) + SLOT_TAG, tag0);
+    s.poll();
+    let (_, req) = s.recv().unwrap();
+    assert_eq!(req, b"a");
+    assert!(s.recv().is_none());
+    assert_eq!(s.stats().token_reused, 1);
 }
 
 #[test]

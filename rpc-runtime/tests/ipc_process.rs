@@ -199,6 +199,12 @@ fn stopped_server_is_not_dead_and_never_blocks() {
     let t = send(&mut c, b"a");
     assert_eq!(wait_one(&mut c, None), (t, transform(b"a")));
     kill(&mut child, libc::SIGSTOP);
+    // Wait until it is stopped (signal delivery is asynchronous).
+    let mut status = 0;
+    // SAFETY: waits for a state change of our own unreaped child; WUNTRACED reports the stop
+    // without reaping it.
+    let r = unsafe { libc::waitpid(child.id() as libc::pid_t, &mut status, libc::WUNTRACED) };
+    assert!(r > 0 && libc::WIFSTOPPED(status), "child not stopped");
     let t = send(&mut c, b"b");
     for _ in 1..4 {
         send(&mut c, b"c");

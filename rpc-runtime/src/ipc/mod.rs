@@ -51,9 +51,10 @@
 //!   returns requests per client in ring order; **release** publishes `req_tail` per ring.
 //! * **Reply** (server): write the message and the request's tag into slot `resp_head` of the
 //!   client's response ring and publish `resp_head + 1` (Release). It cannot overflow: a client
-//!   has at most `depth` calls in flight, each with at most one response (a further reply to
-//!   the same token is refused while nothing is outstanding, and the server checks
-//!   `resp_head - resp_tail < depth` anyway).
+//!   has at most `depth` calls in flight, and the server answers each received call at most
+//!   once: it records the tag of every request received per call token and refuses a reply
+//!   whose tag is not the one awaiting (a second reply, an altered token); it checks
+//!   `resp_head - resp_tail < depth` anyway.
 //! * **Client poll**: read responses up to `resp_head` (Acquire); a response is delivered only
 //!   to the call whose tag it carries; any other (a duplicate, a reply to an earlier call on
 //!   the same token) is dropped and counted ([`IpcClientStats::stale_responses`]). Publish
@@ -142,13 +143,18 @@ pub struct IpcStats {
     pub bad_tokens: u64,
     /// Replies to a client that detached, died or was faulted since the request was received.
     pub stale_replies: u64,
-    /// Replies to a client with no request awaiting a reply (a second reply to one token).
+    /// Replies whose token matches no request awaiting a reply (a second reply to one call, or
+    /// an altered tag).
     pub duplicate_replies: u64,
+    /// Requests dropped because they reused the call token of a call of the same client that
+    /// was still unanswered (a protocol violation: the token is freed only on delivery).
+    pub token_reused: u64,
     /// Replies refused because the client's response ring was full.
     pub resp_ring_full: u64,
     /// Replies longer than the response capacity.
     pub oversized_replies: u64,
-    /// Client blocks reclaimed after their owner detached or died.
+    /// Client blocks reclaimed after their owner detached or died (or found free but dirty,
+    /// after their owner word was overwritten).
     pub clients_reclaimed: u64,
     /// Requests of detached or dead clients dropped at reclaim (queued, or received and not
     /// answered).
