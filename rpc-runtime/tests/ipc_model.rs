@@ -150,6 +150,8 @@ proptest! {
                     if ok {
                         taken.swap_remove(i);
                         m[c].outstanding -= 1;
+                        // A reply publishes the request tail first.
+                        m[c].released = m[c].cursor;
                         m[c].resp.push_back((Some(call), resp));
                         replied.push(token);
                     }

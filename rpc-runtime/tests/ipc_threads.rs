@@ -100,8 +100,10 @@ fn back_pressure_at_depth_and_until_release() {
     for i in 0..4u8 {
         send(&mut c, &[i]);
     }
+    // Four calls in flight: the fifth waits for a response.
     assert!(matches!(c.try_send(|_| 0), Err(RpcError::WouldBlock)));
-    // Answer two without releasing: the tokens come back, but the request slots do not.
+    // Answer two without `release`: the reply publishes the request tail, so the answered
+    // calls' request slots are free as soon as their responses are seen.
     s.poll();
     for _ in 0..2 {
         let (t, _) = s.recv().unwrap();
@@ -111,25 +113,31 @@ fn back_pressure_at_depth_and_until_release() {
     while got < 2 {
         got += c.poll_up_to(4, |_, _| ()).unwrap();
     }
-    assert!(matches!(c.try_send(|_| 0), Err(RpcError::WouldBlock)));
-    s.release();
     send(&mut c, b"a");
     send(&mut c, b"b");
     assert!(matches!(c.try_send(|_| 0), Err(RpcError::WouldBlock)));
-    // Over-long message: nothing sent, token kept free.
-    while let Some((t, _)) = s.recv() {
-        s.reply_with(t, |_| 0).unwrap();
-    }
+    // Requests received but not answered: slots stay taken until `release`, tokens until the
+    // replies. Answer the two old ones after a release; the two new ones stay in flight.
+    s.poll();
+    let old: Vec<_> = std::iter::from_fn(|| s.recv().map(|(t, _)| t)).collect();
+    assert_eq!(old.len(), 4);
     s.release();
+    for t in &old[..2] {
+        s.reply_with(*t, |_| 0).unwrap();
+    }
     let mut got = 0;
     while got < 2 {
         got += c.poll_up_to(4, |_, _| ()).unwrap();
     }
+    // Over-long message: nothing sent, token kept free.
     assert!(matches!(
         c.try_send(|_| CAP + 1),
         Err(RpcError::MessageTooLarge { .. })
     ));
     assert_eq!(c.in_flight(), 2);
+    send(&mut c, b"c");
+    send(&mut c, b"d");
+    assert!(matches!(c.try_send(|_| 0), Err(RpcError::WouldBlock)));
 }
 
 #[test]

@@ -48,9 +48,13 @@
 //! * **Poll** (server, §2.3 "全 SPSC リングを flat combining", §5/§6 `poll_with_skip`): one pass
 //!   over all blocks reads each `req_head` (Acquire); a block found empty is skipped for the next
 //!   [`IDLE_SKIP_POLLS`] polls, and read on every poll again as soon as it had work. **Recv**
-//!   returns requests per client in ring order; **release** publishes `req_tail` per ring.
+//!   returns requests per client in ring order, copied out of the slot; **release** publishes
+//!   `req_tail` per ring.
 //! * **Reply** (server): write the message and the request's tag into slot `resp_head` of the
-//!   client's response ring and publish `resp_head + 1` (Release). It cannot overflow: a client
+//!   client's response ring and publish `resp_head + 1` (Release), after publishing the
+//!   client's `req_tail` up to the server's cursor if `release` has not yet (the requests were
+//!   copied out at `recv`): so a client whose call was answered finds that call's request slot
+//!   free, and `WouldBlock` means `depth` calls in flight. It cannot overflow: a client
 //!   has at most `depth` calls in flight, and the server answers each received call at most
 //!   once: it records the tag of every request received per call token and refuses a reply
 //!   whose tag is not the one awaiting (a second reply, an altered token); it checks

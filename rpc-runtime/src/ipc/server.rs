@@ -343,6 +343,8 @@ impl IpcServer {
 
     /// Publishes `req_tail` of every client a request was received from since the last call,
     /// letting those clients reuse the slots (seeds/004 §2.2 `advance_tail`, per ring).
+    /// [`IpcServer::reply_with`] also publishes it, before the response; `release` matters
+    /// for requests that are received and answered later, or dropped.
     pub fn release(&mut self) {
         for c in self.unreleased.drain(..) {
             let p = &mut self.peers[c as usize];
@@ -413,6 +415,15 @@ impl IpcServer {
         }
         self.map.u32(slot + SLOT_LEN).store(len as u32, Relaxed);
         self.map.u32(slot + SLOT_TAG).store(token.tag, Relaxed);
+        // Requests are copied out at `recv`, so every slot up to the cursor is free: publish
+        // `req_tail` before the response, so that a client that sees its call answered also
+        // sees that call's request slot free (it then gets `WouldBlock` only with `depth`
+        // calls in flight, not because the server has yet to `release`).
+        let p = &mut self.peers[c as usize];
+        if p.released != p.cursor {
+            p.released = p.cursor;
+            self.map.u64(block + CB_REQ_TAIL).store(p.cursor, Release);
+        }
         self.map.u64(block + CB_RESP_HEAD).store(head + 1, Release);
         self.pending[pending] = NO_TAG;
         let p = &mut self.peers[c as usize];
