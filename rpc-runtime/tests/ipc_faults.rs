@@ -334,8 +334,10 @@ fn file_with_mode_0644_or_a_symlink_is_refused() {
     let _s = server(&n, 2, 4);
     let path = shm_file(&n);
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let before = rpc_runtime::ipc::unsafe_files_refused();
     let e = Ipc::attach(&n).unwrap_err();
     assert!(matches!(e, IpcError::UnsafeFile { mode: 0o644, .. }), "{e}");
+    assert!(rpc_runtime::ipc::unsafe_files_refused() > before, "counted");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     Ipc::attach(&n).expect("mode 0600 is accepted");
     let link = unique_name("mode-link");

@@ -100,7 +100,7 @@ mod shm;
 pub use client::{Ipc, IpcClientStats};
 pub use error::IpcError;
 pub use server::{IDLE_SKIP_POLLS, IpcServer, IpcToken, POLLS_PER_CLOCK};
-pub use shm::SHM_DIR;
+pub use shm::{SHM_DIR, unsafe_files_refused};
 
 use std::time::Duration;
 
