@@ -44,6 +44,7 @@ fn many_clients_every_response_matched() {
         }
         s
     });
+    let t0 = Instant::now();
     let clients: Vec<_> = (0..CLIENTS)
         .map(|id| {
             let n = n.clone();
@@ -86,6 +87,11 @@ fn many_clients_every_response_matched() {
     for h in clients {
         assert_eq!(h.join().unwrap(), CALLS);
     }
+    let took = t0.elapsed();
+    eprintln!(
+        "ipc: {CLIENTS} clients x {CALLS} calls (depth {DEPTH}) in {took:?}: {:.2} Mcalls/s",
+        (CALLS * u64::from(CLIENTS)) as f64 / took.as_secs_f64() / 1e6
+    );
     stop.store(true, Ordering::Relaxed);
     let s = srv.join().unwrap();
     assert_eq!(s.stats().received, CALLS * u64::from(CLIENTS));
@@ -156,4 +162,41 @@ fn idle_client_is_skipped_for_a_few_polls_then_seen() {
     assert!(s.recv().is_some());
     send(&mut c, b"y");
     assert_eq!(s.poll(), 1);
+}
+
+/// One thread drives both ends (no scheduling effects): batches of `depth` calls, each
+/// response checked against its call; prints the cost per call.
+#[test]
+fn one_thread_batches_all_matched() {
+    const ROUNDS: u64 = 20_000;
+    let n = unique_name("onethread");
+    let mut s = server(&n, 4, DEPTH);
+    let mut c = Ipc::attach(&n).unwrap();
+    let mut calls: Vec<u64> = vec![u64::MAX; DEPTH as usize];
+    let t0 = Instant::now();
+    for r in 0..ROUNDS {
+        for i in 0..u64::from(DEPTH) {
+            let v = r * 100 + i;
+            let t = c
+                .try_send(|buf| {
+                    buf[..8].copy_from_slice(&v.to_ne_bytes());
+                    8
+                })
+                .unwrap();
+            calls[t as usize] = v;
+        }
+        assert_eq!(serve_once(&mut s), DEPTH as usize);
+        let k = c
+            .poll_up_to(DEPTH as usize, |t, b| {
+                assert_eq!(b, transform(&calls[t as usize].to_ne_bytes()));
+            })
+            .unwrap();
+        assert_eq!(k, DEPTH as usize);
+    }
+    let took = t0.elapsed();
+    eprintln!(
+        "ipc: one thread, {} calls in batches of {DEPTH}: {:.0} ns per call",
+        ROUNDS * u64::from(DEPTH),
+        took.as_nanos() as f64 / (ROUNDS * u64::from(DEPTH)) as f64
+    );
 }
