@@ -17,28 +17,42 @@ fn is_fault(e: &RpcError) -> bool {
 }
 
 #[test]
-fn request_longer_than_capacity_is_dropped_and_counted() {
+fn request_longer_than_capacity_is_rejected_and_counted() {
     let n = unique_name("badlen");
     let mut s = server(&n, 2, 4);
     let mut c = Ipc::attach(&n).unwrap();
     let mut raw = Raw::open(&n);
     let l = *s.layout();
-    send(&mut c, b"first");
-    send(&mut c, b"second");
+    let first = send(&mut c, b"first");
+    let second = send(&mut c, b"second");
     // Corrupt the first request's length to exceed the capacity.
     raw.put_u32(l.req_slot(0, 0) + SLOT_LEN, CAP as u32 + 1);
     s.poll();
-    let (_, req) = s.recv().expect("the second request is served");
+    let (t2, req) = s.recv().expect("the second request is served");
     assert_eq!(req, b"second");
     assert!(s.recv().is_none());
     assert_eq!(s.stats().bad_len, 1);
     assert_eq!(s.stats().received, 1);
+    s.reply_with(t2, |buf| {
+        buf[..3].copy_from_slice(b"abc");
+        3
+    })
+    .unwrap();
+    // The bad call was answered with an empty message at once (its token comes back), the
+    // good one with its reply.
+    let mut got = Vec::new();
+    c.poll_up_to(4, |t, b| got.push((t, b.to_vec()))).unwrap();
+    assert_eq!(got, [(first, vec![]), (second, b"abc".to_vec())]);
     // A huge length too: no out-of-bounds read.
-    send(&mut c, b"third");
+    let third = send(&mut c, b"third");
     raw.put_u32(l.req_slot(0, 2) + SLOT_LEN, u32::MAX);
     s.poll();
     assert!(s.recv().is_none());
     assert_eq!(s.stats().bad_len, 2);
+    let mut got = Vec::new();
+    c.poll_up_to(4, |t, b| got.push((t, b.len()))).unwrap();
+    assert_eq!(got, [(third, 0)]);
+    assert_eq!(c.in_flight(), 0);
 }
 
 #[test]

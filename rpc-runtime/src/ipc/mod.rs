@@ -80,7 +80,8 @@
 //!
 //! # Garbage in shared memory
 //! Nothing read from the segment is trusted as an index: slots are `pos & (depth - 1)`; a
-//! request longer than the capacity is dropped ([`IpcStats::bad_len`]); a `req_head` more than
+//! request longer than the capacity is answered with an empty message, which fails to
+//! decode, so the call ends at once ([`IpcStats::bad_len`]); a `req_head` more than
 //! `depth` ahead of the released tail or behind the server's cursor, or a `resp_tail` the
 //! server finds out of range, marks that client's rings corrupt ([`IpcStats::ring_faults`]; the
 //! code is stored in the block, the client's next call fails with [`IpcError::ClientFault`],
@@ -138,7 +139,8 @@ pub struct IpcStats {
     pub received: u64,
     /// Replies published.
     pub replied: u64,
-    /// Requests dropped because their length exceeded the request capacity.
+    /// Requests whose length exceeded the request capacity: not handed out, answered with an
+    /// empty message (which fails to decode at the client).
     pub bad_len: u64,
     /// Clients whose rings were found corrupt (request head out of range, response tail out of
     /// range).

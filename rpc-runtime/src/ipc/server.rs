@@ -289,8 +289,10 @@ impl IpcServer {
     }
 
     /// The next request of the last [`IpcServer::poll`] as `(token, message)`, in per-client
-    /// order. A request longer than the request capacity is dropped and counted
-    /// ([`IpcStats::bad_len`]); that call ends by its deadline.
+    /// order. A request longer than the request capacity is not returned: it is counted
+    /// ([`IpcStats::bad_len`]) and answered with an empty message (the call fails to decode it
+    /// and ends with an error). A request that reuses the call token of an unanswered call is
+    /// dropped ([`IpcStats::token_reused`]).
     pub fn recv(&mut self) -> Option<(IpcToken, &[u8])> {
         let cap = self.layout.params.req_cap;
         while let Some(&(c, limit)) = self.ready.get(self.ready_at) {
@@ -307,28 +309,28 @@ impl IpcServer {
             }
             let len = self.map.u32(slot + SLOT_LEN).load(Relaxed);
             let tag = self.map.u32(slot + SLOT_TAG).load(Relaxed);
-            if len > cap {
-                self.stats.bad_len += 1;
-                tracing::debug!(client = c, len, cap, "ipc: oversized request dropped");
-                continue;
-            }
+            let token = IpcToken {
+                client: c,
+                generation: p.generation,
+                tag,
+            };
             let mask = self.layout.params.depth - 1;
             let pending = &mut self.pending[(c * (mask + 1) + (tag & mask)) as usize];
             if *pending != NO_TAG {
                 // The client reused a call token whose call is still unanswered: a client
                 // that follows the protocol never does (it frees a token only on delivery).
+                // Dropped without an answer (an answer would carry the tag of the live call).
                 self.stats.token_reused += 1;
                 tracing::debug!(client = c, tag, "ipc: request on a busy call token dropped");
                 continue;
             }
             *pending = u64::from(tag);
             p.outstanding += 1;
+            if len > cap {
+                self.reject_oversized(token, len);
+                continue;
+            }
             self.stats.received += 1;
-            let token = IpcToken {
-                client: c,
-                generation: p.generation,
-                tag,
-            };
             let len = len as usize;
             let src = self.map.bytes(slot + SLOT_PAYLOAD, len);
             // SAFETY: `src..src+len` is inside the mapping (checked by `bytes`; `len <= cap`
@@ -431,6 +433,21 @@ impl IpcServer {
         p.outstanding -= 1;
         self.stats.replied += 1;
         Ok(())
+    }
+
+    /// A request whose length exceeds the capacity: counted ([`IpcStats::bad_len`]) and
+    /// answered with an empty message, which the client's decoder rejects, so the call ends
+    /// at once with an error and its call token is freed (a dropped request would hold the
+    /// token until the client's deadline and beyond).
+    #[cold]
+    fn reject_oversized(&mut self, token: IpcToken, len: u32) {
+        self.stats.bad_len += 1;
+        tracing::debug!(
+            client = token.client,
+            len,
+            "ipc: oversized request rejected"
+        );
+        let _ = self.reply_with(token, |_| 0);
     }
 
     /// Marks client `c`'s rings corrupt: counted, the code stored in its block (its next call
