@@ -31,8 +31,9 @@ use proc_macro::TokenStream;
 /// # Arguments
 /// - `transport = "..."` (required): the default transport of the generated client.
 ///   Available: `delegation` (`rpc::delegation::Delegation`), `copyrpc`
-///   (`rpc::copyrpc::Copyrpc`), `scalerpc` (`rpc::scalerpc::ScaleRpc`) and `erpc`
-///   (`rpc::erpc::Erpc`, over UDP by default or the mlx5 UD transport).
+///   (`rpc::copyrpc::Copyrpc`), `scalerpc` (`rpc::scalerpc::ScaleRpc`), `erpc`
+///   (`rpc::erpc::Erpc`, over UDP by default or the mlx5 UD transport) and `ipc`
+///   (`rpc::ipc::Ipc`, per-client shared-memory rings).
 /// - `derive(...)` (optional): extra derives for the argument structs and the request and
 ///   response enums (`Clone`, `Copy` and the zerocopy traits are always derived).
 ///

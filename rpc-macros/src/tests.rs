@@ -235,9 +235,9 @@ fn attribute_arguments() {
     let e = errors_of(quote!(transport = "foo"), item.clone());
     assert_eq!(
         e,
-        ["unknown transport `foo`; available: delegation, copyrpc, erpc, scalerpc"]
+        ["unknown transport `foo`; available: delegation, copyrpc, erpc, scalerpc, ipc"]
     );
-    for t in ["delegation", "copyrpc", "erpc", "scalerpc"] {
+    for t in ["delegation", "copyrpc", "erpc", "scalerpc", "ipc"] {
         assert!(errors_of(quote!(transport = #t), item.clone()).is_empty());
     }
     let e = errors_of(

@@ -17,6 +17,7 @@ pub const TRANSPORTS: &[(&str, &str)] = &[
     ("copyrpc", "copyrpc::Copyrpc"),
     ("erpc", "erpc::Erpc"),
     ("scalerpc", "scalerpc::ScaleRpc"),
+    ("ipc", "ipc::Ipc"),
 ];
 
 /// Method names that `<Trait>Client` already uses for its inherent methods.

@@ -17,28 +17,42 @@ fn is_fault(e: &RpcError) -> bool {
 }
 
 #[test]
-fn request_longer_than_capacity_is_dropped_and_counted() {
+fn request_longer_than_capacity_is_rejected_and_counted() {
     let n = unique_name("badlen");
     let mut s = server(&n, 2, 4);
     let mut c = Ipc::attach(&n).unwrap();
     let mut raw = Raw::open(&n);
     let l = *s.layout();
-    send(&mut c, b"first");
-    send(&mut c, b"second");
+    let first = send(&mut c, b"first");
+    let second = send(&mut c, b"second");
     // Corrupt the first request's length to exceed the capacity.
     raw.put_u32(l.req_slot(0, 0) + SLOT_LEN, CAP as u32 + 1);
     s.poll();
-    let (_, req) = s.recv().expect("the second request is served");
+    let (t2, req) = s.recv().expect("the second request is served");
     assert_eq!(req, b"second");
     assert!(s.recv().is_none());
     assert_eq!(s.stats().bad_len, 1);
     assert_eq!(s.stats().received, 1);
+    s.reply_with(t2, |buf| {
+        buf[..3].copy_from_slice(b"abc");
+        3
+    })
+    .unwrap();
+    // The bad call was answered with an empty message at once (its token comes back), the
+    // good one with its reply.
+    let mut got = Vec::new();
+    c.poll_up_to(4, |t, b| got.push((t, b.to_vec()))).unwrap();
+    assert_eq!(got, [(first, vec![]), (second, b"abc".to_vec())]);
     // A huge length too: no out-of-bounds read.
-    send(&mut c, b"third");
+    let third = send(&mut c, b"third");
     raw.put_u32(l.req_slot(0, 2) + SLOT_LEN, u32::MAX);
     s.poll();
     assert!(s.recv().is_none());
     assert_eq!(s.stats().bad_len, 2);
+    let mut got = Vec::new();
+    c.poll_up_to(4, |t, b| got.push((t, b.len()))).unwrap();
+    assert_eq!(got, [(third, 0)]);
+    assert_eq!(c.in_flight(), 0);
 }
 
 #[test]
@@ -126,41 +140,79 @@ fn client_detects_response_head_out_of_range() {
 }
 
 #[test]
-fn response_with_foreign_tag_is_dropped_not_delivered() {
-    let n = unique_name("staletag");
+fn forged_token_is_refused_by_the_server() {
+    let n = unique_name("forged");
     let mut s = server(&n, 1, 4);
     let mut c = Ipc::attach(&n).unwrap();
-    let mut raw = Raw::open(&n);
-    let l = *s.layout();
     let t = send(&mut c, b"q");
     s.poll();
     let (token, _) = s.recv().unwrap();
-    // A forged token with another tag: its response must not complete the call.
+    // A token with another tag answers no call awaiting a reply: refused, never written.
     let forged = IpcToken {
         tag: token.tag ^ 0x100,
         ..token
     };
-    s.reply_with(forged, |buf| {
-        buf[0] = 1;
-        1
-    })
-    .unwrap();
+    assert!(s.reply_with(forged, |_| 1).is_err());
+    assert_eq!(s.stats().duplicate_replies, 1);
+    assert_eq!(
+        c.poll_up_to(4, |_, _| panic!("nothing was replied"))
+            .unwrap(),
+        0
+    );
+    // The real reply still goes through, once.
+    s.reply_with(token, |_| 0).unwrap();
+    assert!(s.reply_with(token, |_| 0).is_err());
+    assert_eq!(s.stats().duplicate_replies, 2);
+    let mut got = Vec::new();
+    c.poll_up_to(4, |tok, _| got.push(tok)).unwrap();
+    assert_eq!(got, [t]);
+}
+
+#[test]
+fn response_with_foreign_tag_is_dropped_not_delivered() {
+    let n = unique_name("staletag");
+    let s = server(&n, 1, 4);
+    let mut c = Ipc::attach(&n).unwrap();
+    let mut raw = Raw::open(&n);
+    let l = *s.layout();
+    let t = send(&mut c, b"q");
+    let tag = raw.u32(l.req_slot(0, 0) + SLOT_TAG);
+    // A response carrying another tag (same call token, other call number) in slot 0, then
+    // the right one in slot 1.
+    for (pos, tg) in [(0, tag ^ 0x100), (1, tag)] {
+        raw.put_u32(l.resp_slot(0, pos) + SLOT_LEN, 2);
+        raw.put_u32(l.resp_slot(0, pos) + SLOT_TAG, tg);
+    }
+    raw.put_u64(l.block(0) + CB_RESP_HEAD, 1);
     assert_eq!(
         c.poll_up_to(4, |_, _| panic!("delivered a stale response"))
             .unwrap(),
         0
     );
     assert_eq!(c.stats().stale_responses, 1);
-    // The real reply to the same call is refused as a duplicate (one request, one reply)...
-    assert!(s.reply_with(token, |_| 0).is_err());
-    assert_eq!(s.stats().duplicate_replies, 1);
-    // ...and a response written directly with the right tag is delivered to its call.
-    raw.put_u32(l.resp_slot(0, 1) + SLOT_LEN, 2);
-    raw.put_u32(l.resp_slot(0, 1) + SLOT_TAG, token.tag);
     raw.put_u64(l.block(0) + CB_RESP_HEAD, 2);
     let mut got = Vec::new();
     c.poll_up_to(4, |tok, b| got.push((tok, b.len()))).unwrap();
     assert_eq!(got, [(t, 2)]);
+    assert_eq!(raw.u64(l.block(0) + CB_RESP_TAIL), 2, "both slots consumed");
+}
+
+#[test]
+fn request_reusing_a_busy_call_token_is_dropped() {
+    let n = unique_name("reuse");
+    let mut s = server(&n, 1, 4);
+    let mut c = Ipc::attach(&n).unwrap();
+    let mut raw = Raw::open(&n);
+    let l = *s.layout();
+    send(&mut c, b"a");
+    send(&mut c, b"b");
+    let tag0 = raw.u32(l.req_slot(0, 0) + SLOT_TAG);
+    raw.put_u32(l.req_slot(0, 1) + SLOT_TAG, tag0);
+    s.poll();
+    let (_, req) = s.recv().unwrap();
+    assert_eq!(req, b"a");
+    assert!(s.recv().is_none());
+    assert_eq!(s.stats().token_reused, 1);
 }
 
 #[test]
@@ -296,8 +348,10 @@ fn file_with_mode_0644_or_a_symlink_is_refused() {
     let _s = server(&n, 2, 4);
     let path = shm_file(&n);
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let before = rpc_runtime::ipc::unsafe_files_refused();
     let e = Ipc::attach(&n).unwrap_err();
     assert!(matches!(e, IpcError::UnsafeFile { mode: 0o644, .. }), "{e}");
+    assert!(rpc_runtime::ipc::unsafe_files_refused() > before, "counted");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     Ipc::attach(&n).expect("mode 0600 is accepted");
     let link = unique_name("mode-link");

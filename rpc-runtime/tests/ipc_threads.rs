@@ -44,6 +44,7 @@ fn many_clients_every_response_matched() {
         }
         s
     });
+    let t0 = Instant::now();
     let clients: Vec<_> = (0..CLIENTS)
         .map(|id| {
             let n = n.clone();
@@ -86,6 +87,11 @@ fn many_clients_every_response_matched() {
     for h in clients {
         assert_eq!(h.join().unwrap(), CALLS);
     }
+    let took = t0.elapsed();
+    eprintln!(
+        "ipc: {CLIENTS} clients x {CALLS} calls (depth {DEPTH}) in {took:?}: {:.2} Mcalls/s",
+        (CALLS * u64::from(CLIENTS)) as f64 / took.as_secs_f64() / 1e6
+    );
     stop.store(true, Ordering::Relaxed);
     let s = srv.join().unwrap();
     assert_eq!(s.stats().received, CALLS * u64::from(CLIENTS));
@@ -100,8 +106,10 @@ fn back_pressure_at_depth_and_until_release() {
     for i in 0..4u8 {
         send(&mut c, &[i]);
     }
+    // Four calls in flight: the fifth waits for a response.
     assert!(matches!(c.try_send(|_| 0), Err(RpcError::WouldBlock)));
-    // Answer two without releasing: the tokens come back, but the request slots do not.
+    // Answer two without `release`: the reply publishes the request tail, so the answered
+    // calls' request slots are free as soon as their responses are seen.
     s.poll();
     for _ in 0..2 {
         let (t, _) = s.recv().unwrap();
@@ -111,25 +119,31 @@ fn back_pressure_at_depth_and_until_release() {
     while got < 2 {
         got += c.poll_up_to(4, |_, _| ()).unwrap();
     }
-    assert!(matches!(c.try_send(|_| 0), Err(RpcError::WouldBlock)));
-    s.release();
     send(&mut c, b"a");
     send(&mut c, b"b");
     assert!(matches!(c.try_send(|_| 0), Err(RpcError::WouldBlock)));
-    // Over-long message: nothing sent, token kept free.
-    while let Some((t, _)) = s.recv() {
-        s.reply_with(t, |_| 0).unwrap();
-    }
+    // Requests received but not answered: slots stay taken until `release`, tokens until the
+    // replies. Answer the two old ones after a release; the two new ones stay in flight.
+    s.poll();
+    let old: Vec<_> = std::iter::from_fn(|| s.recv().map(|(t, _)| t)).collect();
+    assert_eq!(old.len(), 4);
     s.release();
+    for t in &old[..2] {
+        s.reply_with(*t, |_| 0).unwrap();
+    }
     let mut got = 0;
     while got < 2 {
         got += c.poll_up_to(4, |_, _| ()).unwrap();
     }
+    // Over-long message: nothing sent, token kept free.
     assert!(matches!(
         c.try_send(|_| CAP + 1),
         Err(RpcError::MessageTooLarge { .. })
     ));
     assert_eq!(c.in_flight(), 2);
+    send(&mut c, b"c");
+    send(&mut c, b"d");
+    assert!(matches!(c.try_send(|_| 0), Err(RpcError::WouldBlock)));
 }
 
 #[test]
@@ -148,4 +162,41 @@ fn idle_client_is_skipped_for_a_few_polls_then_seen() {
     assert!(s.recv().is_some());
     send(&mut c, b"y");
     assert_eq!(s.poll(), 1);
+}
+
+/// One thread drives both ends (no scheduling effects): batches of `depth` calls, each
+/// response checked against its call; prints the cost per call.
+#[test]
+fn one_thread_batches_all_matched() {
+    const ROUNDS: u64 = 20_000;
+    let n = unique_name("onethread");
+    let mut s = server(&n, 4, DEPTH);
+    let mut c = Ipc::attach(&n).unwrap();
+    let mut calls: Vec<u64> = vec![u64::MAX; DEPTH as usize];
+    let t0 = Instant::now();
+    for r in 0..ROUNDS {
+        for i in 0..u64::from(DEPTH) {
+            let v = r * 100 + i;
+            let t = c
+                .try_send(|buf| {
+                    buf[..8].copy_from_slice(&v.to_ne_bytes());
+                    8
+                })
+                .unwrap();
+            calls[t as usize] = v;
+        }
+        assert_eq!(serve_once(&mut s), DEPTH as usize);
+        let k = c
+            .poll_up_to(DEPTH as usize, |t, b| {
+                assert_eq!(b, transform(&calls[t as usize].to_ne_bytes()));
+            })
+            .unwrap();
+        assert_eq!(k, DEPTH as usize);
+    }
+    let took = t0.elapsed();
+    eprintln!(
+        "ipc: one thread, {} calls in batches of {DEPTH}: {:.0} ns per call",
+        ROUNDS * u64::from(DEPTH),
+        took.as_nanos() as f64 / (ROUNDS * u64::from(DEPTH)) as f64
+    );
 }

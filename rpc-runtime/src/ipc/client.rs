@@ -196,7 +196,12 @@ impl Ipc {
         }
         let code = self.map.u32(self.block + CB_FAULT).load(Acquire);
         if code != 0 {
-            return Err(self.faulted(code, "the server found this client's request ring corrupt"));
+            let reason = match code {
+                FAULT_HEAD => "the server found req_head out of range",
+                FAULT_RESP_TAIL => "the server found resp_tail out of range",
+                _ => "the server's fault word holds an unknown code",
+            };
+            return Err(self.faulted(code, reason));
         }
         Ok(())
     }

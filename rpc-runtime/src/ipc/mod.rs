@@ -48,12 +48,17 @@
 //! * **Poll** (server, §2.3 "全 SPSC リングを flat combining", §5/§6 `poll_with_skip`): one pass
 //!   over all blocks reads each `req_head` (Acquire); a block found empty is skipped for the next
 //!   [`IDLE_SKIP_POLLS`] polls, and read on every poll again as soon as it had work. **Recv**
-//!   returns requests per client in ring order; **release** publishes `req_tail` per ring.
+//!   returns requests per client in ring order, copied out of the slot; **release** publishes
+//!   `req_tail` per ring.
 //! * **Reply** (server): write the message and the request's tag into slot `resp_head` of the
-//!   client's response ring and publish `resp_head + 1` (Release). It cannot overflow: a client
-//!   has at most `depth` calls in flight, each with at most one response (a further reply to
-//!   the same token is refused while nothing is outstanding, and the server checks
-//!   `resp_head - resp_tail < depth` anyway).
+//!   client's response ring and publish `resp_head + 1` (Release), after publishing the
+//!   client's `req_tail` up to the server's cursor if `release` has not yet (the requests were
+//!   copied out at `recv`): so a client whose call was answered finds that call's request slot
+//!   free, and `WouldBlock` means `depth` calls in flight. It cannot overflow: a client
+//!   has at most `depth` calls in flight, and the server answers each received call at most
+//!   once: it records the tag of every request received per call token and refuses a reply
+//!   whose tag is not the one awaiting (a second reply, an altered token); it checks
+//!   `resp_head - resp_tail < depth` anyway.
 //! * **Client poll**: read responses up to `resp_head` (Acquire); a response is delivered only
 //!   to the call whose tag it carries; any other (a duplicate, a reply to an earlier call on
 //!   the same token) is dropped and counted ([`IpcClientStats::stale_responses`]). Publish
@@ -75,7 +80,8 @@
 //!
 //! # Garbage in shared memory
 //! Nothing read from the segment is trusted as an index: slots are `pos & (depth - 1)`; a
-//! request longer than the capacity is dropped ([`IpcStats::bad_len`]); a `req_head` more than
+//! request longer than the capacity is answered with an empty message, which fails to
+//! decode, so the call ends at once ([`IpcStats::bad_len`]); a `req_head` more than
 //! `depth` ahead of the released tail or behind the server's cursor, or a `resp_tail` the
 //! server finds out of range, marks that client's rings corrupt ([`IpcStats::ring_faults`]; the
 //! code is stored in the block, the client's next call fails with [`IpcError::ClientFault`],
@@ -95,7 +101,7 @@ mod shm;
 pub use client::{Ipc, IpcClientStats};
 pub use error::IpcError;
 pub use server::{IDLE_SKIP_POLLS, IpcServer, IpcToken, POLLS_PER_CLOCK};
-pub use shm::SHM_DIR;
+pub use shm::{SHM_DIR, unsafe_files_refused};
 
 use std::time::Duration;
 
@@ -133,7 +139,8 @@ pub struct IpcStats {
     pub received: u64,
     /// Replies published.
     pub replied: u64,
-    /// Requests dropped because their length exceeded the request capacity.
+    /// Requests whose length exceeded the request capacity: not handed out, answered with an
+    /// empty message (which fails to decode at the client).
     pub bad_len: u64,
     /// Clients whose rings were found corrupt (request head out of range, response tail out of
     /// range).
@@ -142,13 +149,18 @@ pub struct IpcStats {
     pub bad_tokens: u64,
     /// Replies to a client that detached, died or was faulted since the request was received.
     pub stale_replies: u64,
-    /// Replies to a client with no request awaiting a reply (a second reply to one token).
+    /// Replies whose token matches no request awaiting a reply (a second reply to one call, or
+    /// an altered tag).
     pub duplicate_replies: u64,
+    /// Requests dropped because they reused the call token of a call of the same client that
+    /// was still unanswered (a protocol violation: the token is freed only on delivery).
+    pub token_reused: u64,
     /// Replies refused because the client's response ring was full.
     pub resp_ring_full: u64,
     /// Replies longer than the response capacity.
     pub oversized_replies: u64,
-    /// Client blocks reclaimed after their owner detached or died.
+    /// Client blocks reclaimed after their owner detached or died (or found free but dirty,
+    /// after their owner word was overwritten).
     pub clients_reclaimed: u64,
     /// Requests of detached or dead clients dropped at reclaim (queued, or received and not
     /// answered).

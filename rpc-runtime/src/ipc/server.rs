@@ -45,6 +45,9 @@ pub struct IpcToken {
 /// Not attached as far as the server knows.
 const NO_GEN: u32 = u32::MAX;
 
+/// No request awaits a reply on this call token.
+const NO_TAG: u64 = u64::MAX;
+
 /// Server-local state of one client block (nothing here is read back from shared memory).
 #[derive(Clone, Copy, Debug)]
 struct Peer {
@@ -95,6 +98,10 @@ pub struct IpcServer {
     ready_at: usize,
     /// Clients whose `req_tail` must be published at `release`.
     unreleased: Vec<u32>,
+    /// Per client block and call token (`tag & (depth - 1)`): the tag of the request received
+    /// on it and not yet answered, or `NO_TAG`. A reply must match it exactly, so a second
+    /// reply to one call, or a forged token, never reaches the client.
+    pending: Box<[u64]>,
     /// Copy of the request being handed out (a client cannot change it under the handler).
     scratch: Box<[u8]>,
     stats: IpcStats,
@@ -202,6 +209,7 @@ impl IpcServer {
             ready: Vec::with_capacity(cfg.max_clients as usize),
             ready_at: 0,
             unreleased: Vec::with_capacity(cfg.max_clients as usize),
+            pending: vec![NO_TAG; cfg.max_clients as usize * cfg.depth as usize].into_boxed_slice(),
             scratch: vec![0u8; layout.params.req_cap as usize].into_boxed_slice(),
             stats: IpcStats::default(),
             polls_until_clock: POLLS_PER_CLOCK,
@@ -281,8 +289,10 @@ impl IpcServer {
     }
 
     /// The next request of the last [`IpcServer::poll`] as `(token, message)`, in per-client
-    /// order. A request longer than the request capacity is dropped and counted
-    /// ([`IpcStats::bad_len`]); that call ends by its deadline.
+    /// order. A request longer than the request capacity is not returned: it is counted
+    /// ([`IpcStats::bad_len`]) and answered with an empty message (the call fails to decode it
+    /// and ends with an error). A request that reuses the call token of an unanswered call is
+    /// dropped ([`IpcStats::token_reused`]).
     pub fn recv(&mut self) -> Option<(IpcToken, &[u8])> {
         let cap = self.layout.params.req_cap;
         while let Some(&(c, limit)) = self.ready.get(self.ready_at) {
@@ -299,18 +309,28 @@ impl IpcServer {
             }
             let len = self.map.u32(slot + SLOT_LEN).load(Relaxed);
             let tag = self.map.u32(slot + SLOT_TAG).load(Relaxed);
-            if len > cap {
-                self.stats.bad_len += 1;
-                tracing::debug!(client = c, len, cap, "ipc: oversized request dropped");
-                continue;
-            }
-            p.outstanding += 1;
-            self.stats.received += 1;
             let token = IpcToken {
                 client: c,
                 generation: p.generation,
                 tag,
             };
+            let mask = self.layout.params.depth - 1;
+            let pending = &mut self.pending[(c * (mask + 1) + (tag & mask)) as usize];
+            if *pending != NO_TAG {
+                // The client reused a call token whose call is still unanswered: a client
+                // that follows the protocol never does (it frees a token only on delivery).
+                // Dropped without an answer (an answer would carry the tag of the live call).
+                self.stats.token_reused += 1;
+                tracing::debug!(client = c, tag, "ipc: request on a busy call token dropped");
+                continue;
+            }
+            *pending = u64::from(tag);
+            p.outstanding += 1;
+            if len > cap {
+                self.reject_oversized(token, len);
+                continue;
+            }
+            self.stats.received += 1;
             let len = len as usize;
             let src = self.map.bytes(slot + SLOT_PAYLOAD, len);
             // SAFETY: `src..src+len` is inside the mapping (checked by `bytes`; `len <= cap`
@@ -325,6 +345,8 @@ impl IpcServer {
 
     /// Publishes `req_tail` of every client a request was received from since the last call,
     /// letting those clients reuse the slots (seeds/004 §2.2 `advance_tail`, per ring).
+    /// [`IpcServer::reply_with`] also publishes it, before the response; `release` matters
+    /// for requests that are received and answered later, or dropped.
     pub fn release(&mut self) {
         for c in self.unreleased.drain(..) {
             let p = &mut self.peers[c as usize];
@@ -345,7 +367,8 @@ impl IpcServer {
     /// # Errors
     /// [`RpcError::ReplyDropped`], counted in [`IpcStats`]: the token names no client block
     /// (`bad_tokens`); the client detached, died or was faulted since `recv` (`stale_replies`);
-    /// no request of that client awaits a reply (`duplicate_replies`); its response ring is
+    /// no request with this token awaits a reply (`duplicate_replies`: a second reply to one
+    /// call, or a token whose tag was altered); its response ring is
     /// full (`resp_ring_full`; impossible for a client that follows the protocol, which only
     /// issues with a free response slot); the message is longer than the capacity
     /// (`oversized_replies`).
@@ -362,9 +385,11 @@ impl IpcServer {
             self.stats.stale_replies += 1;
             return Err(dropped("the client detached or died (stale token)"));
         }
-        if p.outstanding == 0 {
+        let mask = self.layout.params.depth - 1;
+        let pending = (token.client * (mask + 1) + (token.tag & mask)) as usize;
+        if self.pending[pending] != u64::from(token.tag) {
             self.stats.duplicate_replies += 1;
-            return Err(dropped("no request of this client awaits a reply"));
+            return Err(dropped("no request with this token awaits a reply"));
         }
         let (c, head) = (token.client, p.resp_head);
         let block = self.layout.block(c);
@@ -392,12 +417,37 @@ impl IpcServer {
         }
         self.map.u32(slot + SLOT_LEN).store(len as u32, Relaxed);
         self.map.u32(slot + SLOT_TAG).store(token.tag, Relaxed);
+        // Requests are copied out at `recv`, so every slot up to the cursor is free: publish
+        // `req_tail` before the response, so that a client that sees its call answered also
+        // sees that call's request slot free (it then gets `WouldBlock` only with `depth`
+        // calls in flight, not because the server has yet to `release`).
+        let p = &mut self.peers[c as usize];
+        if p.released != p.cursor {
+            p.released = p.cursor;
+            self.map.u64(block + CB_REQ_TAIL).store(p.cursor, Release);
+        }
         self.map.u64(block + CB_RESP_HEAD).store(head + 1, Release);
+        self.pending[pending] = NO_TAG;
         let p = &mut self.peers[c as usize];
         p.resp_head = head + 1;
         p.outstanding -= 1;
         self.stats.replied += 1;
         Ok(())
+    }
+
+    /// A request whose length exceeds the capacity: counted ([`IpcStats::bad_len`]) and
+    /// answered with an empty message, which the client's decoder rejects, so the call ends
+    /// at once with an error and its call token is freed (a dropped request would hold the
+    /// token until the client's deadline and beyond).
+    #[cold]
+    fn reject_oversized(&mut self, token: IpcToken, len: u32) {
+        self.stats.bad_len += 1;
+        tracing::debug!(
+            client = token.client,
+            len,
+            "ipc: oversized request rejected"
+        );
+        let _ = self.reply_with(token, |_| 0);
     }
 
     /// Marks client `c`'s rings corrupt: counted, the code stored in its block (its next call
@@ -421,7 +471,11 @@ impl IpcServer {
             let block = self.layout.block(c);
             let owner = self.map.u64(block + CB_OWNER).load(Acquire);
             let dead = match owner_state(owner) {
-                STATE_FREE => false,
+                // A free block is normally clean; one left dirty (its owner word was
+                // overwritten while a client held it) is reset unless someone is claiming it.
+                STATE_FREE => {
+                    self.dirty(c) && !shm::locked_by_other(&self.file, block as u64, RECORD_SIZE)
+                }
                 STATE_DETACHED => true,
                 // ACTIVE, or an impossible state: reclaimed once no live process holds the
                 // block's lock.
@@ -431,6 +485,21 @@ impl IpcServer {
                 self.reclaim(c, owner);
             }
         }
+    }
+
+    /// Whether free block `c` differs from a fresh one (server-local state, fault word,
+    /// counters).
+    fn dirty(&self, c: u32) -> bool {
+        let p = &self.peers[c as usize];
+        let block = self.layout.block(c);
+        p.generation != NO_GEN
+            || p.cursor != 0
+            || p.resp_head != 0
+            || p.faulted
+            || self.map.u32(block + CB_FAULT).load(Relaxed) != 0
+            || [CB_REQ_HEAD, CB_REQ_TAIL, CB_RESP_HEAD, CB_RESP_TAIL]
+                .iter()
+                .any(|&off| self.map.u64(block + off).load(Relaxed) != 0)
     }
 
     /// Drops client `c`'s requests still in its rings or awaiting a reply (counted in
@@ -449,6 +518,8 @@ impl IpcServer {
         }
         self.map.u32(block + CB_FAULT).store(0, Relaxed);
         self.peers[c as usize] = PEER0;
+        let d = self.layout.params.depth as usize;
+        self.pending[c as usize * d..(c as usize + 1) * d].fill(NO_TAG);
         self.ready.retain(|&(r, _)| r != c);
         let free = owner_word(STATE_FREE, owner_gen(owner).wrapping_add(1), 0);
         if self

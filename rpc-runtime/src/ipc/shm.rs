@@ -44,8 +44,18 @@ pub(crate) fn io_err(path: &Path, op: &'static str) -> impl FnOnce(io::Error) ->
     move |source| IpcError::Io { path, op, source }
 }
 
+/// Files refused by [`open_checked`] in this process.
+static UNSAFE_FILES_REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many ipc segment files this process refused because of their owner, mode or type
+/// ([`IpcError::UnsafeFile`]), since it started.
+pub fn unsafe_files_refused() -> u64 {
+    UNSAFE_FILES_REFUSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 #[cold]
 fn refuse(path: &Path, (owner, mode): (u32, u32), reason: &'static str) -> IpcError {
+    UNSAFE_FILES_REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     tracing::warn!(path = %path.display(), owner, mode = format_args!("{mode:o}"), reason,
         "refusing an ipc segment");
     IpcError::UnsafeFile {
