@@ -1111,8 +1111,9 @@ mod tests {
     }
 
     /// The JSON summary has exactly the fields the hand-written JSON had (tests and scripts
-    /// read them by name), `forward` is `null` without delegates, and the `scalerpc` and
-    /// `erpc` objects appear only in runs of those transports, with their fields.
+    /// read them by name) plus the per-run figures and pinning of seeds/004 §9, `forward` is
+    /// `null` without delegates, and the `node`, `scalerpc` and `erpc` objects appear only in
+    /// runs of those backends and transports, with their fields.
     #[test]
     fn json_keeps_the_field_names() {
         let mut s = sample();
@@ -1158,15 +1159,29 @@ mod tests {
                 "deadline_exceeded",
                 "late_responses",
                 "forward",
+                "run_mops",
+                "measured_ops",
+                "pinned",
+                "pin_note",
             ])
         );
         assert!(v["forward"].is_null());
+        assert!(v.get("node").is_none(), "node only in Meta and Delegation runs");
         assert_eq!(v["seconds"], 1.23456);
         assert_eq!(v["get_hits"], 500);
         assert_eq!(v["check_passed"], false);
         assert_eq!(v["deadline_exceeded"], 4);
         assert_eq!(v["late_responses"], 5);
         assert_eq!(v["rank_served"], serde_json::json!([510, 495]));
+
+        let mut s = sample();
+        s.node = Some(Node {
+            flux_served: 3,
+            ..Node::default()
+        });
+        let v: serde_json::Value = serde_json::from_str(&json(&s)).expect("JSON");
+        assert_eq!(v["node"]["flux_served"], 3);
+        assert_eq!(keys(&v["node"]).len(), Node::default().to_vec().len());
 
         let mut s = sample();
         s.scale = Some(ScaleFigures {
