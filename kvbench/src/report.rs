@@ -1166,7 +1166,10 @@ mod tests {
             ])
         );
         assert!(v["forward"].is_null());
-        assert!(v.get("node").is_none(), "node only in Meta and Delegation runs");
+        assert!(
+            v.get("node").is_none(),
+            "node only in Meta and Delegation runs"
+        );
         assert_eq!(v["seconds"], 1.23456);
         assert_eq!(v["get_hits"], 500);
         assert_eq!(v["check_passed"], false);
