@@ -457,27 +457,42 @@ fn schema_mismatch_fails_at_connect() {
     let (server, addr) = server::<KvService>(&ErpcConfig::default());
     let (stop, h) = spawn_kv(server);
     match EchoClient::<Erpc>::connect(&addr) {
-        Err(RpcError::SchemaMismatch {
-            service: "Echo",
-            expected,
-            found,
-        }) => {
-            // The server's real fingerprint comes back in its connect response.
+        Err(
+            e @ RpcError::SchemaMismatch {
+                service: "Echo",
+                expected,
+                found,
+            },
+        ) => {
+            // The server's real fingerprint comes back in its connect response, and the
+            // message shows it (issue 17: it used to print 0x0000000000000000).
             assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
             assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
+            assert_ne!(found, 0);
+            let msg = e.to_string();
+            let theirs = format!("the peer's is {:#018x}", KvService::DESCRIPTOR.fingerprint);
+            let ours = format!("{:#018x}", EchoService::DESCRIPTOR.fingerprint);
+            assert!(msg.contains(&theirs) && msg.contains(&ours), "{msg}");
         }
         Err(e) => panic!("expected SchemaMismatch, got {e}"),
         Ok(_) => panic!("expected SchemaMismatch, connected"),
     }
     match Erpc::<UdpTransport>::connect_with(&addr, EchoService::DESCRIPTOR, &ErpcConfig::default())
     {
-        Err(ErpcSetupError::SchemaMismatch {
-            service: "Echo",
-            expected,
-            found,
-        }) => {
+        Err(
+            e @ ErpcSetupError::SchemaMismatch {
+                service: "Echo",
+                expected,
+                found,
+            },
+        ) => {
             assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
             assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
+            let theirs = format!(
+                "the server's is {:#018x}",
+                KvService::DESCRIPTOR.fingerprint
+            );
+            assert!(e.to_string().contains(&theirs), "{e}");
         }
         other => panic!("expected SchemaMismatch, got {other:?}"),
     }

@@ -400,11 +400,42 @@ mod fp {
             fn g(&mut self);
         }
     }
+    /// Only the argument names differ: the same bytes on the wire, so the same fingerprint.
     pub mod arg_name {
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
-            fn f(&self, x: u32, b: Option<u8>) -> u64;
+            fn f(&self, x: u32, flag: Option<u8>) -> u64;
             fn g(&mut self);
+        }
+    }
+    /// `size_a` and `size_b` write the same type text, `[u8; N]`, with another `N`: only the
+    /// wire size tells them apart.
+    pub mod size_a {
+        const N: usize = 4;
+        #[rpc::rpc_service(transport = "delegation")]
+        pub trait Fp {
+            fn f(&self, a: [u8; N]);
+        }
+    }
+    pub mod size_b {
+        const N: usize = 8;
+        #[rpc::rpc_service(transport = "delegation")]
+        pub trait Fp {
+            fn f(&self, a: [u8; N]);
+        }
+    }
+    pub mod arg_order {
+        #[rpc::rpc_service(transport = "delegation")]
+        pub trait Fp {
+            fn f(&self, b: Option<u8>, a: u32) -> u64;
+            fn g(&mut self);
+        }
+    }
+    pub mod extra_arg {
+        #[rpc::rpc_service(transport = "delegation")]
+        pub trait Fp {
+            fn f(&self, a: u32, b: Option<u8>) -> u64;
+            fn g(&mut self, c: u8);
         }
     }
     pub mod method_name {
@@ -453,9 +484,28 @@ fn fingerprint_tracks_the_schema() {
         fp::same::FpService::DESCRIPTOR,
         fp::base::FpService::DESCRIPTOR
     );
+    // Renaming arguments is compatible (issue 17): the descriptors differ only in the names.
+    let renamed = fp::arg_name::FpService::DESCRIPTOR;
+    assert_eq!(renamed.fingerprint, base);
+    assert_eq!(renamed.methods[0].args[0].name, "x");
+    assert_ne!(renamed, fp::base::FpService::DESCRIPTOR);
+    // The layout counts, not just the type text.
+    let (a, b) = (
+        fp::size_a::FpService::DESCRIPTOR,
+        fp::size_b::FpService::DESCRIPTOR,
+    );
+    assert_eq!(a.methods[0].args[0].ty, b.methods[0].args[0].ty);
+    assert_ne!(a.fingerprint, b.fingerprint);
     let others = [
         ("arg type", fp::arg_type::FpService::DESCRIPTOR.fingerprint),
-        ("arg name", fp::arg_name::FpService::DESCRIPTOR.fingerprint),
+        (
+            "arg order",
+            fp::arg_order::FpService::DESCRIPTOR.fingerprint,
+        ),
+        (
+            "extra arg",
+            fp::extra_arg::FpService::DESCRIPTOR.fingerprint,
+        ),
         (
             "method name",
             fp::method_name::FpService::DESCRIPTOR.fingerprint,

@@ -6,7 +6,8 @@ use crate::wire::WireError;
 /// One argument of a method, as written in the trait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ArgDescriptor {
-    /// Argument name.
+    /// Argument name. Not part of the [`fingerprint`]: arguments travel by position, so
+    /// renaming one keeps the wire format.
     pub name: &'static str,
     /// Type as written in the trait (token text, whitespace-normalised by the macro).
     pub ty: &'static str,
@@ -50,8 +51,9 @@ pub struct ServiceDescriptor {
     /// Largest response message of any method, in bytes (at least the header, which is all an
     /// error response carries).
     pub max_response_bytes: usize,
-    /// FNV-1a 64 over the service name and, per method, its id, name, argument names, type
-    /// names and wire sizes, return type name and wire size. See [`fingerprint`].
+    /// FNV-1a 64 over the service name and, per method, its id, name, argument type names
+    /// and wire sizes (in order), return type name and wire size; not argument names. See
+    /// [`fingerprint`] for which schema changes keep it.
     pub fingerprint: u64,
 }
 
@@ -108,9 +110,30 @@ const fn fnv_u64(h: u64, v: u64) -> u64 {
     fnv_bytes(h, &v.to_le_bytes())
 }
 
-/// The schema fingerprint: FNV-1a 64 over the service name and every method's id, name,
-/// argument names, argument type names and sizes, return type name and size (strings
-/// length-prefixed, integers little-endian u64).
+/// The schema fingerprint: FNV-1a 64 over the service name, the number of methods and, per
+/// method in id order, its id, name, number of arguments, each argument's type name and wire
+/// size in order, and the return type name and wire size (strings length-prefixed, integers
+/// little-endian u64).
+///
+/// It covers what the bytes depend on, plus the names that say what a method id *means*:
+///
+/// - **Compatible** (fingerprint unchanged): renaming an argument (arguments travel by
+///   position in a `#[repr(C, packed)]` struct, so `get(key: u64)` and `get(k: u64)` send
+///   the same bytes); docs and attributes; `&self` vs `&mut self`; spacing in types;
+///   writing `-> ()` or leaving it out.
+/// - **Incompatible** (fingerprint changes, connect refused with a schema mismatch):
+///   changing an argument's or the return type, by name or by size (a type written
+///   differently, such as an alias, counts as a change, since the macro sees only the
+///   text); adding, removing or reordering arguments or methods (method ids are positions);
+///   renaming a method or the service.
+///
+/// Method and service names stay in on purpose although the bytes do not depend on them: a
+/// method id is only a position, and the name is what binds it to a meaning. Without it,
+/// swapping two methods of the same signature (`incr`/`decr`) or connecting to another
+/// service of the same shape would be accepted and run the wrong code, which is what the
+/// check exists to prevent; a method rename is rare and easy to roll out with both ends.
+/// For the same reason nothing can catch swapping two arguments of the same type: that is
+/// the one rename-like change the fingerprint does not see.
 pub const fn fingerprint(name: &str, methods: &[MethodDescriptor]) -> u64 {
     let mut h = fnv_str(FNV_OFFSET, name);
     h = fnv_u64(h, methods.len() as u64);
@@ -122,7 +145,7 @@ pub const fn fingerprint(name: &str, methods: &[MethodDescriptor]) -> u64 {
         h = fnv_u64(h, m.args.len() as u64);
         let mut j = 0;
         while j < m.args.len() {
-            h = fnv_str(h, m.args[j].name);
+            // Not the argument's name: the wire format does not depend on it.
             h = fnv_str(h, m.args[j].ty);
             h = fnv_u64(h, m.args[j].size as u64);
             j += 1;
