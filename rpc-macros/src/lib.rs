@@ -63,7 +63,28 @@ use proc_macro::TokenStream;
 /// ("leaf") type must implement zerocopy's `IntoBytes`, `TryFromBytes`, `KnownLayout`,
 /// `Immutable`, and `Copy`; leaves inside an `Option` or `Result` also `FromZeros` (the
 /// inactive side is sent zeroed). References, slices, `impl Trait`, `dyn Trait`, pointers,
-/// function pointers and tuples other than `()` are rejected.
+/// function pointers and tuples other than `()` are rejected. So are the variable-length
+/// standard types `String`, `str` and `Vec<T>` (also written `std::string::String`,
+/// `alloc::vec::Vec<T>`, ...), each with one error on the type suggesting a fixed-size array
+/// (`[u8; N]`, `[T; N]`); variable-length `&str`/`&[u8]` arguments are planned (issue 15).
+/// The check goes by name, so a user type called `String` or `Vec` is refused too.
+///
+/// # Schema evolution
+/// Every transport compares the client's and the server's schema fingerprint
+/// (`DESCRIPTOR.fingerprint`, computed by `rpc::service::fingerprint`) at connect and refuses
+/// the connection on a difference (`RpcError::SchemaMismatch`, naming both values). The
+/// fingerprint covers what the bytes depend on (method order, and per method the argument
+/// and return types as written and their wire sizes) plus the trait's and the methods' names.
+/// - Compatible (old and new builds still connect): renaming an argument (`key` → `k`:
+///   arguments travel by position), docs and attributes, `&self` ↔ `&mut self`, spacing,
+///   `-> ()` written or left out.
+/// - Incompatible (refused at connect): changing an argument's or the return type (also to
+///   an alias or another spelling of the same type: only the text is seen), adding,
+///   removing or reordering arguments or methods (a method id is its position), renaming a
+///   method or the trait. Method names are kept on purpose although the bytes do not depend
+///   on them: they bind a method id to its meaning, so swapping two methods of the same
+///   signature is refused instead of running the wrong one. Swapping two arguments of the
+///   same type is not detected.
 ///
 /// # Rejected (compile errors)
 /// Generic traits or methods, `where` clauses, supertraits, `unsafe`/`auto` traits,

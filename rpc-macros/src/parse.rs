@@ -324,6 +324,15 @@ fn classify(ty: &Type, errors: &mut Errors) -> Option<WireTy> {
                 );
                 return None;
             }
+            let variable = p
+                .qself
+                .is_none()
+                .then(|| crate::validate::variable_length_msg(&p.path))
+                .flatten();
+            if let Some(msg) = variable {
+                errors.error_spanned(ty, msg);
+                return None;
+            }
             let known = if p.qself.is_none() {
                 known_generic(&p.path)
             } else {

@@ -151,6 +151,53 @@ fn leaves_inside_option_or_result_are_marked() {
     assert_eq!(leaves, [("C".to_owned(), false)]);
 }
 
+/// `String`, `str` and `Vec<T>` get one error each saying what to write instead (issue 17),
+/// not the raw trait-bound errors of the compile-time assertions.
+#[test]
+fn variable_length_types_get_one_error_with_the_alternative() {
+    for (ty, what, instead) in [
+        (quote!(String), "`String`", "`[u8; N]`"),
+        (quote!(std::string::String), "`String`", "`[u8; N]`"),
+        (quote!(::alloc::string::String), "`String`", "`[u8; N]`"),
+        (quote!(str), "`str`", "`[u8; N]`"),
+        (quote!(Vec<u8>), "`Vec`", "`[u8; N]`"),
+        (quote!(std::vec::Vec<u32>), "`Vec`", "`[u32; N]`"),
+        (quote!(Vec<Option<u8>>), "`Vec`", "`[Option<u8>; N]`"),
+        (quote!(Option<String>), "`String`", "`[u8; N]`"),
+        (quote!([Vec<u8>; 2]), "`Vec`", "`[u8; N]`"),
+    ] {
+        let err = classify(ty.clone()).expect_err(&ty.to_string());
+        assert!(
+            err.starts_with(&format!("{what} cannot be sent by an `#[rpc_service]`")),
+            "{ty}: {err}"
+        );
+        assert!(err.contains("use a fixed-size"), "{ty}: {err}");
+        assert!(err.contains(instead), "{ty}: {err}");
+        assert!(err.contains("`&str` and `&[u8]`"), "{ty}: {err}");
+        assert!(err.contains("issue 15"), "{ty}: {err}");
+    }
+    // Only the standard types (by name and path): these are ordinary leaf types.
+    for ty in [
+        quote!(MyString),
+        quote!(my::String),
+        quote!(mycrate::vec::Vec<u8>),
+        quote!(<T as Tr>::String),
+    ] {
+        assert!(classify(ty.clone()).is_ok(), "{ty}");
+    }
+    // One error per use, spanned on it, and nothing else.
+    let errors = kv_errors(quote! {
+        trait Kv {
+            fn set(&mut self, name: String, data: Vec<u8>) -> Vec<u8>;
+            fn ok(&self, key: u64) -> u64;
+        }
+    });
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(errors[0].starts_with("`String`"), "{errors:?}");
+    assert!(errors[1].starts_with("`Vec`"), "{errors:?}");
+    assert!(errors[2].starts_with("`Vec`"), "{errors:?}");
+}
+
 #[test]
 fn unsupported_types_are_rejected_syntactically() {
     for (ty, what) in [

@@ -131,6 +131,58 @@ pub fn type_text(ty: &Type) -> String {
     normalize_tokens(quote!(#ty))
 }
 
+/// The message for a variable-length standard type written as an argument or return type
+/// (`String`, `str`, `Vec<T>`, also as `std::string::String`, `alloc::vec::Vec<T>`, ...), or
+/// `None` for any other path.
+///
+/// Such a type would otherwise surface as a handful of raw E0277 errors (not `IntoBytes`,
+/// not `Copy`, ...) per use; this says what to write instead. The macro sees names only: a
+/// user type named `String` or `Vec` is taken for the standard one (rename it to send it).
+pub fn variable_length_msg(path: &Path) -> Option<String> {
+    let segs: Vec<_> = path.segments.iter().collect();
+    let (last, prefix) = segs.split_last()?;
+    let prefix: Vec<String> = prefix.iter().map(|s| s.ident.to_string()).collect();
+    let prefix_is = |module: &str| match prefix.as_slice() {
+        [] => path.leading_colon.is_none(),
+        [krate, m] => (krate == "std" || krate == "alloc") && m == module,
+        _ => false,
+    };
+    const WHY: &str = "its length is not fixed and its bytes are not stored inline, while arguments and return values are copied to the wire as fixed-size plain bytes";
+    const PLANNED: &str = "(variable-length `&str` and `&[u8]` arguments are planned: issue 15)";
+    let name = last.ident.to_string();
+    let (what, instead) = match name.as_str() {
+        "String" if prefix_is("string") && last.arguments.is_none() => (
+            "`String`",
+            "a fixed-size byte array such as `[u8; N]` (the UTF-8 bytes, with the length in another argument or a `#[repr(C)]` struct)".to_string(),
+        ),
+        "str" if prefix.is_empty() && path.leading_colon.is_none() => (
+            "`str`",
+            "a fixed-size byte array such as `[u8; N]` (the UTF-8 bytes, with the length in another argument or a `#[repr(C)]` struct)".to_string(),
+        ),
+        "Vec" if prefix_is("vec") => {
+            let elem = match &last.arguments {
+                syn::PathArguments::AngleBracketed(a) => match a.args.first() {
+                    Some(syn::GenericArgument::Type(t)) if a.args.len() == 1 => {
+                        normalize_tokens(quote!(#t))
+                    }
+                    _ => "T".to_string(),
+                },
+                _ => "T".to_string(),
+            };
+            (
+                "`Vec`",
+                format!(
+                    "a fixed-size array such as `[{elem}; N]` (with the length in another argument or a `#[repr(C)]` struct)"
+                ),
+            )
+        }
+        _ => return None,
+    };
+    Some(format!(
+        "{what} cannot be sent by an `#[rpc_service]`: {WHY}; use {instead} instead {PLANNED}"
+    ))
+}
+
 fn reserved_prefix(name: &str) -> bool {
     name.len() >= RESERVED_PREFIX.len()
         && name[..RESERVED_PREFIX.len()].eq_ignore_ascii_case(RESERVED_PREFIX)
