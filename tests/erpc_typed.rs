@@ -465,7 +465,7 @@ fn schema_mismatch_fails_at_connect() {
             },
         ) => {
             // The server's real fingerprint comes back in its connect response, and the
-            // message shows it (issue 17: it used to print 0x0000000000000000).
+            // message shows it (before 2471105 it printed 0x0000000000000000, issue 17).
             assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
             assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
             assert_ne!(found, 0);
