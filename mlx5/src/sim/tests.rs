@@ -352,7 +352,7 @@ fn provider_checks_arguments() {
 fn progress_thread_retries_stalled_senders() {
     let f = Fabric::new(SimConfig {
         progress_thread: Some(Duration::from_millis(1)),
-        ..SimConfig::default()
+        ..SimConfig::deterministic()
     });
     let (mut a, mut b) = pair(&f, QpCaps::default());
     let d = WqeDesc {
@@ -445,7 +445,9 @@ fn gid_addressing_with_lid_zero() {
 fn device_handle_reports_its_qpc_cache_size() {
     use crate::sim::QpcCacheConfig;
     assert_eq!(
-        Fabric::new(SimConfig::default()).open().qpc_cache_entries(),
+        Fabric::new(SimConfig::deterministic())
+            .open()
+            .qpc_cache_entries(),
         Some(QpcCacheConfig::CX5_ENTRIES as u32)
     );
     let cx3 = Fabric::new(SimConfig {
@@ -453,12 +455,12 @@ fn device_handle_reports_its_qpc_cache_size() {
             entries: QpcCacheConfig::CX3_ENTRIES,
             ..QpcCacheConfig::default()
         }),
-        ..SimConfig::default()
+        ..SimConfig::deterministic()
     });
     assert_eq!(cx3.open().qpc_cache_entries(), Some(400));
     let off = Fabric::new(SimConfig {
         qpc_cache: None,
-        ..SimConfig::default()
+        ..SimConfig::deterministic()
     });
     assert_eq!(off.open().qpc_cache_entries(), None);
 }
