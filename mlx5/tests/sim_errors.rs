@@ -519,6 +519,60 @@ fn dead_peer_is_transport_retry_exceeded() {
     assert_eq!(f.stats().transport_retries, 2);
 }
 
+/// With [`SimConfig::default`] (its progress thread stands in for the NIC's retransmission
+/// timer) a WQE to a dead peer fails with TRANSPORT_RETRY_EXC although nobody rings another
+/// doorbell or calls `progress`, as on RC hardware; [`SimConfig::deterministic`] has no such
+/// thread, and the same WQE waits for a step.
+#[test]
+fn default_config_reports_a_dead_peer_on_its_own() {
+    assert_eq!(
+        SimConfig::default().progress_thread,
+        Some(mlx5::sim::DEFAULT_PROGRESS_INTERVAL)
+    );
+    assert_eq!(SimConfig::deterministic().progress_thread, None);
+    for deterministic in [false, true] {
+        let f = Fabric::new(if deterministic {
+            SimConfig::deterministic()
+        } else {
+            SimConfig::default()
+        });
+        let RcPair {
+            mut qa,
+            qb,
+            mut cqa,
+            ..
+        } = RcPair::new(&f, QpCaps::default(), &RcParams::default());
+        drop(qb);
+        post(
+            &mut qa,
+            &WqeDesc {
+                inline: b"anyone?",
+                ..desc(Opcode::Send)
+            },
+        );
+        if deterministic {
+            // No step without a doorbell: nothing happens, however long we wait.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert_empty(&mut cqa.cq);
+            assert_eq!(f.stats().transport_retries, 0);
+            continue;
+        }
+        let start = std::time::Instant::now();
+        let c = loop {
+            if let Some(c) = try_poll(&mut cqa.cq) {
+                break c;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "no retry-exceeded without doorbells"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        expect_err(&c, CqeOpcode::ReqErr, Syndrome::TransportRetryExc);
+        assert_eq!(f.stats().transport_retries, 7);
+    }
+}
+
 #[test]
 fn peer_in_error_or_not_connected_is_unreachable() {
     // The peer entered the error state (here: through its own failed WQE).
