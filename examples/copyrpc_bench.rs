@@ -380,7 +380,8 @@ fn round(
 }
 
 fn lockstep(rpcs: u64, qd: usize, size: usize) {
-    let fabric = Fabric::new(SimConfig::default());
+    // No progress thread: callgrind's instruction counts must come from this thread only.
+    let fabric = Fabric::new(SimConfig::deterministic());
     let (mut c, mut s, eps) = setup(&fabric, 1, 1 << 20);
     let mut seq = 0u64;
     let mut scratch = vec![0u8; size];

@@ -132,7 +132,8 @@ fn main() -> ExitCode {
         cc_pacing: a.cc == Switch::On,
         ..Config::default()
     };
-    let fabric = Fabric::new(SimConfig::default());
+    // No progress thread: callgrind's instruction counts must come from this thread only.
+    let fabric = Fabric::new(SimConfig::deterministic());
     let ud = || UdTransport::new(&fabric.open(), UdConfig::default()).expect("UD transport");
     let mut server = Endpoint::new(ud(), cfg.clone()).expect("server");
     let mut client = Client {

@@ -1040,7 +1040,7 @@ fn lossy_network_every_call_executes_once() {
 
 #[test]
 fn typed_calls_over_mlx5_ud_on_the_device_model() {
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let serve = |service: &'static rpc::ServiceDescriptor| {
         let dev = fabric.open();
         let t = UdTransport::new(&dev, UdConfig::for_port(&dev.port())).unwrap();

@@ -33,7 +33,7 @@ use mlx5::wqe::{CQ_UPDATE, Opcode, Sge, WqeDesc};
 use sim_common::*;
 
 fn write_batch(total: u64) {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let mut p = RcPair::new(&f, QpCaps::default(), &RcParams::default());
     let dst = p.b.buf(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let msg = [7u8; 64];
@@ -63,7 +63,7 @@ fn write_batch(total: u64) {
 }
 
 fn pingpong(rounds: u32) {
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let (tx0, rx1) = mpsc::channel();
     let (tx1, rx0) = mpsc::channel();
     let go = Arc::new(Barrier::new(2));
@@ -174,7 +174,7 @@ struct CycleRig {
 
 impl CycleRig {
     fn new(payload: Payload, use_srq: bool) -> CycleRig {
-        let fabric = Fabric::new(SimConfig::default());
+        let fabric = Fabric::new(SimConfig::deterministic());
         let a = Node::new(&fabric);
         let b = Node::new(&fabric);
         let cqa = a.cq(256);

@@ -246,7 +246,7 @@ fn main() {
         Some(s) => s.parse().expect("usage: writeimm_callgrind [round_trips]"),
         None => 100_000,
     };
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let (mut a, mut b) = Rank::pair(&fabric);
     let mut seq = warmup(&mut a, &mut b, WARMUP);
     let before = fabric.stats();

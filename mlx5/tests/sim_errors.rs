@@ -11,7 +11,7 @@ use mlx5::wqe::{AtomicSeg, Opcode, RaddrSeg, Sge, WqeDesc};
 use sim_common::*;
 
 fn pair() -> (Fabric, RcPair) {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let p = RcPair::new(&f, QpCaps::default(), &RcParams::default());
     (f, p)
 }
@@ -225,7 +225,7 @@ fn unpermitted_remote_access() {
 #[test]
 fn qp_access_flags_and_misaligned_atomics_are_invalid_requests() {
     // The responder QP does not grant REMOTE_WRITE.
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let params = RcParams {
         access: Access::REMOTE_READ,
         ..RcParams::default()
@@ -254,7 +254,7 @@ fn qp_access_flags_and_misaligned_atomics_are_invalid_requests() {
 
 #[test]
 fn atomic_result_buffer_too_short_is_local_length() {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let mut p = RcPair::new(&f, QpCaps::default(), &RcParams::default());
     let local = p.a.buf(64, Access::LOCAL_WRITE);
     let remote = p.b.buf(64, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
@@ -346,7 +346,7 @@ fn bad_receive_lkey_is_responder_protection_and_remote_op() {
 /// `rnr_retry` retries; later WQEs (queued behind it, and posted afterwards) are flushed.
 #[test]
 fn rnr_retry_exceeded_then_flush() {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let params = RcParams {
         rnr_retry: 3,
         ..RcParams::default()
@@ -439,7 +439,7 @@ fn rnr_stall_recovers_in_order() {
 
 #[test]
 fn rnr_retry_zero_fails_at_once_and_config_override() {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let params = RcParams {
         rnr_retry: 0,
         ..RcParams::default()
@@ -462,7 +462,7 @@ fn rnr_retry_zero_fails_at_once_and_config_override() {
     let f = Fabric::new(SimConfig {
         rnr_retry_override: Some(1),
         rnr_retry_interval: 2,
-        ..SimConfig::default()
+        ..SimConfig::deterministic()
     });
     let mut p = RcPair::new(&f, QpCaps::default(), &RcParams::default());
     post(
@@ -487,7 +487,7 @@ fn rnr_retry_zero_fails_at_once_and_config_override() {
 /// TRANSPORT_RETRY_EXC.
 #[test]
 fn dead_peer_is_transport_retry_exceeded() {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let params = RcParams {
         retry_cnt: 2,
         ..RcParams::default()
@@ -519,10 +519,64 @@ fn dead_peer_is_transport_retry_exceeded() {
     assert_eq!(f.stats().transport_retries, 2);
 }
 
+/// With [`SimConfig::default`] (its progress thread stands in for the NIC's retransmission
+/// timer) a WQE to a dead peer fails with TRANSPORT_RETRY_EXC although nobody rings another
+/// doorbell or calls `progress`, as on RC hardware; [`SimConfig::deterministic`] has no such
+/// thread, and the same WQE waits for a step.
+#[test]
+fn default_config_reports_a_dead_peer_on_its_own() {
+    assert_eq!(
+        SimConfig::default().progress_thread,
+        Some(mlx5::sim::DEFAULT_PROGRESS_INTERVAL)
+    );
+    assert_eq!(SimConfig::deterministic().progress_thread, None);
+    for deterministic in [false, true] {
+        let f = Fabric::new(if deterministic {
+            SimConfig::deterministic()
+        } else {
+            SimConfig::default()
+        });
+        let RcPair {
+            mut qa,
+            qb,
+            mut cqa,
+            ..
+        } = RcPair::new(&f, QpCaps::default(), &RcParams::default());
+        drop(qb);
+        post(
+            &mut qa,
+            &WqeDesc {
+                inline: b"anyone?",
+                ..desc(Opcode::Send)
+            },
+        );
+        if deterministic {
+            // No step without a doorbell: nothing happens, however long we wait.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert_empty(&mut cqa.cq);
+            assert_eq!(f.stats().transport_retries, 0);
+            continue;
+        }
+        let start = std::time::Instant::now();
+        let c = loop {
+            if let Some(c) = try_poll(&mut cqa.cq) {
+                break c;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "no retry-exceeded without doorbells"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        expect_err(&c, CqeOpcode::ReqErr, Syndrome::TransportRetryExc);
+        assert_eq!(f.stats().transport_retries, 7);
+    }
+}
+
 #[test]
 fn peer_in_error_or_not_connected_is_unreachable() {
     // The peer entered the error state (here: through its own failed WQE).
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let params = RcParams {
         retry_cnt: 0,
         ..RcParams::default()
@@ -579,7 +633,7 @@ fn peer_in_error_or_not_connected_is_unreachable() {
 
 #[test]
 fn qp_not_connected_is_local_qp_op() {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let a = Node::new(&f);
     let mut cq = a.cq(8);
     let mut qp = a.qp(QpType::Rc, &cq, &cq, None, QpCaps::default());
@@ -635,7 +689,7 @@ fn flush_after_error_covers_every_queued_wqe() {
 /// the two entries intact, and moves the QPs reporting to it to the error state.
 #[test]
 fn cq_overrun_is_detected() {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let a = Node::new(&f);
     let b = Node::new(&f);
     let mut cqa = a.cq(2);

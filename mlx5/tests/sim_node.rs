@@ -82,7 +82,7 @@ fn parse(line: &str) -> Vec<u64> {
 /// Role A: the responder; after the peer crashed, its WRITE to the peer must fail.
 fn role_a() {
     watchdog();
-    let f = Fabric::join(&std::env::var(NODE).unwrap(), SimConfig::default()).unwrap();
+    let f = Fabric::join(&std::env::var(NODE).unwrap(), SimConfig::deterministic()).unwrap();
     assert!(f.node_slot().is_some());
     let n = Node::new(&f);
     let cq = n.cq(64);
@@ -188,7 +188,7 @@ fn role_a() {
 /// Role B: the requester; crashes when told.
 fn role_b() {
     watchdog();
-    let f = Fabric::join(&std::env::var(NODE).unwrap(), SimConfig::default()).unwrap();
+    let f = Fabric::join(&std::env::var(NODE).unwrap(), SimConfig::deterministic()).unwrap();
     let a = parse(&std::env::var(PEER).unwrap());
     let n = Node::new(&f);
     let cq = n.cq(64);

@@ -79,7 +79,7 @@ fn files_are_0600_under_umask_000() {
     let node = std::env::var(NODE).unwrap();
     // SAFETY: umask has no preconditions; this child process exists only for this check.
     unsafe { libc::umask(0) };
-    let f = Fabric::join(&node, SimConfig::default()).unwrap();
+    let f = Fabric::join(&node, SimConfig::deterministic()).unwrap();
     let n = Node::new(&f);
     let buf = n.buf(4096, all_access());
     let cq = n.cq(16);
@@ -171,7 +171,7 @@ fn a_foreign_lock_makes_operations_fail_within_the_bound() {
         &node,
         SimConfig {
             node_lock_timeout: bound,
-            ..SimConfig::default()
+            ..SimConfig::deterministic()
         },
     )
     .unwrap();

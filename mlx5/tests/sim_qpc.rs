@@ -17,7 +17,7 @@ fn fabric(entries: usize, penalty: Duration) -> Fabric {
             entries,
             miss_penalty: penalty,
         }),
-        ..SimConfig::default()
+        ..SimConfig::deterministic()
     })
 }
 
@@ -228,7 +228,7 @@ fn destroyed_qp_leaves_the_cache() {
 fn disabled_cache_counts_nothing() {
     let f = Fabric::new(SimConfig {
         qpc_cache: None,
-        ..SimConfig::default()
+        ..SimConfig::deterministic()
     });
     let mut rig = Rig::new(&f, 8);
     for k in 0..64 {

@@ -10,7 +10,7 @@ use mlx5::wqe::{AtomicSeg, CQ_UPDATE, Opcode, SOLICITED, WqeDesc};
 use sim_common::*;
 
 fn fabric() -> Fabric {
-    Fabric::new(SimConfig::default())
+    Fabric::new(SimConfig::deterministic())
 }
 
 #[test]

@@ -190,7 +190,7 @@ fn write_imm_ping_pong_between_two_threads() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100_000);
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let (tx0, rx1) = mpsc::channel();
     let (tx1, rx0) = mpsc::channel();
     let go = Arc::new(Barrier::new(2));
@@ -226,7 +226,7 @@ fn write_imm_ping_pong_between_two_threads() {
 fn many_ranks_send_into_one_srq() {
     const SENDERS: usize = 4;
     const PER: u32 = 2000;
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let recv = Node::new(&fabric);
     let mut rcq = recv.cq(1024);
     let mut srq = recv.srq(255, 1);

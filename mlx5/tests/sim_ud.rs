@@ -60,7 +60,7 @@ fn send<'a>(av: DgramSeg, payload: &'a [u8], imm: Option<u32>) -> WqeDesc<'a> {
 
 #[test]
 fn ud_to_several_destinations() {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let mut s = UdNode::new(&f, QKEY);
     let mut dests: Vec<UdNode> = (0..3).map(|_| UdNode::new(&f, QKEY)).collect();
     let src = s.node.buf(4096, Access::empty());
@@ -130,7 +130,7 @@ fn ud_to_several_destinations() {
 
 #[test]
 fn ud_with_grh_fills_the_grh_area() {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let mut s = UdNode::new(&f, QKEY);
     let mut d = UdNode::new(&f, QKEY);
     d.recv(0, 256);
@@ -150,7 +150,7 @@ fn ud_with_grh_fills_the_grh_area() {
 
 #[test]
 fn ud_silent_drops_and_length_errors() {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let mut s = UdNode::new(&f, QKEY);
     let mut d = UdNode::new(&f, QKEY);
     d.recv(0, 8192);
@@ -222,7 +222,7 @@ fn ud_silent_drops_and_length_errors() {
 
 #[test]
 fn ud_into_an_srq() {
-    let f = Fabric::new(SimConfig::default());
+    let f = Fabric::new(SimConfig::deterministic());
     let mut s = UdNode::new(&f, QKEY);
     let node = Node::new(&f);
     let mut cq = node.cq(64);
@@ -268,7 +268,7 @@ fn faulty_run(seed: u64, n: u32) -> (Vec<Vec<u32>>, SimStats) {
             delay: 0.1,
             max_delay: 5,
         }),
-        ..SimConfig::default()
+        ..SimConfig::deterministic()
     });
     let mut s = UdNode::new(&f, QKEY);
     let mut ds: Vec<UdNode> = (0..2).map(|_| UdNode::new(&f, QKEY)).collect();

@@ -256,7 +256,7 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
-        let fabric = Fabric::new(SimConfig::default());
+        let fabric = Fabric::new(SimConfig::deterministic());
         let mut a = Context::<u64>::new(&fabric.open(), ContextConfig::default()).unwrap();
         let mut b = Context::<()>::new(&fabric.open(), ContextConfig::default()).unwrap();
         let cfg = EndpointConfig {
@@ -677,7 +677,7 @@ fn expect_completion_failure(a: &Context<u64>, ep: EndpointId, want: Syndrome) {
 /// pending calls on that endpoint fail with it; the other endpoint keeps working.
 #[test]
 fn wrong_rkey_fails_the_endpoint_with_remote_access_error() {
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let (mut a, mut b0, mut b1, [e0, e1]) = two_peers(&fabric, |i| i.recv_ring_rkey ^= 0x100);
     echo(&fabric, &mut a, &mut b1, e1, 3);
     a.call(e0, b"first", 1, 64).unwrap();
@@ -709,7 +709,7 @@ fn wrong_rkey_fails_the_endpoint_with_remote_access_error() {
 /// endpoint keeps working.
 #[test]
 fn dropped_peer_fails_the_endpoint_with_retry_exceeded() {
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let (mut a, b0, mut b1, [e0, e1]) = two_peers(&fabric, |_| {});
     echo(&fabric, &mut a, &mut b1, e1, 2);
     drop(b0);
@@ -740,7 +740,7 @@ fn dropped_peer_fails_the_endpoint_with_retry_exceeded() {
 /// endpoint's calls complete with an error, each exactly once.
 #[test]
 fn failure_only_touches_its_endpoint() {
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let (mut a, mut b0, mut b1, [e0, e1]) = two_peers(&fabric, |_| {});
     for t in 0..8u64 {
         a.call(e0, &pattern(t, 10), t, 32).unwrap();
@@ -783,7 +783,7 @@ fn failure_only_touches_its_endpoint() {
 #[test]
 fn second_reply_with_one_handle_is_refused() {
     use rpc_runtime::copyrpc::ReplyError;
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let (dc, ds) = (fabric.open(), fabric.open());
     let mut c = Context::<u64>::new(&dc, ContextConfig::default()).unwrap();
     let mut s = Context::<()>::new(&ds, ContextConfig::default()).unwrap();

@@ -32,7 +32,7 @@ use rpc_runtime::erpc::transport::lossy::{LossConfig, LossyTransport};
 use rpc_runtime::erpc::transport::ud::{DEFAULT_MTU, UdAddr, UdConfig, UdTransport};
 
 fn fabric() -> Fabric {
-    Fabric::new(SimConfig::default())
+    Fabric::new(SimConfig::deterministic())
 }
 
 /// A UD transport with eRPC's defaults on a new simulated NIC of `f`.
@@ -234,7 +234,7 @@ fn model_loss_dup_reorder_exactly_once() {
             delay: 0.1,
             max_delay: 8,
         }),
-        ..SimConfig::default()
+        ..SimConfig::deterministic()
     });
     let (sep, client) = lossy_run(ud(&f), ud(&f));
     let fs = f.stats();

@@ -123,7 +123,7 @@ struct World {
 
 impl World {
     fn new(p: Params) -> World {
-        let fabric = Fabric::new(SimConfig::default());
+        let fabric = Fabric::new(SimConfig::deterministic());
         let server = ScaleServer::new(
             &fabric.open(),
             ServerConfig {
@@ -647,7 +647,7 @@ fn two_threads_hundred_thousand_calls() {
     const CONNS: u32 = 32;
     const TOTAL: u64 = 100_000;
     let per_conn = TOTAL / CONNS as u64;
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let mut server = ScaleServer::new(
         &fabric.open(),
         ServerConfig {
@@ -787,7 +787,7 @@ fn thousand_connections_in_groups_of_64() {
 /// (before the notice existed it sat "stopped" for ever, every call `NotActive`).
 #[test]
 fn reply_held_past_ack_timeout_evicts_and_frees_the_slot() {
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let mut server = ScaleServer::new(
         &fabric.open(),
         ServerConfig {

@@ -334,7 +334,7 @@ fn churn_beyond_max_conns_keeps_working() {
 /// sends to its connections (a stop or activation notice fails) and reclaimed.
 #[test]
 fn a_vanished_client_is_reclaimed_at_its_next_notice() {
-    let fabric = Fabric::new(SimConfig::default());
+    let fabric = Fabric::new(SimConfig::deterministic());
     let mut server = ScaleServer::new(&fabric.open(), server_cfg(4, 2)).unwrap();
     let mut resident = ScaleClient::<u64>::new(&fabric.open(), client_cfg(2)).unwrap();
     let mut gone = ScaleClient::<u64>::new(&fabric.open(), client_cfg(2)).unwrap();

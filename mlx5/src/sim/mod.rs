@@ -56,7 +56,9 @@
 //! retries (from [`crate::verbs::RcParams`], 7 = infinite as on hardware, overridable with
 //! [`SimConfig::rnr_retry_override`]) it fails with RNR_RETRY_EXC. Posting receives does not
 //! ring the model, so a stalled sender resumes on the next step caused by anyone; with
-//! [`SimConfig::progress_thread`] a background thread also makes steps periodically.
+//! [`SimConfig::progress_thread`] (on by default, every [`DEFAULT_PROGRESS_INTERVAL`]) a
+//! background thread also makes steps periodically, as a NIC's retransmission timer would;
+//! [`SimConfig::deterministic`] turns it off.
 //!
 //! # Concurrency and memory ordering
 //! All model state is behind one mutex per fabric (correctness first: a doorbell executes its
@@ -123,7 +125,7 @@
 //!
 //! ```
 //! use mlx5::sim::{Fabric, SimConfig};
-//! let fabric = Fabric::new(SimConfig::default());
+//! let fabric = Fabric::new(SimConfig::deterministic());
 //! let (server, client) = (fabric.open(), fabric.open());
 //! let before = fabric.qpc_stats(server.port().lid).unwrap();
 //! // ... run the workload ...
@@ -262,9 +264,12 @@ impl Default for QpcCacheConfig {
 
 /// Fabric configuration.
 ///
-/// [`SimConfig::default`]: MTU 4096, lossless UD, retries at every step, no progress thread,
-/// a QPC cache of [`QpcCacheConfig::CX5_ENTRIES`] contexts per device with a 500 ns miss
-/// penalty ([`QpcCacheConfig::default`]).
+/// [`SimConfig::default`]: MTU 4096, lossless UD, retries at every step, a progress thread
+/// stepping every [`DEFAULT_PROGRESS_INTERVAL`] (so a WQE towards a dead peer fails with
+/// retry-exceeded on its own, as on RC hardware), a QPC cache of
+/// [`QpcCacheConfig::CX5_ENTRIES`] contexts per device with a 500 ns miss penalty
+/// ([`QpcCacheConfig::default`]). [`SimConfig::deterministic`]: the same without the progress
+/// thread, for tests and instruction-count benchmarks that need steps only on doorbells.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimConfig {
     /// Port MTU in bytes (the largest UD payload); 256..=4096, power of two.
@@ -277,9 +282,17 @@ pub struct SimConfig {
     pub transport_retry_interval: u32,
     /// Replaces every QP's `rnr_retry` (7 = infinite).
     pub rnr_retry_override: Option<u8>,
-    /// Run a background thread that makes a progress step at this interval (for transports
-    /// that may wait on a stalled peer without ringing any doorbell). `None`: steps happen
-    /// only on doorbells and [`Fabric::progress`], which keeps runs deterministic.
+    /// Run a background thread that makes a progress step at this interval: the model's
+    /// stand-in for the NIC's retransmission timer, so a WQE towards a dead or unreachable
+    /// peer fails with TRANSPORT_RETRY_EXC (and an RNR-stalled one is retried) even when
+    /// nobody rings a doorbell. Default `Some(`[`DEFAULT_PROGRESS_INTERVAL`]`)`.
+    ///
+    /// Cost: one thread per fabric that wakes every interval and takes the fabric lock for
+    /// one step (near zero CPU on an idle fabric; on a busy one each step competes for the
+    /// lock with doorbells). `None` ([`SimConfig::deterministic`]): steps happen only on
+    /// doorbells and [`Fabric::progress`], which keeps runs deterministic (same steps, same
+    /// seeded fault decisions, same instruction counts), but a transport waiting on a dead
+    /// peer without ringing a doorbell then waits until its own deadline.
     pub progress_thread: Option<Duration>,
     /// Each device's QP-context cache (`None`: not modelled, no counters, no penalty).
     pub qpc_cache: Option<QpcCacheConfig>,
@@ -292,6 +305,26 @@ pub struct SimConfig {
     pub node_lock_timeout: Duration,
 }
 
+/// Default [`SimConfig::progress_thread`] interval: 1 ms. With the default
+/// `transport_retry_interval` of 1 step and a QP's `retry_cnt` of 7, a WQE towards a dead peer
+/// fails within about 8 ms of steps even when nothing else rings a doorbell (RC hardware with
+/// a short `timeout` reports it in the same order of magnitude).
+pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_millis(1);
+
+impl SimConfig {
+    /// [`SimConfig::default`] without the progress thread (`progress_thread: None`): progress
+    /// steps happen only on doorbells and [`Fabric::progress`], so a run is deterministic.
+    /// For tests that count steps or retries or use seeded fault injection, and for the
+    /// instruction-count (callgrind) drivers. A peer's death is then seen only when someone
+    /// rings a doorbell or calls [`Fabric::progress`].
+    pub fn deterministic() -> Self {
+        SimConfig {
+            progress_thread: None,
+            ..SimConfig::default()
+        }
+    }
+}
+
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
@@ -300,7 +333,7 @@ impl Default for SimConfig {
             rnr_retry_interval: 1,
             transport_retry_interval: 1,
             rnr_retry_override: None,
-            progress_thread: None,
+            progress_thread: Some(DEFAULT_PROGRESS_INTERVAL),
             qpc_cache: Some(QpcCacheConfig::default()),
             node_lock_timeout: DEFAULT_NODE_LOCK_TIMEOUT,
         }

@@ -121,7 +121,7 @@ fn write_desc<'a>(remote: RaddrSeg, inline: &'a [u8], flags: u8) -> WqeDesc<'a> 
 
 #[test]
 fn a_wqe_may_wrap_past_the_ring_end() {
-    let f = Fabric::default();
+    let f = Fabric::new(SimConfig::deterministic());
     let caps = QpCaps {
         max_send_wr: 1,
         max_send_sge: 1,
@@ -170,7 +170,7 @@ fn malformed_wqes_are_local_qp_operation_errors() {
         ("ds past the doorbell", |b| b[7] = 12),
     ];
     for (what, corrupt) in cases {
-        let f = Fabric::default();
+        let f = Fabric::new(SimConfig::deterministic());
         let (mut a, b) = pair(&f, QpCaps::default());
         let (mr, _m) = reg(&b, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
         let raddr = RaddrSeg {
@@ -201,7 +201,7 @@ fn malformed_wqes_are_local_qp_operation_errors() {
 
 #[test]
 fn inline_data_on_read_is_a_local_qp_operation_error() {
-    let f = Fabric::default();
+    let f = Fabric::new(SimConfig::deterministic());
     let (mut a, b) = pair(&f, QpCaps::default());
     let (mr, _m) = reg(&b, 64, Access::REMOTE_READ);
     let d = WqeDesc {
@@ -223,7 +223,7 @@ fn inline_data_on_read_is_a_local_qp_operation_error() {
 
 #[test]
 fn impossible_producer_index_is_ignored() {
-    let f = Fabric::default();
+    let f = Fabric::new(SimConfig::deterministic());
     let (mut a, _b) = pair(&f, QpCaps::default());
     let cnt = a.qp.sq.mem().wqe_cnt;
     raw_ring(&a.qp, cnt + 1);
@@ -237,7 +237,7 @@ fn impossible_producer_index_is_ignored() {
 
 #[test]
 fn destroyed_objects_are_forgotten() {
-    let f = Fabric::default();
+    let f = Fabric::new(SimConfig::deterministic());
     let (mut a, b) = pair(&f, QpCaps::default());
     // A doorbell on a destroyed QP is ignored.
     let db = doorbell(&b.qp);
@@ -289,7 +289,7 @@ fn destroyed_objects_are_forgotten() {
 
 #[test]
 fn provider_checks_arguments() {
-    let f = Fabric::default();
+    let f = Fabric::new(SimConfig::deterministic());
     let a = side(&f, QpCaps::default());
     let other = f.open();
     let other_pd = other.alloc_pd().unwrap();
@@ -352,7 +352,7 @@ fn provider_checks_arguments() {
 fn progress_thread_retries_stalled_senders() {
     let f = Fabric::new(SimConfig {
         progress_thread: Some(Duration::from_millis(1)),
-        ..SimConfig::default()
+        ..SimConfig::deterministic()
     });
     let (mut a, mut b) = pair(&f, QpCaps::default());
     let d = WqeDesc {
@@ -387,7 +387,7 @@ fn progress_thread_retries_stalled_senders() {
 /// RoCE-style addressing: LID 0 and the port GID reach the peer, for RC and UD.
 #[test]
 fn gid_addressing_with_lid_zero() {
-    let f = Fabric::default();
+    let f = Fabric::new(SimConfig::deterministic());
     let mut a = side(&f, QpCaps::default());
     let mut b = side(&f, QpCaps::default());
     let by_gid = |s: &Side| RcRemote {
@@ -445,7 +445,9 @@ fn gid_addressing_with_lid_zero() {
 fn device_handle_reports_its_qpc_cache_size() {
     use crate::sim::QpcCacheConfig;
     assert_eq!(
-        Fabric::new(SimConfig::default()).open().qpc_cache_entries(),
+        Fabric::new(SimConfig::deterministic())
+            .open()
+            .qpc_cache_entries(),
         Some(QpcCacheConfig::CX5_ENTRIES as u32)
     );
     let cx3 = Fabric::new(SimConfig {
@@ -453,12 +455,12 @@ fn device_handle_reports_its_qpc_cache_size() {
             entries: QpcCacheConfig::CX3_ENTRIES,
             ..QpcCacheConfig::default()
         }),
-        ..SimConfig::default()
+        ..SimConfig::deterministic()
     });
     assert_eq!(cx3.open().qpc_cache_entries(), Some(400));
     let off = Fabric::new(SimConfig {
         qpc_cache: None,
-        ..SimConfig::default()
+        ..SimConfig::deterministic()
     });
     assert_eq!(off.open().qpc_cache_entries(), None);
 }

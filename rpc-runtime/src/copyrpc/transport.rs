@@ -36,8 +36,9 @@
 //! probes: while calls are outstanding and no response arrived for
 //! [`CopyrpcAddr::probe_interval`], it posts one 8-byte RDMA READ of the server's consumer
 //! position (a word the server exposes for the seed's READ fallback anyway). On the software
-//! device model, retries advance with progress steps (doorbells anywhere on the fabric); a
-//! fabric with [`mlx5::sim::SimConfig::progress_thread`] plays the part of the NIC's retry timer.
+//! device model, retries advance with progress steps (doorbells anywhere on the fabric); the
+//! fabric's progress thread ([`mlx5::sim::SimConfig::progress_thread`], on by default) plays
+//! the part of the NIC's retry timer.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -109,9 +109,9 @@
 //! receive CQE written before `tx_burst` returns, and a signaled send's CQE likewise. With UD
 //! fault injection ([`mlx5::sim::UdFaults`]), delayed and reordered datagrams are delivered at
 //! later *progress steps*, which every doorbell on the fabric makes (or
-//! [`mlx5::sim::Fabric::progress`], or the optional progress thread). eRPC's retransmission
-//! timer keeps ringing doorbells while anything is outstanding, so tests need no progress
-//! thread.
+//! [`mlx5::sim::Fabric::progress`], or the progress thread, on by default). eRPC's
+//! retransmission timer keeps ringing doorbells while anything is outstanding, so the tests
+//! here run without the progress thread ([`mlx5::sim::SimConfig::deterministic`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -1117,7 +1117,7 @@ mod tests {
 
     #[test]
     fn every_size_both_ways_inline_and_gathered() {
-        let f = Fabric::new(SimConfig::default());
+        let f = Fabric::new(SimConfig::deterministic());
         let mut a = transport(&f, UdConfig::default());
         let mut b = transport(&f, UdConfig::default());
         let mtu = a.mtu();
@@ -1204,7 +1204,7 @@ mod tests {
     #[test]
     fn burst_larger_than_the_send_queue_is_partial_then_completes() {
         for signal_interval in [16, 5, 1] {
-            let f = Fabric::new(SimConfig::default());
+            let f = Fabric::new(SimConfig::deterministic());
             let mut a = transport(&f, small(16, 64, 64, signal_interval));
             let mut b = transport(&f, small(16, 64, 64, signal_interval));
             let to = b.local_addr();
@@ -1244,7 +1244,7 @@ mod tests {
     fn many_small_bursts_never_wedge_the_send_queue() {
         // Only the "queue low" rule signals when the interval equals the depth and bursts do
         // not divide it; every burst must still make progress.
-        let f = Fabric::new(SimConfig::default());
+        let f = Fabric::new(SimConfig::deterministic());
         let mut a = transport(&f, small(16, 64, 64, 16));
         let mut b = transport(&f, small(16, 64, 64, 16));
         let to = b.local_addr();
@@ -1267,7 +1267,7 @@ mod tests {
     /// unsignaled WQEs that nothing would ever retire.
     #[test]
     fn send_ring_short_of_wqebbs_still_drains() {
-        let f = Fabric::new(SimConfig::default());
+        let f = Fabric::new(SimConfig::deterministic());
         let ctx = Context::new(Arc::new(Tweaked {
             max_send_wr: Some(16),
             ..Tweaked::new(f.open_device())
@@ -1292,7 +1292,7 @@ mod tests {
 
     #[test]
     fn rx_bursts_are_capped_at_rx_batch() {
-        let f = Fabric::new(SimConfig::default());
+        let f = Fabric::new(SimConfig::deterministic());
         let mut a = transport(&f, UdConfig::default());
         let mut b = transport(&f, small(128, 64, 16, 64));
         let to = b.local_addr();
@@ -1321,7 +1321,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "outside the current burst")]
     fn rx_pkt_after_release_panics() {
-        let f = Fabric::new(SimConfig::default());
+        let f = Fabric::new(SimConfig::deterministic());
         let mut a = transport(&f, UdConfig::default());
         let mut b = transport(&f, UdConfig::default());
         a.tx_burst(&[TxPkt::single(b.local_addr(), &[1; 20])])
@@ -1333,7 +1333,7 @@ mod tests {
 
     #[test]
     fn unknown_destinations_are_per_packet_drops() {
-        let f = Fabric::new(SimConfig::default());
+        let f = Fabric::new(SimConfig::deterministic());
         let mut a = transport(&f, UdConfig::default());
         let mut b = transport(&f, UdConfig::default());
         let c = transport(&f, UdConfig::default());
@@ -1364,7 +1364,7 @@ mod tests {
 
     #[test]
     fn address_handle_failure_drops_and_counts_the_packet() {
-        let f = Fabric::new(SimConfig::default());
+        let f = Fabric::new(SimConfig::deterministic());
         let mut b = transport(&f, UdConfig::default());
         let poisoned = 0x00fe_dcba;
         let ctx = Context::new(Arc::new(Tweaked {
@@ -1390,7 +1390,7 @@ mod tests {
 
     #[test]
     fn oversized_datagrams_are_dropped_and_counted() {
-        let f = Fabric::new(SimConfig::default());
+        let f = Fabric::new(SimConfig::deterministic());
         let mut a = transport(&f, UdConfig::default());
         // The peer may use the whole port MTU.
         let mut big = transport(
@@ -1448,7 +1448,7 @@ mod tests {
     /// it, and with a GRH, the GRH is skipped and the source is the sender's LID and QPN.
     #[test]
     fn foreign_senders_and_grh() {
-        let f = Fabric::new(SimConfig::default());
+        let f = Fabric::new(SimConfig::deterministic());
         let mut t = transport(&f, UdConfig::default());
         let ctx = f.open();
         let pd = ctx.alloc_pd().unwrap();
@@ -1534,7 +1534,7 @@ mod tests {
     fn send_error_fails_the_transport_without_panicking() {
         let f = Fabric::new(SimConfig {
             mtu: 1024,
-            ..SimConfig::default()
+            ..SimConfig::deterministic()
         });
         let ctx = Context::new(Arc::new(Tweaked {
             port_mtu: Some(4096),
@@ -1574,7 +1574,7 @@ mod tests {
     fn config_validation() {
         let f = Fabric::new(SimConfig {
             mtu: 2048,
-            ..SimConfig::default()
+            ..SimConfig::deterministic()
         });
         let ctx = f.open();
         let port = ctx.port();
@@ -1629,7 +1629,7 @@ mod tests {
     fn transport_is_send_and_works_from_another_thread() {
         fn assert_send<T: Send>() {}
         assert_send::<UdTransport>();
-        let f = Fabric::new(SimConfig::default());
+        let f = Fabric::new(SimConfig::deterministic());
         let mut a = transport(&f, UdConfig::default());
         let b = transport(&f, UdConfig::default());
         let to = b.local_addr();
@@ -1722,7 +1722,7 @@ mod tests {
                     1..8,
                 ),
             ) {
-                let f = Fabric::new(SimConfig::default());
+                let f = Fabric::new(SimConfig::deterministic());
                 let mut t = transport(&f, small(64, 64, 32, 16));
                 let ctx = f.open();
                 let port_mtu = ctx.port().active_mtu as usize;
