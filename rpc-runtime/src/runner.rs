@@ -13,8 +13,12 @@
 //! thread to wake, at most `max_sleep` plus the OS timer slack (Linux: 50 µs by default), so
 //! about 1.05 ms with the defaults. While requests keep coming (a round finds one at least
 //! every few microseconds) no sleep happens. Transports that do background work in
-//! [`ServerTransport::poll`] (eRPC retransmissions and sessions, ScaleRPC group switches,
-//! liveness probes) get it done at least every `max_sleep` while idle.
+//! [`ServerTransport::poll`] (eRPC retransmissions and sessions, liveness probes) get it done
+//! at least every `max_sleep` while idle. ScaleRPC with several connection groups switches
+//! groups every time slice from `poll`: there, run with `max_sleep: Duration::ZERO` (spin,
+//! then yield; never park) or [`IdlePolicy::BusyPoll`]. With the default backoff the typed
+//! test `clients_in_small_groups_switch_during_the_run` (300 µs slices, three groups) had
+//! blocking calls time out.
 //!
 //! [`IdlePolicy::BusyPoll`] never sleeps nor yields (a `spin_loop` hint between empty rounds):
 //! the lowest latency, at the price of one core at 100% for as long as the server runs. Use it
