@@ -25,6 +25,7 @@ use crossbeam_utils::Backoff;
 use hdrhistogram::Histogram;
 use idl::echo::{EchoClient, EchoResponse, EchoServer, EchoService};
 use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
+use rpc::{IdlePolicy, RunnerConfig};
 
 #[derive(Clone, Copy, Debug)]
 struct Measure {
@@ -50,20 +51,19 @@ fn ring(qd: usize, secs: f64, round: usize) -> Measure {
         resp_depth: qd.next_power_of_two() as u32,
         ..DelegationConfig::default()
     };
-    let mut server = DelegationServer::serve::<EchoService>(&name, cfg).expect("create ring");
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
-    let server_thread = thread::spawn(move || {
-        let svc = idl::echo::Echoer;
-        let backoff = Backoff::new();
-        while !st.load(Ordering::Relaxed) {
-            if server.serve_once(|req| EchoService::dispatch(&mut { svc }, req)) == 0 {
-                backoff.snooze();
-            } else {
-                backoff.reset();
-            }
-        }
-    });
+    let server = DelegationServer::serve::<EchoService>(&name, cfg).expect("create ring");
+    // Spin, then yield between empty rounds, never park: the server answers at once, as the
+    // crossbeam baseline's receiver does.
+    let runner = RunnerConfig {
+        idle: IdlePolicy::Backoff {
+            max_sleep: Duration::ZERO,
+        },
+        ..RunnerConfig::default()
+    };
+    let svc = idl::echo::Echoer;
+    let server = server
+        .spawn_with(runner, move |req| EchoService::dispatch(&mut { svc }, req))
+        .expect("server thread");
     let mut client = EchoClient::<Delegation>::connect(&name).expect("attach");
     let mut h = hist();
     let mut sent = vec![Instant::now(); qd];
@@ -109,8 +109,7 @@ fn ring(qd: usize, secs: f64, round: usize) -> Measure {
     while client.in_flight() > 0 {
         client.poll_with(|_, _| {}).expect("drain");
     }
-    stop.store(true, Ordering::Relaxed);
-    server_thread.join().expect("server");
+    server.join().expect("server");
     Measure {
         ops,
         secs,

@@ -29,16 +29,11 @@
 //!
 //! # fn main() -> Result<(), rpc::RpcError> {
 //! let name = format!("rpc-doc-{}", std::process::id());
-//! // Server: a delegation ring in /dev/shm, served by a thread.
-//! let mut server = DelegationServer::serve::<KvService>(&name, DelegationConfig::default())?;
-//! let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-//! let st = stop.clone();
-//! let daemon = std::thread::spawn(move || {
-//!     let mut store = Store::default();
-//!     while !st.load(std::sync::atomic::Ordering::Relaxed) {
-//!         server.serve_once(|req| KvService::dispatch(&mut store, req));
-//!     }
-//! });
+//! // Server: a delegation ring in /dev/shm, served by its own thread (`Server::spawn`: idle
+//! // backoff up to 1 ms; `spawn_with(RunnerConfig::busy_poll(), ..)` for benchmarks).
+//! let server = DelegationServer::serve::<KvService>(&name, DelegationConfig::default())?;
+//! let mut store = Store::default();
+//! let handle = server.spawn(move |req| KvService::dispatch(&mut store, req));
 //!
 //! // Client: blocking calls, then a pipelined one identified by its tag.
 //! let mut kv = KvClient::<Delegation>::connect(&name)?; // schema fingerprint checked here
@@ -52,8 +47,9 @@
 //! };
 //! assert_eq!(done, (1, KvResponse::Get(None)));
 //!
-//! stop.store(true, std::sync::atomic::Ordering::Relaxed);
-//! daemon.join().unwrap();
+//! // Stop the server and take it back with its counters (dropping `handle` stops it too).
+//! let server = handle.join().expect("the handler did not panic");
+//! assert_eq!(server.stats().requests, 3);
 //! # Ok(())
 //! # }
 //! ```

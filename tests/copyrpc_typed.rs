@@ -55,7 +55,7 @@ fn connect_polling<S: Service, T: Send + 'static>(
 fn blocking_calls() {
     let fabric = Fabric::new(SimConfig::default());
     let (server, addr) = server::<KvService>(&fabric);
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     let mut kv = KvClient::<Copyrpc>::connect(&addr).unwrap();
     assert_eq!(kv.get(0, 1).unwrap(), None);
     kv.put(0, 1, 10).unwrap();
@@ -66,7 +66,6 @@ fn blocking_calls() {
     for k in 0..1000 {
         assert_eq!(kv.get(0, k).unwrap(), Some(k * 3));
     }
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, 2003);
     assert_eq!(server.stats().bad_requests, 0);
@@ -81,7 +80,7 @@ fn pipelined_depth_32_100k_calls_all_matched() {
     let fabric = Fabric::new(SimConfig::default());
     let (server, mut addr) = server::<EchoService>(&fabric);
     addr.max_in_flight = DEPTH as u32;
-    let (stop, h) = spawn(server, |req| {
+    let h = spawn(server, |req| {
         EchoService::dispatch(&mut idl::echo::Echoer, req)
     });
     let mut echo = EchoClient::<Copyrpc>::connect(&addr).unwrap();
@@ -141,7 +140,6 @@ fn pipelined_depth_32_100k_calls_all_matched() {
             left -= 1;
         }
     }
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, CALLS + DEPTH as u64);
     let stats = echo.transport().context().stats();
@@ -206,7 +204,7 @@ fn eight_clients_on_one_server() {
     let fabric = Fabric::new(SimConfig::default());
     let (server, mut addr) = server::<EchoService>(&fabric);
     addr.max_in_flight = 16;
-    let (stop, h) = spawn(server, |req| {
+    let h = spawn(server, |req| {
         EchoService::dispatch(&mut idl::echo::Echoer, req)
     });
     let clients: Vec<_> = (0..CLIENTS)
@@ -247,7 +245,6 @@ fn eight_clients_on_one_server() {
         .collect();
     let total: u64 = clients.into_iter().map(|c| c.join().unwrap()).sum();
     assert_eq!(total, CLIENTS * CALLS);
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, CLIENTS * (CALLS + 1));
     assert_eq!(
@@ -260,7 +257,7 @@ fn eight_clients_on_one_server() {
 fn schema_mismatch_fails_at_connect() {
     let fabric = Fabric::new(SimConfig::default());
     let (server, addr) = server::<KvService>(&fabric);
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     match EchoClient::<Copyrpc>::connect(&addr) {
         Err(RpcError::SchemaMismatch {
             service: "Echo",
@@ -276,7 +273,6 @@ fn schema_mismatch_fails_at_connect() {
     // The right service connects, and the refused client left no endpoint behind.
     let mut kv = KvClient::<Copyrpc>::connect(&addr).unwrap();
     kv.put(0, 1, 2).unwrap();
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.transport().context().num_endpoints(), 1);
 }
@@ -320,7 +316,7 @@ fn capacity_is_checked() {
     // A client ring too small for the 16 KiB of credit the server (64 KiB rings) announces
     // is refused; so is a client ring larger than the server's (its credit does not fit).
     let (server, mut addr) = server::<KvService>(&fabric);
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     addr.endpoint = tiny;
     match KvClient::<Copyrpc>::connect(&addr) {
         Err(RpcError::CapacityMismatch {
@@ -349,7 +345,6 @@ fn capacity_is_checked() {
         .unwrap()
         .put(0, 1, 1)
         .unwrap();
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.transport().context().num_endpoints(), 1);
 }
@@ -494,12 +489,11 @@ fn bootstrap_from_exchanged_endpoint_info() {
         .unwrap()
         .with_probe(&theirs, Duration::from_millis(100))
         .unwrap();
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     let mut kv = KvClient::from_transport(t);
     kv.put(3, 4, 5).unwrap();
     assert_eq!(kv.get(3, 4).unwrap(), Some(5));
     assert_eq!(kv.max_in_flight(), 8);
-    stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
 }
 
@@ -627,7 +621,7 @@ fn credit_exhaustion_is_backpressure() {
         CopyrpcServer::serve::<EchoService>(&fabric.open(), ContextConfig::default(), cfg).unwrap();
     let mut addr = CopyrpcAddr::new(fabric.open(), server.transport().listener());
     addr.endpoint = cfg;
-    let (stop, h) = spawn(server, |req| {
+    let h = spawn(server, |req| {
         EchoService::dispatch(&mut idl::echo::Echoer, req)
     });
     let mut echo = EchoClient::<Copyrpc>::connect(&addr).unwrap();
@@ -655,7 +649,6 @@ fn credit_exhaustion_is_backpressure() {
             .poll_with(|tag, r| assert_eq!(r.unwrap(), EchoResponse::Echo256([tag as u8; 256])))
             .unwrap() as u64;
     }
-    stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
     let stats = echo.transport().context().stats();
     assert!(

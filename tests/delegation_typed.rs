@@ -30,36 +30,17 @@ impl KvServer for Store {
     }
 }
 
-/// Runs a Kv server on a thread until the returned flag is set; the thread returns the server.
-fn spawn_kv(
-    name: &str,
-    cfg: DelegationConfig,
-) -> (
-    Arc<AtomicBool>,
-    thread::JoinHandle<Server<KvService, DelegationServer>>,
-) {
-    let mut server = DelegationServer::serve::<KvService>(name, cfg).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
-    let h = thread::spawn(move || {
-        let mut store = Store::default();
-        let backoff = Backoff::new();
-        while !st.load(Ordering::Relaxed) {
-            if server.serve_once(|req| KvService::dispatch(&mut store, req)) == 0 {
-                backoff.snooze();
-            } else {
-                backoff.reset();
-            }
-        }
-        server
-    });
-    (stop, h)
+/// Runs a Kv server on its own thread ([`Server::spawn`]) until the handle is joined or dropped.
+fn spawn_kv(name: &str, cfg: DelegationConfig) -> rpc::ServerHandle<KvService, DelegationServer> {
+    let server = DelegationServer::serve::<KvService>(name, cfg).unwrap();
+    let mut store = Store::default();
+    server.spawn(move |req| KvService::dispatch(&mut store, req))
 }
 
 #[test]
 fn blocking_calls() {
     let n = name("blocking");
-    let (stop, h) = spawn_kv(&n, DelegationConfig::default());
+    let h = spawn_kv(&n, DelegationConfig::default());
     let mut kv = KvClient::<Delegation>::connect(&n).unwrap();
     assert_eq!(kv.get(0, 1).unwrap(), None);
     kv.put(0, 1, 10).unwrap();
@@ -70,7 +51,6 @@ fn blocking_calls() {
     for k in 0..1000 {
         assert_eq!(kv.get(0, k).unwrap(), Some(k * 3));
     }
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, 2003);
     assert_eq!(server.stats().bad_requests, 0);
@@ -79,7 +59,7 @@ fn blocking_calls() {
 #[test]
 fn pipelined_calls_complete_with_their_tags() {
     let n = name("pipelined");
-    let (stop, h) = spawn_kv(&n, DelegationConfig::default());
+    let h = spawn_kv(&n, DelegationConfig::default());
     let mut kv = KvClient::<Delegation>::connect(&n).unwrap();
     let depth = kv.max_in_flight() as u64;
     for k in 0..depth {
@@ -120,7 +100,6 @@ fn pipelined_calls_complete_with_their_tags() {
         r = kv.poll().unwrap();
     }
     assert_eq!(r, Some((7, KvResponse::Get(Some(103)))));
-    stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
 }
 
@@ -338,10 +317,9 @@ fn schema_mismatch_fails_at_attach() {
 #[test]
 fn server_shutdown_fails_blocking_and_pending_calls() {
     let n = name("shutdown");
-    let (stop, h) = spawn_kv(&n, DelegationConfig::default());
+    let h = spawn_kv(&n, DelegationConfig::default());
     let mut kv = KvClient::<Delegation>::connect(&n).unwrap();
     kv.put(0, 1, 1).unwrap();
-    stop.store(true, Ordering::Relaxed);
     drop(h.join().unwrap()); // clean shutdown: server_alive = false
     let t0 = Instant::now();
     assert!(matches!(kv.get(0, 1), Err(RpcError::ServerDisconnected)));

@@ -134,7 +134,7 @@ fn connect_polling<S: Service, C: Send + 'static>(
 #[test]
 fn blocking_calls() {
     let (server, addr) = server::<KvService>(&ErpcConfig::default());
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     let mut kv = KvClient::<Erpc>::connect(&addr).unwrap();
     assert_eq!(kv.max_in_flight(), 32);
     assert_eq!(kv.transport().num_sessions(), 4);
@@ -151,7 +151,6 @@ fn blocking_calls() {
     let st = kv.transport().stats();
     assert_eq!((st.calls, st.responses, st.failed_calls), (2003, 2003, 0));
     assert_eq!(st.sessions_opened, 4);
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, 2003);
     assert_eq!(server.stats().bad_requests, 0);
@@ -166,7 +165,7 @@ fn blocking_calls() {
 fn pipelined_calls_all_matched() {
     const CALLS: u64 = 20_000;
     let (server, addr) = server::<EchoService>(&ErpcConfig::default());
-    let (stop, h) = spawn(server, |req| {
+    let h = spawn(server, |req| {
         EchoService::dispatch(&mut idl::echo::Echoer, req)
     });
     let mut echo = EchoClient::<Erpc>::connect(&addr).unwrap();
@@ -232,7 +231,6 @@ fn pipelined_calls_all_matched() {
     let st = echo.transport().stats();
     assert_eq!(st.stray_events, 0);
     assert_eq!(st.sessions_opened, 4, "{st:?}");
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, CALLS + depth as u64);
 }
@@ -240,7 +238,7 @@ fn pipelined_calls_all_matched() {
 #[test]
 fn multi_packet_messages_and_options() {
     let (server, addr) = server::<BlobService>(&ErpcConfig::default());
-    let (stop, h) = spawn(server, |req| BlobService::dispatch(&mut Bumper, req));
+    let h = spawn(server, |req| BlobService::dispatch(&mut Bumper, req));
     // `transport = "erpc"`: the generated client's default transport.
     let mut blob: BlobClient = BlobClient::connect(&addr).unwrap();
     let data: [u8; 8192] = std::array::from_fn(|i| (i * 7) as u8);
@@ -272,7 +270,6 @@ fn multi_packet_messages_and_options() {
     // Each request spans 6 packets (five answered by explicit credit returns), and so does
     // each `bump` response (five fetched by requests for response).
     assert!(core.rfr_tx >= 41 * 5, "{core:?}");
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, 43);
     assert!(server.transport().endpoint().core_stats().cr_tx >= 43 * 5);
@@ -455,7 +452,7 @@ fn deferred_replies_out_of_order() {
 #[test]
 fn schema_mismatch_fails_at_connect() {
     let (server, addr) = server::<KvService>(&ErpcConfig::default());
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     match EchoClient::<Erpc>::connect(&addr) {
         Err(
             e @ RpcError::SchemaMismatch {
@@ -499,7 +496,6 @@ fn schema_mismatch_fails_at_connect() {
     // The right service connects; the refused clients left no session behind.
     let mut kv = KvClient::<Erpc>::connect(&addr).unwrap();
     kv.put(0, 1, 2).unwrap();
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.transport().endpoint().rpc().num_sessions(), 4);
 }
@@ -524,7 +520,7 @@ fn capacity_and_configuration_are_checked() {
         other => panic!("expected Capacity, got {other:?}"),
     }
     let (server, addr) = server::<BlobService>(&ErpcConfig::default());
-    let (stop, h) = spawn(server, |req| BlobService::dispatch(&mut Bumper, req));
+    let h = spawn(server, |req| BlobService::dispatch(&mut Bumper, req));
     match Erpc::<UdpTransport>::connect_with(&addr, BlobService::DESCRIPTOR, &small) {
         Err(e @ ErpcSetupError::Capacity { .. }) => match e.into_rpc_error() {
             RpcError::CapacityMismatch {
@@ -570,7 +566,6 @@ fn capacity_and_configuration_are_checked() {
             break;
         }
     }
-    stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
 }
 
@@ -595,7 +590,7 @@ fn bootstrap_from_endpoints() {
     let server =
         Server::<KvService, _>::new(ErpcServer::from_endpoint(sep, KvService::DESCRIPTOR).unwrap());
     let server_addr = server.transport().local_addr();
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     let cep = Endpoint::new(udp(), kv_cfg).unwrap();
     let t = Erpc::from_endpoint(
         cep,
@@ -620,7 +615,6 @@ fn bootstrap_from_endpoints() {
         ),
         Err(ErpcSetupError::Invalid(_))
     ));
-    stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
 }
 
@@ -757,7 +751,7 @@ fn server_gone_fails_pending_and_later_calls() {
 fn idle_clients_get_new_sessions() {
     let cfg = short_timeouts();
     let (server, addr) = server::<KvService>(&cfg);
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     let mut kv = KvClient::from_transport(
         Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &cfg).unwrap(),
     );
@@ -796,7 +790,6 @@ fn idle_clients_get_new_sessions() {
     }
     assert_eq!(kv.get(0, 100).unwrap(), Some(0));
     assert_eq!(kv.transport().stats().sessions_opened, opened);
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     // The server freed the sessions given up on (disconnected, or reaped after silence).
     assert!(server.transport().stats().sessions_closed >= 4);
@@ -810,14 +803,13 @@ fn dropped_clients_disconnect() {
     cfg.core.failure_timeout = 30_000 * MS;
     cfg.core.keepalive = 1_000 * MS;
     let (server, addr) = server::<KvService>(&cfg);
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     for i in 0..3 {
         let mut kv = KvClient::from_transport(
             Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &cfg).unwrap(),
         );
         kv.put(0, i, i).unwrap();
     }
-    stop.store(true, Ordering::Relaxed);
     let mut server = h.join().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while server.transport().endpoint().rpc().num_sessions() > 0 {
@@ -904,14 +896,13 @@ fn connect_flood_from_one_socket_leaves_other_clients_served() {
     }
     assert_eq!(statuses, HashMap::from([(0, 4), (6, FLOOD - 4)]));
     // Another client connects and is served.
-    let (stop, h) = spawn(server, |req| {
+    let h = spawn(server, |req| {
         EchoService::dispatch(&mut idl::echo::Echoer, req)
     });
     let mut echo = EchoClient::from_transport(
         Erpc::<UdpTransport>::connect_with(&addr, EchoService::DESCRIPTOR, &cfg).unwrap(),
     );
     assert_eq!(echo.ping(41).unwrap(), 41);
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.transport().endpoint().rpc().num_sessions(), 5);
 }
@@ -921,7 +912,7 @@ fn many_clients_on_one_server() {
     const CLIENTS: u64 = 8;
     const CALLS: u64 = 2_000;
     let (server, addr) = server::<EchoService>(&ErpcConfig::default());
-    let (stop, h) = spawn(server, |req| {
+    let h = spawn(server, |req| {
         EchoService::dispatch(&mut idl::echo::Echoer, req)
     });
     let clients: Vec<_> = (0..CLIENTS)
@@ -970,7 +961,6 @@ fn many_clients_on_one_server() {
         .collect();
     let total: u64 = clients.into_iter().map(|c| c.join().unwrap()).sum();
     assert_eq!(total, CLIENTS * CALLS);
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, CLIENTS * (CALLS + 1));
     assert_eq!(server.stats().dropped_replies, 0);
@@ -990,7 +980,7 @@ fn lossy_network_every_call_executes_once() {
     let runs: Arc<Mutex<HashMap<u64, u32>>> = Arc::default();
     let r2 = runs.clone();
     let mut store = Store::default();
-    let (stop, h) = spawn(Server::<KvService, _>::new(t), move |req| {
+    let h = spawn(Server::<KvService, _>::new(t), move |req| {
         if let KvRequest::Put(a) = &req {
             *r2.lock().unwrap().entry(a.key()).or_insert(0) += 1;
         }
@@ -1031,7 +1021,6 @@ fn lossy_network_every_call_executes_once() {
     eprintln!("{lossy:?}\n{core:?}");
     assert!(lossy.tx_dropped > 0 && lossy.rx_dropped > 0, "{lossy:?}");
     assert!(core.retransmitted_pkts > 0, "{core:?}");
-    stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
     let runs = runs.lock().unwrap();
     assert_eq!(runs.len() as u64, CALLS);
@@ -1050,12 +1039,12 @@ fn typed_calls_over_mlx5_ud_on_the_device_model() {
     let kv_server = serve(KvService::DESCRIPTOR);
     let kv_addr = kv_server.local_addr();
     let mut store = Store::default();
-    let (kv_stop, kv_h) = spawn(Server::<KvService, _>::new(kv_server), move |req| {
+    let kv_h = spawn(Server::<KvService, _>::new(kv_server), move |req| {
         KvService::dispatch(&mut store, req)
     });
     let blob_server = serve(BlobService::DESCRIPTOR);
     let blob_addr = blob_server.local_addr();
-    let (blob_stop, blob_h) = spawn(Server::<BlobService, _>::new(blob_server), |req| {
+    let blob_h = spawn(Server::<BlobService, _>::new(blob_server), |req| {
         BlobService::dispatch(&mut Bumper, req)
     });
 
@@ -1101,8 +1090,6 @@ fn typed_calls_over_mlx5_ud_on_the_device_model() {
         assert_eq!(blob.bump([i; 8192]).unwrap(), [i + 1; 8192]);
     }
     assert!(blob.transport().endpoint().core_stats().rfr_tx >= 20 * 2);
-    kv_stop.store(true, Ordering::Relaxed);
-    blob_stop.store(true, Ordering::Relaxed);
     assert_eq!(kv_h.join().unwrap().stats().requests, 1 + 500 + 72);
     assert_eq!(blob_h.join().unwrap().stats().requests, 20);
 }
@@ -1243,14 +1230,13 @@ fn late_replies_are_dropped_and_a_stopped_server_fails_calls_by_deadline() {
 fn client_reconnects_after_server_restart() {
     let cfg = short_timeouts();
     let (server, addr) = server::<KvService>(&cfg);
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     let mut kv = KvClient::from_transport(
         Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &cfg).unwrap(),
     );
     kv.put(0, 1, 10).unwrap();
     assert_eq!(kv.get(0, 1).unwrap(), Some(10));
     // The server dies (its socket is closed).
-    stop.store(true, Ordering::Relaxed);
     drop(h.join().unwrap());
     let t0 = Instant::now();
     assert!(matches!(kv.get(0, 1), Err(RpcError::ServerDisconnected)));
@@ -1275,7 +1261,7 @@ fn client_reconnects_after_server_restart() {
     // A new server at the same address; the client reconnects and its calls succeed.
     let t = ErpcServer::bind_with(addr, KvService::DESCRIPTOR, &cfg).unwrap();
     assert_eq!(t.local_addr(), addr);
-    let (stop, h) = spawn_kv(Server::new(t));
+    let h = spawn_kv(Server::new(t));
     kv.transport_mut().reconnect().unwrap();
     assert!(!kv.transport().is_failed());
     assert_eq!(
@@ -1300,7 +1286,6 @@ fn client_reconnects_after_server_restart() {
     let st = kv.transport().stats();
     assert_eq!(st.reconnects, 1, "{st:?}");
     assert_eq!(st.failed_calls, 1, "{st:?}");
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().bad_requests, 0);
     // Reconnecting to nothing: the next call fails within the failure timeout.
@@ -1326,7 +1311,7 @@ fn client_reconnects_after_server_restart() {
 #[test]
 fn mtu_mismatch_refused_at_connect() {
     let (server, addr) = server::<BlobService>(&ErpcConfig::default());
-    let (stop, h) = spawn(server, |req| BlobService::dispatch(&mut Bumper, req));
+    let h = spawn(server, |req| BlobService::dispatch(&mut Bumper, req));
     let cfg = ErpcConfig {
         udp_mtu: Some(1200),
         ..ErpcConfig::default()
@@ -1351,7 +1336,6 @@ fn mtu_mismatch_refused_at_connect() {
     // The matching client works.
     let mut blob = BlobClient::<Erpc>::connect(&addr).unwrap();
     assert_eq!(blob.sum([1; 8192]).unwrap(), Some(8192));
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     // The refused client asked for its four sessions; the server created none of them.
     assert_eq!(
@@ -1373,7 +1357,7 @@ fn server_admits_only_what_its_receive_ring_absorbs() {
     let entries = server.transport().endpoint().transport().rx_ring_entries();
     let admitted = entries / 8;
     assert!((1..64).contains(&admitted), "{entries} entries");
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     // One session per client (8 calls in flight).
     let cfg = ErpcConfig {
         max_in_flight: 8,
@@ -1406,7 +1390,6 @@ fn server_admits_only_what_its_receive_ring_absorbs() {
     for kv in &mut clients {
         assert_eq!(kv.get(0, 0).unwrap(), Some(1));
     }
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     // At least the one refusal. (The client re-sends its connect request every `sm_rto`, 10
     // ms, until an answer arrives; on a loaded machine a copy can reach the server before the

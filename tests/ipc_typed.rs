@@ -21,20 +21,14 @@ fn name(tag: &str) -> String {
     format!("rpc-ipc-{}-{tag}", std::process::id())
 }
 
-fn spawn_kv(
-    name: &str,
-    cfg: IpcConfig,
-) -> (
-    Arc<AtomicBool>,
-    thread::JoinHandle<Server<KvService, IpcServer>>,
-) {
+fn spawn_kv(name: &str, cfg: IpcConfig) -> rpc::ServerHandle<KvService, IpcServer> {
     typed_common::spawn_kv(IpcServer::serve::<KvService>(name, cfg).unwrap())
 }
 
 #[test]
 fn blocking_calls() {
     let n = name("blocking");
-    let (stop, h) = spawn_kv(&n, IpcConfig::default());
+    let h = spawn_kv(&n, IpcConfig::default());
     let mut kv = KvClient::<Ipc>::connect(&n).unwrap();
     assert_eq!(kv.get(0, 1).unwrap(), None);
     kv.put(0, 1, 10).unwrap();
@@ -45,7 +39,6 @@ fn blocking_calls() {
     for k in 0..1000 {
         assert_eq!(kv.get(0, k).unwrap(), Some(k * 3));
     }
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, 2003);
     assert_eq!(server.stats().bad_requests, 0);
@@ -58,7 +51,7 @@ fn pipelined_calls_complete_with_their_tags() {
         depth: 8,
         ..IpcConfig::default()
     };
-    let (stop, h) = spawn_kv(&n, cfg);
+    let h = spawn_kv(&n, cfg);
     let mut kv = KvClient::<Ipc>::connect(&n).unwrap();
     let depth = kv.max_in_flight() as u64;
     assert_eq!(depth, 8, "max_in_flight is the configured depth");
@@ -98,7 +91,6 @@ fn pipelined_calls_complete_with_their_tags() {
         r = kv.poll().unwrap();
     }
     assert_eq!(r, Some((7, KvResponse::Get(Some(103)))));
-    stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
 }
 
@@ -311,10 +303,9 @@ fn schema_mismatch_fails_at_attach() {
 #[test]
 fn server_shutdown_fails_blocking_and_pending_calls() {
     let n = name("shutdown");
-    let (stop, h) = spawn_kv(&n, IpcConfig::default());
+    let h = spawn_kv(&n, IpcConfig::default());
     let mut kv = KvClient::<Ipc>::connect(&n).unwrap();
     kv.put(0, 1, 1).unwrap();
-    stop.store(true, Ordering::Relaxed);
     drop(h.join().unwrap());
     let t0 = Instant::now();
     assert!(matches!(kv.get(0, 1), Err(RpcError::ServerDisconnected)));
@@ -474,8 +465,7 @@ fn daemons_and_clients_in_the_kv_shape() {
         c.join().unwrap();
     }
     let mut total = 0;
-    for (stop, h) in daemons {
-        stop.store(true, Ordering::Relaxed);
+    for h in daemons {
         let s = h.join().unwrap();
         assert!(s.stats().requests > 0, "every daemon served its shard");
         total += s.stats().requests;

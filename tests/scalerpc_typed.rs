@@ -60,7 +60,7 @@ fn connect_polling<S: Service, T: Send + 'static>(
 fn blocking_calls() {
     let fabric = Fabric::new(SimConfig::default());
     let (server, addr) = server::<KvService>(&fabric, small());
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     let mut kv = KvClient::<ScaleRpc>::connect(&addr).unwrap();
     assert_eq!(kv.max_in_flight(), 7);
     assert_eq!(kv.get(0, 1).unwrap(), None);
@@ -72,7 +72,6 @@ fn blocking_calls() {
     for k in 0..1000 {
         assert_eq!(kv.get(0, k).unwrap(), Some(k * 3));
     }
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, 2003);
     assert_eq!(server.stats().bad_requests, 0);
@@ -85,7 +84,7 @@ fn pipelined_calls_all_matched() {
     const CALLS: u64 = 20_000;
     let fabric = Fabric::new(SimConfig::default());
     let (server, addr) = server::<EchoService>(&fabric, small());
-    let (stop, h) = spawn(server, |req| {
+    let h = spawn(server, |req| {
         EchoService::dispatch(&mut idl::echo::Echoer, req)
     });
     let mut echo = EchoClient::<ScaleRpc>::connect(&addr).unwrap();
@@ -147,7 +146,6 @@ fn pipelined_calls_all_matched() {
             left -= 1;
         }
     }
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, CALLS + depth as u64);
     let stats = server.transport().scale_server().stats();
@@ -173,7 +171,14 @@ fn clients_in_small_groups_switch_during_the_run() {
         ..small()
     };
     let (server, addr) = server::<KvService>(&fabric, cfg);
-    let (stop, h) = spawn_kv(server);
+    // Three groups switching every 300 us from `poll`: the server must not park when idle.
+    let never_park = rpc::RunnerConfig {
+        idle: rpc::IdlePolicy::Backoff {
+            max_sleep: Duration::ZERO,
+        },
+        ..rpc::RunnerConfig::default()
+    };
+    let h = typed_common::spawn_kv_with(server, never_park);
     let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
@@ -231,7 +236,6 @@ fn clients_in_small_groups_switch_during_the_run() {
         .collect();
     let clients: Vec<_> = clients.into_iter().map(|c| c.join().unwrap()).collect();
     let would_block: u64 = clients.iter().map(|c| c.1).sum();
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(
         server.stats().requests,
@@ -331,7 +335,7 @@ fn deferred_replies_out_of_order() {
 fn schema_mismatch_fails_at_connect() {
     let fabric = Fabric::new(SimConfig::default());
     let (server, addr) = server::<KvService>(&fabric, small());
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     match EchoClient::<ScaleRpc>::connect(&addr) {
         Err(RpcError::SchemaMismatch {
             service: "Echo",
@@ -347,7 +351,6 @@ fn schema_mismatch_fails_at_connect() {
     // The right service connects, and the refused client left no connection behind.
     let mut kv = KvClient::<ScaleRpc>::connect(&addr).unwrap();
     kv.put(0, 1, 2).unwrap();
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.transport().scale_server().num_conns(), 1);
 }
@@ -388,7 +391,7 @@ fn capacity_is_checked() {
     // A client with smaller or fewer slots than the server's is refused before the server
     // creates anything; the server's geometry connects.
     let (srv, mut addr) = server::<KvService>(&fabric, small());
-    let (stop, h) = spawn_kv(srv);
+    let h = spawn_kv(srv);
     for (slot_size, slots) in [(512, 8), (1024, 4)] {
         addr.config.slot_size = slot_size;
         addr.config.slots_per_conn = slots;
@@ -436,7 +439,6 @@ fn capacity_is_checked() {
         Err(e) => panic!("expected a timeout, got {e}"),
         Ok(_) => panic!("expected a timeout, connected"),
     }
-    stop.store(true, Ordering::Relaxed);
     let server = h.join().unwrap();
     assert_eq!(server.transport().scale_server().num_conns(), 1);
 }
@@ -596,11 +598,10 @@ fn bootstrap_from_exchanged_connection_info() {
         .with_liveness(Some(Duration::from_millis(100)), None)
         .unwrap();
     assert_eq!(t.max_in_flight(), 7);
-    let (stop, h) = spawn_kv(srv);
+    let h = spawn_kv(srv);
     let mut kv = KvClient::from_transport(t);
     kv.put(3, 4, 5).unwrap();
     assert_eq!(kv.get(3, 4).unwrap(), Some(5));
-    stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
 
     let (mut server2, _) = server::<KvService>(&fabric, small());
@@ -760,7 +761,7 @@ fn typed_client_churn_beyond_max_conns() {
         ..small()
     };
     let (server, addr) = server::<KvService>(&fabric, cfg);
-    let (stop, h) = spawn_kv(server);
+    let h = spawn_kv(server);
     let mut resident = KvClient::<ScaleRpc>::connect(&addr).unwrap();
     resident.put(0, 0, 1).unwrap();
     let rounds = 5 * MAX as u64;
@@ -772,7 +773,6 @@ fn typed_client_churn_beyond_max_conns() {
         assert_eq!(resident.get(0, 0).unwrap(), Some(1));
     }
     drop(resident);
-    stop.store(true, Ordering::Relaxed);
     let mut server = h.join().unwrap();
     // The last goodbyes are in the server's CQ (a dropped client waits until its goodbye
     // completed): one more poll reads them.

@@ -1,6 +1,6 @@
 //! Runtime for `#[rpc_service]`: the wire format ([`wire`]), the service descriptor and
 //! [`Service`] trait that generated code implements, the transport-generic [`Client`] and
-//! [`Server`] cores, and the transports (for now the shared-memory [`delegation`] ring).
+//! [`Server`] cores (with a ready serve thread, [`Server::spawn`]), and the transports (for now the shared-memory [`delegation`] ring).
 
 pub mod bootstrap;
 pub mod client;
@@ -13,6 +13,7 @@ pub mod ipc;
 #[doc(hidden)]
 pub mod macro_support;
 mod rdma;
+pub mod runner;
 pub mod scalerpc;
 pub mod server;
 pub mod service;
@@ -21,6 +22,7 @@ pub mod wire;
 
 pub use client::{Client, ClientTransport};
 pub use error::{MessageKind, RpcError};
+pub use runner::{IdlePolicy, RunError, RunnerConfig, ServerHandle};
 pub use server::{Server, ServerStats, ServerTransport};
 pub use service::{ArgDescriptor, MethodDescriptor, Service, ServiceDescriptor};
 

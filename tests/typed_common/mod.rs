@@ -1,6 +1,7 @@
 //! Helpers shared by the typed end-to-end tests of the network transports
-//! (`copyrpc_typed.rs`, `scalerpc_typed.rs`, `erpc_typed.rs`): an in-memory KV handler, a
-//! server thread that serves until told to stop, and reading a wire header.
+//! (`copyrpc_typed.rs`, `scalerpc_typed.rs`, `erpc_typed.rs`, `ipc_typed.rs`,
+//! `delegation_typed.rs`): an in-memory KV handler, a server thread (the runtime's runner,
+//! `Server::spawn`), a server that withholds answers on purpose, and reading a wire header.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -11,7 +12,7 @@ use std::thread;
 use crossbeam_utils::Backoff;
 use idl::kv::{KvServer, KvService};
 use rpc::wire::MsgHeader;
-use rpc::{Server, ServerTransport, Service};
+use rpc::{Server, ServerHandle, ServerTransport, Service};
 
 /// The KV handler: a hash map of the keys put (ranks ignored).
 #[derive(Default)]
@@ -26,34 +27,32 @@ impl KvServer for Store {
     }
 }
 
-/// Runs `server` on a thread with `handler` until the returned flag is set; the thread
-/// returns the server.
+/// Runs `server` on its own thread with `handler` ([`Server::spawn`], default idle backoff)
+/// until the handle is joined or dropped.
 pub fn spawn<S: Service, T: ServerTransport + Send + 'static>(
-    mut server: Server<S, T>,
-    mut handler: impl FnMut(S::Request) -> S::Response + Send + 'static,
-) -> (Arc<AtomicBool>, thread::JoinHandle<Server<S, T>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
-    let h = thread::spawn(move || {
-        let backoff = Backoff::new();
-        while !st.load(Ordering::Relaxed) {
-            if server.serve_once(&mut handler) == 0 {
-                backoff.snooze();
-            } else {
-                backoff.reset();
-            }
-        }
-        server
-    });
-    (stop, h)
+    server: Server<S, T>,
+    handler: impl FnMut(S::Request) -> S::Response + Send + 'static,
+) -> ServerHandle<S, T> {
+    server.spawn(handler)
+}
+
+/// [`spawn_kv`] with a runner configuration (ScaleRPC with several groups: never park).
+pub fn spawn_kv_with<T: ServerTransport + Send + 'static>(
+    server: Server<KvService, T>,
+    cfg: rpc::RunnerConfig,
+) -> ServerHandle<KvService, T> {
+    let mut store = Store::default();
+    server
+        .spawn_with(cfg, move |req| KvService::dispatch(&mut store, req))
+        .unwrap()
 }
 
 /// [`spawn`] with a fresh [`Store`] as the KV handler.
 pub fn spawn_kv<T: ServerTransport + Send + 'static>(
     server: Server<KvService, T>,
-) -> (Arc<AtomicBool>, thread::JoinHandle<Server<KvService, T>>) {
+) -> ServerHandle<KvService, T> {
     let mut store = Store::default();
-    spawn(server, move |req| KvService::dispatch(&mut store, req))
+    server.spawn(move |req| KvService::dispatch(&mut store, req))
 }
 
 /// The wire header of a raw response message.
