@@ -61,3 +61,10 @@ extern crate self as rpc;
 pub use mlx5;
 pub use rpc_macros::rpc_service;
 pub use rpc_runtime::*;
+
+/// Runs every `rust` block of the repository README as a doc test, so the README's examples
+/// (the service over the delegation ring, the same service over copyrpc on the device model)
+/// stay compiled and correct (issue 17).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
