@@ -171,14 +171,9 @@ fn clients_in_small_groups_switch_during_the_run() {
         ..small()
     };
     let (server, addr) = server::<KvService>(&fabric, cfg);
-    // Three groups switching every 300 us from `poll`: the server must not park when idle.
-    let never_park = rpc::RunnerConfig {
-        idle: rpc::IdlePolicy::Backoff {
-            max_sleep: Duration::ZERO,
-        },
-        ..rpc::RunnerConfig::default()
-    };
-    let h = typed_common::spawn_kv_with(server, never_park);
+    // Three groups switching every 300 us from `poll`, served by the runner's default idle
+    // backoff: a parked server switches late (up to its 1 ms park), but every call completes.
+    let h = typed_common::spawn_kv_with(server, rpc::RunnerConfig::default());
     let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
@@ -188,6 +183,11 @@ fn clients_in_small_groups_switch_during_the_run() {
             let finished = finished.clone();
             thread::spawn(move || {
                 let mut kv = KvClient::<ScaleRpc>::connect(&addr).unwrap();
+                // The blocking gets below wait for their group's turn; with 8 threads per
+                // core (several test binaries at once) a rotation of three groups can take
+                // longer than the 1 s default deadline. This test is about switching, not
+                // latency: bound each call by the test's own deadline instead.
+                kv.set_default_deadline(Duration::from_secs(60));
                 let depth = kv.max_in_flight();
                 let key = |i: u64| (c << 32) | i;
                 // Pipelined puts (each key written once, so their order does not matter),
@@ -227,6 +227,11 @@ fn clients_in_small_groups_switch_during_the_run() {
                 // cannot be reused (the ack timeout would evict it).
                 finished.fetch_add(1, Ordering::Relaxed);
                 while finished.load(Ordering::Relaxed) < CLIENTS as usize {
+                    // A client that panicked never counts itself: fail instead of spinning.
+                    assert!(
+                        Instant::now() < deadline,
+                        "client {c}: the others never finished"
+                    );
                     assert_eq!(kv.transport_mut().poll(usize::MAX, |_, _| {}).unwrap(), 0);
                     thread::yield_now();
                 }

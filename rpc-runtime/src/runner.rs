@@ -15,10 +15,11 @@
 //! every few microseconds) no sleep happens. Transports that do background work in
 //! [`ServerTransport::poll`] (eRPC retransmissions and sessions, liveness probes) get it done
 //! at least every `max_sleep` while idle. ScaleRPC with several connection groups switches
-//! groups every time slice from `poll`: there, run with `max_sleep: Duration::ZERO` (spin,
-//! then yield; never park) or [`IdlePolicy::BusyPoll`]. With the default backoff the typed
-//! test `clients_in_small_groups_switch_during_the_run` (300 µs slices, three groups) had
-//! blocking calls time out.
+//! groups from `poll`, so a parked server ends a time slice up to `max_sleep` late: the
+//! calls of the waiting groups are delayed, never lost (the typed test
+//! `clients_in_small_groups_switch_during_the_run` runs three groups with 300 µs slices on the
+//! default backoff). For slices much shorter than 1 ms, lower `max_sleep` or use
+//! [`IdlePolicy::BusyPoll`].
 //!
 //! [`IdlePolicy::BusyPoll`] never sleeps nor yields (a `spin_loop` hint between empty rounds):
 //! the lowest latency, at the price of one core at 100% for as long as the server runs. Use it
