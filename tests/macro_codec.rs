@@ -15,8 +15,8 @@ pub struct Point {
     pub y: i32,
 }
 
-/// A zerocopy enum without a zero discriminant: `TryFromBytes` but not `FromZeros`, so it is
-/// allowed bare but not inside an `Option`.
+/// A zerocopy enum without a zero discriminant: `TryFromBytes` but not `FromZeros` (see
+/// `tests/option_wire.rs` for it inside `Option`/`Result`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, TryFromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(u8)]
 pub enum Color {
@@ -232,9 +232,9 @@ fn accessors_return_the_values_as_written() {
     };
     assert_eq!(args.new(), 3);
     // The fields themselves are the wire form.
-    let wire: rpc::__private::WireOption<u64> =
+    let wire: rpc::__private::WireOption<u64, [u8; 8]> =
         AllRequest::options(Some(1), None, None).options_args().a;
-    assert_eq!(wire.into_option(), Some(1));
+    assert_eq!(wire.try_into_option(), Ok(Some(1)));
 }
 
 trait OptionsArgs {

@@ -93,22 +93,51 @@ fn ret_type(m: &Method) -> TokenStream {
     }
 }
 
-/// The wire (lowered) form of a type: `Option<T>` → `WireOption<L(T)>`,
-/// `Result<T, E>` → `WireResult<L(T), L(E)>`, `[T; N]` → `[L(T); N]`, others unchanged.
+/// The wire (lowered) form of a type: `Option<T>` → `WireOption<L(T), [u8; size_of L(T)]>`,
+/// `Result<T, E>` → `WireResult<L(T), L(E), [u8; size_of L(T)], [u8; size_of L(E)]>`,
+/// `[T; N]` → `[L(T); N]`, others unchanged. The byte arrays store the values (validated only
+/// when their side is active); their lengths are constant expressions that name no generic
+/// parameter, as every place the macro emits a wire type allows.
 pub fn lowered(ty: &WireTy) -> TokenStream {
     match ty {
         WireTy::Leaf(t) => quote!(#t),
         WireTy::Option { inner, .. } => {
             let inner = lowered(inner);
-            quote!(::rpc::__private::WireOption<#inner>)
+            quote!(::rpc::__private::WireOption<#inner, [u8; ::core::mem::size_of::<#inner>()]>)
         }
         WireTy::Result { ok, err, .. } => {
             let ok = lowered(ok);
             let err = lowered(err);
-            quote!(::rpc::__private::WireResult<#ok, #err>)
+            quote!(::rpc::__private::WireResult<
+                #ok,
+                #err,
+                [u8; ::core::mem::size_of::<#ok>()],
+                [u8; ::core::mem::size_of::<#err>()]
+            >)
         }
         WireTy::Array { elem, len, .. } => {
             let elem = lowered(elem);
+            quote!([#elem; #len])
+        }
+    }
+}
+
+/// The wire form's text for docs: `WireOption<T'>`, `WireResult<T', E'>` (without the byte
+/// storage parameters), `[T'; N]`.
+pub fn doc_lowered(ty: &WireTy) -> TokenStream {
+    match ty {
+        WireTy::Leaf(t) => quote!(#t),
+        WireTy::Option { inner, .. } => {
+            let inner = doc_lowered(inner);
+            quote!(WireOption<#inner>)
+        }
+        WireTy::Result { ok, err, .. } => {
+            let ok = doc_lowered(ok);
+            let err = doc_lowered(err);
+            quote!(WireResult<#ok, #err>)
+        }
+        WireTy::Array { elem, len, .. } => {
+            let elem = doc_lowered(elem);
             quote!([#elem; #len])
         }
     }
@@ -132,11 +161,12 @@ pub fn lower_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
             quote!(#f(#expr, |#v| #body))
         }
     };
+    let wire = lowered(ty);
     match ty {
         WireTy::Leaf(_) => expr,
         WireTy::Option { inner, .. } => {
             let mapped = map(inner, quote!(::core::option::Option::map));
-            quote!(::rpc::__private::WireOption::from_option(#mapped))
+            quote!(<#wire>::from_option(#mapped))
         }
         WireTy::Result { ok, err, .. } => {
             let mut mapped = map(ok, quote!(::core::result::Result::map));
@@ -144,7 +174,7 @@ pub fn lower_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
                 let body = lower_expr(err, quote!(#v), depth + 1);
                 mapped = quote!(::core::result::Result::map_err(#mapped, |#v| #body));
             }
-            quote!(::rpc::__private::WireResult::from_result(#mapped))
+            quote!(<#wire>::from_result(#mapped))
         }
         WireTy::Array { elem, .. } => {
             let body = lower_expr(elem, quote!(#v), depth + 1);
@@ -153,38 +183,39 @@ pub fn lower_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
     }
 }
 
-/// An expression converting `expr` (of the wire type) back to the written type.
+/// An expression converting `expr` (of the wire type) back to the written type, validating
+/// every active `Option`/`Result` side on the way: of type
+/// `Result<written type, rpc::__private::InvalidValue>`. Callers handle identity types
+/// (nothing to raise or validate) themselves.
 pub fn raise_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
-    if ty.is_identity() {
-        return expr;
-    }
     let v = closure_var(depth);
+    let raise_fn = |inner: &WireTy| -> TokenStream {
+        if inner.is_identity() {
+            quote!(::core::result::Result::Ok)
+        } else {
+            let body = raise_expr(inner, quote!(#v), depth + 1);
+            quote!(|#v| #body)
+        }
+    };
     match ty {
-        WireTy::Leaf(_) => expr,
+        _ if ty.is_identity() => {
+            quote!(::core::result::Result::<_, ::rpc::__private::InvalidValue>::Ok(#expr))
+        }
+        WireTy::Leaf(_) => unreachable!("a leaf is an identity type"),
+        WireTy::Option { inner, .. } if inner.is_identity() => {
+            quote!(::rpc::__private::WireOption::try_into_option(#expr))
+        }
         WireTy::Option { inner, .. } => {
-            let raised = quote!(::rpc::__private::WireOption::into_option(#expr));
-            if inner.is_identity() {
-                raised
-            } else {
-                let body = raise_expr(inner, quote!(#v), depth + 1);
-                quote!(::core::option::Option::map(#raised, |#v| #body))
-            }
+            let f = raise_fn(inner);
+            quote!(::rpc::__private::raise_option(#expr, #f))
         }
         WireTy::Result { ok, err, .. } => {
-            let mut raised = quote!(::rpc::__private::WireResult::into_result(#expr));
-            if !ok.is_identity() {
-                let body = raise_expr(ok, quote!(#v), depth + 1);
-                raised = quote!(::core::result::Result::map(#raised, |#v| #body));
-            }
-            if !err.is_identity() {
-                let body = raise_expr(err, quote!(#v), depth + 1);
-                raised = quote!(::core::result::Result::map_err(#raised, |#v| #body));
-            }
-            raised
+            let (f_ok, f_err) = (raise_fn(ok), raise_fn(err));
+            quote!(::rpc::__private::raise_result(#expr, #f_ok, #f_err))
         }
         WireTy::Array { elem, .. } => {
-            let body = raise_expr(elem, quote!(#v), depth + 1);
-            quote!(#expr.map(|#v| #body))
+            let f = raise_fn(elem);
+            quote!(::rpc::__private::raise_array(#expr, #f))
         }
     }
 }
@@ -263,7 +294,9 @@ fn gen_args_struct(svc: &Service, names: &Names, m: &Method) -> TokenStream {
             ""
         } else {
             "\n`Option`/`Result` arguments are stored as `WireOption`/`WireResult` (a tag byte, then\n\
-             the value(s), the inactive side zeroed); the accessor methods return them as written."
+             the value(s) as bytes, the inactive side zeroed when sent and ignored when received);\n\
+             `rpc::Service::decode_request` validates the active sides, and the accessor methods\n\
+             return them as written."
         };
         format!(
             "Layout: `#[repr(C, packed)]`: {}, in this order and without padding, so the size is\n\
@@ -298,7 +331,26 @@ fn gen_args_struct(svc: &Service, names: &Names, m: &Method) -> TokenStream {
         let ident = &a.ident;
         let written = a.ty.written();
         // Copy the (packed) struct out first: no reference to a packed field is ever taken.
-        let body = raise_expr(&a.ty, quote!(__rpc_this.#ident), 0);
+        let (body, panics) = if a.ty.is_identity() {
+            (quote!(__rpc_this.#ident), quote!())
+        } else {
+            let raised = raise_expr(&a.ty, quote!(__rpc_this.#ident), 0);
+            (
+                quote! {
+                    match #raised {
+                        ::core::result::Result::Ok(__rpc_v) => __rpc_v,
+                        ::core::result::Result::Err(__rpc_e) => ::rpc::__private::unvalidated_argument(__rpc_e),
+                    }
+                },
+                docs(
+                    "\n\
+                     # Panics\n\
+                     If an active `Option`/`Result` side holds an invalid value, which only a struct\n\
+                     cast from bytes by hand can: `rpc::Service::decode_request` rejects such a\n\
+                     request (`WireError::BadValue`) before it reaches `dispatch`.",
+                ),
+            )
+        };
         let d = doc(format!(
             " Argument `{}` as written in the trait (`{}`).",
             a.name,
@@ -306,6 +358,7 @@ fn gen_args_struct(svc: &Service, names: &Names, m: &Method) -> TokenStream {
         ));
         quote! {
             #d
+            #panics
             #[inline]
             pub fn #ident(&self) -> #written {
                 let __rpc_this = *self;
@@ -344,8 +397,7 @@ fn gen_args_struct(svc: &Service, names: &Names, m: &Method) -> TokenStream {
 
 /// Text of a type's wire form, for docs.
 fn wire_text(ty: &WireTy) -> String {
-    let t = lowered(ty);
-    crate::parse::normalize_tokens(t).replace("::rpc::__private::", "")
+    crate::parse::normalize_tokens(doc_lowered(ty))
 }
 
 fn gen_enums(svc: &Service, names: &Names) -> TokenStream {
@@ -421,7 +473,8 @@ fn gen_enums(svc: &Service, names: &Names) -> TokenStream {
          value as written in the trait (`()` when none).\n\
          \n\
          On the wire: the 8-byte header (method id echoed, status 0, body length), then the\n\
-         return value's bytes in its wire form (`Option`/`Result` as `WireOption`/`WireResult`).\n\
+         return value's bytes in its wire form (`Option`/`Result` as `WireOption`/`WireResult`,\n\
+         whose active side `rpc::Service::decode_response` validates).\n\
          Produced by [`{service}::dispatch`]; delivered to clients with their tag by\n\
          [`{client}::poll`]/[`{client}::poll_with`]."
     ));
@@ -568,10 +621,34 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
             let camel = &m.camel;
             let id = m.id;
             let args_ident = names.args(svc, m);
-            quote! {
-                #id => ::core::result::Result::Ok(#request::#camel(
-                    ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?,
-                ))
+            // The cast validates every byte except the `Option`/`Result` sides, which are
+            // validated here, when active.
+            let checks: Vec<TokenStream> = m
+                .args
+                .iter()
+                .filter(|a| !a.ty.is_identity())
+                .map(|a| {
+                    let ident = &a.ident;
+                    let raised = raise_expr(&a.ty, quote!(__rpc_args.#ident), 0);
+                    quote!(::core::result::Result::is_err(&#raised))
+                })
+                .collect();
+            if checks.is_empty() {
+                quote! {
+                    #id => ::core::result::Result::Ok(#request::#camel(
+                        ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?,
+                    ))
+                }
+            } else {
+                quote! {
+                    #id => {
+                        let __rpc_args = ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?;
+                        if #(#checks)||* {
+                            return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
+                        }
+                        ::core::result::Result::Ok(#request::#camel(__rpc_args))
+                    }
+                }
             }
         });
         let encode_resp = svc.methods.iter().map(|m| {
@@ -586,7 +663,19 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
             let camel = &m.camel;
             let id = m.id;
             let lowered = lowered(&m.ret);
-            let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
+            let raised = if m.ret.is_identity() {
+                quote!(__rpc_ret)
+            } else {
+                let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
+                quote! {
+                    match #raised {
+                        ::core::result::Result::Ok(__rpc_v) => __rpc_v,
+                        ::core::result::Result::Err(_) => {
+                            return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
+                        }
+                    }
+                }
+            };
             quote! {
                 #id => {
                     let __rpc_ret = ::rpc::__private::decode_response::<#lowered>(#id, msg)?;
@@ -732,8 +821,21 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
         let body = if m.ret.is_identity() {
             call
         } else {
+            // An invalid active `Option`/`Result` side is a bad response, like any other
+            // undecodable one.
             let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
-            quote!(::core::result::Result::map(#call, |__rpc_ret| #raised))
+            let mname = &m.name;
+            quote! {
+                match #call {
+                    ::core::result::Result::Ok(__rpc_ret) => match #raised {
+                        ::core::result::Result::Ok(__rpc_v) => ::core::result::Result::Ok(__rpc_v),
+                        ::core::result::Result::Err(_) => ::core::result::Result::Err(
+                            ::rpc::__private::bad_response_value(#mname, #service::#shouty),
+                        ),
+                    },
+                    ::core::result::Result::Err(__rpc_e) => ::core::result::Result::Err(__rpc_e),
+                }
+            }
         };
         let user_docs = &m.docs;
         let sep = if user_docs.is_empty() { quote!() } else { doc("") };
@@ -1035,7 +1137,7 @@ fn gen_checks(svc: &Service) -> TokenStream {
     // its first use. Primitive types always pass and are skipped.
     let mut seen: Vec<(String, &str)> = Vec::new();
     let mut checks = Vec::new();
-    let mut check_leaf = |ty: &Type, in_tagged: bool| {
+    let mut check_leaf = |ty: &Type| {
         let text = type_text(ty);
         if is_primitive(&text) {
             return;
@@ -1047,14 +1149,8 @@ fn gen_checks(svc: &Service) -> TokenStream {
             "AssertKnownLayout",
             "AssertImmutable",
             "AssertCopy",
-            "AssertFromZeros",
         ];
-        let n = if in_tagged {
-            traits.len()
-        } else {
-            traits.len() - 1
-        };
-        for check in &traits[..n] {
+        for check in &traits {
             if !seen.iter().any(|(t, c)| *t == text && c == check) {
                 seen.push((text.clone(), check));
                 checks.push(check_type(span, check, ty));
@@ -1063,10 +1159,10 @@ fn gen_checks(svc: &Service) -> TokenStream {
     };
     for m in &svc.methods {
         for a in &m.args {
-            a.ty.for_each_leaf(false, &mut check_leaf);
+            a.ty.for_each_leaf(&mut check_leaf);
         }
         if m.ret_written {
-            m.ret.for_each_leaf(false, &mut check_leaf);
+            m.ret.for_each_leaf(&mut check_leaf);
         }
     }
     if checks.is_empty() {

@@ -61,8 +61,10 @@ use proc_macro::TokenStream;
 /// `std::option::`/`core::option::` prefix). A type alias of `Option`/`Result` is not seen
 /// through: it is taken as an ordinary type and must itself be a zerocopy type. Every other
 /// ("leaf") type must implement zerocopy's `IntoBytes`, `TryFromBytes`, `KnownLayout`,
-/// `Immutable`, and `Copy`; leaves inside an `Option` or `Result` also `FromZeros` (the
-/// inactive side is sent zeroed). References, slices, `impl Trait`, `dyn Trait`, pointers,
+/// `Immutable`, and `Copy`, inside an `Option` or `Result` too: a wire `Option`/`Result` holds
+/// each side as raw bytes, sends the inactive side zeroed and never reads it, and validates
+/// the active side when the request or response is decoded (an invalid one is a bad request
+/// or response), so an enum without a zero variant works as `Option<E>`. References, slices, `impl Trait`, `dyn Trait`, pointers,
 /// function pointers and tuples other than `()` are rejected. So are the variable-length
 /// standard types `String`, `str` and `Vec<T>` (also written `std::string::String`,
 /// `alloc::vec::Vec<T>`, ...), each with one error on the type suggesting a fixed-size array

@@ -179,14 +179,14 @@ fn item_keyword_span(item: &syn::Item) -> Span {
 pub enum WireTy {
     /// Sent as is: must itself be a zerocopy type.
     Leaf(Type),
-    /// `Option<T>`, sent as `WireOption<L(T)>`.
+    /// `Option<T>`, sent as `WireOption<L(T), [u8; size_of L(T)]>`.
     Option {
         /// The whole type as written.
         written: Type,
         /// `T`.
         inner: Box<WireTy>,
     },
-    /// `Result<T, E>`, sent as `WireResult<L(T), L(E)>`.
+    /// `Result<T, E>`, sent as `WireResult<L(T), L(E), ..>` (with byte storage for each side).
     Result {
         /// The whole type as written.
         written: Type,
@@ -242,17 +242,16 @@ impl WireTy {
         }
     }
 
-    /// Visits every leaf with whether it sits inside an `Option`/`Result` (and so must also be
-    /// `FromZeros`: the inactive side is zeroed).
-    pub fn for_each_leaf(&self, in_tagged: bool, f: &mut impl FnMut(&Type, bool)) {
+    /// Visits every leaf (every type that is not an `Option`, `Result` or array), in order.
+    pub fn for_each_leaf(&self, f: &mut impl FnMut(&Type)) {
         match self {
-            WireTy::Leaf(t) => f(t, in_tagged),
-            WireTy::Option { inner, .. } => inner.for_each_leaf(true, f),
+            WireTy::Leaf(t) => f(t),
+            WireTy::Option { inner, .. } => inner.for_each_leaf(f),
             WireTy::Result { ok, err, .. } => {
-                ok.for_each_leaf(true, f);
-                err.for_each_leaf(true, f);
+                ok.for_each_leaf(f);
+                err.for_each_leaf(f);
             }
-            WireTy::Array { elem, .. } => elem.for_each_leaf(in_tagged, f),
+            WireTy::Array { elem, .. } => elem.for_each_leaf(f),
         }
     }
 }

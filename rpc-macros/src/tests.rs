@@ -5,7 +5,7 @@ use proc_macro2::TokenStream;
 use quote::quote;
 
 use crate::expand::expand;
-use crate::generate::{lower_expr, lowered, raise_expr};
+use crate::generate::{doc_lowered, lower_expr, lowered, raise_expr};
 use crate::parse::{Errors, WireTy, normalize_tokens, parse_attr};
 use crate::validate::{CLIENT_METHODS, type_text};
 
@@ -28,9 +28,44 @@ fn compact(tokens: TokenStream) -> String {
         .collect()
 }
 
+/// The wire form as the docs show it (without the byte storage parameters).
 fn lowered_text(ty: TokenStream) -> String {
-    normalize_tokens(lowered(&classify(ty).expect("supported type")))
-        .replace("::rpc::__private::", "")
+    let ty = classify(ty).expect("supported type");
+    let short = normalize_tokens(doc_lowered(&ty));
+    // The emitted form is the same tree with byte storage for every `Option`/`Result` side.
+    let full = normalize_tokens(lowered(&ty)).replace("::rpc::__private::", "");
+    let storage_free = strip_storage(&full);
+    assert_eq!(storage_free, short, "{full}");
+    short
+}
+
+/// Removes the `, [u8; ::core::mem::size_of::<..>()]` storage parameters from a lowered type.
+fn strip_storage(text: &str) -> String {
+    const START: &str = ", [u8;::core::mem::size_of::<";
+    let mut out = text.to_owned();
+    while let Some(i) = out.find(START) {
+        // Skip to the `()]` that closes this storage parameter (balanced `<`/`>`).
+        let rest = &out[i + START.len()..];
+        let mut depth = 1;
+        let mut end = None;
+        for (j, c) in rest.char_indices() {
+            match c {
+                '<' => depth += 1,
+                '>' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(j);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let end = end.expect("balanced storage parameter");
+        assert!(rest[end..].starts_with(">()]"), "{text}");
+        out = format!("{}{}", &out[..i], &rest[end + 4..]);
+    }
+    out
 }
 
 /// Every error message of an expansion.
@@ -63,6 +98,14 @@ fn kv_errors(item: TokenStream) -> Vec<String> {
 fn lowering_is_recursive_and_syntactic() {
     assert_eq!(lowered_text(quote!(u64)), "u64");
     assert_eq!(lowered_text(quote!(Option<u64>)), "WireOption<u64>");
+    // The value's storage is a byte array of its wire size.
+    let ty = classify(quote!(Option<Result<Color, u16>>)).unwrap();
+    assert_eq!(
+        normalize_tokens(lowered(&ty)).replace("::rpc::__private::", ""),
+        "WireOption<WireResult<Color, u16, [u8;::core::mem::size_of::<Color>()], \
+         [u8;::core::mem::size_of::<u16>()]>, [u8;::core::mem::size_of::<WireResult<Color, \
+         u16, [u8;::core::mem::size_of::<Color>()], [u8;::core::mem::size_of::<u16>()]>>()]>"
+    );
     assert_eq!(
         lowered_text(quote!(std::option::Option<u64>)),
         "WireOption<u64>"
@@ -106,18 +149,19 @@ fn identity_lowering_needs_no_conversion() {
     let ty = classify(quote!([[u8; 2]; 3])).unwrap();
     assert!(ty.is_identity());
     assert_eq!(lower_expr(&ty, quote!(x), 0).to_string(), "x");
-    assert_eq!(raise_expr(&ty, quote!(x), 0).to_string(), "x");
     let ty = classify(quote!([Option<u8>; 3])).unwrap();
     assert!(!ty.is_identity());
     let lower = compact(lower_expr(&ty, quote!(x), 0));
     assert_eq!(
         lower,
-        "x.map(|__rpc_v0|::rpc::__private::WireOption::from_option(__rpc_v0))"
+        "x.map(|__rpc_v0|<::rpc::__private::WireOption<u8,[u8;::core::mem::size_of::<u8>()]>>\
+         ::from_option(__rpc_v0))"
     );
     let raise = compact(raise_expr(&ty, quote!(x), 0));
     assert_eq!(
         raise,
-        "x.map(|__rpc_v0|::rpc::__private::WireOption::into_option(__rpc_v0))"
+        "::rpc::__private::raise_array(x,|__rpc_v0|\
+         ::rpc::__private::WireOption::try_into_option(__rpc_v0))"
     );
 }
 
@@ -125,30 +169,47 @@ fn identity_lowering_needs_no_conversion() {
 fn nested_conversions_use_distinct_closure_variables() {
     let ty = classify(quote!(Option<[Option<u8>; 2]>)).unwrap();
     let lower = compact(lower_expr(&ty, quote!(x), 0));
-    assert_eq!(
-        lower,
-        "::rpc::__private::WireOption::from_option(::core::option::Option::map(x,|__rpc_v0|\
-         __rpc_v0.map(|__rpc_v1|::rpc::__private::WireOption::from_option(__rpc_v1))))"
+    assert!(
+        lower.starts_with("<::rpc::__private::WireOption<[::rpc::__private::WireOption<u8,"),
+        "{lower}"
+    );
+    assert!(
+        lower.ends_with(
+            ">::from_option(::core::option::Option::map(x,|__rpc_v0|__rpc_v0.map(|__rpc_v1|\
+             <::rpc::__private::WireOption<u8,[u8;::core::mem::size_of::<u8>()]>>\
+             ::from_option(__rpc_v1))))"
+        ),
+        "{lower}"
     );
     let ty = classify(quote!(Result<Option<u8>, [Option<u8>; 1]>)).unwrap();
     let raise = compact(raise_expr(&ty, quote!(x), 0));
-    assert!(raise.contains("::core::result::Result::map("), "{raise}");
-    assert!(
-        raise.contains("::core::result::Result::map_err("),
-        "{raise}"
+    assert_eq!(
+        raise,
+        "::rpc::__private::raise_result(x,\
+         |__rpc_v0|::rpc::__private::WireOption::try_into_option(__rpc_v0),\
+         |__rpc_v0|::rpc::__private::raise_array(__rpc_v0,\
+         |__rpc_v1|::rpc::__private::WireOption::try_into_option(__rpc_v1)))"
+    );
+    let ty = classify(quote!(Result<u8, Option<Option<u8>>>)).unwrap();
+    let raise = compact(raise_expr(&ty, quote!(x), 0));
+    assert_eq!(
+        raise,
+        "::rpc::__private::raise_result(x,::core::result::Result::Ok,\
+         |__rpc_v0|::rpc::__private::raise_option(__rpc_v0,\
+         |__rpc_v1|::rpc::__private::WireOption::try_into_option(__rpc_v1)))"
     );
 }
 
 #[test]
-fn leaves_inside_option_or_result_are_marked() {
+fn leaves_are_visited_in_order() {
     let ty = classify(quote!(Option<[Result<A, B>; 2]>)).unwrap();
     let mut leaves = Vec::new();
-    ty.for_each_leaf(false, &mut |t, tagged| leaves.push((type_text(t), tagged)));
-    assert_eq!(leaves, [("A".to_owned(), true), ("B".to_owned(), true)]);
+    ty.for_each_leaf(&mut |t| leaves.push(type_text(t)));
+    assert_eq!(leaves, ["A", "B"]);
     let ty = classify(quote!([C; 2])).unwrap();
     let mut leaves = Vec::new();
-    ty.for_each_leaf(false, &mut |t, tagged| leaves.push((type_text(t), tagged)));
-    assert_eq!(leaves, [("C".to_owned(), false)]);
+    ty.for_each_leaf(&mut |t| leaves.push(type_text(t)));
+    assert_eq!(leaves, ["C"]);
 }
 
 /// `String`, `str` and `Vec<T>` get one error each saying what to write instead (issue 17),

@@ -31,7 +31,7 @@ pub use service::{ArgDescriptor, MethodDescriptor, Service, ServiceDescriptor};
 pub mod __private {
     pub use crate::macro_support::*;
     pub use crate::wire::{
-        WireOption, WireResult, decode_body, decode_response, encode, read_header,
+        InvalidValue, WireOption, WireResult, decode_body, decode_response, encode, read_header,
         read_request_header,
     };
     pub use zerocopy;

@@ -18,7 +18,9 @@
 //! the size the receiver's schema expects exactly, which also catches most schema mismatches
 //! that slipped past the attach-time fingerprint check.
 
-use zerocopy::{FromZeros, Immutable, IntoBytes, KnownLayout, TryFromBytes};
+use core::marker::PhantomData;
+
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, TryFromBytes};
 
 /// Size of [`MsgHeader`] in bytes.
 pub const HEADER_BYTES: usize = 8;
@@ -299,46 +301,103 @@ fn rejected(code: u16) -> WireError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, FromZeros, IntoBytes, KnownLayout, Immutable)]
 #[repr(u8)]
 pub enum OptionTag {
-    /// `None`; the value bytes are all zero.
+    /// `None`; the value bytes are zero when sent, and ignored when received.
     None = 0,
     /// `Some(value)`.
     Some = 1,
 }
 
-/// The zerocopy form of `Option<T>`: a tag byte followed by `T` (zeroed when `None`), packed,
-/// `1 + size_of::<T>()` bytes. All-zero bytes are `None`, so it is `FromZeros` and nests. `#[rpc_service]` lowers `Option<T>` in signatures to this type;
-/// users never write it.
-#[derive(Clone, Copy, Debug, FromZeros, IntoBytes, KnownLayout, Immutable)]
-#[repr(C, packed)]
-pub struct WireOption<T> {
-    tag: OptionTag,
-    value: T,
+/// The active side of a [`WireOption`] or [`WireResult`] holds bytes that are not a valid
+/// value of its type (a bad `bool`, `char` or enum discriminant, or a bad nested tag).
+///
+/// The generated codec turns it into [`WireError::BadValue`]: a server answers the request
+/// with [`Status::BadArguments`] (the client sees `RpcError::BadRequest`), a client reports
+/// the response as `RpcError::BadResponse`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[error("the active side of an Option/Result holds an invalid value")]
+pub struct InvalidValue;
+
+/// Copies the bytes of `value` into a `B` of the same size (checked at compile time).
+#[inline(always)]
+fn to_bytes<T: IntoBytes + Immutable, B: FromBytes + IntoBytes>(value: &T) -> B {
+    const {
+        assert!(
+            size_of::<T>() == size_of::<B>(),
+            "byte storage must be size_of::<T>() bytes"
+        )
+    };
+    let mut bytes = B::new_zeroed();
+    // Both are `size_of::<T>()` bytes (asserted above), so this cannot panic.
+    bytes.as_mut_bytes().copy_from_slice(value.as_bytes());
+    bytes
 }
 
-impl<T: FromZeros + Copy> WireOption<T> {
-    /// Lowers an `Option`.
+/// Reads a `T` from the bytes of `bytes`, validating them.
+#[inline(always)]
+fn from_bytes<T: TryFromBytes, B: IntoBytes + Immutable>(bytes: &B) -> Result<T, InvalidValue> {
+    T::try_read_from_bytes(bytes.as_bytes()).map_err(|_| InvalidValue)
+}
+
+/// The zerocopy form of `Option<T>`: a tag byte followed by `size_of::<T>()` bytes, packed,
+/// `1 + size_of::<T>()` bytes. `#[rpc_service]` lowers `Option<T>` in signatures to this
+/// type, with `B = [u8; size_of::<T>()]` (the value's storage); users never write it.
+///
+/// The value is kept as raw bytes so that `T` need not accept all-zero bytes (an enum
+/// without a zero discriminant works): a `None` is sent with zeroed value bytes and received
+/// with any value bytes (they are never read); a `Some` is sent as the value's bytes and
+/// validated as a `T` only when raised ([`WireOption::try_into_option`]), which the
+/// generated codec does for every request and response it decodes. Decoding the struct
+/// itself (`TryFromBytes`) validates the tag only.
+// `FromZeros` (all-zero bytes are `None`) implies `TryFromBytes`.
+#[derive(FromZeros, IntoBytes, KnownLayout, Immutable)]
+#[repr(C, packed)]
+pub struct WireOption<T, B> {
+    tag: OptionTag,
+    value: B,
+    _value: PhantomData<T>,
+}
+
+// `Copy` whatever `T` is: only the bytes are stored.
+impl<T, B: Copy> Clone for WireOption<T, B> {
+    #[inline(always)]
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T, B: Copy> Copy for WireOption<T, B> {}
+
+impl<T: IntoBytes + Immutable, B: FromBytes + IntoBytes> WireOption<T, B> {
+    /// Lowers an `Option`: the value's bytes after a `Some` tag, or zeros after a `None` tag.
     #[inline(always)]
     pub fn from_option(o: Option<T>) -> Self {
         match o {
             Some(value) => WireOption {
                 tag: OptionTag::Some,
-                value,
+                value: to_bytes(&value),
+                _value: PhantomData,
             },
             None => WireOption {
                 tag: OptionTag::None,
-                value: T::new_zeroed(),
+                value: B::new_zeroed(),
+                _value: PhantomData,
             },
         }
     }
 }
 
-impl<T: Copy> WireOption<T> {
-    /// Raises back to an `Option`.
+impl<T: TryFromBytes, B: IntoBytes + Immutable + Copy> WireOption<T, B> {
+    /// Raises back to an `Option`, validating the value bytes if the tag is `Some`.
+    ///
+    /// # Errors
+    /// [`InvalidValue`] if the tag is `Some` and the bytes are not a valid `T`.
     #[inline(always)]
-    pub fn into_option(self) -> Option<T> {
+    pub fn try_into_option(self) -> Result<Option<T>, InvalidValue> {
         match self.tag {
-            OptionTag::Some => Some(self.value),
-            OptionTag::None => None,
+            OptionTag::Some => {
+                let value = self.value;
+                from_bytes(&value).map(Some)
+            }
+            OptionTag::None => Ok(None),
         }
     }
 }
@@ -347,76 +406,159 @@ impl<T: Copy> WireOption<T> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, FromZeros, IntoBytes, KnownLayout, Immutable)]
 #[repr(u8)]
 pub enum ResultTag {
-    /// `Ok(ok)`; the `err` bytes are zero.
+    /// `Ok(ok)`; the `err` bytes are zero when sent, and ignored when received.
     Ok = 0,
-    /// `Err(err)`; the `ok` bytes are zero.
+    /// `Err(err)`; the `ok` bytes are zero when sent, and ignored when received.
     Err = 1,
 }
 
-/// The zerocopy form of `Result<T, E>`: a tag byte, then `T`, then `E` (the inactive one
-/// zeroed), packed, `1 + size_of::<T>() + size_of::<E>()` bytes. `#[rpc_service]` lowers
-/// `Result<T, E>` in signatures to this type; users never write it.
-#[derive(Clone, Copy, Debug, FromZeros, IntoBytes, KnownLayout, Immutable)]
+/// The zerocopy form of `Result<T, E>`: a tag byte, then `size_of::<T>()` bytes for the `Ok`
+/// side, then `size_of::<E>()` bytes for the `Err` side, packed,
+/// `1 + size_of::<T>() + size_of::<E>()` bytes. `#[rpc_service]` lowers `Result<T, E>` in
+/// signatures to this type with `BT = [u8; size_of::<T>()]`, `BE = [u8; size_of::<E>()]`;
+/// users never write it.
+///
+/// As in [`WireOption`], both sides are raw bytes: the inactive side is sent zeroed and never
+/// read; the active side is validated when raised ([`WireResult::try_into_result`]), so
+/// neither `T` nor `E` needs to accept all-zero bytes.
+#[derive(TryFromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C, packed)]
-pub struct WireResult<T, E> {
+pub struct WireResult<T, E, BT, BE> {
     tag: ResultTag,
-    ok: T,
-    err: E,
+    ok: BT,
+    err: BE,
+    _values: PhantomData<(T, E)>,
 }
 
-impl<T: FromZeros + Copy, E: FromZeros + Copy> WireResult<T, E> {
-    /// Lowers a `Result`.
+impl<T, E, BT: Copy, BE: Copy> Clone for WireResult<T, E, BT, BE> {
+    #[inline(always)]
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T, E, BT: Copy, BE: Copy> Copy for WireResult<T, E, BT, BE> {}
+
+impl<T, E, BT, BE> WireResult<T, E, BT, BE>
+where
+    T: IntoBytes + Immutable,
+    E: IntoBytes + Immutable,
+    BT: FromBytes + IntoBytes,
+    BE: FromBytes + IntoBytes,
+{
+    /// Lowers a `Result`: the active side's bytes, the other side zeroed.
     #[inline(always)]
     pub fn from_result(r: Result<T, E>) -> Self {
         match r {
             Ok(ok) => WireResult {
                 tag: ResultTag::Ok,
-                ok,
-                err: E::new_zeroed(),
+                ok: to_bytes(&ok),
+                err: BE::new_zeroed(),
+                _values: PhantomData,
             },
             Err(err) => WireResult {
                 tag: ResultTag::Err,
-                ok: T::new_zeroed(),
-                err,
+                ok: BT::new_zeroed(),
+                err: to_bytes(&err),
+                _values: PhantomData,
             },
         }
     }
 }
 
-impl<T: Copy, E: Copy> WireResult<T, E> {
-    /// Raises back to a `Result`.
+impl<T, E, BT, BE> WireResult<T, E, BT, BE>
+where
+    T: TryFromBytes,
+    E: TryFromBytes,
+    BT: IntoBytes + Immutable + Copy,
+    BE: IntoBytes + Immutable + Copy,
+{
+    /// Raises back to a `Result`, validating the active side's bytes.
+    ///
+    /// # Errors
+    /// [`InvalidValue`] if the active side's bytes are not a valid `T` (`Ok`) or `E` (`Err`).
     #[inline(always)]
-    pub fn into_result(self) -> Result<T, E> {
+    pub fn try_into_result(self) -> Result<Result<T, E>, InvalidValue> {
         match self.tag {
-            ResultTag::Ok => Ok(self.ok),
-            ResultTag::Err => Err(self.err),
+            ResultTag::Ok => {
+                let ok = self.ok;
+                from_bytes(&ok).map(Ok)
+            }
+            ResultTag::Err => {
+                let err = self.err;
+                from_bytes(&err).map(Err)
+            }
         }
     }
 }
 
-// Equality and hashing use the raised values: a validated decode does not require the inactive
-// side to be zero, so comparing raw fields would be wrong.
-impl<T: Copy + PartialEq> PartialEq for WireOption<T> {
+// Equality, hashing and `Debug` use the raised values (an invalid active side is its own
+// value, `Err(InvalidValue)`): the inactive side's bytes are not part of the value.
+impl<T: TryFromBytes + PartialEq, B: IntoBytes + Immutable + Copy> PartialEq for WireOption<T, B> {
     fn eq(&self, other: &Self) -> bool {
-        self.into_option() == other.into_option()
+        self.try_into_option() == other.try_into_option()
     }
 }
-impl<T: Copy + Eq> Eq for WireOption<T> {}
-impl<T: Copy + std::hash::Hash> std::hash::Hash for WireOption<T> {
+impl<T: TryFromBytes + Eq, B: IntoBytes + Immutable + Copy> Eq for WireOption<T, B> {}
+impl<T: TryFromBytes + std::hash::Hash, B: IntoBytes + Immutable + Copy> std::hash::Hash
+    for WireOption<T, B>
+{
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.into_option().hash(state)
+        self.try_into_option().hash(state)
+    }
+}
+impl<T: TryFromBytes + std::fmt::Debug, B: IntoBytes + Immutable + Copy> std::fmt::Debug
+    for WireOption<T, B>
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.try_into_option() {
+            Ok(o) => f.debug_tuple("WireOption").field(&o).finish(),
+            Err(e) => f.debug_tuple("WireOption").field(&e).finish(),
+        }
     }
 }
 
-impl<T: Copy + PartialEq, E: Copy + PartialEq> PartialEq for WireResult<T, E> {
+impl<T, E, BT, BE> PartialEq for WireResult<T, E, BT, BE>
+where
+    T: TryFromBytes + PartialEq,
+    E: TryFromBytes + PartialEq,
+    BT: IntoBytes + Immutable + Copy,
+    BE: IntoBytes + Immutable + Copy,
+{
     fn eq(&self, other: &Self) -> bool {
-        self.into_result() == other.into_result()
+        self.try_into_result() == other.try_into_result()
     }
 }
-impl<T: Copy + Eq, E: Copy + Eq> Eq for WireResult<T, E> {}
-impl<T: Copy + std::hash::Hash, E: Copy + std::hash::Hash> std::hash::Hash for WireResult<T, E> {
+impl<T, E, BT, BE> Eq for WireResult<T, E, BT, BE>
+where
+    T: TryFromBytes + Eq,
+    E: TryFromBytes + Eq,
+    BT: IntoBytes + Immutable + Copy,
+    BE: IntoBytes + Immutable + Copy,
+{
+}
+impl<T, E, BT, BE> std::hash::Hash for WireResult<T, E, BT, BE>
+where
+    T: TryFromBytes + std::hash::Hash,
+    E: TryFromBytes + std::hash::Hash,
+    BT: IntoBytes + Immutable + Copy,
+    BE: IntoBytes + Immutable + Copy,
+{
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.into_result().hash(state)
+        self.try_into_result().hash(state)
+    }
+}
+impl<T, E, BT, BE> std::fmt::Debug for WireResult<T, E, BT, BE>
+where
+    T: TryFromBytes + std::fmt::Debug,
+    E: TryFromBytes + std::fmt::Debug,
+    BT: IntoBytes + Immutable + Copy,
+    BE: IntoBytes + Immutable + Copy,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.try_into_result() {
+            Ok(r) => f.debug_tuple("WireResult").field(&r).finish(),
+            Err(e) => f.debug_tuple("WireResult").field(&e).finish(),
+        }
     }
 }
 
@@ -442,19 +584,20 @@ mod tests {
     #[test]
     fn roundtrip_and_errors() {
         let mut buf = [0u8; 64];
-        let n = encode(3, 0, &WireOption::from_option(Some(7u64)), &mut buf);
+        type O = WireOption<u64, [u8; 8]>;
+        let n = encode(3, 0, &O::from_option(Some(7u64)), &mut buf);
         assert_eq!(n, HEADER_BYTES + 9);
-        let v: WireOption<u64> = decode_response(3, &buf[..n]).unwrap();
-        assert_eq!(v.into_option(), Some(7));
+        let v: O = decode_response(3, &buf[..n]).unwrap();
+        assert_eq!(v.try_into_option(), Ok(Some(7)));
         assert_eq!(
-            decode_response::<WireOption<u64>>(4, &buf[..n]),
+            decode_response::<O>(4, &buf[..n]),
             Err(WireError::MethodMismatch {
                 expected: 4,
                 got: 3
             })
         );
         assert!(matches!(
-            decode_response::<WireOption<u64>>(3, &buf[..n - 1]),
+            decode_response::<O>(3, &buf[..n - 1]),
             Err(WireError::Truncated { .. })
         ));
         assert!(matches!(
@@ -467,12 +610,12 @@ mod tests {
         ));
         buf[HEADER_BYTES] = 2; // invalid Option tag
         assert_eq!(
-            decode_response::<WireOption<u64>>(3, &buf[..n]),
+            decode_response::<O>(3, &buf[..n]),
             Err(WireError::BadValue { method_id: 3 })
         );
         let n = encode_status(3, Status::UnknownMethod, &mut buf);
         assert_eq!(
-            decode_response::<WireOption<u64>>(3, &buf[..n]),
+            decode_response::<O>(3, &buf[..n]),
             Err(WireError::Rejected {
                 status: Some(Status::UnknownMethod),
                 code: 1
@@ -482,13 +625,59 @@ mod tests {
 
     #[test]
     fn result_lowering_roundtrip() {
-        let ok: WireResult<u32, [u8; 3]> = WireResult::from_result(Ok(5));
+        type R = WireResult<u32, [u8; 3], [u8; 4], [u8; 3]>;
+        let ok = R::from_result(Ok(5));
         assert_eq!(size_of_val(&ok), 1 + 4 + 3);
-        assert_eq!(ok.into_result(), Ok(5));
-        let err: WireResult<u32, [u8; 3]> = WireResult::from_result(Err([1, 2, 3]));
-        assert_eq!(err.into_result(), Err([1, 2, 3]));
+        assert_eq!(ok.try_into_result(), Ok(Ok(5)));
+        let err = R::from_result(Err([1, 2, 3]));
+        assert_eq!(err.try_into_result(), Ok(Err([1, 2, 3])));
         let mut bytes = err.as_bytes().to_vec();
+        assert_eq!(bytes, [1, 0, 0, 0, 0, 1, 2, 3]);
         bytes[0] = 9;
-        assert!(WireResult::<u32, [u8; 3]>::try_read_from_bytes(&bytes[..]).is_err());
+        assert!(R::try_read_from_bytes(&bytes[..]).is_err());
+    }
+
+    /// An enum without a zero discriminant: not `FromZeros`.
+    #[derive(
+        Clone, Copy, Debug, PartialEq, Eq, TryFromBytes, IntoBytes, KnownLayout, Immutable,
+    )]
+    #[repr(u8)]
+    enum Color {
+        Red = 1,
+        Green = 2,
+    }
+
+    #[test]
+    fn non_zero_values_validated_only_when_active() {
+        type O = WireOption<Color, [u8; 1]>;
+        type R = WireResult<Color, Color, [u8; 1], [u8; 1]>;
+        assert_eq!(O::from_option(Some(Color::Green)).as_bytes(), [1, 2]);
+        assert_eq!(O::from_option(None).as_bytes(), [0, 0]);
+        assert_eq!(R::from_result(Ok(Color::Red)).as_bytes(), [0, 1, 0]);
+        assert_eq!(R::from_result(Err(Color::Green)).as_bytes(), [1, 0, 2]);
+        // Inactive sides are never read: any bytes.
+        let none = O::try_read_from_bytes(&[0, 0xFF][..]).unwrap();
+        assert_eq!(none.try_into_option(), Ok(None));
+        let ok = R::try_read_from_bytes(&[0, 2, 0xFF][..]).unwrap();
+        assert_eq!(ok.try_into_result(), Ok(Ok(Color::Green)));
+        let err = R::try_read_from_bytes(&[1, 0xFF, 1][..]).unwrap();
+        assert_eq!(err.try_into_result(), Ok(Err(Color::Red)));
+        // Active sides are validated.
+        for bad in [0u8, 3, 7, 0xFF] {
+            let some = O::try_read_from_bytes(&[1, bad][..]).unwrap();
+            assert_eq!(some.try_into_option(), Err(InvalidValue));
+            let ok = R::try_read_from_bytes(&[0, bad, 1][..]).unwrap();
+            assert_eq!(ok.try_into_result(), Err(InvalidValue));
+            let err = R::try_read_from_bytes(&[1, 1, bad][..]).unwrap();
+            assert_eq!(err.try_into_result(), Err(InvalidValue));
+        }
+        // The tags are still validated by the cast itself.
+        assert!(O::try_read_from_bytes(&[2, 1][..]).is_err());
+        assert!(R::try_read_from_bytes(&[2, 1, 1][..]).is_err());
+        // Equality ignores the inactive side.
+        assert_eq!(
+            O::try_read_from_bytes(&[0, 0xFF][..]).unwrap(),
+            O::from_option(None)
+        );
     }
 }
