@@ -302,7 +302,7 @@ fn header(req_id: u64, len: u16, addr: u64, rkey: u32) -> RequestHeader {
         magic: REQUEST_MAGIC,
         req_id,
         rpc_type: 3,
-        payload_len: len,
+        payload_len: len.into(),
         client_slot_addr: addr,
         client_slot_rkey: rkey,
     }
@@ -313,7 +313,7 @@ fn server_cfg() -> ServerConfig {
         max_conns: 8,
         group_size: GroupSize::Off,
         slots_per_conn: K,
-        slot_size: SLOT as u32,
+        slot_size: Some(SLOT as u32),
         ..ServerConfig::default()
     }
 }
@@ -322,7 +322,7 @@ fn client_cfg() -> ClientConfig {
     ClientConfig {
         max_conns: 8,
         slots_per_conn: K,
-        slot_size: SLOT as u32,
+        slot_size: Some(SLOT as u32),
         ..ClientConfig::default()
     }
 }
@@ -593,7 +593,7 @@ fn stale_token_does_not_answer_another_connections_request_in_the_same_slot() {
             max_conns: 3,
             group_size: GroupSize::Fixed(1),
             slots_per_conn: 1,
-            slot_size: SLOT as u32,
+            slot_size: Some(SLOT as u32),
             slice: Duration::from_micros(300),
             warmup: Duration::from_micros(100),
             ..ServerConfig::default()
@@ -943,7 +943,7 @@ proptest::proptest! {
                 magic: f.magic,
                 req_id: f.req_id,
                 rpc_type: f.rpc_type,
-                payload_len: f.payload_len,
+                payload_len: f.payload_len.into(),
                 client_slot_addr: addr,
                 client_slot_rkey: if f.right_rkey { rkey } else { rkey ^ 0x100 },
             };
