@@ -620,7 +620,7 @@ fn server_dropped_mid_run_fails_pending_and_later_calls() {
 #[test]
 fn credit_exhaustion_is_backpressure() {
     // 8 KiB rings: 2 KiB of response credit covers 6 echo256 responses (320 B each), far
-    // fewer than the 64 tokens; calls beyond that get WouldBlock until credit returns.
+    // fewer than the 32 tokens; calls beyond that get WouldBlock until credit returns.
     const CALLS: u64 = 20_000;
     let fabric = Fabric::new(SimConfig::default());
     let cfg = EndpointConfig {
