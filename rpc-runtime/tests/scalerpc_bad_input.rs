@@ -861,7 +861,8 @@ struct Forged {
     magic: u32,
     req_id: u64,
     rpc_type: u16,
-    payload_len: u16,
+    /// Low half at the seed's `payload_len`, high half in `payload_len_hi` (the padding).
+    payload_len: u32,
     /// Offset of the response address from the region start (may be outside it).
     addr_off: i64,
     right_rkey: bool,
@@ -882,7 +883,13 @@ fn forged() -> impl proptest::strategy::Strategy<Value = Forged> {
             ],
             any::<u64>(),
             any::<u16>(),
-            prop_oneof![4 => 0u16..(SLOT as u16), 1 => any::<u16>()],
+            // Mostly a length that fits; also any 16-bit one, and ones with the high half
+            // (the padding the seed leaves zero) set.
+            prop_oneof![
+                4 => 0u32..(SLOT as u32),
+                1 => any::<u16>().prop_map(u32::from),
+                1 => any::<u32>(),
+            ],
         ),
         (
             prop_oneof![
@@ -943,13 +950,13 @@ proptest::proptest! {
                 magic: f.magic,
                 req_id: f.req_id,
                 rpc_type: f.rpc_type,
-                payload_len: f.payload_len.into(),
+                payload_len: f.payload_len,
                 client_slot_addr: addr,
                 client_slot_rkey: if f.right_rkey { rkey } else { rkey ^ 0x100 },
             };
             let mut b = f.fill.clone();
             h.write(&mut b[..REQUEST_HEADER_SIZE]);
-            let len = usize::from(f.payload_len);
+            let len = f.payload_len as usize;
             let t = trailer_offset(REQUEST_HEADER_SIZE, len);
             if f.trailer && t + 8 <= SLOT {
                 b[t..t + 8].copy_from_slice(&trailer(f.magic, f.req_id).to_le_bytes());
