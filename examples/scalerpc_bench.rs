@@ -150,7 +150,7 @@ fn measure(a: &Args, n: u32, grouping: bool) -> Point {
             max_conns: n,
             group_size: GroupSize::Fixed(group_size),
             slots_per_conn: a.slots,
-            slot_size: SLOT,
+            slot_size: Some(SLOT),
             slice,
             warmup: slice / 4,
             ack_timeout: Duration::from_secs(1),
@@ -163,7 +163,7 @@ fn measure(a: &Args, n: u32, grouping: bool) -> Point {
         ClientConfig {
             max_conns: n,
             slots_per_conn: a.slots,
-            slot_size: SLOT,
+            slot_size: Some(SLOT),
             ..ClientConfig::default()
         },
     )

@@ -290,8 +290,12 @@ fn capacity_is_checked() {
         Err(RpcError::CapacityMismatch {
             service: "Echo",
             what: rpc::MessageKind::Request,
+            side: rpc::LimitSide::ThisServer,
+            setting: "copyrpc EndpointConfig::ring_size",
             cap: 212,
             need: 264,
+            // 2 KiB: ((1024 - 512 - 32) & !31) - 12 = 468 B of payload, 512 B of credit.
+            min: Some(2048),
         }) => {}
         Err(e) => panic!("expected CapacityMismatch, got {e}"),
         Ok(_) => panic!("expected CapacityMismatch, got a server"),
@@ -307,8 +311,11 @@ fn capacity_is_checked() {
         Err(RpcError::CapacityMismatch {
             service: "Echo",
             what: rpc::MessageKind::Response,
+            side: rpc::LimitSide::ThisServer,
+            setting: "copyrpc EndpointConfig::max_resp_reservation (credit: at most ring_size / 4)",
             cap: 256,
             need: 320,
+            min: Some(320),
         }) => {}
         Err(e) => panic!("expected CapacityMismatch, got {e}"),
         Ok(_) => panic!("expected CapacityMismatch, got a server"),
@@ -322,8 +329,11 @@ fn capacity_is_checked() {
         Err(RpcError::CapacityMismatch {
             service: "Kv",
             what: rpc::MessageKind::Response,
+            side: rpc::LimitSide::ThisClient,
+            setting: "copyrpc EndpointConfig::ring_size",
             cap: 256,
             need: 16384,
+            min: Some(65536),
         }) => {}
         Err(e) => panic!("expected CapacityMismatch, got {e}"),
         Ok(_) => panic!("expected CapacityMismatch, connected"),
@@ -610,7 +620,7 @@ fn server_dropped_mid_run_fails_pending_and_later_calls() {
 #[test]
 fn credit_exhaustion_is_backpressure() {
     // 8 KiB rings: 2 KiB of response credit covers 6 echo256 responses (320 B each), far
-    // fewer than the 64 tokens; calls beyond that get WouldBlock until credit returns.
+    // fewer than the 32 tokens; calls beyond that get WouldBlock until credit returns.
     const CALLS: u64 = 20_000;
     let fabric = Fabric::new(SimConfig::default());
     let cfg = EndpointConfig {

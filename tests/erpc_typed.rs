@@ -513,6 +513,7 @@ fn capacity_and_configuration_are_checked() {
     match ErpcServer::bind_with(loopback(), BlobService::DESCRIPTOR, &small) {
         Err(ErpcSetupError::Capacity {
             service: "Blob",
+            side: rpc::LimitSide::ThisServer,
             what: MessageKind::Request,
             cap: 4096,
             need,
@@ -526,9 +527,12 @@ fn capacity_and_configuration_are_checked() {
             RpcError::CapacityMismatch {
                 service: "Blob",
                 what: MessageKind::Request,
+                side: rpc::LimitSide::ThisClient,
+                setting: "eRPC Config::max_msg_size",
                 cap: 4096,
+                min: Some(min),
                 ..
-            } => {}
+            } => assert_eq!(min, BlobService::DESCRIPTOR.max_request_bytes as u64),
             other => panic!("expected CapacityMismatch, got {other:?}"),
         },
         other => panic!("expected Capacity, got {other:?}"),

@@ -24,7 +24,7 @@ use rpc::{Client, ClientTransport, RpcError, Server, Service};
 fn small() -> ServerConfig {
     ServerConfig {
         max_conns: 16,
-        slot_size: 1024,
+        slot_size: Some(1024),
         slots_per_conn: 8,
         ..ServerConfig::default()
     }
@@ -366,16 +366,22 @@ fn capacity_is_checked() {
     // A 256 B slot carries requests of at most 256 - 32 - 8 = 216 B; echo256 requests are
     // 264 B.
     let tiny = ServerConfig {
-        slot_size: 256,
+        slot_size: Some(256),
         ..small()
     };
     match ScaleRpcServer::serve::<EchoService>(&fabric.open(), tiny) {
         Err(RpcError::CapacityMismatch {
             service: "Echo",
             what: rpc::MessageKind::Request,
+            side: rpc::LimitSide::ThisServer,
+            setting: "ScaleRPC ServerConfig::slot_size",
             cap: 216,
             need: 264,
-        }) => {}
+            min: Some(min),
+        }) => assert_eq!(
+            Some(min as u32),
+            rpc::scalerpc::derive_slot_size(EchoService::DESCRIPTOR)
+        ),
         Err(e) => panic!("expected CapacityMismatch, got {e}"),
         Ok(_) => panic!("expected CapacityMismatch, got a server"),
     }
@@ -383,7 +389,7 @@ fn capacity_is_checked() {
     match ScaleRpcServer::serve::<KvService>(
         &fabric.open(),
         ServerConfig {
-            slot_size: 1000,
+            slot_size: Some(1000),
             ..small()
         },
     ) {
@@ -398,7 +404,7 @@ fn capacity_is_checked() {
     let (srv, mut addr) = server::<KvService>(&fabric, small());
     let h = spawn_kv(srv);
     for (slot_size, slots) in [(512, 8), (1024, 4)] {
-        addr.config.slot_size = slot_size;
+        addr.config.slot_size = Some(slot_size);
         addr.config.slots_per_conn = slots;
         match KvClient::<ScaleRpc>::connect(&addr) {
             Err(RpcError::Scalerpc(e)) => assert!(
@@ -416,7 +422,7 @@ fn capacity_is_checked() {
         }
     }
     // Larger and more slots are fine.
-    addr.config.slot_size = 2048;
+    addr.config.slot_size = Some(2048);
     addr.config.slots_per_conn = 16;
     let mut kv = KvClient::<ScaleRpc>::connect(&addr).unwrap();
     assert_eq!(kv.max_in_flight(), 7);
@@ -571,7 +577,7 @@ fn bootstrap_from_exchanged_connection_info() {
     let cfg = ClientConfig {
         max_conns: 1,
         slots_per_conn: 8,
-        slot_size: 1024,
+        slot_size: Some(1024),
         fingerprint: KvService::DESCRIPTOR.fingerprint,
         ..ClientConfig::default()
     };

@@ -407,7 +407,7 @@ fn run_scalerpc(a: &RunArgs) -> Result<Summary, String> {
         },
         // One slot per call in flight, plus the client's liveness probe.
         slots_per_conn: a.load.qd as u32 + 1,
-        slot_size: sc.scalerpc_slot,
+        slot_size: Some(sc.scalerpc_slot),
         slice,
         warmup: slice / 4,
         // Every client polls all the time and one that is gone fails its connection, so the
@@ -465,7 +465,7 @@ fn run_scalerpc(a: &RunArgs) -> Result<Summary, String> {
             _ => 0,
         },
         slice_us: sc.scalerpc_slice_us,
-        slot_size: cfg.slot_size,
+        slot_size: sc.scalerpc_slot,
         ..ScaleFigures::default()
     };
     for d in reports.iter().filter_map(|r| r.scale) {

@@ -31,6 +31,24 @@ use crate::error::RpcError;
 use crate::service::{Service, ServiceDescriptor};
 use crate::wire;
 
+/// Calls one typed client may have in flight by default, on every transport: each transport's
+/// default configuration gives [`ClientTransport::max_in_flight`] this value, so the same
+/// pipelining code meets [`RpcError::WouldBlock`] at the same depth everywhere. Where it is
+/// set per transport:
+///
+/// | transport | setting | side |
+/// |---|---|---|
+/// | delegation | `DelegationConfig::resp_depth` (response slots per client) | server |
+/// | ipc | `IpcConfig::depth` (ring slots per client) | server |
+/// | copyrpc | `CopyrpcAddr::max_in_flight` | client |
+/// | eRPC | `ErpcConfig::max_in_flight` (8 per session, seeds/002 §2) | client |
+/// | ScaleRPC | `ServerConfig::slots_per_conn` (default 33) minus the liveness probe's slot | server |
+///
+/// 32 is the delegation ring's and eRPC's long-standing default (four eRPC sessions of 8
+/// slots); it keeps a client's response buffers small (32 × the service's largest response)
+/// while covering the queue depths of the seeds' benchmarks.
+pub const DEFAULT_CALLS_IN_FLIGHT: usize = 32;
+
 /// The client side of a transport: sends request messages and delivers response messages.
 ///
 /// Implemented by each transport (`Delegation`, `Copyrpc`, and later eRPC, ScaleRPC).

@@ -11,9 +11,13 @@ pub enum RpcError {
     /// `Erpc::reconnect`).
     #[error("server disconnected")]
     ServerDisconnected,
-    /// No call slot is free right now (all response slots of this client are in use):
-    /// poll for responses, then issue again.
-    #[error("no free call slot: poll for responses and retry")]
+    /// No call slot is free right now: this client has as many calls in flight as its
+    /// transport allows ([`crate::ClientTransport::max_in_flight`], by default
+    /// [`crate::client::DEFAULT_CALLS_IN_FLIGHT`] on every transport), or (ScaleRPC) its
+    /// connection's group is not scheduled right now. Poll for responses, then issue again.
+    #[error(
+        "no free call slot: this client has reached its calls-in-flight limit (max_in_flight(), default 32; set by DelegationConfig::resp_depth, IpcConfig::depth, CopyrpcAddr::max_in_flight, ErpcConfig::max_in_flight, ScaleRPC slots_per_conn - 1) or its ScaleRPC group is not scheduled now: poll for responses and retry"
+    )]
     WouldBlock,
     /// The call's deadline passed before its response arrived (or, for a blocking call,
     /// before it could be sent). The call is over: if its response arrives later, the client
@@ -61,26 +65,44 @@ pub enum RpcError {
         /// Fingerprint announced by the peer.
         found: u64,
     },
-    /// The peer's message-size limits cannot carry this service's messages.
-    #[error("service {service}: peer's {what} capacity is {cap} bytes, this service needs {need}")]
+    /// A message-size limit cannot carry this service's largest request or response. Says
+    /// whose limit it is (`side`: this process's client or server configuration, or the
+    /// capacity the peer announced), which setting sets it, and the least value of that
+    /// setting that would work where it can be computed (`min`).
+    #[error(
+        "service {service}: {side} {what} capacity is {cap} B, the service needs {need} B: {}",
+        Fix { side: *side, setting, min: *min }
+    )]
     CapacityMismatch {
         /// Service name.
         service: &'static str,
         /// Which capacity.
         what: MessageKind,
-        /// Peer's capacity in bytes.
+        /// Whose configuration the limit comes from.
+        side: LimitSide,
+        /// The setting that sets the limit, named with its transport (e.g.
+        /// `"ScaleRPC ServerConfig::slot_size"`), or what else determines it.
+        setting: &'static str,
+        /// The capacity in bytes (saturated at `u32::MAX`).
         cap: u32,
         /// Bytes this service needs (saturated at `u32::MAX`).
         need: u32,
+        /// The least value of `setting` that carries the service's messages, in the
+        /// setting's own unit (bytes for every setting named so far); `None` when it cannot
+        /// be computed or no value would do (the message then says so through `setting`).
+        min: Option<u64>,
     },
     /// An encoded message is larger than the transport's slot or buffer (an encoder that
     /// disagrees with the service descriptor); nothing was sent.
-    #[error("message of {len} bytes exceeds the transport's capacity of {cap} bytes")]
+    #[error("message of {len} bytes exceeds the capacity of {cap} bytes set by {setting}")]
     MessageTooLarge {
         /// Encoded length in bytes.
         len: usize,
         /// Capacity in bytes.
         cap: usize,
+        /// What sets the capacity (e.g. `"eRPC Config::max_msg_size"`, or the service's
+        /// largest message where the transport sizes its buffer from the service).
+        setting: &'static str,
     },
     /// A reply could not be delivered (the client is gone or the token is invalid); the reply
     /// was dropped and counted.
@@ -126,6 +148,61 @@ impl std::fmt::Display for MessageKind {
             MessageKind::Request => "request",
             MessageKind::Response => "response",
         })
+    }
+}
+
+/// [`RpcError::CapacityMismatch::setting`] of the delegation ring and ipc: their servers size
+/// message slots from their own service descriptor, so a peer too small for this service was
+/// built from another definition of it.
+pub const SETTING_DERIVED_FROM_SERVICE: &str = "the payload capacity the server derived from its own service descriptor (rebuild both sides from the same trait)";
+
+/// [`RpcError::MessageTooLarge::setting`] where the transport sized the buffer from the
+/// service descriptor: the encoder wrote more than the descriptor's largest message.
+pub const SETTING_SERVICE_MAX: &str =
+    "the service descriptor's largest message (the transport sizes this buffer from it)";
+
+/// Whose configuration a capacity limit ([`RpcError::CapacityMismatch`]) comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LimitSide {
+    /// This process's client configuration.
+    ThisClient,
+    /// This process's server configuration.
+    ThisServer,
+    /// The server's configuration, as it announced it to this client.
+    PeerServer,
+    /// The client's configuration, as it announced it to this server.
+    PeerClient,
+}
+
+impl std::fmt::Display for LimitSide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LimitSide::ThisClient => "this client's",
+            LimitSide::ThisServer => "this server's",
+            LimitSide::PeerServer => "the server's",
+            LimitSide::PeerClient => "the client's",
+        })
+    }
+}
+
+/// The "what to change" part of a [`RpcError::CapacityMismatch`] message.
+struct Fix<'a> {
+    side: LimitSide,
+    setting: &'a str,
+    min: Option<u64>,
+}
+
+impl std::fmt::Display for Fix<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let on = match self.side {
+            LimitSide::ThisClient | LimitSide::ThisServer => "",
+            LimitSide::PeerServer => " on the server",
+            LimitSide::PeerClient => " on the client",
+        };
+        match self.min {
+            Some(min) => write!(f, "set {}{on} to at least {min}", self.setting),
+            None => write!(f, "limit: {}", self.setting),
+        }
     }
 }
 

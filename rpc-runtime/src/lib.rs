@@ -20,8 +20,8 @@ pub mod service;
 mod tokens;
 pub mod wire;
 
-pub use client::{Client, ClientTransport};
-pub use error::{MessageKind, RpcError};
+pub use client::{Client, ClientTransport, DEFAULT_CALLS_IN_FLIGHT};
+pub use error::{LimitSide, MessageKind, RpcError};
 pub use runner::{IdlePolicy, RunError, RunnerConfig, ServerHandle};
 pub use server::{Server, ServerStats, ServerTransport};
 pub use service::{ArgDescriptor, MethodDescriptor, Service, ServiceDescriptor};

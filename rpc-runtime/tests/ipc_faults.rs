@@ -402,7 +402,11 @@ fn wrong_fingerprint_or_capacity_is_refused() {
     let _s2 = IpcServer::create_raw(&n2, cfg(2, 4), OTHER.fingerprint, 4, 64).unwrap();
     assert!(matches!(
         <Ipc as ClientTransport>::connect(&n2, &OTHER),
-        Err(RpcError::CapacityMismatch { cap: 4, .. })
+        Err(RpcError::CapacityMismatch {
+            cap: 4,
+            side: rpc_runtime::LimitSide::PeerServer,
+            ..
+        })
     ));
     let n3 = unique_name("ok");
     let _s3 = IpcServer::create_raw(&n3, cfg(2, 4), OTHER.fingerprint, 64, 64).unwrap();

@@ -302,7 +302,7 @@ fn header(req_id: u64, len: u16, addr: u64, rkey: u32) -> RequestHeader {
         magic: REQUEST_MAGIC,
         req_id,
         rpc_type: 3,
-        payload_len: len,
+        payload_len: len.into(),
         client_slot_addr: addr,
         client_slot_rkey: rkey,
     }
@@ -313,7 +313,7 @@ fn server_cfg() -> ServerConfig {
         max_conns: 8,
         group_size: GroupSize::Off,
         slots_per_conn: K,
-        slot_size: SLOT as u32,
+        slot_size: Some(SLOT as u32),
         ..ServerConfig::default()
     }
 }
@@ -322,7 +322,7 @@ fn client_cfg() -> ClientConfig {
     ClientConfig {
         max_conns: 8,
         slots_per_conn: K,
-        slot_size: SLOT as u32,
+        slot_size: Some(SLOT as u32),
         ..ClientConfig::default()
     }
 }
@@ -593,7 +593,7 @@ fn stale_token_does_not_answer_another_connections_request_in_the_same_slot() {
             max_conns: 3,
             group_size: GroupSize::Fixed(1),
             slots_per_conn: 1,
-            slot_size: SLOT as u32,
+            slot_size: Some(SLOT as u32),
             slice: Duration::from_micros(300),
             warmup: Duration::from_micros(100),
             ..ServerConfig::default()
@@ -861,7 +861,8 @@ struct Forged {
     magic: u32,
     req_id: u64,
     rpc_type: u16,
-    payload_len: u16,
+    /// Low half at the seed's `payload_len`, high half in `payload_len_hi` (the padding).
+    payload_len: u32,
     /// Offset of the response address from the region start (may be outside it).
     addr_off: i64,
     right_rkey: bool,
@@ -882,7 +883,13 @@ fn forged() -> impl proptest::strategy::Strategy<Value = Forged> {
             ],
             any::<u64>(),
             any::<u16>(),
-            prop_oneof![4 => 0u16..(SLOT as u16), 1 => any::<u16>()],
+            // Mostly a length that fits; also any 16-bit one, and ones with the high half
+            // (the padding the seed leaves zero) set.
+            prop_oneof![
+                4 => 0u32..(SLOT as u32),
+                1 => any::<u16>().prop_map(u32::from),
+                1 => any::<u32>(),
+            ],
         ),
         (
             prop_oneof![
@@ -949,7 +956,7 @@ proptest::proptest! {
             };
             let mut b = f.fill.clone();
             h.write(&mut b[..REQUEST_HEADER_SIZE]);
-            let len = usize::from(f.payload_len);
+            let len = f.payload_len as usize;
             let t = trailer_offset(REQUEST_HEADER_SIZE, len);
             if f.trailer && t + 8 <= SLOT {
                 b[t..t + 8].copy_from_slice(&trailer(f.magic, f.req_id).to_le_bytes());

@@ -21,7 +21,7 @@ fn run(
             max_conns: conns,
             group_size: group,
             slots_per_conn: 4,
-            slot_size: 256,
+            slot_size: Some(256),
             slice: Duration::from_micros(50),
             warmup: Duration::from_micros(10),
             response_mode: mode,
@@ -34,7 +34,7 @@ fn run(
         ClientConfig {
             max_conns: conns,
             slots_per_conn: 4,
-            slot_size: 256,
+            slot_size: Some(256),
             ..ClientConfig::default()
         },
     )

@@ -130,7 +130,7 @@ impl World {
                 max_conns: p.max_conns,
                 group_size: GroupSize::Fixed(p.group),
                 slots_per_conn: p.k,
-                slot_size: p.slot,
+                slot_size: Some(p.slot),
                 slice: p.slice,
                 warmup: p.warmup,
                 ack_timeout: p.ack_timeout,
@@ -161,7 +161,7 @@ impl World {
             ClientConfig {
                 max_conns: max,
                 slots_per_conn: self.p.k,
-                slot_size: self.p.slot,
+                slot_size: Some(self.p.slot),
                 max_send_wr: self.p.max_send_wr,
                 ..ClientConfig::default()
             },
@@ -654,7 +654,7 @@ fn two_threads_hundred_thousand_calls() {
             max_conns: CONNS,
             group_size: GroupSize::Fixed(8),
             slots_per_conn: 4,
-            slot_size: 128,
+            slot_size: Some(128),
             slice: Duration::from_micros(50),
             warmup: Duration::from_micros(10),
             ..ServerConfig::default()
@@ -666,7 +666,7 @@ fn two_threads_hundred_thousand_calls() {
         ClientConfig {
             max_conns: CONNS,
             slots_per_conn: 4,
-            slot_size: 128,
+            slot_size: Some(128),
             ..ClientConfig::default()
         },
     )
@@ -794,7 +794,7 @@ fn reply_held_past_ack_timeout_evicts_and_frees_the_slot() {
             max_conns: 3,
             group_size: GroupSize::Fixed(1),
             slots_per_conn: 1,
-            slot_size: 128,
+            slot_size: Some(128),
             slice: Duration::from_micros(200),
             warmup: Duration::from_micros(50),
             ack_timeout: Duration::from_millis(5),
@@ -807,7 +807,7 @@ fn reply_held_past_ack_timeout_evicts_and_frees_the_slot() {
         ClientConfig {
             max_conns: 3,
             slots_per_conn: 1,
-            slot_size: 128,
+            slot_size: Some(128),
             ..ClientConfig::default()
         },
     )

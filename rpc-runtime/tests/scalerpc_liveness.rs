@@ -25,7 +25,7 @@ fn server_cfg(max_conns: u32, group: u32) -> ServerConfig {
         max_conns,
         group_size: GroupSize::Fixed(group),
         slots_per_conn: K,
-        slot_size: SLOT,
+        slot_size: Some(SLOT),
         slice: Duration::from_micros(200),
         warmup: Duration::from_micros(50),
         ack_timeout: ACK_TIMEOUT,
@@ -37,7 +37,7 @@ fn client_cfg(max_conns: u32) -> ClientConfig {
     ClientConfig {
         max_conns,
         slots_per_conn: K,
-        slot_size: SLOT,
+        slot_size: Some(SLOT),
         ..ClientConfig::default()
     }
 }
@@ -409,7 +409,7 @@ fn group_size_is_derived_from_the_qpc_cache_and_the_override_wins() {
     let base = ServerConfig {
         max_conns: 10_000,
         slots_per_conn: 1,
-        slot_size: 64,
+        slot_size: Some(64),
         ..ServerConfig::default()
     };
     let size = |fabric: &Fabric, cfg: ServerConfig| {

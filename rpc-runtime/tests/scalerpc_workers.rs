@@ -45,7 +45,7 @@ fn four_workers_sixteen_connections() {
             max_conns: CONNS,
             group_size: GroupSize::Fixed(8),
             slots_per_conn: 4,
-            slot_size: 256,
+            slot_size: Some(256),
             slice: Duration::from_micros(100),
             warmup: Duration::from_micros(20),
             ..ServerConfig::default()
@@ -57,7 +57,7 @@ fn four_workers_sixteen_connections() {
         ClientConfig {
             max_conns: CONNS,
             slots_per_conn: 4,
-            slot_size: 256,
+            slot_size: Some(256),
             ..ClientConfig::default()
         },
     )
@@ -162,7 +162,7 @@ fn a_panicking_handler_is_reported_on_the_dispatch_thread() {
         &fabric.open(),
         ServerConfig {
             max_conns: 1,
-            slot_size: 256,
+            slot_size: Some(256),
             ..ServerConfig::default()
         },
     )
@@ -204,7 +204,7 @@ fn workers_see_the_rpc_type() {
         &fabric.open(),
         ServerConfig {
             max_conns: 1,
-            slot_size: 256,
+            slot_size: Some(256),
             ..ServerConfig::default()
         },
     )

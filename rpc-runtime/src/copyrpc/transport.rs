@@ -55,13 +55,14 @@ use super::endpoint::EndpointState;
 use super::error::{CallError, ReplyError, SetupError};
 use super::info::EndpointInfo;
 use crate::client::ClientTransport;
-use crate::error::{MessageKind, RpcError};
+use crate::error::{LimitSide, MessageKind, RpcError};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
 use crate::tokens::Tokens;
 
-/// Default [`CopyrpcAddr::max_in_flight`]: calls one client can have outstanding.
-pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
+/// Default [`CopyrpcAddr::max_in_flight`]: calls one client can have outstanding, the shared
+/// [`crate::client::DEFAULT_CALLS_IN_FLIGHT`] (32).
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = crate::client::DEFAULT_CALLS_IN_FLIGHT as u32;
 /// Largest accepted `max_in_flight` (bounds the per-client response buffer).
 pub const MAX_IN_FLIGHT_LIMIT: u32 = 1 << 16;
 /// Default [`CopyrpcAddr::timeout`]: how long [`Copyrpc::connect`] waits for the server.
@@ -82,7 +83,9 @@ pub enum ConnectRefusal {
         server: u64,
     },
     /// The negotiated ring cannot carry the service's largest messages.
-    #[error("largest {what} payload the rings carry is {cap} bytes, the service needs {need}")]
+    #[error(
+        "largest {what} payload the rings carry is {cap} bytes, the service needs {need} ({side} {setting} is the limit)"
+    )]
     Capacity {
         /// Which message kind does not fit.
         what: MessageKind,
@@ -90,6 +93,13 @@ pub enum ConnectRefusal {
         cap: u32,
         /// Bytes the service needs (saturated at `u32::MAX`).
         need: u32,
+        /// Whose ring is the limit, as the server sees it ([`LimitSide::PeerClient`]: the
+        /// client's; [`LimitSide::ThisServer`]: the server's).
+        side: LimitSide,
+        /// The setting to change ([`RpcError::CapacityMismatch::setting`]).
+        setting: &'static str,
+        /// Its least working value, where known.
+        min: Option<u64>,
     },
     /// The server could not create or connect its endpoint (the device's or the core's
     /// message).
@@ -241,14 +251,26 @@ fn exchange_error(e: CopyrpcSetupError, service: &'static ServiceDescriptor) -> 
                 found: server,
             }
         }
-        CopyrpcSetupError::Refused(ConnectRefusal::Capacity { what, cap, need }) => {
-            RpcError::CapacityMismatch {
-                service: service.name,
-                what,
-                cap,
-                need,
-            }
-        }
+        CopyrpcSetupError::Refused(ConnectRefusal::Capacity {
+            what,
+            cap,
+            need,
+            side,
+            setting,
+            min,
+        }) => RpcError::CapacityMismatch {
+            service: service.name,
+            what,
+            // The server's view, turned into this client's.
+            side: match side {
+                LimitSide::PeerClient | LimitSide::ThisClient => LimitSide::ThisClient,
+                LimitSide::ThisServer | LimitSide::PeerServer => LimitSide::PeerServer,
+            },
+            setting,
+            cap,
+            need,
+            min,
+        },
         CopyrpcSetupError::ServerGone => RpcError::ServerDisconnected,
         e => RpcError::from(e),
     }
@@ -333,6 +355,12 @@ impl Copyrpc {
             });
         }
         let max_payload = core.max_payload() as usize;
+        // The negotiated capacity is the smaller ring's: the server's if it is below ours.
+        let side = if core.capacity() < info.recv_ring_size {
+            LimitSide::PeerServer
+        } else {
+            LimitSide::ThisClient
+        };
         for (what, need) in [
             (MessageKind::Request, service.max_request_bytes),
             (MessageKind::Response, service.max_response_bytes),
@@ -341,8 +369,11 @@ impl Copyrpc {
                 return Err(RpcError::CapacityMismatch {
                     service: service.name,
                     what,
+                    side,
+                    setting: SETTING_RING_SIZE,
                     cap: sat_u32(max_payload),
                     need: sat_u32(need),
+                    min: None,
                 });
             }
         }
@@ -351,8 +382,11 @@ impl Copyrpc {
             return Err(RpcError::CapacityMismatch {
                 service: service.name,
                 what: MessageKind::Response,
+                side: LimitSide::PeerServer,
+                setting: SETTING_CREDIT,
                 cap: sat_u32(core.peer_credit()),
                 need: sat_u32(need),
+                min: None,
             });
         }
         Ok(Copyrpc {
@@ -508,6 +542,7 @@ impl Copyrpc {
                     .ctx
                     .endpoint(self.ep)
                     .map_or(0, |c| c.max_payload() as usize),
+                setting: SETTING_RING_SIZE,
             },
             CallError::NotConnected(_) | CallError::Failed(_) => RpcError::ServerDisconnected,
         };
@@ -535,6 +570,7 @@ impl ClientTransport for Copyrpc {
         if !(1..=MAX_IN_FLIGHT_LIMIT).contains(&addr.max_in_flight) {
             return Err(CopyrpcSetupError::Config("max_in_flight must be in 1..=65536").into());
         }
+        check_endpoint_config(service, &addr.endpoint, LimitSide::ThisClient)?;
         let mut ctx = Context::<u32>::new(&addr.device, addr.context)?;
         let ep = ctx.create_endpoint(&EndpointConfig {
             fingerprint: service.fingerprint,
@@ -658,22 +694,7 @@ impl CopyrpcServer {
             )
             .into());
         }
-        let credit = initial_credit(&endpoint);
-        check_capacity(
-            service,
-            ring,
-            max_resp_of(&endpoint),
-            max_resp_of(&endpoint),
-        )?;
-        let need = internal_allowance(service.max_response_bytes as u64);
-        if credit < need {
-            return Err(RpcError::CapacityMismatch {
-                service: service.name,
-                what: MessageKind::Response,
-                cap: sat_u32(credit),
-                need: sat_u32(need),
-            });
-        }
+        check_endpoint_config(service, &endpoint, LimitSide::ThisServer)?;
         let ctx = Context::new(device, context)?;
         let (tx, rx) = mpsc::channel();
         Ok(CopyrpcServer {
@@ -782,11 +803,16 @@ impl CopyrpcServer {
         // of different sizes are refused without leaving an unusable endpoint behind.
         let our_credit = initial_credit(&self.endpoint);
         if our_credit > cap / 4 {
+            // Only a client ring smaller than ours gets here (our credit is at most a
+            // quarter of our ring).
             return Err(RpcError::CapacityMismatch {
                 service: self.service.name,
                 what: MessageKind::Response,
+                side: LimitSide::PeerClient,
+                setting: SETTING_RING_SIZE,
                 cap: sat_u32(cap / 4),
                 need: sat_u32(our_credit),
+                min: Some(ours),
             });
         }
         if client.initial_credit > ours / 4 || !client.initial_credit.is_multiple_of(32) {
@@ -796,12 +822,30 @@ impl CopyrpcServer {
             ))
             .into());
         }
-        check_capacity(
+        if let Some((what, max, need)) = capacity_gap(
             self.service,
             cap,
             client.initial_credit,
             max_resp_of(&self.endpoint),
-        )?;
+        ) {
+            let (side, min) = if client.recv_ring_size < ours {
+                (LimitSide::PeerClient, Some(ours))
+            } else {
+                (
+                    LimitSide::ThisServer,
+                    min_ring_size(self.service, &self.endpoint),
+                )
+            };
+            return Err(RpcError::CapacityMismatch {
+                service: self.service.name,
+                what,
+                side,
+                setting: SETTING_RING_SIZE,
+                cap: sat_u32(max),
+                need: sat_u32(need),
+                min,
+            });
+        }
         let ep = self.ctx.create_endpoint(&self.endpoint)?;
         self.ctx
             .connect(ep, client)
@@ -835,15 +879,84 @@ impl CopyrpcServer {
     }
 }
 
-/// Checks that rings of capacity `cap` carry the service's largest messages, with the same
+/// [`RpcError::CapacityMismatch::setting`] for a ring too small.
+const SETTING_RING_SIZE: &str = "copyrpc EndpointConfig::ring_size";
+/// [`RpcError::CapacityMismatch::setting`] for response credit too small.
+const SETTING_CREDIT: &str =
+    "copyrpc EndpointConfig::max_resp_reservation (credit: at most ring_size / 4)";
+
+/// Checks that an endpoint created from `cfg` (this process's, on `side`) can carry the
+/// service's largest request and response and announces enough credit for one response,
+/// before anything is created. The error names the setting to change and its least working
+/// value: the smallest power-of-two `ring_size` that passes every check
+/// ([`min_ring_size`]; with the default reservation, the payload cap is about
+/// `ring_size / 4 - 44` B), or, when a `max_resp_reservation` that is too small is what
+/// limits the credit, that reservation.
+fn check_endpoint_config(
+    service: &'static ServiceDescriptor,
+    cfg: &EndpointConfig,
+    side: LimitSide,
+) -> Result<(), RpcError> {
+    let ring = cfg.ring_size as u64;
+    let max_resp = max_resp_of(cfg);
+    if let Some((what, cap, need)) = capacity_gap(service, ring, max_resp, max_resp) {
+        return Err(RpcError::CapacityMismatch {
+            service: service.name,
+            what,
+            side,
+            setting: SETTING_RING_SIZE,
+            cap: sat_u32(cap),
+            need: sat_u32(need),
+            min: min_ring_size(service, cfg),
+        });
+    }
+    let credit = initial_credit(cfg);
+    let need = internal_allowance(service.max_response_bytes as u64);
+    if credit < need {
+        // The credit is min(max_resp_reservation, ring / 4): name whichever limits it.
+        let (setting, min) = match cfg.max_resp_reservation {
+            Some(r) if r < ring / 4 => (SETTING_CREDIT, Some(need.next_multiple_of(32))),
+            _ => (SETTING_RING_SIZE, min_ring_size(service, cfg)),
+        };
+        return Err(RpcError::CapacityMismatch {
+            service: service.name,
+            what: MessageKind::Response,
+            side,
+            setting,
+            cap: sat_u32(credit),
+            need: sat_u32(need),
+            min,
+        });
+    }
+    Ok(())
+}
+
+/// The smallest power-of-two ring size (at least 1 KiB, the core's minimum) with which an
+/// endpoint otherwise configured as `cfg` carries the service's messages and credit; `None`
+/// if none up to 2^40 B does (a `max_resp_reservation` too small for one response).
+fn min_ring_size(service: &'static ServiceDescriptor, cfg: &EndpointConfig) -> Option<u64> {
+    (10..=40).map(|k| 1u64 << k).find(|&ring| {
+        let c = EndpointConfig {
+            ring_size: ring as usize,
+            ..*cfg
+        };
+        let max_resp = max_resp_of(&c);
+        capacity_gap(service, ring, max_resp, max_resp).is_none()
+            && initial_credit(&c) >= internal_allowance(service.max_response_bytes as u64)
+    })
+}
+
+/// Whether rings of capacity `cap` carry the service's largest messages, with the same
 /// limit the sending core enforces ([`super::endpoint::max_payload_for`]): requests are sent
 /// by a client granting `client_max_resp`, responses by a server granting `server_max_resp`.
-fn check_capacity(
+/// Returns the first message kind that does not fit, with the largest payload the rings
+/// carry and the bytes needed.
+fn capacity_gap(
     service: &'static ServiceDescriptor,
     cap: u64,
     client_max_resp: u64,
     server_max_resp: u64,
-) -> Result<(), RpcError> {
+) -> Option<(MessageKind, u64, usize)> {
     for (what, max_resp, need) in [
         (
             MessageKind::Request,
@@ -858,15 +971,10 @@ fn check_capacity(
     ] {
         let max = u64::from(super::endpoint::max_payload_for(cap, max_resp));
         if need as u64 > max {
-            return Err(RpcError::CapacityMismatch {
-                service: service.name,
-                what,
-                cap: sat_u32(max),
-                need: sat_u32(need),
-            });
+            return Some((what, max, need));
         }
     }
-    Ok(())
+    None
 }
 
 /// Response credit an endpoint of `cfg` announces: `min(max_resp_reservation, ring / 4)`,
@@ -891,8 +999,21 @@ fn refusal(e: RpcError) -> ConnectRefusal {
             ConnectRefusal::SchemaMismatch { server: expected }
         }
         RpcError::CapacityMismatch {
-            what, cap, need, ..
-        } => ConnectRefusal::Capacity { what, cap, need },
+            what,
+            cap,
+            need,
+            side,
+            setting,
+            min,
+            ..
+        } => ConnectRefusal::Capacity {
+            what,
+            cap,
+            need,
+            side,
+            setting,
+            min,
+        },
         e => ConnectRefusal::Setup(e.to_string()),
     }
 }

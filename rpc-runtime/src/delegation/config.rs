@@ -49,14 +49,15 @@ pub struct RingConfig {
 }
 
 impl Default for RingConfig {
-    /// `max_clients` 64, `ring_depth` 1024 (seeds/004 §9), `resp_depth` 32, payload
+    /// `max_clients` 64, `ring_depth` 1024 (seeds/004 §9), `resp_depth` 32
+    /// ([`crate::client::DEFAULT_CALLS_IN_FLIGHT`]), payload
     /// capacities 64 bytes, fingerprint 0, `hole_timeout` 50 ms, `stall_timeout` 200 ms,
     /// `liveness_interval` 10 ms.
     fn default() -> Self {
         Self {
             max_clients: 64,
             ring_depth: 1024,
-            resp_depth: 32,
+            resp_depth: crate::client::DEFAULT_CALLS_IN_FLIGHT as u32,
             req_payload_cap: 64,
             resp_payload_cap: 64,
             fingerprint: 0,

@@ -458,8 +458,11 @@ pub(super) fn check_ring<S: Service>(
             return Err(RpcError::CapacityMismatch {
                 service: d.name,
                 what,
+                side: crate::error::LimitSide::PeerServer,
+                setting: crate::error::SETTING_DERIVED_FROM_SERVICE,
                 cap,
                 need: u32::try_from(need).unwrap_or(u32::MAX),
+                min: None,
             });
         }
     }

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use super::{CallError, ReplyError, ReplyToken, RingClient, RingConfig, RingError, RingServer};
 use crate::client::ClientTransport;
-use crate::error::{MessageKind, RpcError};
+use crate::error::{
+    LimitSide, MessageKind, RpcError, SETTING_DERIVED_FROM_SERVICE, SETTING_SERVICE_MAX,
+};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
 
@@ -76,7 +78,11 @@ fn call_error(e: CallError, ring: &RingClient) -> RpcError {
         CallError::ServerDisconnected => RpcError::ServerDisconnected,
         // The ring's capacity was checked against the service at attach time, so only an
         // encoder that disagrees with the descriptor gets here; the ring aborted the slot.
-        CallError::PayloadTooLarge { len, cap } => RpcError::MessageTooLarge { len, cap },
+        CallError::PayloadTooLarge { len, cap } => RpcError::MessageTooLarge {
+            len,
+            cap,
+            setting: SETTING_SERVICE_MAX,
+        },
         // The ring stayed full (a stopped or overloaded server) past the call's timeout;
         // `Client` fills in the call's tag and method.
         // (`send` reports the call's timeout; `poll` never waits, so never times out.)
@@ -119,16 +125,22 @@ impl ClientTransport for Delegation {
             return Err(RpcError::CapacityMismatch {
                 service: service.name,
                 what: MessageKind::Request,
+                side: LimitSide::PeerServer,
+                setting: SETTING_DERIVED_FROM_SERVICE,
                 cap: info.req_payload_cap,
                 need: u32::try_from(service.max_request_bytes).unwrap_or(u32::MAX),
+                min: None,
             });
         }
         if (info.resp_payload_cap as usize) < service.max_response_bytes {
             return Err(RpcError::CapacityMismatch {
                 service: service.name,
                 what: MessageKind::Response,
+                side: LimitSide::PeerServer,
+                setting: SETTING_DERIVED_FROM_SERVICE,
                 cap: info.resp_payload_cap,
                 need: u32::try_from(service.max_response_bytes).unwrap_or(u32::MAX),
+                min: None,
             });
         }
         Ok(Delegation { ring })

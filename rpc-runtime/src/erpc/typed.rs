@@ -134,13 +134,13 @@ use super::transport::lossy::{LossConfig, LossyTransport};
 use super::transport::ud::{UdAddr, UdConfig, UdTransport};
 use super::transport::udp::{DEFAULT_BATCH, UdpConfig, UdpTransport};
 use crate::client::ClientTransport;
-use crate::error::{MessageKind, RpcError};
+use crate::error::{LimitSide, MessageKind, RpcError, SETTING_SERVICE_MAX};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
 
 /// Default [`ErpcConfig::max_in_flight`]: calls one client can have outstanding (four
-/// sessions of 8 slots).
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
+/// sessions of 8 slots): the shared [`crate::client::DEFAULT_CALLS_IN_FLIGHT`].
+pub const DEFAULT_MAX_IN_FLIGHT: usize = crate::client::DEFAULT_CALLS_IN_FLIGHT;
 /// Largest accepted [`ErpcConfig::max_in_flight`] (512 sessions per client).
 pub const MAX_IN_FLIGHT_LIMIT: usize = 4096;
 /// [`Config::failure_timeout`] of [`ErpcConfig::default`], ns: 1 s instead of the core's
@@ -247,11 +247,15 @@ pub enum ErpcSetupError {
     Invalid(&'static str),
     /// The endpoint's `max_msg_size` cannot carry the service's largest message.
     #[error(
-        "service {service}: the endpoint's max_msg_size is {cap} bytes, the service's largest {what} is {need}"
+        "service {service}: {side} eRPC Config::max_msg_size is {cap} bytes, the service's largest {what} is {need}: set it to at least {need}"
     )]
     Capacity {
         /// Service name.
         service: &'static str,
+        /// Whose endpoint: [`LimitSide::ThisClient`] or [`LimitSide::ThisServer`] (the
+        /// handshake refuses peers whose `max_msg_size` differs, so a peer's is never the
+        /// limit).
+        side: LimitSide,
         /// Which message kind does not fit.
         what: MessageKind,
         /// The endpoint's `max_msg_size` in bytes.
@@ -310,14 +314,18 @@ impl ErpcSetupError {
             },
             ErpcSetupError::Capacity {
                 service,
+                side,
                 what,
                 cap,
                 need,
             } => RpcError::CapacityMismatch {
                 service,
                 what,
+                side,
+                setting: SETTING_MAX_MSG_SIZE,
                 cap: sat_u32(cap),
                 need: sat_u32(need),
+                min: Some(need as u64),
             },
             e => RpcError::Erpc(Box::new(e)),
         }
@@ -332,13 +340,22 @@ impl From<ErpcSetupError> for RpcError {
     }
 }
 
+/// The setting [`RpcError::CapacityMismatch`] and [`RpcError::MessageTooLarge`] name for
+/// the core's message size limit.
+const SETTING_MAX_MSG_SIZE: &str = "eRPC Config::max_msg_size";
+
 fn sat_u32(v: usize) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
 /// Checks that the endpoint configuration `cfg` can serve `service`: its fingerprint is the
-/// service's, and its `max_msg_size` carries the largest request and response.
-fn check_endpoint(cfg: &Config, service: &'static ServiceDescriptor) -> Result<(), ErpcSetupError> {
+/// service's, and its `max_msg_size` carries the largest request and response. `side` is whose
+/// endpoint it is (for the error).
+fn check_endpoint(
+    cfg: &Config,
+    service: &'static ServiceDescriptor,
+    side: LimitSide,
+) -> Result<(), ErpcSetupError> {
     if cfg.schema_fingerprint != service.fingerprint {
         return Err(ErpcSetupError::Invalid(
             "the endpoint's Config::schema_fingerprint is not the service's (use service_config)",
@@ -351,6 +368,7 @@ fn check_endpoint(cfg: &Config, service: &'static ServiceDescriptor) -> Result<(
         if need > cfg.max_msg_size {
             return Err(ErpcSetupError::Capacity {
                 service: service.name,
+                side,
                 what,
                 cap: cfg.max_msg_size,
                 need,
@@ -553,7 +571,7 @@ impl<T: ErpcConnect> Erpc<T> {
         cfg: &ErpcConfig,
     ) -> Result<Self, ErpcSetupError> {
         let core = service_config(service, &cfg.core);
-        check_endpoint(&core, service)?;
+        check_endpoint(&core, service, LimitSide::ThisClient)?;
         let (transport, server) = T::open_client(addr, cfg)?;
         let ep = Endpoint::new(transport, core)?;
         Erpc::from_endpoint(ep, server, service, cfg.max_in_flight, cfg.connect_timeout)
@@ -581,7 +599,7 @@ impl<T: DatagramTransport> Erpc<T> {
         timeout: Duration,
     ) -> Result<Self, ErpcSetupError> {
         let cfg = ep.rpc().config();
-        check_endpoint(cfg, service)?;
+        check_endpoint(cfg, service, LimitSide::ThisClient)?;
         if max_in_flight == 0 || max_in_flight > MAX_IN_FLIGHT_LIMIT {
             return Err(ErpcSetupError::Invalid(
                 "max_in_flight must be in 1..=MAX_IN_FLIGHT_LIMIT",
@@ -953,6 +971,7 @@ impl<T: DatagramTransport> Erpc<T> {
             CallError::TooLarge(len) => RpcError::MessageTooLarge {
                 len,
                 cap: self.ep.rpc().config().max_msg_size,
+                setting: SETTING_MAX_MSG_SIZE,
             },
             // The session was freed by a failure whose event is still queued: the next poll
             // handles it (and fails the transport if calls failed with it); retry after it.
@@ -1051,6 +1070,7 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
             return Err(RpcError::MessageTooLarge {
                 len: n,
                 cap: self.req_buf.len(),
+                setting: SETTING_SERVICE_MAX,
             });
         };
         match self
@@ -1176,7 +1196,7 @@ impl ErpcServer<UdpTransport> {
         cfg: &ErpcConfig,
     ) -> Result<Self, ErpcSetupError> {
         let core = service_config(service, &cfg.core);
-        check_endpoint(&core, service)?;
+        check_endpoint(&core, service, LimitSide::ThisServer)?;
         let transport = UdpTransport::bind(cfg.udp(addr))?;
         Self::from_endpoint(Endpoint::new(transport, core)?, service)
     }
@@ -1202,7 +1222,7 @@ impl<T: DatagramTransport> ErpcServer<T> {
         ep: Endpoint<T>,
         service: &'static ServiceDescriptor,
     ) -> Result<Self, ErpcSetupError> {
-        check_endpoint(ep.rpc().config(), service)?;
+        check_endpoint(ep.rpc().config(), service, LimitSide::ThisServer)?;
         Ok(ErpcServer {
             ep,
             service,
@@ -1347,6 +1367,7 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
             return Err(RpcError::MessageTooLarge {
                 len: n,
                 cap: self.reply_buf.len(),
+                setting: SETTING_SERVICE_MAX,
             });
         };
         match self.ep.reply(token, msg) {
@@ -1430,6 +1451,7 @@ mod tests {
         ));
         let e = ErpcSetupError::Capacity {
             service: "S",
+            side: LimitSide::ThisClient,
             what: MessageKind::Response,
             cap: 10,
             need: usize::MAX,
@@ -1468,9 +1490,9 @@ mod tests {
         static S: ServiceDescriptor = ServiceDescriptor::new("S", M);
         let ok = service_config(&S, &Config::default());
         assert_eq!(ok.schema_fingerprint, S.fingerprint);
-        assert!(check_endpoint(&ok, &S).is_ok());
+        assert!(check_endpoint(&ok, &S, LimitSide::ThisClient).is_ok());
         assert!(matches!(
-            check_endpoint(&Config::default(), &S),
+            check_endpoint(&Config::default(), &S, LimitSide::ThisClient),
             Err(ErpcSetupError::Invalid(_))
         ));
         let small = Config {
@@ -1478,7 +1500,7 @@ mod tests {
             ..ok.clone()
         };
         assert!(matches!(
-            check_endpoint(&small, &S),
+            check_endpoint(&small, &S, LimitSide::ThisServer),
             Err(ErpcSetupError::Capacity {
                 what: MessageKind::Response,
                 cap: 4096,

@@ -265,7 +265,11 @@ impl Ipc {
         // client touches the slot until `req_head` is published past it.
         let len = encode(unsafe { std::slice::from_raw_parts_mut(ptr, cap) });
         if len > cap {
-            return Err(RpcError::MessageTooLarge { len, cap });
+            return Err(RpcError::MessageTooLarge {
+                len,
+                cap,
+                setting: crate::error::SETTING_SERVICE_MAX,
+            });
         }
         self.free.pop();
         let tag = (self.seq << self.shift) | token;
@@ -420,8 +424,11 @@ impl ClientTransport for Ipc {
                 return Err(RpcError::CapacityMismatch {
                     service: service.name,
                     what,
+                    side: crate::error::LimitSide::PeerServer,
+                    setting: crate::error::SETTING_DERIVED_FROM_SERVICE,
                     cap,
                     need: need(n),
+                    min: None,
                 });
             }
         }

@@ -121,11 +121,12 @@ pub struct IpcConfig {
 }
 
 impl Default for IpcConfig {
-    /// `max_clients` 64, `depth` 32, `liveness_interval` 10 ms.
+    /// `max_clients` 64, `depth` 32 ([`crate::client::DEFAULT_CALLS_IN_FLIGHT`]),
+    /// `liveness_interval` 10 ms.
     fn default() -> Self {
         IpcConfig {
             max_clients: 64,
-            depth: 32,
+            depth: crate::client::DEFAULT_CALLS_IN_FLIGHT as u32,
             liveness_interval: Duration::from_millis(10),
         }
     }

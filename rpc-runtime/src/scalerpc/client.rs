@@ -32,10 +32,14 @@ use crate::rdma::{rc_qp_on_srq, refill_srq, zero_length_srq};
 pub struct ClientConfig {
     /// Most connections in this context.
     pub max_conns: u32,
-    /// Response slots per connection (at least the server's `slots_per_conn`).
+    /// Response slots per connection (at least the server's `slots_per_conn`). Default
+    /// [`super::server::DEFAULT_SLOTS_PER_CONN`] (33), the server's default.
     pub slots_per_conn: u32,
-    /// Slot size in bytes (at least the server's), a multiple of 64.
-    pub slot_size: u32,
+    /// Slot size in bytes (at least the server's), a multiple of 64. `None` (the default):
+    /// [`super::server::DEFAULT_SLOT_SIZE`] (4096) for a [`ScaleClient`]; the server's slot
+    /// size for a typed [`super::ScaleRpc`] ([`super::ScaleRpcAddr::new`] and
+    /// `connect` take it from the listener).
+    pub slot_size: Option<u32>,
     /// Send WQEs per QP (seeds/003 §7.3: 128).
     pub max_send_wr: u32,
     /// Largest inline payload (seeds/003 §7.3: 60).
@@ -52,8 +56,8 @@ impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
             max_conns: 64,
-            slots_per_conn: 4,
-            slot_size: 4096,
+            slots_per_conn: super::server::DEFAULT_SLOTS_PER_CONN,
+            slot_size: None,
             max_send_wr: 128,
             max_inline: 60,
             srq_size: 1024,
@@ -197,6 +201,8 @@ pub struct ScaleClient<U> {
     pd: Pd,
     device: mlx5::verbs::Context,
     cfg: ClientConfig,
+    /// `cfg.slot_size`, resolved.
+    slot_size: u32,
     stats: ClientStats,
 }
 
@@ -217,7 +223,12 @@ impl<U> ScaleClient<U> {
     /// [`ScaleError::Config`] (slot size not a positive multiple of 64, zero sizes);
     /// [`ScaleError::Device`].
     pub fn new(device: &mlx5::verbs::Context, cfg: ClientConfig) -> Result<Self, ScaleError> {
-        if cfg.slot_size == 0 || !cfg.slot_size.is_multiple_of(64) {
+        let slot_size = cfg.slot_size.unwrap_or(super::server::DEFAULT_SLOT_SIZE);
+        let cfg = ClientConfig {
+            slot_size: Some(slot_size),
+            ..cfg
+        };
+        if slot_size == 0 || !slot_size.is_multiple_of(64) {
             return Err(ScaleError::Config(
                 "slot_size must be a positive multiple of 64",
             ));
@@ -233,10 +244,10 @@ impl<U> ScaleClient<U> {
             device,
             &pd,
             n,
-            cfg.slot_size as usize,
+            slot_size as usize,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )?;
-        let staging = Slots::new(device, &pd, n, cfg.slot_size as usize, Access::LOCAL_WRITE)?;
+        let staging = Slots::new(device, &pd, n, slot_size as usize, Access::LOCAL_WRITE)?;
         let ctrl = Slots::new(
             device,
             &pd,
@@ -261,6 +272,7 @@ impl<U> ScaleClient<U> {
             pd,
             device: device.clone(),
             cfg,
+            slot_size,
             stats: ClientStats::default(),
         })
     }
@@ -398,10 +410,9 @@ impl<U> ScaleClient<U> {
                 theirs: server.fingerprint,
             });
         }
-        if server.slot_size > self.cfg.slot_size || server.slots_per_conn > self.cfg.slots_per_conn
-        {
+        if server.slot_size > self.slot_size || server.slots_per_conn > self.cfg.slots_per_conn {
             return Err(ScaleError::Config(
-                "the server's slots are larger or more numerous than the client's",
+                "the server's slots are larger or more numerous than the client's: set ClientConfig::slot_size and slots_per_conn to at least the server's (ServerConnInfo::slot_size, slots_per_conn)",
             ));
         }
         let conn = self
@@ -487,7 +498,7 @@ impl<U> ScaleClient<U> {
         let CState::Active { base } = conn.state else {
             return Err(ScaleCallError::NotActive(user));
         };
-        if request_bytes(max_len) > server.slot_size as usize || max_len > u16::MAX as usize {
+        if request_bytes(max_len) > server.slot_size as usize || max_len > u32::MAX as usize {
             return Err(ScaleCallError::TooLarge(user));
         }
         let Some(j) = conn.slots.iter().position(Option::is_none) else {
@@ -507,7 +518,7 @@ impl<U> ScaleClient<U> {
             magic: REQUEST_MAGIC,
             req_id,
             rpc_type,
-            payload_len: len as u16,
+            payload_len: len as u32,
             client_slot_addr: self.resp.addr(s, 0),
             client_slot_rkey: self.resp.mr.rkey,
         }

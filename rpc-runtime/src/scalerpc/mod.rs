@@ -80,11 +80,12 @@ pub use client::{CallFailure, ClientConfig, ClientStats, ScaleCallError, ScaleCl
 pub use info::{ClientConnInfo, ServerConnInfo};
 pub use sched::{ConnState, Notice, SchedStats, Scheduler};
 pub use server::{
-    DEFAULT_QPC_CACHE_ENTRIES, GroupSize, ScaleServer, ScaleToken, ServerConfig, ServerStats,
-    derive_group_size,
+    DEFAULT_MAX_CONNS, DEFAULT_QPC_CACHE_ENTRIES, DEFAULT_SLOT_SIZE, DEFAULT_SLOTS_PER_CONN,
+    GroupSize, ScaleServer, ScaleToken, ServerConfig, ServerStats, derive_group_size,
 };
 pub use transport::{
     ConnectRefusal, Listener, ScaleRpc, ScaleRpcAddr, ScaleRpcServer, ScaleRpcSetupError,
+    derive_slot_size,
 };
 pub use worker::{WorkerConfig, WorkerPool, WorkerStats};
 

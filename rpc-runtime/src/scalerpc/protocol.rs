@@ -4,9 +4,16 @@
 //!
 //! All integers little-endian.
 //!
+//! **Request length (this implementation).** The seed's `payload_len` is a `u16`, which caps a
+//! request at 65535 B whatever the slot size; the response's length is a `u32`. Requests
+//! carry the high 16 bits of their length in the first two bytes of the seed's padding
+//! (`payload_len_hi`), so a request is as large as its slot allows, like a response. A
+//! request below 64 KiB has the seed's exact bytes (the padding stays zero).
+//!
 //! ```text
 //! request  (pool slot):      magic 0xDEADBEEF u32 | req_id u64 | rpc_type u16 | payload_len u16
-//!                            | client_slot_addr u64 | client_slot_rkey u32 | 0 u32 (pad to 32)
+//!                            | client_slot_addr u64 | client_slot_rkey u32
+//!                            | payload_len_hi u16 | 0 u16 (pad to 32)
 //!                            | payload | trailer
 //! response (client slot):    magic 0xBEEFDEAD u32 | req_id u64 | status u32 | payload_len u32
 //!                            | payload | trailer
@@ -63,8 +70,9 @@ pub struct RequestHeader {
     pub req_id: u64,
     /// Caller-defined type.
     pub rpc_type: u16,
-    /// Payload bytes.
-    pub payload_len: u16,
+    /// Payload bytes: the low half at the seed's `payload_len`, the high half in
+    /// `payload_len_hi` (module docs).
+    pub payload_len: u32,
     /// Where the server writes the response (inside the client's registered response region).
     pub client_slot_addr: u64,
     /// The response region's rkey.
@@ -78,10 +86,11 @@ impl RequestHeader {
         b[0..4].copy_from_slice(&self.magic.to_le_bytes());
         b[4..12].copy_from_slice(&self.req_id.to_le_bytes());
         b[12..14].copy_from_slice(&self.rpc_type.to_le_bytes());
-        b[14..16].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[14..16].copy_from_slice(&(self.payload_len as u16).to_le_bytes());
         b[16..24].copy_from_slice(&self.client_slot_addr.to_le_bytes());
         b[24..28].copy_from_slice(&self.client_slot_rkey.to_le_bytes());
-        b[28..32].fill(0);
+        b[28..30].copy_from_slice(&((self.payload_len >> 16) as u16).to_le_bytes());
+        b[30..32].fill(0);
     }
 
     /// Reads the 32 bytes. Total: every bit pattern is a header (the reader checks the
@@ -93,7 +102,8 @@ impl RequestHeader {
             magic: u32::from_le_bytes(b[0..4].try_into().unwrap()),
             req_id: u64::from_le_bytes(b[4..12].try_into().unwrap()),
             rpc_type: u16::from_le_bytes(b[12..14].try_into().unwrap()),
-            payload_len: u16::from_le_bytes(b[14..16].try_into().unwrap()),
+            payload_len: u32::from(u16::from_le_bytes(b[14..16].try_into().unwrap()))
+                | (u32::from(u16::from_le_bytes(b[28..30].try_into().unwrap())) << 16),
             client_slot_addr: u64::from_le_bytes(b[16..24].try_into().unwrap()),
             client_slot_rkey: u32::from_le_bytes(b[24..28].try_into().unwrap()),
         }
@@ -174,6 +184,15 @@ mod tests {
         assert_eq!(&b[14..16], &[0x2c, 1]);
         assert_eq!(&b[28..32], &[0, 0, 0, 0]);
         assert_eq!(RequestHeader::read(&b), h);
+        // A request of 64 KiB or more carries its high half in the seed's padding.
+        let big = RequestHeader {
+            payload_len: 0x0001_0008,
+            ..h
+        };
+        big.write(&mut b);
+        assert_eq!(&b[14..16], &[8, 0]);
+        assert_eq!(&b[28..32], &[1, 0, 0, 0]);
+        assert_eq!(RequestHeader::read(&b), big);
         let r = ResponseHeader {
             magic: RESPONSE_MAGIC,
             req_id: 9,
@@ -196,14 +215,14 @@ mod tests {
 
         proptest! {
             /// Any 32 bytes read as a request header keep every field: writing it back gives
-            /// the input with only the pad (28..32) zeroed.
+            /// the input with only the pad (30..32) zeroed.
             #[test]
             fn request_header_over_arbitrary_bytes(b in any::<[u8; REQUEST_HEADER_SIZE]>()) {
                 let h = RequestHeader::read(&b);
                 let mut out = [0xffu8; REQUEST_HEADER_SIZE];
                 h.write(&mut out);
                 let mut want = b;
-                want[28..].fill(0);
+                want[30..].fill(0);
                 prop_assert_eq!(out, want);
             }
 
@@ -216,12 +235,12 @@ mod tests {
                 prop_assert_eq!(out, b);
             }
 
-            /// The sizes computed from a length the peer wrote (any `u16` request length,
+            /// The sizes computed from a length the peer wrote (any `u32` request length,
             /// any `u32` response length) never overflow, put the trailer 8-aligned right
             /// after the payload, and grow with the length.
             #[test]
-            fn sizes_from_arbitrary_lengths(req in any::<u16>(), resp in any::<u32>()) {
-                let (req, resp) = (usize::from(req), resp as usize);
+            fn sizes_from_arbitrary_lengths(req in any::<u32>(), resp in any::<u32>()) {
+                let (req, resp) = (req as usize, resp as usize);
                 let t = trailer_offset(REQUEST_HEADER_SIZE, req);
                 prop_assert!(t.is_multiple_of(8) && t >= REQUEST_HEADER_SIZE + req && t < REQUEST_HEADER_SIZE + req + 8);
                 prop_assert_eq!(request_bytes(req), t + TRAILER_SIZE);

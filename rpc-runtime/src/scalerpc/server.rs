@@ -42,7 +42,35 @@ fn header(slot: &[u8]) -> &[u8; REQUEST_HEADER_SIZE] {
         .expect("slot_size >= request_bytes(0), checked at construction")
 }
 
+/// Slot size in bytes used when [`ServerConfig::slot_size`] / [`ClientConfig::slot_size`] of
+/// an untyped [`ScaleServer`] / [`super::ScaleClient`] is `None` (seeds/003 §9
+/// `DEFAULT_SLOT_SIZE`; the typed [`super::ScaleRpcServer`] derives its slot size from the
+/// service instead).
+///
+/// [`ClientConfig::slot_size`]: super::ClientConfig::slot_size
+pub const DEFAULT_SLOT_SIZE: u32 = 4096;
+
+/// Default [`ServerConfig::slots_per_conn`] (and [`super::ClientConfig::slots_per_conn`]):
+/// [`crate::client::DEFAULT_CALLS_IN_FLIGHT`] calls plus the slot the typed client keeps for
+/// its liveness probe, so a typed ScaleRPC client has the same 32 calls in flight as every
+/// other transport.
+pub const DEFAULT_SLOTS_PER_CONN: u32 = crate::client::DEFAULT_CALLS_IN_FLIGHT as u32 + 1;
+
+/// Default [`ServerConfig::max_conns`]: 256 connections × [`DEFAULT_SLOTS_PER_CONN`] (33) =
+/// 8448 pool slots when they form one group (the default device model's derived group size
+/// is 400), about seeds/003 §9's `DEFAULT_NUM_SLOTS` (8192).
+pub const DEFAULT_MAX_CONNS: u32 = 256;
+
 /// Server configuration (seeds/003 §9 constants as defaults where the seed gives one).
+///
+/// # Memory and scan cost
+/// The message pool is registered memory of `banks × group_size × slots_per_conn × slot_size`
+/// bytes (`banks` is 1 when `max_conns` fits one group, else 2; at most about `2 ×
+/// max_conns × slots_per_conn × slot_size`). With the defaults (256 connections in one group,
+/// 33 slots each) that is 8448 slots: 34.6 MB at 4096 B slots, 1.1 MB at the 128 B slots a
+/// small typed service derives. Each poll scans every slot of the active group's connected
+/// connections (`connections × slots_per_conn` header reads: 33 per connected client by
+/// default, 4 before issue 17), so more slots per connection cost poll time even when idle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
     /// Most client connections at once. Ids of connections that are gone (disconnected,
@@ -63,10 +91,15 @@ pub struct ServerConfig {
     /// Server threads (one [`ScaleServer`] each) sharing the NIC, for [`GroupSize::Auto`]:
     /// each gets its share of the cache (seeds/003 §3.2 `num_threads`).
     pub server_threads: u32,
-    /// Pool slots per connection (calls a client may have in flight on it).
+    /// Pool slots per connection (calls a client may have in flight on it). Default
+    /// [`DEFAULT_SLOTS_PER_CONN`] (33: 32 calls plus the typed client's probe slot).
     pub slots_per_conn: u32,
-    /// Slot size in bytes, a multiple of 64 (seeds/003 `DEFAULT_SLOT_SIZE` 4096).
-    pub slot_size: u32,
+    /// Slot size in bytes, a multiple of 64. `None` (the default): [`DEFAULT_SLOT_SIZE`]
+    /// (seeds/003 `DEFAULT_SLOT_SIZE` 4096) for a [`ScaleServer`]; derived from the
+    /// service's largest request and response by [`super::ScaleRpcServer::new`]
+    /// ([`super::transport::derive_slot_size`]). `Some(n)`: exactly `n`. After creation,
+    /// [`ScaleServer::config`] holds the size in use.
+    pub slot_size: Option<u32>,
     /// A group's time slice.
     pub slice: Duration,
     /// How long before a slice ends the next group is activated (warm-up).
@@ -97,13 +130,13 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            max_conns: 1024,
+            max_conns: DEFAULT_MAX_CONNS,
             group_size: GroupSize::Auto,
             qpc_cache_entries: None,
             safe_cache_ratio_pct: 80,
             server_threads: 1,
-            slots_per_conn: 4,
-            slot_size: 4096,
+            slots_per_conn: DEFAULT_SLOTS_PER_CONN,
+            slot_size: None,
             slice: Duration::from_micros(200),
             warmup: Duration::from_micros(50),
             ack_timeout: Duration::from_millis(100),
@@ -294,6 +327,8 @@ pub struct ScaleServer {
     pd: Pd,
     device: mlx5::verbs::Context,
     cfg: ServerConfig,
+    /// `cfg.slot_size`, resolved.
+    slot_size: u32,
     group_size: u32,
     clock: Instant,
     stats: ServerStats,
@@ -320,7 +355,12 @@ impl ScaleServer {
     /// [`ScaleError::Config`] for a slot size that is not a positive multiple of 64 or zero
     /// sizes; [`ScaleError::Device`].
     pub fn new(device: &mlx5::verbs::Context, cfg: ServerConfig) -> Result<Self, ScaleError> {
-        if cfg.slot_size == 0 || !cfg.slot_size.is_multiple_of(64) {
+        let slot_size = cfg.slot_size.unwrap_or(DEFAULT_SLOT_SIZE);
+        let cfg = ServerConfig {
+            slot_size: Some(slot_size),
+            ..cfg
+        };
+        if slot_size == 0 || !slot_size.is_multiple_of(64) {
             return Err(ScaleError::Config(
                 "slot_size must be a positive multiple of 64",
             ));
@@ -330,7 +370,7 @@ impl ScaleServer {
                 "max_conns and slots_per_conn must be > 0",
             ));
         }
-        if request_bytes(0) > cfg.slot_size as usize {
+        if request_bytes(0) > slot_size as usize {
             return Err(ScaleError::Config("slot_size too small"));
         }
         let group_size = match cfg.group_size {
@@ -349,7 +389,7 @@ impl ScaleServer {
         if cfg.response_mode == ResponseMode::Read {
             access |= Access::REMOTE_READ;
         }
-        let pool = Slots::new(device, &pd, n, cfg.slot_size as usize, access)?;
+        let pool = Slots::new(device, &pd, n, slot_size as usize, access)?;
         let acks = Slots::new(
             device,
             &pd,
@@ -384,6 +424,7 @@ impl ScaleServer {
             pd,
             device: device.clone(),
             cfg,
+            slot_size,
             group_size,
             clock: Instant::now(),
             stats: ServerStats::default(),
@@ -412,6 +453,11 @@ impl ScaleServer {
     /// Configuration.
     pub fn config(&self) -> &ServerConfig {
         &self.cfg
+    }
+
+    /// The pool's slot size in bytes (`config().slot_size`, resolved).
+    pub fn slot_size(&self) -> u32 {
+        self.slot_size
     }
 
     /// Connections accepted and not reclaimed.
@@ -523,7 +569,7 @@ impl ScaleServer {
             conn_id: c,
             pool_addr: self.pool.mr.addr,
             pool_rkey: self.pool.mr.rkey,
-            slot_size: self.cfg.slot_size,
+            slot_size: self.slot_size,
             slots_per_conn: self.cfg.slots_per_conn,
             ack_addr: self.acks.addr(c as usize, 0),
             ack_rkey: self.acks.mr.rkey,
@@ -1001,7 +1047,7 @@ impl ScaleServer {
 
     /// Largest response payload in bytes (the slot minus header and trailer).
     pub fn max_response(&self) -> usize {
-        self.cfg.slot_size as usize - RESPONSE_HEADER_SIZE - TRAILER_SIZE - 4
+        self.slot_size as usize - RESPONSE_HEADER_SIZE - TRAILER_SIZE - 4
     }
 
     /// Answers `tok` with the `max_len` (at most [`ScaleServer::max_response`]) bytes `encode`

@@ -5,10 +5,22 @@
 //! # Messages
 //! A call writes one [`crate::wire`] request message of at most the service's
 //! `max_request_bytes` into the server's pool slot its connection is mapped to; the reply (at
-//! most `max_response_bytes`) comes back in the client's response slot. The server's slot size
-//! is checked against the service's largest request and response when the server is created
-//! and again when a client connects; the client's slots must be at least as large and as
-//! many as the server's (the core's rule: a response may fill a server slot).
+//! most `max_response_bytes`) comes back in the client's response slot. By default
+//! ([`ServerConfig::slot_size`] `None`) [`ScaleRpcServer::new`] sizes the slots from the
+//! service: the smallest multiple of 64 B that carries its largest request and response
+//! ([`derive_slot_size`]). A slot size given explicitly is checked against the service when
+//! the server is created, and the server's slots again when a client connects; the client's
+//! slots must be at least as large and as many as the server's (the core's rule: a response
+//! may fill a server slot), which [`ScaleRpcAddr::new`] and [`ScaleRpc::connect`] arrange by
+//! taking the server's.
+//!
+//! # Limits and memory
+//! Calls in flight: [`ServerConfig::slots_per_conn`] (default 33) minus the slot kept for the
+//! liveness probe, i.e. the shared [`crate::client::DEFAULT_CALLS_IN_FLIGHT`] (32). The
+//! server's pool is registered memory of up to `max_conns × slots_per_conn × slot_size` bytes
+//! (twice that when the connections form more than one group: [`ServerConfig`]'s "Memory and
+//! scan cost"); each client registers `2 × slots_per_conn × slot_size` bytes (response and
+//! staging slots).
 //!
 //! # Connecting
 //! In one process clients connect through the server's [`Listener`]: [`ScaleRpc::connect`]
@@ -87,9 +99,9 @@ use super::ScaleError;
 use super::client::{CallFailure, ClientConfig, ScaleCallError, ScaleClient};
 use super::info::{ClientConnInfo, ServerConnInfo};
 use super::protocol::{REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE, TRAILER_SIZE};
-use super::server::{ScaleServer, ScaleToken, ServerConfig};
+use super::server::{DEFAULT_SLOT_SIZE, ScaleServer, ScaleToken, ServerConfig};
 use crate::client::ClientTransport;
-use crate::error::{MessageKind, RpcError};
+use crate::error::{LimitSide, MessageKind, RpcError};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
 use crate::tokens::Tokens;
@@ -120,12 +132,41 @@ const PROBE_TOKEN: u32 = u32::MAX;
 const CLIENT_SRQ_SIZE: u32 = 256;
 const CLIENT_CQ_SIZE: u32 = 1024;
 
+/// The setting [`RpcError::CapacityMismatch`] and [`RpcError::MessageTooLarge`] name.
+const SETTING_SLOT_SIZE: &str = "ScaleRPC ServerConfig::slot_size";
+
 /// Largest request payload a pool slot of `slot_size` bytes carries (header and trailer
-/// included, payload length a `u16` in the header).
+/// included).
 pub fn max_request_payload(slot_size: u32) -> usize {
-    (slot_size as usize)
-        .saturating_sub(REQUEST_HEADER_SIZE + TRAILER_SIZE)
-        .min(u16::MAX as usize)
+    (slot_size as usize).saturating_sub(REQUEST_HEADER_SIZE + TRAILER_SIZE)
+}
+
+/// The slot size [`ScaleRpcServer::new`] uses for `service` when [`ServerConfig::slot_size`]
+/// is `None`: the smallest multiple of 64 B whose [`max_request_payload`] and
+/// [`max_response_payload`] carry the service's largest request and response (a request of
+/// `n` B takes `n + 40` B of slot: 32 B header, 8 B trailer; a response `n + 32` B: 20 B
+/// header, 8 B trailer, 4 B the core reserves). `None` if that exceeds `u32::MAX`.
+///
+/// ```
+/// use rpc_runtime::scalerpc::transport::{derive_slot_size, max_request_payload};
+/// # const M: &[rpc_runtime::MethodDescriptor] = &[];
+/// # static S: rpc_runtime::ServiceDescriptor = rpc_runtime::ServiceDescriptor {
+/// #     name: "S", fingerprint: 1, methods: M, max_request_bytes: 65544, max_response_bytes: 16,
+/// # };
+/// assert_eq!(derive_slot_size(&S), Some(65600));
+/// assert!(max_request_payload(65600) >= 65544);
+/// ```
+pub fn derive_slot_size(service: &ServiceDescriptor) -> Option<u32> {
+    let need = (service
+        .max_request_bytes
+        .saturating_add(REQUEST_HEADER_SIZE + TRAILER_SIZE))
+    .max(
+        service
+            .max_response_bytes
+            .saturating_add(RESPONSE_HEADER_SIZE + TRAILER_SIZE + 4),
+    )
+    .max(64);
+    u32::try_from(need.checked_next_multiple_of(64)?).ok()
 }
 
 /// Largest response payload a server with slots of `slot_size` bytes sends
@@ -149,7 +190,7 @@ pub enum ConnectRefusal {
     },
     /// The client's slots are smaller or fewer than the server's.
     #[error(
-        "the server's slots are {slot_size} B x {slots_per_conn} per connection; the client's must be at least as large and as many"
+        "the server's slots are {slot_size} B x {slots_per_conn} per connection; the client's must be at least as large and as many (ScaleRPC ClientConfig::slot_size and slots_per_conn: ScaleRpcAddr::new takes the server's)"
     )]
     Slots {
         /// The server's slot size in bytes.
@@ -235,7 +276,7 @@ impl Listener {
         self.pending.fetch_add(1, Ordering::Relaxed);
         let req = ConnectRequest {
             info: *info,
-            slot_size: client.slot_size,
+            slot_size: client.slot_size.unwrap_or(DEFAULT_SLOT_SIZE),
             slots_per_conn: client.slots_per_conn,
             reply,
         };
@@ -276,7 +317,8 @@ pub struct ScaleRpcAddr {
     pub listener: Listener,
     /// Sizing of the client's context. Its `max_conns` is replaced by 1 and its
     /// `fingerprint` by the service's; `slot_size` and `slots_per_conn` must be at least the
-    /// server's ([`ScaleRpcAddr::new`] takes the server's).
+    /// server's ([`ScaleRpcAddr::new`] takes the server's; a `slot_size` of `None` also
+    /// means the server's).
     pub config: ClientConfig,
     /// How long [`ScaleRpc::connect`] waits for the server's answer.
     pub timeout: Duration,
@@ -298,7 +340,7 @@ impl ScaleRpcAddr {
     pub fn new(device: mlx5::verbs::Context, listener: Listener) -> Self {
         let config = ClientConfig {
             max_conns: 1,
-            slot_size: listener.slot_size,
+            slot_size: Some(listener.slot_size),
             slots_per_conn: listener.slots_per_conn,
             srq_size: CLIENT_SRQ_SIZE,
             cq_size: CLIENT_CQ_SIZE,
@@ -344,8 +386,14 @@ fn exchange_error(e: ScaleRpcSetupError, service: &'static ServiceDescriptor) ->
     }
 }
 
-/// Checks that slots of `slot_size` bytes carry `service`'s largest request and response.
-fn check_capacity(service: &'static ServiceDescriptor, slot_size: u32) -> Result<(), RpcError> {
+/// Checks that slots of `slot_size` bytes carry `service`'s largest request and response;
+/// `side` is whose slots they are. The error names [`ServerConfig::slot_size`] and the
+/// least size that works ([`derive_slot_size`]).
+fn check_capacity(
+    service: &'static ServiceDescriptor,
+    slot_size: u32,
+    side: LimitSide,
+) -> Result<(), RpcError> {
     for (what, cap, need) in [
         (
             MessageKind::Request,
@@ -362,8 +410,11 @@ fn check_capacity(service: &'static ServiceDescriptor, slot_size: u32) -> Result
             return Err(RpcError::CapacityMismatch {
                 service: service.name,
                 what,
+                side,
+                setting: SETTING_SLOT_SIZE,
                 cap: sat_u32(cap),
                 need: sat_u32(need),
+                min: derive_slot_size(service).map(u64::from),
             });
         }
     }
@@ -454,7 +505,7 @@ impl ScaleRpc {
                 found: server.fingerprint,
             });
         }
-        check_capacity(service, server.slot_size)?;
+        check_capacity(service, server.slot_size, LimitSide::PeerServer)?;
         let n = server.slots_per_conn;
         if n == 0 || n >= u16::MAX as u32 {
             return Err(ScaleRpcSetupError::Config("slots_per_conn must be in 1..65535").into());
@@ -664,6 +715,7 @@ impl ScaleRpc {
             ScaleCallError::TooLarge(_) => RpcError::MessageTooLarge {
                 len: self.max_req,
                 cap: max_request_payload(self.slot_size),
+                setting: SETTING_SLOT_SIZE,
             },
             ScaleCallError::Failed(_) | ScaleCallError::Evicted(_) => self.failed_error(),
         };
@@ -759,6 +811,7 @@ impl ClientTransport for ScaleRpc {
         let cfg = ClientConfig {
             max_conns: 1,
             fingerprint: service.fingerprint,
+            slot_size: addr.config.slot_size.or(Some(addr.listener.slot_size)),
             ..addr.config
         };
         let mut client =
@@ -867,24 +920,34 @@ impl std::fmt::Debug for ScaleRpcServer {
 
 impl ScaleRpcServer {
     /// Creates a server of `service` on `device` ([`ScaleServer::new`] with `cfg`, its
-    /// `fingerprint` replaced by the service's).
+    /// `fingerprint` replaced by the service's, and its `slot_size`, if `None`, by
+    /// [`derive_slot_size`] of the service). The pool takes up to `max_conns ×
+    /// slots_per_conn × slot_size` bytes of registered memory ([`ServerConfig`]).
     ///
     /// # Errors
-    /// [`RpcError::CapacityMismatch`] if slots of `cfg.slot_size` cannot carry the service's
-    /// largest request or response; [`RpcError::Scalerpc`] for an unusable configuration or a
-    /// device error.
+    /// [`RpcError::CapacityMismatch`] if slots of `Some(cfg.slot_size)` cannot carry the
+    /// service's largest request or response (naming the least size that can);
+    /// [`RpcError::Scalerpc`] for an unusable configuration (a derived size above `u32::MAX`)
+    /// or a device error.
     pub fn new(
         device: &mlx5::verbs::Context,
         service: &'static ServiceDescriptor,
         cfg: ServerConfig,
     ) -> Result<Self, RpcError> {
-        check_capacity(service, cfg.slot_size)?;
+        let slot_size = match cfg.slot_size {
+            Some(n) => n,
+            None => derive_slot_size(service).ok_or(ScaleRpcSetupError::Config(
+                "the service's largest message needs a slot above u32::MAX bytes",
+            ))?,
+        };
+        check_capacity(service, slot_size, LimitSide::ThisServer)?;
         let cfg = ServerConfig {
             fingerprint: service.fingerprint,
+            slot_size: Some(slot_size),
             ..cfg
         };
         let inner = ScaleServer::new(device, cfg)?;
-        debug_assert_eq!(inner.max_response(), max_response_payload(cfg.slot_size));
+        debug_assert_eq!(inner.max_response(), max_response_payload(slot_size));
         let (tx, rx) = mpsc::channel();
         Ok(ScaleRpcServer {
             inner,
@@ -892,7 +955,7 @@ impl ScaleRpcServer {
             listener: Listener {
                 tx,
                 pending: Arc::new(AtomicUsize::new(0)),
-                slot_size: cfg.slot_size,
+                slot_size,
                 slots_per_conn: cfg.slots_per_conn,
             },
             service,
@@ -929,15 +992,16 @@ impl ScaleRpcServer {
         let mut n = 0;
         while let Ok(req) = self.rx.try_recv() {
             self.listener.pending.fetch_sub(1, Ordering::Relaxed);
-            let cfg = self.inner.config();
+            let (slot_size, slots_per_conn) =
+                (self.inner.slot_size(), self.inner.config().slots_per_conn);
             let answer = if req.info.fingerprint != self.service.fingerprint {
                 Err(ConnectRefusal::SchemaMismatch {
                     server: self.service.fingerprint,
                 })
-            } else if req.slot_size < cfg.slot_size || req.slots_per_conn < cfg.slots_per_conn {
+            } else if req.slot_size < slot_size || req.slots_per_conn < slots_per_conn {
                 Err(ConnectRefusal::Slots {
-                    slot_size: cfg.slot_size,
-                    slots_per_conn: cfg.slots_per_conn,
+                    slot_size,
+                    slots_per_conn,
                 })
             } else {
                 match self.add_client(&req.info) {

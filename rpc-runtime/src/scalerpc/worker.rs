@@ -148,7 +148,7 @@ impl WorkerPool {
         } else {
             cfg.depth
         };
-        let max_req = server.config().slot_size as usize - REQUEST_HEADER_SIZE - TRAILER_SIZE;
+        let max_req = server.slot_size() as usize - REQUEST_HEADER_SIZE - TRAILER_SIZE;
         let max_resp = server.max_response();
         let free = (0..depth)
             .map(|_| Job {
