@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::Backoff;
 use idl::echo::{EchoClient, EchoService};
 use idl::kv::{KvClient, KvRequest, KvResponse, KvServer, KvService};
-use rpc::delegation::{Delegation, DelegationConfig, DelegationServer, RingClient};
+use rpc::RpcError;
+use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
 use rpc::wire::{MsgHeader, Status};
-use rpc::{RpcError, Server};
 
 fn name(tag: &str) -> String {
     format!("rpc-test-{}-{tag}", std::process::id())
@@ -145,28 +145,6 @@ fn deferred_replies_out_of_order() {
     assert_eq!(got, (0..8).collect::<Vec<_>>());
 }
 
-/// Writes one raw request message through a raw ring client and returns the response.
-fn raw_roundtrip(
-    name: &str,
-    server: &mut Server<KvService, DelegationServer>,
-    msg: &[u8],
-) -> Vec<u8> {
-    let mut raw = RingClient::attach(name).unwrap();
-    let slot = raw.try_call(msg).unwrap();
-    let mut out = None;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while out.is_none() {
-        assert!(Instant::now() < deadline, "no response to a bad request");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        raw.poll(|s, bytes| {
-            assert_eq!(s, slot);
-            out = Some(bytes.to_vec());
-        })
-        .unwrap();
-    }
-    out.unwrap()
-}
-
 fn header(msg: &[u8]) -> MsgHeader {
     rpc::wire::read_header(msg).unwrap()
 }
@@ -183,25 +161,30 @@ fn undecodable_requests_get_error_status() {
         v
     };
     // Unknown method.
-    let r = raw_roundtrip(&n, &mut server, &hdr(77, 0));
+    let r = typed_common::raw_ring_roundtrip(&n, &mut server, &hdr(77, 0));
     assert_eq!(header(&r).status, Status::UnknownMethod as u16);
     assert_eq!(header(&r).method_id, 77);
     // Wrong body length for get (expects 12 B: rank u32 + key u64).
     let mut m = hdr(KvService::GET, 4);
     m.extend_from_slice(&[0; 4]);
     assert_eq!(
-        header(&raw_roundtrip(&n, &mut server, &m)).status,
+        header(&typed_common::raw_ring_roundtrip(&n, &mut server, &m)).status,
         Status::BadLength as u16
     );
     // Header promising more bytes than the message has.
     let m = hdr(KvService::GET, 12);
     assert_eq!(
-        header(&raw_roundtrip(&n, &mut server, &m)).status,
+        header(&typed_common::raw_ring_roundtrip(&n, &mut server, &m)).status,
         Status::Truncated as u16
     );
     // Shorter than a header.
     assert_eq!(
-        header(&raw_roundtrip(&n, &mut server, &[1, 0, 0])).status,
+        header(&typed_common::raw_ring_roundtrip(
+            &n,
+            &mut server,
+            &[1, 0, 0]
+        ))
+        .status,
         Status::Truncated as u16
     );
     // A well-formed get that carries a status (only responses do).
@@ -209,7 +192,7 @@ fn undecodable_requests_get_error_status() {
     m[2..4].copy_from_slice(&7u16.to_ne_bytes());
     m.extend_from_slice(&[0; 12]);
     assert_eq!(
-        header(&raw_roundtrip(&n, &mut server, &m)).status,
+        header(&typed_common::raw_ring_roundtrip(&n, &mut server, &m)).status,
         Status::BadArguments as u16
     );
     assert_eq!(server.stats().bad_requests, 5);

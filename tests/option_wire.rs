@@ -9,14 +9,16 @@
 //!   typed client gets `RpcError::BadRequest`), the client reports `RpcError::BadResponse`;
 //! - garbage in an inactive side decodes fine.
 
+mod typed_common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc::delegation::{Delegation, DelegationConfig, DelegationServer, RingClient};
+use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
 use rpc::wire::{HEADER_BYTES, MsgHeader, Status, WireError};
-use rpc::{RpcError, Server, Service, rpc_service};
+use rpc::{RpcError, Service, rpc_service};
 use zerocopy::{Immutable, IntoBytes, KnownLayout, TryFromBytes};
 
 /// No zero discriminant: all-zero bytes are not a `Color`.
@@ -389,28 +391,6 @@ fn name(tag: &str) -> String {
     format!("rpc-optwire-{}-{tag}", std::process::id())
 }
 
-/// Sends one raw request through a raw ring client; returns the response.
-fn raw_roundtrip(
-    name: &str,
-    server: &mut Server<PaintService, DelegationServer>,
-    msg: &[u8],
-) -> Vec<u8> {
-    let mut raw = RingClient::attach(name).unwrap();
-    let slot = raw.try_call(msg).unwrap();
-    let mut out = None;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while out.is_none() {
-        assert!(Instant::now() < deadline, "no response to a bad request");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        raw.poll(|s, bytes| {
-            assert_eq!(s, slot);
-            out = Some(bytes.to_vec());
-        })
-        .unwrap();
-    }
-    out.unwrap()
-}
-
 #[test]
 fn server_answers_an_invalid_active_side_with_bad_arguments() {
     let n = name("badreq");
@@ -418,7 +398,7 @@ fn server_answers_an_invalid_active_side_with_bad_arguments() {
         DelegationServer::serve::<PaintService>(&n, DelegationConfig::default()).unwrap();
     let bodies = invalid_request_bodies();
     for (id, body) in &bodies {
-        let r = raw_roundtrip(&n, &mut server, &request(*id, body));
+        let r = typed_common::raw_ring_roundtrip(&n, &mut server, &request(*id, body));
         assert_eq!(
             header(&r).status,
             Status::BadArguments as u16,

@@ -9,8 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
+use std::time::{Duration, Instant};
+
 use crossbeam_utils::Backoff;
 use idl::kv::{KvServer, KvService};
+use rpc::delegation::{DelegationServer, RingClient};
 use rpc::wire::MsgHeader;
 use rpc::{Server, ServerHandle, ServerTransport, Service};
 
@@ -34,6 +37,30 @@ pub fn spawn<S: Service, T: ServerTransport + Send + 'static>(
     handler: impl FnMut(S::Request) -> S::Response + Send + 'static,
 ) -> ServerHandle<S, T> {
     server.spawn(handler)
+}
+
+/// Writes one raw request message `msg` into the delegation ring `name` through a raw ring
+/// client, serves it on this thread (a request that reaches the handler fails the test) and
+/// returns the response message. At most 10 s.
+pub fn raw_ring_roundtrip<S: Service>(
+    name: &str,
+    server: &mut Server<S, DelegationServer>,
+    msg: &[u8],
+) -> Vec<u8> {
+    let mut raw = RingClient::attach(name).unwrap();
+    let slot = raw.try_call(msg).unwrap();
+    let mut out = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.is_none() {
+        assert!(Instant::now() < deadline, "no response to a bad request");
+        server.serve_once(|_| panic!("a bad request reached the handler"));
+        raw.poll(|s, bytes| {
+            assert_eq!(s, slot);
+            out = Some(bytes.to_vec());
+        })
+        .unwrap();
+    }
+    out.unwrap()
 }
 
 /// [`spawn_kv`] with a runner configuration (ScaleRPC with several groups: never park).
