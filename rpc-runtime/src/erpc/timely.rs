@@ -8,15 +8,24 @@
 //! - `rtt > T_HIGH` (1000 µs): multiplicative decrease,
 //!   `rate *= 1 - BETA * (1 - T_HIGH / rtt)`;
 //! - otherwise the gradient mode: the RTT difference to the previous sample is smoothed by an
-//!   EWMA (`avg = (1 - ALPHA) * avg + ALPHA * diff`) and normalized by [`MIN_RTT_US`]. A
+//!   EWMA (`avg = (1 - ALPHA) * avg + ALPHA * diff`) and normalized by the minimum RTT
+//!   ([`Timely::min_rtt_us`]). A
 //!   gradient `<= 0` adds `N * ADD_RATE` (`N` = 5 once [`HAI_THRESHOLD`] consecutive
 //!   gradient-mode samples had a non-positive gradient, the paper's hyperactive increase,
 //!   else 1); a positive gradient multiplies by `1 - BETA * gradient`.
 //!
 //! The result is clamped to `[MIN_RATE, link bandwidth]`. As in eRPC's implementation, every
-//! step is scaled by the time since the previous update in units of [`MIN_RTT_US`], capped at
-//! 1, so a burst of per-packet samples moves the rate about as much as one sample per RTT
+//! step is scaled by the time since the previous update in units of the minimum RTT, capped
+//! at 1, so a burst of per-packet samples moves the rate about as much as one sample per RTT
 //! would (the first update uses the full step).
+//!
+//! **The minimum RTT is measured.** The Timely paper normalizes the gradient by the path's
+//! propagation RTT (`minRTT`), a property of the network; eRPC hard-codes 2 µs for its
+//! clusters ([`MIN_RTT_US`]). Here each session takes the smallest RTT it has observed
+//! ([`Timely::observe_rtt`], fed every sample, bypassed ones included), never below
+//! [`MIN_RTT_US`]: on a 2 µs fabric the result is eRPC's, and on a path whose floor is
+//! 20-30 µs (UDP loopback on a VM) a 50 µs blip is a gradient of about 1, not 25, so one
+//! delayed sample no longer sends the session to [`MIN_RATE_BPS`].
 //!
 //! eRPC's bypasses (seeds/002 §6.3): a session whose rate is at link bandwidth is
 //! *uncongested* ([`Timely::is_uncongested`]); its packets skip the rate limiter, and a sample
@@ -36,8 +45,8 @@ pub const T_LOW_US: f64 = 50.0;
 pub const T_HIGH_US: f64 = 1000.0;
 /// EWMA weight of a new RTT difference.
 pub const EWMA_ALPHA: f64 = 0.02;
-/// Minimum (propagation) RTT in µs: normalizes the gradient and is the time unit of step
-/// scaling (eRPC's value).
+/// Floor of the minimum (propagation) RTT in µs, and its value before any sample: eRPC's
+/// assumed minimum RTT. The one in use is measured ([`Timely::min_rtt_us`]).
 pub const MIN_RTT_US: f64 = 2.0;
 /// Consecutive non-positive gradients after which increases are 5× (hyperactive increase).
 pub const HAI_THRESHOLD: u32 = 5;
@@ -51,6 +60,8 @@ pub struct Timely {
     avg_rtt_diff_us: f64,
     neg_gradient_count: u32,
     last_update_ns: Option<u64>,
+    /// Smallest RTT observed, µs (`INFINITY` before the first sample).
+    observed_min_rtt_us: f64,
 }
 
 impl Timely {
@@ -70,6 +81,7 @@ impl Timely {
             avg_rtt_diff_us: 0.0,
             neg_gradient_count: 0,
             last_update_ns: None,
+            observed_min_rtt_us: f64::INFINITY,
         }
     }
 
@@ -86,6 +98,27 @@ impl Timely {
     }
 
     /// Whether the rate is at link bandwidth: packets need no pacing.
+    /// Records an RTT sample (µs) for the minimum-RTT estimate; ignores a sample that is not
+    /// finite or negative. Call it for every sample, including those [`Timely::update`]
+    /// bypasses.
+    #[inline]
+    pub fn observe_rtt(&mut self, sample_rtt_us: f64) {
+        if sample_rtt_us.is_finite() && sample_rtt_us >= 0.0 {
+            self.observed_min_rtt_us = self.observed_min_rtt_us.min(sample_rtt_us);
+        }
+    }
+
+    /// The minimum RTT in µs that normalizes the gradient and scales steps: the smallest
+    /// observed sample, at least [`MIN_RTT_US`] (which it is before any sample).
+    #[inline]
+    pub fn min_rtt_us(&self) -> f64 {
+        if self.observed_min_rtt_us.is_finite() {
+            self.observed_min_rtt_us.max(MIN_RTT_US)
+        } else {
+            MIN_RTT_US
+        }
+    }
+
     #[inline]
     pub fn is_uncongested(&self) -> bool {
         self.rate_bps >= self.link_bw_bps
@@ -108,9 +141,10 @@ impl Timely {
         if self.is_uncongested() && sample_rtt_us < T_LOW_US {
             return false;
         }
+        let min_rtt_us = self.min_rtt_us();
         let delta_factor = match self.last_update_ns {
             None => 1.0,
-            Some(prev) => (now_ns.saturating_sub(prev) as f64 / (MIN_RTT_US * 1e3)).min(1.0),
+            Some(prev) => (now_ns.saturating_sub(prev) as f64 / (min_rtt_us * 1e3)).min(1.0),
         };
         self.last_update_ns = Some(now_ns);
 
@@ -126,7 +160,7 @@ impl Timely {
             self.neg_gradient_count = 0;
             rate * (1.0 - BETA * delta_factor * (1.0 - T_HIGH_US / sample_rtt_us))
         } else {
-            let gradient = self.avg_rtt_diff_us / MIN_RTT_US;
+            let gradient = self.avg_rtt_diff_us / min_rtt_us;
             if gradient <= 0.0 {
                 self.neg_gradient_count += 1;
                 let n = if self.neg_gradient_count >= HAI_THRESHOLD {
@@ -166,6 +200,47 @@ mod tests {
         assert_eq!(t.rate(), LINK);
         assert!(!t.update(f64::NAN, 0));
         assert!(!t.update(-1.0, 0));
+    }
+
+    #[test]
+    fn min_rtt_is_measured_with_the_erpc_value_as_floor() {
+        let mut t = Timely::new(LINK);
+        assert_eq!(t.min_rtt_us(), MIN_RTT_US);
+        t.observe_rtt(f64::NAN);
+        t.observe_rtt(-3.0);
+        assert_eq!(t.min_rtt_us(), MIN_RTT_US);
+        t.observe_rtt(40.0);
+        t.observe_rtt(30.0);
+        t.observe_rtt(35.0);
+        assert_eq!(t.min_rtt_us(), 30.0);
+        t.observe_rtt(0.5);
+        assert_eq!(t.min_rtt_us(), MIN_RTT_US, "never below eRPC's 2 us");
+    }
+
+    /// The same rising RTTs cut the rate far less when the path's measured minimum RTT is
+    /// 30 µs than with the assumed 2 µs: the gradient is the smoothed RTT increase over the
+    /// minimum RTT (and steps are scaled in units of it).
+    #[test]
+    fn gradient_is_normalized_by_the_measured_min_rtt() {
+        let run = |min_rtt: Option<f64>| {
+            let mut t = Timely::new(LINK);
+            if let Some(m) = min_rtt {
+                t.observe_rtt(m);
+            }
+            // RTTs above T_LOW update even an uncongested session; they rise by 50 µs per
+            // sample, one sample per millisecond (full steps).
+            for (i, rtt) in [100.0, 150.0, 200.0, 250.0, 300.0].into_iter().enumerate() {
+                t.update(rtt, i as u64 * 1_000_000);
+            }
+            t.rate() / LINK
+        };
+        let assumed = run(None);
+        let measured = run(Some(30.0));
+        assert_eq!(assumed, MIN_RATE_BPS / LINK, "2 us: down to the floor");
+        assert!(
+            measured > 0.5,
+            "30 us: a moderate cut, kept {measured} of the link rate"
+        );
     }
 
     #[test]

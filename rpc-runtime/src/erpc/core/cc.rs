@@ -15,7 +15,17 @@
 //! - **Sampling** (`cc_sample`, on every accepted CR or response packet): the RTT is the time
 //!   since packet `pkt_num` was handed out by `poll_transmit_at` (`tx_ts`, stamped by
 //!   `stamp_tx`). Uncongested sessions skip samples below `T_LOW` (Timely bypass); others
-//!   update the rate ([`Timely::update`](crate::erpc::timely::Timely::update)).
+//!   update the rate ([`Timely::update`](crate::erpc::timely::Timely::update)). Two kinds of
+//!   answers give no sample, as in the Timely paper (Mittal et al. 2015, §3-4: RTTs from
+//!   NIC-generated acknowledgements, of packets sent once): the answer to a retransmitted
+//!   packet (Karn's rule: it may answer an earlier copy, `rtt_skipped_retransmit`), and, in
+//!   an exchange of more than one packet either way, the answer to the request's last packet
+//!   (response packet 0, sent only after the server's handler ran, so it includes handler
+//!   time: `rtt_skipped_server_time`); such an exchange is sampled by its CRs and RFR
+//!   answers, which the server's event loop sends at once. A single-packet request with a
+//!   single-packet response has no other sample and keeps eRPC's (handler time included). Every sample also feeds the session's
+//!   measured minimum RTT ([`Timely::observe_rtt`](crate::erpc::timely::Timely::observe_rtt)),
+//!   which normalizes Timely's gradient in place of the seed's assumed 2 µs.
 //! - **Purging** (`purge_wheel`): go-back-N, completion of an exchange that still has
 //!   retransmitted copies queued, and session teardown remove the slot's / session's
 //!   entries, so nothing of a finished or rolled-back exchange stays queued (invariant I1,
@@ -23,8 +33,8 @@
 //!   / Appendix C).
 //!
 //! **On a shared or virtual machine.** The seed's constants (15 Mbit/s floor, 5 Mbit/s
-//! additive increase per sample, gradients normalized by a 2 µs minimum RTT, `T_LOW` 50 µs)
-//! assume a datacenter fabric whose RTT samples are stable. Over loopback on an oversubscribed
+//! additive increase per sample, `T_LOW` 50 µs) assume a datacenter fabric whose RTT samples
+//! are stable (the minimum RTT is measured instead of assumed, see Sampling). Over loopback on an oversubscribed
 //! VM, one sample inflated by a descheduled thread can throw a session's rate to the floor,
 //! from which it climbs back 5 Mbit/s per sample, and its packets are paced meanwhile
 //! (measured: 70-78% of QD-1 echo packets and nearly all large-message packets through the
@@ -229,7 +239,10 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         // Only packets still awaiting their answer (not stale copies of answered ones).
         if slot.req_num == req_num && pkt >= slot.num_rx && pkt < slot.num_tx {
             let n = slot.tx_ts.len();
-            slot.tx_ts[pkt % n] = now;
+            // Karn's rule: the answer to a retransmitted packet may answer any of its copies,
+            // so its RTT is unknown and it gives no sample.
+            slot.tx_ts[pkt % n] = if pkt < slot.tx_high { NO_TS } else { now };
+            slot.tx_high = slot.tx_high.max(pkt + 1);
         }
     }
 
@@ -245,12 +258,24 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             return;
         };
         let slot = &c.slots[i];
+        // The last request packet is answered by response packet 0, which the server sends
+        // only after the handler ran: that time is not the network's (Timely samples
+        // NIC-generated acknowledgements, which carry no handler time). Skipped when the
+        // exchange has other samples (CRs of a multi-packet request, RFR answers of a
+        // multi-packet response); a single-packet exchange keeps it, as eRPC does, since it
+        // is its only sample (response packet 0 has arrived, so `num_resp_pkts` is known).
+        if pkt + 1 == slot.num_req_pkts && (slot.num_req_pkts > 1 || slot.num_resp_pkts > 1) {
+            self.stats.rtt_skipped_server_time += 1;
+            return;
+        }
         let sent = slot.tx_ts[pkt % slot.tx_ts.len()];
         if sent == NO_TS || sent > now {
+            self.stats.rtt_skipped_retransmit += u64::from(sent == NO_TS);
             return;
         }
         let rtt_us = (now - sent) as f64 / 1e3;
         self.stats.rtt_samples += 1;
+        c.timely.observe_rtt(rtt_us);
         if c.timely.is_uncongested() && rtt_us < T_LOW_US {
             self.stats.timely_bypassed += 1;
         } else if c.timely.update(rtt_us, now) {

@@ -91,7 +91,15 @@ fn uncongested_session_bypasses_wheel() {
     let data_pkts = 10 * 7 + 10 * 3;
     assert_eq!(st.wheel_bypassed, data_pkts);
     assert_eq!(st.wheel_paced, 0);
-    assert_eq!(st.rtt_samples, data_pkts, "one sample per answered packet");
+    // Every answered packet is a sample except, in the ten 4-packet exchanges, the last
+    // request packet, answered by response packet 0 after the handler ran (server time).
+    assert_eq!(st.rtt_skipped_server_time, 10);
+    assert_eq!(st.rtt_skipped_retransmit, 0);
+    assert_eq!(
+        st.rtt_samples,
+        data_pkts - 10,
+        "one sample per other answer"
+    );
     assert_eq!(st.timely_bypassed, st.rtt_samples);
     assert_eq!(st.timely_updates, 0);
     assert!(sim.nodes[0].rpc.session_uncongested(sid).unwrap());
@@ -255,8 +263,66 @@ fn paced_packets_not_released_early() {
     cl.now = due;
     sv.now = due;
     drive(&mut cl, &mut sv, |ev| ev.len() == 4);
-    assert!(cl.rpc.stats().rtt_samples >= 4);
+    // Single-packet exchanges: the response is each one's only sample, and is taken.
+    assert_eq!(cl.rpc.stats().rtt_skipped_server_time, 0);
+    assert_eq!(cl.rpc.stats().rtt_samples, 4);
     assert_eq!(cl.rpc.stats().wheel_bypassed, 0);
+}
+
+/// Karn's rule: a three-packet request whose packets are all lost once is re-sent after the
+/// RTO; the answers to the re-sent copies (two CRs) give no RTT sample, and the response to
+/// the last packet none either (handler time); the two RFRs for the echoed three-packet
+/// response, sent once, are samples. The next exchange of the slot, without loss, samples
+/// its two CRs and two RFR answers.
+#[test]
+fn answers_to_retransmitted_packets_give_no_rtt_sample() {
+    let cfg = Config {
+        rto: MS,
+        ..Config::default()
+    };
+    let dpp = cfg.mtu - 16;
+    let t0 = MS;
+    let (mut cl, mut sv, sid) = pair(cfg, t0);
+    let len = 2 * dpp + 1;
+    cl.rpc
+        .enqueue_request(t0, sid, 1, &payload(0, len), 0)
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut lost = 0;
+    while cl.rpc.poll_transmit_at(t0, &mut buf).is_some() {
+        lost += 1;
+    }
+    assert_eq!(lost, 3, "the three request packets, all lost");
+    cl.rpc.handle_timeout(t0 + MS);
+    assert_eq!(cl.rpc.stats().rollbacks, 1);
+    cl.now = t0 + MS;
+    sv.now = t0 + MS;
+    drive(&mut cl, &mut sv, |ev| ev.len() == 1);
+    let st = cl.rpc.stats().clone();
+    assert_eq!(
+        (
+            st.rtt_samples,
+            st.rtt_skipped_retransmit,
+            st.rtt_skipped_server_time
+        ),
+        (2, 2, 1),
+        "{st:?}"
+    );
+    let now = cl.now;
+    cl.rpc
+        .enqueue_request(now, sid, 1, &payload(1, len), 1)
+        .unwrap();
+    drive(&mut cl, &mut sv, |ev| ev.len() == 2);
+    let st = cl.rpc.stats().clone();
+    assert_eq!(
+        (
+            st.rtt_samples,
+            st.rtt_skipped_retransmit,
+            st.rtt_skipped_server_time
+        ),
+        (6, 2, 2),
+        "{st:?}"
+    );
 }
 
 /// Go-back-N while the session is paced: slot 0's packet is "lost" and rolled back; its

@@ -630,6 +630,11 @@ pub struct Stats {
     /// Client: RTT samples taken (an accepted CR or response packet whose client packet's
     /// send time was recorded).
     pub rtt_samples: u64,
+    /// Client: answers to a request's last packet (response packet 0), which include the
+    /// server's handler time and so give no RTT sample (`cc.rs`, Sampling).
+    pub rtt_skipped_server_time: u64,
+    /// Client: answers to a retransmitted packet, which give no RTT sample (Karn's rule).
+    pub rtt_skipped_retransmit: u64,
     /// Client: RTT samples that updated a Timely rate.
     pub timely_updates: u64,
     /// Client: RTT samples skipped by the Timely bypass (uncongested session, RTT below

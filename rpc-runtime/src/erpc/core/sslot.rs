@@ -61,6 +61,9 @@ pub(super) struct ClientSlot {
     /// `k % session_credits` (eRPC's per-slot `tx_ts`, seeds/000 §4.2); [`NO_TS`] if unknown.
     /// At most `session_credits` packets of a slot are outstanding, so indices do not collide.
     pub tx_ts: Box<[Time]>,
+    /// Packets of this exchange handed out at least once (`0..tx_high`): a packet below it is
+    /// a retransmission, whose answer gives no RTT sample (Karn's rule; see `cc.rs`).
+    pub tx_high: usize,
     /// Packets of this slot waiting in the timing wheel (eRPC's `wheel_count`, seeds/000
     /// §12.8); while non-zero, new packets of the slot also go through the wheel, so that they
     /// cannot overtake the paced ones.
@@ -92,6 +95,7 @@ impl ClientSlot {
             rto_deadline: None,
             in_stall: false,
             tx_ts: vec![NO_TS; credits.max(1)].into_boxed_slice(),
+            tx_high: 0,
             in_wheel: 0,
             paced_until: 0,
         }
@@ -118,6 +122,7 @@ impl ClientSlot {
         self.num_req_pkts = pkts_for(self.req.len(), dpp);
         self.num_tx = 0;
         self.num_rx = 0;
+        self.tx_high = 0;
         self.resp_size = None;
         self.num_resp_pkts = 0;
         self.resp.clear();
