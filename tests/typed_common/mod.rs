@@ -94,12 +94,31 @@ pub const LATE_KEY: u64 = u64::MAX - 1;
 pub struct LateServer<S> {
     /// Send `v`: answer every withheld `get(LATE_KEY)` with `Some(v)` (late).
     pub answer: std::sync::mpsc::Sender<u64>,
-    /// While set, the serve loop does nothing at all (a stopped server).
+    /// While set, the serve loop does nothing at all (a stopped server). Set it with
+    /// [`LateServer::pause`], which waits until the loop has stopped.
     pub paused: Arc<AtomicBool>,
+    /// Set by the serve loop once it has seen `paused` and stopped (cleared when it resumes).
+    pub pause_seen: Arc<AtomicBool>,
     /// Stops the serve loop; the thread returns the server.
     pub stop: Arc<AtomicBool>,
     /// The serve loop's thread.
     pub handle: thread::JoinHandle<S>,
+}
+
+impl<S> LateServer<S> {
+    /// Stops the serve loop and returns once it is stopped: a round already under way when
+    /// `paused` was set could otherwise still answer the next call. At most 10 s.
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::Release);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !self.pause_seen.load(Ordering::Acquire) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server never paused"
+            );
+            thread::yield_now();
+        }
+    }
 }
 
 /// Serves KV on a thread like [`spawn_kv`], but withholds the answer to `get(_, LATE_KEY)`
@@ -111,16 +130,19 @@ pub fn spawn_late<T: ServerTransport + Send + 'static>(
     let (answer, rx) = std::sync::mpsc::channel::<u64>();
     let stop = Arc::new(AtomicBool::new(false));
     let paused = Arc::new(AtomicBool::new(false));
-    let (st, pa) = (stop.clone(), paused.clone());
+    let pause_seen = Arc::new(AtomicBool::new(false));
+    let (st, pa, seen) = (stop.clone(), paused.clone(), pause_seen.clone());
     let handle = thread::spawn(move || {
         let mut store = Store::default();
         let mut held = Vec::new();
         let backoff = Backoff::new();
         while !st.load(Ordering::Relaxed) {
             if pa.load(Ordering::Acquire) {
+                seen.store(true, Ordering::Release);
                 thread::yield_now();
                 continue;
             }
+            seen.store(false, Ordering::Release);
             let mut n = server.poll();
             while let Some((token, req)) = server.recv() {
                 match req {
@@ -149,6 +171,7 @@ pub fn spawn_late<T: ServerTransport + Send + 'static>(
     LateServer {
         answer,
         paused,
+        pause_seen,
         stop,
         handle,
     }
@@ -228,7 +251,7 @@ pub fn late_and_stopped_server<T: rpc::ClientTransport, S>(
     assert_eq!(kv.stats().stray_responses, 0);
 
     // 3. A stopped server: the deadline error, in about the deadline.
-    server.paused.store(true, Ordering::Release);
+    server.pause();
     let t = Instant::now();
     let e = kv
         .with_deadline(Duration::from_millis(100))
