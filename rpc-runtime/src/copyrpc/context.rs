@@ -168,6 +168,9 @@ pub struct Context<U> {
     conns: Vec<Conn<U>>,
     by_qpn: FastMap<EndpointId>,
     dirty: Vec<EndpointId>,
+    /// The list [`Context::flush_all`] walks while `dirty` collects endpoints that stay dirty;
+    /// the two swap roles each flush, so neither is reallocated once warm.
+    dirty_spare: Vec<EndpointId>,
     recv_queue: VecDeque<RecvEntry>,
     srq: Srq,
     send_cq: Cq,
@@ -203,6 +206,7 @@ impl<U> Context<U> {
             conns: Vec::new(),
             by_qpn: FastMap::new(),
             dirty: Vec::with_capacity(16),
+            dirty_spare: Vec::with_capacity(16),
             recv_queue: VecDeque::with_capacity(1024),
             srq,
             send_cq,
@@ -621,7 +625,11 @@ impl<U> Context<U> {
     /// consumer READs, publish consumer positions, one doorbell per endpoint.
     #[inline(always)]
     fn flush_all(&mut self, on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>)) {
-        let mut list = std::mem::take(&mut self.dirty);
+        // Walk the dirty list while `self.dirty` (the spare, with its capacity) collects the
+        // endpoints that stay dirty: no allocation per poll while a READ is outstanding or a
+        // send queue is full.
+        let spare = std::mem::take(&mut self.dirty_spare);
+        let mut list = std::mem::replace(&mut self.dirty, spare);
         for &ep in &list {
             let c = &mut self.conns[ep as usize];
             c.in_dirty = false;
@@ -668,11 +676,7 @@ impl<U> Context<U> {
             }
         }
         list.clear();
-        if self.dirty.is_empty() {
-            self.dirty = list;
-        } else {
-            self.dirty.append(&mut list);
-        }
+        self.dirty_spare = list;
     }
 
     /// Posts one RDMA WRITE+IMM for `e` (seeds/004 §3.5): fully inline up to 220 B, else a
