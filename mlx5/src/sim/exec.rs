@@ -32,7 +32,7 @@ impl Model {
     /// stalls.
     pub(crate) fn run_sq(&mut self, qpn: u32) {
         loop {
-            let Some(qp) = self.qps.get(&qpn) else { return };
+            let Some(qp) = self.qps.get(qpn) else { return };
             let sq = qp.sq;
             if sq.ci == sq.rung {
                 return;
@@ -86,7 +86,7 @@ impl Model {
                     if let Some(op) = Opcode::from_u8(ctrl.opcode) {
                         self.stats.wqes.bump(op);
                     }
-                    if let Some(q) = self.qps.get_mut(&qpn) {
+                    if let Some(q) = self.qps.get_mut(qpn) {
                         q.wait = None;
                     }
                     self.advance(qpn, bbs);
@@ -118,13 +118,13 @@ impl Model {
     }
 
     fn advance(&mut self, qpn: u32, bbs: u32) {
-        if let Some(q) = self.qps.get_mut(&qpn) {
+        if let Some(q) = self.qps.get_mut(qpn) {
             q.sq.ci = q.sq.ci.wrapping_add(bbs);
         }
     }
 
     fn flush_send(&mut self, qpn: u32, counter: u16, opcode: u8) {
-        let Some(qp) = self.qps.get(&qpn) else { return };
+        let Some(qp) = self.qps.get(qpn) else { return };
         let cqn = qp.send_cq;
         let mut c = blank_cqe(qpn);
         c.wqe_counter = counter;
@@ -153,7 +153,7 @@ impl Model {
     /// the LID given at connect time (or, with LID 0, the GID); the responder NIC then looks
     /// up its context (the packet reached it; only for this process's devices).
     fn rc_responder(&mut self, qpn: u32) -> Option<Target> {
-        let conn = self.qps.get(&qpn)?.rc?;
+        let conn = self.qps.get(qpn)?.rc?;
         let t = self.resolve(conn.lid, Some(&conn.gid), conn.peer)?;
         if t.kind != QpType::Rc || !t.rts || t.peer_qpn != Some(qpn) {
             return None;
@@ -165,7 +165,9 @@ impl Model {
     }
 
     fn exec_rc(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe) -> Outcome {
-        let pd = self.qps[&qpn].pd;
+        let Some(pd) = self.qps.get(qpn).map(|q| q.pd) else {
+            return Outcome::Fail(Syndrome::LocalQpOp);
+        };
         match op {
             Opcode::Send | Opcode::SendImm => {
                 let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
@@ -377,9 +379,8 @@ impl Model {
         if !matches!(op, Opcode::Send | Opcode::SendImm) {
             return Outcome::Fail(Syndrome::LocalQpOp);
         }
-        let (pd, device) = {
-            let q = &self.qps[&qpn];
-            (q.pd, q.device)
+        let Some((pd, device)) = self.qps.get(qpn).map(|q| (q.pd, q.device)) else {
+            return Outcome::Fail(Syndrome::LocalQpOp);
         };
         let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
             return Outcome::Fail(Syndrome::LocalProt);

@@ -6,9 +6,9 @@
 //! 0x4c`, `rkey = index << 8 | 0x52`, so an lkey used as an rkey (or the reverse) is rejected
 //! (stricter than ConnectX, where the two are usually equal).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use crate::sim::table::NumTable;
 use crate::verbs::Access;
 use crate::wqe::Sge;
 
@@ -45,7 +45,8 @@ pub(crate) enum ScatterError {
 /// All memory regions of a fabric.
 #[derive(Debug, Default)]
 pub(crate) struct MrTable {
-    map: HashMap<u32, MrEntry>,
+    /// Regions by index (direct table, `sim/table.rs`).
+    map: NumTable<MrEntry>,
     next: u32,
     /// On a joined node: this process's slot (indices are `(slot + 1) << MR_BITS | i`).
     pub(crate) slot: Option<u32>,
@@ -57,28 +58,16 @@ impl MrTable {
     /// # Errors
     /// `None` when every index is in use.
     pub(crate) fn register(&mut self, e: MrEntry) -> Option<(u32, u32, u32)> {
-        use crate::sim::node::MR_BITS;
-        let (base, mask) = match self.slot {
-            Some(s) => ((s + 1) << MR_BITS, (1u32 << MR_BITS) - 1),
-            None => (0, 0x00ff_ffff),
-        };
-        let mut found = None;
-        for _ in 0..=mask {
-            self.next = (self.next + 1) & mask;
-            let idx = base | self.next;
-            if self.next != 0 && !self.map.contains_key(&idx) {
-                found = Some(idx);
-                break;
-            }
-        }
-        let idx = found?;
-        self.map.insert(idx, e);
+        let idx = self
+            .map
+            .alloc(&mut self.next, self.slot, crate::sim::node::MR_BITS, 1, e)
+            .ok()?;
         Some((idx, (idx << 8) | LKEY_TAG, (idx << 8) | RKEY_TAG))
     }
 
     /// Removes a region (its memory may be freed afterwards).
     pub(crate) fn deregister(&mut self, idx: u32) {
-        self.map.remove(&idx);
+        self.map.remove(idx);
     }
 
     fn lookup(
@@ -93,7 +82,7 @@ impl MrTable {
         if key & 0xff != tag {
             return None;
         }
-        let e = self.map.get(&(key >> 8))?;
+        let e = self.map.get(key >> 8)?;
         let end = addr.checked_add(len as u64)?;
         if e.pd != pd || addr < e.addr || end > e.addr + e.len || !e.access.contains(need) {
             return None;

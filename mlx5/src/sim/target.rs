@@ -89,11 +89,11 @@ impl Model {
     /// The QP `qpn` addressed by `lid` (or, when `lid` is 0, `gid`): ours, or a peer
     /// process's on the node. `None`: no such QP there, or its process is gone.
     pub(crate) fn resolve(&mut self, lid: u16, gid: Option<&[u8; 16]>, qpn: u32) -> Option<Target> {
-        if let Some(d) = self.qps.get(&qpn)
+        if let Some(d) = self.qps.get(qpn)
             && self.addresses(d.device, lid, gid)
         {
             let recv = match (d.srq, &d.rq) {
-                (Some(n), _) => self.srqs.get(&n).map(|s| (RecvQ::Srq(n, *s), s.pd)),
+                (Some(n), _) => self.srqs.get(n).map(|s| (RecvQ::Srq(n, *s), s.pd)),
                 (None, Some(rq)) => Some((RecvQ::Rq(*rq), d.pd)),
                 (None, None) => None,
             };
@@ -108,7 +108,7 @@ impl Model {
                 qkey: d.qkey,
                 peer_qpn: d.rc.map(|c| c.peer),
                 recv,
-                cq: self.cqs.get(&d.recv_cq).map(|c| (d.recv_cq, *c)),
+                cq: self.cqs.get(d.recv_cq).map(|c| (d.recv_cq, *c)),
             });
         }
         if self.node.is_some() {
@@ -411,13 +411,13 @@ impl Model {
         link.seen_attention = att;
         let dir = link.dir.clone();
         let mut hit = Vec::new();
-        for (&qpn, q) in &self.qps {
+        for (qpn, q) in self.qps.iter() {
             let pending = dir
                 .qp(qpn)
                 .is_some_and(|(_, e)| e.err_pending.swap(0, Ordering::AcqRel) != 0);
             let overrun = [q.send_cq, q.recv_cq]
                 .iter()
-                .any(|c| self.cqs.get(c).is_some_and(|c| c.overrun()));
+                .any(|&c| self.cqs.get(c).is_some_and(|c| c.overrun()));
             if (pending || overrun) && q.state != SimQpState::Error {
                 hit.push(qpn);
             }
@@ -430,7 +430,7 @@ impl Model {
 
     /// Publishes QP `qpn`'s current description (joined models only).
     pub(crate) fn export_qp(&self, qpn: u32) {
-        let (Some(link), Some(q)) = (self.node.as_ref(), self.qps.get(&qpn)) else {
+        let (Some(link), Some(q)) = (self.node.as_ref(), self.qps.get(qpn)) else {
             return;
         };
         let Some((_, e)) = link.dir.qp(qpn) else {
