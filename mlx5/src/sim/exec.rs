@@ -5,7 +5,7 @@ use crate::cqe::{CqeOpcode, Syndrome};
 use crate::sim::SimQpState;
 use crate::sim::faults::{Fate, Packet};
 use crate::sim::memory::{self, ScatterError};
-use crate::sim::model::{Model, WaitKind, blank_cqe};
+use crate::sim::model::{Model, Scratch, WaitKind, blank_cqe};
 use crate::sim::target::Target;
 use crate::verbs::{Access, QpType};
 use crate::wqe::{self, CQ_UPDATE, CtrlSeg, Opcode, ParsedWqe, SOLICITED};
@@ -31,6 +31,18 @@ impl Model {
     /// Executes (or flushes) the rung WQEs of `qpn`'s send queue until it is empty or its head
     /// stalls.
     pub(crate) fn run_sq(&mut self, qpn: u32) {
+        // The WQE buffers, out of `self` while the WQEs execute (a nested call, which does not
+        // happen today, would simply use fresh ones).
+        let mut s = self.scratch.take().unwrap_or_else(Scratch::new);
+        self.run_sq_with(qpn, &mut s);
+        if s.payload.capacity() > Scratch::KEEP {
+            s.payload = Vec::new();
+        }
+        self.scratch = Some(s);
+    }
+
+    /// [`Model::run_sq`] with its buffers.
+    fn run_sq_with(&mut self, qpn: u32, s: &mut Scratch) {
         loop {
             let Some(qp) = self.qps.get(qpn) else { return };
             let sq = qp.sq;
@@ -44,7 +56,7 @@ impl Model {
             };
             let (state, kind, send_cq, device) = (qp.state, qp.kind, qp.send_cq, qp.device);
             let counter = sq.ci as u16;
-            let (bytes, bbs) = match sq.read_wqe() {
+            let bbs = match sq.read_wqe(&mut s.bytes) {
                 Ok(x) => x,
                 Err(bad) => {
                     if state == SimQpState::Error {
@@ -56,7 +68,7 @@ impl Model {
                     continue;
                 }
             };
-            let ctrl = CtrlSeg::read(&bytes);
+            let ctrl = CtrlSeg::read(&s.bytes);
             if state == SimQpState::Error {
                 self.flush_send(qpn, counter, ctrl.opcode);
                 self.advance(qpn, bbs);
@@ -67,19 +79,15 @@ impl Model {
                 Some(WaitKind::Transport) => self.stats.transport_retries += 1,
                 None => {}
             }
-            let parsed = if ctrl.wqe_index != counter || ctrl.qpn != qpn {
-                None
+            let parsed = ctrl.wqe_index == counter
+                && ctrl.qpn == qpn
+                && wqe::parse_into(&s.bytes, kind == QpType::Ud, &mut s.wqe).is_ok();
+            let outcome = if !parsed || state != SimQpState::Rts {
+                Outcome::Fail(Syndrome::LocalQpOp)
             } else {
-                wqe::parse(&bytes, kind == QpType::Ud).ok()
-            };
-            let outcome = match &parsed {
-                None => Outcome::Fail(Syndrome::LocalQpOp),
-                Some(_) if state != SimQpState::Rts => Outcome::Fail(Syndrome::LocalQpOp),
-                Some(w) => {
-                    // The requester NIC needs the QP's context to execute the WQE.
-                    self.qpc_touch(device, qpn);
-                    self.execute(qpn, kind, w)
-                }
+                // The requester NIC needs the QP's context to execute the WQE.
+                self.qpc_touch(device, qpn);
+                self.execute(qpn, kind, &s.wqe, &mut s.payload)
             };
             match outcome {
                 Outcome::Done { byte_cnt } => {
@@ -133,7 +141,8 @@ impl Model {
         self.post_cqe(cqn, &c, CqeOpcode::ReqErr, false);
     }
 
-    fn execute(&mut self, qpn: u32, kind: QpType, w: &ParsedWqe) -> Outcome {
+    /// Executes WQE `w` of `qpn`; `buf` is a buffer for a payload that must be gathered.
+    fn execute(&mut self, qpn: u32, kind: QpType, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
         let Some(op) = Opcode::from_u8(w.ctrl.opcode) else {
             return Outcome::Fail(Syndrome::LocalQpOp);
         };
@@ -141,8 +150,8 @@ impl Model {
             return Outcome::Done { byte_cnt: 0 };
         }
         match kind {
-            QpType::Rc => self.exec_rc(qpn, op, w),
-            QpType::Ud => self.exec_ud(qpn, op, w),
+            QpType::Rc => self.exec_rc(qpn, op, w, buf),
+            QpType::Ud => self.exec_ud(qpn, op, w, buf),
         }
     }
 
@@ -164,13 +173,13 @@ impl Model {
         Some(t)
     }
 
-    fn exec_rc(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe) -> Outcome {
+    fn exec_rc(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
         let Some(pd) = self.qps.get(qpn).map(|q| q.pd) else {
             return Outcome::Fail(Syndrome::LocalQpOp);
         };
         match op {
             Opcode::Send | Opcode::SendImm => {
-                let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
+                let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges, buf) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
                 let Some(peer) = self.rc_responder(qpn) else {
@@ -183,7 +192,7 @@ impl Model {
                     return Outcome::Stall(WaitKind::Rnr);
                 };
                 rq.commit();
-                match self.target_scatter(&peer, rpd, &r.sges, payload.len()) {
+                match self.target_scatter(&peer, rpd, r.sges(), payload.len()) {
                     Err(ScatterError::Protection) => {
                         self.target_error(&peer, &r, rq.srqn(), Syndrome::LocalProt);
                         Outcome::Fail(Syndrome::RemoteOp)
@@ -193,7 +202,7 @@ impl Model {
                         Outcome::Fail(Syndrome::RemoteInvalReq)
                     }
                     Ok(spans) => {
-                        memory::scatter(&spans, &payload);
+                        memory::scatter(spans.as_slice(), payload);
                         self.stats.bytes += payload.len() as u64;
                         let opcode = if op == Opcode::SendImm {
                             CqeOpcode::RespSendImm
@@ -214,7 +223,7 @@ impl Model {
                 }
             }
             Opcode::RdmaWrite | Opcode::RdmaWriteImm => {
-                let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
+                let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges, buf) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
                 let Some(peer) = self.rc_responder(qpn) else {
@@ -246,7 +255,7 @@ impl Model {
                     ) else {
                         return Outcome::Fail(Syndrome::RemoteAccess);
                     };
-                    memory::write_span(span, &payload);
+                    memory::write_span(span, payload);
                     self.stats.bytes += payload.len() as u64;
                 }
                 if let Some((r, rq)) = recv {
@@ -268,7 +277,7 @@ impl Model {
                     return Outcome::Fail(Syndrome::LocalQpOp);
                 }
                 let len: usize = w.sges.iter().map(|s| s.len as usize).sum();
-                let Ok(local) = self.mrs.scatter_list(pd, &w.sges, len) else {
+                let Ok(local) = self.mrs.scatter_list(pd, w.sges.iter().copied(), len) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
                 let Some(peer) = self.rc_responder(qpn) else {
@@ -292,9 +301,9 @@ impl Model {
                     ) else {
                         return Outcome::Fail(Syndrome::RemoteAccess);
                     };
-                    let mut data = Vec::with_capacity(len);
-                    memory::read_into(span, &mut data);
-                    memory::scatter(&local, &data);
+                    buf.clear();
+                    memory::read_into(span, buf);
+                    memory::scatter(local.as_slice(), buf);
                     self.stats.bytes += len as u64;
                 }
                 Outcome::Done {
@@ -305,7 +314,7 @@ impl Model {
                 if !w.inline.is_empty() {
                     return Outcome::Fail(Syndrome::LocalQpOp);
                 }
-                let local = match self.mrs.scatter_list(pd, &w.sges, 8) {
+                let local = match self.mrs.scatter_list(pd, w.sges.iter().copied(), 8) {
                     Ok(l) => l,
                     Err(ScatterError::Protection) => return Outcome::Fail(Syndrome::LocalProt),
                     Err(ScatterError::Length) => return Outcome::Fail(Syndrome::LocalLength),
@@ -333,16 +342,16 @@ impl Model {
                 ) else {
                     return Outcome::Fail(Syndrome::RemoteAccess);
                 };
-                let mut old = Vec::with_capacity(8);
-                memory::read_into(span, &mut old);
-                let cur = u64::from_be_bytes(old[..8].try_into().expect("8 bytes"));
+                let mut old = [0u8; 8];
+                memory::read_span(span, &mut old);
+                let cur = u64::from_be_bytes(old);
                 let new = match op {
                     Opcode::AtomicCs if cur == a.compare => a.swap_add,
                     Opcode::AtomicCs => cur,
                     _ => cur.wrapping_add(a.swap_add),
                 };
                 memory::write_span(span, &new.to_be_bytes());
-                memory::scatter(&local, &old);
+                memory::scatter(local.as_slice(), &old);
                 self.stats.bytes += 16;
                 Outcome::Done { byte_cnt: 8 }
             }
@@ -375,14 +384,14 @@ impl Model {
 
     // ---- UD ------------------------------------------------------------------------------
 
-    fn exec_ud(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe) -> Outcome {
+    fn exec_ud(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
         if !matches!(op, Opcode::Send | Opcode::SendImm) {
             return Outcome::Fail(Syndrome::LocalQpOp);
         }
         let Some((pd, device)) = self.qps.get(qpn).map(|q| (q.pd, q.device)) else {
             return Outcome::Fail(Syndrome::LocalQpOp);
         };
-        let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
+        let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges, buf) else {
             return Outcome::Fail(Syndrome::LocalProt);
         };
         if payload.len() > self.cfg.mtu as usize {
@@ -398,7 +407,7 @@ impl Model {
             av,
             imm: (op == Opcode::SendImm).then_some(w.ctrl.imm),
             solicited: w.ctrl.fm_ce_se & SOLICITED != 0,
-            payload,
+            payload: payload.to_vec(),
         };
         self.transmit(p);
         Outcome::Done { byte_cnt: 0 }
@@ -459,7 +468,7 @@ impl Model {
         };
         rq.commit();
         let len = GRH_BYTES + p.payload.len();
-        match self.target_scatter(&t, rpd, &r.sges, len) {
+        match self.target_scatter(&t, rpd, r.sges(), len) {
             Err(ScatterError::Protection) => {
                 self.target_error(&t, &r, rq.srqn(), Syndrome::LocalProt)
             }
@@ -467,10 +476,14 @@ impl Model {
                 self.target_error(&t, &r, rq.srqn(), Syndrome::LocalLength)
             }
             Ok(spans) => {
-                let mut data = Vec::with_capacity(len);
+                let mut data = std::mem::take(&mut self.ud_buf);
+                data.clear();
                 data.extend_from_slice(&grh(&p));
                 data.extend_from_slice(&p.payload);
-                memory::scatter(&spans, &data);
+                memory::scatter(spans.as_slice(), &data);
+                if data.capacity() <= Scratch::KEEP {
+                    self.ud_buf = data;
+                }
                 self.stats.bytes += p.payload.len() as u64;
                 self.stats.ud_delivered += 1;
                 let mut c = blank_cqe(dqpn);

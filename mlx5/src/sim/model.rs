@@ -39,10 +39,10 @@ pub(crate) struct BadWqe {
 }
 
 impl SqState {
-    /// Copies the WQE at `ci` out of the ring (modulo the ring: it may wrap past the end).
-    /// Returns its bytes and WQEBB count, or what to skip if its `ds` is invalid or it extends
-    /// past the rung producer index.
-    pub(crate) fn read_wqe(&self) -> Result<(Vec<u8>, u32), BadWqe> {
+    /// Copies the WQE at `ci` out of the ring (modulo the ring: it may wrap past the end) into
+    /// `out` (its previous contents replaced; its capacity reused). Returns its WQEBB count, or
+    /// what to skip if its `ds` is invalid or it extends past the rung producer index.
+    pub(crate) fn read_wqe(&self, out: &mut Vec<u8>) -> Result<u32, BadWqe> {
         let ring = self.wqe_cnt as usize * WQEBB;
         let start = (self.ci & (self.wqe_cnt - 1)) as usize * WQEBB;
         let mut ctrl = [0u8; CTRL_BYTES];
@@ -67,14 +67,42 @@ impl SqState {
             });
         }
         let len = ds as usize * wqe::DS_BYTES;
-        let mut out = vec![0u8; len];
         let first = len.min(ring - start);
-        // SAFETY: both pieces lie inside the ring ([start, start+first) and [0, len-first)).
+        out.clear();
+        out.reserve(len);
+        // SAFETY: both pieces lie inside the ring ([start, start+first) and [0, len-first));
+        // `out` has room for `len` bytes, all initialised by the two copies before `set_len`.
         unsafe {
             std::ptr::copy_nonoverlapping(self.buf.add(start), out.as_mut_ptr(), first);
             std::ptr::copy_nonoverlapping(self.buf, out.as_mut_ptr().add(first), len - first);
+            out.set_len(len);
         }
-        Ok((out, bbs))
+        Ok(bbs)
+    }
+}
+
+/// Buffers the model reuses from WQE to WQE, so that executing a WQE allocates nothing once
+/// they have grown to the largest WQE and payload seen.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    /// The raw bytes of the WQE being executed.
+    pub(crate) bytes: Vec<u8>,
+    /// The WQE being executed, parsed.
+    pub(crate) wqe: wqe::ParsedWqe,
+    /// A gathered payload (SEND, WRITE with data segments; READ data).
+    pub(crate) payload: Vec<u8>,
+}
+
+impl Scratch {
+    /// Payload capacity kept between WQEs; a larger buffer is freed after its WQE.
+    pub(crate) const KEEP: usize = 1 << 20;
+
+    pub(crate) fn new() -> Box<Scratch> {
+        Box::new(Scratch {
+            bytes: Vec::with_capacity(wqe::MAX_DS as usize * wqe::DS_BYTES),
+            wqe: wqe::ParsedWqe::empty(),
+            payload: Vec::new(),
+        })
     }
 }
 
@@ -152,6 +180,10 @@ pub(crate) struct Model {
     pub(crate) faults: Faults,
     /// The node directory, when the fabric spans processes (`sim/node.rs`).
     pub(crate) node: Option<NodeLink>,
+    /// WQE buffers, taken by `run_sq` while it executes (`None` meanwhile).
+    pub(crate) scratch: Option<Box<Scratch>>,
+    /// A UD receive's bytes (GRH area and payload), reused from packet to packet.
+    pub(crate) ud_buf: Vec<u8>,
 }
 
 // SAFETY: the raw pointers in the tables refer to model-allocated queue memory (freed only
@@ -196,6 +228,8 @@ impl Model {
             next_srqn: 0,
             active: BTreeSet::new(),
             node: None,
+            scratch: Some(Scratch::new()),
+            ud_buf: Vec::new(),
         }
     }
 

@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::cqe::{Cqe, CqeOpcode, Syndrome};
 use crate::sim::SimQpState;
 use crate::sim::cq::{CqState, Push};
-use crate::sim::memory::{LKEY_TAG, RKEY_TAG, ScatterError, Span};
+use crate::sim::memory::{LKEY_TAG, RKEY_TAG, ScatterError, Span, Spans};
 use crate::sim::model::{Model, blank_cqe};
 use crate::sim::node::{NodeDir, NodeLink, qp_state};
 use crate::sim::recv::{RecvWqe, RqState, SrqState};
@@ -327,9 +327,9 @@ impl Model {
         &mut self,
         t: &Target,
         pd: u32,
-        sges: &[Sge],
+        sges: impl Iterator<Item = Sge>,
         len: usize,
-    ) -> Result<Vec<Span>, ScatterError> {
+    ) -> Result<Spans, ScatterError> {
         if t.remote.is_none() {
             return self.mrs.scatter_list(pd, sges, len);
         }
