@@ -5,7 +5,7 @@ use crate::cqe::{CqeOpcode, Syndrome};
 use crate::sim::SimQpState;
 use crate::sim::faults::{Fate, Packet};
 use crate::sim::memory::{self, ScatterError};
-use crate::sim::model::{Model, Scratch, WaitKind, blank_cqe};
+use crate::sim::model::{Model, RcConn, Scratch, WaitKind, blank_cqe};
 use crate::sim::target::Target;
 use crate::verbs::{Access, QpType};
 use crate::wqe::{self, CQ_UPDATE, CtrlSeg, Opcode, ParsedWqe, SOLICITED};
@@ -25,6 +25,15 @@ pub(crate) enum Outcome {
     Stall(WaitKind),
     /// Requester error with this syndrome (responder-side effects already applied).
     Fail(Syndrome),
+}
+
+/// What executing a WQE needs of its QP, read once per WQE.
+#[derive(Clone, Copy, Debug)]
+struct Requester {
+    qpn: u32,
+    pd: u32,
+    device: u32,
+    rc: Option<RcConn>,
 }
 
 impl Model {
@@ -55,6 +64,12 @@ impl Model {
                 None => None,
             };
             let (state, kind, send_cq, device) = (qp.state, qp.kind, qp.send_cq, qp.device);
+            let req = Requester {
+                qpn,
+                pd: qp.pd,
+                device,
+                rc: qp.rc,
+            };
             let counter = sq.ci as u16;
             let bbs = match sq.read_wqe(&mut s.bytes) {
                 Ok(x) => x,
@@ -87,7 +102,7 @@ impl Model {
             } else {
                 // The requester NIC needs the QP's context to execute the WQE.
                 self.qpc_touch(device, qpn);
-                self.execute(qpn, kind, &s.wqe, &mut s.payload)
+                self.execute(&req, kind, &s.wqe, &mut s.payload)
             };
             match outcome {
                 Outcome::Done { byte_cnt } => {
@@ -96,8 +111,8 @@ impl Model {
                     }
                     if let Some(q) = self.qps.get_mut(qpn) {
                         q.wait = None;
+                        q.sq.ci = q.sq.ci.wrapping_add(bbs);
                     }
-                    self.advance(qpn, bbs);
                     if ctrl.fm_ce_se & CQ_UPDATE != 0 {
                         let mut c = blank_cqe(qpn);
                         c.wqe_counter = counter;
@@ -142,7 +157,13 @@ impl Model {
     }
 
     /// Executes WQE `w` of `qpn`; `buf` is a buffer for a payload that must be gathered.
-    fn execute(&mut self, qpn: u32, kind: QpType, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
+    fn execute(
+        &mut self,
+        q: &Requester,
+        kind: QpType,
+        w: &ParsedWqe,
+        buf: &mut Vec<u8>,
+    ) -> Outcome {
         let Some(op) = Opcode::from_u8(w.ctrl.opcode) else {
             return Outcome::Fail(Syndrome::LocalQpOp);
         };
@@ -150,8 +171,8 @@ impl Model {
             return Outcome::Done { byte_cnt: 0 };
         }
         match kind {
-            QpType::Rc => self.exec_rc(qpn, op, w, buf),
-            QpType::Ud => self.exec_ud(qpn, op, w, buf),
+            QpType::Rc => self.exec_rc(q, op, w, buf),
+            QpType::Ud => self.exec_ud(q, op, w, buf),
         }
     }
 
@@ -161,8 +182,9 @@ impl Model {
     /// in a running peer process), is RC and in RTS, is connected back to `qpn`, and sits on
     /// the LID given at connect time (or, with LID 0, the GID); the responder NIC then looks
     /// up its context (the packet reached it; only for this process's devices).
-    fn rc_responder(&mut self, qpn: u32) -> Option<Target> {
-        let conn = self.qps.get(qpn)?.rc?;
+    #[inline(always)]
+    fn rc_responder(&mut self, q: &Requester) -> Option<Target> {
+        let (qpn, conn) = (q.qpn, q.rc?);
         let t = self.resolve(conn.lid, Some(&conn.gid), conn.peer)?;
         if t.kind != QpType::Rc || !t.rts || t.peer_qpn != Some(qpn) {
             return None;
@@ -173,16 +195,14 @@ impl Model {
         Some(t)
     }
 
-    fn exec_rc(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
-        let Some(pd) = self.qps.get(qpn).map(|q| q.pd) else {
-            return Outcome::Fail(Syndrome::LocalQpOp);
-        };
+    fn exec_rc(&mut self, q: &Requester, op: Opcode, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
+        let (qpn, pd) = (q.qpn, q.pd);
         match op {
             Opcode::Send | Opcode::SendImm => {
                 let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges, buf) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
-                let Some(peer) = self.rc_responder(qpn) else {
+                let Some(peer) = self.rc_responder(q) else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 let Some((rq, rpd)) = peer.recv else {
@@ -226,7 +246,7 @@ impl Model {
                 let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges, buf) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
-                let Some(peer) = self.rc_responder(qpn) else {
+                let Some(peer) = self.rc_responder(q) else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 let recv = if op == Opcode::RdmaWriteImm {
@@ -280,7 +300,7 @@ impl Model {
                 let Ok(local) = self.mrs.scatter_list(pd, w.sges.iter().copied(), len) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
-                let Some(peer) = self.rc_responder(qpn) else {
+                let Some(peer) = self.rc_responder(q) else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 if !peer.access.contains(Access::REMOTE_READ) {
@@ -319,7 +339,7 @@ impl Model {
                     Err(ScatterError::Protection) => return Outcome::Fail(Syndrome::LocalProt),
                     Err(ScatterError::Length) => return Outcome::Fail(Syndrome::LocalLength),
                 };
-                let Some(peer) = self.rc_responder(qpn) else {
+                let Some(peer) = self.rc_responder(q) else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 if !peer.access.contains(Access::REMOTE_ATOMIC) {
@@ -384,13 +404,11 @@ impl Model {
 
     // ---- UD ------------------------------------------------------------------------------
 
-    fn exec_ud(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
+    fn exec_ud(&mut self, q: &Requester, op: Opcode, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
         if !matches!(op, Opcode::Send | Opcode::SendImm) {
             return Outcome::Fail(Syndrome::LocalQpOp);
         }
-        let Some((pd, device)) = self.qps.get(qpn).map(|q| (q.pd, q.device)) else {
-            return Outcome::Fail(Syndrome::LocalQpOp);
-        };
+        let (qpn, pd, device) = (q.qpn, q.pd, q.device);
         let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges, buf) else {
             return Outcome::Fail(Syndrome::LocalProt);
         };

@@ -71,10 +71,12 @@ impl SqState {
         out.clear();
         out.reserve(len);
         // SAFETY: both pieces lie inside the ring ([start, start+first) and [0, len-first));
-        // `out` has room for `len` bytes, all initialised by the two copies before `set_len`.
+        // `out` has room for `len` bytes, all initialised by the copies before `set_len`.
         unsafe {
             std::ptr::copy_nonoverlapping(self.buf.add(start), out.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(self.buf, out.as_mut_ptr().add(first), len - first);
+            if first < len {
+                std::ptr::copy_nonoverlapping(self.buf, out.as_mut_ptr().add(first), len - first);
+            }
             out.set_len(len);
         }
         Ok(bbs)

@@ -88,6 +88,7 @@ pub(crate) fn gid_of_lid(lid: u16) -> [u8; 16] {
 impl Model {
     /// The QP `qpn` addressed by `lid` (or, when `lid` is 0, `gid`): ours, or a peer
     /// process's on the node. `None`: no such QP there, or its process is gone.
+    #[inline(always)]
     pub(crate) fn resolve(&mut self, lid: u16, gid: Option<&[u8; 16]>, qpn: u32) -> Option<Target> {
         if let Some(d) = self.qps.get(qpn)
             && self.addresses(d.device, lid, gid)
