@@ -129,14 +129,14 @@ impl MrTable {
         sges: &[Sge],
         out: &'a mut Vec<u8>,
     ) -> Option<&'a [u8]> {
+        if sges.iter().all(|s| s.len == 0) {
+            return Some(inline);
+        }
         let mut spans = Spans::new();
         let mut total = inline.len();
         for s in sges.iter().filter(|s| s.len != 0) {
             spans.push(self.local(s.lkey, pd, s.addr, s.len as usize, Access::empty())?);
             total += s.len as usize;
-        }
-        if spans.as_slice().is_empty() {
-            return Some(inline);
         }
         out.clear();
         out.reserve(total);

@@ -643,13 +643,13 @@ impl Model {
         opcode: CqeOpcode,
         solicited: bool,
     ) -> Push {
-        let mut c = *c;
-        c.opcode = opcode as u8;
-        let r = cq.push(&c, opcode, solicited);
+        // `push` encodes everything but `op_own`, which it derives from `opcode` (the CQE's
+        // own `opcode` field is not read).
+        let r = cq.push(c, opcode, solicited);
         match r {
             Push::Written => {
                 self.stats.cqes += 1;
-                if c.is_error() {
+                if matches!(opcode, CqeOpcode::ReqErr | CqeOpcode::RespErr) {
                     self.stats.error_cqes += 1;
                     if c.syndrome == Syndrome::WrFlush as u8 {
                         self.stats.flushes += 1;
