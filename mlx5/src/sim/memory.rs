@@ -70,6 +70,7 @@ impl MrTable {
         self.map.remove(idx);
     }
 
+    #[inline]
     fn lookup(
         &self,
         key: u32,

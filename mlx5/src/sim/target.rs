@@ -265,6 +265,7 @@ impl Model {
     /// Validates `[addr, addr + len)` against memory region key `key` (an rkey, or an lkey
     /// when `lkey`) of the target's owner with protection domain `pd`.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn target_mr(
         &mut self,
         t: &Target,
@@ -282,6 +283,22 @@ impl Model {
                 self.mrs.remote(key, pd, addr, len, need)
             };
         }
+        self.target_mr_remote(t, key, lkey, pd, addr, len, need)
+    }
+
+    /// [`Model::target_mr`] for a peer process's QP (its exports).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn target_mr_remote(
+        &mut self,
+        t: &Target,
+        key: u32,
+        lkey: bool,
+        pd: u32,
+        addr: u64,
+        len: usize,
+        need: Access,
+    ) -> Option<Span> {
         let tag = if lkey { LKEY_TAG } else { RKEY_TAG };
         if key & 0xff != tag {
             return None;
