@@ -1,14 +1,14 @@
 //! The device model's RC path allocates nothing per WQE once warm (issue 16): a counting
 //! global allocator counts the allocations made on this test's thread while it posts, rings
 //! and polls RDMA WRITE (inline and from a data segment), RDMA READ, WRITE_IMM and SEND, and
-//! the count must stay zero. (Own test binary: the allocator is process-wide.)
+//! the count must stay zero; likewise UD SENDs (inline and from a data segment). (Own test
+//! binary: the allocator is process-wide; counts are per thread.)
 
 #[path = "sim_common/mod.rs"]
 mod sim_common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use mlx5::cqe::CqeOpcode;
 use mlx5::sim::{Fabric, SimConfig};
@@ -19,15 +19,16 @@ use sim_common::*;
 /// Counts allocations made on threads that switched counting on.
 struct Counting;
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
 thread_local! {
+    /// Whether this thread counts its allocations.
     static COUNT_HERE: Cell<bool> = const { Cell::new(false) };
+    /// This thread's allocations while counting (tests run on parallel threads).
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
 }
 
 fn note() {
     if COUNT_HERE.try_with(Cell::get).unwrap_or(false) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
     }
 }
 
@@ -59,11 +60,11 @@ static A: Counting = Counting;
 
 /// Allocations `f` makes on this thread.
 fn allocations(f: impl FnOnce()) -> u64 {
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = ALLOCS.with(Cell::get);
     COUNT_HERE.with(|c| c.set(true));
     f();
     COUNT_HERE.with(|c| c.set(false));
-    ALLOCS.load(Ordering::Relaxed) - before
+    ALLOCS.with(Cell::get) - before
 }
 
 /// Polls A's requester CQE (success) and retires its WQE.
@@ -160,4 +161,56 @@ fn rc_wqes_allocate_nothing_once_warm() {
     });
     assert_eq!(n, 0, "allocations in 1000 rounds of 5 WQEs");
     assert_eq!(rbuf.read(0, 200), vec![0x5a; 200], "the last SEND landed");
+}
+
+#[test]
+fn ud_sends_allocate_nothing_once_warm() {
+    use mlx5::verbs::QpType;
+    const QKEY: u32 = 0x1111_0000;
+    let f = Fabric::new(SimConfig::deterministic());
+    let sn = Node::new(&f);
+    let dn = Node::new(&f);
+    let (mut scq, mut dcq) = (sn.cq(256), dn.cq(256));
+    let mut sqp = sn.qp(QpType::Ud, &scq, &scq, None, QpCaps::default());
+    let mut dqp = dn.qp(QpType::Ud, &dcq, &dcq, None, QpCaps::default());
+    sqp.activate_ud(QKEY).unwrap();
+    dqp.activate_ud(QKEY).unwrap();
+    let av = dn.ah(&dn.ud_dest(&dqp, QKEY));
+    let src = sn.buf(4096, Access::empty());
+    src.write(0, &[0x3c; 4096]);
+    let rbuf = dn.buf(4096, Access::LOCAL_WRITE);
+    let msg = [9u8; 100];
+    let mut round = |i: u32| {
+        for (inline, sges) in [(&msg[..], &[][..]), (&[][..], &[src.sge(0, 300)][..])] {
+            post_recv(&mut dqp, &[rbuf.sge(0, 4096)]);
+            post(
+                &mut sqp,
+                &mlx5::wqe::WqeDesc {
+                    imm: i,
+                    ud: Some(av),
+                    inline,
+                    sges,
+                    ..desc(Opcode::SendImm)
+                },
+            );
+            let c = try_poll(&mut scq.cq).expect("requester CQE");
+            expect_ok(&c, CqeOpcode::Req);
+            sqp.sq.retire(c.wqe_counter);
+            let c = try_poll(&mut dcq.cq).expect("UD receive");
+            expect_ok(&c, CqeOpcode::RespSendImm);
+            assert_eq!(c.imm, i);
+            assert_eq!(c.byte_cnt as usize, 40 + inline.len() + sges.len() * 300);
+            dqp.rq.as_mut().unwrap().complete();
+        }
+    };
+    for i in 0..64 {
+        round(i);
+    }
+    let n = allocations(|| {
+        for i in 64..1064 {
+            round(i);
+        }
+    });
+    assert_eq!(n, 0, "allocations in 1000 rounds of 2 UD SENDs");
+    assert_eq!(rbuf.read(40, 300), vec![0x3c; 300], "the last SEND landed");
 }

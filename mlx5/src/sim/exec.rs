@@ -419,51 +419,69 @@ impl Model {
             return Outcome::Fail(Syndrome::LocalQpOp);
         };
         self.stats.ud_sent += 1;
+        // The packet's payload buffer is kept from send to send; it leaves with the packet
+        // only when fault injection holds the packet back.
+        let mut owned = std::mem::take(&mut self.ud_tx);
+        owned.clear();
+        owned.extend_from_slice(payload);
         let p = Packet {
             src_qpn: qpn,
             src_gid: self.devices[device as usize].gid,
             av,
             imm: (op == Opcode::SendImm).then_some(w.ctrl.imm),
             solicited: w.ctrl.fm_ce_se & SOLICITED != 0,
-            payload: payload.to_vec(),
+            payload: owned,
         };
-        self.transmit(p);
+        if let Some(back) = self.transmit(p)
+            && back.capacity() <= Scratch::KEEP
+        {
+            self.ud_tx = back;
+        }
         Outcome::Done { byte_cnt: 0 }
     }
 
-    /// Puts a UD packet on the wire: fault injection decides its fate.
-    fn transmit(&mut self, p: Packet) {
+    /// Puts a UD packet on the wire: fault injection decides its fate. Returns the packet's
+    /// payload buffer when the packet is done with (delivered or dropped), `None` when it is
+    /// held back.
+    fn transmit(&mut self, p: Packet) -> Option<Vec<u8>> {
         match self.faults.fate() {
             Fate::Deliver => {
-                self.deliver(p);
+                self.deliver(&p);
                 self.release_held();
+                Some(p.payload)
             }
-            Fate::Drop => self.stats.ud_drops += 1,
+            Fate::Drop => {
+                self.stats.ud_drops += 1;
+                Some(p.payload)
+            }
             Fate::Duplicate => {
                 self.stats.ud_dups += 1;
-                self.deliver(p.clone());
-                self.deliver(p);
+                self.deliver(&p);
+                self.deliver(&p);
                 self.release_held();
+                Some(p.payload)
             }
             Fate::Reorder => {
                 self.stats.ud_reorders += 1;
                 self.faults.hold(self.step, p);
+                None
             }
             Fate::Delay(k) => {
                 self.stats.ud_delays += 1;
                 self.faults.delay(self.step + u64::from(k), p);
+                None
             }
         }
     }
 
     fn release_held(&mut self) {
         for h in self.faults.take_held() {
-            self.deliver(h);
+            self.deliver(&h);
         }
     }
 
     /// Delivers a UD packet to its destination QP (or drops it, counted).
-    pub(crate) fn deliver(&mut self, p: Packet) {
+    pub(crate) fn deliver(&mut self, p: &Packet) {
         let dqpn = p.av.dqpn;
         let t = self
             .resolve(p.av.rlid, p.av.grh.then_some(&p.av.rgid), dqpn)
@@ -496,7 +514,7 @@ impl Model {
             Ok(spans) => {
                 let mut data = std::mem::take(&mut self.ud_buf);
                 data.clear();
-                data.extend_from_slice(&grh(&p));
+                data.extend_from_slice(&grh(p));
                 data.extend_from_slice(&p.payload);
                 memory::scatter(spans.as_slice(), &data);
                 if data.capacity() <= Scratch::KEEP {

@@ -186,6 +186,8 @@ pub(crate) struct Model {
     pub(crate) scratch: Option<Box<Scratch>>,
     /// A UD receive's bytes (GRH area and payload), reused from packet to packet.
     pub(crate) ud_buf: Vec<u8>,
+    /// A UD send's payload buffer, reused from packet to packet (see `exec_ud`).
+    pub(crate) ud_tx: Vec<u8>,
 }
 
 // SAFETY: the raw pointers in the tables refer to model-allocated queue memory (freed only
@@ -232,6 +234,7 @@ impl Model {
             node: None,
             scratch: Some(Scratch::new()),
             ud_buf: Vec::new(),
+            ud_tx: Vec::new(),
         }
     }
 
@@ -511,10 +514,10 @@ impl Model {
         }
         if self.faults.pending() {
             for p in self.faults.take_due(self.step) {
-                self.deliver(p);
+                self.deliver(&p);
             }
             for p in self.faults.take_stale_held(self.step) {
-                self.deliver(p);
+                self.deliver(&p);
             }
         }
         if self.active.is_empty() {
