@@ -404,6 +404,8 @@ impl Model {
 
     // ---- UD ------------------------------------------------------------------------------
 
+    /// UD SEND / SEND_IMM. Out of line: keeps the RC path through `run_sq` small.
+    #[inline(never)]
     fn exec_ud(&mut self, q: &Requester, op: Opcode, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
         if !matches!(op, Opcode::Send | Opcode::SendImm) {
             return Outcome::Fail(Syndrome::LocalQpOp);
