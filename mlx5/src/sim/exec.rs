@@ -8,7 +8,7 @@ use crate::sim::memory::{self, ScatterError};
 use crate::sim::model::{Model, RcConn, Scratch, WaitKind, blank_cqe};
 use crate::sim::target::Target;
 use crate::verbs::{Access, QpType};
-use crate::wqe::{self, CQ_UPDATE, CtrlSeg, Opcode, ParsedWqe, SOLICITED};
+use crate::wqe::{self, CQ_UPDATE, Opcode, ParsedWqe, SOLICITED};
 
 /// Bytes of the GRH area at the start of every UD receive buffer.
 pub(crate) const GRH_BYTES: usize = 40;
@@ -83,9 +83,10 @@ impl Model {
                     continue;
                 }
             };
-            let ctrl = CtrlSeg::read(&s.bytes);
+            // The control segment's opcode byte (a whole WQE is at least 16 bytes).
+            let opcode = s.bytes[3];
             if state == SimQpState::Error {
-                self.flush_send(qpn, counter, ctrl.opcode);
+                self.flush_send(qpn, counter, opcode);
                 self.advance(qpn, bbs);
                 continue;
             }
@@ -94,9 +95,10 @@ impl Model {
                 Some(WaitKind::Transport) => self.stats.transport_retries += 1,
                 None => {}
             }
-            let parsed = ctrl.wqe_index == counter
-                && ctrl.qpn == qpn
-                && wqe::parse_into(&s.bytes, kind == QpType::Ud, &mut s.wqe).is_ok();
+            // Parsed, and the control segment names this WQE slot and this QP.
+            let parsed = wqe::parse_into(&s.bytes, kind == QpType::Ud, &mut s.wqe).is_ok()
+                && s.wqe.ctrl.wqe_index == counter
+                && s.wqe.ctrl.qpn == qpn;
             let outcome = if !parsed || state != SimQpState::Rts {
                 Outcome::Fail(Syndrome::LocalQpOp)
             } else {
@@ -106,6 +108,8 @@ impl Model {
             };
             match outcome {
                 Outcome::Done { byte_cnt } => {
+                    // Only a parsed WQE completes: `s.wqe.ctrl` is its control segment.
+                    let ctrl = s.wqe.ctrl;
                     if let Some(op) = Opcode::from_u8(ctrl.opcode) {
                         self.stats.wqes.bump(op);
                     }
@@ -129,11 +133,11 @@ impl Model {
                         WaitKind::Rnr => Syndrome::RnrRetryExc,
                         WaitKind::Transport => Syndrome::TransportRetryExc,
                     };
-                    self.requester_error(qpn, counter, ctrl.opcode, s);
+                    self.requester_error(qpn, counter, opcode, s);
                     self.advance(qpn, bbs);
                 }
                 Outcome::Fail(s) => {
-                    self.requester_error(qpn, counter, ctrl.opcode, s);
+                    self.requester_error(qpn, counter, opcode, s);
                     self.advance(qpn, bbs);
                 }
             }
@@ -184,15 +188,18 @@ impl Model {
     /// up its context (the packet reached it; only for this process's devices).
     #[inline(always)]
     fn rc_responder(&mut self, q: &Requester) -> Option<Target> {
-        let (qpn, conn) = (q.qpn, q.rc?);
-        let t = self.resolve(conn.lid, Some(&conn.gid), conn.peer)?;
-        if t.kind != QpType::Rc || !t.rts || t.peer_qpn != Some(qpn) {
-            return None;
+        let (qpn, conn) = (q.qpn, q.rc.as_ref()?);
+        // Checked in place (the Target is not moved out of the Option and back in).
+        let t = self.resolve(conn.lid, Some(&conn.gid), conn.peer);
+        match &t {
+            Some(p) if p.kind == QpType::Rc && p.rts && p.peer_qpn == Some(qpn) => {
+                if let Some(d) = p.device {
+                    self.qpc_touch(d, p.qpn);
+                }
+            }
+            _ => return None,
         }
-        if let Some(d) = t.device {
-            self.qpc_touch(d, t.qpn);
-        }
-        Some(t)
+        t
     }
 
     fn exec_rc(&mut self, q: &Requester, op: Opcode, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
@@ -246,14 +253,19 @@ impl Model {
                 let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges, buf) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
-                let Some(peer) = self.rc_responder(q) else {
+                let resp = self.rc_responder(q);
+                let Some(peer) = &resp else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 let recv = if op == Opcode::RdmaWriteImm {
-                    match peer.recv.and_then(|(rq, _)| Some((rq.peek()?, rq))) {
-                        Some(x) => Some(x),
-                        None => return Outcome::Stall(WaitKind::Rnr),
-                    }
+                    // Borrowed from `peer` (no copy of the queue view).
+                    let Some((rq, _)) = &peer.recv else {
+                        return Outcome::Stall(WaitKind::Rnr);
+                    };
+                    let Some(r) = rq.peek() else {
+                        return Outcome::Stall(WaitKind::Rnr);
+                    };
+                    Some((r, rq))
                 } else {
                     None
                 };
@@ -265,7 +277,7 @@ impl Model {
                 };
                 if !payload.is_empty() {
                     let Some(span) = self.target_mr(
-                        &peer,
+                        peer,
                         remote.rkey,
                         false,
                         peer.pd,
@@ -282,7 +294,7 @@ impl Model {
                     rq.commit();
                     self.respond(
                         qpn,
-                        &peer,
+                        peer,
                         rq.srqn(),
                         r.wqe_counter,
                         payload.len(),
