@@ -209,23 +209,24 @@ impl Model {
                 let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges, buf) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
-                let Some(peer) = self.rc_responder(q) else {
+                let resp = self.rc_responder(q);
+                let Some(peer) = &resp else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
-                let Some((rq, rpd)) = peer.recv else {
+                let Some((rq, rpd)) = &peer.recv else {
                     return Outcome::Stall(WaitKind::Rnr);
                 };
                 let Some(r) = rq.peek() else {
                     return Outcome::Stall(WaitKind::Rnr);
                 };
                 rq.commit();
-                match self.target_scatter(&peer, rpd, r.sges(), payload.len()) {
+                match self.target_scatter(peer, *rpd, r.sges(), payload.len()) {
                     Err(ScatterError::Protection) => {
-                        self.target_error(&peer, &r, rq.srqn(), Syndrome::LocalProt);
+                        self.target_error(peer, &r, rq.srqn(), Syndrome::LocalProt);
                         Outcome::Fail(Syndrome::RemoteOp)
                     }
                     Err(ScatterError::Length) => {
-                        self.target_error(&peer, &r, rq.srqn(), Syndrome::LocalLength);
+                        self.target_error(peer, &r, rq.srqn(), Syndrome::LocalLength);
                         Outcome::Fail(Syndrome::RemoteInvalReq)
                     }
                     Ok(spans) => {
@@ -238,7 +239,7 @@ impl Model {
                         };
                         self.respond(
                             qpn,
-                            &peer,
+                            peer,
                             rq.srqn(),
                             r.wqe_counter,
                             payload.len(),
@@ -497,10 +498,8 @@ impl Model {
     /// Delivers a UD packet to its destination QP (or drops it, counted).
     pub(crate) fn deliver(&mut self, p: &Packet) {
         let dqpn = p.av.dqpn;
-        let t = self
-            .resolve(p.av.rlid, p.av.grh.then_some(&p.av.rgid), dqpn)
-            .filter(|t| t.kind == QpType::Ud && t.rts);
-        let Some(t) = t else {
+        let found = self.resolve(p.av.rlid, p.av.grh.then_some(&p.av.rgid), dqpn);
+        let Some(t) = found.as_ref().filter(|t| t.kind == QpType::Ud && t.rts) else {
             self.stats.ud_no_dest += 1;
             return;
         };
@@ -512,19 +511,21 @@ impl Model {
             self.stats.ud_bad_qkey += 1;
             return;
         }
-        let Some((rq, r, rpd)) = t.recv.and_then(|(rq, pd)| Some((rq, rq.peek()?, pd))) else {
+        let Some((rq, rpd)) = &t.recv else {
+            self.stats.ud_no_recv += 1;
+            return;
+        };
+        let Some(r) = rq.peek() else {
             self.stats.ud_no_recv += 1;
             return;
         };
         rq.commit();
         let len = GRH_BYTES + p.payload.len();
-        match self.target_scatter(&t, rpd, r.sges(), len) {
+        match self.target_scatter(t, *rpd, r.sges(), len) {
             Err(ScatterError::Protection) => {
-                self.target_error(&t, &r, rq.srqn(), Syndrome::LocalProt)
+                self.target_error(t, &r, rq.srqn(), Syndrome::LocalProt)
             }
-            Err(ScatterError::Length) => {
-                self.target_error(&t, &r, rq.srqn(), Syndrome::LocalLength)
-            }
+            Err(ScatterError::Length) => self.target_error(t, &r, rq.srqn(), Syndrome::LocalLength),
             Ok(spans) => {
                 let mut data = std::mem::take(&mut self.ud_buf);
                 data.clear();
@@ -548,7 +549,7 @@ impl Model {
                 } else {
                     CqeOpcode::RespSend
                 };
-                self.target_cqe(&t, &c, opcode, p.solicited);
+                self.target_cqe(t, &c, opcode, p.solicited);
             }
         }
     }
