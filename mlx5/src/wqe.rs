@@ -492,6 +492,32 @@ pub enum ParseError {
 /// opcode, [`ParseError::Ds`] for a `ds` that does not cover the mandatory segments, or
 /// [`ParseError::InlineLength`] for an inline length past the WQE end.
 pub fn parse(b: &[u8], ud: bool) -> Result<ParsedWqe, ParseError> {
+    let mut w = ParsedWqe::empty();
+    parse_into(b, ud, &mut w)?;
+    Ok(w)
+}
+
+impl ParsedWqe {
+    /// A NOP-shaped WQE with no segments (a buffer for [`parse_into`]).
+    pub fn empty() -> ParsedWqe {
+        ParsedWqe {
+            ctrl: CtrlSeg::read(&[0u8; CTRL_BYTES]),
+            ud: None,
+            remote: None,
+            atomic: None,
+            inline: Vec::new(),
+            sges: Vec::new(),
+        }
+    }
+}
+
+/// [`parse`] into `w`, reusing its `inline` and `sges` buffers (the device model parses every
+/// WQE into one kept buffer, so that executing a WQE allocates nothing). On success `w` holds
+/// exactly what [`parse`] returns; on error its contents are unspecified.
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_into(b: &[u8], ud: bool, w: &mut ParsedWqe) -> Result<(), ParseError> {
     if b.len() < CTRL_BYTES {
         return Err(ParseError::Truncated(b.len()));
     }
@@ -501,16 +527,14 @@ pub fn parse(b: &[u8], ud: bool) -> Result<ParsedWqe, ParseError> {
     if ctrl.ds == 0 || u32::from(ctrl.ds) > MAX_DS || end > b.len() {
         return Err(ParseError::Ds(ctrl.ds));
     }
-    let mut w = ParsedWqe {
-        ctrl,
-        ud: None,
-        remote: None,
-        atomic: None,
-        inline: Vec::new(),
-        sges: Vec::new(),
-    };
+    w.ctrl = ctrl;
+    w.ud = None;
+    w.remote = None;
+    w.atomic = None;
+    w.inline.clear();
+    w.sges.clear();
     if op == Opcode::Nop {
-        return Ok(w);
+        return Ok(());
     }
     let mut off = CTRL_BYTES;
     let need = |off: usize, n: usize| {
@@ -550,7 +574,7 @@ pub fn parse(b: &[u8], ud: bool) -> Result<ParsedWqe, ParseError> {
             off += DATA_BYTES;
         }
     }
-    Ok(w)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -721,6 +745,26 @@ mod tests {
         /// accepted WQE lies inside `b` and inside its own `ds`; a refusal is the typed error
         /// that names the first fault.
         fn check(b: &[u8], ud: bool) -> Result<(), TestCaseError> {
+            // `parse_into` a buffer left over from another WQE (every field set) agrees with
+            // `parse`: same error, or exactly the same WQE.
+            let mut reused = ParsedWqe::empty();
+            reused.ud = Some(DgramSeg::read(&[0xa5; DGRAM_BYTES]));
+            reused.remote = Some(RaddrSeg { raddr: 1, rkey: 2 });
+            reused.atomic = Some(AtomicSeg {
+                swap_add: 3,
+                compare: 4,
+            });
+            reused.inline.extend_from_slice(b"stale inline");
+            reused.sges.push(Sge {
+                addr: 5,
+                len: 6,
+                lkey: 7,
+            });
+            match (parse(b, ud), parse_into(b, ud, &mut reused)) {
+                (Ok(w), Ok(())) => prop_assert_eq!(&w, &reused),
+                (Err(e), Err(f)) => prop_assert_eq!(e, f),
+                (a, b) => prop_assert!(false, "parse {:?} vs parse_into {:?}", a, b),
+            }
             match parse(b, ud) {
                 Ok(w) => {
                     let ds = w.ctrl.ds as usize;

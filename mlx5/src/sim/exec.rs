@@ -5,10 +5,10 @@ use crate::cqe::{CqeOpcode, Syndrome};
 use crate::sim::SimQpState;
 use crate::sim::faults::{Fate, Packet};
 use crate::sim::memory::{self, ScatterError};
-use crate::sim::model::{Model, WaitKind, blank_cqe};
+use crate::sim::model::{Model, RcConn, Scratch, WaitKind, blank_cqe};
 use crate::sim::target::Target;
 use crate::verbs::{Access, QpType};
-use crate::wqe::{self, CQ_UPDATE, CtrlSeg, Opcode, ParsedWqe, SOLICITED};
+use crate::wqe::{self, CQ_UPDATE, Opcode, ParsedWqe, SOLICITED};
 
 /// Bytes of the GRH area at the start of every UD receive buffer.
 pub(crate) const GRH_BYTES: usize = 40;
@@ -27,12 +27,33 @@ pub(crate) enum Outcome {
     Fail(Syndrome),
 }
 
+/// What executing a WQE needs of its QP, read once per WQE.
+#[derive(Clone, Copy, Debug)]
+struct Requester {
+    qpn: u32,
+    pd: u32,
+    device: u32,
+    rc: Option<RcConn>,
+}
+
 impl Model {
     /// Executes (or flushes) the rung WQEs of `qpn`'s send queue until it is empty or its head
     /// stalls.
     pub(crate) fn run_sq(&mut self, qpn: u32) {
+        // The WQE buffers, out of `self` while the WQEs execute (a nested call, which does not
+        // happen today, would simply use fresh ones).
+        let mut s = self.scratch.take().unwrap_or_else(Scratch::new);
+        self.run_sq_with(qpn, &mut s);
+        if s.payload.capacity() > Scratch::KEEP {
+            s.payload = Vec::new();
+        }
+        self.scratch = Some(s);
+    }
+
+    /// [`Model::run_sq`] with its buffers.
+    fn run_sq_with(&mut self, qpn: u32, s: &mut Scratch) {
         loop {
-            let Some(qp) = self.qps.get(&qpn) else { return };
+            let Some(qp) = self.qps.get(qpn) else { return };
             let sq = qp.sq;
             if sq.ci == sq.rung {
                 return;
@@ -43,8 +64,14 @@ impl Model {
                 None => None,
             };
             let (state, kind, send_cq, device) = (qp.state, qp.kind, qp.send_cq, qp.device);
+            let req = Requester {
+                qpn,
+                pd: qp.pd,
+                device,
+                rc: qp.rc,
+            };
             let counter = sq.ci as u16;
-            let (bytes, bbs) = match sq.read_wqe() {
+            let bbs = match sq.read_wqe(&mut s.bytes) {
                 Ok(x) => x,
                 Err(bad) => {
                     if state == SimQpState::Error {
@@ -56,9 +83,10 @@ impl Model {
                     continue;
                 }
             };
-            let ctrl = CtrlSeg::read(&bytes);
+            // The control segment's opcode byte (a whole WQE is at least 16 bytes).
+            let opcode = s.bytes[3];
             if state == SimQpState::Error {
-                self.flush_send(qpn, counter, ctrl.opcode);
+                self.flush_send(qpn, counter, opcode);
                 self.advance(qpn, bbs);
                 continue;
             }
@@ -67,29 +95,28 @@ impl Model {
                 Some(WaitKind::Transport) => self.stats.transport_retries += 1,
                 None => {}
             }
-            let parsed = if ctrl.wqe_index != counter || ctrl.qpn != qpn {
-                None
+            // Parsed, and the control segment names this WQE slot and this QP.
+            let parsed = wqe::parse_into(&s.bytes, kind == QpType::Ud, &mut s.wqe).is_ok()
+                && s.wqe.ctrl.wqe_index == counter
+                && s.wqe.ctrl.qpn == qpn;
+            let outcome = if !parsed || state != SimQpState::Rts {
+                Outcome::Fail(Syndrome::LocalQpOp)
             } else {
-                wqe::parse(&bytes, kind == QpType::Ud).ok()
-            };
-            let outcome = match &parsed {
-                None => Outcome::Fail(Syndrome::LocalQpOp),
-                Some(_) if state != SimQpState::Rts => Outcome::Fail(Syndrome::LocalQpOp),
-                Some(w) => {
-                    // The requester NIC needs the QP's context to execute the WQE.
-                    self.qpc_touch(device, qpn);
-                    self.execute(qpn, kind, w)
-                }
+                // The requester NIC needs the QP's context to execute the WQE.
+                self.qpc_touch(device, qpn);
+                self.execute(&req, kind, &s.wqe, &mut s.payload)
             };
             match outcome {
                 Outcome::Done { byte_cnt } => {
+                    // Only a parsed WQE completes: `s.wqe.ctrl` is its control segment.
+                    let ctrl = s.wqe.ctrl;
                     if let Some(op) = Opcode::from_u8(ctrl.opcode) {
                         self.stats.wqes.bump(op);
                     }
-                    if let Some(q) = self.qps.get_mut(&qpn) {
+                    if let Some(q) = self.qps.get_mut(qpn) {
                         q.wait = None;
+                        q.sq.ci = q.sq.ci.wrapping_add(bbs);
                     }
-                    self.advance(qpn, bbs);
                     if ctrl.fm_ce_se & CQ_UPDATE != 0 {
                         let mut c = blank_cqe(qpn);
                         c.wqe_counter = counter;
@@ -106,11 +133,11 @@ impl Model {
                         WaitKind::Rnr => Syndrome::RnrRetryExc,
                         WaitKind::Transport => Syndrome::TransportRetryExc,
                     };
-                    self.requester_error(qpn, counter, ctrl.opcode, s);
+                    self.requester_error(qpn, counter, opcode, s);
                     self.advance(qpn, bbs);
                 }
                 Outcome::Fail(s) => {
-                    self.requester_error(qpn, counter, ctrl.opcode, s);
+                    self.requester_error(qpn, counter, opcode, s);
                     self.advance(qpn, bbs);
                 }
             }
@@ -118,13 +145,13 @@ impl Model {
     }
 
     fn advance(&mut self, qpn: u32, bbs: u32) {
-        if let Some(q) = self.qps.get_mut(&qpn) {
+        if let Some(q) = self.qps.get_mut(qpn) {
             q.sq.ci = q.sq.ci.wrapping_add(bbs);
         }
     }
 
     fn flush_send(&mut self, qpn: u32, counter: u16, opcode: u8) {
-        let Some(qp) = self.qps.get(&qpn) else { return };
+        let Some(qp) = self.qps.get(qpn) else { return };
         let cqn = qp.send_cq;
         let mut c = blank_cqe(qpn);
         c.wqe_counter = counter;
@@ -133,7 +160,14 @@ impl Model {
         self.post_cqe(cqn, &c, CqeOpcode::ReqErr, false);
     }
 
-    fn execute(&mut self, qpn: u32, kind: QpType, w: &ParsedWqe) -> Outcome {
+    /// Executes WQE `w` of `qpn`; `buf` is a buffer for a payload that must be gathered.
+    fn execute(
+        &mut self,
+        q: &Requester,
+        kind: QpType,
+        w: &ParsedWqe,
+        buf: &mut Vec<u8>,
+    ) -> Outcome {
         let Some(op) = Opcode::from_u8(w.ctrl.opcode) else {
             return Outcome::Fail(Syndrome::LocalQpOp);
         };
@@ -141,8 +175,8 @@ impl Model {
             return Outcome::Done { byte_cnt: 0 };
         }
         match kind {
-            QpType::Rc => self.exec_rc(qpn, op, w),
-            QpType::Ud => self.exec_ud(qpn, op, w),
+            QpType::Rc => self.exec_rc(q, op, w, buf),
+            QpType::Ud => self.exec_ud(q, op, w, buf),
         }
     }
 
@@ -152,46 +186,51 @@ impl Model {
     /// in a running peer process), is RC and in RTS, is connected back to `qpn`, and sits on
     /// the LID given at connect time (or, with LID 0, the GID); the responder NIC then looks
     /// up its context (the packet reached it; only for this process's devices).
-    fn rc_responder(&mut self, qpn: u32) -> Option<Target> {
-        let conn = self.qps.get(&qpn)?.rc?;
-        let t = self.resolve(conn.lid, Some(&conn.gid), conn.peer)?;
-        if t.kind != QpType::Rc || !t.rts || t.peer_qpn != Some(qpn) {
-            return None;
+    #[inline(always)]
+    fn rc_responder(&mut self, q: &Requester) -> Option<Target> {
+        let (qpn, conn) = (q.qpn, q.rc.as_ref()?);
+        // Checked in place (the Target is not moved out of the Option and back in).
+        let t = self.resolve(conn.lid, Some(&conn.gid), conn.peer);
+        match &t {
+            Some(p) if p.kind == QpType::Rc && p.rts && p.peer_qpn == Some(qpn) => {
+                if let Some(d) = p.device {
+                    self.qpc_touch(d, p.qpn);
+                }
+            }
+            _ => return None,
         }
-        if let Some(d) = t.device {
-            self.qpc_touch(d, t.qpn);
-        }
-        Some(t)
+        t
     }
 
-    fn exec_rc(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe) -> Outcome {
-        let pd = self.qps[&qpn].pd;
+    fn exec_rc(&mut self, q: &Requester, op: Opcode, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
+        let (qpn, pd) = (q.qpn, q.pd);
         match op {
             Opcode::Send | Opcode::SendImm => {
-                let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
+                let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges, buf) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
-                let Some(peer) = self.rc_responder(qpn) else {
+                let resp = self.rc_responder(q);
+                let Some(peer) = &resp else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
-                let Some((rq, rpd)) = peer.recv else {
+                let Some((rq, rpd)) = &peer.recv else {
                     return Outcome::Stall(WaitKind::Rnr);
                 };
                 let Some(r) = rq.peek() else {
                     return Outcome::Stall(WaitKind::Rnr);
                 };
                 rq.commit();
-                match self.target_scatter(&peer, rpd, &r.sges, payload.len()) {
+                match self.target_scatter(peer, *rpd, r.sges(), payload.len()) {
                     Err(ScatterError::Protection) => {
-                        self.target_error(&peer, &r, rq.srqn(), Syndrome::LocalProt);
+                        self.target_error(peer, &r, rq.srqn(), Syndrome::LocalProt);
                         Outcome::Fail(Syndrome::RemoteOp)
                     }
                     Err(ScatterError::Length) => {
-                        self.target_error(&peer, &r, rq.srqn(), Syndrome::LocalLength);
+                        self.target_error(peer, &r, rq.srqn(), Syndrome::LocalLength);
                         Outcome::Fail(Syndrome::RemoteInvalReq)
                     }
                     Ok(spans) => {
-                        memory::scatter(&spans, &payload);
+                        memory::scatter(spans.as_slice(), payload);
                         self.stats.bytes += payload.len() as u64;
                         let opcode = if op == Opcode::SendImm {
                             CqeOpcode::RespSendImm
@@ -200,7 +239,7 @@ impl Model {
                         };
                         self.respond(
                             qpn,
-                            &peer,
+                            peer,
                             rq.srqn(),
                             r.wqe_counter,
                             payload.len(),
@@ -212,17 +251,22 @@ impl Model {
                 }
             }
             Opcode::RdmaWrite | Opcode::RdmaWriteImm => {
-                let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
+                let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges, buf) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
-                let Some(peer) = self.rc_responder(qpn) else {
+                let resp = self.rc_responder(q);
+                let Some(peer) = &resp else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 let recv = if op == Opcode::RdmaWriteImm {
-                    match peer.recv.and_then(|(rq, _)| Some((rq.peek()?, rq))) {
-                        Some(x) => Some(x),
-                        None => return Outcome::Stall(WaitKind::Rnr),
-                    }
+                    // Borrowed from `peer` (no copy of the queue view).
+                    let Some((rq, _)) = &peer.recv else {
+                        return Outcome::Stall(WaitKind::Rnr);
+                    };
+                    let Some(r) = rq.peek() else {
+                        return Outcome::Stall(WaitKind::Rnr);
+                    };
+                    Some((r, rq))
                 } else {
                     None
                 };
@@ -234,7 +278,7 @@ impl Model {
                 };
                 if !payload.is_empty() {
                     let Some(span) = self.target_mr(
-                        &peer,
+                        peer,
                         remote.rkey,
                         false,
                         peer.pd,
@@ -244,14 +288,14 @@ impl Model {
                     ) else {
                         return Outcome::Fail(Syndrome::RemoteAccess);
                     };
-                    memory::write_span(span, &payload);
+                    memory::write_span(span, payload);
                     self.stats.bytes += payload.len() as u64;
                 }
                 if let Some((r, rq)) = recv {
                     rq.commit();
                     self.respond(
                         qpn,
-                        &peer,
+                        peer,
                         rq.srqn(),
                         r.wqe_counter,
                         payload.len(),
@@ -266,10 +310,10 @@ impl Model {
                     return Outcome::Fail(Syndrome::LocalQpOp);
                 }
                 let len: usize = w.sges.iter().map(|s| s.len as usize).sum();
-                let Ok(local) = self.mrs.scatter_list(pd, &w.sges, len) else {
+                let Ok(local) = self.mrs.scatter_list(pd, w.sges.iter().copied(), len) else {
                     return Outcome::Fail(Syndrome::LocalProt);
                 };
-                let Some(peer) = self.rc_responder(qpn) else {
+                let Some(peer) = self.rc_responder(q) else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 if !peer.access.contains(Access::REMOTE_READ) {
@@ -290,9 +334,9 @@ impl Model {
                     ) else {
                         return Outcome::Fail(Syndrome::RemoteAccess);
                     };
-                    let mut data = Vec::with_capacity(len);
-                    memory::read_into(span, &mut data);
-                    memory::scatter(&local, &data);
+                    buf.clear();
+                    memory::read_into(span, buf);
+                    memory::scatter(local.as_slice(), buf);
                     self.stats.bytes += len as u64;
                 }
                 Outcome::Done {
@@ -303,12 +347,12 @@ impl Model {
                 if !w.inline.is_empty() {
                     return Outcome::Fail(Syndrome::LocalQpOp);
                 }
-                let local = match self.mrs.scatter_list(pd, &w.sges, 8) {
+                let local = match self.mrs.scatter_list(pd, w.sges.iter().copied(), 8) {
                     Ok(l) => l,
                     Err(ScatterError::Protection) => return Outcome::Fail(Syndrome::LocalProt),
                     Err(ScatterError::Length) => return Outcome::Fail(Syndrome::LocalLength),
                 };
-                let Some(peer) = self.rc_responder(qpn) else {
+                let Some(peer) = self.rc_responder(q) else {
                     return Outcome::Stall(WaitKind::Transport);
                 };
                 if !peer.access.contains(Access::REMOTE_ATOMIC) {
@@ -331,16 +375,16 @@ impl Model {
                 ) else {
                     return Outcome::Fail(Syndrome::RemoteAccess);
                 };
-                let mut old = Vec::with_capacity(8);
-                memory::read_into(span, &mut old);
-                let cur = u64::from_be_bytes(old[..8].try_into().expect("8 bytes"));
+                let mut old = [0u8; 8];
+                memory::read_span(span, &mut old);
+                let cur = u64::from_be_bytes(old);
                 let new = match op {
                     Opcode::AtomicCs if cur == a.compare => a.swap_add,
                     Opcode::AtomicCs => cur,
                     _ => cur.wrapping_add(a.swap_add),
                 };
                 memory::write_span(span, &new.to_be_bytes());
-                memory::scatter(&local, &old);
+                memory::scatter(local.as_slice(), &old);
                 self.stats.bytes += 16;
                 Outcome::Done { byte_cnt: 8 }
             }
@@ -373,15 +417,14 @@ impl Model {
 
     // ---- UD ------------------------------------------------------------------------------
 
-    fn exec_ud(&mut self, qpn: u32, op: Opcode, w: &ParsedWqe) -> Outcome {
+    /// UD SEND / SEND_IMM. Out of line: keeps the RC path through `run_sq` small.
+    #[inline(never)]
+    fn exec_ud(&mut self, q: &Requester, op: Opcode, w: &ParsedWqe, buf: &mut Vec<u8>) -> Outcome {
         if !matches!(op, Opcode::Send | Opcode::SendImm) {
             return Outcome::Fail(Syndrome::LocalQpOp);
         }
-        let (pd, device) = {
-            let q = &self.qps[&qpn];
-            (q.pd, q.device)
-        };
-        let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges) else {
+        let (qpn, pd, device) = (q.qpn, q.pd, q.device);
+        let Some(payload) = self.mrs.gather(pd, &w.inline, &w.sges, buf) else {
             return Outcome::Fail(Syndrome::LocalProt);
         };
         if payload.len() > self.cfg.mtu as usize {
@@ -391,56 +434,72 @@ impl Model {
             return Outcome::Fail(Syndrome::LocalQpOp);
         };
         self.stats.ud_sent += 1;
+        // The packet's payload buffer is kept from send to send; it leaves with the packet
+        // only when fault injection holds the packet back.
+        let mut owned = std::mem::take(&mut self.ud_tx);
+        owned.clear();
+        owned.extend_from_slice(payload);
         let p = Packet {
             src_qpn: qpn,
             src_gid: self.devices[device as usize].gid,
             av,
             imm: (op == Opcode::SendImm).then_some(w.ctrl.imm),
             solicited: w.ctrl.fm_ce_se & SOLICITED != 0,
-            payload,
+            payload: owned,
         };
-        self.transmit(p);
+        if let Some(back) = self.transmit(p)
+            && back.capacity() <= Scratch::KEEP
+        {
+            self.ud_tx = back;
+        }
         Outcome::Done { byte_cnt: 0 }
     }
 
-    /// Puts a UD packet on the wire: fault injection decides its fate.
-    fn transmit(&mut self, p: Packet) {
+    /// Puts a UD packet on the wire: fault injection decides its fate. Returns the packet's
+    /// payload buffer when the packet is done with (delivered or dropped), `None` when it is
+    /// held back.
+    fn transmit(&mut self, p: Packet) -> Option<Vec<u8>> {
         match self.faults.fate() {
             Fate::Deliver => {
-                self.deliver(p);
+                self.deliver(&p);
                 self.release_held();
+                Some(p.payload)
             }
-            Fate::Drop => self.stats.ud_drops += 1,
+            Fate::Drop => {
+                self.stats.ud_drops += 1;
+                Some(p.payload)
+            }
             Fate::Duplicate => {
                 self.stats.ud_dups += 1;
-                self.deliver(p.clone());
-                self.deliver(p);
+                self.deliver(&p);
+                self.deliver(&p);
                 self.release_held();
+                Some(p.payload)
             }
             Fate::Reorder => {
                 self.stats.ud_reorders += 1;
                 self.faults.hold(self.step, p);
+                None
             }
             Fate::Delay(k) => {
                 self.stats.ud_delays += 1;
                 self.faults.delay(self.step + u64::from(k), p);
+                None
             }
         }
     }
 
     fn release_held(&mut self) {
         for h in self.faults.take_held() {
-            self.deliver(h);
+            self.deliver(&h);
         }
     }
 
     /// Delivers a UD packet to its destination QP (or drops it, counted).
-    pub(crate) fn deliver(&mut self, p: Packet) {
+    pub(crate) fn deliver(&mut self, p: &Packet) {
         let dqpn = p.av.dqpn;
-        let t = self
-            .resolve(p.av.rlid, p.av.grh.then_some(&p.av.rgid), dqpn)
-            .filter(|t| t.kind == QpType::Ud && t.rts);
-        let Some(t) = t else {
+        let found = self.resolve(p.av.rlid, p.av.grh.then_some(&p.av.rgid), dqpn);
+        let Some(t) = found.as_ref().filter(|t| t.kind == QpType::Ud && t.rts) else {
             self.stats.ud_no_dest += 1;
             return;
         };
@@ -452,24 +511,30 @@ impl Model {
             self.stats.ud_bad_qkey += 1;
             return;
         }
-        let Some((rq, r, rpd)) = t.recv.and_then(|(rq, pd)| Some((rq, rq.peek()?, pd))) else {
+        let Some((rq, rpd)) = &t.recv else {
+            self.stats.ud_no_recv += 1;
+            return;
+        };
+        let Some(r) = rq.peek() else {
             self.stats.ud_no_recv += 1;
             return;
         };
         rq.commit();
         let len = GRH_BYTES + p.payload.len();
-        match self.target_scatter(&t, rpd, &r.sges, len) {
+        match self.target_scatter(t, *rpd, r.sges(), len) {
             Err(ScatterError::Protection) => {
-                self.target_error(&t, &r, rq.srqn(), Syndrome::LocalProt)
+                self.target_error(t, &r, rq.srqn(), Syndrome::LocalProt)
             }
-            Err(ScatterError::Length) => {
-                self.target_error(&t, &r, rq.srqn(), Syndrome::LocalLength)
-            }
+            Err(ScatterError::Length) => self.target_error(t, &r, rq.srqn(), Syndrome::LocalLength),
             Ok(spans) => {
-                let mut data = Vec::with_capacity(len);
-                data.extend_from_slice(&grh(&p));
+                let mut data = std::mem::take(&mut self.ud_buf);
+                data.clear();
+                data.extend_from_slice(&grh(p));
                 data.extend_from_slice(&p.payload);
-                memory::scatter(&spans, &data);
+                memory::scatter(spans.as_slice(), &data);
+                if data.capacity() <= Scratch::KEEP {
+                    self.ud_buf = data;
+                }
                 self.stats.bytes += p.payload.len() as u64;
                 self.stats.ud_delivered += 1;
                 let mut c = blank_cqe(dqpn);
@@ -484,7 +549,7 @@ impl Model {
                 } else {
                     CqeOpcode::RespSend
                 };
-                self.target_cqe(&t, &c, opcode, p.solicited);
+                self.target_cqe(t, &c, opcode, p.solicited);
             }
         }
     }

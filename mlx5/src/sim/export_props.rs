@@ -350,7 +350,7 @@ fn peer_exports_are_validated_or_counted() {
                         RecvQ::Rq(rq) => rq.max_sge,
                         RecvQ::Srq(_, sq) => sq.max_sge,
                     };
-                    prop_assert!(w.sges.len() <= max as usize);
+                    prop_assert!(w.sges().count() <= max as usize);
                 }
             }
             // Memory-region exports: arbitrary records, looked up with the rkey of their

@@ -6,9 +6,9 @@
 //! 0x4c`, `rkey = index << 8 | 0x52`, so an lkey used as an rkey (or the reverse) is rejected
 //! (stricter than ConnectX, where the two are usually equal).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use crate::sim::table::NumTable;
 use crate::verbs::Access;
 use crate::wqe::Sge;
 
@@ -45,7 +45,8 @@ pub(crate) enum ScatterError {
 /// All memory regions of a fabric.
 #[derive(Debug, Default)]
 pub(crate) struct MrTable {
-    map: HashMap<u32, MrEntry>,
+    /// Regions by index (direct table, `sim/table.rs`).
+    map: NumTable<MrEntry>,
     next: u32,
     /// On a joined node: this process's slot (indices are `(slot + 1) << MR_BITS | i`).
     pub(crate) slot: Option<u32>,
@@ -57,30 +58,19 @@ impl MrTable {
     /// # Errors
     /// `None` when every index is in use.
     pub(crate) fn register(&mut self, e: MrEntry) -> Option<(u32, u32, u32)> {
-        use crate::sim::node::MR_BITS;
-        let (base, mask) = match self.slot {
-            Some(s) => ((s + 1) << MR_BITS, (1u32 << MR_BITS) - 1),
-            None => (0, 0x00ff_ffff),
-        };
-        let mut found = None;
-        for _ in 0..=mask {
-            self.next = (self.next + 1) & mask;
-            let idx = base | self.next;
-            if self.next != 0 && !self.map.contains_key(&idx) {
-                found = Some(idx);
-                break;
-            }
-        }
-        let idx = found?;
-        self.map.insert(idx, e);
+        let idx = self
+            .map
+            .alloc(&mut self.next, self.slot, crate::sim::node::MR_BITS, 1, e)
+            .ok()?;
         Some((idx, (idx << 8) | LKEY_TAG, (idx << 8) | RKEY_TAG))
     }
 
     /// Removes a region (its memory may be freed afterwards).
     pub(crate) fn deregister(&mut self, idx: u32) {
-        self.map.remove(&idx);
+        self.map.remove(idx);
     }
 
+    #[inline]
     fn lookup(
         &self,
         key: u32,
@@ -93,7 +83,7 @@ impl MrTable {
         if key & 0xff != tag {
             return None;
         }
-        let e = self.map.get(&(key >> 8))?;
+        let e = self.map.get(key >> 8)?;
         let end = addr.checked_add(len as u64)?;
         if e.pd != pd || addr < e.addr || end > e.addr + e.len || !e.access.contains(need) {
             return None;
@@ -130,18 +120,30 @@ impl MrTable {
     }
 
     /// The payload of a send WQE: the inline bytes, then every gather entry (each validated
-    /// first; `None` if any fails). Zero-length entries are skipped unchecked.
-    pub(crate) fn gather(&self, pd: u32, inline: &[u8], sges: &[Sge]) -> Option<Vec<u8>> {
-        let mut spans = Vec::with_capacity(sges.len());
+    /// first; `None` if any fails). Zero-length entries are skipped unchecked. With no
+    /// non-empty entry the payload is `inline` itself; otherwise it is gathered into `out`
+    /// (previous contents replaced).
+    pub(crate) fn gather<'a>(
+        &self,
+        pd: u32,
+        inline: &'a [u8],
+        sges: &[Sge],
+        out: &'a mut Vec<u8>,
+    ) -> Option<&'a [u8]> {
+        if sges.iter().all(|s| s.len == 0) {
+            return Some(inline);
+        }
+        let mut spans = Spans::new();
         let mut total = inline.len();
         for s in sges.iter().filter(|s| s.len != 0) {
             spans.push(self.local(s.lkey, pd, s.addr, s.len as usize, Access::empty())?);
             total += s.len as usize;
         }
-        let mut out = Vec::with_capacity(total);
+        out.clear();
+        out.reserve(total);
         out.extend_from_slice(inline);
-        for sp in spans {
-            read_into(sp, &mut out);
+        for &sp in spans.as_slice() {
+            read_into(sp, out);
         }
         Some(out)
     }
@@ -150,12 +152,59 @@ impl MrTable {
     pub(crate) fn scatter_list(
         &self,
         pd: u32,
-        sges: &[Sge],
+        sges: impl Iterator<Item = Sge>,
         len: usize,
-    ) -> Result<Vec<Span>, ScatterError> {
+    ) -> Result<Spans, ScatterError> {
         scatter_with(sges, len, |s| {
             self.local(s.lkey, pd, s.addr, s.len as usize, Access::LOCAL_WRITE)
         })
+    }
+}
+
+/// Spans kept inline by [`Spans`] before it spills to the heap.
+const INLINE_SPANS: usize = 4;
+
+/// A list of validated spans: up to [`INLINE_SPANS`] without allocating (the common
+/// one- or two-entry scatter and gather lists), more on the heap.
+#[derive(Debug)]
+pub(crate) struct Spans {
+    head: [Span; INLINE_SPANS],
+    n: usize,
+    /// Every span once there are more than [`INLINE_SPANS`].
+    spill: Vec<Span>,
+}
+
+impl Spans {
+    pub(crate) fn new() -> Spans {
+        Spans {
+            head: [Span {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            }; INLINE_SPANS],
+            n: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, sp: Span) {
+        if self.spill.is_empty() && self.n < INLINE_SPANS {
+            self.head[self.n] = sp;
+            self.n += 1;
+            return;
+        }
+        if self.spill.is_empty() {
+            self.spill.extend_from_slice(&self.head[..self.n]);
+        }
+        self.spill.push(sp);
+    }
+
+    /// The spans, in order.
+    pub(crate) fn as_slice(&self) -> &[Span] {
+        if self.spill.is_empty() {
+            &self.head[..self.n]
+        } else {
+            &self.spill
+        }
     }
 }
 
@@ -163,18 +212,18 @@ impl MrTable {
 /// whole by `lookup` (zero-length entries skipped): [`ScatterError::Protection`] if one fails,
 /// [`ScatterError::Length`] if the list is too short.
 pub(crate) fn scatter_with(
-    sges: &[Sge],
+    sges: impl Iterator<Item = Sge>,
     len: usize,
     mut lookup: impl FnMut(&Sge) -> Option<Span>,
-) -> Result<Vec<Span>, ScatterError> {
-    let mut spans = Vec::new();
+) -> Result<Spans, ScatterError> {
+    let mut spans = Spans::new();
     let mut left = len;
-    for s in sges.iter().filter(|s| s.len != 0) {
+    for s in sges.filter(|s| s.len != 0) {
         if left == 0 {
             break;
         }
         let take = left.min(s.len as usize);
-        let sp = lookup(s).ok_or(ScatterError::Protection)?;
+        let sp = lookup(&s).ok_or(ScatterError::Protection)?;
         spans.push(Span {
             ptr: sp.ptr,
             len: take,
@@ -186,6 +235,17 @@ pub(crate) fn scatter_with(
     } else {
         Ok(spans)
     }
+}
+
+/// Copies the bytes of a validated span into `out` (exactly `sp.len` bytes).
+pub(crate) fn read_span(sp: Span, out: &mut [u8]) {
+    assert_eq!(
+        sp.len,
+        out.len(),
+        "read_span: span and buffer lengths differ"
+    );
+    // SAFETY: as in `read_into`; `out` holds `sp.len` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(sp.ptr, out.as_mut_ptr(), sp.len) };
 }
 
 /// Appends the bytes of a validated span to `out`.
@@ -319,30 +379,43 @@ mod tests {
             s(0, 0, 0xdead, &mut src),
             s(30, 2, ls, &mut src),
         ];
-        let data = t.gather(1, b"ab", &g).unwrap();
+        let mut buf = b"stale bytes".to_vec();
+        let data = t.gather(1, b"ab", &g, &mut buf).unwrap().to_vec();
         assert_eq!(data, [b'a', b'b', 4, 5, 6, 7, 30, 31]);
-        assert!(t.gather(1, b"", &[s(0, 1, ld + 256, &mut src)]).is_none());
+        let mut buf = Vec::new();
+        assert!(
+            t.gather(1, b"", &[s(0, 1, ld + 256, &mut src)], &mut buf)
+                .is_none()
+        );
+        // Inline only (or only zero-length entries): the inline bytes themselves.
+        let only = t.gather(1, b"xyz", &g[1..2], &mut buf).unwrap();
+        assert_eq!((only, only.as_ptr()), (&b"xyz"[..], b"xyz".as_ptr()));
+        // More entries than the inline span list holds: spilled, same bytes in order.
+        let many: Vec<Sge> = (0..9).map(|i| s(i, 1, ls, &mut src)).collect();
+        let got = t.gather(1, b"", &many, &mut buf).unwrap();
+        assert_eq!(got, (0u8..9).collect::<Vec<_>>());
         // Scatter into two pieces; only the entries the payload reaches are checked.
         let sl = [
             s(0, 3, ld, &mut dst),
             s(10, 20, ld, &mut dst),
             s(0, 1, 0xbad, &mut dst),
         ];
-        let spans = t.scatter_list(1, &sl, data.len()).unwrap();
-        scatter(&spans, &data);
+        let spans = t.scatter_list(1, sl.iter().copied(), data.len()).unwrap();
+        scatter(spans.as_slice(), &data);
         assert_eq!(&dst[..3], b"ab\x04");
         assert_eq!(&dst[10..15], [5, 6, 7, 30, 31]);
         assert_eq!(
-            t.scatter_list(1, &sl, 24).unwrap_err(),
+            t.scatter_list(1, sl.iter().copied(), 24).unwrap_err(),
             ScatterError::Protection
         );
         assert_eq!(
-            t.scatter_list(1, &sl[..2], 24).unwrap_err(),
+            t.scatter_list(1, sl[..2].iter().copied(), 24).unwrap_err(),
             ScatterError::Length
         );
         // Source memory is not writable locally.
         assert_eq!(
-            t.scatter_list(1, &[s(0, 4, ls, &mut src)], 4).unwrap_err(),
+            t.scatter_list(1, [s(0, 4, ls, &mut src)].into_iter(), 4)
+                .unwrap_err(),
             ScatterError::Protection
         );
     }

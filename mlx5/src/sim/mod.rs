@@ -179,6 +179,7 @@ mod model;
 mod node;
 mod qpc;
 mod recv;
+mod table;
 mod target;
 
 #[cfg(test)]

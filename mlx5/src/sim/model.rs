@@ -1,7 +1,7 @@
 //! The model's object tables and its progress engine (doorbells, steps, retries, flushes,
 //! CQE posting). WQE execution is in `exec.rs`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use crate::sim::memory::MrTable;
 use crate::sim::node::{self, NodeLink};
 use crate::sim::qpc::{self, QpcCache};
 use crate::sim::recv::{RecvWqe, RqState, SrqState};
+use crate::sim::table::NumTable;
 use crate::sim::{QpcStats, SimConfig, SimQpState, SimStats};
 use crate::verbs::{LinkLayer, PortInfo, QpType, RcParams, RcRemote};
 use crate::wqe::{self, CTRL_BYTES, WQEBB};
@@ -38,10 +39,10 @@ pub(crate) struct BadWqe {
 }
 
 impl SqState {
-    /// Copies the WQE at `ci` out of the ring (modulo the ring: it may wrap past the end).
-    /// Returns its bytes and WQEBB count, or what to skip if its `ds` is invalid or it extends
-    /// past the rung producer index.
-    pub(crate) fn read_wqe(&self) -> Result<(Vec<u8>, u32), BadWqe> {
+    /// Copies the WQE at `ci` out of the ring (modulo the ring: it may wrap past the end) into
+    /// `out` (its previous contents replaced; its capacity reused). Returns its WQEBB count, or
+    /// what to skip if its `ds` is invalid or it extends past the rung producer index.
+    pub(crate) fn read_wqe(&self, out: &mut Vec<u8>) -> Result<u32, BadWqe> {
         let ring = self.wqe_cnt as usize * WQEBB;
         let start = (self.ci & (self.wqe_cnt - 1)) as usize * WQEBB;
         let mut ctrl = [0u8; CTRL_BYTES];
@@ -66,14 +67,44 @@ impl SqState {
             });
         }
         let len = ds as usize * wqe::DS_BYTES;
-        let mut out = vec![0u8; len];
         let first = len.min(ring - start);
-        // SAFETY: both pieces lie inside the ring ([start, start+first) and [0, len-first)).
+        out.clear();
+        out.reserve(len);
+        // SAFETY: both pieces lie inside the ring ([start, start+first) and [0, len-first));
+        // `out` has room for `len` bytes, all initialised by the copies before `set_len`.
         unsafe {
             std::ptr::copy_nonoverlapping(self.buf.add(start), out.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(self.buf, out.as_mut_ptr().add(first), len - first);
+            if first < len {
+                std::ptr::copy_nonoverlapping(self.buf, out.as_mut_ptr().add(first), len - first);
+            }
+            out.set_len(len);
         }
-        Ok((out, bbs))
+        Ok(bbs)
+    }
+}
+
+/// Buffers the model reuses from WQE to WQE, so that executing a WQE allocates nothing once
+/// they have grown to the largest WQE and payload seen.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    /// The raw bytes of the WQE being executed.
+    pub(crate) bytes: Vec<u8>,
+    /// The WQE being executed, parsed.
+    pub(crate) wqe: wqe::ParsedWqe,
+    /// A gathered payload (SEND, WRITE with data segments; READ data).
+    pub(crate) payload: Vec<u8>,
+}
+
+impl Scratch {
+    /// Payload capacity kept between WQEs; a larger buffer is freed after its WQE.
+    pub(crate) const KEEP: usize = 1 << 20;
+
+    pub(crate) fn new() -> Box<Scratch> {
+        Box::new(Scratch {
+            bytes: Vec::with_capacity(wqe::MAX_DS as usize * wqe::DS_BYTES),
+            wqe: wqe::ParsedWqe::empty(),
+            payload: Vec::new(),
+        })
     }
 }
 
@@ -136,9 +167,12 @@ pub(crate) struct Model {
     qpc_penalty: Option<Duration>,
     next_pd: u32,
     pub(crate) mrs: MrTable,
-    pub(crate) cqs: HashMap<u32, CqState>,
-    pub(crate) srqs: HashMap<u32, SrqState>,
-    pub(crate) qps: HashMap<u32, QpState>,
+    /// CQs by CQN (direct table, `sim/table.rs`).
+    pub(crate) cqs: NumTable<CqState>,
+    /// SRQs by SRQN.
+    pub(crate) srqs: NumTable<SrqState>,
+    /// QPs by QPN.
+    pub(crate) qps: NumTable<QpState>,
     next_qpn: u32,
     next_cqn: u32,
     next_srqn: u32,
@@ -148,35 +182,18 @@ pub(crate) struct Model {
     pub(crate) faults: Faults,
     /// The node directory, when the fabric spans processes (`sim/node.rs`).
     pub(crate) node: Option<NodeLink>,
+    /// WQE buffers, taken by `run_sq` while it executes (`None` meanwhile).
+    pub(crate) scratch: Option<Box<Scratch>>,
+    /// A UD receive's bytes (GRH area and payload), reused from packet to packet.
+    pub(crate) ud_buf: Vec<u8>,
+    /// A UD send's payload buffer, reused from packet to packet (see `exec_ud`).
+    pub(crate) ud_tx: Vec<u8>,
 }
 
 // SAFETY: the raw pointers in the tables refer to model-allocated queue memory (freed only
 // after the object is removed under the lock) and to registered memory (kept alive by the
 // registrant until deregistration under the lock).
 unsafe impl Send for Model {}
-
-/// Next free number in a 24-bit space, skipping 0 and 1 (reserved QPNs on InfiniBand); on a
-/// joined node (`slot`), in this process's range `(slot + 1) << bits | i`, `i >= 1`
-/// (`sim/node.rs` "Numbers").
-fn alloc_num<V>(
-    next: &mut u32,
-    used: &HashMap<u32, V>,
-    slot: Option<u32>,
-    bits: u32,
-) -> Result<u32> {
-    let (base, mask) = match slot {
-        Some(s) => ((s + 1) << bits, (1u32 << bits) - 1),
-        None => (0, 0x00ff_ffff),
-    };
-    for _ in 0..=mask {
-        *next = (*next + 1) & mask;
-        let n = base | *next;
-        if *next != 0 && n > 1 && !used.contains_key(&n) {
-            return Ok(n);
-        }
-    }
-    Err(Error::InvalidArgument("no free object number".into()))
-}
 
 /// A zeroed CQE for `qpn`.
 pub(crate) fn blank_cqe(qpn: u32) -> Cqe {
@@ -207,14 +224,17 @@ impl Model {
             devices: Vec::new(),
             next_pd: 0,
             mrs: MrTable::default(),
-            cqs: HashMap::new(),
-            srqs: HashMap::new(),
-            qps: HashMap::new(),
+            cqs: NumTable::default(),
+            srqs: NumTable::default(),
+            qps: NumTable::default(),
             next_qpn: 0xff,
             next_cqn: 0,
             next_srqn: 0,
             active: BTreeSet::new(),
             node: None,
+            scratch: Some(Scratch::new()),
+            ud_buf: Vec::new(),
+            ud_tx: Vec::new(),
         }
     }
 
@@ -309,8 +329,9 @@ impl Model {
         dbrec: *mut u32,
     ) -> Result<u32> {
         let slot = self.slot();
-        let cqn = alloc_num(&mut self.next_cqn, &self.cqs, slot, node::CQ_BITS)?;
-        self.cqs.insert(cqn, cq);
+        let cqn = self
+            .cqs
+            .alloc(&mut self.next_cqn, slot, node::CQ_BITS, 2, cq)?;
         self.export_cq(cqn, Some((cqe_cnt, ring, dbrec)));
         Ok(cqn)
     }
@@ -318,13 +339,14 @@ impl Model {
     /// Removes a CQ (its memory may be freed afterwards).
     pub(crate) fn remove_cq(&mut self, cqn: u32) {
         self.export_cq(cqn, None);
-        self.cqs.remove(&cqn);
+        self.cqs.remove(cqn);
     }
 
     pub(crate) fn add_srq(&mut self, srq: SrqState) -> Result<u32> {
         let slot = self.slot();
-        let srqn = alloc_num(&mut self.next_srqn, &self.srqs, slot, node::SRQ_BITS)?;
-        self.srqs.insert(srqn, srq);
+        let srqn = self
+            .srqs
+            .alloc(&mut self.next_srqn, slot, node::SRQ_BITS, 2, srq)?;
         self.export_srq(srqn, Some(&srq));
         Ok(srqn)
     }
@@ -332,7 +354,7 @@ impl Model {
     /// Removes an SRQ (its memory may be freed afterwards).
     pub(crate) fn remove_srq(&mut self, srqn: u32) {
         self.export_srq(srqn, None);
-        self.srqs.remove(&srqn);
+        self.srqs.remove(srqn);
     }
 
     /// Registers a memory region: `(index, lkey, rkey)`.
@@ -356,15 +378,16 @@ impl Model {
 
     pub(crate) fn add_qp(&mut self, qp: QpState) -> Result<u32> {
         let slot = self.slot();
-        let qpn = alloc_num(&mut self.next_qpn, &self.qps, slot, node::QP_BITS)?;
-        self.qps.insert(qpn, qp);
+        let qpn = self
+            .qps
+            .alloc(&mut self.next_qpn, slot, node::QP_BITS, 2, qp)?;
         self.export_qp(qpn);
         Ok(qpn)
     }
 
     pub(crate) fn remove_qp(&mut self, qpn: u32) {
         self.unexport_qp(qpn);
-        if let Some(qp) = self.qps.remove(&qpn)
+        if let Some(qp) = self.qps.remove(qpn)
             && let Some(cache) = self.qpc.get_mut(qp.device as usize)
         {
             cache.remove(qpn);
@@ -381,7 +404,7 @@ impl Model {
     ) -> Result<()> {
         let qp = self
             .qps
-            .get_mut(&qpn)
+            .get_mut(qpn)
             .ok_or_else(|| Error::InvalidArgument(format!("no QP {qpn:#x}")))?;
         if qp.kind != QpType::Rc {
             return Err(Error::InvalidArgument(format!("QP {qpn:#x} is not RC")));
@@ -412,7 +435,7 @@ impl Model {
     pub(crate) fn activate_ud(&mut self, qpn: u32, qkey: u32) -> Result<()> {
         let qp = self
             .qps
-            .get_mut(&qpn)
+            .get_mut(qpn)
             .ok_or_else(|| Error::InvalidArgument(format!("no QP {qpn:#x}")))?;
         if qp.kind != QpType::Ud {
             return Err(Error::InvalidArgument(format!("QP {qpn:#x} is not UD")));
@@ -441,11 +464,11 @@ impl Model {
     }
 
     pub(crate) fn cq_overrun(&self, cqn: u32) -> bool {
-        self.cqs.get(&cqn).is_some_and(|c| c.overrun())
+        self.cqs.get(cqn).is_some_and(|c| c.overrun())
     }
 
     pub(crate) fn qp_state(&self, qpn: u32) -> Option<SimQpState> {
-        self.qps.get(&qpn).map(|q| q.state)
+        self.qps.get(qpn).map(|q| q.state)
     }
 
     // ---- progress ------------------------------------------------------------------------
@@ -454,7 +477,7 @@ impl Model {
     /// execute the new WQEs.
     pub(crate) fn ring(&mut self, qpn: u32) {
         self.stats.doorbells += 1;
-        if let Some(qp) = self.qps.get_mut(&qpn) {
+        if let Some(qp) = self.qps.get_mut(qpn) {
             let sq = &mut qp.sq;
             // SAFETY: the QP's doorbell record (model memory, alive while the QP is in the
             // table). The ringing thread wrote it; Acquire is for form's sake.
@@ -491,10 +514,10 @@ impl Model {
         }
         if self.faults.pending() {
             for p in self.faults.take_due(self.step) {
-                self.deliver(p);
+                self.deliver(&p);
             }
             for p in self.faults.take_stale_held(self.step) {
-                self.deliver(p);
+                self.deliver(&p);
             }
         }
         if self.active.is_empty() {
@@ -506,7 +529,7 @@ impl Model {
             self.flush_rq(qpn);
             let keep = self
                 .qps
-                .get(&qpn)
+                .get(qpn)
                 .is_some_and(|q| q.wait.is_some() || q.state == SimQpState::Error);
             if !keep {
                 self.active.remove(&qpn);
@@ -522,7 +545,7 @@ impl Model {
             u64::from(self.cfg.transport_retry_interval),
         );
         let rnr_override = self.cfg.rnr_retry_override;
-        let Some(qp) = self.qps.get_mut(&qpn) else {
+        let Some(qp) = self.qps.get_mut(qpn) else {
             return false;
         };
         let params = qp.rc.map(|c| c.params).unwrap_or_default();
@@ -558,7 +581,7 @@ impl Model {
 
     /// Moves `qpn` to the error state (its WQEs will be flushed).
     pub(crate) fn set_error(&mut self, qpn: u32) {
-        if let Some(qp) = self.qps.get_mut(&qpn) {
+        if let Some(qp) = self.qps.get_mut(qpn) {
             qp.state = SimQpState::Error;
             qp.wait = None;
             self.active.insert(qpn);
@@ -568,7 +591,7 @@ impl Model {
 
     /// Flushes the posted receive WQEs of `qpn` (own RQ only) if it is in the error state.
     pub(crate) fn flush_rq(&mut self, qpn: u32) {
-        let Some(qp) = self.qps.get(&qpn) else { return };
+        let Some(qp) = self.qps.get(qpn) else { return };
         if qp.state != SimQpState::Error {
             return;
         }
@@ -589,7 +612,7 @@ impl Model {
     /// Writes a CQE to `cqn`; handles overruns (every QP reporting to the CQ enters the error
     /// state) and destroyed CQs.
     pub(crate) fn post_cqe(&mut self, cqn: u32, c: &Cqe, opcode: CqeOpcode, solicited: bool) {
-        let Some(cq) = self.cqs.get(&cqn).copied() else {
+        let Some(cq) = self.cqs.get(cqn).copied() else {
             self.stats.cqes_lost += 1;
             return;
         };
@@ -605,7 +628,7 @@ impl Model {
             .qps
             .iter()
             .filter(|(_, qp)| qp.send_cq == cqn || qp.recv_cq == cqn)
-            .map(|(&n, _)| n)
+            .map(|(n, _)| n)
             .collect();
         hit.sort_unstable();
         for qpn in hit {
@@ -623,13 +646,13 @@ impl Model {
         opcode: CqeOpcode,
         solicited: bool,
     ) -> Push {
-        let mut c = *c;
-        c.opcode = opcode as u8;
-        let r = cq.push(&c, opcode, solicited);
+        // `push` encodes everything but `op_own`, which it derives from `opcode` (the CQE's
+        // own `opcode` field is not read).
+        let r = cq.push(c, opcode, solicited);
         match r {
             Push::Written => {
                 self.stats.cqes += 1;
-                if c.is_error() {
+                if matches!(opcode, CqeOpcode::ReqErr | CqeOpcode::RespErr) {
                     self.stats.error_cqes += 1;
                     if c.syndrome == Syndrome::WrFlush as u8 {
                         self.stats.flushes += 1;
@@ -657,7 +680,7 @@ impl Model {
         wqe_opcode: u8,
         s: Syndrome,
     ) {
-        let Some(qp) = self.qps.get(&qpn) else { return };
+        let Some(qp) = self.qps.get(qpn) else { return };
         let cqn = qp.send_cq;
         let mut c = blank_cqe(qpn);
         c.wqe_counter = wqe_counter;
@@ -669,7 +692,7 @@ impl Model {
 
     /// Responder error on the receive WQE `r` taken from `src`: RESP_ERR CQE, QP to error.
     pub(crate) fn responder_error(&mut self, qpn: u32, srqn: u32, r: &RecvWqe, s: Syndrome) {
-        let Some(qp) = self.qps.get(&qpn) else { return };
+        let Some(qp) = self.qps.get(qpn) else { return };
         let cqn = qp.recv_cq;
         let mut c = blank_cqe(qpn);
         c.wqe_counter = r.wqe_counter;

@@ -16,37 +16,47 @@ use crate::wqe::{DATA_BYTES, DataSeg, Sge};
 /// Bytes of the SRQ "next" segment.
 const SRQ_NEXT_BYTES: usize = 16;
 
-/// A receive WQE as read from the queue.
-#[derive(Clone, Debug)]
+/// A receive WQE as found in the queue: where its scatter list is, read on use (no copy).
+///
+/// Valid while the lock under which it was peeked is held: it points into the queue's memory,
+/// which stays mapped while the object is in the model's tables (or, for a peer's queue, while
+/// the model lives).
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct RecvWqe {
-    /// Its scatter list (terminator excluded).
-    pub(crate) sges: Vec<Sge>,
+    /// The first data segment.
+    segs: *const u8,
+    /// Data segments the WQE may hold.
+    max_sge: u32,
     /// The CQE `wqe_counter`: RQ counter & 0xffff, or the SRQ WQE index.
     pub(crate) wqe_counter: u16,
+}
+
+impl RecvWqe {
+    /// Its scatter list: the data segments up to the first terminator (excluded) or
+    /// `max_sge`.
+    pub(crate) fn sges(&self) -> impl Iterator<Item = Sge> + '_ {
+        (0..self.max_sge as usize).map_while(move |i| {
+            let mut b = [0u8; DATA_BYTES];
+            // SAFETY: the WQE lies inside the queue buffer (index < wqe_cnt, `max_sge`
+            // segments fit in the stride); it was published before the Acquire load of the
+            // doorbell record in `peek`, and the buffer outlives this view (see the type).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.segs.add(i * DATA_BYTES),
+                    b.as_mut_ptr(),
+                    DATA_BYTES,
+                )
+            };
+            let d = DataSeg::read(&b);
+            (!d.is_terminator()).then_some(d.0)
+        })
+    }
 }
 
 fn load_dbrec(p: *mut u32) -> u32 {
     // SAFETY: doorbell records are model memory, 4-byte aligned, alive while the object is in
     // the model's tables. Acquire pairs with the driver's Release store of the record.
     u32::from_be(unsafe { AtomicU32::from_ptr(p) }.load(Ordering::Acquire))
-}
-
-fn read_sges(wqe: *const u8, max_sge: u32) -> Vec<Sge> {
-    let mut sges = Vec::new();
-    for i in 0..max_sge as usize {
-        let mut b = [0u8; DATA_BYTES];
-        // SAFETY: the WQE lies inside the queue buffer (index < wqe_cnt, `max_sge` segments fit
-        // in the stride); it was published before the Acquire load of the doorbell record.
-        unsafe {
-            std::ptr::copy_nonoverlapping(wqe.add(i * DATA_BYTES), b.as_mut_ptr(), DATA_BYTES)
-        };
-        let d = DataSeg::read(&b);
-        if d.is_terminator() {
-            break;
-        }
-        sges.push(d.0);
-    }
-    sges
 }
 
 /// The device side of a QP's receive queue.
@@ -81,7 +91,8 @@ impl RqState {
         // SAFETY: idx < wqe_cnt; the ring holds wqe_cnt * stride bytes.
         let wqe = unsafe { self.buf.add(idx * self.stride as usize) };
         Some(RecvWqe {
-            sges: read_sges(wqe, self.max_sge),
+            segs: wqe,
+            max_sge: self.max_sge,
             wqe_counter: consumed as u16,
         })
     }
@@ -133,7 +144,8 @@ impl SrqState {
         // SAFETY: the data segments follow the next segment inside the stride.
         let segs = unsafe { self.wqe(head).add(SRQ_NEXT_BYTES) };
         Some(RecvWqe {
-            sges: read_sges(segs, self.max_sge),
+            segs,
+            max_sge: self.max_sge,
             wqe_counter: head as u16,
         })
     }

@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::cqe::{Cqe, CqeOpcode, Syndrome};
 use crate::sim::SimQpState;
 use crate::sim::cq::{CqState, Push};
-use crate::sim::memory::{LKEY_TAG, RKEY_TAG, ScatterError, Span};
+use crate::sim::memory::{LKEY_TAG, RKEY_TAG, ScatterError, Span, Spans};
 use crate::sim::model::{Model, blank_cqe};
 use crate::sim::node::{NodeDir, NodeLink, qp_state};
 use crate::sim::recv::{RecvWqe, RqState, SrqState};
@@ -88,12 +88,13 @@ pub(crate) fn gid_of_lid(lid: u16) -> [u8; 16] {
 impl Model {
     /// The QP `qpn` addressed by `lid` (or, when `lid` is 0, `gid`): ours, or a peer
     /// process's on the node. `None`: no such QP there, or its process is gone.
+    #[inline(always)]
     pub(crate) fn resolve(&mut self, lid: u16, gid: Option<&[u8; 16]>, qpn: u32) -> Option<Target> {
-        if let Some(d) = self.qps.get(&qpn)
+        if let Some(d) = self.qps.get(qpn)
             && self.addresses(d.device, lid, gid)
         {
             let recv = match (d.srq, &d.rq) {
-                (Some(n), _) => self.srqs.get(&n).map(|s| (RecvQ::Srq(n, *s), s.pd)),
+                (Some(n), _) => self.srqs.get(n).map(|s| (RecvQ::Srq(n, *s), s.pd)),
                 (None, Some(rq)) => Some((RecvQ::Rq(*rq), d.pd)),
                 (None, None) => None,
             };
@@ -108,7 +109,7 @@ impl Model {
                 qkey: d.qkey,
                 peer_qpn: d.rc.map(|c| c.peer),
                 recv,
-                cq: self.cqs.get(&d.recv_cq).map(|c| (d.recv_cq, *c)),
+                cq: self.cqs.get(d.recv_cq).map(|c| (d.recv_cq, *c)),
             });
         }
         if self.node.is_some() {
@@ -264,6 +265,7 @@ impl Model {
     /// Validates `[addr, addr + len)` against memory region key `key` (an rkey, or an lkey
     /// when `lkey`) of the target's owner with protection domain `pd`.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn target_mr(
         &mut self,
         t: &Target,
@@ -281,6 +283,22 @@ impl Model {
                 self.mrs.remote(key, pd, addr, len, need)
             };
         }
+        self.target_mr_remote(t, key, lkey, pd, addr, len, need)
+    }
+
+    /// [`Model::target_mr`] for a peer process's QP (its exports).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn target_mr_remote(
+        &mut self,
+        t: &Target,
+        key: u32,
+        lkey: bool,
+        pd: u32,
+        addr: u64,
+        len: usize,
+        need: Access,
+    ) -> Option<Span> {
         let tag = if lkey { LKEY_TAG } else { RKEY_TAG };
         if key & 0xff != tag {
             return None;
@@ -327,9 +345,9 @@ impl Model {
         &mut self,
         t: &Target,
         pd: u32,
-        sges: &[Sge],
+        sges: impl Iterator<Item = Sge>,
         len: usize,
-    ) -> Result<Vec<Span>, ScatterError> {
+    ) -> Result<Spans, ScatterError> {
         if t.remote.is_none() {
             return self.mrs.scatter_list(pd, sges, len);
         }
@@ -411,13 +429,13 @@ impl Model {
         link.seen_attention = att;
         let dir = link.dir.clone();
         let mut hit = Vec::new();
-        for (&qpn, q) in &self.qps {
+        for (qpn, q) in self.qps.iter() {
             let pending = dir
                 .qp(qpn)
                 .is_some_and(|(_, e)| e.err_pending.swap(0, Ordering::AcqRel) != 0);
             let overrun = [q.send_cq, q.recv_cq]
                 .iter()
-                .any(|c| self.cqs.get(c).is_some_and(|c| c.overrun()));
+                .any(|&c| self.cqs.get(c).is_some_and(|c| c.overrun()));
             if (pending || overrun) && q.state != SimQpState::Error {
                 hit.push(qpn);
             }
@@ -430,7 +448,7 @@ impl Model {
 
     /// Publishes QP `qpn`'s current description (joined models only).
     pub(crate) fn export_qp(&self, qpn: u32) {
-        let (Some(link), Some(q)) = (self.node.as_ref(), self.qps.get(&qpn)) else {
+        let (Some(link), Some(q)) = (self.node.as_ref(), self.qps.get(qpn)) else {
             return;
         };
         let Some((_, e)) = link.dir.qp(qpn) else {

@@ -287,6 +287,65 @@ fn destroyed_objects_are_forgotten() {
     assert_eq!(f.stats().cqes_lost, lost + 1);
 }
 
+/// The model's tables are indexed by the low bits of an object number (`sim/table.rs`): a
+/// number that shares a live object's slot but differs in its high bits is unknown, exactly as
+/// a never-allocated one: a doorbell on it is ignored, an rkey or lkey naming it is refused.
+#[test]
+fn forged_numbers_sharing_a_live_slot_are_unknown() {
+    let f = Fabric::new(SimConfig::deterministic());
+    let (mut a, b) = pair(&f, QpCaps::default());
+    let (dst_mr, dst) = reg(&b, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    // Far above any table size, inside the 24-bit number space: the same slot.
+    let far = 1u32 << 20;
+    let forged_qpn = b.qp.qpn() + far;
+    assert_eq!(f.qp_state(forged_qpn), None);
+    let before = f.stats();
+    doorbell(&b.qp).ring_sq(forged_qpn);
+    assert_eq!(f.qp_state(b.qp.qpn()), Some(SimQpState::Rts));
+    assert_eq!(f.stats().cqes, before.cqes);
+    // An rkey whose index shares the region's slot.
+    let forged_rkey = dst_mr.rkey + (far << 8);
+    let d = write_desc(
+        RaddrSeg {
+            raddr: dst_mr.addr,
+            rkey: forged_rkey,
+        },
+        b"forged!!",
+        CQ_UPDATE,
+    );
+    a.qp.sq.post(&d).unwrap();
+    a.qp.sq.ring_doorbell();
+    let c = poll(&mut a.cq).expect("completion");
+    assert_eq!(c.syndrome, Syndrome::RemoteAccess as u8);
+    // SAFETY: 64 registered bytes, read after the model finished.
+    let got = unsafe { std::slice::from_raw_parts(dst.as_mut_ptr(), 8) };
+    assert_eq!(got, [0u8; 8], "nothing written");
+    // An lkey likewise (a fresh pair: `a` is in the error state now).
+    let (mut c1, _c2) = pair(&f, QpCaps::default());
+    let (src_mr, _src) = reg(&c1, 64, Access::LOCAL_WRITE);
+    let sge = Sge {
+        addr: src_mr.addr,
+        len: 8,
+        lkey: src_mr.lkey + (far << 8),
+    };
+    let d = WqeDesc {
+        opcode: Opcode::Send,
+        flags: CQ_UPDATE,
+        imm: 0,
+        ud: None,
+        remote: None,
+        atomic: None,
+        inline: &[],
+        sges: &[sge],
+    };
+    c1.qp.sq.post(&d).unwrap();
+    c1.qp.sq.ring_doorbell();
+    assert_eq!(
+        poll(&mut c1.cq).expect("completion").syndrome,
+        Syndrome::LocalProt as u8
+    );
+}
+
 #[test]
 fn provider_checks_arguments() {
     let f = Fabric::new(SimConfig::deterministic());
