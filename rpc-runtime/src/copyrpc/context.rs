@@ -662,7 +662,7 @@ impl<U> Context<U> {
                     }
                 }
             }
-            if c.core.needs_read && !c.read_outstanding && c.core.emits.is_empty() {
+            if c.core.needs_read() && !c.read_outstanding && c.core.emits.is_empty() {
                 posted |= Self::post_consumer_read(&mut self.stats, c);
             }
             if posted {

@@ -42,6 +42,18 @@ use super::stats::Stats;
 
 const META: u64 = FLOW_METADATA_SIZE;
 
+/// Flag: a batch is open (messages written since the last close).
+const F_BATCH_OPEN: u8 = 1;
+/// Flag: a call found the ring full: read the peer's consumer position (seeds/001 "RDMA READ
+/// フォールバック").
+const F_NEEDS_READ: u8 = 2;
+/// Flag: a call lacked credit: send a flow update (an empty batch) asking for a grant.
+const F_FLOW_REQUEST: u8 = 4;
+/// Flag: the peer sent a flow update: answer with one if a grant is possible.
+const F_ANSWER_FLOW: u8 = 8;
+/// Flag: `released` moved since the consumer word was last stored.
+const F_UNPUBLISHED: u8 = 16;
+
 /// One RDMA WRITE+IMM to perform: `len` bytes from send position `start` to the same
 /// position in the peer's receive ring, with immediate [`Emit::imm`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,7 +179,9 @@ pub struct EndpointCore<U> {
     producer: u64,
     flush_start: u64,
     meta_pos: u64,
-    batch_open: bool,
+    /// Flag bits (`F_*`): one byte, so that [`EndpointCore::wants_flush`] tests them with
+    /// one load.
+    flags: u8,
     batch_count: u32,
     /// The peer's consumer position as reported by its `ring_credit_return`s.
     piggy_consumer: u64,
@@ -180,17 +194,8 @@ pub struct EndpointCore<U> {
     initial_credit: u64,
     peer_credit: u64,
     pub(crate) emits: VecDeque<Emit>,
-    /// A call found the ring full: read the peer's consumer position (seeds/001 "RDMA READ
-    /// フォールバック").
-    pub(crate) needs_read: bool,
-    /// A call lacked credit: send a flow update (an empty batch) asking for a grant.
-    flow_request: bool,
     /// A flow update was sent and no batch from the peer arrived since.
     credit_requested: bool,
-    /// The peer sent a flow update: answer with one if a grant is possible.
-    answer_flow: bool,
-    /// `released` moved since the consumer word was last stored.
-    unpublished: bool,
     // ---- receive side
     /// Mask of receive-ring offsets: the peer's capacity `C` minus one, `min(our receive
     /// ring, peer's ring) - 1` once connected (the peer's send ring is assumed as large as
@@ -249,7 +254,7 @@ impl<U> EndpointCore<U> {
             producer: 0,
             flush_start: 0,
             meta_pos: 0,
-            batch_open: false,
+            flags: 0,
             batch_count: 0,
             piggy_consumer: 0,
             remote_consumer: 0,
@@ -259,11 +264,7 @@ impl<U> EndpointCore<U> {
             initial_credit,
             peer_credit: 0,
             emits: VecDeque::with_capacity(8),
-            needs_read: false,
-            flow_request: false,
             credit_requested: false,
-            answer_flow: false,
-            unpublished: false,
             recv_mask: recv_size as u64 - 1,
             recv_producer: 0,
             last_recv_pos: 0,
@@ -390,7 +391,7 @@ impl<U> EndpointCore<U> {
     /// `in_flight` (wrap rule: seeds/004 §3.6, a batch reaching the ring end wraps).
     #[inline(always)]
     fn place(&self, m: u64) -> Placement {
-        let (start, meta) = if self.batch_open {
+        let (start, meta) = if self.has(F_BATCH_OPEN) {
             (self.meta_pos, 0)
         } else {
             (self.producer, META)
@@ -446,14 +447,14 @@ impl<U> EndpointCore<U> {
         if self.peer_credit < credit {
             stats.insufficient_credit += 1;
             if !self.credit_requested {
-                self.flow_request = true;
+                self.flags |= F_FLOW_REQUEST;
             }
             return Err(CallError::InsufficientCredit(user));
         }
         let p = self.place(padded_message_size(max_len as u64));
         if self.producer + p.total - self.remote_consumer + 2 * self.resp_reservation > self.cap {
             stats.ring_full += 1;
-            self.needs_read = true;
+            self.flags |= F_NEEDS_READ;
             return Err(CallError::RingFull(user));
         }
         if self.pending.len() as u32 > MAX_CALL_ID {
@@ -536,7 +537,7 @@ impl<U> EndpointCore<U> {
         let n = encode(&mut v).min(max_len as usize);
         v.truncate(n);
         self.backlog.push((call_id, v));
-        self.needs_read = true;
+        self.flags |= F_NEEDS_READ;
         stats.backlogged_replies += 1;
         Ok(())
     }
@@ -550,10 +551,10 @@ impl<U> EndpointCore<U> {
         max_len: u32,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) {
-        if !self.batch_open {
+        if !self.has(F_BATCH_OPEN) {
             self.meta_pos = self.producer;
             self.producer += META;
-            self.batch_open = true;
+            self.flags |= F_BATCH_OPEN;
             self.batch_count = 0;
         }
         let off = self.producer & self.send.mask;
@@ -622,7 +623,7 @@ impl<U> EndpointCore<U> {
     /// [`EndpointCore::metadata`].
     #[inline]
     fn close_batch(&mut self, stats: &mut Stats, ahead: u64) {
-        if !self.batch_open {
+        if !self.has(F_BATCH_OPEN) {
             return;
         }
         let meta = self.metadata(self.batch_count, ahead);
@@ -638,7 +639,7 @@ impl<U> EndpointCore<U> {
         });
         stats.record_batch(self.batch_count);
         self.flush_start = self.producer;
-        self.batch_open = false;
+        self.flags &= !F_BATCH_OPEN;
     }
 
     /// Sends backlogged replies that now fit, then closes the open batch. Without a batch,
@@ -652,11 +653,11 @@ impl<U> EndpointCore<U> {
         if !self.backlog.is_empty() {
             self.drain_backlog(stats);
         }
-        if self.batch_open {
+        if self.has(F_BATCH_OPEN) {
             self.close_batch(stats, 0);
-            self.flow_request = false;
-            self.answer_flow = false;
-        } else if self.flow_request || self.answer_flow {
+            self.flags &= !F_FLOW_REQUEST;
+            self.flags &= !F_ANSWER_FLOW;
+        } else if self.has(F_FLOW_REQUEST) || self.has(F_ANSWER_FLOW) {
             self.flow_update(stats);
         }
     }
@@ -669,10 +670,10 @@ impl<U> EndpointCore<U> {
         let p = self.place(0);
         if self.producer + p.total - self.remote_consumer + 2 * self.resp_reservation > self.cap {
             // No room even for 32 B: learn the peer's consumer position first.
-            self.needs_read = true;
+            self.flags |= F_NEEDS_READ;
             return;
         }
-        if !self.flow_request {
+        if !self.has(F_FLOW_REQUEST) {
             // Answering: only worth it if it grants something.
             let in_flight = self.producer + p.total - self.remote_consumer;
             let r = self.resp_reservation;
@@ -682,7 +683,7 @@ impl<U> EndpointCore<U> {
             if by_policy == 0 {
                 // `R` is at its maximum: the grant is already with the peer (or in flight
                 // to it), or held by requests whose replies will carry new grants.
-                self.answer_flow = false;
+                self.flags &= !F_ANSWER_FLOW;
                 return;
             }
             if by_invariant == 0 && self.remote_consumer < self.producer {
@@ -690,10 +691,10 @@ impl<U> EndpointCore<U> {
                 // may have nothing else to send us (no piggybacked credit return), so keep
                 // the answer pending and learn its consumer position by RDMA READ; the
                 // next flush retries. Dropping the answer here deadlocked both sides.
-                self.needs_read = true;
+                self.flags |= F_NEEDS_READ;
                 return;
             }
-            self.answer_flow = false;
+            self.flags &= !F_ANSWER_FLOW;
             if by_invariant == 0 {
                 return;
             }
@@ -716,11 +717,11 @@ impl<U> EndpointCore<U> {
             delta: META,
         });
         self.flush_start = self.producer;
-        if self.flow_request {
+        if self.has(F_FLOW_REQUEST) {
             self.credit_requested = true;
         }
-        self.flow_request = false;
-        self.answer_flow = false;
+        self.flags &= !F_FLOW_REQUEST;
+        self.flags &= !F_ANSWER_FLOW;
         stats.flow_updates += 1;
     }
 
@@ -729,21 +730,28 @@ impl<U> EndpointCore<U> {
     /// unpublished consumer position.
     #[inline(always)]
     pub fn wants_flush(&self) -> bool {
-        self.batch_open
-            || !self.emits.is_empty()
-            || !self.backlog.is_empty()
-            || self.needs_read
-            || self.flow_request
-            || self.answer_flow
-            || self.unpublished
+        self.flags != 0 || !self.emits.is_empty() || !self.backlog.is_empty()
+    }
+
+    /// Whether flag bit `f` (`F_*`) is set.
+    #[inline(always)]
+    fn has(&self, f: u8) -> bool {
+        self.flags & f != 0
+    }
+
+    /// A call found the ring full (or a reply was backlogged): the next flush reads the
+    /// peer's consumer position (seeds/001 "RDMA READフォールバック").
+    #[inline(always)]
+    pub(crate) fn needs_read(&self) -> bool {
+        self.has(F_NEEDS_READ)
     }
 
     /// Stores the released position in the consumer word, where the peer's RDMA READ finds
     /// it. Called by the context at flush time, never while a request's bytes are borrowed.
     #[inline]
     pub(crate) fn publish(&mut self) {
-        if self.unpublished {
-            self.unpublished = false;
+        if self.has(F_UNPUBLISHED) {
+            self.flags &= !F_UNPUBLISHED;
             // SAFETY: `consumer_word` is 16 bytes, page aligned; peers only read it.
             let w = unsafe { &*(self.consumer_word.as_ptr() as *const AtomicU64) };
             w.store(self.released.to_le(), Ordering::Release);
@@ -770,7 +778,7 @@ impl<U> EndpointCore<U> {
             stats.replies += 1;
         }
         if !rest.is_empty() {
-            self.needs_read = true;
+            self.flags |= F_NEEDS_READ;
         }
         self.backlog = rest;
     }
@@ -778,7 +786,7 @@ impl<U> EndpointCore<U> {
     /// Whether a batch is open (messages written and not yet flushed).
     #[inline]
     pub fn is_dirty(&self) -> bool {
-        self.batch_open || !self.backlog.is_empty()
+        self.has(F_BATCH_OPEN) || !self.backlog.is_empty()
     }
 
     /// Bytes of our send ring at virtual position `pos` (for the context to build a WQE).
@@ -808,7 +816,7 @@ impl<U> EndpointCore<U> {
     /// # Errors
     /// [`ProtocolError::BadConsumer`] if the value is beyond what was sent (ignored).
     pub fn on_consumer_read(&mut self, value: u64) -> Result<(), ProtocolError> {
-        self.needs_read = false;
+        self.flags &= !F_NEEDS_READ;
         if value > self.producer {
             return Err(ProtocolError::BadConsumer);
         }
@@ -872,7 +880,7 @@ impl<U> EndpointCore<U> {
         self.peer_credit += meta.credit_grant;
         self.credit_requested = false;
         if meta.message_count == 0 {
-            self.answer_flow = true;
+            self.flags |= F_ANSWER_FLOW;
         }
         stats.batches_received += 1;
         if meta.is_wrap() {
@@ -973,7 +981,7 @@ impl<U> EndpointCore<U> {
     fn release_to(&mut self, pos: u64) {
         if pos > self.released {
             self.released = pos;
-            self.unpublished = true;
+            self.flags |= F_UNPUBLISHED;
         }
     }
 
@@ -1011,7 +1019,7 @@ impl<U> EndpointCore<U> {
             self.state = EndpointState::Failed(why);
         }
         self.emits.clear();
-        self.batch_open = false;
+        self.flags &= !F_BATCH_OPEN;
         self.backlog.clear();
         for p in self.pending.drain() {
             on_response(p.user, Err(why));

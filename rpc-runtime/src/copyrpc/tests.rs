@@ -436,7 +436,7 @@ impl Pair {
         me.core.flush(&mut me.stats);
         me.take_emits(peer.ring);
         // The context posts the READ after the emits, if none is outstanding.
-        if me.core.needs_read && me.read.is_none() {
+        if me.core.needs_read() && me.read.is_none() {
             me.read = Some(peer.published());
         }
     }
