@@ -21,6 +21,7 @@
 //! another process's model writes (`sim::node`), so its bytes are input from another process
 //! (issue 14).
 
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::cqe::{self, CQE_BYTES, Cqe};
@@ -123,6 +124,17 @@ impl CompletionQueue {
     /// Takes the CQE at `ci` if software owns it; consumed-but-corrupt CQEs are skipped.
     #[inline(always)]
     fn next(&mut self) -> Option<Cqe> {
+        let (p, _) = self.next_slot()?;
+        // SAFETY: a software-owned entry (`next_slot`); the producer does not write it until
+        // the doorbell record moves past it.
+        let bytes = unsafe { read_cqe(p) };
+        Some(Cqe::decode(&bytes))
+    }
+
+    /// Advances past the CQE at `ci` if software owns it (corrupt ones are skipped and
+    /// counted) and returns its slot and `op_own`, read after the barrier.
+    #[inline(always)]
+    fn next_slot(&mut self) -> Option<(*const u8, u8)> {
         loop {
             let p = self.slot(self.ci);
             // SAFETY: `p` is a 64 B aligned CQE inside the buffer, valid for the CQ's lifetime
@@ -137,11 +149,8 @@ impl CompletionQueue {
                 self.corrupt_cqe(op_own);
                 continue;
             }
-            // SAFETY: as above; the entry is software-owned, so the producer does not write it
-            // until the doorbell record moves past it.
-            let bytes = unsafe { read_cqe(p) };
             self.polled += 1;
-            return Some(Cqe::decode(&bytes));
+            return Some((p, op_own));
         }
     }
 
@@ -184,6 +193,32 @@ impl CompletionQueue {
         n
     }
 
+    /// [`poll`](Self::poll) without the copy and the full decode: `f` gets each CQE in
+    /// place as a [`CqeRef`] and reads only the fields it needs (a completion handler's fast
+    /// path uses four of [`Cqe`]'s eleven; [`CqeRef::decode`] gives all of them, e.g. for an
+    /// error CQE). Same ownership rule, corrupt-entry handling, counters and doorbell record
+    /// as `poll`. Returns the number of CQEs delivered to `f`.
+    #[inline]
+    pub fn poll_ref<F: FnMut(CqeRef<'_>)>(&mut self, max: usize, mut f: F) -> usize {
+        let start = self.ci;
+        let mut n = 0;
+        while n < max {
+            let Some((p, op_own)) = self.next_slot() else {
+                break;
+            };
+            f(CqeRef {
+                p,
+                op_own,
+                _entry: PhantomData,
+            });
+            n += 1;
+        }
+        if self.ci != start {
+            self.update_dbrec();
+        }
+        n
+    }
+
     /// Publishes the consumer counter: Release fence, then `dbrec[0] = be32(ci & 0xffffff)`
     /// (PRM "After polling"). The producer may reuse every entry before `ci` afterwards.
     #[inline]
@@ -192,6 +227,78 @@ impl CompletionQueue {
         // SAFETY: `dbrec` is 4-byte aligned and valid for the CQ's lifetime (queue memory
         // contract); the device only reads it.
         unsafe { store_dbrec(self.mem.dbrec.as_ptr(), (self.ci & 0x00ff_ffff).to_be()) };
+    }
+}
+
+/// A software-owned CQE read in place, field by field ([`CompletionQueue::poll_ref`]). It
+/// lives only during the callback: the entry goes back to the producer with the doorbell
+/// record, written after the callback returned. Each accessor decodes its field exactly as
+/// [`Cqe::decode`] does.
+#[derive(Clone, Copy, Debug)]
+pub struct CqeRef<'a> {
+    /// The 64 B, 64 B-aligned entry.
+    p: *const u8,
+    /// Byte 63, loaded with Acquire before the read barrier.
+    op_own: u8,
+    _entry: PhantomData<&'a [u8; CQE_BYTES]>,
+}
+
+impl CqeRef<'_> {
+    /// Big-endian `u32` at byte `o` of the entry.
+    #[inline(always)]
+    fn be32(&self, o: usize) -> u32 {
+        debug_assert!(o.is_multiple_of(4) && o + 4 <= CQE_BYTES);
+        // SAFETY: `o` is 4-aligned and `o + 4 <= 64` (callers pass `cqe::off` constants); the
+        // entry is software-owned and valid while `self` lives (type invariant).
+        u32::from_be(unsafe { self.p.add(o).cast::<u32>().read_volatile() })
+    }
+
+    /// Opcode nibble (raw, see [`cqe::CqeOpcode::from_nibble`]): [`Cqe::opcode`].
+    #[inline(always)]
+    pub fn opcode(&self) -> u8 {
+        self.op_own >> 4
+    }
+
+    /// Whether this is an error CQE: [`Cqe::is_error`].
+    #[inline(always)]
+    pub fn is_error(&self) -> bool {
+        let op = self.opcode();
+        op == cqe::CqeOpcode::ReqErr as u8 || op == cqe::CqeOpcode::RespErr as u8
+    }
+
+    /// QP number: [`Cqe::qpn`].
+    #[inline(always)]
+    pub fn qpn(&self) -> u32 {
+        self.be32(cqe::off::SOP_DROP_QPN) & 0x00ff_ffff
+    }
+
+    /// WQE counter: [`Cqe::wqe_counter`].
+    #[inline(always)]
+    pub fn wqe_counter(&self) -> u16 {
+        // The big-endian word at 60 holds `wqe_counter` (60..62) then `signature`, `op_own`.
+        (self.be32(cqe::off::WQE_COUNTER) >> 16) as u16
+    }
+
+    /// Immediate (host order): [`Cqe::imm`].
+    #[inline(always)]
+    pub fn imm(&self) -> u32 {
+        self.be32(cqe::off::IMM)
+    }
+
+    /// Bytes received or read: [`Cqe::byte_cnt`].
+    #[inline(always)]
+    pub fn byte_cnt(&self) -> u32 {
+        self.be32(cqe::off::BYTE_CNT)
+    }
+
+    /// Every field, as [`Cqe::decode`] gives them (the op_own byte is the one loaded before
+    /// the barrier).
+    #[inline]
+    pub fn decode(&self) -> Cqe {
+        // SAFETY: the entry is software-owned and valid while `self` lives (type invariant).
+        let mut b = unsafe { read_cqe(self.p) };
+        b[cqe::off::OP_OWN] = self.op_own;
+        Cqe::decode(&b)
     }
 }
 
@@ -386,6 +493,55 @@ mod tests {
                 if ci != 0 {
                     prop_assert_eq!(r.dbrec(), ci);
                 }
+            }
+
+            /// `poll_ref` over the same arbitrary rings: the same entries, counters and
+            /// doorbell record as `poll`, and each accessor equals the field `Cqe::decode`
+            /// gives, as does `CqeRef::decode`.
+            #[test]
+            fn poll_ref_matches_poll(
+                log2 in 0u32..4,
+                raw in proptest::collection::vec(any::<[u8; 32]>(), 16),
+                max in 1usize..20,
+            ) {
+                let cnt = 1u32 << log2;
+                let fill = |r: &Ring| {
+                    for i in 0..cnt as usize {
+                        let mut b = [0u8; 64];
+                        b[..32].copy_from_slice(&raw[2 * i]);
+                        b[32..].copy_from_slice(&raw[2 * i + 1]);
+                        // SAFETY: inside the buffer; nothing else accesses it.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(b.as_ptr(), r.buf.as_mut_ptr().add(i * 64), 64)
+                        };
+                    }
+                };
+                let (r1, mut cq1) = Ring::new(cnt);
+                fill(&r1);
+                let (r2, mut cq2) = Ring::new(cnt);
+                fill(&r2);
+                let mut want = Vec::new();
+                let n1 = cq1.poll(max, |c| want.push(*c));
+                let mut got = Vec::new();
+                let n2 = cq2.poll_ref(max, |c| {
+                    let d = c.decode();
+                    got.push((d, c.opcode(), c.is_error(), c.qpn(), c.wqe_counter(), c.imm(), c.byte_cnt()));
+                });
+                prop_assert_eq!(n1, n2);
+                prop_assert_eq!(want.len(), got.len());
+                for (w, (d, opcode, is_error, qpn, wqe_counter, imm, byte_cnt)) in want.iter().zip(&got) {
+                    prop_assert_eq!(w, d);
+                    prop_assert_eq!(w.opcode, *opcode);
+                    prop_assert_eq!(w.is_error(), *is_error);
+                    prop_assert_eq!(w.qpn, *qpn);
+                    prop_assert_eq!(w.wqe_counter, *wqe_counter);
+                    prop_assert_eq!(w.imm, *imm);
+                    prop_assert_eq!(w.byte_cnt, *byte_cnt);
+                }
+                prop_assert_eq!(cq1.corrupt_cqes(), cq2.corrupt_cqes());
+                prop_assert_eq!(cq1.polled(), cq2.polled());
+                prop_assert_eq!(cq1.ci(), cq2.ci());
+                prop_assert_eq!(r1.dbrec(), r2.dbrec());
             }
         }
     }

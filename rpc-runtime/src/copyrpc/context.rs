@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 
+use mlx5::cq::CqeRef;
 use mlx5::cqe::Cqe;
 use mlx5::fastmap::FastMap;
 use mlx5::verbs::{Access, Cq, Mr, Pd, Qp, RcParams, RcRemote, Srq};
@@ -517,7 +518,8 @@ impl<U> Context<U> {
             stats,
         };
         // Steps 1-2: the monomorphized poller (seeds/001 "MonoCq"): the closure inlines.
-        let n = recv_cq.cq.poll(cfg.poll_budget as usize, |cqe| {
+        // Each CQE is read in place: the fast path needs four of its fields.
+        let n = recv_cq.cq.poll_ref(cfg.poll_budget as usize, |cqe| {
             rx.on_cqe(cqe, &mut on_response)
         });
         if n > 0 {
@@ -871,16 +873,17 @@ impl<U> Rx<'_, U> {
     #[inline(always)]
     fn on_cqe(
         &mut self,
-        cqe: &Cqe,
+        cqe: CqeRef<'_>,
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
     ) {
         if cqe.is_error() {
-            return self.on_error(cqe, on_response);
+            return self.on_error(&cqe.decode(), on_response);
         }
-        if self.srq.srq.release(cqe.wqe_counter).is_err() {
+        if self.srq.srq.release(cqe.wqe_counter()).is_err() {
             self.stats.stray_send_cqes += 1;
         }
-        let Some(&ep) = self.by_qpn.get(cqe.qpn) else {
+        let qpn = cqe.qpn();
+        let Some(&ep) = self.by_qpn.get(qpn) else {
             self.stats.unknown_qpn += 1;
             return;
         };
@@ -889,7 +892,7 @@ impl<U> Rx<'_, U> {
             return;
         }
         let r = c.core.ingest(
-            cqe_delta(cqe.imm),
+            cqe_delta(cqe.imm()),
             ep,
             self.recv_queue,
             self.stats,
@@ -897,7 +900,7 @@ impl<U> Rx<'_, U> {
         );
         if let Err(e) = r {
             self.stats.corrupt_batches += 1;
-            tracing::warn!(ep, qpn = cqe.qpn, error = %e, "copyrpc: corrupt batch; failing the endpoint");
+            tracing::warn!(ep, qpn, error = %e, "copyrpc: corrupt batch; failing the endpoint");
             Context::fail(self.stats, c, EndpointFailure::Protocol(e), on_response);
         }
         Context::touch(self.dirty, c, ep);
