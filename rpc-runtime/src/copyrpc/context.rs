@@ -168,10 +168,9 @@ impl RecvHandle {
 pub struct Context<U> {
     conns: Vec<Conn<U>>,
     by_qpn: FastMap<EndpointId>,
+    /// Endpoints to visit at the next flush; [`Context::flush_all`] compacts it in place
+    /// (keeping those that stay dirty), so it is not reallocated once warm.
     dirty: Vec<EndpointId>,
-    /// The list [`Context::flush_all`] walks while `dirty` collects endpoints that stay dirty;
-    /// the two swap roles each flush, so neither is reallocated once warm.
-    dirty_spare: Vec<EndpointId>,
     recv_queue: VecDeque<RecvEntry>,
     srq: Srq,
     send_cq: Cq,
@@ -207,7 +206,6 @@ impl<U> Context<U> {
             conns: Vec::new(),
             by_qpn: FastMap::new(),
             dirty: Vec::with_capacity(16),
-            dirty_spare: Vec::with_capacity(16),
             recv_queue: VecDeque::with_capacity(1024),
             srq,
             send_cq,
@@ -627,12 +625,12 @@ impl<U> Context<U> {
     /// consumer READs, publish consumer positions, one doorbell per endpoint.
     #[inline(always)]
     fn flush_all(&mut self, on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>)) {
-        // Walk the dirty list while `self.dirty` (the spare, with its capacity) collects the
-        // endpoints that stay dirty: no allocation per poll while a READ is outstanding or a
-        // send queue is full.
-        let spare = std::mem::take(&mut self.dirty_spare);
-        let mut list = std::mem::replace(&mut self.dirty, spare);
-        for &ep in &list {
+        // Walk the dirty list and compact it in place: the endpoints that stay dirty move to
+        // its front (`kept` of them), the rest is truncated. No allocation per poll while a
+        // READ is outstanding or a send queue is full. Nothing below pushes to `self.dirty`.
+        let mut kept = 0;
+        for i in 0..self.dirty.len() {
+            let ep = self.dirty[i];
             let c = &mut self.conns[ep as usize];
             c.in_dirty = false;
             if c.core.state() != EndpointState::Connected {
@@ -674,11 +672,11 @@ impl<U> Context<U> {
             // Still something to do (send queue full, a READ in flight): next poll.
             if c.core.wants_flush() && c.core.state() == EndpointState::Connected {
                 c.in_dirty = true;
-                self.dirty.push(ep);
+                self.dirty[kept] = ep;
+                kept += 1;
             }
         }
-        list.clear();
-        self.dirty_spare = list;
+        self.dirty.truncate(kept);
     }
 
     /// Posts one RDMA WRITE+IMM for `e` (seeds/004 §3.5): fully inline up to 220 B, else a
