@@ -175,6 +175,10 @@ pub struct EndpointCore<U> {
     /// `[8, 16)` where our RDMA READ of the peer's lands.
     pub(crate) consumer_word: DmaBuf,
     cap: u64,
+    /// [`EndpointCore::max_payload`] and [`EndpointCore::max_response_allowance`] for the
+    /// current `cap` (set with it, read by every call).
+    max_payload: u32,
+    max_response_allowance: u32,
     // ---- send side (seeds/004 §3.2 "Send Ring の状態変数")
     producer: u64,
     flush_start: u64,
@@ -246,11 +250,15 @@ impl<U> EndpointCore<U> {
             }
         }
         let initial_credit = max_resp_reservation.min(send_size as u64 / 4) & !(ALIGNMENT - 1);
+        let max_resp = initial_credit.max(max_resp_reservation & !(ALIGNMENT - 1));
+        let cap = send_size as u64;
         Ok(EndpointCore {
             send: Ring::new(send_size)?,
             recv: Ring::new(recv_size)?,
             consumer_word: DmaBuf::with_normal_pages(16)?,
-            cap: send_size as u64,
+            cap,
+            max_payload: max_payload_for(cap, max_resp),
+            max_response_allowance: max_response_allowance_for(cap),
             producer: 0,
             flush_start: 0,
             meta_pos: 0,
@@ -259,7 +267,7 @@ impl<U> EndpointCore<U> {
             piggy_consumer: 0,
             remote_consumer: 0,
             resp_reservation: 0,
-            max_resp_reservation: initial_credit.max(max_resp_reservation & !(ALIGNMENT - 1)),
+            max_resp_reservation: max_resp,
             unused_grant: 0,
             initial_credit,
             peer_credit: 0,
@@ -325,17 +333,18 @@ impl<U> EndpointCore<U> {
     /// [`CallError::RingFull`] for as long as the peer holds unspent grant. With the default
     /// `max_resp_reservation` (a quarter of the ring) this is `C / 4 - 44`, which is also the
     /// largest response the peer's default grants can ever cover.
+    #[inline(always)]
     pub fn max_payload(&self) -> u32 {
-        max_payload_for(self.cap, self.max_resp_reservation)
+        self.max_payload
     }
 
     /// Largest response allowance a call may ask for, in bytes: the response plus one
     /// metadata in half the capacity (the peer's grants never exceed that). Whether the
     /// peer's credit can ever cover it depends on the peer's `max_resp_reservation`
     /// ([`CallError::InsufficientCredit`] otherwise).
+    #[inline(always)]
     pub fn max_response_allowance(&self) -> u32 {
-        let m = self.cap / 2 - META - HEADER_SIZE as u64;
-        m.min(u32::MAX as u64) as u32
+        self.max_response_allowance
     }
 
     /// Completes the connection with the peer's receive ring size and initial credit
@@ -355,6 +364,8 @@ impl<U> EndpointCore<U> {
     ) -> Result<(), ProtocolError> {
         self.check_remote(remote_recv_size, remote_credit)?;
         self.cap = self.send.size().min(remote_recv_size);
+        self.max_payload = max_payload_for(self.cap, self.max_resp_reservation);
+        self.max_response_allowance = max_response_allowance_for(self.cap);
         self.recv_mask = self.recv.size().min(remote_recv_size) - 1;
         self.resp_reservation = self.initial_credit;
         self.unused_grant = self.initial_credit;
@@ -1053,6 +1064,12 @@ impl<U> EndpointCore<U> {
 #[inline(always)]
 pub(crate) fn cqe_delta(imm: u32) -> u64 {
     decode_imm(imm)
+}
+
+/// [`EndpointCore::max_response_allowance`] for capacity `cap`: `C / 2 - 32 - 12` bytes.
+fn max_response_allowance_for(cap: u64) -> u32 {
+    let m = cap / 2 - META - HEADER_SIZE as u64;
+    m.min(u32::MAX as u64) as u32
 }
 
 /// [`EndpointCore::max_payload`] for capacity `cap` and a sender granting at most
