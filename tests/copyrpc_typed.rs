@@ -700,25 +700,25 @@ fn client_dropped_mid_run_does_not_disturb_the_server() {
     }
     drop(gone);
     // The first reply is written (the server cannot know yet); its WRITE+IMM fails with
-    // retry-exceeded, which fails that client's endpoint only.
+    // retry-exceeded, which fails that client's endpoint only. Wait (bounded) until the
+    // server has noticed: replying twice to one token would also be refused (stale token),
+    // so only a noticed failure makes the remaining replies a test of a dead client.
     server.reply(taken[0], &KvResponse::Get(None)).unwrap();
     server.flush();
     let mut store = Store::default();
-    let mut dropped = 0;
     let deadline = Instant::now() + Duration::from_secs(10);
+    while server.transport().context().stats().failed_endpoints == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the dead client was never noticed"
+        );
+        server.poll();
+        thread::sleep(Duration::from_millis(1));
+    }
+    let mut dropped = 0;
     for &t in &taken[1..] {
-        loop {
-            assert!(
-                Instant::now() < deadline,
-                "the dead client was never noticed"
-            );
-            server.poll();
-            if server.reply(t, &KvResponse::Get(None)).is_err() {
-                dropped += 1;
-                break;
-            }
-            server.flush();
-            thread::sleep(Duration::from_millis(1));
+        if server.reply(t, &KvResponse::Get(None)).is_err() {
+            dropped += 1;
         }
     }
     assert_eq!(dropped, 3);
