@@ -180,17 +180,7 @@ impl CompletionQueue {
     /// was consumed. Returns the number of CQEs delivered to `f`.
     #[inline]
     pub fn poll<F: FnMut(&Cqe)>(&mut self, max: usize, mut f: F) -> usize {
-        let start = self.ci;
-        let mut n = 0;
-        while n < max {
-            let Some(c) = self.next() else { break };
-            f(&c);
-            n += 1;
-        }
-        if self.ci != start {
-            self.update_dbrec();
-        }
-        n
+        self.poll_ref(max, |c| f(&c.decode()))
     }
 
     /// [`poll`](Self::poll) without the copy and the full decode: `f` gets each CQE in
@@ -446,6 +436,27 @@ mod tests {
 
         use super::*;
 
+        /// Writes `cnt` CQEs of 64 B, each from two 32 B halves of `raw`, into `r`'s buffer;
+        /// returns them.
+        fn fill(r: &Ring, cnt: u32, raw: &[[u8; 32]]) -> Vec<[u8; 64]> {
+            (0..cnt as usize)
+                .map(|i| {
+                    let mut b = [0u8; 64];
+                    b[..32].copy_from_slice(&raw[2 * i]);
+                    b[32..].copy_from_slice(&raw[2 * i + 1]);
+                    // SAFETY: inside the buffer; nothing else accesses it.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            b.as_ptr(),
+                            r.buf.as_mut_ptr().add(i * 64),
+                            64,
+                        )
+                    };
+                    b
+                })
+                .collect()
+        }
+
         proptest! {
             /// Polling a ring of arbitrary CQEs (any opcode, owner bit and format) never panics
             /// (in debug builds either), delivers exactly the software-owned format-0 entries in
@@ -459,17 +470,7 @@ mod tests {
             ) {
                 let cnt = 1u32 << log2;
                 let (r, mut cq) = Ring::new(cnt);
-                let mut ring = Vec::new();
-                for i in 0..cnt as usize {
-                    let mut b = [0u8; 64];
-                    b[..32].copy_from_slice(&raw[2 * i]);
-                    b[32..].copy_from_slice(&raw[2 * i + 1]);
-                    // SAFETY: inside the buffer; nothing else accesses it.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(b.as_ptr(), r.buf.as_mut_ptr().add(i * 64), 64)
-                    };
-                    ring.push(b);
-                }
+                let ring = fill(&r, cnt, &raw);
                 // The oracle: ownership rule, format check, decode.
                 let (mut ci, mut want, mut corrupt) = (0u32, Vec::new(), 0u64);
                 while want.len() < max {
@@ -505,21 +506,10 @@ mod tests {
                 max in 1usize..20,
             ) {
                 let cnt = 1u32 << log2;
-                let fill = |r: &Ring| {
-                    for i in 0..cnt as usize {
-                        let mut b = [0u8; 64];
-                        b[..32].copy_from_slice(&raw[2 * i]);
-                        b[32..].copy_from_slice(&raw[2 * i + 1]);
-                        // SAFETY: inside the buffer; nothing else accesses it.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(b.as_ptr(), r.buf.as_mut_ptr().add(i * 64), 64)
-                        };
-                    }
-                };
                 let (r1, mut cq1) = Ring::new(cnt);
-                fill(&r1);
+                fill(&r1, cnt, &raw);
                 let (r2, mut cq2) = Ring::new(cnt);
-                fill(&r2);
+                fill(&r2, cnt, &raw);
                 let mut want = Vec::new();
                 let n1 = cq1.poll(max, |c| want.push(*c));
                 let mut got = Vec::new();
