@@ -43,12 +43,7 @@ fn connect_polling<S: Service, T: Send + 'static>(
     connect: fn(&CopyrpcAddr) -> Result<T, RpcError>,
 ) -> Result<T, RpcError> {
     let addr = addr.clone();
-    let h = thread::spawn(move || connect(&addr));
-    while !h.is_finished() {
-        server.poll();
-        thread::yield_now();
-    }
-    h.join().unwrap()
+    typed_common::connect_polling(server, move || connect(&addr))
 }
 
 #[test]

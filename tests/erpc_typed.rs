@@ -7,6 +7,8 @@
 
 mod typed_common;
 
+use typed_common::connect_polling;
+
 use typed_common::{Store, header, spawn, spawn_kv};
 
 use std::collections::HashMap;
@@ -115,20 +117,6 @@ fn server<S: Service>(cfg: &ErpcConfig) -> (Server<S, ErpcServer>, SocketAddr) {
     let addr = t.local_addr();
     assert_ne!(addr.port(), 0);
     (Server::new(t), addr)
-}
-
-/// Connects on another thread while this one polls `server` (which must run its event loop
-/// for the handshake), for tests that drive the server by hand.
-fn connect_polling<S: Service, C: Send + 'static>(
-    server: &mut Server<S, ErpcServer>,
-    connect: impl FnOnce() -> C + Send + 'static,
-) -> C {
-    let h = thread::spawn(connect);
-    while !h.is_finished() {
-        server.poll();
-        thread::yield_now();
-    }
-    h.join().unwrap()
 }
 
 #[test]

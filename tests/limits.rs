@@ -11,7 +11,7 @@
 
 mod typed_common;
 
-use std::thread;
+use typed_common::connect_polling;
 
 use idl::kv::{KvClient, KvService};
 use rpc::copyrpc::{ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer, EndpointConfig};
@@ -24,8 +24,8 @@ use rpc::scalerpc::{
     ServerConfig, derive_slot_size,
 };
 use rpc::{
-    ClientTransport, DEFAULT_CALLS_IN_FLIGHT, LimitSide, MessageKind, RpcError, Server,
-    ServerTransport, Service, rpc_service,
+    ClientTransport, DEFAULT_CALLS_IN_FLIGHT, LimitSide, MessageKind, RpcError, Server, Service,
+    rpc_service,
 };
 
 /// A service whose request carries 64 KiB.
@@ -45,20 +45,6 @@ impl BigServer for Summer {
 
 fn shm_name(tag: &str) -> String {
     format!("rpc-limits-{}-{tag}", std::process::id())
-}
-
-/// Connects on another thread while this one polls `server` (which must answer the connect
-/// request); afterwards the server is not polled again by the caller.
-fn connect_polling<S: Service, T: ServerTransport, C: Send + 'static>(
-    server: &mut Server<S, T>,
-    connect: impl FnOnce() -> C + Send + 'static,
-) -> C {
-    let h = thread::spawn(connect);
-    while !h.is_finished() {
-        server.poll();
-        thread::yield_now();
-    }
-    h.join().unwrap()
 }
 
 /// With the server not polling: the client reports 32 calls in flight, 32 pipelined calls are

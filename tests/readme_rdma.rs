@@ -32,14 +32,7 @@ fn connect_polling<S: Service, T: ServerTransport, C: Send + 'static, A: Clone +
     connect: fn(&A) -> Result<C, RpcError>,
 ) -> C {
     let addr = addr.clone();
-    let h = thread::spawn(move || connect(&addr));
-    let deadline = Instant::now() + BOUND;
-    while !h.is_finished() {
-        assert!(Instant::now() < deadline, "connect did not finish");
-        server.poll();
-        thread::yield_now();
-    }
-    h.join().unwrap().expect("connect")
+    typed_common::connect_polling_within(server, BOUND, move || connect(&addr)).expect("connect")
 }
 
 /// One put and get through `server` (served on this thread), proving the connection works.

@@ -39,6 +39,38 @@ pub fn spawn<S: Service, T: ServerTransport + Send + 'static>(
     server.spawn(handler)
 }
 
+/// How long [`connect_polling`] waits for a connect at most.
+pub const CONNECT_BOUND: Duration = Duration::from_secs(60);
+
+/// Runs `connect` on another thread while this one polls `server` (which must answer the
+/// connect request: copyrpc and ScaleRPC accept in `poll`, eRPC runs its handshake there);
+/// returns what `connect` returned. Fails the test after [`CONNECT_BOUND`].
+pub fn connect_polling<S: Service, T: ServerTransport, C: Send + 'static>(
+    server: &mut Server<S, T>,
+    connect: impl FnOnce() -> C + Send + 'static,
+) -> C {
+    connect_polling_within(server, CONNECT_BOUND, connect)
+}
+
+/// [`connect_polling`] failing the test after `bound`.
+pub fn connect_polling_within<S: Service, T: ServerTransport, C: Send + 'static>(
+    server: &mut Server<S, T>,
+    bound: Duration,
+    connect: impl FnOnce() -> C + Send + 'static,
+) -> C {
+    let h = thread::spawn(connect);
+    let deadline = Instant::now() + bound;
+    while !h.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "connect did not finish in {bound:?}"
+        );
+        server.poll();
+        thread::yield_now();
+    }
+    h.join().unwrap()
+}
+
 /// Writes one raw request message `msg` into the delegation ring `name` through a raw ring
 /// client, serves it on this thread (a request that reaches the handler fails the test) and
 /// returns the response message. At most 10 s.
