@@ -35,7 +35,9 @@ fn kv_service() {
             /// Looks a key up.
             fn get(&mut self, rank: u32, key: u64) -> Option<u64>;
             fn put(&mut self, rank: u32, key: u64, value: u64);
-            fn stats(&self) -> [Option<u32>; 2];
+            fn stat(&self) -> [Option<u32>; 2];
+            /// Variable-length arguments and result (`rpc::varlen`).
+            fn swap(&mut self, key: &str, words: &[u64], value: Option<&[u8]>) -> Option<Vec<u8>>;
             fn cas(&mut self, key: Key, expected: Option<Value>, new: Value) -> Result<(), Option<Value>>;
         }
     };

@@ -49,7 +49,13 @@ impl Names {
 pub fn generate(svc: &Service) -> TokenStream {
     let names = Names::new(svc);
     let server = gen_server(svc, &names);
-    let args = svc.methods.iter().map(|m| gen_args_struct(svc, &names, m));
+    let args = svc.methods.iter().map(|m| {
+        if has_var_args(m) {
+            gen_var_args_struct(svc, &names, m)
+        } else {
+            gen_args_struct(svc, &names, m)
+        }
+    });
     let enums = gen_enums(svc, &names);
     let service = gen_service(svc, &names);
     let client = gen_client(svc, &names);
@@ -119,6 +125,7 @@ pub fn lowered(ty: &WireTy) -> TokenStream {
             let elem = lowered(elem);
             quote!([#elem; #len])
         }
+        WireTy::Var(_) => quote!(::rpc::__private::WireSlice),
     }
 }
 
@@ -140,6 +147,7 @@ pub fn doc_lowered(ty: &WireTy) -> TokenStream {
             let elem = doc_lowered(elem);
             quote!([#elem; #len])
         }
+        WireTy::Var(_) => quote!(WireSlice),
     }
 }
 
@@ -163,7 +171,8 @@ pub fn lower_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
     };
     let wire = lowered(ty);
     match ty {
-        WireTy::Leaf(_) => expr,
+        // Variable-length values are written by `VarWriter`, never lowered in place.
+        WireTy::Leaf(_) | WireTy::Var(_) => expr,
         WireTy::Option { inner, .. } => {
             let mapped = map(inner, quote!(::core::option::Option::map));
             quote!(<#wire>::from_option(#mapped))
@@ -202,6 +211,10 @@ pub fn raise_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
             quote!(::core::result::Result::<_, ::rpc::__private::InvalidValue>::Ok(#expr))
         }
         WireTy::Leaf(_) => unreachable!("a leaf is an identity type"),
+        // Read by `read_slice`/`read_str`, never raised from a lowered value.
+        WireTy::Var(_) => {
+            quote!(::core::result::Result::<_, ::rpc::__private::InvalidValue>::Ok(#expr))
+        }
         WireTy::Option { inner, .. } if inner.is_identity() => {
             quote!(::rpc::__private::WireOption::try_into_option(#expr))
         }
@@ -428,7 +441,7 @@ fn gen_enums(svc: &Service, names: &Names) -> TokenStream {
     });
     let resp_variants = svc.methods.iter().map(|m| {
         let camel = &m.camel;
-        let ret = ret_type(m);
+        let ret = owned_ret_ty(m);
         let d = doc(format!(
             " Return value of [`{server}::{}`] (method id [`{service}::{}`] = {}).",
             m.name, m.shouty, m.id
@@ -445,7 +458,21 @@ fn gen_enums(svc: &Service, names: &Names) -> TokenStream {
             let t = a.ty.written();
             quote!(#i: #t)
         });
-        let init = struct_init(&args_ident, m);
+        let init = if has_var_args(m) {
+            let fields = m.args.iter().map(|a| {
+                let i = &a.ident;
+                match a.ty.var() {
+                    Some(v) => {
+                        let o = var_to_owned(v, quote!(#i));
+                        quote!(#i: #o)
+                    }
+                    None => quote!(#i),
+                }
+            });
+            quote!(#args_ident { #(#fields),* })
+        } else {
+            struct_init(&args_ident, m)
+        };
         let d = doc(format!(
             " A request for [`{server}::{}`], with its arguments as written in the trait.",
             m.name
@@ -487,16 +514,21 @@ fn gen_enums(svc: &Service, names: &Names) -> TokenStream {
             }
         }
     };
+    let copy = if svc_variable(svc) {
+        quote!()
+    } else {
+        quote!(, ::core::marker::Copy)
+    };
     quote! {
         #req_doc
-        #[derive(::core::clone::Clone, ::core::marker::Copy)]
+        #[derive(::core::clone::Clone #copy)]
         #extra
         #vis enum #request {
             #(#req_variants,)*
         }
         #ctors_impl
         #resp_doc
-        #[derive(::core::clone::Clone, ::core::marker::Copy)]
+        #[derive(::core::clone::Clone #copy)]
         #extra
         #vis enum #response {
             #(#resp_variants,)*
@@ -541,10 +573,24 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
         let camel = &m.camel;
         let ident = &m.ident;
         let args_ident = names.args(svc, m);
-        let getters = m.args.iter().map(|a| {
+        let getters: Vec<TokenStream> = m.args.iter().map(|a| {
             let i = &a.ident;
-            quote!(#args_ident::#i(&__rpc_args))
-        });
+            match a.ty.var() {
+                Some(v) => var_view(v, quote!(__rpc_args.#i)),
+                None if has_var_args(m) => quote!(__rpc_args.#i),
+                None => quote!(#args_ident::#i(&__rpc_args)),
+            }
+        }).collect();
+        if let Some(v) = m.ret.var() {
+            let bind = if m.args.is_empty() { quote!(_) } else { quote!(__rpc_args) };
+            let owned = var_ret_owned(v, quote!(__rpc_ret));
+            return quote! {
+                #request::#camel(#bind) => {
+                    let __rpc_ret = <__RpcS as #server>::#ident(server #(, #getters)*);
+                    #response::#camel(#owned)
+                }
+            };
+        }
         let bind = if m.args.is_empty() {
             quote!(_)
         } else {
@@ -585,6 +631,19 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
         });
         let ret_ty = m.ret_text();
         let ret_lowered = lowered(&m.ret);
+        let mv = max_var(svc);
+        let (var_request, var_response) = (has_var_args(m), m.ret.var().is_some());
+        let request_bytes = if var_request {
+            let wire = wire_ident(svc, m);
+            quote!(::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#wire>() + #mv)
+        } else {
+            quote!(::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#args_ident>())
+        };
+        let response_bytes = if var_response {
+            quote!(::rpc::__private::RESPONSE_DATA_START + #mv)
+        } else {
+            quote!(::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#ret_lowered>())
+        };
         quote! {
             ::rpc::MethodDescriptor {
                 id: #id,
@@ -592,12 +651,53 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
                 args: &[#(#arg_descs),*],
                 ret_ty: #ret_ty,
                 ret_size: ::core::mem::size_of::<#ret_lowered>(),
-                request_bytes: ::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#args_ident>(),
-                response_bytes: ::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#ret_lowered>(),
+                request_bytes: #request_bytes,
+                response_bytes: #response_bytes,
+                var_request: #var_request,
+                var_response: #var_response,
             }
         }
     });
 
+    let (req_len, resp_len) = if svc.methods.is_empty() {
+        (quote!(match *req {}), quote!(match *resp {}))
+    } else {
+        let req_len = svc.methods.iter().map(|m| {
+            let camel = &m.camel;
+            if has_var_args(m) {
+                let f = fn_ident(m, "req_len");
+                let vals = m.args.iter().map(|a| {
+                    let i = &a.ident;
+                    match a.ty.var() {
+                        Some(v) => var_view(v, quote!(__rpc_args.#i)),
+                        None => quote!(__rpc_args.#i),
+                    }
+                });
+                quote!(#request::#camel(__rpc_args) => #service::#f(#(#vals),*))
+            } else {
+                let args_ident = names.args(svc, m);
+                quote!(#request::#camel(_) => ::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#args_ident>())
+            }
+        });
+        let resp_len = svc.methods.iter().map(|m| {
+            let camel = &m.camel;
+            match m.ret.var() {
+                Some(v) => {
+                    let f = fn_ident(m, "resp_len");
+                    let view = var_view(v, quote!(*__rpc_ret));
+                    quote!(#response::#camel(__rpc_ret) => #service::#f(#view))
+                }
+                None => {
+                    let lowered = lowered(&m.ret);
+                    quote!(#response::#camel(_) => ::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#lowered>())
+                }
+            }
+        });
+        (
+            quote!(match req { #(#req_len,)* }),
+            quote!(match resp { #(#resp_len,)* }),
+        )
+    };
     let (encode_req, decode_req, encode_resp, decode_resp, req_id) = if svc.methods.is_empty() {
         (
             quote!(match *req {}),
@@ -615,12 +715,44 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
         let encode_req = svc.methods.iter().map(|m| {
             let camel = &m.camel;
             let shouty = &m.shouty;
+            if has_var_args(m) {
+                let f = fn_ident(m, "req_write");
+                let vals = m.args.iter().map(|a| {
+                    let i = &a.ident;
+                    match a.ty.var() {
+                        Some(v) => var_view(v, quote!(__rpc_args.#i)),
+                        None => quote!(__rpc_args.#i),
+                    }
+                });
+                return quote!(#request::#camel(__rpc_args) => #service::#f(out #(, #vals)*));
+            }
             quote!(#request::#camel(__rpc_args) => ::rpc::__private::encode(#service::#shouty, 0, __rpc_args, out))
         });
         let decode_req = svc.methods.iter().map(|m| {
             let camel = &m.camel;
             let id = m.id;
             let args_ident = names.args(svc, m);
+            if has_var_args(m) {
+                let f = fn_ident(m, "req_read");
+                let locals: Vec<Ident> = m.args.iter().map(local).collect();
+                let fields = m.args.iter().map(|a| {
+                    let i = &a.ident;
+                    let l = local(a);
+                    match a.ty.var() {
+                        Some(v) => {
+                            let o = var_to_owned(v, quote!(#l));
+                            quote!(#i: #o)
+                        }
+                        None => quote!(#i: #l),
+                    }
+                });
+                return quote! {
+                    #id => {
+                        let (#(#locals,)*) = #service::#f(__rpc_hdr, msg)?;
+                        ::core::result::Result::Ok(#request::#camel(#args_ident { #(#fields),* }))
+                    }
+                };
+            }
             // The cast validates every byte except the `Option`/`Result` sides, which are
             // validated here, when active.
             let checks: Vec<TokenStream> = m
@@ -654,14 +786,27 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
         let encode_resp = svc.methods.iter().map(|m| {
             let camel = &m.camel;
             let shouty = &m.shouty;
+            if let Some(v) = m.ret.var() {
+                let f = fn_ident(m, "resp_write");
+                let view = var_view(v, quote!(*__rpc_ret));
+                return quote!(#response::#camel(__rpc_ret) => #service::#f(out, #view));
+            }
             let value = lower_expr(&m.ret, quote!(__rpc_ret), 0);
             quote! {
-                #response::#camel(__rpc_ret) => ::rpc::__private::encode(#service::#shouty, 0, &#value, out)
+                #response::#camel(__rpc_ret) => {
+                    let __rpc_ret = *__rpc_ret;
+                    ::rpc::__private::encode(#service::#shouty, 0, &#value, out)
+                }
             }
         });
         let decode_resp = svc.methods.iter().map(|m| {
             let camel = &m.camel;
             let id = m.id;
+            if let Some(v) = m.ret.var() {
+                let f = fn_ident(m, "resp_read");
+                let owned = var_to_owned(v, quote!(#service::#f(msg)?));
+                return quote!(#id => ::core::result::Result::Ok(#response::#camel(#owned)));
+            }
             let lowered = lowered(&m.ret);
             let raised = if m.ret.is_identity() {
                 quote!(__rpc_ret)
@@ -702,7 +847,7 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
                 }
             },
             quote! {
-                match *resp {
+                match resp {
                     #(#encode_resp,)*
                 }
             },
@@ -720,6 +865,8 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
         )
     };
 
+    let dispatch_raw = gen_dispatch_raw(svc, names);
+    let var_codec = gen_var_codec(svc, names);
     let svc_doc = docs(&format!(
         "The `{name}` RPC service: method ids, the server-side [`{service}::dispatch`], and the\n\
          `rpc::Service` implementation (wire encoding and decoding of [`{request}`] and\n\
@@ -745,6 +892,10 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
             pub fn dispatch<__RpcS: #server + ?::core::marker::Sized>(server: &mut __RpcS, req: #request) -> #response {
                 #dispatch_body
             }
+
+            #dispatch_raw
+
+            #var_codec
         }
 
         impl ::rpc::Service for #service {
@@ -779,6 +930,16 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
             fn request_method_id(req: &#request) -> u16 {
                 #req_id
             }
+
+            #[inline]
+            fn request_len(req: &#request) -> usize {
+                #req_len
+            }
+
+            #[inline]
+            fn response_len(resp: &#response) -> usize {
+                #resp_len
+            }
         }
     }
 }
@@ -811,14 +972,17 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
             quote!(#i: #t)
         });
         let init = struct_init(&args_ident, m);
-        let ret = ret_type(m);
+        let ret = owned_ret_ty(m);
         let lowered_ret = lowered(&m.ret);
+        let var_body = is_var(m).then(|| var_call(svc, names, m, within, None));
         let call = if within {
             quote!(self.client.call_within::<#args_ident, #lowered_ret>(self.timeout, #service::#shouty, &#init))
         } else {
             quote!(self.inner.call::<#args_ident, #lowered_ret>(#service::#shouty, &#init))
         };
-        let body = if m.ret.is_identity() {
+        let body = if let Some(b) = var_body {
+            b
+        } else if m.ret.is_identity() {
             call
         } else {
             // An invalid active `Option`/`Result` side is a bad response, like any other
@@ -856,6 +1020,33 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
              server rejected the request; `RpcError::BadResponse` if the response does not decode.",
             m.name
         ));
+        let params: Vec<TokenStream> = params.collect();
+        let with_fn = match m.ret.var() {
+            Some(v) if !within => {
+                let with_ident = format_ident!("{}_with", m.name);
+                let view_ty = var_view_ty(v);
+                let body = var_call(svc, names, m, within, Some(quote!(__rpc_f)));
+                let d = docs(&format!(
+                    "Blocking call of [`{server}::{}`] that lends the result: `f` gets it borrowed\n\
+                     from the transport's receive buffer (no copy), and its value is returned. Otherwise\n\
+                     as [`Self::{}`].\n\
+                     \n\
+                     # Errors\n\
+                     As [`Self::{}`].",
+                    m.name, m.name, m.name
+                ));
+                quote! {
+                    #d
+                    #(#allows)*
+                    #[inline]
+                    #[allow(clippy::too_many_arguments)]
+                    pub fn #with_ident<__RpcR>(&mut self #(, #params)*, __rpc_f: impl ::core::ops::FnOnce(#view_ty) -> __RpcR) -> ::core::result::Result<__RpcR, ::rpc::RpcError> {
+                        #body
+                    }
+                }
+            }
+            _ => quote!(),
+        };
         quote! {
             #(#user_docs)*
             #sep
@@ -866,6 +1057,8 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
             pub fn #ident(&mut self #(, #params)*) -> ::core::result::Result<#ret, ::rpc::RpcError> {
                 #body
             }
+
+            #with_fn
         }
     })
     };
@@ -882,6 +1075,18 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
             quote!(#i: #t)
         });
         let init = struct_init(&args_ident, m);
+        let issue_body = if has_var_args(m) {
+            let (len_fn, write_fn) = (fn_ident(m, "req_len"), fn_ident(m, "req_write"));
+            let idents: Vec<&Ident> = m.args.iter().map(|a| &a.ident).collect();
+            quote! {
+                let __rpc_len = #service::#len_fn(#(#idents),*);
+                self.client.issue_raw_within(self.tag, self.timeout, #service::#shouty, __rpc_len, |__rpc_out| {
+                    #service::#write_fn(__rpc_out #(, #idents)*)
+                })
+            }
+        } else {
+            quote!(self.client.issue_within(self.tag, self.timeout, #service::#shouty, &#init))
+        };
         let user_docs = &m.docs;
         let sep = if user_docs.is_empty() { quote!() } else { doc("") };
         let d = docs(&format!(
@@ -904,7 +1109,7 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
             #[inline]
             #[allow(clippy::too_many_arguments)]
             pub fn #ident(self #(, #params)*) -> ::core::result::Result<(), ::rpc::RpcError> {
-                self.client.issue_within(self.tag, self.timeout, #service::#shouty, &#init)
+                #issue_body
             }
         }
     });
@@ -1203,5 +1408,636 @@ fn check_type(span: Span, check: &str, ty: &Type) -> TokenStream {
     let check = Ident::new(check, span);
     quote_spanned! {span=>
         ::rpc::__private::#check<#ty>
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Variable-length arguments and results (`rpc::varlen`).
+// ---------------------------------------------------------------------------------------
+
+use crate::parse::VarTy;
+use crate::validate::Arg;
+
+/// The method has a variable-length argument (its request struct owns its data, and a
+/// hidden wire struct carries `WireSlice`s).
+fn has_var_args(m: &Method) -> bool {
+    m.args.iter().any(|a| a.ty.var().is_some())
+}
+
+/// The method's request or response is of variable length.
+fn is_var(m: &Method) -> bool {
+    has_var_args(m) || m.ret.var().is_some()
+}
+
+/// Some method of the service is of variable length (its enums are then not `Copy`).
+fn svc_variable(svc: &Service) -> bool {
+    svc.methods.iter().any(is_var)
+}
+
+/// The fixed part of a variable-length request: `__Rpc<Trait><Method>Wire`.
+fn wire_ident(svc: &Service, m: &Method) -> Ident {
+    format_ident!("__Rpc{}{}Wire", svc.name, m.camel)
+}
+
+/// `max_var_bytes` of the service, as an expression.
+fn max_var(svc: &Service) -> TokenStream {
+    match &svc.max_var_bytes {
+        Some(n) => quote!((#n as usize)),
+        None => quote!(::rpc::varlen::DEFAULT_MAX_VAR_BYTES),
+    }
+}
+
+/// Element type: `u8` for a string.
+fn var_elem(v: &VarTy) -> TokenStream {
+    match &v.elem {
+        Some(t) => quote!(#t),
+        None => quote!(u8),
+    }
+}
+
+/// The unsized view target: `str` or `[T]`.
+fn var_unsized(v: &VarTy) -> TokenStream {
+    match &v.elem {
+        Some(t) => quote!([#t]),
+        None => quote!(str),
+    }
+}
+
+/// The owned type (`String`, `Vec<T>`, optionally in an `Option`).
+fn var_owned_ty(v: &VarTy) -> TokenStream {
+    let t = match &v.elem {
+        Some(t) => quote!(::std::vec::Vec<#t>),
+        None => quote!(::std::string::String),
+    };
+    if v.optional {
+        quote!(::core::option::Option<#t>)
+    } else {
+        t
+    }
+}
+
+/// The borrowed view type (`&str`, `&[T]`, optionally in an `Option`).
+fn var_view_ty(v: &VarTy) -> TokenStream {
+    let u = var_unsized(v);
+    if v.optional {
+        quote!(::core::option::Option<&#u>)
+    } else {
+        quote!(&#u)
+    }
+}
+
+/// `expr` (any of the owned, borrowed or written forms) as its view.
+fn var_view(v: &VarTy, expr: TokenStream) -> TokenStream {
+    let u = var_unsized(v);
+    if v.optional {
+        quote!(::core::option::Option::map(
+            ::core::option::Option::as_ref(&#expr),
+            |__rpc_v| ::core::convert::AsRef::<#u>::as_ref(__rpc_v)
+        ))
+    } else {
+        quote!(::core::convert::AsRef::<#u>::as_ref(&#expr))
+    }
+}
+
+/// A view as its elements (`&[E]`, or `Option<&[E]>`): strings as their bytes.
+fn var_elems(v: &VarTy, view: TokenStream) -> TokenStream {
+    match (&v.elem, v.optional) {
+        (Some(_), _) => view,
+        (None, false) => quote!(::core::primitive::str::as_bytes(#view)),
+        (None, true) => {
+            quote!(::core::option::Option::map(#view, ::core::primitive::str::as_bytes))
+        }
+    }
+}
+
+/// The message length after appending the value `view` at `end`.
+fn var_len(v: &VarTy, end: TokenStream, view: TokenStream) -> TokenStream {
+    let e = var_elem(v);
+    let elems = var_elems(v, view);
+    if v.optional {
+        quote!(::rpc::__private::var_end_opt::<#e>(#end, #elems))
+    } else {
+        quote!(::rpc::__private::var_end::<#e>(#end, <[#e]>::len(#elems)))
+    }
+}
+
+/// Writes the value `view` with the `VarWriter` `w`; evaluates to its `WireSlice`.
+fn var_put(v: &VarTy, w: &Ident, view: TokenStream) -> TokenStream {
+    let e = var_elem(v);
+    let elems = var_elems(v, view);
+    if v.optional {
+        quote!(#w.put_opt::<#e>(#elems))
+    } else {
+        quote!(#w.put::<#e>(#elems))
+    }
+}
+
+/// Reads a value: `Result<view, WireError>`.
+fn var_read(
+    v: &VarTy,
+    msg: TokenStream,
+    start: TokenStream,
+    s: TokenStream,
+    id: u16,
+) -> TokenStream {
+    match (&v.elem, v.optional) {
+        (Some(t), false) => quote!(::rpc::__private::read_slice::<#t>(#msg, #start, #s, #id)),
+        (Some(t), true) => quote!(::rpc::__private::read_opt_slice::<#t>(#msg, #start, #s, #id)),
+        (None, false) => quote!(::rpc::__private::read_str(#msg, #start, #s, #id)),
+        (None, true) => quote!(::rpc::__private::read_opt_str(#msg, #start, #s, #id)),
+    }
+}
+
+/// A view as the owned type (one copy).
+fn var_to_owned(v: &VarTy, view: TokenStream) -> TokenStream {
+    let f = match &v.elem {
+        Some(t) => quote!(<[#t]>::to_vec),
+        None => quote!(::std::string::String::from),
+    };
+    if v.optional {
+        quote!(::core::option::Option::map(#view, #f))
+    } else {
+        quote!(#f(#view))
+    }
+}
+
+/// A handler's return value (as written) as the owned type: moved if written owned.
+fn var_ret_owned(v: &VarTy, expr: TokenStream) -> TokenStream {
+    if v.owned {
+        expr
+    } else {
+        var_to_owned(v, var_view(v, expr))
+    }
+}
+
+/// Local name of an argument in generated bodies (never shadows `server`, `msg`, `out`).
+fn local(a: &Arg) -> Ident {
+    format_ident!("__rpc_a_{}", a.name)
+}
+
+fn fn_ident(m: &Method, what: &str) -> Ident {
+    format_ident!("__rpc_{}_{}", m.name, what)
+}
+
+/// The type of an argument in the request's owned struct (variable-length: owned).
+fn owned_arg_ty(a: &Arg) -> TokenStream {
+    match a.ty.var() {
+        Some(v) => var_owned_ty(v),
+        None => {
+            let t = a.ty.written();
+            quote!(#t)
+        }
+    }
+}
+
+/// The type of a method's value in the response enum and the client's blocking result.
+fn owned_ret_ty(m: &Method) -> TokenStream {
+    match m.ret.var() {
+        Some(v) => var_owned_ty(v),
+        None => ret_type(m),
+    }
+}
+
+/// The owned request struct of a variable-length method, and its hidden wire struct.
+fn gen_var_args_struct(svc: &Service, names: &Names, m: &Method) -> TokenStream {
+    let vis = &svc.vis;
+    let args_ident = names.args(svc, m);
+    let Names {
+        server, service, ..
+    } = names;
+    let name = &m.name;
+    let shouty = &m.shouty;
+    let derives = &svc.derives;
+    let extra = if derives.is_empty() {
+        quote!()
+    } else {
+        quote!(#[derive(#(#derives),*)])
+    };
+    let fields = m.args.iter().map(|a| {
+        let ident = &a.ident;
+        let ty = owned_arg_ty(a);
+        let d = doc(format!(
+            " Argument `{}: {}`{}.",
+            a.name,
+            type_text(a.ty.written()),
+            if a.ty.var().is_some() { ", owned" } else { "" }
+        ));
+        quote!(#d pub #ident: #ty)
+    });
+    let d = docs(&format!(
+        "Arguments of RPC method `{name}` ([`{server}::{name}`], method id [`{service}::{shouty}`]),\n\
+         owned: variable-length ones as `String`/`Vec<T>`. Held by the request enum (built by\n\
+         `rpc::Service::decode_request` for deferred replies: one copy of each value).\n\
+         Client stubs and `{service}::dispatch_raw` do not use it: they write and read the\n\
+         message in place (`rpc::varlen`)."
+    ));
+    let wire = wire_ident(svc, m);
+    let wire_fields = m.args.iter().map(|a| {
+        let ident = &a.ident;
+        let ty = lowered(&a.ty);
+        quote!(pub #ident: #ty)
+    });
+    let accessors = m.args.iter().filter(|a| a.ty.var().is_none()).map(|a| {
+        let ident = &a.ident;
+        let written = a.ty.written();
+        let body = if a.ty.is_identity() {
+            quote!(__rpc_this.#ident)
+        } else {
+            let raised = raise_expr(&a.ty, quote!(__rpc_this.#ident), 0);
+            quote! {
+                match #raised {
+                    ::core::result::Result::Ok(__rpc_v) => __rpc_v,
+                    ::core::result::Result::Err(__rpc_e) => ::rpc::__private::unvalidated_argument(__rpc_e),
+                }
+            }
+        };
+        quote! {
+            #[inline]
+            pub fn #ident(&self) -> #written {
+                let __rpc_this = *self;
+                #body
+            }
+        }
+    });
+    quote! {
+        #d
+        #[derive(::core::clone::Clone)]
+        #extra
+        #vis struct #args_ident {
+            #(#fields,)*
+        }
+
+        #[doc(hidden)]
+        #[derive(
+            ::rpc::__private::zerocopy::TryFromBytes,
+            ::rpc::__private::zerocopy::IntoBytes,
+            ::rpc::__private::zerocopy::KnownLayout,
+            ::rpc::__private::zerocopy::Immutable,
+            ::core::clone::Clone,
+            ::core::marker::Copy
+        )]
+        #[zerocopy(crate = "::rpc::__private::zerocopy")]
+        #[repr(C, packed)]
+        #vis struct #wire {
+            #(#wire_fields,)*
+        }
+
+        #[doc(hidden)]
+        impl #wire {
+            #(#accessors)*
+        }
+    }
+}
+
+/// Hidden codec functions on `<Trait>Service` for the variable-length methods: request
+/// length/write/read from views, response length/write/read.
+fn gen_var_codec(svc: &Service, names: &Names) -> TokenStream {
+    let service = &names.service;
+    let fns = svc.methods.iter().filter(|m| is_var(m)).map(|m| {
+        let id = m.id;
+        let shouty = &m.shouty;
+        let mut out = TokenStream::new();
+        if has_var_args(m) {
+            let wire = wire_ident(svc, m);
+            let (len_fn, write_fn, read_fn) =
+                (fn_ident(m, "req_len"), fn_ident(m, "req_write"), fn_ident(m, "req_read"));
+            let params: Vec<TokenStream> = m
+                .args
+                .iter()
+                .map(|a| {
+                    let l = local(a);
+                    let t = match a.ty.var() {
+                        Some(v) => var_view_ty(v),
+                        None => {
+                            let t = a.ty.written();
+                            quote!(#t)
+                        }
+                    };
+                    quote!(#l: #t)
+                })
+                .collect();
+            let lens = m.args.iter().filter_map(|a| {
+                let v = a.ty.var()?;
+                let l = local(a);
+                let e = var_len(v, quote!(__rpc_end), quote!(#l));
+                Some(quote!(let __rpc_end = #e;))
+            });
+            let w = format_ident!("__rpc_w");
+            let puts = m.args.iter().filter_map(|a| {
+                let v = a.ty.var()?;
+                let l = local(a);
+                let sl = format_ident!("__rpc_s_{}", a.name);
+                let e = var_put(v, &w, quote!(#l));
+                Some(quote!(let #sl = #e;))
+            });
+            let inits = m.args.iter().map(|a| {
+                let i = &a.ident;
+                let l = local(a);
+                if a.ty.var().is_some() {
+                    let sl = format_ident!("__rpc_s_{}", a.name);
+                    quote!(#i: #sl)
+                } else {
+                    let e = lower_expr(&a.ty, quote!(#l), 0);
+                    quote!(#i: #e)
+                }
+            });
+            let checks: Vec<TokenStream> = m
+                .args
+                .iter()
+                .filter(|a| a.ty.var().is_none() && !a.ty.is_identity())
+                .map(|a| {
+                    let ident = &a.ident;
+                    let raised = raise_expr(&a.ty, quote!(__rpc_fixed.#ident), 0);
+                    quote!(::core::result::Result::is_err(&#raised))
+                })
+                .collect();
+            let check = if checks.is_empty() {
+                quote!()
+            } else {
+                quote! {
+                    if #(#checks)||* {
+                        return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
+                    }
+                }
+            };
+            let reads = m.args.iter().map(|a| {
+                let l = local(a);
+                let i = &a.ident;
+                match a.ty.var() {
+                    Some(v) => {
+                        let r = var_read(v, quote!(__rpc_m), quote!(__RPC_START), quote!(__rpc_fixed.#i), id);
+                        quote!(let #l = #r?;)
+                    }
+                    None => quote!(let #l = #wire::#i(&__rpc_fixed);),
+                }
+            });
+            let locals: Vec<Ident> = m.args.iter().map(local).collect();
+            let tys = m.args.iter().map(|a| match a.ty.var() {
+                Some(v) => {
+                    let u = var_unsized(v);
+                    if v.optional {
+                        quote!(::core::option::Option<&'__rpc_m #u>)
+                    } else {
+                        quote!(&'__rpc_m #u)
+                    }
+                }
+                None => {
+                    let t = a.ty.written();
+                    quote!(#t)
+                }
+            });
+            out.extend(quote! {
+                #[doc(hidden)]
+                #[inline]
+                #[allow(clippy::too_many_arguments)]
+                pub fn #len_fn(#(#params),*) -> usize {
+                    let __rpc_end = ::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#wire>();
+                    #(#lens)*
+                    __rpc_end
+                }
+
+                #[doc(hidden)]
+                #[inline]
+                #[allow(clippy::too_many_arguments)]
+                pub fn #write_fn(__rpc_out: &mut [u8] #(, #params)*) -> usize {
+                    let mut #w = ::rpc::__private::VarWriter::new(
+                        __rpc_out,
+                        ::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#wire>(),
+                    );
+                    #(#puts)*
+                    #w.finish(#service::#shouty, 0, &#wire { #(#inits),* })
+                }
+
+                #[doc(hidden)]
+                #[inline]
+                #[allow(clippy::type_complexity)]
+                pub fn #read_fn<'__rpc_m>(
+                    __rpc_hdr: ::rpc::wire::MsgHeader,
+                    __rpc_msg: &'__rpc_m [u8],
+                ) -> ::core::result::Result<(#(#tys,)*), ::rpc::wire::WireError> {
+                    const __RPC_START: usize = ::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#wire>();
+                    let (__rpc_fixed, __rpc_m) = ::rpc::__private::decode_fixed::<#wire>(__rpc_hdr, __rpc_msg)?;
+                    #check
+                    #(#reads)*
+                    ::core::result::Result::Ok((#(#locals,)*))
+                }
+            });
+        }
+        if let Some(v) = m.ret.var() {
+            let (len_fn, write_fn, read_fn) =
+                (fn_ident(m, "resp_len"), fn_ident(m, "resp_write"), fn_ident(m, "resp_read"));
+            let view_ty = var_view_ty(v);
+            let len = var_len(v, quote!(::rpc::__private::RESPONSE_DATA_START), quote!(__rpc_ret));
+            let w = format_ident!("__rpc_w");
+            let put = var_put(v, &w, quote!(__rpc_ret));
+            let read = var_read(v, quote!(__rpc_m), quote!(::rpc::__private::RESPONSE_DATA_START), quote!(__rpc_s), id);
+            out.extend(quote! {
+                #[doc(hidden)]
+                #[inline]
+                pub fn #len_fn(__rpc_ret: #view_ty) -> usize {
+                    #len
+                }
+
+                #[doc(hidden)]
+                #[inline]
+                pub fn #write_fn(__rpc_out: &mut [u8], __rpc_ret: #view_ty) -> usize {
+                    let mut #w = ::rpc::__private::VarWriter::new(__rpc_out, ::rpc::__private::RESPONSE_DATA_START);
+                    let __rpc_s = #put;
+                    #w.finish(#service::#shouty, 0, &__rpc_s)
+                }
+
+                #[doc(hidden)]
+                #[inline]
+                pub fn #read_fn(__rpc_msg: &[u8]) -> ::core::result::Result<#view_ty, ::rpc::wire::WireError> {
+                    let (__rpc_s, __rpc_m) = ::rpc::__private::read_var_response(#id, __rpc_msg)?;
+                    #read
+                }
+            });
+        }
+        out
+    });
+    quote!(#(#fns)*)
+}
+
+/// `<Trait>Service::dispatch_raw`: decodes in place, calls the handler with borrowed
+/// arguments, encodes the result straight into the reply buffer.
+fn gen_dispatch_raw(svc: &Service, names: &Names) -> TokenStream {
+    let Names {
+        server, service, ..
+    } = names;
+    let mv = max_var(svc);
+    let arms = svc.methods.iter().map(|m| {
+        let id = m.id;
+        let ident = &m.ident;
+        let shouty = &m.shouty;
+        let locals: Vec<Ident> = m.args.iter().map(local).collect();
+        let decode = if has_var_args(m) {
+            let read_fn = fn_ident(m, "req_read");
+            quote!(let (#(#locals,)*) = #service::#read_fn(__rpc_hdr, msg)?;)
+        } else {
+            let args_ident = names.args(svc, m);
+            let checks: Vec<TokenStream> = m
+                .args
+                .iter()
+                .filter(|a| !a.ty.is_identity())
+                .map(|a| {
+                    let i = &a.ident;
+                    let raised = raise_expr(&a.ty, quote!(__rpc_args.#i), 0);
+                    quote!(::core::result::Result::is_err(&#raised))
+                })
+                .collect();
+            let check = if checks.is_empty() {
+                quote!()
+            } else {
+                quote! {
+                    if #(#checks)||* {
+                        return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
+                    }
+                }
+            };
+            let gets = m.args.iter().map(|a| {
+                let i = &a.ident;
+                let l = local(a);
+                quote!(let #l = #args_ident::#i(&__rpc_args);)
+            });
+            let bind = if m.args.is_empty() {
+                quote!(let _ = ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?;)
+            } else {
+                quote!(let __rpc_args = ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?;)
+            };
+            quote! {
+                #bind
+                #check
+                #(#gets)*
+            }
+        };
+        let call = quote!(<__RpcS as #server>::#ident(server #(, #locals)*));
+        let reply = match m.ret.var() {
+            Some(v) => {
+                let (len_fn, write_fn) = (fn_ident(m, "resp_len"), fn_ident(m, "resp_write"));
+                let view = var_view(v, quote!(__rpc_ret));
+                quote! {
+                    let __rpc_ret = #call;
+                    let __rpc_view = #view;
+                    let __rpc_len = #service::#len_fn(__rpc_view);
+                    let __rpc_cap = ::core::cmp::min(out.len(), ::rpc::__private::RESPONSE_DATA_START + #mv);
+                    if __rpc_len > __rpc_cap {
+                        return ::core::result::Result::Err(::rpc::wire::WireError::ResponseTooLarge {
+                            method_id: #id,
+                            len: __rpc_len,
+                            cap: __rpc_cap,
+                        });
+                    }
+                    ::core::result::Result::Ok(#service::#write_fn(out, __rpc_view))
+                }
+            }
+            None => {
+                let value = lower_expr(&m.ret, quote!(__rpc_ret), 0);
+                quote! {
+                    let __rpc_ret = #call;
+                    ::core::result::Result::Ok(::rpc::__private::encode(#service::#shouty, 0, &#value, out))
+                }
+            }
+        };
+        quote! {
+            #id => {
+                #decode
+                #reply
+            }
+        }
+    });
+    let d = docs(&format!(
+        "The zero-copy handler: decodes the request in `msg` in place (variable-length arguments\n\
+         are borrowed from it), calls the [`{server}`] method it names on `server`, and writes\n\
+         the response message into `out` (the transport's reply buffer); returns its length.\n\
+         Use it with `rpc::Server::serve_once_raw` or `spawn_raw`, e.g.\n\
+         `server.spawn_raw(move |msg, out| {service}::dispatch_raw(&mut state, msg, out))`.\n\
+         \n\
+         # Errors\n\
+         The `rpc::wire::WireError` of a request that does not decode (unknown method, bad\n\
+         length, invalid value, a slice outside the message, bad UTF-8, a misaligned slice), or\n\
+         `WireError::ResponseTooLarge` when a variable-length result exceeds the service's\n\
+         `max_var_bytes` or `out`: the server loop answers it with an error status and counts it."
+    ));
+    quote! {
+        #d
+        #[inline]
+        pub fn dispatch_raw<__RpcS: #server + ?::core::marker::Sized>(
+            server: &mut __RpcS,
+            msg: &[u8],
+            out: &mut [u8],
+        ) -> ::core::result::Result<usize, ::rpc::wire::WireError> {
+            let __rpc_hdr = ::rpc::__private::read_request_header(msg)?;
+            match __rpc_hdr.method_id {
+                #(#arms,)*
+                __rpc_id => {
+                    let _ = (server, out);
+                    ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_id))
+                }
+            }
+        }
+    }
+}
+
+/// The body of a blocking stub of a variable-length method: computes the request's length,
+/// writes it straight into the transport's buffer, and reads the response in place; with
+/// `lend`, the result's view is passed to that closure instead of being copied out.
+fn var_call(
+    svc: &Service,
+    names: &Names,
+    m: &Method,
+    within: bool,
+    lend: Option<TokenStream>,
+) -> TokenStream {
+    let service = &names.service;
+    let shouty = &m.shouty;
+    let id = m.id;
+    let idents: Vec<&Ident> = m.args.iter().map(|a| &a.ident).collect();
+    let (len, write) = if has_var_args(m) {
+        let (len_fn, write_fn) = (fn_ident(m, "req_len"), fn_ident(m, "req_write"));
+        (
+            quote!(#service::#len_fn(#(#idents),*)),
+            quote!(|__rpc_out: &mut [u8]| #service::#write_fn(__rpc_out #(, #idents)*)),
+        )
+    } else {
+        let args_ident = names.args(svc, m);
+        let init = struct_init(&args_ident, m);
+        (
+            quote!(::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#args_ident>()),
+            quote!(|__rpc_out: &mut [u8]| ::rpc::__private::encode(#service::#shouty, 0, &#init, __rpc_out)),
+        )
+    };
+    let read = match (m.ret.var(), lend) {
+        (Some(_), Some(f)) => {
+            let read_fn = fn_ident(m, "resp_read");
+            quote!(|__rpc_msg: &[u8]| ::core::result::Result::map(#service::#read_fn(__rpc_msg), #f))
+        }
+        (Some(v), None) => {
+            let read_fn = fn_ident(m, "resp_read");
+            let owned = var_to_owned(v, quote!(__rpc_v));
+            quote!(|__rpc_msg: &[u8]| ::core::result::Result::map(#service::#read_fn(__rpc_msg), |__rpc_v| #owned))
+        }
+        (None, _) => {
+            let lowered = lowered(&m.ret);
+            if m.ret.is_identity() {
+                quote!(|__rpc_msg: &[u8]| ::rpc::__private::decode_response::<#lowered>(#id, __rpc_msg))
+            } else {
+                let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
+                quote!(|__rpc_msg: &[u8]| {
+                    let __rpc_ret = ::rpc::__private::decode_response::<#lowered>(#id, __rpc_msg)?;
+                    ::core::result::Result::map_err(#raised, |_| ::rpc::wire::WireError::BadValue { method_id: #id })
+                })
+            }
+        }
+    };
+    let (client, timeout) = if within {
+        (quote!(self.client), quote!(self.timeout))
+    } else {
+        (quote!(self.inner), quote!(self.inner.default_deadline()))
+    };
+    quote! {
+        let __rpc_timeout = #timeout;
+        let __rpc_len = #len;
+        #client.call_raw_within(__rpc_timeout, #service::#shouty, __rpc_len, #write, #read)
     }
 }

@@ -67,6 +67,9 @@ pub struct AttrArgs {
     pub transport_written: bool,
     /// `derive(...)`: extra derives for the argument structs and the request/response enums.
     pub derives: Vec<Path>,
+    /// `max_var_bytes = N`: bytes of variable-length data per message (`None`: the runtime's
+    /// default, `rpc::varlen::DEFAULT_MAX_VAR_BYTES`).
+    pub max_var_bytes: Option<syn::LitInt>,
 }
 
 /// Parses the attribute's arguments, recording every problem in `errors`.
@@ -75,6 +78,7 @@ pub fn parse_attr(attr: TokenStream, errors: &mut Errors) -> AttrArgs {
         transport: None,
         transport_written: false,
         derives: Vec::new(),
+        max_var_bytes: None,
     };
     let metas = match syn::parse::Parser::parse2(
         Punctuated::<Meta, Token![,]>::parse_terminated,
@@ -125,6 +129,27 @@ pub fn parse_attr(attr: TokenStream, errors: &mut Errors) -> AttrArgs {
                     Err(err) => errors.push(err),
                 }
             }
+            (Some("max_var_bytes"), Meta::NameValue(nv)) => {
+                if out.max_var_bytes.is_some() {
+                    errors.error_spanned(&nv.path, "duplicate `max_var_bytes` argument");
+                    continue;
+                }
+                match &nv.value {
+                    Expr::Lit(ExprLit { lit: Lit::Int(i), .. })
+                        if i.base10_parse::<u32>().is_ok_and(|n| n > 0) =>
+                    {
+                        out.max_var_bytes = Some(i.clone())
+                    }
+                    other => errors.error_spanned(
+                        other,
+                        "`max_var_bytes` takes a positive integer below 2^32 (bytes of variable-length data per message), e.g. `max_var_bytes = 65536`",
+                    ),
+                }
+            }
+            (Some("max_var_bytes"), _) => errors.error_spanned(
+                &meta,
+                "expected `max_var_bytes = N`, e.g. `max_var_bytes = 65536`",
+            ),
             (Some("derive"), _) => errors.error_spanned(
                 &meta,
                 "expected `derive(...)` with a list of derive macros, e.g. `derive(Debug, PartialEq)`",
@@ -132,7 +157,7 @@ pub fn parse_attr(attr: TokenStream, errors: &mut Errors) -> AttrArgs {
             _ => errors.error_spanned(
                 meta.path(),
                 format!(
-                    "unknown `#[rpc_service]` argument `{}`; expected `transport = \"...\"` or `derive(...)`",
+                    "unknown `#[rpc_service]` argument `{}`; expected `transport = \"...\"`, `derive(...)` or `max_var_bytes = N`",
                     normalize_tokens(meta.path().to_token_stream())
                 ),
             ),
@@ -204,6 +229,32 @@ pub enum WireTy {
         /// `N` as written.
         len: Expr,
     },
+    /// A variable-length value (`&str`, `&[T]`, `String`, `Vec<T>`, or an `Option` of one),
+    /// sent as a `WireSlice` plus data (`rpc::varlen`). Only a whole argument or a whole
+    /// return type; never nested.
+    Var(VarTy),
+}
+
+/// A variable-length argument or return type.
+#[derive(Clone, Debug)]
+pub struct VarTy {
+    /// The whole type as written.
+    pub written: Type,
+    /// Written as `Option<..>`.
+    pub optional: bool,
+    /// Written as an owned `String`/`Vec<T>` (return types only) rather than a reference.
+    pub owned: bool,
+    /// `None`: a string (`str`); `Some(T)`: a slice of `T` (`[u8]` for bytes).
+    pub elem: Option<Type>,
+}
+
+/// Where a type appears in a signature.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Position {
+    /// An argument.
+    Arg,
+    /// The return type.
+    Ret,
 }
 
 /// The two generic types recognised by their spelling.
@@ -223,10 +274,31 @@ impl WireTy {
         if errors.count() > before { None } else { out }
     }
 
+    /// Classifies a whole argument or return type: a variable-length form
+    /// ([`WireTy::Var`]) if it is one, else as [`WireTy::classify`].
+    pub fn classify_sig(ty: &Type, pos: Position, errors: &mut Errors) -> Option<WireTy> {
+        let before = errors.count();
+        match var_form(ty, pos, errors) {
+            Some(v) if errors.count() == before => Some(WireTy::Var(v)),
+            Some(_) => None,
+            None if errors.count() > before => None,
+            None => WireTy::classify(ty, errors),
+        }
+    }
+
+    /// The variable-length form, if this is one.
+    pub fn var(&self) -> Option<&VarTy> {
+        match self {
+            WireTy::Var(v) => Some(v),
+            _ => None,
+        }
+    }
+
     /// The type as written in the trait.
     pub fn written(&self) -> &Type {
         match self {
             WireTy::Leaf(t) => t,
+            WireTy::Var(v) => &v.written,
             WireTy::Option { written, .. }
             | WireTy::Result { written, .. }
             | WireTy::Array { written, .. } => written,
@@ -237,7 +309,7 @@ impl WireTy {
     pub fn is_identity(&self) -> bool {
         match self {
             WireTy::Leaf(_) => true,
-            WireTy::Option { .. } | WireTy::Result { .. } => false,
+            WireTy::Option { .. } | WireTy::Result { .. } | WireTy::Var(_) => false,
             WireTy::Array { elem, .. } => elem.is_identity(),
         }
     }
@@ -252,8 +324,118 @@ impl WireTy {
                 err.for_each_leaf(f);
             }
             WireTy::Array { elem, .. } => elem.for_each_leaf(f),
+            WireTy::Var(v) => {
+                if let Some(e) = &v.elem {
+                    f(e)
+                }
+            }
         }
     }
+}
+
+/// The variable-length form of a whole argument or return type, or `None` (with no error
+/// recorded) when `ty` is not one; misuses of such forms record an error and return `None`.
+fn var_form(ty: &Type, pos: Position, errors: &mut Errors) -> Option<VarTy> {
+    let (optional, inner) = match ty {
+        Type::Paren(p) => return var_form(&p.elem, pos, errors),
+        Type::Group(g) => return var_form(&g.elem, pos, errors),
+        Type::Path(p) if p.qself.is_none() => match known_generic(&p.path) {
+            Some((Known::Option, args)) => (true, args[0]),
+            _ => (false, ty),
+        },
+        _ => (false, ty),
+    };
+    let inner = match inner {
+        Type::Paren(p) => &*p.elem,
+        Type::Group(g) => &*g.elem,
+        t => t,
+    };
+    let (owned, elem) = match inner {
+        Type::Reference(r) => {
+            let elem = match &*r.elem {
+                Type::Path(p) if p.qself.is_none() && p.path.is_ident("str") => None,
+                Type::Slice(s) => Some((*s.elem).clone()),
+                _ => return None,
+            };
+            if let Some(m) = &r.mutability {
+                errors.error_spanned(
+                    m,
+                    "a variable-length value is passed by shared reference: write `&str` or `&[T]` (the server gets it borrowed from the receive buffer, which it must not change)",
+                );
+                return None;
+            }
+            if let Some(lt) = r.lifetime.as_ref().filter(|l| l.ident != "_") {
+                errors.error_spanned(
+                    lt,
+                    "write the reference without a lifetime (`&str`, `&[T]`): an argument borrows from the request for the handler's call, a result from `&self`",
+                );
+                return None;
+            }
+            (false, elem)
+        }
+        Type::Path(p) if p.qself.is_none() => {
+            let segs: Vec<_> = p.path.segments.iter().collect();
+            let (last, prefix) = segs.split_last()?;
+            if prefix.iter().any(|s| !s.arguments.is_none()) {
+                return None;
+            }
+            let prefix: Vec<String> = prefix.iter().map(|s| s.ident.to_string()).collect();
+            let prefix_is = |module: &str| match prefix.as_slice() {
+                [] => p.path.leading_colon.is_none(),
+                [krate, m] => (krate == "std" || krate == "alloc") && m == module,
+                _ => false,
+            };
+            let elem = match last.ident.to_string().as_str() {
+                "String" if prefix_is("string") && last.arguments.is_none() => None,
+                "Vec" if prefix_is("vec") => match &last.arguments {
+                    PathArguments::AngleBracketed(a) if a.args.len() == 1 => match &a.args[0] {
+                        GenericArgument::Type(t) => Some(t.clone()),
+                        _ => return None,
+                    },
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            if pos == Position::Arg {
+                let (what, instead) = match &elem {
+                    None => ("`String`".to_string(), "`&str`".to_string()),
+                    Some(t) => {
+                        let t = normalize_tokens(t.to_token_stream());
+                        (format!("`Vec<{t}>`"), format!("`&[{t}]`"))
+                    }
+                };
+                errors.error_spanned(
+                    inner,
+                    format!(
+                        "{what} cannot be an `#[rpc_service]` argument: write {instead} instead (the client stub writes the borrowed bytes straight into the transport's send buffer, and the handler gets them borrowed from the receive buffer; owned values are for return types)"
+                    ),
+                );
+                return None;
+            }
+            (true, elem)
+        }
+        _ => return None,
+    };
+    if let Some(e) = &elem {
+        let before = errors.count();
+        let ok = WireTy::classify(e, errors).is_some_and(|w| w.is_identity());
+        if errors.count() > before {
+            return None;
+        }
+        if !ok {
+            errors.error_spanned(
+                e,
+                "the element type of a variable-length slice must be a fixed-size zerocopy type sent as is: `Option`/`Result` elements are not supported (use a `#[repr(C)]` struct with an explicit tag)",
+            );
+            return None;
+        }
+    }
+    Some(VarTy {
+        written: ty.clone(),
+        optional,
+        owned,
+        elem,
+    })
 }
 
 fn classify(ty: &Type, errors: &mut Errors) -> Option<WireTy> {

@@ -212,6 +212,62 @@ fn leaves_are_visited_in_order() {
     assert_eq!(leaves, ["C"]);
 }
 
+fn classify_sig(ty: TokenStream, pos: crate::parse::Position) -> Result<WireTy, String> {
+    let ty: syn::Type = syn::parse2(ty).unwrap();
+    let mut errors = Errors::default();
+    match WireTy::classify_sig(&ty, pos, &mut errors) {
+        Some(w) if errors.count() == 0 => Ok(w),
+        _ => Err(errors.finish().unwrap_err().to_string()),
+    }
+}
+
+/// Whole arguments and return types of variable length (issue 15): which forms are accepted
+/// where, and what the refusals say.
+#[test]
+fn variable_length_forms_by_position() {
+    use crate::parse::Position::{Arg, Ret};
+    for (ty, pos, optional, owned, string) in [
+        (quote!(&str), Arg, false, false, true),
+        (quote!(&[u8]), Arg, false, false, false),
+        (quote!(&'_ [u64]), Arg, false, false, false),
+        (quote!(Option<&str>), Arg, true, false, true),
+        (quote!(&[u8]), Ret, false, false, false),
+        (quote!(String), Ret, false, true, true),
+        (quote!(std::vec::Vec<u32>), Ret, false, true, false),
+        (quote!(Option<Vec<u8>>), Ret, true, true, false),
+    ] {
+        let w = classify_sig(ty.clone(), pos).unwrap_or_else(|e| panic!("{ty}: {e}"));
+        let v = w.var().unwrap_or_else(|| panic!("{ty} is variable-length"));
+        assert_eq!(
+            (v.optional, v.owned, v.elem.is_none()),
+            (optional, owned, string),
+            "{ty}"
+        );
+    }
+    for (ty, pos, says) in [
+        (quote!(String), Arg, "write `&str` instead"),
+        (quote!(Vec<u8>), Arg, "write `&[u8]` instead"),
+        (quote!(&mut [u8]), Arg, "passed by shared reference"),
+        (quote!(&'a str), Arg, "without a lifetime"),
+        (
+            quote!(Vec<Option<u8>>),
+            Ret,
+            "element type of a variable-length slice",
+        ),
+        (quote!(&u64), Arg, "a reference cannot be sent"),
+        (
+            quote!(Result<Vec<u8>, u8>),
+            Ret,
+            "a variable-length value can be a whole argument",
+        ),
+    ] {
+        let e = classify_sig(ty.clone(), pos).expect_err(&ty.to_string());
+        assert!(e.contains(says), "{ty}: {e}");
+    }
+    // Fixed-size types are classified as before.
+    assert!(classify_sig(quote!(u64), Arg).unwrap().var().is_none());
+}
+
 /// `String`, `str` and `Vec<T>` get one error each saying what to write instead (issue 17),
 /// not the raw trait-bound errors of the compile-time assertions.
 #[test]
@@ -234,8 +290,10 @@ fn variable_length_types_get_one_error_with_the_alternative() {
         );
         assert!(err.contains("use a fixed-size"), "{ty}: {err}");
         assert!(err.contains(instead), "{ty}: {err}");
-        assert!(err.contains("`&str` and `&[u8]`"), "{ty}: {err}");
-        assert!(err.contains("issue 15"), "{ty}: {err}");
+        assert!(
+            err.contains("a variable-length value can be a whole argument"),
+            "{ty}: {err}"
+        );
     }
     // Only the standard types (by name and path): these are ordinary leaf types.
     for ty in [
@@ -250,13 +308,17 @@ fn variable_length_types_get_one_error_with_the_alternative() {
     let errors = kv_errors(quote! {
         trait Kv {
             fn set(&mut self, name: String, data: Vec<u8>) -> Vec<u8>;
-            fn ok(&self, key: u64) -> u64;
+            fn ok(&self, key: u64) -> [Vec<u8>; 2];
         }
     });
+    // Owned arguments say to borrow; a `Vec` return is fine; a nested one is refused.
     assert_eq!(errors.len(), 3, "{errors:?}");
-    assert!(errors[0].starts_with("`String`"), "{errors:?}");
-    assert!(errors[1].starts_with("`Vec`"), "{errors:?}");
-    assert!(errors[2].starts_with("`Vec`"), "{errors:?}");
+    assert!(errors[0].starts_with("`String` cannot be an"), "{errors:?}");
+    assert!(
+        errors[1].starts_with("`Vec<u8>` cannot be an"),
+        "{errors:?}"
+    );
+    assert!(errors[2].starts_with("`Vec` cannot be sent"), "{errors:?}");
 }
 
 #[test]

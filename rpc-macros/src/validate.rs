@@ -72,6 +72,8 @@ pub struct Service {
     pub transport_name: String,
     /// Extra derives for the argument structs and the request/response enums.
     pub derives: Vec<Path>,
+    /// `max_var_bytes = N` as written, if given.
+    pub max_var_bytes: Option<syn::LitInt>,
     /// Methods in declaration order.
     pub methods: Vec<Method>,
 }
@@ -148,7 +150,7 @@ pub fn variable_length_msg(path: &Path) -> Option<String> {
         _ => false,
     };
     const WHY: &str = "its length is not fixed and its bytes are not stored inline, while arguments and return values are copied to the wire as fixed-size plain bytes";
-    const PLANNED: &str = "(variable-length `&str` and `&[u8]` arguments are planned: issue 15)";
+    const PLANNED: &str = "(a variable-length value can be a whole argument, `&str`, `&[T]` or an `Option` of one, or the whole return type, `String`, `Vec<T>`, `&str`, `&[T]` or an `Option` of one; not part of an array, `Result`, nested `Option` or struct)";
     let name = last.ident.to_string();
     let (what, instead) = match name.as_str() {
         "String" if prefix_is("string") && last.arguments.is_none() => (
@@ -304,6 +306,20 @@ pub fn validate(attr: AttrArgs, item: syn::ItemTrait, mut errors: Errors) -> syn
         );
     }
 
+    // A variable-length result also gets a borrowing stub `<name>_with`.
+    for m in methods.iter().filter(|m| m.ret.var().is_some()) {
+        let with = format!("{}_with", m.name);
+        if methods.iter().any(|o| o.name == with) || CLIENT_METHODS.contains(&with.as_str()) {
+            errors.error_spanned(
+                &m.ident,
+                format!(
+                    "method `{}` returns a variable-length value, so `{name}Client` gets a borrowing stub `{with}` as well, which collides with another name; rename one of them",
+                    m.name
+                ),
+            );
+        }
+    }
+
     errors.finish()?;
     let (transport, transport_name) = transport.expect("no transport error recorded");
     Ok(Service {
@@ -314,6 +330,7 @@ pub fn validate(attr: AttrArgs, item: syn::ItemTrait, mut errors: Errors) -> syn
         transport,
         transport_name,
         derives: attr.derives,
+        max_var_bytes: attr.max_var_bytes,
         methods,
     })
 }
@@ -526,7 +543,7 @@ fn check_method(
                 None
             }
         };
-        let ty = WireTy::classify(&pt.ty, errors);
+        let ty = WireTy::classify_sig(&pt.ty, crate::parse::Position::Arg, errors);
         if let Some(arg_ident) = arg_ident {
             let arg_name = arg_ident.unraw().to_string();
             if reserved_prefix(&arg_name) {
@@ -555,7 +572,10 @@ fn check_method(
 
     let (ret, ret_written) = match &sig.output {
         ReturnType::Default => (Some(WireTy::Leaf(syn::parse_quote!(()))), false),
-        ReturnType::Type(_, ty) => (WireTy::classify(ty, errors), true),
+        ReturnType::Type(_, ty) => (
+            WireTy::classify_sig(ty, crate::parse::Position::Ret, errors),
+            true,
+        ),
     };
     let ret = ret?;
     if errors.count() > errors_before {

@@ -554,6 +554,94 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         }
     }
 
+    /// Blocking call of a variable-length method ([`crate::varlen`]), used by generated stubs:
+    /// `write` writes the whole request message (header included, `len` bytes, computed by
+    /// the caller with [`crate::varlen::var_end`]) straight into the transport's send buffer,
+    /// and `read` reads the response in place, in the transport's receive buffer (it may
+    /// borrow from it: no copy), at most `timeout` after the call.
+    ///
+    /// `write` may run more than once (when the transport has no room, the call waits and
+    /// writes again), and always writes the same message.
+    ///
+    /// # Errors
+    /// [`RpcError::MessageTooLarge`] if `len` exceeds the method's largest request (its fixed
+    /// part plus the service's `max_var_bytes`): nothing was sent. Otherwise as
+    /// [`Client::call_within`], with `read`'s error reported as [`RpcError::BadResponse`] (or
+    /// [`RpcError::BadRequest`] for an error status).
+    #[inline]
+    pub fn call_raw_within<R>(
+        &mut self,
+        timeout: Duration,
+        method_id: u16,
+        len: usize,
+        mut write: impl FnMut(&mut [u8]) -> usize,
+        read: impl FnOnce(&[u8]) -> Result<R, wire::WireError>,
+    ) -> Result<R, RpcError> {
+        check_request_len::<S>(method_id, len)?;
+        let token = self.send_blocking_with(timeout, method_id, &mut write)?;
+        let mut read = Some(read);
+        let mut out: Option<Result<R, wire::WireError>> = None;
+        let backoff = Backoff::new();
+        loop {
+            let Self {
+                transport,
+                calls,
+                ready,
+                ..
+            } = self;
+            let n = transport.poll(usize::MAX, |tok, msg| {
+                if let Some(call) = calls.settle(tok) {
+                    if tok == token {
+                        if let Some(read) = read.take() {
+                            out = Some(read(msg));
+                        }
+                    } else {
+                        ready.push_back(complete::<S>(call, msg));
+                    }
+                }
+            })?;
+            if let Some(r) = out {
+                return r.map_err(|e| {
+                    RpcError::from_wire(BLOCKING_TAG, method_name::<S>(method_id), e)
+                });
+            }
+            if n == 0 {
+                let now = self.tick(token);
+                if now >= self.calls.slots[token as usize].deadline_ns {
+                    let slot = self.calls.expire(token);
+                    return Err(deadline_error::<S>(BLOCKING_TAG, &slot));
+                }
+                backoff.snooze();
+            }
+        }
+    }
+
+    /// Pipelined call of a variable-length method: `write` writes the whole request message
+    /// (`len` bytes) into the transport's send buffer; the response is decoded into
+    /// `S::Response` (owning its data) and delivered with `tag` by [`Client::poll`] /
+    /// [`Client::poll_with`].
+    ///
+    /// # Errors
+    /// [`RpcError::MessageTooLarge`] if `len` exceeds the method's largest request (nothing
+    /// was sent); otherwise as [`Client::issue_within`].
+    #[inline]
+    pub fn issue_raw_within(
+        &mut self,
+        tag: u64,
+        timeout: Duration,
+        method_id: u16,
+        len: usize,
+        write: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), RpcError> {
+        check_request_len::<S>(method_id, len)?;
+        let token = self
+            .transport
+            .send(timeout, write)
+            .map_err(|e| send_error::<S>(e, tag, method_id))?;
+        self.calls.start(token, tag, method_id, timeout);
+        Ok(())
+    }
+
     /// Pipelined call with the default deadline ([`Client::issue_within`]).
     ///
     /// # Errors
@@ -613,6 +701,9 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         req: &S::Request,
     ) -> Result<(), RpcError> {
         let method_id = S::request_method_id(req);
+        if S::DESCRIPTOR.variable {
+            check_request_len::<S>(method_id, S::request_len(req))?;
+        }
         let token = self
             .transport
             .send(timeout, |buf| S::encode_request(req, buf))
@@ -712,19 +803,29 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         })
     }
 
+    #[inline(always)]
     fn send_blocking<A: IntoBytes + Immutable>(
         &mut self,
         timeout: Duration,
         method_id: u16,
         args: &A,
     ) -> Result<u32, RpcError> {
+        self.send_blocking_with(timeout, method_id, &mut |buf: &mut [u8]| {
+            wire::encode(method_id, 0, args, buf)
+        })
+    }
+
+    #[inline(always)]
+    fn send_blocking_with(
+        &mut self,
+        timeout: Duration,
+        method_id: u16,
+        write: &mut impl FnMut(&mut [u8]) -> usize,
+    ) -> Result<u32, RpcError> {
         // The deadline for finding room to send, set at the first refusal.
         let mut deadline_ns = UNSTAMPED;
         loop {
-            match self
-                .transport
-                .send(timeout, |buf| wire::encode(method_id, 0, args, buf))
-            {
+            match self.transport.send(timeout, &mut *write) {
                 Ok(token) => {
                     self.calls.start(token, BLOCKING_TAG, method_id, timeout);
                     return Ok(token);
@@ -771,6 +872,31 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         }
         std::hint::spin_loop();
         Ok(())
+    }
+}
+
+/// The setting that bounds a variable-length request ([`RpcError::MessageTooLarge`]).
+pub const SETTING_MAX_VAR_BYTES: &str = "the service's max_var_bytes (`#[rpc_service(max_var_bytes = N)]`, default 4096) plus the method's fixed part";
+
+/// Refuses a request longer than method `method_id`'s largest one, before anything is sent.
+#[inline(always)]
+fn check_request_len<S: Service>(method_id: u16, len: usize) -> Result<(), RpcError> {
+    let cap = S::DESCRIPTOR
+        .methods
+        .get(method_id as usize)
+        .map_or(0, |m| m.request_bytes);
+    if len > cap {
+        return Err(too_large(len, cap));
+    }
+    Ok(())
+}
+
+#[cold]
+fn too_large(len: usize, cap: usize) -> RpcError {
+    RpcError::MessageTooLarge {
+        len,
+        cap,
+        setting: SETTING_MAX_VAR_BYTES,
     }
 }
 

@@ -18,6 +18,7 @@ pub mod scalerpc;
 pub mod server;
 pub mod service;
 mod tokens;
+pub mod varlen;
 pub mod wire;
 
 pub use client::{Client, ClientTransport, DEFAULT_CALLS_IN_FLIGHT};
@@ -30,6 +31,10 @@ pub use service::{ArgDescriptor, MethodDescriptor, Service, ServiceDescriptor};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::macro_support::*;
+    pub use crate::varlen::{
+        RESPONSE_DATA_START, VarWriter, WireSlice, decode_fixed, read_opt_slice, read_opt_str,
+        read_slice, read_str, read_var_response, var_end, var_end_opt,
+    };
     pub use crate::wire::{
         InvalidValue, WireOption, WireResult, decode_body, decode_response, encode, read_header,
         read_request_header,

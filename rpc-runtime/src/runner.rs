@@ -53,6 +53,7 @@ use crossbeam_utils::Backoff;
 
 use crate::server::{Server, ServerStats, ServerTransport};
 use crate::service::Service;
+use crate::wire::WireError;
 
 /// The first park of an idle [`IdlePolicy::Backoff`] server, doubled each further empty
 /// round up to `max_sleep`. 50 µs is Linux's default timer slack: a shorter park would not
@@ -223,7 +224,55 @@ impl<S: Service, T: ServerTransport + Send + 'static> Server<S, T> {
     pub fn spawn_with(
         self,
         cfg: RunnerConfig,
-        handler: impl FnMut(S::Request) -> S::Response + Send + 'static,
+        mut handler: impl FnMut(S::Request) -> S::Response + Send + 'static,
+    ) -> std::io::Result<ServerHandle<S, T>> {
+        self.spawn_loop(cfg, move |server, in_handler| {
+            server.serve_once(|req| {
+                in_handler.set(true);
+                let resp = handler(req);
+                in_handler.set(false);
+                resp
+            })
+        })
+    }
+
+    /// Serves on a new thread with a raw handler ([`Server::serve_once_raw`]: the zero-copy
+    /// path, e.g. `move |msg, out| KvService::dispatch_raw(&mut store, msg, out)`) and the
+    /// default [`RunnerConfig`], until the returned handle is stopped or dropped.
+    ///
+    /// # Panics
+    /// If the OS cannot create a thread, as [`std::thread::spawn`].
+    pub fn spawn_raw(
+        self,
+        handler: impl FnMut(&[u8], &mut [u8]) -> Result<usize, WireError> + Send + 'static,
+    ) -> ServerHandle<S, T> {
+        self.spawn_raw_with(RunnerConfig::default(), handler)
+            .expect("failed to spawn the server thread")
+    }
+
+    /// [`Server::spawn_raw`] with a configuration (idle policy, thread name).
+    ///
+    /// # Errors
+    /// The OS error if the thread cannot be created (the server is dropped).
+    pub fn spawn_raw_with(
+        self,
+        cfg: RunnerConfig,
+        mut handler: impl FnMut(&[u8], &mut [u8]) -> Result<usize, WireError> + Send + 'static,
+    ) -> std::io::Result<ServerHandle<S, T>> {
+        self.spawn_loop(cfg, move |server, in_handler| {
+            server.serve_once_raw(|msg, out| {
+                in_handler.set(true);
+                let r = handler(msg, out);
+                in_handler.set(false);
+                r
+            })
+        })
+    }
+
+    fn spawn_loop(
+        self,
+        cfg: RunnerConfig,
+        step: impl FnMut(&mut Server<S, T>, &Cell<bool>) -> usize + Send + 'static,
     ) -> std::io::Result<ServerHandle<S, T>> {
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
@@ -233,7 +282,7 @@ impl<S: Service, T: ServerTransport + Send + 'static> Server<S, T> {
         let idle = cfg.idle;
         let thread = thread::Builder::new()
             .name(name)
-            .spawn(move || run(self, handler, &st, idle))?;
+            .spawn(move || run(self, step, &st, idle))?;
         Ok(ServerHandle {
             stop,
             thread: Some(thread),
@@ -241,10 +290,11 @@ impl<S: Service, T: ServerTransport + Send + 'static> Server<S, T> {
     }
 }
 
-/// The serve loop of a [`ServerHandle`]'s thread.
+/// The serve loop of a [`ServerHandle`]'s thread: `step` runs one round (it sets the flag
+/// while the user's handler runs, so that a panic is attributed to it).
 fn run<S: Service, T: ServerTransport>(
     mut server: Server<S, T>,
-    mut handler: impl FnMut(S::Request) -> S::Response,
+    mut step: impl FnMut(&mut Server<S, T>, &Cell<bool>) -> usize,
     stop: &AtomicBool,
     policy: IdlePolicy,
 ) -> Result<Server<S, T>, RunError> {
@@ -252,12 +302,7 @@ fn run<S: Service, T: ServerTransport>(
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let mut idle = Idle::new(policy);
         while !stop.load(Ordering::Acquire) {
-            let n = server.serve_once(|req| {
-                in_handler.set(true);
-                let resp = handler(req);
-                in_handler.set(false);
-                resp
-            });
+            let n = step(&mut server, &in_handler);
             if n == 0 {
                 idle.wait();
             } else {
@@ -363,6 +408,8 @@ mod tests {
         ret_size: 8,
         request_bytes: wire::HEADER_BYTES + 8,
         response_bytes: wire::HEADER_BYTES + 8,
+        var_request: false,
+        var_response: false,
     }];
     static DESCRIPTOR: ServiceDescriptor = ServiceDescriptor::new("RunnerTest", METHODS);
 
@@ -388,6 +435,12 @@ mod tests {
         }
         fn request_method_id(_: &u64) -> u16 {
             0
+        }
+        fn request_len(_: &u64) -> usize {
+            METHODS[0].request_bytes
+        }
+        fn response_len(_: &u64) -> usize {
+            METHODS[0].response_bytes
         }
     }
 

@@ -42,6 +42,36 @@ pub trait ServerTransport {
     /// delegation ring's replies are visible as soon as they are written).
     #[inline]
     fn flush(&mut self) {}
+
+    /// Receives the next request and answers it at once: `handle(request, reply_buf)` reads
+    /// the request in place and writes the reply message into `reply_buf`, returning its
+    /// length. Returns `None` when no request is available, else the outcome of the reply
+    /// (as [`ServerTransport::reply`]).
+    ///
+    /// This is the zero-copy path of [`Server::serve_once_raw`]: a handler borrows
+    /// variable-length arguments from the request while it writes its reply. The default
+    /// implementation passes the request in place and `scratch` (at least the service's
+    /// `max_response_bytes`) as the reply buffer, then copies the reply into the transport
+    /// with [`ServerTransport::reply`]: one extra copy of the reply, needed where the reply
+    /// buffer is the request's own memory (ScaleRPC answers in the request's slot,
+    /// seeds/003 §4). Transports whose request and reply buffers are distinct override it and
+    /// let `handle` write straight into the reply buffer.
+    #[inline]
+    fn serve_next(
+        &mut self,
+        scratch: &mut [u8],
+        handle: impl FnOnce(&[u8], &mut [u8]) -> usize,
+    ) -> Option<Result<(), RpcError>> {
+        let (token, n) = {
+            let (token, msg) = self.recv()?;
+            (token, handle(msg, scratch))
+        };
+        let reply = &scratch[..n];
+        Some(self.reply(token, |out| {
+            out[..reply.len()].copy_from_slice(reply);
+            reply.len()
+        }))
+    }
 }
 
 /// Server-side counters kept by [`Server`] (the transport keeps its own).
@@ -53,12 +83,18 @@ pub struct ServerStats {
     pub bad_requests: u64,
     /// Replies (including error replies) the transport dropped.
     pub dropped_replies: u64,
+    /// Handler results too large for the reply buffer (a variable-length result over the
+    /// service's `max_var_bytes`), answered with [`wire::Status::ResponseTooLarge`].
+    pub oversized_responses: u64,
 }
 
 /// Typed server core for service `S` over transport `T`.
 pub struct Server<S: Service, T: ServerTransport> {
     transport: T,
     stats: ServerStats,
+    /// Reply staging buffer of [`ServerTransport::serve_next`]'s default implementation
+    /// (`max_response_bytes`), allocated at the first [`Server::serve_once_raw`].
+    scratch: Box<[u8]>,
     _service: std::marker::PhantomData<fn() -> S>,
 }
 
@@ -69,6 +105,7 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
         Server {
             transport,
             stats: ServerStats::default(),
+            scratch: Box::default(),
             _service: std::marker::PhantomData,
         }
     }
@@ -132,6 +169,12 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
     /// [`RpcError::ReplyDropped`] if the client is gone or the token is stale (counted).
     #[inline]
     pub fn reply(&mut self, token: T::ReplyToken, resp: &S::Response) -> Result<(), RpcError> {
+        if S::DESCRIPTOR.variable {
+            let len = S::response_len(resp);
+            if len > S::DESCRIPTOR.max_response_bytes {
+                return self.reply_too_large(token, len);
+            }
+        }
         let r = self
             .transport
             .reply(token, |buf| S::encode_response(resp, buf));
@@ -169,6 +212,78 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
         n
     }
 
+    /// One round of the zero-copy serve loop: poll, then answer every available request with
+    /// `handler(request, reply_buf)`, which decodes the request in place (variable-length
+    /// arguments borrowed from it), runs the method and writes the reply into `reply_buf`,
+    /// returning its length, or a [`wire::WireError`] for a request that does not decode (or
+    /// a result too large), which is answered here with its error status and counted. The
+    /// generated `<Trait>Service::dispatch_raw` is such a handler. Returns how many requests
+    /// were handled (bad ones excluded).
+    ///
+    /// Unlike [`Server::serve_once`], no request or response enum is built: fixed-size
+    /// arguments are read from the message, slices borrowed from it, and the result written
+    /// straight into the transport's reply buffer where the transport allows
+    /// ([`ServerTransport::serve_next`]).
+    #[inline]
+    pub fn serve_once_raw(
+        &mut self,
+        mut handler: impl FnMut(&[u8], &mut [u8]) -> Result<usize, wire::WireError>,
+    ) -> usize {
+        if self.transport.poll() == 0 {
+            return 0;
+        }
+        if self.scratch.len() < S::DESCRIPTOR.max_response_bytes {
+            self.scratch = vec![0u8; S::DESCRIPTOR.max_response_bytes].into_boxed_slice();
+        }
+        let mut n = 0;
+        loop {
+            let stats = &mut self.stats;
+            let mut ok = false;
+            let r =
+                self.transport
+                    .serve_next(&mut self.scratch, |msg, out| match handler(msg, out) {
+                        Ok(len) => {
+                            ok = true;
+                            len
+                        }
+                        Err(e) => raw_error::<S>(stats, msg, out, e),
+                    });
+            match r {
+                None => break,
+                Some(Ok(())) => {}
+                Some(Err(_)) => self.stats.dropped_replies += 1,
+            }
+            if ok {
+                self.stats.requests += 1;
+                n += 1;
+            }
+        }
+        self.transport.release();
+        self.transport.flush();
+        n
+    }
+
+    #[cold]
+    fn reply_too_large(&mut self, token: T::ReplyToken, len: usize) -> Result<(), RpcError> {
+        self.stats.oversized_responses += 1;
+        // An error status is checked before the echoed method id (`check_response_header`),
+        // so the id need not be the call's.
+        let method_id = u16::MAX;
+        tracing::debug!(
+            service = S::DESCRIPTOR.name,
+            len,
+            cap = S::DESCRIPTOR.max_response_bytes,
+            "result too large for the reply buffer"
+        );
+        let r = self.transport.reply(token, |buf| {
+            wire::encode_status(method_id, wire::Status::ResponseTooLarge, buf)
+        });
+        if r.is_err() {
+            self.stats.dropped_replies += 1;
+        }
+        r
+    }
+
     #[cold]
     fn reject(&mut self, token: T::ReplyToken, method_id: u16, e: wire::WireError) {
         self.stats.bad_requests += 1;
@@ -182,6 +297,24 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
             self.stats.dropped_replies += 1;
         }
     }
+}
+
+/// A raw handler failed on `msg`: counts it and writes the error reply into `out`.
+#[cold]
+fn raw_error<S: Service>(
+    stats: &mut ServerStats,
+    msg: &[u8],
+    out: &mut [u8],
+    e: wire::WireError,
+) -> usize {
+    if matches!(e, wire::WireError::ResponseTooLarge { .. }) {
+        stats.oversized_responses += 1;
+    } else {
+        stats.bad_requests += 1;
+    }
+    let method_id = request_method_id(msg);
+    tracing::debug!(service = S::DESCRIPTOR.name, method_id, error = %e, "rejecting request");
+    wire::encode_status(method_id, e.status(), out)
 }
 
 /// Best-effort method id of a (possibly malformed) request, echoed in error replies.

@@ -29,10 +29,18 @@ pub struct MethodDescriptor {
     pub ret_ty: &'static str,
     /// `size_of` the return type's wire (lowered) form, in bytes.
     pub ret_size: usize,
-    /// Request message size: header + argument struct, in bytes.
+    /// Largest request message: header + argument struct, in bytes; for a method with
+    /// variable-length arguments ([`crate::varlen`]), header + fixed part + the service's
+    /// `max_var_bytes`.
     pub request_bytes: usize,
-    /// Successful response message size: header + lowered return value, in bytes.
+    /// Largest successful response message: header + lowered return value, in bytes; for a
+    /// variable-length result, header + one [`crate::varlen::WireSlice`] + `max_var_bytes`.
     pub response_bytes: usize,
+    /// The request has variable-length arguments, so its length varies up to
+    /// `request_bytes` ([`crate::varlen`]).
+    pub var_request: bool,
+    /// The result is of variable length, up to `response_bytes`.
+    pub var_response: bool,
 }
 
 /// Static description of a service: its methods and a fingerprint of its schema.
@@ -51,6 +59,10 @@ pub struct ServiceDescriptor {
     /// Largest response message of any method, in bytes (at least the header, which is all an
     /// error response carries).
     pub max_response_bytes: usize,
+    /// Some method has a variable-length argument or result ([`crate::varlen`]): its messages
+    /// vary in length, so the generated request/response enums own their data and are not
+    /// `Copy`.
+    pub variable: bool,
     /// FNV-1a 64 over the service name and, per method, its id, name, argument type names
     /// and wire sizes (in order), return type name and wire size; not argument names. See
     /// [`fingerprint`] for which schema changes keep it.
@@ -62,8 +74,10 @@ impl ServiceDescriptor {
     pub const fn new(name: &'static str, methods: &'static [MethodDescriptor]) -> Self {
         let mut max_request_bytes = crate::wire::HEADER_BYTES;
         let mut max_response_bytes = crate::wire::HEADER_BYTES;
+        let mut variable = false;
         let mut i = 0;
         while i < methods.len() {
+            variable |= methods[i].var_request || methods[i].var_response;
             if methods[i].request_bytes > max_request_bytes {
                 max_request_bytes = methods[i].request_bytes;
             }
@@ -77,6 +91,7 @@ impl ServiceDescriptor {
             methods,
             max_request_bytes,
             max_response_bytes,
+            variable,
             fingerprint: fingerprint(name, methods),
         }
     }
@@ -159,19 +174,32 @@ pub const fn fingerprint(name: &str, methods: &[MethodDescriptor]) -> u64 {
 
 /// A service: implemented by `#[rpc_service]` for the generated `<Trait>Service` marker type.
 ///
-/// Requests and responses are `Copy` enums with one variant per method. Encoding writes
-/// [`crate::wire::MsgHeader`] plus the variant's zerocopy body; decoding is a validated cast.
+/// Requests and responses are enums with one variant per method (`Copy` when every method
+/// has fixed-size arguments and result). Encoding writes [`crate::wire::MsgHeader`] plus the
+/// variant's zerocopy body (and, for variable-length methods, the data area of
+/// [`crate::varlen`]); decoding is a validated cast.
 pub trait Service: 'static {
-    /// `<Trait>Request`: one variant per method, holding that method's argument struct.
-    type Request: Copy + Send + 'static;
-    /// `<Trait>Response`: one variant per method, holding its return value.
-    type Response: Copy + Send + 'static;
+    /// `<Trait>Request`: one variant per method, holding that method's arguments (the wire
+    /// struct of a fixed-size method; owned `Vec`/`String` values for variable-length ones).
+    type Request: Send + 'static;
+    /// `<Trait>Response`: one variant per method, holding its return value (owned for a
+    /// variable-length result).
+    type Response: Send + 'static;
     /// The service's descriptor.
     const DESCRIPTOR: &'static ServiceDescriptor;
 
-    /// Encodes `req` into `out` (at least `DESCRIPTOR.max_request_bytes` long); returns the
+    /// Encodes `req` into `out` (at least [`Service::request_len`] long); returns the
     /// message length in bytes.
     fn encode_request(req: &Self::Request, out: &mut [u8]) -> usize;
+
+    /// The length [`Service::encode_request`] writes for `req`, in bytes: the method's fixed
+    /// `request_bytes`, or less for a variable-length request (more if the request exceeds
+    /// the service's `max_var_bytes`: callers check it before encoding).
+    fn request_len(req: &Self::Request) -> usize;
+
+    /// The length [`Service::encode_response`] writes for `resp`, in bytes (see
+    /// [`Service::request_len`]).
+    fn response_len(resp: &Self::Response) -> usize;
 
     /// Decodes a request message.
     ///
@@ -180,8 +208,8 @@ pub trait Service: 'static {
     /// [`WireError::BadValue`].
     fn decode_request(msg: &[u8]) -> Result<Self::Request, WireError>;
 
-    /// Encodes a successful response into `out` (at least `DESCRIPTOR.max_response_bytes`
-    /// long); returns the message length in bytes.
+    /// Encodes a successful response into `out` (at least [`Service::response_len`] long);
+    /// returns the message length in bytes.
     fn encode_response(resp: &Self::Response, out: &mut [u8]) -> usize;
 
     /// Decodes the response to a call of method `method_id`.

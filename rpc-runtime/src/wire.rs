@@ -59,6 +59,10 @@ pub enum Status {
     /// A forwarder received a response it could not pass on: malformed, or larger than the
     /// caller's response slot or allowance ([`crate::delegation::forward`]).
     BadForwardedResponse = 6,
+    /// The handler's return value does not fit the reply buffer: a variable-length result
+    /// longer than the service's `max_var_bytes` or the transport's reply capacity
+    /// ([`crate::varlen`]); counted in [`crate::ServerStats::oversized_responses`].
+    ResponseTooLarge = 7,
 }
 
 impl Status {
@@ -73,6 +77,7 @@ impl Status {
             4 => Status::Truncated,
             5 => Status::Unreachable,
             6 => Status::BadForwardedResponse,
+            7 => Status::ResponseTooLarge,
             _ => return None,
         })
     }
@@ -108,6 +113,49 @@ pub enum WireError {
         /// Method id from the header.
         method_id: u16,
     },
+    /// A variable-length value's [`crate::varlen::WireSlice`] does not lie inside the
+    /// message's data area, or its length is not a whole number of elements.
+    #[error(
+        "method {method_id}: slice at offset {off}, {len} bytes, does not lie in the {msg_len}-byte message's data area"
+    )]
+    BadSlice {
+        /// Method id from the header.
+        method_id: u16,
+        /// The slice's offset from the message start, as received.
+        off: u32,
+        /// The slice's length in bytes, as received.
+        len: u32,
+        /// The message's length (header + body) in bytes.
+        msg_len: usize,
+    },
+    /// A `&[T]` value's address is not a multiple of `align_of::<T>()`.
+    #[error("method {method_id}: slice at address {addr:#x} is not aligned to {align} bytes")]
+    Misaligned {
+        /// Method id from the header.
+        method_id: u16,
+        /// `align_of::<T>()`.
+        align: usize,
+        /// The slice's address.
+        addr: usize,
+    },
+    /// A `&str` value is not valid UTF-8.
+    #[error("method {method_id}: string is not UTF-8 (valid up to byte {valid_up_to})")]
+    BadUtf8 {
+        /// Method id from the header.
+        method_id: u16,
+        /// Length of the valid UTF-8 prefix, in bytes.
+        valid_up_to: usize,
+    },
+    /// A handler's return value does not fit the reply buffer (server side).
+    #[error("method {method_id}: response of {len} bytes exceeds the {cap}-byte reply buffer")]
+    ResponseTooLarge {
+        /// Method id.
+        method_id: u16,
+        /// The response's length in bytes.
+        len: usize,
+        /// The reply buffer's capacity in bytes.
+        cap: usize,
+    },
     /// A request carried a non-zero status (only responses do): not a request.
     #[error("method {method_id}: request carries status {code} (only responses carry a status)")]
     NotARequest {
@@ -142,6 +190,7 @@ impl WireError {
             WireError::Truncated { .. } => Status::Truncated,
             WireError::UnknownMethod(_) => Status::UnknownMethod,
             WireError::BadLength { .. } => Status::BadLength,
+            WireError::ResponseTooLarge { .. } => Status::ResponseTooLarge,
             _ => Status::BadArguments,
         }
     }

@@ -959,6 +959,8 @@ pub(super) mod tests {
         ret_size: 8,
         request_bytes: wire::HEADER_BYTES + 12,
         response_bytes: wire::HEADER_BYTES + 8,
+        var_request: false,
+        var_response: false,
     }];
     static DESCRIPTOR: ServiceDescriptor = ServiceDescriptor::new("ForwardTest", METHODS);
 
@@ -984,6 +986,12 @@ pub(super) mod tests {
         }
         fn request_method_id(_: &Args) -> u16 {
             0
+        }
+        fn request_len(_: &Args) -> usize {
+            METHODS[0].request_bytes
+        }
+        fn response_len(_: &u64) -> usize {
+            METHODS[0].response_bytes
         }
     }
 

@@ -109,7 +109,7 @@ pub struct RingServer {
     /// can only belong to the position being examined).
     limit: u64,
     /// Copy of the current request's payload (`req_payload_cap` bytes).
-    scratch: Box<[u8]>,
+    scratch: crate::varlen::AlignedBuf,
     /// One bit per response slot (`client_id * resp_depth + slot`): a request was received on
     /// it and not yet answered. Guards against duplicate replies.
     pending: Box<[u64]>,
@@ -227,7 +227,7 @@ impl RingServer {
             fault: None,
             cursor: 0,
             limit: 0,
-            scratch: vec![0u8; p.req_payload_cap as usize].into_boxed_slice(),
+            scratch: crate::varlen::AlignedBuf::new(p.req_payload_cap as usize),
             pending: vec![0u64; slots.div_ceil(64)].into_boxed_slice(),
             stats: RingStats::default(),
             polls_until_clock: POLLS_PER_CLOCK_CHECK,
@@ -382,6 +382,28 @@ impl RingServer {
             }
             self.count_invalid(client_id, slot_idx, len);
         }
+    }
+
+    /// [`RingServer::recv`] and [`RingServer::reply_with`] in one step: `handle(request,
+    /// reply_buf)` reads the server's private copy of the request and writes the response
+    /// straight into the client's response slot, returning its length. `None` when no request
+    /// is available. `handle` does not run if the reply cannot be delivered (the errors of
+    /// [`RingServer::reply_with`] other than `PayloadTooLarge`).
+    #[inline]
+    pub fn recv_reply(
+        &mut self,
+        handle: impl FnOnce(&[u8], &mut [u8]) -> usize,
+    ) -> Option<Result<(), ReplyError>> {
+        let (token, len) = {
+            let e = self.recv()?;
+            (e.token, e.payload.len())
+        };
+        // Moved out for the reply (no allocation: the default is empty) so that the request
+        // can be read while `reply_with` borrows the server; `reply_with` never touches it.
+        let req = std::mem::take(&mut self.scratch);
+        let r = self.reply_with(token, |out| handle(&req[..len], out));
+        self.scratch = req;
+        Some(r)
     }
 
     /// Publishes the cursor as the new `tail` (Release), letting clients reuse the consumed

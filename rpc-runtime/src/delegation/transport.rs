@@ -255,6 +255,17 @@ impl ServerTransport for DelegationServer {
     ) -> Result<(), RpcError> {
         self.ring.reply_with(token, encode).map_err(reply_error)
     }
+
+    /// Zero copy both ways ([`RingServer::recv_reply`]): the handler reads the server's
+    /// private copy of the request and writes into the client's response slot.
+    #[inline]
+    fn serve_next(
+        &mut self,
+        _scratch: &mut [u8],
+        handle: impl FnOnce(&[u8], &mut [u8]) -> usize,
+    ) -> Option<Result<(), RpcError>> {
+        self.ring.recv_reply(handle).map(|r| r.map_err(reply_error))
+    }
 }
 
 #[cold]

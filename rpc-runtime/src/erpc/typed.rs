@@ -1486,6 +1486,8 @@ mod tests {
             ret_size: 0,
             request_bytes: 100,
             response_bytes: 5000,
+            var_request: false,
+            var_response: false,
         }];
         static S: ServiceDescriptor = ServiceDescriptor::new("S", M);
         let ok = service_config(&S, &Config::default());

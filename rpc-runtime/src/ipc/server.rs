@@ -103,7 +103,7 @@ pub struct IpcServer {
     /// reply to one call, or a forged token, never reaches the client.
     pending: Box<[u64]>,
     /// Copy of the request being handed out (a client cannot change it under the handler).
-    scratch: Box<[u8]>,
+    scratch: crate::varlen::AlignedBuf,
     stats: IpcStats,
     polls_until_clock: u32,
     next_scan: Instant,
@@ -210,7 +210,7 @@ impl IpcServer {
             ready_at: 0,
             unreleased: Vec::with_capacity(cfg.max_clients as usize),
             pending: vec![NO_TAG; cfg.max_clients as usize * cfg.depth as usize].into_boxed_slice(),
-            scratch: vec![0u8; layout.params.req_cap as usize].into_boxed_slice(),
+            scratch: crate::varlen::AlignedBuf::new(layout.params.req_cap as usize),
             stats: IpcStats::default(),
             polls_until_clock: POLLS_PER_CLOCK,
             next_scan: Instant::now() + cfg.liveness_interval,
@@ -610,5 +610,27 @@ impl ServerTransport for IpcServer {
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), RpcError> {
         self.reply_with(token, encode)
+    }
+
+    /// Zero copy both ways: the request is the server's private copy (made by `recv`, so a
+    /// client cannot change it while the handler reads it) and the reply is written straight
+    /// into the client's response slot. `handle` does not run if the reply cannot be
+    /// delivered (the errors of [`IpcServer::reply_with`]).
+    #[inline]
+    fn serve_next(
+        &mut self,
+        _scratch: &mut [u8],
+        handle: impl FnOnce(&[u8], &mut [u8]) -> usize,
+    ) -> Option<Result<(), RpcError>> {
+        let (token, len) = {
+            let (token, msg) = IpcServer::recv(self)?;
+            (token, msg.len())
+        };
+        // Moved out for the reply (no allocation: the default is empty), so the request can
+        // be read while `reply_with` borrows the server; `reply_with` never touches it.
+        let req = std::mem::take(&mut self.scratch);
+        let r = self.reply_with(token, |out| handle(&req[..len], out));
+        self.scratch = req;
+        Some(r)
     }
 }
