@@ -308,7 +308,8 @@ fn server_shutdown_fails_blocking_and_pending_calls() {
     kv.put(0, 1, 1).unwrap();
     drop(h.join().unwrap());
     let t0 = Instant::now();
-    assert!(matches!(kv.get(0, 1), Err(RpcError::ServerDisconnected)));
+    let r = kv.get(0, 1);
+    assert!(matches!(r, Err(RpcError::ServerDisconnected)), "{r:?}");
     assert!(matches!(
         kv.issue(1).get(0, 1),
         Err(RpcError::ServerDisconnected)
@@ -562,7 +563,8 @@ fn stopped_then_killed_server_process() {
     child.kill().unwrap();
     child.wait().unwrap();
     let t0 = Instant::now();
-    assert!(matches!(kv.get(0, 1), Err(RpcError::ServerDisconnected)));
+    let r = kv.get(0, 1);
+    assert!(matches!(r, Err(RpcError::ServerDisconnected)), "{r:?}");
     eprintln!(
         "ipc: call to a killed server process failed after {:?}",
         t0.elapsed()

@@ -1299,6 +1299,13 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
             pub fn transport_mut(&mut self) -> &mut __RpcT {
                 self.inner.transport_mut()
             }
+
+            /// The untyped client core (`rpc::Client`), for calls the stubs do not make,
+            /// e.g. a raw message with `rpc::Client::call_raw_within`.
+            #[inline]
+            pub fn core_mut(&mut self) -> &mut ::rpc::Client<#service, __RpcT> {
+                &mut self.inner
+            }
         }
 
         #issue_doc

@@ -37,6 +37,7 @@ pub const CLIENT_METHODS: &[&str] = &[
     "default_deadline",
     "stats",
     "zombies",
+    "core_mut",
 ];
 
 /// Traits the generated argument structs and enums always derive.

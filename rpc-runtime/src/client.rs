@@ -419,6 +419,9 @@ pub struct Client<S: Service, T: ClientTransport> {
     calls: Calls,
     ready: VecDeque<(u64, Result<S::Response, RpcError>)>,
     timeout: Duration,
+    /// Aligned copy of a variable-length response whose buffer is not 8-byte aligned
+    /// ([`crate::varlen::realign`]).
+    realigned: crate::varlen::AlignedBuf,
 }
 
 impl<S: Service, T: ClientTransport> Client<S, T> {
@@ -441,6 +444,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             calls: Calls::new(n),
             ready: VecDeque::with_capacity(n),
             timeout: DEFAULT_DEADLINE,
+            realigned: crate::varlen::AlignedBuf::default(),
         }
     }
 
@@ -527,10 +531,12 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 transport,
                 calls,
                 ready,
+                realigned,
                 ..
             } = self;
             let n = transport.poll(usize::MAX, |tok, msg| {
                 if let Some(call) = calls.settle(tok) {
+                    let msg = realign_var::<S>(msg, realigned);
                     if tok == token {
                         out = Some(wire::decode_response::<R>(method_id, msg));
                     } else {
@@ -587,10 +593,12 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 transport,
                 calls,
                 ready,
+                realigned,
                 ..
             } = self;
             let n = transport.poll(usize::MAX, |tok, msg| {
                 if let Some(call) = calls.settle(tok) {
+                    let msg = crate::varlen::realign(msg, realigned);
                     if tok == token {
                         if let Some(read) = read.take() {
                             out = Some(read(msg));
@@ -729,11 +737,15 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         }
         // Take exactly one response from the transport: nothing is buffered.
         let Self {
-            transport, calls, ..
+            transport,
+            calls,
+            realigned,
+            ..
         } = self;
         let mut done = None;
         let n = transport.poll(1, |tok, msg| {
             if let Some(call) = calls.settle(tok) {
+                let msg = realign_var::<S>(msg, realigned);
                 done = Some(complete::<S>(call, msg));
             }
         })?;
@@ -774,10 +786,14 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         }
         if self.calls.live > 0 || self.calls.zombies > 0 {
             let Self {
-                transport, calls, ..
+                transport,
+                calls,
+                realigned,
+                ..
             } = self;
             let got = transport.poll(usize::MAX, |tok, msg| {
                 if let Some(call) = calls.settle(tok) {
+                    let msg = realign_var::<S>(msg, realigned);
                     let (tag, r) = complete::<S>(call, msg);
                     f(tag, r);
                     n += 1;
@@ -852,10 +868,12 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             transport,
             calls,
             ready,
+            realigned,
             ..
         } = self;
         transport.poll(usize::MAX, |tok, msg| {
             if let Some(call) = calls.settle(tok) {
+                let msg = realign_var::<S>(msg, realigned);
                 ready.push_back(complete::<S>(call, msg));
             }
         })?;
@@ -920,6 +938,20 @@ fn deadline_error<S: Service>(tag: u64, slot: &CallSlot) -> RpcError {
         tag,
         method: method_name::<S>(slot.method_id),
         timeout: slot.timeout,
+    }
+}
+
+/// [`crate::varlen::realign`] for services with variable-length messages (a no-op for the
+/// others).
+#[inline(always)]
+fn realign_var<'a, S: Service>(
+    msg: &'a [u8],
+    scratch: &'a mut crate::varlen::AlignedBuf,
+) -> &'a [u8] {
+    if S::DESCRIPTOR.variable {
+        crate::varlen::realign(msg, scratch)
+    } else {
+        msg
     }
 }
 

@@ -95,6 +95,9 @@ pub struct Server<S: Service, T: ServerTransport> {
     /// Reply staging buffer of [`ServerTransport::serve_next`]'s default implementation
     /// (`max_response_bytes`), allocated at the first [`Server::serve_once_raw`].
     scratch: Box<[u8]>,
+    /// Aligned copy of a variable-length request whose buffer is not 8-byte aligned
+    /// ([`crate::varlen::realign`]).
+    realigned: crate::varlen::AlignedBuf,
     _service: std::marker::PhantomData<fn() -> S>,
 }
 
@@ -106,6 +109,7 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
             transport,
             stats: ServerStats::default(),
             scratch: Box::default(),
+            realigned: crate::varlen::AlignedBuf::default(),
             _service: std::marker::PhantomData,
         }
     }
@@ -140,6 +144,11 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
         loop {
             let (token, decoded) = {
                 let (token, msg) = self.transport.recv()?;
+                let msg = if S::DESCRIPTOR.variable {
+                    crate::varlen::realign(msg, &mut self.realigned)
+                } else {
+                    msg
+                };
                 (
                     token,
                     S::decode_request(msg).map_err(|e| (e, request_method_id(msg))),
@@ -238,16 +247,22 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
         let mut n = 0;
         loop {
             let stats = &mut self.stats;
+            let realigned = &mut self.realigned;
             let mut ok = false;
-            let r =
-                self.transport
-                    .serve_next(&mut self.scratch, |msg, out| match handler(msg, out) {
-                        Ok(len) => {
-                            ok = true;
-                            len
-                        }
-                        Err(e) => raw_error::<S>(stats, msg, out, e),
-                    });
+            let r = self.transport.serve_next(&mut self.scratch, |msg, out| {
+                let msg = if S::DESCRIPTOR.variable {
+                    crate::varlen::realign(msg, realigned)
+                } else {
+                    msg
+                };
+                match handler(msg, out) {
+                    Ok(len) => {
+                        ok = true;
+                        len
+                    }
+                    Err(e) => raw_error::<S>(stats, msg, out, e),
+                }
+            });
             match r {
                 None => break,
                 Some(Ok(())) => {}

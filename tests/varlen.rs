@@ -1,0 +1,320 @@
+//! Issue 15: variable-length arguments and results, end to end on every transport.
+//!
+//! One service with `&[u8]`, `&str`, `&[u64]` arguments and `Vec<u8>`, `Option<&[u8]>`
+//! results runs on delegation, ipc, copyrpc, eRPC (UDP) and ScaleRPC with the zero-copy
+//! server path (`dispatch_raw`), and on the delegation ring with the owned path
+//! (`dispatch`). Each run checks sizes 0, 1, the largest allowed and one byte over it (refused
+//! with `MessageTooLarge` before anything is sent), a result over the limit (answered with
+//! `ResponseTooLarge`), and three forged requests (bad UTF-8, a slice past the message, a
+//! misaligned `&[u64]`), each answered with `BadArguments` and counted.
+
+mod typed_common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use typed_common::connect_polling;
+
+use rpc::copyrpc::{ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer, EndpointConfig};
+use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
+use rpc::erpc::{Erpc, ErpcServer};
+use rpc::ipc::{Ipc, IpcConfig, IpcServer};
+use rpc::mlx5::sim::{Fabric, SimConfig};
+use rpc::scalerpc::{ScaleRpc, ScaleRpcAddr, ScaleRpcServer, ServerConfig};
+use rpc::varlen::WireSlice;
+use rpc::wire::{HEADER_BYTES, MsgHeader, Status};
+use rpc::{ClientTransport, RpcError, Server, ServerTransport, Service, rpc_service};
+use zerocopy::IntoBytes;
+
+/// Bytes of variable-length data per message in this service.
+const MAX: usize = 1024;
+
+#[rpc_service(
+    transport = "delegation",
+    derive(Debug, PartialEq),
+    max_var_bytes = 1024
+)]
+pub trait Blob {
+    /// Returns `data`.
+    fn echo(&self, data: &[u8]) -> Vec<u8>;
+    /// Length of `s` in bytes.
+    fn len_str(&self, s: &str) -> u64;
+    /// Sum of `w`.
+    fn sum(&self, w: &[u64]) -> u64;
+    /// The value stored under `key`, borrowed from the server's state.
+    fn get(&self, key: &str) -> Option<&[u8]>;
+    /// Stores `value` under `key`.
+    fn put(&mut self, key: &str, value: &[u8]);
+    /// `n` bytes of `7`.
+    fn fill(&self, n: u32) -> Vec<u8>;
+    /// The server's name if `who` is `None`, else `who`'s length as a string.
+    fn greet(&self, who: Option<&str>, scale: Option<u8>) -> String;
+    /// The server's name, borrowed from its state.
+    fn name(&self) -> &str;
+}
+
+struct State(HashMap<String, Vec<u8>>, String);
+
+impl BlobServer for State {
+    fn echo(&self, data: &[u8]) -> Vec<u8> {
+        data.to_vec()
+    }
+    fn len_str(&self, s: &str) -> u64 {
+        s.len() as u64
+    }
+    fn sum(&self, w: &[u64]) -> u64 {
+        w.iter().sum()
+    }
+    fn get(&self, key: &str) -> Option<&[u8]> {
+        self.0.get(key).map(|v| &v[..])
+    }
+    fn put(&mut self, key: &str, value: &[u8]) {
+        self.0.insert(key.to_string(), value.to_vec());
+    }
+    fn fill(&self, n: u32) -> Vec<u8> {
+        vec![7; n as usize]
+    }
+    fn greet(&self, who: Option<&str>, scale: Option<u8>) -> String {
+        match who {
+            Some(w) => (w.len() * usize::from(scale.unwrap_or(1))).to_string(),
+            None => self.1.clone(),
+        }
+    }
+    fn name(&self) -> &str {
+        &self.1
+    }
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+/// A forged request of method `id` with one `WireSlice` and `data` after it.
+fn forged(id: u16, s: WireSlice, data: &[u8]) -> impl FnMut(&mut [u8]) -> usize {
+    let data = data.to_vec();
+    move |out: &mut [u8]| {
+        let body = size_of::<WireSlice>() + data.len();
+        let hdr = MsgHeader {
+            method_id: id,
+            status: 0,
+            len: body as u32,
+        };
+        out[..HEADER_BYTES].copy_from_slice(hdr.as_bytes());
+        out[HEADER_BYTES..HEADER_BYTES + 8].copy_from_slice(s.as_bytes());
+        out[HEADER_BYTES + 8..HEADER_BYTES + body].copy_from_slice(&data);
+        HEADER_BYTES + body
+    }
+}
+
+/// Sends a forged request and expects the server to answer `BadArguments`.
+fn expect_bad_arguments<T: ClientTransport>(
+    c: &mut BlobClient<T>,
+    id: u16,
+    s: WireSlice,
+    data: &[u8],
+) {
+    let len = HEADER_BYTES + 8 + data.len();
+    let got = c.core_mut().call_raw_within(
+        Duration::from_secs(30),
+        id,
+        len,
+        forged(id, s, data),
+        |msg| rpc::wire::check_response_header(id, rpc::wire::read_header(msg)?),
+    );
+    match got {
+        Err(RpcError::BadRequest {
+            status: Some(Status::BadArguments),
+            ..
+        }) => {}
+        other => panic!("method {id}, {s:?}: expected BadArguments, got {other:?}"),
+    }
+}
+
+/// The scenario every transport runs; returns the number of forged requests it sent.
+fn scenario<T: ClientTransport>(c: &mut BlobClient<T>) -> u64 {
+    c.set_default_deadline(Duration::from_secs(30));
+    // Sizes 0, 1, the largest allowed.
+    for n in [0, 1, 100, MAX] {
+        let d = pattern(n);
+        assert_eq!(c.echo(&d).unwrap(), d, "echo {n} bytes");
+        assert!(c.echo_with(&d, |v| v == &d[..]).unwrap());
+    }
+    // One byte over: refused before anything is sent.
+    match c.echo(&pattern(MAX + 1)) {
+        Err(RpcError::MessageTooLarge { len, cap, setting }) => {
+            assert_eq!(
+                (len, cap),
+                (HEADER_BYTES + 8 + MAX + 1, HEADER_BYTES + 8 + MAX)
+            );
+            assert!(setting.contains("max_var_bytes"), "{setting}");
+        }
+        other => panic!("expected MessageTooLarge, got {other:?}"),
+    }
+    assert_eq!(c.len_str("").unwrap(), 0);
+    assert_eq!(c.len_str("h\u{e9}llo").unwrap(), 6);
+    let words: Vec<u64> = (0..(MAX / 8) as u64).collect();
+    assert_eq!(c.sum(&words).unwrap(), words.iter().sum::<u64>());
+    assert!(matches!(
+        c.sum(&(0..=(MAX / 8) as u64).collect::<Vec<_>>()),
+        Err(RpcError::MessageTooLarge { .. })
+    ));
+    // A result borrowed from the server's state, and `None`.
+    assert_eq!(c.get("k").unwrap(), None);
+    c.put("k", b"value").unwrap();
+    assert_eq!(c.get("k").unwrap(), Some(b"value".to_vec()));
+    assert_eq!(c.get_with("k", |v| v.map(<[u8]>::len)).unwrap(), Some(5));
+    // Optional arguments, a `String` result, a `&str` result borrowed from the server.
+    assert_eq!(c.greet(Some("abcd"), Some(3)).unwrap(), "12");
+    assert_eq!(c.greet(Some(""), None).unwrap(), "0");
+    assert_eq!(c.greet(None, None).unwrap(), "blob");
+    assert_eq!(c.name().unwrap(), "blob");
+    assert!(c.name_with(|n| n == "blob").unwrap());
+    // A result at the limit, and one byte over it.
+    assert_eq!(c.fill(MAX as u32).unwrap(), vec![7; MAX]);
+    match c.fill(MAX as u32 + 1) {
+        Err(RpcError::BadRequest {
+            status: Some(Status::ResponseTooLarge),
+            ..
+        }) => {}
+        other => panic!("expected ResponseTooLarge, got {other:?}"),
+    }
+    // Pipelined: the response owns its data.
+    c.issue(5).echo(b"pipelined").unwrap();
+    let done = loop {
+        if let Some(d) = c.poll().unwrap() {
+            break d;
+        }
+    };
+    assert_eq!(done, (5, BlobResponse::Echo(b"pipelined".to_vec())));
+    c.issue_request(6, &BlobRequest::len_str("abc")).unwrap();
+    let done = loop {
+        if let Some(d) = c.poll().unwrap() {
+            break d;
+        }
+    };
+    assert_eq!(done, (6, BlobResponse::LenStr(3)));
+    // Forged requests: bad UTF-8, a slice past the message, a misaligned `&[u64]`.
+    let start = (HEADER_BYTES + 8) as u32;
+    expect_bad_arguments(
+        c,
+        BlobService::LEN_STR,
+        WireSlice { off: start, len: 2 },
+        &[0xc3, 0x28],
+    );
+    expect_bad_arguments(
+        c,
+        BlobService::ECHO,
+        WireSlice {
+            off: start,
+            len: 1000,
+        },
+        &[1, 2, 3],
+    );
+    expect_bad_arguments(
+        c,
+        BlobService::SUM,
+        WireSlice {
+            off: start + 1,
+            len: 8,
+        },
+        &[0; 9],
+    );
+    // The server still serves.
+    assert_eq!(c.echo(b"after").unwrap(), b"after".to_vec());
+    3
+}
+
+fn run_raw<T, C>(server: Server<BlobService, T>, c: impl FnOnce() -> BlobClient<C>)
+where
+    T: ServerTransport + Send + 'static,
+    C: ClientTransport,
+{
+    let mut state = State(HashMap::new(), "blob".to_string());
+    let h = server.spawn_raw(move |msg, out| BlobService::dispatch_raw(&mut state, msg, out));
+    let mut client = c();
+    let bad = scenario(&mut client);
+    drop(client);
+    let server = h.join().unwrap();
+    assert_eq!(server.stats().bad_requests, bad, "{:?}", server.stats());
+    assert_eq!(
+        server.stats().oversized_responses,
+        1,
+        "{:?}",
+        server.stats()
+    );
+}
+
+fn shm_name(tag: &str) -> String {
+    format!("rpc-varlen-{}-{tag}", std::process::id())
+}
+
+#[test]
+fn delegation_zero_copy() {
+    let n = shm_name("deleg");
+    let server = DelegationServer::serve::<BlobService>(&n, DelegationConfig::default()).unwrap();
+    run_raw(server, || BlobClient::<Delegation>::connect(&n).unwrap());
+}
+
+/// The owned path (`recv` → `dispatch` → `reply`): requests are decoded into owned values.
+#[test]
+fn delegation_owned_dispatch() {
+    let n = shm_name("deleg-owned");
+    let server = DelegationServer::serve::<BlobService>(&n, DelegationConfig::default()).unwrap();
+    let mut state = State(HashMap::new(), "blob".to_string());
+    let h = server.spawn(move |req| BlobService::dispatch(&mut state, req));
+    let mut c = BlobClient::<Delegation>::connect(&n).unwrap();
+    let bad = scenario(&mut c);
+    drop(c);
+    let server = h.join().unwrap();
+    assert_eq!(server.stats().bad_requests, bad);
+    assert_eq!(server.stats().oversized_responses, 1);
+}
+
+#[test]
+fn ipc_zero_copy() {
+    let n = shm_name("ipc");
+    let server = IpcServer::serve::<BlobService>(&n, IpcConfig::default()).unwrap();
+    run_raw(server, || BlobClient::<Ipc>::connect(&n).unwrap());
+}
+
+#[test]
+fn copyrpc_zero_copy() {
+    let fabric = Fabric::new(SimConfig::default());
+    let mut server = CopyrpcServer::serve::<BlobService>(
+        &fabric.open(),
+        ContextConfig::default(),
+        EndpointConfig::default(),
+    )
+    .unwrap();
+    let addr = CopyrpcAddr::new(fabric.open(), server.transport().listener());
+    let c = connect_polling(&mut server, move || {
+        BlobClient::<Copyrpc>::connect(&addr).unwrap()
+    });
+    run_raw(server, || c);
+}
+
+#[test]
+fn erpc_zero_copy() {
+    let t = ErpcServer::bind("127.0.0.1:0".parse().unwrap(), BlobService::DESCRIPTOR).unwrap();
+    let addr = t.local_addr();
+    let mut server = Server::<BlobService, _>::new(t);
+    let c = connect_polling(&mut server, move || {
+        BlobClient::<Erpc>::connect(&addr).unwrap()
+    });
+    run_raw(server, || c);
+}
+
+#[test]
+fn scalerpc_zero_copy() {
+    let fabric = Fabric::new(SimConfig::default());
+    let cfg = ServerConfig {
+        max_conns: 2,
+        ..ServerConfig::default()
+    };
+    let mut server = ScaleRpcServer::serve::<BlobService>(&fabric.open(), cfg).unwrap();
+    let addr = ScaleRpcAddr::new(fabric.open(), server.transport().listener());
+    let c = connect_polling(&mut server, move || {
+        BlobClient::<ScaleRpc>::connect(&addr).unwrap()
+    });
+    run_raw(server, || c);
+}
