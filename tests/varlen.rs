@@ -139,6 +139,14 @@ fn scenario<T: ClientTransport>(c: &mut BlobClient<T>) -> u64 {
         assert_eq!(c.echo(&d).unwrap(), d, "echo {n} bytes");
         assert!(c.echo_with(&d, |v| v == &d[..]).unwrap());
     }
+    assert_eq!(
+        c.core().max_request_bytes(BlobService::ECHO),
+        HEADER_BYTES + 8 + MAX
+    );
+    assert_eq!(
+        c.core().max_response_bytes(BlobService::ECHO),
+        HEADER_BYTES + 8 + MAX
+    );
     // One byte over: refused before anything is sent.
     match c.echo(&pattern(MAX + 1)) {
         Err(RpcError::MessageTooLarge { len, cap, setting }) => {

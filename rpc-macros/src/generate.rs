@@ -1300,6 +1300,12 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
                 self.inner.transport_mut()
             }
 
+            /// The untyped client core (`rpc::Client`): counters, the limits of each method.
+            #[inline]
+            pub fn core(&self) -> &::rpc::Client<#service, __RpcT> {
+                &self.inner
+            }
+
             /// The untyped client core (`rpc::Client`), for calls the stubs do not make,
             /// e.g. a raw message with `rpc::Client::call_raw_within`.
             #[inline]

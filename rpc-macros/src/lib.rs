@@ -36,6 +36,11 @@ use proc_macro::TokenStream;
 ///   (`rpc::ipc::Ipc`, per-client shared-memory rings).
 /// - `derive(...)` (optional): extra derives for the argument structs and the request and
 ///   response enums (`Clone`, `Copy` and the zerocopy traits are always derived).
+/// - `max_var_bytes = N` (optional, default `rpc::varlen::DEFAULT_MAX_VAR_BYTES`, 4096):
+///   bytes of variable-length data (all `&[u8]`/`&str`/`&[T]` values of one request, or the
+///   variable-length result, alignment padding included) one message may carry besides its
+///   fixed part. Transports size their buffers from it and refuse at connect what they cannot
+///   carry.
 ///
 /// # Generated items (for a trait `Kv`, with the trait's visibility)
 /// - `trait KvServer`: the trait's methods, docs and attributes; the server implements it.
@@ -43,16 +48,37 @@ use proc_macro::TokenStream;
 /// - Per method, `KvGetArgs` (`{Trait}{CamelMethod}Args`): the request body, a
 ///   `#[repr(C, packed)]` zerocopy struct with one `pub` field per argument in its wire form,
 ///   and one accessor per argument returning it as written.
-/// - `enum KvRequest` (`Copy`; variants hold the argument structs; a constructor per method,
-///   `KvRequest::get(rank, key)`) and `enum KvResponse` (`Copy`; variants hold the return
-///   values as written).
+///   A method with variable-length arguments gets instead an owned `KvPutArgs` (`String`,
+///   `Vec<T>` for them; used by the request enum only) and a hidden wire struct.
+/// - `enum KvRequest` (variants hold the argument structs; a constructor per method,
+///   `KvRequest::get(rank, key)`) and `enum KvResponse` (variants hold the return values as
+///   written; a variable-length result as its owned form). Both are `Copy` unless some method
+///   is of variable length.
 /// - `struct KvService`: method-id constants (`KvService::GET`, the declaration index),
-///   `KvService::dispatch(&mut server, req) -> KvResponse`, and `impl rpc::Service` with the
-///   wire codec and the `DESCRIPTOR` (names, types, sizes, fingerprint).
+///   `KvService::dispatch(&mut server, req) -> KvResponse`,
+///   `KvService::dispatch_raw(&mut server, msg, out) -> Result<usize, WireError>` (the
+///   zero-copy handler for `Server::serve_once_raw`/`spawn_raw`: decodes in place, borrows
+///   variable-length arguments from the request, writes the result into the reply buffer),
+///   and `impl rpc::Service` with the wire codec and the `DESCRIPTOR` (names, types, sizes,
+///   fingerprint).
 /// - `struct KvClient<T: rpc::ClientTransport = Transport>`: `connect`, one blocking method
-///   per RPC (`client.get(rank, key)?`), `issue(tag)` returning `KvIssue` with one pipelined
-///   method per RPC (`client.issue(tag).get(rank, key)?`), `issue_request`, `poll`,
-///   `poll_with`, `in_flight`, `max_in_flight`, `transport`, `transport_mut`.
+///   per RPC (`client.get(rank, key)?`), for a variable-length result also a lending one
+///   (`client.get_with(key, |view| ..)?`, the result borrowed from the receive buffer),
+///   `issue(tag)` returning `KvIssue` with one pipelined method per RPC
+///   (`client.issue(tag).get(rank, key)?`), `issue_request`, `poll`, `poll_with`,
+///   `in_flight`, `max_in_flight`, `transport`, `transport_mut`, `core`, `core_mut`.
+///
+/// # Variable-length arguments and results
+/// A whole argument may be `&[u8]`, `&str`, `&[T]` (`T` a zerocopy type as below, alignment
+/// at most 8) or an `Option` of one, written without a lifetime; any number of them, in any
+/// position. The client stub writes them straight into the transport's send buffer; the
+/// handler gets them borrowed from the receive buffer (`dispatch_raw`), checked: `&str` as
+/// UTF-8, `&[T]` for bounds, alignment and valid elements (a violation is answered with
+/// `BadArguments`). The whole return type may be `Vec<T>`, `String`, `&[T]`, `&str` (borrowed
+/// from `&self`: elided lifetime) or an `Option` of one; the client gets it owned from the
+/// blocking call and borrowed from `<method>_with`. Owned `String`/`Vec<T>` arguments are
+/// refused (write `&str`/`&[T]`), and so is a variable-length type inside an array, `Result`,
+/// nested `Option` or struct, and `&mut` slices. Wire format: `rpc::varlen`.
 ///
 /// # Types
 /// Argument and return types are lowered to their wire form by how they are *written*:
@@ -65,11 +91,11 @@ use proc_macro::TokenStream;
 /// each side as raw bytes, sends the inactive side zeroed and never reads it, and validates
 /// the active side when the request or response is decoded (an invalid one is a bad request
 /// or response), so an enum without a zero variant works as `Option<E>`. References, slices, `impl Trait`, `dyn Trait`, pointers,
-/// function pointers and tuples other than `()` are rejected. So are the variable-length
-/// standard types `String`, `str` and `Vec<T>` (also written `std::string::String`,
-/// `alloc::vec::Vec<T>`, ...), each with one error on the type suggesting a fixed-size array
-/// (`[u8; N]`, `[T; N]`); variable-length `&str`/`&[u8]` arguments are planned (issue 15).
-/// The check goes by name, so a user type called `String` or `Vec` is refused too.
+/// function pointers and tuples other than `()` are rejected, except the variable-length
+/// forms above. `String`, `str` and `Vec<T>` (also written `std::string::String`,
+/// `alloc::vec::Vec<T>`, ...) anywhere else get one error on the type saying where they are
+/// allowed and suggesting a fixed-size array (`[u8; N]`, `[T; N]`). The check goes by name, so
+/// a user type called `String` or `Vec` is taken for the standard one.
 ///
 /// # Schema evolution
 /// Every transport compares the client's and the server's schema fingerprint
@@ -95,7 +121,8 @@ use proc_macro::TokenStream;
 /// patterns (`(a, b): (u32, u32)`, `_: u32`, `mut x`), duplicate argument names, methods whose
 /// generated names collide (`get_value` and `getValue`), more than 65535 methods, reserved
 /// names: the method names `connect`, `issue`, `issue_request`, `poll`, `poll_with`,
-/// `in_flight`, `max_in_flight`, `transport`, `transport_mut` (methods of `KvClient`) and
+/// `in_flight`, `max_in_flight`, `transport`, `transport_mut`, `core`, `core_mut`, ...
+/// (methods of `KvClient`), `<m>_with` when method `m` has a variable-length result, and
 /// `descriptor` (its constant would hide `Service::DESCRIPTOR`), and any identifier starting
 /// with `__rpc`.
 #[proc_macro_attribute]

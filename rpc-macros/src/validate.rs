@@ -37,6 +37,7 @@ pub const CLIENT_METHODS: &[&str] = &[
     "default_deadline",
     "stats",
     "zombies",
+    "core",
     "core_mut",
 ];
 

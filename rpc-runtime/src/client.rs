@@ -487,6 +487,26 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         self.timeout = timeout;
     }
 
+    /// The largest request of method `method_id` this client sends, in bytes (header
+    /// included): the method's fixed part, plus the service's `max_var_bytes` for a
+    /// variable-length method. The connect checked that the transport carries it; a longer
+    /// request fails with [`RpcError::MessageTooLarge`] before anything is sent. 0 for an
+    /// unknown method.
+    pub fn max_request_bytes(&self, method_id: u16) -> usize {
+        S::DESCRIPTOR
+            .method(method_id)
+            .map_or(0, |m| m.request_bytes)
+    }
+
+    /// The largest successful response of method `method_id`, in bytes (header included),
+    /// as [`Client::max_request_bytes`]; a server whose result is longer answers
+    /// [`wire::Status::ResponseTooLarge`]. 0 for an unknown method.
+    pub fn max_response_bytes(&self, method_id: u16) -> usize {
+        S::DESCRIPTOR
+            .method(method_id)
+            .map_or(0, |m| m.response_bytes)
+    }
+
     /// Counters: expired calls, late and stray responses.
     pub fn stats(&self) -> ClientStats {
         self.calls.stats
