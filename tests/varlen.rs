@@ -404,3 +404,47 @@ mod props {
         }
     }
 }
+
+/// The same trait built with a larger `max_var_bytes` (another build of the client): same
+/// schema fingerprint, but the server's slots cannot carry its largest request, so the
+/// connect is refused with `CapacityMismatch` naming the setting, before any call.
+mod bigger {
+    use super::*;
+
+    #[rpc_service(transport = "delegation", max_var_bytes = 8192)]
+    pub trait Blob {
+        fn echo(&self, data: &[u8]) -> Vec<u8>;
+        fn len_str(&self, s: &str) -> u64;
+        fn sum(&self, w: &[u64]) -> u64;
+        fn get(&self, key: &str) -> Option<&[u8]>;
+        fn put(&mut self, key: &str, value: &[u8]);
+        fn fill(&self, n: u32) -> Vec<u8>;
+        fn greet(&self, who: Option<&str>, scale: Option<u8>) -> String;
+        fn name(&self) -> &str;
+    }
+
+    #[test]
+    fn a_client_with_a_larger_limit_is_refused_at_connect() {
+        assert_eq!(
+            BlobService::DESCRIPTOR.fingerprint,
+            super::BlobService::DESCRIPTOR.fingerprint,
+            "the limit is not part of the schema: capacity is checked instead"
+        );
+        let n = shm_name("bigger");
+        let _server =
+            DelegationServer::serve::<super::BlobService>(&n, DelegationConfig::default()).unwrap();
+        match BlobClient::<Delegation>::connect(&n) {
+            Err(e @ RpcError::CapacityMismatch { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("request"), "{msg}");
+            }
+            Err(e) => panic!("expected CapacityMismatch, got {e}"),
+            Ok(_) => panic!("expected CapacityMismatch, got a client"),
+        }
+        // The other way round works: a smaller limit fits the server's slots.
+        let n2 = shm_name("smaller");
+        let _server2 =
+            DelegationServer::serve::<BlobService>(&n2, DelegationConfig::default()).unwrap();
+        assert!(super::BlobClient::<Delegation>::connect(&n2).is_ok());
+    }
+}
