@@ -755,17 +755,8 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
             }
             // The cast validates every byte except the `Option`/`Result` sides, which are
             // validated here, when active.
-            let checks: Vec<TokenStream> = m
-                .args
-                .iter()
-                .filter(|a| !a.ty.is_identity())
-                .map(|a| {
-                    let ident = &a.ident;
-                    let raised = raise_expr(&a.ty, quote!(__rpc_args.#ident), 0);
-                    quote!(::core::result::Result::is_err(&#raised))
-                })
-                .collect();
-            if checks.is_empty() {
+            let check = option_checks(m.args.iter(), quote!(__rpc_args), id);
+            if check.is_empty() {
                 quote! {
                     #id => ::core::result::Result::Ok(#request::#camel(
                         ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?,
@@ -775,9 +766,7 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
                 quote! {
                     #id => {
                         let __rpc_args = ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?;
-                        if #(#checks)||* {
-                            return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
-                        }
+                        #check
                         ::core::result::Result::Ok(#request::#camel(__rpc_args))
                     }
                 }
@@ -1754,25 +1743,7 @@ fn gen_var_codec(svc: &Service, names: &Names) -> TokenStream {
                     quote!(#i: #e)
                 }
             });
-            let checks: Vec<TokenStream> = m
-                .args
-                .iter()
-                .filter(|a| a.ty.var().is_none() && !a.ty.is_identity())
-                .map(|a| {
-                    let ident = &a.ident;
-                    let raised = raise_expr(&a.ty, quote!(__rpc_fixed.#ident), 0);
-                    quote!(::core::result::Result::is_err(&#raised))
-                })
-                .collect();
-            let check = if checks.is_empty() {
-                quote!()
-            } else {
-                quote! {
-                    if #(#checks)||* {
-                        return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
-                    }
-                }
-            };
+            let check = option_checks(m.args.iter(), quote!(__rpc_fixed), id);
             let reads = m.args.iter().map(|a| {
                 let l = local(a);
                 let i = &a.ident;
@@ -1889,25 +1860,7 @@ fn gen_dispatch_raw(svc: &Service, names: &Names) -> TokenStream {
             quote!(let (#(#locals,)*) = #service::#read_fn(__rpc_hdr, msg)?;)
         } else {
             let args_ident = names.args(svc, m);
-            let checks: Vec<TokenStream> = m
-                .args
-                .iter()
-                .filter(|a| !a.ty.is_identity())
-                .map(|a| {
-                    let i = &a.ident;
-                    let raised = raise_expr(&a.ty, quote!(__rpc_args.#i), 0);
-                    quote!(::core::result::Result::is_err(&#raised))
-                })
-                .collect();
-            let check = if checks.is_empty() {
-                quote!()
-            } else {
-                quote! {
-                    if #(#checks)||* {
-                        return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
-                    }
-                }
-            };
+            let check = option_checks(m.args.iter(), quote!(__rpc_args), id);
             let gets = m.args.iter().map(|a| {
                 let i = &a.ident;
                 let l = local(a);
@@ -2052,5 +2005,31 @@ fn var_call(
         let __rpc_timeout = #timeout;
         let __rpc_len = #len;
         #client.call_raw_within(__rpc_timeout, #service::#shouty, __rpc_len, #write, #read)
+    }
+}
+
+/// `if <some active Option/Result side of these fixed-size arguments is invalid> { return
+/// Err(BadValue) }`, reading each from `base.<arg>` (the decoded wire struct); nothing when
+/// every argument is sent as is.
+fn option_checks<'a>(
+    args: impl Iterator<Item = &'a Arg>,
+    base: TokenStream,
+    id: u16,
+) -> TokenStream {
+    let checks: Vec<TokenStream> = args
+        .filter(|a| a.ty.var().is_none() && !a.ty.is_identity())
+        .map(|a| {
+            let i = &a.ident;
+            let raised = raise_expr(&a.ty, quote!(#base.#i), 0);
+            quote!(::core::result::Result::is_err(&#raised))
+        })
+        .collect();
+    if checks.is_empty() {
+        return quote!();
+    }
+    quote! {
+        if #(#checks)||* {
+            return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
+        }
     }
 }

@@ -544,6 +544,22 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         R: TryFromBytes + KnownLayout + Immutable,
     {
         let token = self.send_blocking(timeout, method_id, args)?;
+        self.wait_response(token, method_id, |msg| {
+            wire::decode_response::<R>(method_id, msg)
+        })
+    }
+
+    /// Waits for the response of the blocking call on `token` and reads it with `read`, in
+    /// place in the transport's receive buffer; responses of other calls that arrive
+    /// meanwhile are kept for [`Client::poll`]. Ends the call at its deadline.
+    #[inline(always)]
+    fn wait_response<R>(
+        &mut self,
+        token: u32,
+        method_id: u16,
+        read: impl FnOnce(&[u8]) -> Result<R, wire::WireError>,
+    ) -> Result<R, RpcError> {
+        let mut read = Some(read);
         let mut out: Option<Result<R, wire::WireError>> = None;
         let backoff = Backoff::new();
         loop {
@@ -558,7 +574,9 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 if let Some(call) = calls.settle(tok) {
                     let msg = realign_var::<S>(msg, realigned);
                     if tok == token {
-                        out = Some(wire::decode_response::<R>(method_id, msg));
+                        if let Some(read) = read.take() {
+                            out = Some(read(msg));
+                        }
                     } else {
                         ready.push_back(complete::<S>(call, msg));
                     }
@@ -605,43 +623,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
     ) -> Result<R, RpcError> {
         check_request_len::<S>(method_id, len)?;
         let token = self.send_blocking_with(timeout, method_id, &mut write)?;
-        let mut read = Some(read);
-        let mut out: Option<Result<R, wire::WireError>> = None;
-        let backoff = Backoff::new();
-        loop {
-            let Self {
-                transport,
-                calls,
-                ready,
-                realigned,
-                ..
-            } = self;
-            let n = transport.poll(usize::MAX, |tok, msg| {
-                if let Some(call) = calls.settle(tok) {
-                    let msg = crate::varlen::realign(msg, realigned);
-                    if tok == token {
-                        if let Some(read) = read.take() {
-                            out = Some(read(msg));
-                        }
-                    } else {
-                        ready.push_back(complete::<S>(call, msg));
-                    }
-                }
-            })?;
-            if let Some(r) = out {
-                return r.map_err(|e| {
-                    RpcError::from_wire(BLOCKING_TAG, method_name::<S>(method_id), e)
-                });
-            }
-            if n == 0 {
-                let now = self.tick(token);
-                if now >= self.calls.slots[token as usize].deadline_ns {
-                    let slot = self.calls.expire(token);
-                    return Err(deadline_error::<S>(BLOCKING_TAG, &slot));
-                }
-                backoff.snooze();
-            }
-        }
+        self.wait_response(token, method_id, read)
     }
 
     /// Pipelined call of a variable-length method: `write` writes the whole request message
