@@ -8,6 +8,17 @@
 //! READ results, raw RDMA completions, error CQEs), then flush every endpoint that has
 //! something to send: each batch becomes one RDMA WRITE+IMM, fully inline up to 220 B, else
 //! a 204 B inline head plus one SGE into the send ring; one doorbell per endpoint per poll.
+//!
+//! Large messages (issue 15): [`Context::call_with`] and [`Context::reply_with`] make one
+//! size check more than the inline path needs; beyond the inline limits the message is
+//! encoded into a per-endpoint registered buffer ([`EndpointConfig::max_large_message`]
+//! bytes, at most [`EndpointConfig::large_buffers`] per direction, registered when first
+//! needed) and sent as a rendezvous descriptor. A received descriptor is checked by the
+//! core, then the flush posts an RDMA READ of it into a landing buffer (waiting, if none
+//! is free, for one to be released); its completion delivers the message (a response to
+//! `on_response`, a request to [`Context::recv`], lent until the next poll or
+//! [`Context::release_large`]) and is reported to the peer with the next batch. A
+//! failed READ is an error completion: the endpoint fails (the RC QP is in error anyway).
 
 use std::collections::VecDeque;
 

@@ -16,10 +16,15 @@ pub enum CallError<U> {
     /// `Context::recv` (not when its poll parses them), so a retry loop that only polls can
     /// wait forever on a peer that is itself stuck in such a loop: progress must include
     /// `recv` of the requests received meanwhile (as `delegation::forward` does).
+    /// Also returned when a large request (issue 15) finds every large-message send buffer
+    /// waiting for the peer to read it ([`super::Stats::large_buffers_busy`]).
     #[error("send ring full: poll and retry")]
     RingFull(U),
-    /// The payload or response allowance exceeds the endpoint's largest message
-    /// ([`super::EndpointCore::max_payload`]).
+    /// The payload or response allowance exceeds the endpoint's largest message: through a
+    /// [`super::Context`], the large-message limit ([`super::EndpointCore::large_limit`],
+    /// issue 15) or, without large messages, [`super::EndpointCore::max_payload`] and
+    /// [`super::EndpointCore::max_response_allowance`]; through a bare
+    /// [`super::EndpointCore`], the latter two.
     #[error("message larger than the endpoint's maximum payload")]
     MessageTooLarge(U),
     /// The endpoint is not connected yet.

@@ -10,6 +10,35 @@
 //! credit are checked against those sizes when the client connects, so a connected client
 //! never sends a message the server cannot take.
 //!
+//! # Large messages (issue 15)
+//! A message larger than the ring's inline limit ([`super::EndpointCore::max_payload`]:
+//! `ring_size / 4 - 44` B with the default reservation, 262 100 B on 1 MiB rings) travels by
+//! rendezvous up to [`EndpointConfig::max_large_message`] (default 8 MiB, both sides'
+//! smaller value): the sender encodes it into a registered buffer of its endpoint and sends a
+//! 16 B descriptor inline; the receiver RDMA-READs it into a buffer of its own and delivers
+//! it as usual (see [`super::encoding`] for the wire format). A service is therefore refused
+//! at connect only if a message exceeds that limit ([`RpcError::CapacityMismatch`] naming
+//! `copyrpc EndpointConfig::max_large_message`), or, with `max_large_message: 0` or rings
+//! too small for rendezvous (inline limit below 256 B), the inline limit (naming
+//! `ring_size`, as before).
+//!
+//! Costs: a service whose largest messages fit inline runs exactly as before. For a service
+//! whose largest request (response) exceeds the inline limit, every request (reply) is
+//! encoded into a large-message buffer first, because its size is known only after
+//! encoding; one that turns out to fit is copied into the ring (one extra copy of a small
+//! message), the rest go by descriptor. Such a call reserves 4 KiB of response credit
+//! instead of its largest response. Buffers are registered once per endpoint when first
+//! needed and reused (at most [`EndpointConfig::large_buffers`] per direction); the
+//! client's stash keeps `max_in_flight × max_response_bytes` bytes, so lower
+//! [`CopyrpcAddr::max_in_flight`] for megabyte responses.
+//!
+//! A large request's buffer is reused only after the server reports it read (its next
+//! batch), or once the endpoint failed (its buffers are deregistered, then unmapped). A call
+//! that expires at the client stays pending in copyrpc until its response or the endpoint's
+//! failure, so its buffer is never reused while the server may still read it. A server
+//! that never reads (or never reports) holds at most `large_buffers` of the client's
+//! buffers; further large calls get [`RpcError::WouldBlock`] until the call's deadline.
+//!
 //! # Connecting
 //! copyrpc needs no handshake message: each side creates an endpoint and hands the peer its
 //! [`EndpointInfo`] out of band (seeds/004 §3.8 "エンドポイント交換"). In one process the
