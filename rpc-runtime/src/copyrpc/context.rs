@@ -637,7 +637,7 @@ impl<U> Context<U> {
         // Room for the smallest message this can become: up to RENDEZVOUS_MIN bytes inline,
         // else at least a descriptor.
         let least = padded_message_size(max_len.min(RENDEZVOUS_MIN) as u64);
-        if let Err(r) = core.admit(credit, least, stats) {
+        if let Err(r) = core.admit_large(credit, least, stats) {
             return Err(match r {
                 Refusal::Credit => CallError::InsufficientCredit(user),
                 Refusal::Ring => CallError::RingFull(user),
@@ -803,14 +803,20 @@ impl<U> Context<U> {
             }
             _ => return Err(stale_reply(&mut self.stats)),
         }
-        if h.large_max != 0
-            && padded_message_size(max_len as u64) + FLOW_METADATA_SIZE > h.allowance
-        {
-            return self.reply_large(h, max_len, encode);
+        // The core's size check, made here: beyond the allowance, a rendezvous response if
+        // the caller accepts one (issue 15), else `TooLarge`.
+        if padded_message_size(max_len as u64) + FLOW_METADATA_SIZE > h.allowance {
+            return self.reply_beyond_allowance(h, max_len, encode);
         }
-        let r = c
-            .core
-            .reply(h.call_id, h.allowance, max_len, encode, &mut self.stats);
+        let r = c.core.reply_fit(
+            h.call_id,
+            h.allowance,
+            max_len,
+            0,
+            None,
+            encode,
+            &mut self.stats,
+        );
         Self::touch(&mut self.dirty, c, h.ep);
         r
     }
@@ -820,12 +826,18 @@ impl<U> Context<U> {
     /// inline if it turned out to fit, else sent as a descriptor.
     #[cold]
     #[inline(never)]
-    fn reply_large(
+    fn reply_beyond_allowance(
         &mut self,
         h: RecvHandle,
         max_len: u32,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), ReplyError> {
+        if h.large_max == 0 {
+            let c = &mut self.conns[h.ep as usize];
+            return c
+                .core
+                .reply(h.call_id, h.allowance, max_len, encode, &mut self.stats);
+        }
         let Context {
             conns,
             dirty,

@@ -59,6 +59,11 @@ const F_READ_DONE: u8 = 32;
 /// Flag: rendezvous descriptors received and not yet all READ-posted by the context.
 const F_RDV: u8 = 64;
 
+/// Largest ring, in bytes (2 GiB): ring offsets are `u32`, and a message length with the
+/// [`RENDEZVOUS_FLAG`] set always exceeds a batch, so `validate` sees a rendezvous message
+/// only where an inline one would be too long.
+pub const MAX_RING_SIZE: usize = 1 << 31;
+
 /// [`RecvEntry::slot`] of a request whose payload is in the receive ring.
 pub(crate) const NO_SLOT: u32 = u32::MAX;
 
@@ -279,6 +284,16 @@ pub struct EndpointCore<U> {
     state: EndpointState,
 }
 
+/// A validated batch being delivered ([`EndpointCore::deliver`]).
+struct Batch<'a> {
+    bytes: &'a [u8],
+    /// Ring offset of its first byte.
+    off: u64,
+    /// Virtual position of its first byte.
+    pos: u64,
+    count: u32,
+}
+
 /// A reply kept until it fits (a protocol-breaking peer; [`EndpointCore::reply`]).
 #[derive(Debug)]
 struct Backlogged {
@@ -316,9 +331,9 @@ impl<U> EndpointCore<U> {
         max_resp_reservation: u64,
     ) -> Result<Self, mlx5::Error> {
         for s in [send_size, recv_size] {
-            if !s.is_power_of_two() || s < 1024 {
+            if !s.is_power_of_two() || !(1024..=MAX_RING_SIZE).contains(&s) {
                 return Err(mlx5::Error::InvalidArgument(format!(
-                    "copyrpc ring size {s} bytes: must be a power of two >= 1024"
+                    "copyrpc ring size {s} bytes: must be a power of two in 1024..=2^31"
                 )));
             }
         }
@@ -550,7 +565,7 @@ impl<U> EndpointCore<U> {
     /// padded size `m` can be written now (state, credit, ring space, call ids); on refusal
     /// sets what the next flush must do (flow request, consumer READ) and counts it.
     #[inline(always)]
-    pub(crate) fn admit(&mut self, credit: u64, m: u64, stats: &mut Stats) -> Result<(), Refusal> {
+    fn admit(&mut self, credit: u64, m: u64, stats: &mut Stats) -> Result<Placement, Refusal> {
         if self.peer_credit < credit {
             stats.insufficient_credit += 1;
             if !self.credit_requested {
@@ -558,7 +573,8 @@ impl<U> EndpointCore<U> {
             }
             return Err(Refusal::Credit);
         }
-        if !self.fits(m) {
+        let p = self.place(m);
+        if self.producer + p.total - self.remote_consumer + 2 * self.resp_reservation > self.cap {
             stats.ring_full += 1;
             self.flags |= F_NEEDS_READ;
             return Err(Refusal::Ring);
@@ -566,7 +582,18 @@ impl<U> EndpointCore<U> {
         if self.pending.len() as u32 > MAX_CALL_ID {
             return Err(Refusal::Ring);
         }
-        Ok(())
+        Ok(p)
+    }
+
+    /// [`EndpointCore::admit`] for the context's large path, which checks before encoding.
+    #[inline]
+    pub(crate) fn admit_large(
+        &mut self,
+        credit: u64,
+        m: u64,
+        stats: &mut Stats,
+    ) -> Result<(), Refusal> {
+        self.admit(credit, m, stats).map(|_| ())
     }
 
     /// Whether a request of padded size `m` keeps `in_flight + 2R <= C` if written now.
@@ -598,13 +625,11 @@ impl<U> EndpointCore<U> {
             return Err(self.not_usable(user));
         }
         let m = padded_message_size(max_len as u64);
-        if let Err(r) = self.admit(credit, m, stats) {
-            return Err(match r {
-                Refusal::Credit => CallError::InsufficientCredit(user),
-                Refusal::Ring => CallError::RingFull(user),
-            });
-        }
-        let p = self.place(m);
+        let p = match self.admit(credit, m, stats) {
+            Ok(p) => p,
+            Err(Refusal::Credit) => return Err(CallError::InsufficientCredit(user)),
+            Err(Refusal::Ring) => return Err(CallError::RingFull(user)),
+        };
         let entry = self.pending.vacant_entry();
         let call_id = entry.key() as u32;
         entry.insert(Pending {
@@ -1134,12 +1159,13 @@ impl<U> EndpointCore<U> {
         if meta.reads_done as usize > self.tx_outstanding.len() {
             return Err(ProtocolError::BadReadsDone);
         }
+        let mut rdv = 0;
         if meta.is_wrap() {
             if off + delta != size {
                 return Err(ProtocolError::BadWrap);
             }
         } else {
-            self.validate(batch, meta.message_count)?;
+            rdv = self.validate(batch, meta.message_count)?;
         }
         // Accepted: apply, then deliver.
         self.recv_producer = pos + delta;
@@ -1157,12 +1183,63 @@ impl<U> EndpointCore<U> {
         if meta.is_wrap() {
             self.last_recv_pos = pos + delta;
         } else {
+            let at = Batch {
+                bytes: batch,
+                off,
+                pos,
+                count: meta.message_count,
+            };
+            let duplicate = if rdv == 0 {
+                self.deliver::<false>(&at, ep, queue, stats, on_response)
+            } else {
+                self.deliver_with_rendezvous(&at, ep, queue, stats, on_response)
+            };
+            self.last_recv_pos = pos + delta;
+            if let Some(id) = duplicate {
+                return Err(ProtocolError::UnknownCallId(id));
+            }
+        }
+        if self.unreceived == 0 {
+            self.release_to(self.last_recv_pos);
+        }
+        Ok(())
+    }
+
+    /// [`EndpointCore::deliver`] of a batch holding rendezvous messages, out of line.
+    #[cold]
+    #[inline(never)]
+    fn deliver_with_rendezvous(
+        &mut self,
+        b: &Batch<'_>,
+        ep: u32,
+        queue: &mut VecDeque<RecvEntry>,
+        stats: &mut Stats,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) -> Option<u32> {
+        self.deliver::<true>(b, ep, queue, stats, on_response)
+    }
+
+    /// Delivers the messages of a validated batch in order: responses to `on_response`,
+    /// requests to `queue`, rendezvous messages (only looked for if `RDV`) to
+    /// [`EndpointCore::ingest_rendezvous`]. Returns the id of a second response to one call
+    /// within the batch, if any.
+    #[inline(always)]
+    fn deliver<const RDV: bool>(
+        &mut self,
+        b: &Batch<'_>,
+        ep: u32,
+        queue: &mut VecDeque<RecvEntry>,
+        stats: &mut Stats,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) -> Option<u32> {
+        let (batch, off, pos) = (b.bytes, b.off, b.pos);
+        let mut duplicate = None;
+        {
             let mut cur = META as usize;
-            let mut duplicate = None;
-            for _ in 0..meta.message_count {
+            for _ in 0..b.count {
                 let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
                 let body = cur + HEADER_SIZE;
-                if h.payload_len & RENDEZVOUS_FLAG != 0 {
+                if RDV && h.payload_len & RENDEZVOUS_FLAG != 0 {
                     // `validate` checked the descriptor's flags and length.
                     let d = batch[body..body + DESCRIPTOR_SIZE].try_into().expect("16");
                     if let Err(id) = self.ingest_rendezvous(h, Descriptor::read(d), stats) {
@@ -1204,39 +1281,37 @@ impl<U> EndpointCore<U> {
                 }
                 cur = next;
             }
-            self.last_recv_pos = pos + delta;
-            if let Some(id) = duplicate {
-                return Err(ProtocolError::UnknownCallId(id));
-            }
         }
-        if self.unreceived == 0 {
-            self.release_to(self.last_recv_pos);
-        }
-        Ok(())
+        duplicate
     }
 
     /// Checks a batch's messages: count, lengths within the batch, exact fill (no trailing
     /// bytes), response ids naming pending calls and within their allowance, request
     /// allowances within the credit granted.
-    fn validate(&self, batch: &[u8], count: u32) -> Result<(), ProtocolError> {
+    /// Returns the number of rendezvous messages.
+    fn validate(&self, batch: &[u8], count: u32) -> Result<u32, ProtocolError> {
         let mut cur = META as usize;
         let mut spent = 0u64;
+        let mut rdv = 0;
         for _ in 0..count {
             if cur + HEADER_SIZE > batch.len() {
                 return Err(ProtocolError::BadCount);
             }
             let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
-            if h.payload_len & RENDEZVOUS_FLAG != 0 {
+            let padded = padded_message_size(h.payload_len as u64) as usize;
+            if padded > batch.len() - cur {
+                // A length with the rendezvous flag always gets here (rings are at most
+                // 2 GiB), so the inline path pays no extra test for it.
+                if h.payload_len & RENDEZVOUS_FLAG == 0 {
+                    return Err(ProtocolError::BadLength);
+                }
                 spent += self.validate_rendezvous(h, &batch[cur..])?;
                 if spent > self.unused_grant {
                     return Err(ProtocolError::BadCredit);
                 }
+                rdv += 1;
                 cur += padded_message_size(DESCRIPTOR_SIZE as u64) as usize;
                 continue;
-            }
-            let padded = padded_message_size(h.payload_len as u64) as usize;
-            if padded > batch.len() - cur {
-                return Err(ProtocolError::BadLength);
             }
             if is_response(h.call_id) {
                 match self.pending.get(from_response_id(h.call_id) as usize) {
@@ -1262,7 +1337,7 @@ impl<U> EndpointCore<U> {
         if cur != batch.len() {
             return Err(ProtocolError::BadCount);
         }
-        Ok(())
+        Ok(rdv)
     }
 
     /// Checks a rendezvous message (header `h`, `rest` the batch from its header on):
