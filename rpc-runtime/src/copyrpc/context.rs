@@ -35,7 +35,7 @@ use super::encoding::{
     RENDEZVOUS_MIN, internal_allowance, padded_message_size,
 };
 use super::endpoint::{
-    Emit, EndpointCore, EndpointState, NO_SLOT, RdvKind, RecvEntry, Refusal, cqe_delta,
+    ENTRY_LARGE_RESP, Emit, EndpointCore, EndpointState, RdvKind, RecvEntry, Refusal, cqe_delta,
 };
 use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupError};
 use super::info::EndpointInfo;
@@ -238,6 +238,9 @@ struct Conn<U> {
     tx_pool: Pool,
     /// Large-message landing buffers of our READs (LOCAL_WRITE).
     rx_pool: Pool,
+    /// Landing buffers whose request bytes `recv` lent out; freed at this endpoint's next
+    /// flush (every poll) or by [`Context::release_large`].
+    lent: Vec<u32>,
     core: EndpointCore<U>,
     remote: Remote,
     fingerprint: u64,
@@ -268,21 +271,29 @@ pub struct RecvHandle {
     pub allowance: u64,
     /// Entry in the endpoint's table of unanswered requests.
     slot: u32,
-    /// Sequence number of this request on its endpoint (tells a reused slot apart).
+    /// Sequence number of this request on its endpoint (31 bits, tells a reused slot
+    /// apart), with [`HANDLE_LARGE`] set if the caller accepts a rendezvous response (kept
+    /// in this field so that the handle stays 24 bytes).
     seq: u32,
-    /// Largest response sent by rendezvous if the caller accepts one, else 0.
-    large_max: u32,
 }
 
+/// Bit of [`RecvHandle`]'s sequence number: the caller accepts a rendezvous response.
+const HANDLE_LARGE: u32 = 1 << 31;
+
 impl RecvHandle {
-    /// Largest response payload this request accepts, in bytes: what its allowance covers
-    /// inline, or the connection's large-message limit if the caller accepts a rendezvous
-    /// response (issue 15).
+    /// Largest response payload this request's allowance covers inline, in bytes. If the
+    /// caller accepts a rendezvous response ([`RecvHandle::accepts_large`]), responses up to
+    /// the connection's large-message limit are accepted too ([`Context::max_response`]).
     pub fn max_response(&self) -> usize {
-        let inline = (self.allowance.saturating_sub(
+        (self.allowance.saturating_sub(
             super::encoding::FLOW_METADATA_SIZE + super::encoding::HEADER_SIZE as u64,
-        )) as usize;
-        inline.max(self.large_max as usize)
+        )) as usize
+    }
+
+    /// Whether the caller accepts a response sent by rendezvous (issue 15): its allowance
+    /// exceeded the inline limit.
+    pub fn accepts_large(&self) -> bool {
+        self.seq & HANDLE_LARGE != 0
     }
 }
 
@@ -298,9 +309,9 @@ pub struct Context<U> {
     /// (keeping those that stay dirty), so it is not reallocated once warm.
     dirty: Vec<EndpointId>,
     recv_queue: VecDeque<RecvEntry>,
-    /// Large-message landing buffers whose request bytes `recv` lent out; freed at the next
-    /// [`Context::poll`] or [`Context::release_large`].
-    lent: Vec<(EndpointId, u32)>,
+    /// Landing buffers lent out by `recv` since the last [`Context::release_large`] (a
+    /// hint: the flush of their endpoint may have freed them already).
+    lent: u32,
     srq: Srq,
     send_cq: Cq,
     recv_cq: Cq,
@@ -336,7 +347,7 @@ impl<U> Context<U> {
             by_qpn: FastMap::new(),
             dirty: Vec::with_capacity(16),
             recv_queue: VecDeque::with_capacity(1024),
-            lent: Vec::new(),
+            lent: 0,
             srq,
             send_cq,
             recv_cq,
@@ -411,6 +422,7 @@ impl<U> Context<U> {
                 cfg.large_buffers,
                 Access::LOCAL_WRITE,
             ),
+            lent: Vec::new(),
             core,
             remote: Remote::default(),
             fingerprint: cfg.fingerprint,
@@ -712,7 +724,7 @@ impl<U> Context<U> {
         let e = loop {
             let e = self.recv_queue.pop_front()?;
             let c = &mut self.conns[e.ep as usize];
-            if e.slot == NO_SLOT {
+            if e.end != 0 {
                 c.core.received(&e);
             }
             Self::touch(&mut self.dirty, c, e.ep);
@@ -721,28 +733,27 @@ impl<U> Context<U> {
             }
         };
         let c = &mut self.conns[e.ep as usize];
-        let seq = c.recv_seq;
-        c.recv_seq = seq.wrapping_add(1);
+        let seq = c.recv_seq & !HANDLE_LARGE | (e.allowance >> 32) as u32 & HANDLE_LARGE;
+        c.recv_seq = c.recv_seq.wrapping_add(1);
         let slot = c.answering.insert((e.call_id, seq)) as u32;
         let h = RecvHandle {
             ep: e.ep,
             call_id: e.call_id,
-            allowance: e.allowance,
+            allowance: e.allowance & !ENTRY_LARGE_RESP,
             slot,
             seq,
-            large_max: if e.large_resp {
-                c.core.large_limit()
-            } else {
-                0
-            },
         };
-        if e.slot != NO_SLOT {
-            // A request read by rendezvous: lent until the next poll or `release_large`.
-            self.lent.push((e.ep, e.slot));
+        if e.end == 0 {
+            // A request read by rendezvous: lent until the endpoint's next flush or
+            // `release_large`.
+            c.lent.push(e.off);
+            c.core.set_lent();
+            Self::touch(&mut self.dirty, c, e.ep);
+            self.lent += 1;
             let c = &self.conns[e.ep as usize];
             // SAFETY: the READ into this landing buffer completed; it is not reused before
             // the next `&mut self` call frees it.
-            return Some((h, unsafe { c.rx_pool.bytes(e.slot, e.len as usize) }));
+            return Some((h, unsafe { c.rx_pool.bytes(e.off, e.len as usize) }));
         }
         // SAFETY: `e` came from this endpoint's ingest; its bytes stay unwritten until the
         // peer learns of the release, which happens at the next flush, after this borrow.
@@ -752,16 +763,41 @@ impl<U> Context<U> {
     }
 
     /// Frees the large-message landing buffers of requests [`Context::recv`] handed out
-    /// (done by every [`Context::poll`] too), so that waiting rendezvous READs can use them.
+    /// (the flush of every [`Context::poll`] does it too), so that waiting rendezvous READs
+    /// can use them. Costs nothing unless some were lent.
     pub fn release_large(&mut self) {
-        for (ep, slot) in self.lent.drain(..) {
-            let c = &mut self.conns[ep as usize];
-            if c.core.state() == EndpointState::Connected && (slot as usize) < c.rx_pool.bufs.len()
-            {
-                c.rx_pool.free.push(slot);
-                Self::touch(&mut self.dirty, c, ep);
+        if self.lent == 0 {
+            return;
+        }
+        self.lent = 0;
+        for c in &mut self.conns {
+            if !c.lent.is_empty() {
+                c.core.take_lent();
+                Self::return_lent(c);
             }
         }
+    }
+
+    /// Puts the landing buffers lent by `recv` back in the free list (those of a failed
+    /// endpoint are gone with its pool).
+    #[cold]
+    fn return_lent(c: &mut Conn<U>) {
+        if c.core.state() == EndpointState::Connected {
+            c.rx_pool.free.append(&mut c.lent);
+        }
+        c.lent.clear();
+    }
+
+    /// Largest response payload request `h` accepts, in bytes: what its allowance covers
+    /// inline, or the connection's large-message limit if the caller accepts a rendezvous
+    /// response (issue 15). 0 for an unknown endpoint.
+    pub fn max_response(&self, h: &RecvHandle) -> usize {
+        let large = match self.conns.get(h.ep as usize) {
+            Some(c) if h.accepts_large() => c.core.large_limit() as usize,
+            Some(_) => 0,
+            None => return 0,
+        };
+        h.max_response().max(large)
     }
 
     /// Requests parsed and not yet taken by [`Context::recv`].
@@ -832,7 +868,7 @@ impl<U> Context<U> {
         max_len: u32,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), ReplyError> {
-        if h.large_max == 0 {
+        if !h.accepts_large() || self.conns[h.ep as usize].core.large_limit() == 0 {
             let c = &mut self.conns[h.ep as usize];
             return c
                 .core
@@ -864,10 +900,11 @@ impl<U> Context<U> {
         if c.core.state() != EndpointState::Connected {
             return Err(ReplyError::Failed);
         }
-        if max_len > h.large_max {
+        let large = c.core.large_limit();
+        if max_len > large {
             return Err(ReplyError::TooLarge {
                 len: max_len as usize,
-                allowance: h.max_response(),
+                allowance: large as usize,
             });
         }
         let slot = match c.core.tx_free.pop() {
@@ -935,9 +972,6 @@ impl<U> Context<U> {
         &mut self,
         mut on_response: impl FnMut(U, Result<&[u8], EndpointFailure>),
     ) -> usize {
-        if !self.lent.is_empty() {
-            self.release_large();
-        }
         let Context {
             conns,
             by_qpn,
@@ -1000,6 +1034,7 @@ impl<U> Context<U> {
         // READ the NIC still runs on them fails instead of touching freed memory).
         c.tx_pool.clear();
         c.rx_pool.clear();
+        c.lent.clear();
     }
 
     #[inline(always)]
@@ -1119,7 +1154,10 @@ impl<U> Context<U> {
                     }
                 }
             }
-            if c.core.rdv_waiting() {
+            if c.core.large_work() {
+                if c.core.take_lent() {
+                    Self::return_lent(c);
+                }
                 posted |= Self::post_large_reads(&self.device, &self.pd, &mut self.stats, c);
             }
             if c.core.needs_read() && !c.read_outstanding && c.core.emits.is_empty() {
@@ -1299,12 +1337,10 @@ impl<U> Context<U> {
             } => recv_queue.push_back(RecvEntry {
                 ep,
                 call_id,
-                allowance,
-                off: 0,
+                allowance: allowance | if large_resp { ENTRY_LARGE_RESP } else { 0 },
+                off: r.slot,
                 len: r.desc.len,
                 end: 0,
-                large_resp,
-                slot: r.slot,
             }),
         }
     }

@@ -58,14 +58,17 @@ const F_UNPUBLISHED: u8 = 16;
 const F_READ_DONE: u8 = 32;
 /// Flag: rendezvous descriptors received and not yet all READ-posted by the context.
 const F_RDV: u8 = 64;
+/// Flag: the context lent landing buffers of this endpoint to `recv` (freed at the flush).
+const F_LENT: u8 = 128;
 
 /// Largest ring, in bytes (2 GiB): ring offsets are `u32`, and a message length with the
 /// [`RENDEZVOUS_FLAG`] set always exceeds a batch, so `validate` sees a rendezvous message
 /// only where an inline one would be too long.
 pub const MAX_RING_SIZE: usize = 1 << 31;
 
-/// [`RecvEntry::slot`] of a request whose payload is in the receive ring.
-pub(crate) const NO_SLOT: u32 = u32::MAX;
+/// Bit of [`RecvEntry::allowance`] set when the caller accepts a rendezvous response (the
+/// allowance itself is below 2^37: 32 B units in 31 bits).
+pub(crate) const ENTRY_LARGE_RESP: u64 = 1 << 63;
 
 /// One RDMA WRITE+IMM to perform: `len` bytes from send position `start` to the same
 /// position in the peer's receive ring, with immediate [`Emit::imm`].
@@ -94,19 +97,18 @@ pub(crate) struct RecvEntry {
     pub ep: u32,
     /// The caller's call id.
     pub call_id: u32,
-    /// Credit the caller reserved for the response ([`internal_allowance`] bytes).
+    /// Credit the caller reserved for the response ([`internal_allowance`] bytes), with
+    /// [`ENTRY_LARGE_RESP`] set if the caller accepts a rendezvous response.
     pub allowance: u64,
-    /// Ring offset of the payload.
+    /// Ring offset of the payload; for a request read by rendezvous (`end == 0`), the
+    /// context's landing buffer holding it at offset 0 (issue 15).
     pub off: u32,
     /// Payload bytes.
     pub len: u32,
-    /// Virtual position just after the message.
+    /// Virtual position just after the message (never 0); 0 for a request read by
+    /// rendezvous, which occupies no ring bytes. (The flags live in existing fields so that
+    /// the entry stays 32 bytes on the inline path.)
     pub end: u64,
-    /// The caller accepts a rendezvous response ([`LARGE_RESPONSE_FLAG`]).
-    pub large_resp: bool,
-    /// [`NO_SLOT`]: the payload is in the receive ring at `off`; else it was RDMA-READ into
-    /// this large-message buffer of the context (issue 15), at offset 0.
-    pub slot: u32,
 }
 
 /// What a received rendezvous descriptor is for.
@@ -695,10 +697,25 @@ impl<U> EndpointCore<U> {
         self.flags |= F_READ_DONE;
     }
 
-    /// Whether received descriptors still wait for their READ to be posted.
+    /// Whether the flush has large-message work: landing buffers to take back from `recv`
+    /// or descriptors whose READ is not posted yet (one flag test).
     #[inline(always)]
-    pub(crate) fn rdv_waiting(&self) -> bool {
-        self.has(F_RDV)
+    pub(crate) fn large_work(&self) -> bool {
+        self.has(F_RDV | F_LENT)
+    }
+
+    /// The context lent a landing buffer of this endpoint (see [`F_LENT`]).
+    #[inline]
+    pub(crate) fn set_lent(&mut self) {
+        self.flags |= F_LENT;
+    }
+
+    /// Takes the lent flag: whether landing buffers were lent since the last call.
+    #[inline]
+    pub(crate) fn take_lent(&mut self) -> bool {
+        let lent = self.has(F_LENT);
+        self.flags &= !F_LENT;
+        lent
     }
 
     /// Every received descriptor has its READ posted.
@@ -1159,13 +1176,12 @@ impl<U> EndpointCore<U> {
         if meta.reads_done as usize > self.tx_outstanding.len() {
             return Err(ProtocolError::BadReadsDone);
         }
-        let mut rdv = 0;
         if meta.is_wrap() {
             if off + delta != size {
                 return Err(ProtocolError::BadWrap);
             }
         } else {
-            rdv = self.validate(batch, meta.message_count)?;
+            self.validate(batch, meta.message_count)?;
         }
         // Accepted: apply, then deliver.
         self.recv_producer = pos + delta;
@@ -1189,11 +1205,7 @@ impl<U> EndpointCore<U> {
                 pos,
                 count: meta.message_count,
             };
-            let duplicate = if rdv == 0 {
-                self.deliver::<false>(&at, ep, queue, stats, on_response)
-            } else {
-                self.deliver_with_rendezvous(&at, ep, queue, stats, on_response)
-            };
+            let duplicate = self.deliver(&at, ep, queue, stats, on_response);
             self.last_recv_pos = pos + delta;
             if let Some(id) = duplicate {
                 return Err(ProtocolError::UnknownCallId(id));
@@ -1205,26 +1217,11 @@ impl<U> EndpointCore<U> {
         Ok(())
     }
 
-    /// [`EndpointCore::deliver`] of a batch holding rendezvous messages, out of line.
-    #[cold]
-    #[inline(never)]
-    fn deliver_with_rendezvous(
-        &mut self,
-        b: &Batch<'_>,
-        ep: u32,
-        queue: &mut VecDeque<RecvEntry>,
-        stats: &mut Stats,
-        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
-    ) -> Option<u32> {
-        self.deliver::<true>(b, ep, queue, stats, on_response)
-    }
-
     /// Delivers the messages of a validated batch in order: responses to `on_response`,
-    /// requests to `queue`, rendezvous messages (only looked for if `RDV`) to
-    /// [`EndpointCore::ingest_rendezvous`]. Returns the id of a second response to one call
-    /// within the batch, if any.
+    /// requests to `queue`, rendezvous messages to [`EndpointCore::ingest_rendezvous`].
+    /// Returns the id of a second response to one call within the batch, if any.
     #[inline(always)]
-    fn deliver<const RDV: bool>(
+    fn deliver(
         &mut self,
         b: &Batch<'_>,
         ep: u32,
@@ -1239,7 +1236,7 @@ impl<U> EndpointCore<U> {
             for _ in 0..b.count {
                 let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
                 let body = cur + HEADER_SIZE;
-                if RDV && h.payload_len & RENDEZVOUS_FLAG != 0 {
+                if h.payload_len & RENDEZVOUS_FLAG != 0 {
                     // `validate` checked the descriptor's flags and length.
                     let d = batch[body..body + DESCRIPTOR_SIZE].try_into().expect("16");
                     if let Err(id) = self.ingest_rendezvous(h, Descriptor::read(d), stats) {
@@ -1271,12 +1268,10 @@ impl<U> EndpointCore<U> {
                     queue.push_back(RecvEntry {
                         ep,
                         call_id: h.call_id,
-                        allowance,
+                        allowance: allowance | ((h.piggyback & LARGE_RESPONSE_FLAG) as u64) << 32,
                         off: (off as usize + body) as u32,
                         len: len as u32,
                         end: pos + next as u64,
-                        large_resp: h.piggyback & LARGE_RESPONSE_FLAG != 0,
-                        slot: NO_SLOT,
                     });
                 }
                 cur = next;
@@ -1288,11 +1283,9 @@ impl<U> EndpointCore<U> {
     /// Checks a batch's messages: count, lengths within the batch, exact fill (no trailing
     /// bytes), response ids naming pending calls and within their allowance, request
     /// allowances within the credit granted.
-    /// Returns the number of rendezvous messages.
-    fn validate(&self, batch: &[u8], count: u32) -> Result<u32, ProtocolError> {
+    fn validate(&self, batch: &[u8], count: u32) -> Result<(), ProtocolError> {
         let mut cur = META as usize;
         let mut spent = 0u64;
-        let mut rdv = 0;
         for _ in 0..count {
             if cur + HEADER_SIZE > batch.len() {
                 return Err(ProtocolError::BadCount);
@@ -1309,7 +1302,6 @@ impl<U> EndpointCore<U> {
                 if spent > self.unused_grant {
                     return Err(ProtocolError::BadCredit);
                 }
-                rdv += 1;
                 cur += padded_message_size(DESCRIPTOR_SIZE as u64) as usize;
                 continue;
             }
@@ -1337,7 +1329,7 @@ impl<U> EndpointCore<U> {
         if cur != batch.len() {
             return Err(ProtocolError::BadCount);
         }
-        Ok(rdv)
+        Ok(())
     }
 
     /// Checks a rendezvous message (header `h`, `rest` the batch from its header on):
@@ -1417,7 +1409,7 @@ impl<U> EndpointCore<U> {
         self.rdv.push_back(Rdv {
             desc,
             kind,
-            slot: NO_SLOT,
+            slot: u32::MAX,
         });
         self.flags |= F_RDV;
         Ok(())
@@ -1478,7 +1470,7 @@ impl<U> EndpointCore<U> {
             self.state = EndpointState::Failed(why);
         }
         self.emits.clear();
-        self.flags &= !(F_BATCH_OPEN | F_RDV | F_READ_DONE);
+        self.flags &= !(F_BATCH_OPEN | F_RDV | F_READ_DONE | F_LENT);
         self.backlog.clear();
         for p in self.pending.drain() {
             on_response(p.user, Err(why));
