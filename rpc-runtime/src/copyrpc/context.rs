@@ -718,7 +718,9 @@ impl<U> Context<U> {
     }
 
     /// The next received request, in arrival order, with its payload (valid until the next
-    /// call on the context). Requests of failed endpoints are skipped.
+    /// call on the context). Requests of failed endpoints are skipped. A request sent by
+    /// rendezvous (issue 15) counts as arrived when its RDMA READ completes, so inline
+    /// requests sent after it may come first; responses may likewise overtake each other.
     #[inline]
     pub fn recv(&mut self) -> Option<(RecvHandle, &[u8])> {
         let e = loop {

@@ -1491,6 +1491,52 @@ mod large {
         ));
     }
 
+    /// `large_buffers` bounds the large requests waiting to be read: with one send buffer,
+    /// a second large call is refused as retryable `RingFull` (counted) until the peer read
+    /// the first and reported it; nothing else is refused meanwhile.
+    #[test]
+    fn large_buffers_bound_the_large_calls_in_flight() {
+        let mut t = two(EndpointConfig {
+            max_large_message: 2 * MIB as u32,
+            large_buffers: 1,
+            ..Default::default()
+        });
+        let (p1, p2) = (pattern(11, MIB), pattern(12, MIB));
+        t.a.call(t.ea, &p1, 1, 64).unwrap();
+        assert!(matches!(
+            t.a.call(t.ea, &p2, 2, 64),
+            Err(super::CallError::RingFull(2))
+        ));
+        assert_eq!(t.a.stats().large_buffers_busy, 1);
+        // Small calls are not held up.
+        t.a.call(t.ea, b"small", 3, 64).unwrap();
+        // The small request is delivered at once; the large one once its READ completed.
+        let (h3, got) = next_request(&mut t.b, &mut t.a);
+        assert_eq!(got, b"small");
+        let (h1, got) = next_request(&mut t.b, &mut t.a);
+        assert!(got == p1);
+        // The read report rides on b's next batch (here: the replies).
+        t.b.reply(h1, b"one").unwrap();
+        t.b.reply(h3, b"three").unwrap();
+        let start = Instant::now();
+        let mut got = std::collections::HashMap::new();
+        while got.len() < 2 {
+            t.b.poll(|_, _| {});
+            t.a.poll(|u, r| {
+                got.insert(u, r.expect("response").to_vec());
+            });
+            assert!(start.elapsed() < LIMIT, "no responses within {LIMIT:?}");
+        }
+        assert_eq!(got[&1], b"one");
+        assert_eq!(got[&3], b"three");
+        t.a.call(t.ea, &p2, 2, 64).unwrap();
+        let (h2, got) = next_request(&mut t.b, &mut t.a);
+        assert!(got == p2);
+        t.b.reply(h2, b"two").unwrap();
+        assert_eq!(response(&mut t.a, &mut t.b, 2), b"two");
+        assert_eq!(t.a.stats().large_buffers, 1, "the one buffer was reused");
+    }
+
     /// A call that may carry a large request or response but turns out small stays inline:
     /// the request (written in place into a large buffer, then copied into the ring) and a
     /// response up to the call's inline part; a longer response goes by rendezvous.
