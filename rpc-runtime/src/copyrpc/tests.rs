@@ -1537,6 +1537,46 @@ mod large {
         assert_eq!(t.a.stats().large_buffers, 1, "the one buffer was reused");
     }
 
+    /// A reply that needs a large-message buffer when every one holds an unread response
+    /// is refused with `NoLargeBuffer` (counted), and its credit reservation is returned,
+    /// so the caller's other calls are not starved; the caller's call stays unanswered.
+    #[test]
+    fn replies_beyond_the_large_buffers_are_refused_and_release_their_credit() {
+        let mut t = two(EndpointConfig {
+            max_large_message: 2 * MIB as u32,
+            large_buffers: 1,
+            ..Default::default()
+        });
+        t.a.call(t.ea, b"1", 1, MIB as u32).unwrap();
+        t.a.call(t.ea, b"2", 2, MIB as u32).unwrap();
+        let (h1, _) = next_request(&mut t.b, &mut t.a);
+        let (h2, _) = next_request(&mut t.b, &mut t.a);
+        let r_before = t.b.endpoint(t.eb).unwrap().resp_reservation();
+        t.b.reply(h1, &pattern(1, MIB)).unwrap();
+        assert_eq!(
+            t.b.reply(h2, &pattern(2, MIB)),
+            Err(super::super::ReplyError::NoLargeBuffer)
+        );
+        assert_eq!(t.b.stats().large_buffers_busy, 1);
+        // Both reservations (4 KiB each) went back to the grant pool.
+        assert_eq!(
+            r_before - t.b.endpoint(t.eb).unwrap().resp_reservation(),
+            2 * t.a.endpoint(t.ea).unwrap().large_call_credit()
+        );
+        assert!(response(&mut t.a, &mut t.b, 1) == pattern(1, MIB));
+        assert_eq!(
+            t.a.endpoint(t.ea).unwrap().pending_calls(),
+            1,
+            "call 2 unanswered"
+        );
+        // Once the caller read the first response, the buffer serves the next reply.
+        t.a.call(t.ea, b"3", 3, MIB as u32).unwrap();
+        let (h3, _) = next_request(&mut t.b, &mut t.a);
+        t.b.reply(h3, &pattern(3, MIB)).unwrap();
+        assert!(response(&mut t.a, &mut t.b, 3) == pattern(3, MIB));
+        assert_eq!(t.b.stats().large_buffers, 1);
+    }
+
     /// A call that may carry a large request or response but turns out small stays inline:
     /// the request (written in place into a large buffer, then copied into the ring) and a
     /// response up to the call's inline part; a longer response goes by rendezvous.
