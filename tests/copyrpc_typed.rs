@@ -745,3 +745,120 @@ fn late_replies_are_dropped_and_a_stopped_server_fails_calls_by_deadline() {
     late.stop.store(true, Ordering::Relaxed);
     late.handle.join().unwrap();
 }
+
+/// A service whose request and response each carry 1 MiB (issue 15): four times the
+/// inline limit of the default 1 MiB ring, so both travel by rendezvous.
+#[rpc::rpc_service(transport = "copyrpc")]
+pub trait Blob {
+    /// Sum of the bytes of `data`.
+    fn digest(&self, data: [u8; 1048576]) -> u64;
+    /// 1 MiB of bytes derived from `seed`.
+    fn fill(&self, seed: u64) -> [u8; 1048576];
+    /// `x + 1`: a small call of the same service.
+    fn inc(&self, x: u64) -> u64;
+}
+
+struct BlobStore;
+
+fn blob_byte(seed: u64, i: usize) -> u8 {
+    (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 253) as u8
+}
+
+impl BlobServer for BlobStore {
+    fn digest(&self, data: [u8; 1048576]) -> u64 {
+        data.iter().map(|&b| u64::from(b)).sum()
+    }
+    fn fill(&self, seed: u64) -> [u8; 1048576] {
+        let mut out = [0u8; 1048576];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = blob_byte(seed, i);
+        }
+        out
+    }
+    fn inc(&self, x: u64) -> u64 {
+        x + 1
+    }
+}
+
+/// Requests and responses of 1 MiB over the typed `Copyrpc` client with the default
+/// configuration (1 MiB rings, 8 MiB large-message limit): the service is accepted at
+/// connect, contents arrive intact in both directions, each large message is one
+/// rendezvous READ, and a small call of the same service stays inline. The client and the
+/// server run on threads with 64 MiB stacks (the 1 MiB arrays travel by value).
+#[test]
+fn one_mib_arguments_and_results_by_rendezvous() {
+    const STACK: usize = 64 << 20;
+    let fabric = Fabric::new(SimConfig::default());
+    let cap = 262_100; // inline limit of the default ring
+    assert!(BlobService::DESCRIPTOR.max_request_bytes > 4 * cap);
+    assert!(BlobService::DESCRIPTOR.max_response_bytes > 4 * cap);
+    let server = CopyrpcServer::serve::<BlobService>(
+        &fabric.open(),
+        ContextConfig::default(),
+        EndpointConfig::default(),
+    )
+    .unwrap();
+    let mut addr = CopyrpcAddr::new(fabric.open(), server.transport().listener());
+    // The client keeps one response buffer of max_response_bytes per call in flight.
+    addr.max_in_flight = 2;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let st = stop.clone();
+    let srv = thread::Builder::new()
+        .stack_size(STACK)
+        .spawn(move || {
+            let mut server = server;
+            let limit = Instant::now() + Duration::from_secs(120);
+            while !st.load(Ordering::Acquire) && Instant::now() < limit {
+                server.serve_once(|req| BlobService::dispatch(&mut BlobStore, req));
+            }
+            server
+        })
+        .unwrap();
+    let client = thread::Builder::new()
+        .stack_size(STACK)
+        .spawn(move || {
+            let mut blob = BlobClient::<Copyrpc>::connect(&addr).unwrap();
+            let mut data = Box::new([0u8; 1048576]);
+            for (i, b) in data.iter_mut().enumerate() {
+                *b = (i % 251) as u8;
+            }
+            let want: u64 = data.iter().map(|&b| u64::from(b)).sum();
+            assert_eq!(blob.digest(*data).unwrap(), want);
+            data[1048575] = 250;
+            let last = (1048575 % 251) as u64;
+            assert_eq!(blob.digest(*data).unwrap(), want - last + 250);
+            for seed in [1u64, 2] {
+                let got = blob.fill(seed).unwrap();
+                assert!(
+                    got.iter()
+                        .enumerate()
+                        .all(|(i, &b)| b == blob_byte(seed, i)),
+                    "fill({seed}) arrives intact"
+                );
+            }
+            let before = *blob.transport().context().stats();
+            assert_eq!(blob.inc(41).unwrap(), 42);
+            let s = *blob.transport().context().stats();
+            assert_eq!(
+                s.rendezvous_sent, before.rendezvous_sent,
+                "a small call stays inline"
+            );
+            assert_eq!(s.rendezvous_read, before.rendezvous_read);
+            // Two large requests sent, two large responses read.
+            assert_eq!((s.rendezvous_sent, s.rendezvous_read), (2, 2));
+            // Each response: the 1 MiB array plus the wire header.
+            assert_eq!(
+                s.rendezvous_bytes,
+                2 * BlobService::DESCRIPTOR.max_response_bytes as u64
+            );
+            assert_eq!(s.bad_descriptors + s.rendezvous_read_errors, 0);
+        })
+        .unwrap();
+    let r = client.join();
+    stop.store(true, Ordering::Release);
+    let server = srv.join().unwrap();
+    r.unwrap();
+    let s = server.transport().context().stats();
+    assert_eq!((s.rendezvous_sent, s.rendezvous_read), (2, 2));
+    assert_eq!(s.bad_descriptors + s.rendezvous_read_errors, 0);
+}

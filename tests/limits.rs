@@ -221,14 +221,15 @@ fn scalerpc_explicit_slot_size_too_small_names_the_server_setting() {
     }
 }
 
-/// The least ring size that carries `need` bytes of payload with the default reservation:
-/// the payload cap is `ring / 4 - 44` B.
+/// The least ring size that carries `need` bytes of payload inline with the default
+/// reservation: the payload cap is `ring / 4 - 44` B.
 fn min_ring(need: usize) -> u64 {
     (4 * (need as u64 + 44)).next_power_of_two()
 }
 
-/// copyrpc: a ring too small, at the server (at creation) and at the client (before it
-/// sends anything), names the side, `EndpointConfig::ring_size` and the least ring size.
+/// copyrpc with large messages off (`max_large_message: 0`, issue 15): a ring too small for
+/// the inline message, at the server (at creation) and at the client (before it sends
+/// anything), names the side, `EndpointConfig::ring_size` and the least ring size.
 #[test]
 fn copyrpc_ring_too_small_names_side_and_setting() {
     let need = BigService::DESCRIPTOR.max_request_bytes;
@@ -236,6 +237,7 @@ fn copyrpc_ring_too_small_names_side_and_setting() {
     let fabric = Fabric::new(SimConfig::default());
     let small = EndpointConfig {
         ring_size: 64 << 10,
+        max_large_message: 0,
         ..EndpointConfig::default()
     };
     match CopyrpcServer::serve::<BigService>(&fabric.open(), ContextConfig::default(), small) {
@@ -299,10 +301,101 @@ fn copyrpc_ring_too_small_names_side_and_setting() {
     for (ring, ok) in [(want_min / 2, false), (want_min, true)] {
         let cfg = EndpointConfig {
             ring_size: ring as usize,
+            max_large_message: 0,
             ..EndpointConfig::default()
         };
         let r = CopyrpcServer::serve::<BigService>(&fabric.open(), ContextConfig::default(), cfg);
         assert_eq!(r.is_ok(), ok, "ring_size {ring}");
+    }
+}
+
+/// copyrpc with large messages (issue 15): 64 KiB rings, whose inline limit is 16 340 B,
+/// carry the 64 KiB argument by rendezvous at the default large-message limit (8 MiB); a
+/// large-message limit below the service's request is refused at the server and at the
+/// client, naming the side, `EndpointConfig::max_large_message` and the least value.
+#[test]
+fn copyrpc_large_message_limit_names_side_and_setting() {
+    let need = BigService::DESCRIPTOR.max_request_bytes;
+    let fabric = Fabric::new(SimConfig::default());
+    let rings = EndpointConfig {
+        ring_size: 64 << 10,
+        ..EndpointConfig::default()
+    };
+    let server =
+        CopyrpcServer::serve::<BigService>(&fabric.open(), ContextConfig::default(), rings)
+            .unwrap();
+    let mut addr = CopyrpcAddr::new(fabric.open(), server.transport().listener());
+    addr.endpoint = rings;
+    let h = typed_common::spawn(server, |req| BigService::dispatch(&mut Summer, req));
+    let mut big = BigClient::<Copyrpc>::connect(&addr).unwrap();
+    let cap = big
+        .transport()
+        .context()
+        .endpoint(big.transport().endpoint())
+        .unwrap()
+        .max_payload() as usize;
+    assert!(cap < need, "inline limit {cap} B, request {need} B");
+    let mut data = [0u8; 65536];
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let want: u64 = data.iter().map(|&b| u64::from(b)).sum();
+    assert_eq!(big.digest(data).unwrap(), want);
+    data[65535] = 250;
+    assert_eq!(
+        big.digest(data).unwrap(),
+        want - u64::from(65535u32 % 251) + 250
+    );
+    assert_eq!(big.transport().context().stats().rendezvous_sent, 2);
+    drop(big);
+    h.join().unwrap();
+
+    let limited = EndpointConfig {
+        max_large_message: 32 << 10,
+        ..rings
+    };
+    let want_msg = |side: &str| {
+        format!(
+            "service Big: {side} request capacity is 32768 B, the service needs {need} B: \
+             set copyrpc EndpointConfig::max_large_message to at least {need}"
+        )
+    };
+    match CopyrpcServer::serve::<BigService>(&fabric.open(), ContextConfig::default(), limited) {
+        Err(
+            e @ RpcError::CapacityMismatch {
+                what: MessageKind::Request,
+                side: LimitSide::ThisServer,
+                setting: "copyrpc EndpointConfig::max_large_message",
+                cap: 32768,
+                ..
+            },
+        ) => assert_eq!(e.to_string(), want_msg("this server's")),
+        Err(e) => panic!("expected CapacityMismatch, got {e}"),
+        Ok(_) => panic!("expected CapacityMismatch, got a server"),
+    }
+    let server =
+        CopyrpcServer::serve::<BigService>(&fabric.open(), ContextConfig::default(), rings)
+            .unwrap();
+    let mut addr = CopyrpcAddr::new(fabric.open(), server.transport().listener());
+    addr.endpoint = limited;
+    match BigClient::<Copyrpc>::connect(&addr) {
+        Err(
+            e @ RpcError::CapacityMismatch {
+                side: LimitSide::ThisClient,
+                ..
+            },
+        ) => assert_eq!(e.to_string(), want_msg("this client's")),
+        Err(e) => panic!("expected CapacityMismatch, got {e}"),
+        Ok(_) => panic!("expected CapacityMismatch, connected"),
+    }
+    // The limit named is the least that works.
+    for (limit, ok) in [(need - 1, false), (need, true)] {
+        let cfg = EndpointConfig {
+            max_large_message: limit as u32,
+            ..rings
+        };
+        let r = CopyrpcServer::serve::<BigService>(&fabric.open(), ContextConfig::default(), cfg);
+        assert_eq!(r.is_ok(), ok, "max_large_message {limit}");
     }
 }
 

@@ -125,6 +125,7 @@ impl Forger {
             consumer_rkey: self.word.mr.rkey,
             initial_credit: credit,
             fingerprint: 0,
+            max_large_message: 0,
         }
     }
 
@@ -218,6 +219,7 @@ impl Batch {
             ring_credit_return: ret,
             credit_grant: grant,
             message_count: count,
+            reads_done: 0,
         }
         .write((&mut b[..32]).try_into().unwrap());
         Batch(b)
@@ -398,12 +400,30 @@ fn message_count_beyond_the_bytes_received() {
 
 #[test]
 fn payload_len_beyond_the_batch() {
-    for len in [21, 5000, u32::MAX] {
+    for len in [21, 5000, 0x7fff_ffff] {
         corrupt(
             |_| (Batch::new(0, 0, 1).msg(5, 2, len, &[1; 10]), None),
             ProtocolError::BadLength,
         );
     }
+    // The top bit marks a rendezvous descriptor (issue 15), whose length field must be
+    // exactly the flag plus 16.
+    corrupt(
+        |_| (Batch::new(0, 0, 1).msg(5, 2, u32::MAX, &[1; 10]), None),
+        ProtocolError::BadDescriptor("length field is not the flag plus 16"),
+    );
+}
+
+/// A well-formed rendezvous descriptor from a peer that announced no large messages
+/// (`max_large_message: 0` in its endpoint info) is refused before any READ (issue 15).
+#[test]
+fn descriptor_from_a_peer_without_large_messages() {
+    let mut d = [0u8; 16];
+    d[12..16].copy_from_slice(&4096u32.to_le_bytes());
+    corrupt(
+        |_| (Batch::new(0, 0, 1).msg(5, 2, 0x8000_0010, &d), None),
+        ProtocolError::BadDescriptor("length above the large-message limit"),
+    );
 }
 
 #[test]

@@ -8,6 +8,17 @@
 //! READ results, raw RDMA completions, error CQEs), then flush every endpoint that has
 //! something to send: each batch becomes one RDMA WRITE+IMM, fully inline up to 220 B, else
 //! a 204 B inline head plus one SGE into the send ring; one doorbell per endpoint per poll.
+//!
+//! Large messages (issue 15): [`Context::call_with`] and [`Context::reply_with`] make one
+//! size check more than the inline path needs; beyond the inline limits the message is
+//! encoded into a per-endpoint registered buffer ([`EndpointConfig::max_large_message`]
+//! bytes, at most [`EndpointConfig::large_buffers`] per direction, registered when first
+//! needed) and sent as a rendezvous descriptor. A received descriptor is checked by the
+//! core, then the flush posts an RDMA READ of it into a landing buffer (waiting, if none
+//! is free, for one to be released); its completion delivers the message (a response to
+//! `on_response`, a request to [`Context::recv`], lent until the next poll or
+//! [`Context::release_large`]) and is reported to the peer with the next batch. A
+//! failed READ is an error completion: the endpoint fails (the RC QP is in error anyway).
 
 use std::collections::VecDeque;
 
@@ -19,7 +30,13 @@ use mlx5::wqe::{CQ_UPDATE, Opcode, RaddrSeg, Sge, WqeDesc};
 
 use slab::Slab;
 
-use super::endpoint::{Emit, EndpointCore, EndpointState, RecvEntry, cqe_delta};
+use super::encoding::{
+    DESCRIPTOR_SIZE, Descriptor, FLOW_METADATA_SIZE, LARGE_RESPONSE_FLAG, RENDEZVOUS_FLAG,
+    RENDEZVOUS_MIN, internal_allowance, padded_message_size,
+};
+use super::endpoint::{
+    ENTRY_LARGE_RESP, Emit, EndpointCore, EndpointState, RdvKind, RecvEntry, Refusal, cqe_delta,
+};
 use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupError};
 use super::info::EndpointInfo;
 use super::stats::Stats;
@@ -33,6 +50,10 @@ pub const SIGNAL_INTERVAL: u32 = 64;
 pub const MAX_FULL_INLINE: u32 = 220;
 /// Inline head of a larger batch, in bytes (seeds/004 §3.5): the rest goes by one SGE.
 pub const INLINE_HEAD: u32 = 204;
+/// Default [`EndpointConfig::max_large_message`]: 8 MiB.
+pub const DEFAULT_MAX_LARGE_MESSAGE: u32 = 8 << 20;
+/// Default [`EndpointConfig::large_buffers`].
+pub const DEFAULT_LARGE_BUFFERS: u32 = 64;
 
 /// Context sizing (seeds/001 定数一覧).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +96,18 @@ pub struct EndpointConfig {
     /// Schema fingerprint of the service carried (0 for untyped use); [`Context::connect`]
     /// refuses a peer announcing a different one.
     pub fingerprint: u64,
+    /// Largest message, in bytes, sent or received by rendezvous (issue 15: a message
+    /// beyond the ring's inline limit, [`EndpointCore::max_payload`], travels as a
+    /// descriptor and is RDMA-READ by the receiver). Announced in [`EndpointInfo`]; the
+    /// connection uses the smaller of both sides' values. Each large-message buffer is this
+    /// size. 0 disables large messages. Default [`DEFAULT_MAX_LARGE_MESSAGE`] (8 MiB).
+    pub max_large_message: u32,
+    /// Most large-message buffers per direction per endpoint (send: a message waiting for
+    /// the peer to read it; receive: the landing buffer of a READ, until delivered), each
+    /// registered once when first needed and reused. Default [`DEFAULT_LARGE_BUFFERS`]: a
+    /// caller accepting large responses reserves 4 KiB of credit per call, so a peer with
+    /// the default 1 MiB ring can have at most 64 such calls waiting for replies.
+    pub large_buffers: u32,
 }
 
 impl Default for EndpointConfig {
@@ -83,6 +116,8 @@ impl Default for EndpointConfig {
             ring_size: 1 << 20,
             max_resp_reservation: None,
             fingerprint: 0,
+            max_large_message: DEFAULT_MAX_LARGE_MESSAGE,
+            large_buffers: DEFAULT_LARGE_BUFFERS,
         }
     }
 }
@@ -99,6 +134,88 @@ enum Signaled {
     ConsumerRead,
     /// A raw RDMA operation (seeds/004 §3.9).
     Raw,
+    /// The RDMA READ of a rendezvous message (issue 15): the first posted entry of
+    /// `EndpointCore::rdv`.
+    LargeRead,
+}
+
+/// One large-message buffer: registered once, reused. Field order is drop order: the
+/// registration before the memory.
+struct LargeBuf {
+    mr: Mr,
+    buf: mlx5::mem::DmaBuf,
+}
+
+/// The large-message buffers of one endpoint and direction (issue 15), allocated and
+/// registered when first needed, at most `cap` of them, each `size` bytes.
+struct Pool {
+    bufs: Vec<LargeBuf>,
+    /// Free buffers (receive pool only; the send pool's free list is the core's `tx_free`,
+    /// which the peer's read reports refill).
+    free: Vec<u32>,
+    size: u32,
+    cap: u32,
+    access: Access,
+}
+
+impl Pool {
+    fn new(size: u32, cap: u32, access: Access) -> Pool {
+        Pool {
+            bufs: Vec::new(),
+            free: Vec::new(),
+            size,
+            cap,
+            access,
+        }
+    }
+
+    /// Registers one more buffer if below the cap; returns its index.
+    #[cold]
+    fn grow(&mut self, device: &mlx5::verbs::Context, pd: &Pd, stats: &mut Stats) -> Option<u32> {
+        if self.bufs.len() as u32 >= self.cap || self.size == 0 {
+            return None;
+        }
+        let r = mlx5::mem::DmaBuf::new(self.size as usize).and_then(|buf| {
+            let mr = device.reg_mr(pd, buf.as_mut_ptr(), self.size as usize, self.access)?;
+            Ok(LargeBuf { mr, buf })
+        });
+        match r {
+            Ok(b) => {
+                self.bufs.push(b);
+                stats.large_buffers += 1;
+                Some(self.bufs.len() as u32 - 1)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "copyrpc: cannot allocate a large-message buffer");
+                None
+            }
+        }
+    }
+
+    /// The whole buffer `i`, mutably.
+    ///
+    /// # Safety
+    /// No RDMA operation reads or writes buffer `i` while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn bytes_mut(&self, i: u32) -> &mut [u8] {
+        let b = &self.bufs[i as usize];
+        unsafe { std::slice::from_raw_parts_mut(b.buf.as_mut_ptr(), self.size as usize) }
+    }
+
+    /// The first `len` bytes of buffer `i`.
+    ///
+    /// # Safety
+    /// `len <= size`; nothing writes buffer `i` while the slice lives.
+    unsafe fn bytes(&self, i: u32, len: usize) -> &[u8] {
+        let b = &self.bufs[i as usize];
+        unsafe { std::slice::from_raw_parts(b.buf.as_ptr(), len) }
+    }
+
+    /// Drops every buffer (deregistered first; a failed endpoint's).
+    fn clear(&mut self) {
+        self.bufs.clear();
+        self.free.clear();
+    }
 }
 
 /// The peer's addresses, known after connect.
@@ -117,6 +234,13 @@ struct Conn<U> {
     send_mr: Mr,
     recv_mr: Mr,
     word_mr: Mr,
+    /// Large-message send buffers (REMOTE_READ; issue 15).
+    tx_pool: Pool,
+    /// Large-message landing buffers of our READs (LOCAL_WRITE).
+    rx_pool: Pool,
+    /// Landing buffers whose request bytes `recv` lent out; freed at this endpoint's next
+    /// flush (every poll) or by [`Context::release_large`].
+    lent: Vec<u32>,
     core: EndpointCore<U>,
     remote: Remote,
     fingerprint: u64,
@@ -147,16 +271,29 @@ pub struct RecvHandle {
     pub allowance: u64,
     /// Entry in the endpoint's table of unanswered requests.
     slot: u32,
-    /// Sequence number of this request on its endpoint (tells a reused slot apart).
+    /// Sequence number of this request on its endpoint (31 bits, tells a reused slot
+    /// apart), with [`HANDLE_LARGE`] set if the caller accepts a rendezvous response (kept
+    /// in this field so that the handle stays 24 bytes).
     seq: u32,
 }
 
+/// Bit of [`RecvHandle`]'s sequence number: the caller accepts a rendezvous response.
+const HANDLE_LARGE: u32 = 1 << 31;
+
 impl RecvHandle {
-    /// Largest response payload this request's allowance covers, in bytes.
+    /// Largest response payload this request's allowance covers inline, in bytes. If the
+    /// caller accepts a rendezvous response ([`RecvHandle::accepts_large`]), responses up to
+    /// the connection's large-message limit are accepted too ([`Context::max_response`]).
     pub fn max_response(&self) -> usize {
         (self.allowance.saturating_sub(
             super::encoding::FLOW_METADATA_SIZE + super::encoding::HEADER_SIZE as u64,
         )) as usize
+    }
+
+    /// Whether the caller accepts a response sent by rendezvous (issue 15): its allowance
+    /// exceeded the inline limit.
+    pub fn accepts_large(&self) -> bool {
+        self.seq & HANDLE_LARGE != 0
     }
 }
 
@@ -172,6 +309,9 @@ pub struct Context<U> {
     /// (keeping those that stay dirty), so it is not reallocated once warm.
     dirty: Vec<EndpointId>,
     recv_queue: VecDeque<RecvEntry>,
+    /// Landing buffers lent out by `recv` since the last [`Context::release_large`] (a
+    /// hint: the flush of their endpoint may have freed them already).
+    lent: u32,
     srq: Srq,
     send_cq: Cq,
     recv_cq: Cq,
@@ -207,6 +347,7 @@ impl<U> Context<U> {
             by_qpn: FastMap::new(),
             dirty: Vec::with_capacity(16),
             recv_queue: VecDeque::with_capacity(1024),
+            lent: 0,
             srq,
             send_cq,
             recv_cq,
@@ -271,6 +412,17 @@ impl<U> Context<U> {
             send_mr,
             recv_mr,
             word_mr,
+            tx_pool: Pool::new(
+                cfg.max_large_message,
+                cfg.large_buffers,
+                Access::LOCAL_WRITE | Access::REMOTE_READ,
+            ),
+            rx_pool: Pool::new(
+                cfg.max_large_message,
+                cfg.large_buffers,
+                Access::LOCAL_WRITE,
+            ),
+            lent: Vec::new(),
             core,
             remote: Remote::default(),
             fingerprint: cfg.fingerprint,
@@ -302,6 +454,7 @@ impl<U> Context<U> {
             consumer_rkey: c.word_mr.rkey,
             initial_credit: c.core.initial_credit(),
             fingerprint: c.fingerprint,
+            max_large_message: c.tx_pool.size,
         })
     }
 
@@ -337,6 +490,8 @@ impl<U> Context<U> {
         )?;
         c.core
             .connect(remote.recv_ring_size, remote.initial_credit)?;
+        c.core
+            .set_large_limit(c.tx_pool.size.min(remote.max_large_message));
         c.remote = Remote {
             ring_addr: remote.recv_ring_addr,
             ring_rkey: remote.recv_ring_rkey,
@@ -403,42 +558,248 @@ impl<U> Context<U> {
         let Some(c) = self.conns.get_mut(ep as usize) else {
             return Err(CallError::NotConnected(user));
         };
-        let r = c
-            .core
-            .call(max_len, response_allowance, user, encode, &mut self.stats);
+        // The one check the large-message path adds (issue 15): it replaces the core's
+        // `MessageTooLarge` check.
+        if max_len > c.core.max_payload() || response_allowance > c.core.inline_response_limit() {
+            return self.call_large(ep, max_len, user, response_allowance, encode);
+        }
+        let r = c.core.call_fit(
+            max_len,
+            internal_allowance(response_allowance as u64),
+            0,
+            0,
+            response_allowance,
+            user,
+            encode,
+            &mut self.stats,
+        );
         Self::touch(&mut self.dirty, c, ep);
         r
     }
 
+    /// A call beyond the inline limits (issue 15): a request larger than
+    /// [`EndpointCore::max_payload`] is encoded into a large-message buffer and sent as a
+    /// rendezvous descriptor (or copied inline if it turned out small: up to
+    /// [`RENDEZVOUS_MIN`] bytes always, up to `max_payload` if the ring has room now); a
+    /// response allowance above [`EndpointCore::inline_response_limit`] reserves
+    /// [`EndpointCore::large_call_credit`] and accepts a rendezvous response.
+    #[cold]
+    #[inline(never)]
+    fn call_large(
+        &mut self,
+        ep: EndpointId,
+        max_len: u32,
+        user: U,
+        response_allowance: u32,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, CallError<U>> {
+        let Context {
+            conns,
+            dirty,
+            stats,
+            device,
+            pd,
+            ..
+        } = self;
+        let c = &mut conns[ep as usize];
+        let r = Self::call_large_on(
+            c,
+            device,
+            pd,
+            stats,
+            max_len,
+            user,
+            response_allowance,
+            encode,
+        );
+        Self::touch(dirty, c, ep);
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn call_large_on(
+        c: &mut Conn<U>,
+        device: &mlx5::verbs::Context,
+        pd: &Pd,
+        stats: &mut Stats,
+        max_len: u32,
+        user: U,
+        ra: u32,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, CallError<U>> {
+        let core = &mut c.core;
+        if core.state() != EndpointState::Connected {
+            return Err(core.not_usable(user));
+        }
+        let large = core.large_limit();
+        let (credit, piggy) = if ra > core.inline_response_limit() {
+            if large == 0 || ra > large {
+                return Err(CallError::MessageTooLarge(user));
+            }
+            (core.large_call_credit(), LARGE_RESPONSE_FLAG)
+        } else {
+            (internal_allowance(ra as u64), 0)
+        };
+        if max_len <= core.max_payload() {
+            return core.call_fit(max_len, credit, piggy, 0, ra, user, encode, stats);
+        }
+        if max_len > large {
+            return Err(CallError::MessageTooLarge(user));
+        }
+        // Room for the smallest message this can become: up to RENDEZVOUS_MIN bytes inline,
+        // else at least a descriptor.
+        let least = padded_message_size(max_len.min(RENDEZVOUS_MIN) as u64);
+        if let Err(r) = core.admit_large(credit, least, stats) {
+            return Err(match r {
+                Refusal::Credit => CallError::InsufficientCredit(user),
+                Refusal::Ring => CallError::RingFull(user),
+            });
+        }
+        let slot = match core.tx_free.pop() {
+            Some(s) => s,
+            None => match c.tx_pool.grow(device, pd, stats) {
+                Some(s) => s,
+                None => {
+                    stats.large_buffers_busy += 1;
+                    return Err(CallError::RingFull(user));
+                }
+            },
+        };
+        // SAFETY: a free send buffer: no descriptor of ours names it any more.
+        let buf = unsafe { c.tx_pool.bytes_mut(slot) };
+        let n = encode(&mut buf[..max_len as usize]).min(max_len as usize) as u32;
+        let core = &mut c.core;
+        if n <= RENDEZVOUS_MIN
+            || (n <= core.max_payload() && core.fits(padded_message_size(n as u64)))
+        {
+            core.tx_free.push(slot);
+            let src = &buf[..n as usize];
+            return core.call_fit(
+                n,
+                credit,
+                piggy,
+                0,
+                ra,
+                user,
+                |b| {
+                    b[..src.len()].copy_from_slice(src);
+                    src.len()
+                },
+                stats,
+            );
+        }
+        let b = &c.tx_pool.bufs[slot as usize];
+        let desc = Descriptor {
+            addr: b.mr.addr,
+            rkey: b.mr.rkey,
+            len: n,
+        };
+        let r = core.call_fit(
+            DESCRIPTOR_SIZE as u32,
+            credit,
+            piggy,
+            RENDEZVOUS_FLAG,
+            ra,
+            user,
+            |b| {
+                desc.write(b);
+                DESCRIPTOR_SIZE
+            },
+            stats,
+        );
+        match r {
+            Ok(_) => {
+                core.tx_outstanding.push_back(slot);
+                stats.rendezvous_sent += 1;
+            }
+            Err(_) => core.tx_free.push(slot),
+        }
+        r
+    }
+
     /// The next received request, in arrival order, with its payload (valid until the next
-    /// call on the context). Requests of failed endpoints are skipped.
+    /// call on the context). Requests of failed endpoints are skipped. A request sent by
+    /// rendezvous (issue 15) counts as arrived when its RDMA READ completes, so inline
+    /// requests sent after it may come first; responses may likewise overtake each other.
     #[inline]
     pub fn recv(&mut self) -> Option<(RecvHandle, &[u8])> {
         let e = loop {
             let e = self.recv_queue.pop_front()?;
             let c = &mut self.conns[e.ep as usize];
-            c.core.received(&e);
+            if e.end != 0 {
+                c.core.received(&e);
+            }
             Self::touch(&mut self.dirty, c, e.ep);
             if c.core.state() == EndpointState::Connected {
                 break e;
             }
         };
         let c = &mut self.conns[e.ep as usize];
-        let seq = c.recv_seq;
-        c.recv_seq = seq.wrapping_add(1);
+        let seq = c.recv_seq & !HANDLE_LARGE | (e.allowance >> 32) as u32 & HANDLE_LARGE;
+        c.recv_seq = c.recv_seq.wrapping_add(1);
         let slot = c.answering.insert((e.call_id, seq)) as u32;
         let h = RecvHandle {
             ep: e.ep,
             call_id: e.call_id,
-            allowance: e.allowance,
+            allowance: e.allowance & !ENTRY_LARGE_RESP,
             slot,
             seq,
         };
+        if e.end == 0 {
+            // A request read by rendezvous: lent until the endpoint's next flush or
+            // `release_large`.
+            c.lent.push(e.off);
+            c.core.set_lent();
+            Self::touch(&mut self.dirty, c, e.ep);
+            self.lent += 1;
+            let c = &self.conns[e.ep as usize];
+            // SAFETY: the READ into this landing buffer completed; it is not reused before
+            // the next `&mut self` call frees it.
+            return Some((h, unsafe { c.rx_pool.bytes(e.off, e.len as usize) }));
+        }
         // SAFETY: `e` came from this endpoint's ingest; its bytes stay unwritten until the
         // peer learns of the release, which happens at the next flush, after this borrow.
         Some((h, unsafe {
             self.conns[e.ep as usize].core.request_bytes(&e)
         }))
+    }
+
+    /// Frees the large-message landing buffers of requests [`Context::recv`] handed out
+    /// (the flush of every [`Context::poll`] does it too), so that waiting rendezvous READs
+    /// can use them. Costs nothing unless some were lent.
+    pub fn release_large(&mut self) {
+        if self.lent == 0 {
+            return;
+        }
+        self.lent = 0;
+        for c in &mut self.conns {
+            if !c.lent.is_empty() {
+                c.core.take_lent();
+                Self::return_lent(c);
+            }
+        }
+    }
+
+    /// Puts the landing buffers lent by `recv` back in the free list (those of a failed
+    /// endpoint are gone with its pool).
+    #[cold]
+    fn return_lent(c: &mut Conn<U>) {
+        if c.core.state() == EndpointState::Connected {
+            c.rx_pool.free.append(&mut c.lent);
+        }
+        c.lent.clear();
+    }
+
+    /// Largest response payload request `h` accepts, in bytes: what its allowance covers
+    /// inline, or the connection's large-message limit if the caller accepts a rendezvous
+    /// response (issue 15). 0 for an unknown endpoint.
+    pub fn max_response(&self, h: &RecvHandle) -> usize {
+        let large = match self.conns.get(h.ep as usize) {
+            Some(c) if h.accepts_large() => c.core.large_limit() as usize,
+            Some(_) => 0,
+            None => return 0,
+        };
+        h.max_response().max(large)
     }
 
     /// Requests parsed and not yet taken by [`Context::recv`].
@@ -480,10 +841,127 @@ impl<U> Context<U> {
             }
             _ => return Err(stale_reply(&mut self.stats)),
         }
-        let r = c
-            .core
-            .reply(h.call_id, h.allowance, max_len, encode, &mut self.stats);
+        // The core's size check, made here: beyond the allowance, a rendezvous response if
+        // the caller accepts one (issue 15), else `TooLarge`.
+        if padded_message_size(max_len as u64) + FLOW_METADATA_SIZE > h.allowance {
+            return self.reply_beyond_allowance(h, max_len, encode);
+        }
+        let r = c.core.reply_fit(
+            h.call_id,
+            h.allowance,
+            max_len,
+            0,
+            None,
+            encode,
+            &mut self.stats,
+        );
         Self::touch(&mut self.dirty, c, h.ep);
+        r
+    }
+
+    /// A reply larger than the request's inline allowance, to a caller that accepts a
+    /// rendezvous response (issue 15): encoded into a large-message buffer, then copied
+    /// inline if it turned out to fit, else sent as a descriptor.
+    #[cold]
+    #[inline(never)]
+    fn reply_beyond_allowance(
+        &mut self,
+        h: RecvHandle,
+        max_len: u32,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), ReplyError> {
+        if !h.accepts_large() || self.conns[h.ep as usize].core.large_limit() == 0 {
+            let c = &mut self.conns[h.ep as usize];
+            return c
+                .core
+                .reply(h.call_id, h.allowance, max_len, encode, &mut self.stats);
+        }
+        let Context {
+            conns,
+            dirty,
+            stats,
+            device,
+            pd,
+            ..
+        } = self;
+        let c = &mut conns[h.ep as usize];
+        let r = Self::reply_large_on(c, device, pd, stats, h, max_len, encode);
+        Self::touch(dirty, c, h.ep);
+        r
+    }
+
+    fn reply_large_on(
+        c: &mut Conn<U>,
+        device: &mlx5::verbs::Context,
+        pd: &Pd,
+        stats: &mut Stats,
+        h: RecvHandle,
+        max_len: u32,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), ReplyError> {
+        if c.core.state() != EndpointState::Connected {
+            return Err(ReplyError::Failed);
+        }
+        let large = c.core.large_limit();
+        if max_len > large {
+            return Err(ReplyError::TooLarge {
+                len: max_len as usize,
+                allowance: large as usize,
+            });
+        }
+        let slot = match c.core.tx_free.pop() {
+            Some(s) => s,
+            None => match c.tx_pool.grow(device, pd, stats) {
+                Some(s) => s,
+                None => {
+                    stats.large_buffers_busy += 1;
+                    c.core.abandon(h.allowance);
+                    return Err(ReplyError::NoLargeBuffer);
+                }
+            },
+        };
+        // SAFETY: a free send buffer: no descriptor of ours names it any more.
+        let buf = unsafe { c.tx_pool.bytes_mut(slot) };
+        let n = encode(&mut buf[..max_len as usize]).min(max_len as usize) as u32;
+        let core = &mut c.core;
+        if padded_message_size(n as u64) + FLOW_METADATA_SIZE <= h.allowance {
+            core.tx_free.push(slot);
+            let src = &buf[..n as usize];
+            return core.reply_fit(
+                h.call_id,
+                h.allowance,
+                n,
+                0,
+                None,
+                |b| {
+                    b[..src.len()].copy_from_slice(src);
+                    src.len()
+                },
+                stats,
+            );
+        }
+        let b = &c.tx_pool.bufs[slot as usize];
+        let desc = Descriptor {
+            addr: b.mr.addr,
+            rkey: b.mr.rkey,
+            len: n,
+        };
+        let r = core.reply_fit(
+            h.call_id,
+            h.allowance,
+            DESCRIPTOR_SIZE as u32,
+            RENDEZVOUS_FLAG,
+            Some(slot),
+            |b| {
+                desc.write(b);
+                DESCRIPTOR_SIZE
+            },
+            stats,
+        );
+        match r {
+            Ok(()) => stats.rendezvous_sent += 1,
+            Err(_) => core.tx_free.push(slot),
+        }
         r
     }
 
@@ -554,6 +1032,11 @@ impl<U> Context<U> {
             stats.failed_endpoints += 1;
         }
         c.core.fail(why, on_response);
+        // The large-message buffers go with the endpoint (deregistered before unmapped: a
+        // READ the NIC still runs on them fails instead of touching freed memory).
+        c.tx_pool.clear();
+        c.rx_pool.clear();
+        c.lent.clear();
     }
 
     #[inline(always)]
@@ -578,6 +1061,7 @@ impl<U> Context<U> {
                     match kind {
                         Signaled::Raw => self.stats.raw_done += 1,
                         Signaled::ConsumerRead => c.read_outstanding = false,
+                        Signaled::LargeRead => self.stats.rendezvous_read_errors += 1,
                         Signaled::Write => {}
                     }
                 }
@@ -611,6 +1095,16 @@ impl<U> Context<U> {
                             Self::touch(&mut self.dirty, c, ep);
                         }
                         Signaled::Raw => self.stats.raw_done += 1,
+                        Signaled::LargeRead => {
+                            Self::large_read_done(
+                                &mut self.stats,
+                                &mut self.recv_queue,
+                                c,
+                                ep,
+                                on_response,
+                            );
+                            Self::touch(&mut self.dirty, c, ep);
+                        }
                     }
                 }
                 _ => self.stats.stray_send_cqes += 1,
@@ -661,6 +1155,12 @@ impl<U> Context<U> {
                         break;
                     }
                 }
+            }
+            if c.core.large_work() {
+                if c.core.take_lent() {
+                    Self::return_lent(c);
+                }
+                posted |= Self::post_large_reads(&self.device, &self.pd, &mut self.stats, c);
             }
             if c.core.needs_read() && !c.read_outstanding && c.core.emits.is_empty() {
                 posted |= Self::post_consumer_read(&mut self.stats, c);
@@ -733,6 +1233,118 @@ impl<U> Context<U> {
             stats.writes_inline += 1;
         }
         Ok(())
+    }
+
+    /// Posts the RDMA READs of received rendezvous descriptors (issue 15), in arrival
+    /// order, each into a landing buffer of its own; stops when no buffer is free (the
+    /// endpoint stays dirty and retries at the next flush) or the send queue is full.
+    /// Returns whether any was posted.
+    #[cold]
+    #[inline(never)]
+    fn post_large_reads(
+        device: &mlx5::verbs::Context,
+        pd: &Pd,
+        stats: &mut Stats,
+        c: &mut Conn<U>,
+    ) -> bool {
+        let mut posted = false;
+        while c.core.rdv_posted < c.core.rdv.len() {
+            let slot = match c.rx_pool.free.pop() {
+                Some(s) => s,
+                None => match c.rx_pool.grow(device, pd, stats) {
+                    Some(s) => s,
+                    None => return posted,
+                },
+            };
+            let i = c.core.rdv_posted;
+            let d = c.core.rdv[i].desc;
+            let b = &c.rx_pool.bufs[slot as usize];
+            // `ingest` checked `d.len <= large limit <= our buffer size`: the READ cannot
+            // write beyond the landing buffer.
+            debug_assert!(d.len <= c.rx_pool.size);
+            let r = c.qp.sq.post(&WqeDesc {
+                opcode: Opcode::RdmaRead,
+                flags: CQ_UPDATE,
+                imm: 0,
+                ud: None,
+                remote: Some(RaddrSeg {
+                    raddr: d.addr,
+                    rkey: d.rkey,
+                }),
+                atomic: None,
+                inline: &[],
+                sges: &[Sge {
+                    addr: b.mr.addr,
+                    len: d.len,
+                    lkey: b.mr.lkey,
+                }],
+            });
+            match r {
+                Ok(idx) => {
+                    c.signaled.push_back((idx, Signaled::LargeRead));
+                    c.unsignaled = 0;
+                    c.last_signal_pi = c.qp.sq.pi();
+                    c.core.rdv[i].slot = slot;
+                    c.core.rdv_posted += 1;
+                    posted = true;
+                }
+                Err(_) => {
+                    c.rx_pool.free.push(slot);
+                    stats.sq_full += 1;
+                    return posted;
+                }
+            }
+        }
+        c.core.rdv_all_posted();
+        posted
+    }
+
+    /// The READ of the oldest posted rendezvous message completed: report it to the peer
+    /// (next batch), then deliver a response to `on_response` (its landing buffer is free
+    /// again right after) or queue a request for [`Context::recv`].
+    #[cold]
+    #[inline(never)]
+    fn large_read_done(
+        stats: &mut Stats,
+        recv_queue: &mut VecDeque<RecvEntry>,
+        c: &mut Conn<U>,
+        ep: EndpointId,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) {
+        if c.core.rdv_posted == 0 {
+            stats.stray_send_cqes += 1;
+            return;
+        }
+        let Some(r) = c.core.rdv.pop_front() else {
+            stats.stray_send_cqes += 1;
+            return;
+        };
+        c.core.rdv_posted -= 1;
+        c.core.read_completed();
+        stats.rendezvous_read += 1;
+        stats.rendezvous_bytes += r.desc.len as u64;
+        match r.kind {
+            RdvKind::Response { user } => {
+                stats.responses += 1;
+                // SAFETY: the READ into this buffer completed (this CQE); it is freed only
+                // after the callback returns.
+                let bytes = unsafe { c.rx_pool.bytes(r.slot, r.desc.len as usize) };
+                on_response(user, Ok(bytes));
+                c.rx_pool.free.push(r.slot);
+            }
+            RdvKind::Request {
+                call_id,
+                allowance,
+                large_resp,
+            } => recv_queue.push_back(RecvEntry {
+                ep,
+                call_id,
+                allowance: allowance | if large_resp { ENTRY_LARGE_RESP } else { 0 },
+                off: r.slot,
+                len: r.desc.len,
+                end: 0,
+            }),
+        }
     }
 
     /// Posts a signaled RDMA READ of the peer's consumer position into bytes 8..16 of our
@@ -848,6 +1460,33 @@ impl<U> Context<U> {
         Ok(())
     }
 
+    /// Test hook: writes a request whose payload is the rendezvous descriptor `desc` as
+    /// given (a forged one, for adversarial tests), reserving a 64-byte response.
+    #[cfg(test)]
+    pub(crate) fn forge_rendezvous_call(
+        &mut self,
+        ep: EndpointId,
+        desc: Descriptor,
+        user: U,
+    ) -> Result<u32, CallError<U>> {
+        let c = &mut self.conns[ep as usize];
+        let r = c.core.call_fit(
+            DESCRIPTOR_SIZE as u32,
+            internal_allowance(64),
+            0,
+            RENDEZVOUS_FLAG,
+            64,
+            user,
+            |b| {
+                desc.write(b);
+                DESCRIPTOR_SIZE
+            },
+            &mut self.stats,
+        );
+        Self::touch(&mut self.dirty, c, ep);
+        r
+    }
+
     /// Raw RDMA operations posted and not yet completed (seeds/004 §3.9 `raw_rdma_pending`).
     pub fn raw_rdma_pending(&self) -> u64 {
         self.stats.raw_posted - self.stats.raw_done
@@ -898,6 +1537,9 @@ impl<U> Rx<'_, U> {
         );
         if let Err(e) = r {
             self.stats.corrupt_batches += 1;
+            if matches!(e, ProtocolError::BadDescriptor(_)) {
+                self.stats.bad_descriptors += 1;
+            }
             tracing::warn!(ep, qpn, error = %e, "copyrpc: corrupt batch; failing the endpoint");
             Context::fail(self.stats, c, EndpointFailure::Protocol(e), on_response);
         }

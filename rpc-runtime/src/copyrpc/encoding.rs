@@ -12,6 +12,16 @@
 //! The immediate is the batch's length in 32 B units. A batch whose `message_count` is
 //! [`WRAP_MESSAGE_COUNT`] is a wrap marker: its immediate covers the rest of the ring, and the
 //! next batch starts at ring offset 0.
+//!
+//! # Large messages (rendezvous; issue 15, an extension of seeds/004 §3.9's raw READ)
+//! A message too large for the ring travels as a [`Descriptor`] message: `payload_len` is
+//! [`RENDEZVOUS_FLAG`]` | 16` and the 16 B payload names `len` bytes in a buffer of the sender
+//! registered for remote read. The receiver RDMA-READs them into a buffer of its own and then
+//! delivers the message like an inline one. It reports each READ it completed in
+//! [`FlowMetadata::reads_done`] of a later batch (bytes 20..24 of the metadata, zero in the
+//! seed's format), in the order the descriptors arrived, so that the sender reuses the buffer.
+//! A request whose caller accepts a rendezvous response sets [`LARGE_RESPONSE_FLAG`] in its
+//! piggyback; the low 31 bits stay the credit in 32 B units.
 
 /// Every message and every ring position is a multiple of this many bytes (seeds/001 定数).
 pub const ALIGNMENT: u64 = 32;
@@ -25,6 +35,20 @@ pub const RESPONSE_FLAG: u32 = 0x8000_0000;
 pub const WRAP_MESSAGE_COUNT: u32 = u32::MAX;
 /// Largest call id a request may carry (the MSB is the response flag).
 pub const MAX_CALL_ID: u32 = RESPONSE_FLAG - 1;
+/// Set in `payload_len` of a rendezvous message: the payload is a [`Descriptor`] (module docs).
+pub const RENDEZVOUS_FLAG: u32 = 0x8000_0000;
+/// Set in a request's `piggyback`: the caller accepts a rendezvous response (module docs).
+pub const LARGE_RESPONSE_FLAG: u32 = 0x8000_0000;
+/// Bytes of a [`Descriptor`].
+pub const DESCRIPTOR_SIZE: usize = 16;
+/// A rendezvous message carries more than this many bytes: anything up to it is always sent
+/// inline (a descriptor naming fewer is refused as [`super::ProtocolError::BadDescriptor`]).
+pub const RENDEZVOUS_MIN: u32 = 256;
+/// Largest inline response to a call that accepts a rendezvous response, in bytes: such a
+/// call reserves [`internal_allowance`] of this much credit (4 KiB), whatever its response
+/// size; longer responses are sent by rendezvous. Lowered to the endpoint's
+/// [`super::EndpointCore::max_payload`] on small rings.
+pub const LARGE_INLINE_RESPONSE: u32 = 4096 - FLOW_METADATA_SIZE as u32 - HEADER_SIZE as u32;
 
 /// The immediate of a WRITE+IMM covering `delta` bytes (a multiple of [`ALIGNMENT`]):
 /// `delta / 32`, so 32 bits cover up to 128 GiB (seeds/001 "Immediate Value").
@@ -88,6 +112,9 @@ pub struct FlowMetadata {
     pub credit_grant: u64,
     /// Messages in the batch; [`WRAP_MESSAGE_COUNT`] marks a wrap.
     pub message_count: u32,
+    /// Rendezvous messages of the peer whose bytes the sender finished reading since it last
+    /// reported (bytes 20..24; module docs).
+    pub reads_done: u32,
 }
 
 impl FlowMetadata {
@@ -97,7 +124,8 @@ impl FlowMetadata {
         b[0..8].copy_from_slice(&self.ring_credit_return.to_le_bytes());
         b[8..16].copy_from_slice(&self.credit_grant.to_le_bytes());
         b[16..20].copy_from_slice(&self.message_count.to_le_bytes());
-        b[20..32].fill(0);
+        b[20..24].copy_from_slice(&self.reads_done.to_le_bytes());
+        b[24..32].fill(0);
     }
 
     /// Reads the 32 bytes (padding ignored).
@@ -107,6 +135,7 @@ impl FlowMetadata {
             ring_credit_return: u64::from_le_bytes(b[0..8].try_into().unwrap()),
             credit_grant: u64::from_le_bytes(b[8..16].try_into().unwrap()),
             message_count: u32::from_le_bytes(b[16..20].try_into().unwrap()),
+            reads_done: u32::from_le_bytes(b[20..24].try_into().unwrap()),
         }
     }
 
@@ -114,6 +143,38 @@ impl FlowMetadata {
     #[inline(always)]
     pub fn is_wrap(&self) -> bool {
         self.message_count == WRAP_MESSAGE_COUNT
+    }
+}
+
+/// The payload of a rendezvous message: where the receiver RDMA-READs the message
+/// (little-endian `addr u64 | rkey u32 | len u32`; module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Address of the bytes in the sender's registered buffer.
+    pub addr: u64,
+    /// rkey of that buffer.
+    pub rkey: u32,
+    /// Message length in bytes.
+    pub len: u32,
+}
+
+impl Descriptor {
+    /// Writes the 16 bytes.
+    #[inline]
+    pub fn write(&self, b: &mut [u8]) {
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        b[12..16].copy_from_slice(&self.len.to_le_bytes());
+    }
+
+    /// Reads the 16 bytes.
+    #[inline]
+    pub fn read(b: &[u8; DESCRIPTOR_SIZE]) -> Self {
+        Descriptor {
+            addr: u64::from_le_bytes(b[0..8].try_into().unwrap()),
+            rkey: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            len: u32::from_le_bytes(b[12..16].try_into().unwrap()),
+        }
     }
 }
 
@@ -193,13 +254,32 @@ mod tests {
             ring_credit_return: 0x0102_0304_0506_0708,
             credit_grant: 0x40,
             message_count: 3,
+            reads_done: 0x0201,
         }
         .write(&mut b);
         assert_eq!(&b[0..8], &[8, 7, 6, 5, 4, 3, 2, 1]);
         assert_eq!(&b[8..16], &[0x40, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&b[16..20], &[3, 0, 0, 0]);
-        assert!(b[20..].iter().all(|&x| x == 0));
+        assert_eq!(&b[20..24], &[1, 2, 0, 0]);
+        assert!(b[24..].iter().all(|&x| x == 0));
         assert_eq!(FlowMetadata::read(&b).message_count, 3);
+        assert_eq!(FlowMetadata::read(&b).reads_done, 0x0201);
+
+        let mut d = [0u8; 16];
+        Descriptor {
+            addr: 0x1122_3344_5566_7788,
+            rkey: 0xaabb_ccdd,
+            len: 0x0010_0000,
+        }
+        .write(&mut d);
+        assert_eq!(
+            d,
+            [
+                0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 0xdd, 0xcc, 0xbb, 0xaa, 0, 0, 0x10,
+                0
+            ]
+        );
+        assert_eq!(Descriptor::read(&d).len, 1 << 20);
 
         let mut h = [0u8; 12];
         MsgHeader {

@@ -33,9 +33,10 @@ use mlx5::mem::DmaBuf;
 use slab::Slab;
 
 use super::encoding::{
-    ALIGNMENT, FLOW_METADATA_SIZE, FlowMetadata, HEADER_SIZE, MAX_CALL_ID, MsgHeader,
-    WRAP_MESSAGE_COUNT, decode_imm, encode_imm, from_response_id, internal_allowance, is_response,
-    padded_message_size, to_response_id,
+    ALIGNMENT, DESCRIPTOR_SIZE, Descriptor, FLOW_METADATA_SIZE, FlowMetadata, HEADER_SIZE,
+    LARGE_INLINE_RESPONSE, LARGE_RESPONSE_FLAG, MAX_CALL_ID, MsgHeader, RENDEZVOUS_FLAG,
+    RENDEZVOUS_MIN, WRAP_MESSAGE_COUNT, decode_imm, encode_imm, from_response_id,
+    internal_allowance, is_response, padded_message_size, to_response_id,
 };
 use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError};
 use super::stats::Stats;
@@ -53,6 +54,21 @@ const F_FLOW_REQUEST: u8 = 4;
 const F_ANSWER_FLOW: u8 = 8;
 /// Flag: `released` moved since the consumer word was last stored.
 const F_UNPUBLISHED: u8 = 16;
+/// Flag: rendezvous READs completed and not yet reported to the peer (issue 15).
+const F_READ_DONE: u8 = 32;
+/// Flag: rendezvous descriptors received and not yet all READ-posted by the context.
+const F_RDV: u8 = 64;
+/// Flag: the context lent landing buffers of this endpoint to `recv` (freed at the flush).
+const F_LENT: u8 = 128;
+
+/// Largest ring, in bytes (2 GiB): ring offsets are `u32`, and a message length with the
+/// [`RENDEZVOUS_FLAG`] set always exceeds a batch, so `validate` sees a rendezvous message
+/// only where an inline one would be too long.
+pub const MAX_RING_SIZE: usize = 1 << 31;
+
+/// Bit of [`RecvEntry::allowance`] set when the caller accepts a rendezvous response (the
+/// allowance itself is below 2^37: 32 B units in 31 bits).
+pub(crate) const ENTRY_LARGE_RESP: u64 = 1 << 63;
 
 /// One RDMA WRITE+IMM to perform: `len` bytes from send position `start` to the same
 /// position in the peer's receive ring, with immediate [`Emit::imm`].
@@ -81,14 +97,40 @@ pub(crate) struct RecvEntry {
     pub ep: u32,
     /// The caller's call id.
     pub call_id: u32,
-    /// Credit the caller reserved for the response ([`internal_allowance`] bytes).
+    /// Credit the caller reserved for the response ([`internal_allowance`] bytes), with
+    /// [`ENTRY_LARGE_RESP`] set if the caller accepts a rendezvous response.
     pub allowance: u64,
-    /// Ring offset of the payload.
+    /// Ring offset of the payload; for a request read by rendezvous (`end == 0`), the
+    /// context's landing buffer holding it at offset 0 (issue 15).
     pub off: u32,
     /// Payload bytes.
     pub len: u32,
-    /// Virtual position just after the message.
+    /// Virtual position just after the message (never 0); 0 for a request read by
+    /// rendezvous, which occupies no ring bytes. (The flags live in existing fields so that
+    /// the entry stays 32 bytes on the inline path.)
     pub end: u64,
+}
+
+/// What a received rendezvous descriptor is for.
+#[derive(Debug)]
+pub(crate) enum RdvKind<U> {
+    /// A request: delivered to `recv` once read.
+    Request {
+        call_id: u32,
+        allowance: u64,
+        large_resp: bool,
+    },
+    /// The response to a call: delivered to `on_response` once read.
+    Response { user: U },
+}
+
+/// A received rendezvous descriptor waiting for (or in) its RDMA READ (issue 15).
+#[derive(Debug)]
+pub(crate) struct Rdv<U> {
+    pub desc: Descriptor,
+    pub kind: RdvKind<U>,
+    /// The context's landing buffer, once the READ is posted.
+    pub slot: u32,
 }
 
 /// A call waiting for its response.
@@ -97,6 +139,15 @@ struct Pending<U> {
     user: U,
     /// Largest response payload the caller accepts, in bytes.
     response_allowance: u32,
+    /// The call accepts a rendezvous response.
+    large: bool,
+}
+
+/// Why [`EndpointCore::admit`] refused a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    Credit,
+    Ring,
 }
 
 /// Endpoint lifecycle.
@@ -179,6 +230,26 @@ pub struct EndpointCore<U> {
     /// current `cap` (set with it, read by every call).
     max_payload: u32,
     max_response_allowance: u32,
+    // ---- large messages (rendezvous, issue 15)
+    /// Largest message sent or received by rendezvous, in bytes (0: none); set by the
+    /// context at connect ([`EndpointCore::set_large_limit`]).
+    large_max: u32,
+    /// Largest response allowance a call gets inline credit for; above it the call accepts
+    /// a rendezvous response (`max_payload` with large messages, else
+    /// `max_response_allowance`).
+    inline_response_limit: u32,
+    /// Inline part of a response to a call that accepts a rendezvous response.
+    large_inline: u32,
+    /// Large-message buffers of the context whose descriptors were written, in ring order,
+    /// until the peer reports them read.
+    pub(crate) tx_outstanding: VecDeque<u32>,
+    /// Large-message send buffers free for reuse.
+    pub(crate) tx_free: Vec<u32>,
+    /// Received descriptors in arrival order; the first `rdv_posted` have their READ posted.
+    pub(crate) rdv: VecDeque<Rdv<U>>,
+    pub(crate) rdv_posted: usize,
+    /// READs completed and not yet reported in a flow metadata.
+    reads_unreported: u32,
     // ---- send side (seeds/004 §3.2 "Send Ring の状態変数")
     producer: u64,
     flush_start: u64,
@@ -211,8 +282,27 @@ pub struct EndpointCore<U> {
     last_notified: u64,
     unreceived: u32,
     pending: Slab<Pending<U>>,
-    backlog: Vec<(u32, Vec<u8>)>,
+    backlog: Vec<Backlogged>,
     state: EndpointState,
+}
+
+/// A validated batch being delivered ([`EndpointCore::deliver`]).
+struct Batch<'a> {
+    bytes: &'a [u8],
+    /// Ring offset of its first byte.
+    off: u64,
+    /// Virtual position of its first byte.
+    pos: u64,
+    count: u32,
+}
+
+/// A reply kept until it fits (a protocol-breaking peer; [`EndpointCore::reply`]).
+#[derive(Debug)]
+struct Backlogged {
+    call_id: u32,
+    len_flag: u32,
+    data: Vec<u8>,
+    slot: Option<u32>,
 }
 
 impl<U> std::fmt::Debug for EndpointCore<U> {
@@ -243,9 +333,9 @@ impl<U> EndpointCore<U> {
         max_resp_reservation: u64,
     ) -> Result<Self, mlx5::Error> {
         for s in [send_size, recv_size] {
-            if !s.is_power_of_two() || s < 1024 {
+            if !s.is_power_of_two() || !(1024..=MAX_RING_SIZE).contains(&s) {
                 return Err(mlx5::Error::InvalidArgument(format!(
-                    "copyrpc ring size {s} bytes: must be a power of two >= 1024"
+                    "copyrpc ring size {s} bytes: must be a power of two in 1024..=2^31"
                 )));
             }
         }
@@ -259,6 +349,14 @@ impl<U> EndpointCore<U> {
             cap,
             max_payload: max_payload_for(cap, max_resp),
             max_response_allowance: max_response_allowance_for(cap),
+            large_max: 0,
+            inline_response_limit: max_response_allowance_for(cap),
+            large_inline: 0,
+            tx_outstanding: VecDeque::new(),
+            tx_free: Vec::new(),
+            rdv: VecDeque::new(),
+            rdv_posted: 0,
+            reads_unreported: 0,
             producer: 0,
             flush_start: 0,
             meta_pos: 0,
@@ -366,6 +464,7 @@ impl<U> EndpointCore<U> {
         self.cap = self.send.size().min(remote_recv_size);
         self.max_payload = max_payload_for(self.cap, self.max_resp_reservation);
         self.max_response_allowance = max_response_allowance_for(self.cap);
+        self.inline_response_limit = self.max_response_allowance;
         self.recv_mask = self.recv.size().min(remote_recv_size) - 1;
         self.resp_reservation = self.initial_credit;
         self.unused_grant = self.initial_credit;
@@ -448,46 +547,185 @@ impl<U> EndpointCore<U> {
         encode: impl FnOnce(&mut [u8]) -> usize,
         stats: &mut Stats,
     ) -> Result<u32, CallError<U>> {
-        if self.state != EndpointState::Connected {
-            return Err(self.not_usable(user));
-        }
         if max_len > self.max_payload() || response_allowance > self.max_response_allowance() {
             return Err(CallError::MessageTooLarge(user));
         }
         let credit = internal_allowance(response_allowance as u64);
+        self.call_fit(
+            max_len,
+            credit,
+            0,
+            0,
+            response_allowance,
+            user,
+            encode,
+            stats,
+        )
+    }
+
+    /// Checks that a call reserving `credit` bytes of the peer's credit with a message of
+    /// padded size `m` can be written now (state, credit, ring space, call ids); on refusal
+    /// sets what the next flush must do (flow request, consumer READ) and counts it.
+    #[inline(always)]
+    fn admit(&mut self, credit: u64, m: u64, stats: &mut Stats) -> Result<Placement, Refusal> {
         if self.peer_credit < credit {
             stats.insufficient_credit += 1;
             if !self.credit_requested {
                 self.flags |= F_FLOW_REQUEST;
             }
-            return Err(CallError::InsufficientCredit(user));
+            return Err(Refusal::Credit);
         }
-        let p = self.place(padded_message_size(max_len as u64));
+        let p = self.place(m);
         if self.producer + p.total - self.remote_consumer + 2 * self.resp_reservation > self.cap {
             stats.ring_full += 1;
             self.flags |= F_NEEDS_READ;
-            return Err(CallError::RingFull(user));
+            return Err(Refusal::Ring);
         }
         if self.pending.len() as u32 > MAX_CALL_ID {
-            return Err(CallError::RingFull(user));
+            return Err(Refusal::Ring);
         }
+        Ok(p)
+    }
+
+    /// [`EndpointCore::admit`] for the context's large path, which checks before encoding.
+    #[inline]
+    pub(crate) fn admit_large(
+        &mut self,
+        credit: u64,
+        m: u64,
+        stats: &mut Stats,
+    ) -> Result<(), Refusal> {
+        self.admit(credit, m, stats).map(|_| ())
+    }
+
+    /// Whether a request of padded size `m` keeps `in_flight + 2R <= C` if written now.
+    #[inline(always)]
+    pub(crate) fn fits(&self, m: u64) -> bool {
+        let p = self.place(m);
+        self.producer + p.total - self.remote_consumer + 2 * self.resp_reservation <= self.cap
+    }
+
+    /// [`EndpointCore::call`] without the size checks: the caller (the context, or `call`)
+    /// chose the message size and the credit. `piggy_flag` is OR-ed into the credit units
+    /// ([`LARGE_RESPONSE_FLAG`]), `len_flag` into the header's length
+    /// ([`RENDEZVOUS_FLAG`]); `response_allowance` (exact, bytes) and `large` (a rendezvous
+    /// response is accepted) are what the response is checked against.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(crate) fn call_fit(
+        &mut self,
+        max_len: u32,
+        credit: u64,
+        piggy_flag: u32,
+        len_flag: u32,
+        response_allowance: u32,
+        user: U,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+        stats: &mut Stats,
+    ) -> Result<u32, CallError<U>> {
+        if self.state != EndpointState::Connected {
+            return Err(self.not_usable(user));
+        }
+        let m = padded_message_size(max_len as u64);
+        let p = match self.admit(credit, m, stats) {
+            Ok(p) => p,
+            Err(Refusal::Credit) => return Err(CallError::InsufficientCredit(user)),
+            Err(Refusal::Ring) => return Err(CallError::RingFull(user)),
+        };
         let entry = self.pending.vacant_entry();
         let call_id = entry.key() as u32;
         entry.insert(Pending {
             user,
             response_allowance,
+            large: piggy_flag != 0,
         });
         self.peer_credit -= credit;
         if p.wrap {
             self.wrap(stats, p.total);
         }
-        self.write_message(call_id, (credit / ALIGNMENT) as u32, max_len, encode);
+        self.write_message(
+            call_id,
+            (credit / ALIGNMENT) as u32 | piggy_flag,
+            max_len,
+            len_flag,
+            encode,
+        );
         stats.calls += 1;
         Ok(call_id)
     }
 
+    /// Sets the large-message limit (issue 15) after [`EndpointCore::connect`]: `limit`
+    /// bytes is the smaller of both sides' `EndpointConfig::max_large_message`. Rendezvous
+    /// needs `max_payload >= RENDEZVOUS_MIN` (messages up to that are always inline), so on
+    /// rings too small for that the limit is 0 (no large messages).
+    pub fn set_large_limit(&mut self, limit: u32) {
+        self.large_max = large_limit_for(self.max_payload, limit);
+        if self.large_max != 0 {
+            self.inline_response_limit = self.max_payload;
+            self.large_inline = LARGE_INLINE_RESPONSE.min(self.max_payload);
+        } else {
+            self.large_max = 0;
+            self.inline_response_limit = self.max_response_allowance;
+            self.large_inline = 0;
+        }
+    }
+
+    /// Largest message sent or received by rendezvous, in bytes (0: large messages off).
+    #[inline(always)]
+    pub fn large_limit(&self) -> u32 {
+        self.large_max
+    }
+
+    /// Largest response allowance that reserves credit for the whole response; a call
+    /// asking for more accepts a rendezvous response and reserves
+    /// [`EndpointCore::large_call_credit`].
+    #[inline(always)]
+    pub fn inline_response_limit(&self) -> u32 {
+        self.inline_response_limit
+    }
+
+    /// Credit, in bytes, a call accepting a rendezvous response reserves:
+    /// [`internal_allowance`] of [`LARGE_INLINE_RESPONSE`] (4 KiB), less on small rings.
+    pub fn large_call_credit(&self) -> u64 {
+        internal_allowance(self.large_inline as u64)
+    }
+
+    /// A rendezvous READ of ours completed: the next batch (or a flow update) reports it.
+    #[inline]
+    pub(crate) fn read_completed(&mut self) {
+        self.reads_unreported += 1;
+        self.flags |= F_READ_DONE;
+    }
+
+    /// Whether the flush has large-message work: landing buffers to take back from `recv`
+    /// or descriptors whose READ is not posted yet (one flag test).
+    #[inline(always)]
+    pub(crate) fn large_work(&self) -> bool {
+        self.has(F_RDV | F_LENT)
+    }
+
+    /// The context lent a landing buffer of this endpoint (see [`F_LENT`]).
+    #[inline]
+    pub(crate) fn set_lent(&mut self) {
+        self.flags |= F_LENT;
+    }
+
+    /// Takes the lent flag: whether landing buffers were lent since the last call.
+    #[inline]
+    pub(crate) fn take_lent(&mut self) -> bool {
+        let lent = self.has(F_LENT);
+        self.flags &= !F_LENT;
+        lent
+    }
+
+    /// Every received descriptor has its READ posted.
+    #[inline]
+    pub(crate) fn rdv_all_posted(&mut self) {
+        self.flags &= !F_RDV;
+    }
+
     #[cold]
-    fn not_usable(&self, user: U) -> CallError<U> {
+    pub(crate) fn not_usable(&self, user: U) -> CallError<U> {
         match self.state {
             EndpointState::Failed(_) => CallError::Failed(user),
             _ => CallError::NotConnected(user),
@@ -520,17 +758,49 @@ impl<U> EndpointCore<U> {
                 allowance: (allowance - META - HEADER_SIZE as u64) as usize,
             });
         }
+        self.reply_fit(call_id, allowance, max_len, 0, None, encode, stats)
+    }
+
+    /// [`EndpointCore::reply`] without the size check (done by the caller): `len_flag` is
+    /// OR-ed into the header's length, `slot` is the large-message buffer a rendezvous
+    /// descriptor names (kept until the peer reports it read).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(crate) fn reply_fit(
+        &mut self,
+        call_id: u32,
+        allowance: u64,
+        max_len: u32,
+        len_flag: u32,
+        slot: Option<u32>,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+        stats: &mut Stats,
+    ) -> Result<(), ReplyError> {
+        if self.state != EndpointState::Connected {
+            return Err(ReplyError::Failed);
+        }
+        let m = padded_message_size(max_len as u64);
         self.resp_reservation -= allowance.min(self.resp_reservation);
         let p = self.place(m);
         if !self.backlog.is_empty() || self.producer + p.total - self.remote_consumer > self.cap {
-            return self.backlog_reply(call_id, max_len, encode, stats);
+            return self.backlog_reply(call_id, max_len, len_flag, slot, encode, stats);
         }
         if p.wrap {
             self.wrap(stats, p.total);
         }
-        self.write_message(to_response_id(call_id), 0, max_len, encode);
+        self.write_message(to_response_id(call_id), 0, max_len, len_flag, encode);
+        if let Some(s) = slot {
+            self.tx_outstanding.push_back(s);
+        }
         stats.replies += 1;
         Ok(())
+    }
+
+    /// Gives up answering a request that reserved `allowance` bytes (its response could
+    /// not be written): the reservation returns to the grant pool.
+    #[cold]
+    pub(crate) fn abandon(&mut self, allowance: u64) {
+        self.resp_reservation -= allowance.min(self.resp_reservation);
     }
 
     /// Keeps a reply that does not fit (only possible if the peer broke the protocol) until
@@ -541,13 +811,20 @@ impl<U> EndpointCore<U> {
         &mut self,
         call_id: u32,
         max_len: u32,
+        len_flag: u32,
+        slot: Option<u32>,
         encode: impl FnOnce(&mut [u8]) -> usize,
         stats: &mut Stats,
     ) -> Result<(), ReplyError> {
         let mut v = vec![0u8; max_len as usize];
         let n = encode(&mut v).min(max_len as usize);
         v.truncate(n);
-        self.backlog.push((call_id, v));
+        self.backlog.push(Backlogged {
+            call_id,
+            len_flag,
+            data: v,
+            slot,
+        });
         self.flags |= F_NEEDS_READ;
         stats.backlogged_replies += 1;
         Ok(())
@@ -560,6 +837,7 @@ impl<U> EndpointCore<U> {
         call_id: u32,
         piggyback: u32,
         max_len: u32,
+        len_flag: u32,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) {
         if !self.has(F_BATCH_OPEN) {
@@ -577,7 +855,7 @@ impl<U> EndpointCore<U> {
         MsgHeader {
             call_id,
             piggyback,
-            payload_len: len,
+            payload_len: len | len_flag,
         }
         .write(head.try_into().expect("12 bytes"));
         self.producer += padded_message_size(len as u64);
@@ -623,10 +901,14 @@ impl<U> EndpointCore<U> {
         self.unused_grant += grant;
         let ret = self.released - self.last_notified;
         self.last_notified = self.released;
+        let reads_done = self.reads_unreported;
+        self.reads_unreported = 0;
+        self.flags &= !F_READ_DONE;
         FlowMetadata {
             ring_credit_return: ret,
             credit_grant: grant,
             message_count,
+            reads_done,
         }
     }
 
@@ -668,7 +950,7 @@ impl<U> EndpointCore<U> {
             self.close_batch(stats, 0);
             self.flags &= !F_FLOW_REQUEST;
             self.flags &= !F_ANSWER_FLOW;
-        } else if self.has(F_FLOW_REQUEST) || self.has(F_ANSWER_FLOW) {
+        } else if self.has(F_FLOW_REQUEST | F_ANSWER_FLOW | F_READ_DONE) {
             self.flow_update(stats);
         }
     }
@@ -684,7 +966,7 @@ impl<U> EndpointCore<U> {
             self.flags |= F_NEEDS_READ;
             return;
         }
-        if !self.has(F_FLOW_REQUEST) {
+        if !self.has(F_FLOW_REQUEST | F_READ_DONE) {
             // Answering: only worth it if it grants something.
             let in_flight = self.producer + p.total - self.remote_consumer;
             let r = self.resp_reservation;
@@ -773,19 +1055,29 @@ impl<U> EndpointCore<U> {
     fn drain_backlog(&mut self, stats: &mut Stats) {
         let backlog = std::mem::take(&mut self.backlog);
         let mut rest = Vec::new();
-        for (call_id, data) in backlog {
-            let p = self.place(padded_message_size(data.len() as u64));
+        for b in backlog {
+            let p = self.place(padded_message_size(b.data.len() as u64));
             if !rest.is_empty() || self.producer + p.total - self.remote_consumer > self.cap {
-                rest.push((call_id, data));
+                rest.push(b);
                 continue;
             }
             if p.wrap {
                 self.wrap(stats, p.total);
             }
-            self.write_message(to_response_id(call_id), 0, data.len() as u32, |b| {
-                b[..data.len()].copy_from_slice(&data);
-                data.len()
-            });
+            let data = &b.data;
+            self.write_message(
+                to_response_id(b.call_id),
+                0,
+                data.len() as u32,
+                b.len_flag,
+                |buf| {
+                    buf[..data.len()].copy_from_slice(data);
+                    data.len()
+                },
+            );
+            if let Some(s) = b.slot {
+                self.tx_outstanding.push_back(s);
+            }
             stats.replies += 1;
         }
         if !rest.is_empty() {
@@ -864,9 +1156,13 @@ impl<U> EndpointCore<U> {
         if pos + delta - self.released > size {
             return Err(ProtocolError::Overrun);
         }
-        // SAFETY: `off + delta <= size`; the peer wrote these bytes before the CQE we
-        // consumed (Acquire on the owner bit) and may not write them again until we release.
-        let batch = unsafe { self.recv.slice(off, delta as usize) };
+        // SAFETY: `off + delta <= size` (checked above); the peer wrote these bytes before
+        // the CQE we consumed (Acquire on the owner bit) and may not write them again until
+        // we release. The slice is not tied to `self` so that the delivery loop below can
+        // call `&mut self` methods; nothing in this function writes the receive ring.
+        let batch: &[u8] = unsafe {
+            std::slice::from_raw_parts(self.recv.buf.as_ptr().add(off as usize), delta as usize)
+        };
         let meta = FlowMetadata::read(batch[..META as usize].try_into().expect("32 bytes"));
         let new_piggy = self.piggy_consumer.wrapping_add(meta.ring_credit_return);
         if new_piggy > self.producer || new_piggy < self.piggy_consumer {
@@ -876,6 +1172,9 @@ impl<U> EndpointCore<U> {
             || self.peer_credit.saturating_add(meta.credit_grant) > self.recv.size()
         {
             return Err(ProtocolError::BadCredit);
+        }
+        if meta.reads_done as usize > self.tx_outstanding.len() {
+            return Err(ProtocolError::BadReadsDone);
         }
         if meta.is_wrap() {
             if off + delta != size {
@@ -890,6 +1189,9 @@ impl<U> EndpointCore<U> {
         self.remote_consumer = self.remote_consumer.max(new_piggy);
         self.peer_credit += meta.credit_grant;
         self.credit_requested = false;
+        if meta.reads_done != 0 {
+            self.reads_reported(meta.reads_done);
+        }
         if meta.message_count == 0 {
             self.flags |= F_ANSWER_FLOW;
         }
@@ -897,12 +1199,53 @@ impl<U> EndpointCore<U> {
         if meta.is_wrap() {
             self.last_recv_pos = pos + delta;
         } else {
+            let at = Batch {
+                bytes: batch,
+                off,
+                pos,
+                count: meta.message_count,
+            };
+            let duplicate = self.deliver(&at, ep, queue, stats, on_response);
+            self.last_recv_pos = pos + delta;
+            if let Some(id) = duplicate {
+                return Err(ProtocolError::UnknownCallId(id));
+            }
+        }
+        if self.unreceived == 0 {
+            self.release_to(self.last_recv_pos);
+        }
+        Ok(())
+    }
+
+    /// Delivers the messages of a validated batch in order: responses to `on_response`,
+    /// requests to `queue`, rendezvous messages to [`EndpointCore::ingest_rendezvous`].
+    /// Returns the id of a second response to one call within the batch, if any.
+    #[inline(always)]
+    fn deliver(
+        &mut self,
+        b: &Batch<'_>,
+        ep: u32,
+        queue: &mut VecDeque<RecvEntry>,
+        stats: &mut Stats,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) -> Option<u32> {
+        let (batch, off, pos) = (b.bytes, b.off, b.pos);
+        let mut duplicate = None;
+        {
             let mut cur = META as usize;
-            let mut duplicate = None;
-            for _ in 0..meta.message_count {
+            for _ in 0..b.count {
                 let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
-                let len = h.payload_len as usize;
                 let body = cur + HEADER_SIZE;
+                if h.payload_len & RENDEZVOUS_FLAG != 0 {
+                    // `validate` checked the descriptor's flags and length.
+                    let d = batch[body..body + DESCRIPTOR_SIZE].try_into().expect("16");
+                    if let Err(id) = self.ingest_rendezvous(h, Descriptor::read(d), stats) {
+                        duplicate = Some(id);
+                    }
+                    cur += padded_message_size(DESCRIPTOR_SIZE as u64) as usize;
+                    continue;
+                }
+                let len = h.payload_len as usize;
                 let next = cur + padded_message_size(len as u64) as usize;
                 if is_response(h.call_id) {
                     // `validate` checked that the id names a pending call; only a second
@@ -918,14 +1261,14 @@ impl<U> EndpointCore<U> {
                         None => duplicate = Some(h.call_id),
                     }
                 } else {
-                    let allowance = h.piggyback as u64 * ALIGNMENT;
+                    let allowance = (h.piggyback & !LARGE_RESPONSE_FLAG) as u64 * ALIGNMENT;
                     self.unused_grant -= allowance;
                     self.unreceived += 1;
                     stats.requests += 1;
                     queue.push_back(RecvEntry {
                         ep,
                         call_id: h.call_id,
-                        allowance,
+                        allowance: allowance | ((h.piggyback & LARGE_RESPONSE_FLAG) as u64) << 32,
                         off: (off as usize + body) as u32,
                         len: len as u32,
                         end: pos + next as u64,
@@ -933,15 +1276,8 @@ impl<U> EndpointCore<U> {
                 }
                 cur = next;
             }
-            self.last_recv_pos = pos + delta;
-            if let Some(id) = duplicate {
-                return Err(ProtocolError::UnknownCallId(id));
-            }
         }
-        if self.unreceived == 0 {
-            self.release_to(self.last_recv_pos);
-        }
-        Ok(())
+        duplicate
     }
 
     /// Checks a batch's messages: count, lengths within the batch, exact fill (no trailing
@@ -957,7 +1293,17 @@ impl<U> EndpointCore<U> {
             let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
             let padded = padded_message_size(h.payload_len as u64) as usize;
             if padded > batch.len() - cur {
-                return Err(ProtocolError::BadLength);
+                // A length with the rendezvous flag always gets here (rings are at most
+                // 2 GiB), so the inline path pays no extra test for it.
+                if h.payload_len & RENDEZVOUS_FLAG == 0 {
+                    return Err(ProtocolError::BadLength);
+                }
+                spent += self.validate_rendezvous(h, &batch[cur..])?;
+                if spent > self.unused_grant {
+                    return Err(ProtocolError::BadCredit);
+                }
+                cur += padded_message_size(DESCRIPTOR_SIZE as u64) as usize;
+                continue;
             }
             if is_response(h.call_id) {
                 match self.pending.get(from_response_id(h.call_id) as usize) {
@@ -973,7 +1319,7 @@ impl<U> EndpointCore<U> {
                     Some(_) => {}
                 }
             } else {
-                spent += h.piggyback as u64 * ALIGNMENT;
+                spent += (h.piggyback & !LARGE_RESPONSE_FLAG) as u64 * ALIGNMENT;
                 if spent > self.unused_grant {
                     return Err(ProtocolError::BadCredit);
                 }
@@ -984,6 +1330,100 @@ impl<U> EndpointCore<U> {
             return Err(ProtocolError::BadCount);
         }
         Ok(())
+    }
+
+    /// Checks a rendezvous message (header `h`, `rest` the batch from its header on):
+    /// exact length field, length within `(RENDEZVOUS_MIN, large limit]`, and for a
+    /// response, a pending call that accepts a rendezvous response of that length. Returns
+    /// the credit a request spends.
+    #[cold]
+    #[inline(never)]
+    fn validate_rendezvous(&self, h: MsgHeader, rest: &[u8]) -> Result<u64, ProtocolError> {
+        let m = padded_message_size(DESCRIPTOR_SIZE as u64) as usize;
+        if m > rest.len() {
+            return Err(ProtocolError::BadLength);
+        }
+        if h.payload_len != RENDEZVOUS_FLAG | DESCRIPTOR_SIZE as u32 {
+            return Err(ProtocolError::BadDescriptor(
+                "length field is not the flag plus 16",
+            ));
+        }
+        let d = Descriptor::read(
+            rest[HEADER_SIZE..HEADER_SIZE + DESCRIPTOR_SIZE]
+                .try_into()
+                .expect("16"),
+        );
+        if d.len <= RENDEZVOUS_MIN {
+            return Err(ProtocolError::BadDescriptor(
+                "length not above the rendezvous threshold",
+            ));
+        }
+        if d.len > self.large_max {
+            return Err(ProtocolError::BadDescriptor(
+                "length above the large-message limit",
+            ));
+        }
+        if is_response(h.call_id) {
+            match self.pending.get(from_response_id(h.call_id) as usize) {
+                None => Err(ProtocolError::UnknownCallId(h.call_id)),
+                Some(p) if !p.large => Err(ProtocolError::BadDescriptor(
+                    "rendezvous response to a call that did not accept one",
+                )),
+                Some(p) if d.len > p.response_allowance => Err(ProtocolError::ResponseTooLarge),
+                Some(_) => Ok(0),
+            }
+        } else {
+            Ok((h.piggyback & !LARGE_RESPONSE_FLAG) as u64 * ALIGNMENT)
+        }
+    }
+
+    /// Queues a validated rendezvous message for its READ. A request spends its credit
+    /// now; its ring bytes are released at once (the descriptor is copied). Returns `Err(id)`
+    /// for a second response to the same call within one batch.
+    #[cold]
+    #[inline(never)]
+    fn ingest_rendezvous(
+        &mut self,
+        h: MsgHeader,
+        desc: Descriptor,
+        stats: &mut Stats,
+    ) -> Result<(), u32> {
+        let kind = if is_response(h.call_id) {
+            match self
+                .pending
+                .try_remove(from_response_id(h.call_id) as usize)
+            {
+                Some(p) => RdvKind::Response { user: p.user },
+                None => return Err(h.call_id),
+            }
+        } else {
+            let allowance = (h.piggyback & !LARGE_RESPONSE_FLAG) as u64 * ALIGNMENT;
+            self.unused_grant -= allowance;
+            stats.requests += 1;
+            RdvKind::Request {
+                call_id: h.call_id,
+                allowance,
+                large_resp: h.piggyback & LARGE_RESPONSE_FLAG != 0,
+            }
+        };
+        self.rdv.push_back(Rdv {
+            desc,
+            kind,
+            slot: u32::MAX,
+        });
+        self.flags |= F_RDV;
+        Ok(())
+    }
+
+    /// The peer reported `n` more of our rendezvous messages read (checked against
+    /// `tx_outstanding` by `ingest`): their buffers are free again.
+    #[cold]
+    fn reads_reported(&mut self, n: u32) {
+        for _ in 0..n {
+            if let Some(s) = self.tx_outstanding.pop_front() {
+                self.tx_free.push(s);
+            }
+        }
     }
 
     /// Moves the released position (the space the peer may reuse); the consumer word is
@@ -1030,11 +1470,20 @@ impl<U> EndpointCore<U> {
             self.state = EndpointState::Failed(why);
         }
         self.emits.clear();
-        self.flags &= !F_BATCH_OPEN;
+        self.flags &= !(F_BATCH_OPEN | F_RDV | F_READ_DONE | F_LENT);
         self.backlog.clear();
         for p in self.pending.drain() {
             on_response(p.user, Err(why));
         }
+        for r in self.rdv.drain(..) {
+            if let RdvKind::Response { user } = r.kind {
+                on_response(user, Err(why));
+            }
+        }
+        self.rdv_posted = 0;
+        self.tx_outstanding.clear();
+        self.tx_free.clear();
+        self.reads_unreported = 0;
     }
 
     /// Part of `R` granted to the peer and not yet spent by its calls, in bytes.
@@ -1064,6 +1513,34 @@ impl<U> EndpointCore<U> {
 #[inline(always)]
 pub(crate) fn cqe_delta(imm: u32) -> u64 {
     decode_imm(imm)
+}
+
+/// The large-message limit an endpoint with inline limit `max_payload` uses when both sides
+/// allow `limit` bytes ([`EndpointCore::set_large_limit`]): `limit`, or 0 if rendezvous is
+/// pointless (`limit <= max_payload`) or impossible (`max_payload <` [`RENDEZVOUS_MIN`]).
+pub fn large_limit_for(max_payload: u32, limit: u32) -> u32 {
+    if max_payload >= RENDEZVOUS_MIN && limit > max_payload {
+        limit
+    } else {
+        0
+    }
+}
+
+/// Credit, in bytes, one call with a response of up to `max_response` bytes reserves on an
+/// endpoint with inline limit `max_payload`, capacity `cap` and large-message limit `large`
+/// (as [`large_limit_for`] gives it): the whole response's [`internal_allowance`], or the
+/// [`EndpointCore::large_call_credit`] of a call accepting a rendezvous response.
+pub fn call_credit_for(cap: u64, max_payload: u32, large: u32, max_response: u64) -> u64 {
+    let inline_limit = if large != 0 {
+        max_payload
+    } else {
+        max_response_allowance_for(cap)
+    };
+    if large != 0 && max_response > inline_limit as u64 {
+        internal_allowance(LARGE_INLINE_RESPONSE.min(max_payload) as u64)
+    } else {
+        internal_allowance(max_response)
+    }
 }
 
 /// [`EndpointCore::max_response_allowance`] for capacity `cap`: `C / 2 - 32 - 12` bytes.

@@ -16,10 +16,15 @@ pub enum CallError<U> {
     /// `Context::recv` (not when its poll parses them), so a retry loop that only polls can
     /// wait forever on a peer that is itself stuck in such a loop: progress must include
     /// `recv` of the requests received meanwhile (as `delegation::forward` does).
+    /// Also returned when a large request (issue 15) finds every large-message send buffer
+    /// waiting for the peer to read it ([`super::Stats::large_buffers_busy`]).
     #[error("send ring full: poll and retry")]
     RingFull(U),
-    /// The payload or response allowance exceeds the endpoint's largest message
-    /// ([`super::EndpointCore::max_payload`]).
+    /// The payload or response allowance exceeds the endpoint's largest message: through a
+    /// [`super::Context`], the large-message limit ([`super::EndpointCore::large_limit`],
+    /// issue 15) or, without large messages, [`super::EndpointCore::max_payload`] and
+    /// [`super::EndpointCore::max_response_allowance`]; through a bare
+    /// [`super::EndpointCore`], the latter two.
     #[error("message larger than the endpoint's maximum payload")]
     MessageTooLarge(U),
     /// The endpoint is not connected yet.
@@ -68,6 +73,13 @@ pub enum ReplyError {
     /// The handle was already answered (or was never handed out by `recv`).
     #[error("request already answered (stale handle)")]
     Stale,
+    /// The response needs a large-message buffer (rendezvous, issue 15) and all
+    /// `EndpointConfig::large_buffers` of the endpoint hold responses the caller has not
+    /// read yet (only a caller that does not report its reads gets here). The request's
+    /// credit is returned; the caller's call stays unanswered (its deadline ends it).
+    /// Counted in [`super::Stats::large_buffers_busy`].
+    #[error("no large-message buffer free for the response")]
+    NoLargeBuffer,
 }
 
 /// Malformed input from the peer (a corrupt batch or endpoint info). Each is counted in
@@ -103,6 +115,15 @@ pub enum ProtocolError {
     /// Endpoint information that cannot describe a peer ring.
     #[error("bad endpoint information: {0}")]
     BadEndpointInfo(&'static str),
+    /// A rendezvous descriptor that cannot be honoured (issue 15): a `payload_len` other than
+    /// the flag plus 16, a length not above [`super::encoding::RENDEZVOUS_MIN`] or above the
+    /// large-message limit or the call's response allowance, or a rendezvous response to a
+    /// call that did not accept one. Also counted in [`super::Stats::bad_descriptors`].
+    #[error("bad rendezvous descriptor: {0}")]
+    BadDescriptor(&'static str),
+    /// A batch reporting more rendezvous READs done than rendezvous messages outstanding.
+    #[error("more rendezvous reads reported done than messages outstanding")]
+    BadReadsDone,
 }
 
 /// Why an endpoint failed; pending calls get it as their error.

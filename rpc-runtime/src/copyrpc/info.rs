@@ -34,12 +34,15 @@ pub struct EndpointInfo {
     pub initial_credit: u64,
     /// Schema fingerprint of the service (0: untyped).
     pub fingerprint: u64,
+    /// Largest message this endpoint sends or receives by rendezvous, in bytes (issue 15;
+    /// 0: none, as a peer predating large messages announces).
+    pub max_large_message: u32,
 }
 
 impl EndpointInfo {
     /// Little-endian encoding: magic (8) | qpn (4) | psn (4) | lid (2) | 0 (6) | gid (16) |
     /// ring addr (8) | ring size (8) | ring rkey (4) | consumer rkey (4) | consumer addr (8) |
-    /// initial credit (8) | fingerprint (8) | 0 (8).
+    /// initial credit (8) | fingerprint (8) | max large message (4) | 0 (4).
     pub fn to_bytes(&self) -> [u8; INFO_BYTES] {
         let mut b = [0u8; INFO_BYTES];
         b[0..8].copy_from_slice(&INFO_MAGIC);
@@ -54,6 +57,7 @@ impl EndpointInfo {
         b[64..72].copy_from_slice(&self.consumer_addr.to_le_bytes());
         b[72..80].copy_from_slice(&self.initial_credit.to_le_bytes());
         b[80..88].copy_from_slice(&self.fingerprint.to_le_bytes());
+        b[88..92].copy_from_slice(&self.max_large_message.to_le_bytes());
         b
     }
 
@@ -82,6 +86,7 @@ impl EndpointInfo {
             consumer_addr: u64_at(64),
             initial_credit: u64_at(72),
             fingerprint: u64_at(80),
+            max_large_message: u32_at(88),
         })
     }
 }
@@ -104,6 +109,7 @@ mod tests {
             consumer_rkey: 0x43,
             initial_credit: 1 << 18,
             fingerprint: 0xfeed,
+            max_large_message: 8 << 20,
         };
         let b = i.to_bytes();
         assert_eq!(EndpointInfo::from_bytes(&b).unwrap(), i);
@@ -124,7 +130,7 @@ mod tests {
         proptest! {
             /// Any byte string: `BadInfo` unless it is 96 bytes starting with the magic;
             /// otherwise every field is taken from its offset, so re-encoding gives back the
-            /// input with only the reserved bytes (18..24, 88..96) zeroed.
+            /// input with only the reserved bytes (18..24, 92..96) zeroed.
             #[test]
             fn from_bytes_over_arbitrary_bytes(
                 b in prop_oneof![
@@ -144,7 +150,7 @@ mod tests {
                         prop_assert!(b.len() == INFO_BYTES && b[..8] == INFO_MAGIC);
                         let mut want = b.clone();
                         want[18..24].fill(0);
-                        want[88..96].fill(0);
+                        want[92..96].fill(0);
                         prop_assert_eq!(&info.to_bytes()[..], &want[..]);
                     }
                 }

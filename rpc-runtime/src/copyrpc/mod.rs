@@ -8,6 +8,10 @@
 //! - [`info`]: endpoint information exchanged out of band.
 //! - [`transport`]: the typed-service transports ([`Copyrpc`], [`CopyrpcServer`]).
 //!
+//! Messages beyond the ring's inline limit, up to [`EndpointConfig::max_large_message`]
+//! (8 MiB by default), go by rendezvous: a descriptor inline, the bytes by RDMA READ
+//! (issue 15; [`encoding`], [`context`], [`transport`] describe it).
+//!
 //! ```
 //! use mlx5::sim::{Fabric, SimConfig};
 //! use rpc_runtime::copyrpc::{Context, ContextConfig, EndpointConfig};

@@ -58,6 +58,23 @@ pub struct Stats {
     pub stale_replies: u64,
     /// Send attempts deferred because the send queue was full.
     pub sq_full: u64,
+    /// Large messages sent by rendezvous (descriptor written; issue 15).
+    pub rendezvous_sent: u64,
+    /// Rendezvous messages received and read completely by RDMA READ.
+    pub rendezvous_read: u64,
+    /// Bytes those READs moved.
+    pub rendezvous_bytes: u64,
+    /// Rendezvous descriptors refused (bad length or flags; each failed its endpoint and is
+    /// also counted in `corrupt_batches`).
+    pub bad_descriptors: u64,
+    /// Rendezvous READs that completed with an error (bad rkey or address, peer gone): each
+    /// failed its endpoint.
+    pub rendezvous_read_errors: u64,
+    /// Large-message buffers registered (each once, then reused).
+    pub large_buffers: u64,
+    /// Large calls refused with `RingFull` and replies refused with `NoLargeBuffer` because
+    /// every large-message buffer was busy; READs waiting for a landing buffer are not counted.
+    pub large_buffers_busy: u64,
     /// Messages per closed batch (see [`BATCH_BUCKETS`]).
     pub batch_sizes: [u64; BATCH_BUCKETS],
 }

@@ -32,8 +32,9 @@ use std::collections::{HashMap, VecDeque};
 use proptest::prelude::*;
 
 use super::encoding::{
-    ALIGNMENT, FLOW_METADATA_SIZE, FlowMetadata, HEADER_SIZE, MsgHeader, RESPONSE_FLAG,
-    WRAP_MESSAGE_COUNT, internal_allowance, is_response, padded_message_size, to_response_id,
+    ALIGNMENT, FLOW_METADATA_SIZE, FlowMetadata, HEADER_SIZE, MsgHeader, RENDEZVOUS_FLAG,
+    RESPONSE_FLAG, WRAP_MESSAGE_COUNT, internal_allowance, is_response, padded_message_size,
+    to_response_id,
 };
 use super::endpoint::{Emit, EndpointCore, EndpointState, RecvEntry};
 use super::error::{CallError, EndpointFailure, ProtocolError};
@@ -913,6 +914,7 @@ impl Batch {
             ring_credit_return: ret,
             credit_grant: grant,
             message_count: count,
+            reads_done: 0,
         }
         .write((&mut b[..32]).try_into().unwrap());
         Batch(b)
@@ -972,10 +974,21 @@ fn corrupt_counts_and_lengths_are_rejected() {
     // Fewer messages announced than present (trailing bytes).
     let b = Batch::new(0, 0, 1).msg(7, 2, 10, 10).msg(8, 2, 10, 10);
     expect_rejected(&mut p, 1, &b, None, ProtocolError::BadCount);
-    // payload_len beyond the batch (also at the extremes of u32).
-    for len in [21, 1000, u32::MAX - 11, u32::MAX] {
+    // payload_len beyond the batch.
+    for len in [21, 1000, RENDEZVOUS_FLAG - 1] {
         let b = Batch::new(0, 0, 1).msg(7, 2, len, 10);
         expect_rejected(&mut p, 1, &b, None, ProtocolError::BadLength);
+    }
+    // At the extremes of u32 the rendezvous flag is set: not a descriptor's length field.
+    for len in [u32::MAX - 11, u32::MAX] {
+        let b = Batch::new(0, 0, 1).msg(7, 2, len, 10);
+        expect_rejected(
+            &mut p,
+            1,
+            &b,
+            None,
+            ProtocolError::BadDescriptor("length field is not the flag plus 16"),
+        );
     }
     // A count of u32::MAX - 1 (not a wrap) on an empty batch.
     let b = Batch::new(0, 0, u32::MAX - 1);
@@ -1267,5 +1280,572 @@ proptest! {
             prop_assert_eq!(r, Ok(()));
             prop_assert_eq!(after, consumer.max(value));
         }
+    }
+}
+
+/// Large messages by rendezvous (issue 15): two [`super::Context`]s on the software device
+/// model, requests and responses beyond the ring's inline limit RDMA-READ by the receiver,
+/// and forged descriptors.
+mod large {
+    use std::time::{Duration, Instant};
+
+    use mlx5::cqe::{CqeErrorKind, Syndrome};
+    use mlx5::mem::DmaBuf;
+    use mlx5::sim::{Fabric, SimConfig};
+    use mlx5::verbs::Access;
+
+    use super::super::encoding::{Descriptor, LARGE_INLINE_RESPONSE, RENDEZVOUS_MIN};
+    use super::super::{
+        Context, ContextConfig, EndpointConfig, EndpointFailure, EndpointId, EndpointState,
+        ProtocolError, RecvHandle,
+    };
+    use super::pattern;
+
+    const MIB: usize = 1 << 20;
+    /// Upper bound of every wait below (the model needs milliseconds; this only turns a
+    /// hang into a failure).
+    const LIMIT: Duration = Duration::from_secs(20);
+
+    struct Two {
+        a: Context<u64>,
+        b: Context<u64>,
+        ea: EndpointId,
+        eb: EndpointId,
+        _fabric: Fabric,
+    }
+
+    fn two(cfg: EndpointConfig) -> Two {
+        let fabric = Fabric::new(SimConfig::default());
+        let (da, db) = (fabric.open(), fabric.open());
+        let mut a = Context::new(&da, ContextConfig::default()).unwrap();
+        let mut b = Context::new(&db, ContextConfig::default()).unwrap();
+        let ea = a.create_endpoint(&cfg).unwrap();
+        let eb = b.create_endpoint(&cfg).unwrap();
+        let (ia, ib) = (a.local_info(ea).unwrap(), b.local_info(eb).unwrap());
+        a.connect(ea, &ib).unwrap();
+        b.connect(eb, &ia).unwrap();
+        Two {
+            a,
+            b,
+            ea,
+            eb,
+            _fabric: fabric,
+        }
+    }
+
+    /// Polls both sides until `x` has a request; returns its handle and bytes.
+    fn next_request(x: &mut Context<u64>, y: &mut Context<u64>) -> (RecvHandle, Vec<u8>) {
+        let t = Instant::now();
+        loop {
+            y.poll(|_, _| panic!("no response expected"));
+            x.poll(|_, _| panic!("no response expected"));
+            if let Some((h, req)) = x.recv() {
+                return (h, req.to_vec());
+            }
+            assert!(t.elapsed() < LIMIT, "no request within {LIMIT:?}");
+        }
+    }
+
+    /// Polls both sides until `x` (the caller) gets the response to `tag`.
+    fn response(x: &mut Context<u64>, y: &mut Context<u64>, tag: u64) -> Vec<u8> {
+        let t = Instant::now();
+        let mut got = None;
+        while got.is_none() {
+            y.poll(|_, _| {});
+            x.poll(|u, r| {
+                assert_eq!(u, tag);
+                got = Some(r.expect("response").to_vec());
+            });
+            assert!(t.elapsed() < LIMIT, "no response within {LIMIT:?}");
+        }
+        got.unwrap()
+    }
+
+    /// One call from `x` to `y`: request of `req` bytes, response of `resp` bytes (the
+    /// call's allowance), contents checked on both sides.
+    fn round_trip(
+        x: &mut Context<u64>,
+        ex: EndpointId,
+        y: &mut Context<u64>,
+        req: usize,
+        resp: usize,
+        tag: u64,
+    ) {
+        let payload = pattern(tag, req);
+        x.call(ex, &payload, tag, resp as u32).unwrap();
+        let (h, got) = next_request(y, x);
+        assert!(got == payload, "request of {req} bytes arrives intact");
+        assert!(y.max_response(&h) >= resp);
+        let answer = pattern(tag ^ 1 << 62, resp);
+        y.reply(h, &answer).unwrap();
+        assert!(
+            response(x, y, tag) == answer,
+            "response of {resp} bytes arrives intact"
+        );
+    }
+
+    /// Sizes at the inline limit, one above, 1 MiB and 8 MiB (the default large limit), in
+    /// both directions of the connection, requests and responses; only messages beyond
+    /// the inline limit go by rendezvous, each READ once.
+    #[test]
+    fn inline_limit_and_large_messages_round_trip_both_ways() {
+        let mut t = two(EndpointConfig::default());
+        let cap = t.a.endpoint(t.ea).unwrap().max_payload() as usize;
+        assert_eq!(cap, 262_100, "the inline limit of the default 1 MiB ring");
+        assert_eq!(t.a.endpoint(t.ea).unwrap().large_limit(), 8 << 20);
+        let mut tag = 0;
+        for (req, resp) in [
+            (cap, cap),
+            (cap + 1, cap + 1),
+            (MIB, MIB),
+            (8 * MIB, 8 * MIB),
+            (10, 8 * MIB),
+            (8 * MIB, 10),
+        ] {
+            for dir in 0..2 {
+                tag += 1;
+                let (sa, sb) = (t.a.stats().rendezvous_sent, t.b.stats().rendezvous_sent);
+                let (ra, rb) = (t.a.stats().rendezvous_read, t.b.stats().rendezvous_read);
+                let (x, ex, y) = if dir == 0 {
+                    (&mut t.a, t.ea, &mut t.b)
+                } else {
+                    (&mut t.b, t.eb, &mut t.a)
+                };
+                round_trip(x, ex, y, req, resp, tag);
+                let large_req = u64::from(req > cap);
+                let large_resp = u64::from(resp > cap);
+                let (x_sent, y_sent, x_read, y_read) = if dir == 0 {
+                    (
+                        t.a.stats().rendezvous_sent - sa,
+                        t.b.stats().rendezvous_sent - sb,
+                        t.a.stats().rendezvous_read - ra,
+                        t.b.stats().rendezvous_read - rb,
+                    )
+                } else {
+                    (
+                        t.b.stats().rendezvous_sent - sb,
+                        t.a.stats().rendezvous_sent - sa,
+                        t.b.stats().rendezvous_read - rb,
+                        t.a.stats().rendezvous_read - ra,
+                    )
+                };
+                assert_eq!(
+                    (x_sent, y_read),
+                    (large_req, large_req),
+                    "request of {req} B"
+                );
+                assert_eq!(
+                    (y_sent, x_read),
+                    (large_resp, large_resp),
+                    "response of {resp} B"
+                );
+            }
+        }
+        for c in [&t.a, &t.b] {
+            let s = c.stats();
+            assert_eq!(
+                s.bad_descriptors + s.rendezvous_read_errors + s.corrupt_batches,
+                0
+            );
+        }
+        let per_dir = 2 * (cap + 1) + 2 * MIB + 16 * MIB + 8 * MIB + 8 * MIB;
+        assert_eq!(
+            t.a.stats().rendezvous_bytes + t.b.stats().rendezvous_bytes,
+            2 * per_dir as u64
+        );
+    }
+
+    /// Buffers are registered once and reused: many large calls in sequence need one send
+    /// and one landing buffer per side, freed by the peer's read reports.
+    #[test]
+    fn large_buffers_are_reused() {
+        let mut t = two(EndpointConfig {
+            max_large_message: 2 * MIB as u32,
+            ..Default::default()
+        });
+        for i in 0..20u64 {
+            round_trip(
+                &mut t.a,
+                t.ea,
+                &mut t.b,
+                MIB + i as usize,
+                MIB - i as usize,
+                i,
+            );
+        }
+        assert_eq!(t.a.stats().rendezvous_sent, 20);
+        assert_eq!(t.b.stats().rendezvous_sent, 20);
+        // One buffer per direction per side (a send buffer is free again once the peer's
+        // read report arrives, which precedes the next message from it).
+        assert_eq!(t.a.stats().large_buffers, 2);
+        assert_eq!(t.b.stats().large_buffers, 2);
+        // Beyond the negotiated limit: refused at the caller, nothing sent.
+        let big = vec![0u8; 2 * MIB + 1];
+        assert!(matches!(
+            t.a.call(t.ea, &big, 99, 64),
+            Err(super::CallError::MessageTooLarge(99))
+        ));
+        assert!(matches!(
+            t.a.call(t.ea, b"x", 99, 2 * MIB as u32 + 1),
+            Err(super::CallError::MessageTooLarge(99))
+        ));
+    }
+
+    /// `large_buffers` bounds the large requests waiting to be read: with one send buffer,
+    /// a second large call is refused as retryable `RingFull` (counted) until the peer read
+    /// the first and reported it; nothing else is refused meanwhile.
+    #[test]
+    fn large_buffers_bound_the_large_calls_in_flight() {
+        let mut t = two(EndpointConfig {
+            max_large_message: 2 * MIB as u32,
+            large_buffers: 1,
+            ..Default::default()
+        });
+        let (p1, p2) = (pattern(11, MIB), pattern(12, MIB));
+        t.a.call(t.ea, &p1, 1, 64).unwrap();
+        assert!(matches!(
+            t.a.call(t.ea, &p2, 2, 64),
+            Err(super::CallError::RingFull(2))
+        ));
+        assert_eq!(t.a.stats().large_buffers_busy, 1);
+        // Small calls are not held up.
+        t.a.call(t.ea, b"small", 3, 64).unwrap();
+        // The small request is delivered at once; the large one once its READ completed.
+        let (h3, got) = next_request(&mut t.b, &mut t.a);
+        assert_eq!(got, b"small");
+        let (h1, got) = next_request(&mut t.b, &mut t.a);
+        assert!(got == p1);
+        // The read report rides on b's next batch (here: the replies).
+        t.b.reply(h1, b"one").unwrap();
+        t.b.reply(h3, b"three").unwrap();
+        let start = Instant::now();
+        let mut got = std::collections::HashMap::new();
+        while got.len() < 2 {
+            t.b.poll(|_, _| {});
+            t.a.poll(|u, r| {
+                got.insert(u, r.expect("response").to_vec());
+            });
+            assert!(start.elapsed() < LIMIT, "no responses within {LIMIT:?}");
+        }
+        assert_eq!(got[&1], b"one");
+        assert_eq!(got[&3], b"three");
+        t.a.call(t.ea, &p2, 2, 64).unwrap();
+        let (h2, got) = next_request(&mut t.b, &mut t.a);
+        assert!(got == p2);
+        t.b.reply(h2, b"two").unwrap();
+        assert_eq!(response(&mut t.a, &mut t.b, 2), b"two");
+        assert_eq!(t.a.stats().large_buffers, 1, "the one buffer was reused");
+    }
+
+    /// A reply that needs a large-message buffer when every one holds an unread response
+    /// is refused with `NoLargeBuffer` (counted), and its credit reservation is returned,
+    /// so the caller's other calls are not starved; the caller's call stays unanswered.
+    #[test]
+    fn replies_beyond_the_large_buffers_are_refused_and_release_their_credit() {
+        let mut t = two(EndpointConfig {
+            max_large_message: 2 * MIB as u32,
+            large_buffers: 1,
+            ..Default::default()
+        });
+        t.a.call(t.ea, b"1", 1, MIB as u32).unwrap();
+        t.a.call(t.ea, b"2", 2, MIB as u32).unwrap();
+        let (h1, _) = next_request(&mut t.b, &mut t.a);
+        let (h2, _) = next_request(&mut t.b, &mut t.a);
+        let r_before = t.b.endpoint(t.eb).unwrap().resp_reservation();
+        t.b.reply(h1, &pattern(1, MIB)).unwrap();
+        assert_eq!(
+            t.b.reply(h2, &pattern(2, MIB)),
+            Err(super::super::ReplyError::NoLargeBuffer)
+        );
+        assert_eq!(t.b.stats().large_buffers_busy, 1);
+        // Both reservations (4 KiB each) went back to the grant pool.
+        assert_eq!(
+            r_before - t.b.endpoint(t.eb).unwrap().resp_reservation(),
+            2 * t.a.endpoint(t.ea).unwrap().large_call_credit()
+        );
+        assert!(response(&mut t.a, &mut t.b, 1) == pattern(1, MIB));
+        assert_eq!(
+            t.a.endpoint(t.ea).unwrap().pending_calls(),
+            1,
+            "call 2 unanswered"
+        );
+        // Once the caller read the first response, the buffer serves the next reply.
+        t.a.call(t.ea, b"3", 3, MIB as u32).unwrap();
+        let (h3, _) = next_request(&mut t.b, &mut t.a);
+        t.b.reply(h3, &pattern(3, MIB)).unwrap();
+        assert!(response(&mut t.a, &mut t.b, 3) == pattern(3, MIB));
+        assert_eq!(t.b.stats().large_buffers, 1);
+    }
+
+    /// A call that may carry a large request or response but turns out small stays inline:
+    /// the request (written in place into a large buffer, then copied into the ring) and a
+    /// response up to the call's inline part; a longer response goes by rendezvous.
+    #[test]
+    fn small_messages_of_large_calls_stay_inline() {
+        let mut t = two(EndpointConfig::default());
+        let body = pattern(7, 100);
+        t.a.call_with(t.ea, 4 * MIB as u32, 1, 8 * MIB as u32, |b| {
+            b[..100].copy_from_slice(&body);
+            100
+        })
+        .unwrap();
+        let (h, got) = next_request(&mut t.b, &mut t.a);
+        assert_eq!(got, body);
+        assert_eq!(t.b.max_response(&h), 8 * MIB);
+        let small = pattern(8, LARGE_INLINE_RESPONSE as usize);
+        t.b.reply(h, &small).unwrap();
+        assert_eq!(response(&mut t.a, &mut t.b, 1), small);
+        assert_eq!(t.a.stats().rendezvous_sent + t.b.stats().rendezvous_sent, 0);
+
+        t.a.call(t.ea, b"q", 2, 8 * MIB as u32).unwrap();
+        let (h, _) = next_request(&mut t.b, &mut t.a);
+        let longer = pattern(9, LARGE_INLINE_RESPONSE as usize + 1);
+        t.b.reply(h, &longer).unwrap();
+        assert_eq!(response(&mut t.a, &mut t.b, 2), longer);
+        assert_eq!(t.b.stats().rendezvous_sent, 1);
+        // A large call's credit is 4 KiB, not the response's size.
+        assert_eq!(
+            t.a.endpoint(t.ea).unwrap().large_call_credit(),
+            4096,
+            "a call accepting an 8 MiB response reserves 4 KiB of credit"
+        );
+    }
+
+    /// A registered 4 KiB buffer on `a` for forged descriptors, filled with a pattern.
+    fn exposed(t: &Two) -> (DmaBuf, mlx5::verbs::Mr) {
+        let buf = DmaBuf::with_normal_pages(4096).unwrap();
+        // SAFETY: 4096 bytes of `buf`, kept alive (returned) as long as the registration.
+        unsafe {
+            std::slice::from_raw_parts_mut(buf.as_mut_ptr(), 4096)
+                .copy_from_slice(&pattern(3, 4096));
+        }
+        let mr = unsafe {
+            t.a.reg_mr(
+                buf.as_mut_ptr(),
+                4096,
+                Access::LOCAL_WRITE | Access::REMOTE_READ,
+            )
+        }
+        .unwrap();
+        (buf, mr)
+    }
+
+    /// Polls both sides until `b`'s endpoint has failed; returns why.
+    fn failure_of_b(t: &mut Two) -> EndpointFailure {
+        let start = Instant::now();
+        loop {
+            t.a.poll(|_, _| {});
+            t.b.poll(|_, _| {});
+            while t.b.recv().is_some() {}
+            if let Some(EndpointState::Failed(why)) = t.b.endpoint_state(t.eb) {
+                return why;
+            }
+            assert!(
+                start.elapsed() < LIMIT,
+                "b's endpoint did not fail within {LIMIT:?}"
+            );
+        }
+    }
+
+    /// A well-formed forged descriptor is read and delivered (the control for the tests
+    /// below); the forger, which never registered the message as outstanding, then
+    /// receives a read report it cannot match and refuses it.
+    #[test]
+    fn forged_valid_descriptor_is_read_and_its_report_checked() {
+        let mut t = two(EndpointConfig::default());
+        let (_buf, mr) = exposed(&t);
+        let d = Descriptor {
+            addr: mr.addr,
+            rkey: mr.rkey,
+            len: 4096,
+        };
+        t.a.forge_rendezvous_call(t.ea, d, 5).unwrap();
+        let (h, got) = next_request(&mut t.b, &mut t.a);
+        assert_eq!(got, pattern(3, 4096));
+        assert_eq!(t.b.stats().rendezvous_read, 1);
+        t.b.reply(h, b"ok").unwrap();
+        let start = Instant::now();
+        while t.a.endpoint_state(t.ea) == Some(EndpointState::Connected) {
+            t.b.poll(|_, _| {});
+            t.a.poll(|_, _| {});
+            assert!(start.elapsed() < LIMIT);
+        }
+        assert_eq!(
+            t.a.endpoint_state(t.ea),
+            Some(EndpointState::Failed(EndpointFailure::Protocol(
+                ProtocolError::BadReadsDone
+            )))
+        );
+        assert_eq!(t.a.stats().corrupt_batches, 1);
+    }
+
+    /// Descriptors whose length is refused before any READ: above the limit, not above the
+    /// rendezvous threshold. The receiver fails the endpoint with a clear error and counts it.
+    #[test]
+    fn descriptor_lengths_out_of_range_are_refused() {
+        for (len, what) in [
+            ((8 << 20) + 1, "length above the large-message limit"),
+            (u32::MAX, "length above the large-message limit"),
+            (RENDEZVOUS_MIN, "length not above the rendezvous threshold"),
+            (0, "length not above the rendezvous threshold"),
+        ] {
+            let mut t = two(EndpointConfig::default());
+            let (_buf, mr) = exposed(&t);
+            let d = Descriptor {
+                addr: mr.addr,
+                rkey: mr.rkey,
+                len,
+            };
+            t.a.forge_rendezvous_call(t.ea, d, 5).unwrap();
+            let why = failure_of_b(&mut t);
+            assert_eq!(
+                why,
+                EndpointFailure::Protocol(ProtocolError::BadDescriptor(what)),
+                "len {len}"
+            );
+            let s = t.b.stats();
+            assert_eq!(
+                (s.bad_descriptors, s.corrupt_batches, s.rendezvous_read),
+                (1, 1, 0)
+            );
+            assert_eq!(
+                s.large_buffers, 0,
+                "nothing allocated for a refused descriptor"
+            );
+        }
+    }
+
+    /// Descriptors the receiver can only find bad by reading: a wrong rkey, a length past
+    /// the registered buffer, an address before it. The READ completes with a remote access
+    /// error, which fails the endpoint (the RC QP is in error) and is counted; nothing is
+    /// delivered and nothing is written beyond the landing buffer.
+    #[test]
+    fn descriptors_the_peer_nic_refuses_fail_the_endpoint() {
+        for case in 0..3 {
+            let mut t = two(EndpointConfig::default());
+            let (_buf, mr) = exposed(&t);
+            let d = match case {
+                0 => Descriptor {
+                    addr: mr.addr,
+                    rkey: mr.rkey ^ 0x5a5a,
+                    len: 4096,
+                },
+                1 => Descriptor {
+                    addr: mr.addr,
+                    rkey: mr.rkey,
+                    len: 8192,
+                },
+                _ => Descriptor {
+                    addr: mr.addr - 4096,
+                    rkey: mr.rkey,
+                    len: 4096,
+                },
+            };
+            t.a.forge_rendezvous_call(t.ea, d, 5).unwrap();
+            let why = failure_of_b(&mut t);
+            match why {
+                EndpointFailure::Completion(e) => {
+                    assert_eq!(
+                        e.kind,
+                        CqeErrorKind::Known(Syndrome::RemoteAccess),
+                        "case {case}"
+                    )
+                }
+                other => panic!("case {case}: expected a remote access error, got {other:?}"),
+            }
+            let s = t.b.stats();
+            assert_eq!(
+                (s.rendezvous_read_errors, s.rendezvous_read, s.requests),
+                (1, 0, 1),
+                "case {case}"
+            );
+            assert_eq!(t.b.pending_requests(), 0);
+        }
+    }
+
+    /// A rendezvous response to a call that did not accept one, or longer than the call's
+    /// allowance, fails the caller's endpoint with a clear error; pending calls end.
+    #[test]
+    fn rendezvous_responses_beyond_the_call_are_refused() {
+        let mut t = two(EndpointConfig::default());
+        // The caller accepts up to 300 000 bytes; the responder's handle allows the
+        // connection's limit, so it sends a longer one.
+        t.a.call(t.ea, b"q", 1, 300_000).unwrap();
+        let (h, _) = next_request(&mut t.b, &mut t.a);
+        assert_eq!(t.b.max_response(&h), 8 << 20);
+        t.b.reply(h, &vec![1u8; 300_001]).unwrap();
+        let start = Instant::now();
+        let mut ended = None;
+        while ended.is_none() {
+            t.b.poll(|_, _| {});
+            t.a.poll(|u, r| ended = Some((u, r.map(|b| b.len()))));
+            assert!(start.elapsed() < LIMIT);
+        }
+        assert_eq!(
+            ended,
+            Some((
+                1,
+                Err(EndpointFailure::Protocol(ProtocolError::ResponseTooLarge))
+            ))
+        );
+        assert_eq!(t.a.stats().rendezvous_read, 0, "refused before reading");
+    }
+
+    /// The sender of a large request dies before the receiver read it: the READ fails
+    /// (bounded by the RC retry limit), the receiver's endpoint fails and frees its
+    /// buffers; the other direction (a caller whose responder dies after sending a
+    /// rendezvous response) ends the call with an error.
+    #[test]
+    fn peer_dying_mid_transfer_ends_in_bounded_time() {
+        let mut t = two(EndpointConfig::default());
+        t.a.call(t.ea, &pattern(1, MIB), 1, 64).unwrap();
+        t.a.poll(|_, _| {}); // the descriptor is on b's ring; nobody polls b yet
+        let Two {
+            a,
+            mut b,
+            eb,
+            _fabric,
+            ..
+        } = t;
+        drop(a);
+        let start = Instant::now();
+        while b.endpoint_state(eb) == Some(EndpointState::Connected) {
+            b.poll(|_, _| {});
+            assert!(b.recv().is_none(), "nothing delivered from a dead peer");
+            assert!(
+                start.elapsed() < LIMIT,
+                "the READ from a dead peer did not end"
+            );
+        }
+        assert!(b.stats().rendezvous_read_errors >= 1 || b.stats().error_cqes >= 1);
+        assert_eq!(b.stats().rendezvous_read, 0);
+
+        let mut t = two(EndpointConfig::default());
+        t.a.call(t.ea, b"q", 7, 4 * MIB as u32).unwrap();
+        let (h, _) = next_request(&mut t.b, &mut t.a);
+        t.b.reply(h, &pattern(2, 4 * MIB)).unwrap();
+        t.b.poll(|_, _| {}); // the response descriptor is sent
+        let Two {
+            mut a,
+            b,
+            ea,
+            _fabric,
+            ..
+        } = t;
+        drop(b);
+        let start = Instant::now();
+        let mut ended = None;
+        while ended.is_none() {
+            a.poll(|u, r| ended = Some((u, r.is_ok())));
+            assert!(
+                start.elapsed() < LIMIT,
+                "the call to a dead peer did not end"
+            );
+        }
+        assert_eq!(ended, Some((7, false)));
+        assert!(matches!(
+            a.endpoint_state(ea),
+            Some(EndpointState::Failed(_))
+        ));
     }
 }

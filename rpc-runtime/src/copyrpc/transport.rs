@@ -10,6 +10,35 @@
 //! credit are checked against those sizes when the client connects, so a connected client
 //! never sends a message the server cannot take.
 //!
+//! # Large messages (issue 15)
+//! A message larger than the ring's inline limit ([`super::EndpointCore::max_payload`]:
+//! `ring_size / 4 - 44` B with the default reservation, 262 100 B on 1 MiB rings) travels by
+//! rendezvous up to [`EndpointConfig::max_large_message`] (default 8 MiB, both sides'
+//! smaller value): the sender encodes it into a registered buffer of its endpoint and sends a
+//! 16 B descriptor inline; the receiver RDMA-READs it into a buffer of its own and delivers
+//! it as usual (see [`super::encoding`] for the wire format). A service is therefore refused
+//! at connect only if a message exceeds that limit ([`RpcError::CapacityMismatch`] naming
+//! `copyrpc EndpointConfig::max_large_message`), or, with `max_large_message: 0` or rings
+//! too small for rendezvous (inline limit below 256 B), the inline limit (naming
+//! `ring_size`, as before).
+//!
+//! Costs: a service whose largest messages fit inline runs exactly as before. For a service
+//! whose largest request (response) exceeds the inline limit, every request (reply) is
+//! encoded into a large-message buffer first, because its size is known only after
+//! encoding; one that turns out to fit is copied into the ring (one extra copy of a small
+//! message), the rest go by descriptor. Such a call reserves 4 KiB of response credit
+//! instead of its largest response. Buffers are registered once per endpoint when first
+//! needed and reused (at most [`EndpointConfig::large_buffers`] per direction); the
+//! client's stash keeps `max_in_flight × max_response_bytes` bytes, so lower
+//! [`CopyrpcAddr::max_in_flight`] for megabyte responses.
+//!
+//! A large request's buffer is reused only after the server reports it read (its next
+//! batch), or once the endpoint failed (its buffers are deregistered, then unmapped). A call
+//! that expires at the client stays pending in copyrpc until its response or the endpoint's
+//! failure, so its buffer is never reused while the server may still read it. A server
+//! that never reads (or never reports) holds at most `large_buffers` of the client's
+//! buffers; further large calls get [`RpcError::WouldBlock`] until the call's deadline.
+//!
 //! # Connecting
 //! copyrpc needs no handshake message: each side creates an endpoint and hands the peer its
 //! [`EndpointInfo`] out of band (seeds/004 §3.8 "エンドポイント交換"). In one process the
@@ -50,7 +79,6 @@ use mlx5::verbs::{Access, Mr};
 use mlx5::wqe::{RaddrSeg, Sge};
 
 use super::context::{Context, ContextConfig, EndpointConfig, EndpointId, RecvHandle};
-use super::encoding::internal_allowance;
 use super::endpoint::EndpointState;
 use super::error::{CallError, ReplyError, SetupError};
 use super::info::EndpointInfo;
@@ -354,30 +382,45 @@ impl Copyrpc {
                 found: info.fingerprint,
             });
         }
-        let max_payload = core.max_payload() as usize;
-        // The negotiated capacity is the smaller ring's: the server's if it is below ours.
-        let side = if core.capacity() < info.recv_ring_size {
-            LimitSide::PeerServer
+        let inline = core.max_payload() as usize;
+        let large = core.large_limit() as usize;
+        // The negotiated capacity is the smaller ring's: the server's if it is below ours;
+        // the large-message limit is the smaller of both sides' too.
+        let (side, setting) = if large != 0 {
+            let side = if core.large_limit() < info.max_large_message {
+                LimitSide::PeerServer
+            } else {
+                LimitSide::ThisClient
+            };
+            (side, SETTING_LARGE)
+        } else if core.capacity() < info.recv_ring_size {
+            (LimitSide::PeerServer, SETTING_RING_SIZE)
         } else {
-            LimitSide::ThisClient
+            (LimitSide::ThisClient, SETTING_RING_SIZE)
         };
+        let max = inline.max(large);
         for (what, need) in [
             (MessageKind::Request, service.max_request_bytes),
             (MessageKind::Response, service.max_response_bytes),
         ] {
-            if need > max_payload {
+            if need > max {
                 return Err(RpcError::CapacityMismatch {
                     service: service.name,
                     what,
                     side,
-                    setting: SETTING_RING_SIZE,
-                    cap: sat_u32(max_payload),
+                    setting,
+                    cap: sat_u32(max),
                     need: sat_u32(need),
                     min: None,
                 });
             }
         }
-        let need = internal_allowance(service.max_response_bytes as u64);
+        let need = super::endpoint::call_credit_for(
+            core.capacity(),
+            core.max_payload(),
+            core.large_limit(),
+            service.max_response_bytes as u64,
+        );
         if core.peer_credit() < need {
             return Err(RpcError::CapacityMismatch {
                 service: service.name,
@@ -538,11 +581,10 @@ impl Copyrpc {
             CallError::InsufficientCredit(_) | CallError::RingFull(_) => RpcError::WouldBlock,
             CallError::MessageTooLarge(_) => RpcError::MessageTooLarge {
                 len: self.max_req as usize,
-                cap: self
-                    .ctx
-                    .endpoint(self.ep)
-                    .map_or(0, |c| c.max_payload() as usize),
-                setting: SETTING_RING_SIZE,
+                cap: self.ctx.endpoint(self.ep).map_or(0, |c| {
+                    (c.max_payload() as usize).max(c.large_limit() as usize)
+                }),
+                setting: SETTING_LARGE,
             },
             CallError::NotConnected(_) | CallError::Failed(_) => RpcError::ServerDisconnected,
         };
@@ -822,13 +864,22 @@ impl CopyrpcServer {
             ))
             .into());
         }
-        if let Some((what, max, need)) = capacity_gap(
+        let our_large = self.endpoint.max_large_message;
+        let large = our_large.min(client.max_large_message);
+        if let Some(gap) = capacity_gap(
             self.service,
             cap,
             client.initial_credit,
             max_resp_of(&self.endpoint),
+            large,
         ) {
-            let (side, min) = if client.recv_ring_size < ours {
+            let (side, min) = if gap.setting == SETTING_LARGE {
+                if client.max_large_message < our_large {
+                    (LimitSide::PeerClient, Some(gap.need as u64))
+                } else {
+                    (LimitSide::ThisServer, Some(gap.need as u64))
+                }
+            } else if client.recv_ring_size < ours {
                 (LimitSide::PeerClient, Some(ours))
             } else {
                 (
@@ -838,11 +889,11 @@ impl CopyrpcServer {
             };
             return Err(RpcError::CapacityMismatch {
                 service: self.service.name,
-                what,
+                what: gap.what,
                 side,
-                setting: SETTING_RING_SIZE,
-                cap: sat_u32(max),
-                need: sat_u32(need),
+                setting: gap.setting,
+                cap: sat_u32(gap.max),
+                need: sat_u32(gap.need),
                 min,
             });
         }
@@ -881,6 +932,9 @@ impl CopyrpcServer {
 
 /// [`RpcError::CapacityMismatch::setting`] for a ring too small.
 const SETTING_RING_SIZE: &str = "copyrpc EndpointConfig::ring_size";
+/// [`RpcError::CapacityMismatch::setting`] for a message beyond the large-message limit
+/// (issue 15: messages beyond the ring's inline limit go by rendezvous up to it).
+const SETTING_LARGE: &str = "copyrpc EndpointConfig::max_large_message";
 /// [`RpcError::CapacityMismatch::setting`] for response credit too small.
 const SETTING_CREDIT: &str =
     "copyrpc EndpointConfig::max_resp_reservation (credit: at most ring_size / 4)";
@@ -899,19 +953,23 @@ fn check_endpoint_config(
 ) -> Result<(), RpcError> {
     let ring = cfg.ring_size as u64;
     let max_resp = max_resp_of(cfg);
-    if let Some((what, cap, need)) = capacity_gap(service, ring, max_resp, max_resp) {
+    if let Some(gap) = capacity_gap(service, ring, max_resp, max_resp, cfg.max_large_message) {
         return Err(RpcError::CapacityMismatch {
             service: service.name,
-            what,
+            what: gap.what,
             side,
-            setting: SETTING_RING_SIZE,
-            cap: sat_u32(cap),
-            need: sat_u32(need),
-            min: min_ring_size(service, cfg),
+            setting: gap.setting,
+            cap: sat_u32(gap.max),
+            need: sat_u32(gap.need),
+            min: if gap.setting == SETTING_LARGE {
+                Some(gap.need as u64)
+            } else {
+                min_ring_size(service, cfg)
+            },
         });
     }
     let credit = initial_credit(cfg);
-    let need = internal_allowance(service.max_response_bytes as u64);
+    let need = call_credit(service, ring, max_resp, cfg.max_large_message);
     if credit < need {
         // The credit is min(max_resp_reservation, ring / 4): name whichever limits it.
         let (setting, min) = match cfg.max_resp_reservation {
@@ -941,9 +999,39 @@ fn min_ring_size(service: &'static ServiceDescriptor, cfg: &EndpointConfig) -> O
             ..*cfg
         };
         let max_resp = max_resp_of(&c);
-        capacity_gap(service, ring, max_resp, max_resp).is_none()
-            && initial_credit(&c) >= internal_allowance(service.max_response_bytes as u64)
+        capacity_gap(service, ring, max_resp, max_resp, c.max_large_message).is_none()
+            && initial_credit(&c) >= call_credit(service, ring, max_resp, c.max_large_message)
     })
+}
+
+/// Credit one call of the service reserves on rings of capacity `cap` whose caller grants at
+/// most `client_max_resp`, with large-message limit `large` (both sides' smaller):
+/// [`super::endpoint::call_credit_for`] as the client's core computes it.
+fn call_credit(
+    service: &'static ServiceDescriptor,
+    cap: u64,
+    client_max_resp: u64,
+    large: u32,
+) -> u64 {
+    let inline = super::endpoint::max_payload_for(cap, client_max_resp);
+    super::endpoint::call_credit_for(
+        cap,
+        inline,
+        super::endpoint::large_limit_for(inline, large),
+        service.max_response_bytes as u64,
+    )
+}
+
+/// A message kind the rings do not carry ([`capacity_gap`]).
+struct Gap {
+    what: MessageKind,
+    /// Largest payload carried, in bytes.
+    max: u64,
+    /// Bytes the service needs.
+    need: usize,
+    /// The setting that limits it: the ring size, or the large-message limit once
+    /// rendezvous is possible.
+    setting: &'static str,
 }
 
 /// Whether rings of capacity `cap` carry the service's largest messages, with the same
@@ -956,7 +1044,8 @@ fn capacity_gap(
     cap: u64,
     client_max_resp: u64,
     server_max_resp: u64,
-) -> Option<(MessageKind, u64, usize)> {
+    large: u32,
+) -> Option<Gap> {
     for (what, max_resp, need) in [
         (
             MessageKind::Request,
@@ -969,9 +1058,21 @@ fn capacity_gap(
             service.max_response_bytes,
         ),
     ] {
-        let max = u64::from(super::endpoint::max_payload_for(cap, max_resp));
+        let inline = super::endpoint::max_payload_for(cap, max_resp);
+        let large = super::endpoint::large_limit_for(inline, large);
+        let max = u64::from(inline.max(large));
         if need as u64 > max {
-            return Some((what, max, need));
+            let setting = if large != 0 {
+                SETTING_LARGE
+            } else {
+                SETTING_RING_SIZE
+            };
+            return Some(Gap {
+                what,
+                max,
+                need,
+                setting,
+            });
         }
     }
     None
@@ -1039,11 +1140,14 @@ impl ServerTransport for CopyrpcServer {
         self.ctx.recv()
     }
 
-    /// Nothing to do: copyrpc releases a request's ring space when `recv` hands it out, and
-    /// the credit return rides on the next batch sent to that client (seeds/004 §3.4), so
-    /// there is no separate release step.
+    /// copyrpc releases a request's ring space when `recv` hands it out, and the credit
+    /// return rides on the next batch sent to that client (seeds/004 §3.4).
+    /// Frees the large-message landing buffers of requests received so far (issue 15;
+    /// also done by the next poll).
     #[inline]
-    fn release(&mut self) {}
+    fn release(&mut self) {
+        self.ctx.release_large();
+    }
 
     /// Writes the reply into the client's endpoint; it is sent by the next poll or flush.
     ///
@@ -1075,5 +1179,8 @@ fn reply_error(e: ReplyError) -> RpcError {
         ReplyError::TooLarge { .. } => "the caller's response allowance is too small",
         ReplyError::Failed => "the client's endpoint failed or the token names no endpoint",
         ReplyError::Stale => "the request was already answered (stale token)",
+        ReplyError::NoLargeBuffer => {
+            "every large-message buffer holds a response the client has not read yet"
+        }
     })
 }

@@ -537,7 +537,9 @@ impl Io<'_> {
                         self.stats.corrupt_responses += 1;
                         self.reply_status(h, method_id, Status::BadForwardedResponse);
                     }
-                    Err(ReplyError::Failed | ReplyError::Stale) => self.stats.dropped_replies += 1,
+                    Err(ReplyError::Failed | ReplyError::Stale | ReplyError::NoLargeBuffer) => {
+                        self.stats.dropped_replies += 1
+                    }
                 }
                 continue;
             }
@@ -798,7 +800,9 @@ impl Io<'_> {
                         Status::BadForwardedResponse,
                     );
                 }
-                Err(ReplyError::Failed | ReplyError::Stale) => stats.dropped_replies += 1,
+                Err(ReplyError::Failed | ReplyError::Stale | ReplyError::NoLargeBuffer) => {
+                    stats.dropped_replies += 1
+                }
             }
         });
         match r {
