@@ -63,8 +63,9 @@ use std::io;
 use std::time::Instant;
 
 use super::core::{
-    CallError, Config, ConfigError, Event, ReqToken, Rpc, SessionId, Stats, Time, Zc,
+    CallError, Config, ConfigError, Event, ReqToken, Rpc, SessionId, Stats, Time, TxOut, Zc,
 };
+use super::msgbuf::MsgBuffer;
 use super::transport::{DatagramTransport, TxPkt};
 
 /// Default interval between timer scans ([`Rpc::handle_timeout`]), in ns (100 µs).
@@ -79,6 +80,9 @@ pub struct LoopStats {
     pub rx_pkts: u64,
     /// Datagrams consumed by the transport (sent or dropped by it per packet).
     pub tx_pkts: u64,
+    /// Message packets of a retried batch tail that were not sent because their exchange
+    /// had ended meanwhile ([`Rpc::msg_pkt`] returned `None`).
+    pub tx_stale: u64,
     /// `tx_burst` calls.
     pub tx_bursts: u64,
     /// `tx_burst` calls that consumed only a prefix (send queue full); the tail was retried.
@@ -106,10 +110,15 @@ pub struct Endpoint<T: DatagramTransport> {
     batch: usize,
     /// MTU: stride of `tx_bufs`.
     mtu: usize,
-    /// `batch * mtu` bytes: packet `i` of the batch is rendered at `i * mtu`.
+    /// `batch * mtu` bytes: control or session-management packet `i` of the batch is
+    /// rendered at `i * mtu` (message packets are sent from their message buffers).
     tx_bufs: Box<[u8]>,
-    /// Destination and length of the rendered packets of the batch (`len() <= batch`).
-    tx_meta: Vec<(T::Addr, usize)>,
+    /// The packets of the batch (`len() <= batch`): rendered into `tx_bufs`, or in place in
+    /// a message buffer.
+    tx_meta: Vec<TxOut<T::Addr>>,
+    /// For each descriptor of the current `tx_burst`, its index in `tx_meta` (stale message
+    /// packets of a retried tail are skipped, so the two can differ).
+    tx_idx: Vec<usize>,
     /// First packet of `tx_meta` not yet consumed by the transport.
     tx_head: usize,
     /// Reused descriptor vector for `tx_burst` (kept empty between calls; see `recycle`).
@@ -164,6 +173,7 @@ impl<T: DatagramTransport> Endpoint<T> {
             mtu,
             tx_bufs: vec![0; batch * mtu].into_boxed_slice(),
             tx_meta: Vec::with_capacity(batch),
+            tx_idx: Vec::with_capacity(batch),
             tx_head: 0,
             tx_descs: Vec::with_capacity(batch),
             scan_interval: DEFAULT_TIMER_SCAN_INTERVAL,
@@ -249,7 +259,8 @@ impl<T: DatagramTransport> Endpoint<T> {
     pub fn reply_zc(
         &mut self,
         k: usize,
-        f: impl FnOnce(u8, &[u8], &mut Vec<u8>),
+        max_len: usize,
+        f: impl FnOnce(u8, &[u8], &mut [u8]) -> usize,
     ) -> Result<(), CallError> {
         let (i, z) = self.zc_msgs[k];
         let Zc::Request {
@@ -261,7 +272,7 @@ impl<T: DatagramTransport> Endpoint<T> {
         let (_, bytes) = self.transport.rx_pkt(i);
         let req = &bytes[z.range()];
         self.rpc
-            .reply_with(self.now, token, |resp| f(req_type, req, resp))
+            .reply_with(self.now, token, max_len, |resp| f(req_type, req, resp))
     }
 
     /// The second half of an iteration begun with [`rx_burst_zc`](Self::rx_burst_zc):
@@ -341,7 +352,7 @@ impl<T: DatagramTransport> Endpoint<T> {
             while self.tx_meta.len() < self.batch {
                 let off = self.tx_meta.len() * self.mtu;
                 let buf = &mut self.tx_bufs[off..off + self.mtu];
-                match self.rpc.poll_transmit_at(self.tx_now, buf) {
+                match self.rpc.poll_transmit_gather(self.tx_now, buf) {
                     Some(m) => self.tx_meta.push(m),
                     None => break,
                 }
@@ -363,9 +374,29 @@ impl<T: DatagramTransport> Endpoint<T> {
             return 0;
         }
         let mut descs = recycle(std::mem::take(&mut self.tx_descs));
-        for (i, &(dest, len)) in self.tx_meta.iter().enumerate().skip(self.tx_head) {
-            let off = i * self.mtu;
-            descs.push(TxPkt::single(dest, &self.tx_bufs[off..off + len]));
+        self.tx_idx.clear();
+        for (i, out) in self.tx_meta.iter().enumerate().skip(self.tx_head) {
+            match *out {
+                TxOut::Rendered { dest, len } => {
+                    let off = i * self.mtu;
+                    descs.push(TxPkt::single(dest, &self.tx_bufs[off..off + len]));
+                }
+                // A gather list straight from the message buffer: header, then data.
+                TxOut::Msg { dest, pkt } => match self.rpc.msg_pkt(&pkt) {
+                    Some((hdr, data)) => descs.push(TxPkt::new(dest, hdr, data)),
+                    None => {
+                        // Only a tail retried after the exchange ended: not needed.
+                        self.stats.tx_stale += 1;
+                        continue;
+                    }
+                },
+            }
+            self.tx_idx.push(i);
+        }
+        if descs.is_empty() {
+            self.tx_descs = recycle(descs);
+            self.tx_head = self.tx_meta.len();
+            return 0;
         }
         self.stats.tx_bursts += 1;
         let res = self.transport.tx_burst(&descs);
@@ -376,7 +407,7 @@ impl<T: DatagramTransport> Endpoint<T> {
                 self.stats.tx_pkts += k as u64;
                 if k < pending {
                     self.stats.tx_partial += 1;
-                    self.tx_head += k;
+                    self.tx_head = self.tx_idx[k];
                 } else {
                     self.tx_head = self.tx_meta.len();
                 }
@@ -398,7 +429,7 @@ impl<T: DatagramTransport> Endpoint<T> {
 
     /// Returns the data buffer of an [`Event::Request`] / [`Event::Response`] to the core's
     /// free list for reuse ([`Rpc::recycle`]; optional).
-    pub fn recycle(&mut self, buf: Vec<u8>) {
+    pub fn recycle(&mut self, buf: MsgBuffer) {
         self.rpc.recycle(buf);
     }
 
@@ -437,6 +468,25 @@ impl<T: DatagramTransport> Endpoint<T> {
             .enqueue_request(now, session, req_type, payload, tag)
     }
 
+    /// Client: queues a request written in place into the slot's message buffer
+    /// ([`Rpc::enqueue_request_with`]: `fill` gets at least `max_len` bytes and returns the
+    /// request length); its packets leave, from that buffer, on the next iteration.
+    ///
+    /// # Errors
+    /// As [`Rpc::enqueue_request_with`].
+    pub fn enqueue_request_with(
+        &mut self,
+        session: SessionId,
+        req_type: u8,
+        tag: u64,
+        max_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), CallError> {
+        let now = self.clock();
+        self.rpc
+            .enqueue_request_with(now, session, req_type, tag, max_len, fill)
+    }
+
     /// Server: answers a request ([`Rpc::reply`]); the response leaves on the next iteration.
     ///
     /// # Errors
@@ -444,6 +494,22 @@ impl<T: DatagramTransport> Endpoint<T> {
     pub fn reply(&mut self, token: ReqToken, payload: &[u8]) -> Result<(), CallError> {
         let now = self.clock();
         self.rpc.reply(now, token, payload)
+    }
+
+    /// Server: answers a request with a response written in place into the slot's response
+    /// message buffer ([`Rpc::reply_with`]: `fill` gets at least `max_len` bytes and returns
+    /// the response length); it leaves, from that buffer, on the next iteration.
+    ///
+    /// # Errors
+    /// As [`Rpc::reply_with`].
+    pub fn reply_with(
+        &mut self,
+        token: ReqToken,
+        max_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), CallError> {
+        let now = self.clock();
+        self.rpc.reply_with(now, token, max_len, fill)
     }
 
     /// Whether `session` is a connected client session.
