@@ -2,9 +2,11 @@
 //!
 //! Multi-packet messages are reassembled into, copied messages handed out in, and backlogged
 //! requests written into [`MsgBuffer`]s taken from here; the application returns them with
-//! `Rpc::recycle`, and slots give theirs back when their session ends. Buffers come back in
-//! LIFO order, so a steady workload keeps reusing the same few warm buffers and maps no new
-//! memory per message. Every buffer mapped is counted ([`Stats::msgbufs_allocated`]), which
+//! `Rpc::recycle`, and slots give theirs back when their session ends. Buffers of one
+//! packet (the smallest mapped) are kept apart from larger ones: a single-packet message
+//! takes the most recently returned one-packet buffer (LIFO, warm), a larger message the
+//! smallest large buffer that fits (best fit), so small messages never take the buffers
+//! large ones need and a steady workload maps no new memory per message. Every buffer mapped is counted ([`Stats::msgbufs_allocated`]), which
 //! is how the tests check that the steady state allocates none.
 //!
 //! [`Stats::msgbufs_allocated`]: super::Stats::msgbufs_allocated
@@ -20,7 +22,10 @@ pub const POOL_MAX_BYTES: usize = 64 << 20;
 /// A bounded LIFO free list of message buffers of one packet size.
 #[derive(Debug)]
 pub(super) struct BufPool {
-    bufs: Vec<MsgBuffer>,
+    /// Buffers of one packet's data (`max_data_size == dpp`), LIFO.
+    small: Vec<MsgBuffer>,
+    /// Larger buffers.
+    large: Vec<MsgBuffer>,
     bytes: usize,
     /// Data bytes per packet of every buffer (the core's `mtu - 16`).
     dpp: usize,
@@ -35,7 +40,8 @@ impl BufPool {
     /// An empty free list for buffers of `dpp` data bytes per packet.
     pub fn new(dpp: usize) -> Self {
         BufPool {
-            bufs: Vec::new(),
+            small: Vec::new(),
+            large: Vec::new(),
             bytes: 0,
             dpp,
             allocated: 0,
@@ -44,17 +50,28 @@ impl BufPool {
         }
     }
 
-    /// A buffer whose data area holds at least `cap` bytes, with data size 0: the most
-    /// recently returned one that is large enough, else a newly mapped one of
-    /// `max(cap, dpp)` bytes.
+    /// A buffer whose data area holds at least `cap` bytes, with data size 0: for
+    /// `cap <= dpp` the most recently returned one-packet buffer, else the smallest larger
+    /// buffer that fits; if there is none, a newly mapped one of `max(cap, dpp)` bytes.
     ///
     /// # Errors
     /// As [`MsgBuffer::new`] when a buffer must be mapped (`cap` above the 8 MiB limit, or
     /// the mapping failed).
     pub fn take(&mut self, cap: usize) -> Result<MsgBuffer, MsgBufError> {
-        let mut b = match self.bufs.iter().rposition(|b| b.max_data_size() >= cap) {
-            Some(i) => {
-                let b = self.bufs.swap_remove(i);
+        let found = if cap <= self.dpp {
+            self.small.pop()
+        } else {
+            let best = self
+                .large
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.max_data_size() >= cap)
+                .min_by_key(|(_, b)| b.max_data_size())
+                .map(|(i, _)| i);
+            best.map(|i| self.large.swap_remove(i))
+        };
+        let mut b = match found {
+            Some(b) => {
                 self.bytes -= b.buf_len();
                 b
             }
@@ -102,17 +119,22 @@ impl BufPool {
     pub fn put(&mut self, buf: MsgBuffer) {
         let len = buf.buf_len();
         if buf.data_per_pkt() != self.dpp
-            || self.bufs.len() >= POOL_MAX_BUFS
+            || self.small.len() + self.large.len() >= POOL_MAX_BUFS
             || self.bytes + len > POOL_MAX_BYTES
         {
             return;
         }
-        if self.bufs.capacity() == 0 {
-            // One allocation for the list itself, on first use.
-            self.bufs.reserve_exact(POOL_MAX_BUFS);
+        let list = if buf.max_data_size() <= self.dpp {
+            &mut self.small
+        } else {
+            &mut self.large
+        };
+        if list.capacity() == 0 {
+            // One allocation for each list, on first use.
+            list.reserve_exact(POOL_MAX_BUFS);
         }
         self.bytes += len;
-        self.bufs.push(buf);
+        list.push(buf);
     }
 }
 
@@ -123,13 +145,13 @@ mod tests {
     #[test]
     fn lifo_reuse_and_bounds() {
         let mut p = BufPool::new(100);
-        let a = p.take(1000).unwrap();
-        assert!(a.max_data_size() >= 1000);
+        let a = p.take(50).unwrap();
+        assert_eq!(a.max_data_size(), 100, "one packet at least");
         assert_eq!(a.data_size(), 0);
         assert_eq!(p.allocated, 1);
         let ptr = a.as_ptr();
         p.put(a);
-        let b = p.take(50).unwrap();
+        let b = p.take(100).unwrap();
         assert_eq!(b.as_ptr(), ptr, "reused");
         assert_eq!(p.allocated, 1);
         p.put(b);
@@ -137,13 +159,28 @@ mod tests {
         let c = p.take(5000).unwrap();
         assert_ne!(c.as_ptr(), ptr);
         assert_eq!(p.allocated, 2);
+        // A one-packet message does not take a large buffer.
+        let c_ptr = c.as_ptr();
+        p.put(c);
+        let d = p.take(50).unwrap();
+        assert_eq!(
+            d.as_ptr(),
+            ptr,
+            "the one-packet buffer, not the newer large one"
+        );
+        assert_eq!(p.allocated, 2);
+        p.put(d);
+        // Best fit among the large ones.
+        p.put(MsgBuffer::new(3000, 100).unwrap());
+        assert_eq!(p.take(2500).unwrap().max_data_size(), 3000);
+        assert_eq!(p.take(2500).unwrap().as_ptr(), c_ptr);
         // Another packet size is not kept.
         p.put(MsgBuffer::new(10, 99).unwrap());
-        assert_eq!(p.bufs.len(), 1);
+        assert_eq!(p.small.len() + p.large.len(), 1);
         for _ in 0..POOL_MAX_BUFS + 10 {
             p.put(MsgBuffer::new(8, 100).unwrap());
         }
-        assert_eq!(p.bufs.len(), POOL_MAX_BUFS);
+        assert_eq!(p.small.len() + p.large.len(), POOL_MAX_BUFS);
         let mut p = BufPool::new(4080);
         p.put(MsgBuffer::new(8 << 20, 4080).unwrap());
         p.put(MsgBuffer::new(8 << 20, 4080).unwrap());
@@ -151,7 +188,7 @@ mod tests {
         for _ in 0..6 {
             p.put(MsgBuffer::new(8 << 20, 4080).unwrap());
         }
-        assert_eq!(p.bufs.len(), 7, "byte bound");
+        assert_eq!(p.large.len(), 7, "byte bound");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::hash::Hash;
 
 use super::session::{PendingReq, SessionState};
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
-use super::{CallError, Event, ReqToken, Rpc, SessionId, Time, Zc};
+use super::{CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, TxOut, Zc, place_pkt};
 use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
@@ -199,16 +199,19 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         }
     }
 
-    /// Writes the header of client request packet `pkt` into its place in the slot's
-    /// request message buffer and returns the destination (None if the slot moved on
-    /// meanwhile); the packet is then sent in place ([`Rpc::msg_pkt`]).
+    /// Client request packet `pkt` (None if the slot moved on meanwhile): its header is
+    /// written into its place in the slot's request message buffer and the packet is sent
+    /// in place ([`TxOut::Msg`], see [`Rpc::msg_pkt`]), or, for a datagram of at most
+    /// [`RENDER_MAX`](super::RENDER_MAX) bytes, header and data are copied into `buf`
+    /// ([`TxOut::Rendered`]).
     pub(super) fn render_req_pkt(
         &mut self,
         sid: SessionId,
         generation: u64,
         req_num: u64,
         pkt: usize,
-    ) -> Option<A> {
+        buf: &mut [u8],
+    ) -> Option<TxOut<A>> {
         let s = super::sess_mut(&mut self.sessions, sid).filter(|s| s.generation == generation)?;
         let (peer, remote, tok) = (s.peer, s.remote_num, s.tx_token);
         let slot = &mut s.role.client_mut()?.slots[slot_of(req_num)];
@@ -216,21 +219,26 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             return None;
         }
         let req_type = slot.req_type;
-        let buf = slot.req.as_mut()?;
-        if pkt >= buf.num_pkts() {
+        let msg = slot.req.as_mut()?;
+        if pkt >= msg.num_pkts() {
             return None;
         }
         let hdr = Self::hdr(
             req_type,
-            buf.data_size(),
+            msg.data_size(),
             remote,
             tok,
             PktType::Req,
             pkt,
             req_num,
         );
-        *buf.pkthdr_mut(pkt) = hdr;
-        Some(peer)
+        Some(place_pkt(peer, msg, pkt, hdr, buf, || MsgPkt {
+            session: sid,
+            generation,
+            req_num,
+            pkt,
+            resp: false,
+        }))
     }
 
     /// Client request packet `pkt` as header and data slices in the slot's message buffer,

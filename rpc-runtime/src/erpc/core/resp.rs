@@ -4,7 +4,7 @@
 use std::hash::Hash;
 
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
-use super::{CallError, Event, ReqToken, Rpc, SessionId, Time, Tx, Zc};
+use super::{CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, Tx, TxOut, Zc, place_pkt};
 use crate::erpc::pkthdr::{MAX_PKT_NUM, PKTHDR_SIZE, PktHdr, PktType};
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
@@ -91,16 +91,17 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         });
     }
 
-    /// Writes the header of server response packet `j` into its place in the slot's
-    /// response message buffer and returns the destination (None if the slot moved on
-    /// meanwhile); the packet is then sent in place ([`Rpc::msg_pkt`]).
+    /// Server response packet `j` (None if the slot moved on meanwhile), sent in place from
+    /// the slot's response message buffer or, if small, copied into `buf` (as
+    /// [`Rpc::render_req_pkt`]).
     pub(super) fn render_resp_pkt(
         &mut self,
         sid: SessionId,
         generation: u64,
         req_num: u64,
         j: usize,
-    ) -> Option<A> {
+        buf: &mut [u8],
+    ) -> Option<TxOut<A>> {
         let s = super::sess_mut(&mut self.sessions, sid).filter(|s| s.generation == generation)?;
         let (peer, remote, tok) = (s.peer, s.remote_num, s.tx_token);
         let slot = &mut s.role.server_mut()?.slots[slot_of(req_num)];
@@ -111,21 +112,26 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             return None;
         }
         let (req_type, pkt_num) = (slot.req_type, slot.num_req_pkts - 1 + j);
-        let buf = slot.resp.as_mut()?;
-        if j >= buf.num_pkts() {
+        let msg = slot.resp.as_mut()?;
+        if j >= msg.num_pkts() {
             return None;
         }
         let hdr = Self::hdr(
             req_type,
-            buf.data_size(),
+            msg.data_size(),
             remote,
             tok,
             PktType::Resp,
             pkt_num,
             req_num,
         );
-        *buf.pkthdr_mut(j) = hdr;
-        Some(peer)
+        Some(place_pkt(peer, msg, j, hdr, buf, || MsgPkt {
+            session: sid,
+            generation,
+            req_num,
+            pkt: j,
+            resp: true,
+        }))
     }
 
     /// Server response packet `j` as header and data slices in the slot's message buffer,

@@ -77,6 +77,7 @@ impl Node {
                             n.rpc
                                 .reply(n.now, token, &handler(req_type, &data))
                                 .unwrap();
+                            n.rpc.recycle(data);
                             moved = true;
                         }
                         other => keep.push(other),
