@@ -14,7 +14,7 @@
 //! | 2. retry the unsent tail of the previous TX batch | part of `do_tx_burst_st` |
 //! | 3. `rx_burst` → [`Rpc::handle_datagram`] for each packet → `rx_release` | `process_comps_st` (+ `post_recvs`); session-management packets travel the same channel, so this also covers `handle_sm_rx_st` |
 //! | 4. [`Rpc::handle_timeout`] every `timer_scan_interval` | `pkt_loss_scan_st` (periodic), plus session-management retries and failure detection |
-//! | 5. drain [`Rpc::poll_transmit`] into the TX batch, one `tx_burst` per full batch | `process_credit_stall_queue_st` / `process_wheel_st` (inside the core) and `do_tx_burst_st` |
+//! | 5. drain [`Rpc::poll_transmit_gather`] into the TX batch (message packets as gather lists from their message buffers, [`Rpc::msg_pkt`]; control packets and datagrams of at most [`RENDER_MAX`](super::core::RENDER_MAX) bytes rendered into the batch's buffers), one `tx_burst` per full batch | `process_credit_stall_queue_st` / `process_wheel_st` (inside the core) and `do_tx_burst_st` |
 //! | 6. events stay queued for [`Endpoint::poll_event`] | continuations / request handlers |
 //!
 //! # Zero-copy iterations (seeds/002 §7.2, seeds/000 §12.2)
@@ -27,8 +27,9 @@
 //! let n = ep.rx_burst_zc();             // steps 1-3, the burst stays in the RX ring
 //! for k in 0..n {
 //!     match ep.zc(k) {                  // the message's bytes, in place in the RX ring
-//!         (Zc::Request { .. }, _) => ep.reply_zc(k, |req_type, req, resp| {
-//!             resp.extend_from_slice(req)   // write the response straight into the slot
+//!         (Zc::Request { .. }, _) => ep.reply_zc(k, 4096, |req_type, req, resp| {
+//!             resp[..req.len()].copy_from_slice(req); // write the response straight into
+//!             req.len()                               // the slot's message buffer
 //!         })?,
 //!         (Zc::Response { tag, .. }, data) => { /* consume `data` */ }
 //!     }
@@ -38,24 +39,30 @@
 //! ```
 //! Single-packet requests and responses (the common case) then are never copied by the
 //! core: a request is read in place and the response written in place into the slot's
-//! cached response buffer ([`Rpc::reply_with`]); [`Endpoint::reply`] also works between the
-//! two calls. Everything else still arrives as events.
+//! cached response message buffer ([`Rpc::reply_with`]), from which it is sent;
+//! [`Endpoint::reply`] also works between the two calls. Everything else still arrives as
+//! events.
 //!
 //! # Units
 //! Time is [`Time`]: nanoseconds since the endpoint's creation (a monotonic [`Instant`] base).
 //! Sizes are bytes; the core's MTU is the transport's [`mtu`](DatagramTransport::mtu).
 //!
 //! # Allocation
-//! The TX batch (`batch` buffers of `mtu` bytes, plus its descriptor vectors) and the list of
-//! zero-copy messages (`rx_batch` entries) are allocated once in [`Endpoint::new`]; the loop
-//! itself allocates nothing per packet. Buffers of message events come from the core's free
-//! list: return them with [`Endpoint::recycle`] and the steady state allocates nothing per
-//! message either.
+//! The TX batch (`batch` buffers of `mtu` bytes for rendered packets, plus its descriptor
+//! vectors) and the list of zero-copy messages (`rx_batch` entries) are allocated once in
+//! [`Endpoint::new`]; the loop itself allocates nothing per packet. Message buffers of the
+//! slots are mapped once per slot and reused; buffers of message events come from the core's
+//! free list: return them with [`Endpoint::recycle`] and the steady state allocates (and
+//! maps) nothing per message either.
 //!
 //! # Ordering and back-pressure
-//! Packets leave in the order `poll_transmit` produced them. When the transport's send queue
-//! is full (`tx_burst` consumed only a prefix), the rest of the batch stays in its buffers and
-//! is sent first on the next iteration; no new packet is rendered until the batch is empty.
+//! Packets leave in the order `poll_transmit_gather` produced them. When the transport's
+//! send queue is full (`tx_burst` consumed only a prefix), the rest of the batch stays (as
+//! rendered bytes or as message-packet descriptors) and is sent first on the next
+//! iteration; no new packet is taken from the core until the batch is empty. A message
+//! packet of that tail whose exchange ended meanwhile (the application may have called into
+//! the core between the iterations) is not sent: [`Rpc::msg_pkt`] no longer finds it, and
+//! it is counted in [`LoopStats::tx_stale`].
 //! A transport error other than "queue full" drops the batch (counted in
 //! [`LoopStats::tx_errors`]): to the protocol this is packet loss, which it recovers from.
 

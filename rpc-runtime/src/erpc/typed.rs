@@ -21,10 +21,14 @@
 //! `MAX_INFLIGHT_PER_SESSION`), and call token `t` always uses session `t / 8`, so no session
 //! ever has more than 8 calls and the core's backlog (seeds/000 §5.1, seeds/002 §6.1), which
 //! copies each request into a fresh buffer, is not used in the steady state. Requests are
-//! encoded into one preallocated buffer and copied by the core into the session slot's
-//! reused buffer; each received message arrives in a buffer from the core's free list, and
-//! the binding returns it once the message was delivered ([`Endpoint::recycle`]), so once
-//! warm a call allocates nothing on either side (the free lists grow to the most messages
+//! encoded straight into the session slot's request message buffer
+//! ([`Endpoint::enqueue_request_with`]) and replies into the server slot's response buffer
+//! ([`Endpoint::reply_with`]), from which their packets are sent without further copies
+//! (seeds/000 §3; the copies per message are counted in the [`crate::erpc`] module docs);
+//! each received multi-packet message (and each single-packet response, which the client
+//! takes through the copying path) arrives in a buffer from the core's free list, and the
+//! binding returns it once the message was delivered ([`Endpoint::recycle`]), so once warm a
+//! call allocates and maps nothing on either side (the free lists grow to the most messages
 //! ever out at once, then stay).
 //!
 //! # Connecting

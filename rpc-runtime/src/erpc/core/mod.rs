@@ -83,12 +83,21 @@
 //! while it still owns the datagram (see `Endpoint::rx_burst_zc` in `event_loop`).
 //! [`Rpc::handle_datagram`] is the same function followed by a copy into an event.
 //!
-//! # Buffers
-//! Message data of events lives in `Vec<u8>`s taken from a free list inside the core; hand
-//! them back with [`Rpc::recycle`] and the steady state allocates nothing per message
-//! (buffers not returned are simply dropped and the free list refills by allocating). Slot
-//! buffers (client request, server response cache) are reused across RPCs. Transmit
-//! descriptors are small values rendered into the caller's buffer by `poll_transmit`.
+//! # Buffers (seeds/000 §3; issue 15)
+//! Message data lives in [`MsgBuffer`]s (data contiguous, one header slot per packet). Each
+//! client slot keeps its request buffer and each server slot its response buffer across
+//! RPCs; [`Rpc::enqueue_request_with`] and [`Rpc::reply_with`] let the application write
+//! the message straight into them, and their packets are sent in place: a transmit queue
+//! entry is a small descriptor, which [`Rpc::poll_transmit_gather`] turns into the header
+//! (written into the buffer's header slot) plus the data slice ([`Rpc::msg_pkt`]), or, for
+//! datagrams of at most [`RENDER_MAX`] bytes and for control packets, renders into the
+//! caller's buffer ([`Rpc::poll_transmit`] copies everything, for simulated wires).
+//! Multi-packet messages are reassembled into buffers from a free list inside the core,
+//! each packet's data written at its offset ([`MsgBuffer::write_pkt`], which refuses an
+//! index or length that does not fit), and handed out in the [`Event`]; hand them back with
+//! [`Rpc::recycle`] and the steady state maps nothing per message (buffers not returned are
+//! simply dropped and the free list refills by mapping; [`Stats::msgbufs_allocated`]
+//! counts every mapping). The module docs of [`crate::erpc`] count the copies per message.
 //!
 //! # Congestion control (seeds/000 §6, §12.3, §12.7; seeds/002 §6.3)
 //! Each client session runs [Timely](crate::erpc::timely): every accepted answer (credit
