@@ -958,20 +958,26 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
 
     /// Processes one received datagram from `from`, copying a complete message into an
     /// [`Event`]. This is [`Rpc::handle_datagram_zc`] followed by a copy of the zero-copy
-    /// message, if any, into a buffer from the free list. Invalid datagrams are dropped and
-    /// counted in [`Stats`]; this never panics on any input.
+    /// message, if any, into a one-packet buffer from the free list. Invalid datagrams are
+    /// dropped and counted in [`Stats`]; this never panics on any input. When the free list
+    /// has no one-packet buffer and none can be mapped, the datagram is dropped before it is
+    /// processed (as if lost; [`Stats::drop_no_buffer`]), so no message is consumed without
+    /// being delivered.
     pub fn handle_datagram(&mut self, now: Time, from: A, bytes: &[u8]) {
+        let before = self.pool.allocated;
+        let spare = self.pool.reserve_small();
+        self.stats.msgbufs_allocated += self.pool.allocated - before;
+        if spare.is_err() {
+            self.stats.rx_pkts += 1;
+            self.stats.drop_no_buffer += 1;
+            return;
+        }
         let Some(zc) = self.handle_datagram_zc(now, from, bytes) else {
             return;
         };
         let src = &bytes[zc.range()];
-        let before = self.pool.allocated;
-        let data = self.pool.take(src.len());
-        self.stats.msgbufs_allocated += self.pool.allocated - before;
-        let Ok(mut data) = data else {
-            // The message was consumed by the protocol (a request counts as dispatched, a
-            // response completed its call) but cannot be handed out: count it. Only when
-            // mapping memory fails.
+        // The reserved one-packet buffer (a message in one datagram fits one packet).
+        let Ok(mut data) = self.pool.take(src.len()) else {
             self.stats.drop_no_buffer += 1;
             return;
         };

@@ -296,6 +296,38 @@ fn enqueue_in_place_and_its_errors() {
     cl.rpc.check_invariants();
 }
 
+/// The copying receive path cannot map a buffer for a single-packet response: the datagram
+/// is dropped before it is processed (`drop_no_buffer`), the call stays in flight, and the
+/// response's retransmission completes it.
+#[test]
+fn copying_path_without_buffer_drops_before_processing() {
+    let (mut cl, mut sv, sid) = connect_pair(0);
+    cl.rpc.enqueue_request(0, sid, 1, b"q", 4).unwrap();
+    for p in drain(&mut cl) {
+        sv.rpc.handle_datagram(0, 1, &p);
+    }
+    let Some(Event::Request { token, .. }) = sv.rpc.poll_event() else {
+        panic!()
+    };
+    sv.rpc.reply(0, token, b"answer").unwrap();
+    let resp = drain(&mut sv);
+    // Empty the client's one-packet free list, then refuse the next mapping.
+    cl.rpc.pool.clear_small();
+    cl.rpc.pool.fail_next_alloc = true;
+    let st0 = cl.rpc.stats().clone();
+    cl.rpc.handle_datagram(0, 2, &resp[0]);
+    assert_eq!(cl.rpc.stats().drop_no_buffer, st0.drop_no_buffer + 1);
+    assert!(cl.rpc.poll_event().is_none());
+    // Still in flight: the same response is accepted now (a finished call would count it
+    // out of window).
+    cl.rpc.handle_datagram(0, 2, &resp[0]);
+    assert_eq!(cl.rpc.stats().drop_out_of_window, st0.drop_out_of_window);
+    match cl.rpc.poll_event() {
+        Some(Event::Response { tag: 4, data, .. }) => assert_eq!(data, b"answer"),
+        e => panic!("{e:?}"),
+    }
+}
+
 /// A reassembly or response buffer that cannot be mapped: the first packet of a
 /// multi-packet request is dropped and counted (`drop_no_buffer`) with no state change, and
 /// its retransmission is accepted; `reply_with` fails with `NoBuffer` and the request stays

@@ -103,6 +103,32 @@ impl BufPool {
         slot.as_mut().ok_or(MsgBufError::ZeroPacketCapacity)
     }
 
+    /// Makes sure a one-packet buffer is on the free list (mapping one if not), so that the
+    /// next `take(cap)` with `cap <= dpp` succeeds without mapping.
+    ///
+    /// # Errors
+    /// As [`take`](Self::take) when the mapping fails.
+    #[inline]
+    pub fn reserve_small(&mut self) -> Result<(), MsgBufError> {
+        if self.small.is_empty() {
+            let b = self.map(self.dpp)?;
+            if self.small.capacity() == 0 {
+                self.small.reserve_exact(POOL_MAX_BUFS);
+            }
+            self.bytes += b.buf_len();
+            self.small.push(b);
+        }
+        Ok(())
+    }
+
+    /// Tests: drops every one-packet buffer of the free list.
+    #[cfg(test)]
+    pub fn clear_small(&mut self) {
+        for b in self.small.drain(..) {
+            self.bytes -= b.buf_len();
+        }
+    }
+
     #[cold]
     fn map(&mut self, cap: usize) -> Result<MsgBuffer, MsgBufError> {
         #[cfg(test)]
