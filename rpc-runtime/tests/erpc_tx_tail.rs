@@ -68,9 +68,11 @@ fn udp() -> UdpTransport {
     UdpTransport::bind(UdpConfig::new("127.0.0.1:0".parse().unwrap())).expect("bind UDP")
 }
 
-/// A 3-packet request stuck in the transmit tail while its session fails (the server hears
-/// nothing): once the queue has room again the tail's message packets are dropped as
-/// stale, the session-management packets behind them still go, and nothing panics.
+/// A 3-packet request and two small ones stuck in the transmit tail while their session
+/// fails (the server hears nothing): once the queue has room again (one datagram per burst)
+/// the large request's message packets are dropped as stale, and the two small requests,
+/// rendered into the batch's buffers behind them, still go one per burst with their own
+/// bytes (the server, which never learnt of the failure, dispatches exactly those two).
 #[test]
 fn stale_message_packets_of_a_retried_tail_are_not_sent() {
     let cfg = Config {
@@ -104,8 +106,14 @@ fn stale_message_packets_of_a_retried_tail_are_not_sent() {
     let dpp = cl.rpc().data_per_pkt();
     let req = vec![5u8; 3 * dpp - 1];
     cl.enqueue_request(sid, 1, &req, 7).unwrap();
+    cl.enqueue_request(sid, 1, b"small one", 8).unwrap();
+    cl.enqueue_request(sid, 1, b"small two", 9).unwrap();
     cl.run_event_loop_once();
-    assert_eq!(cl.tx_pending(), 3, "three message packets wait");
+    assert_eq!(
+        cl.tx_pending(),
+        5,
+        "three message packets and two rendered ones wait"
+    );
     assert_eq!(cl.loop_stats().tx_pkts, sent, "nothing left");
 
     // The server hears nothing, so the session fails after failure_timeout.
@@ -125,22 +133,45 @@ fn stale_message_packets_of_a_retried_tail_are_not_sent() {
             error: RpcError::PeerFailed
         }
     );
-    assert_eq!(cl.tx_pending(), 3, "still waiting");
+    assert_eq!(cl.tx_pending(), 5, "still waiting");
 
-    // Room again: the three packets of the failed exchange are not sent.
-    room.store(usize::MAX, Ordering::Relaxed);
+    // Room for one datagram per burst: the three packets of the large request are not
+    // sent, the two small ones go in two bursts.
+    room.store(1, Ordering::Relaxed);
     cl.run_event_loop_once();
-    assert_eq!(cl.tx_pending(), 0);
+    assert_eq!(cl.loop_stats().tx_stale, 3);
+    assert_eq!(
+        cl.tx_pending(),
+        1,
+        "a partial burst: one small request left"
+    );
+    cl.run_event_loop_once();
+    // Both small requests (then possibly a ping, see below) are out.
+    assert!(cl.loop_stats().tx_pkts >= sent + 2);
+    // Behind the tail, the keepalive pings queued while it was blocked (session-management
+    // packets, harmless to the server) go out.
+    room.store(usize::MAX, Ordering::Relaxed);
+    while cl.tx_pending() > 0 {
+        assert!(Instant::now() < deadline, "the rest leaves");
+        cl.run_event_loop_once();
+    }
     assert_eq!(cl.loop_stats().tx_stale, 3);
     assert_eq!(cl.transport().stats().tx_pkts, cl.loop_stats().tx_pkts);
-    // Whatever was sent carried no request data: the server saw no request.
-    let until = Instant::now() + Duration::from_millis(50);
+    // The server saw exactly the two small requests, each with its own bytes.
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        assert!(Instant::now() < deadline, "the small requests arrive");
+        sv.run_event_loop_once();
+        while let Some(ev) = sv.poll_event() {
+            if let Event::Request { data, .. } = ev {
+                got.push(data.to_vec());
+            }
+        }
+    }
+    assert_eq!(got, [b"small one".to_vec(), b"small two".to_vec()]);
+    let until = Instant::now() + Duration::from_millis(20);
     while Instant::now() < until {
         sv.run_event_loop_once();
     }
-    assert_eq!(sv.core_stats().requests_dispatched, 0);
-    assert!(
-        !std::iter::from_fn(|| sv.poll_event()).any(|e| matches!(e, Event::Request { .. })),
-        "no request reached the server"
-    );
+    assert_eq!(sv.core_stats().requests_dispatched, 2, "not the large one");
 }

@@ -120,12 +120,9 @@ pub struct Endpoint<T: DatagramTransport> {
     /// `batch * mtu` bytes: control or session-management packet `i` of the batch is
     /// rendered at `i * mtu` (message packets are sent from their message buffers).
     tx_bufs: Box<[u8]>,
-    /// The packets of the batch (`len() <= batch`): rendered into `tx_bufs`, or in place in
-    /// a message buffer.
-    tx_meta: Vec<TxOut<T::Addr>>,
-    /// For each descriptor of the current `tx_burst`, its index in `tx_meta` (stale message
-    /// packets of a retried tail are skipped, so the two can differ).
-    tx_idx: Vec<usize>,
+    /// The packets of the batch (`len() <= batch`): rendered into `tx_bufs` at the given
+    /// offset, or in place in a message buffer.
+    tx_meta: Vec<(TxOut<T::Addr>, usize)>,
     /// First packet of `tx_meta` not yet consumed by the transport.
     tx_head: usize,
     /// Reused descriptor vector for `tx_burst` (kept empty between calls; see `recycle`).
@@ -180,7 +177,6 @@ impl<T: DatagramTransport> Endpoint<T> {
             mtu,
             tx_bufs: vec![0; batch * mtu].into_boxed_slice(),
             tx_meta: Vec::with_capacity(batch),
-            tx_idx: Vec::with_capacity(batch),
             tx_head: 0,
             tx_descs: Vec::with_capacity(batch),
             scan_interval: DEFAULT_TIMER_SCAN_INTERVAL,
@@ -360,7 +356,7 @@ impl<T: DatagramTransport> Endpoint<T> {
                 let off = self.tx_meta.len() * self.mtu;
                 let buf = &mut self.tx_bufs[off..off + self.mtu];
                 match self.rpc.poll_transmit_gather(self.tx_now, buf) {
-                    Some(m) => self.tx_meta.push(m),
+                    Some(m) => self.tx_meta.push((m, off)),
                     None => break,
                 }
             }
@@ -381,24 +377,26 @@ impl<T: DatagramTransport> Endpoint<T> {
             return 0;
         }
         let mut descs = recycle(std::mem::take(&mut self.tx_descs));
-        self.tx_idx.clear();
-        for (i, out) in self.tx_meta.iter().enumerate().skip(self.tx_head) {
-            match *out {
+        let mut i = self.tx_head;
+        while let Some(&(out, off)) = self.tx_meta.get(i) {
+            match out {
                 TxOut::Rendered { dest, len } => {
-                    let off = i * self.mtu;
                     descs.push(TxPkt::single(dest, &self.tx_bufs[off..off + len]));
                 }
                 // A gather list straight from the message buffer: header, then data.
                 TxOut::Msg { dest, pkt } => match self.rpc.msg_pkt(&pkt) {
                     Some((hdr, data)) => descs.push(TxPkt::new(dest, hdr, data)),
                     None => {
-                        // Only a tail retried after the exchange ended: not needed.
+                        // Only in a tail retried after its exchange ended: not needed. Taken
+                        // out of the batch (rare; rendered packets keep their offsets), so
+                        // that `descs` stays in step with `tx_meta[tx_head..]`.
                         self.stats.tx_stale += 1;
+                        self.tx_meta.remove(i);
                         continue;
                     }
                 },
             }
-            self.tx_idx.push(i);
+            i += 1;
         }
         if descs.is_empty() {
             self.tx_descs = recycle(descs);
@@ -414,7 +412,7 @@ impl<T: DatagramTransport> Endpoint<T> {
                 self.stats.tx_pkts += k as u64;
                 if k < pending {
                     self.stats.tx_partial += 1;
-                    self.tx_head = self.tx_idx[k];
+                    self.tx_head += k;
                 } else {
                     self.tx_head = self.tx_meta.len();
                 }

@@ -683,8 +683,9 @@ pub struct MsgPkt {
     session: SessionId,
     generation: u64,
     req_num: u64,
-    /// Request packet index (client) or response packet index `j` (server).
-    pkt: usize,
+    /// Request packet index (client) or response packet index `j` (server), below 2^14
+    /// (a message has at most 2^14 packets).
+    pkt: u16,
     /// A server response packet (else a client request packet).
     resp: bool,
 }
@@ -1192,10 +1193,11 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// place in its message buffer (header: 16 bytes; data: up to `mtu - 16` bytes), or
     /// `None` if its exchange is over (see there).
     pub fn msg_pkt(&self, p: &MsgPkt) -> Option<(&[u8], &[u8])> {
+        let i = usize::from(p.pkt);
         if p.resp {
-            self.resp_pkt_parts(p.session, p.generation, p.req_num, p.pkt)
+            self.resp_pkt_parts(p.session, p.generation, p.req_num, i)
         } else {
-            self.req_pkt_parts(p.session, p.generation, p.req_num, p.pkt)
+            self.req_pkt_parts(p.session, p.generation, p.req_num, i)
         }
     }
 

@@ -58,7 +58,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         if max_len > self.cfg.max_msg_size {
             return Err(CallError::TooLarge(max_len));
         }
-        let dpp = self.data_per_pkt;
         let s = super::sess_mut(&mut self.sessions, session).ok_or(CallError::BadSession)?;
         let connected = match s.state {
             SessionState::Connected => true,
@@ -79,7 +78,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 }
                 // Within the capacity ensured above.
                 let _ = buf.resize(n);
-                slot.start(req_type, tag, dpp);
+                slot.start(req_type, tag);
                 self.kick_session(now, session, Some(i));
             }
             None => {
@@ -105,7 +104,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
 
     /// Client: moves backlogged requests into free slots (connected sessions only).
     pub(super) fn drain_backlog(&mut self, now: Time, sid: SessionId) {
-        let dpp = self.data_per_pkt;
         loop {
             let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
                 return;
@@ -123,7 +121,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             if let Some(old) = slot.req.replace(p.data) {
                 self.pool.put(old);
             }
-            slot.start(p.req_type, p.tag, dpp);
+            slot.start(p.req_type, p.tag);
             self.kick_session(now, sid, Some(i));
         }
     }
@@ -236,7 +234,8 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             session: sid,
             generation,
             req_num,
-            pkt,
+            // Below num_pkts <= 2^14.
+            pkt: pkt as u16,
             resp: false,
         }))
     }

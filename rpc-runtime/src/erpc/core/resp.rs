@@ -129,7 +129,8 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             session: sid,
             generation,
             req_num,
-            pkt: j,
+            // Below num_pkts <= 2^14.
+            pkt: j as u16,
             resp: true,
         }))
     }

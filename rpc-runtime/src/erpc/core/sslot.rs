@@ -124,12 +124,13 @@ impl ClientSlot {
         self.req.as_ref().map_or(0, MsgBuffer::data_size)
     }
 
-    /// Starts an RPC (the request data is already in `req`).
-    pub fn start(&mut self, req_type: u8, tag: u64, dpp: usize) {
+    /// Starts an RPC (the request data is already in `req`, whose buffer has the core's
+    /// packet size).
+    pub fn start(&mut self, req_type: u8, tag: u64) {
         self.active = true;
         self.req_type = req_type;
         self.tag = tag;
-        self.num_req_pkts = pkts_for(self.req_len(), dpp);
+        self.num_req_pkts = self.req.as_ref().map_or(1, MsgBuffer::num_pkts);
         self.num_tx = 0;
         self.num_rx = 0;
         self.tx_high = 0;
@@ -220,7 +221,7 @@ mod tests {
         let mut b = MsgBuffer::new(250, 100).unwrap();
         b.resize(250).unwrap();
         s.req = Some(b);
-        s.start(7, 99, 100);
+        s.start(7, 99);
         assert_eq!(s.num_req_pkts, 3);
         assert!(s.wants_tx());
         s.num_tx = 3;
