@@ -152,6 +152,29 @@ fn recycle<'a, 'b, A>(mut v: Vec<TxPkt<'a, A>>) -> Vec<TxPkt<'b, A>> {
         .collect()
 }
 
+/// Appends to `descs` the transmit descriptors of `meta` (rendered packets from `bufs`,
+/// message packets as gather lists from their message buffers). Stops at the first message
+/// packet whose exchange is over, returning its index in `meta`.
+#[inline]
+fn gather<'a, A: Copy + Eq + std::hash::Hash + std::fmt::Debug>(
+    rpc: &'a Rpc<A>,
+    bufs: &'a [u8],
+    meta: &[(TxOut<A>, usize)],
+    descs: &mut Vec<TxPkt<'a, A>>,
+) -> Result<(), usize> {
+    for (i, &(out, off)) in meta.iter().enumerate() {
+        match out {
+            TxOut::Rendered { dest, len } => descs.push(TxPkt::single(dest, &bufs[off..off + len])),
+            // A gather list straight from the message buffer: header, then data.
+            TxOut::Msg { dest, pkt } => {
+                let (hdr, data) = rpc.msg_pkt(&pkt).ok_or(i)?;
+                descs.push(TxPkt::new(dest, hdr, data));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl<T: DatagramTransport> Endpoint<T> {
     /// An endpoint over `transport` with the protocol settings `cfg`; `cfg.mtu` is replaced
     /// by `transport.mtu()`, `cfg.rx_ring_entries` (admission control) is set to
@@ -377,26 +400,18 @@ impl<T: DatagramTransport> Endpoint<T> {
             return 0;
         }
         let mut descs = recycle(std::mem::take(&mut self.tx_descs));
-        let mut i = self.tx_head;
-        while let Some(&(out, off)) = self.tx_meta.get(i) {
-            match out {
-                TxOut::Rendered { dest, len } => {
-                    descs.push(TxPkt::single(dest, &self.tx_bufs[off..off + len]));
-                }
-                // A gather list straight from the message buffer: header, then data.
-                TxOut::Msg { dest, pkt } => match self.rpc.msg_pkt(&pkt) {
-                    Some((hdr, data)) => descs.push(TxPkt::new(dest, hdr, data)),
-                    None => {
-                        // Only in a tail retried after its exchange ended: not needed. Taken
-                        // out of the batch (rare; rendered packets keep their offsets), so
-                        // that `descs` stays in step with `tx_meta[tx_head..]`.
-                        self.stats.tx_stale += 1;
-                        self.tx_meta.remove(i);
-                        continue;
-                    }
-                },
-            }
-            i += 1;
+        while let Err(i) = gather(
+            &self.rpc,
+            &self.tx_bufs,
+            &self.tx_meta[self.tx_head..],
+            &mut descs,
+        ) {
+            // Only in a tail retried after its exchange ended: not needed. Taken out of the
+            // batch (rare; rendered packets keep their offsets), so that `descs` stays in
+            // step with `tx_meta[tx_head..]`, and gathered again.
+            self.stats.tx_stale += 1;
+            self.tx_meta.remove(self.tx_head + i);
+            descs.clear();
         }
         if descs.is_empty() {
             self.tx_descs = recycle(descs);
