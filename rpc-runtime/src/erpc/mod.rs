@@ -66,7 +66,11 @@
 //! | client response receive | (kernel: UDP only) → RX ring; **1** RX ring → pooled `Vec` (multi-packet: reassembly; single-packet: the copying `handle_datagram`) | unchanged count: (kernel: UDP only) → RX ring; **1** RX ring → pooled `MsgBuffer` |
 //!
 //! So a request or reply is copied once on the sending side instead of three times, and
-//! once (plus the kernel's copy over UDP) on the receiving side, as before. Not done: sending
+//! once (plus the kernel's copy over UDP) on the receiving side, as before. Exception: a
+//! datagram of at most [`core::RENDER_MAX`] (256) bytes, i.e. a packet carrying at most
+//! 240 data bytes (a small message, or the short last packet of a large one), is still
+//! copied into the event loop's batch buffer, because for so few bytes the copy costs fewer
+//! instructions than resolving the gather list (measured with `scripts/callgrind-erpc.sh`). Not done: sending
 //! from the `MsgBuffer` over mlx5 UD with two data segments (header slot and data slice, as
 //! eRPC does) instead of the staging copy. That needs every message buffer registered with
 //! the transport's protection domain, and, because a posted send reads the buffer until its
