@@ -106,8 +106,11 @@ fn client_poll(c: &mut Client) {
 fn server_serve(s: &mut Ep) {
     let n = s.rx_burst_zc();
     for k in 0..n {
-        s.reply_zc(k, |_, req, resp| resp.extend_from_slice(req))
-            .expect("reply");
+        s.reply_zc(k, 4096, |_, req, resp| {
+            resp[..req.len()].copy_from_slice(req);
+            req.len()
+        })
+        .expect("reply");
     }
     s.finish_iteration();
     while let Some(ev) = s.poll_event() {

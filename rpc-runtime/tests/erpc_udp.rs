@@ -563,7 +563,10 @@ fn zero_copy_echo_server_over_lossy_udp() {
                 if req_type == 1 {
                     kinds2.lock().unwrap()[0] += 1;
                     server
-                        .reply_zc(k, |_, req, resp| resp.extend_from_slice(req))
+                        .reply_zc(k, 4096, |_, req, resp| {
+                            resp[..req.len()].copy_from_slice(req);
+                            req.len()
+                        })
                         .unwrap();
                 } else {
                     kinds2.lock().unwrap()[1] += 1;

@@ -14,7 +14,7 @@
 //! | 2. retry the unsent tail of the previous TX batch | part of `do_tx_burst_st` |
 //! | 3. `rx_burst` → [`Rpc::handle_datagram`] for each packet → `rx_release` | `process_comps_st` (+ `post_recvs`); session-management packets travel the same channel, so this also covers `handle_sm_rx_st` |
 //! | 4. [`Rpc::handle_timeout`] every `timer_scan_interval` | `pkt_loss_scan_st` (periodic), plus session-management retries and failure detection |
-//! | 5. drain [`Rpc::poll_transmit`] into the TX batch, one `tx_burst` per full batch | `process_credit_stall_queue_st` / `process_wheel_st` (inside the core) and `do_tx_burst_st` |
+//! | 5. drain [`Rpc::poll_transmit_gather`] into the TX batch (message packets as gather lists from their message buffers, [`Rpc::msg_pkt`]; control packets and datagrams of at most [`RENDER_MAX`](super::core::RENDER_MAX) bytes rendered into the batch's buffers), one `tx_burst` per full batch | `process_credit_stall_queue_st` / `process_wheel_st` (inside the core) and `do_tx_burst_st` |
 //! | 6. events stay queued for [`Endpoint::poll_event`] | continuations / request handlers |
 //!
 //! # Zero-copy iterations (seeds/002 §7.2, seeds/000 §12.2)
@@ -27,8 +27,9 @@
 //! let n = ep.rx_burst_zc();             // steps 1-3, the burst stays in the RX ring
 //! for k in 0..n {
 //!     match ep.zc(k) {                  // the message's bytes, in place in the RX ring
-//!         (Zc::Request { .. }, _) => ep.reply_zc(k, |req_type, req, resp| {
-//!             resp.extend_from_slice(req)   // write the response straight into the slot
+//!         (Zc::Request { .. }, _) => ep.reply_zc(k, 4096, |req_type, req, resp| {
+//!             resp[..req.len()].copy_from_slice(req); // write the response straight into
+//!             req.len()                               // the slot's message buffer
 //!         })?,
 //!         (Zc::Response { tag, .. }, data) => { /* consume `data` */ }
 //!     }
@@ -38,24 +39,30 @@
 //! ```
 //! Single-packet requests and responses (the common case) then are never copied by the
 //! core: a request is read in place and the response written in place into the slot's
-//! cached response buffer ([`Rpc::reply_with`]); [`Endpoint::reply`] also works between the
-//! two calls. Everything else still arrives as events.
+//! cached response message buffer ([`Rpc::reply_with`]), from which it is sent;
+//! [`Endpoint::reply`] also works between the two calls. Everything else still arrives as
+//! events.
 //!
 //! # Units
 //! Time is [`Time`]: nanoseconds since the endpoint's creation (a monotonic [`Instant`] base).
 //! Sizes are bytes; the core's MTU is the transport's [`mtu`](DatagramTransport::mtu).
 //!
 //! # Allocation
-//! The TX batch (`batch` buffers of `mtu` bytes, plus its descriptor vectors) and the list of
-//! zero-copy messages (`rx_batch` entries) are allocated once in [`Endpoint::new`]; the loop
-//! itself allocates nothing per packet. Buffers of message events come from the core's free
-//! list: return them with [`Endpoint::recycle`] and the steady state allocates nothing per
-//! message either.
+//! The TX batch (`batch` buffers of `mtu` bytes for rendered packets, plus its descriptor
+//! vectors) and the list of zero-copy messages (`rx_batch` entries) are allocated once in
+//! [`Endpoint::new`]; the loop itself allocates nothing per packet. Message buffers of the
+//! slots are mapped once per slot and reused; buffers of message events come from the core's
+//! free list: return them with [`Endpoint::recycle`] and the steady state allocates (and
+//! maps) nothing per message either.
 //!
 //! # Ordering and back-pressure
-//! Packets leave in the order `poll_transmit` produced them. When the transport's send queue
-//! is full (`tx_burst` consumed only a prefix), the rest of the batch stays in its buffers and
-//! is sent first on the next iteration; no new packet is rendered until the batch is empty.
+//! Packets leave in the order `poll_transmit_gather` produced them. When the transport's
+//! send queue is full (`tx_burst` consumed only a prefix), the rest of the batch stays (as
+//! rendered bytes or as message-packet descriptors) and is sent first on the next
+//! iteration; no new packet is taken from the core until the batch is empty. A message
+//! packet of that tail whose exchange ended meanwhile (the application may have called into
+//! the core between the iterations) is not sent: [`Rpc::msg_pkt`] no longer finds it, and
+//! it is counted in [`LoopStats::tx_stale`].
 //! A transport error other than "queue full" drops the batch (counted in
 //! [`LoopStats::tx_errors`]): to the protocol this is packet loss, which it recovers from.
 
@@ -63,8 +70,9 @@ use std::io;
 use std::time::Instant;
 
 use super::core::{
-    CallError, Config, ConfigError, Event, ReqToken, Rpc, SessionId, Stats, Time, Zc,
+    CallError, Config, ConfigError, Event, ReqToken, Rpc, SessionId, Stats, Time, TxOut, Zc,
 };
+use super::msgbuf::MsgBuffer;
 use super::transport::{DatagramTransport, TxPkt};
 
 /// Default interval between timer scans ([`Rpc::handle_timeout`]), in ns (100 µs).
@@ -79,6 +87,9 @@ pub struct LoopStats {
     pub rx_pkts: u64,
     /// Datagrams consumed by the transport (sent or dropped by it per packet).
     pub tx_pkts: u64,
+    /// Message packets of a retried batch tail that were not sent because their exchange
+    /// had ended meanwhile ([`Rpc::msg_pkt`] returned `None`).
+    pub tx_stale: u64,
     /// `tx_burst` calls.
     pub tx_bursts: u64,
     /// `tx_burst` calls that consumed only a prefix (send queue full); the tail was retried.
@@ -106,10 +117,12 @@ pub struct Endpoint<T: DatagramTransport> {
     batch: usize,
     /// MTU: stride of `tx_bufs`.
     mtu: usize,
-    /// `batch * mtu` bytes: packet `i` of the batch is rendered at `i * mtu`.
+    /// `batch * mtu` bytes: control or session-management packet `i` of the batch is
+    /// rendered at `i * mtu` (message packets are sent from their message buffers).
     tx_bufs: Box<[u8]>,
-    /// Destination and length of the rendered packets of the batch (`len() <= batch`).
-    tx_meta: Vec<(T::Addr, usize)>,
+    /// The packets of the batch (`len() <= batch`): rendered into `tx_bufs` at the given
+    /// offset, or in place in a message buffer.
+    tx_meta: Vec<(TxOut<T::Addr>, usize)>,
     /// First packet of `tx_meta` not yet consumed by the transport.
     tx_head: usize,
     /// Reused descriptor vector for `tx_burst` (kept empty between calls; see `recycle`).
@@ -137,6 +150,29 @@ fn recycle<'a, 'b, A>(mut v: Vec<TxPkt<'a, A>>) -> Vec<TxPkt<'b, A>> {
     v.into_iter()
         .map(|_| -> TxPkt<'b, A> { unreachable!("vector was cleared") })
         .collect()
+}
+
+/// Appends to `descs` the transmit descriptors of `meta` (rendered packets from `bufs`,
+/// message packets as gather lists from their message buffers). Stops at the first message
+/// packet whose exchange is over, returning its index in `meta`.
+#[inline]
+fn gather<'a, A: Copy + Eq + std::hash::Hash + std::fmt::Debug>(
+    rpc: &'a Rpc<A>,
+    bufs: &'a [u8],
+    meta: &[(TxOut<A>, usize)],
+    descs: &mut Vec<TxPkt<'a, A>>,
+) -> Result<(), usize> {
+    for (i, &(out, off)) in meta.iter().enumerate() {
+        match out {
+            TxOut::Rendered { dest, len } => descs.push(TxPkt::single(dest, &bufs[off..off + len])),
+            // A gather list straight from the message buffer: header, then data.
+            TxOut::Msg { dest, pkt } => {
+                let (hdr, data) = rpc.msg_pkt(&pkt).ok_or(i)?;
+                descs.push(TxPkt::new(dest, hdr, data));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl<T: DatagramTransport> Endpoint<T> {
@@ -249,7 +285,8 @@ impl<T: DatagramTransport> Endpoint<T> {
     pub fn reply_zc(
         &mut self,
         k: usize,
-        f: impl FnOnce(u8, &[u8], &mut Vec<u8>),
+        max_len: usize,
+        f: impl FnOnce(u8, &[u8], &mut [u8]) -> usize,
     ) -> Result<(), CallError> {
         let (i, z) = self.zc_msgs[k];
         let Zc::Request {
@@ -261,7 +298,7 @@ impl<T: DatagramTransport> Endpoint<T> {
         let (_, bytes) = self.transport.rx_pkt(i);
         let req = &bytes[z.range()];
         self.rpc
-            .reply_with(self.now, token, |resp| f(req_type, req, resp))
+            .reply_with(self.now, token, max_len, |resp| f(req_type, req, resp))
     }
 
     /// The second half of an iteration begun with [`rx_burst_zc`](Self::rx_burst_zc):
@@ -341,8 +378,8 @@ impl<T: DatagramTransport> Endpoint<T> {
             while self.tx_meta.len() < self.batch {
                 let off = self.tx_meta.len() * self.mtu;
                 let buf = &mut self.tx_bufs[off..off + self.mtu];
-                match self.rpc.poll_transmit_at(self.tx_now, buf) {
-                    Some(m) => self.tx_meta.push(m),
+                match self.rpc.poll_transmit_gather(self.tx_now, buf) {
+                    Some(m) => self.tx_meta.push((m, off)),
                     None => break,
                 }
             }
@@ -363,9 +400,23 @@ impl<T: DatagramTransport> Endpoint<T> {
             return 0;
         }
         let mut descs = recycle(std::mem::take(&mut self.tx_descs));
-        for (i, &(dest, len)) in self.tx_meta.iter().enumerate().skip(self.tx_head) {
-            let off = i * self.mtu;
-            descs.push(TxPkt::single(dest, &self.tx_bufs[off..off + len]));
+        while let Err(i) = gather(
+            &self.rpc,
+            &self.tx_bufs,
+            &self.tx_meta[self.tx_head..],
+            &mut descs,
+        ) {
+            // Only in a tail retried after its exchange ended: not needed. Taken out of the
+            // batch (rare; rendered packets keep their offsets), so that `descs` stays in
+            // step with `tx_meta[tx_head..]`, and gathered again.
+            self.stats.tx_stale += 1;
+            self.tx_meta.remove(self.tx_head + i);
+            descs.clear();
+        }
+        if descs.is_empty() {
+            self.tx_descs = recycle(descs);
+            self.tx_head = self.tx_meta.len();
+            return 0;
         }
         self.stats.tx_bursts += 1;
         let res = self.transport.tx_burst(&descs);
@@ -398,7 +449,7 @@ impl<T: DatagramTransport> Endpoint<T> {
 
     /// Returns the data buffer of an [`Event::Request`] / [`Event::Response`] to the core's
     /// free list for reuse ([`Rpc::recycle`]; optional).
-    pub fn recycle(&mut self, buf: Vec<u8>) {
+    pub fn recycle(&mut self, buf: MsgBuffer) {
         self.rpc.recycle(buf);
     }
 
@@ -437,6 +488,25 @@ impl<T: DatagramTransport> Endpoint<T> {
             .enqueue_request(now, session, req_type, payload, tag)
     }
 
+    /// Client: queues a request written in place into the slot's message buffer
+    /// ([`Rpc::enqueue_request_with`]: `fill` gets at least `max_len` bytes and returns the
+    /// request length); its packets leave, from that buffer, on the next iteration.
+    ///
+    /// # Errors
+    /// As [`Rpc::enqueue_request_with`].
+    pub fn enqueue_request_with(
+        &mut self,
+        session: SessionId,
+        req_type: u8,
+        tag: u64,
+        max_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), CallError> {
+        let now = self.clock();
+        self.rpc
+            .enqueue_request_with(now, session, req_type, tag, max_len, fill)
+    }
+
     /// Server: answers a request ([`Rpc::reply`]); the response leaves on the next iteration.
     ///
     /// # Errors
@@ -444,6 +514,22 @@ impl<T: DatagramTransport> Endpoint<T> {
     pub fn reply(&mut self, token: ReqToken, payload: &[u8]) -> Result<(), CallError> {
         let now = self.clock();
         self.rpc.reply(now, token, payload)
+    }
+
+    /// Server: answers a request with a response written in place into the slot's response
+    /// message buffer ([`Rpc::reply_with`]: `fill` gets at least `max_len` bytes and returns
+    /// the response length); it leaves, from that buffer, on the next iteration.
+    ///
+    /// # Errors
+    /// As [`Rpc::reply_with`].
+    pub fn reply_with(
+        &mut self,
+        token: ReqToken,
+        max_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), CallError> {
+        let now = self.clock();
+        self.rpc.reply_with(now, token, max_len, fill)
     }
 
     /// Whether `session` is a connected client session.

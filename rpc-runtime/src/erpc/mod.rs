@@ -40,6 +40,43 @@
 //! | core, server: a connected session whose client never sends a request (issue 14) | `idle_session_timeout` (10 s) after the connect | reclaimed ([`core::Stats::server_sessions_idle_reclaimed`], `ServerSessionClosed`); the client's next ping gets `SessionLost` |
 //! | [`Erpc::reconnect`] | does not wait: the new sessions connect in the background, under the rows above | calls fail with `ServerDisconnected` if the server stays silent |
 //! | event loop: a full transmit queue | never waited for: the unsent tail is retried on the next iteration | packets leave later (or, on a transport error, count as lost and are re-sent by go-back-N) |
+//!
+//! # Copies per message (issue 15; seeds/000 §3)
+//! Requests and responses live in [`msgbuf::MsgBuffer`]s held by the session slots: the
+//! client slot's request buffer and the server slot's response buffer (taken from the core's
+//! free list on first use and reused for every later RPC of the slot; replaced only by a
+//! larger one), and the reassembly buffers of multi-packet messages (from the free list,
+//! handed to the application in the [`core::Event`] and returned with
+//! [`core::Rpc::recycle`]). Packet `i` is sent as a two-part gather list straight from its
+//! buffer: its 16-byte header, written by the core into header slot `i` of the buffer, and
+//! its data slice in place ([`core::Rpc::poll_transmit_gather`] / [`core::Rpc::msg_pkt`],
+//! [`transport::TxPkt`]).
+//!
+//! Copies of a message's data bytes by the CPU, for an `n`-byte multi-packet message through
+//! the typed binding ([`typed`]); "(kernel)" is the copy `sendmmsg`/`recvmmsg` make between
+//! user memory and socket buffers, which UDP cannot avoid:
+//!
+//! | path | before (commit c5ca698) | now |
+//! |---|---|---|
+//! | client request, UDP | encoder → `Erpc::req_buf`; **1** `enqueue_request`: `req_buf` → slot `Vec` (`core/req.rs`); **2** `poll_transmit`: slot → `Endpoint` TX batch buffer (`render_req_pkt`); **3** (kernel) `sendmmsg` | encoder → slot `MsgBuffer` (`Rpc::enqueue_request_with`); **1** (kernel) `sendmmsg` with two `iovec`s per packet (header slot, data slice of the `MsgBuffer`; `transport/udp.rs`) |
+//! | client request, mlx5 UD | as UDP, but **3** is the copy into the registered staging ring (datagrams of at most 60 B are inlined instead) | **1**: the staging-ring copy (`transport/ud.rs`, gathered from the `MsgBuffer`'s header and data); ≤ 60 B inline |
+//! | server request receive | (kernel: UDP only) → RX ring; **1** multi-packet: RX ring → slot `Vec` (`server_rx_req`); single-packet: none (zero-copy dispatch) | unchanged count: (kernel: UDP only) → RX ring; **1** multi-packet: RX ring → the slot's `MsgBuffer` at packet `k`'s offset (`MsgBuffer::write_pkt`); single-packet: none |
+//! | server reply, UDP | encoder → `ErpcServer::reply_buf`; **1** `reply`: → slot `Vec`; **2** → TX batch buffer (`render_resp_pkt`); **3** (kernel) | encoder → slot response `MsgBuffer` (`Rpc::reply_with`); **1** (kernel) gathered from it; re-sends to duplicates and RFR-requested packets likewise |
+//! | server reply, mlx5 UD | as UDP with the staging copy as **3** | **1**: the staging copy |
+//! | client response receive | (kernel: UDP only) → RX ring; **1** RX ring → pooled `Vec` (multi-packet: reassembly; single-packet: the copying `handle_datagram`) | unchanged count: (kernel: UDP only) → RX ring; **1** RX ring → pooled `MsgBuffer` |
+//!
+//! So a request or reply is copied once on the sending side instead of three times, and
+//! once (plus the kernel's copy over UDP) on the receiving side, as before. Exception: a
+//! datagram of at most [`core::RENDER_MAX`] (256) bytes, i.e. a packet carrying at most
+//! 240 data bytes (a small message, or the short last packet of a large one), is still
+//! copied into the event loop's batch buffer, because for so few bytes the copy costs fewer
+//! instructions than resolving the gather list (measured with `scripts/callgrind-erpc.sh`). Not done: sending
+//! from the `MsgBuffer` over mlx5 UD with two data segments (header slot and data slice, as
+//! eRPC does) instead of the staging copy. That needs every message buffer registered with
+//! the transport's protection domain, and, because a posted send reads the buffer until its
+//! completion, a TX flush before a buffer may change (the DMA-queue flush of seeds/002 §9,
+//! §10, invariant I1); the staging ring keeps the rule "buffers are free when `tx_burst`
+//! returns" that the core relies on.
 
 pub mod core;
 pub mod event_loop;

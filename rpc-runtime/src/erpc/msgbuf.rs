@@ -54,6 +54,24 @@ pub enum MsgBufError {
     /// Mapping the memory failed.
     #[error("allocating the message buffer: {0}")]
     Alloc(#[from] mlx5::Error),
+    /// [`MsgBuffer::write_pkt`]: the packet index is not below [`MsgBuffer::num_pkts`].
+    #[error("packet {pkt} past the message's {num_pkts} packets")]
+    PktOutOfRange {
+        /// The packet index.
+        pkt: usize,
+        /// Packets of the message.
+        num_pkts: usize,
+    },
+    /// [`MsgBuffer::write_pkt`]: the bytes are not exactly the packet's data length.
+    #[error("packet {pkt} carries {len} bytes, the message layout wants {want}")]
+    PktLength {
+        /// The packet index.
+        pkt: usize,
+        /// Bytes offered.
+        len: usize,
+        /// The packet's data length ([`MsgBuffer::pkt_data_len`]).
+        want: usize,
+    },
 }
 
 /// A message buffer: contiguous data plus one header slot per packet (layout in the
@@ -119,6 +137,17 @@ impl MsgBuffer {
         })
     }
 
+    /// A buffer holding a copy of `bytes` (data size and capacity `bytes.len()`), sent in
+    /// packets of `data_per_pkt` data bytes.
+    ///
+    /// # Errors
+    /// As [`MsgBuffer::new`].
+    pub fn from_bytes(bytes: &[u8], data_per_pkt: usize) -> Result<MsgBuffer, MsgBufError> {
+        let mut m = MsgBuffer::new(bytes.len(), data_per_pkt)?;
+        m.data_mut().copy_from_slice(bytes);
+        Ok(m)
+    }
+
     /// Largest data size in bytes.
     #[inline]
     pub fn max_data_size(&self) -> usize {
@@ -171,6 +200,55 @@ impl MsgBuffer {
     pub fn data_mut(&mut self) -> &mut [u8] {
         let end = PKTHDR_SIZE + self.data_size;
         &mut self.bytes_mut()[PKTHDR_SIZE..end]
+    }
+
+    /// The whole data area (`max_data_size` bytes, whatever the current data size), writable:
+    /// fill a message of unknown length in place, then [`resize`](Self::resize) to what was
+    /// written.
+    #[inline]
+    pub fn capacity_mut(&mut self) -> &mut [u8] {
+        let end = PKTHDR_SIZE + self.max_data_size;
+        &mut self.bytes_mut()[PKTHDR_SIZE..end]
+    }
+
+    /// Copies `bytes`, the data of packet `i` of the current message, to its place in the
+    /// data area (reassembly of a received multi-packet message; seeds/000 §3, §8.2).
+    ///
+    /// # Errors
+    /// [`MsgBufError::PktOutOfRange`] if `i >= num_pkts()`, [`MsgBufError::PktLength`] if
+    /// `bytes.len() != pkt_data_len(i)`; nothing is written then.
+    pub fn write_pkt(&mut self, i: usize, bytes: &[u8]) -> Result<(), MsgBufError> {
+        if i >= self.num_pkts {
+            return Err(MsgBufError::PktOutOfRange {
+                pkt: i,
+                num_pkts: self.num_pkts,
+            });
+        }
+        let want = self.pkt_data_len(i);
+        if bytes.len() != want {
+            return Err(MsgBufError::PktLength {
+                pkt: i,
+                len: bytes.len(),
+                want,
+            });
+        }
+        let off = self.pkt_data_offset(i);
+        self.bytes_mut()[off..off + want].copy_from_slice(bytes);
+        Ok(())
+    }
+
+    /// Packet `i`'s header and data, the two parts of its gather list (header from
+    /// `pkthdr_i`, data in place in the data area), or `None` if `i >= num_pkts()`.
+    #[inline]
+    pub fn pkt_parts(&self, i: usize) -> Option<(&[u8], &[u8])> {
+        if i >= self.num_pkts {
+            return None;
+        }
+        let h = self.pkthdr_offset(i);
+        let d = self.pkt_data_offset(i);
+        let len = self.pkt_data_len(i);
+        let b = self.bytes();
+        Some((&b[h..h + PKTHDR_SIZE], &b[d..d + len]))
     }
 
     /// Byte offset of packet `i`'s header from [`as_ptr`](Self::as_ptr): 0 for packet 0,
@@ -291,6 +369,49 @@ impl MsgBuffer {
     }
 }
 
+/// The current data ([`MsgBuffer::data`]), so a received message reads like a byte slice.
+impl std::ops::Deref for MsgBuffer {
+    type Target = [u8];
+
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        self.data()
+    }
+}
+
+/// Compares the current data only (not capacity or headers).
+impl PartialEq for MsgBuffer {
+    fn eq(&self, other: &Self) -> bool {
+        self.data() == other.data()
+    }
+}
+
+impl Eq for MsgBuffer {}
+
+impl PartialEq<[u8]> for MsgBuffer {
+    fn eq(&self, other: &[u8]) -> bool {
+        self.data() == other
+    }
+}
+
+impl PartialEq<Vec<u8>> for MsgBuffer {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        self.data() == other.as_slice()
+    }
+}
+
+impl<const N: usize> PartialEq<[u8; N]> for MsgBuffer {
+    fn eq(&self, other: &[u8; N]) -> bool {
+        self.data() == other
+    }
+}
+
+impl<const N: usize> PartialEq<&[u8; N]> for MsgBuffer {
+    fn eq(&self, other: &&[u8; N]) -> bool {
+        self.data() == *other
+    }
+}
+
 impl std::fmt::Debug for MsgBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MsgBuffer")
@@ -404,6 +525,57 @@ mod tests {
         let mut m = MsgBuffer::new(2 * DPP, DPP).unwrap();
         m.resize(10).unwrap();
         let _ = m.pkthdr(1);
+    }
+
+    #[test]
+    fn write_pkt_checks_index_and_length() {
+        let mut m = MsgBuffer::new(2 * DPP + 5, DPP).unwrap();
+        m.write_pkt(2, &[9; 5]).unwrap();
+        m.write_pkt(0, &[1; DPP]).unwrap();
+        assert_eq!(m.pkt_data(2), &[9; 5]);
+        assert!(matches!(
+            m.write_pkt(3, &[0; 5]),
+            Err(MsgBufError::PktOutOfRange {
+                pkt: 3,
+                num_pkts: 3
+            })
+        ));
+        assert!(matches!(
+            m.write_pkt(2, &[0; 6]),
+            Err(MsgBufError::PktLength {
+                pkt: 2,
+                len: 6,
+                want: 5
+            })
+        ));
+        assert!(matches!(
+            m.write_pkt(1, &[0; 5]),
+            Err(MsgBufError::PktLength {
+                pkt: 1,
+                len: 5,
+                want: DPP
+            })
+        ));
+        // Nothing was written by the refused calls.
+        assert_eq!(m.pkt_data(2), &[9; 5]);
+        assert!(m.pkt_data(1).iter().all(|&b| b == 0));
+        // A resize below packet 2 makes it out of range.
+        m.resize(DPP).unwrap();
+        assert!(m.write_pkt(1, &[]).is_err());
+        assert!(m.pkt_parts(1).is_none());
+        let (h, d) = m.pkt_parts(0).unwrap();
+        assert_eq!((h.len(), d.len()), (16, DPP));
+    }
+
+    #[test]
+    fn capacity_mut_then_resize() {
+        let mut m = MsgBuffer::new(100, DPP).unwrap();
+        m.resize(0).unwrap();
+        assert_eq!(m.capacity_mut().len(), 100);
+        m.capacity_mut()[..3].copy_from_slice(b"abc");
+        m.resize(3).unwrap();
+        assert_eq!(m, *b"abc");
+        assert_eq!(&m[..], b"abc");
     }
 
     #[test]

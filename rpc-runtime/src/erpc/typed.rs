@@ -21,10 +21,14 @@
 //! `MAX_INFLIGHT_PER_SESSION`), and call token `t` always uses session `t / 8`, so no session
 //! ever has more than 8 calls and the core's backlog (seeds/000 §5.1, seeds/002 §6.1), which
 //! copies each request into a fresh buffer, is not used in the steady state. Requests are
-//! encoded into one preallocated buffer and copied by the core into the session slot's
-//! reused buffer; each received message arrives in a buffer from the core's free list, and
-//! the binding returns it once the message was delivered ([`Endpoint::recycle`]), so once
-//! warm a call allocates nothing on either side (the free lists grow to the most messages
+//! encoded straight into the session slot's request message buffer
+//! ([`Endpoint::enqueue_request_with`]) and replies into the server slot's response buffer
+//! ([`Endpoint::reply_with`]), from which their packets are sent without further copies
+//! (seeds/000 §3; the copies per message are counted in the [`crate::erpc`] module docs);
+//! each received multi-packet message (and each single-packet response, which the client
+//! takes through the copying path) arrives in a buffer from the core's free list, and the
+//! binding returns it once the message was delivered ([`Endpoint::recycle`]), so once warm a
+//! call allocates and maps nothing on either side (the free lists grow to the most messages
 //! ever out at once, then stay).
 //!
 //! # Connecting
@@ -129,6 +133,7 @@ use super::core::{
     self, CallError, Config, ConfigError, Event, MS, ReqToken, SLOTS_PER_SESSION, SessionId, Time,
 };
 use super::event_loop::Endpoint;
+use super::msgbuf::MsgBuffer;
 use super::transport::DatagramTransport;
 use super::transport::lossy::{LossConfig, LossyTransport};
 use super::transport::ud::{UdAddr, UdConfig, UdTransport};
@@ -533,7 +538,9 @@ pub struct Erpc<T: DatagramTransport = UdpTransport> {
     free: Vec<u32>,
     pending: Box<[bool]>,
     in_flight: usize,
-    req_buf: Box<[u8]>,
+    /// Largest request in bytes (the service's `max_request_bytes`): the room `send`'s
+    /// encoder gets in the slot's request message buffer.
+    req_cap: usize,
     /// The first failure of a call: every later call fails.
     failed: Option<core::RpcError>,
     /// Why the last session that failed did.
@@ -633,7 +640,7 @@ impl<T: DatagramTransport> Erpc<T> {
             free: order,
             pending: vec![false; max_in_flight].into_boxed_slice(),
             in_flight: 0,
-            req_buf: vec![0; service.max_request_bytes].into_boxed_slice(),
+            req_cap: service.max_request_bytes,
             failed: None,
             last_session_error: None,
             last_loop: Instant::now(),
@@ -861,7 +868,7 @@ impl<T: DatagramTransport> Erpc<T> {
 
     /// Handles one event; returns the token and data of a response to deliver.
     #[inline]
-    fn on_event(&mut self, ev: Event) -> Option<(u32, Vec<u8>)> {
+    fn on_event(&mut self, ev: Event) -> Option<(u32, MsgBuffer)> {
         match ev {
             Event::Response { tag, data, .. } => match self.finish(tag) {
                 Some(tok) => {
@@ -973,6 +980,8 @@ impl<T: DatagramTransport> Erpc<T> {
                 cap: self.ep.rpc().config().max_msg_size,
                 setting: SETTING_MAX_MSG_SIZE,
             },
+            // Out of memory for the request's message buffer: nothing was queued; retry.
+            CallError::NoBuffer => RpcError::WouldBlock,
             // The session was freed by a failure whose event is still queued: the next poll
             // handles it (and fails the transport if calls failed with it); retry after it.
             _ => {
@@ -1064,19 +1073,25 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
                 }
             },
         };
-        let n = encode(&mut self.req_buf);
-        let Some(msg) = self.req_buf.get(..n) else {
+        // Encoded straight into the slot's request message buffer (seeds/000 §3), from
+        // which its packets are sent.
+        let cap = self.req_cap;
+        let mut written = 0;
+        let res =
+            self.ep
+                .enqueue_request_with(session, REQ_TYPE_CALL, u64::from(tok), cap, |buf| {
+                    written = encode(buf);
+                    written
+                });
+        if written > cap {
             self.free.push(tok);
             return Err(RpcError::MessageTooLarge {
-                len: n,
-                cap: self.req_buf.len(),
+                len: written,
+                cap,
                 setting: SETTING_SERVICE_MAX,
             });
-        };
-        match self
-            .ep
-            .enqueue_request(session, REQ_TYPE_CALL, msg, u64::from(tok))
-        {
+        }
+        match res {
             Ok(()) => {
                 self.pending[tok as usize] = true;
                 self.in_flight += 1;
@@ -1142,15 +1157,17 @@ pub struct ErpcServer<T: DatagramTransport = UdpTransport> {
     ep: Endpoint<T>,
     service: &'static ServiceDescriptor,
     /// Requests received, not yet handed out.
-    queue: VecDeque<(ReqToken, Vec<u8>)>,
+    queue: VecDeque<(ReqToken, MsgBuffer)>,
     /// Requests handed out by `recv` since the last `release`.
-    lent: Vec<Vec<u8>>,
+    lent: Vec<MsgBuffer>,
     /// A zero-copy iteration is open: `rx_burst_zc` ran, `finish_iteration` not yet.
     zc_open: bool,
     /// Zero-copy messages of the open iteration, and the next one `recv` hands out.
     zc_count: usize,
     zc_next: usize,
-    reply_buf: Box<[u8]>,
+    /// Largest reply in bytes (the service's `max_response_bytes`): the room `reply`'s
+    /// encoder gets in the slot's response message buffer.
+    reply_cap: usize,
     /// Replies given since the loop last ran.
     dirty: bool,
     stats: ErpcServerStats,
@@ -1231,7 +1248,7 @@ impl<T: DatagramTransport> ErpcServer<T> {
             zc_open: false,
             zc_count: 0,
             zc_next: 0,
-            reply_buf: vec![0; service.max_response_bytes].into_boxed_slice(),
+            reply_cap: service.max_response_bytes,
             dirty: false,
             stats: ErpcServerStats::default(),
         })
@@ -1361,16 +1378,23 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
         token: ReqToken,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), RpcError> {
-        let n = encode(&mut self.reply_buf);
-        let Some(msg) = self.reply_buf.get(..n) else {
+        // Encoded straight into the slot's response message buffer (seeds/000 §3), which
+        // caches it for duplicates and from which its packets are sent.
+        let cap = self.reply_cap;
+        let mut written = 0;
+        let res = self.ep.reply_with(token, cap, |buf| {
+            written = encode(buf);
+            written
+        });
+        if written > cap {
             self.stats.dropped_replies += 1;
             return Err(RpcError::MessageTooLarge {
-                len: n,
-                cap: self.reply_buf.len(),
+                len: written,
+                cap,
                 setting: SETTING_SERVICE_MAX,
             });
-        };
-        match self.ep.reply(token, msg) {
+        }
+        match res {
             Ok(()) => {
                 self.stats.replies += 1;
                 self.dirty = true;
@@ -1380,6 +1404,9 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
                 self.stats.dropped_replies += 1;
                 Err(RpcError::ReplyDropped(match e {
                     CallError::TooLarge(_) => "the reply exceeds the eRPC endpoint's max_msg_size",
+                    CallError::NoBuffer => {
+                        "no message buffer for the reply: mapping its memory failed"
+                    }
                     _ => {
                         "the request was already answered, or its client's session is gone (stale token)"
                     }

@@ -118,7 +118,7 @@ fn forged_responses_are_dropped_and_counted() {
         Some(Event::Response {
             session: sid,
             tag: 7,
-            data: b"answer".to_vec()
+            data: MsgBuffer::from_bytes(b"answer", 4080).unwrap()
         })
     );
     cl.rpc.check_invariants();
@@ -214,7 +214,7 @@ fn forged_disconnects_are_dropped_and_counted() {
         Some(Event::Response {
             session: sid,
             tag: 3,
-            data: b"still here".to_vec()
+            data: MsgBuffer::from_bytes(b"still here", 4080).unwrap()
         })
     );
 }

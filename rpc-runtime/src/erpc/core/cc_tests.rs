@@ -138,7 +138,11 @@ fn rounds(sim: &mut Sim, sid: SessionId, rounds: u64, tag0: u64, min_rate: &mut 
             let Event::Response { tag, data, .. } = e else {
                 panic!("{e:?}")
             };
-            assert_eq!(want.remove(&tag), Some(data), "tag {tag} once, right data");
+            assert_eq!(
+                want.remove(&tag),
+                Some(data.to_vec()),
+                "tag {tag} once, right data"
+            );
         }
     }
 }

@@ -83,12 +83,21 @@
 //! while it still owns the datagram (see `Endpoint::rx_burst_zc` in `event_loop`).
 //! [`Rpc::handle_datagram`] is the same function followed by a copy into an event.
 //!
-//! # Buffers
-//! Message data of events lives in `Vec<u8>`s taken from a free list inside the core; hand
-//! them back with [`Rpc::recycle`] and the steady state allocates nothing per message
-//! (buffers not returned are simply dropped and the free list refills by allocating). Slot
-//! buffers (client request, server response cache) are reused across RPCs. Transmit
-//! descriptors are small values rendered into the caller's buffer by `poll_transmit`.
+//! # Buffers (seeds/000 §3; issue 15)
+//! Message data lives in [`MsgBuffer`]s (data contiguous, one header slot per packet). Each
+//! client slot keeps its request buffer and each server slot its response buffer across
+//! RPCs; [`Rpc::enqueue_request_with`] and [`Rpc::reply_with`] let the application write
+//! the message straight into them, and their packets are sent in place: a transmit queue
+//! entry is a small descriptor, which [`Rpc::poll_transmit_gather`] turns into the header
+//! (written into the buffer's header slot) plus the data slice ([`Rpc::msg_pkt`]), or, for
+//! datagrams of at most [`RENDER_MAX`] bytes and for control packets, renders into the
+//! caller's buffer ([`Rpc::poll_transmit`] copies everything, for simulated wires).
+//! Multi-packet messages are reassembled into buffers from a free list inside the core,
+//! each packet's data written at its offset ([`MsgBuffer::write_pkt`], which refuses an
+//! index or length that does not fit), and handed out in the [`Event`]; hand them back with
+//! [`Rpc::recycle`] and the steady state maps nothing per message (buffers not returned are
+//! simply dropped and the free list refills by mapping; [`Stats::msgbufs_allocated`]
+//! counts every mapping). The module docs of [`crate::erpc`] count the copies per message.
 //!
 //! # Congestion control (seeds/000 §6, §12.3, §12.7; seeds/002 §6.3)
 //! Each client session runs [Timely](crate::erpc::timely): every accepted answer (credit
@@ -138,6 +147,8 @@ mod cc_tests;
 #[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]
+mod msgbuf_tests;
+#[cfg(test)]
 mod sim_tests;
 #[cfg(test)]
 mod zc_tests;
@@ -147,6 +158,7 @@ use std::hash::Hash;
 
 use thiserror::Error;
 
+use super::msgbuf::MsgBuffer;
 use super::pkthdr::{MAX_MSG_SIZE, MAX_PKT_NUM, PKTHDR_SIZE, PktHdr, PktType};
 use super::timely::MIN_RATE_BPS;
 use super::wheel::TimingWheel;
@@ -457,6 +469,10 @@ pub enum CallError {
     /// was freed).
     #[error("stale request token")]
     StaleToken,
+    /// A message buffer ([`MsgBuffer`]) for the request or response could not be mapped
+    /// (out of memory); nothing was queued.
+    #[error("no message buffer: mapping its memory failed")]
+    NoBuffer,
 }
 
 /// Names one received request on the server; pass it to [`Rpc::reply`].
@@ -531,8 +547,10 @@ pub enum Event {
         token: ReqToken,
         /// The handler type.
         req_type: u8,
-        /// The request data.
-        data: Vec<u8>,
+        /// The request data: the message buffer it was reassembled in (multi-packet) or
+        /// copied to (single-packet, [`Rpc::handle_datagram`]); reads as a byte slice.
+        /// Return it with [`Rpc::recycle`].
+        data: MsgBuffer,
     },
     /// Client: the response of the request enqueued with `tag`.
     Response {
@@ -540,8 +558,10 @@ pub enum Event {
         session: SessionId,
         /// The caller's tag.
         tag: u64,
-        /// Response data.
-        data: Vec<u8>,
+        /// Response data: the message buffer it was reassembled in (multi-packet) or copied
+        /// to (single-packet, [`Rpc::handle_datagram`]); reads as a byte slice. Return it
+        /// with [`Rpc::recycle`].
+        data: MsgBuffer,
     },
     /// Client: the request enqueued with `tag` failed (its session failed).
     RequestFailed {
@@ -647,6 +667,78 @@ pub struct Stats {
     pub wheel_bypassed: u64,
     /// Client: queued wheel packets removed by go-back-N, completion or session teardown.
     pub wheel_purged: u64,
+    /// Message buffers ([`MsgBuffer`]) mapped: a slot or the free list needed a buffer, or
+    /// a larger one, than it had. Constant in a steady workload (issue 15).
+    pub msgbufs_allocated: u64,
+    /// Dropped: the first packet of a multi-packet message whose reassembly buffer could not
+    /// be mapped (out of memory); the peer's retransmission tries again.
+    pub drop_no_buffer: u64,
+}
+
+/// A packet of a message that is sent in place from its slot's [`MsgBuffer`]: pass it to
+/// [`Rpc::msg_pkt`] for the header and data slices (a gather list of two parts, seeds/000
+/// §3). Produced by [`Rpc::poll_transmit_gather`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MsgPkt {
+    session: SessionId,
+    generation: u64,
+    req_num: u64,
+    /// Request packet index (client) or response packet index `j` (server), below 2^14
+    /// (a message has at most 2^14 packets).
+    pkt: u16,
+    /// A server response packet (else a client request packet).
+    resp: bool,
+}
+
+/// Datagrams of at most this many bytes (header included) are copied into the caller's
+/// buffer by [`Rpc::poll_transmit_gather`] instead of being sent in place: copying a few
+/// cache lines costs fewer instructions than the second slot lookup of [`Rpc::msg_pkt`]
+/// (measured with `scripts/callgrind-erpc.sh`, issue 15), and the mlx5 UD transport copies
+/// datagrams of at most 60 bytes into the WQE anyway (inline send).
+pub const RENDER_MAX: usize = 256;
+
+/// Packet `i` of `msg` with header `hdr`, to `dest`: copied into `buf` if the datagram is at
+/// most [`RENDER_MAX`] bytes, else with the header written into its slot in `msg` and sent
+/// in place as `pkt()`. `i < msg.num_pkts()`.
+fn place_pkt<A>(
+    dest: A,
+    msg: &mut MsgBuffer,
+    i: usize,
+    hdr: [u8; PKTHDR_SIZE],
+    buf: &mut [u8],
+    pkt: impl FnOnce() -> MsgPkt,
+) -> TxOut<A> {
+    let len = msg.pkt_data_len(i);
+    if PKTHDR_SIZE + len <= RENDER_MAX {
+        buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
+        buf[PKTHDR_SIZE..PKTHDR_SIZE + len].copy_from_slice(msg.pkt_data(i));
+        return TxOut::Rendered {
+            dest,
+            len: PKTHDR_SIZE + len,
+        };
+    }
+    *msg.pkthdr_mut(i) = hdr;
+    TxOut::Msg { dest, pkt: pkt() }
+}
+
+/// A datagram produced by [`Rpc::poll_transmit_gather`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxOut<A> {
+    /// A control or session-management packet, rendered into the caller's buffer
+    /// (`len` bytes).
+    Rendered {
+        /// Destination.
+        dest: A,
+        /// Length in bytes.
+        len: usize,
+    },
+    /// A request or response packet, sent in place from its message buffer.
+    Msg {
+        /// Destination.
+        dest: A,
+        /// Where its bytes are ([`Rpc::msg_pkt`]).
+        pkt: MsgPkt,
+    },
 }
 
 /// A packet waiting in the transmit queue, rendered by `poll_transmit`.
@@ -791,7 +883,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             txq: VecDeque::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
-            pool: BufPool::default(),
+            pool: BufPool::new(dpp),
             wheel: cfg_pacing.then(|| {
                 TimingWheel::with_capacity(
                     cc::WHEEL_SLOT_WIDTH_NS,
@@ -857,25 +949,42 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     }
 
     /// Returns a buffer handed out in an [`Event::Request`] or [`Event::Response`] to the
-    /// core's free list, so that later messages reuse it instead of allocating. Optional:
-    /// buffers not returned are simply dropped, and the core allocates new ones as needed.
-    /// The free list keeps at most [`POOL_MAX_BUFS`] buffers and [`POOL_MAX_BYTES`] bytes of
-    /// capacity; beyond that `buf` is dropped.
-    pub fn recycle(&mut self, buf: Vec<u8>) {
+    /// core's free list, so that later messages reuse it instead of mapping new memory.
+    /// Optional: buffers not returned are simply dropped (unmapped), and the core maps new
+    /// ones as needed ([`Stats::msgbufs_allocated`]). The free list keeps at most
+    /// [`POOL_MAX_BUFS`] buffers and [`POOL_MAX_BYTES`] bytes; beyond that `buf` is dropped.
+    pub fn recycle(&mut self, buf: MsgBuffer) {
         self.pool.put(buf);
     }
 
     /// Processes one received datagram from `from`, copying a complete message into an
     /// [`Event`]. This is [`Rpc::handle_datagram_zc`] followed by a copy of the zero-copy
-    /// message, if any, into a buffer from the free list. Invalid datagrams are dropped and
-    /// counted in [`Stats`]; this never panics on any input.
+    /// message, if any, into a one-packet buffer from the free list. Invalid datagrams are
+    /// dropped and counted in [`Stats`]; this never panics on any input. When the free list
+    /// has no one-packet buffer and none can be mapped, the datagram is dropped before it is
+    /// processed (as if lost; [`Stats::drop_no_buffer`]), so no message is consumed without
+    /// being delivered.
     pub fn handle_datagram(&mut self, now: Time, from: A, bytes: &[u8]) {
+        let before = self.pool.allocated;
+        let spare = self.pool.reserve_small();
+        self.stats.msgbufs_allocated += self.pool.allocated - before;
+        if spare.is_err() {
+            self.stats.rx_pkts += 1;
+            self.stats.drop_no_buffer += 1;
+            return;
+        }
         let Some(zc) = self.handle_datagram_zc(now, from, bytes) else {
             return;
         };
         let src = &bytes[zc.range()];
-        let mut data = self.pool.take(src.len());
-        data.extend_from_slice(src);
+        // The reserved one-packet buffer (a message in one datagram fits one packet).
+        let Ok(mut data) = self.pool.take(src.len()) else {
+            self.stats.drop_no_buffer += 1;
+            return;
+        };
+        data.capacity_mut()[..src.len()].copy_from_slice(src);
+        // Within the capacity taken above.
+        let _ = data.resize(src.len());
         self.events.push_back(match zc {
             Zc::Request {
                 token, req_type, ..
@@ -1029,12 +1138,43 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     }
 
     /// Writes the next datagram to send at time `now` into `buf` and returns its destination
-    /// and length. Paced packets are released from the timing wheel only once their time
-    /// (ns) has come; the send time of client packets is recorded for RTT samples.
+    /// and length: [`Rpc::poll_transmit_gather`] followed by a copy of a message packet's
+    /// header and data into `buf` (the copying variant, for simulated wires and tests).
     ///
     /// # Panics
     /// If `buf` is shorter than the configured MTU (a caller bug).
     pub fn poll_transmit_at(&mut self, now: Time, buf: &mut [u8]) -> Option<(A, usize)> {
+        loop {
+            match self.poll_transmit_gather(now, buf)? {
+                TxOut::Rendered { dest, len } => return Some((dest, len)),
+                TxOut::Msg { dest, pkt } => {
+                    // Just rendered, so present; a vanished packet is skipped.
+                    if let Some((h, d)) = self.msg_pkt(&pkt) {
+                        buf[..h.len()].copy_from_slice(h);
+                        buf[h.len()..h.len() + d.len()].copy_from_slice(d);
+                        return Some((dest, h.len() + d.len()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next datagram to send at time `now` (ns), without copying message data: a
+    /// control or session-management packet is rendered into `buf` ([`TxOut::Rendered`]);
+    /// a request or response packet gets its header written into its place in the slot's
+    /// [`MsgBuffer`] (seeds/000 §3) and is named by a [`MsgPkt`] ([`TxOut::Msg`]), whose
+    /// header and data slices [`Rpc::msg_pkt`] returns for the transport's gather list.
+    /// Paced packets are released from the timing wheel only once their time has come; the
+    /// send time of client packets is recorded for RTT samples.
+    ///
+    /// The slices of a [`MsgPkt`] stay valid (and [`Rpc::msg_pkt`] keeps returning them)
+    /// while the packet's exchange is current; once the slot moved on (call completed,
+    /// session freed, newer request on a server slot) `msg_pkt` returns `None` and the
+    /// packet is simply not sent (the protocol no longer needs it).
+    ///
+    /// # Panics
+    /// If `buf` is shorter than the configured MTU (a caller bug).
+    pub fn poll_transmit_gather(&mut self, now: Time, buf: &mut [u8]) -> Option<TxOut<A>> {
         assert!(buf.len() >= self.cfg.mtu, "poll_transmit buffer below mtu");
         self.note_now(now);
         let now = self.last_now;
@@ -1049,18 +1189,36 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         None
     }
 
+    /// The header and data of a message packet named by [`Rpc::poll_transmit_gather`], in
+    /// place in its message buffer (header: 16 bytes; data: up to `mtu - 16` bytes), or
+    /// `None` if its exchange is over (see there).
+    pub fn msg_pkt(&self, p: &MsgPkt) -> Option<(&[u8], &[u8])> {
+        let i = usize::from(p.pkt);
+        if p.resp {
+            self.resp_pkt_parts(p.session, p.generation, p.req_num, i)
+        } else {
+            self.req_pkt_parts(p.session, p.generation, p.req_num, i)
+        }
+    }
+
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
 
-    fn render(&self, tx: Tx<A>, buf: &mut [u8]) -> Option<(A, usize)> {
+    fn render(&mut self, tx: Tx<A>, buf: &mut [u8]) -> Option<TxOut<A>> {
         match tx {
             Tx::Ctrl { dest, hdr } => {
                 buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
-                Some((dest, PKTHDR_SIZE))
+                Some(TxOut::Rendered {
+                    dest,
+                    len: PKTHDR_SIZE,
+                })
             }
-            Tx::Sm { dest, out } => Some((dest, self.render_sm(&out, buf))),
+            Tx::Sm { dest, out } => Some(TxOut::Rendered {
+                dest,
+                len: self.render_sm(&out, buf),
+            }),
             Tx::ReqPkt {
                 session,
                 generation,
@@ -1072,7 +1230,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 generation,
                 req_num,
                 pkt,
-            } => self.render_rfr(session, generation, req_num, pkt, buf),
+            } => self
+                .render_rfr(session, generation, req_num, pkt, buf)
+                .map(|(dest, len)| TxOut::Rendered { dest, len }),
             Tx::RespPkt {
                 session,
                 generation,
@@ -1138,7 +1298,24 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     }
 
     fn free_session(&mut self, sid: SessionId) -> Option<Session<A>> {
-        let s = self.sessions.get_mut(usize::from(sid.0))?.take()?;
+        let mut s = self.sessions.get_mut(usize::from(sid.0))?.take()?;
+        // The slots' message buffers go back to the free list.
+        match &mut s.role {
+            session::Role::Client(c) => {
+                for sl in c.slots.iter_mut() {
+                    for b in [sl.req.take(), sl.resp.take()].into_iter().flatten() {
+                        self.pool.put(b);
+                    }
+                }
+            }
+            session::Role::Server(srv) => {
+                for sl in srv.slots.iter_mut() {
+                    for b in [sl.req.take(), sl.resp.take()].into_iter().flatten() {
+                        self.pool.put(b);
+                    }
+                }
+            }
+        }
         self.free_nums.push_back(sid.0);
         self.live_sessions -= 1;
         match s.role.client() {

@@ -1,50 +1,166 @@
-//! The free list of message buffers (`Rpc::recycle`).
+//! The free list of message buffers (`Rpc::recycle`; seeds/000 §3).
 //!
-//! Multi-packet messages are reassembled into, and copied messages handed out in, `Vec<u8>`s
-//! taken from here; the application returns them with `Rpc::recycle`. Buffers come back in
-//! LIFO order, so a steady workload keeps reusing the same few warm buffers and allocates
-//! nothing per message.
+//! Multi-packet messages are reassembled into, copied messages handed out in, and backlogged
+//! requests written into [`MsgBuffer`]s taken from here; the application returns them with
+//! `Rpc::recycle`, and slots give theirs back when their session ends. Buffers of one
+//! packet (the smallest mapped) are kept apart from larger ones: a single-packet message
+//! takes the most recently returned one-packet buffer (LIFO, warm), a larger message the
+//! smallest large buffer that fits (best fit), so small messages never take the buffers
+//! large ones need and a steady workload maps no new memory per message. Every buffer mapped is counted ([`Stats::msgbufs_allocated`]), which
+//! is how the tests check that the steady state allocates none.
+//!
+//! [`Stats::msgbufs_allocated`]: super::Stats::msgbufs_allocated
+
+use crate::erpc::msgbuf::{MsgBufError, MsgBuffer};
 
 /// Most buffers the free list keeps.
 pub const POOL_MAX_BUFS: usize = 256;
-/// Most bytes of buffer capacity the free list keeps (64 MiB: eight maximal messages).
+/// Most bytes of buffer memory ([`MsgBuffer::buf_len`]) the free list keeps (64 MiB: eight
+/// maximal messages).
 pub const POOL_MAX_BYTES: usize = 64 << 20;
 
-/// A bounded LIFO free list of byte buffers.
-#[derive(Debug, Default)]
+/// A bounded LIFO free list of message buffers of one packet size.
+#[derive(Debug)]
 pub(super) struct BufPool {
-    bufs: Vec<Vec<u8>>,
+    /// Buffers of one packet's data (`max_data_size == dpp`), LIFO.
+    small: Vec<MsgBuffer>,
+    /// Larger buffers.
+    large: Vec<MsgBuffer>,
     bytes: usize,
+    /// Data bytes per packet of every buffer (the core's `mtu - 16`).
+    dpp: usize,
+    /// Buffers mapped so far.
+    pub allocated: u64,
+    /// Tests: the next `take` that must map a buffer fails.
+    #[cfg(test)]
+    pub fail_next_alloc: bool,
 }
 
 impl BufPool {
-    /// An empty buffer with room for at least `cap` bytes (allocates only if the free list
-    /// is empty or its top buffer is too small).
-    pub fn take(&mut self, cap: usize) -> Vec<u8> {
-        let mut b = match self.bufs.pop() {
-            Some(b) => {
-                self.bytes -= b.capacity();
-                b
-            }
-            None => Vec::new(),
-        };
-        b.reserve(cap);
-        b
+    /// An empty free list for buffers of `dpp` data bytes per packet.
+    pub fn new(dpp: usize) -> Self {
+        BufPool {
+            small: Vec::new(),
+            large: Vec::new(),
+            bytes: 0,
+            dpp,
+            allocated: 0,
+            #[cfg(test)]
+            fail_next_alloc: false,
+        }
     }
 
-    /// Keeps `buf` (cleared) for reuse if within the bounds; drops it otherwise.
-    pub fn put(&mut self, mut buf: Vec<u8>) {
-        let cap = buf.capacity();
-        if cap == 0 || self.bufs.len() >= POOL_MAX_BUFS || self.bytes + cap > POOL_MAX_BYTES {
+    /// A buffer whose data area holds at least `cap` bytes, with data size 0: for
+    /// `cap <= dpp` the most recently returned one-packet buffer, else the smallest larger
+    /// buffer that fits; if there is none, a newly mapped one of `max(cap, dpp)` bytes.
+    ///
+    /// # Errors
+    /// As [`MsgBuffer::new`] when a buffer must be mapped (`cap` above the 8 MiB limit, or
+    /// the mapping failed).
+    pub fn take(&mut self, cap: usize) -> Result<MsgBuffer, MsgBufError> {
+        let found = if cap <= self.dpp {
+            self.small.pop()
+        } else {
+            let best = self
+                .large
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.max_data_size() >= cap)
+                .min_by_key(|(_, b)| b.max_data_size())
+                .map(|(i, _)| i);
+            best.map(|i| self.large.swap_remove(i))
+        };
+        let mut b = match found {
+            Some(b) => {
+                self.bytes -= b.buf_len();
+                b
+            }
+            None => self.map(cap)?,
+        };
+        // Cannot fail: 0 is within every buffer's capacity.
+        let _ = b.resize(0);
+        Ok(b)
+    }
+
+    /// Makes `slot` hold a buffer with room for `cap` data bytes: keeps the one it has if
+    /// large enough, else swaps in one from [`take`](Self::take) and keeps the old one.
+    /// The data size is left as it was when the buffer is kept, 0 otherwise.
+    ///
+    /// # Errors
+    /// As [`take`](Self::take); `slot` is unchanged then.
+    pub fn ensure<'a>(
+        &mut self,
+        slot: &'a mut Option<MsgBuffer>,
+        cap: usize,
+    ) -> Result<&'a mut MsgBuffer, MsgBufError> {
+        if slot.as_ref().is_none_or(|b| b.max_data_size() < cap) {
+            let new = self.take(cap)?;
+            if let Some(old) = slot.replace(new) {
+                self.put(old);
+            }
+        }
+        // Just filled when empty.
+        slot.as_mut().ok_or(MsgBufError::ZeroPacketCapacity)
+    }
+
+    /// Makes sure a one-packet buffer is on the free list (mapping one if not), so that the
+    /// next `take(cap)` with `cap <= dpp` succeeds without mapping.
+    ///
+    /// # Errors
+    /// As [`take`](Self::take) when the mapping fails.
+    #[inline]
+    pub fn reserve_small(&mut self) -> Result<(), MsgBufError> {
+        if self.small.is_empty() {
+            let b = self.map(self.dpp)?;
+            if self.small.capacity() == 0 {
+                self.small.reserve_exact(POOL_MAX_BUFS);
+            }
+            self.bytes += b.buf_len();
+            self.small.push(b);
+        }
+        Ok(())
+    }
+
+    /// Tests: drops every one-packet buffer of the free list.
+    #[cfg(test)]
+    pub fn clear_small(&mut self) {
+        for b in self.small.drain(..) {
+            self.bytes -= b.buf_len();
+        }
+    }
+
+    #[cold]
+    fn map(&mut self, cap: usize) -> Result<MsgBuffer, MsgBufError> {
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_next_alloc) {
+            return Err(MsgBufError::TooLarge { size: cap, max: 0 });
+        }
+        let b = MsgBuffer::new(cap.max(self.dpp), self.dpp)?;
+        self.allocated += 1;
+        Ok(b)
+    }
+
+    /// Keeps `buf` for reuse if within the bounds (and of this pool's packet size); drops
+    /// (unmaps) it otherwise.
+    pub fn put(&mut self, buf: MsgBuffer) {
+        let len = buf.buf_len();
+        if buf.data_per_pkt() != self.dpp
+            || self.small.len() + self.large.len() >= POOL_MAX_BUFS
+            || self.bytes + len > POOL_MAX_BYTES
+        {
             return;
         }
-        if self.bufs.capacity() == 0 {
-            // One allocation for the list itself, on first use.
-            self.bufs.reserve_exact(POOL_MAX_BUFS);
+        let list = if buf.max_data_size() <= self.dpp {
+            &mut self.small
+        } else {
+            &mut self.large
+        };
+        if list.capacity() == 0 {
+            // One allocation for each list, on first use.
+            list.reserve_exact(POOL_MAX_BUFS);
         }
-        buf.clear();
-        self.bytes += cap;
-        self.bufs.push(buf);
+        self.bytes += len;
+        list.push(buf);
     }
 }
 
@@ -54,23 +170,65 @@ mod tests {
 
     #[test]
     fn lifo_reuse_and_bounds() {
-        let mut p = BufPool::default();
-        let a = p.take(100);
-        assert!(a.capacity() >= 100);
+        let mut p = BufPool::new(100);
+        let a = p.take(50).unwrap();
+        assert_eq!(a.max_data_size(), 100, "one packet at least");
+        assert_eq!(a.data_size(), 0);
+        assert_eq!(p.allocated, 1);
         let ptr = a.as_ptr();
         p.put(a);
-        let b = p.take(50);
+        let b = p.take(100).unwrap();
         assert_eq!(b.as_ptr(), ptr, "reused");
-        assert!(b.is_empty());
-        p.put(Vec::new()); // capacity 0: not kept
-        assert!(p.bufs.is_empty());
+        assert_eq!(p.allocated, 1);
+        p.put(b);
+        // Too small buffers are skipped, not grown.
+        let c = p.take(5000).unwrap();
+        assert_ne!(c.as_ptr(), ptr);
+        assert_eq!(p.allocated, 2);
+        // A one-packet message does not take a large buffer.
+        let c_ptr = c.as_ptr();
+        p.put(c);
+        let d = p.take(50).unwrap();
+        assert_eq!(
+            d.as_ptr(),
+            ptr,
+            "the one-packet buffer, not the newer large one"
+        );
+        assert_eq!(p.allocated, 2);
+        p.put(d);
+        // Best fit among the large ones.
+        p.put(MsgBuffer::new(3000, 100).unwrap());
+        assert_eq!(p.take(2500).unwrap().max_data_size(), 3000);
+        assert_eq!(p.take(2500).unwrap().as_ptr(), c_ptr);
+        // Another packet size is not kept.
+        p.put(MsgBuffer::new(10, 99).unwrap());
+        assert_eq!(p.small.len() + p.large.len(), 1);
         for _ in 0..POOL_MAX_BUFS + 10 {
-            p.put(Vec::with_capacity(8));
+            p.put(MsgBuffer::new(8, 100).unwrap());
         }
-        assert_eq!(p.bufs.len(), POOL_MAX_BUFS);
-        let mut p = BufPool::default();
-        p.put(Vec::with_capacity(POOL_MAX_BYTES));
-        p.put(Vec::with_capacity(1));
-        assert_eq!(p.bufs.len(), 1, "byte bound");
+        assert_eq!(p.small.len() + p.large.len(), POOL_MAX_BUFS);
+        let mut p = BufPool::new(4080);
+        p.put(MsgBuffer::new(8 << 20, 4080).unwrap());
+        p.put(MsgBuffer::new(8 << 20, 4080).unwrap());
+        p.put(MsgBuffer::new(8 << 20, 4080).unwrap());
+        for _ in 0..6 {
+            p.put(MsgBuffer::new(8 << 20, 4080).unwrap());
+        }
+        assert_eq!(p.large.len(), 7, "byte bound");
+    }
+
+    #[test]
+    fn ensure_keeps_or_swaps() {
+        let mut p = BufPool::new(100);
+        let mut slot = None;
+        let ptr = p.ensure(&mut slot, 10).unwrap().as_ptr();
+        assert_eq!(p.ensure(&mut slot, 100).unwrap().as_ptr(), ptr);
+        let big = p.ensure(&mut slot, 101).unwrap().as_ptr();
+        assert_ne!(big, ptr);
+        // The small one went back to the free list.
+        assert_eq!(p.take(1).unwrap().as_ptr(), ptr);
+        p.fail_next_alloc = true;
+        assert!(p.ensure(&mut slot, 1000).is_err());
+        assert_eq!(slot.as_ref().unwrap().as_ptr(), big, "unchanged on failure");
     }
 }

@@ -5,18 +5,19 @@ use std::hash::Hash;
 
 use super::session::{PendingReq, SessionState};
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
-use super::{CallError, Event, ReqToken, Rpc, SessionId, Time, Zc};
+use super::{CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, TxOut, Zc, place_pkt};
 use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
-    /// Client: queues an RPC of type `req_type` with `payload` (copied) on `session`. The
+    /// Client: queues an RPC of type `req_type` with `payload` (copied into the slot's
+    /// message buffer, or a buffer of the free list while it waits in the backlog). The
     /// outcome arrives as [`Event::Response`] or [`Event::RequestFailed`] carrying `tag`.
     /// Requests beyond the 8 slots, or issued while the session is still connecting, wait in
-    /// the session's backlog.
+    /// the session's backlog. [`Rpc::enqueue_request_with`] writes the request in place
+    /// instead.
     ///
     /// # Errors
-    /// [`CallError::BadSession`] if `session` is not a connecting or connected client
-    /// session, [`CallError::TooLarge`] above `max_msg_size`.
+    /// As [`Rpc::enqueue_request_with`].
     pub fn enqueue_request(
         &mut self,
         now: Time,
@@ -25,10 +26,38 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         payload: &[u8],
         tag: u64,
     ) -> Result<(), CallError> {
-        if payload.len() > self.cfg.max_msg_size {
-            return Err(CallError::TooLarge(payload.len()));
+        self.enqueue_request_with(now, session, req_type, tag, payload.len(), |buf| {
+            buf[..payload.len()].copy_from_slice(payload);
+            payload.len()
+        })
+    }
+
+    /// Client: queues an RPC of type `req_type` whose request `fill` writes in place into
+    /// the slot's request message buffer (seeds/000 §3: the application fills a preallocated
+    /// msgbuf; its packets are later sent from it without a copy). `fill` gets at least
+    /// `max_len` writable bytes and returns the request's length in bytes. While the request
+    /// must wait in the backlog (no free slot, or the session is still connecting), `fill`
+    /// writes into a buffer of the free list that becomes the slot's when the request
+    /// starts. The outcome arrives as [`Event::Response`] or [`Event::RequestFailed`]
+    /// carrying `tag`.
+    ///
+    /// # Errors
+    /// [`CallError::BadSession`] if `session` is not a connecting or connected client
+    /// session; [`CallError::TooLarge`] if `max_len` exceeds `max_msg_size` (`fill` is not
+    /// called) or `fill` returned more than `max_len` (nothing is queued);
+    /// [`CallError::NoBuffer`] if a message buffer could not be mapped.
+    pub fn enqueue_request_with(
+        &mut self,
+        now: Time,
+        session: SessionId,
+        req_type: u8,
+        tag: u64,
+        max_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<(), CallError> {
+        if max_len > self.cfg.max_msg_size {
+            return Err(CallError::TooLarge(max_len));
         }
-        let dpp = self.data_per_pkt;
         let s = super::sess_mut(&mut self.sessions, session).ok_or(CallError::BadSession)?;
         let connected = match s.state {
             SessionState::Connected => true,
@@ -39,14 +68,30 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         match c.free_slot().filter(|_| connected && c.backlog.is_empty()) {
             Some(i) => {
                 let slot = &mut c.slots[i];
-                slot.req.clear();
-                slot.req.extend_from_slice(payload);
-                slot.start(req_type, tag, dpp);
+                let before = self.pool.allocated;
+                let buf = self.pool.ensure(&mut slot.req, max_len);
+                self.stats.msgbufs_allocated += self.pool.allocated - before;
+                let buf = buf.map_err(|_| CallError::NoBuffer)?;
+                let n = fill(&mut buf.capacity_mut()[..max_len]);
+                if n > max_len {
+                    return Err(CallError::TooLarge(n));
+                }
+                // Within the capacity ensured above.
+                let _ = buf.resize(n);
+                slot.start(req_type, tag);
                 self.kick_session(now, session, Some(i));
             }
             None => {
-                let mut data = self.pool.take(payload.len());
-                data.extend_from_slice(payload);
+                let before = self.pool.allocated;
+                let data = self.pool.take(max_len);
+                self.stats.msgbufs_allocated += self.pool.allocated - before;
+                let mut data = data.map_err(|_| CallError::NoBuffer)?;
+                let n = fill(&mut data.capacity_mut()[..max_len]);
+                if n > max_len {
+                    self.pool.put(data);
+                    return Err(CallError::TooLarge(n));
+                }
+                let _ = data.resize(n);
                 c.backlog.push_back(PendingReq {
                     req_type,
                     data,
@@ -59,7 +104,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
 
     /// Client: moves backlogged requests into free slots (connected sessions only).
     pub(super) fn drain_backlog(&mut self, now: Time, sid: SessionId) {
-        let dpp = self.data_per_pkt;
         loop {
             let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
                 return;
@@ -74,9 +118,10 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             };
             let slot = &mut c.slots[i];
             // The backlog buffer becomes the slot's; the slot's old one goes to the free list.
-            let old = std::mem::replace(&mut slot.req, p.data);
-            self.pool.put(old);
-            slot.start(p.req_type, p.tag, dpp);
+            if let Some(old) = slot.req.replace(p.data) {
+                self.pool.put(old);
+            }
+            slot.start(p.req_type, p.tag);
             self.kick_session(now, sid, Some(i));
         }
     }
@@ -127,7 +172,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             let slot = &mut c.slots[i];
             let k = slot.num_tx;
             let bytes = if k < slot.num_req_pkts {
-                PKTHDR_SIZE + pkt_range(slot.req.len(), dpp, k).len()
+                PKTHDR_SIZE + pkt_range(slot.req_len(), dpp, k).len()
             } else {
                 self.stats.rfr_tx += 1;
                 PKTHDR_SIZE
@@ -152,34 +197,64 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         }
     }
 
-    /// Renders client request packet `pkt` (None if the slot moved on meanwhile).
+    /// Client request packet `pkt` (None if the slot moved on meanwhile): its header is
+    /// written into its place in the slot's request message buffer and the packet is sent
+    /// in place ([`TxOut::Msg`], see [`Rpc::msg_pkt`]), or, for a datagram of at most
+    /// [`RENDER_MAX`](super::RENDER_MAX) bytes, header and data are copied into `buf`
+    /// ([`TxOut::Rendered`]).
     pub(super) fn render_req_pkt(
-        &self,
+        &mut self,
         sid: SessionId,
         generation: u64,
         req_num: u64,
         pkt: usize,
         buf: &mut [u8],
-    ) -> Option<(A, usize)> {
+    ) -> Option<TxOut<A>> {
+        let s = super::sess_mut(&mut self.sessions, sid).filter(|s| s.generation == generation)?;
+        let (peer, remote, tok) = (s.peer, s.remote_num, s.tx_token);
+        let slot = &mut s.role.client_mut()?.slots[slot_of(req_num)];
+        if !slot.active || slot.req_num != req_num || pkt >= slot.num_req_pkts {
+            return None;
+        }
+        let req_type = slot.req_type;
+        let msg = slot.req.as_mut()?;
+        if pkt >= msg.num_pkts() {
+            return None;
+        }
+        let hdr = Self::hdr(
+            req_type,
+            msg.data_size(),
+            remote,
+            tok,
+            PktType::Req,
+            pkt,
+            req_num,
+        );
+        Some(place_pkt(peer, msg, pkt, hdr, buf, || MsgPkt {
+            session: sid,
+            generation,
+            req_num,
+            // Below num_pkts <= 2^14.
+            pkt: pkt as u16,
+            resp: false,
+        }))
+    }
+
+    /// Client request packet `pkt` as header and data slices in the slot's message buffer,
+    /// or None if the slot moved on.
+    pub(super) fn req_pkt_parts(
+        &self,
+        sid: SessionId,
+        generation: u64,
+        req_num: u64,
+        pkt: usize,
+    ) -> Option<(&[u8], &[u8])> {
         let s = self.session(sid).filter(|s| s.generation == generation)?;
         let slot = &s.role.client()?.slots[slot_of(req_num)];
         if !slot.active || slot.req_num != req_num || pkt >= slot.num_req_pkts {
             return None;
         }
-        let range = pkt_range(slot.req.len(), self.data_per_pkt, pkt);
-        let len = range.len();
-        let hdr = Self::hdr(
-            slot.req_type,
-            slot.req.len(),
-            s.remote_num,
-            s.tx_token,
-            PktType::Req,
-            pkt,
-            req_num,
-        );
-        buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
-        buf[PKTHDR_SIZE..PKTHDR_SIZE + len].copy_from_slice(&slot.req[range]);
-        Some((s.peer, PKTHDR_SIZE + len))
+        slot.req.as_ref()?.pkt_parts(pkt)
     }
 
     /// Server: a request packet arrived on connected server session `sid`. A new
@@ -222,6 +297,19 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 self.stats.drop_bad_len += 1;
                 return None;
             }
+            if pkts_for(size, dpp) > 1 {
+                // The reassembly buffer, before any state changes: without one the packet
+                // is dropped as if lost, and the client's retransmission tries again.
+                let before = self.pool.allocated;
+                let buf = self.pool.ensure(&mut slot.req, size);
+                self.stats.msgbufs_allocated += self.pool.allocated - before;
+                let Ok(buf) = buf else {
+                    self.stats.drop_no_buffer += 1;
+                    return None;
+                };
+                // Within the capacity just ensured.
+                let _ = buf.resize(size);
+            }
             slot.req_num = Some(r);
             slot.next_req = r + SLOTS_PER_SESSION as u64;
             slot.state = SrvState::Receiving;
@@ -229,7 +317,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             slot.req_size = size;
             slot.num_req_pkts = pkts_for(size, dpp);
             slot.num_rx = 0;
-            slot.resp.clear();
             slot.num_resp_pkts = 0;
             if slot.num_req_pkts == 1 {
                 // Complete single-packet request: dispatched in place, never copied.
@@ -246,12 +333,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                     offset: PKTHDR_SIZE,
                     len: payload.len(),
                 });
-            }
-            if slot.req.capacity() == 0 {
-                slot.req = self.pool.take(size);
-            } else {
-                slot.req.clear();
-                slot.req.reserve(size);
             }
         }
         if size != slot.req_size || hdr.req_type() != slot.req_type || k >= slot.num_req_pkts {
@@ -281,14 +362,27 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             self.stats.drop_bad_len += 1;
             return None;
         }
-        slot.req.extend_from_slice(payload);
+        // Straight into the message buffer at packet k's place (seeds/000 §3); the checks
+        // above make this succeed, and a buffer that disagrees drops the packet instead of
+        // writing out of bounds.
+        if slot
+            .req
+            .as_mut()
+            .is_none_or(|b| b.data_size() != size || b.write_pkt(k, payload).is_err())
+        {
+            self.stats.drop_bad_len += 1;
+            return None;
+        }
         slot.num_rx += 1;
         if k < last {
             self.send_cr(peer, remote, tok, hdr.req_type(), k, r);
             return None;
         }
+        let Some(data) = slot.req.take() else {
+            self.stats.drop_bad_len += 1;
+            return None;
+        };
         slot.state = SrvState::AwaitingReply;
-        let data = std::mem::take(&mut slot.req);
         self.stats.requests_dispatched += 1;
         self.events.push_back(Event::Request {
             token: ReqToken {

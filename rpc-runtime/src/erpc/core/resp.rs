@@ -4,44 +4,50 @@
 use std::hash::Hash;
 
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
-use super::{CallError, Event, ReqToken, Rpc, SessionId, Time, Tx, Zc};
+use super::{CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, Tx, TxOut, Zc, place_pkt};
 use crate::erpc::pkthdr::{MAX_PKT_NUM, PKTHDR_SIZE, PktHdr, PktType};
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
-    /// Server: answers the request named by `token` with `payload` (copied and cached for
-    /// duplicates). Sends response packet 0, which answers the client's last request packet;
-    /// later packets go out only when the client asks for them (RFR).
+    /// Server: answers the request named by `token` with `payload` (copied into the
+    /// slot's response message buffer and cached there for duplicates). Sends response
+    /// packet 0, which answers the client's last request packet; later packets go out only
+    /// when the client asks for them (RFR). [`Rpc::reply_with`] writes the response in place
+    /// instead.
     ///
     /// # Errors
-    /// [`CallError::StaleToken`] if the request is not awaiting a reply (already answered, or
-    /// its session was freed), [`CallError::TooLarge`] above `max_msg_size` or when request
-    /// and response together exceed the 14-bit packet numbers (the request stays pending).
+    /// As [`Rpc::reply_with`].
     pub fn reply(&mut self, now: Time, token: ReqToken, payload: &[u8]) -> Result<(), CallError> {
-        if payload.len() > self.cfg.max_msg_size {
-            return Err(CallError::TooLarge(payload.len()));
-        }
-        self.reply_with(now, token, |buf| buf.extend_from_slice(payload))
+        self.reply_with(now, token, payload.len(), |buf| {
+            buf[..payload.len()].copy_from_slice(payload);
+            payload.len()
+        })
     }
 
-    /// Server: answers the request named by `token` with the bytes `fill` appends to the
-    /// (empty) response buffer of the request's slot, which is reused across requests and
-    /// cached for duplicates: a dispatch-mode handler writes its response in place, with no
-    /// intermediate copy (eRPC handlers fill the slot's preallocated response msgbuf).
-    /// `fill` runs only for a valid token.
+    /// Server: answers the request named by `token` with the bytes `fill` writes into the
+    /// response message buffer of the request's slot (at least `max_len` writable bytes;
+    /// `fill` returns the response length in bytes). The buffer is reused across requests
+    /// and cached for duplicates, and its packets are sent from it in place: a handler
+    /// writes its response once, with no intermediate copy (eRPC handlers fill the slot's
+    /// preallocated response msgbuf, seeds/000 §3, §12.4). `fill` runs only for a valid
+    /// token.
     ///
     /// # Errors
-    /// As [`Rpc::reply`]; on [`CallError::TooLarge`] the written bytes are discarded and the
+    /// [`CallError::StaleToken`] if the request is not awaiting a reply (already answered,
+    /// or its session was freed); [`CallError::TooLarge`] if `max_len` exceeds
+    /// `max_msg_size` (`fill` is not called), `fill` returned more than `max_len`, or
+    /// request and response together exceed the 14-bit packet numbers;
+    /// [`CallError::NoBuffer`] if a message buffer could not be mapped. On every error the
     /// request stays pending.
     pub fn reply_with(
         &mut self,
         _now: Time,
         token: ReqToken,
-        fill: impl FnOnce(&mut Vec<u8>),
+        max_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), CallError> {
         let dpp = self.data_per_pkt;
         let max = self.cfg.max_msg_size;
-        let s = self
-            .session_mut(token.session)
+        let s = super::sess_mut(&mut self.sessions, token.session)
             .filter(|s| s.generation == token.generation)
             .ok_or(CallError::StaleToken)?;
         let srv = s.role.server_mut().ok_or(CallError::StaleToken)?;
@@ -49,14 +55,20 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         if slot.req_num != Some(token.req_num) || slot.state != SrvState::AwaitingReply {
             return Err(CallError::StaleToken);
         }
-        slot.resp.clear();
-        fill(&mut slot.resp);
-        let len = slot.resp.len();
+        if max_len > max {
+            return Err(CallError::TooLarge(max_len));
+        }
+        let before = self.pool.allocated;
+        let buf = self.pool.ensure(&mut slot.resp, max_len);
+        self.stats.msgbufs_allocated += self.pool.allocated - before;
+        let buf = buf.map_err(|_| CallError::NoBuffer)?;
+        let len = fill(&mut buf.capacity_mut()[..max_len]);
         let num_resp_pkts = pkts_for(len, dpp);
-        if len > max || slot.num_req_pkts + num_resp_pkts - 1 > usize::from(MAX_PKT_NUM) + 1 {
-            slot.resp.clear();
+        if len > max_len || slot.num_req_pkts + num_resp_pkts - 1 > usize::from(MAX_PKT_NUM) + 1 {
             return Err(CallError::TooLarge(len));
         }
+        // Within the capacity ensured above.
+        let _ = buf.resize(len);
         slot.num_resp_pkts = num_resp_pkts;
         slot.state = SrvState::Replied;
         self.queue_resp_pkt(token.session, token.generation, token.req_num, 0);
@@ -79,15 +91,59 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         });
     }
 
-    /// Renders server response packet `j` (None if the slot moved on meanwhile).
+    /// Server response packet `j` (None if the slot moved on meanwhile), sent in place from
+    /// the slot's response message buffer or, if small, copied into `buf` (as
+    /// [`Rpc::render_req_pkt`]).
     pub(super) fn render_resp_pkt(
-        &self,
+        &mut self,
         sid: SessionId,
         generation: u64,
         req_num: u64,
         j: usize,
         buf: &mut [u8],
-    ) -> Option<(A, usize)> {
+    ) -> Option<TxOut<A>> {
+        let s = super::sess_mut(&mut self.sessions, sid).filter(|s| s.generation == generation)?;
+        let (peer, remote, tok) = (s.peer, s.remote_num, s.tx_token);
+        let slot = &mut s.role.server_mut()?.slots[slot_of(req_num)];
+        if slot.req_num != Some(req_num)
+            || slot.state != SrvState::Replied
+            || j >= slot.num_resp_pkts
+        {
+            return None;
+        }
+        let (req_type, pkt_num) = (slot.req_type, slot.num_req_pkts - 1 + j);
+        let msg = slot.resp.as_mut()?;
+        if j >= msg.num_pkts() {
+            return None;
+        }
+        let hdr = Self::hdr(
+            req_type,
+            msg.data_size(),
+            remote,
+            tok,
+            PktType::Resp,
+            pkt_num,
+            req_num,
+        );
+        Some(place_pkt(peer, msg, j, hdr, buf, || MsgPkt {
+            session: sid,
+            generation,
+            req_num,
+            // Below num_pkts <= 2^14.
+            pkt: j as u16,
+            resp: true,
+        }))
+    }
+
+    /// Server response packet `j` as header and data slices in the slot's message buffer,
+    /// or None if the slot moved on.
+    pub(super) fn resp_pkt_parts(
+        &self,
+        sid: SessionId,
+        generation: u64,
+        req_num: u64,
+        j: usize,
+    ) -> Option<(&[u8], &[u8])> {
         let s = self.session(sid).filter(|s| s.generation == generation)?;
         let slot = &s.role.server()?.slots[slot_of(req_num)];
         if slot.req_num != Some(req_num)
@@ -96,20 +152,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         {
             return None;
         }
-        let range = pkt_range(slot.resp.len(), self.data_per_pkt, j);
-        let len = range.len();
-        let hdr = Self::hdr(
-            slot.req_type,
-            slot.resp.len(),
-            s.remote_num,
-            s.tx_token,
-            PktType::Resp,
-            slot.num_req_pkts - 1 + j,
-            req_num,
-        );
-        buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
-        buf[PKTHDR_SIZE..PKTHDR_SIZE + len].copy_from_slice(&slot.resp[range]);
-        Some((s.peer, PKTHDR_SIZE + len))
+        slot.resp.as_ref()?.pkt_parts(j)
     }
 
     /// Client: a response packet arrived on connected client session `sid`. A response that
@@ -158,16 +201,21 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                     self.stats.drop_bad_len += 1;
                     return None;
                 }
+                if n > 1 {
+                    // The reassembly buffer: without one the packet is dropped as if lost
+                    // (go-back-N re-sends the request's last packet).
+                    let before = self.pool.allocated;
+                    let buf = self.pool.ensure(&mut slot.resp, size);
+                    self.stats.msgbufs_allocated += self.pool.allocated - before;
+                    let Ok(buf) = buf else {
+                        self.stats.drop_no_buffer += 1;
+                        return None;
+                    };
+                    // Within the capacity just ensured.
+                    let _ = buf.resize(size);
+                }
                 slot.resp_size = Some(size);
                 slot.num_resp_pkts = n;
-                if n > 1 {
-                    if slot.resp.capacity() == 0 {
-                        slot.resp = self.pool.take(size);
-                    } else {
-                        slot.resp.clear();
-                        slot.resp.reserve(size);
-                    }
-                }
                 n == 1
             }
             Some(sz) => {
@@ -178,10 +226,20 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 false
             }
         };
-        s.last_rx = now;
         if !single {
-            slot.resp.extend_from_slice(payload);
+            // Straight into the message buffer at packet j's place (seeds/000 §3); the
+            // checks above make this succeed, and a buffer that disagrees drops the packet
+            // instead of writing out of bounds.
+            if slot
+                .resp
+                .as_mut()
+                .is_none_or(|b| b.data_size() != size || b.write_pkt(j, payload).is_err())
+            {
+                self.stats.drop_bad_len += 1;
+                return None;
+            }
         }
+        s.last_rx = now;
         slot.num_rx += 1;
         c.credits += 1;
         // Counts from when the slot's last paced packet leaves, if later.
@@ -204,11 +262,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             .role
             .client_mut()?;
         let slot = &mut c.slots[i];
-        let data = if single {
-            None
-        } else {
-            Some(std::mem::take(&mut slot.resp))
-        };
+        let data = if single { None } else { slot.resp.take() };
         slot.finish();
         debug_assert_eq!(slot.req_num % SLOTS_PER_SESSION as u64, i as u64);
         let zc = match data {

@@ -39,7 +39,9 @@ pub(super) enum SessionState {
 #[derive(Debug)]
 pub(super) struct PendingReq {
     pub req_type: u8,
-    pub data: Vec<u8>,
+    /// The request, written into a buffer of the free list; it becomes the slot's request
+    /// buffer (no copy) when the request gets a slot.
+    pub data: crate::erpc::msgbuf::MsgBuffer,
     pub tag: u64,
 }
 

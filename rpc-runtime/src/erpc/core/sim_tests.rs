@@ -77,6 +77,7 @@ impl Node {
                             n.rpc
                                 .reply(n.now, token, &handler(req_type, &data))
                                 .unwrap();
+                            n.rpc.recycle(data);
                             moved = true;
                         }
                         other => keep.push(other),
@@ -293,8 +294,8 @@ impl Sim {
     }
 
     /// Responses per (node, tag).
-    pub fn responses(&self) -> HashMap<(usize, u64), Vec<&Vec<u8>>> {
-        let mut m: HashMap<(usize, u64), Vec<&Vec<u8>>> = HashMap::new();
+    pub fn responses(&self) -> HashMap<(usize, u64), Vec<&MsgBuffer>> {
+        let mut m: HashMap<(usize, u64), Vec<&MsgBuffer>> = HashMap::new();
         for (i, n) in self.nodes.iter().enumerate() {
             for e in &n.events {
                 if let Event::Response { tag, data, .. } = e {
@@ -709,7 +710,7 @@ fn at_most_once_duplicates() {
         Some(Event::Response {
             session: sid,
             tag: 1,
-            data: b"pong".to_vec()
+            data: MsgBuffer::from_bytes(b"pong", 4080).unwrap()
         })
     );
     assert!(cl.rpc.poll_event().is_none());
@@ -879,7 +880,7 @@ fn stale_packets_of_an_ended_session_are_dropped() {
         Some(Event::Response {
             session: sid2,
             tag: 2,
-            data: b"new-resp".to_vec()
+            data: MsgBuffer::from_bytes(b"new-resp", 4080).unwrap()
         })
     );
     // A stale duplicate after the reply is not answered from the new call's cache either.

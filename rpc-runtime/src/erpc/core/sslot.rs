@@ -9,6 +9,7 @@
 //! after the first, `wire_pkts = num_req_pkts + num_resp_pkts - 1` in all.
 
 use super::Time;
+use crate::erpc::msgbuf::MsgBuffer;
 
 /// Slots (concurrent RPCs) per session; also the `req_num` stride of a slot.
 pub const SLOTS_PER_SESSION: usize = 8;
@@ -41,8 +42,10 @@ pub(super) struct ClientSlot {
     pub req_num: u64,
     pub req_type: u8,
     pub tag: u64,
-    /// Request data (buffer reused across RPCs).
-    pub req: Vec<u8>,
+    /// Request message buffer (seeds/000 §3): data plus the packets' headers, from which
+    /// packets are sent in place; taken from the core's free list on first use and reused
+    /// across RPCs (replaced only by a larger one, or by a backlogged request's).
+    pub req: Option<MsgBuffer>,
     pub num_req_pkts: usize,
     /// Packets sent in this exchange (request packets, then RFRs).
     pub num_tx: usize,
@@ -51,8 +54,9 @@ pub(super) struct ClientSlot {
     /// Response size once response packet 0 arrived.
     pub resp_size: Option<usize>,
     pub num_resp_pkts: usize,
-    /// Response data received so far.
-    pub resp: Vec<u8>,
+    /// Reassembly buffer of a multi-packet response (moved into the `Response` event when
+    /// complete; single-packet responses are never copied here).
+    pub resp: Option<MsgBuffer>,
     /// Retransmission deadline while `num_tx > num_rx`.
     pub rto_deadline: Option<Time>,
     /// The slot sits in the session's stall queue.
@@ -85,13 +89,13 @@ impl ClientSlot {
             req_num: first_req_num,
             req_type: 0,
             tag: 0,
-            req: Vec::new(),
+            req: None,
             num_req_pkts: 0,
             num_tx: 0,
             num_rx: 0,
             resp_size: None,
             num_resp_pkts: 0,
-            resp: Vec::new(),
+            resp: None,
             rto_deadline: None,
             in_stall: false,
             tx_ts: vec![NO_TS; credits.max(1)].into_boxed_slice(),
@@ -114,18 +118,24 @@ impl ClientSlot {
                 || self.wire_pkts().is_some_and(|w| self.num_tx < w))
     }
 
-    /// Starts an RPC (the request data is already in `req`).
-    pub fn start(&mut self, req_type: u8, tag: u64, dpp: usize) {
+    /// Request data size in bytes (0 without a buffer).
+    #[inline]
+    pub fn req_len(&self) -> usize {
+        self.req.as_ref().map_or(0, MsgBuffer::data_size)
+    }
+
+    /// Starts an RPC (the request data is already in `req`, whose buffer has the core's
+    /// packet size).
+    pub fn start(&mut self, req_type: u8, tag: u64) {
         self.active = true;
         self.req_type = req_type;
         self.tag = tag;
-        self.num_req_pkts = pkts_for(self.req.len(), dpp);
+        self.num_req_pkts = self.req.as_ref().map_or(1, MsgBuffer::num_pkts);
         self.num_tx = 0;
         self.num_rx = 0;
         self.tx_high = 0;
         self.resp_size = None;
         self.num_resp_pkts = 0;
-        self.resp.clear();
         self.rto_deadline = None;
         self.paced_until = 0;
     }
@@ -169,11 +179,12 @@ pub(super) struct ServerSlot {
     pub req_size: usize,
     pub num_req_pkts: usize,
     pub num_rx: usize,
-    /// Reassembly buffer of a multi-packet request (moved into the `Request` event when
-    /// complete; single-packet requests are never copied here).
-    pub req: Vec<u8>,
-    /// Cached response (buffer reused across requests).
-    pub resp: Vec<u8>,
+    /// Reassembly buffer of a multi-packet request (seeds/000 §3; moved into the `Request`
+    /// event when complete; single-packet requests are never copied here).
+    pub req: Option<MsgBuffer>,
+    /// Cached response message buffer, from which response packets (and their re-sends to
+    /// duplicates) are sent in place; reused across requests.
+    pub resp: Option<MsgBuffer>,
     pub num_resp_pkts: usize,
 }
 
@@ -207,8 +218,10 @@ mod tests {
     fn client_slot_lifecycle() {
         let mut s = ClientSlot::new(3, 8);
         assert!(!s.wants_tx());
-        s.req.extend_from_slice(&[0; 250]);
-        s.start(7, 99, 100);
+        let mut b = MsgBuffer::new(250, 100).unwrap();
+        b.resize(250).unwrap();
+        s.req = Some(b);
+        s.start(7, 99);
         assert_eq!(s.num_req_pkts, 3);
         assert!(s.wants_tx());
         s.num_tx = 3;

@@ -44,14 +44,15 @@ fn zc_request_and_response_delivered_once() {
     assert!(sv.rpc.poll_transmit(&mut [0; 4096]).is_none());
 
     sv.rpc
-        .reply_with(0, token, |b| {
-            assert!(b.is_empty());
-            b.extend_from_slice(b"pong");
+        .reply_with(0, token, 4, |b| {
+            assert_eq!(b.len(), 4);
+            b.copy_from_slice(b"pong");
+            4
         })
         .unwrap();
     assert_eq!(
         sv.rpc
-            .reply_with(0, token, |_| panic!("not called for a stale token")),
+            .reply_with(0, token, 4, |_| panic!("not called for a stale token")),
         Err(CallError::StaleToken)
     );
     let resp = tx(&mut sv);
@@ -114,7 +115,10 @@ fn run_zc(cl: &mut Node, sv: &mut Node) -> Vec<(u64, Vec<u8>, bool)> {
                 };
                 let data = &pkt[zc.range()];
                 sv.rpc
-                    .reply_with(sv.now, token, |b| b.extend_from_slice(data))
+                    .reply_with(sv.now, token, data.len(), |b| {
+                        b.copy_from_slice(data);
+                        data.len()
+                    })
                     .unwrap();
             }
         }
@@ -141,7 +145,7 @@ fn run_zc(cl: &mut Node, sv: &mut Node) -> Vec<(u64, Vec<u8>, bool)> {
             let Event::Response { tag, data, .. } = ev else {
                 panic!("{ev:?}")
             };
-            done.push((tag, data.clone(), false));
+            done.push((tag, data.to_vec(), false));
             cl.rpc.recycle(data);
         }
         cl.rpc.check_invariants();
@@ -211,15 +215,26 @@ fn reply_with_too_large_keeps_request_pending() {
         panic!()
     };
     assert_eq!(
-        sv.rpc.reply_with(0, token, |b| b.resize(1001, 0)),
+        sv.rpc
+            .reply_with(0, token, 1001, |_| panic!("max_len above max_msg_size")),
         Err(CallError::TooLarge(1001))
+    );
+    assert_eq!(
+        sv.rpc.reply_with(0, token, 10, |_| 11),
+        Err(CallError::TooLarge(11)),
+        "fill wrote more than it was given"
     );
     assert_eq!(
         sv.rpc.reply(0, token, &[0; 1001]),
         Err(CallError::TooLarge(1001))
     );
     assert!(sv.rpc.poll_transmit(&mut [0; 4096]).is_none());
-    sv.rpc.reply_with(0, token, |b| b.resize(1000, 3)).unwrap();
+    sv.rpc
+        .reply_with(0, token, 1000, |b| {
+            b.fill(3);
+            1000
+        })
+        .unwrap();
     let resp = tx(&mut sv);
     cl.rpc.handle_datagram(0, 2, &resp);
     match cl.rpc.poll_event() {

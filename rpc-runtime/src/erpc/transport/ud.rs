@@ -61,12 +61,15 @@
 //!   of the seed). Header and data are gathered into a 60-byte stack buffer and then written
 //!   into the WQE's inline segment.
 //! - **Transmit, larger datagrams:** copied (header, then data) into a slot of a registered
-//!   staging ring and sent with one data segment. The core renders packets into the event
-//!   loop's own buffers ([`Endpoint`](crate::erpc::event_loop::Endpoint)'s TX batch), which are
-//!   not registered memory, so the NIC cannot gather from them. The ring has one slot of `mtu`
-//!   bytes (rounded up to 64) per send-queue entry; a slot is reused only after the WQE that
-//!   used it has completed. A later change may register the endpoint's buffers (or the message
-//!   buffers) and gather header and data with two data segments, as eRPC does.
+//!   staging ring and sent with one data segment. The core hands over each packet as a
+//!   gather list straight from its message buffer ([`crate::erpc::msgbuf::MsgBuffer`]: header
+//!   slot and data slice), but those buffers are not registered with this transport's
+//!   protection domain, and a send posted from them would read them until its completion,
+//!   after `tx_burst` returned (see below), so they are copied here: this is the only copy of
+//!   a message on the sending side. The ring has one slot of `mtu` bytes (rounded up to 64)
+//!   per send-queue entry; a slot is reused only after the WQE that used it has completed. A
+//!   later change may register the message buffers and gather header and data with two data
+//!   segments, as eRPC does, together with the TX flush that then becomes necessary.
 //!
 //! Because every datagram is copied (or inlined) before `tx_burst` returns, the caller's
 //! buffers are free as soon as it returns. This is why the TX DMA-queue flush that eRPC needs
