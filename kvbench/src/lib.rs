@@ -123,6 +123,7 @@
 //! kv client --shm kvbench --clients 2                   # process 2: clients + check
 //! ```
 
+pub mod api;
 pub mod check;
 pub mod client;
 pub mod config;
@@ -131,6 +132,5 @@ pub mod pinning;
 pub mod report;
 pub mod run;
 pub mod seed;
-pub mod shard;
 pub mod wiring;
 pub mod workload;
