@@ -401,6 +401,13 @@ impl LoadArgs {
             return Ok(None);
         }
         let v = self.value_size;
+        if v == fixed {
+            return Err(format!(
+                "--key-size runs the KvVar service, whose values are {MIN_VALUE_BYTES}..={} \
+                 bytes: give --value-size too (e.g. --value-size 16)",
+                idl::kv::MAX_VALUE_BYTES
+            ));
+        }
         if v.lo < MIN_VALUE_BYTES || v.hi > idl::kv::MAX_VALUE_BYTES {
             return Err(format!(
                 "--value-size {v}: variable-size values are {MIN_VALUE_BYTES}..={} bytes \
