@@ -655,7 +655,7 @@ mod tests {
         let mut buf = Vec::new();
         let (mut min, mut max) = (usize::MAX, 0);
         for key in 0..2000u64 {
-            let version = (3 << SEQ_BITS) | key * 7;
+            let version = (3 << SEQ_BITS) | (key * 7);
             fill_value(key, version, &s, &mut buf);
             assert!((16..=4096).contains(&buf.len()));
             (min, max) = (min.min(buf.len()), max.max(buf.len()));

@@ -414,7 +414,7 @@ fn run_scalerpc<A: Api>(a: &RunArgs) -> Result<Summary, String> {
     let slice = Duration::from_micros(sc.scalerpc_slice_us);
     // 128 B holds the fixed-size messages; `KvVar`'s slot is the one ScaleRPC derives from
     // its largest messages.
-    let derived = rpc::scalerpc::transport::derive_slot_size(&A::S::DESCRIPTOR);
+    let derived = rpc::scalerpc::transport::derive_slot_size(A::S::DESCRIPTOR);
     let slot_size = match (sc.scalerpc_slot, derived) {
         (Some(s), _) => s,
         (None, Some(d)) => d.max(128),
