@@ -181,6 +181,17 @@ fn bad_sizes_are_refused() {
         ),
         (&["--value-size", "64", "--key-size", "300"], "at most 256"),
         (&["--key-size", "16"], "give --value-size too"),
+        (
+            &[
+                "--value-size",
+                "64",
+                "--ranks",
+                "2",
+                "--copyrpc-ring",
+                "4096",
+            ],
+            "give --copyrpc-ring 32768 or more",
+        ),
         (&["--corrupt-puts", "flip"], "--corrupt-puts needs"),
     ] {
         let (code, v, stderr) = run_kv(args);

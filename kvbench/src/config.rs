@@ -366,6 +366,27 @@ pub(crate) fn delegation_args(a: &RunArgs, ranks: usize) -> Result<DelegationCon
         if !a.copyrpc_ring.is_power_of_two() || a.copyrpc_ring < 1024 {
             return Err("--copyrpc-ring must be a power of two >= 1024".into());
         }
+        // The largest message of the service must fit an endpoint of this ring (with the
+        // default response reservation, a quarter of the ring).
+        let d = match a.load.sizes()? {
+            None => <idl::kv::KvService as rpc::Service>::DESCRIPTOR,
+            Some(_) => <idl::kv::KvVarService as rpc::Service>::DESCRIPTOR,
+        };
+        let ring = a.copyrpc_ring as u64;
+        let fits = rpc::copyrpc::endpoint::max_payload_for(ring, ring / 4) as usize;
+        let need = d.max_request_bytes.max(d.max_response_bytes);
+        if fits < need {
+            let min = (10..48)
+                .map(|s| 1u64 << s)
+                .find(|&r| rpc::copyrpc::endpoint::max_payload_for(r, r / 4) as usize >= need);
+            return Err(format!(
+                "--copyrpc-ring {}: its endpoints carry messages of at most {fits} B, and {}'s \
+                 are up to {need} B: give --copyrpc-ring {} or more",
+                a.copyrpc_ring,
+                d.name,
+                min.unwrap_or(u64::MAX)
+            ));
+        }
         // Each ring: the rank's clients, the checker and (daemons 1..) the delegate.
         if a.load.clients + 2 > a.ring.max_clients as usize {
             return Err(
