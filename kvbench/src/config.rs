@@ -165,8 +165,8 @@ pub struct ScaleArgs {
     #[arg(long, default_value_t = 200)]
     pub scalerpc_slice_us: u64,
     /// ScaleRPC: message pool slot size, bytes (a multiple of 64). Default: 128 (the
-    /// fixed-size KV messages fit), or with `--value-size`/`--key-size` the largest `KvVar`
-    /// message rounded up to a multiple of 64.
+    /// fixed-size KV messages fit), or with `--value-size`/`--key-size` the slot ScaleRPC
+    /// derives from the largest `KvVar` message (4480).
     #[arg(long)]
     pub scalerpc_slot: Option<u32>,
 }
