@@ -2,10 +2,10 @@
 //! written keys, local and remote, is read back from its owner daemon on its owner rank and
 //! must hold the last value written; the counts are summed over the ranks.
 
-use idl::kv::owner_daemon;
 use rpc::bootstrap::Bootstrap;
 use rpc::bootstrap::wire::{self};
 
+use crate::api::{Api, Ctx, Read};
 use crate::client::*;
 use crate::config::*;
 use crate::wiring::*;
@@ -36,7 +36,7 @@ pub(crate) const SAMPLE_BYTES: usize = 20;
 /// checker then writes its own sample keys on its rank (values with writer id
 /// `clients * ranks`, which no run client uses) and reads them back. `failure`: a client
 /// thread of this rank failed; the rank still takes part, and the check fails.
-pub(crate) fn check_written<B: Bootstrap, D: Daemons>(
+pub(crate) fn check_written<B: Bootstrap, A: Api, D: Daemons<A>>(
     b: &B,
     daemons: &D,
     clients: &[ClientReport],
@@ -54,11 +54,17 @@ pub(crate) fn check_written<B: Bootstrap, D: Daemons>(
     let mut total = [written.len() as u64];
     b.all_reduce_sum_u64(&mut total).map_err(boot)?;
     let self_written = total[0] == 0;
+    // Keys and values of the variable-size service (never damaged here).
+    let sizes = load.sizes()?.unwrap_or(crate::api::Sizes {
+        value: load.value_size,
+        key: load.value_size,
+    });
+    let mut ctx = Ctx::new(sizes, None);
     let mut rings = None;
     if failure.is_none() {
         match daemons.connect(me) {
             Ok(mut r) => {
-                set_deadline(&mut r, load);
+                set_deadline::<A, _>(&mut r, load);
                 rings = Some(r)
             }
             Err(e) => failure = Some(format!("check client: {e}")),
@@ -67,7 +73,7 @@ pub(crate) fn check_written<B: Bootstrap, D: Daemons>(
     if let (true, Some(rings)) = (self_written, rings.as_mut()) {
         // A writer id of its own: past the run's clients, or the one the daemons hand out
         // (then only keys of its class, which no other client writes).
-        let (id, class) = match daemons.writer(rings) {
+        let (id, class) = match daemons.writer(rings.as_mut_slice()) {
             Some((id, writers)) => (id, Some(writers)),
             None => ((load.clients * ranks) as u64, None),
         };
@@ -79,7 +85,8 @@ pub(crate) fn check_written<B: Bootstrap, D: Daemons>(
                 key = key - key % writers + id;
             }
             let value = writer | i;
-            if let Err(e) = rings[owner_daemon(key, n)].put(me as u32, key, value) {
+            let owner = A::owner(key, n, &ctx);
+            if let Err(e) = A::put(&mut rings[owner], me as u32, key, value, &mut ctx) {
                 failure = Some(format!("check put({me}, {key}): {e}"));
                 break;
             }
@@ -121,7 +128,8 @@ pub(crate) fn check_written<B: Bootstrap, D: Daemons>(
                 if rank as usize != me {
                     continue;
                 }
-                let got = match rings[owner_daemon(key, n)].get(rank, key) {
+                let owner = A::owner(key, n, &ctx);
+                let got = match A::get(&mut rings[owner], rank, key, &mut ctx) {
                     Ok(got) => got,
                     Err(e) => {
                         failure = Some(format!("check get({rank}, {key}): {e}"));
@@ -131,10 +139,20 @@ pub(crate) fn check_written<B: Bootstrap, D: Daemons>(
                 D::keepalive(rings);
                 checked += 1;
                 checked_remote += u64::from(writer_rank != me);
-                if got != Some(want) {
+                if got.version() != Some(want) {
                     if mismatches < 5 {
+                        let what = match got {
+                            Read::Miss => "nothing".to_owned(),
+                            Read::Hit {
+                                version,
+                                intact: true,
+                            } => format!("version {version}"),
+                            Read::Hit { version, .. } => {
+                                format!("a damaged value (version field {version})")
+                            }
+                        };
                         eprintln!(
-                            "kv: check: rank {rank} key {key}: read {got:?}, last written Some({want})"
+                            "kv: check: rank {rank} key {key}: read {what}, last written version {want}"
                         );
                     }
                     mismatches += 1;

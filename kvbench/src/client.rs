@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::{Backoff, CachePadded};
 use hdrhistogram::Histogram;
-use idl::kv::{KvClient, KvRequest, KvResponse, KvService, owner_daemon};
 use rpc::bootstrap::Bootstrap;
 use rpc::copyrpc::CallError;
 use rpc::delegation::Delegation;
@@ -19,6 +18,8 @@ use rpc::erpc::{Erpc, ErpcConfig};
 use rpc::mlx5::sim::Fabric;
 use rpc::scalerpc::{ScaleRpc, ScaleRpcAddr};
 use rpc::{ClientTransport, RpcError, Service};
+
+use crate::api::{Api, Ctx, Read, plausible};
 use rustc_hash::FxHashMap;
 
 use crate::config::*;
@@ -28,29 +29,29 @@ use crate::wiring::*;
 use crate::workload::*;
 
 /// How client threads and the checker reach the daemons of a rank.
-pub(crate) trait Daemons: Send + Sync + 'static {
+pub(crate) trait Daemons<A: Api>: Send + Sync + 'static {
     /// The client transport.
-    type T: ClientTransport;
+    type T: ClientTransport + Send;
     /// Whether one client's calls on one connection execute in issue order. If not, a client
     /// never has two writes of one key outstanding (their order would be unknown).
     const ORDERED: bool;
     /// Connects one client (a client thread, or the checker) to every daemon of `rank`, in
     /// daemon order.
-    fn connect(&self, rank: usize) -> Result<Vec<KvClient<Self::T>>, RpcError>;
+    fn connect(&self, rank: usize) -> Result<Vec<A::Conn<Self::T>>, RpcError>;
     /// Lets connections without calls in flight make progress (called when a client is
     /// idle).
     #[inline]
-    fn keepalive(_rings: &mut [KvClient<Self::T>]) {}
+    fn keepalive(_rings: &mut [A::Conn<Self::T>]) {}
     /// The writer id of the client connected through `conns` (from [`Daemons::connect`]) and
     /// the number of writer ids `W`: the client writes only keys `k` with `k % W == id`.
     /// `None` (the default): the daemons serve this job alone, and a client's writer id is
     /// its global id among the job's `clients * ranks` client threads.
-    fn writer(&self, _conns: &[KvClient<Self::T>]) -> Option<(u64, u64)> {
+    fn writer(&self, _conns: &mut [A::Conn<Self::T>]) -> Option<(u64, u64)> {
         None
     }
     /// A client thread's connections once its closed loop has ended; by default they close
     /// here. [`Daemons::release`] closes the ones an implementation keeps.
-    fn finished(&self, conns: Vec<KvClient<Self::T>>) {
+    fn finished(&self, conns: Vec<A::Conn<Self::T>>) {
         drop(conns);
     }
     /// Closes the connections [`Daemons::finished`] kept (after the check).
@@ -58,7 +59,7 @@ pub(crate) trait Daemons: Send + Sync + 'static {
 }
 
 /// The delegation rings of this rank's daemons, by name (they reach this rank only).
-pub(crate) struct Rings {
+pub(crate) struct Rings<A: Api> {
     pub(crate) rank: usize,
     pub(crate) names: Vec<String>,
     /// `kv client`: the daemons are another process's, which other `kv client` processes may
@@ -69,10 +70,10 @@ pub(crate) struct Rings {
     /// its keys) before this one has read them back.
     pub(crate) shared: bool,
     /// Connections of finished client threads (`shared`), closed by [`Daemons::release`].
-    pub(crate) held: std::sync::Mutex<Vec<Vec<KvClient>>>,
+    pub(crate) held: std::sync::Mutex<Vec<Vec<A::Conn<Delegation>>>>,
 }
 
-impl Rings {
+impl<A: Api> Rings<A> {
     pub(crate) fn new(rank: usize, names: Vec<String>, shared: bool) -> Self {
         Rings {
             rank,
@@ -83,26 +84,27 @@ impl Rings {
     }
 }
 
-impl Daemons for Rings {
+impl<A: Api> Daemons<A> for Rings<A> {
     type T = Delegation;
     const ORDERED: bool = true;
-    fn connect(&self, rank: usize) -> Result<Vec<KvClient>, RpcError> {
+    fn connect(&self, rank: usize) -> Result<Vec<A::Conn<Delegation>>, RpcError> {
         debug_assert_eq!(rank, self.rank, "the rings of another rank");
         self.names
             .iter()
-            .map(|n| KvClient::<Delegation>::connect(n))
+            .map(|n| A::connect::<Delegation>(n))
             .collect()
     }
 
-    fn writer(&self, conns: &[KvClient]) -> Option<(u64, u64)> {
-        let ring = conns.first().filter(|_| self.shared)?.transport().ring();
+    fn writer(&self, conns: &mut [A::Conn<Delegation>]) -> Option<(u64, u64)> {
+        let conn = conns.first_mut().filter(|_| self.shared)?;
+        let ring = A::core(conn).transport().ring();
         Some((
             u64::from(ring.client_id()),
             u64::from(ring.info().max_clients),
         ))
     }
 
-    fn finished(&self, conns: Vec<KvClient>) {
+    fn finished(&self, conns: Vec<A::Conn<Delegation>>) {
         if self.shared {
             self.held.lock().expect("held connections").push(conns);
         }
@@ -120,17 +122,17 @@ pub(crate) struct ScaleDaemons {
     pub(crate) addrs: Vec<ScaleRpcAddr>,
 }
 
-impl Daemons for ScaleDaemons {
+impl<A: Api> Daemons<A> for ScaleDaemons {
     type T = ScaleRpc;
     const ORDERED: bool = false;
-    fn connect(&self, _rank: usize) -> Result<Vec<KvClient<ScaleRpc>>, RpcError> {
+    fn connect(&self, _rank: usize) -> Result<Vec<A::Conn<ScaleRpc>>, RpcError> {
         let device = self.fabric.open();
         self.addrs
             .iter()
             .map(|a| {
                 let mut a = a.clone();
                 a.device = device.clone();
-                KvClient::<ScaleRpc>::connect(&a)
+                A::connect::<ScaleRpc>(&a)
             })
             .collect()
     }
@@ -139,8 +141,8 @@ impl Daemons for ScaleDaemons {
     /// flight is not polled by `poll_with`, so poll its transport here (it has nothing to
     /// deliver).
     #[inline]
-    fn keepalive(rings: &mut [KvClient<ScaleRpc>]) {
-        for r in rings.iter_mut().filter(|r| r.in_flight() == 0) {
+    fn keepalive(rings: &mut [A::Conn<ScaleRpc>]) {
+        for r in rings.iter_mut().map(A::core).filter(|r| r.in_flight() == 0) {
             let _ = r.transport_mut().poll(usize::MAX, |_, _| {});
         }
     }
@@ -155,10 +157,10 @@ pub(crate) struct ErpcDaemons {
     pub(crate) qd: usize,
 }
 
-impl Daemons for ErpcDaemons {
+impl<A: Api> Daemons<A> for ErpcDaemons {
     type T = Erpc;
     const ORDERED: bool = false;
-    fn connect(&self, rank: usize) -> Result<Vec<KvClient<Erpc>>, RpcError> {
+    fn connect(&self, rank: usize) -> Result<Vec<A::Conn<Erpc>>, RpcError> {
         let cfg = ErpcConfig {
             max_in_flight: self.qd,
             ..ErpcConfig::default()
@@ -166,9 +168,9 @@ impl Daemons for ErpcDaemons {
         self.addrs[rank]
             .iter()
             .map(|a| {
-                Ok(KvClient::from_transport(Erpc::connect_with(
+                Ok(A::from_transport(Erpc::connect_with(
                     a,
-                    KvService::DESCRIPTOR,
+                    A::S::DESCRIPTOR,
                     &cfg,
                 )?))
             })
@@ -179,8 +181,8 @@ impl Daemons for ErpcDaemons {
     /// `poll_with` runs it only with calls in flight, so run the idle connections' here
     /// (they have nothing to deliver).
     #[inline]
-    fn keepalive(rings: &mut [KvClient<Erpc>]) {
-        for r in rings.iter_mut().filter(|r| r.in_flight() == 0) {
+    fn keepalive(rings: &mut [A::Conn<Erpc>]) {
+        for r in rings.iter_mut().map(A::core).filter(|r| r.in_flight() == 0) {
             let _ = r.transport_mut().poll(usize::MAX, |_, _| {});
         }
     }
@@ -199,6 +201,8 @@ pub(crate) struct ClientReport {
     pub(crate) hist_remote: Histogram<u64>,
     /// Calls given up at `--deadline-ms` (also counted in `errors`).
     pub(crate) expired: u64,
+    /// Reads that found a damaged value (wrong length or bytes; also counted in `errors`).
+    pub(crate) damaged: u64,
     /// Completions of calls given up that came late (dropped): raw ones seen by the loop,
     /// typed ones counted by their clients.
     pub(crate) late: u64,
@@ -220,6 +224,7 @@ impl ClientReport {
             hits: 0,
             errors: 0,
             expired: 0,
+            damaged: 0,
             late: 0,
             hist: new_hist(),
             hist_remote: new_hist(),
@@ -247,10 +252,10 @@ pub(crate) struct RankRun {
 /// of them); rank 0 prints the throughput. A client thread that fails wakes this thread at
 /// once, and the run of every rank ends at that rank's next reduction (at once with one rank):
 /// the other client threads stop, and what every thread did up to then is kept.
-pub(crate) fn run_clients<B: Bootstrap, D: Daemons>(
+pub(crate) fn run_clients<B: Bootstrap, A: Api, D: Daemons<A>>(
     b: &B,
     daemons: Arc<D>,
-    remotes: Vec<Remote>,
+    remotes: Vec<Remote<A>>,
     load: &LoadArgs,
     out: &OutArgs,
     pin: &Pinning,
@@ -290,7 +295,7 @@ pub(crate) fn run_clients<B: Bootstrap, D: Daemons>(
                 .spawn(move || {
                     pin_current(core);
                     let mut report = ClientReport::new();
-                    let r = client_thread::<D>(
+                    let r = client_thread::<A, D>(
                         gid,
                         (rank, ranks),
                         &*daemons,
@@ -426,11 +431,11 @@ fn measure<B: Bootstrap>(
 /// # Errors
 /// Why the thread failed: connecting, a call, or the test hook `--fail-client-after`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn client_thread<D: Daemons>(
+pub(crate) fn client_thread<A: Api, D: Daemons<A>>(
     gid: usize,
     (rank, ranks): (usize, usize),
     daemons: &D,
-    remote: Remote,
+    remote: Remote<A>,
     load: &LoadArgs,
     (ready, go): (&std::sync::Barrier, &std::sync::Barrier),
     stop: (&AtomicBool, &AtomicBool),
@@ -446,9 +451,9 @@ pub(crate) fn client_thread<D: Daemons>(
         _ => daemons.connect(rank),
     };
     let rings = rings.map_err(|e| e.to_string()).and_then(|mut rings| {
-        set_deadline(&mut rings, load);
+        set_deadline::<A, _>(&mut rings, load);
         let (writer, writers) = daemons
-            .writer(&rings)
+            .writer(&mut rings)
             .unwrap_or((gid as u64, (load.clients * ranks) as u64));
         if writers > load.keys || writers > 1 << (64 - SEQ_BITS) {
             return Err(format!(
@@ -469,7 +474,11 @@ pub(crate) fn client_thread<D: Daemons>(
     go.wait();
     let (mut rings, me, pattern) = rings?;
     // Every call of the closed loop may go to the same ring.
-    if let Some(r) = rings.iter().find(|r| r.max_in_flight() < load.qd) {
+    if let Some(r) = rings
+        .iter_mut()
+        .map(A::core)
+        .find(|r| r.max_in_flight() < load.qd)
+    {
         return Err(format!(
             "--qd {} exceeds the ring's {} response slots per client (kv serve --resp-depth)",
             load.qd,
@@ -478,7 +487,8 @@ pub(crate) fn client_thread<D: Daemons>(
     }
     let mut remote = remote;
     if let Remote::Ring(ring) = &mut remote {
-        set_deadline(std::slice::from_mut(&mut **ring), load);
+        let ring = A::core(ring);
+        ring.set_default_deadline(Duration::from_millis(load.deadline_ms));
         if ring.max_in_flight() < load.qd {
             return Err(format!(
                 "--qd {} exceeds Daemon#0's ring's {} response slots per client",
@@ -487,7 +497,7 @@ pub(crate) fn client_thread<D: Daemons>(
             ));
         }
     }
-    let r = client_loop::<D>(
+    let r = client_loop::<A, D>(
         me,
         &mut rings,
         &mut remote,
@@ -498,16 +508,19 @@ pub(crate) fn client_thread<D: Daemons>(
         report,
     );
     // Late responses of expired typed calls, dropped by their clients.
-    report.late += rings.iter().map(|c| c.stats().late_responses).sum::<u64>();
-    if let Remote::Ring(ring) = &remote {
-        report.late += ring.stats().late_responses;
+    report.late += rings
+        .iter_mut()
+        .map(|c| A::core(c).stats().late_responses)
+        .sum::<u64>();
+    if let Remote::Ring(ring) = &mut remote {
+        report.late += A::core(ring).stats().late_responses;
     }
     daemons.finished(rings);
     r
 }
 
 /// A completed call: its tag and response, or how it failed.
-pub(crate) type Done = (u64, Result<KvResponse, Failed>);
+pub(crate) type Done<A> = (u64, Result<<<A as Api>::S as Service>::Response, Failed>);
 
 /// How a call failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -538,58 +551,46 @@ pub(crate) enum Sent {
     Raw,
 }
 
-/// The method id of an operation.
-#[inline]
-pub(crate) fn method_of(op: &Op) -> u16 {
-    if op.read {
-        KvService::GET
-    } else {
-        KvService::PUT
-    }
-}
-
 /// Sends `op` with tag `tag`: to the owner daemon's ring if it is for this rank, else over
 /// the remote path. Direct calls that find the copyrpc ring full poll (completions go to
 /// `done`) and retry, until `deadline` after the call's issue time (then the thread fails).
 /// Returns [`Sent::Later`] if the daemon's transport cannot take the call now (ScaleRPC: the
 /// connection's group is not scheduled): poll and issue it again.
 #[inline]
-pub(crate) fn issue<T: ClientTransport>(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn issue<A: Api, T: ClientTransport + Send>(
     me: Me,
     (tag, op, value): (u64, Op, u64),
-    rings: &mut [KvClient<T>],
-    remote: &mut Remote,
+    rings: &mut [A::Conn<T>],
+    remote: &mut Remote<A>,
     inflight: &[(Instant, Op)],
-    done: &mut Vec<Done>,
+    done: &mut Vec<Done<A>>,
     deadline: Duration,
+    ctx: &mut Ctx,
 ) -> Result<Sent, String> {
     let ring = match remote {
-        Remote::Rings { daemons } => op.rank as usize * *daemons + owner_daemon(op.key, *daemons),
-        _ if op.rank as usize == me.rank => owner_daemon(op.key, rings.len()),
-        Remote::Ring(ring) => return typed_issue(ring, tag, op, value),
+        Remote::Rings { daemons } => op.rank as usize * *daemons + A::owner(op.key, *daemons, ctx),
+        _ if op.rank as usize == me.rank => A::owner(op.key, rings.len(), ctx),
+        Remote::Ring(ring) => return typed_issue::<A, _>(ring, tag, op, value, ctx),
         Remote::None => 0,
-        Remote::Meta => owner_daemon(op.key, rings.len()),
-        Remote::Direct { ctx, eps } => {
+        Remote::Meta => A::owner(op.key, rings.len(), ctx),
+        Remote::Direct { ctx: copyrpc, eps } => {
             let Some(ep) = eps.get(op.rank as usize).copied().flatten() else {
                 return Err(format!("no endpoint to rank {}", op.rank));
             };
-            let req = if op.read {
-                KvRequest::get(op.rank, op.key)
-            } else {
-                KvRequest::put(op.rank, op.key, value)
-            };
-            let d = KvService::DESCRIPTOR;
+            let req = A::request(op, value, ctx);
+            let d = A::S::DESCRIPTOR;
             loop {
-                match ctx.call_with(
+                match copyrpc.call_with(
                     ep,
                     d.max_request_bytes as u32,
                     tag as u32,
                     d.max_response_bytes as u32,
-                    |buf| KvService::encode_request(&req, buf),
+                    |buf| A::S::encode_request(&req, buf),
                 ) {
                     Ok(_) => return Ok(Sent::Raw),
                     Err(e) if e.is_retryable() => {
-                        ctx.poll(|t, r| done.push(direct_done(inflight, t, r)));
+                        copyrpc.poll(|t, r| done.push(direct_done::<A>(inflight, t, r)));
                         if done.is_empty() && inflight[tag as usize].0.elapsed() >= deadline {
                             return Err(no_room(op.rank, deadline));
                         }
@@ -602,23 +603,19 @@ pub(crate) fn issue<T: ClientTransport>(
             }
         }
     };
-    typed_issue(&mut rings[ring], tag, op, value)
+    typed_issue::<A, T>(&mut rings[ring], tag, op, value, ctx)
 }
 
 /// Issues `op` with tag `tag` on a typed connection.
 #[inline]
-fn typed_issue<T: ClientTransport>(
-    conn: &mut KvClient<T>,
+fn typed_issue<A: Api, T: ClientTransport + Send>(
+    conn: &mut A::Conn<T>,
     tag: u64,
     op: Op,
     value: u64,
+    ctx: &mut Ctx,
 ) -> Result<Sent, String> {
-    let r = if op.read {
-        conn.issue(tag).get(op.rank, op.key)
-    } else {
-        conn.issue(tag).put(op.rank, op.key, value)
-    };
-    match r {
+    match A::issue(conn, tag, op, value, ctx) {
         Ok(()) => Ok(Sent::Typed),
         Err(RpcError::WouldBlock) => Ok(Sent::Later),
         Err(e) => Err(e.to_string()),
@@ -636,15 +633,15 @@ pub(crate) fn no_room(rank: u32, deadline: Duration) -> String {
 
 /// Decodes a direct (copyrpc) response for the call with tag `t`.
 #[inline]
-pub(crate) fn direct_done(
+pub(crate) fn direct_done<A: Api>(
     inflight: &[(Instant, Op)],
     t: u32,
     r: Result<&[u8], rpc::copyrpc::EndpointFailure>,
-) -> Done {
+) -> Done<A> {
     let op = inflight[t as usize].1;
     let resp = r
         .ok()
-        .and_then(|b| KvService::decode_response(method_of(&op), b).ok())
+        .and_then(|b| A::S::decode_response(A::method(op.read), b).ok())
         .ok_or(Failed::Error);
     (t as u64, resp)
 }
@@ -655,10 +652,10 @@ pub(crate) fn direct_done(
 /// the transport cannot take yet (or, on a transport that does not keep a connection's calls
 /// in order, a write of a key with a write outstanding) waits, and the ones after it too.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn client_loop<D: Daemons>(
+pub(crate) fn client_loop<A: Api, D: Daemons<A>>(
     me: Me,
-    rings: &mut [KvClient<D::T>],
-    remote: &mut Remote,
+    rings: &mut [A::Conn<D::T>],
+    remote: &mut Remote<A>,
     pattern: &[Op],
     load: &LoadArgs,
     (stop, measuring): (&AtomicBool, &AtomicBool),
@@ -698,7 +695,15 @@ pub(crate) fn client_loop<D: Daemons>(
         );
         qd
     ];
-    let mut done: Vec<Done> = Vec::with_capacity(qd);
+    let mut done: Vec<Done<A>> = Vec::with_capacity(qd);
+    // Keys and values of the variable-size service (the test hook `--corrupt-puts`: client
+    // 0's values are damaged).
+    let sizes = load.sizes()?.unwrap_or(crate::api::Sizes {
+        value: load.value_size,
+        key: load.value_size,
+    });
+    let corrupt = load.corrupt_puts.filter(|_| me.gid == 0);
+    let mut ctx = Ctx::new(sizes, corrupt);
     let mut free: Vec<u64> = (0..qd as u64).collect();
     let (mut next, mut seq) = (0usize, 0u64);
     let mut outstanding = 0usize;
@@ -734,7 +739,7 @@ pub(crate) fn client_loop<D: Daemons>(
                     break;
                 }
                 inflight[tag as usize] = (Instant::now(), op);
-                let sent = issue(
+                let sent = issue::<A, D::T>(
                     me,
                     (tag, op, value),
                     rings,
@@ -742,6 +747,7 @@ pub(crate) fn client_loop<D: Daemons>(
                     &inflight,
                     &mut done,
                     deadline,
+                    &mut ctx,
                 )?;
                 if sent == Sent::Later {
                     if !D::ORDERED && !op.read {
@@ -765,15 +771,17 @@ pub(crate) fn client_loop<D: Daemons>(
             break;
         }
         for ring in rings.iter_mut() {
-            ring.poll_with(|tag, r| done.push((tag, r.map_err(failed))))
+            A::core(ring)
+                .poll_with(|tag, r| done.push((tag, r.map_err(failed))))
                 .map_err(|e| e.to_string())?;
         }
         if let Remote::Ring(ring) = remote {
-            ring.poll_with(|tag, r| done.push((tag, r.map_err(failed))))
+            A::core(ring)
+                .poll_with(|tag, r| done.push((tag, r.map_err(failed))))
                 .map_err(|e| e.to_string())?;
         }
         if let Remote::Direct { ctx, .. } = remote {
-            ctx.poll(|t, r| done.push(direct_done(&inflight, t, r)));
+            ctx.poll(|t, r| done.push(direct_done::<A>(&inflight, t, r)));
         }
         if done.is_empty() {
             D::keepalive(rings);
@@ -819,7 +827,7 @@ pub(crate) fn client_loop<D: Daemons>(
             if !D::ORDERED && !op.read {
                 writes_out.remove(&(op.rank, op.key));
             }
-            if r == Err(Failed::Deadline) {
+            if matches!(r, Err(Failed::Deadline)) {
                 // The typed client gave the call up at its deadline.
                 expired(op, rep);
                 outstanding -= 1;
@@ -839,18 +847,20 @@ pub(crate) fn client_loop<D: Daemons>(
                 }
             }
             rep.ops += 1;
-            match r {
-                Ok(KvResponse::Get(v)) if op.read => {
+            match r.as_ref().map(|r| A::outcome(r, &op, &ctx)) {
+                Ok(Ok(Some(read))) => {
                     rep.gets += 1;
-                    if let Some(v) = v {
+                    if let Read::Hit { version, intact } = read {
                         rep.hits += 1;
-                        // Single writer per key: the value must come from the key's writer.
-                        if v >> SEQ_BITS != op.key % me.writers {
+                        // Single writer per key: the value must come from the key's writer,
+                        // and be intact (every byte and the length, `KvVar`).
+                        if !intact || !plausible(version, op.key, me.writers) {
                             rep.errors += 1;
+                            rep.damaged += u64::from(!intact);
                         }
                     }
                 }
-                Ok(KvResponse::Put(())) if !op.read => {}
+                Ok(Ok(None)) => {}
                 _ => rep.errors += 1,
             }
             outstanding -= 1;
@@ -927,8 +937,11 @@ pub(crate) fn failed_on_purpose(ops: u64) -> String {
 }
 
 /// Gives every call of `conns` the deadline `--deadline-ms` (the typed clients' default).
-pub(crate) fn set_deadline<T: ClientTransport>(conns: &mut [KvClient<T>], load: &LoadArgs) {
+pub(crate) fn set_deadline<A: Api, T: ClientTransport + Send>(
+    conns: &mut [A::Conn<T>],
+    load: &LoadArgs,
+) {
     for c in conns {
-        c.set_default_deadline(Duration::from_millis(load.deadline_ms));
+        A::core(c).set_default_deadline(Duration::from_millis(load.deadline_ms));
     }
 }

@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use rpc::delegation::DelegationConfig;
 use rpc::erpc::typed::MAX_IN_FLIGHT_LIMIT as ERPC_MAX_IN_FLIGHT;
 
+use crate::api::{Corrupt, MIN_VALUE_BYTES, SizeRange, Sizes, digits};
 use crate::workload::*;
 
 #[derive(Parser, Debug)]
@@ -120,6 +121,10 @@ pub struct ServeArgs {
     /// Stop after this many seconds (0: until SIGINT/SIGTERM).
     #[arg(long, default_value_t = 0.0)]
     pub duration: f64,
+    /// Serve the variable-size `KvVar` service (byte-string keys and values), for
+    /// `kv client --value-size ... / --key-size ...`.
+    #[arg(long)]
+    pub variable: bool,
     /// Test hook (hidden): daemon 0 executes its N-th request (1-based) but drops the reply,
     /// as a lost reply would (tests/kv_faults.rs).
     #[arg(long, hide = true)]
@@ -159,9 +164,11 @@ pub struct ScaleArgs {
     /// ScaleRPC: a group's time slice, microseconds (warm-up: a quarter of it).
     #[arg(long, default_value_t = 200)]
     pub scalerpc_slice_us: u64,
-    /// ScaleRPC: message pool slot size, bytes (a multiple of 64; KV messages fit 128).
-    #[arg(long, default_value_t = 128)]
-    pub scalerpc_slot: u32,
+    /// ScaleRPC: message pool slot size, bytes (a multiple of 64). Default: 128 (the
+    /// fixed-size KV messages fit), or with `--value-size`/`--key-size` the slot ScaleRPC
+    /// derives from the largest `KvVar` message (4480).
+    #[arg(long)]
+    pub scalerpc_slot: Option<u32>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -205,6 +212,25 @@ pub struct LoadArgs {
     /// RNG seed (same seed, same access patterns).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Value size in bytes: `N`, or `LO-HI` for a length drawn uniformly from `LO..=HI`
+    /// (inclusive) for each write (a hash of the key and the version, so that a reader can
+    /// check it). `8` (the default) with no `--key-size`: `u64` values over the fixed-size
+    /// `Kv` service (seeds/004 §8). Anything else runs the `KvVar` service (byte-string keys
+    /// and values) with values of 16..=4096 bytes: each carries its version and key id in its
+    /// first 16 bytes and a pattern derived from both after them, and every read checks every
+    /// byte and the length.
+    #[arg(long, default_value = "8")]
+    pub value_size: SizeRange,
+    /// Key size in bytes (runs the `KvVar` service): `N`, or `LO-HI` for a length drawn
+    /// uniformly from `LO..=HI` (inclusive) per key id. A key is `k` and the key id in
+    /// decimal, zero-padded to its length (`k0000042`), so `LO` must leave room for the digits
+    /// of the largest key id; at most 256. Default with a `--value-size` other than 8: 16.
+    #[arg(long)]
+    pub key_size: Option<SizeRange>,
+    /// Test hook (hidden): client thread 0 of rank 0 damages every value it writes (`KvVar`
+    /// only): its last byte flipped, or one byte short (tests/kv_varsize.rs).
+    #[arg(long, hide = true, value_enum)]
+    pub corrupt_puts: Option<Corrupt>,
     /// Written keys read back by the end-of-run correctness check.
     #[arg(long, default_value_t = 10_000)]
     pub check_samples: usize,
@@ -340,6 +366,27 @@ pub(crate) fn delegation_args(a: &RunArgs, ranks: usize) -> Result<DelegationCon
         if !a.copyrpc_ring.is_power_of_two() || a.copyrpc_ring < 1024 {
             return Err("--copyrpc-ring must be a power of two >= 1024".into());
         }
+        // The largest message of the service must fit an endpoint of this ring (with the
+        // default response reservation, a quarter of the ring).
+        let d = match a.load.sizes()? {
+            None => <idl::kv::KvService as rpc::Service>::DESCRIPTOR,
+            Some(_) => <idl::kv::KvVarService as rpc::Service>::DESCRIPTOR,
+        };
+        let ring = a.copyrpc_ring as u64;
+        let fits = rpc::copyrpc::endpoint::max_payload_for(ring, ring / 4) as usize;
+        let need = d.max_request_bytes.max(d.max_response_bytes);
+        if fits < need {
+            let min = (10..48)
+                .map(|s| 1u64 << s)
+                .find(|&r| rpc::copyrpc::endpoint::max_payload_for(r, r / 4) as usize >= need);
+            return Err(format!(
+                "--copyrpc-ring {}: its endpoints carry messages of at most {fits} B, and {}'s \
+                 are up to {need} B: give --copyrpc-ring {} or more",
+                a.copyrpc_ring,
+                d.name,
+                min.unwrap_or(u64::MAX)
+            ));
+        }
         // Each ring: the rank's clients, the checker and (daemons 1..) the delegate.
         if a.load.clients + 2 > a.ring.max_clients as usize {
             return Err(
@@ -356,7 +403,52 @@ pub(crate) fn load_args(load: &LoadArgs, ranks: usize) -> Result<(), String> {
     if load.clients == 0 || load.qd == 0 || load.keys < (load.clients * ranks) as u64 {
         return Err("need --clients >= 1, --qd >= 1 and --keys >= --clients * ranks".into());
     }
-    Ok(())
+    load.sizes().map(drop)
+}
+
+impl LoadArgs {
+    /// The key and value sizes of a run of the `KvVar` service, or `None` for the fixed-size
+    /// `Kv` service (`--value-size 8`, no `--key-size`).
+    ///
+    /// # Errors
+    /// A size out of range: values `16..=4096` bytes, keys at most 256 and at least `1 +`
+    /// the digits of the largest key id; `--corrupt-puts` without variable sizes.
+    pub fn sizes(&self) -> Result<Option<Sizes>, String> {
+        let fixed = SizeRange { lo: 8, hi: 8 };
+        if self.value_size == fixed && self.key_size.is_none() {
+            if self.corrupt_puts.is_some() {
+                return Err("--corrupt-puts needs --value-size or --key-size".into());
+            }
+            return Ok(None);
+        }
+        let v = self.value_size;
+        if v == fixed {
+            return Err(format!(
+                "--key-size runs the KvVar service, whose values are {MIN_VALUE_BYTES}..={} \
+                 bytes: give --value-size too (e.g. --value-size 16)",
+                idl::kv::MAX_VALUE_BYTES
+            ));
+        }
+        if v.lo < MIN_VALUE_BYTES || v.hi > idl::kv::MAX_VALUE_BYTES {
+            return Err(format!(
+                "--value-size {v}: variable-size values are {MIN_VALUE_BYTES}..={} bytes \
+                 (each carries its version and key id in its first 16 bytes; 8 alone selects \
+                 the fixed-size u64 values)",
+                idl::kv::MAX_VALUE_BYTES
+            ));
+        }
+        let k = self.key_size.unwrap_or(SizeRange { lo: 16, hi: 16 });
+        let need = 1 + digits(self.keys.saturating_sub(1));
+        if k.lo < need || k.hi > idl::kv::MAX_KEY_BYTES {
+            return Err(format!(
+                "--key-size {k}: keys are `k` and the key id in decimal, so with --keys {} they \
+                 need at least {need} bytes; at most {}",
+                self.keys,
+                idl::kv::MAX_KEY_BYTES
+            ));
+        }
+        Ok(Some(Sizes { value: v, key: k }))
+    }
 }
 
 /// The backends a run of `a` measures, in order: the preset's, else `--backend`'s.

@@ -8,35 +8,35 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
 use crossbeam_utils::Backoff;
-use idl::kv::{KvRequest, KvService};
 use rpc::delegation::{Delegate, DelegationConfig, DelegationServer, ForwardStats, Target};
 use rpc::erpc::ErpcServer;
 use rpc::scalerpc::ScaleRpcServer;
 use rpc::{RpcError, Server, ServerTransport, Service};
 
+use crate::api::Api;
+
 use crate::pinning::{Pinning, pin_current};
 use crate::report::*;
-use crate::shard::*;
 
 pub(crate) fn ring_name(base: &str, d: usize) -> String {
     format!("{}-{d}", base.trim_start_matches('/'))
 }
 
-pub(crate) type KvServerCore = Server<KvService, DelegationServer>;
+pub(crate) type KvServerCore<A> = Server<<A as Api>::S, DelegationServer>;
 
 /// Creates one ring per daemon.
-pub(crate) fn create_rings(
+pub(crate) fn create_rings<A: Api>(
     base: &str,
     daemons: usize,
     cfg: DelegationConfig,
 ) -> Result<Vec<DelegationServer>, RpcError> {
     (0..daemons)
-        .map(|d| DelegationServer::create(&ring_name(base, d), KvService::DESCRIPTOR, cfg))
+        .map(|d| DelegationServer::create(&ring_name(base, d), A::S::DESCRIPTOR, cfg))
         .collect()
 }
 
 /// Starts one plain daemon thread per ring (single rank: seeds/004 §6, only the local ring).
-pub(crate) fn start_daemons(
+pub(crate) fn start_daemons<A: Api>(
     servers: Vec<DelegationServer>,
     rank: usize,
     stop: &Arc<AtomicBool>,
@@ -45,14 +45,14 @@ pub(crate) fn start_daemons(
     servers
         .into_iter()
         .enumerate()
-        .map(|(d, server)| spawn_daemon(rank, d, Server::new(server), stop, pin))
+        .map(|(d, server)| spawn_daemon::<A>(rank, d, Server::new(server), stop, pin))
         .collect()
 }
 
-pub(crate) fn spawn_daemon(
+pub(crate) fn spawn_daemon<A: Api>(
     rank: usize,
     d: usize,
-    mut server: KvServerCore,
+    mut server: KvServerCore<A>,
     stop: &Arc<AtomicBool>,
     pin: &Pinning,
 ) -> thread::JoinHandle<DaemonReport> {
@@ -62,7 +62,7 @@ pub(crate) fn spawn_daemon(
         .name(format!("daemon-{rank}.{d}"))
         .spawn(move || {
             pin_current(core);
-            daemon_loop(&mut server, &stop)
+            daemon_loop::<A, _>(&mut server, &stop)
         })
         .expect("spawn daemon")
 }
@@ -85,24 +85,24 @@ pub(crate) struct DaemonReport {
 }
 
 /// The daemon event loop (seeds/004 §6: only the local ring; or a ScaleRPC server).
-pub(crate) fn daemon_loop<T: ServerTransport>(
-    server: &mut Server<KvService, T>,
+pub(crate) fn daemon_loop<A: Api, T: ServerTransport>(
+    server: &mut Server<A::S, T>,
     stop: &AtomicBool,
 ) -> DaemonReport {
-    daemon_loop_observing(server, stop, |_| {})
+    daemon_loop_observing::<A, T>(server, stop, |_| {})
 }
 
 /// [`daemon_loop`] that also calls `observe` with the server whenever a round found nothing
 /// to do (to sample transport state, e.g. the connections a ScaleRPC server holds).
-pub(crate) fn daemon_loop_observing<T: ServerTransport>(
-    server: &mut Server<KvService, T>,
+pub(crate) fn daemon_loop_observing<A: Api, T: ServerTransport>(
+    server: &mut Server<A::S, T>,
     stop: &AtomicBool,
-    mut observe: impl FnMut(&Server<KvService, T>),
+    mut observe: impl FnMut(&Server<A::S, T>),
 ) -> DaemonReport {
-    let mut shard = Shard::default();
+    let mut shard = A::Shard::default();
     let backoff = Backoff::new();
     while !stop.load(Ordering::Relaxed) {
-        if server.serve_once(|req| KvService::dispatch(&mut shard, req)) == 0 {
+        if A::serve(server, &mut shard) == 0 {
             observe(server);
             backoff.snooze();
         } else {
@@ -114,7 +114,7 @@ pub(crate) fn daemon_loop_observing<T: ServerTransport>(
         requests: s.requests,
         bad_requests: s.bad_requests,
         dropped_replies: s.dropped_replies,
-        keys: shard.map.len(),
+        keys: A::keys(&shard),
         forward: None,
         node: None,
         scale: None,
@@ -124,12 +124,12 @@ pub(crate) fn daemon_loop_observing<T: ServerTransport>(
 
 /// [`daemon_loop`] for the test hook `kv serve --drop-reply N`: the `drop`-th request
 /// (1-based; 0: none) is executed and its reply dropped (counted in `dropped_replies`).
-pub(crate) fn daemon_loop_dropping(
-    server: &mut KvServerCore,
+pub(crate) fn daemon_loop_dropping<A: Api>(
+    server: &mut KvServerCore<A>,
     stop: &AtomicBool,
     drop: u64,
 ) -> DaemonReport {
-    let mut shard = Shard::default();
+    let mut shard = A::Shard::default();
     let (mut seen, mut dropped) = (0u64, 0u64);
     while !stop.load(Ordering::Relaxed) {
         if server.poll() == 0 {
@@ -137,7 +137,7 @@ pub(crate) fn daemon_loop_dropping(
             continue;
         }
         while let Some((token, req)) = server.recv() {
-            let resp = KvService::dispatch(&mut shard, req);
+            let resp = A::dispatch(&mut shard, req);
             seen += 1;
             if seen == drop {
                 dropped += 1;
@@ -152,20 +152,20 @@ pub(crate) fn daemon_loop_dropping(
         requests: s.requests,
         bad_requests: s.bad_requests,
         dropped_replies: s.dropped_replies + dropped,
-        keys: shard.map.len(),
+        keys: A::keys(&shard),
         ..DaemonReport::default()
     }
 }
 
 /// The delegate's event loop: daemon 0 of a rank in a multi-rank run (seeds/004 §5).
-pub(crate) fn delegate_loop<R: FnMut(&KvRequest) -> Target>(
-    mut dlg: Delegate<KvService, R>,
+pub(crate) fn delegate_loop<A: Api, R: FnMut(&<A::S as Service>::Request) -> Target>(
+    mut dlg: Delegate<A::S, R>,
     stop: &AtomicBool,
 ) -> DaemonReport {
-    let mut shard = Shard::default();
+    let mut shard = A::Shard::default();
     let backoff = Backoff::new();
     while !stop.load(Ordering::Relaxed) {
-        if dlg.run_once(|req| KvService::dispatch(&mut shard, req)) == 0 {
+        if dlg.run_once(|req| A::dispatch(&mut shard, req)) == 0 {
             backoff.snooze();
         } else {
             backoff.reset();
@@ -177,7 +177,7 @@ pub(crate) fn delegate_loop<R: FnMut(&KvRequest) -> Target>(
         requests: f.ring_local + f.remote_served,
         bad_requests: f.bad_requests,
         dropped_replies: f.dropped_replies,
-        keys: shard.map.len(),
+        keys: A::keys(&shard),
         forward: Some(f),
         node: None,
         scale: None,
@@ -210,17 +210,17 @@ impl Drop for DaemonThreads {
     }
 }
 
-pub(crate) fn spawn_erpc_daemon(
+pub(crate) fn spawn_erpc_daemon<A: Api>(
     rank: usize,
     d: usize,
-    mut server: Server<KvService, ErpcServer>,
+    mut server: Server<A::S, ErpcServer>,
     stop: &Arc<AtomicBool>,
 ) -> thread::JoinHandle<DaemonReport> {
     let stop = stop.clone();
     thread::Builder::new()
         .name(format!("daemon-{rank}.{d}"))
         .spawn(move || {
-            let mut r = daemon_loop(&mut server, &stop);
+            let mut r = daemon_loop::<A, _>(&mut server, &stop);
             let t = server.transport();
             let ep = t.endpoint();
             let core = ep.core_stats();
@@ -260,10 +260,10 @@ pub(crate) struct ScaleDaemon {
 /// Spawns the thread of ScaleRPC daemon `d` of `rank`: the [`daemon_loop_observing`] of
 /// `server`, sampling the most groups its scheduler held at once, then its counters
 /// ([`ScaleDaemon`]) in its report.
-pub(crate) fn spawn_scale_daemon(
+pub(crate) fn spawn_scale_daemon<A: Api>(
     rank: usize,
     d: usize,
-    mut server: Server<KvService, ScaleRpcServer>,
+    mut server: Server<A::S, ScaleRpcServer>,
     stop: &Arc<AtomicBool>,
 ) -> thread::JoinHandle<DaemonReport> {
     let stop = stop.clone();
@@ -274,7 +274,7 @@ pub(crate) fn spawn_scale_daemon(
             // stop: report the connections accepted over the run (held now or reclaimed) and
             // the most groups seen at once.
             let mut groups = 0;
-            let mut r = daemon_loop_observing(&mut server, &stop, |server| {
+            let mut r = daemon_loop_observing::<A, _>(&mut server, &stop, |server| {
                 let s = server.transport().scale_server();
                 groups = groups.max(s.scheduler().num_groups());
             });

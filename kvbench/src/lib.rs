@@ -6,7 +6,8 @@
 //! prints them as text, JSON or CSV).
 //!
 //! Layout, one module per concern: [`config`] (the command line), [`workload`] (access
-//! patterns), [`shard`] (a daemon's store and request routing), [`daemon`] (daemon threads),
+//! patterns), [`api`] (the two KV services, their shards, request routing, keys and
+//! values), [`daemon`] (daemon threads),
 //! [`seed`] (the Meta and Delegation backends of seeds/004), [`wiring`] (NICs, copyrpc
 //! endpoints and the bootstrap between ranks), [`client`] (client threads, the warm-up and
 //! the measured runs), [`pinning`] (CPU pinning), [`check`] (the correctness check),
@@ -88,6 +89,21 @@
 //! clients wrote, sends every sampled key to its owner rank (an all-gather), and each rank reads
 //! the keys it owns back from their owner daemon; the counts are summed over the ranks.
 //!
+//! Value and key sizes (issue 15; [`api`]): by default (`--value-size 8`, no `--key-size`)
+//! keys and values are `u64`s over the fixed-size `idl::kv::Kv` service, as in seeds/004 §8.
+//! `--value-size N` or `--value-size LO-HI` (16..=4096 bytes; a range is uniform, the length
+//! of each write a hash of its key and version) and `--key-size N|LO-HI` (a key is `k` and
+//! the key id in decimal, zero-padded to the key's length, a hash of the key id) run the
+//! `idl::kv::KvVar` service instead (`&str` keys, `&[u8]` values), over the same transports,
+//! backends and check: a value is its version, its key id and a pattern derived from both,
+//! so every read (during the run and in the check) verifies every byte and the length and
+//! recovers the version the check compares. A damaged value is an error (`damaged_reads`)
+//! and fails the run. Within a rank a `KvVar` key's owner daemon is a hash of its bytes
+//! (`idl::kv::owner_daemon_of`). `kv serve --variable` serves `KvVar` to `kv client`s with
+//! sizes. The `KvVar` path is not allocation-free where the runtime hands the daemon owned
+//! requests (the ipc/Flux daemons of Meta and Delegation, the copyrpc delegate) or the client
+//! owned responses (pipelined calls): the fixed-size default is unchanged.
+//!
 //! `kv serve` lists its rings in a ring manifest, `/dev/shm/<shm>.rings`
 //! ([`rpc::delegation::RingManifest`]: this user's file, mode 0600), and `kv client` attaches
 //! to exactly the rings listed there, never to whatever `<shm>-N` names exist, so a ring file
@@ -114,6 +130,7 @@
 //! cargo run --release --example kv -- --preset seed004 --runs 3
 //! cargo run --release --example kv -- --transport scalerpc --clients 4 --scalerpc-group 2
 //! cargo run --release --example kv -- --transport erpc --clients 2 --daemons 2
+//! cargo run --release --example kv -- --value-size 16-4096 --key-size 10-40
 //! cargo run --release --example kv -- --help
 //! cargo build --release --features mpi --example kv   # then, ranks as processes:
 //! mpirun -np 4 target/release/examples/kv --mpi --backend all --duration 5
@@ -123,6 +140,7 @@
 //! kv client --shm kvbench --clients 2                   # process 2: clients + check
 //! ```
 
+pub mod api;
 pub mod check;
 pub mod client;
 pub mod config;
@@ -131,6 +149,5 @@ pub mod pinning;
 pub mod report;
 pub mod run;
 pub mod seed;
-pub mod shard;
 pub mod wiring;
 pub mod workload;

@@ -311,6 +311,12 @@ pub struct Summary {
     pub keys: u64,
     /// Key distribution: `uniform` or `zipf(θ)`.
     pub dist: String,
+    /// Value bytes (`--value-size`): `8` (the fixed-size `u64` values), `N`, or `LO-HI`
+    /// (uniform).
+    pub value_size: String,
+    /// Key bytes (`--key-size`): `8` (`u64` keys of the fixed-size service), `N`, or `LO-HI`
+    /// (uniform).
+    pub key_size: String,
     /// The run's time, seconds (the longest of the ranks').
     #[serde(rename = "seconds")]
     pub secs: f64,
@@ -338,6 +344,9 @@ pub struct Summary {
     pub hits: u64,
     /// Failed operations: error responses, implausible reads, calls expired.
     pub errors: u64,
+    /// Of `errors`, reads that found a damaged value (wrong length or bytes; variable-size
+    /// values only).
+    pub damaged_reads: u64,
     /// Requests the daemons could not decode.
     pub bad_requests: u64,
     /// Written keys the check read back.
@@ -408,8 +417,9 @@ pub(crate) fn combine<B: Bootstrap>(
     ndaemons: usize,
 ) -> Result<Summary, String> {
     let (mut hist, mut hist_remote) = (new_hist(), new_hist());
-    // ops, ops_remote, gets, hits, errors, bad requests, calls expired, late responses.
-    let mut sums = vec![0u64; 8];
+    // ops, ops_remote, gets, hits, errors, bad requests, calls expired, late responses,
+    // damaged reads.
+    let mut sums = vec![0u64; 9];
     for c in &run.clients {
         hist.add(&c.hist)
             .map_err(|e| format!("histogram merge: {e:?}"))?;
@@ -424,6 +434,7 @@ pub(crate) fn combine<B: Bootstrap>(
         }
         sums[6] += c.expired;
         sums[7] += c.late;
+        sums[8] += c.damaged;
     }
     let rank_ops = sums[0];
     sums[5] = reports.iter().map(|d| d.bad_requests).sum();
@@ -462,13 +473,14 @@ pub(crate) fn combine<B: Bootstrap>(
         bad_requests,
         expired,
         late,
-    ] = sums[..8]
+        damaged_reads,
+    ] = sums[..9]
     else {
-        unreachable!("eight sums")
+        unreachable!("nine sums")
     };
-    let forward = (sums[8] > 0).then(|| Forward::from_slice(&sums[9..9 + nf]));
-    let erpc = (sums[9 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[10 + nf..10 + nf + ne]));
-    let node = (sums[10 + nf + ne] > 0).then(|| Node::from_slice(&sums[11 + nf + ne..]));
+    let forward = (sums[9] > 0).then(|| Forward::from_slice(&sums[10..10 + nf]));
+    let erpc = (sums[10 + nf] > 0).then(|| ErpcFigures::from_slice(&sums[11 + nf..11 + nf + ne]));
+    let node = (sums[11 + nf + ne] > 0).then(|| Node::from_slice(&sums[12 + nf + ne..]));
     // seeds/004 §9 step 12: each run's throughput (the same on every rank: the run figures
     // are already sums over the ranks), and their median.
     let run_mops: Vec<f64> = run
@@ -507,6 +519,11 @@ pub(crate) fn combine<B: Bootstrap>(
     });
     let check_ok = check.mismatches == 0 && check.checked > 0 && check.failures.is_empty();
     let mut notes = Vec::new();
+    if damaged_reads > 0 {
+        notes.push(format!(
+            "{damaged_reads} read(s) found a damaged value (wrong length or bytes)"
+        ));
+    }
     if expired > 0 {
         notes.push(format!(
             "{expired} call(s) got no reply within --deadline-ms {}",
@@ -540,6 +557,13 @@ pub(crate) fn combine<B: Bootstrap>(
             Dist::Uniform => "uniform".to_string(),
             Dist::Zipf => format!("zipf({})", load.theta),
         },
+        value_size: load.value_size.to_string(),
+        key_size: match load.key_size {
+            Some(k) => k.to_string(),
+            // The fixed-size service's u64 keys, or `KvVar`'s default.
+            None => load.sizes()?.map_or("8".to_string(), |s| s.key.to_string()),
+        },
+        damaged_reads,
         secs,
         ops,
         mops: median(&run_mops).unwrap_or(ops as f64 / secs / 1e6),
@@ -781,6 +805,8 @@ pub struct CsvRow<'a> {
     pub max_us: String,
     pub rank_served: String,
     pub mpi: bool,
+    pub value_size: &'a str,
+    pub key_size: &'a str,
 }
 
 impl<'a> From<&'a Summary> for CsvRow<'a> {
@@ -824,6 +850,8 @@ impl<'a> From<&'a Summary> for CsvRow<'a> {
             max_us: format!("{:.2}", s.max_us),
             rank_served: join(s.rank_served.iter().map(u64::to_string).collect()),
             mpi: s.mpi,
+            value_size: &s.value_size,
+            key_size: &s.key_size,
         }
     }
 }
@@ -921,6 +949,14 @@ pub fn text(s: &Summary) -> String {
             .map(|(r, n)| format!("{r}: {n}"))
             .collect();
         say!("  served      {} requests", served.join("   "));
+    }
+    if (s.value_size.as_str(), s.key_size.as_str()) != ("8", "8") {
+        say!(
+            "  sizes       values {} B, keys {} B (LO-HI: uniform)   damaged reads {}",
+            s.value_size,
+            s.key_size,
+            s.damaged_reads
+        );
     }
     say!(
         "  latency     p50 {:.2} us   p99 {:.2} us   p999 {:.2} us   max {:.2} us",
@@ -1049,6 +1085,9 @@ mod tests {
             read_ratio: 1.0,
             keys: 4096,
             dist: "zipf(0.99)".into(),
+            value_size: "8".into(),
+            key_size: "8".into(),
+            damaged_reads: 0,
             secs: 1.23456,
             ops: 1000,
             mops: 0.000_810_12,
@@ -1129,6 +1168,9 @@ mod tests {
                 "read_ratio",
                 "keys",
                 "dist",
+                "value_size",
+                "key_size",
+                "damaged_reads",
                 "seconds",
                 "ops",
                 "mops",
@@ -1266,8 +1308,8 @@ mod tests {
     #[test]
     fn csv_matches_the_hand_written_format() {
         let s = sample();
-        let header = "transport,daemons,clients,qd,read_ratio,keys,dist,seconds,ops,mops,p50_us,p99_us,p999_us,gets,get_hits,errors,check_samples,check_mismatches,check_passed,ranks,backend,ops_local,ops_remote,remote_p50_us,remote_p99_us,rank_mops,forwarded,remote_served,handed_off,unroutable,failed_calls,corrupt_responses,ring_full_retries,max_us,rank_served,mpi";
-        let row = "delegation,2,3,8,1,4096,zipf(0.99),1.235,1000,0.0008,12.35,67.89,100.50,600,500,1,77,3,false,2,direct,400,600,20.00,80.56,0.0004;0.0004,11,12,13,14,15,16,17,250.13,510;495,true";
+        let header = "transport,daemons,clients,qd,read_ratio,keys,dist,seconds,ops,mops,p50_us,p99_us,p999_us,gets,get_hits,errors,check_samples,check_mismatches,check_passed,ranks,backend,ops_local,ops_remote,remote_p50_us,remote_p99_us,rank_mops,forwarded,remote_served,handed_off,unroutable,failed_calls,corrupt_responses,ring_full_retries,max_us,rank_served,mpi,value_size,key_size";
+        let row = "delegation,2,3,8,1,4096,zipf(0.99),1.235,1000,0.0008,12.35,67.89,100.50,600,500,1,77,3,false,2,direct,400,600,20.00,80.56,0.0004;0.0004,11,12,13,14,15,16,17,250.13,510;495,true,8,8";
         assert_eq!(csv(&s, true), format!("{header}\n{row}\n"));
         assert_eq!(csv(&s, false), format!("{row}\n"));
         assert_eq!(render(&s, Format::Csv, true), format!("{header}\n{row}\n"));

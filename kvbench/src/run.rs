@@ -11,8 +11,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use idl::kv::KvService;
-use rpc::Server;
 use rpc::bootstrap::Bootstrap;
 use rpc::bootstrap::threads::ThreadGroup;
 use rpc::bootstrap::wire::{self, encode_socket_addr};
@@ -20,14 +18,15 @@ use rpc::delegation::{Delegate, DelegationConfig, RingError, RingManifest, read_
 use rpc::erpc::ErpcServer;
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::scalerpc::{ScaleRpcAddr, ScaleRpcServer, ServerConfig as ScaleServerConfig};
+use rpc::{Server, Service};
 
+use crate::api::{Api, Fixed, Var};
 use crate::check::*;
 use crate::client::*;
 use crate::config::*;
 use crate::daemon::*;
 use crate::pinning::{Pinning, pin_current};
 use crate::report::*;
-use crate::shard::*;
 use crate::wiring::*;
 
 /// Why a run ended without its summaries (exit code 2): a bad argument, a setup step or a
@@ -131,7 +130,11 @@ pub fn run_all(a: &RunArgs) -> Result<Vec<Summary>, RunError> {
         // seeds/004 §10: Meta and Delegation, on one node and on two.
         let mut all = Vec::new();
         for ranks in [1, 2] {
-            match run_threads(&a.seed004(ranks)) {
+            let r = match a.load.sizes()? {
+                None => run_threads::<Fixed>(&a.seed004(ranks)),
+                Some(_) => run_threads::<Var>(&a.seed004(ranks)),
+            };
+            match r {
                 Ok(v) => all.extend(v),
                 Err(mut e) => {
                     all.append(&mut e.completed);
@@ -142,17 +145,28 @@ pub fn run_all(a: &RunArgs) -> Result<Vec<Summary>, RunError> {
         }
         return Ok(all);
     }
+    // The service: fixed-size `Kv`, or `KvVar` with --value-size/--key-size.
+    match a.load.sizes()? {
+        None => run_service::<Fixed>(a),
+        Some(_) => run_service::<Var>(a),
+    }
+}
+
+/// [`run_all`] over the service `A`.
+fn run_service<A: Api>(a: &RunArgs) -> Result<Vec<Summary>, RunError> {
     // The one place a transport is chosen for an in-process run (`--mpi`: `mpi_job::run`).
     match a.transport {
-        Transport::Scalerpc => run_scalerpc(a).map(|s| vec![s]).map_err(RunError::from),
-        Transport::Erpc => run_erpc(a).map(|s| vec![s]).map_err(RunError::from),
-        Transport::Delegation => run_threads(a),
+        Transport::Scalerpc => run_scalerpc::<A>(a)
+            .map(|s| vec![s])
+            .map_err(RunError::from),
+        Transport::Erpc => run_erpc::<A>(a).map(|s| vec![s]).map_err(RunError::from),
+        Transport::Delegation => run_threads::<A>(a),
     }
 }
 
 /// `--ranks R` with the delegation transport: every rank is a thread of this process with
 /// the in-process bootstrap ([`ThreadGroup`]), running the per-rank code of `--mpi`.
-fn run_threads(a: &RunArgs) -> Result<Vec<Summary>, RunError> {
+fn run_threads<A: Api>(a: &RunArgs) -> Result<Vec<Summary>, RunError> {
     if a.ranks == 0 || a.ranks > 64 {
         return Err("--ranks must be in 1..=64".into());
     }
@@ -171,7 +185,7 @@ fn run_threads(a: &RunArgs) -> Result<Vec<Summary>, RunError> {
             let (job, args) = (job.clone(), args.clone());
             thread::Builder::new()
                 .name(format!("rank-{}", b.rank()))
-                .spawn(move || run_ranks(&b, &job, &args, cfg))
+                .spawn(move || run_ranks::<A, _>(&b, &job, &args, cfg))
                 .expect("spawn rank")
         })
         .collect();
@@ -237,7 +251,7 @@ pub(crate) fn run_mpi(_a: RunArgs) -> i32 {
 ///
 /// # Errors
 /// The failure of a run, with the summaries of the runs before it.
-fn run_ranks<B: Bootstrap>(
+fn run_ranks<A: Api, B: Bootstrap>(
     b: &B,
     job: &Job,
     a: &RunArgs,
@@ -246,8 +260,8 @@ fn run_ranks<B: Bootstrap>(
     let mut completed = Vec::new();
     for &topo in topologies_of(a) {
         let r = match topo {
-            Topology::Meta | Topology::Delegation => crate::seed::run_seed_rank(b, job, a, topo),
-            Topology::Direct => run_rank(b, job, a, cfg),
+            Topology::Meta | Topology::Delegation => A::run_seed_rank(b, job, a, topo),
+            Topology::Direct => run_rank::<A, B>(b, job, a, cfg),
         };
         match r {
             Ok(s) => completed.push(s),
@@ -268,7 +282,7 @@ fn run_ranks<B: Bootstrap>(
 /// clients and its part of the check, and combines the figures of all ranks (every rank
 /// returns the same summary). Every rank thread of `--ranks R` and every process of `--mpi`
 /// runs this. A setup step that fails on any rank fails on every rank ([`agree`]).
-pub(crate) fn run_rank<B: Bootstrap>(
+pub(crate) fn run_rank<A: Api, B: Bootstrap>(
     b: &B,
     job: &Job,
     a: &RunArgs,
@@ -281,18 +295,19 @@ pub(crate) fn run_rank<B: Bootstrap>(
     let core0 = pin.daemon(0);
     let base = format!("{}-{}-r{rank}", job.base, topo.name());
     let names: Vec<String> = (0..daemons).map(|d| ring_name(&base, d)).collect();
-    let servers = create_rings(&base, daemons, cfg).map_err(|e| format!("creating the rings: {e}"));
+    let servers =
+        create_rings::<A>(&base, daemons, cfg).map_err(|e| format!("creating the rings: {e}"));
     let servers = agree(b, "creating the rings", servers)?;
     let mut threads = DaemonThreads::default();
     let remotes = match (&job.nic, ranks) {
         (_, 1) => {
-            threads.handles = start_daemons(servers, rank, &threads.stop, &pin);
+            threads.handles = start_daemons::<A>(servers, rank, &threads.stop, &pin);
             (0..a.load.clients).map(|_| Remote::None).collect()
         }
         (None, _) => return Err(on_rank(b, "no NIC for copyrpc between ranks".into())),
         (Some(nic), _) => {
             let clients = a.load.clients;
-            let wiring = Wiring::new(nic, (rank, ranks), clients, a.copyrpc_ring);
+            let wiring = Wiring::<A>::new(nic, (rank, ranks), clients, a.copyrpc_ring);
             let mut wiring = agree(b, "copyrpc setup", wiring)?;
             let all = exchange_infos(b, &wiring.infos()).map_err(|e| on_rank(b, e))?;
             let mut rings = servers.into_iter();
@@ -301,13 +316,13 @@ pub(crate) fn run_rank<B: Bootstrap>(
                 let Wiring {
                     dlg: ctx, remotes, ..
                 } = wiring;
-                let mut dlg = Delegate::<KvService, _>::new(
+                let mut dlg = Delegate::<A::S, _>::new(
                     ring0,
                     ctx,
                     rank as u32,
                     ranks as u32,
                     daemons as u32,
-                    kv_route(daemons),
+                    A::route(daemons),
                 )
                 .map_err(|e| format!("delegate: {e}"))?;
                 for (d, name) in names.iter().enumerate().skip(1) {
@@ -327,20 +342,20 @@ pub(crate) fn run_rank<B: Bootstrap>(
                     .name(format!("daemon-{rank}.0"))
                     .spawn(move || {
                         pin_current(core0);
-                        delegate_loop(dlg, &stop)
+                        delegate_loop::<A, _>(dlg, &stop)
                     })
                     .expect("spawn delegate"),
             );
             for (d, server) in rings.enumerate() {
-                let h = spawn_daemon(rank, d + 1, Server::new(server), &threads.stop, &pin);
+                let h = spawn_daemon::<A>(rank, d + 1, Server::new(server), &threads.stop, &pin);
                 threads.handles.push(h);
             }
             remotes
         }
     };
-    let rings = Arc::new(Rings::new(rank, names, false));
+    let rings = Arc::new(Rings::<A>::new(rank, names, false));
     let (mut s, _) =
-        clients_and_check(b, rings, remotes, threads, (&a.load, &a.out, &pin), daemons)?;
+        clients_and_check::<B, A, _>(b, rings, remotes, threads, (&a.load, &a.out, &pin), daemons)?;
     s.backend = topo.name();
     s.mpi = job.mpi;
     (s.pinned, s.pin_note) = (pin.pinned(), pin.note());
@@ -350,17 +365,17 @@ pub(crate) fn run_rank<B: Bootstrap>(
 /// The rest of a run on every rank: the clients, the check, a barrier (no rank stops its
 /// daemons, or tears down its endpoints, while another still calls them), the daemons'
 /// stop, and the figures of all ranks combined. The summary, and this rank's daemon reports.
-pub(crate) fn clients_and_check<B: Bootstrap, D: Daemons>(
+pub(crate) fn clients_and_check<B: Bootstrap, A: Api, D: Daemons<A>>(
     b: &B,
     daemons: Arc<D>,
-    remotes: Vec<Remote>,
+    remotes: Vec<Remote<A>>,
     threads: DaemonThreads,
     (load, out, pin): (&LoadArgs, &OutArgs, &Pinning),
     ndaemons: usize,
 ) -> Result<(Summary, Vec<DaemonReport>), String> {
     let mut run = run_clients(b, daemons.clone(), remotes, load, out, pin);
     let failure = run.failure.take();
-    let check = check_written(b, &*daemons, &run.clients, failure, load);
+    let check = check_written::<B, A, D>(b, &*daemons, &run.clients, failure, load);
     // The client threads' connections, if kept for the check, close before any daemon stops.
     daemons.release();
     let check = check.map_err(|e| on_rank(b, e))?;
@@ -372,7 +387,7 @@ pub(crate) fn clients_and_check<B: Bootstrap, D: Daemons>(
 
 /// `--transport scalerpc`: one rank whose daemons are ScaleRPC servers, each on its own NIC
 /// of one device-model fabric; then the summary.
-fn run_scalerpc(a: &RunArgs) -> Result<Summary, String> {
+fn run_scalerpc<A: Api>(a: &RunArgs) -> Result<Summary, String> {
     if a.ranks != 1 {
         return Err(
             "--transport scalerpc runs one rank (--ranks 1): ranks over ScaleRPC are not supported"
@@ -397,6 +412,19 @@ fn run_scalerpc(a: &RunArgs) -> Result<Summary, String> {
         return Err("--scalerpc-slice-us must be at least 1".into());
     }
     let slice = Duration::from_micros(sc.scalerpc_slice_us);
+    // 128 B holds the fixed-size messages; `KvVar`'s slot is the one ScaleRPC derives from
+    // its largest messages.
+    let derived = rpc::scalerpc::transport::derive_slot_size(A::S::DESCRIPTOR);
+    let slot_size = match (sc.scalerpc_slot, derived) {
+        (Some(s), _) => s,
+        (None, Some(d)) => d.max(128),
+        (None, None) => {
+            return Err(format!(
+                "{}'s messages do not fit a ScaleRPC slot",
+                A::S::DESCRIPTOR.name
+            ));
+        }
+    };
     let cfg = ScaleServerConfig {
         // The rank's clients and the checker, one connection each.
         max_conns: a.load.clients as u32 + 1,
@@ -407,7 +435,7 @@ fn run_scalerpc(a: &RunArgs) -> Result<Summary, String> {
         },
         // One slot per call in flight, plus the client's liveness probe.
         slots_per_conn: a.load.qd as u32 + 1,
-        slot_size: Some(sc.scalerpc_slot),
+        slot_size: Some(slot_size),
         slice,
         warmup: slice / 4,
         // Every client polls all the time and one that is gone fails its connection, so the
@@ -427,7 +455,7 @@ fn run_scalerpc(a: &RunArgs) -> Result<Summary, String> {
     let mut lids = Vec::with_capacity(a.daemons);
     for d in 0..a.daemons {
         let device = fabric.open();
-        match ScaleRpcServer::serve::<KvService>(&device, cfg) {
+        match ScaleRpcServer::serve::<A::S>(&device, cfg) {
             Ok(s) => {
                 let mut addr = ScaleRpcAddr::new(device.clone(), s.transport().listener());
                 // A benchmark's clients wait for their group however long an oversubscribed
@@ -444,14 +472,14 @@ fn run_scalerpc(a: &RunArgs) -> Result<Summary, String> {
     threads.handles = servers
         .into_iter()
         .enumerate()
-        .map(|(d, server)| spawn_scale_daemon(0, d, server, &threads.stop))
+        .map(|(d, server)| spawn_scale_daemon::<A>(0, d, server, &threads.stop))
         .collect();
     let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
     let daemons = Arc::new(ScaleDaemons {
         fabric: fabric.clone(),
         addrs,
     });
-    let (mut s, reports) = clients_and_check(
+    let (mut s, reports) = clients_and_check::<_, A, _>(
         &solo(),
         daemons,
         remotes,
@@ -465,7 +493,7 @@ fn run_scalerpc(a: &RunArgs) -> Result<Summary, String> {
             _ => 0,
         },
         slice_us: sc.scalerpc_slice_us,
-        slot_size: sc.scalerpc_slot,
+        slot_size,
         ..ScaleFigures::default()
     };
     for d in reports.iter().filter_map(|r| r.scale) {
@@ -497,7 +525,7 @@ fn run_scalerpc(a: &RunArgs) -> Result<Summary, String> {
 
 /// `--transport erpc` in one process: one rank whose daemons are eRPC servers on UDP
 /// loopback; then the summary.
-fn run_erpc(a: &RunArgs) -> Result<Summary, String> {
+fn run_erpc<A: Api>(a: &RunArgs) -> Result<Summary, String> {
     if a.ranks != 1 {
         return Err(
             "--transport erpc runs one rank in a process (--ranks 1); eRPC across ranks runs \
@@ -507,14 +535,14 @@ fn run_erpc(a: &RunArgs) -> Result<Summary, String> {
     }
     erpc_args(a, 1)?;
     let ip = a.erpc_ip.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
-    erpc_rank(&solo(), a, ip)
+    erpc_rank::<A, _>(&solo(), a, ip)
 }
 
 /// One rank of an eRPC run (`--transport erpc`; every process of `--mpi --transport erpc`):
 /// its daemons serve eRPC on UDP sockets bound to `ip`, the ranks all-gather the daemons'
 /// addresses, and every client thread connects to every daemon of every rank and sends each
 /// operation to the owner daemon of its target rank. Every rank returns the same summary.
-pub(crate) fn erpc_rank<B: Bootstrap>(
+pub(crate) fn erpc_rank<A: Api, B: Bootstrap>(
     b: &B,
     a: &RunArgs,
     ip: std::net::IpAddr,
@@ -522,7 +550,7 @@ pub(crate) fn erpc_rank<B: Bootstrap>(
     let (rank, daemons) = (b.rank(), a.daemons);
     let servers = (0..daemons)
         .map(|d| {
-            ErpcServer::serve::<KvService>(SocketAddr::new(ip, 0))
+            ErpcServer::serve::<A::S>(SocketAddr::new(ip, 0))
                 .map_err(|e| format!("daemon {d}: erpc server on {ip}: {e}"))
         })
         .collect::<Result<Vec<_>, _>>();
@@ -537,7 +565,7 @@ pub(crate) fn erpc_rank<B: Bootstrap>(
         .map_err(|e| on_rank(b, format!("daemon addresses: {e}")))?;
     let mut threads = DaemonThreads::default();
     for (d, server) in servers.into_iter().enumerate() {
-        let h = spawn_erpc_daemon(rank, d, server, &threads.stop);
+        let h = spawn_erpc_daemon::<A>(rank, d, server, &threads.stop);
         threads.handles.push(h);
     }
     // Every rank's daemons run before any client connects to them.
@@ -549,7 +577,7 @@ pub(crate) fn erpc_rank<B: Bootstrap>(
         addrs,
         qd: a.load.qd,
     });
-    let (mut s, _) = clients_and_check(
+    let (mut s, _) = clients_and_check::<B, A, _>(
         b,
         erpc,
         remotes,
@@ -563,6 +591,15 @@ pub(crate) fn erpc_rank<B: Bootstrap>(
 }
 
 pub(crate) fn serve(a: ServeArgs) -> i32 {
+    if a.variable {
+        serve_service::<Var>(a)
+    } else {
+        serve_service::<Fixed>(a)
+    }
+}
+
+/// `kv serve` of the service `A`.
+fn serve_service<A: Api>(a: ServeArgs) -> i32 {
     let cfg = match delegation_config(&a.ring, 1) {
         Ok(c) => c,
         Err(e) => return fail(&e),
@@ -573,9 +610,9 @@ pub(crate) fn serve(a: ServeArgs) -> i32 {
             return fail(&format!("installing the signal handler: {e}"));
         }
     }
-    let daemons = match create_rings(&a.shm, a.daemons, cfg) {
+    let daemons = match create_rings::<A>(&a.shm, a.daemons, cfg) {
         Ok(s) => match a.drop_reply {
-            None => start_daemons(s, 0, &stop, &Pinning::off("kv serve")),
+            None => start_daemons::<A>(s, 0, &stop, &Pinning::off("kv serve")),
             Some(n) => s
                 .into_iter()
                 .enumerate()
@@ -584,7 +621,7 @@ pub(crate) fn serve(a: ServeArgs) -> i32 {
                     let drop = if d == 0 { n } else { 0 };
                     thread::Builder::new()
                         .name(format!("daemon-0.{d}"))
-                        .spawn(move || daemon_loop_dropping(&mut server, &stop, drop))
+                        .spawn(move || daemon_loop_dropping::<A>(&mut server, &stop, drop))
                         .expect("spawn daemon")
                 })
                 .collect(),
@@ -634,6 +671,14 @@ pub(crate) fn serve(a: ServeArgs) -> i32 {
 /// # Errors
 /// No manifest, a bad one, a bad argument, or a ring that cannot be attached.
 pub fn client_only(a: &ClientArgs) -> Result<Summary, String> {
+    match a.load.sizes()? {
+        None => client_service::<Fixed>(a),
+        Some(_) => client_service::<Var>(a),
+    }
+}
+
+/// [`client_only`] over the service `A`.
+fn client_service<A: Api>(a: &ClientArgs) -> Result<Summary, String> {
     // The rings `kv serve` listed in its manifest (this user's file, mode 0600, validated),
     // not whichever `<shm>-N` names happen to exist.
     let names = match read_manifest(&a.shm) {
@@ -659,14 +704,30 @@ pub fn client_only(a: &ClientArgs) -> Result<Summary, String> {
                 r.info().max_clients
             ));
         }
+        Ok(r) if r.info().fingerprint != A::S::DESCRIPTOR.fingerprint => {
+            let served = if r.info().fingerprint == Var::fingerprint() {
+                "KvVar (kv serve --variable)"
+            } else if r.info().fingerprint == Fixed::fingerprint() {
+                "Kv (kv serve without --variable)"
+            } else {
+                "another service"
+            };
+            return Err(format!(
+                "the rings of {} serve {served}, not {}: variable sizes (--value-size other \
+                 than 8, --key-size) need `kv serve --variable`, fixed-size u64 values a \
+                 `kv serve` without it",
+                a.shm,
+                A::S::DESCRIPTOR.name
+            ));
+        }
         Ok(_) => {}
         Err(e) => return Err(format!("attaching to {}: {e}", names[0])),
     }
     let daemons = names.len();
     let remotes = (0..a.load.clients).map(|_| Remote::None).collect();
-    let rings = Arc::new(Rings::new(0, names, true));
+    let rings = Arc::new(Rings::<A>::new(0, names, true));
     let threads = DaemonThreads::default();
-    clients_and_check(
+    clients_and_check::<_, A, _>(
         &solo(),
         rings,
         remotes,
@@ -702,12 +763,19 @@ pub(crate) mod mpi_job {
             return if b.rank() == 0 { fail(&e) } else { 2 };
         }
         // The one place a transport is chosen for a rank of an MPI job.
-        let result = host(b)
-            .map_err(RunError::from)
-            .and_then(|host| match a.transport {
-                Transport::Erpc => erpc(b, a, &host).map(|s| vec![s]).map_err(RunError::from),
-                _ => delegation(b, a, &host),
-            });
+        let result =
+            host(b)
+                .map_err(RunError::from)
+                .and_then(|host| match (a.transport, a.load.sizes()?) {
+                    (Transport::Erpc, None) => erpc::<Fixed, B>(b, a, &host)
+                        .map(|s| vec![s])
+                        .map_err(RunError::from),
+                    (Transport::Erpc, Some(_)) => erpc::<Var, B>(b, a, &host)
+                        .map(|s| vec![s])
+                        .map_err(RunError::from),
+                    (_, None) => delegation::<Fixed, B>(b, a, &host),
+                    (_, Some(_)) => delegation::<Var, B>(b, a, &host),
+                });
         // Rank 0 prints the summaries (the same on every rank); every rank its errors.
         report(result, &a.out, b.rank() == 0, a.preset)
     }
@@ -748,7 +816,11 @@ pub(crate) mod mpi_job {
 
     /// The delegation transport: copyrpc between the ranks, on the device model shared by
     /// the processes of this host, or on `--device`.
-    fn delegation<B: Bootstrap>(b: &B, a: &RunArgs, host: &Host) -> Result<Vec<Summary>, RunError> {
+    fn delegation<A: Api, B: Bootstrap>(
+        b: &B,
+        a: &RunArgs,
+        host: &Host,
+    ) -> Result<Vec<Summary>, RunError> {
         let cfg = delegation_args(a, b.size())?;
         let hw = agree(b, "opening the RDMA device", hw_nic(a))?;
         let nic = match hw {
@@ -775,17 +847,17 @@ pub(crate) mod mpi_job {
             nic,
             mpi: true,
         };
-        run_ranks(b, &job, a, cfg)
+        run_ranks::<A, B>(b, &job, a, cfg)
     }
 
     /// eRPC over UDP between the ranks.
-    fn erpc<B: Bootstrap>(b: &B, a: &RunArgs, host: &Host) -> Result<Summary, String> {
+    fn erpc<A: Api, B: Bootstrap>(b: &B, a: &RunArgs, host: &Host) -> Result<Summary, String> {
         let ip = match a.erpc_ip {
             Some(ip) => ip,
             None if host.hosts == 1 => Ipv4Addr::LOCALHOST.into(),
             None => agree(b, "finding this host's address", host_ip(&b.hostname()))?,
         };
-        let mut s = erpc_rank(b, a, ip)?;
+        let mut s = erpc_rank::<A, B>(b, a, ip)?;
         s.mpi = true;
         Ok(s)
     }

@@ -23,14 +23,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
 use crossbeam_utils::Backoff;
-use idl::kv::{KvClient, KvRequest, KvService};
 use rpc::bootstrap::Bootstrap;
 use rpc::copyrpc::{Context, ContextConfig, EndpointConfig, EndpointId, EndpointInfo, SetupError};
 use rpc::delegation::node::{NodeConfig, NodeDaemon, Placement};
-use rpc::delegation::{Delegation, DelegationConfig, DelegationServer, Target};
+use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
 use rpc::flux::{self, FluxConfig};
 use rpc::ipc::{Ipc, IpcConfig, IpcServer};
 use rpc::{RpcError, Service};
+
+use crate::api::{Api, Router};
 
 use crate::client::Daemons;
 use crate::config::{RunArgs, Topology};
@@ -38,7 +39,6 @@ use crate::daemon::{DaemonReport, DaemonThreads};
 use crate::pinning::{Pinning, pin_current};
 use crate::report::Summary;
 use crate::run::clients_and_check;
-use crate::shard::{Shard, kv_route};
 use crate::wiring::{Job, Nic, Remote, agree, boot, exchange_infos, on_rank};
 
 /// The local server of a daemon: the seed's ipc server (per-client SPSC rings, §4.4).
@@ -46,8 +46,8 @@ pub(crate) type LocalServer = IpcServer;
 /// A client's connection to a daemon's local server.
 pub(crate) type LocalClient = Ipc;
 
-type Router = Box<dyn FnMut(&KvRequest) -> Target + Send>;
-type KvNode = NodeDaemon<KvService, LocalServer, Router>;
+/// A daemon of service `A` whose Flux messages hold `N` bytes.
+type KvNode<A, const N: usize> = NodeDaemon<<A as Api>::S, LocalServer, Router<<A as Api>::S>, N>;
 
 /// Where the copyrpc endpoints live for `topo` (seeds/004 §1.4).
 pub(crate) fn placement(topo: Topology) -> Placement {
@@ -63,14 +63,14 @@ pub(crate) struct LocalServers {
     names: Vec<String>,
 }
 
-impl Daemons for LocalServers {
+impl<A: Api> Daemons<A> for LocalServers {
     type T = LocalClient;
     const ORDERED: bool = true;
-    fn connect(&self, rank: usize) -> Result<Vec<KvClient<LocalClient>>, RpcError> {
+    fn connect(&self, rank: usize) -> Result<Vec<A::Conn<LocalClient>>, RpcError> {
         debug_assert_eq!(rank, self.rank, "the local servers of another rank");
         self.names
             .iter()
-            .map(|n| KvClient::<LocalClient>::connect(n))
+            .map(|n| A::connect::<LocalClient>(n))
             .collect()
     }
 }
@@ -80,7 +80,7 @@ impl Daemons for LocalServers {
 /// endpoints, exchanges and connects them, starts the daemons, runs the clients and the
 /// check, and combines the figures of all ranks. A setup step that fails on any rank fails on
 /// every rank ([`agree`]).
-pub(crate) fn run_seed_rank<B: Bootstrap>(
+pub(crate) fn run_seed_rank<A: Api, B: Bootstrap, const N: usize>(
     b: &B,
     job: &Job,
     a: &RunArgs,
@@ -108,7 +108,7 @@ pub(crate) fn run_seed_rank<B: Bootstrap>(
     };
     let pin = Pinning::plan(b, !a.load.no_pin, daemons, clients);
     let pin = agree(b, "planning the CPU pinning", pin)?;
-    let nodes = build_nodes(
+    let nodes = build_nodes::<A, N>(
         (rank, ranks, daemons),
         placement,
         &names,
@@ -120,19 +120,20 @@ pub(crate) fn run_seed_rank<B: Bootstrap>(
         let Some(nic) = &job.nic else {
             return Err(on_rank(b, "no NIC for copyrpc between ranks".into()));
         };
-        let eps = create_endpoints(nic, (rank, ranks), &mut nodes, a.copyrpc_ring, placement);
+        let eps =
+            create_endpoints::<A, N>(nic, (rank, ranks), &mut nodes, a.copyrpc_ring, placement);
         let (eps, infos) = agree(b, "copyrpc setup", eps)?;
         let all = exchange_infos(b, &infos).map_err(|e| on_rank(b, e))?;
-        let connected = connect_endpoints(&mut nodes, rank, placement, &eps, &all);
+        let connected = connect_endpoints::<A, N>(&mut nodes, rank, placement, &eps, &all);
         agree(b, "connecting the ranks", connected)?;
         // Every endpoint of every rank is connected before any traffic (§9 steps 9-10).
         b.barrier().map_err(|e| on_rank(b, boot(e)))?;
     }
-    let remotes: Result<Vec<Remote>, String> = (0..clients)
+    let remotes: Result<Vec<Remote<A>>, String> = (0..clients)
         .map(|_| match (ranks, placement) {
             (1, _) => Ok(Remote::None),
             (_, Placement::Distributed) => Ok(Remote::Meta),
-            (_, Placement::Aggregated) => KvClient::<Delegation>::connect(&ring_name)
+            (_, Placement::Aggregated) => A::connect::<Delegation>(&ring_name)
                 .map(|c| Remote::Ring(Box::new(c)))
                 .map_err(|e| format!("attaching to Daemon#0's ring: {e}")),
         })
@@ -145,7 +146,7 @@ pub(crate) fn run_seed_rank<B: Bootstrap>(
                 .name(format!("daemon-{rank}.{d}"))
                 .spawn(move || {
                     pin_current(core);
-                    node_loop(node, &stop)
+                    node_loop::<A, N>(node, &stop)
                 })
                 .expect("spawn daemon"),
         );
@@ -168,28 +169,29 @@ pub(crate) fn run_seed_rank<B: Bootstrap>(
 
 /// The daemons of a rank, with their local servers, Flux nodes and (Delegation) Daemon#0's
 /// ring; no copyrpc yet.
-fn build_nodes(
+fn build_nodes<A: Api, const N: usize>(
     (rank, ranks, daemons): (usize, usize, usize),
     placement: Placement,
     names: &[String],
     (ring_name, ring_cfg): (&str, DelegationConfig),
     local_cfg: IpcConfig,
-) -> Result<Vec<KvNode>, String> {
+) -> Result<Vec<KvNode<A, N>>, String> {
     // seeds/004 §9 step 5: capacity 1024, max_inflight 256.
     let fluxes = flux::network(daemons, FluxConfig::default()).map_err(|e| e.to_string())?;
     let mut nodes = Vec::with_capacity(daemons);
     for ((d, f), name) in fluxes.into_iter().enumerate().zip(names) {
-        let local = LocalServer::create(name, KvService::DESCRIPTOR, local_cfg)
+        let local = LocalServer::create(name, A::S::DESCRIPTOR, local_cfg)
             .map_err(|e| format!("daemon {d}: creating its ipc server: {e}"))?;
         let cfg = NodeConfig::new(
             placement,
             (rank as u32, ranks as u32),
             (d as u32, daemons as u32),
         );
-        let route: Router = Box::new(kv_route(daemons));
-        let mut node = KvNode::new(cfg, local, f, route).map_err(|e| format!("daemon {d}: {e}"))?;
+        let route = A::route(daemons);
+        let mut node =
+            KvNode::<A, N>::new(cfg, local, f, route).map_err(|e| format!("daemon {d}: {e}"))?;
         if placement == Placement::Aggregated && d == 0 {
-            let ring = DelegationServer::create(ring_name, KvService::DESCRIPTOR, ring_cfg)
+            let ring = DelegationServer::create(ring_name, A::S::DESCRIPTOR, ring_cfg)
                 .map_err(|e| format!("creating Daemon#0's ring: {e}"))?;
             node = node.with_ring(ring).map_err(|e| e.to_string())?;
         }
@@ -203,17 +205,17 @@ fn build_nodes(
 /// daemon `placement.holder(s)`. Returns the endpoint by rank, and its information by rank
 /// (what the other ranks need: slot `s` is this rank's endpoint towards `s`).
 #[allow(clippy::type_complexity)]
-fn create_endpoints(
+fn create_endpoints<A: Api, const N: usize>(
     nic: &Nic,
     (rank, ranks): (usize, usize),
-    nodes: &mut [KvNode],
+    nodes: &mut [KvNode<A, N>],
     ring_size: usize,
     placement: Placement,
 ) -> Result<(Vec<Option<EndpointId>>, Vec<Option<EndpointInfo>>), String> {
     let device = nic.open()?;
     let ecfg = EndpointConfig {
         ring_size,
-        fingerprint: KvService::DESCRIPTOR.fingerprint,
+        fingerprint: A::S::DESCRIPTOR.fingerprint,
         ..EndpointConfig::default()
     };
     let setup = |e: SetupError| format!("copyrpc setup: {e}");
@@ -235,8 +237,8 @@ fn create_endpoints(
 
 /// Connects this rank's endpoint towards each rank `s` to that rank's endpoint towards this
 /// one (`all[s][rank]`) and registers it with its daemon.
-fn connect_endpoints(
-    nodes: &mut [KvNode],
+fn connect_endpoints<A: Api, const N: usize>(
+    nodes: &mut [KvNode<A, N>],
     rank: usize,
     placement: Placement,
     eps: &[Option<EndpointId>],
@@ -258,11 +260,11 @@ fn connect_endpoints(
 
 /// A daemon's event loop (seeds/004 §5 for a daemon with copyrpc, §6 otherwise) until
 /// `stop`; its report.
-fn node_loop(mut node: KvNode, stop: &AtomicBool) -> DaemonReport {
-    let mut shard = Shard::default();
+fn node_loop<A: Api, const N: usize>(mut node: KvNode<A, N>, stop: &AtomicBool) -> DaemonReport {
+    let mut shard = A::Shard::default();
     let backoff = Backoff::new();
     while !stop.load(Ordering::Relaxed) {
-        if node.run_once(|req| KvService::dispatch(&mut shard, req)) == 0 {
+        if node.run_once(|req| A::dispatch(&mut shard, req)) == 0 {
             backoff.snooze();
         } else {
             backoff.reset();
@@ -273,7 +275,7 @@ fn node_loop(mut node: KvNode, stop: &AtomicBool) -> DaemonReport {
         requests: s.local_served + s.ring_served + s.remote_served + s.flux_served,
         bad_requests: s.bad_requests,
         dropped_replies: s.dropped_replies,
-        keys: shard.map.len(),
+        keys: A::keys(&shard),
         node: Some(s),
         ..DaemonReport::default()
     }

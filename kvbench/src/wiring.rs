@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use idl::kv::KvService;
 use rpc::Service;
 use rpc::bootstrap::threads::{ThreadGroup, ThreadRank};
 use rpc::bootstrap::wire::{self};
@@ -16,6 +15,7 @@ use rpc::copyrpc::{Context, ContextConfig, EndpointConfig, EndpointId, EndpointI
 use rpc::delegation::DelegToken;
 use rpc::mlx5::sim::{Fabric, SimConfig};
 
+use crate::api::Api;
 use crate::config::*;
 
 /// The device model of multi-rank runs.
@@ -74,7 +74,7 @@ pub(crate) struct Job {
 }
 
 /// What a client thread uses to reach other ranks.
-pub(crate) enum Remote {
+pub(crate) enum Remote<A: Api> {
     /// Single rank: no remote requests.
     None,
     /// Meta backend (seeds/004 §1.1): remote calls too go over ipc to the key's owner daemon
@@ -82,7 +82,7 @@ pub(crate) enum Remote {
     Meta,
     /// Delegation backend (seeds/004 §1.2, §7): remote calls go into Daemon#0's delegation
     /// ring through this client.
-    Ring(Box<idl::kv::KvClient<rpc::delegation::Delegation>>),
+    Ring(Box<A::Conn<rpc::delegation::Delegation>>),
     /// Own copyrpc context with an endpoint to each remote rank's daemon 0 (`eps[rank]`).
     Direct {
         ctx: Box<Context<u32>>,
@@ -124,7 +124,7 @@ pub(crate) fn boot(e: BootstrapError) -> String {
 /// the delegate's context with one endpoint serving each client thread of each other rank,
 /// and each client thread's own context with an endpoint to each other rank's delegate.
 /// Created, then connected to the other ranks'.
-pub(crate) struct Wiring {
+pub(crate) struct Wiring<A: Api> {
     pub(crate) ranks: usize,
     pub(crate) clients: usize,
     /// The delegate's context.
@@ -132,21 +132,21 @@ pub(crate) struct Wiring {
     /// The delegate's endpoint serving client `c` of rank `s`, at `s * clients + c`.
     pub(crate) served: Vec<Option<EndpointId>>,
     /// Each client thread's remote path.
-    pub(crate) remotes: Vec<Remote>,
+    pub(crate) remotes: Vec<Remote<A>>,
 }
 
-impl Wiring {
+impl<A: Api> Wiring<A> {
     /// Opens the rank's NIC and creates its contexts and endpoints.
     pub(crate) fn new(
         nic: &Nic,
         (rank, ranks): (usize, usize),
         clients: usize,
         ring_size: usize,
-    ) -> Result<Wiring, String> {
+    ) -> Result<Wiring<A>, String> {
         let device = nic.open()?;
         let ecfg = EndpointConfig {
             ring_size,
-            fingerprint: KvService::DESCRIPTOR.fingerprint,
+            fingerprint: A::S::DESCRIPTOR.fingerprint,
             ..EndpointConfig::default()
         };
         let setup = |e: SetupError| format!("copyrpc setup: {e}");
