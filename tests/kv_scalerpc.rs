@@ -45,7 +45,12 @@ fn scalerpc_groups_switch_during_the_run_and_the_check_passes() {
     ]);
     let s = &v["scalerpc"];
     assert_eq!(s["conns"], 10, "{v}");
-    assert_eq!(s["groups"], 2, "{v}");
+    // Two groups when the checker's connection takes the id of a client connection the
+    // daemon has already reclaimed; three when the checker connects before the daemon's
+    // poll noticed a client leave (reclaiming is done by the daemon's loop, so under load it
+    // can come after the checker's connect: seen in full-workspace runs on two cores).
+    let groups = s["groups"].as_u64().unwrap();
+    assert!((2..=3).contains(&groups), "{v}");
     assert!(s["switches"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["daemons"], 2, "{v}");
     assert_eq!(v["clients"], 4, "{v}");
