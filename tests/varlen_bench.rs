@@ -8,13 +8,14 @@ mod bench;
 
 use bench::{Args, System};
 
-/// `--quick` on delegation and copyrpc: 32 B and 4 KiB each, every call checked by the bench
+/// `--quick` on delegation and copyrpc at 4 calls in flight: 32 B and 4 KiB each, every call checked by the bench
 /// (digest of the bytes sent), figures for every point, and the CSV/SVG written.
 #[test]
 fn quick_run_on_two_transports() {
     let a = Args {
         transports: vec![System::Delegation, System::Copyrpc],
         quick: true,
+        qd: 4,
         ..Args::defaults()
     };
     let rows = bench::run(&a);
@@ -62,11 +63,18 @@ fn sizes_a_transport_cannot_carry_get_rows_saying_why() {
     assert_eq!(rows.len(), 4);
     for r in &rows[..2] {
         assert_eq!(r.system, System::Copyrpc);
-        let e = r.error.as_deref().expect("copyrpc with a 1 MiB ring must refuse");
+        let e = r
+            .error
+            .as_deref()
+            .expect("copyrpc with a 1 MiB ring must refuse");
         assert!(e.contains("ring_size"), "{e}");
         assert_eq!(r.calls, 0);
     }
-    assert!(rows[2].error.is_none() && rows[2].calls > 0, "{:?}", rows[2]);
+    assert!(
+        rows[2].error.is_none() && rows[2].calls > 0,
+        "{:?}",
+        rows[2]
+    );
     let e = rows[3].error.as_deref().expect("above max_var_bytes");
     assert!(e.contains("max_var_bytes"), "{e}");
     let csv = bench::csv(&rows);
@@ -74,7 +82,7 @@ fn sizes_a_transport_cannot_carry_get_rows_saying_why() {
         csv.lines()
             .nth(1)
             .unwrap()
-            .starts_with("copyrpc,32,4,0,0,0.0000,0.00,0.00,,\""),
+            .starts_with("copyrpc,32,1,0,0,0.0000,,,,\""),
         "{csv}"
     );
 }
