@@ -7,11 +7,16 @@
 //! and last 8 bytes), which the client checks against the buffer it sent, so every response
 //! proves that its call's bytes arrived and that it was matched to its call. The server runs the
 //! zero-copy path (`SinkService::dispatch_raw`: the handler borrows the argument from the
-//! receive buffer) on its own thread ([`rpc::Server::spawn_raw_with`], busy polling); one
-//! client thread keeps `--qd` calls in flight (`issue(tag).put(..)` / `poll`). Transports:
+//! receive buffer) on its own thread ([`rpc::Server::spawn_raw_with`]); one client thread
+//! keeps `--qd` calls in flight (`issue(tag).put(..)` / `poll`; a call refused with
+//! `RpcError::WouldBlock`, back-pressure, is issued again after the next poll). Both sides
+//! spin, then yield the CPU between empty polls (server: `IdlePolicy::Backoff` with
+//! `max_sleep` 0), so that on an oversubscribed machine a waiting thread lets its peer run;
+//! `--busy-poll` never yields. `--repeat N` runs the whole suite N times, interleaved, and
+//! keeps each point's run with the highest throughput. Transports:
 //! - `delegation`: the shared-memory MPSC ring (`/dev/shm`), 2 clients at most, `--qd`
 //!   request and response slots (each request slot holds the service's largest request,
-//!   ~1 MiB, so the segment is about `qd` MiB);
+//!   ~1 MiB, so the segment is about `max(2, qd)` MiB);
 //! - `ipc`: per-client shared-memory rings, 2 clients at most, depth `--qd`;
 //! - `copyrpc`: on the device model (`rpc::mlx5::sim::Fabric`), rings of `--copyrpc-ring`
 //!   bytes on both sides (payload cap about `ring / 4 - 44` B: 1 MiB needs an 8 MiB ring);
@@ -40,8 +45,8 @@
 //! `max_var_bytes`).
 //!
 //! ```text
-//! cargo run --release --example varlen_bench                       # CSV on stdout, ~20 s
-//! cargo run --release --example varlen_bench -- --csv docs/varlen_bench.csv --svg docs/varlen_bench.svg
+//! cargo run --release --example varlen_bench                       # CSV on stdout, ~15 s
+//! cargo run --release --example varlen_bench -- --repeat 3 --csv docs/varlen_bench.csv --svg docs/varlen_bench.svg
 //! cargo run --release --example varlen_bench -- --transports copyrpc --copyrpc-ring 1048576
 //! cargo run --release --example varlen_bench -- --quick            # smoke run, ~2 s
 //! ```
