@@ -234,6 +234,10 @@ pub struct Row {
     pub qd: usize,
     /// Completions inside the measured window.
     pub calls: u64,
+    /// Completions of the whole point (warm-up and drain included), each digest checked: at
+    /// least the calls in flight whenever the point has no error, however the threads were
+    /// scheduled.
+    pub completed: u64,
     /// The window, seconds.
     pub secs: f64,
     /// Issue-to-completion latency, ns.
@@ -250,6 +254,7 @@ impl std::fmt::Debug for Row {
             .field("size", &self.size)
             .field("qd", &self.qd)
             .field("calls", &self.calls)
+            .field("completed", &self.completed)
             .field("secs", &self.secs)
             .field("p50_us", &self.quantile_us(0.5))
             .field("error", &self.error)
@@ -264,6 +269,7 @@ impl Row {
             size,
             qd,
             calls: 0,
+            completed: 0,
             secs: 0.0,
             hist: new_hist(),
             error: Some(why),
@@ -288,6 +294,16 @@ impl Row {
     pub fn quantile_us(&self, q: f64) -> Option<f64> {
         (!self.hist.is_empty()).then(|| self.hist.value_at_quantile(q) as f64 / 1e3)
     }
+}
+
+/// What a closed loop measured.
+struct Measured {
+    /// Completions inside the window.
+    calls: u64,
+    /// All completions.
+    completed: u64,
+    /// Latencies of the calls issued and completed inside the window, ns.
+    hist: Histogram<u64>,
 }
 
 /// Longest latency recorded, ns.
@@ -419,13 +435,14 @@ where
     let rows = sizes
         .iter()
         .map(|&size| match drive(&mut client, p, size) {
-            Ok((calls, hist)) => Row {
+            Ok(m) => Row {
                 system: sys,
                 size,
                 qd: p.qd,
-                calls,
+                calls: m.calls,
+                completed: m.completed,
                 secs: p.dur.as_secs_f64(),
-                hist,
+                hist: m.hist,
                 error: None,
             },
             Err(why) => Row::failed(sys, size, p.qd, why),
@@ -448,7 +465,7 @@ fn drive<C: ClientTransport>(
     c: &mut SinkClient<C>,
     p: Point,
     size: usize,
-) -> Result<(u64, Histogram<u64>), String> {
+) -> Result<Measured, String> {
     let qd = p.qd.min(c.max_in_flight()).max(1);
     let bufs: Vec<Vec<u8>> = (0..qd).map(|k| payload(size, k)).collect();
     let want: Vec<u64> = bufs.iter().map(|b| digest(b)).collect();
@@ -477,7 +494,7 @@ fn drive<C: ClientTransport>(
     pending.extend(0..qd);
     issued_at.fill(Instant::now());
     issue_pending(c, &mut pending)?;
-    let (mut outstanding, mut calls, mut idle) = (qd, 0u64, 0u32);
+    let (mut outstanding, mut calls, mut completed, mut idle) = (qd, 0u64, 0u64, 0u32);
     while outstanding > 0 {
         let polled = c.poll().map_err(|e| e.to_string())?;
         let Some((tag, SinkResponse::Put(d))) = polled else {
@@ -500,6 +517,7 @@ fn drive<C: ClientTransport>(
             return Err(format!("wrong digest for call slot {k}: {d:#x}"));
         }
         outstanding -= 1;
+        completed += 1;
         if t > warm_end && t <= end {
             calls += 1;
             if issued_at[k] >= warm_end {
@@ -514,7 +532,11 @@ fn drive<C: ClientTransport>(
             issue_pending(c, &mut pending)?;
         }
     }
-    Ok((calls, hist))
+    Ok(Measured {
+        calls,
+        completed,
+        hist,
+    })
 }
 
 /// Connects on another thread while this one polls `server` (copyrpc and ScaleRPC accept in
@@ -722,13 +744,14 @@ fn tarpc_run(p: Point, size: usize) -> Row {
     let got = client.join().expect("tarpc client thread");
     server.join().expect("tarpc server thread");
     match got {
-        Ok((calls, hist)) => Row {
+        Ok(m) => Row {
             system: System::Tarpc,
             size,
             qd,
-            calls,
+            calls: m.calls,
+            completed: m.completed,
             secs: dur.as_secs_f64(),
-            hist,
+            hist: m.hist,
             error: None,
         },
         Err(why) => Row::failed(System::Tarpc, size, qd, why),
@@ -744,7 +767,7 @@ async fn tarpc_client(
     size: usize,
     warm: Duration,
     dur: Duration,
-) -> Result<(u64, Histogram<u64>), String> {
+) -> Result<Measured, String> {
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
@@ -769,13 +792,14 @@ async fn tarpc_client(
     let warm_end = start + warm;
     let end = warm_end + dur;
     let mut inflight: FuturesUnordered<_> = (0..qd).map(one).collect();
-    let mut calls = 0u64;
+    let (mut calls, mut completed) = (0u64, 0u64);
     let drain = async {
         while let Some((k, t0, r)) = inflight.next().await {
             let d = r.map_err(|e| format!("tarpc put: {e}"))?;
             if d != want[k] {
                 return Err(format!("wrong digest for call slot {k}: {d:#x}"));
             }
+            completed += 1;
             let t = Instant::now();
             if t > warm_end && t <= end {
                 calls += 1;
@@ -793,7 +817,11 @@ async fn tarpc_client(
     tokio::time::timeout(dur + warm + DRAIN_TIMEOUT, drain)
         .await
         .map_err(|_| "tarpc calls did not drain".to_string())??;
-    Ok((calls, hist))
+    Ok(Measured {
+        calls,
+        completed,
+        hist,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -856,7 +884,11 @@ fn size_label(n: usize) -> String {
     }
 }
 
-/// Plots Gbit/s against size (both axes log) for each system with figures.
+/// Plots Gbit/s against size (both axes log) for each system with figures into the SVG file
+/// `path`.
+///
+/// # Errors
+/// No row has figures, or plotters' error (the file cannot be written).
 pub fn plot(path: &str, rows: &[Row], qd: usize) -> Result<(), Box<dyn std::error::Error>> {
     let ok: Vec<&Row> = rows
         .iter()
