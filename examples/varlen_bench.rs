@@ -184,9 +184,15 @@ pub struct Args {
     /// Seconds measured per point (after a warm-up of a fifth of it).
     #[arg(long, default_value_t = 0.5)]
     pub duration: f64,
-    /// copyrpc ring size in bytes, both sides (power of two; 1 MiB messages need 8 MiB).
+    /// copyrpc ring size in bytes, both sides (power of two). Messages up to ring/4 − 44 B go
+    /// inline through the ring (1 MiB messages need 8 MiB); larger ones by rendezvous (RDMA
+    /// READ) up to `--copyrpc-large`.
     #[arg(long, default_value_t = 8 << 20)]
     pub copyrpc_ring: usize,
+    /// copyrpc `EndpointConfig::max_large_message` in bytes, both sides: the largest message
+    /// sent by rendezvous (0: inline only).
+    #[arg(long, default_value_t = 8 << 20)]
+    pub copyrpc_large: u32,
     /// eRPC congestion control (Timely rate computation and pacing), both ends: eRPC's
     /// default is on; `--erpc-cc false` keeps sessions at the link rate (see
     /// `rpc-runtime/src/erpc/core/cc.rs`: on a loaded VM, scheduling noise in the RTT samples
@@ -595,6 +601,7 @@ fn copyrpc(a: &Args, p: Point, sizes: &[usize]) -> Vec<Row> {
     let fabric = Fabric::new(SimConfig::default());
     let endpoint = EndpointConfig {
         ring_size: a.copyrpc_ring,
+        max_large_message: a.copyrpc_large,
         ..EndpointConfig::default()
     };
     let mut server = match CopyrpcServer::serve::<SinkService>(

@@ -45,8 +45,9 @@ fn quick_run_on_two_transports() {
     assert!(lines[4].ends_with(",,"), "{}", lines[4]);
 }
 
-/// A copyrpc ring too small for the service's 1 MiB messages, and a size above
-/// `max_var_bytes`: each point gets a row naming the cause and the setting to raise.
+/// A copyrpc ring too small for the service's 1 MiB messages inline, with the rendezvous
+/// path turned off (`--copyrpc-large 0`), and a size above `max_var_bytes`: each point gets a
+/// row naming the cause and the setting to raise.
 #[test]
 fn sizes_a_transport_cannot_carry_get_rows_saying_why() {
     let a = Args {
@@ -54,6 +55,7 @@ fn sizes_a_transport_cannot_carry_get_rows_saying_why() {
         sizes: vec![32, bench::MAX_VAR_BYTES + 1],
         duration: 0.02,
         copyrpc_ring: 1 << 20,
+        copyrpc_large: 0,
         ..Args::defaults()
     };
     let rows = bench::run(&a);
@@ -102,6 +104,26 @@ fn row(system: System, size: usize, calls: u64, latencies_ns: &[u64]) -> Row {
 }
 
 /// The CSV's figures and ratios, and the plot, from rows of known figures.
+/// With the rendezvous path (the default `max_large_message`), a 1 MiB ring carries the
+/// service's 1 MiB messages: no refusal row.
+#[test]
+fn copyrpc_rendezvous_carries_what_the_ring_cannot() {
+    let a = Args {
+        transports: vec![System::Copyrpc],
+        sizes: vec![1 << 20],
+        duration: 0.02,
+        copyrpc_ring: 1 << 20,
+        ..Args::defaults()
+    };
+    let rows = bench::run(&a);
+    assert_eq!(rows.len(), 1);
+    assert!(
+        rows[0].error.is_none() && rows[0].completed > 0,
+        "{:?}",
+        rows[0].error
+    );
+}
+
 #[test]
 fn csv_ratios_and_plot_of_known_rows() {
     let rows = vec![

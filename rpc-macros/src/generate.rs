@@ -633,6 +633,19 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
         let ret_lowered = lowered(&m.ret);
         let mv = max_var(svc);
         let (var_request, var_response) = (has_var_args(m), m.ret.var().is_some());
+        let aligns: Vec<TokenStream> = m
+            .args
+            .iter()
+            .map(|a| &a.ty)
+            .chain(std::iter::once(&m.ret))
+            .filter_map(|t| t.var()?.elem.as_ref())
+            .map(|e| quote!(::core::mem::align_of::<#e>()))
+            .collect();
+        let var_align = quote! {{
+            let mut __rpc_a = 1usize;
+            #(if #aligns > __rpc_a { __rpc_a = #aligns; })*
+            __rpc_a
+        }};
         let request_bytes = if var_request {
             let wire = wire_ident(svc, m);
             quote!(::rpc::wire::HEADER_BYTES + ::core::mem::size_of::<#wire>() + #mv)
@@ -655,6 +668,7 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
                 response_bytes: #response_bytes,
                 var_request: #var_request,
                 var_response: #var_response,
+                var_align: #var_align,
             }
         }
     });

@@ -572,7 +572,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             } = self;
             let n = transport.poll(usize::MAX, |tok, msg| {
                 if let Some(call) = calls.settle(tok) {
-                    let msg = realign_var::<S>(msg, realigned);
+                    let msg = realign_var::<S>(call.method_id, msg, realigned);
                     if tok == token {
                         if let Some(read) = read.take() {
                             out = Some(read(msg));
@@ -747,7 +747,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         let mut done = None;
         let n = transport.poll(1, |tok, msg| {
             if let Some(call) = calls.settle(tok) {
-                let msg = realign_var::<S>(msg, realigned);
+                let msg = realign_var::<S>(call.method_id, msg, realigned);
                 done = Some(complete::<S>(call, msg));
             }
         })?;
@@ -795,7 +795,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             } = self;
             let got = transport.poll(usize::MAX, |tok, msg| {
                 if let Some(call) = calls.settle(tok) {
-                    let msg = realign_var::<S>(msg, realigned);
+                    let msg = realign_var::<S>(call.method_id, msg, realigned);
                     let (tag, r) = complete::<S>(call, msg);
                     f(tag, r);
                     n += 1;
@@ -875,7 +875,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         } = self;
         transport.poll(usize::MAX, |tok, msg| {
             if let Some(call) = calls.settle(tok) {
-                let msg = realign_var::<S>(msg, realigned);
+                let msg = realign_var::<S>(call.method_id, msg, realigned);
                 ready.push_back(complete::<S>(call, msg));
             }
         })?;
@@ -943,14 +943,16 @@ fn deadline_error<S: Service>(tag: u64, slot: &CallSlot) -> RpcError {
     }
 }
 
-/// [`crate::varlen::realign`] for services with variable-length messages (a no-op for the
-/// others).
+/// [`crate::varlen::realign`] for a response of method `method_id` whose variable-length
+/// result has elements aligned above 1 (a no-op for every other method, and constant for
+/// services without such methods).
 #[inline(always)]
 fn realign_var<'a, S: Service>(
+    method_id: u16,
     msg: &'a [u8],
     scratch: &'a mut crate::varlen::AlignedBuf,
 ) -> &'a [u8] {
-    if S::DESCRIPTOR.variable {
+    if S::DESCRIPTOR.needs_realign(method_id) {
         crate::varlen::realign(msg, scratch)
     } else {
         msg

@@ -410,6 +410,7 @@ mod tests {
         response_bytes: wire::HEADER_BYTES + 8,
         var_request: false,
         var_response: false,
+        var_align: 1,
     }];
     static DESCRIPTOR: ServiceDescriptor = ServiceDescriptor::new("RunnerTest", METHODS);
 

@@ -144,7 +144,7 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
         loop {
             let (token, decoded) = {
                 let (token, msg) = self.transport.recv()?;
-                let msg = if S::DESCRIPTOR.variable {
+                let msg = if S::DESCRIPTOR.needs_realign(request_method_id(msg)) {
                     crate::varlen::realign(msg, &mut self.realigned)
                 } else {
                     msg
@@ -250,7 +250,7 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
             let realigned = &mut self.realigned;
             let mut ok = false;
             let r = self.transport.serve_next(&mut self.scratch, |msg, out| {
-                let msg = if S::DESCRIPTOR.variable {
+                let msg = if S::DESCRIPTOR.needs_realign(request_method_id(msg)) {
                     crate::varlen::realign(msg, realigned)
                 } else {
                     msg

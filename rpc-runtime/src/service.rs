@@ -41,6 +41,11 @@ pub struct MethodDescriptor {
     pub var_request: bool,
     /// The result is of variable length, up to `response_bytes`.
     pub var_response: bool,
+    /// Largest `align_of` of the elements of the method's variable-length values (`&[T]`,
+    /// `Vec<T>`; 1 for bytes and strings, and for fixed-size methods). Above 1, a message whose
+    /// buffer is not 8-byte aligned is copied to an aligned one before it is decoded
+    /// ([`crate::varlen::realign`]); bytes and strings are always read in place.
+    pub var_align: usize,
 }
 
 /// Static description of a service: its methods and a fingerprint of its schema.
@@ -63,6 +68,9 @@ pub struct ServiceDescriptor {
     /// vary in length, so the generated request/response enums own their data and are not
     /// `Copy`.
     pub variable: bool,
+    /// Some method's [`MethodDescriptor::var_align`] is above 1: messages of such methods are
+    /// realigned when their buffer is not 8-byte aligned.
+    pub realign: bool,
     /// FNV-1a 64 over the service name and, per method, its id, name, argument type names
     /// and wire sizes (in order), return type name and wire size; not argument names. See
     /// [`fingerprint`] for which schema changes keep it.
@@ -75,9 +83,11 @@ impl ServiceDescriptor {
         let mut max_request_bytes = crate::wire::HEADER_BYTES;
         let mut max_response_bytes = crate::wire::HEADER_BYTES;
         let mut variable = false;
+        let mut realign = false;
         let mut i = 0;
         while i < methods.len() {
             variable |= methods[i].var_request || methods[i].var_response;
+            realign |= methods[i].var_align > 1;
             if methods[i].request_bytes > max_request_bytes {
                 max_request_bytes = methods[i].request_bytes;
             }
@@ -92,6 +102,7 @@ impl ServiceDescriptor {
             max_request_bytes,
             max_response_bytes,
             variable,
+            realign,
             fingerprint: fingerprint(name, methods),
         }
     }
@@ -99,6 +110,15 @@ impl ServiceDescriptor {
     /// The method with id `id`, if any.
     pub fn method(&self, id: u16) -> Option<&'static MethodDescriptor> {
         self.methods.get(id as usize)
+    }
+
+    /// Whether a message of method `id` must be copied to an 8-byte aligned buffer when its
+    /// own buffer is not aligned: some variable-length value of the method has elements
+    /// aligned above 1 ([`MethodDescriptor::var_align`]). Constant `false` for services
+    /// without such methods.
+    #[inline(always)]
+    pub fn needs_realign(&self, id: u16) -> bool {
+        self.realign && self.method(id).is_some_and(|m| m.var_align > 1)
     }
 }
 

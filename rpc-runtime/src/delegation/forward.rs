@@ -965,6 +965,7 @@ pub(super) mod tests {
         response_bytes: wire::HEADER_BYTES + 8,
         var_request: false,
         var_response: false,
+        var_align: 1,
     }];
     static DESCRIPTOR: ServiceDescriptor = ServiceDescriptor::new("ForwardTest", METHODS);
 

@@ -1515,6 +1515,7 @@ mod tests {
             response_bytes: 5000,
             var_request: false,
             var_response: false,
+            var_align: 1,
         }];
         static S: ServiceDescriptor = ServiceDescriptor::new("S", M);
         let ok = service_config(&S, &Config::default());

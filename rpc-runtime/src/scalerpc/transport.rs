@@ -152,7 +152,7 @@ pub fn max_request_payload(slot_size: u32) -> usize {
 /// # const M: &[rpc_runtime::MethodDescriptor] = &[];
 /// # static S: rpc_runtime::ServiceDescriptor = rpc_runtime::ServiceDescriptor {
 /// #     name: "S", fingerprint: 1, methods: M, max_request_bytes: 65544, max_response_bytes: 16,
-/// #     variable: false,
+/// #     variable: false, realign: false,
 /// # };
 /// assert_eq!(derive_slot_size(&S), Some(65600));
 /// assert!(max_request_payload(65600) >= 65544);
