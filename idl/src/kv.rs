@@ -24,9 +24,9 @@ pub fn owner_daemon(key: u64, daemons: usize) -> usize {
     (key % daemons as u64) as usize
 }
 
-/// Longest key of [`KvVar`], bytes.
+/// Longest key of [`KvVarServer`], bytes.
 pub const MAX_KEY_BYTES: usize = 256;
-/// Longest value of [`KvVar`], bytes.
+/// Longest value of [`KvVarServer`], bytes.
 pub const MAX_VALUE_BYTES: usize = 4096;
 
 /// The key-value service with variable-length keys and values (issue 15): the same calls as

@@ -1,16 +1,16 @@
-//! The two KV services a run can use, behind one trait ([`Api`]), and the keys and values of
+//! The two KV services a run can use, behind one trait (`Api`), and the keys and values of
 //! the variable-size one.
 //!
-//! - [`Fixed`]: `idl::kv::Kv`, `u64` keys and `u64` values (seeds/004 §8): the default, and
+//! - `Fixed`: `idl::kv::Kv`, `u64` keys and `u64` values (seeds/004 §8): the default, and
 //!   the service of every run with `--value-size 8` and no `--key-size`.
-//! - [`Var`]: `idl::kv::KvVar`, keys and values as byte strings of the lengths `--key-size` and
+//! - `Var`: `idl::kv::KvVar`, keys and values as byte strings of the lengths `--key-size` and
 //!   `--value-size` give (issue 15).
 //!
 //! Both keep the correctness scheme of the crate docs ("Correctness"): a client writes a key
-//! id `k` with a *version* `(writer << SEQ_BITS) | seq`; a [`Fixed`] value is the version
-//! itself, a [`Var`] value is derived from the key id and the version ([`fill_value`]), so a
+//! id `k` with a *version* `(writer << SEQ_BITS) | seq`; a `Fixed` value is the version
+//! itself, a `Var` value is derived from the key id and the version ([`fill_value`]), so a
 //! reader recovers the version from what it read and checks every byte of it, its length
-//! included ([`verify_value`]). A [`Var`] key is the string `k` followed by the key id in
+//! included ([`verify_value`]). A `Var` key is the string `k` followed by the key id in
 //! decimal, zero-padded to the key's length ([`render_key`]; the length is a function of the
 //! key id), and its owner daemon is a hash of those bytes ([`idl::kv::owner_daemon_of`]).
 
@@ -78,7 +78,7 @@ impl SizeRange {
 /// Shortest variable-size value: its key id (8 B) and version (8 B).
 pub const MIN_VALUE_BYTES: usize = 16;
 
-/// The key and value sizes of a [`Var`] run.
+/// The key and value sizes of a `Var` run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sizes {
     /// Value bytes, `MIN_VALUE_BYTES..=MAX_VALUE_BYTES`.
@@ -146,7 +146,7 @@ pub enum Read {
     /// The key has no value.
     Miss,
     /// A value of `version`; `intact`: every byte (and the length) is the one [`fill_value`]
-    /// gives for this key and version (always true for a [`Fixed`] value).
+    /// gives for this key and version (always true for a `Fixed` value).
     Hit { version: u64, intact: bool },
 }
 
@@ -460,7 +460,7 @@ impl Api for Fixed {
 /// `idl::kv::KvVar`: byte-string keys and values (see the module docs).
 pub(crate) struct Var;
 
-/// Flux message capacity of [`Var`] runs, bytes: its largest message (a put of the longest
+/// Flux message capacity of `Var` runs, bytes: its largest message (a put of the longest
 /// key and value) fits.
 pub const VAR_MSG_CAP: usize = 4480;
 
