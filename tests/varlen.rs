@@ -194,6 +194,33 @@ fn scenario<T: ClientTransport>(c: &mut BlobClient<T>) -> u64 {
         }
     };
     assert_eq!(done, (5, BlobResponse::Echo(b"pipelined".to_vec())));
+    // Lending poll: the pipelined result borrowed from the receive buffer...
+    let want = pattern(MAX);
+    c.issue(8).echo(&want).unwrap();
+    let mut seen = 0;
+    while seen == 0 {
+        seen = c
+            .poll_ref(|tag, r| {
+                assert_eq!(tag, 8);
+                match r.unwrap() {
+                    BlobResponseRef::Echo(v) => assert_eq!(v, &want[..]),
+                    other => panic!("{other:?}"),
+                }
+            })
+            .unwrap();
+    }
+    // ... and one that arrived while a blocking call waited (decoded then, lent now).
+    c.issue(9).get("k").unwrap();
+    assert_eq!(c.len_str("xy").unwrap(), 2);
+    let mut got = None;
+    while got.is_none() {
+        c.poll_ref(|tag, r| got = Some((tag, format!("{:?}", r.unwrap()))))
+            .unwrap();
+    }
+    assert_eq!(
+        got.unwrap(),
+        (9, "Get(Some([118, 97, 108, 117, 101]))".to_string())
+    );
     c.issue_request(6, &BlobRequest::len_str("abc")).unwrap();
     let done = loop {
         if let Some(d) = c.poll().unwrap() {

@@ -514,6 +514,7 @@ fn gen_enums(svc: &Service, names: &Names) -> TokenStream {
             }
         }
     };
+    let response_ref = gen_response_ref(svc, names);
     let copy = if svc_variable(svc) {
         quote!()
     } else {
@@ -527,6 +528,7 @@ fn gen_enums(svc: &Service, names: &Names) -> TokenStream {
             #(#req_variants,)*
         }
         #ctors_impl
+        #response_ref
         #resp_doc
         #[derive(::core::clone::Clone #copy)]
         #extra
@@ -1179,6 +1181,7 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
          `RpcError::BadRequest`/`RpcError::BadResponse` for a call that failed (its tag is in the\n\
          error; the call is consumed); `RpcError::ServerDisconnected`.",
     );
+    let poll_ref = gen_poll_ref(svc, names);
     let poll_with_doc = docs(
         "Delivers every completed pipelined call to `f(tag, result)` and returns how many.\n\
          Never blocks; cheaper than [`Self::poll`] when many calls complete at once.\n\
@@ -1277,6 +1280,8 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
             ) -> ::core::result::Result<usize, ::rpc::RpcError> {
                 self.inner.poll_with(f)
             }
+
+            #poll_ref
 
             /// Calls issued and not yet delivered by [`Self::poll`]/[`Self::poll_with`]
             /// (including completions received and waiting to be polled).
@@ -1854,7 +1859,8 @@ fn gen_var_codec(svc: &Service, names: &Names) -> TokenStream {
         }
         out
     });
-    quote!(#(#fns)*)
+    let decode_ref = gen_decode_ref(svc, names);
+    quote!(#(#fns)* #decode_ref)
 }
 
 /// `<Trait>Service::dispatch_raw`: decodes in place, calls the handler with borrowed
@@ -2044,6 +2050,186 @@ fn option_checks<'a>(
     quote! {
         if #(#checks)||* {
             return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
+        }
+    }
+}
+
+/// Some method returns a variable-length value: the service gets `<Trait>ResponseRef` and the
+/// client `poll_ref`.
+fn has_var_results(svc: &Service) -> bool {
+    svc.methods.iter().any(|m| m.ret.var().is_some())
+}
+
+fn response_ref_ident(svc: &Service) -> Ident {
+    format_ident!("{}ResponseRef", svc.name)
+}
+
+/// The view type of a variable-length value with lifetime `'a`.
+fn var_view_ty_a(v: &VarTy) -> TokenStream {
+    let u = var_unsized(v);
+    if v.optional {
+        quote!(::core::option::Option<&'a #u>)
+    } else {
+        quote!(&'a #u)
+    }
+}
+
+/// `<Trait>ResponseRef<'a>`: the response enum with variable-length results borrowed.
+fn gen_response_ref(svc: &Service, names: &Names) -> TokenStream {
+    if !has_var_results(svc) {
+        return quote!();
+    }
+    let vis = &svc.vis;
+    let Names {
+        server,
+        service,
+        response,
+        client,
+        ..
+    } = names;
+    let rr = response_ref_ident(svc);
+    let derives = &svc.derives;
+    let extra = if derives.is_empty() {
+        quote!()
+    } else {
+        quote!(#[derive(#(#derives),*)])
+    };
+    let variants = svc.methods.iter().map(|m| {
+        let camel = &m.camel;
+        let ty = match m.ret.var() {
+            Some(v) => var_view_ty_a(v),
+            None => ret_type(m),
+        };
+        let d = doc(format!(
+            " Return value of [`{server}::{}`] (method id [`{service}::{}`] = {}).",
+            m.name, m.shouty, m.id
+        ));
+        quote!(#d #camel(#ty))
+    });
+    let from_arms = svc.methods.iter().map(|m| {
+        let camel = &m.camel;
+        match m.ret.var() {
+            Some(v) => {
+                let view = var_view(v, quote!(*__rpc_v));
+                quote!(#response::#camel(__rpc_v) => #rr::#camel(#view))
+            }
+            None => quote!(#response::#camel(__rpc_v) => #rr::#camel(*__rpc_v)),
+        }
+    });
+    let d = docs(&format!(
+        "A response of the `{name}` service with its variable-length result borrowed: what\n\
+         [`{client}::poll_ref`] lends, from the transport's receive buffer (no copy) or from a\n\
+         [`{response}`] decoded earlier. Fixed-size results are held by value.",
+        name = svc.name
+    ));
+    quote! {
+        #d
+        #[derive(::core::clone::Clone, ::core::marker::Copy)]
+        #extra
+        #vis enum #rr<'a> {
+            #(#variants,)*
+        }
+
+        impl<'a> #rr<'a> {
+            /// Borrows an owned response.
+            #[inline]
+            pub fn from_response(r: &'a #response) -> Self {
+                match r {
+                    #(#from_arms,)*
+                }
+            }
+        }
+    }
+}
+
+/// `<Trait>Service::__rpc_decode_ref`: a response message as a `<Trait>ResponseRef`.
+fn gen_decode_ref(svc: &Service, names: &Names) -> TokenStream {
+    if !has_var_results(svc) {
+        return quote!();
+    }
+    let rr = response_ref_ident(svc);
+    let service = &names.service;
+    let arms = svc.methods.iter().map(|m| {
+        let camel = &m.camel;
+        let id = m.id;
+        if m.ret.var().is_some() {
+            let f = fn_ident(m, "resp_read");
+            return quote!(#id => ::core::result::Result::Ok(#rr::#camel(#service::#f(msg)?)));
+        }
+        let lowered = lowered(&m.ret);
+        let raised = if m.ret.is_identity() {
+            quote!(__rpc_ret)
+        } else {
+            let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
+            quote! {
+                match #raised {
+                    ::core::result::Result::Ok(__rpc_v) => __rpc_v,
+                    ::core::result::Result::Err(_) => {
+                        return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
+                    }
+                }
+            }
+        };
+        quote! {
+            #id => {
+                let __rpc_ret = ::rpc::__private::decode_response::<#lowered>(#id, msg)?;
+                ::core::result::Result::Ok(#rr::#camel(#raised))
+            }
+        }
+    });
+    quote! {
+        #[doc(hidden)]
+        #[inline]
+        pub fn __rpc_decode_ref(
+            method_id: u16,
+            msg: &[u8],
+        ) -> ::core::result::Result<#rr<'_>, ::rpc::wire::WireError> {
+            match method_id {
+                #(#arms,)*
+                __rpc_id => ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_id)),
+            }
+        }
+    }
+}
+
+/// `<Trait>Client::poll_ref` for services with variable-length results.
+fn gen_poll_ref(svc: &Service, names: &Names) -> TokenStream {
+    if !has_var_results(svc) {
+        return quote!();
+    }
+    let rr = response_ref_ident(svc);
+    let service = &names.service;
+    let d = docs(&format!(
+        "[`Self::poll_with`] that lends each completed call's result as a [`{rr}`]:\n\
+         variable-length results are borrowed from the transport's receive buffer, not copied\n\
+         into an owned response. Returns how many calls were delivered; never blocks.\n\
+         \n\
+         # Errors\n\
+         `RpcError::ServerDisconnected` (failures of single calls go to `f`)."
+    ));
+    quote! {
+        #d
+        #[inline]
+        pub fn poll_ref(
+            &mut self,
+            mut f: impl ::core::ops::FnMut(u64, ::core::result::Result<#rr<'_>, ::rpc::RpcError>),
+        ) -> ::core::result::Result<usize, ::rpc::RpcError> {
+            self.inner.poll_raw_with(|__rpc_tag, __rpc_c| match __rpc_c {
+                ::rpc::Completion::Msg { method_id, msg } => f(
+                    __rpc_tag,
+                    ::core::result::Result::map_err(#service::__rpc_decode_ref(method_id, msg), |__rpc_e| {
+                        ::rpc::RpcError::from_wire(
+                            __rpc_tag,
+                            ::rpc::client::method_name_of::<#service>(method_id),
+                            __rpc_e,
+                        )
+                    }),
+                ),
+                ::rpc::Completion::Decoded(__rpc_r) => {
+                    f(__rpc_tag, ::core::result::Result::Ok(#rr::from_response(&__rpc_r)))
+                }
+                ::rpc::Completion::Failed(__rpc_e) => f(__rpc_tag, ::core::result::Result::Err(__rpc_e)),
+            })
         }
     }
 }

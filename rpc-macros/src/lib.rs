@@ -66,7 +66,8 @@ use proc_macro::TokenStream;
 ///   (`client.get_with(key, |view| ..)?`, the result borrowed from the receive buffer),
 ///   `issue(tag)` returning `KvIssue` with one pipelined method per RPC
 ///   (`client.issue(tag).get(rank, key)?`), `issue_request`, `poll`, `poll_with`,
-///   `in_flight`, `max_in_flight`, `transport`, `transport_mut`, `core`, `core_mut`.
+///   `in_flight`, `max_in_flight`, `transport`, `transport_mut`, `core`, `core_mut` (and
+///   `poll_ref` when a result is of variable length).
 ///
 /// # Variable-length arguments and results
 /// A whole argument may be `&[u8]`, `&str`, `&[T]` (`T` a zerocopy type as below, alignment
@@ -76,7 +77,9 @@ use proc_macro::TokenStream;
 /// UTF-8, `&[T]` for bounds, alignment and valid elements (a violation is answered with
 /// `BadArguments`). The whole return type may be `Vec<T>`, `String`, `&[T]`, `&str` (borrowed
 /// from `&self`: elided lifetime) or an `Option` of one; the client gets it owned from the
-/// blocking call and borrowed from `<method>_with`. Owned `String`/`Vec<T>` arguments are
+/// blocking call and borrowed from `<method>_with`; such a service also gets
+/// `enum KvResponseRef<'a>` (variable-length results borrowed) and `KvClient::poll_ref`, a
+/// lending `poll_with` for pipelined calls. Owned `String`/`Vec<T>` arguments are
 /// refused (write `&str`/`&[T]`), and so is a variable-length type inside an array, `Result`,
 /// nested `Option` or struct, and `&mut` slices. Wire format: `rpc::varlen`.
 ///

@@ -39,6 +39,7 @@ pub const CLIENT_METHODS: &[&str] = &[
     "zombies",
     "core",
     "core_mut",
+    "poll_ref",
 ];
 
 /// Traits the generated argument structs and enums always derive.

@@ -98,6 +98,29 @@ pub trait ClientTransport: Sized {
     fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError>;
 }
 
+/// A completed pipelined call as [`Client::poll_raw_with`] hands it out.
+pub enum Completion<'a, S: Service> {
+    /// The response message of a call of `method_id`, in place in the transport's receive
+    /// buffer (8-byte aligned where the method needs it): decode it with the service's codec
+    /// (generated `poll_ref` does).
+    Msg {
+        /// The method called.
+        method_id: u16,
+        /// The response message (header included).
+        msg: &'a [u8],
+    },
+    /// A response that arrived while a blocking call waited, decoded then.
+    Decoded(S::Response),
+    /// The call failed: its deadline passed, or its response did not decode.
+    Failed(RpcError),
+}
+
+/// The name of method `method_id` of `S` for errors (`"<unknown method>"` if none).
+#[cold]
+pub fn method_name_of<S: Service>(method_id: u16) -> &'static str {
+    method_name::<S>(method_id)
+}
+
 /// What the client knows of the call on one transport token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SlotState {
@@ -804,6 +827,63 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             if got == 0 && self.calls.live > 0 {
                 self.calls.tick(u32::MAX, |slot| {
                     f(slot.tag, Err(deadline_error::<S>(slot.tag, &slot)));
+                    n += 1;
+                });
+            }
+        }
+        Ok(n)
+    }
+
+    /// [`Client::poll_with`] that lends responses instead of decoding them into
+    /// `S::Response`: each completed call is handed to `f(tag, completion)` as
+    /// [`Completion::Msg`] (the response message, in place in the transport's receive buffer,
+    /// for the caller to decode: no copy, no allocation), [`Completion::Decoded`] (a response
+    /// that arrived while a blocking call waited, already decoded then) or
+    /// [`Completion::Failed`] (expiry, or a failure found earlier). Generated clients of
+    /// services with variable-length results wrap it as `poll_ref`. Returns how many were
+    /// delivered; never blocks.
+    ///
+    /// # Errors
+    /// [`RpcError::ServerDisconnected`] (per-call failures go to `f`).
+    #[inline]
+    pub fn poll_raw_with(
+        &mut self,
+        mut f: impl FnMut(u64, Completion<'_, S>),
+    ) -> Result<usize, RpcError> {
+        let mut n = 0;
+        while let Some((tag, r)) = self.ready.pop_front() {
+            match r {
+                Ok(resp) => f(tag, Completion::Decoded(resp)),
+                Err(e) => f(tag, Completion::Failed(e)),
+            }
+            n += 1;
+        }
+        if self.calls.live > 0 || self.calls.zombies > 0 {
+            let Self {
+                transport,
+                calls,
+                realigned,
+                ..
+            } = self;
+            let got = transport.poll(usize::MAX, |tok, msg| {
+                if let Some(call) = calls.settle(tok) {
+                    let msg = realign_var::<S>(call.method_id, msg, realigned);
+                    f(
+                        call.tag,
+                        Completion::Msg {
+                            method_id: call.method_id,
+                            msg,
+                        },
+                    );
+                    n += 1;
+                }
+            })?;
+            if got == 0 && self.calls.live > 0 {
+                self.calls.tick(u32::MAX, |slot| {
+                    f(
+                        slot.tag,
+                        Completion::Failed(deadline_error::<S>(slot.tag, &slot)),
+                    );
                     n += 1;
                 });
             }

@@ -21,7 +21,7 @@ mod tokens;
 pub mod varlen;
 pub mod wire;
 
-pub use client::{Client, ClientTransport, DEFAULT_CALLS_IN_FLIGHT};
+pub use client::{Client, ClientTransport, Completion, DEFAULT_CALLS_IN_FLIGHT};
 pub use error::{LimitSide, MessageKind, RpcError};
 pub use runner::{IdlePolicy, RunError, RunnerConfig, ServerHandle};
 pub use server::{Server, ServerStats, ServerTransport};
