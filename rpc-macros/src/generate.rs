@@ -812,26 +812,7 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
                 let owned = var_to_owned(v, quote!(#service::#f(msg)?));
                 return quote!(#id => ::core::result::Result::Ok(#response::#camel(#owned)));
             }
-            let lowered = lowered(&m.ret);
-            let raised = if m.ret.is_identity() {
-                quote!(__rpc_ret)
-            } else {
-                let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
-                quote! {
-                    match #raised {
-                        ::core::result::Result::Ok(__rpc_v) => __rpc_v,
-                        ::core::result::Result::Err(_) => {
-                            return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
-                        }
-                    }
-                }
-            };
-            quote! {
-                #id => {
-                    let __rpc_ret = ::rpc::__private::decode_response::<#lowered>(#id, msg)?;
-                    ::core::result::Result::Ok(#response::#camel(#raised))
-                }
-            }
+            fixed_response_arm(m, quote!(#response::#camel))
         });
         let req_id = svc.methods.iter().map(|m| {
             let camel = &m.camel;
@@ -2156,26 +2137,7 @@ fn gen_decode_ref(svc: &Service, names: &Names) -> TokenStream {
             let f = fn_ident(m, "resp_read");
             return quote!(#id => ::core::result::Result::Ok(#rr::#camel(#service::#f(msg)?)));
         }
-        let lowered = lowered(&m.ret);
-        let raised = if m.ret.is_identity() {
-            quote!(__rpc_ret)
-        } else {
-            let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
-            quote! {
-                match #raised {
-                    ::core::result::Result::Ok(__rpc_v) => __rpc_v,
-                    ::core::result::Result::Err(_) => {
-                        return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
-                    }
-                }
-            }
-        };
-        quote! {
-            #id => {
-                let __rpc_ret = ::rpc::__private::decode_response::<#lowered>(#id, msg)?;
-                ::core::result::Result::Ok(#rr::#camel(#raised))
-            }
-        }
+        fixed_response_arm(m, quote!(#rr::#camel))
     });
     quote! {
         #[doc(hidden)]
@@ -2230,6 +2192,32 @@ fn gen_poll_ref(svc: &Service, names: &Names) -> TokenStream {
                 }
                 ::rpc::Completion::Failed(__rpc_e) => f(__rpc_tag, ::core::result::Result::Err(__rpc_e)),
             })
+        }
+    }
+}
+
+/// The match arm `id => ..` decoding the fixed-size response of `m` from `msg` (validating
+/// the active `Option`/`Result` sides) and wrapping it with `ctor` (an enum variant path).
+fn fixed_response_arm(m: &Method, ctor: TokenStream) -> TokenStream {
+    let id = m.id;
+    let lowered = lowered(&m.ret);
+    let raised = if m.ret.is_identity() {
+        quote!(__rpc_ret)
+    } else {
+        let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
+        quote! {
+            match #raised {
+                ::core::result::Result::Ok(__rpc_v) => __rpc_v,
+                ::core::result::Result::Err(_) => {
+                    return ::core::result::Result::Err(::rpc::wire::WireError::BadValue { method_id: #id });
+                }
+            }
+        }
+    };
+    quote! {
+        #id => {
+            let __rpc_ret = ::rpc::__private::decode_response::<#lowered>(#id, msg)?;
+            ::core::result::Result::Ok(#ctor(#raised))
         }
     }
 }

@@ -804,34 +804,13 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         &mut self,
         mut f: impl FnMut(u64, Result<S::Response, RpcError>),
     ) -> Result<usize, RpcError> {
-        let mut n = 0;
-        while let Some((tag, r)) = self.ready.pop_front() {
-            f(tag, r);
-            n += 1;
-        }
-        if self.calls.live > 0 || self.calls.zombies > 0 {
-            let Self {
-                transport,
-                calls,
-                realigned,
-                ..
-            } = self;
-            let got = transport.poll(usize::MAX, |tok, msg| {
-                if let Some(call) = calls.settle(tok) {
-                    let msg = realign_var::<S>(call.method_id, msg, realigned);
-                    let (tag, r) = complete::<S>(call, msg);
-                    f(tag, r);
-                    n += 1;
-                }
-            })?;
-            if got == 0 && self.calls.live > 0 {
-                self.calls.tick(u32::MAX, |slot| {
-                    f(slot.tag, Err(deadline_error::<S>(slot.tag, &slot)));
-                    n += 1;
-                });
+        self.poll_raw_with(|tag, c| match c {
+            Completion::Msg { method_id, msg } => {
+                f(tag, complete::<S>(Call { tag, method_id }, msg).1)
             }
-        }
-        Ok(n)
+            Completion::Decoded(resp) => f(tag, Ok(resp)),
+            Completion::Failed(e) => f(tag, Err(e)),
+        })
     }
 
     /// [`Client::poll_with`] that lends responses instead of decoding them into
