@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Instructions per eRPC RPC (32 B echo) on the client path and on the server path, excluding
+# Instructions per eRPC RPC (32 B echo, or `size` bytes) on the client path and on the server path, excluding
 # the device model (examples/erpc_lockstep.rs over mlx5 UD on the model, release build,
 # callgrind).
 #
-# Usage: scripts/callgrind-erpc.sh [rpcs] [qd] [cc]   (defaults 100000, 1, on; needs valgrind)
+# Usage: scripts/callgrind-erpc.sh [rpcs] [qd] [cc] [size]   (defaults 100000, 1, on, 32 B;
+#        needs valgrind)
 #        CG_KEEP=dir scripts/callgrind-erpc.sh ...      keeps the profiles
 #
 # The lock-step driver runs client and server endpoints in one thread: each round the client
@@ -23,6 +24,7 @@ source scripts/lib/callgrind.sh
 n=${1:-100000}
 qd=${2:-1}
 cc=${3:-on}
+size=${4:-32}
 ex=erpc_lockstep
 bin=target/release/examples/$ex
 model_fn='<mlx5::sim::Shared as mlx5::queue::SimDoorbell>::ring_sq'
@@ -43,7 +45,7 @@ run() { # name, extra options...
   local name=$1
   shift
   valgrind --tool=callgrind --callgrind-out-file="$dir/$name.callgrind" --collect-atstart=no \
-    "$@" "$bin" "$n" --qd "$qd" --cc "$cc" >"$dir/$name.stdout" 2>"$dir/$name.log" || {
+    "$@" "$bin" "$n" --qd "$qd" --cc "$cc" --size "$size" >"$dir/$name.stdout" 2>"$dir/$name.log" || {
     cat "$dir/$name.log" >&2
     exit 1
   }

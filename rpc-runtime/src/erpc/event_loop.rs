@@ -167,8 +167,8 @@ fn gather<'a, A: Copy + Eq + std::hash::Hash + std::fmt::Debug>(
             TxOut::Rendered { dest, len } => descs.push(TxPkt::single(dest, &bufs[off..off + len])),
             // A gather list straight from the message buffer: header, then data.
             TxOut::Msg { dest, pkt } => {
-                let (hdr, data) = rpc.msg_pkt(&pkt).ok_or(i)?;
-                descs.push(TxPkt::new(dest, hdr, data));
+                let (hdr, data, msg) = rpc.msg_pkt_in(&pkt).ok_or(i)?;
+                descs.push(TxPkt::in_buffer(dest, hdr, data, msg.dma_handle()));
             }
         }
     }

@@ -59,24 +59,39 @@
 //! | path | before (commit c5ca698) | now |
 //! |---|---|---|
 //! | client request, UDP | encoder → `Erpc::req_buf`; **1** `enqueue_request`: `req_buf` → slot `Vec` (`core/req.rs`); **2** `poll_transmit`: slot → `Endpoint` TX batch buffer (`render_req_pkt`); **3** (kernel) `sendmmsg` | encoder → slot `MsgBuffer` (`Rpc::enqueue_request_with`); **1** (kernel) `sendmmsg` with two `iovec`s per packet (header slot, data slice of the `MsgBuffer`; `transport/udp.rs`) |
-//! | client request, mlx5 UD | as UDP, but **3** is the copy into the registered staging ring (datagrams of at most 60 B are inlined instead) | **1**: the staging-ring copy (`transport/ud.rs`, gathered from the `MsgBuffer`'s header and data); ≤ 60 B inline |
+//! | client request, mlx5 UD | as UDP, but **3** is the copy into the registered staging ring (datagrams of at most 60 B are inlined instead) | **0**: the NIC gathers header slot and data slice straight from the `MsgBuffer` (two data segments of one WQE; packet 0 one segment), registered once per buffer (`transport/ud.rs`, "What is copied and why"); ≤ 60 B inline |
 //! | server request receive | (kernel: UDP only) → RX ring; **1** multi-packet: RX ring → slot `Vec` (`server_rx_req`); single-packet: none (zero-copy dispatch) | unchanged count: (kernel: UDP only) → RX ring; **1** multi-packet: RX ring → the slot's `MsgBuffer` at packet `k`'s offset (`MsgBuffer::write_pkt`); single-packet: none |
 //! | server reply, UDP | encoder → `ErpcServer::reply_buf`; **1** `reply`: → slot `Vec`; **2** → TX batch buffer (`render_resp_pkt`); **3** (kernel) | encoder → slot response `MsgBuffer` (`Rpc::reply_with`); **1** (kernel) gathered from it; re-sends to duplicates and RFR-requested packets likewise |
-//! | server reply, mlx5 UD | as UDP with the staging copy as **3** | **1**: the staging copy |
+//! | server reply, mlx5 UD | as UDP with the staging copy as **3** | **0**: gathered from the slot's response `MsgBuffer`, re-sends too |
 //! | client response receive | (kernel: UDP only) → RX ring; **1** RX ring → pooled `Vec` (multi-packet: reassembly; single-packet: the copying `handle_datagram`) | unchanged count: (kernel: UDP only) → RX ring; **1** RX ring → pooled `MsgBuffer` |
 //!
-//! So a request or reply is copied once on the sending side instead of three times, and
-//! once (plus the kernel's copy over UDP) on the receiving side, as before. Exception: a
-//! datagram of at most [`core::RENDER_MAX`] (256) bytes, i.e. a packet carrying at most
-//! 240 data bytes (a small message, or the short last packet of a large one), is still
-//! copied into the event loop's batch buffer, because for so few bytes the copy costs fewer
-//! instructions than resolving the gather list (measured with `scripts/callgrind-erpc.sh`). Not done: sending
-//! from the `MsgBuffer` over mlx5 UD with two data segments (header slot and data slice, as
-//! eRPC does) instead of the staging copy. That needs every message buffer registered with
-//! the transport's protection domain, and, because a posted send reads the buffer until its
-//! completion, a TX flush before a buffer may change (the DMA-queue flush of seeds/002 §9,
-//! §10, invariant I1); the staging ring keeps the rule "buffers are free when `tx_burst`
-//! returns" that the core relies on.
+//! So a request or reply is copied once on the sending side over UDP (by the kernel) and not
+//! at all over mlx5 UD, instead of three times; and once (plus the kernel's copy over UDP)
+//! on the receiving side, as before. Exception: a datagram of at most
+//! [`core::RENDER_MAX`] (256) bytes, i.e. a packet carrying at most 240 data bytes (a small
+//! message, or the short last packet of a large one), is still copied into the event loop's
+//! batch buffer, because for so few bytes the copy costs fewer instructions than resolving
+//! the gather list (measured with `scripts/callgrind-erpc.sh`).
+//!
+//! # Buffers the NIC still reads (mlx5 UD in-place sends)
+//! A send posted from a message buffer reads it after `tx_burst` returned, until its
+//! completion. eRPC flushes the TX DMA queue before a buffer may change (seeds/002 §9, §10,
+//! invariant I1). Here the transport instead holds the buffer's memory
+//! ([`msgbuf::MsgBuffer::dma_handle`], a shared handle) from the post until the completion
+//! is polled, which makes the buffer [in flight](msgbuf::MsgBuffer::in_flight), and:
+//! - the memory outlives every read by the NIC, whoever drops the `MsgBuffer` (the transport
+//!   deregisters a buffer only once nobody holds it);
+//! - the core never writes the data of a buffer in flight: a slot's buffer in flight is
+//!   replaced by another one for the next message, and the free list does not hand out
+//!   buffers in flight ([`core::Stats::msgbufs_in_flight_skipped`]). This covers every way a
+//!   buffer can be reused while a packet of it is queued: after a retransmission, after a call
+//!   expired or a session failed, or when a server answers the next request on a slot whose
+//!   previous response the client gave up on;
+//! - a retransmitted packet's header is identical and is not rewritten.
+//!
+//! The last in-place WQE of each burst is signaled and the transport polls its send CQ
+//! before each receive burst while it holds buffers, so in the steady state a buffer is free
+//! again before the response to its message arrives and no buffer is skipped or mapped.
 
 pub mod core;
 pub mod event_loop;

@@ -20,6 +20,17 @@
 //!
 //! Memory comes from [`mlx5::mem::DmaBuf`]: 2 MiB hugepages for buffers of at least 2 MiB,
 //! normal pages below that, so the whole buffer can be registered as one memory region.
+//!
+//! # Sharing with a transport that sends in place
+//! The mapping is held through an [`Arc`]. A transport that posts a send reading straight
+//! from the buffer (the mlx5 UD transport's gather path, seeds/000 §3) keeps a clone of that
+//! `Arc` until the send has completed, so the memory stays mapped (and registered) for as
+//! long as the NIC may read it, whoever drops the `MsgBuffer`. While such a clone exists the
+//! buffer is [in flight](MsgBuffer::in_flight): the eRPC core does not write its data area or
+//! hand it out for reuse then (it takes another buffer), so a queued packet is never sent with
+//! bytes of a later message.
+
+use std::sync::Arc;
 
 use mlx5::mem::DmaBuf;
 use thiserror::Error;
@@ -81,7 +92,8 @@ pub enum MsgBufError {
 /// alive; whoever posts receives into it (the protocol core) must not hand out slices until
 /// the receive completed.
 pub struct MsgBuffer {
-    buf: DmaBuf,
+    /// The mapping; clones are held only by transports with sends from it outstanding.
+    buf: Arc<DmaBuf>,
     max_data_size: usize,
     data_per_pkt: usize,
     data_size: usize,
@@ -128,7 +140,7 @@ impl MsgBuffer {
             DmaBuf::with_normal_pages(total)?
         };
         Ok(MsgBuffer {
-            buf,
+            buf: Arc::new(buf),
             max_data_size,
             data_per_pkt,
             data_size: max_data_size,
@@ -198,6 +210,10 @@ impl MsgBuffer {
     /// The current data, writable.
     #[inline]
     pub fn data_mut(&mut self) -> &mut [u8] {
+        debug_assert!(
+            !self.in_flight(),
+            "data of a message buffer in flight rewritten"
+        );
         let end = PKTHDR_SIZE + self.data_size;
         &mut self.bytes_mut()[PKTHDR_SIZE..end]
     }
@@ -207,6 +223,10 @@ impl MsgBuffer {
     /// written.
     #[inline]
     pub fn capacity_mut(&mut self) -> &mut [u8] {
+        debug_assert!(
+            !self.in_flight(),
+            "data of a message buffer in flight rewritten"
+        );
         let end = PKTHDR_SIZE + self.max_data_size;
         &mut self.bytes_mut()[PKTHDR_SIZE..end]
     }
@@ -218,6 +238,10 @@ impl MsgBuffer {
     /// [`MsgBufError::PktOutOfRange`] if `i >= num_pkts()`, [`MsgBufError::PktLength`] if
     /// `bytes.len() != pkt_data_len(i)`; nothing is written then.
     pub fn write_pkt(&mut self, i: usize, bytes: &[u8]) -> Result<(), MsgBufError> {
+        debug_assert!(
+            !self.in_flight(),
+            "data of a message buffer in flight rewritten"
+        );
         if i >= self.num_pkts {
             return Err(MsgBufError::PktOutOfRange {
                 pkt: i,
@@ -357,6 +381,22 @@ impl MsgBuffer {
         &self.buf
     }
 
+    /// The shared handle of the backing memory, for a transport that sends from the buffer
+    /// in place ([`TxPkt::mem`](super::transport::TxPkt::mem)): it clones the handle while a
+    /// posted send reads the buffer (see the [module docs](self)).
+    #[inline]
+    pub fn dma_handle(&self) -> &Arc<DmaBuf> {
+        &self.buf
+    }
+
+    /// Whether a transport still holds the memory for a send it posted from it (another
+    /// clone of [`dma_handle`](Self::dma_handle) exists). The eRPC core does not rewrite the
+    /// data of, or reuse, a buffer in flight (module docs).
+    #[inline]
+    pub fn in_flight(&self) -> bool {
+        Arc::strong_count(&self.buf) > 1
+    }
+
     fn bytes(&self) -> &[u8] {
         // SAFETY: `self` owns the mapping; per the type docs no device writes it while a
         // slice derived from `&self` is alive.
@@ -364,7 +404,9 @@ impl MsgBuffer {
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `bytes`, and `&mut self` excludes other slices.
+        // SAFETY: as in `bytes`, and `&mut self` excludes other slices: the clones of the
+        // `Arc` that transports hold are never turned into slices (they only keep the mapping
+        // alive and give its address to the NIC, which only reads it).
         unsafe { self.buf.as_mut_slice() }
     }
 }

@@ -670,6 +670,10 @@ pub struct Stats {
     /// Message buffers ([`MsgBuffer`]) mapped: a slot or the free list needed a buffer, or
     /// a larger one, than it had. Constant in a steady workload (issue 15).
     pub msgbufs_allocated: u64,
+    /// Times a message buffer was not reused because a transport still sent from it in
+    /// place ([`MsgBuffer::in_flight`]): another buffer was taken (or mapped) instead, so a
+    /// queued packet never carries bytes of a later message.
+    pub msgbufs_in_flight_skipped: u64,
     /// Dropped: the first packet of a multi-packet message whose reassembly buffer could not
     /// be mapped (out of memory); the peer's retransmission tries again.
     pub drop_no_buffer: u64,
@@ -717,7 +721,11 @@ fn place_pkt<A>(
             len: PKTHDR_SIZE + len,
         };
     }
-    *msg.pkthdr_mut(i) = hdr;
+    // A retransmission renders the same header again: it is not rewritten, since the NIC may
+    // still be reading the earlier copy from the buffer (in-place sends, `Rpc::msg_pkt_in`).
+    if *msg.pkthdr(i) != hdr {
+        *msg.pkthdr_mut(i) = hdr;
+    }
     TxOut::Msg { dest, pkt: pkt() }
 }
 
@@ -968,6 +976,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         let before = self.pool.allocated;
         let spare = self.pool.reserve_small();
         self.stats.msgbufs_allocated += self.pool.allocated - before;
+        self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
         if spare.is_err() {
             self.stats.rx_pkts += 1;
             self.stats.drop_no_buffer += 1;
@@ -1193,6 +1202,16 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// place in its message buffer (header: 16 bytes; data: up to `mtu - 16` bytes), or
     /// `None` if its exchange is over (see there).
     pub fn msg_pkt(&self, p: &MsgPkt) -> Option<(&[u8], &[u8])> {
+        self.msg_pkt_in(p).map(|(hdr, data, _)| (hdr, data))
+    }
+
+    /// As [`Rpc::msg_pkt`], with the message buffer that holds the packet, for a transport
+    /// that sends it in place ([`TxPkt::mem`](crate::erpc::transport::TxPkt::mem)). The core
+    /// keeps the rule that makes this safe: it does not rewrite the data of a buffer that is
+    /// [in flight](MsgBuffer::in_flight), nor a header slot of one with different bytes
+    /// (a retransmitted packet's header is identical and is not rewritten).
+    #[inline]
+    pub fn msg_pkt_in(&self, p: &MsgPkt) -> Option<(&[u8], &[u8], &MsgBuffer)> {
         let i = usize::from(p.pkt);
         if p.resp {
             self.resp_pkt_parts(p.session, p.generation, p.req_num, i)

@@ -367,3 +367,83 @@ fn failed_buffer_mapping_is_counted_and_recoverable() {
         e => panic!("{e:?}"),
     }
 }
+
+/// A transport that sends in place pins the slot's request buffer (here: a clone of its
+/// handle held by the test) past the end of the call: the next call on the slot writes into
+/// another buffer, counted, so the pinned packets keep their bytes; unpinned, the buffers are
+/// reused again.
+#[test]
+fn buffers_in_flight_are_not_rewritten() {
+    let (mut cl, mut sv, sid) = connect_pair(0);
+    let dpp = cl.rpc.data_per_pkt();
+    let first = payload(1, dpp + 1000);
+    cl.rpc.enqueue_request(0, sid, 1, &first, 1).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut msgs = Vec::new();
+    while let Some(out) = cl.rpc.poll_transmit_gather(0, &mut buf) {
+        let TxOut::Msg { pkt, .. } = out else {
+            panic!("{out:?}")
+        };
+        msgs.push(pkt);
+    }
+    let (_, _, m) = cl.rpc.msg_pkt_in(&msgs[0]).unwrap();
+    let pin = std::sync::Arc::clone(m.dma_handle());
+    let wire: Vec<Vec<u8>> = msgs
+        .iter()
+        .map(|p| {
+            let (h, d) = cl.rpc.msg_pkt(p).unwrap();
+            [h, d].concat()
+        })
+        .collect();
+    for p in &wire {
+        sv.rpc.handle_datagram(0, 1, p);
+    }
+    Node::run_reliable(&mut cl, &mut sv, |_, d| d.to_vec());
+    assert!(matches!(
+        cl.rpc.poll_event(),
+        Some(Event::Response { tag: 1, .. })
+    ));
+    assert_eq!(cl.rpc.stats().msgbufs_in_flight_skipped, 0);
+
+    // The next call would reuse the slot's buffer: it is pinned, so another one is taken.
+    let second = payload(2, dpp + 1000);
+    cl.rpc.enqueue_request(0, sid, 1, &second, 2).unwrap();
+    assert_eq!(cl.rpc.stats().msgbufs_in_flight_skipped, 1);
+    let Some(TxOut::Msg { pkt, .. }) = cl.rpc.poll_transmit_gather(0, &mut buf) else {
+        panic!("a packet sent in place")
+    };
+    let (h, d, m2) = cl.rpc.msg_pkt_in(&pkt).unwrap();
+    assert!(!std::sync::Arc::ptr_eq(m2.dma_handle(), &pin));
+    assert_eq!(d, &second[..d.len()]);
+    let pkt0 = [h, d].concat();
+    sv.rpc.handle_datagram(0, 1, &pkt0);
+    // SAFETY: the mapping is alive (`pin`) and nothing writes it (that is the point).
+    let pinned = unsafe { pin.as_slice() };
+    assert_eq!(
+        &pinned[..wire[0].len()],
+        &wire[0][..],
+        "the pinned packet kept its bytes"
+    );
+    Node::run_reliable(&mut cl, &mut sv, |_, d| d.to_vec());
+    assert!(matches!(
+        cl.rpc.poll_event(),
+        Some(Event::Response { tag: 2, .. })
+    ));
+
+    // Unpinned: the calls that follow reuse buffers without skipping or mapping.
+    drop(pin);
+    let skipped = cl.rpc.stats().msgbufs_in_flight_skipped;
+    let mapped = cl.rpc.stats().msgbufs_allocated;
+    for tag in 3..10 {
+        cl.rpc
+            .enqueue_request(0, sid, 1, &payload(tag, dpp + 1000), tag)
+            .unwrap();
+        Node::run_reliable(&mut cl, &mut sv, |_, d| d.to_vec());
+        let Some(Event::Response { data, .. }) = cl.rpc.poll_event() else {
+            panic!("response {tag}")
+        };
+        cl.rpc.recycle(data);
+    }
+    assert_eq!(cl.rpc.stats().msgbufs_in_flight_skipped, skipped);
+    assert_eq!(cl.rpc.stats().msgbufs_allocated, mapped);
+}

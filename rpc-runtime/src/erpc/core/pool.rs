@@ -31,6 +31,10 @@ pub(super) struct BufPool {
     dpp: usize,
     /// Buffers mapped so far.
     pub allocated: u64,
+    /// Times a buffer was passed over because it was [in flight](MsgBuffer::in_flight) (a
+    /// transport still sends from it): a free-list buffer not taken, or a slot's buffer
+    /// replaced instead of rewritten.
+    pub in_flight_skips: u64,
     /// Tests: the next `take` that must map a buffer fails.
     #[cfg(test)]
     pub fail_next_alloc: bool,
@@ -45,6 +49,7 @@ impl BufPool {
             bytes: 0,
             dpp,
             allocated: 0,
+            in_flight_skips: 0,
             #[cfg(test)]
             fail_next_alloc: false,
         }
@@ -59,15 +64,22 @@ impl BufPool {
     /// the mapping failed).
     pub fn take(&mut self, cap: usize) -> Result<MsgBuffer, MsgBufError> {
         let found = if cap <= self.dpp {
-            self.small.pop()
+            match self.small.last() {
+                Some(b) if !b.in_flight() => self.small.pop(),
+                Some(_) => self.take_small_idle(),
+                None => None,
+            }
         } else {
             let best = self
                 .large
                 .iter()
                 .enumerate()
-                .filter(|(_, b)| b.max_data_size() >= cap)
+                .filter(|(_, b)| b.max_data_size() >= cap && !b.in_flight())
                 .min_by_key(|(_, b)| b.max_data_size())
                 .map(|(i, _)| i);
+            if best.is_none() && self.large.iter().any(MsgBuffer::in_flight) {
+                self.in_flight_skips += 1;
+            }
             best.map(|i| self.large.swap_remove(i))
         };
         let mut b = match found {
@@ -82,9 +94,20 @@ impl BufPool {
         Ok(b)
     }
 
+    /// The most recently returned one-packet buffer that is not in flight (the top one is),
+    /// taken out of the free list; `None` if all are in flight.
+    #[cold]
+    fn take_small_idle(&mut self) -> Option<MsgBuffer> {
+        self.in_flight_skips += 1;
+        let i = self.small.iter().rposition(|b| !b.in_flight())?;
+        Some(self.small.remove(i))
+    }
+
     /// Makes `slot` hold a buffer with room for `cap` data bytes: keeps the one it has if
-    /// large enough, else swaps in one from [`take`](Self::take) and keeps the old one.
-    /// The data size is left as it was when the buffer is kept, 0 otherwise.
+    /// large enough and not [in flight](MsgBuffer::in_flight), else swaps in one from
+    /// [`take`](Self::take) and returns the old one to the free list (where it is not taken
+    /// again while in flight). The data size is left as it was when the buffer is kept, 0
+    /// otherwise.
     ///
     /// # Errors
     /// As [`take`](Self::take); `slot` is unchanged then.
@@ -93,7 +116,10 @@ impl BufPool {
         slot: &'a mut Option<MsgBuffer>,
         cap: usize,
     ) -> Result<&'a mut MsgBuffer, MsgBufError> {
-        if slot.as_ref().is_none_or(|b| b.max_data_size() < cap) {
+        if slot
+            .as_ref()
+            .is_none_or(|b| b.max_data_size() < cap || self.note_in_flight(b))
+        {
             let new = self.take(cap)?;
             if let Some(old) = slot.replace(new) {
                 self.put(old);
@@ -103,14 +129,24 @@ impl BufPool {
         slot.as_mut().ok_or(MsgBufError::ZeroPacketCapacity)
     }
 
-    /// Makes sure a one-packet buffer is on the free list (mapping one if not), so that the
-    /// next `take(cap)` with `cap <= dpp` succeeds without mapping.
+    /// Whether `b` is in flight, counting it in `in_flight_skips` if so.
+    #[inline]
+    fn note_in_flight(&mut self, b: &MsgBuffer) -> bool {
+        let busy = b.in_flight();
+        if busy {
+            self.in_flight_skips += 1;
+        }
+        busy
+    }
+
+    /// Makes sure a one-packet buffer not in flight is on top of the free list (mapping one
+    /// if not), so that the next `take(cap)` with `cap <= dpp` succeeds without mapping.
     ///
     /// # Errors
     /// As [`take`](Self::take) when the mapping fails.
     #[inline]
     pub fn reserve_small(&mut self) -> Result<(), MsgBufError> {
-        if self.small.is_empty() {
+        if self.small.last().is_none_or(MsgBuffer::in_flight) {
             let b = self.map(self.dpp)?;
             if self.small.capacity() == 0 {
                 self.small.reserve_exact(POOL_MAX_BUFS);
@@ -230,5 +266,57 @@ mod tests {
         p.fail_next_alloc = true;
         assert!(p.ensure(&mut slot, 1000).is_err());
         assert_eq!(slot.as_ref().unwrap().as_ptr(), big, "unchanged on failure");
+    }
+
+    /// Buffers in flight (a transport holds their handle) are neither taken from the free
+    /// list nor kept in a slot to be rewritten; each pass-over is counted.
+    #[test]
+    fn buffers_in_flight_are_passed_over() {
+        let mut p = BufPool::new(100);
+        let a = p.take(50).unwrap();
+        let b = p.take(50).unwrap();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        p.put(a);
+        p.put(b);
+        // `b` is on top (LIFO) but in flight: `a` is taken.
+        let pin_b = std::sync::Arc::clone(p.small.last().unwrap().dma_handle());
+        let got = p.take(10).unwrap();
+        assert_eq!(got.as_ptr(), pa);
+        assert_eq!(p.in_flight_skips, 1);
+        // Only `b` left, in flight: a new buffer is mapped.
+        let before = p.allocated;
+        let fresh = p.take(10).unwrap();
+        assert_eq!(p.allocated, before + 1);
+        assert_ne!(fresh.as_ptr(), pb);
+        drop(pin_b);
+        assert_eq!(p.take(10).unwrap().as_ptr(), pb);
+
+        // A slot's buffer in flight is replaced, not rewritten.
+        let mut slot = Some(got);
+        let pin = std::sync::Arc::clone(slot.as_ref().unwrap().dma_handle());
+        let skips = p.in_flight_skips;
+        p.ensure(&mut slot, 10).unwrap();
+        assert_ne!(slot.as_ref().unwrap().as_ptr(), pa);
+        assert_eq!(p.in_flight_skips, skips + 1);
+        drop(pin);
+        let kept = slot.as_ref().unwrap().as_ptr();
+        p.ensure(&mut slot, 10).unwrap();
+        assert_eq!(slot.as_ref().unwrap().as_ptr(), kept, "idle: kept");
+
+        // Large buffers: best fit among those not in flight.
+        let l1 = p.take(1000).unwrap();
+        let l2 = p.take(2000).unwrap();
+        let p1 = l1.as_ptr();
+        let pin1 = std::sync::Arc::clone(l1.dma_handle());
+        p.put(l1);
+        p.put(l2);
+        let got = p.take(900).unwrap();
+        assert_eq!(
+            got.max_data_size(),
+            2000,
+            "the 1000-byte buffer is in flight"
+        );
+        drop(pin1);
+        assert_eq!(p.take(900).unwrap().as_ptr(), p1);
     }
 }

@@ -6,6 +6,7 @@ use std::hash::Hash;
 use super::session::{PendingReq, SessionState};
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
 use super::{CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, TxOut, Zc, place_pkt};
+use crate::erpc::msgbuf::MsgBuffer;
 use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
@@ -71,6 +72,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 let before = self.pool.allocated;
                 let buf = self.pool.ensure(&mut slot.req, max_len);
                 self.stats.msgbufs_allocated += self.pool.allocated - before;
+                self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                 let buf = buf.map_err(|_| CallError::NoBuffer)?;
                 let n = fill(&mut buf.capacity_mut()[..max_len]);
                 if n > max_len {
@@ -85,6 +87,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 let before = self.pool.allocated;
                 let data = self.pool.take(max_len);
                 self.stats.msgbufs_allocated += self.pool.allocated - before;
+                self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                 let mut data = data.map_err(|_| CallError::NoBuffer)?;
                 let n = fill(&mut data.capacity_mut()[..max_len]);
                 if n > max_len {
@@ -240,7 +243,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         }))
     }
 
-    /// Client request packet `pkt` as header and data slices in the slot's message buffer,
+    /// Client request packet `pkt` as header and data slices in the slot's message buffer (and the buffer),
     /// or None if the slot moved on.
     pub(super) fn req_pkt_parts(
         &self,
@@ -248,13 +251,15 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         generation: u64,
         req_num: u64,
         pkt: usize,
-    ) -> Option<(&[u8], &[u8])> {
+    ) -> Option<(&[u8], &[u8], &MsgBuffer)> {
         let s = self.session(sid).filter(|s| s.generation == generation)?;
         let slot = &s.role.client()?.slots[slot_of(req_num)];
         if !slot.active || slot.req_num != req_num || pkt >= slot.num_req_pkts {
             return None;
         }
-        slot.req.as_ref()?.pkt_parts(pkt)
+        let msg = slot.req.as_ref()?;
+        let (hdr, data) = msg.pkt_parts(pkt)?;
+        Some((hdr, data, msg))
     }
 
     /// Server: a request packet arrived on connected server session `sid`. A new
@@ -303,6 +308,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 let before = self.pool.allocated;
                 let buf = self.pool.ensure(&mut slot.req, size);
                 self.stats.msgbufs_allocated += self.pool.allocated - before;
+                self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                 let Ok(buf) = buf else {
                     self.stats.drop_no_buffer += 1;
                     return None;

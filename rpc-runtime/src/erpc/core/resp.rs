@@ -5,6 +5,7 @@ use std::hash::Hash;
 
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
 use super::{CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, Tx, TxOut, Zc, place_pkt};
+use crate::erpc::msgbuf::MsgBuffer;
 use crate::erpc::pkthdr::{MAX_PKT_NUM, PKTHDR_SIZE, PktHdr, PktType};
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
@@ -61,6 +62,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         let before = self.pool.allocated;
         let buf = self.pool.ensure(&mut slot.resp, max_len);
         self.stats.msgbufs_allocated += self.pool.allocated - before;
+        self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
         let buf = buf.map_err(|_| CallError::NoBuffer)?;
         let len = fill(&mut buf.capacity_mut()[..max_len]);
         let num_resp_pkts = pkts_for(len, dpp);
@@ -135,7 +137,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         }))
     }
 
-    /// Server response packet `j` as header and data slices in the slot's message buffer,
+    /// Server response packet `j` as header and data slices in the slot's message buffer (and the buffer),
     /// or None if the slot moved on.
     pub(super) fn resp_pkt_parts(
         &self,
@@ -143,7 +145,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         generation: u64,
         req_num: u64,
         j: usize,
-    ) -> Option<(&[u8], &[u8])> {
+    ) -> Option<(&[u8], &[u8], &MsgBuffer)> {
         let s = self.session(sid).filter(|s| s.generation == generation)?;
         let slot = &s.role.server()?.slots[slot_of(req_num)];
         if slot.req_num != Some(req_num)
@@ -152,7 +154,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         {
             return None;
         }
-        slot.resp.as_ref()?.pkt_parts(j)
+        let msg = slot.resp.as_ref()?;
+        let (hdr, data) = msg.pkt_parts(j)?;
+        Some((hdr, data, msg))
     }
 
     /// Client: a response packet arrived on connected client session `sid`. A response that
@@ -207,6 +211,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                     let before = self.pool.allocated;
                     let buf = self.pool.ensure(&mut slot.resp, size);
                     self.stats.msgbufs_allocated += self.pool.allocated - before;
+                    self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                     let Ok(buf) = buf else {
                         self.stats.drop_no_buffer += 1;
                         return None;

@@ -15,7 +15,9 @@
 //! - **Transmit** takes a slice of [`TxPkt`]s. Each packet is a gather list of two byte slices,
 //!   header and data, because eRPC's message buffer keeps the headers of packets `1..N-1` apart
 //!   from the contiguous data; the transport gathers them (`iovec`s for UDP, two data segments of
-//!   a WQE for UD) without copying them into an intermediate buffer first.
+//!   a WQE for UD) without copying them into an intermediate buffer first. A packet that names
+//!   its message buffer ([`TxPkt::mem`]) may be sent in place after `tx_burst` returns; the
+//!   transport then holds the buffer until the send completed.
 //! - **Receive** fills a ring of buffers that the transport allocated once, at construction.
 //!   [`rx_burst`](DatagramTransport::rx_burst) reports how many datagrams arrived;
 //!   [`rx_pkt`](DatagramTransport::rx_pkt) lends each one out in place; the borrow ends before
@@ -43,6 +45,9 @@ pub mod udp;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::io;
+use std::sync::Arc;
+
+use mlx5::mem::DmaBuf;
 
 pub use ud::{UdAddr, UdConfig, UdTransport};
 pub use udp::{UdpConfig, UdpTransport};
@@ -64,12 +69,41 @@ pub struct TxPkt<'a, A> {
     pub hdr: &'a [u8],
     /// Second part, normally this packet's slice of the message data.
     pub data: &'a [u8],
+    /// The DMA buffer that holds both `hdr` and `data` when they come from a message buffer
+    /// ([`MsgBuffer::dma_handle`](super::msgbuf::MsgBuffer::dma_handle)), else `None`.
+    ///
+    /// With `Some`, a transport may send the packet in place, gathering `hdr` and `data`
+    /// straight from the buffer after `tx_burst` returned (seeds/000 §3: header and data as
+    /// two SGEs of one WQE). It then keeps a clone of the handle until the send completed, so
+    /// the memory outlives every read of the NIC, and the caller must not rewrite those bytes
+    /// while the clone exists ([`MsgBuffer::in_flight`](super::msgbuf::MsgBuffer::in_flight);
+    /// the eRPC core keeps this rule). A transport that checks `hdr` and `data` are not inside
+    /// the buffer copies the packet instead. With `None` the bytes are free again when
+    /// `tx_burst` returns.
+    pub mem: Option<&'a Arc<DmaBuf>>,
 }
 
 impl<'a, A> TxPkt<'a, A> {
-    /// A datagram made of `hdr` followed by `data`.
+    /// A datagram made of `hdr` followed by `data`, copied by the transport before
+    /// `tx_burst` returns.
     pub fn new(dest: A, hdr: &'a [u8], data: &'a [u8]) -> Self {
-        TxPkt { dest, hdr, data }
+        TxPkt {
+            dest,
+            hdr,
+            data,
+            mem: None,
+        }
+    }
+
+    /// A datagram made of `hdr` followed by `data`, both inside the DMA buffer `mem`, which a
+    /// transport may send in place (see [`TxPkt::mem`] for the caller's obligation).
+    pub fn in_buffer(dest: A, hdr: &'a [u8], data: &'a [u8], mem: &'a Arc<DmaBuf>) -> Self {
+        TxPkt {
+            dest,
+            hdr,
+            data,
+            mem: Some(mem),
+        }
     }
 
     /// A datagram made of one contiguous byte slice.
@@ -78,6 +112,7 @@ impl<'a, A> TxPkt<'a, A> {
             dest,
             hdr: bytes,
             data: &[],
+            mem: None,
         }
     }
 
@@ -106,6 +141,13 @@ pub struct TransportStats {
     pub tx_would_block: u64,
     /// Transmit system calls (or doorbells) made; `tx_pkts / tx_calls` is the batching factor.
     pub tx_calls: u64,
+    /// Datagrams of `tx_pkts` sent in place from the caller's message buffer
+    /// ([`TxPkt::mem`]) without being copied: gathered by the NIC (mlx5 UD). Transports that
+    /// copy every datagram (UDP: the kernel copies in `sendmmsg`) leave it 0.
+    pub tx_in_place: u64,
+    /// Message buffers registered with the NIC for in-place sends (once per buffer while it
+    /// lives; mlx5 UD).
+    pub tx_registrations: u64,
     /// Datagrams delivered by `rx_burst`.
     pub rx_pkts: u64,
     /// Payload bytes of the datagrams in `rx_pkts`.

@@ -6,9 +6,9 @@
 //! [`UdTransport::new`] takes an open [`mlx5::verbs::Context`] and creates, once: a protection
 //! domain, a send CQ and a receive CQ, one UD QP with its own receive queue (activated with the
 //! Q_Key), a registered receive ring and a registered transmit staging ring. Address handles
-//! are created on the first send to each destination and cached for the transport's lifetime;
-//! that (and the error of a failed creation, a cold path) is the only allocation after
-//! construction.
+//! are created on the first send to each destination and cached for the transport's lifetime,
+//! and message buffers are registered on their first in-place send; those (and the error of a
+//! failed creation, a cold path) are the only allocations after construction.
 //!
 //! # Constants (seeds/000 §12.5 "IBトランスポートパラメータ", eRPC's InfiniBand transport)
 //! | setting | default | seed |
@@ -60,25 +60,37 @@
 //! - **Transmit, datagrams of at most [`MAX_INLINE`] bytes:** inline in the WQE (the 60-B rule
 //!   of the seed). Header and data are gathered into a 60-byte stack buffer and then written
 //!   into the WQE's inline segment.
-//! - **Transmit, larger datagrams:** copied (header, then data) into a slot of a registered
-//!   staging ring and sent with one data segment. The core hands over each packet as a
-//!   gather list straight from its message buffer ([`crate::erpc::msgbuf::MsgBuffer`]: header
-//!   slot and data slice), but those buffers are not registered with this transport's
-//!   protection domain, and a send posted from them would read them until its completion,
-//!   after `tx_burst` returned (see below), so they are copied here: this is the only copy of
-//!   a message on the sending side. The ring has one slot of `mtu` bytes (rounded up to 64)
-//!   per send-queue entry; a slot is reused only after the WQE that used it has completed. A
-//!   later change may register the message buffers and gather header and data with two data
-//!   segments, as eRPC does, together with the TX flush that then becomes necessary.
+//! - **Transmit, larger datagrams of a message buffer ([`TxPkt::mem`]): nothing.** The NIC
+//!   gathers them in place, as eRPC does (seeds/000 §3): packet 0, whose header and data are
+//!   adjacent, as one data segment; packet `i >= 1` as two (its header slot in the buffer's
+//!   tail, its data slice). The buffer is registered with this transport's PD on its first
+//!   send (local read only; counted in [`TransportStats::tx_registrations`]) and looked up by
+//!   the address of its shared handle afterwards (the last one is cached). Because the send
+//!   reads the buffer after `tx_burst` returned, the transport *pins* it: it keeps a clone of
+//!   the buffer's handle until the WQE has retired (one pin per run of WQEs from the same
+//!   buffer, at most `sq_depth`, in a ring allocated once). So the memory stays mapped for
+//!   the NIC even if the owner drops the buffer, and the owner sees the buffer as
+//!   [in flight](crate::erpc::msgbuf::MsgBuffer::in_flight) and does not rewrite it
+//!   (the eRPC core's rule, [`crate::erpc`] "Buffers the NIC still reads"). A registration is
+//!   dropped (the MR deregistered) by a sweep once nobody holds the buffer any more, which
+//!   implies no posted WQE reads it; sweeps run when registrations reach a threshold that
+//!   doubles with the live ones (first at 64).
+//! - **Transmit, other larger datagrams:** copied (header, then data) into a slot of a
+//!   registered staging ring and sent with one data segment: packets that name no buffer
+//!   (the event loop's rendered control packets and short packets), whose bytes are not
+//!   inside the buffer they name, or whose buffer the device refused to register. The ring
+//!   has one slot of `mtu` bytes (rounded up to 64) per send-queue entry; a slot is reused
+//!   only after the WQE that used it has completed.
 //!
-//! Because every datagram is copied (or inlined) before `tx_burst` returns, the caller's
-//! buffers are free as soon as it returns. This is why the TX DMA-queue flush that eRPC needs
-//! before a retransmission or a completion (seeds/002 §9, §10, §13, invariant I1: unsignaled
-//! sends may still reference a message buffer) is not needed here.
+//! Datagrams without a buffer are free as soon as `tx_burst` returns, so for them the TX
+//! DMA-queue flush that eRPC needs before a retransmission or a completion (seeds/002 §9,
+//! §10, §13, invariant I1) is not needed; for in-place sends the pins replace it.
 //!
 //! # Signaling rule (selective signaling, seeds/000 §12.8; seeds/002 §1 "unsignaled TX")
 //! Sends are unsignaled except one WQE every `signal_interval` (the `k`-th WQE with
-//! `k % signal_interval == signal_interval - 1`), and except the WQE after which the send
+//! `k % signal_interval == signal_interval - 1`), except the last in-place WQE of a run of
+//! them in a burst (so that its pins are dropped at the next poll; the send CQ is polled
+//! before every receive burst while buffers are pinned), and except the WQE after which the send
 //! queue would be full (no free staging slot, or fewer than 4 free WQEBBs: less than the
 //! largest WQE this transport writes, 2 WQEBBs, plus ring-end padding). A signaled WQE's
 //! completion retires it and every earlier WQE (PRM "Requester CQE"). Since `signal_interval
@@ -117,8 +129,10 @@
 //! here run without the progress thread ([`mlx5::sim::SimConfig::deterministic`]).
 
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::fmt;
 use std::io;
+use std::sync::{Arc, Weak};
 
 use mlx5::cqe::{Cqe, CqeError, CqeOpcode, Syndrome};
 use mlx5::mem::DmaBuf;
@@ -171,6 +185,9 @@ const IMM_MAGIC_MASK: u32 = 0xFFFF_0000;
 /// Free WQEBBs under which a send is signaled: the largest WQE written here is 2 WQEBBs and
 /// ring-end padding adds at most 1 (see the module docs, "Signaling rule").
 const LOW_WQEBBS: u32 = 4;
+/// Registered message buffers at which dead registrations are first swept; the threshold then
+/// doubles with the live ones.
+const MIN_SWEEP: usize = 64;
 
 /// Address of a [`UdTransport`] endpoint: the port's LID and the QP number.
 ///
@@ -371,16 +388,47 @@ struct RxMeta {
 
 /// `ds` (16-byte units) of the UD SEND WQE for a datagram of `len` bytes: control segment,
 /// address vector, then an inline segment (`len <= inline_max`, none for an empty datagram)
-/// or one data segment.
-fn send_ds(len: usize, inline_max: usize) -> u32 {
+/// or `sges` data segments (1 for a staged copy or a contiguous in-place packet, 2 for an
+/// in-place header and data apart).
+fn send_ds(len: usize, inline_max: usize, sges: usize) -> u32 {
     let body = if len == 0 {
         0
     } else if len <= inline_max {
         inline_seg_bytes(len)
     } else {
-        DATA_BYTES
+        sges * DATA_BYTES
     };
     ((CTRL_BYTES + DGRAM_BYTES + body) / DS_BYTES) as u32
+}
+
+/// Most data segments of a send WQE here: header and data of an in-place packet.
+const MAX_SEND_SGES: usize = 2;
+
+/// Whether `part` lies inside `mem` (an empty part always does: it gets no data segment).
+#[inline]
+fn inside(mem: &DmaBuf, part: &[u8]) -> bool {
+    let base = mem.as_ptr() as usize;
+    let start = part.as_ptr() as usize;
+    part.is_empty() || (start >= base && start + part.len() <= base + mem.len())
+}
+
+/// A message buffer registered for in-place sends (module docs, "What is copied and why").
+struct TxReg {
+    /// The buffer; weak, so the registration does not keep it mapped. It also keeps the
+    /// `Arc` allocation, whose address keys `reg_index`, from being reused while the entry
+    /// exists.
+    buf: Weak<DmaBuf>,
+    /// Its memory region (deregistered when the entry is dropped).
+    mr: Mr,
+}
+
+/// A message buffer read by posted, not yet retired in-place sends: holding the `Arc` keeps
+/// it mapped until the NIC is done with it.
+#[derive(Debug)]
+struct Pin {
+    /// Sequence number of the last WQE posted from it; retired once `tx_retired` passes it.
+    last_seq: u64,
+    buf: Arc<DmaBuf>,
 }
 
 /// Why a successful receive completion is not delivered.
@@ -416,11 +464,23 @@ fn device_error(what: &str, e: mlx5::Error) -> io::Error {
 /// eRPC datagram transport over one mlx5 UD QP; see the [module docs](self).
 pub struct UdTransport {
     // Fields drop in declaration order: the QP before its CQs, address handles, memory
-    // regions before their buffers, everything before the PD.
+    // regions before their buffers (message buffers' regions before the pins that may keep
+    // them mapped), everything before the PD.
     qp: Qp,
     send_cq: Cq,
     recv_cq: Cq,
     ahs: HashMap<UdAddr, Ah>,
+    /// Registered message buffers (in-place sends).
+    regs: Vec<TxReg>,
+    /// `regs` index by the address of the buffer's `Arc` allocation.
+    reg_index: HashMap<usize, usize>,
+    /// The last buffer looked up: (`Arc` address, `regs` index, lkey).
+    last_reg: Option<(usize, usize, u32)>,
+    /// Registrations at which the next sweep of dead entries runs.
+    sweep_at: usize,
+    /// Message buffers with in-place sends outstanding, in posting order (at most one entry
+    /// per outstanding WQE, so at most `sq_depth`; allocated once).
+    pins: VecDeque<Pin>,
     rx_mr: Mr,
     tx_mr: Mr,
     rx_buf: DmaBuf,
@@ -505,7 +565,7 @@ impl UdTransport {
                     caps: QpCaps {
                         max_send_wr: cfg.sq_depth,
                         max_recv_wr: cfg.rq_depth,
-                        max_send_sge: 1,
+                        max_send_sge: MAX_SEND_SGES as u32,
                         max_recv_sge: 1,
                         max_inline_data: MAX_INLINE as u32,
                     },
@@ -544,6 +604,11 @@ impl UdTransport {
             send_cq,
             recv_cq,
             ahs: HashMap::new(),
+            regs: Vec::new(),
+            reg_index: HashMap::new(),
+            last_reg: None,
+            sweep_at: MIN_SWEEP,
+            pins: VecDeque::with_capacity(cfg.sq_depth as usize + 1),
             rx_mr,
             tx_mr,
             rx_buf,
@@ -639,6 +704,93 @@ impl UdTransport {
                 }
             }
         });
+        self.unpin_retired();
+    }
+
+    /// Drops the pins of message buffers whose last in-place WQE is retired (or every pin
+    /// once the QP failed: its WQEs are flushed, not executed).
+    #[inline]
+    fn unpin_retired(&mut self) {
+        while self
+            .pins
+            .front()
+            .is_some_and(|p| p.last_seq < self.tx_retired)
+        {
+            self.pins.pop_front();
+        }
+    }
+
+    /// Message buffers with in-place sends not yet known complete.
+    pub fn pinned_buffers(&self) -> usize {
+        self.pins.len()
+    }
+
+    /// Message buffers currently registered for in-place sends (live, or dropped and not
+    /// yet swept).
+    pub fn registered_buffers(&self) -> usize {
+        self.regs.len()
+    }
+
+    /// The lkey under which `mem` can be gathered from, registering it on first use; `None`
+    /// if the device refuses (the packet is then copied).
+    #[inline]
+    fn tx_lkey(&mut self, mem: &Arc<DmaBuf>) -> Option<u32> {
+        let key = Arc::as_ptr(mem) as usize;
+        if let Some((k, _, lkey)) = self.last_reg
+            && k == key
+        {
+            return Some(lkey);
+        }
+        let (idx, lkey) = match self.reg_index.get(&key) {
+            Some(&i) => (i, self.regs[i].mr.lkey),
+            None => self.register(mem)?,
+        };
+        self.last_reg = Some((key, idx, lkey));
+        Some(lkey)
+    }
+
+    /// Registers `mem` with the PD (local read only) and records it; sweeps dead
+    /// registrations first when their number reached the threshold.
+    #[cold]
+    #[inline(never)]
+    fn register(&mut self, mem: &Arc<DmaBuf>) -> Option<(usize, u32)> {
+        if self.regs.len() >= self.sweep_at {
+            self.sweep_registrations();
+        }
+        // `as_mut_ptr` only because `reg_mr` takes one; the region is registered without
+        // LOCAL_WRITE, so the NIC only reads it.
+        let mr = match self
+            .ctx
+            .reg_mr(&self.pd, mem.as_mut_ptr(), mem.len(), Access::empty())
+        {
+            Ok(mr) => mr,
+            Err(e) => {
+                tracing::debug!(error = %e, "mlx5 UD transport: registering a message buffer failed");
+                return None;
+            }
+        };
+        let lkey = mr.lkey;
+        let idx = self.regs.len();
+        self.regs.push(TxReg {
+            buf: Arc::downgrade(mem),
+            mr,
+        });
+        self.reg_index.insert(Arc::as_ptr(mem) as usize, idx);
+        self.stats.tx_registrations += 1;
+        Some((idx, lkey))
+    }
+
+    /// Deregisters the message buffers that were dropped and are no longer read by any
+    /// posted WQE (no strong reference left: neither the owner nor a pin holds them).
+    #[cold]
+    fn sweep_registrations(&mut self) {
+        self.regs.retain(|r| r.buf.strong_count() > 0);
+        self.reg_index.clear();
+        for (i, r) in self.regs.iter().enumerate() {
+            self.reg_index.insert(r.buf.as_ptr() as usize, i);
+        }
+        self.last_reg = None;
+        self.sweep_at = (2 * self.regs.len()).max(MIN_SWEEP);
     }
 
     /// Whether a WQE of `ds` units can be posted now (a free staging slot and WQEBBs).
@@ -680,12 +832,57 @@ impl UdTransport {
         }
     }
 
-    /// Posts one UD SEND-with-immediate WQE for `p` to `av` (room was checked).
+    /// Posts one UD SEND-with-immediate WQE for `p` to `av` (room was checked). `end_of_run`:
+    /// `p` is the last packet of the burst, or the next one is not sent in place; an in-place
+    /// WQE there is signaled, so that its buffer's pin is dropped at the next poll instead
+    /// of up to `signal_interval` WQEs later.
     #[inline]
-    fn post_send(&mut self, av: DgramSeg, p: &TxPkt<'_, UdAddr>) -> mlx5::Result<()> {
+    fn post_send(
+        &mut self,
+        av: DgramSeg,
+        p: &TxPkt<'_, UdAddr>,
+        end_of_run: bool,
+    ) -> mlx5::Result<()> {
         let len = p.len();
         let seq = self.tx_posted;
-        let ds = send_ds(len, self.inline_max);
+        // In place when the packet is not inline, names its buffer, lies inside it and the
+        // buffer is (or can be) registered; otherwise staged.
+        let gather = match p.mem {
+            Some(mem) if len > self.inline_max && inside(mem, p.hdr) && inside(mem, p.data) => {
+                self.tx_lkey(mem).map(|lkey| (mem, lkey))
+            }
+            _ => None,
+        };
+        let mut sge = [Sge {
+            addr: 0,
+            len: 0,
+            lkey: 0,
+        }; MAX_SEND_SGES];
+        let nsge = match gather {
+            Some((_, lkey)) => {
+                let mut n = 0;
+                for part in [p.hdr, p.data] {
+                    if part.is_empty() {
+                        continue;
+                    }
+                    let addr = part.as_ptr() as u64;
+                    // Packet 0: header and data adjacent, one segment (seeds/000 §3).
+                    if n == 1 && sge[0].addr + u64::from(sge[0].len) == addr {
+                        sge[0].len += part.len() as u32;
+                    } else {
+                        sge[n] = Sge {
+                            addr,
+                            len: part.len() as u32,
+                            lkey,
+                        };
+                        n += 1;
+                    }
+                }
+                n
+            }
+            None => 1,
+        };
+        let ds = send_ds(len, self.inline_max, nsge);
         let sq_depth = u64::from(self.cfg.sq_depth);
         let full_after = seq + 1 - self.tx_retired >= sq_depth;
         let low_after = self
@@ -696,13 +893,15 @@ impl UdTransport {
             < LOW_WQEBBS;
         let signaled = (seq + 1).is_multiple_of(u64::from(self.cfg.signal_interval))
             || full_after
-            || low_after;
+            || low_after
+            || (gather.is_some() && end_of_run);
         let mut inline = [0u8; MAX_INLINE];
-        let sge;
         let (inline, sges): (&[u8], &[Sge]) = if len <= self.inline_max {
             inline[..p.hdr.len()].copy_from_slice(p.hdr);
             inline[p.hdr.len()..len].copy_from_slice(p.data);
             (&inline[..len], &[])
+        } else if gather.is_some() {
+            (&[], &sge[..nsge])
         } else {
             let off = (seq % sq_depth) as usize * self.tx_stride;
             // SAFETY: slot `seq % sq_depth` lies inside the staging ring (`sq_depth *
@@ -710,12 +909,12 @@ impl UdTransport {
             // `seq - sq_depth`, is retired (room check: fewer than `sq_depth` outstanding), so
             // the device no longer reads it.
             unsafe { self.stage(off, p.hdr, p.data) };
-            sge = [Sge {
+            sge[0] = Sge {
                 addr: self.tx_buf.as_ptr() as u64 + off as u64,
                 len: len as u32,
                 lkey: self.tx_mr.lkey,
-            }];
-            (&[], &sge)
+            };
+            (&[], &sge[..1])
         };
         let desc = WqeDesc {
             opcode: Opcode::SendImm,
@@ -730,6 +929,17 @@ impl UdTransport {
         debug_assert_eq!(desc.ds(), ds);
         let wqe_index = self.qp.sq.post(&desc)?;
         self.tx_posted = seq + 1;
+        if let Some((mem, _)) = gather {
+            // Keep the buffer mapped until this WQE retires (module docs).
+            match self.pins.back_mut() {
+                Some(pin) if Arc::ptr_eq(&pin.buf, mem) => pin.last_seq = seq,
+                _ => self.pins.push_back(Pin {
+                    last_seq: seq,
+                    buf: Arc::clone(mem),
+                }),
+            }
+            self.stats.tx_in_place += 1;
+        }
         if signaled {
             self.signaled.push(Signaled {
                 wqe_index,
@@ -833,11 +1043,12 @@ impl DatagramTransport for UdTransport {
         let mut done = 0;
         let mut posted = 0;
         let mut post_error = None;
-        for p in pkts {
+        for (i, p) in pkts.iter().enumerate() {
             if self.failed.is_some() {
                 break;
             }
-            let ds = send_ds(p.len(), self.inline_max);
+            // Room for the largest layout (two data segments: still 2 WQEBBs).
+            let ds = send_ds(p.len(), self.inline_max, MAX_SEND_SGES);
             if !self.tx_has_room(ds) {
                 self.poll_send_cq();
                 if self.failed.is_some() {
@@ -853,7 +1064,8 @@ impl DatagramTransport for UdTransport {
                 done += 1;
                 continue;
             };
-            match self.post_send(av, p) {
+            let end_of_run = pkts.get(i + 1).is_none_or(|n| n.mem.is_none());
+            match self.post_send(av, p, end_of_run) {
                 Ok(()) => {
                     done += 1;
                     posted += 1;
@@ -886,6 +1098,11 @@ impl DatagramTransport for UdTransport {
 
     fn rx_burst(&mut self, max: usize) -> usize {
         self.rx_release();
+        // Retire in-place sends first, so that the buffers of the messages answered in this
+        // burst are free again when the core reuses them.
+        if !self.pins.is_empty() {
+            self.poll_send_cq();
+        }
         let n = max.min(self.cfg.rx_batch);
         if n == 0 {
             return 0;
@@ -981,6 +1198,8 @@ mod tests {
     use std::sync::Arc;
 
     use mlx5::queue::{CqMem, RqMem, SqMem, SrqMem};
+
+    use crate::erpc::msgbuf::MsgBuffer;
     use mlx5::sim::{Fabric, SimConfig, SimDevice};
     use mlx5::verbs::{Handle, Provider, RcParams, RcRemote};
 
@@ -1189,19 +1408,21 @@ mod tests {
     }
 
     /// WQE sizes: ctrl + address vector (4 ds), then inline data up to 60 bytes, else one
-    /// data segment (`post_send` asserts that the descriptor it builds has this size).
+    /// data segment (staged or contiguous in place) or two (in-place header and data apart);
+    /// `post_send` asserts that the descriptor it builds has this size.
     #[test]
     fn wqe_sizes_inline_up_to_60_bytes() {
-        assert_eq!(send_ds(0, MAX_INLINE), 4);
-        assert_eq!(send_ds(1, MAX_INLINE), 5);
-        assert_eq!(send_ds(12, MAX_INLINE), 5);
-        assert_eq!(send_ds(13, MAX_INLINE), 6);
-        assert_eq!(send_ds(60, MAX_INLINE), 8);
-        assert_eq!(send_ds(61, MAX_INLINE), 5);
-        assert_eq!(send_ds(DEFAULT_MTU, MAX_INLINE), 5);
-        assert_eq!(send_ds(20, 16), 5);
+        assert_eq!(send_ds(0, MAX_INLINE, 1), 4);
+        assert_eq!(send_ds(1, MAX_INLINE, 1), 5);
+        assert_eq!(send_ds(12, MAX_INLINE, 1), 5);
+        assert_eq!(send_ds(13, MAX_INLINE, 1), 6);
+        assert_eq!(send_ds(60, MAX_INLINE, 2), 8);
+        assert_eq!(send_ds(61, MAX_INLINE, 1), 5);
+        assert_eq!(send_ds(61, MAX_INLINE, 2), 6);
+        assert_eq!(send_ds(DEFAULT_MTU, MAX_INLINE, 1), 5);
+        assert_eq!(send_ds(20, 16, 1), 5);
         // Every WQE fits in 2 WQEBBs (the LOW_WQEBBS reasoning).
-        assert!((0..=4096).all(|l| mlx5::wqe::wqebbs(send_ds(l, MAX_INLINE)) <= 2));
+        assert!((0..=4096).all(|l| mlx5::wqe::wqebbs(send_ds(l, MAX_INLINE, MAX_SEND_SGES)) <= 2));
     }
 
     #[test]
@@ -1790,5 +2011,118 @@ mod tests {
                 drop(cq);
             }
         }
+    }
+
+    /// A multi-packet message buffer filled with a pattern; header `i` holds `[i; 16]`.
+    fn msgbuf(size: usize, dpp: usize) -> MsgBuffer {
+        let mut m = MsgBuffer::new(size, dpp).unwrap();
+        m.data_mut().copy_from_slice(&pattern(size, size));
+        for i in 0..m.num_pkts() {
+            *m.pkthdr_mut(i) = [i as u8; 16];
+        }
+        m
+    }
+
+    fn in_place_pkts(m: &MsgBuffer, to: UdAddr) -> Vec<TxPkt<'_, UdAddr>> {
+        (0..m.num_pkts())
+            .map(|i| {
+                let (h, d) = m.pkt_parts(i).unwrap();
+                TxPkt::in_buffer(to, h, d, m.dma_handle())
+            })
+            .collect()
+    }
+
+    /// Packets of a message buffer are gathered in place (packet 0 as one segment, the others
+    /// as header + data), arrive intact, pin the buffer until their completion is polled, and
+    /// register it once.
+    #[test]
+    fn message_buffer_packets_are_sent_in_place() {
+        let f = Fabric::new(SimConfig::deterministic());
+        let mut a = transport(&f, UdConfig::default());
+        let mut b = transport(&f, UdConfig::default());
+        let to = b.local_addr();
+        let dpp = DEFAULT_MTU - PKT_HDR_LEN;
+        let m = msgbuf(3 * dpp - 100, dpp);
+        assert!(!m.in_flight());
+        let pkts = in_place_pkts(&m, to);
+        assert_eq!(a.tx_burst(&pkts).unwrap(), 3);
+        // Read by the (model's) NIC, but not known complete until the send CQ is polled.
+        assert!(m.in_flight(), "the transport pins the buffer");
+        assert_eq!(a.pinned_buffers(), 1);
+        let (got, _) = drain(&mut b);
+        assert_eq!(got.len(), 3);
+        for (i, (src, bytes)) in got.iter().enumerate() {
+            assert_eq!(*src, a.local_addr());
+            let (h, d) = m.pkt_parts(i).unwrap();
+            assert_eq!(&bytes[..16], h);
+            assert_eq!(&bytes[16..], d, "packet {i}");
+        }
+        let s = a.stats();
+        assert_eq!((s.tx_in_place, s.tx_registrations, s.tx_pkts), (3, 1, 3));
+        // The last in-place WQE of the burst was signaled: one poll retires it.
+        a.poll_tx_completions();
+        assert_eq!(a.pinned_buffers(), 0);
+        assert!(!m.in_flight());
+        // Sent again: the registration is reused.
+        let pkts = in_place_pkts(&m, to);
+        assert_eq!(a.tx_burst(&pkts).unwrap(), 3);
+        assert_eq!(drain(&mut b).0.len(), 3);
+        assert_eq!((a.stats().tx_in_place, a.stats().tx_registrations), (6, 1));
+    }
+
+    /// What is not sent in place: inline-size packets, and a packet whose bytes are not inside
+    /// the buffer it names (copied into the staging ring instead, still delivered intact).
+    #[test]
+    fn packets_outside_their_buffer_or_inline_are_copied() {
+        let f = Fabric::new(SimConfig::deterministic());
+        let mut a = transport(&f, UdConfig::default());
+        let mut b = transport(&f, UdConfig::default());
+        let to = b.local_addr();
+        let m = msgbuf(1000, DEFAULT_MTU - PKT_HDR_LEN);
+        let elsewhere = pattern(900, 3);
+        let (h, d) = m.pkt_parts(0).unwrap();
+        let pkts = [
+            TxPkt::in_buffer(to, &h[..8], &d[..20], m.dma_handle()),
+            TxPkt::in_buffer(to, h, &elsewhere, m.dma_handle()),
+            TxPkt::in_buffer(to, &elsewhere, &[], m.dma_handle()),
+        ];
+        assert_eq!(a.tx_burst(&pkts).unwrap(), 3);
+        let (got, _) = drain(&mut b);
+        assert_eq!(got[0].1, [&h[..8], &d[..20]].concat());
+        assert_eq!(got[1].1, [h, &elsewhere[..]].concat());
+        assert_eq!(got[2].1, elsewhere);
+        let s = a.stats();
+        assert_eq!((s.tx_in_place, s.tx_registrations), (0, 0));
+        assert!(!m.in_flight());
+    }
+
+    /// A message buffer dropped while its send is outstanding stays mapped (pinned) until the
+    /// completion; registrations of dropped buffers are swept, so their number stays bounded.
+    #[test]
+    fn dropped_buffers_outlive_their_sends_and_are_deregistered() {
+        let f = Fabric::new(SimConfig::deterministic());
+        let mut a = transport(&f, UdConfig::default());
+        let mut b = transport(&f, UdConfig::default());
+        let to = b.local_addr();
+        let dpp = DEFAULT_MTU - PKT_HDR_LEN;
+        for k in 0..5 * MIN_SWEEP {
+            let m = msgbuf(2 * dpp, dpp);
+            let handle = Arc::downgrade(m.dma_handle());
+            assert_eq!(a.tx_burst(&in_place_pkts(&m, to)).unwrap(), 2);
+            drop(m);
+            assert!(
+                handle.upgrade().is_some(),
+                "pinned after the owner dropped it"
+            );
+            assert_eq!(drain(&mut b).0.len(), 2, "message {k}");
+            a.poll_tx_completions();
+            assert!(
+                handle.upgrade().is_none(),
+                "unmapped once the send completed"
+            );
+            assert!(a.registered_buffers() <= 2 * MIN_SWEEP);
+        }
+        assert_eq!(a.stats().tx_registrations, 5 * MIN_SWEEP as u64);
+        assert_eq!(a.stats().tx_in_place, 10 * MIN_SWEEP as u64);
     }
 }
