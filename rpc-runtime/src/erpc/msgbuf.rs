@@ -94,6 +94,10 @@ pub enum MsgBufError {
 pub struct MsgBuffer {
     /// The mapping; clones are held only by transports with sends from it outstanding.
     buf: Arc<DmaBuf>,
+    /// `buf`'s start and length, copied out so that slicing does not go through the `Arc`
+    /// (valid while `buf` lives, i.e. as long as `self`).
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
     max_data_size: usize,
     data_per_pkt: usize,
     data_size: usize,
@@ -101,6 +105,14 @@ pub struct MsgBuffer {
     /// Offset of pkthdr_1 (start of the header tail).
     tail_offset: usize,
 }
+
+// SAFETY: `ptr` points into the mapping that `buf` (an `Arc<DmaBuf>`, which is Send and
+// Sync) keeps alive; through `MsgBuffer`'s API the bytes are read via `&self` and written via
+// `&mut self` only, as with a `Vec<u8>`, so moving or sharing a `MsgBuffer` between threads
+// is as sound as for the `DmaBuf` it wraps.
+unsafe impl Send for MsgBuffer {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for MsgBuffer {}
 
 /// Packets needed for `size` data bytes: at least one (a zero-byte message still sends a
 /// header).
@@ -139,8 +151,11 @@ impl MsgBuffer {
         } else {
             DmaBuf::with_normal_pages(total)?
         };
+        let (ptr, len) = (buf.as_non_null(), buf.len());
         Ok(MsgBuffer {
             buf: Arc::new(buf),
+            ptr,
+            len,
             max_data_size,
             data_per_pkt,
             data_size: max_data_size,
@@ -347,7 +362,7 @@ impl MsgBuffer {
     /// Start of the buffer (for SGE addresses: add the offsets above).
     #[inline]
     pub fn as_ptr(&self) -> *const u8 {
-        self.buf.as_ptr()
+        self.ptr.as_ptr()
     }
 
     /// Address of packet `i`'s header.
@@ -372,7 +387,7 @@ impl MsgBuffer {
     /// register.
     #[inline]
     pub fn buf_len(&self) -> usize {
-        self.buf.len()
+        self.len
     }
 
     /// The backing memory, e.g. to register it with the NIC.
@@ -397,17 +412,23 @@ impl MsgBuffer {
         Arc::strong_count(&self.buf) > 1
     }
 
+    #[inline]
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `self` owns the mapping; per the type docs no device writes it while a
-        // slice derived from `&self` is alive.
-        unsafe { self.buf.as_slice() }
+        // SAFETY: `ptr`/`len` describe the mapping `self.buf` keeps alive; per the type docs
+        // no device writes it while a slice derived from `&self` is alive (a transport sending
+        // in place only reads it).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    #[inline]
     fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `bytes`, and `&mut self` excludes other slices: the clones of the
-        // `Arc` that transports hold are never turned into slices (they only keep the mapping
-        // alive and give its address to the NIC, which only reads it).
-        unsafe { self.buf.as_mut_slice() }
+        // SAFETY: as in `bytes`; `&mut self` excludes other slices (the `Arc` clones that
+        // transports hold are never turned into slices: they keep the mapping alive and give
+        // its address to the NIC). The NIC may still read bytes of packets posted in place;
+        // the eRPC core writes only bytes no posted send reads (the data only while the
+        // buffer is not in flight, a header slot only for a packet not sent yet or with the
+        // bytes it already holds; module docs).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 

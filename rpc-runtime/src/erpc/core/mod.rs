@@ -976,7 +976,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         let before = self.pool.allocated;
         let spare = self.pool.reserve_small();
         self.stats.msgbufs_allocated += self.pool.allocated - before;
-        self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
         if spare.is_err() {
             self.stats.rx_pkts += 1;
             self.stats.drop_no_buffer += 1;
