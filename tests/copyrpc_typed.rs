@@ -862,3 +862,342 @@ fn one_mib_arguments_and_results_by_rendezvous() {
     assert_eq!((s.rendezvous_sent, s.rendezvous_read), (2, 2));
     assert_eq!(s.bad_descriptors + s.rendezvous_read_errors, 0);
 }
+
+/// Variable-length data beyond the inline limit of 4 KiB rings (980 B): replies and
+/// requests of this service go inline or by rendezvous depending on their size (issue 15).
+#[rpc::rpc_service(transport = "copyrpc", derive(Debug, PartialEq), max_var_bytes = 2048)]
+pub trait Var {
+    /// Returns `data`.
+    fn echo(&self, data: &[u8]) -> Vec<u8>;
+    /// `n` bytes of `7`.
+    fn fill(&self, n: u32) -> Vec<u8>;
+    /// Sum of the bytes of `data`.
+    fn total(&self, data: &[u8]) -> u64;
+}
+
+/// Variable-length data whose largest reply fits inline on 4 KiB rings: every reply is
+/// written straight into the send ring.
+#[rpc::rpc_service(transport = "copyrpc", derive(Debug, PartialEq), max_var_bytes = 900)]
+pub trait Short {
+    /// Returns `data`.
+    fn echo(&self, data: &[u8]) -> Vec<u8>;
+    /// `n` bytes of `7`.
+    fn fill(&self, n: u32) -> Vec<u8>;
+}
+
+/// Counts the calls its handlers ran.
+#[derive(Default)]
+struct VarState(std::cell::Cell<u64>);
+
+impl VarServer for VarState {
+    fn echo(&self, data: &[u8]) -> Vec<u8> {
+        self.0.set(self.0.get() + 1);
+        data.to_vec()
+    }
+    fn fill(&self, n: u32) -> Vec<u8> {
+        self.0.set(self.0.get() + 1);
+        vec![7; n as usize]
+    }
+    fn total(&self, data: &[u8]) -> u64 {
+        self.0.set(self.0.get() + 1);
+        data.iter().map(|&b| u64::from(b)).sum()
+    }
+}
+
+impl ShortServer for VarState {
+    fn echo(&self, data: &[u8]) -> Vec<u8> {
+        self.0.set(self.0.get() + 1);
+        data.to_vec()
+    }
+    fn fill(&self, n: u32) -> Vec<u8> {
+        self.0.set(self.0.get() + 1);
+        vec![7; n as usize]
+    }
+}
+
+fn rings_4k() -> EndpointConfig {
+    EndpointConfig {
+        ring_size: 4096,
+        ..EndpointConfig::default()
+    }
+}
+
+fn var_pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+/// A server of `S` on 4 KiB rings (`server_cfg`) and a client of it connected on this
+/// thread's fabric.
+fn server_4k<S: Service>(
+    fabric: &Fabric,
+    server_cfg: EndpointConfig,
+) -> (Server<S, CopyrpcServer>, CopyrpcAddr) {
+    let server =
+        CopyrpcServer::serve::<S>(&fabric.open(), ContextConfig::default(), server_cfg).unwrap();
+    let mut addr = CopyrpcAddr::new(fabric.open(), server.transport().listener());
+    addr.endpoint = rings_4k();
+    (server, addr)
+}
+
+/// Serves `server` with `Server::serve_once_raw` on this thread until `poll` yields
+/// something (at most 10 s) and returns it.
+fn serve_raw_until<S: Service, R>(
+    server: &mut Server<S, CopyrpcServer>,
+    state: &mut VarState,
+    mut dispatch: impl FnMut(&mut VarState, &[u8], &mut [u8]) -> Result<usize, rpc::wire::WireError>,
+    mut poll: impl FnMut() -> Option<R>,
+) -> R {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "no response within 10 s");
+        server.serve_once_raw(|msg, out| dispatch(state, msg, out));
+        if let Some(r) = poll() {
+            return r;
+        }
+    }
+}
+
+/// One pipelined call of `Var` served with `serve_once_raw` on this thread.
+fn var_call(
+    server: &mut Server<VarService, CopyrpcServer>,
+    state: &mut VarState,
+    c: &mut VarClient<Copyrpc>,
+    issue: impl FnOnce(&mut VarClient<Copyrpc>),
+) -> Result<VarResponse, RpcError> {
+    issue(c);
+    serve_raw_until(server, state, VarService::dispatch_raw, || {
+        c.poll().transpose()
+    })
+    .map(|(_, r)| r)
+}
+
+/// The copyrpc server's zero-copy `serve_next` through a typed server's `serve_once_raw`,
+/// for a service whose largest reply exceeds the inline limit (the client accepts
+/// rendezvous replies): echoes of 0 B, 1 B, the largest reply that fits inline, one byte
+/// more (by rendezvous, with a rendezvous request too) and the service's largest; a large
+/// reply to a small request and a small reply to a large request; and a result over
+/// `max_var_bytes`, answered `ResponseTooLarge` and counted. The ring positions show each
+/// request's space released.
+#[test]
+fn zero_copy_serve_with_replies_beyond_the_inline_limit() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (mut server, addr) = server_4k::<VarService>(&fabric, rings_4k());
+    let mut c = connect_polling(&mut server, &addr, VarClient::<Copyrpc>::connect).unwrap();
+    let mut state = VarState::default();
+    let ep = c.transport().endpoint();
+    let core = c.transport().context().endpoint(ep).unwrap();
+    // The largest reply that fits the allowance a call accepting rendezvous replies
+    // reserves: its payload plus header, padded, plus one flow metadata.
+    use rpc::copyrpc::encoding::{FLOW_METADATA_SIZE, HEADER_SIZE};
+    let inline_max = core.large_call_credit() as usize - FLOW_METADATA_SIZE as usize - HEADER_SIZE;
+    assert_eq!(inline_max, core.max_payload() as usize);
+    let overhead = VarService::DESCRIPTOR.max_response_bytes - 2048;
+    assert_eq!(overhead, VarService::DESCRIPTOR.max_request_bytes - 2048);
+    assert!(VarService::DESCRIPTOR.max_response_bytes > inline_max);
+    let d_max = inline_max - overhead;
+
+    let server_stats = |s: &Server<VarService, CopyrpcServer>| *s.transport().context().stats();
+    let mut answered = 0;
+    for (n, large) in [
+        (0, false),
+        (1, false),
+        (d_max, false),
+        (d_max + 1, true),
+        (2048, true),
+    ] {
+        let before = (server_stats(&server), *c.transport().context().stats());
+        let released = |s: &Server<VarService, CopyrpcServer>| {
+            s.transport().context().endpoint(0).unwrap().positions().2
+        };
+        let released_before = released(&server);
+        let d = var_pattern(n);
+        let got = var_call(&mut server, &mut state, &mut c, |c| {
+            c.issue(n as u64).echo(&d).unwrap();
+        })
+        .unwrap();
+        answered += 1;
+        assert_eq!(got, VarResponse::Echo(d), "echo of {n} B");
+        let (s, cs) = (server_stats(&server), *c.transport().context().stats());
+        let by_rdv = u64::from(large);
+        assert_eq!(
+            s.rendezvous_sent - before.0.rendezvous_sent,
+            by_rdv,
+            "{n} B reply"
+        );
+        assert_eq!(
+            cs.rendezvous_read - before.1.rendezvous_read,
+            by_rdv,
+            "{n} B reply"
+        );
+        // The request is exactly as large as the reply.
+        assert_eq!(
+            cs.rendezvous_sent - before.1.rendezvous_sent,
+            by_rdv,
+            "{n} B request"
+        );
+        assert_eq!(
+            s.rendezvous_read - before.0.rendezvous_read,
+            by_rdv,
+            "{n} B request"
+        );
+        // Answered, then its ring space released.
+        assert!(
+            released(&server) > released_before,
+            "{n} B: request released"
+        );
+    }
+    // A large reply to a small request, a small reply to a large request.
+    let before = server_stats(&server);
+    let n = (d_max + 1) as u32;
+    let got = var_call(&mut server, &mut state, &mut c, |c| {
+        c.issue(1).fill(n).unwrap();
+    });
+    assert_eq!(got.unwrap(), VarResponse::Fill(vec![7; n as usize]));
+    let data = var_pattern(2048);
+    let got = var_call(&mut server, &mut state, &mut c, |c| {
+        c.issue(2).total(&data).unwrap();
+    });
+    let want: u64 = data.iter().map(|&b| u64::from(b)).sum();
+    assert_eq!(got.unwrap(), VarResponse::Total(want));
+    answered += 2;
+    let s = server_stats(&server);
+    assert_eq!(s.rendezvous_sent - before.rendezvous_sent, 1);
+    assert_eq!(s.rendezvous_read - before.rendezvous_read, 1);
+    // A result over max_var_bytes: refused with ResponseTooLarge, counted, no panic.
+    match var_call(&mut server, &mut state, &mut c, |c| {
+        c.issue(3).fill(2049).unwrap();
+    }) {
+        Err(RpcError::BadRequest {
+            status: Some(Status::ResponseTooLarge),
+            ..
+        }) => {}
+        other => panic!("expected ResponseTooLarge, got {other:?}"),
+    }
+    // The server still serves.
+    let got = var_call(&mut server, &mut state, &mut c, |c| {
+        c.issue(4).echo(b"after").unwrap();
+    });
+    assert_eq!(got.unwrap(), VarResponse::Echo(b"after".to_vec()));
+    answered += 1;
+    let st = *server.stats();
+    // The refused result counts as oversized, not as a request; its handler ran.
+    assert_eq!(st.requests, answered, "{st:?}");
+    assert_eq!(st.oversized_responses, 1, "{st:?}");
+    assert_eq!((st.bad_requests, st.dropped_replies), (0, 0), "{st:?}");
+    assert_eq!(state.0.get(), answered + 1);
+    let s = server_stats(&server);
+    assert_eq!(s.replies, answered + 1);
+    assert_eq!(s.backlogged_replies, 0);
+}
+
+/// The copyrpc server's zero-copy `serve_next` for a service whose largest reply fits
+/// inline: echoes of 0 B, 1 B and the largest allowed are written straight into the send
+/// ring (a new buffer for each reply, no large-message buffer ever registered), one byte
+/// more is refused at the client, and a result over `max_var_bytes` is answered
+/// `ResponseTooLarge` and counted.
+#[test]
+fn zero_copy_serve_with_inline_replies() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (mut server, addr) = server_4k::<ShortService>(&fabric, rings_4k());
+    let mut c = connect_polling(&mut server, &addr, ShortClient::<Copyrpc>::connect).unwrap();
+    let mut state = VarState::default();
+    let ep = c.transport().endpoint();
+    let core = c.transport().context().endpoint(ep).unwrap();
+    assert!(ShortService::DESCRIPTOR.max_response_bytes <= core.max_payload() as usize);
+    // Where the handler was asked to write each reply.
+    let mut reply_bufs = Vec::new();
+    let mut call = |c: &mut ShortClient<Copyrpc>,
+                    server: &mut Server<ShortService, CopyrpcServer>,
+                    issue: &dyn Fn(&mut ShortClient<Copyrpc>)| {
+        issue(c);
+        serve_raw_until(
+            server,
+            &mut state,
+            |s, m, o| {
+                reply_bufs.push((o.as_ptr() as usize, o.len()));
+                ShortService::dispatch_raw(s, m, o)
+            },
+            || c.poll().transpose(),
+        )
+        .map(|(_, r)| r)
+    };
+    for n in [0, 1, 900] {
+        let d = var_pattern(n);
+        let got = call(&mut c, &mut server, &|c| c.issue(0).echo(&d).unwrap());
+        assert_eq!(
+            got.unwrap(),
+            ShortResponse::Echo(d.clone()),
+            "echo of {n} B"
+        );
+    }
+    match c.echo(&var_pattern(901)) {
+        Err(RpcError::MessageTooLarge { .. }) => {}
+        other => panic!("expected MessageTooLarge, got {other:?}"),
+    }
+    match call(&mut c, &mut server, &|c| c.issue(0).fill(901).unwrap()) {
+        Err(RpcError::BadRequest {
+            status: Some(Status::ResponseTooLarge),
+            ..
+        }) => {}
+        other => panic!("expected ResponseTooLarge, got {other:?}"),
+    }
+    let got = call(&mut c, &mut server, &|c| c.issue(0).fill(900).unwrap());
+    assert_eq!(got.unwrap(), ShortResponse::Fill(vec![7; 900]));
+    // Each reply buffer is the service's largest response, at the send ring's producer: a
+    // new place for each reply (a staging buffer would be the same every time).
+    assert_eq!(reply_bufs.len(), 5);
+    assert!(
+        reply_bufs
+            .iter()
+            .all(|&(_, len)| len == ShortService::DESCRIPTOR.max_response_bytes)
+    );
+    let mut at: Vec<usize> = reply_bufs.iter().map(|&(p, _)| p).collect();
+    at.sort_unstable();
+    at.dedup();
+    assert_eq!(at.len(), 5, "reply buffers {reply_bufs:x?}");
+    let st = *server.stats();
+    assert_eq!((st.requests, st.oversized_responses), (4, 1), "{st:?}");
+    assert_eq!((st.bad_requests, st.dropped_replies), (0, 0), "{st:?}");
+    let s = server.transport().context().stats();
+    assert_eq!(
+        s.large_buffers, 0,
+        "no reply was staged in a large-message buffer"
+    );
+    assert_eq!((s.rendezvous_sent, s.backlogged_replies), (0, 0));
+    assert_eq!(s.replies, 5);
+}
+
+/// A reply the copyrpc server cannot write (here: no large-message buffer for a reply
+/// beyond the inline allowance) is dropped and counted, and the handler still ran, as it
+/// does with `recv` + `reply`: the request is not lost.
+#[test]
+fn zero_copy_serve_runs_the_handler_when_the_reply_is_refused() {
+    let fabric = Fabric::new(SimConfig::default());
+    let cfg = EndpointConfig {
+        large_buffers: 0,
+        ..rings_4k()
+    };
+    let (mut server, addr) = server_4k::<VarService>(&fabric, cfg);
+    let mut c = connect_polling(&mut server, &addr, VarClient::<Copyrpc>::connect).unwrap();
+    let mut state = VarState::default();
+    c.issue(0).echo(b"lost reply").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.stats().dropped_replies == 0 {
+        assert!(Instant::now() < deadline, "the request never arrived");
+        server.serve_once_raw(|m, o| VarService::dispatch_raw(&mut state, m, o));
+        assert_eq!(c.poll().unwrap(), None, "no reply can be sent");
+    }
+    let st = *server.stats();
+    assert_eq!((st.requests, st.dropped_replies), (1, 1), "{st:?}");
+    assert_eq!(state.0.get(), 1, "the handler ran");
+    let s = server.transport().context().stats();
+    assert_eq!((s.large_buffers_busy, s.replies), (1, 0));
+    // Released although unanswered.
+    let (_, _, released, _) = server
+        .transport()
+        .context()
+        .endpoint(0)
+        .unwrap()
+        .positions();
+    assert!(released > 0);
+}

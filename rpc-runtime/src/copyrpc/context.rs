@@ -35,7 +35,8 @@ use super::encoding::{
     RENDEZVOUS_MIN, internal_allowance, padded_message_size,
 };
 use super::endpoint::{
-    ENTRY_LARGE_RESP, Emit, EndpointCore, EndpointState, RdvKind, RecvEntry, Refusal, cqe_delta,
+    ENTRY_LARGE_RESP, Emit, EndpointCore, EndpointState, RdvKind, RecvEntry, Refusal, Ring,
+    cqe_delta,
 };
 use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupError};
 use super::info::EndpointInfo;
@@ -832,50 +833,6 @@ impl<U> Context<U> {
         max_len: u32,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), ReplyError> {
-        let Some(c) = self.conns.get_mut(h.ep as usize) else {
-            return Err(ReplyError::Failed);
-        };
-        match c.answering.get(h.slot as usize) {
-            Some(&(id, seq)) if id == h.call_id && seq == h.seq => {
-                c.answering.remove(h.slot as usize);
-            }
-            _ => return Err(stale_reply(&mut self.stats)),
-        }
-        // The core's size check, made here: beyond the allowance, a rendezvous response if
-        // the caller accepts one (issue 15), else `TooLarge`.
-        if padded_message_size(max_len as u64) + FLOW_METADATA_SIZE > h.allowance {
-            return self.reply_beyond_allowance(h, max_len, encode);
-        }
-        let r = c.core.reply_fit(
-            h.call_id,
-            h.allowance,
-            max_len,
-            0,
-            None,
-            encode,
-            &mut self.stats,
-        );
-        Self::touch(&mut self.dirty, c, h.ep);
-        r
-    }
-
-    /// A reply larger than the request's inline allowance, to a caller that accepts a
-    /// rendezvous response (issue 15): encoded into a large-message buffer, then copied
-    /// inline if it turned out to fit, else sent as a descriptor.
-    #[cold]
-    #[inline(never)]
-    fn reply_beyond_allowance(
-        &mut self,
-        h: RecvHandle,
-        max_len: u32,
-        encode: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<(), ReplyError> {
-        if !h.accepts_large() || self.conns[h.ep as usize].core.large_limit() == 0 {
-            let c = &mut self.conns[h.ep as usize];
-            return c
-                .core
-                .reply(h.call_id, h.allowance, max_len, encode, &mut self.stats);
-        }
         let Context {
             conns,
             dirty,
@@ -884,46 +841,219 @@ impl<U> Context<U> {
             pd,
             ..
         } = self;
-        let c = &mut conns[h.ep as usize];
-        let r = Self::reply_large_on(c, device, pd, stats, h, max_len, encode);
+        let Some(c) = conns.get_mut(h.ep as usize) else {
+            return Err(ReplyError::Failed);
+        };
+        match c.answering.get(h.slot as usize) {
+            Some(&(id, seq)) if id == h.call_id && seq == h.seq => {
+                c.answering.remove(h.slot as usize);
+            }
+            _ => return Err(stale_reply(stats)),
+        }
+        let r = Self::reply_on(
+            &mut c.core,
+            &mut c.tx_pool,
+            device,
+            pd,
+            stats,
+            h,
+            max_len,
+            |_, b| encode(b),
+        );
         Self::touch(dirty, c, h.ep);
         r
     }
 
-    fn reply_large_on(
-        c: &mut Conn<U>,
+    /// [`Context::recv`] and [`Context::reply_with`] in one step, without a copy of the
+    /// request or of an inline reply: `handle(request, reply_buf)` reads the next request in
+    /// place (in the endpoint's receive ring, or in the landing buffer of a request read by
+    /// rendezvous) and writes its reply, returning its length (clamped to `max_len`), straight
+    /// into the send ring. `reply_buf` is `max_len` bytes. `None` when no request is
+    /// available.
+    ///
+    /// A reply larger than the request's inline allowance (a caller accepting a rendezvous
+    /// response, issue 15) is written into a large-message send buffer and, if it turns out
+    /// to fit inline, copied into the ring, as [`Context::reply_with`] does. If the send ring
+    /// has no room (only with a peer that broke the protocol), the reply goes to the backlog
+    /// and is sent later, as with `reply_with`. The request's ring space is released (the
+    /// credit return of seeds/004 §3.4, sent with the next batch) and its landing buffer
+    /// freed only after `handle` returned.
+    ///
+    /// If the reply cannot be written at all (the errors below), `handle` still runs, with
+    /// `spare` as its reply buffer, and the reply is dropped: the request is served exactly as
+    /// with `recv` followed by a failing `reply_with`.
+    ///
+    /// # Errors
+    /// As [`Context::reply_with`] (never [`ReplyError::Stale`]).
+    #[inline]
+    pub fn serve_next(
+        &mut self,
+        max_len: u32,
+        spare: &mut [u8],
+        handle: impl FnOnce(&[u8], &mut [u8]) -> usize,
+    ) -> Option<Result<(), ReplyError>> {
+        let e = loop {
+            let e = self.recv_queue.pop_front()?;
+            let c = &mut self.conns[e.ep as usize];
+            if c.core.state() == EndpointState::Connected {
+                break e;
+            }
+            // Skipped as `recv` skips it.
+            if e.end != 0 {
+                c.core.received(&e);
+            }
+            Self::touch(&mut self.dirty, c, e.ep);
+        };
+        let Context {
+            conns,
+            dirty,
+            stats,
+            device,
+            pd,
+            ..
+        } = self;
+        let c = &mut conns[e.ep as usize];
+        // Never stored in `answering`: this request is answered here, once.
+        let h = RecvHandle {
+            ep: e.ep,
+            call_id: e.call_id,
+            allowance: e.allowance & !ENTRY_LARGE_RESP,
+            slot: u32::MAX,
+            seq: (e.allowance >> 32) as u32 & HANDLE_LARGE,
+        };
+        // Disjoint borrows of the endpoint: the request is read from `rx_pool` (a request
+        // read by rendezvous) or from the core's receive ring (handed to `encode` by the
+        // core apart from its send side), while the reply path mutates `core` and `tx_pool`.
+        let Conn {
+            core,
+            tx_pool,
+            rx_pool,
+            ..
+        } = c;
+        // Taken by whichever of the reply buffer or `spare` gets the reply.
+        let mut handle = Some(handle);
+        let r = if e.end == 0 {
+            // SAFETY: the READ into landing buffer `e.off` completed before `e` was queued;
+            // the buffer is in no free list (it returns to one below, after `handle`), so no
+            // READ can be posted into it, and the reply path never touches `rx_pool`.
+            let req = unsafe { rx_pool.bytes(e.off, e.len as usize) };
+            Self::reply_on(core, tx_pool, device, pd, stats, h, max_len, |_, out| {
+                handle.take().map_or(0, |f| f(req, out))
+            })
+        } else {
+            Self::reply_on(core, tx_pool, device, pd, stats, h, max_len, |recv, out| {
+                // SAFETY: `e` came from this endpoint's ingest and is not released yet
+                // (`received` runs below, after `handle`), so no flush can have told the peer
+                // its bytes are free; our own writes go to the send ring, the large-message
+                // send buffers or the backlog, never the receive ring.
+                let req = unsafe { recv.request(&e) };
+                handle.take().map_or(0, |f| f(req, out))
+            })
+        };
+        if let Some(f) = handle {
+            // The reply was refused before `encode` ran: serve the request anyway.
+            // SAFETY: as above; nothing was released or freed yet.
+            let req = unsafe {
+                if e.end == 0 {
+                    rx_pool.bytes(e.off, e.len as usize)
+                } else {
+                    core.request_bytes(&e)
+                }
+            };
+            f(req, spare);
+        }
+        // The request is done with: release its ring space or free its landing buffer.
+        if e.end == 0 {
+            rx_pool.free.push(e.off);
+        } else {
+            core.received(&e);
+        }
+        Self::touch(dirty, c, e.ep);
+        Some(r)
+    }
+
+    /// The reply path of [`Context::reply_with`] and [`Context::serve_next`] on one
+    /// endpoint's core and large-message send buffers: `encode` gets the core's receive ring
+    /// (apart from its send side) and the reply buffer.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn reply_on(
+        core: &mut EndpointCore<U>,
+        tx_pool: &mut Pool,
         device: &mlx5::verbs::Context,
         pd: &Pd,
         stats: &mut Stats,
         h: RecvHandle,
         max_len: u32,
-        encode: impl FnOnce(&mut [u8]) -> usize,
+        encode: impl FnOnce(&Ring, &mut [u8]) -> usize,
     ) -> Result<(), ReplyError> {
-        if c.core.state() != EndpointState::Connected {
+        // The core's size check, made here: beyond the allowance, a rendezvous response if
+        // the caller accepts one (issue 15), else `TooLarge`.
+        if padded_message_size(max_len as u64) + FLOW_METADATA_SIZE > h.allowance {
+            return Self::reply_beyond_allowance(
+                core, tx_pool, device, pd, stats, h, max_len, encode,
+            );
+        }
+        core.reply_fit(h.call_id, h.allowance, max_len, 0, None, encode, stats)
+    }
+
+    /// A reply larger than the request's inline allowance, to a caller that accepts a
+    /// rendezvous response (issue 15): encoded into a large-message buffer, then copied
+    /// inline if it turned out to fit, else sent as a descriptor.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn reply_beyond_allowance(
+        core: &mut EndpointCore<U>,
+        tx_pool: &mut Pool,
+        device: &mlx5::verbs::Context,
+        pd: &Pd,
+        stats: &mut Stats,
+        h: RecvHandle,
+        max_len: u32,
+        encode: impl FnOnce(&Ring, &mut [u8]) -> usize,
+    ) -> Result<(), ReplyError> {
+        if !h.accepts_large() || core.large_limit() == 0 {
+            return core.reply_in(h.call_id, h.allowance, max_len, encode, stats);
+        }
+        Self::reply_large_on(core, tx_pool, device, pd, stats, h, max_len, encode)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reply_large_on(
+        core: &mut EndpointCore<U>,
+        tx_pool: &mut Pool,
+        device: &mlx5::verbs::Context,
+        pd: &Pd,
+        stats: &mut Stats,
+        h: RecvHandle,
+        max_len: u32,
+        encode: impl FnOnce(&Ring, &mut [u8]) -> usize,
+    ) -> Result<(), ReplyError> {
+        if core.state() != EndpointState::Connected {
             return Err(ReplyError::Failed);
         }
-        let large = c.core.large_limit();
+        let large = core.large_limit();
         if max_len > large {
             return Err(ReplyError::TooLarge {
                 len: max_len as usize,
                 allowance: large as usize,
             });
         }
-        let slot = match c.core.tx_free.pop() {
+        let slot = match core.tx_free.pop() {
             Some(s) => s,
-            None => match c.tx_pool.grow(device, pd, stats) {
+            None => match tx_pool.grow(device, pd, stats) {
                 Some(s) => s,
                 None => {
                     stats.large_buffers_busy += 1;
-                    c.core.abandon(h.allowance);
+                    core.abandon(h.allowance);
                     return Err(ReplyError::NoLargeBuffer);
                 }
             },
         };
         // SAFETY: a free send buffer: no descriptor of ours names it any more.
-        let buf = unsafe { c.tx_pool.bytes_mut(slot) };
-        let n = encode(&mut buf[..max_len as usize]).min(max_len as usize) as u32;
-        let core = &mut c.core;
+        let buf = unsafe { tx_pool.bytes_mut(slot) };
+        let n = encode(&core.recv, &mut buf[..max_len as usize]).min(max_len as usize) as u32;
         if padded_message_size(n as u64) + FLOW_METADATA_SIZE <= h.allowance {
             core.tx_free.push(slot);
             let src = &buf[..n as usize];
@@ -933,14 +1063,14 @@ impl<U> Context<U> {
                 n,
                 0,
                 None,
-                |b| {
+                |_, b| {
                     b[..src.len()].copy_from_slice(src);
                     src.len()
                 },
                 stats,
             );
         }
-        let b = &c.tx_pool.bufs[slot as usize];
+        let b = &tx_pool.bufs[slot as usize];
         let desc = Descriptor {
             addr: b.mr.addr,
             rkey: b.mr.rkey,
@@ -952,7 +1082,7 @@ impl<U> Context<U> {
             DESCRIPTOR_SIZE as u32,
             RENDEZVOUS_FLAG,
             Some(slot),
-            |b| {
+            |_, b| {
                 desc.write(b);
                 DESCRIPTOR_SIZE
             },

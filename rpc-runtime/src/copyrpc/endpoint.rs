@@ -198,6 +198,17 @@ impl Ring {
         unsafe { std::slice::from_raw_parts(self.buf.as_ptr().add(off as usize), len) }
     }
 
+    /// Payload of request `e`, which this ring (an endpoint's receive ring) holds.
+    ///
+    /// # Safety
+    /// `e` came from the owning endpoint's `EndpointCore::ingest` (so it lies inside the
+    /// ring) and was not released to the peer ([`EndpointCore::received`]) before the last
+    /// flush: the peer may not write those bytes again until a flush tells it they are free.
+    #[inline(always)]
+    pub(crate) unsafe fn request(&self, e: &RecvEntry) -> &[u8] {
+        unsafe { self.slice(e.off as u64, e.len as usize) }
+    }
+
     /// Mutable `len` bytes at ring offset `off`.
     ///
     /// # Safety
@@ -648,7 +659,7 @@ impl<U> EndpointCore<U> {
             (credit / ALIGNMENT) as u32 | piggy_flag,
             max_len,
             len_flag,
-            encode,
+            |_, b| encode(b),
         );
         stats.calls += 1;
         Ok(call_id)
@@ -748,6 +759,21 @@ impl<U> EndpointCore<U> {
         encode: impl FnOnce(&mut [u8]) -> usize,
         stats: &mut Stats,
     ) -> Result<(), ReplyError> {
+        self.reply_in(call_id, allowance, max_len, |_, b| encode(b), stats)
+    }
+
+    /// [`EndpointCore::reply`] whose `encode` also gets this endpoint's receive ring, so that
+    /// it can read a request there while it writes the reply (the context's
+    /// [`super::Context::serve_next`]): the ring is borrowed apart from the send side.
+    #[inline]
+    pub(crate) fn reply_in(
+        &mut self,
+        call_id: u32,
+        allowance: u64,
+        max_len: u32,
+        encode: impl FnOnce(&Ring, &mut [u8]) -> usize,
+        stats: &mut Stats,
+    ) -> Result<(), ReplyError> {
         if self.state != EndpointState::Connected {
             return Err(ReplyError::Failed);
         }
@@ -761,9 +787,11 @@ impl<U> EndpointCore<U> {
         self.reply_fit(call_id, allowance, max_len, 0, None, encode, stats)
     }
 
-    /// [`EndpointCore::reply`] without the size check (done by the caller): `len_flag` is
+    /// [`EndpointCore::reply_in`] without the size check (done by the caller): `len_flag` is
     /// OR-ed into the header's length, `slot` is the large-message buffer a rendezvous
-    /// descriptor names (kept until the peer reports it read).
+    /// descriptor names (kept until the peer reports it read). `encode` gets the receive
+    /// ring and the reply buffer (`max_len` bytes: in the send ring, or in the backlog when
+    /// the ring has no room).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(crate) fn reply_fit(
@@ -773,7 +801,7 @@ impl<U> EndpointCore<U> {
         max_len: u32,
         len_flag: u32,
         slot: Option<u32>,
-        encode: impl FnOnce(&mut [u8]) -> usize,
+        encode: impl FnOnce(&Ring, &mut [u8]) -> usize,
         stats: &mut Stats,
     ) -> Result<(), ReplyError> {
         if self.state != EndpointState::Connected {
@@ -813,11 +841,11 @@ impl<U> EndpointCore<U> {
         max_len: u32,
         len_flag: u32,
         slot: Option<u32>,
-        encode: impl FnOnce(&mut [u8]) -> usize,
+        encode: impl FnOnce(&Ring, &mut [u8]) -> usize,
         stats: &mut Stats,
     ) -> Result<(), ReplyError> {
         let mut v = vec![0u8; max_len as usize];
-        let n = encode(&mut v).min(max_len as usize);
+        let n = encode(&self.recv, &mut v).min(max_len as usize);
         v.truncate(n);
         self.backlog.push(Backlogged {
             call_id,
@@ -831,6 +859,9 @@ impl<U> EndpointCore<U> {
     }
 
     /// Writes header + payload at the producer (space already checked, no wrap needed).
+    /// `encode` writes the payload into the send ring (at most `max_len` bytes; a larger
+    /// returned length is clamped); it also gets the receive ring, borrowed apart from the
+    /// send side, for a reply that reads its request in place.
     #[inline(always)]
     fn write_message(
         &mut self,
@@ -838,7 +869,7 @@ impl<U> EndpointCore<U> {
         piggyback: u32,
         max_len: u32,
         len_flag: u32,
-        encode: impl FnOnce(&mut [u8]) -> usize,
+        encode: impl FnOnce(&Ring, &mut [u8]) -> usize,
     ) {
         if !self.has(F_BATCH_OPEN) {
             self.meta_pos = self.producer;
@@ -851,7 +882,7 @@ impl<U> EndpointCore<U> {
         // are beyond the producer, so neither in flight nor read by the device.
         let buf = unsafe { self.send.slice_mut(off, HEADER_SIZE + max_len as usize) };
         let (head, body) = buf.split_at_mut(HEADER_SIZE);
-        let len = encode(body).min(max_len as usize) as u32;
+        let len = encode(&self.recv, body).min(max_len as usize) as u32;
         MsgHeader {
             call_id,
             piggyback,
@@ -1070,7 +1101,7 @@ impl<U> EndpointCore<U> {
                 0,
                 data.len() as u32,
                 b.len_flag,
-                |buf| {
+                |_, buf| {
                     buf[..data.len()].copy_from_slice(data);
                     data.len()
                 },
@@ -1455,7 +1486,7 @@ impl<U> EndpointCore<U> {
     /// before the last flush.
     #[inline(always)]
     pub(crate) unsafe fn request_bytes(&self, e: &RecvEntry) -> &[u8] {
-        unsafe { self.recv.slice(e.off as u64, e.len as usize) }
+        unsafe { self.recv.request(e) }
     }
 
     /// Fails the endpoint: every pending call gets `Err(why)` through `on_response`.

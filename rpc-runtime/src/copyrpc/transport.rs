@@ -1171,6 +1171,30 @@ impl ServerTransport for CopyrpcServer {
     fn flush(&mut self) {
         self.ctx.poll(|_, _| {});
     }
+
+    /// Zero copy both ways ([`Context::serve_next`]): `handle` reads the request in place in
+    /// the endpoint's receive ring (or in the landing buffer of a request read by
+    /// rendezvous) and writes the reply straight into the send ring, with a reply buffer of
+    /// the service's `max_response_bytes`. The request's ring space is released (credit
+    /// returned with the next batch, seeds/004 §3.4) only after `handle` returned.
+    ///
+    /// For a service whose largest response exceeds the ring's inline limit, the caller
+    /// accepts a rendezvous response and `handle` writes into a large-message send buffer;
+    /// a reply that turns out to fit inline is then copied into the ring (one copy, as
+    /// [`ServerTransport::reply`] does), a larger one is sent by descriptor without a copy.
+    /// If the reply cannot be written (the errors of [`ServerTransport::reply`]), `handle`
+    /// still runs, with `scratch` as its reply buffer, and the reply is dropped, as with
+    /// `recv` followed by a failing `reply`.
+    #[inline]
+    fn serve_next(
+        &mut self,
+        scratch: &mut [u8],
+        handle: impl FnOnce(&[u8], &mut [u8]) -> usize,
+    ) -> Option<Result<(), RpcError>> {
+        self.ctx
+            .serve_next(self.max_resp, scratch, handle)
+            .map(|r| r.map_err(reply_error))
+    }
 }
 
 #[cold]
