@@ -224,7 +224,7 @@ impl SendQueue {
         // SAFETY: `slot + n <= wqe_cnt` (padding moved `pi` to slot 0 otherwise) and the `n`
         // WQEBBs are free (checked above), so the device does not read them.
         let b = unsafe { self.wqe_bytes(slot, ds) };
-        desc.write(b, pi as u16, qpn);
+        desc.write_ds(b, ds, pi as u16, qpn);
         self.commit(pi, n, ds);
         Ok(pi as u16)
     }

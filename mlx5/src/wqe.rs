@@ -101,14 +101,19 @@ impl Opcode {
     }
 }
 
+/// The first 16-byte segment of `b`.
+///
+/// # Panics
+/// If `b` is shorter than 16 bytes.
 #[inline(always)]
-fn put_be32(b: &mut [u8], off: usize, v: u32) {
-    b[off..off + 4].copy_from_slice(&v.to_be_bytes());
+fn seg_mut(b: &mut [u8]) -> &mut [u8; DS_BYTES] {
+    b.first_chunk_mut::<DS_BYTES>()
+        .expect("a WQE segment needs 16 bytes")
 }
 
 #[inline(always)]
-fn put_be64(b: &mut [u8], off: usize, v: u64) {
-    b[off..off + 8].copy_from_slice(&v.to_be_bytes());
+fn put_be32(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_be_bytes());
 }
 
 #[inline(always)]
@@ -148,20 +153,21 @@ impl CtrlSeg {
     /// qpn, fm_ce_se, ds, signature, htobe32(imm))`).
     #[inline(always)]
     pub fn write(&self, b: &mut [u8]) {
-        let b = &mut b[..CTRL_BYTES];
-        put_be32(
-            b,
-            0,
-            (u32::from(self.opmod) << 24)
-                | (u32::from(self.wqe_index) << 8)
-                | u32::from(self.opcode),
-        );
-        put_be32(b, 4, ((self.qpn & 0x00ff_ffff) << 8) | u32::from(self.ds));
-        b[8] = self.signature;
-        b[9] = 0;
-        b[10] = 0;
-        b[11] = self.fm_ce_se;
-        put_be32(b, 12, self.imm);
+        self.write_seg(seg_mut(b));
+    }
+
+    /// As [`write`](Self::write), into one 16-byte segment (no bounds checks).
+    #[inline(always)]
+    pub fn write_seg(&self, b: &mut [u8; DS_BYTES]) {
+        let w0 = (u32::from(self.opmod) << 24)
+            | (u32::from(self.wqe_index) << 8)
+            | u32::from(self.opcode);
+        let w1 = ((self.qpn & 0x00ff_ffff) << 8) | u32::from(self.ds);
+        let w2 = u32::from_be_bytes([self.signature, 0, 0, self.fm_ce_se]);
+        b[0..4].copy_from_slice(&w0.to_be_bytes());
+        b[4..8].copy_from_slice(&w1.to_be_bytes());
+        b[8..12].copy_from_slice(&w2.to_be_bytes());
+        b[12..16].copy_from_slice(&self.imm.to_be_bytes());
     }
 
     /// Parses a control segment.
@@ -195,9 +201,15 @@ impl RaddrSeg {
     /// Writes the segment.
     #[inline(always)]
     pub fn write(&self, b: &mut [u8]) {
-        put_be64(b, 0, self.raddr);
-        put_be32(b, 8, self.rkey);
-        put_be32(b, 12, 0);
+        self.write_seg(seg_mut(b));
+    }
+
+    /// As [`write`](Self::write), into one 16-byte segment (no bounds checks).
+    #[inline(always)]
+    pub fn write_seg(&self, b: &mut [u8; DS_BYTES]) {
+        b[0..8].copy_from_slice(&self.raddr.to_be_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_be_bytes());
+        b[12..16].fill(0);
     }
     /// Parses the segment.
     #[inline]
@@ -222,8 +234,14 @@ impl AtomicSeg {
     /// Writes the segment.
     #[inline(always)]
     pub fn write(&self, b: &mut [u8]) {
-        put_be64(b, 0, self.swap_add);
-        put_be64(b, 8, self.compare);
+        self.write_seg(seg_mut(b));
+    }
+
+    /// As [`write`](Self::write), into one 16-byte segment (no bounds checks).
+    #[inline(always)]
+    pub fn write_seg(&self, b: &mut [u8; DS_BYTES]) {
+        b[0..8].copy_from_slice(&self.swap_add.to_be_bytes());
+        b[8..16].copy_from_slice(&self.compare.to_be_bytes());
     }
     /// Parses the segment.
     #[inline]
@@ -258,9 +276,15 @@ impl DataSeg {
     /// Writes the segment.
     #[inline(always)]
     pub fn write(&self, b: &mut [u8]) {
-        put_be32(b, 0, self.0.len);
-        put_be32(b, 4, self.0.lkey);
-        put_be64(b, 8, self.0.addr);
+        self.write_seg(seg_mut(b));
+    }
+
+    /// As [`write`](Self::write), into one 16-byte segment (no bounds checks).
+    #[inline(always)]
+    pub fn write_seg(&self, b: &mut [u8; DS_BYTES]) {
+        b[0..4].copy_from_slice(&self.0.len.to_be_bytes());
+        b[4..8].copy_from_slice(&self.0.lkey.to_be_bytes());
+        b[8..16].copy_from_slice(&self.0.addr.to_be_bytes());
     }
     /// Parses the segment.
     #[inline]
@@ -404,6 +428,22 @@ impl WqeDesc<'_> {
     #[inline]
     pub fn write(&self, b: &mut [u8], wqe_index: u16, qpn: u32) -> u32 {
         let ds = self.ds();
+        self.write_ds(b, ds, wqe_index, qpn);
+        ds
+    }
+
+    /// As [`write`](Self::write) with `ds` already computed ([`ds`](Self::ds)). The WQE is
+    /// written segment by segment into the 16-byte units of `b`, so that each segment's
+    /// stores need no bounds check of their own.
+    ///
+    /// # Panics
+    /// If `b` is shorter than `ds * 16` bytes. `ds` must be `self.ds()` (checked in debug
+    /// builds; the one caller, [`SendQueue::post`](crate::sq::SendQueue::post), computes it
+    /// so).
+    #[inline(always)]
+    pub(crate) fn write_ds(&self, b: &mut [u8], ds: u32, wqe_index: u16, qpn: u32) {
+        let segs = &mut b.as_chunks_mut::<DS_BYTES>().0[..ds as usize];
+        let (ctrl, rest) = segs.split_first_mut().expect("a WQE has a control segment");
         CtrlSeg {
             opmod: 0,
             wqe_index,
@@ -414,30 +454,31 @@ impl WqeDesc<'_> {
             fm_ce_se: self.flags,
             imm: if self.opcode.has_imm() { self.imm } else { 0 },
         }
-        .write(b);
-        let mut off = CTRL_BYTES;
+        .write_seg(ctrl);
+        let mut k = 0;
         if let Some(ud) = &self.ud {
-            ud.write(&mut b[off..]);
-            off += DGRAM_BYTES;
+            let n = DGRAM_BYTES / DS_BYTES;
+            ud.write(rest[k..k + n].as_flattened_mut());
+            k += n;
         }
         if let Some(r) = &self.remote {
-            r.write(&mut b[off..]);
-            off += RADDR_BYTES;
+            r.write_seg(&mut rest[k]);
+            k += 1;
         }
         if let Some(a) = &self.atomic {
-            a.write(&mut b[off..]);
-            off += ATOMIC_BYTES;
+            a.write_seg(&mut rest[k]);
+            k += 1;
         }
         if !self.inline.is_empty() {
-            write_inline(&mut b[off..], self.inline);
-            off += inline_seg_bytes(self.inline.len());
+            let n = inline_seg_bytes(self.inline.len()) / DS_BYTES;
+            write_inline(rest[k..k + n].as_flattened_mut(), self.inline);
+            k += n;
         }
-        for s in self.sges {
-            DataSeg(*s).write(&mut b[off..]);
-            off += DATA_BYTES;
+        for (seg, s) in rest[k..].iter_mut().zip(self.sges) {
+            DataSeg(*s).write_seg(seg);
+            k += 1;
         }
-        debug_assert_eq!(off, ds as usize * DS_BYTES);
-        ds
+        debug_assert_eq!(k + 1, ds as usize);
     }
 }
 
