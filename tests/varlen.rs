@@ -339,6 +339,37 @@ fn erpc_zero_copy() {
     run_raw(server, || c);
 }
 
+/// eRPC over mlx5 UD on the device model: requests and replies above 60 B are gathered by
+/// the NIC straight from their message buffers (no copy on the sending side).
+#[test]
+fn erpc_ud_zero_copy() {
+    use rpc::erpc::core::Config;
+    use rpc::erpc::event_loop::Endpoint;
+    use rpc::erpc::transport::{DatagramTransport, UdConfig, UdTransport};
+    use rpc::erpc::typed::{UdConnectAddr, service_config};
+    let fabric = Fabric::new(SimConfig::deterministic());
+    let dev = fabric.open();
+    let t = UdTransport::new(&dev, UdConfig::for_port(&dev.port())).unwrap();
+    let svc = BlobService::DESCRIPTOR;
+    let ep = Endpoint::new(t, service_config(svc, &Config::default())).unwrap();
+    let t = ErpcServer::from_endpoint(ep, svc).unwrap();
+    let addr = t.local_addr();
+    let server = Server::<BlobService, _>::new(t);
+    let mut state = State(HashMap::new(), "blob".to_string());
+    let h = server.spawn_raw(move |msg, out| BlobService::dispatch_raw(&mut state, msg, out));
+    let mut client =
+        BlobClient::<Erpc<UdTransport>>::connect(&UdConnectAddr::new(fabric.open(), addr)).unwrap();
+    let bad = scenario(&mut client);
+    let sent = client.transport().endpoint().transport().stats();
+    assert!(sent.tx_in_place > 0, "{sent:?}");
+    drop(client);
+    let server = h.join().unwrap();
+    assert_eq!(server.stats().bad_requests, bad, "{:?}", server.stats());
+    assert_eq!(server.stats().oversized_responses, 1);
+    let served = server.transport().endpoint().transport().stats();
+    assert!(served.tx_in_place > 0, "{served:?}");
+}
+
 #[test]
 fn scalerpc_zero_copy() {
     let fabric = Fabric::new(SimConfig::default());
