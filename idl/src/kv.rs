@@ -58,3 +58,47 @@ pub fn owner_daemon_of(key: &[u8], daemons: usize) -> usize {
     }
     (h % daemons as u64) as usize
 }
+
+/// The rank and key of a [`KvVarServer`] request message (a `put` or a `get`), read in place
+/// without copying the key: what a daemon routes the request by (the request's `rank`,
+/// seeds/004 §8, and the owner of the key's shard, [`owner_daemon_of`]). The key is borrowed
+/// from `msg`, checked as [`KvVarService::dispatch_raw`] checks it (inside the message,
+/// UTF-8); a put's value is checked too.
+///
+/// # Errors
+/// The [`rpc::wire::WireError`] of a message that is not a `KvVar` request or does not
+/// decode (unknown method, bad length, a slice outside the message, bad UTF-8): answered
+/// with its status like any request that does not decode.
+#[inline]
+pub fn kv_var_target(msg: &[u8]) -> Result<(u32, &str), rpc::wire::WireError> {
+    let hdr = rpc::wire::read_request_header(msg)?;
+    match hdr.method_id {
+        KvVarService::PUT => {
+            KvVarService::__rpc_put_req_read(hdr, msg).map(|(rank, key, _)| (rank, key))
+        }
+        KvVarService::GET => KvVarService::__rpc_get_req_read(hdr, msg),
+        id => Err(rpc::wire::WireError::UnknownMethod(id)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_var_target_reads_rank_and_key_in_place() {
+        let mut buf = vec![0u64; 64];
+        let out = rpc::__private::zerocopy::IntoBytes::as_mut_bytes(&mut buf[..]);
+        let n = KvVarService::__rpc_put_req_write(out, 3, "k042", b"value");
+        assert_eq!(kv_var_target(&out[..n]), Ok((3, "k042")));
+        let n = KvVarService::__rpc_get_req_write(out, 1, "k7");
+        assert_eq!(kv_var_target(&out[..n]), Ok((1, "k7")));
+        // A key slice pointing outside the message, and an unknown method.
+        assert!(kv_var_target(&out[..n - 1]).is_err());
+        out[0] = 0x7f;
+        assert_eq!(
+            kv_var_target(&out[..n]),
+            Err(rpc::wire::WireError::UnknownMethod(0x7f))
+        );
+    }
+}
