@@ -1719,6 +1719,156 @@ mod tests {
         assert_eq!((s0.unroutable, s0.bad_requests), (1, 2), "{s0:?}");
     }
 
+    type RawRoute = fn(&[u8]) -> Result<Target, WireError>;
+    type RawDaemon = NodeDaemon<Svc, DelegationServer, RawRoute>;
+
+    fn raw_route(msg: &[u8]) -> Result<Target, WireError> {
+        Svc::decode_request(msg).map(|a| route(&a))
+    }
+
+    /// Keys the raw handler of [`raw_handler`] misbehaves on.
+    const CLAIMS_TOO_MUCH: u64 = 1000;
+    const TOO_LARGE: u64 = 1001;
+    const UNDECODABLE: u64 = 1002;
+
+    /// A raw handler serving `Svc` as [`run`]'s does, `key * 100 + who`, written straight into
+    /// the reply buffer; on the keys above it claims more bytes than the buffer holds,
+    /// reports a result too large (as a generated `dispatch_raw` does), or fails to decode.
+    fn raw_handler(
+        who: u64,
+        served: &mut Vec<u64>,
+    ) -> impl FnMut(&[u8], &mut [u8]) -> Result<usize, WireError> + '_ {
+        move |msg, out| {
+            let a = Svc::decode_request(msg)?;
+            let key = a.key;
+            match key {
+                CLAIMS_TOO_MUCH => Ok(out.len() + 1),
+                TOO_LARGE => Err(WireError::ResponseTooLarge {
+                    method_id: 0,
+                    len: 1 << 20,
+                    cap: out.len(),
+                }),
+                UNDECODABLE => Err(WireError::BadValue { method_id: 0 }),
+                _ => {
+                    served.push(key);
+                    Ok(wire::encode(0, 0, &(key * 100 + who), out))
+                }
+            }
+        }
+    }
+
+    /// `run_once_raw` on one rank of two daemons: daemon 0's local clients' calls are served
+    /// in place by the owner (daemon 1's over Flux); a reply that does not fit is answered
+    /// `ResponseTooLarge` and counted in `oversized_responses`, a request that does not
+    /// decode (to route it, or in the handler) is answered with its status and counted in
+    /// `bad_requests`; nothing panics.
+    #[test]
+    fn run_once_raw_serves_in_place_and_answers_errors_with_statuses() {
+        let rcfg = DelegationConfig {
+            max_clients: 4,
+            ring_depth: 64,
+            resp_depth: 64,
+            ..DelegationConfig::default()
+        };
+        let fluxes = flux::network(DAEMONS as usize, FluxConfig::default()).unwrap();
+        let mut locals = Vec::new();
+        let mut daemons = Vec::new();
+        for (d, f) in (0..DAEMONS).zip(fluxes) {
+            let local_name = name(&format!("raw{d}"));
+            let local = DelegationServer::create(&local_name, Svc::DESCRIPTOR, rcfg).unwrap();
+            locals.push(local_name);
+            let cfg = NodeConfig::new(Placement::Aggregated, (0, 1), (d, DAEMONS));
+            daemons.push(RawDaemon::new(cfg, local, f, raw_route as RawRoute).unwrap());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let handles: Vec<_> = daemons
+            .into_iter()
+            .map(|mut d| {
+                let stop = stop.clone();
+                thread::spawn(move || {
+                    let who = who(0, d.config().daemon);
+                    let mut served = Vec::new();
+                    let backoff = Backoff::new();
+                    while !stop.load(Ordering::Acquire) {
+                        if d.run_once_raw(raw_handler(who, &mut served)) == 0 {
+                            backoff.snooze();
+                        } else {
+                            backoff.reset();
+                        }
+                    }
+                    (*d.stats(), served)
+                })
+            })
+            .collect();
+        let args: Vec<Args> = (0..400u64).map(|key| Args { rank: 0, key }).collect();
+        let mut reqs: Vec<Vec<u8>> = args.iter().map(|a| encode(*a)).collect();
+        let mut garbage = encode(Args { rank: 0, key: 2 });
+        garbage[0] = 0x7f; // unknown method id
+        for key in [CLAIMS_TOO_MUCH, TOO_LARGE, UNDECODABLE] {
+            reqs.push(encode(Args { rank: 0, key }));
+        }
+        reqs.push(garbage);
+        reqs.push(vec![1, 2, 3]);
+        let mut c = RingClient::attach(&locals[0]).unwrap();
+        let r = ring_calls(&mut c, &reqs);
+        for (a, r) in args.iter().zip(&r) {
+            let key = a.key;
+            let owner = (key % u64::from(DAEMONS)) as u32;
+            assert_eq!(
+                Svc::decode_response(0, r),
+                Ok(key * 100 + who(0, owner)),
+                "key {key}"
+            );
+        }
+        let n = args.len();
+        let too_large = Status::ResponseTooLarge as u16;
+        assert_eq!(status_of(&r[n]), too_large, "a length above the buffer");
+        assert_eq!(status_of(&r[n + 1]), too_large, "served over Flux");
+        assert_eq!(status_of(&r[n + 2]), Status::BadArguments as u16);
+        assert_eq!(status_of(&r[n + 3]), Status::UnknownMethod as u16);
+        assert_ne!(status_of(&r[n + 4]), Status::Ok as u16);
+        drop(c);
+        stop.store(true, Ordering::Release);
+        let out: Vec<(NodeStats, Vec<u64>)> =
+            handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let (s0, s1) = (out[0].0, out[1].0);
+        // Each shard ran its own keys only, each once.
+        let mut served: Vec<u64> = out.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+        served.sort_unstable();
+        assert_eq!(served, (0..400).collect::<Vec<u64>>());
+        assert!(out[1].1.iter().all(|k| k % 2 == 1));
+        assert_eq!(
+            (s0.local_served, s0.flux_calls, s1.flux_served),
+            (200, 201, 200),
+            "{s0:?} {s1:?}"
+        );
+        assert_eq!((s0.oversized_responses, s0.bad_requests), (1, 3), "{s0:?}");
+        assert_eq!((s1.oversized_responses, s1.bad_requests), (1, 0), "{s1:?}");
+        assert_eq!((s0.dropped_replies, s1.dropped_replies), (0, 0));
+    }
+
+    /// [`WireMsg`] copies only the message: its bytes read back exactly, at any length up to
+    /// the capacity, 8-byte aligned; longer ones are refused.
+    #[test]
+    fn wire_msg_holds_exactly_its_bytes() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(4480).collect();
+        for len in [0, 1, 7, 8, 63, 64, 1000, 4480] {
+            let m = WireMsg::<4480>::new(&data[..len]).unwrap();
+            assert_eq!(m.as_bytes(), &data[..len]);
+            assert_eq!(m.as_bytes().as_ptr() as usize % 8, 0);
+            let copy = m;
+            assert_eq!(copy.as_bytes(), &data[..len]);
+            let e = WireMsg::<4480>::encoded(|b| {
+                b[..len].copy_from_slice(&data[..len]);
+                len
+            });
+            assert_eq!(e.as_bytes(), &data[..len]);
+        }
+        assert!(WireMsg::<64>::new(&data[..65]).is_none());
+        // `encoded` clamps a length above the capacity.
+        assert_eq!(WireMsg::<64>::encoded(|_| 1000).as_bytes(), &[0u8; 64][..]);
+    }
+
     /// A configuration that cannot work is refused at construction, with the reason.
     #[test]
     fn inconsistent_configuration_is_refused() {
