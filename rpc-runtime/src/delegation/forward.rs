@@ -1127,9 +1127,12 @@ pub(super) mod tests {
 
     /// The two delegates, daemon 1 of rank 1, and a direct client context connected to rank
     /// 1's delegate, all built and connected; nothing running yet.
-    struct Setup {
-        d0: Delegate<Svc, Route>,
-        d1: Delegate<Svc, Route>,
+    /// A router of request messages (for `run_once_raw`).
+    type RawRoute = Box<dyn FnMut(&[u8]) -> Result<Target, WireError> + Send>;
+
+    struct Setup<R = Route> {
+        d0: Delegate<Svc, R>,
+        d1: Delegate<Svc, R>,
         daemon1: RingServer,
         direct: Context<u32>,
         direct_ep: EndpointId,
@@ -1138,6 +1141,20 @@ pub(super) mod tests {
     }
 
     fn setup(ring_size: usize) -> Setup {
+        let route0: Route = Box::new(|a: &Args| Target {
+            rank: a.rank,
+            daemon: 0,
+        });
+        let route1: Route = Box::new(|a: &Args| Target {
+            rank: a.rank,
+            daemon: (a.key % 2) as u32,
+        });
+        setup_with(ring_size, route0, route1)
+    }
+
+    /// Rank 0's delegate (one daemon) routing with `route0`, rank 1's (two daemons, the
+    /// second served by the test at the byte level) with `route1`.
+    fn setup_with<R>(ring_size: usize, route0: R, route1: R) -> Setup<R> {
         let fabric = Fabric::new(SimConfig {
             progress_thread: Some(Duration::from_millis(1)),
             ..SimConfig::default()
@@ -1189,14 +1206,6 @@ pub(super) mod tests {
         direct.connect(ed, &ie1d).unwrap();
         c1.connect(e1d, &ied).unwrap();
 
-        let route0: Route = Box::new(|a: &Args| Target {
-            rank: a.rank,
-            daemon: 0,
-        });
-        let route1: Route = Box::new(|a: &Args| Target {
-            rank: a.rank,
-            daemon: (a.key % 2) as u32,
-        });
         let mut d0 = Delegate::new(s0, c0, 0, 2, 1, route0).unwrap();
         d0.set_peer(1, e01).unwrap();
         let mut d1 = Delegate::new(s1, c1, 1, 2, 2, route1).unwrap();
@@ -1365,6 +1374,110 @@ pub(super) mod tests {
                 "{s:?}"
             );
         }
+    }
+
+    /// Keys the raw handler of [`raw_delegate`] misbehaves on.
+    const CLAIMS_TOO_MUCH: u64 = 1000;
+    const UNDECODABLE: u64 = 1002;
+
+    /// Runs `d` with `run_once_raw` until `stop`: `key * 100 + who`, written into the reply
+    /// buffer; on the keys above it claims more bytes than the buffer holds, or fails to
+    /// decode.
+    fn raw_delegate(
+        mut d: Delegate<Svc, RawRoute>,
+        who: u64,
+        stop: Arc<AtomicBool>,
+    ) -> thread::JoinHandle<Delegate<Svc, RawRoute>> {
+        thread::spawn(move || {
+            let backoff = Backoff::new();
+            let mut handler = |msg: &[u8], out: &mut [u8]| {
+                let a = Svc::decode_request(msg)?;
+                match a.key {
+                    CLAIMS_TOO_MUCH => Ok(out.len() + 1),
+                    UNDECODABLE => Err(WireError::BadValue { method_id: 0 }),
+                    key => Ok(wire::encode(0, 0, &(key * 100 + who), out)),
+                }
+            };
+            while !stop.load(Ordering::Acquire) {
+                if d.run_once_raw(&mut handler) == 0 {
+                    backoff.snooze();
+                } else {
+                    backoff.reset();
+                }
+            }
+            d
+        })
+    }
+
+    /// `run_once_raw` on both delegates: ring entries of the own shard and requests received
+    /// over copyrpc are served in place, the others forwarded or handed off as by
+    /// `run_once`; a reply that does not fit is answered `ResponseTooLarge` and counted in
+    /// `oversized_responses`, a request that does not decode (to route it, or in the handler)
+    /// with its status in `bad_requests`.
+    #[test]
+    fn run_once_raw_serves_in_place_and_answers_errors_with_statuses() {
+        let route0: RawRoute = Box::new(|msg: &[u8]| {
+            Svc::decode_request(msg).map(|a| Target {
+                rank: a.rank,
+                daemon: 0,
+            })
+        });
+        let route1: RawRoute = Box::new(|msg: &[u8]| {
+            Svc::decode_request(msg).map(|a| Target {
+                rank: a.rank,
+                daemon: (a.key % 2) as u32,
+            })
+        });
+        let s = setup_with(1 << 16, route0, route1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let t0 = raw_delegate(s.d0, WHO_R0, stop.clone());
+        let t1 = raw_delegate(s.d1, WHO_R1D0, stop.clone());
+        let td = run_daemon1(s.daemon1, stop.clone());
+        let mut garbage = encode(Args { rank: 0, key: 6 });
+        garbage[0] = 0x7f; // unknown method id
+        let mut reqs: Vec<Vec<u8>> = (0..200u64)
+            .map(|key| {
+                encode(Args {
+                    rank: (key % 3 == 0) as u32,
+                    key,
+                })
+            })
+            .collect();
+        for (rank, key) in [(0, CLAIMS_TOO_MUCH), (1, CLAIMS_TOO_MUCH), (1, UNDECODABLE)] {
+            reqs.push(encode(Args { rank, key }));
+        }
+        reqs.push(garbage);
+        let mut c = RingClient::attach(&s.ring0).unwrap();
+        let r = ring_calls(&mut c, &reqs);
+        for (key, r) in (0..200u64).zip(&r) {
+            let a = Args {
+                rank: (key % 3 == 0) as u32,
+                key,
+            };
+            assert_eq!(Svc::decode_response(0, r), Ok(expected(a)), "key {key}");
+        }
+        let too_large = Status::ResponseTooLarge as u16;
+        assert_eq!(status_of(&r[200]), too_large, "ring path");
+        assert_eq!(
+            status_of(&r[201]),
+            too_large,
+            "copyrpc path, forwarded back"
+        );
+        assert_eq!(status_of(&r[202]), Status::BadArguments as u16);
+        assert_eq!(status_of(&r[203]), Status::UnknownMethod as u16);
+        drop(c);
+        stop.store(true, Ordering::Release);
+        let (d0, d1) = (t0.join().unwrap(), t1.join().unwrap());
+        td.join().unwrap();
+        let (s0, s1) = (*d0.stats(), *d1.stats());
+        let remote = (0..200u64).filter(|k| k % 3 == 0).count() as u64;
+        let remote_even = (0..200u64).filter(|k| k % 3 == 0 && k % 2 == 0).count() as u64;
+        assert_eq!(s0.ring_local, 200 - remote, "{s0:?}");
+        assert_eq!(s0.forwarded, remote + 2, "{s0:?}");
+        assert_eq!((s0.oversized_responses, s0.bad_requests), (1, 1), "{s0:?}");
+        assert_eq!(s1.remote_served, remote_even, "{s1:?}");
+        assert_eq!((s1.oversized_responses, s1.bad_requests), (1, 1), "{s1:?}");
+        assert_eq!(s0.dropped_replies + s1.dropped_replies, 0);
     }
 
     #[test]
