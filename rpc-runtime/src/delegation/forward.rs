@@ -18,7 +18,9 @@
 //! It is generic over the service `S`: the application supplies a routing function
 //! (decoded request → [`Target`] rank and daemon, e.g. `request.rank` and `key % daemons` for
 //! the KV store of seeds/004 §8) and, at each [`Delegate::run_once`], the handler of its own
-//! shard. Requests and responses are forwarded as the raw wire messages they are
+//! shard ([`Delegate::run_once_raw`]: a router of request messages and a handler that serves
+//! in place, such as the generated `dispatch_raw`; nothing is allocated per request).
+//! Requests and responses are forwarded as the raw wire messages they are
 //! ([`crate::wire`]): the bytes taken from the ring go verbatim into `copyrpc call`, the bytes
 //! of a copyrpc response verbatim into the client's response slot, and likewise between
 //! copyrpc and the other daemons' rings. Requests are decoded only to route them (a validated
@@ -41,8 +43,8 @@
 //!
 //! # Back-pressure (seeds/004 §5 "バックプレッシャ処理")
 //! - **copyrpc send ring full (Phase 2).** When `call` reports [`crate::copyrpc::CallError::RingFull`] or
-//!   [`crate::copyrpc::CallError::InsufficientCredit`], the entry is copied out of the ring's scratch buffer
-//!   (cold path) and the delegate makes nested progress — `ctx.poll` whose responses are
+//!   [`crate::copyrpc::CallError::InsufficientCredit`], the entry stays in the delegate's own buffer (taken over
+//!   from the ring, [`RingServer::recv_into`]) and the delegate makes nested progress — `ctx.poll` whose responses are
 //!   delivered to their clients at once (the seed's nested `ctx.poll(|token, data| …)`) —
 //!   then retries, until the call is written or fails for good. Unlike the seed, the nested
 //!   round also serves the requests received meanwhile (Phase 1's second half) and drains the

@@ -22,7 +22,7 @@
 //! sent over **copyrpc** if it is for another rank whose endpoint this daemon holds; and passed
 //! over **Flux** to the holder of that endpoint otherwise ([`Placement::holder`]).
 //!
-//! # One round ([`NodeDaemon::run_once`]), in the seed's phase order (§5, §6)
+//! # One round ([`NodeDaemon::run_once`], [`NodeDaemon::run_once_raw`]), in the seed's phase order (§5, §6)
 //! 1. **copyrpc** (a daemon with a context): `ctx.poll`; each response goes back to whoever
 //!    waits for it (a ring client's response slot, a local client, or the daemon that passed
 //!    the call over Flux); then each request received over copyrpc is served, or passed over
@@ -78,7 +78,17 @@
 //!
 //! Messages travel as the raw wire messages they are ([`crate::wire`]): the bytes of a
 //! client's call go verbatim into `copyrpc call` or a Flux [`WireMsg`], a response verbatim
-//! back. A request is decoded only to route it (a validated cast) and to serve it.
+//! back. A request is decoded only to route it and to serve it.
+//!
+//! # Serving the shard: owned or in place
+//! [`NodeDaemon::run_once`] decodes a request of the shard into a `S::Request` for its
+//! handler (variable-length arguments copied into `String`/`Vec`s) and encodes the
+//! `S::Response` it returns; the daemon's router reads the decoded request.
+//! [`NodeDaemon::run_once_raw`] allocates nothing per request: its router reads the target
+//! from the message and its handler (the generated `<Trait>Service::dispatch_raw`) decodes
+//! the request in place and writes the reply straight into the reply buffer. Either way the
+//! handler reads the daemon's **private** copy of the request, never memory a client or peer
+//! can write while it runs ([`crate::ServerTransport::recv_into`]).
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
