@@ -11,12 +11,15 @@
 //!   the key in the request ([`idl::kv::kv_var_target`]), and `poll_ref` (a get's value
 //!   checked in the receive buffer).
 //!
+//! `fixed-owned` and `fixed-raw` run the same over the fixed-size `Kv` service (`u64` keys and
+//! values; the router decodes the request by a validated cast either way).
+//!
 //! Every response is checked (every byte of a value got). Prints, per mode, the calls made,
 //! nanoseconds per call (the best of `--reps` timed rounds) and heap allocations per call
 //! (a counting global allocator, counting on this thread only).
 //!
 //! ```text
-//! cargo run --release --example kv_daemon_path -- [STEPS] [owned|raw|both] [REPS]
+//! cargo run --release --example kv_daemon_path -- [STEPS] [owned|raw|fixed-owned|fixed-raw|both|all] [REPS]
 //! ```
 //!
 //! `tests/kv_node_alloc.rs` includes this file: the `raw` mode must allocate nothing.
@@ -27,8 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use idl::kv::{
-    KvVarClient, KvVarRequest, KvVarResponse, KvVarResponseRef, KvVarServer, KvVarService,
-    kv_var_target, owner_daemon_of,
+    KvClient, KvRequest, KvResponse, KvServer, KvService, KvVarClient, KvVarRequest, KvVarResponse,
+    KvVarResponseRef, KvVarServer, KvVarService, kv_var_target, owner_daemon, owner_daemon_of,
 };
 use rpc::delegation::Target;
 use rpc::delegation::node::{NodeConfig, NodeDaemon, Placement};
@@ -329,41 +332,206 @@ impl Bench {
     }
 }
 
+/// A shard of the fixed-size service.
+#[derive(Default)]
+struct FixedShard {
+    map: std::collections::HashMap<u64, u64>,
+}
+
+impl KvServer for FixedShard {
+    fn put(&mut self, _rank: u32, key: u64, value: u64) {
+        self.map.insert(key, value);
+    }
+    fn get(&mut self, _rank: u32, key: u64) -> Option<u64> {
+        self.map.get(&key).copied()
+    }
+}
+
+type FixedRaw = NodeDaemon<KvService, IpcServer, RawRouter>;
+type FixedOwned = NodeDaemon<KvService, IpcServer, fn(&KvRequest) -> Target>;
+
+fn fixed_target(req: &KvRequest) -> Target {
+    let (rank, key) = match req {
+        KvRequest::Get(a) => (a.rank(), a.key()),
+        KvRequest::Put(a) => (a.rank(), a.key()),
+    };
+    Target {
+        rank,
+        daemon: owner_daemon(key, DAEMONS as usize) as u32,
+    }
+}
+
+fn fixed_raw_route(msg: &[u8]) -> Result<Target, WireError> {
+    KvService::decode_request(msg).map(|r| fixed_target(&r))
+}
+
+enum FixedDaemons {
+    Owned(Vec<FixedOwned>),
+    Raw(Vec<FixedRaw>),
+}
+
+/// [`Bench`] over the fixed-size `Kv` service: a put writes the key's id times the call
+/// number, a get must find a value the key's puts wrote.
+struct FixedBench {
+    daemons: FixedDaemons,
+    shards: Vec<FixedShard>,
+    client: KvClient<Ipc>,
+    tags: Vec<Option<(u64, bool)>>,
+    free: Vec<u64>,
+    next: u64,
+    calls: u64,
+    bad: u64,
+}
+
+impl FixedBench {
+    fn new(base: &str, raw: bool) -> FixedBench {
+        let cfg = IpcConfig {
+            max_clients: 2,
+            depth: 16,
+            ..IpcConfig::default()
+        };
+        let fluxes = flux::network(DAEMONS as usize, FluxConfig::default()).expect("flux");
+        let (mut owned, mut raws) = (Vec::new(), Vec::new());
+        for (d, f) in (0..DAEMONS).zip(fluxes) {
+            let local = IpcServer::create(&format!("{base}-{d}"), KvService::DESCRIPTOR, cfg)
+                .expect("ipc server");
+            let ncfg = NodeConfig::new(Placement::Aggregated, (0, 1), (d, DAEMONS));
+            if raw {
+                raws.push(
+                    FixedRaw::new(ncfg, local, f, fixed_raw_route as RawRouter).expect("daemon"),
+                );
+            } else {
+                let route: fn(&KvRequest) -> Target = fixed_target;
+                owned.push(FixedOwned::new(ncfg, local, f, route).expect("daemon"));
+            }
+        }
+        let client = KvClient::<Ipc>::connect(&format!("{base}-0")).expect("connect");
+        let depth = client.max_in_flight();
+        FixedBench {
+            daemons: if raw {
+                FixedDaemons::Raw(raws)
+            } else {
+                FixedDaemons::Owned(owned)
+            },
+            shards: vec![FixedShard::default(), FixedShard::default()],
+            client,
+            tags: vec![None; depth],
+            free: (0..depth as u64).collect(),
+            next: 0,
+            calls: 0,
+            bad: 0,
+        }
+    }
+
+    fn step(&mut self) {
+        while let Some(&tag) = self.free.last() {
+            let id = self.next % KEYS;
+            let get = (self.next / KEYS) % 2 == 1;
+            let r = if get {
+                self.client.issue(tag).get(0, id)
+            } else {
+                self.client.issue(tag).put(0, id, id * self.next)
+            };
+            match r {
+                Ok(()) => {}
+                Err(RpcError::WouldBlock) => break,
+                Err(e) => panic!("issue: {e}"),
+            }
+            self.free.pop();
+            self.tags[tag as usize] = Some((id, get));
+            self.next += 1;
+        }
+        for d in [0, 1, 0] {
+            let shard = &mut self.shards[d];
+            match &mut self.daemons {
+                FixedDaemons::Owned(v) => {
+                    v[d].run_once(|req| KvService::dispatch(shard, req));
+                }
+                FixedDaemons::Raw(v) => {
+                    v[d].run_once_raw(|msg, out| KvService::dispatch_raw(shard, msg, out));
+                }
+            }
+        }
+        let (tags, free, calls, bad) = (
+            &mut self.tags,
+            &mut self.free,
+            &mut self.calls,
+            &mut self.bad,
+        );
+        self.client
+            .poll_with(|tag, r| {
+                *calls += 1;
+                let ok = match (tags.get_mut(tag as usize).and_then(Option::take), r) {
+                    (Some((_, false)), Ok(KvResponse::Put(()))) => true,
+                    (Some((id, true)), Ok(KvResponse::Get(Some(v)))) => id == 0 || v % id == 0,
+                    _ => false,
+                };
+                *bad += u64::from(!ok);
+                free.push(tag);
+            })
+            .expect("poll");
+    }
+}
+
+/// Runs `step` `steps` times after a warm-up, `reps` times; prints the calls of a rep, the
+/// best nanoseconds per call and the allocations per call.
+fn measure(name: &str, steps: u64, reps: u32, mut step: impl FnMut(), calls: impl Fn() -> u64) {
+    for _ in 0..steps.min(3000) {
+        step();
+    }
+    let (mut best, mut n, mut allocs) = (f64::MAX, 0, 0);
+    for _ in 0..reps {
+        let c0 = calls();
+        let t = Instant::now();
+        allocs = allocations(|| {
+            for _ in 0..steps {
+                step();
+            }
+        });
+        let dt = t.elapsed().as_nanos() as f64;
+        n = calls() - c0;
+        best = best.min(dt / n.max(1) as f64);
+    }
+    println!(
+        "{name:<11} {n:>9}  {best:>10.0}              {:.2}",
+        allocs as f64 / n.max(1) as f64
+    );
+}
+
 #[allow(dead_code)]
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let steps: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(20_000);
-    let modes: &[Mode] = match args.get(1).map(String::as_str) {
-        Some("owned") => &[Mode::Owned],
-        Some("raw") => &[Mode::Raw],
-        _ => &[Mode::Owned, Mode::Raw],
-    };
+    let which = args.get(1).map(String::as_str).unwrap_or("both");
     let reps: u32 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(5);
-    println!("mode   calls/rep  ns/call(best of {reps})  allocs/call");
-    for &mode in modes {
-        let mut b = Bench::new(&format!("kvpath-{}-{mode:?}", std::process::id()), mode);
-        for _ in 0..steps.min(3000) {
-            b.step();
+    println!("mode        calls/rep  ns/call(best of {reps})  allocs/call");
+    let pid = std::process::id();
+    for (name, mode) in [("owned", Mode::Owned), ("raw", Mode::Raw)] {
+        if !matches!(which, "both" | "all") && which != name {
+            continue;
         }
-        let (mut best, mut calls, mut allocs) = (f64::MAX, 0, 0);
-        for _ in 0..reps {
-            let c0 = b.calls();
-            let t = Instant::now();
-            let n = allocations(|| {
-                for _ in 0..steps {
-                    b.step();
-                }
-            });
-            let dt = t.elapsed().as_nanos() as f64;
-            calls = b.calls() - c0;
-            best = best.min(dt / calls.max(1) as f64);
-            allocs = n;
-        }
-        assert_eq!(b.bad, 0, "{mode:?}: bad responses");
-        println!(
-            "{:<6} {calls:>9}  {best:>10.0}              {:.2}",
-            format!("{mode:?}").to_lowercase(),
-            allocs as f64 / calls.max(1) as f64
+        let b = std::cell::RefCell::new(Bench::new(&format!("kvpath-{pid}-{name}"), mode));
+        measure(
+            name,
+            steps,
+            reps,
+            || b.borrow_mut().step(),
+            || b.borrow().calls(),
         );
+        assert_eq!(b.borrow().bad, 0, "{name}: bad responses");
+    }
+    for (name, raw) in [("fixed-owned", false), ("fixed-raw", true)] {
+        if which != "all" && which != name {
+            continue;
+        }
+        let b = std::cell::RefCell::new(FixedBench::new(&format!("kvpath-{pid}-{name}"), raw));
+        measure(
+            name,
+            steps,
+            reps,
+            || b.borrow_mut().step(),
+            || b.borrow().calls,
+        );
+        assert_eq!(b.borrow().bad, 0, "{name}: bad responses");
     }
 }
