@@ -521,9 +521,18 @@ pub(crate) fn combine<B: Bootstrap>(
     let hist_remote = merge_hist(b, &hist_remote)?;
     let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
     let forward_errors = forward.map_or(0, |f| {
-        f.unroutable + f.failed_calls + f.corrupt_responses + f.dropped_replies
+        f.unroutable
+            + f.failed_calls
+            + f.corrupt_responses
+            + f.dropped_replies
+            + f.oversized_responses
     }) + node.map_or(0, |n| {
-        n.unroutable + n.failed_calls + n.corrupt_responses + n.dropped_replies + n.backlog_full
+        n.unroutable
+            + n.failed_calls
+            + n.corrupt_responses
+            + n.dropped_replies
+            + n.backlog_full
+            + n.oversized_responses
     });
     let check_ok = check.mismatches == 0 && check.checked > 0 && check.failures.is_empty();
     let mut notes = Vec::new();
@@ -1256,6 +1265,7 @@ mod tests {
                 "handed_off",
                 "handoff_replies",
                 "bad_requests",
+                "oversized_responses",
                 "unroutable",
                 "failed_calls",
                 "corrupt_responses",
