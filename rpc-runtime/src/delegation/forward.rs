@@ -448,6 +448,10 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
     /// docs). `handler` serves this daemon's shard from owned requests (a request's
     /// variable-length arguments are copied into `String`/`Vec`s; [`Delegate::run_once_raw`]
     /// serves in place). Returns the number of requests and responses handled (0: idle).
+    /// The response is encoded straight into the reply buffer; one longer than it is
+    /// answered [`Status::ResponseTooLarge`] ([`ForwardStats::oversized_responses`]). A
+    /// request whose reply cannot be delivered (the client is gone) is not run
+    /// ([`ForwardStats::dropped_replies`]).
     #[inline]
     pub fn run_once(&mut self, mut handler: impl FnMut(S::Request) -> S::Response) -> usize {
         self.round(|route| Owned::<S, R, _> {

@@ -748,6 +748,10 @@ impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: u
     ///
     /// A request of the shard is decoded into a `S::Request` (its variable-length arguments
     /// copied into `String`/`Vec`s); [`NodeDaemon::run_once_raw`] serves without that.
+    /// The response is encoded straight into the reply buffer; one longer than it is
+    /// answered [`Status::ResponseTooLarge`] ([`NodeStats::oversized_responses`]). A request
+    /// whose reply cannot be delivered (the client is gone) is not run
+    /// ([`NodeStats::dropped_replies`]).
     #[inline]
     pub fn run_once(&mut self, mut handler: impl FnMut(S::Request) -> S::Response) -> usize {
         self.tick();
