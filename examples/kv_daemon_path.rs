@@ -16,7 +16,7 @@
 //!
 //! Every response is checked (every byte of a value got). Prints, per mode, the calls made,
 //! nanoseconds per call (the best of `--reps` timed rounds) and heap allocations per call
-//! (a counting global allocator, counting on this thread only).
+//! (a counting global allocator, counting on this thread only, per thread).
 //!
 //! ```text
 //! cargo run --release --example kv_daemon_path -- [STEPS] [owned|raw|fixed-owned|fixed-raw|both|all] [REPS]
@@ -26,7 +26,6 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use idl::kv::{
@@ -42,15 +41,17 @@ use rpc::{RpcError, Service};
 
 struct Counting;
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
 thread_local! {
+    /// Whether allocations on this thread are counted.
     static COUNT_HERE: Cell<bool> = const { Cell::new(false) };
+    /// Allocations counted on this thread (per thread: tests counting at the same time on
+    /// other threads do not disturb each other).
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
 }
 
 fn note() {
     if COUNT_HERE.try_with(Cell::get).unwrap_or(false) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
     }
 }
 
@@ -82,11 +83,11 @@ static A: Counting = Counting;
 
 /// Heap allocations `f` makes on this thread.
 pub fn allocations(f: impl FnOnce()) -> u64 {
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = ALLOCS.with(Cell::get);
     COUNT_HERE.with(|c| c.set(true));
     f();
     COUNT_HERE.with(|c| c.set(false));
-    ALLOCS.load(Ordering::Relaxed) - before
+    ALLOCS.with(Cell::get) - before
 }
 
 /// Daemons of the rank.
@@ -94,7 +95,7 @@ pub const DAEMONS: u32 = 2;
 /// Keys, `k0000..`.
 pub const KEYS: u64 = 64;
 /// Flux message capacity: a `KvVar` message (as kvbench's `VAR_MSG_CAP`).
-const MSG_CAP: usize = 4480;
+pub const MSG_CAP: usize = 4480;
 
 /// A shard whose puts of a stored key reuse the value's buffer (as kvbench's).
 #[derive(Default)]
@@ -119,7 +120,7 @@ impl KvVarServer for Shard {
     }
 }
 
-type RawRouter = fn(&[u8]) -> Result<Target, WireError>;
+pub type RawRouter = fn(&[u8]) -> Result<Target, WireError>;
 type OwnedRouter = fn(&KvVarRequest) -> Target;
 type RawDaemon = NodeDaemon<KvVarService, IpcServer, RawRouter, MSG_CAP>;
 type OwnedDaemon = NodeDaemon<KvVarService, IpcServer, OwnedRouter, MSG_CAP>;
@@ -131,7 +132,7 @@ fn target(rank: u32, key: &str) -> Target {
     }
 }
 
-fn raw_route(msg: &[u8]) -> Result<Target, WireError> {
+pub fn raw_route(msg: &[u8]) -> Result<Target, WireError> {
     let (rank, key) = kv_var_target(msg)?;
     Ok(target(rank, key))
 }
@@ -144,7 +145,7 @@ fn owned_route(req: &KvVarRequest) -> Target {
 }
 
 /// Key `id`'s text, `k` and four digits, in `buf`.
-fn key(id: u64, buf: &mut [u8; 5]) -> &str {
+pub fn key(id: u64, buf: &mut [u8; 5]) -> &str {
     buf[0] = b'k';
     let mut n = id;
     for b in buf[1..].iter_mut().rev() {
@@ -156,7 +157,7 @@ fn key(id: u64, buf: &mut [u8; 5]) -> &str {
 
 /// Key `id`'s value at `version` in `buf`: a length fixed per key (so a put reuses the
 /// stored buffer), the key id and version in its first 16 bytes, then a pattern of both.
-fn value(id: u64, version: u64, buf: &mut [u8]) -> usize {
+pub fn value(id: u64, version: u64, buf: &mut [u8]) -> usize {
     let len = 16 + (id as usize * 61) % 4000;
     buf[..8].copy_from_slice(&id.to_le_bytes());
     buf[8..16].copy_from_slice(&version.to_le_bytes());
@@ -167,7 +168,7 @@ fn value(id: u64, version: u64, buf: &mut [u8]) -> usize {
 }
 
 /// Whether `v` is a value [`value`] writes for key `id` (at the version it names).
-fn intact(id: u64, v: &[u8]) -> bool {
+pub fn intact(id: u64, v: &[u8]) -> bool {
     let mut want = [0u8; 4096];
     v.len() >= 16 && {
         let version = u64::from_le_bytes(v[8..16].try_into().unwrap_or([0; 8]));
