@@ -18,8 +18,8 @@ use std::time::Instant;
 
 use idl::kv::{
     KvClient, KvRequest, KvResponse, KvServer, KvService, KvVarClient, KvVarRequest, KvVarResponse,
-    KvVarResponseRef, KvVarServer, KvVarService, MAX_KEY_BYTES, kv_var_target, owner_daemon,
-    owner_daemon_of,
+    KvVarResponseRef, KvVarServer, KvVarService, MAX_KEY_BYTES, kv_var_get_request,
+    kv_var_get_response, kv_var_put_request, kv_var_target, owner_daemon, owner_daemon_of,
 };
 use rpc::delegation::Target;
 use rpc::wire::WireError;
@@ -289,8 +289,14 @@ pub(crate) trait Api: Send + Sync + Sized + 'static {
         version: u64,
         ctx: &mut Ctx,
     ) -> Result<(), RpcError>;
-    /// `op` as a whole request value (the raw copyrpc path of `--backend direct`).
-    fn request(op: Op, version: u64, ctx: &mut Ctx) -> <Self::S as Service>::Request;
+    /// Writes the request of `op` (a put writes `version`) into `out` (the raw copyrpc path
+    /// of `--backend direct`, `out` of the service's `max_request_bytes`); returns its
+    /// length (0, an empty request the daemon answers with an error, if it does not fit:
+    /// the sizes are checked at startup, so it does not happen).
+    fn encode_op(op: Op, version: u64, ctx: &mut Ctx, out: &mut [u8]) -> usize;
+    /// What the response message `msg` to `op` says ([`Api::outcome`]), read in place
+    /// (the raw copyrpc path of `--backend direct`).
+    fn outcome_msg(msg: &[u8], op: &Op, ctx: &Ctx) -> Outcome;
     /// The method id of a get (`read`) or a put.
     fn method(read: bool) -> u16;
     /// A blocking put of `version` under key id `key` on rank `rank`.
@@ -407,12 +413,24 @@ impl Api for Fixed {
             c.issue(tag).put(op.rank, op.key, version)
         }
     }
-    fn request(op: Op, version: u64, _ctx: &mut Ctx) -> KvRequest {
-        if op.read {
+    #[inline]
+    fn encode_op(op: Op, version: u64, _ctx: &mut Ctx, out: &mut [u8]) -> usize {
+        let req = if op.read {
             KvRequest::get(op.rank, op.key)
         } else {
             KvRequest::put(op.rank, op.key, version)
+        };
+        if KvService::request_len(&req) > out.len() {
+            return 0;
         }
+        KvService::encode_request(&req, out)
+    }
+    #[inline]
+    fn outcome_msg(msg: &[u8], op: &Op, ctx: &Ctx) -> Outcome {
+        // `KvResponse` is `Copy`: decoding it allocates nothing.
+        KvService::decode_response(Self::method(op.read), msg)
+            .map_err(|_| ())
+            .and_then(|r| Self::outcome(&r, op, ctx))
     }
     #[inline]
     fn method(read: bool) -> u16 {
@@ -597,14 +615,33 @@ impl Api for Var {
             c.issue(tag).put(op.rank, key, value)
         }
     }
-    fn request(op: Op, version: u64, ctx: &mut Ctx) -> KvVarRequest {
+    #[inline]
+    fn encode_op(op: Op, version: u64, ctx: &mut Ctx, out: &mut [u8]) -> usize {
         let mut k = [0u8; MAX_KEY_BYTES];
         let key = key_str(op.key, &ctx.sizes, &mut k);
-        if op.read {
-            KvVarRequest::get(op.rank, key)
+        // Written in place, as the typed stubs write it (no `KvVarRequest`).
+        let r = if op.read {
+            kv_var_get_request(out, op.rank, key)
         } else {
             let value = ctx.value(op.key, version);
-            KvVarRequest::put(op.rank, key, value)
+            kv_var_put_request(out, op.rank, key, value)
+        };
+        r.unwrap_or(0)
+    }
+    #[inline]
+    fn outcome_msg(msg: &[u8], op: &Op, ctx: &Ctx) -> Outcome {
+        if op.read {
+            // The value is checked where it was received, as `poll_outcomes` does.
+            match kv_var_get_response(msg) {
+                Ok(Some(v)) => Ok(Some(verify_value(op.key, v, &ctx.sizes))),
+                Ok(None) => Ok(Some(Read::Miss)),
+                Err(_) => Err(()),
+            }
+        } else {
+            match KvVarService::decode_response(KvVarService::PUT, msg) {
+                Ok(KvVarResponse::Put(())) => Ok(None),
+                _ => Err(()),
+            }
         }
     }
     #[inline]

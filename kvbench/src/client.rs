@@ -579,15 +579,15 @@ pub(crate) fn issue<A: Api, T: ClientTransport + Send>(
             let Some(ep) = eps.get(op.rank as usize).copied().flatten() else {
                 return Err(format!("no endpoint to rank {}", op.rank));
             };
-            let req = A::request(op, value, ctx);
             let d = A::S::DESCRIPTOR;
             loop {
+                // Written into the send ring in place (no request value).
                 match copyrpc.call_with(
                     ep,
                     d.max_request_bytes as u32,
                     tag as u32,
                     d.max_response_bytes as u32,
-                    |buf| A::S::encode_request(&req, buf),
+                    |buf| A::encode_op(op, value, ctx, buf),
                 ) {
                     Ok(_) => return Ok(Sent::Raw),
                     Err(e) if e.is_retryable() => {
@@ -632,8 +632,8 @@ pub(crate) fn no_room(rank: u32, deadline: Duration) -> String {
     )
 }
 
-/// Decodes a direct (copyrpc) response for the call with tag `t` and says what it says of
-/// the call's operation.
+/// What a direct (copyrpc) response for the call with tag `t` says of the call's operation,
+/// read in place ([`Api::outcome_msg`]).
 #[inline]
 pub(crate) fn direct_done<A: Api>(
     inflight: &[(Instant, Op)],
@@ -642,11 +642,10 @@ pub(crate) fn direct_done<A: Api>(
     ctx: &Ctx,
 ) -> Done {
     let op = inflight[t as usize].1;
-    let resp = r
-        .ok()
-        .and_then(|b| A::S::decode_response(A::method(op.read), b).ok())
-        .ok_or(Failed::Error);
-    (t as u64, resp.map(|r| A::outcome(&r, &op, ctx)))
+    let o = r
+        .map_err(|_| Failed::Error)
+        .map(|b| A::outcome_msg(b, &op, ctx));
+    (t as u64, o)
 }
 
 /// The closed loop of one client thread (seeds/004 §7): requests for its rank go to the owner
