@@ -74,6 +74,7 @@ fn assert_multirank(v: &serde_json::Value, ranks: u64, backend: &str) {
                 "unroutable",
                 "failed_calls",
                 "corrupt_responses",
+                "oversized_responses",
                 "dropped_replies",
                 "backlog_full",
                 "wait_timeouts",
@@ -97,6 +98,7 @@ fn assert_multirank(v: &serde_json::Value, ranks: u64, backend: &str) {
                 "unroutable",
                 "failed_calls",
                 "corrupt_responses",
+                "oversized_responses",
                 "dropped_replies",
             ] {
                 assert_eq!(f(k), 0, "{k}: {v}");

@@ -14,14 +14,19 @@
 //! decimal, zero-padded to the key's length ([`render_key`]; the length is a function of the
 //! key id), and its owner daemon is a hash of those bytes ([`idl::kv::owner_daemon_of`]).
 
+use std::time::Instant;
+
 use idl::kv::{
     KvClient, KvRequest, KvResponse, KvServer, KvService, KvVarClient, KvVarRequest, KvVarResponse,
-    KvVarServer, KvVarService, MAX_KEY_BYTES, owner_daemon, owner_daemon_of,
+    KvVarResponseRef, KvVarServer, KvVarService, MAX_KEY_BYTES, kv_var_get_request,
+    kv_var_get_response, kv_var_put_request, kv_var_target, owner_daemon, owner_daemon_of,
 };
 use rpc::delegation::Target;
+use rpc::wire::WireError;
 use rpc::{ClientTransport, RpcError, Server, ServerTransport, Service};
 use rustc_hash::FxHashMap;
 
+use crate::client::{Failed, failed};
 use crate::config::{RunArgs, Topology};
 use crate::report::Summary;
 use crate::wiring::Job;
@@ -243,8 +248,20 @@ impl Ctx {
     }
 }
 
-/// The request router of a service: where a decoded request is served (seeds/004 §7, §8).
-pub(crate) type Router<S> = Box<dyn FnMut(&<S as Service>::Request) -> Target + Send>;
+/// What a response says of its operation: `Ok(None)` for a put, `Ok(Some(read))` for a get;
+/// `Err(())` if it is not a response to the operation's method.
+pub(crate) type Outcome = Result<Option<Read>, ()>;
+
+/// The operation in flight on `tag` (`None`: not a tag of this client).
+#[inline]
+fn op_of(inflight: &[(Instant, Op)], tag: u64) -> Option<&Op> {
+    inflight.get(usize::try_from(tag).ok()?).map(|(_, op)| op)
+}
+
+/// The request router of the routing daemons (Meta, Delegation, the delegate): where a
+/// request message is served (seeds/004 §7, §8), read in place; an error for a request that
+/// does not decode.
+pub(crate) type Router = Box<dyn FnMut(&[u8]) -> Result<Target, WireError> + Send>;
 
 /// A KV service the benchmark runs over (see the module docs): its typed client, its shard,
 /// and how an operation of the workload becomes a call.
@@ -272,8 +289,14 @@ pub(crate) trait Api: Send + Sync + Sized + 'static {
         version: u64,
         ctx: &mut Ctx,
     ) -> Result<(), RpcError>;
-    /// `op` as a whole request value (the raw copyrpc path of `--backend direct`).
-    fn request(op: Op, version: u64, ctx: &mut Ctx) -> <Self::S as Service>::Request;
+    /// Writes the request of `op` (a put writes `version`) into `out` (the raw copyrpc path
+    /// of `--backend direct`, `out` of the service's `max_request_bytes`); returns its
+    /// length (0, an empty request the daemon answers with an error, if it does not fit:
+    /// the sizes are checked at startup, so it does not happen).
+    fn encode_op(op: Op, version: u64, ctx: &mut Ctx, out: &mut [u8]) -> usize;
+    /// What the response message `msg` to `op` says ([`Api::outcome`]), read in place
+    /// (the raw copyrpc path of `--backend direct`).
+    fn outcome_msg(msg: &[u8], op: &Op, ctx: &Ctx) -> Outcome;
     /// The method id of a get (`read`) or a put.
     fn method(read: bool) -> u16;
     /// A blocking put of `version` under key id `key` on rank `rank`.
@@ -293,7 +316,18 @@ pub(crate) trait Api: Send + Sync + Sized + 'static {
     ) -> Result<Read, RpcError>;
     /// What the response `r` to `op` says: `Ok(None)` for a put, `Ok(Some(read))` for a get;
     /// `Err(())` if it is not a response to `op`'s method.
-    fn outcome(r: &<Self::S as Service>::Response, op: &Op, ctx: &Ctx) -> Result<Option<Read>, ()>;
+    fn outcome(r: &<Self::S as Service>::Response, op: &Op, ctx: &Ctx) -> Outcome;
+    /// Polls the typed connection `c` (never blocks): passes each completed call's tag and
+    /// what its response says of the operation in flight on that tag (`inflight[tag]`), as
+    /// [`Api::outcome`] says it, or how the call failed, to `f`. Returns how many calls
+    /// completed. `Var` reads each response where it was received ([`KvVarClient::poll_ref`]):
+    /// a get's value is checked in place, not copied into a `Vec`.
+    fn poll_outcomes<T: ClientTransport + Send>(
+        c: &mut Self::Conn<T>,
+        inflight: &[(Instant, Op)],
+        ctx: &Ctx,
+        f: impl FnMut(u64, Result<Outcome, Failed>),
+    ) -> Result<usize, RpcError>;
     /// Serves what `server` has received from `shard`; how many requests.
     fn serve<T: ServerTransport>(server: &mut Server<Self::S, T>, shard: &mut Self::Shard)
     -> usize;
@@ -302,8 +336,16 @@ pub(crate) trait Api: Send + Sync + Sized + 'static {
         shard: &mut Self::Shard,
         req: <Self::S as Service>::Request,
     ) -> <Self::S as Service>::Response;
-    /// The router of `daemons` daemons per rank.
-    fn route(daemons: usize) -> Router<Self::S>;
+    /// Executes the request message `msg` on `shard` in place and writes the response
+    /// message into `out`: the service's generated `dispatch_raw` (the routing daemons'
+    /// `run_once_raw`).
+    fn dispatch_raw(
+        shard: &mut Self::Shard,
+        msg: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, WireError>;
+    /// The router of `daemons` daemons per rank, reading a request message in place.
+    fn route(daemons: usize) -> Router;
     /// Keys in `shard`.
     fn keys(shard: &Self::Shard) -> usize;
     /// The service's schema fingerprint.
@@ -371,12 +413,24 @@ impl Api for Fixed {
             c.issue(tag).put(op.rank, op.key, version)
         }
     }
-    fn request(op: Op, version: u64, _ctx: &mut Ctx) -> KvRequest {
-        if op.read {
+    #[inline]
+    fn encode_op(op: Op, version: u64, _ctx: &mut Ctx, out: &mut [u8]) -> usize {
+        let req = if op.read {
             KvRequest::get(op.rank, op.key)
         } else {
             KvRequest::put(op.rank, op.key, version)
+        };
+        if KvService::request_len(&req) > out.len() {
+            return 0;
         }
+        KvService::encode_request(&req, out)
+    }
+    #[inline]
+    fn outcome_msg(msg: &[u8], op: &Op, ctx: &Ctx) -> Outcome {
+        // `KvResponse` is `Copy`: decoding it allocates nothing.
+        KvService::decode_response(Self::method(op.read), msg)
+            .map_err(|_| ())
+            .and_then(|r| Self::outcome(&r, op, ctx))
     }
     #[inline]
     fn method(read: bool) -> u16 {
@@ -406,7 +460,23 @@ impl Api for Fixed {
         })
     }
     #[inline]
-    fn outcome(r: &KvResponse, op: &Op, _ctx: &Ctx) -> Result<Option<Read>, ()> {
+    fn poll_outcomes<T: ClientTransport + Send>(
+        c: &mut KvClient<T>,
+        inflight: &[(Instant, Op)],
+        ctx: &Ctx,
+        mut f: impl FnMut(u64, Result<Outcome, Failed>),
+    ) -> Result<usize, RpcError> {
+        // `KvResponse` is `Copy`: nothing to borrow.
+        c.poll_with(|tag, r| {
+            let o = r.map_err(failed).map(|r| match op_of(inflight, tag) {
+                Some(op) => Self::outcome(&r, op, ctx),
+                None => Err(()),
+            });
+            f(tag, o)
+        })
+    }
+    #[inline]
+    fn outcome(r: &KvResponse, op: &Op, _ctx: &Ctx) -> Outcome {
         match r {
             KvResponse::Get(v) if op.read => Ok(Some(match *v {
                 Some(version) => Read::Hit {
@@ -430,16 +500,26 @@ impl Api for Fixed {
     fn dispatch(shard: &mut FixedShard, req: KvRequest) -> KvResponse {
         KvService::dispatch(shard, req)
     }
-    fn route(daemons: usize) -> Router<KvService> {
-        Box::new(move |req: &KvRequest| {
-            let (rank, key) = match req {
+    #[inline]
+    fn dispatch_raw(
+        shard: &mut FixedShard,
+        msg: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, WireError> {
+        KvService::dispatch_raw(shard, msg, out)
+    }
+    fn route(daemons: usize) -> Router {
+        // A fixed-size request decodes by a validated cast (no allocation, `KvRequest` is
+        // `Copy`).
+        Box::new(move |msg: &[u8]| {
+            let (rank, key) = match KvService::decode_request(msg)? {
                 KvRequest::Get(a) => (a.rank(), a.key()),
                 KvRequest::Put(a) => (a.rank(), a.key()),
             };
-            Target {
+            Ok(Target {
                 rank,
                 daemon: owner_daemon(key, daemons) as u32,
-            }
+            })
         })
     }
     fn keys(shard: &FixedShard) -> usize {
@@ -535,14 +615,33 @@ impl Api for Var {
             c.issue(tag).put(op.rank, key, value)
         }
     }
-    fn request(op: Op, version: u64, ctx: &mut Ctx) -> KvVarRequest {
+    #[inline]
+    fn encode_op(op: Op, version: u64, ctx: &mut Ctx, out: &mut [u8]) -> usize {
         let mut k = [0u8; MAX_KEY_BYTES];
         let key = key_str(op.key, &ctx.sizes, &mut k);
-        if op.read {
-            KvVarRequest::get(op.rank, key)
+        // Written in place, as the typed stubs write it (no `KvVarRequest`).
+        let r = if op.read {
+            kv_var_get_request(out, op.rank, key)
         } else {
             let value = ctx.value(op.key, version);
-            KvVarRequest::put(op.rank, key, value)
+            kv_var_put_request(out, op.rank, key, value)
+        };
+        r.unwrap_or(0)
+    }
+    #[inline]
+    fn outcome_msg(msg: &[u8], op: &Op, ctx: &Ctx) -> Outcome {
+        if op.read {
+            // The value is checked where it was received, as `poll_outcomes` does.
+            match kv_var_get_response(msg) {
+                Ok(Some(v)) => Ok(Some(verify_value(op.key, v, &ctx.sizes))),
+                Ok(None) => Ok(Some(Read::Miss)),
+                Err(_) => Err(()),
+            }
+        } else {
+            match KvVarService::decode_response(KvVarService::PUT, msg) {
+                Ok(KvVarResponse::Put(())) => Ok(None),
+                _ => Err(()),
+            }
         }
     }
     #[inline]
@@ -581,7 +680,28 @@ impl Api for Var {
         })
     }
     #[inline]
-    fn outcome(r: &KvVarResponse, op: &Op, ctx: &Ctx) -> Result<Option<Read>, ()> {
+    fn poll_outcomes<T: ClientTransport + Send>(
+        c: &mut KvVarClient<T>,
+        inflight: &[(Instant, Op)],
+        ctx: &Ctx,
+        mut f: impl FnMut(u64, Result<Outcome, Failed>),
+    ) -> Result<usize, RpcError> {
+        // The lending poll: a get's value is checked where it was received (the same check as
+        // `outcome`, every byte and the length), never copied.
+        c.poll_ref(|tag, r| {
+            let o = r.map_err(failed).map(|r| match (r, op_of(inflight, tag)) {
+                (KvVarResponseRef::Get(v), Some(op)) if op.read => Ok(Some(match v {
+                    Some(v) => verify_value(op.key, v, &ctx.sizes),
+                    None => Read::Miss,
+                })),
+                (KvVarResponseRef::Put(()), Some(op)) if !op.read => Ok(None),
+                _ => Err(()),
+            });
+            f(tag, o)
+        })
+    }
+    #[inline]
+    fn outcome(r: &KvVarResponse, op: &Op, ctx: &Ctx) -> Outcome {
         match r {
             KvVarResponse::Get(v) if op.read => Ok(Some(match v {
                 Some(v) => verify_value(op.key, v, &ctx.sizes),
@@ -604,16 +724,20 @@ impl Api for Var {
     fn dispatch(shard: &mut VarShard, req: KvVarRequest) -> KvVarResponse {
         KvVarService::dispatch(shard, req)
     }
-    fn route(daemons: usize) -> Router<KvVarService> {
-        Box::new(move |req: &KvVarRequest| {
-            let (rank, key) = match req {
-                KvVarRequest::Get(a) => (a.rank, a.key.as_str()),
-                KvVarRequest::Put(a) => (a.rank, a.key.as_str()),
-            };
-            Target {
+    #[inline]
+    fn dispatch_raw(shard: &mut VarShard, msg: &[u8], out: &mut [u8]) -> Result<usize, WireError> {
+        // The key and value are read in the request, the value got is written straight into
+        // the response.
+        KvVarService::dispatch_raw(shard, msg, out)
+    }
+    fn route(daemons: usize) -> Router {
+        // The key is read in the request (no `String`).
+        Box::new(move |msg: &[u8]| {
+            let (rank, key) = kv_var_target(msg)?;
+            Ok(Target {
                 rank,
                 daemon: owner_daemon_of(key.as_bytes(), daemons) as u32,
-            }
+            })
         })
     }
     fn keys(shard: &VarShard) -> usize {

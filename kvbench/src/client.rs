@@ -19,7 +19,7 @@ use rpc::mlx5::sim::Fabric;
 use rpc::scalerpc::{ScaleRpc, ScaleRpcAddr};
 use rpc::{ClientTransport, RpcError, Service};
 
-use crate::api::{Api, Ctx, Read, plausible};
+use crate::api::{Api, Ctx, Outcome, Read, plausible};
 use rustc_hash::FxHashMap;
 
 use crate::config::*;
@@ -519,8 +519,9 @@ pub(crate) fn client_thread<A: Api, D: Daemons<A>>(
     r
 }
 
-/// A completed call: its tag and response, or how it failed.
-pub(crate) type Done<A> = (u64, Result<<<A as Api>::S as Service>::Response, Failed>);
+/// A completed call: its tag and what its response says of its operation
+/// ([`crate::api::Outcome`]), or how it failed.
+pub(crate) type Done = (u64, Result<Outcome, Failed>);
 
 /// How a call failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -564,7 +565,7 @@ pub(crate) fn issue<A: Api, T: ClientTransport + Send>(
     rings: &mut [A::Conn<T>],
     remote: &mut Remote<A>,
     inflight: &[(Instant, Op)],
-    done: &mut Vec<Done<A>>,
+    done: &mut Vec<Done>,
     deadline: Duration,
     ctx: &mut Ctx,
 ) -> Result<Sent, String> {
@@ -578,19 +579,19 @@ pub(crate) fn issue<A: Api, T: ClientTransport + Send>(
             let Some(ep) = eps.get(op.rank as usize).copied().flatten() else {
                 return Err(format!("no endpoint to rank {}", op.rank));
             };
-            let req = A::request(op, value, ctx);
             let d = A::S::DESCRIPTOR;
             loop {
+                // Written into the send ring in place (no request value).
                 match copyrpc.call_with(
                     ep,
                     d.max_request_bytes as u32,
                     tag as u32,
                     d.max_response_bytes as u32,
-                    |buf| A::S::encode_request(&req, buf),
+                    |buf| A::encode_op(op, value, ctx, buf),
                 ) {
                     Ok(_) => return Ok(Sent::Raw),
                     Err(e) if e.is_retryable() => {
-                        copyrpc.poll(|t, r| done.push(direct_done::<A>(inflight, t, r)));
+                        copyrpc.poll(|t, r| done.push(direct_done::<A>(inflight, t, r, ctx)));
                         if done.is_empty() && inflight[tag as usize].0.elapsed() >= deadline {
                             return Err(no_room(op.rank, deadline));
                         }
@@ -631,19 +632,20 @@ pub(crate) fn no_room(rank: u32, deadline: Duration) -> String {
     )
 }
 
-/// Decodes a direct (copyrpc) response for the call with tag `t`.
+/// What a direct (copyrpc) response for the call with tag `t` says of the call's operation,
+/// read in place ([`Api::outcome_msg`]).
 #[inline]
 pub(crate) fn direct_done<A: Api>(
     inflight: &[(Instant, Op)],
     t: u32,
     r: Result<&[u8], rpc::copyrpc::EndpointFailure>,
-) -> Done<A> {
+    ctx: &Ctx,
+) -> Done {
     let op = inflight[t as usize].1;
-    let resp = r
-        .ok()
-        .and_then(|b| A::S::decode_response(A::method(op.read), b).ok())
-        .ok_or(Failed::Error);
-    (t as u64, resp)
+    let o = r
+        .map_err(|_| Failed::Error)
+        .map(|b| A::outcome_msg(b, &op, ctx));
+    (t as u64, o)
 }
 
 /// The closed loop of one client thread (seeds/004 §7): requests for its rank go to the owner
@@ -695,7 +697,7 @@ pub(crate) fn client_loop<A: Api, D: Daemons<A>>(
         );
         qd
     ];
-    let mut done: Vec<Done<A>> = Vec::with_capacity(qd);
+    let mut done: Vec<Done> = Vec::with_capacity(qd);
     // Keys and values of the variable-size service (the test hook `--corrupt-puts`: client
     // 0's values are damaged).
     let sizes = load.sizes()?.unwrap_or(crate::api::Sizes {
@@ -770,18 +772,17 @@ pub(crate) fn client_loop<A: Api, D: Daemons<A>>(
         } else if outstanding == 0 {
             break;
         }
+        // Each response is checked where it was received (`Api::poll_outcomes`).
         for ring in rings.iter_mut() {
-            A::core(ring)
-                .poll_with(|tag, r| done.push((tag, r.map_err(failed))))
+            A::poll_outcomes(ring, &inflight, &ctx, |tag, r| done.push((tag, r)))
                 .map_err(|e| e.to_string())?;
         }
         if let Remote::Ring(ring) = remote {
-            A::core(ring)
-                .poll_with(|tag, r| done.push((tag, r.map_err(failed))))
+            A::poll_outcomes(ring, &inflight, &ctx, |tag, r| done.push((tag, r)))
                 .map_err(|e| e.to_string())?;
         }
-        if let Remote::Direct { ctx, .. } = remote {
-            ctx.poll(|t, r| done.push(direct_done::<A>(&inflight, t, r)));
+        if let Remote::Direct { ctx: copyrpc, .. } = remote {
+            copyrpc.poll(|t, r| done.push(direct_done::<A>(&inflight, t, r, &ctx)));
         }
         if done.is_empty() {
             D::keepalive(rings);
@@ -847,7 +848,7 @@ pub(crate) fn client_loop<A: Api, D: Daemons<A>>(
                 }
             }
             rep.ops += 1;
-            match r.as_ref().map(|r| A::outcome(r, &op, &ctx)) {
+            match r {
                 Ok(Ok(Some(read))) => {
                     rep.gets += 1;
                     if let Read::Hit { version, intact } = read {

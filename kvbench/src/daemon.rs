@@ -11,6 +11,7 @@ use crossbeam_utils::Backoff;
 use rpc::delegation::{Delegate, DelegationConfig, DelegationServer, ForwardStats, Target};
 use rpc::erpc::ErpcServer;
 use rpc::scalerpc::ScaleRpcServer;
+use rpc::wire::WireError;
 use rpc::{RpcError, Server, ServerTransport, Service};
 
 use crate::api::Api;
@@ -158,14 +159,15 @@ pub(crate) fn daemon_loop_dropping<A: Api>(
 }
 
 /// The delegate's event loop: daemon 0 of a rank in a multi-rank run (seeds/004 §5).
-pub(crate) fn delegate_loop<A: Api, R: FnMut(&<A::S as Service>::Request) -> Target>(
+pub(crate) fn delegate_loop<A: Api, R: FnMut(&[u8]) -> Result<Target, WireError>>(
     mut dlg: Delegate<A::S, R>,
     stop: &AtomicBool,
 ) -> DaemonReport {
     let mut shard = A::Shard::default();
     let backoff = Backoff::new();
     while !stop.load(Ordering::Relaxed) {
-        if dlg.run_once(|req| A::dispatch(&mut shard, req)) == 0 {
+        // In place: no request or response value per call (`Delegate::run_once_raw`).
+        if dlg.run_once_raw(|msg, out| A::dispatch_raw(&mut shard, msg, out)) == 0 {
             backoff.snooze();
         } else {
             backoff.reset();

@@ -133,6 +133,7 @@ pub struct Forward {
     pub handed_off: u64,
     pub handoff_replies: u64,
     pub bad_requests: u64,
+    pub oversized_responses: u64,
     pub unroutable: u64,
     pub failed_calls: u64,
     pub corrupt_responses: u64,
@@ -153,6 +154,7 @@ impl From<ForwardStats> for Forward {
             handed_off,
             handoff_replies,
             bad_requests,
+            oversized_responses,
             unroutable,
             failed_calls,
             corrupt_responses,
@@ -169,6 +171,7 @@ impl From<ForwardStats> for Forward {
             handed_off,
             handoff_replies,
             bad_requests,
+            oversized_responses,
             unroutable,
             failed_calls,
             corrupt_responses,
@@ -188,6 +191,7 @@ counters!(Forward {
     handed_off,
     handoff_replies,
     bad_requests,
+    oversized_responses,
     unroutable,
     failed_calls,
     corrupt_responses,
@@ -214,6 +218,7 @@ pub struct Node {
     pub backlog_full: u64,
     pub wait_timeouts: u64,
     pub bad_requests: u64,
+    pub oversized_responses: u64,
     pub unroutable: u64,
     pub failed_calls: u64,
     pub corrupt_responses: u64,
@@ -235,6 +240,7 @@ impl From<rpc::delegation::node::NodeStats> for Node {
             backlog_full,
             wait_timeouts,
             bad_requests,
+            oversized_responses,
             unroutable,
             failed_calls,
             corrupt_responses,
@@ -253,6 +259,7 @@ impl From<rpc::delegation::node::NodeStats> for Node {
             backlog_full,
             wait_timeouts,
             bad_requests,
+            oversized_responses,
             unroutable,
             failed_calls,
             corrupt_responses,
@@ -274,6 +281,7 @@ counters!(Node {
     backlog_full,
     wait_timeouts,
     bad_requests,
+    oversized_responses,
     unroutable,
     failed_calls,
     corrupt_responses,
@@ -513,9 +521,18 @@ pub(crate) fn combine<B: Bootstrap>(
     let hist_remote = merge_hist(b, &hist_remote)?;
     let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
     let forward_errors = forward.map_or(0, |f| {
-        f.unroutable + f.failed_calls + f.corrupt_responses + f.dropped_replies
+        f.unroutable
+            + f.failed_calls
+            + f.corrupt_responses
+            + f.dropped_replies
+            + f.oversized_responses
     }) + node.map_or(0, |n| {
-        n.unroutable + n.failed_calls + n.corrupt_responses + n.dropped_replies + n.backlog_full
+        n.unroutable
+            + n.failed_calls
+            + n.corrupt_responses
+            + n.dropped_replies
+            + n.backlog_full
+            + n.oversized_responses
     });
     let check_ok = check.mismatches == 0 && check.checked > 0 && check.failures.is_empty();
     let mut notes = Vec::new();
@@ -1248,6 +1265,7 @@ mod tests {
                 "handed_off",
                 "handoff_replies",
                 "bad_requests",
+                "oversized_responses",
                 "unroutable",
                 "failed_calls",
                 "corrupt_responses",

@@ -47,7 +47,7 @@ pub(crate) type LocalServer = IpcServer;
 pub(crate) type LocalClient = Ipc;
 
 /// A daemon of service `A` whose Flux messages hold `N` bytes.
-type KvNode<A, const N: usize> = NodeDaemon<<A as Api>::S, LocalServer, Router<<A as Api>::S>, N>;
+type KvNode<A, const N: usize> = NodeDaemon<<A as Api>::S, LocalServer, Router, N>;
 
 /// Where the copyrpc endpoints live for `topo` (seeds/004 §1.4).
 pub(crate) fn placement(topo: Topology) -> Placement {
@@ -264,7 +264,8 @@ fn node_loop<A: Api, const N: usize>(mut node: KvNode<A, N>, stop: &AtomicBool) 
     let mut shard = A::Shard::default();
     let backoff = Backoff::new();
     while !stop.load(Ordering::Relaxed) {
-        if node.run_once(|req| A::dispatch(&mut shard, req)) == 0 {
+        // In place: no request or response value per call (`NodeDaemon::run_once_raw`).
+        if node.run_once_raw(|msg, out| A::dispatch_raw(&mut shard, msg, out)) == 0 {
             backoff.snooze();
         } else {
             backoff.reset();

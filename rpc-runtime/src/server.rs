@@ -36,6 +36,35 @@ pub trait ServerTransport {
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), RpcError>;
 
+    /// [`ServerTransport::recv`] into a buffer the caller owns: the next request's message is
+    /// left in `buf[..len]`, and `(token, len)` returned; `None` when no request is available.
+    /// With the request in the caller's memory, the caller can read it while it answers it
+    /// through [`ServerTransport::reply`] (which borrows the transport): the routing daemons
+    /// of [`crate::delegation::node`] serve a request of their shard this way, writing the
+    /// reply straight into the transport's reply buffer.
+    ///
+    /// `buf` is the caller's **private** memory (a client cannot change it while a handler
+    /// reads it) and starts on an 8-byte boundary ([`crate::varlen::MAX_SLICE_ALIGN`]).
+    /// The default implementation copies the message into `buf`, growing `buf` if it is
+    /// shorter than the message (an allocation: size `buf` for the service's
+    /// `max_request_bytes` up front). Transports that already copy each request into a
+    /// private buffer of their own (the delegation ring, ipc) override it and **swap** that
+    /// buffer with `buf` instead: no copy, no allocation once `buf` has the transport's
+    /// request capacity (it is replaced by a buffer of that capacity on first use). The
+    /// bytes `buf` held before are lost.
+    #[inline]
+    fn recv_into(
+        &mut self,
+        buf: &mut crate::varlen::AlignedBuf,
+    ) -> Option<(Self::ReplyToken, usize)> {
+        let (token, msg) = self.recv()?;
+        if buf.len() < msg.len() {
+            *buf = crate::varlen::AlignedBuf::new(msg.len());
+        }
+        buf[..msg.len()].copy_from_slice(msg);
+        Some((token, msg.len()))
+    }
+
     /// Sends replies written since the last [`ServerTransport::poll`], for transports that
     /// batch writes until their next poll (copyrpc); [`Server::serve_once`] calls it after
     /// answering a round so replies do not wait for the next round. Default: nothing (the

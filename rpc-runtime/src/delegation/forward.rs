@@ -18,7 +18,9 @@
 //! It is generic over the service `S`: the application supplies a routing function
 //! (decoded request → [`Target`] rank and daemon, e.g. `request.rank` and `key % daemons` for
 //! the KV store of seeds/004 §8) and, at each [`Delegate::run_once`], the handler of its own
-//! shard. Requests and responses are forwarded as the raw wire messages they are
+//! shard ([`Delegate::run_once_raw`]: a router of request messages and a handler that serves
+//! in place, such as the generated `dispatch_raw`; nothing is allocated per request).
+//! Requests and responses are forwarded as the raw wire messages they are
 //! ([`crate::wire`]): the bytes taken from the ring go verbatim into `copyrpc call`, the bytes
 //! of a copyrpc response verbatim into the client's response slot, and likewise between
 //! copyrpc and the other daemons' rings. Requests are decoded only to route them (a validated
@@ -41,8 +43,8 @@
 //!
 //! # Back-pressure (seeds/004 §5 "バックプレッシャ処理")
 //! - **copyrpc send ring full (Phase 2).** When `call` reports [`crate::copyrpc::CallError::RingFull`] or
-//!   [`crate::copyrpc::CallError::InsufficientCredit`], the entry is copied out of the ring's scratch buffer
-//!   (cold path) and the delegate makes nested progress — `ctx.poll` whose responses are
+//!   [`crate::copyrpc::CallError::InsufficientCredit`], the entry stays in the delegate's own buffer (taken over
+//!   from the ring, [`RingServer::recv_into`]) and the delegate makes nested progress — `ctx.poll` whose responses are
 //!   delivered to their clients at once (the seed's nested `ctx.poll(|token, data| …)`) —
 //!   then retries, until the call is written or fails for good. Unlike the seed, the nested
 //!   round also serves the requests received meanwhile (Phase 1's second half) and drains the
@@ -86,11 +88,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 
+use super::shard::{Owned, Raw, Shard, is_oversized, method_id_of, serve_into};
 use super::{CallError as RingCallError, DelegationServer, ReplyToken, RingClient, RingServer};
 use crate::copyrpc::{Context, EndpointFailure, EndpointId, RecvHandle, ReplyError};
 use crate::error::{MessageKind, RpcError};
 use crate::service::Service;
-use crate::wire::{self, Status};
+use crate::varlen::AlignedBuf;
+use crate::wire::{self, Status, WireError};
 
 /// Default bound on a delegate's back-pressure waits ([`Delegate::set_wait_timeout`]): 1 s,
 /// the default call deadline suggested for the typed clients.
@@ -163,8 +167,13 @@ pub struct ForwardStats {
     pub handed_off: u64,
     /// Those daemons' responses sent back with `copyrpc reply` (Phase 4).
     pub handoff_replies: u64,
-    /// Requests that did not decode, answered with the decode error's status.
+    /// Requests that did not decode (to route them, or in the handler), answered with the
+    /// decode error's status.
     pub bad_requests: u64,
+    /// Requests of this daemon's shard whose response did not fit the reply buffer (a
+    /// variable-length result over the service's `max_var_bytes`, or a handler that returned
+    /// more than the buffer holds), answered [`Status::ResponseTooLarge`].
+    pub oversized_responses: u64,
     /// Requests for a rank or daemon that does not exist or has no endpoint, (from a peer)
     /// for another rank, or (from the ring) for a daemon of this rank other than the
     /// delegate, answered with [`Status::Unreachable`].
@@ -233,8 +242,10 @@ pub struct Delegate<S: Service, R> {
     route: R,
     /// The ring's response payload capacity, bytes.
     resp_cap: usize,
-    /// Copy of one ring entry for the Phase 2 retry path (`max_request_bytes`).
-    scratch: Box<[u8]>,
+    /// The ring entry being handled, taken over from the ring ([`RingServer::recv_into`]).
+    ring_req: AlignedBuf,
+    /// Private copy of the copyrpc request being handled (`max_request_bytes`).
+    remote_req: AlignedBuf,
     /// Copy of one copyrpc request for the Phase 1 hand-off retry path (`max_request_bytes`).
     handoff_scratch: Box<[u8]>,
     stats: ForwardStats,
@@ -255,18 +266,12 @@ impl<S: Service, R> std::fmt::Debug for Delegate<S, R> {
     }
 }
 
-/// Best-effort method id of a (possibly malformed) message, echoed in error replies.
-#[inline]
-fn method_id_of(msg: &[u8]) -> u16 {
-    match msg {
-        [a, b, ..] => u16::from_ne_bytes([*a, *b]),
-        _ => u16::MAX,
-    }
-}
-
-impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
+impl<S: Service, R> Delegate<S, R> {
     /// A delegate for `rank` of `ranks` with `daemons` daemons per rank (itself daemon 0),
-    /// serving `ring` (created for `S`) and forwarding over `ctx`. Connect endpoints on
+    /// serving `ring` (created for `S`) and forwarding over `ctx`, routing with `route`:
+    /// either a function of the decoded request (`FnMut(&S::Request) -> Target`, for
+    /// [`Delegate::run_once`]) or of the request message
+    /// (`FnMut(&[u8]) -> Result<Target, WireError>`, for [`Delegate::run_once_raw`]). Connect endpoints on
     /// [`Delegate::context_mut`] and register them with [`Delegate::set_peer`]; attach the
     /// other daemons' rings with [`Delegate::attach_daemon`].
     ///
@@ -307,7 +312,8 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
             pending: (0..daemons).map(|_| Box::default()).collect(),
             route,
             resp_cap: info.resp_payload_cap as usize,
-            scratch: vec![0u8; S::DESCRIPTOR.max_request_bytes].into_boxed_slice(),
+            ring_req: AlignedBuf::new(S::DESCRIPTOR.max_request_bytes),
+            remote_req: AlignedBuf::new(S::DESCRIPTOR.max_request_bytes),
             handoff_scratch: vec![0u8; S::DESCRIPTOR.max_request_bytes].into_boxed_slice(),
             stats: ForwardStats::default(),
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
@@ -394,11 +400,9 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
         &self.ring
     }
 
-    /// One round of the event loop (seeds/004 §5): Phase 1, Phases 2+3, Phase 4 (module
-    /// docs). `handler` serves this daemon's shard. Returns the number of requests and
-    /// responses handled (0: idle).
+    /// One round with `shard` serving this daemon's shard.
     #[inline]
-    pub fn run_once(&mut self, mut handler: impl FnMut(S::Request) -> S::Response) -> usize {
+    fn round<'s, H: Shard<S>>(&'s mut self, make: impl FnOnce(&'s mut R) -> H) -> usize {
         let Delegate {
             rank,
             ring,
@@ -408,7 +412,8 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
             pending,
             route,
             resp_cap,
-            scratch,
+            ring_req,
+            remote_req,
             handoff_scratch,
             stats,
             wait_timeout,
@@ -422,17 +427,68 @@ impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
             daemons,
             pending,
             handoff_scratch,
+            remote_req,
             stats,
             wait_timeout: *wait_timeout,
         };
+        let mut shard = make(route);
         // Phase 1 (seeds/004 §5 Phase 1): copyrpc completions and incoming requests.
         let mut work = io.poll_copyrpc(ring);
-        work += io.serve_incoming::<S, R>(route, &mut handler);
+        work += io.serve_incoming::<S, H>(&mut shard);
         // Phases 2 and 3 (seeds/004 §5 Phase 2, Phase 3): the ring.
-        work += io.serve_ring::<S, R>(ring, peers, route, &mut handler, scratch);
+        work += io.serve_ring::<S, H>(ring, peers, &mut shard, ring_req);
         // Phase 4 (seeds/004 §5 Phase 4): the other daemons' responses.
         work += io.drain_daemons();
         work
+    }
+}
+
+impl<S: Service, R: FnMut(&S::Request) -> Target> Delegate<S, R> {
+    /// One round of the event loop (seeds/004 §5): Phase 1, Phases 2+3, Phase 4 (module
+    /// docs). `handler` serves this daemon's shard from owned requests (a request's
+    /// variable-length arguments are copied into `String`/`Vec`s; [`Delegate::run_once_raw`]
+    /// serves in place). Returns the number of requests and responses handled (0: idle).
+    /// The response is encoded straight into the reply buffer; one longer than it is
+    /// answered [`Status::ResponseTooLarge`] ([`ForwardStats::oversized_responses`]). A
+    /// request whose reply cannot be delivered (the client is gone) is not run
+    /// ([`ForwardStats::dropped_replies`]).
+    #[inline]
+    pub fn run_once(&mut self, mut handler: impl FnMut(S::Request) -> S::Response) -> usize {
+        self.round(|route| Owned::<S, R, _> {
+            route,
+            handler: &mut handler,
+            req: None,
+        })
+    }
+}
+
+impl<S: Service, R: FnMut(&[u8]) -> Result<Target, WireError>> Delegate<S, R> {
+    /// One round of the event loop (seeds/004 §5), serving this daemon's shard in place: the
+    /// delegate's router reads a request's target from its message (an error: the request
+    /// does not decode), and `handler(request, reply_buf)` (e.g.
+    /// `|msg, out| KvVarService::dispatch_raw(&mut shard, msg, out)`) decodes the request in
+    /// place, runs it and writes the response message into `reply_buf`, returning its
+    /// length. Returns the number of requests and responses handled (0: idle).
+    ///
+    /// Nothing is allocated: `request` is the delegate's private copy (a ring entry taken
+    /// over from the ring without a copy, [`RingServer::recv_into`]; a copyrpc request copied
+    /// out of the receive ring), so a client or peer cannot change it while the handler
+    /// reads it; `reply_buf` is the client's response slot or the copyrpc reply buffer.
+    ///
+    /// A handler error is answered with its status and counted: a request that does not
+    /// decode in [`ForwardStats::bad_requests`], a response that does not fit (including a
+    /// returned length above `reply_buf.len()`) as [`Status::ResponseTooLarge`] in
+    /// [`ForwardStats::oversized_responses`]. A request whose reply cannot be delivered (the
+    /// client is gone) is not run ([`ForwardStats::dropped_replies`]).
+    #[inline]
+    pub fn run_once_raw(
+        &mut self,
+        mut handler: impl FnMut(&[u8], &mut [u8]) -> Result<usize, WireError>,
+    ) -> usize {
+        self.round(|route| Raw {
+            route,
+            handler: &mut handler,
+        })
     }
 }
 
@@ -479,6 +535,8 @@ struct Io<'a> {
     daemons: &'a mut [Option<RingClient>],
     pending: &'a mut [Box<[Option<RecvHandle>]>],
     handoff_scratch: &'a mut [u8],
+    /// Private copy of the copyrpc request being handled.
+    remote_req: &'a mut AlignedBuf,
     stats: &'a mut ForwardStats,
     /// Bound on each back-pressure wait.
     wait_timeout: Duration,
@@ -498,75 +556,103 @@ impl Io<'_> {
         n
     }
 
-    /// Phase 1, second half (seeds/004 §4.3 steps 1-3): serves each request received over
-    /// copyrpc with `handler` if it is for this daemon, else hands it to the owning daemon.
+    /// Counts the outcome of serving one request of the shard: whether it was served
+    /// (`err` is `None`), else the error it was answered with.
     #[inline]
-    fn serve_incoming<S: Service, R: FnMut(&S::Request) -> Target>(
-        &mut self,
-        route: &mut R,
-        handler: &mut impl FnMut(S::Request) -> S::Response,
-    ) -> usize {
+    fn tally(&mut self, err: Option<WireError>) -> bool {
+        tally(self.stats, err)
+    }
+
+    /// Phase 1, second half (seeds/004 §4.3 steps 1-3): serves each request received over
+    /// copyrpc with `shard` if it is for this daemon, else hands it to the owning daemon.
+    /// Each request is copied into the delegate's private buffer first (a peer cannot change
+    /// it while the handler reads it; aligned; readable while the reply borrows the context).
+    #[inline]
+    fn serve_incoming<S: Service, H: Shard<S>>(&mut self, shard: &mut H) -> usize {
         let mut n = 0;
-        while let Some((h, msg)) = self.ctx.recv() {
+        loop {
+            let buf = &mut *self.remote_req;
+            let Some((h, len)) = self.ctx.recv().map(|(h, msg)| {
+                if buf.len() < msg.len() {
+                    // Cold: `buf` holds `max_request_bytes`, and the context refuses longer
+                    // requests.
+                    *buf = AlignedBuf::new(msg.len());
+                }
+                buf[..msg.len()].copy_from_slice(msg);
+                (h, msg.len())
+            }) else {
+                return n;
+            };
             n += 1;
-            let method_id = method_id_of(msg);
-            let req = match S::decode_request(msg) {
-                Ok(req) => req,
-                Err(e) => {
-                    self.stats.bad_requests += 1;
-                    self.reply_status(h, method_id, e.status());
-                    continue;
-                }
-            };
-            let t = route(&req);
-            if t.rank != self.rank {
-                self.stats.unroutable += 1;
-                self.reply_status(h, method_id, Status::Unreachable);
-                continue;
+            // Moved out while the request is handled (no allocation: the default is empty);
+            // nothing below touches `remote_req` (hand-offs copy into `handoff_scratch`).
+            let req = std::mem::take(self.remote_req);
+            let msg = &req[..len];
+            self.serve_remote::<S, H>(shard, h, msg);
+            *self.remote_req = req;
+        }
+    }
+
+    /// One request received over copyrpc (see [`Io::serve_incoming`]).
+    #[inline]
+    fn serve_remote<S: Service, H: Shard<S>>(&mut self, shard: &mut H, h: RecvHandle, msg: &[u8]) {
+        let method_id = method_id_of(msg);
+        let t = match shard.route(msg) {
+            Ok(t) => t,
+            Err(e) => {
+                self.stats.bad_requests += 1;
+                self.reply_status(h, method_id, e.status());
+                return;
             }
-            if t.daemon == 0 {
-                let resp = handler(req);
+        };
+        if t.rank != self.rank {
+            self.stats.unroutable += 1;
+            self.reply_status(h, method_id, Status::Unreachable);
+            return;
+        }
+        if t.daemon == 0 {
+            let max = S::DESCRIPTOR.max_response_bytes as u32;
+            let mut err = None;
+            let r = self
+                .ctx
+                .reply_with(h, max, |out| serve_into(shard, msg, out, &mut err));
+            if self.tally(err) {
                 self.stats.remote_served += 1;
-                let max = S::DESCRIPTOR.max_response_bytes as u32;
-                match self
-                    .ctx
-                    .reply_with(h, max, |buf| S::encode_response(&resp, buf))
-                {
-                    Ok(()) => {}
-                    Err(ReplyError::TooLarge { .. }) => {
-                        self.stats.corrupt_responses += 1;
-                        self.reply_status(h, method_id, Status::BadForwardedResponse);
-                    }
-                    Err(ReplyError::Failed | ReplyError::Stale | ReplyError::NoLargeBuffer) => {
-                        self.stats.dropped_replies += 1
-                    }
-                }
-                continue;
             }
-            let d = t.daemon as usize;
-            let Some(client) = self.daemons.get_mut(d).and_then(Option::as_mut) else {
-                self.stats.unroutable += 1;
+            match r {
+                Ok(()) => {}
+                Err(ReplyError::TooLarge { .. }) => {
+                    self.stats.corrupt_responses += 1;
+                    self.reply_status(h, method_id, Status::BadForwardedResponse);
+                }
+                Err(ReplyError::Failed | ReplyError::Stale | ReplyError::NoLargeBuffer) => {
+                    self.stats.dropped_replies += 1
+                }
+            }
+            return;
+        }
+        let d = t.daemon as usize;
+        let Some(client) = self.daemons.get_mut(d).and_then(Option::as_mut) else {
+            self.stats.unroutable += 1;
+            self.reply_status(h, method_id, Status::Unreachable);
+            return;
+        };
+        // seeds/004 §4.3 step 3: keep the handle under the slot the hand-off uses.
+        match client.try_call(msg) {
+            Ok(slot) => {
+                self.stats.handed_off += 1;
+                self.pending[d][slot as usize] = Some(h);
+            }
+            Err(RingCallError::WouldBlock) => {
+                let len = msg.len().min(self.handoff_scratch.len());
+                self.handoff_scratch[..len].copy_from_slice(&msg[..len]);
+                self.hand_off_when_free(d, h, method_id, len);
+            }
+            Err(_) => {
+                self.stats.failed_calls += 1;
                 self.reply_status(h, method_id, Status::Unreachable);
-                continue;
-            };
-            // seeds/004 §4.3 step 3: keep the handle under the slot the hand-off uses.
-            match client.try_call(msg) {
-                Ok(slot) => {
-                    self.stats.handed_off += 1;
-                    self.pending[d][slot as usize] = Some(h);
-                }
-                Err(RingCallError::WouldBlock) => {
-                    let len = msg.len().min(self.handoff_scratch.len());
-                    self.handoff_scratch[..len].copy_from_slice(&msg[..len]);
-                    self.hand_off_when_free(d, h, method_id, len);
-                }
-                Err(_) => {
-                    self.stats.failed_calls += 1;
-                    self.reply_status(h, method_id, Status::Unreachable);
-                }
             }
         }
-        n
     }
 
     /// Back-pressure of a hand-off (cold): drains daemon `d`'s responses (Phase 4 for it)
@@ -616,34 +702,33 @@ impl Io<'_> {
         }
     }
 
-    /// Phases 2 and 3 (seeds/004 §4.1 steps 2-3, §4.4): one pass over the ring.
+    /// Phases 2 and 3 (seeds/004 §4.1 steps 2-3, §4.4): one pass over the ring, each entry
+    /// taken over into `buf` without a copy ([`RingServer::recv_into`]).
     #[inline]
-    fn serve_ring<S: Service, R: FnMut(&S::Request) -> Target>(
+    fn serve_ring<S: Service, H: Shard<S>>(
         &mut self,
         ring: &mut RingServer,
         peers: &[Option<EndpointId>],
-        route: &mut R,
-        handler: &mut impl FnMut(S::Request) -> S::Response,
-        scratch: &mut [u8],
+        shard: &mut H,
+        buf: &mut AlignedBuf,
     ) -> usize {
         if ring.poll() == 0 {
             return 0;
         }
         let allowance = S::DESCRIPTOR.max_response_bytes as u32;
         let mut n = 0;
-        while let Some(entry) = ring.recv() {
+        while let Some((token, len)) = ring.recv_into(buf) {
             n += 1;
-            let (token, msg) = (entry.token, entry.payload);
+            let msg = &buf[..len];
             let method_id = method_id_of(msg);
-            let req = match S::decode_request(msg) {
-                Ok(req) => req,
+            let t = match shard.route(msg) {
+                Ok(t) => t,
                 Err(e) => {
                     self.stats.bad_requests += 1;
                     ring_status(ring, self.stats, token, method_id, e.status());
                     continue;
                 }
             };
-            let t = route(&req);
             if t.rank == self.rank {
                 if t.daemon != 0 {
                     // Another daemon's shard (or no such daemon): the ring's clients reach the
@@ -653,12 +738,12 @@ impl Io<'_> {
                     continue;
                 }
                 // Phase 3: this daemon's shard.
-                let resp = handler(req);
-                self.stats.ring_local += 1;
-                if ring
-                    .reply_with(token, |buf| S::encode_response(&resp, buf))
-                    .is_err()
-                {
+                let mut err = None;
+                let r = ring.reply_with(token, |out| serve_into(shard, msg, out, &mut err));
+                if self.tally(err) {
+                    self.stats.ring_local += 1;
+                }
+                if r.is_err() {
                     self.stats.dropped_replies += 1;
                 }
                 continue;
@@ -672,10 +757,10 @@ impl Io<'_> {
             let tok = DelegToken::new(token, method_id);
             match self.ctx.call(ep, msg, tok, allowance) {
                 Ok(_) => self.stats.forwarded += 1,
+                // `msg` is the delegate's own buffer: the nested progress of the retry does
+                // not touch it.
                 Err(e) if e.is_retryable() => {
-                    let len = msg.len().min(scratch.len());
-                    scratch[..len].copy_from_slice(&msg[..len]);
-                    self.call_when_ready::<S, R>(ring, ep, tok, &scratch[..len], route, handler);
+                    self.call_when_ready::<S, H>(ring, ep, tok, msg, shard)
                 }
                 Err(_) => {
                     self.stats.failed_calls += 1;
@@ -712,14 +797,13 @@ impl Io<'_> {
     /// retry, until the call is written or fails for good.
     #[cold]
     #[inline(never)]
-    fn call_when_ready<S: Service, R: FnMut(&S::Request) -> Target>(
+    fn call_when_ready<S: Service, H: Shard<S>>(
         &mut self,
         ring: &mut RingServer,
         ep: EndpointId,
         tok: DelegToken,
         msg: &[u8],
-        route: &mut R,
-        handler: &mut impl FnMut(S::Request) -> S::Response,
+        shard: &mut H,
     ) {
         let allowance = S::DESCRIPTOR.max_response_bytes as u32;
         let deadline = Instant::now() + self.wait_timeout;
@@ -727,7 +811,7 @@ impl Io<'_> {
         loop {
             self.stats.ring_full_retries += 1;
             let mut work = self.poll_copyrpc(ring);
-            work += self.serve_incoming::<S, R>(route, handler);
+            work += self.serve_incoming::<S, H>(shard);
             work += self.drain_daemons();
             match self.ctx.call(ep, msg, tok, allowance) {
                 Ok(_) => {
@@ -831,6 +915,23 @@ impl Io<'_> {
 
     fn reply_status(&mut self, h: RecvHandle, method_id: u16, status: Status) {
         reply_status(self.ctx, self.stats, h, method_id, status);
+    }
+}
+
+/// Counts the outcome of serving one request of the shard: whether it was served (`err` is
+/// `None`), else the error it was answered with.
+#[inline]
+fn tally(stats: &mut ForwardStats, err: Option<WireError>) -> bool {
+    match err {
+        None => true,
+        Some(e) => {
+            if is_oversized(&e) {
+                stats.oversized_responses += 1;
+            } else {
+                stats.bad_requests += 1;
+            }
+            false
+        }
     }
 }
 
@@ -1032,9 +1133,12 @@ pub(super) mod tests {
 
     /// The two delegates, daemon 1 of rank 1, and a direct client context connected to rank
     /// 1's delegate, all built and connected; nothing running yet.
-    struct Setup {
-        d0: Delegate<Svc, Route>,
-        d1: Delegate<Svc, Route>,
+    /// A router of request messages (for `run_once_raw`).
+    type RawRoute = Box<dyn FnMut(&[u8]) -> Result<Target, WireError> + Send>;
+
+    struct Setup<R = Route> {
+        d0: Delegate<Svc, R>,
+        d1: Delegate<Svc, R>,
         daemon1: RingServer,
         direct: Context<u32>,
         direct_ep: EndpointId,
@@ -1043,6 +1147,20 @@ pub(super) mod tests {
     }
 
     fn setup(ring_size: usize) -> Setup {
+        let route0: Route = Box::new(|a: &Args| Target {
+            rank: a.rank,
+            daemon: 0,
+        });
+        let route1: Route = Box::new(|a: &Args| Target {
+            rank: a.rank,
+            daemon: (a.key % 2) as u32,
+        });
+        setup_with(ring_size, route0, route1)
+    }
+
+    /// Rank 0's delegate (one daemon) routing with `route0`, rank 1's (two daemons, the
+    /// second served by the test at the byte level) with `route1`.
+    fn setup_with<R>(ring_size: usize, route0: R, route1: R) -> Setup<R> {
         let fabric = Fabric::new(SimConfig {
             progress_thread: Some(Duration::from_millis(1)),
             ..SimConfig::default()
@@ -1094,14 +1212,6 @@ pub(super) mod tests {
         direct.connect(ed, &ie1d).unwrap();
         c1.connect(e1d, &ied).unwrap();
 
-        let route0: Route = Box::new(|a: &Args| Target {
-            rank: a.rank,
-            daemon: 0,
-        });
-        let route1: Route = Box::new(|a: &Args| Target {
-            rank: a.rank,
-            daemon: (a.key % 2) as u32,
-        });
         let mut d0 = Delegate::new(s0, c0, 0, 2, 1, route0).unwrap();
         d0.set_peer(1, e01).unwrap();
         let mut d1 = Delegate::new(s1, c1, 1, 2, 2, route1).unwrap();
@@ -1270,6 +1380,110 @@ pub(super) mod tests {
                 "{s:?}"
             );
         }
+    }
+
+    /// Keys the raw handler of [`raw_delegate`] misbehaves on.
+    const CLAIMS_TOO_MUCH: u64 = 1000;
+    const UNDECODABLE: u64 = 1002;
+
+    /// Runs `d` with `run_once_raw` until `stop`: `key * 100 + who`, written into the reply
+    /// buffer; on the keys above it claims more bytes than the buffer holds, or fails to
+    /// decode.
+    fn raw_delegate(
+        mut d: Delegate<Svc, RawRoute>,
+        who: u64,
+        stop: Arc<AtomicBool>,
+    ) -> thread::JoinHandle<Delegate<Svc, RawRoute>> {
+        thread::spawn(move || {
+            let backoff = Backoff::new();
+            let mut handler = |msg: &[u8], out: &mut [u8]| {
+                let a = Svc::decode_request(msg)?;
+                match a.key {
+                    CLAIMS_TOO_MUCH => Ok(out.len() + 1),
+                    UNDECODABLE => Err(WireError::BadValue { method_id: 0 }),
+                    key => Ok(wire::encode(0, 0, &(key * 100 + who), out)),
+                }
+            };
+            while !stop.load(Ordering::Acquire) {
+                if d.run_once_raw(&mut handler) == 0 {
+                    backoff.snooze();
+                } else {
+                    backoff.reset();
+                }
+            }
+            d
+        })
+    }
+
+    /// `run_once_raw` on both delegates: ring entries of the own shard and requests received
+    /// over copyrpc are served in place, the others forwarded or handed off as by
+    /// `run_once`; a reply that does not fit is answered `ResponseTooLarge` and counted in
+    /// `oversized_responses`, a request that does not decode (to route it, or in the handler)
+    /// with its status in `bad_requests`.
+    #[test]
+    fn run_once_raw_serves_in_place_and_answers_errors_with_statuses() {
+        let route0: RawRoute = Box::new(|msg: &[u8]| {
+            Svc::decode_request(msg).map(|a| Target {
+                rank: a.rank,
+                daemon: 0,
+            })
+        });
+        let route1: RawRoute = Box::new(|msg: &[u8]| {
+            Svc::decode_request(msg).map(|a| Target {
+                rank: a.rank,
+                daemon: (a.key % 2) as u32,
+            })
+        });
+        let s = setup_with(1 << 16, route0, route1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let t0 = raw_delegate(s.d0, WHO_R0, stop.clone());
+        let t1 = raw_delegate(s.d1, WHO_R1D0, stop.clone());
+        let td = run_daemon1(s.daemon1, stop.clone());
+        let mut garbage = encode(Args { rank: 0, key: 6 });
+        garbage[0] = 0x7f; // unknown method id
+        let mut reqs: Vec<Vec<u8>> = (0..200u64)
+            .map(|key| {
+                encode(Args {
+                    rank: (key % 3 == 0) as u32,
+                    key,
+                })
+            })
+            .collect();
+        for (rank, key) in [(0, CLAIMS_TOO_MUCH), (1, CLAIMS_TOO_MUCH), (1, UNDECODABLE)] {
+            reqs.push(encode(Args { rank, key }));
+        }
+        reqs.push(garbage);
+        let mut c = RingClient::attach(&s.ring0).unwrap();
+        let r = ring_calls(&mut c, &reqs);
+        for (key, r) in (0..200u64).zip(&r) {
+            let a = Args {
+                rank: (key % 3 == 0) as u32,
+                key,
+            };
+            assert_eq!(Svc::decode_response(0, r), Ok(expected(a)), "key {key}");
+        }
+        let too_large = Status::ResponseTooLarge as u16;
+        assert_eq!(status_of(&r[200]), too_large, "ring path");
+        assert_eq!(
+            status_of(&r[201]),
+            too_large,
+            "copyrpc path, forwarded back"
+        );
+        assert_eq!(status_of(&r[202]), Status::BadArguments as u16);
+        assert_eq!(status_of(&r[203]), Status::UnknownMethod as u16);
+        drop(c);
+        stop.store(true, Ordering::Release);
+        let (d0, d1) = (t0.join().unwrap(), t1.join().unwrap());
+        td.join().unwrap();
+        let (s0, s1) = (*d0.stats(), *d1.stats());
+        let remote = (0..200u64).filter(|k| k % 3 == 0).count() as u64;
+        let remote_even = (0..200u64).filter(|k| k % 3 == 0 && k % 2 == 0).count() as u64;
+        assert_eq!(s0.ring_local, 200 - remote, "{s0:?}");
+        assert_eq!(s0.forwarded, remote + 2, "{s0:?}");
+        assert_eq!((s0.oversized_responses, s0.bad_requests), (1, 1), "{s0:?}");
+        assert_eq!(s1.remote_served, remote_even, "{s1:?}");
+        assert_eq!((s1.oversized_responses, s1.bad_requests), (1, 1), "{s1:?}");
+        assert_eq!(s0.dropped_replies + s1.dropped_replies, 0);
     }
 
     #[test]

@@ -200,3 +200,4 @@ pub use transport::*;
 pub mod forward;
 pub use forward::{DelegToken, Delegate, DelegateError, ForwardStats, Target};
 pub mod node;
+mod shard;

@@ -22,7 +22,7 @@
 //! sent over **copyrpc** if it is for another rank whose endpoint this daemon holds; and passed
 //! over **Flux** to the holder of that endpoint otherwise ([`Placement::holder`]).
 //!
-//! # One round ([`NodeDaemon::run_once`]), in the seed's phase order (§5, §6)
+//! # One round ([`NodeDaemon::run_once`], [`NodeDaemon::run_once_raw`]), in the seed's phase order (§5, §6)
 //! 1. **copyrpc** (a daemon with a context): `ctx.poll`; each response goes back to whoever
 //!    waits for it (a ring client's response slot, a local client, or the daemon that passed
 //!    the call over Flux); then each request received over copyrpc is served, or passed over
@@ -78,20 +78,33 @@
 //!
 //! Messages travel as the raw wire messages they are ([`crate::wire`]): the bytes of a
 //! client's call go verbatim into `copyrpc call` or a Flux [`WireMsg`], a response verbatim
-//! back. A request is decoded only to route it (a validated cast) and to serve it.
+//! back. A request is decoded only to route it and to serve it.
+//!
+//! # Serving the shard: owned or in place
+//! [`NodeDaemon::run_once`] decodes a request of the shard into a `S::Request` for its
+//! handler (variable-length arguments copied into `String`/`Vec`s) and encodes the
+//! `S::Response` it returns; the daemon's router reads the decoded request.
+//! [`NodeDaemon::run_once_raw`] allocates nothing per request: its router reads the target
+//! from the message and its handler (the generated `<Trait>Service::dispatch_raw`) decodes
+//! the request in place and writes the reply straight into the reply buffer. Either way the
+//! handler reads the daemon's **private** copy of the request, never memory a client or peer
+//! can write while it runs ([`crate::ServerTransport::recv_into`]).
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::time::{Duration, Instant};
 
 use super::forward::Target;
+use super::shard::{Owned, Raw, Shard, is_oversized, method_id_of, serve_into};
 use super::{DelegationServer, ReplyToken, RingServer};
 use crate::copyrpc::{Context, EndpointId, RecvHandle};
 use crate::error::RpcError;
 use crate::flux::{Flux, FluxError, FluxToken};
 use crate::server::ServerTransport;
 use crate::service::Service;
-use crate::wire::{self, Status};
+use crate::varlen::AlignedBuf;
+use crate::wire::{self, Status, WireError};
 
 /// Default capacity of a [`WireMsg`], bytes: room for any message of the seeds/004 KV service
 /// (a header and at most 56 bytes of arguments or result).
@@ -110,34 +123,56 @@ pub const DEFAULT_BACKLOG: usize = 4096;
 /// One wire message of at most `N` bytes, by value: what a Flux channel carries
 /// (seeds/004 §8 `DelegatePayload`, here with the message bytes instead of the typed enum, so
 /// error statuses travel too).
+///
+/// Only the message's own bytes are written: the rest of the `N`-byte array stays
+/// uninitialised (a `KvVar` message holds 4480 bytes, most of them unused by a get), so a
+/// hop costs a copy of the message, not a zero-fill of `N` bytes. Invariant: `bytes[..len]`
+/// are initialised and `len <= N`; nothing past `len` is ever read (copies of the whole value
+/// move the uninitialised bytes as `MaybeUninit`, which is sound). The bytes start on an
+/// 8-byte boundary ([`crate::varlen::MAX_SLICE_ALIGN`]), so a message decoded in place from
+/// a `WireMsg` needs no realignment.
 #[derive(Clone, Copy)]
+#[repr(C, align(8))]
 pub struct WireMsg<const N: usize = DEFAULT_MSG_CAP> {
+    bytes: [MaybeUninit<u8>; N],
     len: u16,
-    bytes: [u8; N],
 }
 
 impl<const N: usize> WireMsg<N> {
-    /// A copy of `msg`; `None` if it is longer than `N` bytes.
+    /// A copy of `msg`; `None` if it is longer than `N` (or 65535) bytes. Writes
+    /// `msg.len()` bytes only.
     #[inline]
     pub fn new(msg: &[u8]) -> Option<Self> {
+        if msg.len() > N {
+            return None;
+        }
+        let len = u16::try_from(msg.len()).ok()?;
         let mut m = WireMsg {
+            bytes: [const { MaybeUninit::uninit() }; N],
             len: 0,
-            bytes: [0; N],
         };
-        m.bytes.get_mut(..msg.len())?.copy_from_slice(msg);
-        m.len = u16::try_from(msg.len()).ok()?;
+        for (d, s) in m.bytes[..msg.len()].iter_mut().zip(msg) {
+            d.write(*s);
+        }
+        // `bytes[..len]` were written just above: the invariant holds.
+        m.len = len;
         Some(m)
     }
 
-    /// A message written in place by `encode` into `N` bytes; its return value (clamped to
-    /// `N`) is the length.
+    /// A message written in place by `encode` into `N` zeroed bytes; its return value
+    /// (clamped to `N`) is the length. Zero-fills all `N` bytes first: on a hot path, encode
+    /// into a reused buffer and copy with [`WireMsg::new`] instead.
     #[inline]
     pub fn encoded(encode: impl FnOnce(&mut [u8]) -> usize) -> Self {
+        let mut bytes = [0u8; N];
+        let len = encode(&mut bytes).min(N).min(u16::MAX as usize);
         let mut m = WireMsg {
+            bytes: [const { MaybeUninit::uninit() }; N],
             len: 0,
-            bytes: [0; N],
         };
-        let len = encode(&mut m.bytes).min(N).min(u16::MAX as usize);
+        for (d, s) in m.bytes[..len].iter_mut().zip(&bytes[..len]) {
+            d.write(*s);
+        }
         m.len = len as u16;
         m
     }
@@ -145,7 +180,11 @@ impl<const N: usize> WireMsg<N> {
     /// The message bytes.
     #[inline]
     pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len as usize]
+        let len = usize::from(self.len).min(N);
+        // SAFETY: by the type's invariant `bytes[..len]` are initialised (`new` and `encoded`
+        // write them before setting `len`, nothing else writes `len` or `bytes`), and
+        // `MaybeUninit<u8>` has the layout of `u8`; the slice lies inside `self.bytes`.
+        unsafe { std::slice::from_raw_parts(self.bytes.as_ptr().cast::<u8>(), len) }
     }
 }
 
@@ -302,8 +341,13 @@ pub struct NodeStats {
     /// Calls given up after the wait timeout (backlog or Flux), answered
     /// [`Status::Unreachable`].
     pub wait_timeouts: u64,
-    /// Requests that did not decode, answered with their decode error's status.
+    /// Requests that did not decode (to route them, or in the handler), answered with their
+    /// decode error's status.
     pub bad_requests: u64,
+    /// Requests of this shard whose response did not fit the reply buffer (a
+    /// variable-length result over the service's `max_var_bytes`, or a handler that returned
+    /// more than the buffer holds), answered [`Status::ResponseTooLarge`].
+    pub oversized_responses: u64,
     /// Requests for a rank or daemon that does not exist or a rank whose endpoint is missing,
     /// answered [`Status::Unreachable`].
     pub unroutable: u64,
@@ -427,7 +471,21 @@ pub struct NodeDaemon<S: Service, L: ServerTransport, R, const N: usize = DEFAUL
     backlog: Backlog<L::ReplyToken, N>,
     stats: NodeStats,
     rounds: u64,
+    bufs: Bufs,
     _service: PhantomData<fn() -> S>,
+}
+
+/// The daemon's private request and reply buffers (sized at construction; the request
+/// buffers are swapped with the transports' own, [`ServerTransport::recv_into`]).
+struct Bufs {
+    /// A local client's request.
+    local: AlignedBuf,
+    /// A delegation-ring entry.
+    ring: AlignedBuf,
+    /// A copy of a request received over copyrpc.
+    remote: AlignedBuf,
+    /// The reply to a request received over Flux (`max_response_bytes`).
+    reply: AlignedBuf,
 }
 
 impl<S: Service, L: ServerTransport, R, const N: usize> std::fmt::Debug for NodeDaemon<S, L, R, N> {
@@ -442,21 +500,13 @@ impl<S: Service, L: ServerTransport, R, const N: usize> std::fmt::Debug for Node
     }
 }
 
-/// Best-effort method id of a (possibly malformed) message, echoed in error replies.
-#[inline]
-fn method_id_of(msg: &[u8]) -> u16 {
-    match msg {
-        [a, b, ..] => u16::from_ne_bytes([*a, *b]),
-        _ => u16::MAX,
-    }
-}
-
-impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: usize>
-    NodeDaemon<S, L, R, N>
-{
+impl<S: Service, L: ServerTransport, R, const N: usize> NodeDaemon<S, L, R, N> {
     /// Daemon `cfg.daemon` of its rank, serving `local` (this daemon's shard, created for
     /// `S`), with its node `flux` of the rank's Flux network (`flux.id() == cfg.daemon`,
-    /// `flux.nodes() == cfg.daemons`). Add a ring with [`NodeDaemon::with_ring`] and a
+    /// `flux.nodes() == cfg.daemons`), routing with `route`: either a function of the
+    /// decoded request (`FnMut(&S::Request) -> Target`, for [`NodeDaemon::run_once`]) or of
+    /// the request message (`FnMut(&[u8]) -> Result<Target, WireError>`, for
+    /// [`NodeDaemon::run_once_raw`]). Add a ring with [`NodeDaemon::with_ring`] and a
     /// context with [`NodeDaemon::with_context`] + [`NodeDaemon::set_peer`].
     ///
     /// # Errors
@@ -509,6 +559,12 @@ impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: u
             backlog: Backlog::new(cfg.backlog, cfg.daemons, cfg.ranks),
             stats: NodeStats::default(),
             rounds: 0,
+            bufs: Bufs {
+                local: AlignedBuf::new(d.max_request_bytes),
+                ring: AlignedBuf::new(d.max_request_bytes),
+                remote: AlignedBuf::new(d.max_request_bytes),
+                reply: AlignedBuf::new(d.max_response_bytes),
+            },
             _service: PhantomData,
         })
     }
@@ -616,14 +672,18 @@ impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: u
         self.backlog.len
     }
 
-    /// One round of the event loop, Phases 1-4 (module docs); `handler` serves this daemon's
-    /// shard. Returns the number of requests and responses handled (0: idle).
+    /// Counts a round; every [`SWEEP_ROUNDS`] rounds, sweeps for calls that waited too long.
     #[inline]
-    pub fn run_once(&mut self, mut handler: impl FnMut(S::Request) -> S::Response) -> usize {
+    fn tick(&mut self) {
         self.rounds = self.rounds.wrapping_add(1);
         if self.rounds.is_multiple_of(SWEEP_ROUNDS) {
             self.sweep();
         }
+    }
+
+    /// The parts a round uses: the phases' shared parts, the router, the buffers.
+    #[inline]
+    fn parts(&mut self) -> (Io<'_, S, L, N>, &mut R, &mut Bufs) {
         let NodeDaemon {
             cfg,
             local,
@@ -634,9 +694,10 @@ impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: u
             route,
             backlog,
             stats,
+            bufs,
             ..
         } = self;
-        let mut io = Io::<S, L, N> {
+        let io = Io::<S, L, N> {
             cfg: *cfg,
             local,
             ring: ring.as_mut().map(DelegationServer::ring_mut),
@@ -648,32 +709,8 @@ impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: u
             stats,
             _service: PhantomData,
         };
-        let mut work = 0;
-        // Phase 1 (§5 Phase 1): copyrpc completions and incoming requests.
-        if io.ctx.is_some() {
-            work += io.poll_copyrpc();
-            work += io.serve_incoming(route, &mut handler);
-        }
-        // Phase 2 (§5 Phase 2): the backlog, then the delegation ring.
-        if io.backlog.len > 0 {
-            work += io.drain_backlog();
-        }
-        if io.ring.is_some() {
-            work += io.serve_ring(route, &mut handler);
-        }
-        // Phase 3 (§5 Phase 3, §6 Phase 1): local clients.
-        work += io.serve_local(route, &mut handler);
-        // Phase 4 (§5 Phase 4, §6 Phase 2): Flux.
-        work += io.serve_flux(route, &mut handler);
-        if work > 0 {
-            if let Some(ctx) = io.ctx.as_mut() {
-                ctx.flush();
-            }
-            io.local.flush();
-        }
-        work
+        (io, route, bufs)
     }
-
     /// Gives up the calls that waited longer than the wait timeout (cold).
     #[cold]
     #[inline(never)]
@@ -698,18 +735,71 @@ impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: u
     /// The parts the phases share.
     #[inline]
     fn io(&mut self) -> Io<'_, S, L, N> {
-        Io {
-            cfg: self.cfg,
-            local: &mut self.local,
-            ring: self.ring.as_mut().map(DelegationServer::ring_mut),
-            has_ctx: self.ctx.is_some(),
-            ctx: self.ctx.as_mut(),
-            peers: &self.peers,
-            flux: &mut self.flux,
-            backlog: &mut self.backlog,
-            stats: &mut self.stats,
-            _service: PhantomData,
-        }
+        self.parts().0
+    }
+}
+
+impl<S: Service, L: ServerTransport, R: FnMut(&S::Request) -> Target, const N: usize>
+    NodeDaemon<S, L, R, N>
+{
+    /// One round of the event loop, Phases 1-4 (module docs); `handler` serves this daemon's
+    /// shard from owned requests, routed by the daemon's router of decoded requests. Returns
+    /// the number of requests and responses handled (0: idle).
+    ///
+    /// A request of the shard is decoded into a `S::Request` (its variable-length arguments
+    /// copied into `String`/`Vec`s); [`NodeDaemon::run_once_raw`] serves without that.
+    /// The response is encoded straight into the reply buffer; one longer than it is
+    /// answered [`Status::ResponseTooLarge`] ([`NodeStats::oversized_responses`]). A request
+    /// whose reply cannot be delivered (the client is gone) is not run
+    /// ([`NodeStats::dropped_replies`]).
+    #[inline]
+    pub fn run_once(&mut self, mut handler: impl FnMut(S::Request) -> S::Response) -> usize {
+        self.tick();
+        let (io, route, bufs) = self.parts();
+        let mut shard = Owned::<S, R, _> {
+            route,
+            handler: &mut handler,
+            req: None,
+        };
+        io.round(&mut shard, bufs)
+    }
+}
+
+impl<S: Service, L: ServerTransport, R: FnMut(&[u8]) -> Result<Target, WireError>, const N: usize>
+    NodeDaemon<S, L, R, N>
+{
+    /// One round of the event loop, Phases 1-4 (module docs), serving this daemon's shard
+    /// in place: the daemon's router reads a request's target from its message (an error:
+    /// the request does not decode), and `handler(request, reply_buf)` (e.g.
+    /// `|msg, out| KvVarService::dispatch_raw(&mut shard, msg, out)`) decodes the request in
+    /// place, runs it and writes the response message into `reply_buf`, returning its length.
+    /// Returns the number of requests and responses handled (0: idle).
+    ///
+    /// No request or response value is built and nothing is allocated: `request` is the
+    /// daemon's private copy (taken over from the local server or the delegation ring without
+    /// a copy where the transport allows, [`ServerTransport::recv_into`]; copied out of the
+    /// copyrpc receive ring; the Flux message itself), so a client cannot change it while the
+    /// handler reads it; `reply_buf` is the client's response slot (local server, ring), the
+    /// copyrpc reply buffer, or (a request received over Flux) a daemon buffer copied into
+    /// the Flux message. `reply_buf` holds at least the service's `max_response_bytes`.
+    ///
+    /// A handler error is answered with its status and counted: a request that does not
+    /// decode in [`NodeStats::bad_requests`], a response that does not fit (including a
+    /// returned length above `reply_buf.len()`) as [`Status::ResponseTooLarge`] in
+    /// [`NodeStats::oversized_responses`]. A request whose reply cannot be delivered (the
+    /// client is gone) is not run ([`NodeStats::dropped_replies`]).
+    #[inline]
+    pub fn run_once_raw(
+        &mut self,
+        mut handler: impl FnMut(&[u8], &mut [u8]) -> Result<usize, WireError>,
+    ) -> usize {
+        self.tick();
+        let (io, route, bufs) = self.parts();
+        let mut shard = Raw {
+            route,
+            handler: &mut handler,
+        };
+        io.round::<_>(&mut shard, bufs)
     }
 }
 
@@ -796,30 +886,89 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
         n
     }
 
-    /// Phase 1, second half (§4.3 steps 1-3): requests received over copyrpc.
+    /// One round, Phases 1-4 (module docs), serving this daemon's shard with `shard`.
     #[inline]
-    fn serve_incoming<R: FnMut(&S::Request) -> Target>(
-        &mut self,
-        route: &mut R,
-        handler: &mut impl FnMut(S::Request) -> S::Response,
-    ) -> usize {
+    fn round<H: Shard<S>>(mut self, shard: &mut H, bufs: &mut Bufs) -> usize {
+        let mut work = 0;
+        // Phase 1 (§5 Phase 1): copyrpc completions and incoming requests.
+        if self.ctx.is_some() {
+            work += self.poll_copyrpc();
+            work += self.serve_incoming(shard, &mut bufs.remote);
+        }
+        // Phase 2 (§5 Phase 2): the backlog, then the delegation ring.
+        if self.backlog.len > 0 {
+            work += self.drain_backlog();
+        }
+        if self.ring.is_some() {
+            work += self.serve_ring(shard, &mut bufs.ring);
+        }
+        // Phase 3 (§5 Phase 3, §6 Phase 1): local clients.
+        work += self.serve_local(shard, &mut bufs.local);
+        // Phase 4 (§5 Phase 4, §6 Phase 2): Flux.
+        work += self.serve_flux(shard, &mut bufs.reply);
+        if work > 0 {
+            if let Some(ctx) = self.ctx.as_mut() {
+                ctx.flush();
+            }
+            self.local.flush();
+        }
+        work
+    }
+
+    /// Counts the outcome of serving one request of the shard: whether it was served
+    /// (`err` is `None`), else the error it was answered with.
+    #[inline]
+    fn tally(&mut self, err: Option<WireError>) -> bool {
+        match err {
+            None => true,
+            Some(e) => {
+                if is_oversized(&e) {
+                    self.stats.oversized_responses += 1;
+                } else {
+                    self.stats.bad_requests += 1;
+                }
+                false
+            }
+        }
+    }
+
+    /// A request that did not decode (to route it): answered with its status (cold).
+    #[cold]
+    fn bad_request(&mut self, caller: Caller<L::ReplyToken>, method_id: u16, e: WireError) {
+        self.stats.bad_requests += 1;
+        self.status(caller, method_id, e.status());
+    }
+
+    /// Phase 1, second half (§4.3 steps 1-3): requests received over copyrpc. Each is copied
+    /// into `buf` first: the daemon's private copy, which a peer cannot change while the
+    /// handler reads it, aligned, and readable while the reply borrows the context.
+    #[inline]
+    fn serve_incoming<H: Shard<S>>(&mut self, shard: &mut H, buf: &mut AlignedBuf) -> usize {
         let mut n = 0;
         loop {
-            let Some((h, msg)) = self.ctx.as_deref_mut().and_then(Context::recv) else {
+            let Some((h, len)) = self.ctx.as_deref_mut().and_then(|ctx| {
+                let (h, msg) = ctx.recv()?;
+                if buf.len() < msg.len() {
+                    // Cold: `buf` holds `max_request_bytes`, and the context refuses longer
+                    // requests.
+                    *buf = AlignedBuf::new(msg.len());
+                }
+                buf[..msg.len()].copy_from_slice(msg);
+                Some((h, msg.len()))
+            }) else {
                 return n;
             };
             n += 1;
+            let msg = &buf[..len];
             let caller = Caller::Remote(h);
             let method_id = method_id_of(msg);
-            let req = match S::decode_request(msg) {
-                Ok(req) => req,
+            let t = match shard.route(msg) {
+                Ok(t) => t,
                 Err(e) => {
-                    self.stats.bad_requests += 1;
-                    self.status(caller, method_id, e.status());
+                    self.bad_request(caller, method_id, e);
                     continue;
                 }
             };
-            let t = route(&req);
             let to = if t.rank == self.cfg.rank {
                 route_to(&self.cfg, self.peers, self.has_ctx, t)
             } else {
@@ -828,13 +977,14 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
             };
             match to {
                 Route::Serve => {
-                    let resp = handler(req);
-                    self.stats.remote_served += 1;
+                    let mut err = None;
                     let max = S::DESCRIPTOR.max_response_bytes as u32;
-                    let r = self
-                        .ctx
-                        .as_deref_mut()
-                        .map(|ctx| ctx.reply_with(h, max, |buf| S::encode_response(&resp, buf)));
+                    let r = self.ctx.as_deref_mut().map(|ctx| {
+                        ctx.reply_with(h, max, |out| serve_into(shard, msg, out, &mut err))
+                    });
+                    if self.tally(err) {
+                        self.stats.remote_served += 1;
+                    }
                     if !matches!(r, Some(Ok(()))) {
                         self.stats.dropped_replies += 1;
                     }
@@ -850,38 +1000,35 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
         }
     }
 
-    /// Phase 2 (§4.1 steps 2-3): the delegation ring's entries.
+    /// Phase 2 (§4.1 steps 2-3): the delegation ring's entries, each taken over into `buf`
+    /// without a copy ([`RingServer::recv_into`]).
     #[inline]
-    fn serve_ring<R: FnMut(&S::Request) -> Target>(
-        &mut self,
-        route: &mut R,
-        handler: &mut impl FnMut(S::Request) -> S::Response,
-    ) -> usize {
+    fn serve_ring<H: Shard<S>>(&mut self, shard: &mut H, buf: &mut AlignedBuf) -> usize {
         if self.ring.as_deref_mut().is_none_or(|r| r.poll() == 0) {
             return 0;
         }
         let mut n = 0;
-        while let Some(entry) = self.ring.as_deref_mut().and_then(RingServer::recv) {
+        while let Some((token, len)) = self.ring.as_deref_mut().and_then(|r| r.recv_into(buf)) {
             n += 1;
-            let (token, msg) = (entry.token, entry.payload);
+            let msg = &buf[..len];
             let caller = Caller::Ring(token);
             let method_id = method_id_of(msg);
-            let req = match S::decode_request(msg) {
-                Ok(req) => req,
+            let t = match shard.route(msg) {
+                Ok(t) => t,
                 Err(e) => {
-                    self.stats.bad_requests += 1;
-                    self.status(caller, method_id, e.status());
+                    self.bad_request(caller, method_id, e);
                     continue;
                 }
             };
-            match route_to(&self.cfg, self.peers, self.has_ctx, route(&req)) {
+            match route_to(&self.cfg, self.peers, self.has_ctx, t) {
                 Route::Serve => {
-                    let resp = handler(req);
-                    self.stats.ring_served += 1;
-                    let r = self
-                        .ring
-                        .as_deref_mut()
-                        .map(|ring| ring.reply_with(token, |buf| S::encode_response(&resp, buf)));
+                    let mut err = None;
+                    let r = self.ring.as_deref_mut().map(|ring| {
+                        ring.reply_with(token, |out| serve_into(shard, msg, out, &mut err))
+                    });
+                    if self.tally(err) {
+                        self.stats.ring_served += 1;
+                    }
                     if !matches!(r, Some(Ok(()))) {
                         self.stats.dropped_replies += 1;
                     }
@@ -899,38 +1046,36 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
         n
     }
 
-    /// Phase 3 (§4.4 step 2): the local clients' calls.
+    /// Phase 3 (§4.4 step 2): the local clients' calls, each taken over into `buf`
+    /// ([`ServerTransport::recv_into`]).
     #[inline]
-    fn serve_local<R: FnMut(&S::Request) -> Target>(
-        &mut self,
-        route: &mut R,
-        handler: &mut impl FnMut(S::Request) -> S::Response,
-    ) -> usize {
+    fn serve_local<H: Shard<S>>(&mut self, shard: &mut H, buf: &mut AlignedBuf) -> usize {
         if self.local.poll() == 0 {
             return 0;
         }
         let mut n = 0;
-        while let Some((token, msg)) = self.local.recv() {
+        while let Some((token, len)) = self.local.recv_into(buf) {
             n += 1;
+            let msg = &buf[..len];
             let caller = Caller::Local(token);
             let method_id = method_id_of(msg);
-            let req = match S::decode_request(msg) {
-                Ok(req) => req,
+            let t = match shard.route(msg) {
+                Ok(t) => t,
                 Err(e) => {
-                    self.stats.bad_requests += 1;
-                    self.status(caller, method_id, e.status());
+                    self.bad_request(caller, method_id, e);
                     continue;
                 }
             };
-            match route_to(&self.cfg, self.peers, self.has_ctx, route(&req)) {
+            match route_to(&self.cfg, self.peers, self.has_ctx, t) {
                 Route::Serve => {
-                    let resp = handler(req);
-                    self.stats.local_served += 1;
-                    if self
+                    let mut err = None;
+                    let r = self
                         .local
-                        .reply(token, |buf| S::encode_response(&resp, buf))
-                        .is_err()
-                    {
+                        .reply(token, |out| serve_into(shard, msg, out, &mut err));
+                    if self.tally(err) {
+                        self.stats.local_served += 1;
+                    }
+                    if r.is_err() {
                         self.stats.dropped_replies += 1;
                     }
                 }
@@ -945,13 +1090,11 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
         n
     }
 
-    /// Phase 4 (§4.3 steps 4-8, §6 Phase 2): Flux responses, then Flux requests.
+    /// Phase 4 (§4.3 steps 4-8, §6 Phase 2): Flux responses, then Flux requests. A request
+    /// is served from the received message itself (the daemon's own copy) into `reply`
+    /// (`max_response_bytes`), whose used bytes are copied into the response message.
     #[inline]
-    fn serve_flux<R: FnMut(&S::Request) -> Target>(
-        &mut self,
-        route: &mut R,
-        handler: &mut impl FnMut(S::Request) -> S::Response,
-    ) -> usize {
+    fn serve_flux<H: Shard<S>>(&mut self, shard: &mut H, reply: &mut AlignedBuf) -> usize {
         let mut out = Sinks::<S, L, N> {
             local: &mut *self.local,
             ring: self.ring.as_deref_mut(),
@@ -982,20 +1125,25 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
             };
             let msg = m.as_bytes();
             let method_id = method_id_of(msg);
-            let req = match S::decode_request(msg) {
-                Ok(req) => req,
+            let t = match shard.route(msg) {
+                Ok(t) => t,
                 Err(e) => {
-                    self.stats.bad_requests += 1;
-                    self.status(caller, method_id, e.status());
+                    self.bad_request(caller, method_id, e);
                     continue;
                 }
             };
-            match route_to(&self.cfg, self.peers, self.has_ctx, route(&req)) {
+            match route_to(&self.cfg, self.peers, self.has_ctx, t) {
                 Route::Serve => {
-                    let resp = handler(req);
-                    self.stats.flux_served += 1;
-                    let r = WireMsg::<N>::encoded(|buf| S::encode_response(&resp, buf));
-                    if self.flux.reply(ftok, DelegatePayload::Resp(r)).is_err() {
+                    let mut err = None;
+                    let cap = S::DESCRIPTOR.max_response_bytes.min(reply.len());
+                    let len = serve_into(shard, msg, &mut reply[..cap], &mut err);
+                    if self.tally(err) {
+                        self.stats.flux_served += 1;
+                    }
+                    // `len <= max_response_bytes <= N` (checked at construction).
+                    let sent = WireMsg::<N>::new(&reply[..len])
+                        .is_some_and(|r| self.flux.reply(ftok, DelegatePayload::Resp(r)).is_ok());
+                    if !sent {
                         self.stats.dropped_replies += 1;
                     }
                 }
@@ -1583,6 +1731,156 @@ mod tests {
         stop.store(true, Ordering::Release);
         let s0 = *handles.into_iter().next().unwrap().join().unwrap().stats();
         assert_eq!((s0.unroutable, s0.bad_requests), (1, 2), "{s0:?}");
+    }
+
+    type RawRoute = fn(&[u8]) -> Result<Target, WireError>;
+    type RawDaemon = NodeDaemon<Svc, DelegationServer, RawRoute>;
+
+    fn raw_route(msg: &[u8]) -> Result<Target, WireError> {
+        Svc::decode_request(msg).map(|a| route(&a))
+    }
+
+    /// Keys the raw handler of [`raw_handler`] misbehaves on.
+    const CLAIMS_TOO_MUCH: u64 = 1000;
+    const TOO_LARGE: u64 = 1001;
+    const UNDECODABLE: u64 = 1002;
+
+    /// A raw handler serving `Svc` as [`run`]'s does, `key * 100 + who`, written straight into
+    /// the reply buffer; on the keys above it claims more bytes than the buffer holds,
+    /// reports a result too large (as a generated `dispatch_raw` does), or fails to decode.
+    fn raw_handler(
+        who: u64,
+        served: &mut Vec<u64>,
+    ) -> impl FnMut(&[u8], &mut [u8]) -> Result<usize, WireError> + '_ {
+        move |msg, out| {
+            let a = Svc::decode_request(msg)?;
+            let key = a.key;
+            match key {
+                CLAIMS_TOO_MUCH => Ok(out.len() + 1),
+                TOO_LARGE => Err(WireError::ResponseTooLarge {
+                    method_id: 0,
+                    len: 1 << 20,
+                    cap: out.len(),
+                }),
+                UNDECODABLE => Err(WireError::BadValue { method_id: 0 }),
+                _ => {
+                    served.push(key);
+                    Ok(wire::encode(0, 0, &(key * 100 + who), out))
+                }
+            }
+        }
+    }
+
+    /// `run_once_raw` on one rank of two daemons: daemon 0's local clients' calls are served
+    /// in place by the owner (daemon 1's over Flux); a reply that does not fit is answered
+    /// `ResponseTooLarge` and counted in `oversized_responses`, a request that does not
+    /// decode (to route it, or in the handler) is answered with its status and counted in
+    /// `bad_requests`; nothing panics.
+    #[test]
+    fn run_once_raw_serves_in_place_and_answers_errors_with_statuses() {
+        let rcfg = DelegationConfig {
+            max_clients: 4,
+            ring_depth: 64,
+            resp_depth: 64,
+            ..DelegationConfig::default()
+        };
+        let fluxes = flux::network(DAEMONS as usize, FluxConfig::default()).unwrap();
+        let mut locals = Vec::new();
+        let mut daemons = Vec::new();
+        for (d, f) in (0..DAEMONS).zip(fluxes) {
+            let local_name = name(&format!("raw{d}"));
+            let local = DelegationServer::create(&local_name, Svc::DESCRIPTOR, rcfg).unwrap();
+            locals.push(local_name);
+            let cfg = NodeConfig::new(Placement::Aggregated, (0, 1), (d, DAEMONS));
+            daemons.push(RawDaemon::new(cfg, local, f, raw_route as RawRoute).unwrap());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let handles: Vec<_> = daemons
+            .into_iter()
+            .map(|mut d| {
+                let stop = stop.clone();
+                thread::spawn(move || {
+                    let who = who(0, d.config().daemon);
+                    let mut served = Vec::new();
+                    let backoff = Backoff::new();
+                    while !stop.load(Ordering::Acquire) {
+                        if d.run_once_raw(raw_handler(who, &mut served)) == 0 {
+                            backoff.snooze();
+                        } else {
+                            backoff.reset();
+                        }
+                    }
+                    (*d.stats(), served)
+                })
+            })
+            .collect();
+        let args: Vec<Args> = (0..400u64).map(|key| Args { rank: 0, key }).collect();
+        let mut reqs: Vec<Vec<u8>> = args.iter().map(|a| encode(*a)).collect();
+        let mut garbage = encode(Args { rank: 0, key: 2 });
+        garbage[0] = 0x7f; // unknown method id
+        for key in [CLAIMS_TOO_MUCH, TOO_LARGE, UNDECODABLE] {
+            reqs.push(encode(Args { rank: 0, key }));
+        }
+        reqs.push(garbage);
+        reqs.push(vec![1, 2, 3]);
+        let mut c = RingClient::attach(&locals[0]).unwrap();
+        let r = ring_calls(&mut c, &reqs);
+        for (a, r) in args.iter().zip(&r) {
+            let key = a.key;
+            let owner = (key % u64::from(DAEMONS)) as u32;
+            assert_eq!(
+                Svc::decode_response(0, r),
+                Ok(key * 100 + who(0, owner)),
+                "key {key}"
+            );
+        }
+        let n = args.len();
+        let too_large = Status::ResponseTooLarge as u16;
+        assert_eq!(status_of(&r[n]), too_large, "a length above the buffer");
+        assert_eq!(status_of(&r[n + 1]), too_large, "served over Flux");
+        assert_eq!(status_of(&r[n + 2]), Status::BadArguments as u16);
+        assert_eq!(status_of(&r[n + 3]), Status::UnknownMethod as u16);
+        assert_ne!(status_of(&r[n + 4]), Status::Ok as u16);
+        drop(c);
+        stop.store(true, Ordering::Release);
+        let out: Vec<(NodeStats, Vec<u64>)> =
+            handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let (s0, s1) = (out[0].0, out[1].0);
+        // Each shard ran its own keys only, each once.
+        let mut served: Vec<u64> = out.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+        served.sort_unstable();
+        assert_eq!(served, (0..400).collect::<Vec<u64>>());
+        assert!(out[1].1.iter().all(|k| k % 2 == 1));
+        assert_eq!(
+            (s0.local_served, s0.flux_calls, s1.flux_served),
+            (200, 201, 200),
+            "{s0:?} {s1:?}"
+        );
+        assert_eq!((s0.oversized_responses, s0.bad_requests), (1, 3), "{s0:?}");
+        assert_eq!((s1.oversized_responses, s1.bad_requests), (1, 0), "{s1:?}");
+        assert_eq!((s0.dropped_replies, s1.dropped_replies), (0, 0));
+    }
+
+    /// [`WireMsg`] copies only the message: its bytes read back exactly, at any length up to
+    /// the capacity, 8-byte aligned; longer ones are refused.
+    #[test]
+    fn wire_msg_holds_exactly_its_bytes() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(4480).collect();
+        for len in [0, 1, 7, 8, 63, 64, 1000, 4480] {
+            let m = WireMsg::<4480>::new(&data[..len]).unwrap();
+            assert_eq!(m.as_bytes(), &data[..len]);
+            assert_eq!(m.as_bytes().as_ptr() as usize % 8, 0);
+            let copy = m;
+            assert_eq!(copy.as_bytes(), &data[..len]);
+            let e = WireMsg::<4480>::encoded(|b| {
+                b[..len].copy_from_slice(&data[..len]);
+                len
+            });
+            assert_eq!(e.as_bytes(), &data[..len]);
+        }
+        assert!(WireMsg::<64>::new(&data[..65]).is_none());
+        // `encoded` clamps a length above the capacity.
+        assert_eq!(WireMsg::<64>::encoded(|_| 1000).as_bytes(), &[0u8; 64][..]);
     }
 
     /// A configuration that cannot work is refused at construction, with the reason.

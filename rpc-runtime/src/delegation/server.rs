@@ -384,6 +384,28 @@ impl RingServer {
         }
     }
 
+    /// [`RingServer::recv`] into a buffer the caller owns: the server's private copy of the
+    /// next request is swapped with `buf` (replaced first by a buffer of the request payload
+    /// capacity if it has another length, so the server's buffer always holds
+    /// `req_payload_cap` bytes, which `recv` copies into), and `(token, len)` returned; the
+    /// request is `buf[..len]`. No copy; no allocation once `buf` has that length. `None` as
+    /// for `recv`.
+    #[inline]
+    pub fn recv_into(
+        &mut self,
+        buf: &mut crate::varlen::AlignedBuf,
+    ) -> Option<(ReplyToken, usize)> {
+        let (token, len) = {
+            let e = self.recv()?;
+            (e.token, e.payload.len())
+        };
+        if buf.len() != self.scratch.len() {
+            *buf = crate::varlen::AlignedBuf::new(self.scratch.len());
+        }
+        std::mem::swap(&mut self.scratch, buf);
+        Some((token, len))
+    }
+
     /// [`RingServer::recv`] and [`RingServer::reply_with`] in one step: `handle(request,
     /// reply_buf)` reads the server's private copy of the request and writes the response
     /// straight into the client's response slot, returning its length. `None` when no request

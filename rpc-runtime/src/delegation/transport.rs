@@ -256,6 +256,13 @@ impl ServerTransport for DelegationServer {
         self.ring.reply_with(token, encode).map_err(reply_error)
     }
 
+    /// No copy: [`RingServer::recv_into`] swaps the ring's private copy of the request with
+    /// `buf`.
+    #[inline]
+    fn recv_into(&mut self, buf: &mut crate::varlen::AlignedBuf) -> Option<(ReplyToken, usize)> {
+        self.ring.recv_into(buf)
+    }
+
     /// Zero copy both ways ([`RingServer::recv_reply`]): the handler reads the server's
     /// private copy of the request and writes into the client's response slot.
     #[inline]

@@ -343,6 +343,19 @@ impl IpcServer {
         None
     }
 
+    /// Hands the private copy of the last request [`IpcServer::recv`] returned to the caller:
+    /// swaps the server's request buffer with `buf` (replaced first by a buffer of the
+    /// request capacity if it has another length, so the server's buffer always holds
+    /// `req_cap` bytes, which `recv` copies into). No copy; no allocation once `buf` has that
+    /// length.
+    #[inline]
+    pub fn swap_request(&mut self, buf: &mut crate::varlen::AlignedBuf) {
+        if buf.len() != self.scratch.len() {
+            *buf = crate::varlen::AlignedBuf::new(self.scratch.len());
+        }
+        std::mem::swap(&mut self.scratch, buf);
+    }
+
     /// Publishes `req_tail` of every client a request was received from since the last call,
     /// letting those clients reuse the slots (seeds/004 §2.2 `advance_tail`, per ring).
     /// [`IpcServer::reply_with`] also publishes it, before the response; `release` matters
@@ -610,6 +623,18 @@ impl ServerTransport for IpcServer {
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), RpcError> {
         self.reply_with(token, encode)
+    }
+
+    /// No copy: the server's private copy of the request (made by `recv`) is swapped with
+    /// `buf` ([`IpcServer::swap_request`]).
+    #[inline]
+    fn recv_into(&mut self, buf: &mut crate::varlen::AlignedBuf) -> Option<(IpcToken, usize)> {
+        let (token, len) = {
+            let (token, msg) = IpcServer::recv(self)?;
+            (token, msg.len())
+        };
+        self.swap_request(buf);
+        Some((token, len))
     }
 
     /// Zero copy both ways: the request is the server's private copy (made by `recv`, so a
