@@ -1,8 +1,9 @@
 //! The device model's RC path allocates nothing per WQE once warm (issue 16): a counting
 //! global allocator counts the allocations made on this test's thread while it posts, rings
 //! and polls RDMA WRITE (inline and from a data segment), RDMA READ, WRITE_IMM and SEND, and
-//! the count must stay zero; likewise UD SENDs (inline and from a data segment). (Own test
-//! binary: the allocator is process-wide; counts are per thread.)
+//! the count must stay zero; likewise UD SENDs (inline and from a data segment), and an RC
+//! SEND that stalls for want of a receive WQE (RNR), is retried by progress steps and resumes.
+//! (Own test binary: the allocator is process-wide; counts are per thread.)
 
 #[path = "sim_common/mod.rs"]
 mod sim_common;
@@ -213,4 +214,56 @@ fn ud_sends_allocate_nothing_once_warm() {
     });
     assert_eq!(n, 0, "allocations in 1000 rounds of 2 UD SENDs");
     assert_eq!(rbuf.read(40, 300), vec![0x3c; 300], "the last SEND landed");
+}
+
+/// A SEND finding no receive WQE stalls (its QP joins the model's set of QPs visited by every
+/// progress step), is retried by steps, then completes once a receive is posted (the QP leaves
+/// the set): none of it allocates once warm.
+#[test]
+fn rnr_stall_and_retries_allocate_nothing_once_warm() {
+    let f = Fabric::new(SimConfig::deterministic());
+    let mut p = RcPair::new(&f, QpCaps::default(), &RcParams::default());
+    let rbuf = p.b.buf(4096, Access::LOCAL_WRITE);
+    let msg = [3u8; 48];
+    let mut round = |i: u32| {
+        post(
+            &mut p.qa,
+            &mlx5::wqe::WqeDesc {
+                imm: i,
+                inline: &msg,
+                ..desc(Opcode::SendImm)
+            },
+        );
+        for _ in 0..4 {
+            f.progress();
+        }
+        assert!(
+            try_poll(&mut p.cqa.cq).is_none(),
+            "stalled: no requester CQE"
+        );
+        post_recv(&mut p.qb, &[rbuf.sge(0, 4096)]);
+        f.progress();
+        req_done(&mut p);
+        let c = try_poll(&mut p.cqb.cq).expect("the SEND arrived after the stall");
+        expect_ok(&c, CqeOpcode::RespSendImm);
+        assert_eq!((c.imm, c.byte_cnt), (i, 48));
+        p.qb.rq.as_mut().unwrap().complete();
+    };
+    for i in 0..64 {
+        round(i);
+    }
+    let retries = f.stats().rnr_retries;
+    let n = allocations(|| {
+        for i in 64..1064 {
+            round(i);
+        }
+    });
+    assert_eq!(
+        n, 0,
+        "allocations in 1000 RNR stalls, retries and resumptions"
+    );
+    assert!(
+        f.stats().rnr_retries - retries >= 1000,
+        "every round retried the stalled SEND"
+    );
 }

@@ -1,7 +1,6 @@
 //! The model's object tables and its progress engine (doorbells, steps, retries, flushes,
 //! CQE posting). WQE execution is in `exec.rs`.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -178,7 +177,10 @@ pub(crate) struct Model {
     next_srqn: u32,
     /// QPs that need attention on every step (stalled, or in the error state), in QPN order
     /// (deterministic).
-    pub(crate) active: BTreeSet<u32>,
+    pub(crate) active: ActiveSet,
+    /// The QPNs a step visits (a copy of `active`), reused from step to step so that a step
+    /// with stalled QPs allocates nothing.
+    step_list: Vec<u32>,
     pub(crate) faults: Faults,
     /// The node directory, when the fabric spans processes (`sim/node.rs`).
     pub(crate) node: Option<NodeLink>,
@@ -194,6 +196,39 @@ pub(crate) struct Model {
 // after the object is removed under the lock) and to registered memory (kept alive by the
 // registrant until deregistration under the lock).
 unsafe impl Send for Model {}
+
+/// A set of QPNs kept sorted in a `Vec`: iterated in QPN order (deterministic), and, unlike a
+/// `BTreeSet`, it keeps its allocation when it becomes empty, so a QP that stalls and resumes
+/// again and again (RNR) allocates nothing once warm. Sets are small (the QPs stalled or in
+/// the error state at one time).
+#[derive(Debug, Default)]
+pub(crate) struct ActiveSet(Vec<u32>);
+
+impl ActiveSet {
+    /// Adds `qpn` (no effect if present).
+    pub(crate) fn insert(&mut self, qpn: u32) {
+        if let Err(i) = self.0.binary_search(&qpn) {
+            self.0.insert(i, qpn);
+        }
+    }
+
+    /// Removes `qpn` (no effect if absent).
+    pub(crate) fn remove(&mut self, qpn: u32) {
+        if let Ok(i) = self.0.binary_search(&qpn) {
+            self.0.remove(i);
+        }
+    }
+
+    /// Whether the set is empty.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The QPNs, ascending.
+    pub(crate) fn as_slice(&self) -> &[u32] {
+        &self.0
+    }
+}
 
 /// A zeroed CQE for `qpn`.
 pub(crate) fn blank_cqe(qpn: u32) -> Cqe {
@@ -230,7 +265,8 @@ impl Model {
             next_qpn: 0xff,
             next_cqn: 0,
             next_srqn: 0,
-            active: BTreeSet::new(),
+            active: ActiveSet::default(),
+            step_list: Vec::new(),
             node: None,
             scratch: Some(Scratch::new()),
             ud_buf: Vec::new(),
@@ -392,7 +428,7 @@ impl Model {
         {
             cache.remove(qpn);
         }
-        self.active.remove(&qpn);
+        self.active.remove(qpn);
     }
 
     /// RC: RESET → RTS towards `remote`.
@@ -523,8 +559,10 @@ impl Model {
         if self.active.is_empty() {
             return;
         }
-        let list: Vec<u32> = self.active.iter().copied().collect();
-        for qpn in list {
+        let mut list = std::mem::take(&mut self.step_list);
+        list.clear();
+        list.extend_from_slice(self.active.as_slice());
+        for &qpn in &list {
             self.run_sq(qpn);
             self.flush_rq(qpn);
             let keep = self
@@ -532,9 +570,10 @@ impl Model {
                 .get(qpn)
                 .is_some_and(|q| q.wait.is_some() || q.state == SimQpState::Error);
             if !keep {
-                self.active.remove(&qpn);
+                self.active.remove(qpn);
             }
         }
+        self.step_list = list;
     }
 
     /// Records a stall of `qpn`'s head WQE; `false` when the retry budget is exhausted.
@@ -700,5 +739,30 @@ impl Model {
         c.srqn = srqn;
         self.set_error(qpn);
         self.post_cqe(cqn, &c, CqeOpcode::RespErr, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ActiveSet;
+
+    #[test]
+    fn active_set_is_sorted_without_duplicates_and_keeps_its_buffer() {
+        let mut s = ActiveSet::default();
+        for n in [9, 3, 7, 3, 12, 9, 1] {
+            s.insert(n);
+        }
+        assert_eq!(s.as_slice(), [1, 3, 7, 9, 12]);
+        s.remove(7);
+        s.remove(8);
+        assert_eq!(s.as_slice(), [1, 3, 9, 12]);
+        let cap = s.0.capacity();
+        for n in [1, 3, 9, 12] {
+            s.remove(n);
+        }
+        assert!(s.is_empty());
+        assert_eq!(s.0.capacity(), cap, "an empty set keeps its allocation");
+        s.insert(5);
+        assert_eq!(s.as_slice(), [5]);
     }
 }
