@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::cqe::{Cqe, CqeOpcode, Syndrome};
 use crate::error::{Error, Result};
 use crate::sim::cq::{CqState, Push};
-use crate::sim::faults::Faults;
+use crate::sim::faults::{Faults, Packet};
 use crate::sim::memory::MrTable;
 use crate::sim::node::{self, NodeLink};
 use crate::sim::qpc::{self, QpcCache};
@@ -190,6 +190,11 @@ pub(crate) struct Model {
     pub(crate) ud_buf: Vec<u8>,
     /// A UD send's payload buffer, reused from packet to packet (see `exec_ud`).
     pub(crate) ud_tx: Vec<u8>,
+    /// Payload buffers of packets that fault injection held back or delayed, returned once
+    /// the packet is delivered and taken again by later sends (at most [`Model::SPARE_MAX`]).
+    pub(crate) ud_spare: Vec<Vec<u8>>,
+    /// Held back or delayed packets being delivered, reused from step to step.
+    pub(crate) fault_out: Vec<Packet>,
 }
 
 // SAFETY: the raw pointers in the tables refer to model-allocated queue memory (freed only
@@ -248,6 +253,10 @@ pub(crate) fn blank_cqe(qpn: u32) -> Cqe {
 }
 
 impl Model {
+    /// Spare UD payload buffers kept at most (more packets than this held back or delayed at
+    /// once is rare; their buffers are then freed).
+    pub(crate) const SPARE_MAX: usize = 64;
+
     pub(crate) fn new(cfg: SimConfig) -> Self {
         Model {
             faults: Faults::new(cfg.ud_faults),
@@ -271,6 +280,8 @@ impl Model {
             scratch: Some(Scratch::new()),
             ud_buf: Vec::new(),
             ud_tx: Vec::new(),
+            ud_spare: Vec::new(),
+            fault_out: Vec::new(),
         }
     }
 
@@ -549,12 +560,12 @@ impl Model {
             self.node_step();
         }
         if self.faults.pending() {
-            for p in self.faults.take_due(self.step) {
-                self.deliver(&p);
-            }
-            for p in self.faults.take_stale_held(self.step) {
-                self.deliver(&p);
-            }
+            let mut out = std::mem::take(&mut self.fault_out);
+            self.faults.take_due(self.step, &mut out);
+            self.deliver_all(&mut out);
+            self.faults.take_stale_held(self.step, &mut out);
+            self.deliver_all(&mut out);
+            self.fault_out = out;
         }
         if self.active.is_empty() {
             return;
