@@ -552,10 +552,21 @@ impl Model {
     }
 
     /// One progress step: due delayed UD packets, released reordered ones, one retry per
-    /// stalled QP, flushes of QPs in error.
+    /// stalled QP, flushes of QPs in error. Inline: with nothing to do (no node, no packet
+    /// waiting, no QP stalled or in error: every doorbell of a healthy fabric) a step is two
+    /// counter increments and three tests.
+    #[inline]
     pub(crate) fn step(&mut self) {
         self.step += 1;
         self.stats.steps += 1;
+        if self.node.is_some() || self.faults.pending() || !self.active.is_empty() {
+            self.step_work();
+        }
+    }
+
+    /// The work of [`Model::step`] past its counters.
+    #[inline(never)]
+    fn step_work(&mut self) {
         if self.node.is_some() {
             self.node_step();
         }
