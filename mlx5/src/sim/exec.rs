@@ -71,7 +71,7 @@ impl Model {
                 rc: qp.rc,
             };
             let counter = sq.ci as u16;
-            let bbs = match sq.read_wqe(&mut s.bytes) {
+            let (bbs, len) = match sq.read_wqe(&mut s.bytes) {
                 Ok(x) => x,
                 Err(bad) => {
                     if state == SimQpState::Error {
@@ -96,7 +96,7 @@ impl Model {
                 None => {}
             }
             // Parsed, and the control segment names this WQE slot and this QP.
-            let parsed = wqe::parse_into(&s.bytes, kind == QpType::Ud, &mut s.wqe).is_ok()
+            let parsed = wqe::parse_into(&s.bytes[..len], kind == QpType::Ud, &mut s.wqe).is_ok()
                 && s.wqe.ctrl.wqe_index == counter
                 && s.wqe.ctrl.qpn == qpn;
             let outcome = if !parsed || state != SimQpState::Rts {

@@ -39,9 +39,9 @@ pub(crate) struct BadWqe {
 
 impl SqState {
     /// Copies the WQE at `ci` out of the ring (modulo the ring: it may wrap past the end) into
-    /// `out` (its previous contents replaced; its capacity reused). Returns its WQEBB count, or
-    /// what to skip if its `ds` is invalid or it extends past the rung producer index.
-    pub(crate) fn read_wqe(&self, out: &mut Vec<u8>) -> Result<u32, BadWqe> {
+    /// the front of `out`. Returns its WQEBB count and byte length, or what to skip if its `ds`
+    /// is invalid or it extends past the rung producer index.
+    pub(crate) fn read_wqe(&self, out: &mut [u8; MAX_WQE_BYTES]) -> Result<(u32, usize), BadWqe> {
         let ring = self.wqe_cnt as usize * WQEBB;
         let start = (self.ci & (self.wqe_cnt - 1)) as usize * WQEBB;
         let mut ctrl = [0u8; CTRL_BYTES];
@@ -67,27 +67,27 @@ impl SqState {
         }
         let len = ds as usize * wqe::DS_BYTES;
         let first = len.min(ring - start);
-        out.clear();
-        out.reserve(len);
         // SAFETY: both pieces lie inside the ring ([start, start+first) and [0, len-first));
-        // `out` has room for `len` bytes, all initialised by the copies before `set_len`.
+        // `len <= MAX_WQE_BYTES` (`ds <= MAX_DS`, checked above), so both fit in `out`.
         unsafe {
             std::ptr::copy_nonoverlapping(self.buf.add(start), out.as_mut_ptr(), first);
             if first < len {
                 std::ptr::copy_nonoverlapping(self.buf, out.as_mut_ptr().add(first), len - first);
             }
-            out.set_len(len);
         }
-        Ok(bbs)
+        Ok((bbs, len))
     }
 }
+
+/// Bytes of the largest WQE ([`wqe::MAX_DS`] segments of [`wqe::DS_BYTES`]).
+pub(crate) const MAX_WQE_BYTES: usize = wqe::MAX_DS as usize * wqe::DS_BYTES;
 
 /// Buffers the model reuses from WQE to WQE, so that executing a WQE allocates nothing once
 /// they have grown to the largest WQE and payload seen.
 #[derive(Debug)]
 pub(crate) struct Scratch {
-    /// The raw bytes of the WQE being executed.
-    pub(crate) bytes: Vec<u8>,
+    /// The raw bytes of the WQE being executed (its first `len` bytes, per `read_wqe`).
+    pub(crate) bytes: [u8; MAX_WQE_BYTES],
     /// The WQE being executed, parsed.
     pub(crate) wqe: wqe::ParsedWqe,
     /// A gathered payload (SEND, WRITE with data segments; READ data).
@@ -100,7 +100,7 @@ impl Scratch {
 
     pub(crate) fn new() -> Box<Scratch> {
         Box::new(Scratch {
-            bytes: Vec::with_capacity(wqe::MAX_DS as usize * wqe::DS_BYTES),
+            bytes: [0; MAX_WQE_BYTES],
             wqe: wqe::ParsedWqe::empty(),
             payload: Vec::new(),
         })
