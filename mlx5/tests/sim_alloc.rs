@@ -1,8 +1,10 @@
 //! The device model's RC path allocates nothing per WQE once warm (issue 16): a counting
 //! global allocator counts the allocations made on this test's thread while it posts, rings
 //! and polls RDMA WRITE (inline and from a data segment), RDMA READ, WRITE_IMM and SEND, and
-//! the count must stay zero; likewise UD SENDs (inline and from a data segment). (Own test
-//! binary: the allocator is process-wide; counts are per thread.)
+//! the count must stay zero; likewise UD SENDs (inline and from a data segment), UD SENDs
+//! under fault injection (packets dropped, duplicated, held back and delayed), and an RC SEND
+//! that stalls for want of a receive WQE (RNR), is retried by progress steps and resumes.
+//! (Own test binary: the allocator is process-wide; counts are per thread.)
 
 #[path = "sim_common/mod.rs"]
 mod sim_common;
@@ -213,4 +215,136 @@ fn ud_sends_allocate_nothing_once_warm() {
     });
     assert_eq!(n, 0, "allocations in 1000 rounds of 2 UD SENDs");
     assert_eq!(rbuf.read(40, 300), vec![0x3c; 300], "the last SEND landed");
+}
+
+/// A SEND finding no receive WQE stalls (its QP joins the model's set of QPs visited by every
+/// progress step), is retried by steps, then completes once a receive is posted (the QP leaves
+/// the set): none of it allocates once warm.
+#[test]
+fn rnr_stall_and_retries_allocate_nothing_once_warm() {
+    let f = Fabric::new(SimConfig::deterministic());
+    let mut p = RcPair::new(&f, QpCaps::default(), &RcParams::default());
+    let rbuf = p.b.buf(4096, Access::LOCAL_WRITE);
+    let msg = [3u8; 48];
+    let mut round = |i: u32| {
+        post(
+            &mut p.qa,
+            &mlx5::wqe::WqeDesc {
+                imm: i,
+                inline: &msg,
+                ..desc(Opcode::SendImm)
+            },
+        );
+        for _ in 0..4 {
+            f.progress();
+        }
+        assert!(
+            try_poll(&mut p.cqa.cq).is_none(),
+            "stalled: no requester CQE"
+        );
+        post_recv(&mut p.qb, &[rbuf.sge(0, 4096)]);
+        f.progress();
+        req_done(&mut p);
+        let c = try_poll(&mut p.cqb.cq).expect("the SEND arrived after the stall");
+        expect_ok(&c, CqeOpcode::RespSendImm);
+        assert_eq!((c.imm, c.byte_cnt), (i, 48));
+        p.qb.rq.as_mut().unwrap().complete();
+    };
+    for i in 0..64 {
+        round(i);
+    }
+    let retries = f.stats().rnr_retries;
+    let n = allocations(|| {
+        for i in 64..1064 {
+            round(i);
+        }
+    });
+    assert_eq!(
+        n, 0,
+        "allocations in 1000 RNR stalls, retries and resumptions"
+    );
+    assert!(
+        f.stats().rnr_retries - retries >= 1000,
+        "every round retried the stalled SEND"
+    );
+}
+
+/// UD SENDs under fault injection: packets held back (reorder) or delayed leave the model's
+/// reused send buffer with their payload and come back when delivered; none of it allocates
+/// once warm.
+#[test]
+fn ud_fault_injection_allocates_nothing_once_warm() {
+    use mlx5::sim::UdFaults;
+    use mlx5::verbs::QpType;
+    const QKEY: u32 = 0x2222_0000;
+    let f = Fabric::new(SimConfig {
+        ud_faults: Some(UdFaults {
+            seed: 5,
+            drop: 0.1,
+            duplicate: 0.1,
+            reorder: 0.2,
+            delay: 0.2,
+            max_delay: 3,
+        }),
+        ..SimConfig::deterministic()
+    });
+    let sn = Node::new(&f);
+    let dn = Node::new(&f);
+    let (mut scq, mut dcq) = (sn.cq(256), dn.cq(256));
+    let mut sqp = sn.qp(QpType::Ud, &scq, &scq, None, QpCaps::default());
+    let mut dqp = dn.qp(QpType::Ud, &dcq, &dcq, None, QpCaps::default());
+    sqp.activate_ud(QKEY).unwrap();
+    dqp.activate_ud(QKEY).unwrap();
+    let av = dn.ah(&dn.ud_dest(&dqp, QKEY));
+    let rbuf = dn.buf(4096, Access::LOCAL_WRITE);
+    for _ in 0..16 {
+        post_recv(&mut dqp, &[rbuf.sge(0, 4096)]);
+    }
+    let msg = [0x6du8; 200];
+    let mut received = 0u64;
+    let mut round = |i: u32| {
+        post(
+            &mut sqp,
+            &mlx5::wqe::WqeDesc {
+                imm: i,
+                ud: Some(av),
+                inline: &msg,
+                ..desc(Opcode::SendImm)
+            },
+        );
+        let c = try_poll(&mut scq.cq).expect("requester CQE");
+        expect_ok(&c, CqeOpcode::Req);
+        sqp.sq.retire(c.wqe_counter);
+        // Longer than the longest delay: nothing is still held or delayed after the round.
+        for _ in 0..5 {
+            f.progress();
+        }
+        while let Some(c) = try_poll(&mut dcq.cq) {
+            expect_ok(&c, CqeOpcode::RespSendImm);
+            assert_eq!(c.byte_cnt, 40 + 200);
+            received += 1;
+            dqp.rq.as_mut().unwrap().complete();
+            post_recv(&mut dqp, &[rbuf.sge(0, 4096)]);
+        }
+    };
+    for i in 0..64 {
+        round(i);
+    }
+    let before = f.stats();
+    let n = allocations(|| {
+        for i in 64..1064 {
+            round(i);
+        }
+    });
+    let after = f.stats();
+    assert_eq!(n, 0, "allocations in 1000 UD SENDs under fault injection");
+    assert!(
+        after.ud_reorders - before.ud_reorders > 100 && after.ud_delays - before.ud_delays > 100,
+        "packets were held back and delayed: {after:?}"
+    );
+    assert_eq!(
+        received, after.ud_delivered,
+        "every delivered packet completed"
+    );
+    assert_eq!(rbuf.read(40, 200), vec![0x6d; 200]);
 }

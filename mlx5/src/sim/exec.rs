@@ -71,7 +71,7 @@ impl Model {
                 rc: qp.rc,
             };
             let counter = sq.ci as u16;
-            let bbs = match sq.read_wqe(&mut s.bytes) {
+            let (bbs, len) = match sq.read_wqe(&mut s.bytes) {
                 Ok(x) => x,
                 Err(bad) => {
                     if state == SimQpState::Error {
@@ -96,7 +96,7 @@ impl Model {
                 None => {}
             }
             // Parsed, and the control segment names this WQE slot and this QP.
-            let parsed = wqe::parse_into(&s.bytes, kind == QpType::Ud, &mut s.wqe).is_ok()
+            let parsed = wqe::parse_into(&s.bytes[..len], kind == QpType::Ud, &mut s.wqe).is_ok()
                 && s.wqe.ctrl.wqe_index == counter
                 && s.wqe.ctrl.qpn == qpn;
             let outcome = if !parsed || state != SimQpState::Rts {
@@ -435,8 +435,14 @@ impl Model {
         };
         self.stats.ud_sent += 1;
         // The packet's payload buffer is kept from send to send; it leaves with the packet
-        // only when fault injection holds the packet back.
+        // only when fault injection holds the packet back (and returns to `ud_spare` when
+        // that packet is delivered).
         let mut owned = std::mem::take(&mut self.ud_tx);
+        if owned.capacity() == 0
+            && let Some(b) = self.ud_spare.pop()
+        {
+            owned = b;
+        }
         owned.clear();
         owned.extend_from_slice(payload);
         let p = Packet {
@@ -490,8 +496,23 @@ impl Model {
     }
 
     fn release_held(&mut self) {
-        for h in self.faults.take_held() {
-            self.deliver(&h);
+        if !self.faults.pending() {
+            return;
+        }
+        let mut out = std::mem::take(&mut self.fault_out);
+        self.faults.take_held(&mut out);
+        self.deliver_all(&mut out);
+        self.fault_out = out;
+    }
+
+    /// Delivers (in order) and empties `out`, keeping the packets' payload buffers for later
+    /// sends.
+    pub(crate) fn deliver_all(&mut self, out: &mut Vec<Packet>) {
+        for p in out.drain(..) {
+            self.deliver(&p);
+            if p.payload.capacity() <= Scratch::KEEP && self.ud_spare.len() < Model::SPARE_MAX {
+                self.ud_spare.push(p.payload);
+            }
         }
     }
 

@@ -95,6 +95,8 @@ pub(crate) struct Faults {
     seq: u64,
     /// Reordered packets: (step held, packet).
     held: Vec<(u64, Packet)>,
+    /// `take_due`'s sorting buffer, kept from step to step (empty between calls).
+    due: Vec<(u64, u64, Packet)>,
 }
 
 impl Faults {
@@ -106,6 +108,7 @@ impl Faults {
             delayed: Vec::new(),
             seq: 0,
             held: Vec::new(),
+            due: Vec::new(),
         }
     }
 
@@ -140,24 +143,16 @@ impl Faults {
         self.held.push((step, p));
     }
 
-    /// Takes every held packet (delivered right after the packet that overtakes them).
-    pub(crate) fn take_held(&mut self) -> Vec<Packet> {
-        std::mem::take(&mut self.held)
-            .into_iter()
-            .map(|(_, p)| p)
-            .collect()
+    /// Appends every held packet to `out`, in the order they were held (delivered right after
+    /// the packet that overtakes them).
+    pub(crate) fn take_held(&mut self, out: &mut Vec<Packet>) {
+        out.extend(self.held.drain(..).map(|(_, p)| p));
     }
 
-    /// Takes the held packets from steps before `step` (nothing overtook them in time).
-    pub(crate) fn take_stale_held(&mut self, step: u64) -> Vec<Packet> {
-        if self.held.iter().all(|(s, _)| *s >= step) {
-            return Vec::new();
-        }
-        let (old, keep) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|(s, _)| *s < step);
-        self.held = keep;
-        old.into_iter().map(|(_, p)| p).collect()
+    /// Appends the held packets from steps before `step` to `out` (nothing overtook them in
+    /// time), in the order they were held.
+    pub(crate) fn take_stale_held(&mut self, step: u64, out: &mut Vec<Packet>) {
+        out.extend(self.held.extract_if(.., |(s, _)| *s < step).map(|(_, p)| p));
     }
 
     /// Delays a packet until progress step `due`.
@@ -166,17 +161,18 @@ impl Faults {
         self.delayed.push((due, self.seq, p));
     }
 
-    /// Takes the delayed packets due at or before `step`, in (due, send) order.
-    pub(crate) fn take_due(&mut self, step: u64) -> Vec<Packet> {
+    /// Appends the delayed packets due at or before `step` to `out`, in (due, send) order.
+    pub(crate) fn take_due(&mut self, step: u64, out: &mut Vec<Packet>) {
         if self.delayed.iter().all(|(due, _, _)| *due > step) {
-            return Vec::new();
+            return;
         }
-        let (mut due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
-            .into_iter()
-            .partition(|(d, _, _)| *d <= step);
-        self.delayed = keep;
-        due.sort_by_key(|(d, s, _)| (*d, *s));
-        due.into_iter().map(|(_, _, p)| p).collect()
+        let mut due = std::mem::take(&mut self.due);
+        due.extend(self.delayed.extract_if(.., |(d, _, _)| *d <= step));
+        // Sequence numbers are unique: an unstable sort gives the one (due, send) order, and
+        // unlike the stable sort it never allocates.
+        due.sort_unstable_by_key(|(d, s, _)| (*d, *s));
+        out.extend(due.drain(..).map(|(_, _, p)| p));
+        self.due = due;
     }
 
     /// Whether packets are waiting (held or delayed).

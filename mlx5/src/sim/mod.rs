@@ -602,6 +602,15 @@ static JOINED: Mutex<Option<(String, Weak<Shared>)>> = Mutex::new(None);
 impl SimDoorbell for Shared {
     #[inline]
     fn ring_sq(&self, qpn: u32) {
+        if self.node.is_none() {
+            // A process-local fabric: the mutex is the whole lock (as in `lock_local`), and no
+            // `ModelGuard` is built and dropped around it.
+            self.model
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .ring(qpn);
+            return;
+        }
         match self.lock() {
             Ok(mut g) => g.ring(qpn),
             // Counted and logged by `lock`: the WQEs stay posted (their producer index is in

@@ -1,14 +1,13 @@
 //! The model's object tables and its progress engine (doorbells, steps, retries, flushes,
 //! CQE posting). WQE execution is in `exec.rs`.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::cqe::{Cqe, CqeOpcode, Syndrome};
 use crate::error::{Error, Result};
 use crate::sim::cq::{CqState, Push};
-use crate::sim::faults::Faults;
+use crate::sim::faults::{Faults, Packet};
 use crate::sim::memory::MrTable;
 use crate::sim::node::{self, NodeLink};
 use crate::sim::qpc::{self, QpcCache};
@@ -40,9 +39,9 @@ pub(crate) struct BadWqe {
 
 impl SqState {
     /// Copies the WQE at `ci` out of the ring (modulo the ring: it may wrap past the end) into
-    /// `out` (its previous contents replaced; its capacity reused). Returns its WQEBB count, or
-    /// what to skip if its `ds` is invalid or it extends past the rung producer index.
-    pub(crate) fn read_wqe(&self, out: &mut Vec<u8>) -> Result<u32, BadWqe> {
+    /// the front of `out`. Returns its WQEBB count and byte length, or what to skip if its `ds`
+    /// is invalid or it extends past the rung producer index.
+    pub(crate) fn read_wqe(&self, out: &mut [u8; MAX_WQE_BYTES]) -> Result<(u32, usize), BadWqe> {
         let ring = self.wqe_cnt as usize * WQEBB;
         let start = (self.ci & (self.wqe_cnt - 1)) as usize * WQEBB;
         let mut ctrl = [0u8; CTRL_BYTES];
@@ -68,27 +67,27 @@ impl SqState {
         }
         let len = ds as usize * wqe::DS_BYTES;
         let first = len.min(ring - start);
-        out.clear();
-        out.reserve(len);
         // SAFETY: both pieces lie inside the ring ([start, start+first) and [0, len-first));
-        // `out` has room for `len` bytes, all initialised by the copies before `set_len`.
+        // `len <= MAX_WQE_BYTES` (`ds <= MAX_DS`, checked above), so both fit in `out`.
         unsafe {
             std::ptr::copy_nonoverlapping(self.buf.add(start), out.as_mut_ptr(), first);
             if first < len {
                 std::ptr::copy_nonoverlapping(self.buf, out.as_mut_ptr().add(first), len - first);
             }
-            out.set_len(len);
         }
-        Ok(bbs)
+        Ok((bbs, len))
     }
 }
+
+/// Bytes of the largest WQE ([`wqe::MAX_DS`] segments of [`wqe::DS_BYTES`]).
+pub(crate) const MAX_WQE_BYTES: usize = wqe::MAX_DS as usize * wqe::DS_BYTES;
 
 /// Buffers the model reuses from WQE to WQE, so that executing a WQE allocates nothing once
 /// they have grown to the largest WQE and payload seen.
 #[derive(Debug)]
 pub(crate) struct Scratch {
-    /// The raw bytes of the WQE being executed.
-    pub(crate) bytes: Vec<u8>,
+    /// The raw bytes of the WQE being executed (its first `len` bytes, per `read_wqe`).
+    pub(crate) bytes: [u8; MAX_WQE_BYTES],
     /// The WQE being executed, parsed.
     pub(crate) wqe: wqe::ParsedWqe,
     /// A gathered payload (SEND, WRITE with data segments; READ data).
@@ -101,7 +100,7 @@ impl Scratch {
 
     pub(crate) fn new() -> Box<Scratch> {
         Box::new(Scratch {
-            bytes: Vec::with_capacity(wqe::MAX_DS as usize * wqe::DS_BYTES),
+            bytes: [0; MAX_WQE_BYTES],
             wqe: wqe::ParsedWqe::empty(),
             payload: Vec::new(),
         })
@@ -178,7 +177,10 @@ pub(crate) struct Model {
     next_srqn: u32,
     /// QPs that need attention on every step (stalled, or in the error state), in QPN order
     /// (deterministic).
-    pub(crate) active: BTreeSet<u32>,
+    pub(crate) active: ActiveSet,
+    /// The QPNs a step visits (a copy of `active`), reused from step to step so that a step
+    /// with stalled QPs allocates nothing.
+    step_list: Vec<u32>,
     pub(crate) faults: Faults,
     /// The node directory, when the fabric spans processes (`sim/node.rs`).
     pub(crate) node: Option<NodeLink>,
@@ -188,12 +190,50 @@ pub(crate) struct Model {
     pub(crate) ud_buf: Vec<u8>,
     /// A UD send's payload buffer, reused from packet to packet (see `exec_ud`).
     pub(crate) ud_tx: Vec<u8>,
+    /// Payload buffers of packets that fault injection held back or delayed, returned once
+    /// the packet is delivered and taken again by later sends (at most [`Model::SPARE_MAX`]).
+    pub(crate) ud_spare: Vec<Vec<u8>>,
+    /// Held back or delayed packets being delivered, reused from step to step.
+    pub(crate) fault_out: Vec<Packet>,
 }
 
 // SAFETY: the raw pointers in the tables refer to model-allocated queue memory (freed only
 // after the object is removed under the lock) and to registered memory (kept alive by the
 // registrant until deregistration under the lock).
 unsafe impl Send for Model {}
+
+/// A set of QPNs kept sorted in a `Vec`: iterated in QPN order (deterministic), and, unlike a
+/// `BTreeSet`, it keeps its allocation when it becomes empty, so a QP that stalls and resumes
+/// again and again (RNR) allocates nothing once warm. Sets are small (the QPs stalled or in
+/// the error state at one time).
+#[derive(Debug, Default)]
+pub(crate) struct ActiveSet(Vec<u32>);
+
+impl ActiveSet {
+    /// Adds `qpn` (no effect if present).
+    pub(crate) fn insert(&mut self, qpn: u32) {
+        if let Err(i) = self.0.binary_search(&qpn) {
+            self.0.insert(i, qpn);
+        }
+    }
+
+    /// Removes `qpn` (no effect if absent).
+    pub(crate) fn remove(&mut self, qpn: u32) {
+        if let Ok(i) = self.0.binary_search(&qpn) {
+            self.0.remove(i);
+        }
+    }
+
+    /// Whether the set is empty.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The QPNs, ascending.
+    pub(crate) fn as_slice(&self) -> &[u32] {
+        &self.0
+    }
+}
 
 /// A zeroed CQE for `qpn`.
 pub(crate) fn blank_cqe(qpn: u32) -> Cqe {
@@ -213,6 +253,10 @@ pub(crate) fn blank_cqe(qpn: u32) -> Cqe {
 }
 
 impl Model {
+    /// Spare UD payload buffers kept at most (more packets than this held back or delayed at
+    /// once is rare; their buffers are then freed).
+    pub(crate) const SPARE_MAX: usize = 64;
+
     pub(crate) fn new(cfg: SimConfig) -> Self {
         Model {
             faults: Faults::new(cfg.ud_faults),
@@ -230,11 +274,14 @@ impl Model {
             next_qpn: 0xff,
             next_cqn: 0,
             next_srqn: 0,
-            active: BTreeSet::new(),
+            active: ActiveSet::default(),
+            step_list: Vec::new(),
             node: None,
             scratch: Some(Scratch::new()),
             ud_buf: Vec::new(),
             ud_tx: Vec::new(),
+            ud_spare: Vec::new(),
+            fault_out: Vec::new(),
         }
     }
 
@@ -392,7 +439,7 @@ impl Model {
         {
             cache.remove(qpn);
         }
-        self.active.remove(&qpn);
+        self.active.remove(qpn);
     }
 
     /// RC: RESET → RTS towards `remote`.
@@ -505,26 +552,39 @@ impl Model {
     }
 
     /// One progress step: due delayed UD packets, released reordered ones, one retry per
-    /// stalled QP, flushes of QPs in error.
+    /// stalled QP, flushes of QPs in error. Inline: with nothing to do (no node, no packet
+    /// waiting, no QP stalled or in error: every doorbell of a healthy fabric) a step is two
+    /// counter increments and three tests.
+    #[inline]
     pub(crate) fn step(&mut self) {
         self.step += 1;
         self.stats.steps += 1;
+        if self.node.is_some() || self.faults.pending() || !self.active.is_empty() {
+            self.step_work();
+        }
+    }
+
+    /// The work of [`Model::step`] past its counters.
+    #[inline(never)]
+    fn step_work(&mut self) {
         if self.node.is_some() {
             self.node_step();
         }
         if self.faults.pending() {
-            for p in self.faults.take_due(self.step) {
-                self.deliver(&p);
-            }
-            for p in self.faults.take_stale_held(self.step) {
-                self.deliver(&p);
-            }
+            let mut out = std::mem::take(&mut self.fault_out);
+            self.faults.take_due(self.step, &mut out);
+            self.deliver_all(&mut out);
+            self.faults.take_stale_held(self.step, &mut out);
+            self.deliver_all(&mut out);
+            self.fault_out = out;
         }
         if self.active.is_empty() {
             return;
         }
-        let list: Vec<u32> = self.active.iter().copied().collect();
-        for qpn in list {
+        let mut list = std::mem::take(&mut self.step_list);
+        list.clear();
+        list.extend_from_slice(self.active.as_slice());
+        for &qpn in &list {
             self.run_sq(qpn);
             self.flush_rq(qpn);
             let keep = self
@@ -532,9 +592,10 @@ impl Model {
                 .get(qpn)
                 .is_some_and(|q| q.wait.is_some() || q.state == SimQpState::Error);
             if !keep {
-                self.active.remove(&qpn);
+                self.active.remove(qpn);
             }
         }
+        self.step_list = list;
     }
 
     /// Records a stall of `qpn`'s head WQE; `false` when the retry budget is exhausted.
@@ -700,5 +761,30 @@ impl Model {
         c.srqn = srqn;
         self.set_error(qpn);
         self.post_cqe(cqn, &c, CqeOpcode::RespErr, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ActiveSet;
+
+    #[test]
+    fn active_set_is_sorted_without_duplicates_and_keeps_its_buffer() {
+        let mut s = ActiveSet::default();
+        for n in [9, 3, 7, 3, 12, 9, 1] {
+            s.insert(n);
+        }
+        assert_eq!(s.as_slice(), [1, 3, 7, 9, 12]);
+        s.remove(7);
+        s.remove(8);
+        assert_eq!(s.as_slice(), [1, 3, 9, 12]);
+        let cap = s.0.capacity();
+        for n in [1, 3, 9, 12] {
+            s.remove(n);
+        }
+        assert!(s.is_empty());
+        assert_eq!(s.0.capacity(), cap, "an empty set keeps its allocation");
+        s.insert(5);
+        assert_eq!(s.as_slice(), [5]);
     }
 }

@@ -69,6 +69,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
@@ -699,9 +700,44 @@ impl Drop for NodeDir {
 }
 
 /// The segments of peers this model has mapped: `(pid, segment)` → `(start, length)`.
+///
+/// Looked up on every operation on a peer process's QP (its queues, CQ and memory regions),
+/// so hashed with [`SegHasher`] rather than SipHash.
 #[derive(Default)]
 pub(crate) struct PeerMaps {
-    maps: HashMap<(u32, u32), (usize, usize)>,
+    maps: HashMap<(u32, u32), (usize, usize), BuildHasherDefault<SegHasher>>,
+}
+
+/// A multiply-rotate hasher for the `(pid, segment)` keys of [`PeerMaps`]: two multiplies per
+/// key instead of SipHash's rounds. Not resistant to chosen collisions, which it need not be:
+/// an entry is added only for a segment file that exists and passed the ownership checks
+/// (this user's private regular file), so the map holds at most the segments this user's
+/// processes created, and the keys a lookup uses come from the node directory (`pid` of a
+/// slot, a segment number of an export), not from the network.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SegHasher(u64);
+
+impl SegHasher {
+    /// An odd 64-bit constant (2^64 / golden ratio): its product spreads every input bit into
+    /// the high bits, which the table's control bytes and bucket index use.
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+}
+
+impl Hasher for SegHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u32(u32::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, x: u32) {
+        self.0 = (self.0.rotate_left(26) ^ u64::from(x)).wrapping_mul(Self::K);
+    }
+
+    fn finish(&self) -> u64 {
+        // Fold the high half down too: hashbrown takes the bucket index from the low bits.
+        self.0 ^ (self.0 >> 32)
+    }
 }
 
 impl PeerMaps {
@@ -757,6 +793,33 @@ impl NodeLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn seg_hash(pid: u32, seg: u32) -> u64 {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        BuildHasherDefault::<SegHasher>::default().hash_one((pid, seg))
+    }
+
+    #[test]
+    fn seg_hasher_spreads_pids_and_segments() {
+        // Keys as they occur: a few hundred consecutive pids, small segment numbers.
+        let mut all = std::collections::HashSet::new();
+        let mut buckets = [0u32; 1024];
+        for pid in 4000..4500u32 {
+            for seg in 0..64u32 {
+                let h = seg_hash(pid, seg);
+                assert!(all.insert(h), "collision at ({pid}, {seg})");
+                buckets[(h & 1023) as usize] += 1;
+            }
+        }
+        // 32000 keys over 1024 low-bit buckets: mean 31.25.
+        let (lo, hi) = (buckets.iter().min().unwrap(), buckets.iter().max().unwrap());
+        assert!(*lo >= 10 && *hi <= 60, "uneven low bits: {lo}..{hi}");
+        assert_ne!(
+            seg_hash(1, 2),
+            seg_hash(2, 1),
+            "the order of the fields matters"
+        );
+    }
     use crate::sim::SimConfig;
     use crate::sim::model::Model;
 
