@@ -196,7 +196,10 @@ impl SendQueue {
     ///   than [`max_wqebbs`](Self::max_wqebbs);
     /// - [`Error::SqFull`]: padding + WQE need more WQEBBs than are free; retire completions
     ///   and retry.
-    #[inline]
+    ///
+    /// Always inlined: callers build `desc` as a literal, so the segments a caller never
+    /// uses (`ud`, `atomic`, ...) and the opcode tests fold away at compile time (issue 16).
+    #[inline(always)]
     pub fn post(&mut self, desc: &WqeDesc<'_>) -> Result<u16> {
         if desc.inline.len() > self.mem.max_inline as usize {
             return Err(inline_too_large(desc.inline.len(), self.mem.max_inline));

@@ -96,6 +96,7 @@ impl Opcode {
     }
 
     /// Whether the control segment's immediate field is meaningful.
+    #[inline]
     pub fn has_imm(self) -> bool {
         matches!(self, Opcode::RdmaWriteImm | Opcode::SendImm)
     }
@@ -311,10 +312,12 @@ pub const fn inline_seg_bytes(len: usize) -> usize {
 /// [`inline_seg_bytes`]. `b` must be at least that long.
 #[inline(always)]
 pub fn write_inline(b: &mut [u8], data: &[u8]) {
+    let end = inline_seg_bytes(data.len());
+    // Zero the last 16 B unit with one store, then write over its front: the padding after
+    // the data ends up zero without a byte loop.
+    b[end - DS_BYTES..end].copy_from_slice(&[0; DS_BYTES]);
     put_be32(b, 0, data.len() as u32 | INLINE_SEG);
     b[4..4 + data.len()].copy_from_slice(data);
-    let end = inline_seg_bytes(data.len());
-    b[4 + data.len()..end].fill(0);
 }
 
 /// Whether the segment starting at `b` is an inline segment (bit 31 of its first BE32).
@@ -404,7 +407,7 @@ pub struct WqeDesc<'a> {
 
 impl WqeDesc<'_> {
     /// The WQE's size in 16 B units (`ds`).
-    #[inline]
+    #[inline(always)]
     pub fn ds(&self) -> u32 {
         let mut bytes = CTRL_BYTES;
         if self.ud.is_some() {
