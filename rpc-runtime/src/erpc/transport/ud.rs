@@ -18,7 +18,8 @@
 //! | receive queue depth | [`DEFAULT_RQ_DEPTH`] = 512 WQEs | `kRQDepth` 512 |
 //! | signaling interval | [`DEFAULT_SIGNAL_INTERVAL`] = 64 WQEs | `kUnsigBatch` 64; §12.8 "64pkt/signal" |
 //! | inline limit | [`MAX_INLINE`] = 60 B | `kMaxInline` 60; §12.8 "`if msg.len() <= 60`" |
-//! | receive batch | [`DEFAULT_RX_BATCH`] = 32 datagrams | `kRecvSlack` 32 (receives are re-posted in batches) |
+//! | receive batch | [`DEFAULT_RX_BATCH`] = 32 datagrams | `kRecvSlack` 32 |
+//! | re-post batch | [`RECV_SLACK`] = 32 receive WQEs (fewer for queues under 512: `recv_slack`) | `kRecvSlack` 32 (receives are re-posted in batches) |
 //! | Q_Key | [`DEFAULT_QKEY`] = 0x0205 | `kQKey` 0x0205 |
 //!
 //! Deviations from seeds/002 §2 and §5 (Appendix A): the receive CQ has one entry per receive
@@ -403,6 +404,24 @@ fn send_ds(len: usize, inline_max: usize, sges: usize) -> u32 {
 
 /// Most data segments of a send WQE here: header and data of an in-place packet.
 const MAX_SEND_SGES: usize = 2;
+
+/// Receive buffers re-posted at once (seeds/000 §12.5 `kRecvSlack` = 32).
+pub const RECV_SLACK: u32 = 32;
+
+/// Consumed receive buffers that trigger a re-post for a queue of `rq_depth` WQEs:
+/// `clamp(rq_depth / 16, 1, RECV_SLACK)`, so at least 15/16 of the queue stays posted (32 of
+/// the default 512; every buffer at once for a queue of fewer than 32).
+#[inline]
+const fn recv_slack(rq_depth: u32) -> u64 {
+    let s = rq_depth / 16;
+    (if s == 0 {
+        1
+    } else if s > RECV_SLACK {
+        RECV_SLACK
+    } else {
+        s
+    }) as u64
+}
 
 /// Whether `part` lies inside `mem` (an empty part always does: it gets no data segment).
 #[inline]
@@ -970,16 +989,24 @@ impl UdTransport {
         }
     }
 
-    /// Re-posts every consumed receive buffer (one doorbell), unless the QP has failed.
+    /// Re-posts every consumed receive buffer (one doorbell) once at least
+    /// [`recv_slack`] of them are consumed, unless the QP has failed (seeds/000 §12.5
+    /// `kRecvSlack`: receives are re-posted in batches, so the per-datagram cost is a counter
+    /// test, not a WQE and a doorbell record write).
+    #[inline]
     fn repost_receives(&mut self) {
-        if self.failed.is_some() {
-            return;
-        }
         let depth = u64::from(self.cfg.rq_depth);
         let want = depth - (self.rx_posted - self.rx_consumed);
-        if want == 0 {
+        if want < recv_slack(self.cfg.rq_depth) || self.failed.is_some() {
             return;
         }
+        self.post_receives(want);
+    }
+
+    /// Posts `want` receive WQEs for the next consumed buffers, in ring order, one doorbell.
+    #[inline(never)]
+    fn post_receives(&mut self, want: u64) {
+        let depth = u64::from(self.cfg.rq_depth);
         let Some(rq) = self.qp.rq.as_mut() else {
             return;
         };
@@ -1534,7 +1561,17 @@ mod tests {
         let rest: Vec<Vec<u8>> = rest.into_iter().map(|(_, v)| v).collect();
         assert_eq!(rest, bufs[5..]);
         assert_eq!(b.stats().rx_calls, 4);
-        // Every buffer was re-posted: a full ring's worth arrives again.
+        // Buffers are re-posted in batches of `recv_slack(64)` = 4: the last 3 of the 40
+        // wait for a fourth, so a full ring's worth less those 3 arrives again...
+        assert_eq!(recv_slack(64), 4);
+        let again: Vec<_> = (0..61).map(|_| TxPkt::single(to, &bufs[0])).collect();
+        let mut sent = 0;
+        while sent < 61 {
+            sent += a.tx_burst(&again[sent..]).unwrap();
+        }
+        assert_eq!(drain(&mut b).0.len(), 61);
+        assert_eq!(f.stats().ud_no_recv, 0);
+        // ... and after that drain every consumed buffer was re-posted: 64 arrive.
         let again: Vec<_> = (0..64).map(|_| TxPkt::single(to, &bufs[0])).collect();
         let mut sent = 0;
         while sent < 64 {
