@@ -161,3 +161,52 @@ fn scalerpc_blocking_call_pending_when_server_dies_ends() {
     let (_fabric, server, kv) = readme_scalerpc();
     assert_disconnected(blocking_get_ends(kv, move || take_one_and_drop(server)));
 }
+
+/// Issues a pipelined `get` with a [`BOUND`] deadline, lets `server` take it and die, then
+/// polls once every 20 ms, as a client doing other work between polls would. Returns what the
+/// polls ended with and how many there were. A liveness check gated on a count of empty polls
+/// alone (1024 of them: 20 s here) would let the call's deadline pass first; the check runs
+/// by time ([`rpc::ClientTransport::idle_at`]), so the dead server is reported.
+fn slow_poller_sees<C: rpc::ClientTransport, T: ServerTransport>(
+    server: Server<KvService, T>,
+    mut kv: KvClient<C>,
+) -> (RpcError, u32) {
+    let mut server = server;
+    kv.issue(9).with_deadline(BOUND).get(0, 1).unwrap();
+    // The client's polls send what it issued; the server takes the request and dies.
+    let deadline = Instant::now() + BOUND;
+    loop {
+        assert!(Instant::now() < deadline, "the request did not arrive");
+        assert!(matches!(kv.poll(), Ok(None)));
+        server.poll();
+        if server.recv().is_some() {
+            break;
+        }
+    }
+    drop(server);
+    let mut polls = 0;
+    loop {
+        polls += 1;
+        match kv.poll() {
+            Ok(None) => thread::sleep(Duration::from_millis(20)),
+            Ok(Some(r)) => panic!("a dead server answered: {r:?}"),
+            Err(e) => return (e, polls),
+        }
+    }
+}
+
+#[test]
+fn copyrpc_slow_poller_notices_dead_server() {
+    let (_fabric, server, kv) = readme_copyrpc();
+    let (e, polls) = slow_poller_sees(server, kv);
+    eprintln!("ended after {polls} polls: {e:?}");
+    assert!(matches!(e, RpcError::ServerDisconnected), "got {e:?}");
+}
+
+#[test]
+fn scalerpc_slow_poller_notices_dead_server() {
+    let (_fabric, server, kv) = readme_scalerpc();
+    let (e, polls) = slow_poller_sees(server, kv);
+    eprintln!("ended after {polls} polls: {e:?}");
+    assert!(matches!(e, RpcError::ServerDisconnected), "got {e:?}");
+}

@@ -96,6 +96,17 @@ pub trait ClientTransport: Sized {
     /// [`RpcError::ServerDisconnected`] once the server is known to be gone while calls are
     /// in flight.
     fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError>;
+
+    /// Called by [`Client`] after a [`poll`](Self::poll) that delivered nothing while calls
+    /// are in flight, with the clock reading `now` it took for the calls' deadlines. A
+    /// transport with a liveness check (copyrpc, ScaleRPC) runs it here, so that a dead or
+    /// stopped server is noticed after its probe interval of waiting, however slowly the
+    /// caller polls (a count of empty polls alone can take longer than a call's deadline on a
+    /// loaded machine). Default: nothing.
+    #[inline]
+    fn idle_at(&mut self, now: Instant) {
+        let _ = now;
+    }
 }
 
 /// A completed pipelined call as [`Client::poll_raw_with`] hands it out.
@@ -858,13 +869,15 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 }
             })?;
             if got == 0 && self.calls.live > 0 {
-                self.calls.tick(u32::MAX, |slot| {
+                let now = self.calls.tick(u32::MAX, |slot| {
                     f(
                         slot.tag,
                         Completion::Failed(deadline_error::<S>(slot.tag, &slot)),
                     );
                     n += 1;
                 });
+                self.transport
+                    .idle_at(self.calls.epoch + Duration::from_nanos(now));
             }
         }
         Ok(n)
@@ -875,9 +888,12 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
     #[inline]
     fn tick(&mut self, skip: u32) -> u64 {
         let ready = &mut self.ready;
-        self.calls.tick(skip, |slot| {
+        let now = self.calls.tick(skip, |slot| {
             ready.push_back((slot.tag, Err(deadline_error::<S>(slot.tag, &slot))));
-        })
+        });
+        self.transport
+            .idle_at(self.calls.epoch + Duration::from_nanos(now));
+        now
     }
 
     #[inline(always)]

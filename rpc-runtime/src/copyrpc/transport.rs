@@ -536,20 +536,20 @@ impl Copyrpc {
         {
             p.empty_polls += 1;
             if p.empty_polls >= PROBE_CHECK_POLLS {
-                self.check_liveness();
+                self.check_liveness(Instant::now());
             }
         }
         Ok(0)
     }
 
-    /// Every [`PROBE_CHECK_POLLS`] empty polls with calls outstanding: if no response arrived
-    /// for the probe interval and no probe is in flight, post one.
+    /// Every [`PROBE_CHECK_POLLS`] empty polls with calls outstanding, and at each
+    /// [`ClientTransport::idle_at`]: if no response arrived for the probe interval and no
+    /// probe is in flight, post one.
     #[cold]
     #[inline(never)]
-    fn check_liveness(&mut self) {
+    fn check_liveness(&mut self, now: Instant) {
         let Some(p) = &mut self.probe else { return };
         p.empty_polls = 0;
-        let now = Instant::now();
         let seen = self.ctx.stats().responses;
         if seen != p.seen {
             p.seen = seen;
@@ -687,6 +687,18 @@ impl ClientTransport for Copyrpc {
             return self.idle();
         }
         Ok(n)
+    }
+
+    /// Runs the liveness check (module docs) when calls are in flight, by time: see
+    /// [`ClientTransport::idle_at`].
+    #[inline]
+    fn idle_at(&mut self, now: Instant) {
+        if self.probe.is_some()
+            && !self.failed()
+            && self.tokens.free() < self.max_in_flight as usize
+        {
+            self.check_liveness(now);
+        }
     }
 }
 

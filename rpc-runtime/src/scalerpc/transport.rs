@@ -663,22 +663,22 @@ impl ScaleRpc {
         if self.live.probe_interval.is_some() && self.outstanding() > 0 {
             self.live.empty_polls += 1;
             if self.live.empty_polls >= PROBE_CHECK_POLLS {
-                self.check_liveness();
+                self.check_liveness(Instant::now());
             }
         }
         Ok(0)
     }
 
-    /// Every [`PROBE_CHECK_POLLS`] empty polls with calls outstanding: if no response arrived
-    /// for the probe interval, no probe is out and the connection is active, send one.
+    /// Every [`PROBE_CHECK_POLLS`] empty polls with calls outstanding, and at each
+    /// [`ClientTransport::idle_at`]: if no response arrived for the probe interval, no
+    /// probe is out and the connection is active, send one.
     #[cold]
     #[inline(never)]
-    fn check_liveness(&mut self) {
+    fn check_liveness(&mut self, now: Instant) {
         self.live.empty_polls = 0;
         let Some(interval) = self.live.probe_interval else {
             return;
         };
-        let now = Instant::now();
         let seen = self.client.stats().responses;
         if seen != self.live.seen {
             self.live.seen = seen;
@@ -893,6 +893,15 @@ impl ClientTransport for ScaleRpc {
             return self.idle();
         }
         Ok(n)
+    }
+
+    /// Runs the liveness check (module docs) when calls are in flight, by time: see
+    /// [`ClientTransport::idle_at`].
+    #[inline]
+    fn idle_at(&mut self, now: Instant) {
+        if self.live.probe_interval.is_some() && !self.failed && self.outstanding() > 0 {
+            self.check_liveness(now);
+        }
     }
 }
 
