@@ -281,6 +281,12 @@ impl CqeRef<'_> {
         self.be32(cqe::off::BYTE_CNT)
     }
 
+    /// Source QPN of a UD receive: [`Cqe::src_qpn`].
+    #[inline(always)]
+    pub fn src_qpn(&self) -> u32 {
+        self.be32(cqe::off::FLAGS_RQPN) & 0x00ff_ffff
+    }
+
     /// Every field, as [`Cqe::decode`] gives them (the op_own byte is the one loaded before
     /// the barrier).
     #[inline]

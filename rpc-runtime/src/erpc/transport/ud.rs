@@ -135,6 +135,7 @@ use std::fmt;
 use std::io;
 use std::sync::{Arc, Weak};
 
+use mlx5::cq::CqeRef;
 use mlx5::cqe::{Cqe, CqeError, CqeOpcode, Syndrome};
 use mlx5::mem::DmaBuf;
 use mlx5::verbs::{
@@ -450,6 +451,39 @@ struct Pin {
     buf: Arc<DmaBuf>,
 }
 
+/// The fields of a successful receive completion that decide its fate, read in place
+/// ([`CqeRef`]) on the receive path or taken from a decoded [`Cqe`].
+#[derive(Clone, Copy, Debug)]
+struct RxFields {
+    /// CQE opcode nibble.
+    opcode: u8,
+    /// Immediate (host order).
+    imm: u32,
+    /// Bytes received, GRH area included.
+    byte_cnt: u32,
+}
+
+impl RxFields {
+    #[inline(always)]
+    fn of(c: &CqeRef<'_>) -> Self {
+        RxFields {
+            opcode: c.opcode(),
+            imm: c.imm(),
+            byte_cnt: c.byte_cnt(),
+        }
+    }
+}
+
+impl From<&Cqe> for RxFields {
+    fn from(c: &Cqe) -> Self {
+        RxFields {
+            opcode: c.opcode,
+            imm: c.imm,
+            byte_cnt: c.byte_cnt,
+        }
+    }
+}
+
 /// Why a successful receive completion is not delivered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RxDrop {
@@ -463,7 +497,7 @@ enum RxDrop {
 /// The payload length in bytes (GRH area excluded) of the datagram a successful receive
 /// completion `c` reports, or why it is dropped (module docs, "Datagram layout"). Total over
 /// every CQE value: fields the NIC (or a peer's model) wrote are checked, never trusted.
-fn rx_payload_len(c: &Cqe, mtu: usize) -> Result<usize, RxDrop> {
+fn rx_payload_len(c: &RxFields, mtu: usize) -> Result<usize, RxDrop> {
     if c.opcode != CqeOpcode::RespSendImm as u8 || c.imm & IMM_MAGIC_MASK != IMM_MAGIC {
         return Err(RxDrop::Foreign);
     }
@@ -474,6 +508,19 @@ fn rx_payload_len(c: &Cqe, mtu: usize) -> Result<usize, RxDrop> {
         return Err(RxDrop::Oversized);
     }
     Ok(len)
+}
+
+/// A receive completed in error: counted in `rx_errors`; a flush error (the QP went to the
+/// error state) fails the transport.
+#[cold]
+#[inline(never)]
+fn rx_error(c: &Cqe, stats: &mut TransportStats, failed: &mut Option<CqeError>) {
+    stats.rx_errors += 1;
+    if c.syndrome == Syndrome::WrFlush as u8
+        && let Err(e) = c.status()
+    {
+        failed.get_or_insert(e);
+    }
 }
 
 fn device_error(what: &str, e: mlx5::Error) -> io::Error {
@@ -1149,21 +1196,20 @@ impl DatagramTransport for UdTransport {
         let depth = u64::from(cfg.rq_depth);
         let mtu = cfg.mtu;
         let mut count = 0;
-        let polled = recv_cq.cq.poll(n, |c| {
+        // Fields are read in place from the entry (`poll_ref`): only the four used here.
+        let polled = recv_cq.cq.poll_ref(n, |c| {
             // Completion `k` of the RQ is receive WQE `k`, whose buffer is `k % rq_depth`.
             let buf = (*rx_consumed % depth) as u32;
             *rx_consumed += 1;
             if let Some(rq) = qp.rq.as_mut() {
                 rq.complete();
             }
-            if let Err(e) = c.status() {
-                stats.rx_errors += 1;
-                if c.syndrome == Syndrome::WrFlush as u8 {
-                    failed.get_or_insert(e);
-                }
+            if c.is_error() {
+                rx_error(&c.decode(), stats, failed);
                 return;
             }
-            let len = match rx_payload_len(c, mtu) {
+            let f = RxFields::of(&c);
+            let len = match rx_payload_len(&f, mtu) {
                 Ok(len) => len,
                 Err(RxDrop::Foreign) => {
                     stats.rx_errors += 1;
@@ -1180,7 +1226,7 @@ impl DatagramTransport for UdTransport {
             stats.rx_pkts += 1;
             stats.rx_bytes += len as u64;
             rx_meta[count] = RxMeta {
-                addr: UdAddr::new(c.imm as u16, c.src_qpn),
+                addr: UdAddr::new(f.imm as u16, c.src_qpn()),
                 buf,
                 len: len as u32,
             };
@@ -1954,7 +2000,7 @@ mod tests {
                 let ours = c.opcode == CqeOpcode::RespSendImm as u8
                     && c.imm & IMM_MAGIC_MASK == IMM_MAGIC
                     && c.byte_cnt as usize >= GRH_BYTES;
-                match rx_payload_len(&c, mtu) {
+                match rx_payload_len(&RxFields::from(&c), mtu) {
                     Ok(len) => {
                         prop_assert!(ours);
                         prop_assert_eq!(len, c.byte_cnt as usize - GRH_BYTES);
