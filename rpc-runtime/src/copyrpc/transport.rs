@@ -1178,10 +1178,12 @@ impl ServerTransport for CopyrpcServer {
             .map_err(reply_error)
     }
 
-    /// Sends the replies written so far (one WRITE+IMM per client with replies).
+    /// Sends the replies written so far (one WRITE+IMM per client with replies):
+    /// [`Context::flush`], which posts the dirty endpoints' batches without polling the
+    /// completion queues again (the round's `poll` did; the next one will).
     #[inline]
     fn flush(&mut self) {
-        self.ctx.poll(|_, _| {});
+        self.ctx.flush();
     }
 
     /// Zero copy both ways ([`Context::serve_next`]): `handle` reads the request in place in
