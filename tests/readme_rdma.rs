@@ -166,7 +166,7 @@ fn scalerpc_blocking_call_pending_when_server_dies_ends() {
 /// polls once every 20 ms, as a client doing other work between polls would. Returns what the
 /// polls ended with and how many there were. A liveness check gated on a count of empty polls
 /// alone (1024 of them: 20 s here) would let the call's deadline pass first; the check runs
-/// by time ([`rpc::ClientTransport::idle_at`]), so the dead server is reported.
+/// by time ([`rpc::ClientTransport::idle_tick`]), so the dead server is reported.
 fn slow_poller_sees<C: rpc::ClientTransport, T: ServerTransport>(
     server: Server<KvService, T>,
     mut kv: KvClient<C>,

@@ -22,7 +22,7 @@
 //! counted ([`ClientStats::late_responses`]).
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_utils::Backoff;
 use zerocopy::{Immutable, IntoBytes, KnownLayout, TryFromBytes};
@@ -97,16 +97,14 @@ pub trait ClientTransport: Sized {
     /// in flight.
     fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError>;
 
-    /// Called by [`Client`] after a [`poll`](Self::poll) that delivered nothing while calls
-    /// are in flight, with the clock reading `now` it took for the calls' deadlines. A
-    /// transport with a liveness check (copyrpc, ScaleRPC) runs it here, so that a dead or
-    /// stopped server is noticed after its probe interval of waiting, however slowly the
-    /// caller polls (a count of empty polls alone can take longer than a call's deadline on a
-    /// loaded machine). Default: nothing.
+    /// Called by [`Client`] while its polls deliver nothing and calls are in flight, at most
+    /// once per [`IDLE_TICK_NS`] (1 ms) of such polling. A transport with a liveness check
+    /// (copyrpc, ScaleRPC) runs it here, so that a dead or stopped server is noticed after
+    /// its probe interval of waiting, however slowly the caller polls (a count of empty
+    /// polls alone can take longer than a call's deadline on a loaded machine). Default:
+    /// nothing.
     #[inline]
-    fn idle_at(&mut self, now: Instant) {
-        let _ = now;
-    }
+    fn idle_tick(&mut self) {}
 }
 
 /// A completed pipelined call as [`Client::poll_raw_with`] hands it out.
@@ -187,6 +185,9 @@ pub const BLOCKING_TAG: u64 = u64::MAX;
 /// [`Client::call_within`]/[`Client::issue_within`] (generated stubs:
 /// `client.with_deadline(d).method(..)`, `client.issue(tag).with_deadline(d).method(..)`).
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(1);
+/// Least time in ns between two [`ClientTransport::idle_tick`] calls of a [`Client`]: 1 ms,
+/// well below the transports' liveness probe intervals (100 ms by default).
+pub const IDLE_TICK_NS: u64 = 1_000_000;
 
 /// Counters of a [`Client`]: calls that ended without their response, and responses that
 /// arrived for no live call.
@@ -220,8 +221,14 @@ struct Calls {
     live: usize,
     /// Expired calls whose token the transport still holds.
     zombies: usize,
-    /// Origin of the `*_ns` times.
-    epoch: Instant,
+    /// Source of the `*_ns` times: the TSC through `quanta` (a read costs a few instructions
+    /// instead of a vDSO `clock_gettime`), calibrated against the monotonic clock.
+    clock: quanta::Clock,
+    /// Raw `clock` reading at creation: the origin of the `*_ns` times.
+    epoch: u64,
+    /// When the transport is next told that polls come back empty
+    /// ([`ClientTransport::idle_tick`]), in ns since the epoch.
+    next_idle_ns: u64,
     /// The earliest stamped deadline of a live call, or a lower bound of it (`u64::MAX`: none).
     earliest_ns: u64,
     /// One bit per token: a call was issued on it since the last stamp.
@@ -233,6 +240,7 @@ struct Calls {
 
 impl Calls {
     fn new(n: usize) -> Self {
+        let clock = quanta::Clock::new();
         Calls {
             slots: vec![
                 CallSlot {
@@ -247,7 +255,9 @@ impl Calls {
             .into_boxed_slice(),
             live: 0,
             zombies: 0,
-            epoch: Instant::now(),
+            epoch: clock.raw(),
+            next_idle_ns: 0,
+            clock,
             earliest_ns: u64::MAX,
             unstamped: vec![0; n.div_ceil(64)].into_boxed_slice(),
             pending: 0,
@@ -258,7 +268,20 @@ impl Calls {
     /// Reads the clock: ns since [`Calls::epoch`].
     #[inline]
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1)
+        self.clock
+            .delta_as_nanos(self.epoch, self.clock.raw())
+            .min(u64::MAX - 1)
+    }
+
+    /// Whether the transport is due an [`ClientTransport::idle_tick`] at `now` (at most one
+    /// per [`IDLE_TICK_NS`]); if so, the next one is due [`IDLE_TICK_NS`] later.
+    #[inline]
+    fn idle_due(&mut self, now: u64) -> bool {
+        if now < self.next_idle_ns {
+            return false;
+        }
+        self.next_idle_ns = now.saturating_add(IDLE_TICK_NS);
+        true
     }
 
     /// Records a call just sent on `token`.
@@ -876,8 +899,9 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                     );
                     n += 1;
                 });
-                self.transport
-                    .idle_at(self.calls.epoch + Duration::from_nanos(now));
+                if self.calls.idle_due(now) {
+                    self.transport.idle_tick();
+                }
             }
         }
         Ok(n)
@@ -891,8 +915,9 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         let now = self.calls.tick(skip, |slot| {
             ready.push_back((slot.tag, Err(deadline_error::<S>(slot.tag, &slot))));
         });
-        self.transport
-            .idle_at(self.calls.epoch + Duration::from_nanos(now));
+        if self.calls.idle_due(now) {
+            self.transport.idle_tick();
+        }
         now
     }
 

@@ -543,7 +543,7 @@ impl Copyrpc {
     }
 
     /// Every [`PROBE_CHECK_POLLS`] empty polls with calls outstanding, and at each
-    /// [`ClientTransport::idle_at`]: if no response arrived for the probe interval and no
+    /// [`ClientTransport::idle_tick`]: if no response arrived for the probe interval and no
     /// probe is in flight, post one.
     #[cold]
     #[inline(never)]
@@ -690,14 +690,14 @@ impl ClientTransport for Copyrpc {
     }
 
     /// Runs the liveness check (module docs) when calls are in flight, by time: see
-    /// [`ClientTransport::idle_at`].
+    /// [`ClientTransport::idle_tick`].
     #[inline]
-    fn idle_at(&mut self, now: Instant) {
+    fn idle_tick(&mut self) {
         if self.probe.is_some()
             && !self.failed()
             && self.tokens.free() < self.max_in_flight as usize
         {
-            self.check_liveness(now);
+            self.check_liveness(Instant::now());
         }
     }
 }

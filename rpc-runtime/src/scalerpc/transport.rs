@@ -670,7 +670,7 @@ impl ScaleRpc {
     }
 
     /// Every [`PROBE_CHECK_POLLS`] empty polls with calls outstanding, and at each
-    /// [`ClientTransport::idle_at`]: if no response arrived for the probe interval, no
+    /// [`ClientTransport::idle_tick`]: if no response arrived for the probe interval, no
     /// probe is out and the connection is active, send one.
     #[cold]
     #[inline(never)]
@@ -896,11 +896,11 @@ impl ClientTransport for ScaleRpc {
     }
 
     /// Runs the liveness check (module docs) when calls are in flight, by time: see
-    /// [`ClientTransport::idle_at`].
+    /// [`ClientTransport::idle_tick`].
     #[inline]
-    fn idle_at(&mut self, now: Instant) {
+    fn idle_tick(&mut self) {
         if self.live.probe_interval.is_some() && !self.failed && self.outstanding() > 0 {
-            self.check_liveness(now);
+            self.check_liveness(Instant::now());
         }
     }
 }
