@@ -424,6 +424,35 @@ const fn recv_slack(rq_depth: u32) -> u64 {
     }) as u64
 }
 
+/// The bytes of packet `p` (at most [`MAX_INLINE`]) as one slice for an inline segment:
+/// `hdr` or `data` alone when the other is empty, both in place when `data` directly follows
+/// `hdr` in the packet's message buffer (packet 0 of a message, seeds/000 §3), else both
+/// copied into `staged`.
+#[inline(always)]
+fn inline_bytes<'a, A>(p: &TxPkt<'a, A>, staged: &'a mut [u8; MAX_INLINE]) -> &'a [u8] {
+    if p.data.is_empty() {
+        return p.hdr;
+    }
+    if p.hdr.is_empty() {
+        return p.data;
+    }
+    if let Some(mem) = p.mem
+        && p.hdr.as_ptr_range().end == p.data.as_ptr()
+        && inside(mem, p.hdr)
+        && inside(mem, p.data)
+    {
+        // SAFETY: `hdr` and `data` both lie inside the one allocation of `mem` (checked) and
+        // `data` starts where `hdr` ends, so the `hdr.len() + data.len()` bytes from
+        // `hdr`'s start are one initialised range of that allocation, borrowed for `'a` as
+        // both parts are (`p.mem` borrows the buffer for `'a`).
+        return unsafe { std::slice::from_raw_parts(p.hdr.as_ptr(), p.hdr.len() + p.data.len()) };
+    }
+    let len = p.hdr.len() + p.data.len();
+    staged[..p.hdr.len()].copy_from_slice(p.hdr);
+    staged[p.hdr.len()..len].copy_from_slice(p.data);
+    &staged[..len]
+}
+
 /// Whether `part` lies inside `mem` (an empty part always does: it gets no data segment).
 #[inline]
 fn inside(mem: &DmaBuf, part: &[u8]) -> bool {
@@ -963,11 +992,9 @@ impl UdTransport {
             || full_after
             || low_after
             || (gather.is_some() && end_of_run);
-        let mut inline = [0u8; MAX_INLINE];
+        let mut staged = [0u8; MAX_INLINE];
         let (inline, sges): (&[u8], &[Sge]) = if len <= self.inline_max {
-            inline[..p.hdr.len()].copy_from_slice(p.hdr);
-            inline[p.hdr.len()..len].copy_from_slice(p.data);
-            (&inline[..len], &[])
+            (inline_bytes(p, &mut staged), &[])
         } else if gather.is_some() {
             (&[], &sge[..nsge])
         } else {
@@ -1620,6 +1647,40 @@ mod tests {
             assert_eq!(drain(&mut b).0.len(), n);
             assert_eq!(f.stats().ud_no_recv, 0);
         }
+    }
+
+    /// Inline packets are sent from their bytes in place when they are one range (a single
+    /// part, or header and data adjacent in one message buffer), else from a staged copy;
+    /// either way the bytes are the header followed by the data.
+    #[test]
+    fn inline_bytes_in_place_or_staged() {
+        let to = UdAddr::new(1, 2);
+        let mem = Arc::new(DmaBuf::new(4096).unwrap());
+        // SAFETY: `mem` is a fresh 4096-byte buffer no one else uses; written before any
+        // shared view of it is taken.
+        unsafe {
+            std::ptr::copy_nonoverlapping(pattern(64, 3).as_ptr(), mem.as_ptr().cast_mut(), 64);
+        }
+        // SAFETY: the first 64 bytes were initialised above; nothing writes `mem` any more.
+        let bytes = unsafe { std::slice::from_raw_parts(mem.as_ptr(), 64) };
+        let mut staged = [0u8; MAX_INLINE];
+        // Header and data adjacent in the buffer: one slice, in place.
+        let p = TxPkt::in_buffer(to, &bytes[..16], &bytes[16..40], &mem);
+        let got = inline_bytes(&p, &mut staged);
+        assert_eq!(got.as_ptr(), bytes.as_ptr());
+        assert_eq!(got, &bytes[..40]);
+        // A gap between them: staged, header then data.
+        let p = TxPkt::in_buffer(to, &bytes[..16], &bytes[20..40], &mem);
+        let got = inline_bytes(&p, &mut staged).to_vec();
+        assert_eq!(got, [&bytes[..16], &bytes[20..40]].concat());
+        // Adjacent but not in a message buffer: staged too.
+        let p = TxPkt::new(to, &bytes[..16], &bytes[16..40]);
+        let got = inline_bytes(&p, &mut staged);
+        assert_ne!(got.as_ptr(), bytes.as_ptr());
+        assert_eq!(got, &bytes[..40]);
+        // One part: that part.
+        let p = TxPkt::single(to, &bytes[..33]);
+        assert_eq!(inline_bytes(&p, &mut staged).as_ptr(), bytes.as_ptr());
     }
 
     #[test]
