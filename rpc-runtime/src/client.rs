@@ -51,7 +51,7 @@ pub const DEFAULT_CALLS_IN_FLIGHT: usize = 32;
 
 /// The client side of a transport: sends request messages and delivers response messages.
 ///
-/// Implemented by each transport (`Delegation`, `Copyrpc`, and later eRPC, ScaleRPC).
+/// Implemented by each transport: `Delegation`, `Ipc`, `Copyrpc`, `Erpc` and `ScaleRpc`.
 pub trait ClientTransport: Sized {
     /// What [`ClientTransport::connect`] takes: a shared-memory name for the delegation ring,
     /// an endpoint address for the network transports.
