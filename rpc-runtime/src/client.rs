@@ -899,9 +899,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                     );
                     n += 1;
                 });
-                if self.calls.idle_due(now) {
-                    self.transport.idle_tick();
-                }
+                self.idle(now);
             }
         }
         Ok(n)
@@ -915,10 +913,17 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         let now = self.calls.tick(skip, |slot| {
             ready.push_back((slot.tag, Err(deadline_error::<S>(slot.tag, &slot))));
         });
+        self.idle(now);
+        now
+    }
+
+    /// A poll found nothing at `now`: tells the transport, at most once per
+    /// [`IDLE_TICK_NS`] ([`ClientTransport::idle_tick`]).
+    #[inline]
+    fn idle(&mut self, now: u64) {
         if self.calls.idle_due(now) {
             self.transport.idle_tick();
         }
-        now
     }
 
     #[inline(always)]

@@ -413,15 +413,8 @@ pub const RECV_SLACK: u32 = 32;
 /// `clamp(rq_depth / 16, 1, RECV_SLACK)`, so at least 15/16 of the queue stays posted (32 of
 /// the default 512; every buffer at once for a queue of fewer than 32).
 #[inline]
-const fn recv_slack(rq_depth: u32) -> u64 {
-    let s = rq_depth / 16;
-    (if s == 0 {
-        1
-    } else if s > RECV_SLACK {
-        RECV_SLACK
-    } else {
-        s
-    }) as u64
+fn recv_slack(rq_depth: u32) -> u64 {
+    u64::from((rq_depth / 16).clamp(1, RECV_SLACK))
 }
 
 /// The bytes of packet `p` (at most [`MAX_INLINE`]) as one slice for an inline segment:
