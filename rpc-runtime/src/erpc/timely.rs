@@ -21,8 +21,10 @@
 //!
 //! **The minimum RTT is measured.** The Timely paper normalizes the gradient by the path's
 //! propagation RTT (`minRTT`), a property of the network; eRPC hard-codes 2 µs for its
-//! clusters ([`MIN_RTT_US`]). Here each session takes the smallest RTT it has observed
-//! ([`Timely::observe_rtt`], fed every sample, bypassed ones included), never below
+//! clusters ([`MIN_RTT_US`]). Here each session takes the smallest round trip it has
+//! observed ([`Timely::observe_rtt`], fed every sample, bypassed ones included; the eRPC core
+//! feeds it the full round trip from the packet's hand-out, while the samples it gives
+//! [`Timely::update`] exclude the sender's serialization delay), never below
 //! [`MIN_RTT_US`]: on a 2 µs fabric the result is eRPC's, and on a path whose floor is
 //! 20-30 µs (UDP loopback on a VM) a 50 µs blip is a gradient of about 1, not 25, so one
 //! delayed sample no longer sends the session to [`MIN_RATE_BPS`].
@@ -97,7 +99,6 @@ impl Timely {
         self.link_bw_bps
     }
 
-    /// Whether the rate is at link bandwidth: packets need no pacing.
     /// Records an RTT sample (µs) for the minimum-RTT estimate; ignores a sample that is not
     /// finite or negative. Call it for every sample, including those [`Timely::update`]
     /// bypasses.
@@ -119,6 +120,7 @@ impl Timely {
         }
     }
 
+    /// Whether the rate is at link bandwidth: packets need no pacing.
     #[inline]
     pub fn is_uncongested(&self) -> bool {
         self.rate_bps >= self.link_bw_bps

@@ -13,8 +13,14 @@
 //!   entries move to the transmit queue in time order; the slot's retransmission deadline is
 //!   pushed to at least `now + rto` because the packet only now leaves.
 //! - **Sampling** (`cc_sample`, on every accepted CR or response packet): the RTT is the time
-//!   since packet `pkt_num` was handed out by `poll_transmit_at` (`tx_ts`, stamped by
-//!   `stamp_tx`). Uncongested sessions skip samples below `T_LOW` (Timely bypass); others
+//!   since packet `pkt_num` left this endpoint's link (`tx_ts`, stamped by `stamp_tx`): the
+//!   time `poll_transmit_at` handed it out, plus the time the link (at `link_bandwidth_bps`)
+//!   needs for the packets handed out before it that it has not yet finished, plus its own
+//!   wire time (`link_departure`). This is the Timely paper's RTT (§4.1: completion time
+//!   minus send time minus the segment's serialization delay at line rate), applied to a
+//!   burst: a window of eight 64 KB packets handed out at once takes 168 µs to serialize at
+//!   25 Gbit/s, and without the subtraction its last packet's sample would report that
+//!   self-inflicted delay as queueing in the network. Uncongested sessions skip samples below `T_LOW` (Timely bypass); others
 //!   update the rate ([`Timely::update`](crate::erpc::timely::Timely::update)). Two kinds of
 //!   answers give no sample, as in the Timely paper (Mittal et al. 2015, §3-4: RTTs from
 //!   NIC-generated acknowledgements, of packets sent once): the answer to a retransmitted
@@ -43,7 +49,7 @@
 
 use std::hash::Hash;
 
-use super::sslot::{NO_TS, SLOTS_PER_SESSION, slot_of};
+use super::sslot::{NO_TS, SLOTS_PER_SESSION, TxStamp, slot_of};
 use super::{Rpc, SessionId, Time, Tx};
 use crate::erpc::timely::T_LOW_US;
 
@@ -212,8 +218,24 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         });
     }
 
-    /// Records when a client packet left (`poll_transmit_at`), for RTT samples.
-    pub(super) fn stamp_tx(&mut self, now: Time, tx: Tx<A>) {
+    /// The time a datagram of `bytes` handed out at `now` has left this endpoint's link: it
+    /// starts once the link has serialized everything handed out before it (at
+    /// [`Config::link_bandwidth_bps`](super::Config::link_bandwidth_bps)) and takes its own
+    /// wire time. RTT samples count from this departure, so they exclude the serialization
+    /// delay of the packet and of the burst ahead of it (Timely, Mittal et al. 2015, §4.1:
+    /// the RTT is the completion time minus the send time minus the segment's serialization
+    /// delay at line rate; see the module docs, "Sampling").
+    #[inline]
+    pub(super) fn link_departure(&mut self, now: Time, bytes: usize) -> Time {
+        let wire_ns = (bytes as u64).saturating_mul(self.link_ps_per_byte) / 1000;
+        let departed = now.max(self.link_free_at).saturating_add(wire_ns);
+        self.link_free_at = departed;
+        departed
+    }
+
+    /// Records when a client packet was handed out (`now`) and left the link (`departed`,
+    /// from [`Rpc::link_departure`]), for RTT samples.
+    pub(super) fn stamp_tx(&mut self, now: Time, departed: Time, tx: Tx<A>) {
         let (Tx::ReqPkt {
             session,
             generation,
@@ -241,7 +263,14 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             let n = slot.tx_ts.len();
             // Karn's rule: the answer to a retransmitted packet may answer any of its copies,
             // so its RTT is unknown and it gives no sample.
-            slot.tx_ts[pkt % n] = if pkt < slot.tx_high { NO_TS } else { now };
+            slot.tx_ts[pkt % n] = if pkt < slot.tx_high {
+                NO_TS
+            } else {
+                TxStamp {
+                    handed_out: now,
+                    departed,
+                }
+            };
             slot.tx_high = slot.tx_high.max(pkt + 1);
         }
     }
@@ -269,13 +298,18 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             return;
         }
         let sent = slot.tx_ts[pkt % slot.tx_ts.len()];
-        if sent == NO_TS || sent > now {
-            self.stats.rtt_skipped_retransmit += u64::from(sent == NO_TS);
+        if sent == NO_TS {
+            self.stats.rtt_skipped_retransmit += 1;
             return;
         }
-        let rtt_us = (now - sent) as f64 / 1e3;
+        // The sample counts from the packet's departure; an answer before it (a path faster
+        // than the configured link rate) is a sample of no queueing at all. The minimum RTT
+        // that normalizes the gradient is the smallest full round trip (from the hand-out),
+        // which a path faster than the link model cannot drive to zero.
+        let rtt_us = now.saturating_sub(sent.departed) as f64 / 1e3;
         self.stats.rtt_samples += 1;
-        c.timely.observe_rtt(rtt_us);
+        c.timely
+            .observe_rtt(now.saturating_sub(sent.handed_out) as f64 / 1e3);
         if c.timely.is_uncongested() && rtt_us < T_LOW_US {
             self.stats.timely_bypassed += 1;
         } else if c.timely.update(rtt_us, now) {

@@ -500,3 +500,95 @@ fn timer_bound_advances() {
     assert_eq!(cl.rpc.stats().sm_tx, sm + 1, "keepalive ping");
     cl.rpc.check_invariants();
 }
+
+/// The client session of `sid`: (Timely rate in bit/s, measured minimum RTT in µs).
+fn timely_of(rpc: &Rpc<u32>, sid: SessionId) -> (f64, f64) {
+    let c = rpc.sessions[usize::from(sid.0)]
+        .as_ref()
+        .unwrap()
+        .role
+        .client()
+        .unwrap();
+    (c.timely.rate(), c.timely.min_rtt_us())
+}
+
+/// Timely's RTT excludes serialization at the sender (Mittal et al. 2015, §4.1): a window
+/// of eight 4 KiB packets handed out at once leaves a 1 Gbit/s link one wire time (32.8 µs)
+/// apart, and each is answered 10 µs after it left. Counted from the hand-out, the samples
+/// would grow to 272 µs (gradient mode, rate cut); counted from each packet's departure
+/// every sample is 10 µs, so the session stays uncongested and every sample takes the
+/// Timely bypass. The minimum RTT (which normalizes the gradient) is the smallest full
+/// round trip, 42.8 µs, not the corrected 10 µs.
+#[test]
+fn rtt_samples_exclude_serialization_of_the_burst() {
+    let cfg = Config {
+        link_bandwidth_bps: 1_000_000_000,
+        ..Config::default()
+    };
+    let mtu = cfg.mtu;
+    let dpp = mtu - PKTHDR_SIZE;
+    let wire = (mtu * 8) as Time; // ns per full packet at 1 Gbit/s
+    let prop: Time = 5_000; // one-way, ns
+    let t0 = MS;
+    let (mut cl, mut sv, sid) = pair(cfg, t0);
+    // Nine packets: packets 0..8 take the eight credits, 0..7 are answered by CRs.
+    cl.rpc
+        .enqueue_request(t0, sid, 1, &payload(0, 9 * dpp), 0)
+        .unwrap();
+    let mut buf = vec![0u8; 65536];
+    let mut burst = Vec::new();
+    while let Some((_, n)) = cl.rpc.poll_transmit_at(t0, &mut buf) {
+        burst.push(buf[..n].to_vec());
+    }
+    assert_eq!(burst.len(), 8, "one window handed out at once");
+    for (k, pkt) in burst.iter().enumerate() {
+        let departed = t0 + (k as Time + 1) * wire;
+        sv.rpc.handle_datagram(departed + prop, 1, pkt);
+        while let Some((_, n)) = sv.rpc.poll_transmit_at(departed + prop, &mut buf) {
+            cl.rpc.handle_datagram(departed + 2 * prop, 2, &buf[..n]);
+        }
+    }
+    let st = cl.rpc.stats().clone();
+    assert_eq!(st.rtt_samples, 8, "{st:?}");
+    assert_eq!(
+        st.timely_bypassed, 8,
+        "every sample is 10 µs < T_LOW: {st:?}"
+    );
+    assert_eq!(st.timely_updates, 0, "{st:?}");
+    let (rate, min_rtt) = timely_of(&cl.rpc, sid);
+    assert_eq!(rate, 1e9, "still uncongested");
+    let first_round_trip_us = (wire + 2 * prop) as f64 / 1e3;
+    assert!(
+        (min_rtt - first_round_trip_us).abs() < 1e-6,
+        "min RTT {min_rtt} µs is the smallest full round trip {first_round_trip_us} µs"
+    );
+}
+
+/// The correction removes only the link's serialization: a packet whose answer is late
+/// because of queueing beyond the link (here 1.5 ms, far more than its 32.8 µs wire time)
+/// still gives a sample above `T_HIGH`, and Timely cuts the rate multiplicatively.
+#[test]
+fn queueing_beyond_the_link_still_cuts_the_rate() {
+    let cfg = Config {
+        link_bandwidth_bps: 1_000_000_000,
+        ..Config::default()
+    };
+    let dpp = cfg.mtu - PKTHDR_SIZE;
+    let t0 = MS;
+    let (mut cl, mut sv, sid) = pair(cfg, t0);
+    cl.rpc
+        .enqueue_request(t0, sid, 1, &payload(0, 3 * dpp), 0)
+        .unwrap();
+    let mut buf = vec![0u8; 65536];
+    let (_, n) = cl.rpc.poll_transmit_at(t0, &mut buf).unwrap();
+    let first = buf[..n].to_vec();
+    let late = t0 + 1_500_000;
+    sv.rpc.handle_datagram(late, 1, &first);
+    while let Some((_, n)) = sv.rpc.poll_transmit_at(late, &mut buf) {
+        cl.rpc.handle_datagram(late, 2, &buf[..n]);
+    }
+    let st = cl.rpc.stats().clone();
+    assert_eq!((st.rtt_samples, st.timely_updates), (1, 1), "{st:?}");
+    let (rate, _) = timely_of(&cl.rpc, sid);
+    assert!(rate < 1e9, "rate cut to {rate}");
+}

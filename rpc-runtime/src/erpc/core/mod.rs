@@ -102,8 +102,10 @@
 //! # Congestion control (seeds/000 §6, §12.3, §12.7; seeds/002 §6.3)
 //! Each client session runs [Timely](crate::erpc::timely): every accepted answer (credit
 //! return or response packet) yields an RTT sample against the time its client packet left
-//! (`tx_ts` per slot, seeds/000 §4.2), taken once per `poll_transmit_at`/`handle_datagram`
-//! call time, i.e. per event-loop batch (seeds/002 §6.3 "bypass 3"). A session whose rate is
+//! (`tx_ts` per slot, seeds/000 §4.2): the `poll_transmit_at`/`handle_datagram` call time,
+//! i.e. once per event-loop batch (seeds/002 §6.3 "bypass 3"), plus the packet's
+//! serialization behind the burst handed out before it at the link rate (Timely §4.1; see
+//! `cc.rs`). A session whose rate is
 //! the link rate is *uncongested*: its samples below `T_LOW` skip the update (Timely bypass)
 //! and its packets go straight to the transmit queue (wheel bypass). A congested session's
 //! packets (request packets and RFRs; servers only answer and are not rate limited) are
@@ -692,6 +694,17 @@ pub struct MsgPkt {
     pkt: u16,
     /// A server response packet (else a client request packet).
     resp: bool,
+    /// Datagram length in bytes (16-byte header plus data), set by `place_pkt`.
+    len: u32,
+}
+
+impl MsgPkt {
+    /// Length of the datagram in bytes: the 16-byte header plus this packet's data (at most
+    /// the configured MTU).
+    #[inline]
+    pub fn wire_len(&self) -> usize {
+        self.len as usize
+    }
 }
 
 /// Datagrams of at most this many bytes (header included) are copied into the caller's
@@ -726,7 +739,10 @@ fn place_pkt<A>(
     if *msg.pkthdr(i) != hdr {
         *msg.pkthdr_mut(i) = hdr;
     }
-    TxOut::Msg { dest, pkt: pkt() }
+    let mut pkt = pkt();
+    // At most the MTU, which is a datagram length (below 2^32 on every transport).
+    pkt.len = u32::try_from(PKTHDR_SIZE + len).unwrap_or(u32::MAX);
+    TxOut::Msg { dest, pkt }
 }
 
 /// A datagram produced by [`Rpc::poll_transmit_gather`].
@@ -817,6 +833,11 @@ pub struct Rpc<A> {
     timer_lb: Time,
     /// The latest time passed to any input; the time `poll_transmit` uses.
     last_now: Time,
+    /// When this endpoint's link has finished serializing every packet handed out so far, at
+    /// `link_bandwidth_bps` (`cc.rs`, "Sampling"): the departure time RTT samples count from.
+    link_free_at: Time,
+    /// Wire time of one byte at `link_bandwidth_bps`, in picoseconds.
+    link_ps_per_byte: u64,
     /// Calls of `check_invariants` (tests only).
     #[cfg(test)]
     check_calls: std::cell::Cell<u64>,
@@ -875,6 +896,8 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         );
         let src_limit = cfg.source_session_limit();
         let cfg_pacing = cfg.cc_pacing;
+        // At least MIN_RATE_BPS (checked above), so nonzero.
+        let link_bps = cfg.link_bandwidth_bps.max(1);
         Ok(Rpc {
             data_per_pkt: dpp,
             cfg,
@@ -903,6 +926,8 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             wheel_out: Vec::with_capacity(cc::WHEEL_INITIAL_ENTRIES),
             timer_lb: Time::MAX,
             last_now: 0,
+            link_free_at: 0,
+            link_ps_per_byte: 8_000_000_000_000 / link_bps,
             #[cfg(test)]
             check_calls: std::cell::Cell::new(0),
         })
@@ -1190,7 +1215,14 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         while let Some(tx) = self.txq.pop_front() {
             if let Some(out) = self.render(tx, buf) {
                 self.stats.tx_pkts += 1;
-                self.stamp_tx(now, tx);
+                if self.cfg.cc_rate_comp {
+                    let bytes = match &out {
+                        TxOut::Rendered { len, .. } => *len,
+                        TxOut::Msg { pkt, .. } => pkt.wire_len(),
+                    };
+                    let departed = self.link_departure(now, bytes);
+                    self.stamp_tx(now, departed, tx);
+                }
                 return Some(out);
             }
         }

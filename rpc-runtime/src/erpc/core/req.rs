@@ -240,6 +240,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             // Below num_pkts <= 2^14.
             pkt: pkt as u16,
             resp: false,
+            len: 0,
         }))
     }
 

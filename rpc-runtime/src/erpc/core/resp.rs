@@ -134,6 +134,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             // Below num_pkts <= 2^14.
             pkt: j as u16,
             resp: true,
+            len: 0,
         }))
     }
 

@@ -61,10 +61,11 @@ pub(super) struct ClientSlot {
     pub rto_deadline: Option<Time>,
     /// The slot sits in the session's stall queue.
     pub in_stall: bool,
-    /// When packet `k` of the exchange was last handed out by `poll_transmit`, at index
-    /// `k % session_credits` (eRPC's per-slot `tx_ts`, seeds/000 §4.2); [`NO_TS`] if unknown.
-    /// At most `session_credits` packets of a slot are outstanding, so indices do not collide.
-    pub tx_ts: Box<[Time]>,
+    /// When packet `k` of the exchange was last handed out by `poll_transmit`, and when it
+    /// left the endpoint's link, at index `k % session_credits` (eRPC's per-slot `tx_ts`,
+    /// seeds/000 §4.2); [`NO_TS`] if unknown. At most `session_credits` packets of a slot
+    /// are outstanding, so indices do not collide.
+    pub tx_ts: Box<[TxStamp]>,
     /// Packets of this exchange handed out at least once (`0..tx_high`): a packet below it is
     /// a retransmission, whose answer gives no RTT sample (Karn's rule; see `cc.rs`).
     pub tx_high: usize,
@@ -77,8 +78,21 @@ pub(super) struct ClientSlot {
     pub paced_until: Time,
 }
 
-/// `tx_ts` value of a packet not (yet) sent.
-pub(super) const NO_TS: Time = Time::MAX;
+/// The send times of one client packet, ns (`cc.rs`, "Sampling").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxStamp {
+    /// When `poll_transmit` handed the packet out.
+    pub handed_out: Time,
+    /// When the endpoint's link finished serializing it, at the configured link rate: at
+    /// least `handed_out` plus the packet's own wire time.
+    pub departed: Time,
+}
+
+/// `tx_ts` value of a packet not (yet) sent, or whose answer gives no RTT sample.
+pub(super) const NO_TS: TxStamp = TxStamp {
+    handed_out: Time::MAX,
+    departed: Time::MAX,
+};
 
 impl ClientSlot {
     /// An idle slot whose first RPC uses `first_req_num`, for a session with `credits`
