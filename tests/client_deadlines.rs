@@ -71,6 +71,7 @@ impl ClientTransport for Scripted {
     fn send(
         &mut self,
         _timeout: Duration,
+        _method_id: u16,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         if self.full {

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use idl::echo::{EchoClient, EchoResponse, EchoService};
+use idl::echo::{EchoClient, EchoRequest, EchoResponse, EchoService};
 use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
 use rpc::copyrpc::{
     ConnectRefusal, Context, ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer, CopyrpcSetupError,
@@ -361,7 +361,7 @@ fn raw_roundtrip(
     msg: &[u8],
 ) -> Vec<u8> {
     let token = t
-        .send(std::time::Duration::from_secs(5), |b| {
+        .send(std::time::Duration::from_secs(5), 0, |b| {
             b[..msg.len()].copy_from_slice(msg);
             msg.len()
         })
@@ -1200,4 +1200,108 @@ fn zero_copy_serve_runs_the_handler_when_the_reply_is_refused() {
         .unwrap()
         .positions();
     assert!(released > 0);
+}
+
+/// Credit by each method's largest result (issue 16, seeds/004 §3.4): on 8 KiB rings the
+/// 2 KiB of response credit covers at most 6 `echo256` calls (a 264 B result) but many
+/// more `ping` calls (a 16 B result), which used to reserve `echo256`'s size too. With the
+/// server not serving, pings stop at the tokens or the credit, echo256 calls at the credit;
+/// both complete with the right results once it serves.
+#[test]
+fn small_results_reserve_small_credit() {
+    let fabric = Fabric::new(SimConfig::default());
+    let cfg = EndpointConfig {
+        ring_size: 8192,
+        ..EndpointConfig::default()
+    };
+    let mut server =
+        CopyrpcServer::serve::<EchoService>(&fabric.open(), ContextConfig::default(), cfg).unwrap();
+    let mut addr = CopyrpcAddr::new(fabric.open(), server.transport().listener());
+    addr.endpoint = cfg;
+    let mut echo = connect_polling(&mut server, &addr, EchoClient::<Copyrpc>::connect).unwrap();
+    let serve_all = |server: &mut Server<EchoService, CopyrpcServer>,
+                     echo: &mut EchoClient<Copyrpc>,
+                     calls: u64,
+                     check: &dyn Fn(u64, EchoResponse)| {
+        let mut done = 0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while done < calls {
+            assert!(Instant::now() < deadline, "stalled at {done} of {calls}");
+            server.serve_once(|req| EchoService::dispatch(&mut idl::echo::Echoer, req));
+            done += echo.poll_with(|tag, r| check(tag, r.unwrap())).unwrap() as u64;
+        }
+    };
+    let issue_all = |echo: &mut EchoClient<Copyrpc>, big: bool| {
+        let mut n = 0u64;
+        loop {
+            let r = if big {
+                echo.issue(n).echo256([n as u8; 256])
+            } else {
+                echo.issue(n).ping(n)
+            };
+            match r {
+                Ok(()) => n += 1,
+                Err(RpcError::WouldBlock) => return n,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    let pings = issue_all(&mut echo, false);
+    serve_all(&mut server, &mut echo, pings, &|tag, r| {
+        assert_eq!(r, EchoResponse::Ping(tag))
+    });
+    let echos = issue_all(&mut echo, true);
+    serve_all(&mut server, &mut echo, echos, &|tag, r| {
+        assert_eq!(r, EchoResponse::Echo256([tag as u8; 256]))
+    });
+    eprintln!("in flight on 2 KiB of credit: {pings} pings, {echos} echo256 calls");
+    assert!((1..=6).contains(&echos), "{echos} echo256 calls");
+    assert!(
+        pings >= 4 * echos && pings >= 24,
+        "{pings} pings against {echos} echo256 calls"
+    );
+    assert_eq!(server.stats().dropped_replies, 0);
+    assert_eq!(server.stats().requests, pings + echos);
+}
+
+/// A caller that reserves credit for one method and asks another: a raw client sends an
+/// `echo256` request with `ping`'s allowance (16 B of result room, against the 264 B it
+/// needs). The server runs the handler, drops the reply it cannot fit (counted, no panic,
+/// nothing written beyond the allowance) and keeps serving; a proper call then succeeds.
+#[test]
+fn a_reply_beyond_the_callers_allowance_is_dropped() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (mut server, addr) = server::<EchoService>(&fabric);
+    let mut raw = connect_polling(&mut server, &addr, |a| {
+        Copyrpc::connect(a, EchoService::DESCRIPTOR)
+    })
+    .unwrap();
+    let req = EchoRequest::Echo256(idl::echo::EchoEcho256Args { payload: [7; 256] });
+    raw.send(Duration::from_secs(5), EchoService::PING, |b| {
+        EchoService::encode_request(&req, b)
+    })
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.stats().dropped_replies == 0 {
+        assert!(Instant::now() < deadline, "the request was not served");
+        server.serve_once(|req| EchoService::dispatch(&mut idl::echo::Echoer, req));
+        raw.poll(1, |_, _| {
+            panic!("a reply beyond the allowance was delivered")
+        })
+        .unwrap();
+    }
+    assert_eq!(server.stats().requests, 1);
+    assert_eq!(server.stats().dropped_replies, 1);
+    // The connection is intact: a call that reserved for its own method is answered.
+    let mut echo = Client::<EchoService, Copyrpc>::from_transport(raw);
+    echo.issue(9, EchoService::ECHO256, &[9u8; 256]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        assert!(Instant::now() < deadline, "no answer");
+        server.serve_once(|req| EchoService::dispatch(&mut idl::echo::Echoer, req));
+        if let Some(r) = echo.poll().unwrap() {
+            break r;
+        }
+    };
+    assert_eq!(got, (9, EchoResponse::Echo256([9; 256])));
 }

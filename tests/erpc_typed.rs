@@ -268,7 +268,7 @@ fn multi_packet_messages_and_options() {
 /// Sends one raw request message through a bare transport and returns the response bytes.
 fn raw_roundtrip(t: &mut Erpc, server: &mut Server<KvService, ErpcServer>, msg: &[u8]) -> Vec<u8> {
     let token = t
-        .send(std::time::Duration::from_secs(5), |b| {
+        .send(std::time::Duration::from_secs(5), 0, |b| {
             b[..msg.len()].copy_from_slice(msg);
             msg.len()
         })
@@ -324,7 +324,7 @@ fn undecodable_requests_get_error_status() {
     assert_eq!(server.stats().requests, 0);
     // An encoder claiming more than the request buffer is refused before anything is sent.
     assert!(matches!(
-        raw.send(std::time::Duration::from_secs(5), |_| 1 << 20),
+        raw.send(std::time::Duration::from_secs(5), 0, |_| 1 << 20),
         Err(RpcError::MessageTooLarge { len: 1048576, .. })
     ));
 

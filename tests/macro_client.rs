@@ -64,6 +64,7 @@ impl ClientTransport for Loopback {
     fn send(
         &mut self,
         _timeout: std::time::Duration,
+        _method_id: u16,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         let token = self.free.pop().ok_or(RpcError::WouldBlock)?;

@@ -456,7 +456,7 @@ fn raw_roundtrip(
     msg: &[u8],
 ) -> Vec<u8> {
     let token = t
-        .send(std::time::Duration::from_secs(5), |b| {
+        .send(std::time::Duration::from_secs(5), 0, |b| {
             b[..msg.len()].copy_from_slice(msg);
             msg.len()
         })

@@ -68,9 +68,13 @@ pub trait ClientTransport: Sized {
     /// Most calls this client can have in flight; tokens are `0..max_in_flight()`.
     fn max_in_flight(&self) -> usize;
 
-    /// Sends one request. `encode` writes the message into a buffer of at least the
-    /// service's `max_request_bytes` and returns its length. Returns the call's token, which
-    /// stays reserved until [`ClientTransport::poll`] delivers the response.
+    /// Sends one request of method `method_id` (an index into the service's
+    /// [`ServiceDescriptor::methods`], checked by the caller). `encode` writes the message
+    /// into a buffer of at least that method's `request_bytes` and returns its length.
+    /// Returns the call's token, which stays reserved until [`ClientTransport::poll`]
+    /// delivers the response. A transport that reserves room for the response when it sends
+    /// (copyrpc's response allowance, seeds/004 §3.4) sizes it by the method's
+    /// `response_bytes`, the largest response the call can get.
     ///
     /// `timeout` is the call's timeout: a transport that must wait inside `send` (after
     /// committing to send, as the delegation ring does after reserving a ring position) waits
@@ -85,6 +89,7 @@ pub trait ClientTransport: Sized {
     fn send(
         &mut self,
         timeout: Duration,
+        method_id: u16,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError>;
 
@@ -703,7 +708,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         check_request_len::<S>(method_id, len)?;
         let token = self
             .transport
-            .send(timeout, write)
+            .send(timeout, method_id, write)
             .map_err(|e| send_error::<S>(e, tag, method_id))?;
         self.calls.start(token, tag, method_id, timeout);
         Ok(())
@@ -739,7 +744,9 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
     ) -> Result<(), RpcError> {
         let token = self
             .transport
-            .send(timeout, |buf| wire::encode(method_id, 0, args, buf))
+            .send(timeout, method_id, |buf| {
+                wire::encode(method_id, 0, args, buf)
+            })
             .map_err(|e| send_error::<S>(e, tag, method_id))?;
         self.calls.start(token, tag, method_id, timeout);
         Ok(())
@@ -773,7 +780,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         }
         let token = self
             .transport
-            .send(timeout, |buf| S::encode_request(req, buf))
+            .send(timeout, method_id, |buf| S::encode_request(req, buf))
             .map_err(|e| send_error::<S>(e, tag, method_id))?;
         self.calls.start(token, tag, method_id, timeout);
         Ok(())
@@ -948,7 +955,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         // The deadline for finding room to send, set at the first refusal.
         let mut deadline_ns = UNSTAMPED;
         loop {
-            match self.transport.send(timeout, &mut *write) {
+            match self.transport.send(timeout, method_id, &mut *write) {
                 Ok(token) => {
                     self.calls.start(token, BLOCKING_TAG, method_id, timeout);
                     return Ok(token);

@@ -25,14 +25,19 @@ pub trait ServerTransport {
     /// (delegation: `advance_tail`). Tokens stay valid.
     fn release(&mut self);
 
-    /// Sends a reply: `encode` writes the message into a buffer of at least the service's
-    /// `max_response_bytes` and returns its length.
+    /// Sends a reply of `len` bytes (at most the service's `max_response_bytes`): `encode`
+    /// writes the message into a buffer of at least `len` bytes and returns its length, at
+    /// most `len`. A transport that reserves room for the reply sizes it by `len` (copyrpc
+    /// checks it against the caller's response allowance, seeds/004 §3.4).
     ///
     /// # Errors
-    /// [`RpcError::ReplyDropped`] if the client is gone or the token is stale/invalid.
+    /// [`RpcError::ReplyDropped`] if the client is gone or the token is stale/invalid, or the
+    /// transport cannot take a reply of `len` bytes for this request (copyrpc: the caller
+    /// reserved less).
     fn reply(
         &mut self,
         token: Self::ReplyToken,
+        len: usize,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), RpcError>;
 
@@ -96,7 +101,7 @@ pub trait ServerTransport {
             (token, handle(msg, scratch))
         };
         let reply = &scratch[..n];
-        Some(self.reply(token, |out| {
+        Some(self.reply(token, reply.len(), |out| {
             out[..reply.len()].copy_from_slice(reply);
             reply.len()
         }))
@@ -207,15 +212,13 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
     /// [`RpcError::ReplyDropped`] if the client is gone or the token is stale (counted).
     #[inline]
     pub fn reply(&mut self, token: T::ReplyToken, resp: &S::Response) -> Result<(), RpcError> {
-        if S::DESCRIPTOR.variable {
-            let len = S::response_len(resp);
-            if len > S::DESCRIPTOR.max_response_bytes {
-                return self.reply_too_large(token, len);
-            }
+        let len = S::response_len(resp);
+        if S::DESCRIPTOR.variable && len > S::DESCRIPTOR.max_response_bytes {
+            return self.reply_too_large(token, len);
         }
         let r = self
             .transport
-            .reply(token, |buf| S::encode_response(resp, buf));
+            .reply(token, len, |buf| S::encode_response(resp, buf));
         if r.is_err() {
             self.stats.dropped_replies += 1;
         }
@@ -319,7 +322,7 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
             cap = S::DESCRIPTOR.max_response_bytes,
             "result too large for the reply buffer"
         );
-        let r = self.transport.reply(token, |buf| {
+        let r = self.transport.reply(token, wire::HEADER_BYTES, |buf| {
             wire::encode_status(method_id, wire::Status::ResponseTooLarge, buf)
         });
         if r.is_err() {
@@ -335,7 +338,9 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
         let status = e.status();
         if self
             .transport
-            .reply(token, |buf| wire::encode_status(method_id, status, buf))
+            .reply(token, wire::HEADER_BYTES, |buf| {
+                wire::encode_status(method_id, status, buf)
+            })
             .is_err()
         {
             self.stats.dropped_replies += 1;

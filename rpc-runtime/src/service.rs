@@ -112,6 +112,17 @@ impl ServiceDescriptor {
         self.methods.get(id as usize)
     }
 
+    /// Largest reply to a request of method `id`, in bytes: the method's `response_bytes`, or
+    /// [`crate::wire::HEADER_BYTES`] (an error status) for an id no method has. What a server
+    /// transport that reserves reply space ([`crate::ServerTransport::reply`]) is told when
+    /// the exact length is not known before encoding.
+    #[inline]
+    pub fn max_reply_bytes(&self, id: u16) -> usize {
+        self.method(id)
+            .map_or(crate::wire::HEADER_BYTES, |m| m.response_bytes)
+            .max(crate::wire::HEADER_BYTES)
+    }
+
     /// Whether a message of method `id` must be copied to an 8-byte aligned buffer when its
     /// own buffer is not aligned: some variable-length value of the method has elements
     /// aligned above 1 ([`MethodDescriptor::var_align`]). Constant `false` for services

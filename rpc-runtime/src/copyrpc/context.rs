@@ -892,6 +892,23 @@ impl<U> Context<U> {
         spare: &mut [u8],
         handle: impl FnOnce(&[u8], &mut [u8]) -> usize,
     ) -> Option<Result<(), ReplyError>> {
+        self.serve_next_sized(|_| max_len, spare, handle)
+    }
+
+    /// [`Context::serve_next`] with the reply buffer's size chosen per request:
+    /// `max_len(request)` is called with the request's bytes before `handle`, and the reply
+    /// buffer is that many bytes (the typed server sizes it by the request's method, which
+    /// is what the caller's allowance covers).
+    ///
+    /// # Errors
+    /// As [`Context::serve_next`].
+    #[inline]
+    pub fn serve_next_sized(
+        &mut self,
+        max_len: impl FnOnce(&[u8]) -> u32,
+        spare: &mut [u8],
+        handle: impl FnOnce(&[u8], &mut [u8]) -> usize,
+    ) -> Option<Result<(), ReplyError>> {
         let e = loop {
             let e = self.recv_queue.pop_front()?;
             let c = &mut self.conns[e.ep as usize];
@@ -930,6 +947,16 @@ impl<U> Context<U> {
             rx_pool,
             ..
         } = c;
+        // SAFETY: as for the request read in the reply paths below: a landing buffer whose
+        // READ completed and that is in no free list, or ring bytes not yet released; the
+        // slice ends before the reply path runs.
+        let max_len = max_len(unsafe {
+            if e.end == 0 {
+                rx_pool.bytes(e.off, e.len as usize)
+            } else {
+                core.request_bytes(&e)
+            }
+        });
         // Taken by whichever of the reply buffer or `spare` gets the reply.
         let mut handle = Some(handle);
         let r = if e.end == 0 {

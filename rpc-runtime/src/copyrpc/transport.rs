@@ -4,11 +4,14 @@
 //!
 //! # Messages
 //! Each copyrpc request carries one [`crate::wire`] request message of at most the service's
-//! `max_request_bytes`, and reserves response credit for one response message of at most
-//! `max_response_bytes` (the call's *response allowance*, seeds/004 §3.4 "call() 時のクレジット
-//! 消費"); the server writes its reply into that allowance. The peer's ring geometry and initial
-//! credit are checked against those sizes when the client connects, so a connected client
-//! never sends a message the server cannot take.
+//! `max_request_bytes`, and reserves response credit for one response message of at most its
+//! method's `response_bytes` (the call's *response allowance*, seeds/004 §3.4 "call() 時の
+//! クレジット消費": the largest response that method can return, known when the call is
+//! sent; an error response is a bare header and always fits); the server writes its reply
+//! into that allowance. A service whose methods return results of different sizes therefore
+//! keeps more small calls in flight than its largest result would allow. The peer's ring
+//! geometry and initial credit are checked against the service's largest sizes when the
+//! client connects, so a connected client never sends a message the server cannot take.
 //!
 //! # Large messages (issue 15)
 //! A message larger than the ring's inline limit ([`super::EndpointCore::max_payload`]:
@@ -331,6 +334,9 @@ pub struct Copyrpc {
     service: &'static ServiceDescriptor,
     max_req: u32,
     max_resp: u32,
+    /// Response allowance of each method's calls, by method id: the method's
+    /// `response_bytes` (module docs, "Messages").
+    allowances: Box<[u32]>,
     max_in_flight: u32,
     tokens: Tokens,
 }
@@ -439,6 +445,11 @@ impl Copyrpc {
             service,
             max_req: service.max_request_bytes as u32,
             max_resp: service.max_response_bytes as u32,
+            allowances: service
+                .methods
+                .iter()
+                .map(|m| sat_u32(m.response_bytes.max(crate::wire::HEADER_BYTES) as u64))
+                .collect(),
             max_in_flight,
             // Popped from the end: tokens are handed out 0, 1, 2, ...
             tokens: Tokens::new(max_in_flight, service.max_response_bytes),
@@ -649,14 +660,22 @@ impl ClientTransport for Copyrpc {
     fn send(
         &mut self,
         _timeout: std::time::Duration,
+        method_id: u16,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         let Some(tok) = self.tokens.take() else {
             return Err(RpcError::WouldBlock);
         };
+        // The method's largest response (an unknown id, which the typed client never sends,
+        // gets the service's).
+        let allowance = self
+            .allowances
+            .get(usize::from(method_id))
+            .copied()
+            .unwrap_or(self.max_resp);
         match self
             .ctx
-            .call_with(self.ep, self.max_req, tok, self.max_resp, encode)
+            .call_with(self.ep, self.max_req, tok, allowance, encode)
         {
             Ok(_) => Ok(tok),
             Err(e) => Err(self.refused(e)),
@@ -712,7 +731,6 @@ pub struct CopyrpcServer {
     listener: Listener,
     service: &'static ServiceDescriptor,
     endpoint: EndpointConfig,
-    max_resp: u32,
 }
 
 impl std::fmt::Debug for CopyrpcServer {
@@ -763,7 +781,6 @@ impl CopyrpcServer {
                 fingerprint: service.fingerprint,
                 ..endpoint
             },
-            max_resp: service.max_response_bytes as u32,
         })
     }
 
@@ -1161,20 +1178,22 @@ impl ServerTransport for CopyrpcServer {
         self.ctx.release_large();
     }
 
-    /// Writes the reply into the client's endpoint; it is sent by the next poll or flush.
+    /// Writes the reply of `len` bytes into the client's endpoint; it is sent by the next
+    /// poll or flush.
     ///
     /// # Errors
     /// [`RpcError::ReplyDropped`] if the client's endpoint failed (client gone), the handle
-    /// names no endpoint, or the client's allowance is smaller than the service's largest
-    /// response (a client that is not a [`Copyrpc`] of this service).
+    /// names no endpoint, or the client's allowance is smaller than `len` (a client that is
+    /// not a [`Copyrpc`] of this service, or one that reserved for another method).
     #[inline]
     fn reply(
         &mut self,
         token: RecvHandle,
+        len: usize,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), RpcError> {
         self.ctx
-            .reply_with(token, self.max_resp, encode)
+            .reply_with(token, sat_u32(len as u64), encode)
             .map_err(reply_error)
     }
 
@@ -1186,11 +1205,14 @@ impl ServerTransport for CopyrpcServer {
         self.ctx.flush();
     }
 
-    /// Zero copy both ways ([`Context::serve_next`]): `handle` reads the request in place in
-    /// the endpoint's receive ring (or in the landing buffer of a request read by
+    /// Zero copy both ways ([`Context::serve_next_sized`]): `handle` reads the request in
+    /// place in the endpoint's receive ring (or in the landing buffer of a request read by
     /// rendezvous) and writes the reply straight into the send ring, with a reply buffer of
-    /// the service's `max_response_bytes`. The request's ring space is released (credit
-    /// returned with the next batch, seeds/004 §3.4) only after `handle` returned.
+    /// the request's method's largest reply ([`ServiceDescriptor::max_reply_bytes`] of the
+    /// method id in its header; a header-only error status for a request too short to name
+    /// one), which is what the client's allowance covers (module docs, "Messages"). The
+    /// request's ring space is released (credit returned with the next batch, seeds/004
+    /// §3.4) only after `handle` returned.
     ///
     /// For a service whose largest response exceeds the ring's inline limit, the caller
     /// accepts a rendezvous response and `handle` writes into a large-message send buffer;
@@ -1205,8 +1227,18 @@ impl ServerTransport for CopyrpcServer {
         scratch: &mut [u8],
         handle: impl FnOnce(&[u8], &mut [u8]) -> usize,
     ) -> Option<Result<(), RpcError>> {
+        let service = self.service;
         self.ctx
-            .serve_next(self.max_resp, scratch, handle)
+            .serve_next_sized(
+                |req| {
+                    let id = req
+                        .get(..2)
+                        .map_or(u16::MAX, |b| u16::from_le_bytes([b[0], b[1]]));
+                    sat_u32(service.max_reply_bytes(id) as u64)
+                },
+                scratch,
+                handle,
+            )
             .map(|r| r.map_err(reply_error))
     }
 }

@@ -1069,9 +1069,11 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
             match route_to(&self.cfg, self.peers, self.has_ctx, t) {
                 Route::Serve => {
                     let mut err = None;
-                    let r = self
-                        .local
-                        .reply(token, |out| serve_into(shard, msg, out, &mut err));
+                    let r =
+                        self.local
+                            .reply(token, S::DESCRIPTOR.max_reply_bytes(method_id), |out| {
+                                serve_into(shard, msg, out, &mut err)
+                            });
                     if self.tally(err) {
                         self.stats.local_served += 1;
                     }
@@ -1350,7 +1352,7 @@ impl<S: Service, L: ServerTransport, const N: usize> Sinks<'_, S, L, N> {
             None => 0,
         };
         match caller {
-            Caller::Local(t) => self.local.reply(t, copy).is_ok(),
+            Caller::Local(t) => self.local.reply(t, bytes.len(), copy).is_ok(),
             Caller::Ring(t) => self
                 .ring
                 .as_deref_mut()

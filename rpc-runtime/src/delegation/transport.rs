@@ -155,6 +155,7 @@ impl ClientTransport for Delegation {
     fn send(
         &mut self,
         timeout: std::time::Duration,
+        _method_id: u16,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         self.ring
@@ -251,6 +252,7 @@ impl ServerTransport for DelegationServer {
     fn reply(
         &mut self,
         token: ReplyToken,
+        _len: usize,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), RpcError> {
         self.ring.reply_with(token, encode).map_err(reply_error)

@@ -1051,6 +1051,7 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
     fn send(
         &mut self,
         _timeout: std::time::Duration,
+        _method_id: u16,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         if self.failed.is_some() {
@@ -1412,6 +1413,7 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
     fn reply(
         &mut self,
         token: ReqToken,
+        _len: usize,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), RpcError> {
         // Encoded straight into the slot's response message buffer (seeds/000 §3), which

@@ -450,6 +450,7 @@ impl ClientTransport for Ipc {
     fn send(
         &mut self,
         _timeout: Duration,
+        _method_id: u16,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         self.try_send(encode)

@@ -620,6 +620,7 @@ impl ServerTransport for IpcServer {
     fn reply(
         &mut self,
         token: IpcToken,
+        _len: usize,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), RpcError> {
         self.reply_with(token, encode)

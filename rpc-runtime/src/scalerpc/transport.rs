@@ -847,6 +847,7 @@ impl ClientTransport for ScaleRpc {
     fn send(
         &mut self,
         _timeout: std::time::Duration,
+        _method_id: u16,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
         let Some(tok) = self.tokens.take() else {
@@ -1137,6 +1138,7 @@ impl ServerTransport for ScaleRpcServer {
     fn reply(
         &mut self,
         token: ScaleToken,
+        _len: usize,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), RpcError> {
         self.inner
