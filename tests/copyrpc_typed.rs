@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use idl::echo::{EchoClient, EchoRequest, EchoResponse, EchoService};
 use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
 use rpc::copyrpc::{
-    ConnectRefusal, Context, ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer, CopyrpcSetupError,
-    EndpointConfig, EndpointFailure, EndpointState,
+    ClientContext, ConnectRefusal, Context, ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer,
+    CopyrpcSetupError, EndpointConfig, EndpointFailure, EndpointState,
 };
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::wire::Status;
@@ -137,7 +137,7 @@ fn pipelined_depth_32_100k_calls_all_matched() {
     }
     let server = h.join().unwrap();
     assert_eq!(server.stats().requests, CALLS + DEPTH as u64);
-    let stats = echo.transport().context().stats();
+    let stats = *echo.transport().context().stats();
     assert!(
         stats.wrap_markers > 0,
         "the send ring never wrapped: {stats:?}"
@@ -655,7 +655,7 @@ fn credit_exhaustion_is_backpressure() {
             .unwrap() as u64;
     }
     h.join().unwrap();
-    let stats = echo.transport().context().stats();
+    let stats = *echo.transport().context().stats();
     assert!(
         would_block > 0 && stats.insufficient_credit > 0,
         "{stats:?}"
@@ -985,12 +985,16 @@ fn zero_copy_serve_with_replies_beyond_the_inline_limit() {
     let mut c = connect_polling(&mut server, &addr, VarClient::<Copyrpc>::connect).unwrap();
     let mut state = VarState::default();
     let ep = c.transport().endpoint();
-    let core = c.transport().context().endpoint(ep).unwrap();
+    let (large_call_credit, max_payload) = {
+        let ctx = c.transport().context();
+        let core = ctx.endpoint(ep).unwrap();
+        (core.large_call_credit(), core.max_payload())
+    };
     // The largest reply that fits the allowance a call accepting rendezvous replies
     // reserves: its payload plus header, padded, plus one flow metadata.
     use rpc::copyrpc::encoding::{FLOW_METADATA_SIZE, HEADER_SIZE};
-    let inline_max = core.large_call_credit() as usize - FLOW_METADATA_SIZE as usize - HEADER_SIZE;
-    assert_eq!(inline_max, core.max_payload() as usize);
+    let inline_max = large_call_credit as usize - FLOW_METADATA_SIZE as usize - HEADER_SIZE;
+    assert_eq!(inline_max, max_payload as usize);
     let overhead = VarService::DESCRIPTOR.max_response_bytes - 2048;
     assert_eq!(overhead, VarService::DESCRIPTOR.max_request_bytes - 2048);
     assert!(VarService::DESCRIPTOR.max_response_bytes > inline_max);
@@ -1102,8 +1106,8 @@ fn zero_copy_serve_with_inline_replies() {
     let mut c = connect_polling(&mut server, &addr, ShortClient::<Copyrpc>::connect).unwrap();
     let mut state = VarState::default();
     let ep = c.transport().endpoint();
-    let core = c.transport().context().endpoint(ep).unwrap();
-    assert!(ShortService::DESCRIPTOR.max_response_bytes <= core.max_payload() as usize);
+    let max_payload = c.transport().context().endpoint(ep).unwrap().max_payload();
+    assert!(ShortService::DESCRIPTOR.max_response_bytes <= max_payload as usize);
     // Where the handler was asked to write each reply.
     let mut reply_bufs = Vec::new();
     let mut call = |c: &mut ShortClient<Copyrpc>,
@@ -1304,4 +1308,187 @@ fn a_reply_beyond_the_callers_allowance_is_dropped() {
         }
     };
     assert_eq!(got, (9, EchoResponse::Echo256([9; 256])));
+}
+
+/// Two clients of two services on one thread share one [`ClientContext`] (one CQ pair and
+/// SRQ, seeds/001): polling either sends both clients' requests and takes both clients'
+/// responses; each response reaches the client (and the call) that made it. Also checks
+/// that a client on a shared context is `Send` (made on another thread by
+/// `connect_polling`).
+#[test]
+fn clients_of_one_thread_share_one_context() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (mut kv_server, mut kv_addr) = server::<KvService>(&fabric);
+    let (mut echo_server, mut echo_addr) = server::<EchoService>(&fabric);
+    let ctx = ClientContext::new(&fabric.open(), ContextConfig::default()).unwrap();
+    kv_addr.shared = Some(ctx.clone());
+    echo_addr.shared = Some(ctx.clone());
+    let mut kv = connect_polling(&mut kv_server, &kv_addr, KvClient::<Copyrpc>::connect).unwrap();
+    let mut echo =
+        connect_polling(&mut echo_server, &echo_addr, EchoClient::<Copyrpc>::connect).unwrap();
+    assert_eq!(ctx.clients(), 2);
+    assert_eq!(ctx.with(|c| c.num_endpoints()), 2);
+    assert_eq!((kv.transport().slot(), echo.transport().slot()), (0, 1));
+
+    // The echo call is sent by the kv client's poll, and its response taken by it too: the
+    // echo client is not polled until its response waits in its stash.
+    echo.issue(7).ping(70).unwrap();
+    kv.issue(1).put(0, 1, 10).unwrap();
+    assert!(kv.poll().unwrap().is_none());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while echo_server.stats().requests == 0 || kv_server.stats().requests == 0 {
+        assert!(Instant::now() < deadline, "the requests never arrived");
+        echo_server.serve_once(|req| EchoService::dispatch(&mut idl::echo::Echoer, req));
+        kv_server.serve_once(|req| KvService::dispatch(&mut Store::default(), req));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut kv_got = None;
+    while kv_got.is_none() || ctx.stats().responses < 2 {
+        assert!(Instant::now() < deadline, "the responses never arrived");
+        if let Some(r) = kv.poll().unwrap() {
+            kv_got = Some(r);
+        }
+    }
+    assert_eq!(kv_got, Some((1, KvResponse::Put(()))));
+    assert_eq!(echo.poll().unwrap(), Some((7, EchoResponse::Ping(70))));
+    assert_eq!(ctx.stats().responses, 2);
+
+    // Both clients pipelined, polled in turn, every response matched to its call.
+    let kv_h = spawn_kv(kv_server);
+    let echo_h = spawn(echo_server, |req| {
+        EchoService::dispatch(&mut idl::echo::Echoer, req)
+    });
+    let (mut kv_sent, mut echo_sent, mut kv_done, mut echo_done) = (0u64, 0u64, 0u64, 0u64);
+    const N: u64 = 3000;
+    let mut round = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while kv_done < N || echo_done < N {
+        assert!(
+            Instant::now() < deadline,
+            "stalled at {kv_done}/{echo_done}"
+        );
+        while kv_sent < N && kv.issue(kv_sent).put(1, kv_sent, kv_sent * 3).is_ok() {
+            kv_sent += 1;
+        }
+        while echo_sent < N && echo.issue(echo_sent).ping(echo_sent * 5).is_ok() {
+            echo_sent += 1;
+        }
+        // Poll one client at a time, in an order that varies, so that each takes the
+        // other's responses part of the time.
+        round += 1;
+        if round % 3 != 0 {
+            kv_done += kv
+                .poll_with(|tag, r| {
+                    assert!(tag < kv_sent);
+                    assert_eq!(r.unwrap(), KvResponse::Put(()));
+                })
+                .unwrap() as u64;
+        }
+        echo_done += echo
+            .poll_with(|tag, r| assert_eq!(r.unwrap(), EchoResponse::Ping(tag * 5)))
+            .unwrap() as u64;
+    }
+    for k in (0..N).step_by(97) {
+        assert_eq!(kv.get(1, k).unwrap(), Some(k * 3));
+    }
+    assert_eq!(ctx.orphaned_responses(), 0);
+    assert_eq!(ctx.stats().responses, 2 + 2 * N + N.div_ceil(97));
+    drop((kv_h, echo_h));
+}
+
+/// A client dropped with a call in flight: its response arrives at the shared context and
+/// is dropped and counted; the other client on the context is not disturbed.
+#[test]
+fn responses_for_a_dropped_client_on_a_shared_context_are_orphaned() {
+    let fabric = Fabric::new(SimConfig::default());
+    let (kv_server, mut kv_addr) = server::<KvService>(&fabric);
+    let (mut echo_server, mut echo_addr) = server::<EchoService>(&fabric);
+    let ctx = ClientContext::new(&fabric.open(), ContextConfig::default()).unwrap();
+    kv_addr.shared = Some(ctx.clone());
+    echo_addr.shared = Some(ctx.clone());
+    let _kv_h = spawn_kv(kv_server);
+    let mut kv = KvClient::<Copyrpc>::connect(&kv_addr).unwrap();
+    let mut echo =
+        connect_polling(&mut echo_server, &echo_addr, EchoClient::<Copyrpc>::connect).unwrap();
+    echo.issue(1).ping(1).unwrap();
+    assert!(echo.poll().unwrap().is_none()); // sends it
+    drop(echo);
+    assert_eq!(ctx.clients(), 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while echo_server.stats().requests == 0 {
+        assert!(Instant::now() < deadline, "the echo request never arrived");
+        echo_server.serve_once(|req| EchoService::dispatch(&mut idl::echo::Echoer, req));
+    }
+    // The kv client's calls poll the context, which takes the orphaned response.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut k = 0;
+    while ctx.orphaned_responses() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the orphaned response never arrived"
+        );
+        kv.put(0, k, k).unwrap();
+        k += 1;
+    }
+    kv.put(0, 5, 6).unwrap();
+    assert_eq!(kv.get(0, 5).unwrap(), Some(6));
+    assert_eq!(ctx.orphaned_responses(), 1);
+}
+
+/// Two clients on one shared context; one's server dies with a call pending. That client's
+/// probe finds it (`ServerDisconnected`), by its own responses only (the other client's
+/// steady responses do not count as its server's liveness), and the other client keeps
+/// working.
+#[test]
+fn a_dead_server_fails_only_its_client_on_a_shared_context() {
+    let fabric = Fabric::new(SimConfig {
+        progress_thread: Some(Duration::from_millis(1)),
+        ..SimConfig::default()
+    });
+    let (kv_server, mut kv_addr) = server::<KvService>(&fabric);
+    let (mut echo_server, mut echo_addr) = server::<EchoService>(&fabric);
+    let ctx = ClientContext::new(&fabric.open(), ContextConfig::default()).unwrap();
+    for a in [&mut kv_addr.probe_interval, &mut echo_addr.probe_interval] {
+        *a = Some(Duration::from_millis(20));
+    }
+    kv_addr.shared = Some(ctx.clone());
+    echo_addr.shared = Some(ctx.clone());
+    let _kv_h = spawn_kv(kv_server);
+    let mut kv = KvClient::<Copyrpc>::connect(&kv_addr).unwrap();
+    let mut echo =
+        connect_polling(&mut echo_server, &echo_addr, EchoClient::<Copyrpc>::connect).unwrap();
+    echo.issue(1).ping(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "the echo request never arrived");
+        assert!(echo.poll().unwrap().is_none());
+        echo_server.poll();
+        if echo_server.recv().is_some() {
+            break;
+        }
+    }
+    drop(echo_server);
+    let t0 = Instant::now();
+    let mut k = 0;
+    loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the pending call never failed"
+        );
+        // The kv client answers all along.
+        kv.put(0, k, k).unwrap();
+        k += 1;
+        match echo.poll() {
+            Ok(None) => {}
+            Err(RpcError::ServerDisconnected) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    eprintln!(
+        "echo failed after {:?}, {k} kv calls meanwhile",
+        t0.elapsed()
+    );
+    assert!(matches!(echo.ping(2), Err(RpcError::ServerDisconnected)));
+    assert_eq!(kv.get(0, 0).unwrap(), Some(0));
+    assert!(ctx.stats().raw_posted >= 1, "found by the probe");
 }

@@ -7,6 +7,8 @@
 //! - [`context`]: the mlx5 side: PD, shared SRQ, CQs, RC QPs, `poll`.
 //! - [`info`]: endpoint information exchanged out of band.
 //! - [`transport`]: the typed-service transports ([`Copyrpc`], [`CopyrpcServer`]).
+//! - [`shared`]: [`ClientContext`], one context per client thread shared by its typed
+//!   clients.
 //!
 //! Messages beyond the ring's inline limit, up to [`EndpointConfig::max_large_message`]
 //! (8 MiB by default), go by rendezvous: a descriptor inline, the bytes by RDMA READ
@@ -43,6 +45,7 @@ pub mod encoding;
 pub mod endpoint;
 pub mod error;
 pub mod info;
+pub mod shared;
 pub mod stats;
 pub mod transport;
 
@@ -53,6 +56,7 @@ pub use context::{Context, ContextConfig, EndpointConfig, EndpointId, RecvHandle
 pub use endpoint::{EndpointCore, EndpointState};
 pub use error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupError};
 pub use info::EndpointInfo;
+pub use shared::{ClientContext, ContextGuard, ContextGuardMut};
 pub use stats::Stats;
 pub use transport::{
     ConnectRefusal, Copyrpc, CopyrpcAddr, CopyrpcServer, CopyrpcSetupError, Listener,

@@ -85,11 +85,11 @@ use super::context::{Context, ContextConfig, EndpointConfig, EndpointId, RecvHan
 use super::endpoint::EndpointState;
 use super::error::{CallError, ReplyError, SetupError};
 use super::info::EndpointInfo;
+use super::shared::{ClientContext, ContextGuard, ContextGuardMut, Handle, Shared, TOKEN_BITS};
 use crate::client::ClientTransport;
 use crate::error::{LimitSide, MessageKind, RpcError};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
-use crate::tokens::Tokens;
 
 /// Default [`CopyrpcAddr::max_in_flight`]: calls one client can have outstanding, the shared
 /// [`crate::client::DEFAULT_CALLS_IN_FLIGHT`] (32).
@@ -235,6 +235,11 @@ pub struct CopyrpcAddr {
     /// With calls outstanding and no response for this long, probe the server with an RDMA
     /// READ so that a dead server is noticed (module docs). `None`: no probing.
     pub probe_interval: Option<Duration>,
+    /// The context the client's endpoint is created in: `None` (the default) creates one of
+    /// its own (sized by `context`); `Some` adds the endpoint to a [`ClientContext`] shared
+    /// with the thread's other clients, whose polls then serve this one too (one completion
+    /// queue pair per thread, seeds/001; [`super::shared`]).
+    pub shared: Option<ClientContext>,
 }
 
 impl CopyrpcAddr {
@@ -250,6 +255,7 @@ impl CopyrpcAddr {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             timeout: DEFAULT_CONNECT_TIMEOUT,
             probe_interval: Some(DEFAULT_PROBE_INTERVAL),
+            shared: None,
         }
     }
 }
@@ -319,17 +325,21 @@ struct Probe {
     seen: u64,
 }
 
-/// Client transport over one copyrpc endpoint in a context of its own (seeds/001 client
-/// side; module docs).
+/// Client transport over one copyrpc endpoint, in a context of its own or in a
+/// [`ClientContext`] shared with the thread's other clients (seeds/001 client side; module
+/// docs; [`super::shared`]).
 ///
-/// Tokens are a preallocated free list of `0..max_in_flight`, used as the copyrpc user data of
-/// each call. copyrpc delivers responses in batches inside [`Context::poll`]; those beyond the
-/// `max` a [`ClientTransport::poll`] asked for are copied into a preallocated per-token buffer
-/// and delivered first by the next poll. No allocation after construction.
+/// Tokens are a preallocated free list of `0..max_in_flight`; a call's copyrpc user data is
+/// its token and the client's slot in the context. copyrpc delivers responses in batches
+/// inside [`Context::poll`]; those beyond the `max` a [`ClientTransport::poll`] asked for,
+/// and those of the context's other clients, are copied into a preallocated per-token buffer
+/// of their client and delivered first by its next poll. No allocation after construction.
 pub struct Copyrpc {
     // Field order is drop order: the probe's registration before the context's PD.
     probe: Option<Probe>,
-    ctx: Context<u32>,
+    ctx: Handle,
+    /// This client's slot in the context (user data `slot << 16 | token`).
+    slot: u32,
     ep: EndpointId,
     service: &'static ServiceDescriptor,
     max_req: u32,
@@ -338,19 +348,28 @@ pub struct Copyrpc {
     /// `response_bytes` (module docs, "Messages").
     allowances: Box<[u32]>,
     max_in_flight: u32,
-    tokens: Tokens,
 }
 
 impl std::fmt::Debug for Copyrpc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Copyrpc")
-            .field("service", &self.service.name)
+        let g = self.ctx.get();
+        let mut d = f.debug_struct("Copyrpc");
+        d.field("service", &self.service.name)
             .field("ep", &self.ep)
-            .field("state", &self.ctx.endpoint_state(self.ep))
-            .field("max_in_flight", &self.max_in_flight)
-            .field("free", &self.tokens.free())
-            .field("ready", &self.tokens.stashed())
-            .finish_non_exhaustive()
+            .field("slot", &self.slot)
+            .field("state", &g.endpoint_state(self.ep))
+            .field("max_in_flight", &self.max_in_flight);
+        drop(g);
+        d.finish_non_exhaustive()
+    }
+}
+
+impl Drop for Copyrpc {
+    /// Closes the client's slot: responses still arriving for it are dropped and counted
+    /// ([`ClientContext::orphaned_responses`]).
+    fn drop(&mut self) {
+        let slot = self.slot;
+        self.ctx.with(|s| s.close_slot(slot));
     }
 }
 
@@ -372,6 +391,71 @@ impl Copyrpc {
         service: &'static ServiceDescriptor,
         max_in_flight: u32,
     ) -> Result<Self, RpcError> {
+        Self::check(&ctx, ep, service, max_in_flight)?;
+        Self::in_slot(
+            Handle::new(None, || Shared::new(ctx)),
+            ep,
+            service,
+            max_in_flight,
+        )
+    }
+
+    /// Wraps endpoint `ep` of the shared context `ctx`, already connected to a server of
+    /// `service` through an exchange of [`EndpointInfo`] done by the caller (create it with
+    /// [`ClientContext::with`]), with `max_in_flight` tokens; the client rides on `ctx` with
+    /// its other clients ([`super::shared`]). Checks what [`Copyrpc::from_context`] checks.
+    ///
+    /// # Errors
+    /// As [`Copyrpc::from_context`], and [`RpcError::Copyrpc`]
+    /// ([`CopyrpcSetupError::Config`]) once the context has served
+    /// [`super::shared::MAX_CLIENTS_PER_CONTEXT`] clients.
+    pub fn on(
+        ctx: &ClientContext,
+        ep: EndpointId,
+        service: &'static ServiceDescriptor,
+        max_in_flight: u32,
+    ) -> Result<Self, RpcError> {
+        ctx.with(|c| Self::check(c, ep, service, max_in_flight))?;
+        Self::in_slot(
+            Handle::new(Some(ctx), || unreachable!("shared")),
+            ep,
+            service,
+            max_in_flight,
+        )
+    }
+
+    /// Opens this client's slot in `ctx` and builds the transport.
+    fn in_slot(
+        mut ctx: Handle,
+        ep: EndpointId,
+        service: &'static ServiceDescriptor,
+        max_in_flight: u32,
+    ) -> Result<Self, RpcError> {
+        let slot = ctx.with(|s| s.open_slot(max_in_flight, service.max_response_bytes))?;
+        Ok(Copyrpc {
+            probe: None,
+            ctx,
+            slot,
+            ep,
+            service,
+            max_req: service.max_request_bytes as u32,
+            max_resp: service.max_response_bytes as u32,
+            allowances: service
+                .methods
+                .iter()
+                .map(|m| sat_u32(m.response_bytes.max(crate::wire::HEADER_BYTES) as u64))
+                .collect(),
+            max_in_flight,
+        })
+    }
+
+    /// The checks of [`Copyrpc::from_context`].
+    fn check(
+        ctx: &Context<u32>,
+        ep: EndpointId,
+        service: &'static ServiceDescriptor,
+        max_in_flight: u32,
+    ) -> Result<(), RpcError> {
         if !(1..=MAX_IN_FLIGHT_LIMIT).contains(&max_in_flight) {
             return Err(CopyrpcSetupError::Config("max_in_flight must be in 1..=65536").into());
         }
@@ -438,22 +522,7 @@ impl Copyrpc {
                 min: None,
             });
         }
-        Ok(Copyrpc {
-            probe: None,
-            ctx,
-            ep,
-            service,
-            max_req: service.max_request_bytes as u32,
-            max_resp: service.max_response_bytes as u32,
-            allowances: service
-                .methods
-                .iter()
-                .map(|m| sat_u32(m.response_bytes.max(crate::wire::HEADER_BYTES) as u64))
-                .collect(),
-            max_in_flight,
-            // Popped from the end: tokens are handed out 0, 1, 2, ...
-            tokens: Tokens::new(max_in_flight, service.max_response_bytes),
-        })
+        Ok(())
     }
 
     /// Adds the liveness probe (module docs): with calls outstanding and no response for
@@ -472,7 +541,13 @@ impl Copyrpc {
     ) -> Result<Self, RpcError> {
         let buf = DmaBuf::with_normal_pages(64).map_err(SetupError::from)?;
         // SAFETY: `buf` is owned by the probe, which drops the registration first.
-        let mr = unsafe { self.ctx.reg_mr(buf.as_mut_ptr(), 64, Access::LOCAL_WRITE) }?;
+        let mr = unsafe {
+            self.ctx
+                .get_mut()
+                .reg_mr(buf.as_mut_ptr(), 64, Access::LOCAL_WRITE)
+        }?;
+        let slot = self.slot as usize;
+        let seen = self.ctx.with(|s| s.slots[slot].responses);
         self.probe = Some(Probe {
             mr,
             _buf: buf,
@@ -483,21 +558,27 @@ impl Copyrpc {
             interval,
             empty_polls: 0,
             last: Instant::now(),
-            seen: self.ctx.stats().responses,
+            seen,
         });
         Ok(self)
     }
 
-    /// The copyrpc context (counters: [`Context::stats`]).
-    pub fn context(&self) -> &Context<u32> {
-        &self.ctx
+    /// The copyrpc context (counters: [`Context::stats`]; of every client on it if shared).
+    /// Holds the [`ClientContext`]'s lock while the guard lives.
+    pub fn context(&self) -> ContextGuard<'_> {
+        self.ctx.get()
     }
 
     /// The copyrpc context, mutably (e.g. for raw RDMA operations, seeds/004 §3.9). Make no
-    /// calls on it directly: every response it delivers is taken as one of this transport's
-    /// tokens.
-    pub fn context_mut(&mut self) -> &mut Context<u32> {
-        &mut self.ctx
+    /// calls on it directly: a response whose user data names no client of the context is
+    /// dropped as orphaned.
+    pub fn context_mut(&mut self) -> ContextGuardMut<'_> {
+        self.ctx.get_mut()
+    }
+
+    /// This client's slot in its context ([`super::shared`]; 0 for a context of its own).
+    pub fn slot(&self) -> u32 {
+        self.slot
     }
 
     /// The endpoint connected to the server.
@@ -510,40 +591,25 @@ impl Copyrpc {
         self.service
     }
 
-    /// Whether the endpoint failed (the server is gone or sent garbage).
-    fn failed(&self) -> bool {
-        !matches!(
-            self.ctx.endpoint_state(self.ep),
-            Some(EndpointState::Connected)
-        )
-    }
-
-    /// One [`Context::poll`]: responses go to `on_response` while fewer than `max` were
-    /// delivered (counting `delivered` already), the rest to the stash. Failed calls free
-    /// their token without delivery (the failure is reported by [`ClientTransport::poll`]).
+    /// Whether the endpoint of this client failed (the server is gone or sent garbage),
+    /// and whether it has calls in flight.
     #[inline(always)]
-    fn pump(
-        &mut self,
-        max: usize,
-        mut delivered: usize,
-        on_response: &mut impl FnMut(u32, &[u8]),
-    ) -> usize {
-        let Self { ctx, tokens, .. } = self;
-        ctx.poll(|tok, r| match r {
-            Ok(msg) => tokens.deliver_or_stash(max, &mut delivered, tok, msg, on_response),
-            Err(_) => tokens.give_back(tok),
-        });
-        delivered
+    fn state(s: &Shared, ep: EndpointId, slot: u32, max_in_flight: u32) -> (bool, bool) {
+        let failed = !matches!(s.ctx.endpoint_state(ep), Some(EndpointState::Connected));
+        let busy = s.slots[slot as usize].tokens.free() < max_in_flight as usize;
+        (failed, busy)
     }
 
     /// Nothing was delivered: report a failed endpoint, or count towards a liveness check.
-    #[inline]
+    #[inline(always)]
     fn idle(&mut self) -> Result<usize, RpcError> {
-        if self.failed() {
+        let (ep, slot, mif) = (self.ep, self.slot, self.max_in_flight);
+        let (failed, busy) = self.ctx.with(|s| Self::state(s, ep, slot, mif));
+        if failed {
             return Err(RpcError::ServerDisconnected);
         }
         if let Some(p) = &mut self.probe
-            && self.tokens.free() < self.max_in_flight as usize
+            && busy
         {
             p.empty_polls += 1;
             if p.empty_polls >= PROBE_CHECK_POLLS {
@@ -561,25 +627,31 @@ impl Copyrpc {
     fn check_liveness(&mut self, now: Instant) {
         let Some(p) = &mut self.probe else { return };
         p.empty_polls = 0;
-        let seen = self.ctx.stats().responses;
-        if seen != p.seen {
-            p.seen = seen;
+        let (slot, ep) = (self.slot as usize, self.ep);
+        self.ctx.with(|s| {
+            let seen = s.slots[slot].responses;
+            if seen != p.seen {
+                p.seen = seen;
+                p.last = now;
+                return;
+            }
+            if now.duration_since(p.last) < p.interval {
+                return;
+            }
             p.last = now;
-            return;
-        }
-        if now.duration_since(p.last) < p.interval {
-            return;
-        }
-        p.last = now;
-        if self.ctx.raw_rdma_pending() == 0 {
-            let local = Sge {
-                addr: p.mr.addr,
-                len: 8,
-                lkey: p.mr.lkey,
-            };
-            // Send queue full: the endpoint is busy sending, which detects a dead peer too.
-            let _ = self.ctx.post_rdma_read(self.ep, local, p.remote);
-        }
+            // One raw operation at a time per context (in a shared context, another client's
+            // probe may be in flight: this one follows at a later check).
+            if s.ctx.raw_rdma_pending() == 0 {
+                let local = Sge {
+                    addr: p.mr.addr,
+                    len: 8,
+                    lkey: p.mr.lkey,
+                };
+                // Send queue full: the endpoint is busy sending, which detects a dead peer
+                // too.
+                let _ = s.ctx.post_rdma_read(ep, local, p.remote);
+            }
+        });
     }
 
     /// A call was refused: hand the token back and map the error. Retryable refusals make one
@@ -587,21 +659,29 @@ impl Copyrpc {
     /// for), so that a caller with nothing in flight cannot spin on `WouldBlock` forever.
     #[cold]
     #[inline(never)]
-    fn refused(&mut self, e: CallError<u32>) -> RpcError {
+    fn refused(
+        s: &mut Shared,
+        me: u32,
+        ep: EndpointId,
+        max_req: u32,
+        e: CallError<u32>,
+    ) -> RpcError {
         let err = match &e {
             CallError::InsufficientCredit(_) | CallError::RingFull(_) => RpcError::WouldBlock,
             CallError::MessageTooLarge(_) => RpcError::MessageTooLarge {
-                len: self.max_req as usize,
-                cap: self.ctx.endpoint(self.ep).map_or(0, |c| {
+                len: max_req as usize,
+                cap: s.ctx.endpoint(ep).map_or(0, |c| {
                     (c.max_payload() as usize).max(c.large_limit() as usize)
                 }),
                 setting: SETTING_LARGE,
             },
             CallError::NotConnected(_) | CallError::Failed(_) => RpcError::ServerDisconnected,
         };
-        self.tokens.give_back(e.into_inner());
+        s.slots[me as usize]
+            .tokens
+            .give_back(e.into_inner() & super::shared::TOKEN_MASK);
         if matches!(err, RpcError::WouldBlock) {
-            self.pump(0, 0, &mut |_, _| {});
+            s.pump(me, 0, 0, &mut |_, _| {});
         }
         err
     }
@@ -610,10 +690,10 @@ impl Copyrpc {
 impl ClientTransport for Copyrpc {
     type Addr = CopyrpcAddr;
 
-    /// Creates a context of its own on `addr.device` with one endpoint carrying the service's
-    /// fingerprint, exchanges endpoint info with the server through `addr.listener` (waiting
-    /// up to `addr.timeout`), connects, and checks message sizes and credit
-    /// ([`Copyrpc::from_context`]).
+    /// Creates a context of its own on `addr.device` (or uses `addr.shared`) with one
+    /// endpoint carrying the service's fingerprint, exchanges endpoint info with the server
+    /// through `addr.listener` (waiting up to `addr.timeout`), connects, and checks message
+    /// sizes and credit ([`Copyrpc::from_context`]).
     ///
     /// # Errors
     /// [`RpcError::SchemaMismatch`] / [`RpcError::CapacityMismatch`] (the server's refusal or
@@ -624,21 +704,41 @@ impl ClientTransport for Copyrpc {
             return Err(CopyrpcSetupError::Config("max_in_flight must be in 1..=65536").into());
         }
         check_endpoint_config(service, &addr.endpoint, LimitSide::ThisClient)?;
-        let mut ctx = Context::<u32>::new(&addr.device, addr.context)?;
-        let ep = ctx.create_endpoint(&EndpointConfig {
+        let cfg = EndpointConfig {
             fingerprint: service.fingerprint,
             ..addr.endpoint
-        })?;
-        let info = ctx
-            .local_info(ep)
-            .ok_or(CopyrpcSetupError::Config("no such endpoint"))?;
-        let server = addr
-            .listener
-            .exchange(&info, addr.timeout)
-            .map_err(|e| exchange_error(e, service))?;
-        ctx.connect(ep, &server)
-            .map_err(|e| setup_error(e, service))?;
-        let t = Copyrpc::from_context(ctx, ep, service, addr.max_in_flight)?;
+        };
+        // The endpoint is created and connected apart from the exchange, so that a shared
+        // context is not locked while the server answers.
+        let exchange = |info: Option<EndpointInfo>| {
+            let info = info.ok_or(CopyrpcSetupError::Config("no such endpoint"))?;
+            addr.listener
+                .exchange(&info, addr.timeout)
+                .map_err(|e| exchange_error(e, service))
+        };
+        let (t, server) = match &addr.shared {
+            None => {
+                let mut ctx = Context::<u32>::new(&addr.device, addr.context)?;
+                let ep = ctx.create_endpoint(&cfg)?;
+                let server = exchange(ctx.local_info(ep))?;
+                ctx.connect(ep, &server)
+                    .map_err(|e| setup_error(e, service))?;
+                let t = Copyrpc::from_context(ctx, ep, service, addr.max_in_flight)?;
+                (t, server)
+            }
+            Some(shared) => {
+                let (ep, info) =
+                    shared.with(|c| c.create_endpoint(&cfg).map(|ep| (ep, c.local_info(ep))))?;
+                let server = exchange(info)?;
+                shared
+                    .with(|c| c.connect(ep, &server))
+                    .map_err(|e| setup_error(e, service))?;
+                (
+                    Copyrpc::on(shared, ep, service, addr.max_in_flight)?,
+                    server,
+                )
+            }
+        };
         match addr.probe_interval {
             Some(i) => t.with_probe(&server, i),
             None => Ok(t),
@@ -663,9 +763,6 @@ impl ClientTransport for Copyrpc {
         method_id: u16,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
-        let Some(tok) = self.tokens.take() else {
-            return Err(RpcError::WouldBlock);
-        };
         // The method's largest response (an unknown id, which the typed client never sends,
         // gets the service's).
         let allowance = self
@@ -673,13 +770,17 @@ impl ClientTransport for Copyrpc {
             .get(usize::from(method_id))
             .copied()
             .unwrap_or(self.max_resp);
-        match self
-            .ctx
-            .call_with(self.ep, self.max_req, tok, allowance, encode)
-        {
-            Ok(_) => Ok(tok),
-            Err(e) => Err(self.refused(e)),
-        }
+        let (me, ep, max_req) = (self.slot, self.ep, self.max_req);
+        self.ctx.with(|s| {
+            let Some(tok) = s.slots[me as usize].tokens.take() else {
+                return Err(RpcError::WouldBlock);
+            };
+            let user = me << TOKEN_BITS | tok;
+            match s.ctx.call_with(ep, max_req, user, allowance, encode) {
+                Ok(_) => Ok(tok),
+                Err(e) => Err(Self::refused(s, me, ep, max_req, e)),
+            }
+        })
     }
 
     /// Delivers stashed responses first, then polls the context once (which also sends what
@@ -694,14 +795,18 @@ impl ClientTransport for Copyrpc {
         max: usize,
         mut on_response: impl FnMut(u32, &[u8]),
     ) -> Result<usize, RpcError> {
-        let mut n = 0;
-        if self.tokens.stashed() != 0 {
-            n = self.tokens.drain(max, &mut on_response);
-            if n >= max {
-                return Ok(n);
+        let me = self.slot;
+        let n = self.ctx.with(|s| {
+            let mut n = 0;
+            let tokens = &mut s.slots[me as usize].tokens;
+            if tokens.stashed() != 0 {
+                n = tokens.drain(max, &mut on_response);
+                if n >= max {
+                    return n;
+                }
             }
-        }
-        n = self.pump(max, n, &mut on_response);
+            s.pump(me, max, n, &mut on_response)
+        });
         if n == 0 {
             return self.idle();
         }
@@ -712,10 +817,12 @@ impl ClientTransport for Copyrpc {
     /// [`ClientTransport::idle_tick`].
     #[inline]
     fn idle_tick(&mut self) {
-        if self.probe.is_some()
-            && !self.failed()
-            && self.tokens.free() < self.max_in_flight as usize
-        {
+        if self.probe.is_none() {
+            return;
+        }
+        let (ep, slot, mif) = (self.ep, self.slot, self.max_in_flight);
+        let (failed, busy) = self.ctx.with(|s| Self::state(s, ep, slot, mif));
+        if !failed && busy {
             self.check_liveness(Instant::now());
         }
     }
