@@ -1207,10 +1207,15 @@ impl<U> EndpointCore<U> {
         if meta.reads_done as usize > self.tx_outstanding.len() {
             return Err(ProtocolError::BadReadsDone);
         }
+        // The one inline message of a batch of one, read and checked once (the common case
+        // at low depth); `None` for other batches, walked by `validate` then `deliver`.
+        let mut one = None;
         if meta.is_wrap() {
             if off + delta != size {
                 return Err(ProtocolError::BadWrap);
             }
+        } else if meta.message_count == 1 {
+            one = self.validate_one(batch)?;
         } else {
             self.validate(batch, meta.message_count)?;
         }
@@ -1236,7 +1241,23 @@ impl<U> EndpointCore<U> {
                 pos,
                 count: meta.message_count,
             };
-            let duplicate = self.deliver(&at, ep, queue, stats, on_response);
+            let duplicate = match one {
+                Some(h) => {
+                    let mut duplicate = None;
+                    self.deliver_inline(
+                        h,
+                        META as usize,
+                        &at,
+                        ep,
+                        queue,
+                        stats,
+                        on_response,
+                        &mut duplicate,
+                    );
+                    duplicate
+                }
+                None => self.deliver(&at, ep, queue, stats, on_response),
+            };
             self.last_recv_pos = pos + delta;
             if let Some(id) = duplicate {
                 return Err(ProtocolError::UnknownCallId(id));
@@ -1260,7 +1281,7 @@ impl<U> EndpointCore<U> {
         stats: &mut Stats,
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
     ) -> Option<u32> {
-        let (batch, off, pos) = (b.bytes, b.off, b.pos);
+        let batch = b.bytes;
         let mut duplicate = None;
         {
             let mut cur = META as usize;
@@ -1276,45 +1297,102 @@ impl<U> EndpointCore<U> {
                     cur += padded_message_size(DESCRIPTOR_SIZE as u64) as usize;
                     continue;
                 }
-                let len = h.payload_len as usize;
-                let next = cur + padded_message_size(len as u64) as usize;
-                if is_response(h.call_id) {
-                    // `validate` checked that the id names a pending call; only a second
-                    // response to the same call within this batch finds it gone.
-                    match self
-                        .pending
-                        .try_remove(from_response_id(h.call_id) as usize)
-                    {
-                        Some(p) => {
-                            stats.responses += 1;
-                            on_response(p.user, Ok(&batch[body..body + len]));
-                        }
-                        None => duplicate = Some(h.call_id),
-                    }
-                } else {
-                    let allowance = (h.piggyback & !LARGE_RESPONSE_FLAG) as u64 * ALIGNMENT;
-                    self.unused_grant -= allowance;
-                    self.unreceived += 1;
-                    stats.requests += 1;
-                    queue.push_back(RecvEntry {
-                        ep,
-                        call_id: h.call_id,
-                        allowance: allowance | ((h.piggyback & LARGE_RESPONSE_FLAG) as u64) << 32,
-                        off: (off as usize + body) as u32,
-                        len: len as u32,
-                        end: pos + next as u64,
-                    });
-                }
-                cur = next;
+                cur = self.deliver_inline(h, cur, b, ep, queue, stats, on_response, &mut duplicate);
             }
         }
         duplicate
     }
 
+    /// Delivers the inline message with header `h` at batch offset `cur` of a validated
+    /// batch (a response to `on_response`, a request to `queue`); returns the offset of the
+    /// next message. A second response to one call within the batch sets `duplicate`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn deliver_inline(
+        &mut self,
+        h: MsgHeader,
+        cur: usize,
+        b: &Batch<'_>,
+        ep: u32,
+        queue: &mut VecDeque<RecvEntry>,
+        stats: &mut Stats,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+        duplicate: &mut Option<u32>,
+    ) -> usize {
+        let (batch, off, pos) = (b.bytes, b.off, b.pos);
+        let body = cur + HEADER_SIZE;
+        let len = h.payload_len as usize;
+        let next = cur + padded_message_size(len as u64) as usize;
+        if is_response(h.call_id) {
+            // `validate` checked that the id names a pending call; only a second
+            // response to the same call within this batch finds it gone.
+            match self
+                .pending
+                .try_remove(from_response_id(h.call_id) as usize)
+            {
+                Some(p) => {
+                    stats.responses += 1;
+                    on_response(p.user, Ok(&batch[body..body + len]));
+                }
+                None => *duplicate = Some(h.call_id),
+            }
+        } else {
+            let allowance = (h.piggyback & !LARGE_RESPONSE_FLAG) as u64 * ALIGNMENT;
+            self.unused_grant -= allowance;
+            self.unreceived += 1;
+            stats.requests += 1;
+            queue.push_back(RecvEntry {
+                ep,
+                call_id: h.call_id,
+                allowance: allowance | ((h.piggyback & LARGE_RESPONSE_FLAG) as u64) << 32,
+                off: (off as usize + body) as u32,
+                len: len as u32,
+                end: pos + next as u64,
+            });
+        }
+        next
+    }
+
+    /// [`EndpointCore::validate`] of a batch of one message, which returns that message's
+    /// header when it is inline, so that delivery does not read and check it again (the
+    /// same checks, in the same order, with the same errors). A rendezvous message is
+    /// checked by `validate` and gives `None`.
+    #[inline(always)]
+    pub(super) fn validate_one(&self, batch: &[u8]) -> Result<Option<MsgHeader>, ProtocolError> {
+        let cur = META as usize;
+        if cur + HEADER_SIZE > batch.len() {
+            return Err(ProtocolError::BadCount);
+        }
+        let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
+        let padded = padded_message_size(h.payload_len as u64) as usize;
+        if padded > batch.len() - cur {
+            if h.payload_len & RENDEZVOUS_FLAG != 0 {
+                self.validate(batch, 1)?;
+                return Ok(None);
+            }
+            return Err(ProtocolError::BadLength);
+        }
+        if is_response(h.call_id) {
+            match self.pending.get(from_response_id(h.call_id) as usize) {
+                None => return Err(ProtocolError::UnknownCallId(h.call_id)),
+                Some(p) if padded > padded_message_size(p.response_allowance as u64) as usize => {
+                    return Err(ProtocolError::ResponseTooLarge);
+                }
+                Some(_) => {}
+            }
+        } else if (h.piggyback & !LARGE_RESPONSE_FLAG) as u64 * ALIGNMENT > self.unused_grant {
+            return Err(ProtocolError::BadCredit);
+        }
+        if cur + padded != batch.len() {
+            return Err(ProtocolError::BadCount);
+        }
+        Ok(Some(h))
+    }
+
     /// Checks a batch's messages: count, lengths within the batch, exact fill (no trailing
     /// bytes), response ids naming pending calls and within their allowance, request
     /// allowances within the credit granted.
-    fn validate(&self, batch: &[u8], count: u32) -> Result<(), ProtocolError> {
+    pub(super) fn validate(&self, batch: &[u8], count: u32) -> Result<(), ProtocolError> {
         let mut cur = META as usize;
         let mut spent = 0u64;
         for _ in 0..count {

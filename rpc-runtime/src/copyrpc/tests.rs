@@ -1194,6 +1194,37 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+    /// The one-pass check of a batch of one message (`validate_one`, the fast path of
+    /// `ingest`, issue 16) accepts and refuses exactly what `validate` does, with the same
+    /// error, on both sides (one with a call pending, one without), for responses,
+    /// requests, rendezvous descriptors and lengths that lie.
+    #[test]
+    fn one_message_batches_are_checked_as_validate_does(
+        id in prop_oneof![0u32..4, (0u32..4).prop_map(|i| i | RESPONSE_FLAG), any::<u32>()],
+        piggy in prop_oneof![0u32..40, any::<u32>()],
+        len in prop_oneof![0u32..300, (0u32..64).prop_map(|l| l | RENDEZVOUS_FLAG), any::<u32>()],
+        body in 0usize..300,
+        trailing in prop_oneof![Just(0usize), 1usize..80],
+        exact in any::<bool>(),
+        side in 0usize..2,
+    ) {
+        // Half the cases have a length that matches the body, so that many are accepted.
+        let len = if exact { body as u32 } else { len };
+        let (p, _) = pair_with_pending_call();
+        let mut b = Batch::new(0, 0, 1).msg(id, piggy, len, body);
+        b.0.resize(b.0.len() + trailing, 0);
+        let core = &p.s[side].core;
+        let one = core.validate_one(&b.0);
+        prop_assert_eq!(one.map(|_| ()), core.validate(&b.0, 1));
+        if let Ok(Some(h)) = one {
+            prop_assert_eq!(h.payload_len & RENDEZVOUS_FLAG, 0);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Arbitrary ring bytes (issue 14 §4). The peer writes the receive ring and chooses the
 // immediate, so `ingest` must take any bytes and any length: every refusal is a typed
