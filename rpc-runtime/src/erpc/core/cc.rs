@@ -147,12 +147,22 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         t
     }
 
-    /// Moves the wheel's packets due at `now` to the transmit queue.
+    /// Moves the wheel's packets due at `now` to the transmit queue. Called on every
+    /// transmit poll and timer run: the test for due packets inlines (two loads with pacing
+    /// off or an empty wheel), the release does not.
+    #[inline(always)]
     pub(super) fn release_wheel(&mut self, now: Time) {
-        let Some(w) = self.wheel.as_mut() else { return };
-        if w.next_due().is_none_or(|t| t > now) {
-            return;
+        if let Some(w) = &self.wheel
+            && w.next_due().is_some_and(|t| t <= now)
+        {
+            self.release_due(now);
         }
+    }
+
+    /// The release of [`Rpc::release_wheel`], with packets due.
+    #[inline(never)]
+    fn release_due(&mut self, now: Time) {
+        let Some(w) = self.wheel.as_mut() else { return };
         let mut out = std::mem::take(&mut self.wheel_out);
         w.reap(now, &mut out);
         let rto = self.cfg.rto;
