@@ -35,6 +35,15 @@ fn server<S: Service>(fabric: &Fabric) -> (Server<S, CopyrpcServer>, CopyrpcAddr
     (server, addr)
 }
 
+/// A raw (untyped) copyrpc client transport of `S`, connected while this thread polls
+/// `server`.
+fn raw_client<S: Service>(server: &mut Server<S, CopyrpcServer>, addr: &CopyrpcAddr) -> Copyrpc {
+    let addr = addr.clone();
+    typed_common::connect_polling(server, move || {
+        Copyrpc::connect(&addr, S::DESCRIPTOR).unwrap()
+    })
+}
+
 /// Connects `T` on another thread while this one polls `server` (which must answer the
 /// connect request), for tests that drive the server by hand.
 fn connect_polling<S: Service, T: Send + 'static>(
@@ -384,10 +393,7 @@ fn raw_roundtrip(
 fn undecodable_requests_get_error_status() {
     let fabric = Fabric::new(SimConfig::default());
     let (mut server, addr) = server::<KvService>(&fabric);
-    let mut raw = connect_polling(&mut server, &addr, |a| {
-        Copyrpc::connect(a, KvService::DESCRIPTOR)
-    })
-    .unwrap();
+    let mut raw = raw_client(&mut server, &addr);
     let hdr = |method_id: u16, len: u32| {
         let mut v = Vec::new();
         v.extend_from_slice(&method_id.to_ne_bytes());
@@ -1276,10 +1282,7 @@ fn small_results_reserve_small_credit() {
 fn a_reply_beyond_the_callers_allowance_is_dropped() {
     let fabric = Fabric::new(SimConfig::default());
     let (mut server, addr) = server::<EchoService>(&fabric);
-    let mut raw = connect_polling(&mut server, &addr, |a| {
-        Copyrpc::connect(a, EchoService::DESCRIPTOR)
-    })
-    .unwrap();
+    let mut raw = raw_client(&mut server, &addr);
     let req = EchoRequest::Echo256(idl::echo::EchoEcho256Args { payload: [7; 256] });
     raw.send(Duration::from_secs(5), EchoService::PING, |b| {
         EchoService::encode_request(&req, b)
