@@ -1313,6 +1313,24 @@ fn a_reply_beyond_the_callers_allowance_is_dropped() {
     assert_eq!(got, (9, EchoResponse::Echo256([9; 256])));
 }
 
+/// A kv server and an echo server on `fabric`, a [`ClientContext`], and the two servers'
+/// addresses set to connect clients into that context.
+#[allow(clippy::type_complexity)]
+fn shared_context_rig(
+    fabric: &Fabric,
+) -> (
+    (Server<KvService, CopyrpcServer>, CopyrpcAddr),
+    (Server<EchoService, CopyrpcServer>, CopyrpcAddr),
+    ClientContext,
+) {
+    let (kv_server, mut kv_addr) = server::<KvService>(fabric);
+    let (echo_server, mut echo_addr) = server::<EchoService>(fabric);
+    let ctx = ClientContext::new(&fabric.open(), ContextConfig::default()).unwrap();
+    kv_addr.shared = Some(ctx.clone());
+    echo_addr.shared = Some(ctx.clone());
+    ((kv_server, kv_addr), (echo_server, echo_addr), ctx)
+}
+
 /// Two clients of two services on one thread share one [`ClientContext`] (one CQ pair and
 /// SRQ, seeds/001): polling either sends both clients' requests and takes both clients'
 /// responses; each response reaches the client (and the call) that made it. Also checks
@@ -1321,11 +1339,7 @@ fn a_reply_beyond_the_callers_allowance_is_dropped() {
 #[test]
 fn clients_of_one_thread_share_one_context() {
     let fabric = Fabric::new(SimConfig::default());
-    let (mut kv_server, mut kv_addr) = server::<KvService>(&fabric);
-    let (mut echo_server, mut echo_addr) = server::<EchoService>(&fabric);
-    let ctx = ClientContext::new(&fabric.open(), ContextConfig::default()).unwrap();
-    kv_addr.shared = Some(ctx.clone());
-    echo_addr.shared = Some(ctx.clone());
+    let ((mut kv_server, kv_addr), (mut echo_server, echo_addr), ctx) = shared_context_rig(&fabric);
     let mut kv = connect_polling(&mut kv_server, &kv_addr, KvClient::<Copyrpc>::connect).unwrap();
     let mut echo =
         connect_polling(&mut echo_server, &echo_addr, EchoClient::<Copyrpc>::connect).unwrap();
@@ -1404,11 +1418,7 @@ fn clients_of_one_thread_share_one_context() {
 #[test]
 fn responses_for_a_dropped_client_on_a_shared_context_are_orphaned() {
     let fabric = Fabric::new(SimConfig::default());
-    let (kv_server, mut kv_addr) = server::<KvService>(&fabric);
-    let (mut echo_server, mut echo_addr) = server::<EchoService>(&fabric);
-    let ctx = ClientContext::new(&fabric.open(), ContextConfig::default()).unwrap();
-    kv_addr.shared = Some(ctx.clone());
-    echo_addr.shared = Some(ctx.clone());
+    let ((kv_server, kv_addr), (mut echo_server, echo_addr), ctx) = shared_context_rig(&fabric);
     let _kv_h = spawn_kv(kv_server);
     let mut kv = KvClient::<Copyrpc>::connect(&kv_addr).unwrap();
     let mut echo =
@@ -1448,14 +1458,11 @@ fn a_dead_server_fails_only_its_client_on_a_shared_context() {
         progress_thread: Some(Duration::from_millis(1)),
         ..SimConfig::default()
     });
-    let (kv_server, mut kv_addr) = server::<KvService>(&fabric);
-    let (mut echo_server, mut echo_addr) = server::<EchoService>(&fabric);
-    let ctx = ClientContext::new(&fabric.open(), ContextConfig::default()).unwrap();
+    let ((kv_server, mut kv_addr), (mut echo_server, mut echo_addr), ctx) =
+        shared_context_rig(&fabric);
     for a in [&mut kv_addr.probe_interval, &mut echo_addr.probe_interval] {
         *a = Some(Duration::from_millis(20));
     }
-    kv_addr.shared = Some(ctx.clone());
-    echo_addr.shared = Some(ctx.clone());
     let _kv_h = spawn_kv(kv_server);
     let mut kv = KvClient::<Copyrpc>::connect(&kv_addr).unwrap();
     let mut echo =

@@ -257,12 +257,14 @@ pub(super) enum Handle {
 }
 
 impl Handle {
-    /// The context of `shared`, or one of its own.
-    pub(super) fn new(shared: Option<&ClientContext>, own: impl FnOnce() -> Shared) -> Handle {
-        match shared {
-            Some(c) => Handle::Shared(c.inner.clone()),
-            None => Handle::Own(Box::new(own())),
-        }
+    /// A context of the client's own.
+    pub(super) fn own(ctx: Context<u32>) -> Handle {
+        Handle::Own(Box::new(Shared::new(ctx)))
+    }
+
+    /// The context of `shared`.
+    pub(super) fn shared(shared: &ClientContext) -> Handle {
+        Handle::Shared(shared.inner.clone())
     }
 
     /// Runs `f` on the shared state (locked if shared). `f` has one call site, so that it

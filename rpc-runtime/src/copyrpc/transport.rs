@@ -392,12 +392,7 @@ impl Copyrpc {
         max_in_flight: u32,
     ) -> Result<Self, RpcError> {
         Self::check(&ctx, ep, service, max_in_flight)?;
-        Self::in_slot(
-            Handle::new(None, || Shared::new(ctx)),
-            ep,
-            service,
-            max_in_flight,
-        )
+        Self::in_slot(Handle::own(ctx), ep, service, max_in_flight)
     }
 
     /// Wraps endpoint `ep` of the shared context `ctx`, already connected to a server of
@@ -416,12 +411,7 @@ impl Copyrpc {
         max_in_flight: u32,
     ) -> Result<Self, RpcError> {
         ctx.with(|c| Self::check(c, ep, service, max_in_flight))?;
-        Self::in_slot(
-            Handle::new(Some(ctx), || unreachable!("shared")),
-            ep,
-            service,
-            max_in_flight,
-        )
+        Self::in_slot(Handle::shared(ctx), ep, service, max_in_flight)
     }
 
     /// Opens this client's slot in `ctx` and builds the transport.
@@ -440,10 +430,8 @@ impl Copyrpc {
             service,
             max_req: service.max_request_bytes as u32,
             max_resp: service.max_response_bytes as u32,
-            allowances: service
-                .methods
-                .iter()
-                .map(|m| sat_u32(m.response_bytes.max(crate::wire::HEADER_BYTES) as u64))
+            allowances: (0..service.methods.len())
+                .map(|id| sat_u32(service.max_reply_bytes(id as u16)))
                 .collect(),
             max_in_flight,
         })
