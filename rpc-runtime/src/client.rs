@@ -22,7 +22,7 @@
 //! counted ([`ClientStats::late_responses`]).
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use zerocopy::{Immutable, IntoBytes, KnownLayout, TryFromBytes};
@@ -150,9 +150,13 @@ enum SlotState {
 #[derive(Clone, Copy, Debug)]
 struct CallSlot {
     tag: u64,
-    /// When the call expires, in ns since [`Calls::epoch`]; valid once the call was stamped
-    /// ([`Calls::stamp`], at the client's next clock read after issuing it).
+    /// When the call's deadline is next checked, in ns of the TSC clock since
+    /// [`Calls::epoch`]; valid once the call was stamped ([`Calls::stamp`], at the client's
+    /// next clock read after issuing it).
     deadline_ns: u64,
+    /// When the call expires, in ns of the monotonic clock since [`Calls::mono_epoch`]
+    /// (set with `deadline_ns`): the deadline itself, which the TSC clock only schedules.
+    mono_deadline_ns: u64,
     /// The call's timeout (its deadline is this long after it was stamped).
     timeout: Duration,
     method_id: u16,
@@ -220,6 +224,13 @@ pub struct ClientStats {
 /// which happens when a poll finds nothing or after [`STAMP_EVERY`] calls. A deadline is
 /// therefore never earlier than `timeout` after the call was issued, and later by at most the
 /// time until the client's next empty poll (or its next [`STAMP_EVERY`] calls).
+///
+/// Two clocks: the TSC (`quanta`, a few instructions per read) is read at every empty poll
+/// and says when a deadline is *due to be checked*; the monotonic clock
+/// ([`std::time::Instant`], the clock a caller measures with) is read once per stamp and
+/// once per check, and says whether it *has passed* ([`Calls::confirm_due`]). `quanta`
+/// calibrates the TSC against the monotonic clock once, and on a VM the result can be off
+/// by ~100 ppm: a CI run saw a 100 ms deadline fire 11 µs early by the TSC alone.
 struct Calls {
     slots: Box<[CallSlot]>,
     /// Calls sent and neither answered nor expired.
@@ -231,6 +242,8 @@ struct Calls {
     clock: quanta::Clock,
     /// Raw `clock` reading at creation: the origin of the `*_ns` times.
     epoch: u64,
+    /// Monotonic clock reading at creation: the origin of the `mono_*_ns` times.
+    mono_epoch: Instant,
     /// When the transport is next told that polls come back empty
     /// ([`ClientTransport::idle_tick`]), in ns since the epoch.
     next_idle_ns: u64,
@@ -245,12 +258,17 @@ struct Calls {
 
 impl Calls {
     fn new(n: usize) -> Self {
-        let clock = quanta::Clock::new();
+        Self::with_clock(n, quanta::Clock::new())
+    }
+
+    /// [`Calls::new`] with the TSC clock given (tests pass `quanta::Clock::mock()`).
+    fn with_clock(n: usize, clock: quanta::Clock) -> Self {
         Calls {
             slots: vec![
                 CallSlot {
                     tag: 0,
                     deadline_ns: UNSTAMPED,
+                    mono_deadline_ns: UNSTAMPED,
                     timeout: Duration::ZERO,
                     method_id: 0,
                     state: SlotState::Free,
@@ -261,6 +279,7 @@ impl Calls {
             live: 0,
             zombies: 0,
             epoch: clock.raw(),
+            mono_epoch: Instant::now(),
             next_idle_ns: 0,
             clock,
             earliest_ns: u64::MAX,
@@ -276,6 +295,11 @@ impl Calls {
         self.clock
             .delta_as_nanos(self.epoch, self.clock.raw())
             .min(u64::MAX - 1)
+    }
+
+    /// Reads the monotonic clock: ns since [`Calls::mono_epoch`].
+    fn mono_now_ns(&self) -> u64 {
+        u64::try_from(self.mono_epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1)
     }
 
     /// Whether the transport is due an [`ClientTransport::idle_tick`] at `now` (at most one
@@ -324,11 +348,13 @@ impl Calls {
         slot.state = SlotState::Live;
     }
 
-    /// Gives every call issued since the last stamp its deadline, `now + timeout`: walks the
-    /// set bits of [`Calls::unstamped`] (a token answered and reissued in between carries
-    /// its newest call, issued before `now` too).
+    /// Gives every call issued since the last stamp its deadline, `now + timeout` (TSC, `now`)
+    /// and `mono + timeout` (monotonic, read here): walks the set bits of
+    /// [`Calls::unstamped`] (a token answered and reissued in between carries its newest
+    /// call, issued before both reads too).
     #[cold]
     fn stamp(&mut self, now: u64) {
+        let mono = self.mono_now_ns();
         for w in 0..self.unstamped.len() {
             let mut bits = std::mem::take(&mut self.unstamped[w]);
             while bits != 0 {
@@ -337,6 +363,7 @@ impl Calls {
                 let slot = &mut self.slots[token];
                 if slot.state == SlotState::Live {
                     slot.deadline_ns = deadline_after(now, slot.timeout);
+                    slot.mono_deadline_ns = deadline_after(mono, slot.timeout);
                     self.earliest_ns = self.earliest_ns.min(slot.deadline_ns);
                 }
             }
@@ -432,18 +459,39 @@ impl Calls {
     #[cold]
     fn scan(&mut self, now: u64, skip: u32, out: &mut dyn FnMut(CallSlot)) {
         let mut earliest = u64::MAX;
+        // The monotonic clock, read at the first call found due by the TSC.
+        let mut mono = None;
         for token in 0..self.slots.len() as u32 {
             let slot = self.slots[token as usize];
             if slot.state != SlotState::Live {
                 continue;
             }
             if slot.deadline_ns <= now && token != skip {
-                out(self.expire(token));
-            } else {
-                earliest = earliest.min(slot.deadline_ns);
+                let m = *mono.get_or_insert_with(|| self.mono_now_ns());
+                if self.confirm_due(token, now, m) {
+                    out(self.expire(token));
+                    continue;
+                }
             }
+            earliest = earliest.min(self.slots[token as usize].deadline_ns);
         }
         self.earliest_ns = earliest;
+    }
+
+    /// The TSC says the deadline of the live call on `token` is due at `now`: checks it by
+    /// the monotonic clock (`mono`, ns since [`Calls::mono_epoch`]). Returns whether it
+    /// passed; if not, the call's TSC check moves to when it will have (the time left, from
+    /// `now`), and the call stays live. The TSC's calibration error is a fraction of the time
+    /// left, so a check or two more settle it.
+    #[cold]
+    fn confirm_due(&mut self, token: u32, now: u64, mono: u64) -> bool {
+        let slot = &mut self.slots[token as usize];
+        if mono >= slot.mono_deadline_ns {
+            return true;
+        }
+        slot.deadline_ns = now.saturating_add(slot.mono_deadline_ns - mono);
+        self.earliest_ns = self.earliest_ns.min(slot.deadline_ns);
+        false
     }
 }
 
@@ -467,8 +515,10 @@ impl Calls {
 /// - Issuing a call does not read the clock: the clock is read when a poll finds nothing (and
 ///   every 256 calls), and calls issued since the previous read get their deadline then
 ///   (`now + timeout`). A deadline is thus never earlier than the timeout after the call was
-///   issued, and later by at most the time to the client's next empty poll. Expiry is found on
-///   empty polls only, so a client that keeps receiving responses pays nothing more.
+///   issued, as [`std::time::Instant`] measures it, and later by at most the time to the
+///   client's next empty poll. (Empty polls read the TSC, which only schedules the check; the
+///   monotonic clock decides it, so a miscalibrated TSC cannot fail a call early.) Expiry is
+///   found on empty polls only, so a client that keeps receiving responses pays nothing more.
 /// - An expired call keeps its transport token (a *zombie*, [`Client::zombies`]) until its
 ///   response arrives; that late response is dropped and counted in
 ///   [`ClientStats::late_responses`], and only then can the token carry another call. A late
@@ -651,7 +701,9 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             }
             if n == 0 {
                 let now = self.tick(token);
-                if now >= self.calls.slots[token as usize].deadline_ns {
+                if now >= self.calls.slots[token as usize].deadline_ns
+                    && self.calls.confirm_due(token, now, self.calls.mono_now_ns())
+                {
                     let slot = self.calls.expire(token);
                     return Err(deadline_error::<S>(BLOCKING_TAG, &slot));
                 }
@@ -952,7 +1004,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         method_id: u16,
         write: &mut impl FnMut(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError> {
-        // The deadline for finding room to send, set at the first refusal.
+        // The deadline for finding room to send (monotonic clock), set at the first refusal.
         let mut deadline_ns = UNSTAMPED;
         loop {
             match self.transport.send(timeout, method_id, &mut *write) {
@@ -970,7 +1022,8 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
 
     /// A blocking call found no room to send: takes what has arrived (kept for
     /// [`Client::poll`]), expires due pipelined calls, and fails the call once `timeout` has
-    /// passed since its first refusal (`deadline_ns`, set here on the first one).
+    /// passed since its first refusal (`deadline_ns`, monotonic ns since
+    /// [`Calls::mono_epoch`], set here on the first one).
     #[cold]
     fn wait_for_room(
         &mut self,
@@ -991,7 +1044,9 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 ready.push_back(complete::<S>(call, msg));
             }
         })?;
-        let now = self.tick(u32::MAX);
+        self.tick(u32::MAX);
+        // A cold path: the monotonic clock directly (see `Calls` on the two clocks).
+        let now = self.calls.mono_now_ns();
         if *deadline_ns == UNSTAMPED {
             *deadline_ns = deadline_after(now, timeout);
         }
@@ -1085,4 +1140,64 @@ fn method_name<S: Service>(method_id: u16) -> &'static str {
     S::DESCRIPTOR
         .method(method_id)
         .map_or("<unknown method>", |m| m.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Expires the due calls of `calls` (no skip); returns their tags.
+    fn tick(calls: &mut Calls) -> Vec<u64> {
+        let mut expired = Vec::new();
+        calls.tick(u32::MAX, |slot| expired.push(slot.tag));
+        expired
+    }
+
+    /// A TSC clock that runs ahead of the monotonic clock (here an hour at once: a grossly
+    /// miscalibrated TSC) expires nothing early: the monotonic clock decides, the call stays
+    /// live, and its next TSC check moves to when the monotonic deadline will have passed.
+    #[test]
+    fn a_fast_tsc_clock_expires_no_call_early() {
+        let (clock, mock) = quanta::Clock::mock();
+        let mut calls = Calls::with_clock(4, clock);
+        calls.start(1, 7, 0, Duration::from_secs(60));
+        assert!(tick(&mut calls).is_empty(), "stamped, not due");
+        mock.increment(Duration::from_secs(3600));
+        assert!(tick(&mut calls).is_empty(), "due by the TSC only");
+        assert_eq!(calls.live, 1);
+        let now = calls.now_ns();
+        assert!(calls.slots[1].deadline_ns > now);
+        assert_eq!(calls.earliest_ns, calls.slots[1].deadline_ns);
+        // The blocking call's own check (`Client::call_within`) says the same.
+        assert!(!calls.confirm_due(1, now, calls.mono_now_ns()));
+        assert_eq!(calls.slots[1].state, SlotState::Live);
+    }
+
+    /// With the TSC racing ahead 1 ms per empty poll, a 20 ms call is rescheduled until the
+    /// monotonic clock passes its deadline, and expires then, never earlier.
+    #[test]
+    fn a_call_expires_when_the_monotonic_clock_passes_its_deadline() {
+        let (clock, mock) = quanta::Clock::mock();
+        let mut calls = Calls::with_clock(4, clock);
+        let t0 = Instant::now();
+        calls.start(2, 9, 0, Duration::from_millis(20));
+        let expired = loop {
+            let expired = tick(&mut calls);
+            if !expired.is_empty() {
+                break expired;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the call never expired"
+            );
+            mock.increment(Duration::from_millis(1));
+        };
+        assert!(
+            t0.elapsed() >= Duration::from_millis(20),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert_eq!(expired, [9]);
+        assert_eq!((calls.live, calls.zombies, calls.stats.expired), (0, 1, 1));
+    }
 }
