@@ -83,7 +83,19 @@ enum Cmd {
         /// Payload bytes (>= 8).
         #[arg(long, default_value_t = 32)]
         size: usize,
+        /// How the server answers: `copy` (`recv`, copy the request out, `reply`: the raw
+        /// API's two-step path) or `in-place` (`serve_next`: the request read in the
+        /// receive ring and the reply written in the send ring, the typed server's path).
+        #[arg(long, value_enum, default_value_t = Serve::Copy)]
+        serve: Serve,
     },
+}
+
+/// How the lock-step server answers (see `Lockstep::serve`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Serve {
+    Copy,
+    InPlace,
 }
 
 fn main() {
@@ -115,7 +127,12 @@ fn main() {
             duration,
             json,
         } => pingpong(size.max(8), Duration::from_secs_f64(duration), json),
-        Cmd::Lockstep { rpcs, qd, size } => lockstep(rpcs, qd.max(1), size.max(8)),
+        Cmd::Lockstep {
+            rpcs,
+            qd,
+            size,
+            serve,
+        } => lockstep(rpcs, qd.max(1), size.max(8), serve),
     }
 }
 
@@ -141,11 +158,27 @@ fn setup(fabric: &Fabric, n: usize, ring: usize) -> (Context<u64>, Context<()>, 
 }
 
 /// Echoes every available request (`scratch`: a buffer of at least the payload size, since
-/// the request borrows the context that the reply needs).
+/// the request borrows the context that the reply needs; with [`Serve::InPlace`] only the
+/// spare buffer of a reply that cannot be written).
 #[inline(never)]
-fn server_serve(s: &mut Context<()>, scratch: &mut [u8]) -> usize {
+fn server_serve(s: &mut Context<()>, scratch: &mut [u8], serve: Serve) -> usize {
     s.poll(|_, _| {});
     let mut n = 0;
+    if serve == Serve::InPlace {
+        let max = scratch.len() as u32;
+        while let Some(r) = s.serve_next(max, scratch, |req, out| {
+            let len = req.len().min(out.len());
+            out[..len].copy_from_slice(&req[..len]);
+            len
+        }) {
+            r.expect("reply");
+            n += 1;
+        }
+        if n > 0 {
+            s.flush();
+        }
+        return n;
+    }
     while let Some((h, req)) = s.recv() {
         let len = req.len().min(scratch.len());
         scratch[..len].copy_from_slice(&req[..len]);
@@ -254,7 +287,7 @@ fn throughput(
         thread::spawn(move || {
             let mut scratch = vec![0u8; size];
             while !stop.load(Ordering::Relaxed) {
-                server_serve(&mut s, &mut scratch);
+                server_serve(&mut s, &mut scratch, Serve::Copy);
             }
             *s.stats()
         })
@@ -321,7 +354,7 @@ fn pingpong(size: usize, dur: Duration, json: bool) {
         thread::spawn(move || {
             let mut scratch = vec![0u8; size];
             while !stop.load(Ordering::Relaxed) {
-                server_serve(&mut s, &mut scratch);
+                server_serve(&mut s, &mut scratch, Serve::Copy);
             }
         })
     };
@@ -356,6 +389,7 @@ fn pingpong(size: usize, dur: Duration, json: bool) {
 /// One lock-step round: the client issues `qd` calls, the server serves them, the client
 /// collects the responses. The function callgrind toggles on.
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 fn round(
     c: &mut Context<u64>,
     s: &mut Context<()>,
@@ -364,6 +398,7 @@ fn round(
     seq: &mut u64,
     qd: usize,
     size: usize,
+    serve: Serve,
 ) {
     for _ in 0..qd {
         assert!(client_issue(c, ep, *seq, size));
@@ -372,14 +407,14 @@ fn round(
     let mut got = client_poll(c, size); // flushes the requests
     let mut served = 0;
     while served < qd {
-        served += server_serve(s, scratch);
+        served += server_serve(s, scratch, serve);
     }
     while got < qd {
         got += client_poll(c, size);
     }
 }
 
-fn lockstep(rpcs: u64, qd: usize, size: usize) {
+fn lockstep(rpcs: u64, qd: usize, size: usize, serve: Serve) {
     // No progress thread: callgrind's instruction counts must come from this thread only.
     let fabric = Fabric::new(SimConfig::deterministic());
     let (mut c, mut s, eps) = setup(&fabric, 1, 1 << 20);
@@ -387,12 +422,30 @@ fn lockstep(rpcs: u64, qd: usize, size: usize) {
     let mut scratch = vec![0u8; size];
     let warm = 4096 / qd;
     for _ in 0..warm {
-        round(&mut c, &mut s, &mut scratch, eps[0], &mut seq, qd, size);
+        round(
+            &mut c,
+            &mut s,
+            &mut scratch,
+            eps[0],
+            &mut seq,
+            qd,
+            size,
+            serve,
+        );
     }
     let rounds = rpcs.div_ceil(qd as u64);
     let t = Instant::now();
     for _ in 0..rounds {
-        round(&mut c, &mut s, &mut scratch, eps[0], &mut seq, qd, size);
+        round(
+            &mut c,
+            &mut s,
+            &mut scratch,
+            eps[0],
+            &mut seq,
+            qd,
+            size,
+            serve,
+        );
     }
     let el = t.elapsed();
     let n = rounds * qd as u64;

@@ -2,13 +2,16 @@
 # Instructions per copyrpc RPC on the client path and on the server path, excluding the device
 # model (examples/copyrpc_bench.rs `lockstep`, release build, callgrind).
 #
-# Usage: scripts/callgrind-copyrpc.sh [rpcs] [qd]   (defaults 100000, 1; needs valgrind)
+# Usage: scripts/callgrind-copyrpc.sh [rpcs] [qd] [copy|in-place]   (defaults 100000, 1, copy;
+#        needs valgrind)
 #        CG_KEEP=dir scripts/callgrind-copyrpc.sh ...  keeps the profiles
 #
 # The lock-step driver runs client and server in one thread: each round the client issues
 # `qd` 32 B echo calls (`client_issue`), polls (`client_poll`: flushes them as one WRITE+IMM
 # batch), the server polls, replies to each and flushes (`server_serve`), and the client polls
-# the responses and checks them. All three are #[inline(never)].
+# the responses and checks them. All three are #[inline(never)]. The server replies with
+# `recv` + a copy + `reply` (`copy`, the raw two-step API) or with `serve_next`, reading the
+# request in place and writing the reply in the send ring (`in-place`, the typed server's path).
 # Pass 1 toggles collection on in those three functions and off inside the model's doorbell
 # entry point ('<mlx5::sim::Shared as mlx5::queue::SimDoorbell>::ring_sq', only reached from
 # them), so each function's inclusive arc cost is its path without the model. Pass 2 toggles
@@ -20,6 +23,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib/callgrind.sh
 n=${1:-100000}
 qd=${2:-1}
+serve=${3:-copy}
 ex=copyrpc_bench
 bin=target/release/examples/$ex
 model_fn='<mlx5::sim::Shared as mlx5::queue::SimDoorbell>::ring_sq'
@@ -40,7 +44,7 @@ run() { # name, extra options...
   local name=$1
   shift
   valgrind --tool=callgrind --callgrind-out-file="$dir/$name.callgrind" --collect-atstart=no \
-    "$@" "$bin" lockstep "$n" --qd "$qd" >"$dir/$name.stdout" 2>"$dir/$name.log" || {
+    "$@" "$bin" lockstep "$n" --qd "$qd" --serve "$serve" >"$dir/$name.stdout" 2>"$dir/$name.log" || {
     cat "$dir/$name.log" >&2
     exit 1
   }
