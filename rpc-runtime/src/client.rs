@@ -150,12 +150,13 @@ enum SlotState {
 #[derive(Clone, Copy, Debug)]
 struct CallSlot {
     tag: u64,
-    /// When the call's deadline is next checked, in ns of the TSC clock since
-    /// [`Calls::epoch`]; valid once the call was stamped ([`Calls::stamp`], at the client's
-    /// next clock read after issuing it).
+    /// When the call is next checked, in ns of the TSC clock since [`Calls::epoch`]: valid
+    /// once the call was stamped ([`Calls::stamp`], at the client's next clock read after
+    /// issuing it); until `mono_deadline_ns` is set, when to set it.
     deadline_ns: u64,
-    /// When the call expires, in ns of the monotonic clock since [`Calls::mono_epoch`]
-    /// (set with `deadline_ns`): the deadline itself, which the TSC clock only schedules.
+    /// When the call expires, in ns of the monotonic clock since [`Calls::mono_epoch`]: the
+    /// deadline itself, which the TSC clock only schedules. [`UNSTAMPED`] until the call has
+    /// been live for 1/64 of its timeout ([`MONO_GRACE_SHIFT`], [`Calls::confirm_due`]).
     mono_deadline_ns: u64,
     /// The call's timeout (its deadline is this long after it was stamped).
     timeout: Duration,
@@ -172,6 +173,20 @@ struct Call {
 
 /// "No deadline yet" for a blocking call waiting for room to send.
 const UNSTAMPED: u64 = u64::MAX;
+
+/// How long a stamped call stays live before its deadline is stamped on the monotonic clock
+/// too: `timeout >> MONO_GRACE_SHIFT`, 1/64 of its timeout. A call answered sooner (nearly
+/// all) never costs a monotonic clock read; one that is not has its deadline counted from
+/// then, so it expires at most this much later than `timeout` after it was issued (plus the
+/// time to an empty poll).
+const MONO_GRACE_SHIFT: u32 = 6;
+
+/// `now + (timeout >> MONO_GRACE_SHIFT)` in ns, saturated below [`UNSTAMPED`].
+#[inline]
+fn grace_after(now: u64, timeout: Duration) -> u64 {
+    let t = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+    now.saturating_add(t >> MONO_GRACE_SHIFT).min(UNSTAMPED - 1)
+}
 
 /// `now + timeout` in ns since a client's epoch, saturated below [`UNSTAMPED`].
 #[inline]
@@ -221,16 +236,18 @@ pub struct ClientStats {
 ///
 /// Deadlines are stamped lazily so that issuing a call does not read the clock: a call is
 /// recorded with its timeout, and gets its deadline (`now + timeout`) at the next clock read,
-/// which happens when a poll finds nothing or after [`STAMP_EVERY`] calls. A deadline is
-/// therefore never earlier than `timeout` after the call was issued, and later by at most the
-/// time until the client's next empty poll (or its next [`STAMP_EVERY`] calls).
+/// which happens when a poll finds nothing or after [`STAMP_EVERY`] calls.
 ///
 /// Two clocks: the TSC (`quanta`, a few instructions per read) is read at every empty poll
-/// and says when a deadline is *due to be checked*; the monotonic clock
-/// ([`std::time::Instant`], the clock a caller measures with) is read once per stamp and
-/// once per check, and says whether it *has passed* ([`Calls::confirm_due`]). `quanta`
-/// calibrates the TSC against the monotonic clock once, and on a VM the result can be off
-/// by ~100 ppm: a CI run saw a 100 ms deadline fire 11 µs early by the TSC alone.
+/// and says when a call is *due to be checked*; the monotonic clock ([`std::time::Instant`],
+/// the clock a caller measures with) says whether its deadline *has passed*
+/// ([`Calls::confirm_due`]). `quanta` calibrates the TSC against the monotonic clock once,
+/// and on a VM the result can be off by ~100 ppm: a CI run saw a 100 ms deadline fire 11 µs
+/// early by the TSC alone. The monotonic clock is read only for calls still live
+/// the grace ([`MONO_GRACE_SHIFT`], 1/64 of the timeout) after their stamp: the deadline counts from that
+/// read, `mono + timeout`. A deadline is therefore never earlier than `timeout` after the
+/// call was issued, by `Instant`, and later by at most 1/64 of it plus the time until the
+/// client's empty polls (or its next [`STAMP_EVERY`] calls).
 struct Calls {
     slots: Box<[CallSlot]>,
     /// Calls sent and neither answered nor expired.
@@ -348,13 +365,12 @@ impl Calls {
         slot.state = SlotState::Live;
     }
 
-    /// Gives every call issued since the last stamp its deadline, `now + timeout` (TSC, `now`)
-    /// and `mono + timeout` (monotonic, read here): walks the set bits of
-    /// [`Calls::unstamped`] (a token answered and reissued in between carries its newest
-    /// call, issued before both reads too).
+    /// Stamps every call issued since the last stamp: its first check is due at
+    /// `now + timeout / 64` (TSC, [`MONO_GRACE_SHIFT`]), when its deadline is stamped on the monotonic clock
+    /// ([`Calls::confirm_due`]). Walks the set bits of [`Calls::unstamped`] (a token answered
+    /// and reissued in between carries its newest call, issued before `now` too).
     #[cold]
     fn stamp(&mut self, now: u64) {
-        let mono = self.mono_now_ns();
         for w in 0..self.unstamped.len() {
             let mut bits = std::mem::take(&mut self.unstamped[w]);
             while bits != 0 {
@@ -362,8 +378,8 @@ impl Calls {
                 bits &= bits - 1;
                 let slot = &mut self.slots[token];
                 if slot.state == SlotState::Live {
-                    slot.deadline_ns = deadline_after(now, slot.timeout);
-                    slot.mono_deadline_ns = deadline_after(mono, slot.timeout);
+                    slot.deadline_ns = grace_after(now, slot.timeout);
+                    slot.mono_deadline_ns = UNSTAMPED;
                     self.earliest_ns = self.earliest_ns.min(slot.deadline_ns);
                 }
             }
@@ -466,9 +482,10 @@ impl Calls {
             if slot.state != SlotState::Live {
                 continue;
             }
-            if slot.deadline_ns <= now && token != skip {
+            // The blocking call (`skip`) is expired by its caller, but stamped here too.
+            if slot.deadline_ns <= now && (token != skip || slot.mono_deadline_ns == UNSTAMPED) {
                 let m = *mono.get_or_insert_with(|| self.mono_now_ns());
-                if self.confirm_due(token, now, m) {
+                if self.confirm_due(token, now, m) && token != skip {
                     out(self.expire(token));
                     continue;
                 }
@@ -478,14 +495,22 @@ impl Calls {
         self.earliest_ns = earliest;
     }
 
-    /// The TSC says the deadline of the live call on `token` is due at `now`: checks it by
-    /// the monotonic clock (`mono`, ns since [`Calls::mono_epoch`]). Returns whether it
-    /// passed; if not, the call's TSC check moves to when it will have (the time left, from
-    /// `now`), and the call stays live. The TSC's calibration error is a fraction of the time
-    /// left, so a check or two more settle it.
+    /// The TSC says the live call on `token` is due a check at `now`; `mono` is the
+    /// monotonic clock (ns since [`Calls::mono_epoch`]). Its first check (1/64 of its
+    /// timeout after the stamp, [`MONO_GRACE_SHIFT`]) stamps its deadline on the monotonic clock, `mono + timeout`, and the
+    /// TSC check moves to `now + timeout`. Later checks return whether that deadline passed;
+    /// if not, the TSC check moves to when it will have (the time left, from `now`) and the
+    /// call stays live: the TSC's calibration error is a fraction of the time left, so a
+    /// check or two more settle it.
     #[cold]
     fn confirm_due(&mut self, token: u32, now: u64, mono: u64) -> bool {
         let slot = &mut self.slots[token as usize];
+        if slot.mono_deadline_ns == UNSTAMPED {
+            slot.mono_deadline_ns = deadline_after(mono, slot.timeout);
+            slot.deadline_ns = deadline_after(now, slot.timeout);
+            self.earliest_ns = self.earliest_ns.min(slot.deadline_ns);
+            return false;
+        }
         if mono >= slot.mono_deadline_ns {
             return true;
         }
@@ -515,10 +540,12 @@ impl Calls {
 /// - Issuing a call does not read the clock: the clock is read when a poll finds nothing (and
 ///   every 256 calls), and calls issued since the previous read get their deadline then
 ///   (`now + timeout`). A deadline is thus never earlier than the timeout after the call was
-///   issued, as [`std::time::Instant`] measures it, and later by at most the time to the
-///   client's next empty poll. (Empty polls read the TSC, which only schedules the check; the
-///   monotonic clock decides it, so a miscalibrated TSC cannot fail a call early.) Expiry is
-///   found on empty polls only, so a client that keeps receiving responses pays nothing more.
+///   issued, as [`std::time::Instant`] measures it, and later by at most 1/64 of the timeout
+///   plus the time to the client's next empty poll. (Empty polls read the TSC, which only
+///   schedules checks; the monotonic clock decides them, so a miscalibrated TSC cannot fail
+///   a call early. It is read for calls still live after 1/64 of their timeout, when their
+///   deadline starts counting on it.) Expiry is found on empty polls only, so a client that
+///   keeps receiving responses pays nothing more.
 /// - An expired call keeps its transport token (a *zombie*, [`Client::zombies`]) until its
 ///   response arrives; that late response is dropped and counted in
 ///   [`ClientStats::late_responses`], and only then can the token carry another call. A late
@@ -1171,6 +1198,33 @@ mod tests {
         // The blocking call's own check (`Client::call_within`) says the same.
         assert!(!calls.confirm_due(1, now, calls.mono_now_ns()));
         assert_eq!(calls.slots[1].state, SlotState::Live);
+    }
+
+    /// A call answered within 1/64 of its timeout never reads the monotonic clock; one still
+    /// live then gets its monotonic deadline at the first empty poll after it.
+    #[test]
+    fn the_monotonic_clock_is_read_only_for_calls_live_past_the_grace() {
+        let (clock, mock) = quanta::Clock::mock();
+        let mut calls = Calls::with_clock(4, clock);
+        calls.start(0, 1, 0, Duration::from_millis(640));
+        calls.start(1, 2, 0, Duration::from_millis(640));
+        assert!(tick(&mut calls).is_empty());
+        mock.increment(Duration::from_millis(9));
+        assert!(tick(&mut calls).is_empty());
+        assert_eq!(
+            calls.slots[0].mono_deadline_ns, UNSTAMPED,
+            "within the grace"
+        );
+        assert_eq!(calls.settle(0).map(|c| c.tag), Some(1));
+        mock.increment(Duration::from_millis(1));
+        assert!(tick(&mut calls).is_empty());
+        assert_ne!(
+            calls.slots[1].mono_deadline_ns, UNSTAMPED,
+            "10 ms = 1/64 of 640 ms"
+        );
+        assert_eq!(calls.slots[1].state, SlotState::Live);
+        let now = calls.now_ns();
+        assert_eq!(calls.slots[1].deadline_ns, now + 640_000_000);
     }
 
     /// With the TSC racing ahead 1 ms per empty poll, a 20 ms call is rescheduled until the
