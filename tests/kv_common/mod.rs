@@ -56,6 +56,15 @@ pub fn run_in_process(
     limit: Duration,
 ) -> (Option<i32>, Vec<serde_json::Value>, String) {
     use clap::Parser;
+    // Warnings (a failed connection and why, `RUST_LOG` honoured) go to the test's captured
+    // output, so a failing run explains itself. (Once per test binary: later calls fail.)
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
     let cli =
         kvbench::config::Cli::try_parse_from(std::iter::once("kv").chain(args.iter().copied()))
             .unwrap_or_else(|e| panic!("kv {args:?}: {e}"));

@@ -10,6 +10,7 @@
 //! [`super::sched`]). On a stop notice it stops issuing and acknowledges once its last
 //! response arrived.
 
+use mlx5::cqe::Cqe;
 use mlx5::fastmap::FastMap;
 use mlx5::verbs::{Access, Cq, Pd, Qp, RcRemote, Srq};
 use mlx5::wqe::{CQ_UPDATE, Opcode, RaddrSeg, Sge, WqeDesc};
@@ -462,7 +463,11 @@ impl<U> ScaleClient<U> {
             inline: &data,
             sges: &[],
         });
-        if r.is_err() {
+        if let Err(e) = &r {
+            tracing::warn!(
+                word0,
+                "scalerpc: connection failed: its control message could not be posted: {e}"
+            );
             conn.failed = true;
         }
         conn.unsignaled = 0;
@@ -635,7 +640,7 @@ impl<U> ScaleClient<U> {
                 continue;
             };
             if cqe.is_error() {
-                self.fail(c, on_response);
+                self.fail(c, "error completion on the receive CQ", &cqe, on_response);
                 continue;
             }
             if cqe.imm != IMM_NOTICE {
@@ -699,7 +704,7 @@ impl<U> ScaleClient<U> {
             if cqe.is_error() {
                 conn.bye_at = None;
                 self.stats.error_cqes += 1;
-                self.fail(c, on_response);
+                self.fail(c, "error completion on the send CQ", &cqe, on_response);
                 continue;
             }
             if conn.bye_at == Some(cqe.wqe_counter) {
@@ -804,10 +809,26 @@ impl<U> ScaleClient<U> {
         n
     }
 
+    /// Connection `c` failed on an error completion (`why`, `cqe`): logged with the CQE's
+    /// syndromes (PRM "CQE error syndrome"), so that a failure is diagnosable from the log.
     #[cold]
-    fn fail(&mut self, c: u32, on_response: &mut impl FnMut(U, Result<&[u8], CallFailure>)) {
+    fn fail(
+        &mut self,
+        c: u32,
+        why: &'static str,
+        cqe: &Cqe,
+        on_response: &mut impl FnMut(U, Result<&[u8], CallFailure>),
+    ) {
         if !self.conns[c as usize].failed {
-            tracing::debug!(conn = c, "scalerpc: connection failed");
+            tracing::warn!(
+                conn = c,
+                qpn = cqe.qpn,
+                wqe_counter = cqe.wqe_counter,
+                wqe_opcode = cqe.wqe_opcode,
+                syndrome = cqe.syndrome,
+                vendor_syndrome = cqe.vendor_syndrome,
+                "scalerpc: connection failed: {why}"
+            );
         }
         self.fail_with(c, CallFailure::ConnFailed, on_response);
     }

@@ -753,7 +753,7 @@ impl ScaleRpc {
             Some(since) if now.duration_since(self.live.last_inactive) <= limit / 4 => {
                 self.live.last_inactive = now;
                 if now.duration_since(since) >= limit {
-                    tracing::debug!(
+                    tracing::warn!(
                         service = self.service.name,
                         conn = self.conn,
                         "scalerpc: not scheduled within the activation timeout"
