@@ -420,8 +420,7 @@ fn lockstep(rpcs: u64, qd: usize, size: usize, serve: Serve) {
     let (mut c, mut s, eps) = setup(&fabric, 1, 1 << 20);
     let mut seq = 0u64;
     let mut scratch = vec![0u8; size];
-    let warm = 4096 / qd;
-    for _ in 0..warm {
+    let mut step = || {
         round(
             &mut c,
             &mut s,
@@ -431,21 +430,15 @@ fn lockstep(rpcs: u64, qd: usize, size: usize, serve: Serve) {
             qd,
             size,
             serve,
-        );
+        )
+    };
+    for _ in 0..4096 / qd {
+        step();
     }
     let rounds = rpcs.div_ceil(qd as u64);
     let t = Instant::now();
     for _ in 0..rounds {
-        round(
-            &mut c,
-            &mut s,
-            &mut scratch,
-            eps[0],
-            &mut seq,
-            qd,
-            size,
-            serve,
-        );
+        step();
     }
     let el = t.elapsed();
     let n = rounds * qd as u64;
