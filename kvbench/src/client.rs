@@ -271,8 +271,8 @@ pub(crate) fn run_clients<B: Bootstrap, A: Api, D: Daemons<A>>(
             .collect(),
     );
     // `ready`: every client connected; `go`: every rank's clients are.
-    let ready = Arc::new(std::sync::Barrier::new(n + 1));
-    let go = Arc::new(std::sync::Barrier::new(n + 1));
+    let ready = Arc::new(PollBarrier::new(n + 1));
+    let go = Arc::new(PollBarrier::new(n + 1));
     // A client thread that fails says so here (and stops the others).
     let (failed_tx, failed_rx) = crossbeam_channel::bounded::<()>(n);
     let mut handles = Vec::new();
@@ -315,10 +315,10 @@ pub(crate) fn run_clients<B: Bootstrap, A: Api, D: Daemons<A>>(
                 .expect("spawn client"),
         );
     }
-    ready.wait();
+    ready.wait(|| {});
     // The clients of every rank start together.
     let met = b.barrier();
-    go.wait();
+    go.wait(|| {});
     let t0 = Instant::now();
     let mut runs = Vec::new();
     let mut failure = met.err().map(boot);
@@ -423,6 +423,63 @@ fn measure<B: Bootstrap>(
     None
 }
 
+/// A connected client thread's setup: its deadlines, its writer id and its pattern. Generating
+/// the pattern takes a while (`gen_pattern`): the connections are kept polled meanwhile
+/// (`Daemons::keepalive`; see `client_thread`).
+pub(crate) fn prepare<A: Api, D: Daemons<A>>(
+    daemons: &D,
+    rings: &mut [A::Conn<D::T>],
+    gid: usize,
+    (rank, ranks): (usize, usize),
+    load: &LoadArgs,
+) -> Result<(Me, Vec<Op>), String> {
+    set_deadline::<A, _>(rings, load);
+    let (writer, writers) = daemons
+        .writer(rings)
+        .unwrap_or((gid as u64, (load.clients * ranks) as u64));
+    if writers > load.keys || writers > 1 << (64 - SEQ_BITS) {
+        return Err(format!(
+            "{writers} writer ids do not fit --keys {} (or {} bits)",
+            load.keys,
+            64 - SEQ_BITS
+        ));
+    }
+    let me = Me {
+        gid,
+        rank,
+        writer,
+        writers,
+    };
+    let pattern = gen_pattern(load, me, ranks, || D::keepalive(rings));
+    Ok((me, pattern))
+}
+
+/// A one-shot barrier of `n` threads whose waiters run `poll` (then sleep briefly) until all
+/// arrived: client threads keep their connections polled while they wait (`client_thread`).
+pub(crate) struct PollBarrier {
+    n: usize,
+    arrived: std::sync::atomic::AtomicUsize,
+}
+
+impl PollBarrier {
+    pub(crate) fn new(n: usize) -> Self {
+        PollBarrier {
+            n,
+            arrived: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Arrives and waits for the other threads, running `poll` meanwhile. One-shot: each of
+    /// the `n` threads waits once.
+    pub(crate) fn wait(&self, mut poll: impl FnMut()) {
+        self.arrived.fetch_add(1, Ordering::AcqRel);
+        while self.arrived.load(Ordering::Acquire) < self.n {
+            poll();
+            thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
 /// One client thread: connects to the daemons, waits for the run to start (`ready`, then
 /// `go`: the barriers every client thread of the rank meets, connected or not), and runs the
 /// closed loop until `stop`, accumulating into `report` (so that what it did is kept if it
@@ -437,7 +494,7 @@ pub(crate) fn client_thread<A: Api, D: Daemons<A>>(
     daemons: &D,
     remote: Remote<A>,
     load: &LoadArgs,
-    (ready, go): (&std::sync::Barrier, &std::sync::Barrier),
+    (ready, go): (&PollBarrier, &PollBarrier),
     stop: (&AtomicBool, &AtomicBool),
     counter: &AtomicU64,
     report: &mut ClientReport,
@@ -451,27 +508,23 @@ pub(crate) fn client_thread<A: Api, D: Daemons<A>>(
         _ => daemons.connect(rank),
     };
     let rings = rings.map_err(|e| e.to_string()).and_then(|mut rings| {
-        set_deadline::<A, _>(&mut rings, load);
-        let (writer, writers) = daemons
-            .writer(&mut rings)
-            .unwrap_or((gid as u64, (load.clients * ranks) as u64));
-        if writers > load.keys || writers > 1 << (64 - SEQ_BITS) {
-            return Err(format!(
-                "{writers} writer ids do not fit --keys {} (or {} bits)",
-                load.keys,
-                64 - SEQ_BITS
-            ));
-        }
-        let me = Me {
-            gid,
-            rank,
-            writer,
-            writers,
-        };
-        Ok((rings, me, gen_pattern(load, me, ranks)))
+        let (me, pattern) = prepare::<A, D>(daemons, &mut rings, gid, (rank, ranks), load)?;
+        Ok((rings, me, pattern))
     });
-    ready.wait();
-    go.wait();
+    // Connected, the thread keeps polling its connections until its closed loop polls them:
+    // a ScaleRPC server may stop the connection's group right after it connected (another
+    // group joined), and a ScaleRPC client acknowledges the stop only when it is polled; one
+    // that is not polled for the server's ack timeout is evicted (connecting every client,
+    // generating the patterns and meeting the other ranks can take that long on a loaded
+    // machine). Nothing is in flight, so nothing can be delivered.
+    let mut rings = rings;
+    let mut keepalive = || {
+        if let Ok((rings, ..)) = &mut rings {
+            D::keepalive(rings);
+        }
+    };
+    ready.wait(&mut keepalive);
+    go.wait(&mut keepalive);
     let (mut rings, me, pattern) = rings?;
     // Every call of the closed loop may go to the same ring.
     if let Some(r) = rings
@@ -944,5 +997,124 @@ pub(crate) fn set_deadline<A: Api, T: ClientTransport + Send>(
 ) {
     for c in conns {
         A::core(c).set_default_deadline(Duration::from_millis(load.deadline_ms));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use rpc::Server;
+    use rpc::mlx5::sim::SimConfig;
+    use rpc::scalerpc::{ConnState, GroupSize, ScaleRpcServer, Scheduler, ServerConfig};
+
+    use super::*;
+    use crate::api::Fixed;
+
+    #[derive(Parser)]
+    struct Load {
+        #[command(flatten)]
+        load: LoadArgs,
+    }
+
+    type Daemon = Server<<Fixed as Api>::S, ScaleRpcServer>;
+
+    /// Connects one client thread's connections (`ScaleDaemons::connect`) while this thread
+    /// polls the server, which answers the connect requests.
+    fn connect(daemons: &ScaleDaemons, server: &mut Daemon) -> Vec<<Fixed as Api>::Conn<ScaleRpc>> {
+        thread::scope(|s| {
+            let h = s.spawn(|| <ScaleDaemons as Daemons<Fixed>>::connect(daemons, 0));
+            while !h.is_finished() {
+                server.poll();
+            }
+            h.join().expect("connect panicked").expect("connect")
+        })
+    }
+
+    fn sched(server: &Daemon) -> &Scheduler {
+        server.transport().scale_server().scheduler()
+    }
+
+    /// Regression: kv over ScaleRPC on a loaded machine evicted every connection of the
+    /// first group about a second into the run, with no acknowledgement at all. A client
+    /// thread connects, then generates its pattern (2^20 operations by default: more than a
+    /// second in a debug build under load), then meets the start barriers, and only then
+    /// polls; meanwhile its server stopped its group (the next group joined) and, the stop
+    /// never read, evicted it after the 1 s ack timeout. The setup now keeps the connections
+    /// polled: a stop that arrives while it runs is acknowledged by the time it returns.
+    /// Deterministic: the device model executes a WQE at its doorbell, so the stop is in the
+    /// client's CQ once the server's poll that sent it returns, and the acknowledgement in
+    /// the server's once the client's poll that sent it returns.
+    #[test]
+    fn a_client_acknowledges_a_stop_while_it_prepares_its_pattern() {
+        let fabric = Fabric::new(SimConfig::deterministic());
+        let device = fabric.open();
+        let cfg = ServerConfig {
+            max_conns: 2,
+            group_size: GroupSize::Fixed(1),
+            slots_per_conn: 2,
+            slot_size: Some(128),
+            slice: Duration::from_micros(1),
+            warmup: Duration::from_micros(1),
+            // Never evicts within the test: only the acknowledgement is checked.
+            ack_timeout: Duration::from_secs(3600),
+            ..ServerConfig::default()
+        };
+        let mut server = ScaleRpcServer::serve::<<Fixed as Api>::S>(&device, cfg).unwrap();
+        let daemons = ScaleDaemons {
+            fabric: fabric.clone(),
+            addrs: vec![ScaleRpcAddr::new(
+                device.clone(),
+                server.transport().listener(),
+            )],
+        };
+        // Connection 0 (group 0, active at once), then connection 1 (group 1).
+        let mut first = connect(&daemons, &mut server);
+        let _second = connect(&daemons, &mut server);
+        // The server warms group 1 up and stops group 0.
+        let t = Instant::now();
+        while !matches!(
+            sched(&server).conn_state(0),
+            Some(ConnState::Stopping { .. })
+        ) {
+            server.poll();
+            assert!(t.elapsed() < Duration::from_secs(60), "no switch");
+        }
+        assert_eq!(sched(&server).stats().acks, 0);
+        let load = Load::parse_from(["kv", "--clients", "2", "--pattern-len", "4096"]).load;
+        let (_, pattern) =
+            prepare::<Fixed, ScaleDaemons>(&daemons, &mut first, 0, (0, 1), &load).unwrap();
+        assert_eq!(pattern.len(), 4096);
+        // Nothing polls the first client from here on: its acknowledgement was sent by the
+        // setup.
+        server.poll();
+        assert_eq!(
+            sched(&server).stats().acks,
+            1,
+            "the stop was not acknowledged"
+        );
+        // Drained (and perhaps warmed up again by the same poll).
+        assert!(
+            matches!(
+                sched(&server).conn_state(0),
+                Some(ConnState::Idle | ConnState::Active { .. })
+            ),
+            "{:?}",
+            sched(&server).conn_state(0)
+        );
+    }
+
+    /// Threads waiting at a `PollBarrier` run their poll until the last one arrives: the last
+    /// thread arrives only once the waiter has polled.
+    #[test]
+    fn poll_barrier_waiters_poll_until_all_arrived() {
+        let barrier = PollBarrier::new(2);
+        let polled = AtomicBool::new(false);
+        thread::scope(|s| {
+            s.spawn(|| barrier.wait(|| polled.store(true, Ordering::Release)));
+            while !polled.load(Ordering::Acquire) {
+                thread::yield_now();
+            }
+            barrier.wait(|| {});
+        });
     }
 }

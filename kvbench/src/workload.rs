@@ -26,6 +26,9 @@ pub(crate) struct Op {
 
 pub(crate) const SEQ_BITS: u32 = 48;
 
+/// Operations [`gen_pattern`] generates between two calls of its `tick`.
+pub(crate) const PATTERN_TICK: usize = 1024;
+
 /// Who a client thread is.
 #[derive(Clone, Copy)]
 pub(crate) struct Me {
@@ -43,13 +46,26 @@ pub(crate) struct Me {
 /// `ranks` ranks, for writer `me.writer` of `me.writers` (it writes only the keys `k` with
 /// `k % writers == writer`). With one rank the pattern is exactly the single-node one (no
 /// rank is drawn).
-pub(crate) fn gen_pattern(load: &LoadArgs, me: Me, ranks: usize) -> Vec<Op> {
+///
+/// `tick` runs every [`PATTERN_TICK`] operations: generating a long pattern takes a while
+/// (about a second for the default 2^20 operations in a debug build on a loaded machine),
+/// and a client thread that is already connected keeps its connections polled meanwhile
+/// (`client_thread`).
+pub(crate) fn gen_pattern(
+    load: &LoadArgs,
+    me: Me,
+    ranks: usize,
+    mut tick: impl FnMut(),
+) -> Vec<Op> {
     let mut rng =
         SmallRng::seed_from_u64(load.seed ^ (me.gid as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let zipf = Zipf::new(load.keys as f64, load.theta).expect("zipf parameters");
     let (writer, writers) = (me.writer, me.writers);
     (0..load.pattern_len.max(1))
-        .map(|_| {
+        .map(|i| {
+            if i % PATTERN_TICK == PATTERN_TICK - 1 {
+                tick();
+            }
             let mut key = match load.dist {
                 Dist::Uniform => rng.random_range(0..load.keys),
                 // Zipf ranks 1..=n, scattered over the key space so hot keys spread over shards.
