@@ -6,7 +6,7 @@
 //! 0x4c`, `rkey = index << 8 | 0x52`, so an lkey used as an rkey (or the reverse) is rejected
 //! (stricter than ConnectX, where the two are usually equal).
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use crate::sim::table::NumTable;
 use crate::verbs::Access;
@@ -265,8 +265,12 @@ pub(crate) fn read_into(sp: Span, out: &mut Vec<u8>) {
 /// Writes `data` across validated spans, in order (the spans cover exactly `data.len()`).
 ///
 /// Each span's bytes are copied with one memcpy except its last (up to) 8 bytes, which are then
-/// stored one by one with Release atomics after the rest: a consumer that polls the last byte of
-/// a buffer with an Acquire load (last-byte polling) sees everything before it.
+/// stored with Release atomics after the rest: a consumer that polls the last byte of a buffer
+/// with an Acquire load (last-byte polling) sees everything before it. When those 8 bytes are
+/// 8-aligned they are one `AtomicU64` store, as a NIC writes an aligned 8 B word in one piece
+/// (one PCIe write, never torn in practice): a consumer that reads such a word with one 8 B
+/// load (ScaleRPC's notice and acknowledgement words, seeds/003) sees the old or the new
+/// value, never a mix. Other tails are stored byte by byte.
 pub(crate) fn scatter(spans: &[Span], data: &[u8]) {
     let mut off = 0;
     for sp in spans {
@@ -284,9 +288,17 @@ pub(crate) fn write_span(sp: Span, data: &[u8]) {
     // validated under the fabric lock; `data` is model-owned (never overlaps it).
     unsafe {
         std::ptr::copy_nonoverlapping(data.as_ptr(), sp.ptr, body);
+        let tail = sp.ptr.add(body);
+        if let Ok(word) = <[u8; 8]>::try_from(&data[body..])
+            && tail.addr().is_multiple_of(8)
+        {
+            // SAFETY: as above; `tail` is 8-aligned and the span holds its 8 bytes.
+            AtomicU64::from_ptr(tail.cast()).store(u64::from_ne_bytes(word), Ordering::Release);
+            return;
+        }
         for (i, &b) in data[body..].iter().enumerate() {
             // SAFETY: as above; AtomicU8 has the alignment and size of u8.
-            AtomicU8::from_ptr(sp.ptr.add(body + i)).store(b, Ordering::Release);
+            AtomicU8::from_ptr(tail.add(i)).store(b, Ordering::Release);
         }
     }
 }
@@ -417,6 +429,49 @@ mod tests {
             t.scatter_list(1, [s(0, 4, ls, &mut src)].into_iter(), 4)
                 .unwrap_err(),
             ScatterError::Protection
+        );
+    }
+
+    /// An aligned final 8 B word is written in one store: a reader loading the word (as a
+    /// ScaleRPC client reads its notice word) while the model overwrites it sees the old or
+    /// the new value, never a mix of their bytes (byte-by-byte stores let it see, e.g., a new
+    /// epoch with half of an old base). The reader checks every load; with one store per word
+    /// no interleaving of the two threads can fail it.
+    #[test]
+    fn an_aligned_final_word_is_never_torn() {
+        use std::sync::atomic::AtomicBool;
+        let cell = AtomicU64::new(0);
+        let (a, b) = (0x0000_001b_0000_0005_u64, 0xffff_ffff_0000_0004_u64);
+        cell.store(a, Ordering::Relaxed);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !done.load(Ordering::Acquire) {
+                    let v = cell.load(Ordering::Acquire);
+                    assert!(v == a || v == b, "torn word {v:#018x}");
+                }
+            });
+            let span = Span {
+                ptr: cell.as_ptr().cast(),
+                len: 8,
+            };
+            for i in 0..200_000 {
+                let w = if i % 2 == 0 { b } else { a };
+                write_span(span, &w.to_ne_bytes());
+            }
+            done.store(true, Ordering::Release);
+        });
+        // A 16 B span: its body is copied, its final aligned word stored at once.
+        let mut buf = [0u64; 2];
+        let span = Span {
+            ptr: buf.as_mut_ptr().cast(),
+            len: 16,
+        };
+        let data: Vec<u8> = (1..=16).collect();
+        write_span(span, &data);
+        assert_eq!(
+            buf.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<_>>(),
+            data
         );
     }
 }
