@@ -350,7 +350,12 @@ impl<T: DatagramTransport> Endpoint<T> {
         self.now = now;
         self.in_iteration = true;
         self.zc_msgs.clear();
-        let mut work = self.flush_tx();
+        // The retry of an unsent tail; the test is inline, since the tail is rare.
+        let mut work = if self.tx_head < self.tx_meta.len() {
+            self.flush_tx()
+        } else {
+            0
+        };
 
         let n = self
             .transport
