@@ -47,11 +47,14 @@
 //! wheel; large-message goodput 1.5-12x lower). `Config::cc_rate_comp` and
 //! `Config::cc_pacing` switch it off where that matters more than eRPC fidelity.
 
+use std::collections::VecDeque;
 use std::hash::Hash;
 
+use super::session::ClientSession;
 use super::sslot::{NO_TS, SLOTS_PER_SESSION, TxStamp, slot_of};
 use super::{Rpc, SessionId, Time, Tx};
 use crate::erpc::timely::T_LOW_US;
+use crate::erpc::wheel::TimingWheel;
 
 /// Width of a timing-wheel slot in ns (4 µs). eRPC uses 0.5 µs (seeds/000 §12.7); here the
 /// width is only a bucketing granularity, because a reap compares each entry's exact time,
@@ -76,26 +79,45 @@ pub(super) struct WheelEnt {
     pub pkt: u32,
 }
 
-impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
-    /// Client: queues packet `pkt` (`bytes` on the wire) of slot `i` of session `sid`, either
-    /// directly or through the wheel (see the module docs). The caller has already taken the
-    /// packet's credit. Returns the time the packet is due to leave (`now` when direct).
-    pub(super) fn queue_client_pkt(
+/// The parts of an [`Rpc`] that queueing a client packet touches, borrowed apart from the
+/// session table, so that a kick (`Rpc::kick_session` in `req.rs`) looks its session up once
+/// and then works on the borrowed session and these together.
+pub(super) struct ClientTxq<'a, A> {
+    pub cfg: &'a super::Config,
+    pub data_per_pkt: usize,
+    pub stats: &'a mut super::Stats,
+    pub txq: &'a mut VecDeque<Tx<A>>,
+    pub wheel: &'a mut Option<TimingWheel<WheelEnt>>,
+    pub wheel_out: &'a mut Vec<WheelEnt>,
+    /// `Rpc::timer_lb`, lowered by `arm`.
+    pub timer_lb: &'a mut Time,
+    /// The session kicked, and its generation.
+    pub sid: SessionId,
+    pub generation: u64,
+}
+
+impl<A> ClientTxq<'_, A> {
+    /// Lowers the timer bound to cover a deadline at `t` (`Rpc::arm`).
+    #[inline]
+    pub fn arm(&mut self, t: Time) {
+        *self.timer_lb = (*self.timer_lb).min(t);
+    }
+
+    /// Client: queues packet `pkt` (`bytes` on the wire) of slot `i` of the session `c`
+    /// (session `self.sid`), either directly or through the wheel (see the module docs). The
+    /// caller has already taken the packet's credit. Returns the time the packet is due to
+    /// leave (`now` when direct).
+    #[inline]
+    pub fn queue_client_pkt(
         &mut self,
         now: Time,
-        sid: SessionId,
+        c: &mut ClientSession,
         i: usize,
         pkt: usize,
         bytes: usize,
     ) -> Time {
         let pacing = self.cfg.cc_pacing;
-        let Some(s) = super::sess_mut(&mut self.sessions, sid) else {
-            return now;
-        };
-        let generation = s.generation;
-        let Some(c) = s.role.client_mut() else {
-            return now;
-        };
+        let (sid, generation) = (self.sid, self.generation);
         let slot = &mut c.slots[i];
         let req_num = slot.req_num;
         let is_req = pkt < slot.num_req_pkts;
@@ -131,7 +153,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         if wheel.is_empty() {
             // Turn an idle wheel to now (O(1) when empty) so the entry is filed in its own
             // slot rather than parked behind a stale current slot.
-            wheel.reap(now, &mut self.wheel_out);
+            wheel.reap(now, self.wheel_out);
         }
         wheel.insert(
             WheelEnt {
@@ -146,7 +168,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         self.arm(t);
         t
     }
+}
 
+impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// Moves the wheel's packets due at `now` to the transmit queue. Called on every
     /// transmit poll and timer run: the test for due packets inlines (two loads with pacing
     /// off or an empty wheel), the release does not.

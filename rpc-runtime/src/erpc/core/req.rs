@@ -3,7 +3,8 @@
 
 use std::hash::Hash;
 
-use super::session::{PendingReq, SessionState};
+use super::cc::ClientTxq;
+use super::session::{ClientSession, PendingReq, SessionState};
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
 use super::{CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, TxOut, Zc, place_pkt};
 use crate::erpc::msgbuf::MsgBuffer;
@@ -130,76 +131,46 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     }
 
     /// Client: lets stalled slots, then `slot` (if given), send what their credits allow.
+    /// The session is looked up once for the whole kick.
     pub(super) fn kick_session(&mut self, now: Time, sid: SessionId, slot: Option<usize>) {
-        loop {
-            let Some(c) =
-                super::sess_mut(&mut self.sessions, sid).and_then(|s| s.role.client_mut())
-            else {
-                return;
-            };
-            if c.credits == 0 {
-                break;
-            }
+        let Rpc {
+            sessions,
+            cfg,
+            data_per_pkt,
+            stats,
+            txq,
+            wheel,
+            wheel_out,
+            timer_lb,
+            ..
+        } = self;
+        let Some(s) = super::sess_mut(sessions, sid) else {
+            return;
+        };
+        let generation = s.generation;
+        let Some(c) = s.role.client_mut() else {
+            return;
+        };
+        let mut q = ClientTxq {
+            cfg,
+            data_per_pkt: *data_per_pkt,
+            stats,
+            txq,
+            wheel,
+            wheel_out,
+            timer_lb,
+            sid,
+            generation,
+        };
+        while c.credits != 0 {
             let Some(i) = c.stall.pop_front() else { break };
             c.slots[i].in_stall = false;
-            self.kick_slot(now, sid, i);
+            q.kick_slot(now, c, i);
         }
         if let Some(i) = slot {
-            self.kick_slot(now, sid, i);
+            q.kick_slot(now, c, i);
         }
     }
-
-    /// Client: sends request packets / RFRs of slot `i` while credits last (directly or
-    /// through the timing wheel, see `cc.rs`); parks the slot in the stall queue if it runs
-    /// out.
-    pub(super) fn kick_slot(&mut self, now: Time, sid: SessionId, i: usize) {
-        let rto = self.cfg.rto;
-        let dpp = self.data_per_pkt;
-        loop {
-            let Some(c) =
-                super::sess_mut(&mut self.sessions, sid).and_then(|s| s.role.client_mut())
-            else {
-                return;
-            };
-            if !c.slots[i].wants_tx() {
-                return;
-            }
-            if c.credits == 0 {
-                let slot = &mut c.slots[i];
-                if !slot.in_stall {
-                    slot.in_stall = true;
-                    c.stall.push_back(i);
-                }
-                return;
-            }
-            let slot = &mut c.slots[i];
-            let k = slot.num_tx;
-            let bytes = if k < slot.num_req_pkts {
-                PKTHDR_SIZE + pkt_range(slot.req_len(), dpp, k).len()
-            } else {
-                self.stats.rfr_tx += 1;
-                PKTHDR_SIZE
-            };
-            slot.num_tx += 1;
-            c.credits -= 1;
-            let due = self.queue_client_pkt(now, sid, i, k, bytes);
-            let Some(c) =
-                super::sess_mut(&mut self.sessions, sid).and_then(|s| s.role.client_mut())
-            else {
-                return;
-            };
-            let slot = &mut c.slots[i];
-            // The timeout counts from when the packet leaves (later than now if paced).
-            let deadline = due + rto;
-            let d = match slot.rto_deadline {
-                None => deadline,
-                Some(d) => d.max(if due > now { deadline } else { d }),
-            };
-            slot.rto_deadline = Some(d);
-            self.arm(d);
-        }
-    }
-
     /// Client request packet `pkt` (None if the slot moved on meanwhile): its header is
     /// written into its place in the slot's request message buffer and the packet is sent
     /// in place ([`TxOut::Msg`], see [`Rpc::msg_pkt`]), or, for a datagram of at most
@@ -401,5 +372,48 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             data,
         });
         None
+    }
+}
+
+impl<A> ClientTxq<'_, A> {
+    /// Client: sends request packets / RFRs of slot `i` of the session `c` (`self.sid`)
+    /// while credits last (directly or through the timing wheel, see `cc.rs`); parks the slot
+    /// in the stall queue if it runs out.
+    fn kick_slot(&mut self, now: Time, c: &mut ClientSession, i: usize) {
+        let rto = self.cfg.rto;
+        let dpp = self.data_per_pkt;
+        loop {
+            if !c.slots[i].wants_tx() {
+                return;
+            }
+            if c.credits == 0 {
+                let slot = &mut c.slots[i];
+                if !slot.in_stall {
+                    slot.in_stall = true;
+                    c.stall.push_back(i);
+                }
+                return;
+            }
+            let slot = &mut c.slots[i];
+            let k = slot.num_tx;
+            let bytes = if k < slot.num_req_pkts {
+                PKTHDR_SIZE + pkt_range(slot.req_len(), dpp, k).len()
+            } else {
+                self.stats.rfr_tx += 1;
+                PKTHDR_SIZE
+            };
+            slot.num_tx += 1;
+            c.credits -= 1;
+            let due = self.queue_client_pkt(now, c, i, k, bytes);
+            let slot = &mut c.slots[i];
+            // The timeout counts from when the packet leaves (later than now if paced).
+            let deadline = due + rto;
+            let d = match slot.rto_deadline {
+                None => deadline,
+                Some(d) => d.max(if due > now { deadline } else { d }),
+            };
+            slot.rto_deadline = Some(d);
+            self.arm(d);
+        }
     }
 }

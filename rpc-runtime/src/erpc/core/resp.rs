@@ -267,6 +267,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         let c = super::sess_mut(&mut self.sessions, sid)?
             .role
             .client_mut()?;
+        // What the kicks below would find to do: stalled slots to send, backlogged requests
+        // to start (neither changes in between: a kick takes nothing from the backlog).
+        let (stalled, backlogged) = (!c.stall.is_empty(), !c.backlog.is_empty());
         let slot = &mut c.slots[i];
         let data = if single { None } else { slot.resp.take() };
         slot.finish();
@@ -287,8 +290,12 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 len: payload.len(),
             }),
         };
-        self.kick_session(now, sid, None);
-        self.drain_backlog(now, sid);
+        if stalled {
+            self.kick_session(now, sid, None);
+        }
+        if backlogged {
+            self.drain_backlog(now, sid);
+        }
         zc
     }
 }
