@@ -600,6 +600,10 @@ pub struct UdTransport {
     /// Receive completions consumed since creation (completion `k` is WQE `k`: an RQ
     /// completes in order).
     rx_consumed: u64,
+    /// `rx_consumed` at which [`recv_slack`] buffers are consumed and the next re-post is due:
+    /// `rx_posted + recv_slack - rq_depth` (0 if negative), kept by `post_receives`, so that
+    /// the test on every release is one comparison.
+    rx_repost_at: u64,
     /// The datagrams of the current burst (first `rx_count` valid).
     rx_meta: Box<[RxMeta]>,
     rx_count: usize,
@@ -715,6 +719,7 @@ impl UdTransport {
             rx_stride,
             rx_posted: 0,
             rx_consumed: 0,
+            rx_repost_at: 0,
             rx_meta: vec![RxMeta::default(); cfg.rx_batch].into_boxed_slice(),
             rx_count: 0,
             failed: None,
@@ -1062,12 +1067,13 @@ impl UdTransport {
     /// test, not a WQE and a doorbell record write).
     #[inline]
     fn repost_receives(&mut self) {
-        let depth = u64::from(self.cfg.rq_depth);
-        let want = depth - (self.rx_posted - self.rx_consumed);
-        if want < recv_slack(self.cfg.rq_depth) || self.failed.is_some() {
+        // `rx_consumed >= rx_repost_at` is `rq_depth - (rx_posted - rx_consumed) >=
+        // recv_slack`: that many buffers are free.
+        if self.rx_consumed < self.rx_repost_at || self.failed.is_some() {
             return;
         }
-        self.post_receives(want);
+        let depth = u64::from(self.cfg.rq_depth);
+        self.post_receives(depth - (self.rx_posted - self.rx_consumed));
     }
 
     /// Posts `want` receive WQEs for the next consumed buffers, in ring order, one doorbell.
@@ -1092,6 +1098,7 @@ impl UdTransport {
             self.rx_posted += 1;
         }
         rq.ring_doorbell();
+        self.rx_repost_at = (self.rx_posted + recv_slack(self.cfg.rq_depth)).saturating_sub(depth);
     }
 }
 
