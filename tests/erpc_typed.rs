@@ -1308,9 +1308,20 @@ fn client_reconnects_after_server_restart() {
 fn mtu_mismatch_refused_at_connect() {
     let (server, addr) = server::<BlobService>(&ErpcConfig::default());
     let h = spawn(server, |req| BlobService::dispatch(&mut Bumper, req));
+    // The client re-sends an unanswered connect request every `sm_rto` (10 ms by default),
+    // and the server refuses and counts each copy; on a loaded machine the refusal can take
+    // longer than that to arrive. A re-send interval longer than any scheduling delay keeps
+    // the count below exact: one request per session.
+    let base = ErpcConfig::default();
     let cfg = ErpcConfig {
         udp_mtu: Some(1200),
-        ..ErpcConfig::default()
+        core: Config {
+            sm_rto: 20_000 * MS,
+            failure_timeout: 30_000 * MS,
+            ..base.core
+        },
+        connect_timeout: Duration::from_secs(30),
+        ..base
     };
     match Erpc::<UdpTransport>::connect_with(&addr, BlobService::DESCRIPTOR, &cfg) {
         Err(
