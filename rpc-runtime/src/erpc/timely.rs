@@ -16,8 +16,16 @@
 //!
 //! The result is clamped to `[MIN_RATE, link bandwidth]`. As in eRPC's implementation, every
 //! step is scaled by the time since the previous update in units of the minimum RTT, capped
-//! at 1, so a burst of per-packet samples moves the rate about as much as one sample per RTT
-//! would (the first update uses the full step).
+//! at 1 (the first update uses the full step).
+//!
+//! **One sample per completion event** ([`Timely::sample`]): the samples of answers taken
+//! from one receive burst (one caller timestamp) are folded into one, their smallest, as
+//! the Timely paper takes one RTT per completion of a segment (§4.1). eRPC feeds every
+//! packet's sample; on a path that answers a whole window at once (UDP loopback), the
+//! departure-corrected samples of a burst fall packet by packet, each burst's first sample
+//! jumps back up, and per-packet feeding put every rate step right after that jump: an
+//! upward-biased gradient that drove an uncongested session to the 15 Mbit/s floor
+//! (`tests::a_burst_answered_at_once_is_one_sample`).
 //!
 //! **The minimum RTT is measured.** The Timely paper normalizes the gradient by the path's
 //! propagation RTT (`minRTT`), a property of the network; eRPC hard-codes 2 µs for its
@@ -57,13 +65,45 @@ pub const HAI_THRESHOLD: u32 = 5;
 #[derive(Debug, Clone)]
 pub struct Timely {
     link_bw_bps: f64,
+    state: RateState,
+    /// The completion event (event-loop timestamp) sampled last: its smallest sample and
+    /// the state before it, so that a smaller sample of the same event redoes its step.
+    batch: Option<Batch>,
+    /// Smallest RTT observed, µs (`INFINITY` before the first sample).
+    observed_min_rtt_us: f64,
+}
+
+/// What [`Timely::update`] changes: the rate and the gradient's history.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct RateState {
     rate_bps: f64,
     prev_rtt_us: Option<f64>,
     avg_rtt_diff_us: f64,
     neg_gradient_count: u32,
     last_update_ns: Option<u64>,
-    /// Smallest RTT observed, µs (`INFINITY` before the first sample).
-    observed_min_rtt_us: f64,
+}
+
+/// One completion event's sampling: its timestamp, its smallest sample so far (µs), and the
+/// rate state before the event.
+#[derive(Debug, Clone, Copy)]
+struct Batch {
+    now_ns: u64,
+    min_sample_us: f64,
+    before: RateState,
+    outcome: Sample,
+}
+
+/// What one RTT sample did ([`Timely::sample`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sample {
+    /// The sample's completion event updated the rate (a later sample of the same event
+    /// that is not smaller is counted as its event was).
+    Updated,
+    /// The event was skipped by eRPC's bypass: the session was uncongested and the event's
+    /// RTT below `T_LOW` (seeds/002 §6.3, bypass 1).
+    Bypassed,
+    /// Not a finite, non-negative number: ignored.
+    Invalid,
 }
 
 impl Timely {
@@ -78,11 +118,14 @@ impl Timely {
         );
         Timely {
             link_bw_bps,
-            rate_bps: link_bw_bps,
-            prev_rtt_us: None,
-            avg_rtt_diff_us: 0.0,
-            neg_gradient_count: 0,
-            last_update_ns: None,
+            state: RateState {
+                rate_bps: link_bw_bps,
+                prev_rtt_us: None,
+                avg_rtt_diff_us: 0.0,
+                neg_gradient_count: 0,
+                last_update_ns: None,
+            },
+            batch: None,
             observed_min_rtt_us: f64::INFINITY,
         }
     }
@@ -90,7 +133,7 @@ impl Timely {
     /// Current rate in bits per second.
     #[inline]
     pub fn rate(&self) -> f64 {
-        self.rate_bps
+        self.state.rate_bps
     }
 
     /// Link bandwidth in bits per second.
@@ -123,61 +166,110 @@ impl Timely {
     /// Whether the rate is at link bandwidth: packets need no pacing.
     #[inline]
     pub fn is_uncongested(&self) -> bool {
-        self.rate_bps >= self.link_bw_bps
+        self.state.rate_bps >= self.link_bw_bps
     }
 
     /// Time in ns that `bytes` take on the wire at the current rate (the pacing gap to the
     /// next packet).
     #[inline]
     pub fn tx_time_ns(&self, bytes: usize) -> f64 {
-        bytes as f64 * 8.0 * 1e9 / self.rate_bps
+        bytes as f64 * 8.0 * 1e9 / self.state.rate_bps
     }
 
     /// Feeds one RTT sample (µs) taken at `now_ns` (a monotonic clock in ns). Returns
-    /// whether the state changed: false for the uncongested bypass and for samples that are
-    /// negative or not finite (ignored).
+    /// whether it updated the rate ([`Timely::sample`] returned [`Sample::Updated`]).
     pub fn update(&mut self, sample_rtt_us: f64, now_ns: u64) -> bool {
+        self.sample(sample_rtt_us, now_ns) == Sample::Updated
+    }
+
+    /// Feeds one RTT sample (µs) of a completion event at `now_ns` (a monotonic clock in ns;
+    /// the caller stamps every answer it takes from one receive burst with the same time).
+    ///
+    /// **One sample per completion event.** The Timely paper (Mittal et al. 2015, §4.1)
+    /// takes one RTT per completion event: the completion time minus the send time minus the
+    /// segment's serialization at line rate. Answers that arrive in one receive burst are one
+    /// completion, and their per-packet samples differ only by where each packet sat in the
+    /// burst the sender handed out: the caller subtracts each packet's position
+    /// (`cc.rs`, `link_departure`), so the burst's last packet gives the smallest sample,
+    /// which is the segment's RTT. Its samples are therefore folded into one: the smallest.
+    /// The first sample of an event takes its step at once; a smaller one of the same event
+    /// takes the step again from the state before the event, and a larger one changes
+    /// nothing. (Feeding each packet's sample as a step, as eRPC's per-packet update does,
+    /// would put every step right after the rise from the previous burst's last, smallest,
+    /// sample to this burst's first, largest, one: a gradient biased upwards, which on a
+    /// path that answers whole bursts at once, such as UDP loopback, drives the rate down
+    /// with no congestion at all.)
+    ///
+    /// The step (module docs): the uncongested bypass for an RTT below `T_LOW` on a session
+    /// at link rate, else additive increase below `T_LOW`, multiplicative decrease above
+    /// `T_HIGH`, the gradient in between; scaled by the time since the previous event in
+    /// units of the minimum RTT.
+    pub fn sample(&mut self, sample_rtt_us: f64, now_ns: u64) -> Sample {
         if !(sample_rtt_us.is_finite() && sample_rtt_us >= 0.0) {
-            return false;
+            return Sample::Invalid;
         }
-        if self.is_uncongested() && sample_rtt_us < T_LOW_US {
-            return false;
-        }
+        let before = match self.batch {
+            Some(b) if b.now_ns == now_ns => {
+                if sample_rtt_us >= b.min_sample_us {
+                    return b.outcome;
+                }
+                b.before
+            }
+            _ => self.state,
+        };
+        self.state = before;
+        let outcome = if before.rate_bps >= self.link_bw_bps && sample_rtt_us < T_LOW_US {
+            Sample::Bypassed
+        } else {
+            self.step(sample_rtt_us, now_ns);
+            Sample::Updated
+        };
+        self.batch = Some(Batch {
+            now_ns,
+            min_sample_us: sample_rtt_us,
+            before,
+            outcome,
+        });
+        outcome
+    }
+
+    /// Timely's rate computation for one sample (module docs), from `self.state`.
+    fn step(&mut self, sample_rtt_us: f64, now_ns: u64) {
         let min_rtt_us = self.min_rtt_us();
-        let delta_factor = match self.last_update_ns {
+        let st = &mut self.state;
+        let delta_factor = match st.last_update_ns {
             None => 1.0,
             Some(prev) => (now_ns.saturating_sub(prev) as f64 / (min_rtt_us * 1e3)).min(1.0),
         };
-        self.last_update_ns = Some(now_ns);
+        st.last_update_ns = Some(now_ns);
 
-        let rtt_diff = sample_rtt_us - self.prev_rtt_us.unwrap_or(sample_rtt_us);
-        self.prev_rtt_us = Some(sample_rtt_us);
-        self.avg_rtt_diff_us = (1.0 - EWMA_ALPHA) * self.avg_rtt_diff_us + EWMA_ALPHA * rtt_diff;
+        let rtt_diff = sample_rtt_us - st.prev_rtt_us.unwrap_or(sample_rtt_us);
+        st.prev_rtt_us = Some(sample_rtt_us);
+        st.avg_rtt_diff_us = (1.0 - EWMA_ALPHA) * st.avg_rtt_diff_us + EWMA_ALPHA * rtt_diff;
 
-        let rate = self.rate_bps;
+        let rate = st.rate_bps;
         let new_rate = if sample_rtt_us < T_LOW_US {
-            self.neg_gradient_count = 0;
+            st.neg_gradient_count = 0;
             rate + ADD_RATE_BPS * delta_factor
         } else if sample_rtt_us > T_HIGH_US {
-            self.neg_gradient_count = 0;
+            st.neg_gradient_count = 0;
             rate * (1.0 - BETA * delta_factor * (1.0 - T_HIGH_US / sample_rtt_us))
         } else {
-            let gradient = self.avg_rtt_diff_us / min_rtt_us;
+            let gradient = st.avg_rtt_diff_us / min_rtt_us;
             if gradient <= 0.0 {
-                self.neg_gradient_count += 1;
-                let n = if self.neg_gradient_count >= HAI_THRESHOLD {
+                st.neg_gradient_count += 1;
+                let n = if st.neg_gradient_count >= HAI_THRESHOLD {
                     5.0
                 } else {
                     1.0
                 };
                 rate + n * ADD_RATE_BPS * delta_factor
             } else {
-                self.neg_gradient_count = 0;
+                st.neg_gradient_count = 0;
                 rate * (1.0 - BETA * gradient * delta_factor)
             }
         };
-        self.rate_bps = new_rate.clamp(MIN_RATE_BPS, self.link_bw_bps);
-        true
+        st.rate_bps = new_rate.clamp(MIN_RATE_BPS, self.link_bw_bps);
     }
 }
 
@@ -332,6 +424,76 @@ mod tests {
             t.update(rtt, (i as u64 + 1) * STEP_NS);
         }
         assert!(close(t.rate(), r + 14.0 * ADD_RATE_BPS), "{}", t.rate());
+    }
+
+    /// Feeds bursts like UDP loopback's: each event answers a window of eight packets at
+    /// once, so the per-packet samples (departure-corrected) fall through the burst by one
+    /// packet's wire time each, around a stationary, noisy RTT in Timely's gradient band.
+    /// Returns the rate left, as a fraction of the link, after 20 000 events.
+    fn loopback_bursts(feed: impl Fn(&mut Timely, &[f64], u64)) -> f64 {
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+        let mut t = Timely::new(25e9);
+        t.observe_rtt(25.0);
+        let wire_us = 2.9; // an 8972 B datagram at 25 Gbit/s
+        let noise_us = 1.0; // half-width of the events' RTT jitter
+        for k in 0..20_000u64 {
+            let base = 60.0 + rng.random_range(-noise_us..noise_us);
+            let burst: Vec<f64> = (0..8).map(|i| base + (7 - i) as f64 * wire_us).collect();
+            feed(&mut t, &burst, k * 60_000);
+        }
+        t.rate() / 25e9
+    }
+
+    /// One sample per completion event (the burst's smallest) keeps a session whose RTT
+    /// does not grow near link rate; folding each packet's sample into the gradient, as a
+    /// per-packet update does, sees the rise from one burst's smallest sample to the next
+    /// burst's largest at every step and collapses the rate with no congestion at all.
+    #[test]
+    fn a_burst_answered_at_once_is_one_sample() {
+        let per_event = loopback_bursts(|t, burst, now| {
+            for &s in burst {
+                t.sample(s, now);
+            }
+        });
+        let per_packet = loopback_bursts(|t, burst, now| {
+            for &s in burst {
+                // What the per-packet update did: every sample moves the gradient's
+                // history; only the first of an event takes a (time-scaled) step.
+                t.batch = None;
+                t.sample(s, now);
+            }
+        });
+        // Measured: 0.76 and 0.0006 (the 15 Mbit/s floor). With no jitter at all the first
+        // stays at 1.0 and the second still falls to the floor; with more jitter the first
+        // falls too (Timely's sensitivity to RTT noise, which its rules keep).
+        assert!(per_event > 0.5, "per event: {per_event} of the link rate");
+        assert!(
+            per_packet < 0.01,
+            "per packet: {per_packet} of the link rate"
+        );
+    }
+
+    #[test]
+    fn a_smaller_sample_of_the_same_event_redoes_its_step() {
+        let mut t = Timely::new(LINK);
+        assert_eq!(t.sample(2000.0, 0), Sample::Updated);
+        let cut = t.rate();
+        // A larger sample of the same event changes nothing.
+        assert_eq!(t.sample(3000.0, 0), Sample::Updated);
+        assert_eq!(t.rate(), cut);
+        // A smaller one replaces the event's sample: 1 - 0.8 * (1 - 1000 / 1250) = 0.84.
+        assert_eq!(t.sample(1250.0, 0), Sample::Updated);
+        assert!(close(t.rate(), 0.84 * LINK), "{}", t.rate());
+        // Below T_LOW on a session that was at link rate before the event: the bypass,
+        // and the event's earlier step is undone.
+        assert_eq!(t.sample(10.0, 0), Sample::Bypassed);
+        assert_eq!(t.rate(), LINK);
+        assert_eq!(t.sample(20.0, 0), Sample::Bypassed);
+        // The next event starts from there.
+        assert_eq!(t.sample(2000.0, STEP_NS), Sample::Updated);
+        assert!(close(t.rate(), 0.6 * LINK), "{}", t.rate());
+        assert_eq!(t.sample(f64::NAN, STEP_NS), Sample::Invalid);
     }
 
     #[test]

@@ -20,8 +20,10 @@
 //!   minus send time minus the segment's serialization delay at line rate), applied to a
 //!   burst: a window of eight 64 KB packets handed out at once takes 168 µs to serialize at
 //!   25 Gbit/s, and without the subtraction its last packet's sample would report that
-//!   self-inflicted delay as queueing in the network. Uncongested sessions skip samples below `T_LOW` (Timely bypass); others
-//!   update the rate ([`Timely::update`](crate::erpc::timely::Timely::update)). Two kinds of
+//!   self-inflicted delay as queueing in the network. The samples of one receive burst
+//!   (same `now`) are one completion event, whose RTT is their smallest
+//!   ([`Timely::sample`](crate::erpc::timely::Timely::sample)); uncongested sessions skip
+//!   events below `T_LOW` (Timely bypass), others update the rate. Two kinds of
 //!   answers give no sample, as in the Timely paper (Mittal et al. 2015, §3-4: RTTs from
 //!   NIC-generated acknowledgements, of packets sent once): the answer to a retransmitted
 //!   packet (Karn's rule: it may answer an earlier copy, `rtt_skipped_retransmit`), and, in
@@ -53,7 +55,7 @@ use std::hash::Hash;
 use super::session::ClientSession;
 use super::sslot::{NO_TS, SLOTS_PER_SESSION, TxStamp, slot_of};
 use super::{Rpc, SessionId, Time, Tx};
-use crate::erpc::timely::T_LOW_US;
+use crate::erpc::timely::Sample;
 use crate::erpc::wheel::TimingWheel;
 
 /// Width of a timing-wheel slot in ns (4 µs). eRPC uses 0.5 µs (seeds/000 §12.7); here the
@@ -344,10 +346,10 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         self.stats.rtt_samples += 1;
         c.timely
             .observe_rtt(now.saturating_sub(sent.handed_out) as f64 / 1e3);
-        if c.timely.is_uncongested() && rtt_us < T_LOW_US {
-            self.stats.timely_bypassed += 1;
-        } else if c.timely.update(rtt_us, now) {
-            self.stats.timely_updates += 1;
+        match c.timely.sample(rtt_us, now) {
+            Sample::Updated => self.stats.timely_updates += 1,
+            Sample::Bypassed => self.stats.timely_bypassed += 1,
+            Sample::Invalid => {}
         }
     }
 }

@@ -657,10 +657,11 @@ pub struct Stats {
     pub rtt_skipped_server_time: u64,
     /// Client: answers to a retransmitted packet, which give no RTT sample (Karn's rule).
     pub rtt_skipped_retransmit: u64,
-    /// Client: RTT samples that updated a Timely rate.
+    /// Client: RTT samples whose completion event (the answers of one receive burst,
+    /// [`Timely::sample`](super::timely::Timely::sample)) updated a Timely rate.
     pub timely_updates: u64,
-    /// Client: RTT samples skipped by the Timely bypass (uncongested session, RTT below
-    /// `T_LOW`; seeds/002 §6.3 bypass 1).
+    /// Client: RTT samples whose completion event was skipped by the Timely bypass
+    /// (uncongested session, RTT below `T_LOW`; seeds/002 §6.3 bypass 1).
     pub timely_bypassed: u64,
     /// Client: packets (request packets, RFRs) that went through the timing wheel.
     pub wheel_paced: u64,
