@@ -1288,8 +1288,16 @@ impl<U> Context<U> {
                 continue;
             }
             c.core.publish();
-            c.core.flush(&mut self.stats);
             let mut posted = false;
+            // The common case: one batch, posted straight away. If the post fails, the emit
+            // is queued and retried (and counted or failed) by the loop below, as if `flush`
+            // had queued it.
+            if let Some(e) = c.core.flush_one(&mut self.stats) {
+                match Self::post_emit(&mut self.stats, c, &e) {
+                    Ok(()) => posted = true,
+                    Err(_) => c.core.requeue_emit(e),
+                }
+            }
             while let Some(&e) = c.core.emits.front() {
                 match Self::post_emit(&mut self.stats, c, &e) {
                     Ok(()) => {

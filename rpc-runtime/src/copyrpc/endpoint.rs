@@ -950,20 +950,30 @@ impl<U> EndpointCore<U> {
         if !self.has(F_BATCH_OPEN) {
             return;
         }
+        let e = self.seal_batch(stats, ahead);
+        self.emits.push_back(e);
+    }
+
+    /// [`EndpointCore::close_batch`] of a batch known to be open, returning its [`Emit`]
+    /// instead of queueing it.
+    #[inline(always)]
+    fn seal_batch(&mut self, stats: &mut Stats, ahead: u64) -> Emit {
+        debug_assert!(self.has(F_BATCH_OPEN));
         let meta = self.metadata(self.batch_count, ahead);
         let off = self.meta_pos & self.send.mask;
         // SAFETY: the batch's metadata slot, reserved when the batch opened; not in flight yet.
         let b = unsafe { self.send.slice_mut(off, META as usize) };
         meta.write(b.try_into().expect("32 bytes"));
         let len = self.producer - self.flush_start;
-        self.emits.push_back(Emit {
+        let e = Emit {
             start: self.flush_start,
             len: len as u32,
             delta: len,
-        });
+        };
         stats.record_batch(self.batch_count);
         self.flush_start = self.producer;
         self.flags &= !F_BATCH_OPEN;
+        e
     }
 
     /// Sends backlogged replies that now fit, then closes the open batch. Without a batch,
@@ -984,6 +994,30 @@ impl<U> EndpointCore<U> {
         } else if self.has(F_FLOW_REQUEST | F_ANSWER_FLOW | F_READ_DONE) {
             self.flow_update(stats);
         }
+    }
+
+    /// [`EndpointCore::flush`] for the common case of an open batch with no emit queued
+    /// before it and no backlog: the batch is closed and its [`Emit`] returned instead of
+    /// queued, so that the context posts it without a round trip through
+    /// `EndpointCore::emits` (it must queue it there with [`EndpointCore::requeue_emit`] if
+    /// the post fails). Otherwise runs `flush` and returns `None`.
+    #[inline(always)]
+    pub(crate) fn flush_one(&mut self, stats: &mut Stats) -> Option<Emit> {
+        if self.has(F_BATCH_OPEN) && self.emits.is_empty() && self.backlog.is_empty() {
+            let e = self.seal_batch(stats, 0);
+            self.flags &= !(F_FLOW_REQUEST | F_ANSWER_FLOW);
+            return Some(e);
+        }
+        self.flush(stats);
+        None
+    }
+
+    /// Queues an [`Emit`] returned by [`EndpointCore::flush_one`] that could not be posted:
+    /// it is then exactly where `flush` would have left it.
+    #[cold]
+    pub(crate) fn requeue_emit(&mut self, e: Emit) {
+        debug_assert!(self.emits.is_empty());
+        self.emits.push_back(e);
     }
 
     #[cold]
