@@ -53,8 +53,9 @@ use std::collections::VecDeque;
 use std::hash::Hash;
 
 use super::session::ClientSession;
-use super::sslot::{NO_TS, SLOTS_PER_SESSION, TxStamp, slot_of};
+use super::sslot::{NO_TS, SLOTS_PER_SESSION, TxStamp, pkt_range, slot_of};
 use super::{Rpc, SessionId, Time, Tx};
+use crate::erpc::pkthdr::PKTHDR_SIZE;
 use crate::erpc::timely::Sample;
 use crate::erpc::wheel::TimingWheel;
 
@@ -105,10 +106,10 @@ impl<A> ClientTxq<'_, A> {
         *self.timer_lb = (*self.timer_lb).min(t);
     }
 
-    /// Client: queues packet `pkt` (`bytes` on the wire) of slot `i` of the session `c`
-    /// (session `self.sid`), either directly or through the wheel (see the module docs). The
-    /// caller has already taken the packet's credit. Returns the time the packet is due to
-    /// leave (`now` when direct).
+    /// Client: queues packet `pkt` of slot `i` of the session `c` (session `self.sid`),
+    /// either directly or through the wheel (see the module docs). The caller has already
+    /// taken the packet's credit. Returns the time the packet is due to leave (`now` when
+    /// direct). The packet's size on the wire is only computed when it is paced.
     #[inline]
     pub fn queue_client_pkt(
         &mut self,
@@ -116,7 +117,6 @@ impl<A> ClientTxq<'_, A> {
         c: &mut ClientSession,
         i: usize,
         pkt: usize,
-        bytes: usize,
     ) -> Time {
         let pacing = self.cfg.cc_pacing;
         let (sid, generation) = (self.sid, self.generation);
@@ -145,6 +145,13 @@ impl<A> ClientTxq<'_, A> {
             self.txq.push_back(tx);
             return now;
         }
+        // Bytes on the wire: header plus the packet's share of the request (an RFR is a
+        // header alone).
+        let bytes = if is_req {
+            PKTHDR_SIZE + pkt_range(slot.req_len(), self.data_per_pkt, pkt).len()
+        } else {
+            PKTHDR_SIZE
+        };
         let t = now.max(c.next_tx_at);
         c.next_tx_at = t.saturating_add(c.timely.tx_time_ns(bytes).ceil() as Time);
         slot.in_wheel += 1;

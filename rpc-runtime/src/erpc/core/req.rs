@@ -379,9 +379,9 @@ impl<A> ClientTxq<'_, A> {
     /// Client: sends request packets / RFRs of slot `i` of the session `c` (`self.sid`)
     /// while credits last (directly or through the timing wheel, see `cc.rs`); parks the slot
     /// in the stall queue if it runs out.
+    #[inline]
     fn kick_slot(&mut self, now: Time, c: &mut ClientSession, i: usize) {
         let rto = self.cfg.rto;
-        let dpp = self.data_per_pkt;
         loop {
             if !c.slots[i].wants_tx() {
                 return;
@@ -396,15 +396,12 @@ impl<A> ClientTxq<'_, A> {
             }
             let slot = &mut c.slots[i];
             let k = slot.num_tx;
-            let bytes = if k < slot.num_req_pkts {
-                PKTHDR_SIZE + pkt_range(slot.req_len(), dpp, k).len()
-            } else {
+            if k >= slot.num_req_pkts {
                 self.stats.rfr_tx += 1;
-                PKTHDR_SIZE
-            };
+            }
             slot.num_tx += 1;
             c.credits -= 1;
-            let due = self.queue_client_pkt(now, c, i, k, bytes);
+            let due = self.queue_client_pkt(now, c, i, k);
             let slot = &mut c.slots[i];
             // The timeout counts from when the packet leaves (later than now if paced).
             let deadline = due + rto;
