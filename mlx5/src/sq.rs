@@ -32,7 +32,9 @@
 use crate::error::{Error, Result};
 use crate::mem::barrier::{dma_wmb, store_dbrec, wc_flush};
 use crate::queue::{BlueFlame, Doorbell, SqMem};
-use crate::wqe::{CQ_UPDATE, CtrlSeg, DS_BYTES, MAX_DS, Opcode, WQEBB, WqeDesc, wqebbs};
+use crate::wqe::{
+    CQ_UPDATE, CtrlSeg, DGRAM_BYTES, DS_BYTES, EncodedAv, MAX_DS, Opcode, WQEBB, WqeDesc, wqebbs,
+};
 
 /// Largest WQE in WQEBBs: `wqebbs(63)` = 16.
 pub const MAX_WQEBBS: u32 = wqebbs(MAX_DS);
@@ -201,13 +203,35 @@ impl SendQueue {
     /// uses (`ud`, `atomic`, ...) and the opcode tests fold away at compile time (issue 16).
     #[inline(always)]
     pub fn post(&mut self, desc: &WqeDesc<'_>) -> Result<u16> {
+        self.post_av(desc, None)
+    }
+
+    /// As [`post`](Self::post) for a UD send whose address vector is already encoded
+    /// ([`DgramSeg::encode`](crate::wqe::DgramSeg::encode)): `av` is copied into the WQE as
+    /// is, in the place of `desc.ud`, which must be `None`. The WQE's bytes are the same as
+    /// [`post`](Self::post) writes with `ud: Some(seg)` for `av = seg.encode()`.
+    ///
+    /// # Errors
+    /// As [`post`](Self::post).
+    #[inline(always)]
+    pub fn post_ud(&mut self, av: &EncodedAv, desc: &WqeDesc<'_>) -> Result<u16> {
+        debug_assert!(desc.ud.is_none(), "post_ud with desc.ud set");
+        self.post_av(desc, Some(av))
+    }
+
+    /// [`post`](Self::post), with `av` written as the address vector when given.
+    #[inline(always)]
+    fn post_av(&mut self, desc: &WqeDesc<'_>, av: Option<&EncodedAv>) -> Result<u16> {
         if desc.inline.len() > self.mem.max_inline as usize {
             return Err(inline_too_large(desc.inline.len(), self.mem.max_inline));
         }
         if desc.sges.len() > self.mem.max_sge as usize {
             return Err(too_many_sges(desc.sges.len(), self.mem.max_sge));
         }
-        let ds = desc.ds();
+        let mut ds = desc.ds();
+        if av.is_some() && desc.ud.is_none() {
+            ds += (DGRAM_BYTES / DS_BYTES) as u32;
+        }
         if ds > MAX_DS || wqebbs(ds) > self.max_wqebbs {
             return Err(wqe_too_large(ds, self.max_wqebbs));
         }
@@ -227,7 +251,7 @@ impl SendQueue {
         // SAFETY: `slot + n <= wqe_cnt` (padding moved `pi` to slot 0 otherwise) and the `n`
         // WQEBBs are free (checked above), so the device does not read them.
         let b = unsafe { self.wqe_bytes(slot, ds) };
-        desc.write_ds(b, ds, pi as u16, qpn);
+        desc.write_ds(b, ds, pi as u16, qpn, av);
         self.commit(pi, n, ds);
         Ok(pi as u16)
     }
@@ -558,6 +582,62 @@ mod tests {
             unreachable!()
         };
         assert_eq!(bf.offset, 0);
+    }
+
+    /// `post_ud` with an encoded address vector writes the same WQE bytes as `post` with the
+    /// segment, with and without a GRH, inline and gathered.
+    #[test]
+    fn post_ud_matches_post_with_the_segment() {
+        use crate::wqe::DgramSeg;
+        let segs = [
+            DgramSeg {
+                qkey: 0x1111_2222,
+                dqpn: 0x00ab_cdef,
+                rlid: 0x0102,
+                stat_rate_sl: 3,
+                grh: false,
+                rgid: [0; 16],
+            },
+            DgramSeg {
+                qkey: 7,
+                dqpn: 0x0012_3456,
+                rlid: 9,
+                stat_rate_sl: 0,
+                grh: true,
+                rgid: [0x5a; 16],
+            },
+        ];
+        let sge = [Sge {
+            addr: 0x1000,
+            len: 64,
+            lkey: 5,
+        }];
+        for seg in &segs {
+            for (inline, sges) in [(&[1u8; 20][..], &[][..]), (&[][..], &sge[..])] {
+                let desc = WqeDesc {
+                    opcode: Opcode::SendImm,
+                    flags: CQ_UPDATE,
+                    imm: 0xfeed,
+                    ud: Some(*seg),
+                    remote: None,
+                    atomic: None,
+                    inline,
+                    sges,
+                };
+                let (ring_a, _db_a, _reg_a, mut a) = sq(16, 256);
+                let (ring_b, _db_b, _reg_b, mut b) = sq(16, 256);
+                let ia = a.post(&desc).unwrap();
+                let ib = b
+                    .post_ud(&seg.encode(), &WqeDesc { ud: None, ..desc })
+                    .unwrap();
+                assert_eq!(ia, ib);
+                assert_eq!(a.pi(), b.pi());
+                // SAFETY: test memory, no concurrent access.
+                let (wa, wb) = unsafe { (ring_a.as_slice().to_vec(), ring_b.as_slice().to_vec()) };
+                assert_eq!(wa, wb);
+                assert_eq!(parse(&wb, true).unwrap().ud, Some(*seg));
+            }
+        }
     }
 
     #[test]

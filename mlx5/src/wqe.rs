@@ -365,6 +365,15 @@ impl DgramSeg {
             b[32..48].copy_from_slice(&self.rgid);
         }
     }
+    /// The segment's 48 bytes as [`write`](Self::write) lays them out, for a sender that
+    /// posts many WQEs to one destination ([`SendQueue::post_ud`](crate::sq::SendQueue::post_ud)).
+    #[inline]
+    pub fn encode(&self) -> EncodedAv {
+        let mut b = [0u8; DGRAM_BYTES];
+        self.write(&mut b);
+        EncodedAv(b)
+    }
+
     /// Parses the segment.
     #[inline]
     pub fn read(b: &[u8]) -> Self {
@@ -378,6 +387,19 @@ impl DgramSeg {
             grh: get_be32(b, 28) & (1 << 30) != 0,
             rgid,
         }
+    }
+}
+
+/// A UD address vector already in its wire form ([`DgramSeg::encode`]): posting with it
+/// ([`SendQueue::post_ud`](crate::sq::SendQueue::post_ud)) is one 48 B copy instead of
+/// encoding the segment field by field for every WQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncodedAv(pub [u8; DGRAM_BYTES]);
+
+impl From<&DgramSeg> for EncodedAv {
+    #[inline]
+    fn from(seg: &DgramSeg) -> Self {
+        seg.encode()
     }
 }
 
@@ -431,20 +453,28 @@ impl WqeDesc<'_> {
     #[inline]
     pub fn write(&self, b: &mut [u8], wqe_index: u16, qpn: u32) -> u32 {
         let ds = self.ds();
-        self.write_ds(b, ds, wqe_index, qpn);
+        self.write_ds(b, ds, wqe_index, qpn, None);
         ds
     }
 
-    /// As [`write`](Self::write) with `ds` already computed ([`ds`](Self::ds)). The WQE is
-    /// written segment by segment into the 16-byte units of `b`, so that each segment's
-    /// stores need no bounds check of their own.
+    /// As [`write`](Self::write) with `ds` already computed ([`ds`](Self::ds)), and `av`
+    /// copied as the address vector when `self.ud` is `None` (then `ds` counts its 3 units).
+    /// The WQE is written segment by segment into the 16-byte units of `b`, so that each
+    /// segment's stores need no bounds check of their own.
     ///
     /// # Panics
-    /// If `b` is shorter than `ds * 16` bytes. `ds` must be `self.ds()` (checked in debug
-    /// builds; the one caller, [`SendQueue::post`](crate::sq::SendQueue::post), computes it
-    /// so).
+    /// If `b` is shorter than `ds * 16` bytes. `ds` must be `self.ds()`, plus 3 with `av`
+    /// (checked in debug builds; the callers, [`SendQueue::post`](crate::sq::SendQueue::post)
+    /// and [`SendQueue::post_ud`](crate::sq::SendQueue::post_ud), compute it so).
     #[inline(always)]
-    pub(crate) fn write_ds(&self, b: &mut [u8], ds: u32, wqe_index: u16, qpn: u32) {
+    pub(crate) fn write_ds(
+        &self,
+        b: &mut [u8],
+        ds: u32,
+        wqe_index: u16,
+        qpn: u32,
+        av: Option<&EncodedAv>,
+    ) {
         let segs = &mut b.as_chunks_mut::<DS_BYTES>().0[..ds as usize];
         let (ctrl, rest) = segs.split_first_mut().expect("a WQE has a control segment");
         CtrlSeg {
@@ -462,6 +492,10 @@ impl WqeDesc<'_> {
         if let Some(ud) = &self.ud {
             let n = DGRAM_BYTES / DS_BYTES;
             ud.write(rest[k..k + n].as_flattened_mut());
+            k += n;
+        } else if let Some(av) = av {
+            let n = DGRAM_BYTES / DS_BYTES;
+            rest[k..k + n].as_flattened_mut().copy_from_slice(&av.0);
             k += n;
         }
         if let Some(r) = &self.remote {

@@ -142,8 +142,8 @@ use mlx5::verbs::{
     Access, Ah, Context, Cq, LinkLayer, Mr, Pd, PortInfo, Qp, QpCaps, QpInit, QpType, UdDest,
 };
 use mlx5::wqe::{
-    CQ_UPDATE, CTRL_BYTES, DATA_BYTES, DGRAM_BYTES, DS_BYTES, DgramSeg, Opcode, Sge, WqeDesc,
-    inline_seg_bytes,
+    CQ_UPDATE, CTRL_BYTES, DATA_BYTES, DGRAM_BYTES, DS_BYTES, DgramSeg, EncodedAv, Opcode, Sge,
+    WqeDesc, inline_seg_bytes,
 };
 
 use super::{DatagramTransport, PKT_HDR_LEN, TransportStats, TxPkt};
@@ -591,8 +591,11 @@ pub struct UdTransport {
     tx_retired: u64,
     /// Signaled WQEs outstanding, oldest first.
     signaled: SignaledRing,
-    /// The last destination sent to, and its address vector.
-    last_dest: Option<(UdAddr, DgramSeg)>,
+    /// The last destination sent to (`None` before the first send), and its address vector
+    /// encoded once ([`DgramSeg::encode`]), so that a send to it copies 48 bytes.
+    last_dest: Option<UdAddr>,
+    /// The encoded address vector of `last_dest` (meaningless while it is `None`).
+    last_av: EncodedAv,
     /// Bytes per receive buffer (`64 + port MTU`, rounded up to 64).
     rx_stride: usize,
     /// Receive WQEs posted since creation (WQE `k` uses buffer `k % rq_depth`).
@@ -716,6 +719,7 @@ impl UdTransport {
             tx_retired: 0,
             signaled: SignaledRing::new(cfg.sq_depth as usize),
             last_dest: None,
+            last_av: EncodedAv([0; DGRAM_BYTES]),
             rx_stride,
             rx_posted: 0,
             rx_consumed: 0,
@@ -894,21 +898,30 @@ impl UdTransport {
         self.tx_posted - self.tx_retired < u64::from(self.cfg.sq_depth) && self.qp.sq.has_room(ds)
     }
 
-    /// The address vector for `dest`, creating and caching its address handle on first use.
-    /// `None` if the device refuses to create it.
+    /// Makes `dest` the destination of the next sends (`last_dest`, its encoded address
+    /// vector in `last_av`), creating and caching its address handle on first use. `false`
+    /// if the device refuses to create it.
     #[inline]
-    fn address_vector(&mut self, dest: UdAddr) -> Option<DgramSeg> {
-        if let Some((a, av)) = self.last_dest
-            && a == dest
-        {
-            return Some(av);
+    fn select_dest(&mut self, dest: UdAddr) -> bool {
+        if self.last_dest == Some(dest) {
+            return true;
         }
+        self.select_other_dest(dest)
+    }
+
+    /// [`select_dest`](Self::select_dest) for a destination other than the last one.
+    #[inline(never)]
+    fn select_other_dest(&mut self, dest: UdAddr) -> bool {
         let av = match self.ahs.get(&dest) {
             Some(ah) => ah.av,
-            None => self.create_ah(dest)?,
+            None => match self.create_ah(dest) {
+                Some(av) => av,
+                None => return false,
+            },
         };
-        self.last_dest = Some((dest, av));
-        Some(av)
+        self.last_av = av.encode();
+        self.last_dest = Some(dest);
+        true
     }
 
     #[cold]
@@ -927,17 +940,13 @@ impl UdTransport {
         }
     }
 
-    /// Posts one UD SEND-with-immediate WQE for `p` to `av` (room was checked). `end_of_run`:
+    /// Posts one UD SEND-with-immediate WQE for `p` to the selected destination
+    /// ([`select_dest`](Self::select_dest); room was checked). `end_of_run`:
     /// `p` is the last packet of the burst, or the next one is not sent in place; an in-place
     /// WQE there is signaled, so that its buffer's pin is dropped at the next poll instead
     /// of up to `signal_interval` WQEs later.
     #[inline]
-    fn post_send(
-        &mut self,
-        av: DgramSeg,
-        p: &TxPkt<'_, UdAddr>,
-        end_of_run: bool,
-    ) -> mlx5::Result<()> {
+    fn post_send(&mut self, p: &TxPkt<'_, UdAddr>, end_of_run: bool) -> mlx5::Result<()> {
         let len = p.len();
         let seq = self.tx_posted;
         // In place when the packet is not inline, names its buffer, lies inside it and the
@@ -1013,14 +1022,14 @@ impl UdTransport {
             opcode: Opcode::SendImm,
             flags: if signaled { CQ_UPDATE } else { 0 },
             imm: self.imm,
-            ud: Some(av),
+            ud: None,
             remote: None,
             atomic: None,
             inline,
             sges,
         };
-        debug_assert_eq!(desc.ds(), ds);
-        let wqe_index = self.qp.sq.post(&desc)?;
+        debug_assert_eq!(desc.ds() + (DGRAM_BYTES / DS_BYTES) as u32, ds);
+        let wqe_index = self.qp.sq.post_ud(&self.last_av, &desc)?;
         self.tx_posted = seq + 1;
         if let Some((mem, _)) = gather {
             // Keep the buffer mapped until this WQE retires (module docs).
@@ -1162,13 +1171,13 @@ impl DatagramTransport for UdTransport {
                     break;
                 }
             }
-            let Some(av) = self.address_vector(p.dest) else {
+            if !self.select_dest(p.dest) {
                 self.stats.tx_errors += 1;
                 done += 1;
                 continue;
-            };
+            }
             let end_of_run = pkts.get(i + 1).is_none_or(|n| n.mem.is_none());
-            match self.post_send(av, p, end_of_run) {
+            match self.post_send(p, end_of_run) {
                 Ok(()) => {
                     done += 1;
                     posted += 1;
