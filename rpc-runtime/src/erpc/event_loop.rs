@@ -336,9 +336,13 @@ impl<T: DatagramTransport> Endpoint<T> {
 
         // Transmit, with a fresh clock reading: it is the send time of the batch's client
         // packets (their RTT samples' start), and processing the receive burst may have
-        // taken a while.
-        self.tx_now = self.clock();
+        // taken a while. With nothing to send (nothing queued or paced; an unsent tail is
+        // left alone by `fill_and_flush` anyway) neither the clock nor the core is asked.
         let work = std::mem::take(&mut self.iter_work);
+        if !self.rpc.may_transmit() {
+            return work;
+        }
+        self.tx_now = self.clock();
         work + self.fill_and_flush()
     }
 

@@ -1162,6 +1162,14 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         self.last_now = self.last_now.max(now);
     }
 
+    /// Whether [`Rpc::poll_transmit_gather`] may have a datagram to send: packets are queued,
+    /// or paced packets wait in the timing wheel. When `false` it returns `None` whatever
+    /// `now` is, so a caller may skip reading its clock for it and calling it.
+    #[inline]
+    pub fn may_transmit(&self) -> bool {
+        !self.txq.is_empty() || self.wheel.as_ref().is_some_and(|w| !w.is_empty())
+    }
+
     /// Writes the next datagram to send into `buf` and returns its destination and length,
     /// at the latest time passed to any input (see [`Rpc::poll_transmit_at`]).
     ///
