@@ -33,7 +33,8 @@ use crate::error::{Error, Result};
 use crate::mem::barrier::{dma_wmb, store_dbrec, wc_flush};
 use crate::queue::{BlueFlame, Doorbell, SqMem};
 use crate::wqe::{
-    CQ_UPDATE, CtrlSeg, DGRAM_BYTES, DS_BYTES, EncodedAv, MAX_DS, Opcode, WQEBB, WqeDesc, wqebbs,
+    CQ_UPDATE, CTRL_BYTES, CtrlSeg, DGRAM_BYTES, DS_BYTES, EncodedAv, MAX_DS, Opcode, WQEBB,
+    WqeDesc, inline_seg_bytes, wqebbs, write_inline2,
 };
 
 /// Largest WQE in WQEBBs: `wqebbs(63)` = 16.
@@ -217,6 +218,69 @@ impl SendQueue {
     pub fn post_ud(&mut self, av: &EncodedAv, desc: &WqeDesc<'_>) -> Result<u16> {
         debug_assert!(desc.ud.is_none(), "post_ud with desc.ud set");
         self.post_av(desc, Some(av))
+    }
+
+    /// A UD SEND with immediate whose payload, `hdr` followed by `data`, travels inline: the
+    /// same WQE as [`post_ud`](Self::post_ud) with `desc.opcode = SendImm`, `desc.inline` the
+    /// concatenation of `hdr` and `data` and no gather list, but written straight from the
+    /// two parts (no staging copy, no descriptor). `flags` are the `fm_ce_se` flags.
+    ///
+    /// # Errors
+    /// As [`post`](Self::post). An empty payload (no inline segment: use
+    /// [`post_ud`](Self::post_ud)) is refused with [`Error::WqeTooLarge`] (`ds = 0`).
+    #[inline(always)]
+    pub fn post_ud_inline(
+        &mut self,
+        av: &EncodedAv,
+        flags: u8,
+        imm: u32,
+        hdr: &[u8],
+        data: &[u8],
+    ) -> Result<u16> {
+        let len = hdr.len() + data.len();
+        if len > self.mem.max_inline as usize {
+            return Err(inline_too_large(len, self.mem.max_inline));
+        }
+        if len == 0 {
+            return Err(wqe_too_large(0, self.max_wqebbs));
+        }
+        let ds = ((CTRL_BYTES + DGRAM_BYTES + inline_seg_bytes(len)) / DS_BYTES) as u32;
+        let n = wqebbs(ds);
+        if ds > MAX_DS || n > self.max_wqebbs {
+            return Err(wqe_too_large(ds, self.max_wqebbs));
+        }
+        let slot = self.pi & self.mask;
+        let to_end = self.mem.wqe_cnt - slot;
+        let pad = if n > to_end { to_end } else { 0 };
+        let free = self.free_wqebbs();
+        if pad + n > free {
+            return Err(sq_full(pad + n, free));
+        }
+        if pad != 0 {
+            self.pad_ring_end(pad);
+        }
+        let (pi, qpn) = (self.pi, self.qpn);
+        // SAFETY: as in `post_av`: `slot + n <= wqe_cnt` (padding moved `pi` to slot 0
+        // otherwise) and the `n` WQEBBs are free, so the device does not read them.
+        let b = unsafe { self.wqe_bytes(pi & self.mask, ds) };
+        let segs = &mut b.as_chunks_mut::<DS_BYTES>().0[..ds as usize];
+        let (ctrl, rest) = segs.split_first_mut().expect("a WQE has a control segment");
+        CtrlSeg {
+            opmod: 0,
+            wqe_index: pi as u16,
+            opcode: Opcode::SendImm as u8,
+            qpn,
+            ds: ds as u8,
+            signature: 0,
+            fm_ce_se: flags,
+            imm,
+        }
+        .write_seg(ctrl);
+        let (avs, inl) = rest.split_at_mut(DGRAM_BYTES / DS_BYTES);
+        avs.as_flattened_mut().copy_from_slice(&av.0);
+        write_inline2(inl.as_flattened_mut(), hdr, data);
+        self.commit(pi, n, ds);
+        Ok(pi as u16)
     }
 
     /// [`post`](Self::post), with `av` written as the address vector when given.
@@ -638,6 +702,62 @@ mod tests {
                 assert_eq!(parse(&wb, true).unwrap().ud, Some(*seg));
             }
         }
+    }
+
+    /// `post_ud_inline(hdr, data)` writes the same WQE as `post_ud` with the concatenation
+    /// inline, for every split of the payload, every length up to 60 B (16-byte header or
+    /// not) and ring positions that need padding; empty and oversized payloads are refused.
+    #[test]
+    fn post_ud_inline_matches_post_ud() {
+        let seg = crate::wqe::DgramSeg {
+            qkey: 0x1111_2222,
+            dqpn: 0x00ab_cdef,
+            rlid: 0x0102,
+            stat_rate_sl: 3,
+            grh: false,
+            rgid: [0; 16],
+        };
+        let av = seg.encode();
+        let payload: Vec<u8> = (0..60u8).map(|i| i.wrapping_mul(7) ^ 0x5a).collect();
+        for len in 1..=60usize {
+            for split in [0, 1, len / 2, 16.min(len), len] {
+                let (hdr, data) = payload[..len].split_at(split);
+                let (ring_a, _db_a, _reg_a, mut a) = sq(8, 256);
+                let (ring_b, _db_b, _reg_b, mut b) = sq(8, 256);
+                // Dirty the rings so that padding and zeroing are checked too.
+                // SAFETY: test memory, no concurrent access.
+                unsafe {
+                    ring_a.as_mut_slice().fill(0xee);
+                    ring_b.as_mut_slice().fill(0xee);
+                }
+                for _ in 0..(len % 7) {
+                    for q in [&mut a, &mut b] {
+                        let i = q.post_nop(true).unwrap();
+                        q.retire(i);
+                    }
+                }
+                let desc = WqeDesc {
+                    opcode: Opcode::SendImm,
+                    flags: CQ_UPDATE,
+                    imm: 0xfeed,
+                    ud: None,
+                    remote: None,
+                    atomic: None,
+                    inline: &payload[..len],
+                    sges: &[],
+                };
+                let ia = a.post_ud(&av, &desc).unwrap();
+                let ib = b.post_ud_inline(&av, CQ_UPDATE, 0xfeed, hdr, data).unwrap();
+                assert_eq!((ia, a.pi(), a.pad_nops()), (ib, b.pi(), b.pad_nops()));
+                // SAFETY: test memory, no concurrent access.
+                let (wa, wb) = unsafe { (ring_a.as_slice().to_vec(), ring_b.as_slice().to_vec()) };
+                assert_eq!(wa, wb, "len {len} split {split}");
+            }
+        }
+        let (_ring, _db, _reg, mut q) = sq(8, 256);
+        assert!(q.post_ud_inline(&av, 0, 0, &[], &[]).is_err());
+        assert!(q.post_ud_inline(&av, 0, 0, &[0; 200], &[0; 57]).is_err());
+        assert_eq!(q.pi(), 0);
     }
 
     #[test]

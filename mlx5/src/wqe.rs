@@ -320,6 +320,32 @@ pub fn write_inline(b: &mut [u8], data: &[u8]) {
     b[4..4 + data.len()].copy_from_slice(data);
 }
 
+/// Writes an inline segment carrying `hdr` followed by `data`: the same bytes as
+/// [`write_inline`] of their concatenation, without building it first (a sender writes a
+/// packet header and its payload straight from where they are). `b` must be at least
+/// [`inline_seg_bytes`]`(hdr.len() + data.len())` long.
+#[inline(always)]
+pub fn write_inline2(b: &mut [u8], hdr: &[u8], data: &[u8]) {
+    let len = hdr.len() + data.len();
+    let end = inline_seg_bytes(len);
+    b[end - DS_BYTES..end].copy_from_slice(&[0; DS_BYTES]);
+    put_be32(b, 0, len as u32 | INLINE_SEG);
+    let body = &mut b[4..4 + len];
+    let (h, d) = body.split_at_mut(hdr.len());
+    // A 16-byte header (the eRPC packet header) is one fixed-size copy, no `memcpy` call.
+    if let (Ok(h16), Ok(hdr16)) = (
+        <&mut [u8; DS_BYTES]>::try_from(&mut *h),
+        <&[u8; DS_BYTES]>::try_from(hdr),
+    ) {
+        *h16 = *hdr16;
+    } else {
+        h.copy_from_slice(hdr);
+    }
+    if !data.is_empty() {
+        d.copy_from_slice(data);
+    }
+}
+
 /// Whether the segment starting at `b` is an inline segment (bit 31 of its first BE32).
 #[inline]
 pub fn is_inline(b: &[u8]) -> bool {

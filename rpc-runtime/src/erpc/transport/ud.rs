@@ -948,6 +948,9 @@ impl UdTransport {
     #[inline]
     fn post_send(&mut self, p: &TxPkt<'_, UdAddr>, end_of_run: bool) -> mlx5::Result<()> {
         let len = p.len();
+        if len != 0 && len <= self.inline_max {
+            return self.post_send_inline(p.hdr, p.data);
+        }
         let seq = self.tx_posted;
         // In place when the packet is not inline, names its buffer, lies inside it and the
         // buffer is (or can be) registered; otherwise staged.
@@ -1042,6 +1045,42 @@ impl UdTransport {
             }
             self.stats.tx_in_place += 1;
         }
+        if signaled {
+            self.signaled.push(Signaled {
+                wqe_index,
+                seq_after: seq + 1,
+            });
+        }
+        self.stats.tx_pkts += 1;
+        self.stats.tx_bytes += len as u64;
+        Ok(())
+    }
+
+    /// [`post_send`](Self::post_send) for a non-empty datagram of at most `inline_max` bytes:
+    /// `hdr` and `data` are written straight into the WQE's inline segment
+    /// ([`SendQueue::post_ud_inline`](mlx5::sq::SendQueue::post_ud_inline)), with no staging
+    /// copy and no gather decision (an inline packet never pins its buffer).
+    #[inline(always)]
+    fn post_send_inline(&mut self, hdr: &[u8], data: &[u8]) -> mlx5::Result<()> {
+        let len = hdr.len() + data.len();
+        let seq = self.tx_posted;
+        let ds = send_ds(len, self.inline_max, 0);
+        let full_after = seq + 1 - self.tx_retired >= u64::from(self.cfg.sq_depth);
+        let low_after = self
+            .qp
+            .sq
+            .free_wqebbs()
+            .saturating_sub(self.qp.sq.wqebbs_needed(ds))
+            < LOW_WQEBBS;
+        let signaled = (seq + 1).is_multiple_of(u64::from(self.cfg.signal_interval))
+            || full_after
+            || low_after;
+        let flags = if signaled { CQ_UPDATE } else { 0 };
+        let wqe_index = self
+            .qp
+            .sq
+            .post_ud_inline(&self.last_av, flags, self.imm, hdr, data)?;
+        self.tx_posted = seq + 1;
         if signaled {
             self.signaled.push(Signaled {
                 wqe_index,
