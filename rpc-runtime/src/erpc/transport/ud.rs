@@ -892,10 +892,17 @@ impl UdTransport {
         self.sweep_at = (2 * self.regs.len()).max(MIN_SWEEP);
     }
 
-    /// Whether a WQE of `ds` units can be posted now (a free staging slot and WQEBBs).
+    /// Whether a WQE of `ds` units can be posted now (a free staging slot and WQEBBs):
+    /// `Some(WQEBBs free after it, padding included)` if it can.
     #[inline]
-    fn tx_has_room(&self, ds: u32) -> bool {
-        self.tx_posted - self.tx_retired < u64::from(self.cfg.sq_depth) && self.qp.sq.has_room(ds)
+    fn tx_room(&self, ds: u32) -> Option<u32> {
+        if self.tx_posted - self.tx_retired >= u64::from(self.cfg.sq_depth) {
+            return None;
+        }
+        self.qp
+            .sq
+            .free_wqebbs()
+            .checked_sub(self.qp.sq.wqebbs_needed(ds))
     }
 
     /// Makes `dest` the destination of the next sends (`last_dest`, its encoded address
@@ -948,9 +955,6 @@ impl UdTransport {
     #[inline]
     fn post_send(&mut self, p: &TxPkt<'_, UdAddr>, end_of_run: bool) -> mlx5::Result<()> {
         let len = p.len();
-        if len != 0 && len <= self.inline_max {
-            return self.post_send_inline(p.hdr, p.data);
-        }
         let seq = self.tx_posted;
         // In place when the packet is not inline, names its buffer, lies inside it and the
         // buffer is (or can be) registered; otherwise staged.
@@ -1059,19 +1063,14 @@ impl UdTransport {
     /// [`post_send`](Self::post_send) for a non-empty datagram of at most `inline_max` bytes:
     /// `hdr` and `data` are written straight into the WQE's inline segment
     /// ([`SendQueue::post_ud_inline`](mlx5::sq::SendQueue::post_ud_inline)), with no staging
-    /// copy and no gather decision (an inline packet never pins its buffer).
+    /// copy and no gather decision (an inline packet never pins its buffer). `low_after`:
+    /// fewer than [`LOW_WQEBBS`] WQEBBs stay free after this WQE (the caller's room check
+    /// computed it), so it is signaled.
     #[inline(always)]
-    fn post_send_inline(&mut self, hdr: &[u8], data: &[u8]) -> mlx5::Result<()> {
+    fn post_send_inline(&mut self, hdr: &[u8], data: &[u8], low_after: bool) -> mlx5::Result<()> {
         let len = hdr.len() + data.len();
         let seq = self.tx_posted;
-        let ds = send_ds(len, self.inline_max, 0);
         let full_after = seq + 1 - self.tx_retired >= u64::from(self.cfg.sq_depth);
-        let low_after = self
-            .qp
-            .sq
-            .free_wqebbs()
-            .saturating_sub(self.qp.sq.wqebbs_needed(ds))
-            < LOW_WQEBBS;
         let signaled = (seq + 1).is_multiple_of(u64::from(self.cfg.signal_interval))
             || full_after
             || low_after;
@@ -1198,25 +1197,40 @@ impl DatagramTransport for UdTransport {
             if self.failed.is_some() {
                 break;
             }
-            // Room for the largest layout (two data segments: still 2 WQEBBs).
-            let ds = send_ds(p.len(), self.inline_max, MAX_SEND_SGES);
-            if !self.tx_has_room(ds) {
-                self.poll_send_cq();
-                if self.failed.is_some() {
-                    break;
+            let len = p.len();
+            let inline = len != 0 && len <= self.inline_max;
+            // Room for the WQE: inline, or the largest gather layout (two data segments:
+            // still 2 WQEBBs).
+            let ds = send_ds(len, self.inline_max, MAX_SEND_SGES);
+            let room = match self.tx_room(ds) {
+                Some(r) => r,
+                None => {
+                    self.poll_send_cq();
+                    if self.failed.is_some() {
+                        break;
+                    }
+                    match self.tx_room(ds) {
+                        Some(r) => r,
+                        None => {
+                            self.stats.tx_would_block += 1;
+                            break;
+                        }
+                    }
                 }
-                if !self.tx_has_room(ds) {
-                    self.stats.tx_would_block += 1;
-                    break;
-                }
-            }
+            };
             if !self.select_dest(p.dest) {
                 self.stats.tx_errors += 1;
                 done += 1;
                 continue;
             }
-            let end_of_run = pkts.get(i + 1).is_none_or(|n| n.mem.is_none());
-            match self.post_send(p, end_of_run) {
+            let res = if inline {
+                // `room` is the WQEBBs left after this WQE (padding included).
+                self.post_send_inline(p.hdr, p.data, room < LOW_WQEBBS)
+            } else {
+                let end_of_run = pkts.get(i + 1).is_none_or(|n| n.mem.is_none());
+                self.post_send(p, end_of_run)
+            };
+            match res {
                 Ok(()) => {
                     done += 1;
                     posted += 1;
