@@ -249,6 +249,9 @@ struct Conn<U> {
     unsignaled: u32,
     /// Send queue producer counter (WQEBBs) after the last signaled WQE.
     last_signal_pi: u32,
+    /// Largest batch posted fully inline: the QP's inline limit, at most
+    /// [`MAX_FULL_INLINE`].
+    full_inline: u32,
     signaled: VecDeque<(u16, Signaled)>,
     read_outstanding: bool,
     in_dirty: bool,
@@ -408,6 +411,7 @@ impl<U> Context<U> {
         )?;
         let id = self.conns.len() as EndpointId;
         self.by_qpn.insert(qp.qpn(), id)?;
+        let full_inline = qp.sq.mem().max_inline.min(MAX_FULL_INLINE);
         self.conns.push(Conn {
             qp,
             send_mr,
@@ -429,6 +433,7 @@ impl<U> Context<U> {
             fingerprint: cfg.fingerprint,
             unsignaled: 0,
             last_signal_pi: 0,
+            full_inline,
             signaled: VecDeque::with_capacity(8),
             read_outstanding: false,
             in_dirty: false,
@@ -1344,48 +1349,30 @@ impl<U> Context<U> {
         self.dirty.truncate(kept);
     }
 
-    /// Posts one RDMA WRITE+IMM for `e` (seeds/004 §3.5): fully inline up to 220 B, else a
-    /// 204 B inline head and one SGE; signaled every [`SIGNAL_INTERVAL`] WQEs or when half
-    /// the send queue is unsignaled.
+    /// Posts one RDMA WRITE+IMM for `e` (seeds/004 §3.5): fully inline up to 220 B (the
+    /// send queue's dedicated all-inline path), else a 204 B inline head and one SGE;
+    /// signaled every [`SIGNAL_INTERVAL`] WQEs or when a quarter of the send queue is
+    /// unsignaled.
     #[inline(always)]
     fn post_emit(stats: &mut Stats, c: &mut Conn<U>, e: &Emit) -> Result<(), mlx5::Error> {
-        let max_inline = c.qp.sq.mem().max_inline.min(MAX_FULL_INLINE);
-        // SAFETY: an emitted range: inside the ring, unmodified until the peer consumes it.
-        let data = unsafe { c.core.send_bytes(e.start, e.len as usize) };
-        let head = if e.len <= max_inline {
-            e.len
-        } else {
-            max_inline.saturating_sub(16).min(INLINE_HEAD) & !3
-        };
-        let sge;
-        let sges: &[Sge] = if head < e.len {
-            sge = [Sge {
-                addr: c.send_mr.addr + c.core.send_offset(e.start) + head as u64,
-                len: e.len - head,
-                lkey: c.send_mr.lkey,
-            }];
-            &sge
-        } else {
-            &[]
-        };
         // WQEBBs since the last signaled WQE, plus this one (at most 4): a quarter of the
         // ring at most, so completions retire the queue long before it fills, and each QP
         // has at most a handful of signaled WQEs (send CQEs) outstanding.
         let signal = c.unsignaled + 1 >= SIGNAL_INTERVAL
             || c.qp.sq.pi().wrapping_sub(c.last_signal_pi) + 4 > c.qp.sq.wqe_cnt() / 4;
-        let idx = c.qp.sq.post(&WqeDesc {
-            opcode: Opcode::RdmaWriteImm,
-            flags: if signal { CQ_UPDATE } else { 0 },
-            imm: e.imm(),
-            ud: None,
-            remote: Some(RaddrSeg {
-                raddr: c.remote.ring_addr + c.core.remote_offset(e.start),
-                rkey: c.remote.ring_rkey,
-            }),
-            atomic: None,
-            inline: &data[..head as usize],
-            sges,
-        })?;
+        let flags = if signal { CQ_UPDATE } else { 0 };
+        let raddr = c.remote.ring_addr + c.core.remote_offset(e.start);
+        let idx = if e.len <= c.full_inline {
+            // SAFETY: an emitted range: inside the ring, unmodified until the peer consumes it.
+            let data = unsafe { c.core.send_bytes(e.start, e.len as usize) };
+            let idx =
+                c.qp.sq
+                    .post_write_imm_inline(flags, e.imm(), raddr, c.remote.ring_rkey, data)?;
+            stats.writes_inline += 1;
+            idx
+        } else {
+            Self::post_emit_gather(c, e, flags, raddr)?
+        };
         if signal {
             c.signaled.push_back((idx, Signaled::Write));
             c.unsignaled = 0;
@@ -1394,10 +1381,40 @@ impl<U> Context<U> {
             c.unsignaled += 1;
         }
         stats.writes_posted += 1;
-        if sges.is_empty() {
-            stats.writes_inline += 1;
-        }
         Ok(())
+    }
+
+    /// The WQE of [`Context::post_emit`] for a batch beyond the inline limit: an inline head
+    /// of up to [`INLINE_HEAD`] bytes and one SGE into the send ring for the rest.
+    #[inline(always)]
+    fn post_emit_gather(
+        c: &mut Conn<U>,
+        e: &Emit,
+        flags: u8,
+        raddr: u64,
+    ) -> Result<u16, mlx5::Error> {
+        let max_inline = c.full_inline;
+        // SAFETY: an emitted range: inside the ring, unmodified until the peer consumes it.
+        let data = unsafe { c.core.send_bytes(e.start, e.len as usize) };
+        let head = max_inline.saturating_sub(16).min(INLINE_HEAD) & !3;
+        let sge = [Sge {
+            addr: c.send_mr.addr + c.core.send_offset(e.start) + head as u64,
+            len: e.len - head,
+            lkey: c.send_mr.lkey,
+        }];
+        c.qp.sq.post(&WqeDesc {
+            opcode: Opcode::RdmaWriteImm,
+            flags,
+            imm: e.imm(),
+            ud: None,
+            remote: Some(RaddrSeg {
+                raddr,
+                rkey: c.remote.ring_rkey,
+            }),
+            atomic: None,
+            inline: &data[..head as usize],
+            sges: &sge,
+        })
     }
 
     /// Posts the RDMA READs of received rendezvous descriptors (issue 15), in arrival
