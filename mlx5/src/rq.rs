@@ -24,6 +24,9 @@ pub struct RecvQueue {
     mask: u32,
     /// `head` at the last doorbell.
     db_head: u32,
+    /// WQEs written by [`post`](Self::post), saturating at `wqe_cnt`: once it reaches
+    /// `wqe_cnt`, every slot holds a WQE (slots are written in order from 0).
+    written: u32,
 }
 
 impl RecvQueue {
@@ -47,6 +50,7 @@ impl RecvQueue {
             head: 0,
             tail: 0,
             db_head: 0,
+            written: 0,
         }
     }
 
@@ -119,7 +123,28 @@ impl RecvQueue {
             DataSeg(TERMINATOR).write(&mut b[sges.len() * DATA_BYTES..]);
         }
         self.head = self.head.wrapping_add(1);
+        if self.written < self.mem.wqe_cnt {
+            self.written += 1;
+        }
         Ok(())
+    }
+
+    /// Re-posts the next `n` WQEs unchanged: advances `head` by `n` without writing, so each
+    /// of those slots is posted again with the scatter list it was last posted with (the
+    /// device never writes receive WQEs). For a consumer that always posts the same buffer
+    /// at the same slot (a ring of `wqe_cnt` fixed receive buffers) this is the whole
+    /// re-post: no WQE is rewritten, only the doorbell record moves
+    /// ([`ring_doorbell`](Self::ring_doorbell)).
+    ///
+    /// Returns `false`, changing nothing, unless every slot has been written by
+    /// [`post`](Self::post) at least once and `n` WQEs are free.
+    #[inline]
+    pub fn repost(&mut self, n: u32) -> bool {
+        if self.written < self.mem.wqe_cnt || n > self.free() {
+            return false;
+        }
+        self.head = self.head.wrapping_add(n);
+        true
     }
 
     /// The first `segs * 16` bytes of WQE `slot`.

@@ -102,3 +102,32 @@ fn doorbell_record_wraps_at_16_bits() {
     }
     assert_eq!(rq.head() - rq.tail(), rq.posted());
 }
+
+/// `repost` moves only the producer counter, and only once every slot holds a WQE and the
+/// WQEs are free; the ring bytes stay those `post` wrote.
+#[test]
+fn repost_reuses_the_written_wqes() {
+    let (buf, db, mem) = rq_mem(4, 1);
+    let mut rq = RecvQueue::new(mem);
+    assert!(!rq.repost(0), "no slot written yet");
+    for i in 0..3 {
+        rq.post(&[sge(i)]).unwrap();
+    }
+    for _ in 0..3 {
+        rq.complete();
+    }
+    assert!(!rq.repost(1), "slot 3 never written");
+    assert_eq!(rq.head(), 3);
+    rq.post(&[sge(3)]).unwrap();
+    let snap = bytes(&buf, 0, 4 * 16);
+    assert!(!rq.repost(4), "only 3 free");
+    assert!(rq.repost(3));
+    assert_eq!((rq.head(), rq.posted(), rq.free()), (7, 4, 0));
+    assert!(!rq.repost(1), "full");
+    assert_eq!(bytes(&buf, 0, 4 * 16), snap, "nothing written");
+    rq.ring_doorbell();
+    assert_eq!(dbrec_word(&db, 0), 7);
+    for i in 0..4u32 {
+        assert_eq!(seg(&buf, 16, i, 0).0, sge(i));
+    }
+}

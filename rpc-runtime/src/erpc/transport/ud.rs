@@ -1130,6 +1130,20 @@ impl UdTransport {
         let Some(rq) = self.qp.rq.as_mut() else {
             return;
         };
+        // Buffer `k % rq_depth` always goes to WQE `k`, at slot `k % wqe_cnt`: with a ring of
+        // exactly `rq_depth` WQEs, each slot is always posted with the same buffer, so once
+        // every buffer was posted the slots already hold the right WQEs and a re-post only
+        // moves the producer counter (eRPC's fixed RECV descriptors, seeds/000 §12.5).
+        if rq.wqe_cnt() == self.cfg.rq_depth
+            && self.rx_posted >= depth
+            && u32::try_from(want).is_ok_and(|n| rq.repost(n))
+        {
+            self.rx_posted += want;
+            rq.ring_doorbell();
+            self.rx_repost_at =
+                (self.rx_posted + recv_slack(self.cfg.rq_depth)).saturating_sub(depth);
+            return;
+        }
         let base = self.rx_buf.as_ptr() as u64;
         let len = (GRH_BYTES + (self.rx_stride - RX_PAYLOAD_OFFSET)) as u32;
         for _ in 0..want {
