@@ -382,8 +382,9 @@ impl SignaledRing {
 #[derive(Clone, Copy, Debug, Default)]
 struct RxMeta {
     addr: UdAddr,
-    /// Index of its receive buffer.
-    buf: u32,
+    /// Byte offset of its payload in the receive ring (`buffer index * rx_stride +
+    /// RX_PAYLOAD_OFFSET`), computed once when the burst is polled.
+    off: usize,
     /// Payload length in bytes (GRH excluded).
     len: u32,
 }
@@ -1291,18 +1292,22 @@ impl DatagramTransport for UdTransport {
             qp,
             rx_meta,
             rx_consumed,
+            rx_stride,
             failed,
             stats,
             cfg,
             ..
         } = self;
-        let depth = u64::from(cfg.rq_depth);
+        // `rq_depth` is a power of two (`UdConfig::validate`).
+        debug_assert!(cfg.rq_depth.is_power_of_two());
+        let buf_mask = u64::from(cfg.rq_depth) - 1;
+        let rx_stride = *rx_stride;
         let mtu = cfg.mtu;
         let mut count = 0;
         // Fields are read in place from the entry (`poll_ref`): only the four used here.
         let polled = recv_cq.cq.poll_ref(n, |c| {
             // Completion `k` of the RQ is receive WQE `k`, whose buffer is `k % rq_depth`.
-            let buf = (*rx_consumed % depth) as u32;
+            let buf = (*rx_consumed & buf_mask) as usize;
             *rx_consumed += 1;
             if let Some(rq) = qp.rq.as_mut() {
                 rq.complete();
@@ -1330,7 +1335,7 @@ impl DatagramTransport for UdTransport {
             stats.rx_bytes += len as u64;
             rx_meta[count] = RxMeta {
                 addr: UdAddr::new(f.imm as u16, c.src_qpn()),
-                buf,
+                off: buf * rx_stride + RX_PAYLOAD_OFFSET,
                 len: len as u32,
             };
             count += 1;
@@ -1349,10 +1354,11 @@ impl DatagramTransport for UdTransport {
             self.rx_count
         );
         let m = self.rx_meta[i];
-        let off = m.buf as usize * self.rx_stride + RX_PAYLOAD_OFFSET;
+        let off = m.off;
         debug_assert!(off + m.len as usize <= self.rx_buf.len());
-        // SAFETY: buffer `m.buf` lies inside the receive ring (`rq_depth * rx_stride` bytes)
-        // and `m.len <= mtu <= rx_stride - RX_PAYLOAD_OFFSET`. Its receive WQE was consumed
+        // SAFETY: `m.off` is the payload offset of a buffer `< rq_depth` (rx_burst), so the
+        // payload lies inside the receive ring (`rq_depth * rx_stride` bytes) as
+        // `m.len <= mtu <= rx_stride - RX_PAYLOAD_OFFSET`. Its receive WQE was consumed
         // (its completion was polled with Acquire ordering, after the device wrote the bytes)
         // and is re-posted only by `rx_release`/`rx_burst`, which take `&mut self` and so
         // cannot run while this borrow of `self` lives: nothing writes these bytes meanwhile.
