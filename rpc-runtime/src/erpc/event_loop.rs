@@ -392,7 +392,9 @@ impl<T: DatagramTransport> Endpoint<T> {
             }
             self.tx_meta.clear();
             self.tx_head = 0;
-            while self.tx_meta.len() < self.batch {
+            // `may_transmit` false: the core has nothing (its documented promise), so the
+            // call that would return `None` is skipped.
+            while self.tx_meta.len() < self.batch && self.rpc.may_transmit() {
                 let off = self.tx_meta.len() * self.mtu;
                 let buf = &mut self.tx_bufs[off..off + self.mtu];
                 match self.rpc.poll_transmit_gather(self.tx_now, buf) {
