@@ -22,6 +22,7 @@
 //! (issue 14).
 
 use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::cqe::{self, CQE_BYTES, Cqe};
@@ -41,11 +42,20 @@ pub struct CompletionQueue {
     mask: u32,
     /// `log2(cqe_cnt)`.
     log2_cqe_cnt: u32,
+    /// The slot of `ci` ([`CompletionQueue::slot`]), kept with `ci` so that a poll that
+    /// finds nothing reads one pointer and one byte.
+    next: NonNull<u8>,
+    /// The owner bit a software-owned entry at `ci` carries: `(ci >> log2_cqe_cnt) & 1`.
+    owner: u8,
     /// CQEs delivered to the caller.
     polled: u64,
     /// CQEs consumed but not delivered because their format was not 0.
     corrupt: u64,
 }
+
+// SAFETY: `next` points into `mem`'s ring, which is `Send` (queue memory contract); the
+// queue owns no thread-bound state, and `&mut self` guards every access through `next`.
+unsafe impl Send for CompletionQueue {}
 
 impl CompletionQueue {
     /// Builds the driver on provider memory.
@@ -62,6 +72,8 @@ impl CompletionQueue {
         CompletionQueue {
             mask: mem.cqe_cnt - 1,
             log2_cqe_cnt: mem.cqe_cnt.trailing_zeros(),
+            next: mem.buf,
+            owner: 0,
             mem,
             ci: 0,
             polled: 0,
@@ -136,15 +148,21 @@ impl CompletionQueue {
     #[inline(always)]
     fn next_slot(&mut self) -> Option<(*const u8, u8)> {
         loop {
-            let p = self.slot(self.ci);
+            let p = self.next.as_ptr().cast_const();
+            debug_assert_eq!(p, self.slot(self.ci));
             // SAFETY: `p` is a 64 B aligned CQE inside the buffer, valid for the CQ's lifetime
             // (queue memory contract); byte 63 is `op_own`, which the producer release-stores.
             let op_own = unsafe { load_op_own(p) };
-            if !cqe::sw_owned(op_own, self.ci, self.log2_cqe_cnt) {
+            // `cqe::sw_owned(op_own, ci, log2_cqe_cnt)` with the owner bit precomputed: the
+            // opcode nibble is not INVALID (0xf) and the owner bit matches.
+            let owned =
+                op_own < (cqe::CqeOpcode::Invalid as u8) << 4 && (op_own ^ self.owner) & 1 == 0;
+            debug_assert_eq!(owned, cqe::sw_owned(op_own, self.ci, self.log2_cqe_cnt));
+            if !owned {
                 return None;
             }
             read_barrier();
-            self.ci = self.ci.wrapping_add(1);
+            self.advance();
             if op_own & FORMAT_MASK != 0 {
                 self.corrupt_cqe(op_own);
                 continue;
@@ -152,6 +170,15 @@ impl CompletionQueue {
             self.polled += 1;
             return Some((p, op_own));
         }
+    }
+
+    /// Moves `ci` to the next entry, with its slot and expected owner bit.
+    #[inline(always)]
+    fn advance(&mut self) {
+        self.ci = self.ci.wrapping_add(1);
+        // SAFETY: `slot` points inside the buffer, never null.
+        self.next = unsafe { NonNull::new_unchecked(self.slot(self.ci).cast_mut()) };
+        self.owner = ((self.ci >> self.log2_cqe_cnt) & 1) as u8;
     }
 
     #[cold]
