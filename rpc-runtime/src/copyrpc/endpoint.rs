@@ -1105,7 +1105,8 @@ impl<U> EndpointCore<U> {
     }
 
     /// Stores the released position in the consumer word, where the peer's RDMA READ finds
-    /// it. Called by the context at flush time, never while a request's bytes are borrowed.
+    /// it. Called by the context at flush time and by `ingest` (within the context's poll),
+    /// never while a request's bytes are borrowed.
     #[inline]
     pub(crate) fn publish(&mut self) {
         if self.has(F_UNPUBLISHED) {
@@ -1298,7 +1299,12 @@ impl<U> EndpointCore<U> {
             }
         }
         if self.unreceived == 0 {
+            // No request of this endpoint is queued or handed out, and the responses were
+            // delivered above, within this call: nothing borrows the receive ring, so the
+            // position is published at once (as the flush of this same poll would), and the
+            // flush need not visit the endpoint for it.
             self.release_to(self.last_recv_pos);
+            self.publish();
         }
         Ok(())
     }
