@@ -223,7 +223,10 @@ impl SendQueue {
     /// A UD SEND with immediate whose payload, `hdr` followed by `data`, travels inline: the
     /// same WQE as [`post_ud`](Self::post_ud) with `desc.opcode = SendImm`, `desc.inline` the
     /// concatenation of `hdr` and `data` and no gather list, but written straight from the
-    /// two parts (no staging copy, no descriptor). `flags` are the `fm_ce_se` flags.
+    /// two parts (no staging copy, no descriptor). `flags` are the `fm_ce_se` flags;
+    /// [`CQ_UPDATE`] is added when fewer than `signal_below` WQEBBs stay free after this WQE
+    /// (padding included; 0: never), so that a sender can retire WQEs before the ring runs
+    /// out. Returns the `wqe_index` and whether the WQE is signaled.
     ///
     /// # Errors
     /// As [`post`](Self::post). An empty payload (no inline segment: use
@@ -236,7 +239,8 @@ impl SendQueue {
         imm: u32,
         hdr: &[u8],
         data: &[u8],
-    ) -> Result<u16> {
+        signal_below: u32,
+    ) -> Result<(u16, bool)> {
         let len = hdr.len() + data.len();
         if len > self.mem.max_inline as usize {
             return Err(inline_too_large(len, self.mem.max_inline));
@@ -256,6 +260,11 @@ impl SendQueue {
         if pad + n > free {
             return Err(sq_full(pad + n, free));
         }
+        let flags = if free - (pad + n) < signal_below {
+            flags | CQ_UPDATE
+        } else {
+            flags
+        };
         if pad != 0 {
             self.pad_ring_end(pad);
         }
@@ -280,7 +289,7 @@ impl SendQueue {
         avs.as_flattened_mut().copy_from_slice(&av.0);
         write_inline2(inl.as_flattened_mut(), hdr, data);
         self.commit(pi, n, ds);
-        Ok(pi as u16)
+        Ok((pi as u16, flags & CQ_UPDATE != 0))
     }
 
     /// [`post`](Self::post), with `av` written as the address vector when given.
@@ -828,7 +837,10 @@ mod tests {
                     sges: &[],
                 };
                 let ia = a.post_ud(&av, &desc).unwrap();
-                let ib = b.post_ud_inline(&av, CQ_UPDATE, 0xfeed, hdr, data).unwrap();
+                let (ib, sig) = b
+                    .post_ud_inline(&av, CQ_UPDATE, 0xfeed, hdr, data, 0)
+                    .unwrap();
+                assert!(sig);
                 assert_eq!((ia, a.pi(), a.pad_nops()), (ib, b.pi(), b.pad_nops()));
                 // SAFETY: test memory, no concurrent access.
                 let (wa, wb) = unsafe { (ring_a.as_slice().to_vec(), ring_b.as_slice().to_vec()) };
@@ -836,9 +848,20 @@ mod tests {
             }
         }
         let (_ring, _db, _reg, mut q) = sq(8, 256);
-        assert!(q.post_ud_inline(&av, 0, 0, &[], &[]).is_err());
-        assert!(q.post_ud_inline(&av, 0, 0, &[0; 200], &[0; 57]).is_err());
+        assert!(q.post_ud_inline(&av, 0, 0, &[], &[], 0).is_err());
+        assert!(q.post_ud_inline(&av, 0, 0, &[0; 200], &[0; 57], 0).is_err());
         assert_eq!(q.pi(), 0);
+        // Signaled only when fewer than `signal_below` WQEBBs stay free: 8 - 2 = 6 after the
+        // first WQE, 4 after the second, 2 after the third; full after the fourth.
+        let mut sig = vec![];
+        for _ in 0..4 {
+            sig.push(q.post_ud_inline(&av, 0, 0, &[1; 16], &[2; 8], 5).unwrap().1);
+        }
+        assert_eq!(sig, [false, true, true, true]);
+        assert!(matches!(
+            q.post_ud_inline(&av, 0, 0, &[1; 16], &[], 5),
+            Err(Error::SqFull { .. })
+        ));
     }
 
     /// `post_write_imm_inline` writes `post`'s bytes, pads the ring end the same way and

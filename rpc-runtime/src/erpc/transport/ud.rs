@@ -378,6 +378,17 @@ impl SignaledRing {
     }
 }
 
+/// Outcome of a room check before a post.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Room {
+    /// The WQE can be posted.
+    Yes,
+    /// No room even after polling the send CQ: the burst stops here.
+    No,
+    /// The QP failed (seen while polling the send CQ).
+    Failed,
+}
+
 /// A datagram of the current receive burst.
 #[derive(Clone, Copy, Debug, Default)]
 struct RxMeta {
@@ -893,17 +904,44 @@ impl UdTransport {
         self.sweep_at = (2 * self.regs.len()).max(MIN_SWEEP);
     }
 
-    /// Whether a WQE of `ds` units can be posted now (a free staging slot and WQEBBs):
-    /// `Some(WQEBBs free after it, padding included)` if it can.
+    /// Whether a WQE of `ds` units can be posted now (a free staging slot and WQEBBs).
     #[inline]
-    fn tx_room(&self, ds: u32) -> Option<u32> {
-        if self.tx_posted - self.tx_retired >= u64::from(self.cfg.sq_depth) {
-            return None;
+    fn tx_has_room(&self, ds: u32) -> bool {
+        self.tx_posted - self.tx_retired < u64::from(self.cfg.sq_depth) && self.qp.sq.has_room(ds)
+    }
+
+    /// [`tx_has_room`](Self::tx_has_room), polling the send CQ once if not.
+    #[inline]
+    fn tx_room_polled(&mut self, ds: u32) -> Room {
+        if self.tx_has_room(ds) {
+            return Room::Yes;
         }
-        self.qp
-            .sq
-            .free_wqebbs()
-            .checked_sub(self.qp.sq.wqebbs_needed(ds))
+        self.poll_send_cq();
+        if self.failed.is_some() {
+            Room::Failed
+        } else if self.tx_has_room(ds) {
+            Room::Yes
+        } else {
+            Room::No
+        }
+    }
+
+    /// Whether a staging slot is free (fewer than `sq_depth` WQEs outstanding), polling the
+    /// send CQ once if not.
+    #[inline]
+    fn tx_slot(&mut self) -> Room {
+        let depth = u64::from(self.cfg.sq_depth);
+        if self.tx_posted - self.tx_retired < depth {
+            return Room::Yes;
+        }
+        self.poll_send_cq();
+        if self.failed.is_some() {
+            Room::Failed
+        } else if self.tx_posted - self.tx_retired < depth {
+            Room::Yes
+        } else {
+            Room::No
+        }
     }
 
     /// Makes `dest` the destination of the next sends (`last_dest`, its encoded address
@@ -1064,22 +1102,20 @@ impl UdTransport {
     /// [`post_send`](Self::post_send) for a non-empty datagram of at most `inline_max` bytes:
     /// `hdr` and `data` are written straight into the WQE's inline segment
     /// ([`SendQueue::post_ud_inline`](mlx5::sq::SendQueue::post_ud_inline)), with no staging
-    /// copy and no gather decision (an inline packet never pins its buffer). `low_after`:
-    /// fewer than [`LOW_WQEBBS`] WQEBBs stay free after this WQE (the caller's room check
-    /// computed it), so it is signaled.
+    /// copy and no gather decision (an inline packet never pins its buffer). The SQ checks
+    /// its WQEBB room (`SqFull` if none; the caller checked the staging count) and signals
+    /// the WQE when fewer than [`LOW_WQEBBS`] stay free after it.
     #[inline(always)]
-    fn post_send_inline(&mut self, hdr: &[u8], data: &[u8], low_after: bool) -> mlx5::Result<()> {
+    fn post_send_inline(&mut self, hdr: &[u8], data: &[u8]) -> mlx5::Result<()> {
         let len = hdr.len() + data.len();
         let seq = self.tx_posted;
         let full_after = seq + 1 - self.tx_retired >= u64::from(self.cfg.sq_depth);
-        let signaled = (seq + 1).is_multiple_of(u64::from(self.cfg.signal_interval))
-            || full_after
-            || low_after;
-        let flags = if signaled { CQ_UPDATE } else { 0 };
-        let wqe_index = self
-            .qp
-            .sq
-            .post_ud_inline(&self.last_av, flags, self.imm, hdr, data)?;
+        let due = (seq + 1).is_multiple_of(u64::from(self.cfg.signal_interval)) || full_after;
+        let flags = if due { CQ_UPDATE } else { 0 };
+        let (wqe_index, signaled) =
+            self.qp
+                .sq
+                .post_ud_inline(&self.last_av, flags, self.imm, hdr, data, LOW_WQEBBS)?;
         self.tx_posted = seq + 1;
         if signaled {
             self.signaled.push(Signaled {
@@ -1213,35 +1249,63 @@ impl DatagramTransport for UdTransport {
                 break;
             }
             let len = p.len();
-            let inline = len != 0 && len <= self.inline_max;
-            // Room for the WQE: inline, or the largest gather layout (two data segments:
-            // still 2 WQEBBs).
-            let ds = send_ds(len, self.inline_max, MAX_SEND_SGES);
-            let room = match self.tx_room(ds) {
-                Some(r) => r,
-                None => {
-                    self.poll_send_cq();
-                    if self.failed.is_some() {
+            let res = if len != 0 && len <= self.inline_max {
+                // Inline: the SQ checks WQEBB room itself (and signals when little is left),
+                // so only the staging count is checked here.
+                match self.tx_slot() {
+                    Room::Yes => {}
+                    Room::Failed => break,
+                    Room::No => {
+                        self.stats.tx_would_block += 1;
                         break;
                     }
-                    match self.tx_room(ds) {
-                        Some(r) => r,
-                        None => {
+                }
+                if !self.select_dest(p.dest) {
+                    // Consumed as an error only if it could have been posted (as in the
+                    // gather path, which checks room first).
+                    match self.tx_room_polled(send_ds(len, self.inline_max, 0)) {
+                        Room::Yes => {}
+                        Room::Failed => break,
+                        Room::No => {
                             self.stats.tx_would_block += 1;
                             break;
                         }
                     }
+                    self.stats.tx_errors += 1;
+                    done += 1;
+                    continue;
                 }
-            };
-            if !self.select_dest(p.dest) {
-                self.stats.tx_errors += 1;
-                done += 1;
-                continue;
-            }
-            let res = if inline {
-                // `room` is the WQEBBs left after this WQE (padding included).
-                self.post_send_inline(p.hdr, p.data, room < LOW_WQEBBS)
+                match self.post_send_inline(p.hdr, p.data) {
+                    Err(mlx5::Error::SqFull { .. }) => {
+                        self.poll_send_cq();
+                        if self.failed.is_some() {
+                            break;
+                        }
+                        match self.post_send_inline(p.hdr, p.data) {
+                            Err(mlx5::Error::SqFull { .. }) => {
+                                self.stats.tx_would_block += 1;
+                                break;
+                            }
+                            res => res,
+                        }
+                    }
+                    res => res,
+                }
             } else {
+                // Room for the largest gather layout (two data segments: still 2 WQEBBs).
+                match self.tx_room_polled(send_ds(len, self.inline_max, MAX_SEND_SGES)) {
+                    Room::Yes => {}
+                    Room::Failed => break,
+                    Room::No => {
+                        self.stats.tx_would_block += 1;
+                        break;
+                    }
+                }
+                if !self.select_dest(p.dest) {
+                    self.stats.tx_errors += 1;
+                    done += 1;
+                    continue;
+                }
                 let end_of_run = pkts.get(i + 1).is_none_or(|n| n.mem.is_none());
                 self.post_send(p, end_of_run)
             };
