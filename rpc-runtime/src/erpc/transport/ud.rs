@@ -599,6 +599,10 @@ pub struct UdTransport {
     /// Send WQEs posted (the next one's sequence number; its staging slot is
     /// `seq % sq_depth`).
     tx_posted: u64,
+    /// Posts until the next one that is signaled by the interval rule: `signal_interval -
+    /// tx_posted % signal_interval` (so WQE `seq` is due when `(seq + 1) % signal_interval ==
+    /// 0`), kept as a countdown instead of a division per post.
+    tx_to_signal: u32,
     /// Send WQEs known complete (retired by a CQE).
     tx_retired: u64,
     /// Signaled WQEs outstanding, oldest first.
@@ -728,6 +732,7 @@ impl UdTransport {
             inline_max,
             tx_stride,
             tx_posted: 0,
+            tx_to_signal: cfg.signal_interval,
             tx_retired: 0,
             signaled: SignaledRing::new(cfg.sq_depth as usize),
             last_dest: None,
@@ -1041,10 +1046,8 @@ impl UdTransport {
             .free_wqebbs()
             .saturating_sub(self.qp.sq.wqebbs_needed(ds))
             < LOW_WQEBBS;
-        let signaled = (seq + 1).is_multiple_of(u64::from(self.cfg.signal_interval))
-            || full_after
-            || low_after
-            || (gather.is_some() && end_of_run);
+        let signaled =
+            self.tx_to_signal == 1 || full_after || low_after || (gather.is_some() && end_of_run);
         let mut staged = [0u8; MAX_INLINE];
         let (inline, sges): (&[u8], &[Sge]) = if len <= self.inline_max {
             (inline_bytes(p, &mut staged), &[])
@@ -1077,6 +1080,7 @@ impl UdTransport {
         debug_assert_eq!(desc.ds() + (DGRAM_BYTES / DS_BYTES) as u32, ds);
         let wqe_index = self.qp.sq.post_ud(&self.last_av, &desc)?;
         self.tx_posted = seq + 1;
+        self.count_post();
         if let Some((mem, _)) = gather {
             // Keep the buffer mapped until this WQE retires (module docs).
             match self.pins.back_mut() {
@@ -1110,13 +1114,14 @@ impl UdTransport {
         let len = hdr.len() + data.len();
         let seq = self.tx_posted;
         let full_after = seq + 1 - self.tx_retired >= u64::from(self.cfg.sq_depth);
-        let due = (seq + 1).is_multiple_of(u64::from(self.cfg.signal_interval)) || full_after;
+        let due = self.tx_to_signal == 1 || full_after;
         let flags = if due { CQ_UPDATE } else { 0 };
         let (wqe_index, signaled) =
             self.qp
                 .sq
                 .post_ud_inline(&self.last_av, flags, self.imm, hdr, data, LOW_WQEBBS)?;
         self.tx_posted = seq + 1;
+        self.count_post();
         if signaled {
             self.signaled.push(Signaled {
                 wqe_index,
@@ -1126,6 +1131,16 @@ impl UdTransport {
         self.stats.tx_pkts += 1;
         self.stats.tx_bytes += len as u64;
         Ok(())
+    }
+
+    /// Advances the signal countdown (`tx_to_signal`) after a successful post.
+    #[inline(always)]
+    fn count_post(&mut self) {
+        self.tx_to_signal = if self.tx_to_signal <= 1 {
+            self.cfg.signal_interval
+        } else {
+            self.tx_to_signal - 1
+        };
     }
 
     /// Copies `hdr` then `data` into the staging ring at byte `off`.
