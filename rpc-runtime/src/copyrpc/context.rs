@@ -1696,7 +1696,16 @@ impl<U> Rx<'_, U> {
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
     ) {
         if cqe.is_error() {
-            return self.on_error(&cqe.decode(), on_response);
+            // The pieces, not `self`: a `&mut Rx` escaping into this out-of-line call would
+            // keep the `Rx` in memory on every poll.
+            return Self::on_error(
+                self.conns,
+                self.by_qpn,
+                self.srq,
+                self.stats,
+                &cqe.decode(),
+                on_response,
+            );
         }
         if self.srq.srq.release(cqe.wqe_counter()).is_err() {
             self.stats.stray_send_cqes += 1;
@@ -1732,21 +1741,24 @@ impl<U> Rx<'_, U> {
     #[cold]
     #[inline(never)]
     fn on_error(
-        &mut self,
+        conns: &mut [Conn<U>],
+        by_qpn: &FastMap<EndpointId>,
+        srq: &mut Srq,
+        stats: &mut Stats,
         cqe: &Cqe,
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
     ) {
-        self.stats.error_cqes += 1;
-        if self.srq.srq.is_posted(cqe.wqe_counter) && cqe.srqn == self.srq.srqn() {
-            let _ = self.srq.srq.release(cqe.wqe_counter);
+        stats.error_cqes += 1;
+        if srq.srq.is_posted(cqe.wqe_counter) && cqe.srqn == srq.srqn() {
+            let _ = srq.srq.release(cqe.wqe_counter);
         }
-        let Some(&ep) = self.by_qpn.get(cqe.qpn) else {
-            self.stats.unknown_qpn += 1;
+        let Some(&ep) = by_qpn.get(cqe.qpn) else {
+            stats.unknown_qpn += 1;
             return;
         };
         let err = cqe.status().expect_err("error CQE");
-        let c = &mut self.conns[ep as usize];
-        Context::fail(self.stats, c, EndpointFailure::Completion(err), on_response);
+        let c = &mut conns[ep as usize];
+        Context::fail(stats, c, EndpointFailure::Completion(err), on_response);
     }
 }
 
