@@ -265,6 +265,9 @@ pub struct EndpointCore<U> {
     producer: u64,
     flush_start: u64,
     meta_pos: u64,
+    /// End of the ring lap (a multiple of `cap`) the open batch's metadata is in, set when
+    /// the batch opens: the batch must end before it ([`EndpointCore::place`]).
+    batch_lap_end: u64,
     /// Flag bits (`F_*`): one byte, so that [`EndpointCore::wants_flush`] tests them with
     /// one load.
     flags: u8,
@@ -371,6 +374,7 @@ impl<U> EndpointCore<U> {
             producer: 0,
             flush_start: 0,
             meta_pos: 0,
+            batch_lap_end: 0,
             flags: 0,
             batch_count: 0,
             piggy_consumer: 0,
@@ -512,14 +516,16 @@ impl<U> EndpointCore<U> {
     /// `in_flight` (wrap rule: seeds/004 §3.6, a batch reaching the ring end wraps).
     #[inline(always)]
     fn place(&self, m: u64) -> Placement {
-        let (start, meta) = if self.has(F_BATCH_OPEN) {
-            (self.meta_pos, 0)
+        // The batch (its metadata, its messages, this one) must end before the end of the
+        // ring lap its metadata is in: `off + span < cap` with `off = start mod cap` and
+        // `span = producer + meta + m - start`, i.e. `producer + meta + m` below
+        // `(start - off) + cap`, which is `batch_lap_end` for an open batch.
+        let (fits, meta) = if self.has(F_BATCH_OPEN) {
+            (self.producer + m < self.batch_lap_end, 0)
         } else {
-            (self.producer, META)
+            ((self.producer & (self.cap - 1)) + META + m < self.cap, META)
         };
-        let off = start & (self.cap - 1);
-        let span = self.producer + meta + m - start;
-        if off + span < self.cap {
+        if fits {
             Placement {
                 wrap: false,
                 total: meta + m,
@@ -873,6 +879,7 @@ impl<U> EndpointCore<U> {
     ) {
         if !self.has(F_BATCH_OPEN) {
             self.meta_pos = self.producer;
+            self.batch_lap_end = (self.producer & !(self.cap - 1)) + self.cap;
             self.producer += META;
             self.flags |= F_BATCH_OPEN;
             self.batch_count = 0;
