@@ -51,8 +51,9 @@ pub struct SharedRecvQueue {
     released: u32,
     /// `counter` at the last doorbell.
     db_counter: u32,
-    /// One bit per WQE: posted and not yet released.
-    posted_bits: Box<[u64]>,
+    /// One bit per WQE: posted and not yet released. Sized for the largest SRQ (2^16 WQEs,
+    /// 8 KiB), so that a 16-bit WQE index needs no bounds check.
+    posted_bits: Box<[u64; POSTED_WORDS]>,
 }
 
 impl SharedRecvQueue {
@@ -80,7 +81,7 @@ impl SharedRecvQueue {
             counter: 0,
             released: 0,
             db_counter: 0,
-            posted_bits: vec![0; cnt.div_ceil(64) as usize].into_boxed_slice(),
+            posted_bits: Box::new([0; POSTED_WORDS]),
             mem,
         };
         for i in 0..cnt {
@@ -155,7 +156,7 @@ impl SharedRecvQueue {
     #[inline]
     pub fn is_posted(&self, wqe_index: u16) -> bool {
         let i = u32::from(wqe_index);
-        i < self.mem.wqe_cnt && self.posted_bits[(i / 64) as usize] & (1 << (i % 64)) != 0
+        i < self.mem.wqe_cnt && self.posted_bits[usize::from(wqe_index / 64)] & (1 << (i % 64)) != 0
     }
 
     /// Takes the free-list head, writes the scatter list `sges` into it (terminated by
@@ -194,7 +195,7 @@ impl SharedRecvQueue {
             !self.is_posted(idx as u16),
             "SRQ free list reached posted WQE {idx}"
         );
-        self.posted_bits[(idx / 64) as usize] |= 1 << (idx % 64);
+        self.posted_bits[bit_word(idx)] |= 1 << (idx % 64);
         self.head = u32::from(next) & self.mask;
         self.counter = self.counter.wrapping_add(1);
         Ok(idx as u16)
@@ -236,7 +237,7 @@ impl SharedRecvQueue {
                 !self.is_posted(idx as u16),
                 "SRQ free list reached posted WQE {idx}"
             );
-            self.posted_bits[(idx / 64) as usize] |= 1 << (idx % 64);
+            self.posted_bits[bit_word(idx)] |= 1 << (idx % 64);
             head = u32::from(next) & self.mask;
         }
         self.head = head;
@@ -281,7 +282,7 @@ impl SharedRecvQueue {
         if !self.is_posted(wqe_index) {
             return Err(bad_release(i, self.mem.wqe_cnt));
         }
-        self.posted_bits[(i / 64) as usize] &= !(1 << (i % 64));
+        self.posted_bits[usize::from(wqe_index / 64)] &= !(1 << (i % 64));
         let tail = self.tail;
         // SAFETY: `tail < wqe_cnt`; the tail is never posted, so the device does not read it.
         let seg = unsafe { self.wqe_bytes(tail, NEXT_SEG_BYTES) };
@@ -311,6 +312,17 @@ impl SharedRecvQueue {
             )
         }
     }
+}
+
+/// Words of [`SharedRecvQueue`]'s posted bitmap: one bit per WQE of the largest SRQ.
+const POSTED_WORDS: usize = (1 << 16) / 64;
+
+/// Word of the posted bitmap holding WQE `idx`'s bit (`idx < wqe_cnt <= 2^16`, so the
+/// truncation to 16 bits keeps it, and the word index is below [`POSTED_WORDS`]).
+#[inline(always)]
+fn bit_word(idx: u32) -> usize {
+    debug_assert!(idx < 1 << 16);
+    usize::from(idx as u16 / 64)
 }
 
 /// Terminator data segment of a short scatter list.

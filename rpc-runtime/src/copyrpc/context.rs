@@ -313,6 +313,9 @@ pub struct Context<U> {
     /// (keeping those that stay dirty), so it is not reallocated once warm.
     dirty: Vec<EndpointId>,
     recv_queue: VecDeque<RecvEntry>,
+    /// `refill_srq`'s threshold, 2/3 of the SRQ's capacity, computed once: a poll that
+    /// received something and finds at least this many WQEs posted skips the refill.
+    srq_low: u32,
     /// Landing buffers lent out by `recv` since the last [`Context::release_large`] (a
     /// hint: the flush of their endpoint may have freed them already).
     lent: u32,
@@ -346,11 +349,13 @@ impl<U> Context<U> {
         let send_cq = device.create_cq(cfg.cq_size)?;
         let recv_cq = device.create_cq(cfg.cq_size)?;
         let srq = zero_length_srq(device, &pd, cfg.srq_size)?;
+        let srq_low = srq.srq.capacity() * 2 / 3;
         Ok(Context {
             conns: Vec::new(),
             by_qpn: FastMap::new(),
             dirty: Vec::with_capacity(16),
             recv_queue: VecDeque::with_capacity(1024),
+            srq_low,
             lent: 0,
             srq,
             send_cq,
@@ -1160,8 +1165,8 @@ impl<U> Context<U> {
         let n = recv_cq.cq.poll_ref(cfg.poll_budget as usize, |cqe| {
             rx.on_cqe(cqe, &mut on_response)
         });
-        if n > 0 {
-            // Step 3: refill below 2/3 of the SRQ, in one doorbell.
+        if n > 0 && self.srq.srq.posted() < self.srq_low {
+            // Step 3: refill below 2/3 of the SRQ, in one doorbell (`refill_srq`).
             refill_srq(&mut self.srq);
         }
         self.poll_send_cq(&mut on_response);
