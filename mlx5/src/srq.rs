@@ -54,6 +54,11 @@ pub struct SharedRecvQueue {
     /// One bit per WQE: posted and not yet released. Sized for the largest SRQ (2^16 WQEs,
     /// 8 KiB), so that a 16-bit WQE index needs no bounds check.
     posted_bits: Box<[u64; POSTED_WORDS]>,
+    /// Every WQE's first data segment holds the terminator: written into all of them at
+    /// creation (`max_sge > 0`), false from the first post of a non-empty scatter list on.
+    /// While it holds, posting an empty list writes nothing into the WQE (the device only
+    /// reads receive WQEs, so the bytes stay as written).
+    terminated: bool,
 }
 
 impl SharedRecvQueue {
@@ -82,6 +87,7 @@ impl SharedRecvQueue {
             released: 0,
             db_counter: 0,
             posted_bits: Box::new([0; POSTED_WORDS]),
+            terminated: mem.max_sge > 0,
             mem,
         };
         for i in 0..cnt {
@@ -90,6 +96,11 @@ impl SharedRecvQueue {
             seg.fill(0);
             seg[NEXT_WQE_INDEX_OFF..NEXT_WQE_INDEX_OFF + 2]
                 .copy_from_slice(&(((i + 1) & (cnt - 1)) as u16).to_be_bytes());
+            if q.terminated {
+                // SAFETY: as above; `16 + 16 <= stride` (geometry asserted, max_sge > 0).
+                let b = unsafe { q.wqe_bytes(i, NEXT_SEG_BYTES + DATA_BYTES) };
+                DataSeg(TERMINATOR).write(&mut b[NEXT_SEG_BYTES..]);
+            }
         }
         q
     }
@@ -179,6 +190,10 @@ impl SharedRecvQueue {
             return Err(srq_full());
         }
         let idx = self.head;
+        if !sges.is_empty() {
+            // This WQE's first data segment is overwritten below.
+            self.terminated = false;
+        }
         let used = (sges.len() + 1).min(max);
         // SAFETY: `idx < wqe_cnt` (masked below / set at creation); the WQE is on the free
         // list, not posted, so the device does not read it; `16 + used * 16 <= stride`.
@@ -219,8 +234,9 @@ impl SharedRecvQueue {
     /// every geometry) and the head and counter kept in registers.
     pub fn post_empty_n(&mut self, n: u32) -> u32 {
         let k = n.min(self.available());
-        // The terminator is written when `max_sge > 0`, as `post` does for a short list.
-        let data_segs = usize::from(self.mem.max_sge > 0);
+        // The terminator is written when `max_sge > 0`, as `post` does for a short list,
+        // unless every WQE still holds it (`terminated`).
+        let data_segs = usize::from(self.mem.max_sge > 0 && !self.terminated);
         let mut head = self.head;
         for _ in 0..k {
             debug_assert!(head != self.tail, "SRQ free list reached the sentinel");
