@@ -734,18 +734,26 @@ impl<U> Context<U> {
     /// requests sent after it may come first; responses may likewise overtake each other.
     #[inline]
     pub fn recv(&mut self) -> Option<(RecvHandle, &[u8])> {
+        let Context {
+            conns,
+            dirty,
+            recv_queue,
+            lent,
+            ..
+        } = self;
         let e = loop {
-            let e = self.recv_queue.pop_front()?;
-            let c = &mut self.conns[e.ep as usize];
+            let e = recv_queue.pop_front()?;
+            let c = &mut conns[e.ep as usize];
             if e.end != 0 {
                 c.core.received(&e);
             }
-            Self::touch(&mut self.dirty, c, e.ep);
+            Self::touch(dirty, c, e.ep);
             if c.core.state() == EndpointState::Connected {
                 break e;
             }
         };
-        let c = &mut self.conns[e.ep as usize];
+        // Looked up once more, and no more (the returned bytes borrow it).
+        let c = &mut conns[e.ep as usize];
         let seq = c.recv_seq & !HANDLE_LARGE | (e.allowance >> 32) as u32 & HANDLE_LARGE;
         c.recv_seq = c.recv_seq.wrapping_add(1);
         let slot = c.answering.insert((e.call_id, seq)) as u32;
@@ -761,18 +769,15 @@ impl<U> Context<U> {
             // `release_large`.
             c.lent.push(e.off);
             c.core.set_lent();
-            Self::touch(&mut self.dirty, c, e.ep);
-            self.lent += 1;
-            let c = &self.conns[e.ep as usize];
+            Self::touch(dirty, c, e.ep);
+            *lent += 1;
             // SAFETY: the READ into this landing buffer completed; it is not reused before
             // the next `&mut self` call frees it.
             return Some((h, unsafe { c.rx_pool.bytes(e.off, e.len as usize) }));
         }
         // SAFETY: `e` came from this endpoint's ingest; its bytes stay unwritten until the
         // peer learns of the release, which happens at the next flush, after this borrow.
-        Some((h, unsafe {
-            self.conns[e.ep as usize].core.request_bytes(&e)
-        }))
+        Some((h, unsafe { c.core.request_bytes(&e) }))
     }
 
     /// Frees the large-message landing buffers of requests [`Context::recv`] handed out
