@@ -1336,6 +1336,7 @@ impl<U> Context<U> {
                     }
                 }
             }
+            c.core.settle_queued();
             if c.core.large_work() {
                 if c.core.take_lent() {
                     Self::return_lent(c);

@@ -44,22 +44,26 @@ use super::stats::Stats;
 const META: u64 = FLOW_METADATA_SIZE;
 
 /// Flag: a batch is open (messages written since the last close).
-const F_BATCH_OPEN: u8 = 1;
+const F_BATCH_OPEN: u16 = 1;
 /// Flag: a call found the ring full: read the peer's consumer position (seeds/001 "RDMA READ
 /// フォールバック").
-const F_NEEDS_READ: u8 = 2;
+const F_NEEDS_READ: u16 = 2;
 /// Flag: a call lacked credit: send a flow update (an empty batch) asking for a grant.
-const F_FLOW_REQUEST: u8 = 4;
+const F_FLOW_REQUEST: u16 = 4;
 /// Flag: the peer sent a flow update: answer with one if a grant is possible.
-const F_ANSWER_FLOW: u8 = 8;
+const F_ANSWER_FLOW: u16 = 8;
 /// Flag: `released` moved since the consumer word was last stored.
-const F_UNPUBLISHED: u8 = 16;
+const F_UNPUBLISHED: u16 = 16;
 /// Flag: rendezvous READs completed and not yet reported to the peer (issue 15).
-const F_READ_DONE: u8 = 32;
+const F_READ_DONE: u16 = 32;
 /// Flag: rendezvous descriptors received and not yet all READ-posted by the context.
-const F_RDV: u8 = 64;
+const F_RDV: u16 = 64;
 /// Flag: the context lent landing buffers of this endpoint to `recv` (freed at the flush).
-const F_LENT: u8 = 128;
+const F_LENT: u16 = 128;
+/// Flag: something may be queued in `emits` or `backlog` (set when either is pushed to,
+/// cleared by [`EndpointCore::settle_queued`] once both are found empty), so that
+/// [`EndpointCore::wants_flush`] need not look at them.
+const F_QUEUED: u16 = 256;
 
 /// Largest ring, in bytes (2 GiB): ring offsets are `u32`, and a message length with the
 /// [`RENDEZVOUS_FLAG`] set always exceeds a batch, so `validate` sees a rendezvous message
@@ -268,9 +272,9 @@ pub struct EndpointCore<U> {
     /// End of the ring lap (a multiple of `cap`) the open batch's metadata is in, set when
     /// the batch opens: the batch must end before it ([`EndpointCore::place`]).
     batch_lap_end: u64,
-    /// Flag bits (`F_*`): one byte, so that [`EndpointCore::wants_flush`] tests them with
+    /// Flag bits (`F_*`): one word, so that [`EndpointCore::wants_flush`] tests them with
     /// one load.
-    flags: u8,
+    flags: u16,
     batch_count: u32,
     /// The peer's consumer position as reported by its `ring_credit_return`s.
     piggy_consumer: u64,
@@ -853,6 +857,7 @@ impl<U> EndpointCore<U> {
         let mut v = vec![0u8; max_len as usize];
         let n = encode(&self.recv, &mut v).min(max_len as usize);
         v.truncate(n);
+        self.flags |= F_QUEUED;
         self.backlog.push(Backlogged {
             call_id,
             len_flag,
@@ -916,6 +921,7 @@ impl<U> EndpointCore<U> {
         let b = unsafe { self.send.slice_mut(start & self.send.mask, META as usize) };
         meta.write(b.try_into().expect("32 bytes"));
         self.flush_start = self.producer;
+        self.flags |= F_QUEUED;
         self.emits.push_back(Emit {
             start,
             len: META as u32,
@@ -958,6 +964,7 @@ impl<U> EndpointCore<U> {
             return;
         }
         let e = self.seal_batch(stats, ahead);
+        self.flags |= F_QUEUED;
         self.emits.push_back(e);
     }
 
@@ -1010,7 +1017,7 @@ impl<U> EndpointCore<U> {
     /// the post fails). Otherwise runs `flush` and returns `None`.
     #[inline(always)]
     pub(crate) fn flush_one(&mut self, stats: &mut Stats) -> Option<Emit> {
-        if self.has(F_BATCH_OPEN) && self.emits.is_empty() && self.backlog.is_empty() {
+        if self.flags & (F_BATCH_OPEN | F_QUEUED) == F_BATCH_OPEN {
             let e = self.seal_batch(stats, 0);
             self.flags &= !(F_FLOW_REQUEST | F_ANSWER_FLOW);
             return Some(e);
@@ -1024,6 +1031,7 @@ impl<U> EndpointCore<U> {
     #[cold]
     pub(crate) fn requeue_emit(&mut self, e: Emit) {
         debug_assert!(self.emits.is_empty());
+        self.flags |= F_QUEUED;
         self.emits.push_back(e);
     }
 
@@ -1076,6 +1084,7 @@ impl<U> EndpointCore<U> {
                 .slice_mut(self.meta_pos & self.send.mask, META as usize)
         };
         meta.write(b.try_into().expect("32 bytes"));
+        self.flags |= F_QUEUED;
         self.emits.push_back(Emit {
             start: self.meta_pos,
             len: META as u32,
@@ -1095,12 +1104,22 @@ impl<U> EndpointCore<U> {
     /// unpublished consumer position.
     #[inline(always)]
     pub fn wants_flush(&self) -> bool {
-        self.flags != 0 || !self.emits.is_empty() || !self.backlog.is_empty()
+        debug_assert!(self.has(F_QUEUED) || (self.emits.is_empty() && self.backlog.is_empty()));
+        self.flags != 0
+    }
+
+    /// Clears the flag that something may be queued ([`EndpointCore::wants_flush`]) if
+    /// `emits` and `backlog` are both empty (the context calls it after posting emits).
+    #[inline(always)]
+    pub(crate) fn settle_queued(&mut self) {
+        if self.has(F_QUEUED) && self.emits.is_empty() && self.backlog.is_empty() {
+            self.flags &= !F_QUEUED;
+        }
     }
 
     /// Whether flag bit `f` (`F_*`) is set.
     #[inline(always)]
-    fn has(&self, f: u8) -> bool {
+    fn has(&self, f: u16) -> bool {
         self.flags & f != 0
     }
 
