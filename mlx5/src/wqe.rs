@@ -545,10 +545,11 @@ impl WqeDesc<'_> {
     }
 }
 
-/// WQEBBs a WQE of `ds` units occupies: `ceil(ds * 16 / 64)`.
+/// WQEBBs a WQE of `ds` units occupies: `ceil(ds * 16 / 64)`, computed as
+/// `ceil(ds / (64 / 16))` (no multiplication that could overflow).
 #[inline]
 pub const fn wqebbs(ds: u32) -> u32 {
-    (ds * DS_BYTES as u32).div_ceil(WQEBB as u32)
+    ds.div_ceil((WQEBB / DS_BYTES) as u32)
 }
 
 /// A WQE as the device model reads it, segment by segment.
