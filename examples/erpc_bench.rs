@@ -72,7 +72,7 @@ use rpc::erpc::core::{Config, Event, MS, SLOTS_PER_SESSION, SessionId, Stats};
 use rpc::erpc::event_loop::Endpoint;
 use rpc::erpc::msgbuf::MAX_DATA_SIZE;
 use rpc::erpc::transport::ud::{UdConfig, UdTransport};
-use rpc::erpc::transport::udp::{DEFAULT_MTU_V4, UdpConfig, UdpTransport};
+use rpc::erpc::transport::udp::{UdpConfig, UdpMtu, UdpTransport};
 use rpc::erpc::transport::{DatagramTransport, TransportStats};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use tarpc::server::Channel;
@@ -148,8 +148,9 @@ struct Common {
     /// eRPC transport.
     #[arg(long, value_enum, default_value_t = TransportKind::Udp)]
     transport: TransportKind,
-    /// eRPC datagram size in bytes, header included [default: 1472 for UDP (max 65507),
-    /// 3840 for UD (max: the port MTU)].
+    /// eRPC datagram size in bytes, header included [default: UDP derives it from the
+    /// loopback link (8972 when the socket buffer admits it, else 1472; max 65507), UD 3840
+    /// (max: the port MTU)].
     #[arg(long)]
     mtu: Option<usize>,
     /// eRPC credits (packets in flight) per session.
@@ -376,7 +377,7 @@ fn erpc_config(c: &Common, max_msg: usize) -> Config {
 
 fn udp(c: &Common) -> UdpTransport {
     UdpTransport::bind(UdpConfig {
-        mtu: c.mtu.unwrap_or(DEFAULT_MTU_V4),
+        mtu: c.mtu.map_or(UdpMtu::Auto, UdpMtu::Fixed),
         socket_buf_bytes: Some(c.sockbuf),
         ..UdpConfig::default()
     })

@@ -14,10 +14,15 @@ use rpc_runtime::erpc::core::{Config, MS};
 use rpc_runtime::erpc::event_loop::Endpoint;
 use rpc_runtime::erpc::transport::DatagramTransport;
 use rpc_runtime::erpc::transport::lossy::{LossConfig, LossyTransport};
-use rpc_runtime::erpc::transport::udp::{UdpConfig, UdpTransport};
+use rpc_runtime::erpc::transport::udp::{DEFAULT_MTU_V4, UdpConfig, UdpMtu, UdpTransport};
 
+/// A loopback transport with 4 MiB socket buffers and the IPv4 Ethernet datagram (1472 B),
+/// not the derived loopback default (8972 B): these tests cut messages of a few KB into
+/// several packets, and `many_sessions` needs room for 64 sessions (a 4 MiB buffer admits
+/// 62 at 8972 B).
 fn udp() -> UdpTransport {
     UdpTransport::bind(UdpConfig {
+        mtu: UdpMtu::Fixed(DEFAULT_MTU_V4),
         socket_buf_bytes: Some(4 << 20),
         ..UdpConfig::default()
     })

@@ -137,7 +137,7 @@ use super::msgbuf::MsgBuffer;
 use super::transport::DatagramTransport;
 use super::transport::lossy::{LossConfig, LossyTransport};
 use super::transport::ud::{UdAddr, UdConfig, UdTransport};
-use super::transport::udp::{DEFAULT_BATCH, UdpConfig, UdpTransport};
+use super::transport::udp::{DEFAULT_BATCH, UdpConfig, UdpMtu, UdpTransport};
 use crate::client::ClientTransport;
 use crate::error::{LimitSide, MessageKind, RpcError, SETTING_SERVICE_MAX};
 use crate::server::ServerTransport;
@@ -160,8 +160,8 @@ pub const DEFAULT_KEEPALIVE: Time = 100 * MS;
 /// Default [`ErpcConfig::connect_timeout`].
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default [`ErpcConfig::udp_socket_buf_bytes`]: 4 MiB (the kernel caps it at
-/// `net.core.rmem_max`/`wmem_max`).
-pub const DEFAULT_SOCKET_BUF_BYTES: usize = 4 << 20;
+/// `net.core.rmem_max`/`wmem_max`), the UDP transport's own default.
+pub use super::transport::udp::DEFAULT_SOCKET_BUF_BYTES;
 /// eRPC request type (`req_type`, the handler type of seeds/000 §2.1) of the calls [`Erpc`]
 /// sends. [`ErpcServer`] hands requests of every type to the service.
 pub const REQ_TYPE_CALL: u8 = 1;
@@ -180,8 +180,11 @@ pub struct ErpcConfig {
     /// not answer at all fails the connect earlier, after the core's `failure_timeout`
     /// (which also bounds the wait when this is too long for the clock to represent).
     pub connect_timeout: Duration,
-    /// *UDP*: datagram size in bytes, header included; `None`: the address family's
-    /// Ethernet-safe default (1472 B for IPv4, 1452 B for IPv6). Both ends must agree.
+    /// *UDP*: datagram size in bytes, header included; `None`: derived from the network path
+    /// ([`path_mtu`](super::transport::path_mtu): a server from its bound address, a client
+    /// from the server's address as given; 8972 B on IPv4 loopback when the receive buffer
+    /// admits it, 1472 B on a 1500 B Ethernet link). Both ends must agree; the connect
+    /// handshake refuses a mismatch (`ConfigMismatch`, field `mtu`).
     pub udp_mtu: Option<usize>,
     /// *UDP*: datagrams per `sendmmsg`/`recvmmsg` and receive-ring size.
     pub udp_batch: usize,
@@ -214,7 +217,7 @@ impl ErpcConfig {
     pub fn udp(&self, bind: SocketAddr) -> UdpConfig {
         let base = UdpConfig::new(bind);
         UdpConfig {
-            mtu: self.udp_mtu.unwrap_or(base.mtu),
+            mtu: self.udp_mtu.map_or(base.mtu, UdpMtu::Fixed),
             batch: self.udp_batch,
             socket_buf_bytes: self.udp_socket_buf_bytes,
             ..base
@@ -401,10 +404,17 @@ pub trait ErpcConnect: DatagramTransport + Sized {
         addr: &Self::ConnectAddr,
         cfg: &ErpcConfig,
     ) -> Result<(Self, Self::Addr), ErpcSetupError>;
+
+    /// Whether [`ErpcConfig::udp_mtu`] sets this transport's datagram size, so that a client
+    /// whose derived size the server refused (`ConfigMismatch`, field `mtu`) can reconnect
+    /// with the server's ([`Erpc::connect_with`]). `false` unless the transport says so.
+    const MTU_FROM_UDP_CONFIG: bool = false;
 }
 
 impl ErpcConnect for UdpTransport {
     type ConnectAddr = SocketAddr;
+
+    const MTU_FROM_UDP_CONFIG: bool = true;
 
     /// Binds an ephemeral port of `addr`'s family: on loopback if `addr` is a loopback
     /// address, else on the unspecified address. An unspecified `addr` (a server bound to
@@ -420,7 +430,13 @@ impl ErpcConnect for UdpTransport {
             IpAddr::V6(ip) if ip.is_loopback() => IpAddr::V6(Ipv6Addr::LOCALHOST),
             IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
         };
-        let t = UdpTransport::bind(cfg.udp(SocketAddr::new(bind, 0)))?;
+        let mut udp = cfg.udp(SocketAddr::new(bind, 0));
+        if cfg.udp_mtu.is_none() {
+            // The server's rule, applied to its address as given (unspecified included), so
+            // both ends derive the same size.
+            udp.mtu = UdpMtu::AutoToward(addr.ip());
+        }
+        let t = UdpTransport::bind(udp)?;
         Ok((t, server))
     }
 }
@@ -570,6 +586,12 @@ impl<T: ErpcConnect> Erpc<T> {
     /// ([`service_config`] of `cfg.core`) and connects it to the server at `addr`
     /// ([`Erpc::from_endpoint`] with `cfg.max_in_flight` and `cfg.connect_timeout`).
     ///
+    /// **Datagram size.** With [`ErpcConfig::udp_mtu`] unset, the client derives its size from
+    /// the server's address ([`path_mtu`](super::transport::path_mtu)); where the server
+    /// derived another (a different link MTU or receive buffer on its side), its refusal
+    /// (`ConfigMismatch`, field `mtu`) names its size, and the client connects once more with
+    /// that size, within the same `connect_timeout`. A size set explicitly is never changed.
+    ///
     /// # Errors
     /// The transport's setup errors, and those of [`Erpc::from_endpoint`].
     pub fn connect_with(
@@ -577,11 +599,38 @@ impl<T: ErpcConnect> Erpc<T> {
         service: &'static ServiceDescriptor,
         cfg: &ErpcConfig,
     ) -> Result<Self, ErpcSetupError> {
+        let start = Instant::now();
+        match Self::connect_once(addr, service, cfg, cfg.connect_timeout) {
+            Err(ErpcSetupError::Refused(core::RpcError::ConfigMismatch {
+                field: core::ConfigField::Mtu,
+                server,
+                ..
+            })) if T::MTU_FROM_UDP_CONFIG && cfg.udp_mtu.is_none() => {
+                tracing::debug!("eRPC connect: adopting the server's datagram size {server} B");
+                let adopted = ErpcConfig {
+                    // Out of range (a lying server): the transport refuses it at bind.
+                    udp_mtu: Some(usize::try_from(server).unwrap_or(usize::MAX)),
+                    ..cfg.clone()
+                };
+                let left = cfg.connect_timeout.saturating_sub(start.elapsed());
+                Self::connect_once(addr, service, &adopted, left)
+            }
+            other => other,
+        }
+    }
+
+    /// One attempt of [`Erpc::connect_with`] with `timeout` instead of `cfg.connect_timeout`.
+    fn connect_once(
+        addr: &T::ConnectAddr,
+        service: &'static ServiceDescriptor,
+        cfg: &ErpcConfig,
+        timeout: Duration,
+    ) -> Result<Self, ErpcSetupError> {
         let core = service_config(service, &cfg.core);
         check_endpoint(&core, service, LimitSide::ThisClient)?;
         let (transport, server) = T::open_client(addr, cfg)?;
         let ep = Endpoint::new(transport, core)?;
-        Erpc::from_endpoint(ep, server, service, cfg.max_in_flight, cfg.connect_timeout)
+        Erpc::from_endpoint(ep, server, service, cfg.max_in_flight, timeout)
     }
 }
 
@@ -1504,7 +1553,7 @@ mod tests {
         let cfg = ErpcConfig::default();
         let v4 = cfg.udp("127.0.0.1:0".parse().unwrap());
         let v6 = cfg.udp("[::1]:0".parse().unwrap());
-        assert_eq!((v4.mtu, v6.mtu), (1472, 1452));
+        assert_eq!((v4.mtu, v6.mtu), (UdpMtu::Auto, UdpMtu::Auto));
         assert_eq!(v4.socket_buf_bytes, Some(DEFAULT_SOCKET_BUF_BYTES));
         let cfg = ErpcConfig {
             udp_mtu: Some(9000),
@@ -1512,7 +1561,7 @@ mod tests {
             ..ErpcConfig::default()
         };
         let c = cfg.udp("[::1]:0".parse().unwrap());
-        assert_eq!((c.mtu, c.batch), (9000, 8));
+        assert_eq!((c.mtu, c.batch), (UdpMtu::Fixed(9000), 8));
         assert!(cfg.core.keepalive < cfg.core.failure_timeout);
     }
 

@@ -39,6 +39,7 @@
 //! larger than [`mtu`](DatagramTransport::mtu)) and for failures of the transport itself.
 
 pub mod lossy;
+pub mod path_mtu;
 pub mod ud;
 pub mod udp;
 
@@ -50,7 +51,7 @@ use std::sync::Arc;
 use mlx5::mem::DmaBuf;
 
 pub use ud::{UdAddr, UdConfig, UdTransport};
-pub use udp::{UdpConfig, UdpTransport};
+pub use udp::{UdpConfig, UdpMtu, UdpTransport};
 
 /// Size in bytes of an eRPC packet header (the same value as
 /// [`pkthdr::PKTHDR_SIZE`](super::pkthdr::PKTHDR_SIZE)); datagrams shorter than this are still

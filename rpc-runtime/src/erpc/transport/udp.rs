@@ -47,6 +47,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
+pub use super::path_mtu::UdpMtu;
+use super::path_mtu::auto_mtu;
 use super::{DatagramTransport, PKT_HDR_LEN, TransportStats, TxPkt};
 
 /// Default MTU for IPv4 sockets: a 1500-byte Ethernet frame minus 20 B IPv4 and 8 B UDP headers.
@@ -66,6 +68,11 @@ pub const MAX_MTU: usize = 65507;
 pub fn udp_rx_charge(mtu: usize) -> usize {
     (mtu + 512).next_power_of_two() + 512
 }
+
+/// Default [`UdpConfig::socket_buf_bytes`]: 4 MiB. The kernel caps the request at
+/// `net.core.rmem_max`/`wmem_max` (208 KiB on a stock kernel) and doubles it; the receive
+/// buffer bounds admission control ([`udp_rx_charge`]) and the [`UdpMtu::Auto`] datagram size.
+pub const DEFAULT_SOCKET_BUF_BYTES: usize = 4 << 20;
 
 /// Default number of datagrams per `sendmmsg`/`recvmmsg` call and receive-ring size.
 pub const DEFAULT_BATCH: usize = 32;
@@ -180,9 +187,10 @@ impl CmsgBuf {
 pub struct UdpConfig {
     /// Local address to bind, e.g. `127.0.0.1:0` (port 0 picks a free port) or `[::1]:0`.
     pub bind: SocketAddr,
-    /// Largest datagram payload in bytes, sent or received; between [`PKT_HDR_LEN`] and
-    /// [`MAX_MTU`]. Both ends of a session must use the same value.
-    pub mtu: usize,
+    /// Largest datagram payload in bytes, sent or received: fixed (between [`PKT_HDR_LEN`]
+    /// and [`MAX_MTU`]) or derived from the network path at bind ([`UdpMtu::Auto`], the rule
+    /// in [`path_mtu`](super::path_mtu)). Both ends of a session must use the same value.
+    pub mtu: UdpMtu,
     /// Datagrams per system call and receive-ring size; between 1 and [`MAX_BATCH`].
     pub batch: usize,
     /// If set, requests `SO_SNDBUF` and `SO_RCVBUF` of this many bytes (the kernel caps the
@@ -196,19 +204,16 @@ pub struct UdpConfig {
 }
 
 impl UdpConfig {
-    /// A configuration binding `bind`, with the Ethernet-safe default MTU of its address family
-    /// ([`DEFAULT_MTU_V4`] or [`DEFAULT_MTU_V6`]), [`DEFAULT_BATCH`], the kernel's default
-    /// socket buffer sizes and GSO/GRO on.
+    /// A configuration binding `bind`, with the MTU derived from the bound address's link
+    /// ([`UdpMtu::Auto`]: 8972 B on IPv4 loopback when the receive buffer admits it, 1472 B on
+    /// a 1500 B Ethernet link), [`DEFAULT_BATCH`], socket buffers of
+    /// [`DEFAULT_SOCKET_BUF_BYTES`] and GSO/GRO on.
     pub fn new(bind: SocketAddr) -> Self {
         UdpConfig {
             bind,
-            mtu: if bind.is_ipv4() {
-                DEFAULT_MTU_V4
-            } else {
-                DEFAULT_MTU_V6
-            },
+            mtu: UdpMtu::Auto,
             batch: DEFAULT_BATCH,
-            socket_buf_bytes: None,
+            socket_buf_bytes: Some(DEFAULT_SOCKET_BUF_BYTES),
             gso: true,
         }
     }
@@ -479,6 +484,15 @@ fn set_socket_int(fd: BorrowedFd<'_>, opt: libc::c_int, value: libc::c_int) -> i
 
 /// Reads an `int`-valued `SOL_SOCKET` option.
 fn get_socket_int(fd: BorrowedFd<'_>, opt: libc::c_int) -> io::Result<libc::c_int> {
+    get_sockopt_int(fd, libc::SOL_SOCKET, opt)
+}
+
+/// Reads an `int`-valued socket option of `level`.
+pub(super) fn get_sockopt_int(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    opt: libc::c_int,
+) -> io::Result<libc::c_int> {
     let mut value: libc::c_int = 0;
     let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `fd` is an open socket for the borrow's lifetime; `value` and `len` are locals
@@ -486,7 +500,7 @@ fn get_socket_int(fd: BorrowedFd<'_>, opt: libc::c_int) -> io::Result<libc::c_in
     let rc = unsafe {
         libc::getsockopt(
             fd.as_raw_fd(),
-            libc::SOL_SOCKET,
+            level,
             opt,
             (&raw mut value).cast(),
             &raw mut len,
@@ -613,17 +627,20 @@ impl UdpTransport {
     /// that direction's offload off (logged once, see [`gso`](Self::gso), [`gro`](Self::gro))
     /// and is not an error.
     ///
+    /// A derived MTU ([`UdpMtu::Auto`], [`UdpMtu::AutoToward`]) is resolved once the socket
+    /// buffers are set, from the receive buffer the kernel granted; [`mtu`](Self::mtu) reports
+    /// the result.
+    ///
     /// # Errors
-    /// [`io::ErrorKind::InvalidInput`] if `mtu` or `batch` is out of range; otherwise the
-    /// errors of `bind(2)`, `fcntl(2)` and `setsockopt(2)` (socket buffer sizes).
+    /// [`io::ErrorKind::InvalidInput`] if a fixed `mtu` or `batch` is out of range; otherwise
+    /// the errors of `bind(2)`, `fcntl(2)` and `setsockopt(2)` (socket buffer sizes).
     pub fn bind(config: UdpConfig) -> io::Result<Self> {
-        if !(PKT_HDR_LEN..=MAX_MTU).contains(&config.mtu) {
+        if let UdpMtu::Fixed(mtu) = config.mtu
+            && !(PKT_HDR_LEN..=MAX_MTU).contains(&mtu)
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "UDP transport mtu {} outside {PKT_HDR_LEN}..={MAX_MTU}",
-                    config.mtu
-                ),
+                format!("UDP transport mtu {mtu} outside {PKT_HDR_LEN}..={MAX_MTU}"),
             ));
         }
         if !(1..=MAX_BATCH).contains(&config.batch) {
@@ -662,6 +679,11 @@ impl UdpTransport {
         let local = socket.local_addr()?;
         let rcvbuf_bytes =
             usize::try_from(get_socket_int(socket.as_fd(), libc::SO_RCVBUF)?).unwrap_or(0);
+        let mtu = match config.mtu {
+            UdpMtu::Fixed(mtu) => mtu,
+            UdpMtu::Auto => auto_mtu(config.bind.ip(), rcvbuf_bytes),
+            UdpMtu::AutoToward(peer) => auto_mtu(peer, rcvbuf_bytes),
+        };
         let batch = config.batch;
         let tx_max_pkts = if gso {
             (batch * GSO_MAX_SEGMENTS).min(GSO_MAX_TX_PKTS).max(batch)
@@ -671,7 +693,7 @@ impl UdpTransport {
         let (rx_msgs, rx_buf_len) = if gro {
             (batch.min(GRO_MAX_RX_MSGS), GRO_BUF_LEN)
         } else {
-            (batch, config.mtu)
+            (batch, mtu)
         };
         let rx_stride = rx_buf_len.div_ceil(RX_ALIGN) * RX_ALIGN;
         let empty_iov = libc::iovec {
@@ -694,7 +716,7 @@ impl UdpTransport {
             socket,
             local,
             ipv6: local.is_ipv6(),
-            mtu: config.mtu,
+            mtu,
             batch,
             gso,
             gro,
@@ -718,7 +740,7 @@ impl UdpTransport {
             rx_count: 0,
             stats: TransportStats::default(),
             rcvbuf_bytes,
-            rx_ring_entries: rcvbuf_bytes / udp_rx_charge(config.mtu),
+            rx_ring_entries: rcvbuf_bytes / udp_rx_charge(mtu),
         })
     }
 
@@ -1122,7 +1144,7 @@ mod tests {
     #[test]
     fn config_validation() {
         let mut c = UdpConfig {
-            mtu: 8,
+            mtu: UdpMtu::Fixed(8),
             gso: false,
             ..UdpConfig::default()
         };
@@ -1130,9 +1152,9 @@ mod tests {
             UdpTransport::bind(c).unwrap_err().kind(),
             io::ErrorKind::InvalidInput
         );
-        c.mtu = MAX_MTU + 1;
+        c.mtu = UdpMtu::Fixed(MAX_MTU + 1);
         assert!(UdpTransport::bind(c).is_err());
-        c.mtu = 1000;
+        c.mtu = UdpMtu::Fixed(1000);
         c.batch = 0;
         assert!(UdpTransport::bind(c).is_err());
         c.batch = MAX_BATCH + 1;
@@ -1142,9 +1164,76 @@ mod tests {
         assert_eq!((t.mtu(), t.rx_batch(), t.rx_stride), (1000, 3, 1024));
     }
 
-    fn bind_udp(gso: bool, mtu: usize, batch: usize) -> UdpTransport {
+    /// Binds `bind` with a derived MTU and the default 4 MiB socket buffers.
+    fn bind_auto(bind: &str, mtu: UdpMtu) -> UdpTransport {
         UdpTransport::bind(UdpConfig {
             mtu,
+            ..UdpConfig::new(bind.parse().unwrap())
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn derived_mtu_is_the_same_for_a_server_and_a_client_of_it() {
+        let expected = |ip: &str, t: &UdpTransport| {
+            crate::erpc::transport::path_mtu::auto_mtu(ip.parse().unwrap(), t.rcvbuf_bytes())
+        };
+        // Loopback server, loopback client.
+        let server = bind_auto("127.0.0.1:0", UdpMtu::Auto);
+        let client = bind_auto(
+            "127.0.0.1:0",
+            UdpMtu::AutoToward("127.0.0.1".parse().unwrap()),
+        );
+        assert_eq!(server.mtu(), client.mtu());
+        assert_eq!(server.mtu(), expected("127.0.0.1", &server));
+        // A server on the unspecified address, reached on loopback by a client that applies
+        // the rule to the address it was given.
+        let server = bind_auto("0.0.0.0:0", UdpMtu::Auto);
+        let client = bind_auto(
+            "127.0.0.1:0",
+            UdpMtu::AutoToward("0.0.0.0".parse().unwrap()),
+        );
+        assert_eq!(server.mtu(), client.mtu());
+        assert_eq!(server.mtu(), expected("0.0.0.0", &server));
+        // With loopback's 65536 B MTU and a receive buffer that holds 256 jumbo datagrams,
+        // the datagram is a jumbo frame's payload.
+        let lo = bind_auto("127.0.0.1:0", UdpMtu::Auto);
+        let jumbo_fits = lo.rcvbuf_bytes() / udp_rx_charge(8972)
+            >= crate::erpc::transport::path_mtu::AUTO_MTU_MIN_RX_DATAGRAMS;
+        let lo_mtu = std::fs::read_to_string("/sys/class/net/lo/mtu").ok();
+        if jumbo_fits && lo_mtu.as_deref().map(str::trim) == Some("65536") {
+            assert_eq!(lo.mtu(), 8972);
+            assert_eq!(
+                lo.rx_ring_entries(),
+                lo.rcvbuf_bytes() / udp_rx_charge(8972)
+            );
+        } else {
+            eprintln!(
+                "jumbo case skipped: rcvbuf {} B, lo mtu {lo_mtu:?}",
+                lo.rcvbuf_bytes()
+            );
+            assert_eq!(lo.mtu(), expected("127.0.0.1", &lo));
+        }
+        // A fixed size is used as given.
+        assert_eq!(bind_auto("127.0.0.1:0", UdpMtu::Fixed(1000)).mtu(), 1000);
+    }
+
+    #[test]
+    fn a_small_receive_buffer_keeps_the_ethernet_datagram() {
+        // 64 KiB requested: the kernel grants at most 128 KiB, which holds fewer than 256
+        // jumbo datagrams, so loopback falls back to the Ethernet default.
+        let t = UdpTransport::bind(UdpConfig {
+            socket_buf_bytes: Some(64 << 10),
+            ..UdpConfig::new("127.0.0.1:0".parse().unwrap())
+        })
+        .unwrap();
+        assert!(t.rcvbuf_bytes() <= 128 << 10);
+        assert_eq!(t.mtu(), DEFAULT_MTU_V4);
+    }
+
+    fn bind_udp(gso: bool, mtu: usize, batch: usize) -> UdpTransport {
+        UdpTransport::bind(UdpConfig {
+            mtu: UdpMtu::Fixed(mtu),
             batch,
             socket_buf_bytes: Some(4 << 20),
             gso,
