@@ -9,6 +9,9 @@
 //!
 //! Output: one CSV row per (variant, QD) with throughput and round-trip percentiles, then the
 //! ratios, then a JSON summary line. Rounds alternate the variants to spread machine noise.
+//! At QD 1 a third variant, `floor`, measures the machine's cross-thread round trip (two
+//! cache-line hand-offs, no queue: [`floor`]), the bound under any shared-memory RPC's QD 1
+//! latency on the same machine; the summary gives the ring's p50 as a multiple of it.
 //!
 //! ```text
 //! cargo bench --bench ring_vs_crossbeam                 # defaults: 3 rounds x 2 s
@@ -181,6 +184,63 @@ fn channels(qd: usize, secs: f64) -> Measure {
     }
 }
 
+/// Two counters on separate cache lines, for the floor's ping-pong.
+#[repr(align(128))]
+struct Line(std::sync::atomic::AtomicU64);
+
+/// The machine's floor for a cross-thread round trip at QD 1: the client bumps a counter on
+/// one cache line, the server sees it and bumps one on another, the client sees that. No
+/// payload, no queue, no handler: two cache-line transfers, polled with the same backoff as
+/// the variants. A ring round trip cannot be faster than this on the same machine; on a VM
+/// whose vCPUs hand lines over slowly, this (not the ring) sets the QD 1 latency.
+fn floor(secs: f64) -> Measure {
+    let lines = Arc::new((Line(0.into()), Line(0.into())));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (l, st) = (lines.clone(), stop.clone());
+    let server_thread = thread::spawn(move || {
+        let backoff = Backoff::new();
+        let mut seen = 0u64;
+        while !st.load(Ordering::Relaxed) {
+            let v = l.0.0.load(Ordering::Acquire);
+            if v == seen {
+                backoff.snooze();
+                continue;
+            }
+            backoff.reset();
+            seen = v;
+            l.1.0.store(v, Ordering::Release);
+        }
+    });
+    let mut h = hist();
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs_f64(secs);
+    let mut ops = 0u64;
+    let backoff = Backoff::new();
+    loop {
+        let sent = Instant::now();
+        ops += 1;
+        lines.0.0.store(ops, Ordering::Release);
+        while lines.1.0.load(Ordering::Acquire) != ops {
+            backoff.snooze();
+        }
+        backoff.reset();
+        let now = Instant::now();
+        let _ = h.record((now - sent).as_nanos().max(1) as u64);
+        if now >= deadline {
+            break;
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    server_thread.join().expect("server");
+    Measure {
+        ops,
+        secs,
+        p50_ns: h.value_at_quantile(0.5),
+        p99_ns: h.value_at_quantile(0.99),
+    }
+}
+
 fn arg(name: &str, default: f64) -> f64 {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -197,10 +257,22 @@ fn main() {
     let mut summary = Vec::new();
     for qd in [1usize, 32] {
         let (mut best_ring, mut best_chan): (Option<Measure>, Option<Measure>) = (None, None);
+        let mut best_floor: Option<Measure> = None;
         for round in 0..rounds.max(1) {
             let r = ring(qd, secs, round);
             let c = channels(qd, secs);
-            for (v, m) in [("delegation", r), ("crossbeam", c)] {
+            let f = (qd == 1).then(|| floor(secs));
+            if let Some(f) = f
+                && best_floor.is_none_or(|b| f.p50_ns < b.p50_ns)
+            {
+                best_floor = Some(f);
+            }
+            for (v, m) in [
+                ("delegation", Some(r)),
+                ("crossbeam", Some(c)),
+                ("floor", f),
+            ] {
+                let Some(m) = m else { continue };
                 println!(
                     "{v},{qd},{round},{},{:.3},{:.4},{},{}",
                     m.ops,
@@ -219,13 +291,23 @@ fn main() {
             }
         }
         let (r, c) = (best_ring.unwrap(), best_chan.unwrap());
-        summary.push(serde_json::json!({
+        let mut row = serde_json::json!({
             "qd": qd,
             "delegation_mops": r.mops(), "crossbeam_mops": c.mops(),
             "throughput_ratio": r.mops() / c.mops(),
             "delegation_p50_ns": r.p50_ns, "crossbeam_p50_ns": c.p50_ns,
             "p50_ratio": r.p50_ns as f64 / c.p50_ns as f64,
-        }));
+        });
+        if let Some(f) = best_floor {
+            row["floor_p50_ns"] = f.p50_ns.into();
+            row["delegation_p50_over_floor"] = (r.p50_ns as f64 / f.p50_ns as f64).into();
+            eprintln!(
+                "QD  1 floor (cache-line ping-pong): p50 {} ns; delegation p50 is {:.2}x it",
+                f.p50_ns,
+                r.p50_ns as f64 / f.p50_ns as f64
+            );
+        }
+        summary.push(row);
         eprintln!(
             "QD {qd:>2}: delegation {:.3} Mops/s, crossbeam {:.3} Mops/s, ratio {:.2}x; p50 RTT {} ns vs {} ns",
             r.mops(),
