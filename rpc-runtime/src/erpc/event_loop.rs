@@ -14,7 +14,7 @@
 //! | 2. retry the unsent tail of the previous TX batch | part of `do_tx_burst_st` |
 //! | 3. `rx_burst` → [`Rpc::handle_datagram`] for each packet → `rx_release` | `process_comps_st` (+ `post_recvs`); session-management packets travel the same channel, so this also covers `handle_sm_rx_st` |
 //! | 4. [`Rpc::handle_timeout`] every `timer_scan_interval` | `pkt_loss_scan_st` (periodic), plus session-management retries and failure detection |
-//! | 5. drain [`Rpc::poll_transmit_gather`] into the TX batch (message packets as gather lists from their message buffers, [`Rpc::msg_pkt`]; control packets and datagrams of at most [`RENDER_MAX`](super::core::RENDER_MAX) bytes rendered into the batch's buffers), one `tx_burst` per full batch | `process_credit_stall_queue_st` / `process_wheel_st` (inside the core) and `do_tx_burst_st` |
+//! | 5. drain [`Rpc::poll_transmit_gather`] into the TX batch (message packets as gather lists from their message buffers, [`Rpc::msg_pkt`]; control packets and datagrams of at most [`RENDER_MAX`](super::core::RENDER_MAX) bytes rendered into the batch's buffers), one `tx_burst` per full batch; rendered datagrams the transport takes one by one ([`DatagramTransport::tx_post`]) are posted as they come, one doorbell per batch | `process_credit_stall_queue_st` / `process_wheel_st` (inside the core) and `do_tx_burst_st` |
 //! | 6. events stay queued for [`Endpoint::poll_event`] | continuations / request handlers |
 //!
 //! # Zero-copy iterations (seeds/002 §7.2, seeds/000 §12.2)
@@ -93,11 +93,14 @@ pub struct LoopStats {
     /// Message packets of a retried batch tail that were not sent because their exchange
     /// had ended meanwhile ([`Rpc::msg_pkt`] returned `None`).
     pub tx_stale: u64,
-    /// `tx_burst` calls.
+    /// `tx_burst` calls, plus batches of datagrams sent with
+    /// [`tx_post`](DatagramTransport::tx_post).
     pub tx_bursts: u64,
-    /// `tx_burst` calls that consumed only a prefix (send queue full); the tail was retried.
+    /// `tx_burst` calls that consumed only a prefix, or `tx_post` calls that consumed
+    /// nothing (send queue full); the tail was retried.
     pub tx_partial: u64,
-    /// `tx_burst` calls that failed; their batch was dropped.
+    /// `tx_burst` calls that failed (their batch was dropped), or `tx_post` calls that
+    /// failed (their datagram was dropped).
     pub tx_errors: u64,
     /// Calls of [`Rpc::handle_timeout`].
     pub timer_scans: u64,
@@ -383,7 +386,15 @@ impl<T: DatagramTransport> Endpoint<T> {
 
     /// Renders packets from the core into the batch and sends them until the core has
     /// nothing left or the transport is full. Returns the packets the transport consumed.
+    ///
+    /// Rendered datagrams of at most [`tx_post_max`](DatagramTransport::tx_post_max) bytes
+    /// that no unsent packet precedes go to the transport one by one
+    /// ([`tx_post`](DatagramTransport::tx_post), one doorbell per batch at
+    /// [`tx_post_flush`](DatagramTransport::tx_post_flush)) instead of through the batch's
+    /// descriptor list; the others are gathered and sent with one `tx_burst` as before. Both
+    /// keep the core's order: once a packet waits in the batch, later ones wait behind it.
     fn fill_and_flush(&mut self) -> usize {
+        let post_max = self.transport.tx_post_max();
         let mut sent = 0;
         loop {
             if self.tx_head < self.tx_meta.len() {
@@ -392,22 +403,57 @@ impl<T: DatagramTransport> Endpoint<T> {
             }
             self.tx_meta.clear();
             self.tx_head = 0;
+            let mut taken = 0;
+            let mut posted = 0;
+            let mut full = false;
             // `may_transmit` false: the core has nothing (its documented promise), so the
             // call that would return `None` is skipped.
-            while self.tx_meta.len() < self.batch && self.rpc.may_transmit() {
+            while taken < self.batch && self.rpc.may_transmit() {
                 let off = self.tx_meta.len() * self.mtu;
                 let buf = &mut self.tx_bufs[off..off + self.mtu];
-                match self.rpc.poll_transmit_gather(self.tx_now, buf) {
-                    Some(m) => self.tx_meta.push((m, off)),
-                    None => break,
+                let Some(m) = self.rpc.poll_transmit_gather(self.tx_now, buf) else {
+                    break;
+                };
+                taken += 1;
+                if let TxOut::Rendered { dest, len } = m
+                    && len <= post_max
+                    && self.tx_meta.is_empty()
+                {
+                    match self.transport.tx_post(dest, &self.tx_bufs[off..off + len]) {
+                        Ok(true) => {
+                            posted += 1;
+                            continue;
+                        }
+                        Ok(false) => {
+                            // Full: the packet becomes the tail retried next iteration.
+                            self.stats.tx_partial += 1;
+                            self.tx_meta.push((m, off));
+                            full = true;
+                            break;
+                        }
+                        Err(e) => {
+                            // Dropped, as a failed `tx_burst` drops its batch.
+                            self.stats.tx_errors += 1;
+                            self.last_tx_error = Some(e);
+                            continue;
+                        }
+                    }
                 }
+                self.tx_meta.push((m, off));
             }
-            if self.tx_meta.is_empty() {
-                return sent;
+            if posted > 0 {
+                self.stats.tx_bursts += 1;
+                self.stats.tx_pkts += posted as u64;
+                sent += posted;
             }
-            let full = self.tx_meta.len() == self.batch;
-            sent += self.flush_tx();
-            if !full {
+            if !full && !self.tx_meta.is_empty() {
+                // Rings the doorbell for the posted packets too.
+                sent += self.flush_tx();
+            }
+            if posted > 0 {
+                self.transport.tx_post_flush();
+            }
+            if full || taken < self.batch {
                 return sent;
             }
         }

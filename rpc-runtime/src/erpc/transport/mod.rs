@@ -202,6 +202,36 @@ pub trait DatagramTransport {
     /// the next one reports the error).
     fn tx_burst(&mut self, pkts: &[TxPkt<'_, Self::Addr>]) -> io::Result<usize>;
 
+    /// Largest datagram in bytes that [`tx_post`](Self::tx_post) takes; 0 (the default) if
+    /// the transport has no cheaper path than [`tx_burst`](Self::tx_burst) for one datagram,
+    /// in which case callers send everything with `tx_burst`.
+    fn tx_post_max(&self) -> usize {
+        0
+    }
+
+    /// Sends one contiguous datagram of at most [`tx_post_max`](Self::tx_post_max) bytes,
+    /// copied before the call returns, without handing it to the network yet: the datagrams
+    /// posted since the last [`tx_post_flush`](Self::tx_post_flush) (or `tx_burst`, which
+    /// flushes them too) leave, in posting order and before those of later calls, at that
+    /// flush. This lets a caller that produces datagrams one by one batch them without
+    /// building a descriptor list (the mlx5 UD transport writes each into its send WQE and
+    /// rings one doorbell per batch).
+    ///
+    /// Returns `true` if the datagram was consumed (posted, or dropped because of an error
+    /// that concerns only it, counted as in `tx_burst`), `false` if the send queue is full
+    /// (nothing consumed; retry later). The default sends it with a one-datagram `tx_burst`.
+    ///
+    /// # Errors
+    /// As [`tx_burst`](Self::tx_burst).
+    fn tx_post(&mut self, dest: Self::Addr, bytes: &[u8]) -> io::Result<bool> {
+        self.tx_burst(&[TxPkt::single(dest, bytes)]).map(|n| n == 1)
+    }
+
+    /// Hands the datagrams posted with [`tx_post`](Self::tx_post) to the network (one
+    /// doorbell); nothing if none is pending. The default does nothing (its `tx_post` sends
+    /// at once).
+    fn tx_post_flush(&mut self) {}
+
     /// Receives up to `max` (capped at [`rx_batch`](Self::rx_batch)) datagrams into the
     /// receive ring without blocking, and returns how many are available through
     /// [`rx_pkt`](Self::rx_pkt) (`0` if none were waiting).

@@ -603,6 +603,8 @@ pub struct UdTransport {
     /// tx_posted % signal_interval` (so WQE `seq` is due when `(seq + 1) % signal_interval ==
     /// 0`), kept as a countdown instead of a division per post.
     tx_to_signal: u32,
+    /// WQEs were posted by [`tx_post`](DatagramTransport::tx_post) since the last doorbell.
+    tx_unrung: bool,
     /// Send WQEs known complete (retired by a CQE).
     tx_retired: u64,
     /// Signaled WQEs outstanding, oldest first.
@@ -733,6 +735,7 @@ impl UdTransport {
             tx_stride,
             tx_posted: 0,
             tx_to_signal: cfg.signal_interval,
+            tx_unrung: false,
             tx_retired: 0,
             signaled: SignaledRing::new(cfg.sq_depth as usize),
             last_dest: None,
@@ -778,6 +781,26 @@ impl UdTransport {
     /// Send WQEs posted and not yet known complete (at most `sq_depth`).
     pub fn tx_outstanding(&self) -> usize {
         (self.tx_posted - self.tx_retired) as usize
+    }
+
+    /// The error of a transport whose QP failed with `e`.
+    #[cold]
+    #[inline(never)]
+    fn qp_failed(&self, e: CqeError) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            format!("mlx5 UD transport: QP {:#x} failed: {e}", self.qp.qpn()),
+        )
+    }
+
+    /// [`qp_failed`](Self::qp_failed) for a QP that was just seen failing.
+    #[cold]
+    #[inline(never)]
+    fn qp_failed_now(&self) -> io::Error {
+        match self.failed {
+            Some(e) => self.qp_failed(e),
+            None => io::Error::other("mlx5 UD transport: QP failed"),
+        }
     }
 
     /// Retires completed sends by polling the send CQ; returns the number of send WQEs known
@@ -1337,7 +1360,8 @@ impl DatagramTransport for UdTransport {
                 }
             }
         }
-        if posted > 0 {
+        if posted > 0 || self.tx_unrung {
+            self.tx_unrung = false;
             self.qp.sq.ring_doorbell();
             self.stats.tx_calls += 1;
         }
@@ -1346,13 +1370,77 @@ impl DatagramTransport for UdTransport {
                 return Err(device_error("post send WQE", e));
             }
             if let Some(e) = self.failed {
-                return Err(io::Error::new(
-                    io::ErrorKind::BrokenPipe,
-                    format!("mlx5 UD transport: QP {:#x} failed: {e}", self.qp.qpn()),
-                ));
+                return Err(self.qp_failed(e));
             }
         }
         Ok(done)
+    }
+
+    fn tx_post_max(&self) -> usize {
+        self.inline_max
+    }
+
+    /// The inline send of `tx_burst` for one datagram, without its descriptor list, length
+    /// checks and doorbell (see the trait). Larger or empty datagrams go through `tx_burst`.
+    #[inline]
+    fn tx_post(&mut self, dest: UdAddr, bytes: &[u8]) -> io::Result<bool> {
+        let len = bytes.len();
+        if len == 0 || len > self.inline_max {
+            return self.tx_burst(&[TxPkt::single(dest, bytes)]).map(|n| n == 1);
+        }
+        if let Some(e) = self.failed {
+            return Err(self.qp_failed(e));
+        }
+        // As in `tx_burst`: the staging count here, WQEBB room in the SQ.
+        match self.tx_slot() {
+            Room::Yes => {}
+            Room::Failed => return Err(self.qp_failed_now()),
+            Room::No => {
+                self.stats.tx_would_block += 1;
+                return Ok(false);
+            }
+        }
+        if !self.select_dest(dest) {
+            return match self.tx_room_polled(send_ds(len, self.inline_max, 0)) {
+                Room::Yes => {
+                    self.stats.tx_errors += 1;
+                    Ok(true)
+                }
+                Room::Failed => Err(self.qp_failed_now()),
+                Room::No => {
+                    self.stats.tx_would_block += 1;
+                    Ok(false)
+                }
+            };
+        }
+        match self.post_send_inline(bytes, &[]) {
+            Ok(()) => {}
+            Err(mlx5::Error::SqFull { .. }) => {
+                self.poll_send_cq();
+                if self.failed.is_some() {
+                    return Err(self.qp_failed_now());
+                }
+                match self.post_send_inline(bytes, &[]) {
+                    Ok(()) => {}
+                    Err(mlx5::Error::SqFull { .. }) => {
+                        self.stats.tx_would_block += 1;
+                        return Ok(false);
+                    }
+                    Err(e) => return Err(device_error("post send WQE", e)),
+                }
+            }
+            Err(e) => return Err(device_error("post send WQE", e)),
+        }
+        self.tx_unrung = true;
+        Ok(true)
+    }
+
+    fn tx_post_flush(&mut self) {
+        if self.tx_unrung {
+            self.tx_unrung = false;
+            self.qp.sq.ring_doorbell();
+            self.stats.tx_calls += 1;
+        }
     }
 
     fn rx_burst(&mut self, max: usize) -> usize {
@@ -1724,6 +1812,51 @@ mod tests {
                 "{} outstanding",
                 a.tx_outstanding()
             );
+        }
+    }
+
+    #[test]
+    fn posted_datagrams_leave_in_order_at_the_flush_and_a_full_queue_refuses() {
+        for signal_interval in [16, 5, 1] {
+            let f = Fabric::new(SimConfig::deterministic());
+            let mut a = transport(&f, small(16, 64, 64, signal_interval));
+            let mut b = transport(&f, small(16, 64, 64, signal_interval));
+            let to = b.local_addr();
+            let max = a.tx_post_max();
+            assert!(max > 0);
+            let bufs: Vec<Vec<u8>> = (0..40).map(|i| pattern(1 + i % max, i)).collect();
+            let mut got = Vec::new();
+            let mut sent = 0;
+            let mut refused = 0;
+            let mut rounds = 0;
+            while sent < bufs.len() {
+                rounds += 1;
+                assert!(rounds < 10, "send queue never drained");
+                let before = sent;
+                while sent < bufs.len() && a.tx_post(to, &bufs[sent]).unwrap() {
+                    sent += 1;
+                }
+                if sent < bufs.len() {
+                    refused += 1;
+                }
+                assert!(
+                    sent > before,
+                    "signal_interval {signal_interval}: stuck at {sent}"
+                );
+                assert!(a.tx_outstanding() <= 16);
+                // Nothing leaves before the doorbell.
+                assert!(drain(&mut b).0.is_empty());
+                a.tx_post_flush();
+                got.extend(drain(&mut b).0.into_iter().map(|(_, v)| v));
+            }
+            assert_eq!(got, bufs, "signal_interval {signal_interval}");
+            let s = a.stats();
+            assert_eq!(s.tx_pkts, 40);
+            assert_eq!(s.tx_would_block, refused);
+            assert_eq!(s.tx_calls, rounds);
+            // A flush with nothing posted rings nothing.
+            a.tx_post_flush();
+            assert_eq!(a.stats().tx_calls, rounds);
         }
     }
 
