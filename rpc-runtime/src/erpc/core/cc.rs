@@ -145,6 +145,19 @@ impl<A> ClientTxq<'_, A> {
             self.txq.push_back(tx);
             return now;
         }
+        self.queue_paced(now, c, i, pkt)
+    }
+
+    /// The paced branch of [`queue_client_pkt`](Self::queue_client_pkt): files packet `pkt`
+    /// of slot `i` in the timing wheel and returns its due time. Out of line, so that the
+    /// direct branch (every packet of an uncongested session) stays small where it is
+    /// inlined.
+    #[inline(never)]
+    fn queue_paced(&mut self, now: Time, c: &mut ClientSession, i: usize, pkt: usize) -> Time {
+        let (sid, generation) = (self.sid, self.generation);
+        let slot = &mut c.slots[i];
+        let req_num = slot.req_num;
+        let is_req = pkt < slot.num_req_pkts;
         // Bytes on the wire: header plus the packet's share of the request (an RFR is a
         // header alone).
         let bytes = if is_req {
