@@ -66,6 +66,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             SessionState::Connecting => false,
             SessionState::Disconnecting => return Err(CallError::BadSession),
         };
+        let generation = s.generation;
         let c = s.role.client_mut().ok_or(CallError::BadSession)?;
         match c.free_slot().filter(|_| connected && c.backlog.is_empty()) {
             Some(i) => {
@@ -82,7 +83,19 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 // Within the capacity ensured above.
                 let _ = buf.resize(n);
                 slot.start(req_type, tag);
-                self.kick_session(now, session, Some(i));
+                // `kick_session(now, session, Some(i))` on the session already borrowed.
+                let mut q = ClientTxq {
+                    cfg: &self.cfg,
+                    data_per_pkt: self.data_per_pkt,
+                    stats: &mut self.stats,
+                    txq: &mut self.txq,
+                    wheel: &mut self.wheel,
+                    wheel_out: &mut self.wheel_out,
+                    timer_lb: &mut self.timer_lb,
+                    sid: session,
+                    generation,
+                };
+                q.kick(now, c, Some(i));
             }
             None => {
                 let before = self.pool.allocated;
@@ -162,14 +175,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             sid,
             generation,
         };
-        while c.credits != 0 {
-            let Some(i) = c.stall.pop_front() else { break };
-            c.slots[i].in_stall = false;
-            q.kick_slot(now, c, i);
-        }
-        if let Some(i) = slot {
-            q.kick_slot(now, c, i);
-        }
+        q.kick(now, c, slot);
     }
     /// Client request packet `pkt` (None if the slot moved on meanwhile): its header is
     /// written into its place in the slot's request message buffer and the packet is sent
@@ -376,6 +382,20 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
 }
 
 impl<A> ClientTxq<'_, A> {
+    /// Client: lets stalled slots, then `slot` (if given), of the session `c` (`self.sid`)
+    /// send what their credits allow (the body of [`Rpc::kick_session`]).
+    #[inline]
+    fn kick(&mut self, now: Time, c: &mut ClientSession, slot: Option<usize>) {
+        while c.credits != 0 {
+            let Some(i) = c.stall.pop_front() else { break };
+            c.slots[i].in_stall = false;
+            self.kick_slot(now, c, i);
+        }
+        if let Some(i) = slot {
+            self.kick_slot(now, c, i);
+        }
+    }
+
     /// Client: sends request packets / RFRs of slot `i` of the session `c` (`self.sid`)
     /// while credits last (directly or through the timing wheel, see `cc.rs`); parks the slot
     /// in the stall queue if it runs out.
