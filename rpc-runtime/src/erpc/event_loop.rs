@@ -145,6 +145,9 @@ pub struct Endpoint<T: DatagramTransport> {
     zc_msgs: Vec<(usize, Zc)>,
     /// Between the receive half of an iteration and [`Endpoint::finish_iteration`].
     in_iteration: bool,
+    /// The receive half received nothing and left the iteration's clock reading to
+    /// [`Endpoint::finish_iteration`] (`now` is the previous iteration's until then).
+    now_pending: bool,
     /// Packets received (and retried) in the receive half of the current iteration.
     iter_work: usize,
     stats: LoopStats,
@@ -217,6 +220,7 @@ impl<T: DatagramTransport> Endpoint<T> {
             last_tx_error: None,
             zc_msgs: Vec::with_capacity(batch),
             in_iteration: false,
+            now_pending: false,
             iter_work: 0,
             stats: LoopStats::default(),
         })
@@ -234,9 +238,15 @@ impl<T: DatagramTransport> Endpoint<T> {
         self.clock.delta_as_nanos(self.base, self.clock.raw())
     }
 
-    /// The clock reading of the last iteration, in ns since the endpoint was created.
+    /// The clock reading of the last iteration, in ns since the endpoint was created
+    /// (between an [`rx_burst_zc`](Self::rx_burst_zc) that received nothing and
+    /// [`finish_iteration`](Self::finish_iteration), which takes that reading, the clock now).
     pub fn now(&self) -> Time {
-        self.now
+        if self.now_pending {
+            self.clock()
+        } else {
+            self.now
+        }
     }
 
     /// One iteration of the event loop (see the [module docs](self) for its steps); every
@@ -320,8 +330,13 @@ impl<T: DatagramTransport> Endpoint<T> {
     /// Returns the datagrams received plus datagrams handed to the transport in the whole
     /// iteration, like [`run_event_loop_once`](Self::run_event_loop_once).
     pub fn finish_iteration(&mut self) -> usize {
-        if !self.in_iteration {
+        // A reading taken here (no receive burst before it) also serves the transmit step,
+        // unless a timer scan runs in between.
+        let mut fresh = false;
+        if !self.in_iteration || self.now_pending {
             self.now = self.clock();
+            self.now_pending = false;
+            fresh = true;
         }
         self.in_iteration = false;
         self.zc_msgs.clear();
@@ -334,6 +349,7 @@ impl<T: DatagramTransport> Endpoint<T> {
             if self.rpc.next_timeout().is_some_and(|t| t <= now) {
                 self.stats.timer_scans += 1;
                 self.rpc.handle_timeout(now);
+                fresh = false;
             }
         }
 
@@ -345,7 +361,7 @@ impl<T: DatagramTransport> Endpoint<T> {
         if !self.rpc.may_transmit() {
             return work;
         }
-        self.tx_now = self.clock();
+        self.tx_now = if fresh { now } else { self.clock() };
         work + self.fill_and_flush()
     }
 
@@ -353,8 +369,6 @@ impl<T: DatagramTransport> Endpoint<T> {
     /// Returns the number of zero-copy messages.
     fn rx_half(&mut self, zero_copy: bool) -> usize {
         self.stats.iterations += 1;
-        let now = self.clock();
-        self.now = now;
         self.in_iteration = true;
         self.zc_msgs.clear();
         // The retry of an unsent tail; the test is inline, since the tail is rare.
@@ -367,6 +381,17 @@ impl<T: DatagramTransport> Endpoint<T> {
         let n = self
             .transport
             .rx_burst(self.batch.max(self.transport.rx_batch()));
+        // The iteration's clock reading: the receive time of the burst. With nothing
+        // received nothing needs it yet, and `finish_iteration` reads it (one reading for
+        // its timers and transmit step instead of two).
+        self.now_pending = n == 0;
+        let now = if n == 0 {
+            self.now
+        } else {
+            let now = self.clock();
+            self.now = now;
+            now
+        };
         for i in 0..n {
             let (from, bytes) = self.transport.rx_pkt(i);
             if zero_copy {
