@@ -333,10 +333,17 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
 
     /// Client: an answer to packet `pkt` of slot `i` of `sid` was accepted at `now`: feeds
     /// the RTT sample to the session's Timely state (with the uncongested bypass).
+    /// The test of `cc_rate_comp` inlines into the caller; the sample itself does not.
+    #[inline(always)]
     pub(super) fn cc_sample(&mut self, now: Time, sid: SessionId, i: usize, pkt: usize) {
-        if !self.cfg.cc_rate_comp {
-            return;
+        if self.cfg.cc_rate_comp {
+            self.cc_sample_rate(now, sid, i, pkt);
         }
+    }
+
+    /// [`Rpc::cc_sample`] with rate computation on.
+    #[inline(never)]
+    fn cc_sample_rate(&mut self, now: Time, sid: SessionId, i: usize, pkt: usize) {
         debug_assert!(i < SLOTS_PER_SESSION);
         let Some(c) = super::sess_mut(&mut self.sessions, sid).and_then(|s| s.role.client_mut())
         else {
