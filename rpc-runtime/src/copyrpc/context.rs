@@ -39,6 +39,7 @@ use super::endpoint::{
     cqe_delta,
 };
 use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupError};
+use super::fifo::Fifo;
 use super::info::EndpointInfo;
 use super::stats::Stats;
 use crate::rdma::{rc_qp_on_srq, refill_srq, zero_length_srq};
@@ -312,7 +313,7 @@ pub struct Context<U> {
     /// Endpoints to visit at the next flush; [`Context::flush_all`] compacts it in place
     /// (keeping those that stay dirty), so it is not reallocated once warm.
     dirty: Vec<EndpointId>,
-    recv_queue: VecDeque<RecvEntry>,
+    recv_queue: Fifo<RecvEntry>,
     /// `refill_srq`'s threshold, 2/3 of the SRQ's capacity, computed once: a poll that
     /// received something and finds at least this many WQEs posted skips the refill.
     srq_low: u32,
@@ -354,7 +355,7 @@ impl<U> Context<U> {
             conns: Vec::new(),
             by_qpn: FastMap::new(),
             dirty: Vec::with_capacity(16),
-            recv_queue: VecDeque::with_capacity(1024),
+            recv_queue: Fifo::with_capacity(1024),
             srq_low,
             lent: 0,
             srq,
@@ -1499,7 +1500,7 @@ impl<U> Context<U> {
     #[inline(never)]
     fn large_read_done(
         stats: &mut Stats,
-        recv_queue: &mut VecDeque<RecvEntry>,
+        recv_queue: &mut Fifo<RecvEntry>,
         c: &mut Conn<U>,
         ep: EndpointId,
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
@@ -1692,7 +1693,7 @@ struct Rx<'a, U> {
     conns: &'a mut Vec<Conn<U>>,
     by_qpn: &'a FastMap<EndpointId>,
     dirty: &'a mut Vec<EndpointId>,
-    recv_queue: &'a mut VecDeque<RecvEntry>,
+    recv_queue: &'a mut Fifo<RecvEntry>,
     srq: &'a mut Srq,
     stats: &'a mut Stats,
 }

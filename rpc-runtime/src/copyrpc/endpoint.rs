@@ -39,6 +39,7 @@ use super::encoding::{
     internal_allowance, is_response, padded_message_size, to_response_id,
 };
 use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError};
+use super::fifo::Fifo;
 use super::stats::Stats;
 
 const META: u64 = FLOW_METADATA_SIZE;
@@ -95,7 +96,7 @@ impl Emit {
 }
 
 /// A request parsed from the receive ring, waiting for [`super::Context::recv`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct RecvEntry {
     /// Endpoint index.
     pub ep: u32,
@@ -1235,7 +1236,7 @@ impl<U> EndpointCore<U> {
         &mut self,
         delta: u64,
         ep: u32,
-        queue: &mut VecDeque<RecvEntry>,
+        queue: &mut Fifo<RecvEntry>,
         stats: &mut Stats,
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
     ) -> Result<(), ProtocolError> {
@@ -1343,7 +1344,7 @@ impl<U> EndpointCore<U> {
         &mut self,
         b: &Batch<'_>,
         ep: u32,
-        queue: &mut VecDeque<RecvEntry>,
+        queue: &mut Fifo<RecvEntry>,
         stats: &mut Stats,
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
     ) -> Option<u32> {
@@ -1380,7 +1381,7 @@ impl<U> EndpointCore<U> {
         cur: usize,
         b: &Batch<'_>,
         ep: u32,
-        queue: &mut VecDeque<RecvEntry>,
+        queue: &mut Fifo<RecvEntry>,
         stats: &mut Stats,
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
         duplicate: &mut Option<u32>,

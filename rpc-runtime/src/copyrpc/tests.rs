@@ -38,6 +38,7 @@ use super::encoding::{
 };
 use super::endpoint::{Emit, EndpointCore, EndpointState, RecvEntry};
 use super::error::{CallError, EndpointFailure, ProtocolError};
+use super::fifo::Fifo;
 use super::stats::Stats;
 
 const META: u64 = FLOW_METADATA_SIZE;
@@ -98,7 +99,7 @@ struct Side {
     ring: u64,
     max_r: u64,
     /// Requests parsed, not yet taken by the application (the context's receive queue).
-    queue: VecDeque<RecvEntry>,
+    queue: Fifo<RecvEntry>,
     held: Vec<Held>,
     /// Issued calls by call id, and call id by sequence number.
     calls: HashMap<u32, CallRec>,
@@ -120,7 +121,7 @@ impl Side {
             stats: Stats::default(),
             ring,
             max_r,
-            queue: VecDeque::new(),
+            queue: Fifo::new(),
             held: Vec::new(),
             calls: HashMap::new(),
             ids: HashMap::new(),
@@ -1186,7 +1187,7 @@ proptest! {
         let ring = p.s[side].core.recv_size();
         let (r, _) = forge(&mut p, side, &b.0, delta);
         if r.is_ok() {
-            for e in &p.s[side].queue {
+            for e in p.s[side].queue.iter() {
                 prop_assert!(e.off as u64 + e.len as u64 <= ring);
             }
             prop_assert!(p.s[side].core.peer_credit() <= ring);
