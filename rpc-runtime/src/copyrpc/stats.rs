@@ -84,7 +84,9 @@ impl Stats {
     #[inline(always)]
     pub(crate) fn record_batch(&mut self, n: u32) {
         self.batches_sent += 1;
-        let b = (32 - n.saturating_sub(1).leading_zeros()) as usize;
+        // ceil(log2 n) as floor(log2(2n - 1)): one bit scan of a value known non-zero (the
+        // `| 1`; 2n - 1 is odd anyway, and n = 0 gives bucket 0 as before).
+        let b = ((n as u64 * 2).saturating_sub(1) | 1).ilog2() as usize;
         self.batch_sizes[b.min(BATCH_BUCKETS - 1)] += 1;
     }
 
@@ -122,5 +124,17 @@ mod tests {
         assert_eq!(s.batch_sizes[7], 1); // 65
         assert_eq!(s.batch_sizes[9], 1); // 512
         assert_eq!(s.batch_sizes[10], 2); // 513, 100000
+    }
+
+    /// The bucket is the bit length of `n - 1` (the former formula) for every size.
+    #[test]
+    fn buckets_match_bit_length() {
+        let sizes = (0..5000u32).chain([u32::MAX / 2, u32::MAX / 2 + 1, u32::MAX - 1, u32::MAX]);
+        for n in sizes {
+            let mut s = Stats::default();
+            s.record_batch(n);
+            let b = (32 - n.saturating_sub(1).leading_zeros()) as usize;
+            assert_eq!(s.batch_sizes[b.min(BATCH_BUCKETS - 1)], 1, "n = {n}");
+        }
     }
 }
