@@ -833,7 +833,7 @@ impl<U> Context<U> {
     pub fn reply(&mut self, h: RecvHandle, payload: &[u8]) -> Result<(), ReplyError> {
         let len = payload.len().min(u32::MAX as usize) as u32;
         self.reply_with(h, len, |b| {
-            b[..payload.len()].copy_from_slice(payload);
+            copy_short(b, payload);
             payload.len()
         })
     }
@@ -1774,8 +1774,45 @@ impl<U> Rx<'_, U> {
     }
 }
 
+/// Copies `src` to the front of `dst` (at least as long). 16 to 64 bytes (a typical
+/// small reply) as two overlapping fixed-size copies, inline, where `copy_from_slice` of a
+/// length unknown at compile time calls `memcpy`; other lengths with `copy_from_slice`.
+#[inline(always)]
+fn copy_short(dst: &mut [u8], src: &[u8]) {
+    let n = src.len();
+    let dst = &mut dst[..n];
+    if (16..=32).contains(&n) {
+        dst[..16].copy_from_slice(&src[..16]);
+        dst[n - 16..].copy_from_slice(&src[n - 16..]);
+    } else if (33..=64).contains(&n) {
+        dst[..32].copy_from_slice(&src[..32]);
+        dst[n - 32..].copy_from_slice(&src[n - 32..]);
+    } else {
+        dst.copy_from_slice(src);
+    }
+}
+
 #[cold]
 fn stale_reply(stats: &mut Stats) -> ReplyError {
     stats.stale_replies += 1;
     ReplyError::Stale
+}
+
+#[cfg(test)]
+mod copy_tests {
+    use super::copy_short;
+
+    #[test]
+    fn copy_short_every_length() {
+        let src: Vec<u8> = (1..=200u8).collect();
+        for n in 0..=150 {
+            let mut dst = vec![0u8; n + 8];
+            copy_short(&mut dst, &src[..n]);
+            assert_eq!(&dst[..n], &src[..n], "n = {n}");
+            assert!(
+                dst[n..].iter().all(|&b| b == 0),
+                "n = {n}: wrote past the end"
+            );
+        }
+    }
 }
