@@ -1474,7 +1474,7 @@ impl<U> EndpointCore<U> {
                 if h.payload_len & RENDEZVOUS_FLAG == 0 {
                     return Err(ProtocolError::BadLength);
                 }
-                spent += self.validate_rendezvous(h, &batch[cur..])?;
+                spent += self.validate_rendezvous(&batch[cur..])?;
                 if spent > self.unused_grant {
                     return Err(ProtocolError::BadCredit);
                 }
@@ -1508,13 +1508,15 @@ impl<U> EndpointCore<U> {
         Ok(())
     }
 
-    /// Checks a rendezvous message (header `h`, `rest` the batch from its header on):
-    /// exact length field, length within `(RENDEZVOUS_MIN, large limit]`, and for a
-    /// response, a pending call that accepts a rendezvous response of that length. Returns
-    /// the credit a request spends.
+    /// Checks a rendezvous message (`rest` the batch from its header on, at least the 12
+    /// header bytes): exact length field, length within `(RENDEZVOUS_MIN, large limit]`, and
+    /// for a response, a pending call that accepts a rendezvous response of that length.
+    /// Returns the credit a request spends. The header is read again here, so that
+    /// `validate`'s loop need not keep it for this cold call.
     #[cold]
     #[inline(never)]
-    fn validate_rendezvous(&self, h: MsgHeader, rest: &[u8]) -> Result<u64, ProtocolError> {
+    fn validate_rendezvous(&self, rest: &[u8]) -> Result<u64, ProtocolError> {
+        let h = MsgHeader::read(rest[..HEADER_SIZE].try_into().expect("12"));
         let m = padded_message_size(DESCRIPTOR_SIZE as u64) as usize;
         if m > rest.len() {
             return Err(ProtocolError::BadLength);
