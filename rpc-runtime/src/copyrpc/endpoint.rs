@@ -1330,8 +1330,7 @@ impl<U> EndpointCore<U> {
             // delivered above, within this call: nothing borrows the receive ring, so the
             // position is published at once (as the flush of this same poll would), and the
             // flush need not visit the endpoint for it.
-            self.release_to(self.last_recv_pos);
-            self.publish();
+            self.release_and_publish(self.last_recv_pos);
         }
         Ok(())
     }
@@ -1612,6 +1611,23 @@ impl<U> EndpointCore<U> {
             self.released = pos;
             self.flags |= F_UNPUBLISHED;
         }
+    }
+
+    /// [`EndpointCore::release_to`] then [`EndpointCore::publish`], without setting the
+    /// unpublished flag only to test and clear it: stores the consumer word if `pos` moves
+    /// the released position or an earlier release is still unpublished.
+    #[inline(always)]
+    fn release_and_publish(&mut self, pos: u64) {
+        if pos > self.released {
+            self.released = pos;
+        } else if !self.has(F_UNPUBLISHED) {
+            return;
+        }
+        self.flags &= !F_UNPUBLISHED;
+        // SAFETY: as in `publish`: `consumer_word` is 16 bytes, page aligned; peers only
+        // read it.
+        let w = unsafe { &*(self.consumer_word.as_ptr() as *const AtomicU64) };
+        w.store(self.released.to_le(), Ordering::Release);
     }
 
     /// A queued request of this endpoint was handed to the application.
