@@ -1118,6 +1118,20 @@ impl<U> EndpointCore<U> {
         }
     }
 
+    /// Whether emits or backlogged replies may be queued (the flag [`EndpointCore::settle_queued`]
+    /// clears): when not, `emits` and `backlog` are both empty.
+    #[inline(always)]
+    pub(crate) fn queued(&self) -> bool {
+        self.has(F_QUEUED)
+    }
+
+    /// Whether [`EndpointCore::large_work`] or [`EndpointCore::needs_read`] holds, in one
+    /// test.
+    #[inline(always)]
+    pub(crate) fn reads_or_large_work(&self) -> bool {
+        self.has(F_RDV | F_LENT | F_NEEDS_READ)
+    }
+
     /// Whether flag bit `f` (`F_*`) is set.
     #[inline(always)]
     fn has(&self, f: u16) -> bool {
