@@ -872,7 +872,9 @@ impl<U> Context<U> {
             device,
             pd,
             stats,
-            h,
+            h.call_id,
+            h.allowance,
+            h.accepts_large(),
             max_len,
             |_, b| encode(b),
         );
@@ -946,14 +948,12 @@ impl<U> Context<U> {
             ..
         } = self;
         let c = &mut conns[e.ep as usize];
-        // Never stored in `answering`: this request is answered here, once.
-        let h = RecvHandle {
-            ep: e.ep,
-            call_id: e.call_id,
-            allowance: e.allowance & !ENTRY_LARGE_RESP,
-            slot: u32::MAX,
-            seq: (e.allowance >> 32) as u32 & HANDLE_LARGE,
-        };
+        // Never stored in `answering`: this request is answered here, once, with what a
+        // `RecvHandle` would carry (its allowance, whether a rendezvous response is
+        // accepted) passed as scalars.
+        let call_id = e.call_id;
+        let allowance = e.allowance & !ENTRY_LARGE_RESP;
+        let large = e.allowance & ENTRY_LARGE_RESP != 0;
         // Disjoint borrows of the endpoint: the request is read from `rx_pool` (a request
         // read by rendezvous) or from the core's receive ring (handed to `encode` by the
         // core apart from its send side), while the reply path mutates `core` and `tx_pool`.
@@ -980,18 +980,38 @@ impl<U> Context<U> {
             // the buffer is in no free list (it returns to one below, after `handle`), so no
             // READ can be posted into it, and the reply path never touches `rx_pool`.
             let req = unsafe { rx_pool.bytes(e.off, e.len as usize) };
-            Self::reply_on(core, tx_pool, device, pd, stats, h, max_len, |_, out| {
-                handle.take().map_or(0, |f| f(req, out))
-            })
+            Self::reply_on(
+                core,
+                tx_pool,
+                device,
+                pd,
+                stats,
+                call_id,
+                allowance,
+                large,
+                max_len,
+                |_, out| handle.take().map_or(0, |f| f(req, out)),
+            )
         } else {
-            Self::reply_on(core, tx_pool, device, pd, stats, h, max_len, |recv, out| {
-                // SAFETY: `e` came from this endpoint's ingest and is not released yet
-                // (`received` runs below, after `handle`), so no flush can have told the peer
-                // its bytes are free; our own writes go to the send ring, the large-message
-                // send buffers or the backlog, never the receive ring.
-                let req = unsafe { recv.request(&e) };
-                handle.take().map_or(0, |f| f(req, out))
-            })
+            Self::reply_on(
+                core,
+                tx_pool,
+                device,
+                pd,
+                stats,
+                call_id,
+                allowance,
+                large,
+                max_len,
+                |recv, out| {
+                    // SAFETY: `e` came from this endpoint's ingest and is not released yet
+                    // (`received` runs below, after `handle`), so no flush can have told the peer
+                    // its bytes are free; our own writes go to the send ring, the large-message
+                    // send buffers or the backlog, never the receive ring.
+                    let req = unsafe { recv.request(&e) };
+                    handle.take().map_or(0, |f| f(req, out))
+                },
+            )
         };
         if let Some(f) = handle {
             // The reply was refused before `encode` ran: serve the request anyway.
@@ -1017,7 +1037,10 @@ impl<U> Context<U> {
 
     /// The reply path of [`Context::reply_with`] and [`Context::serve_next`] on one
     /// endpoint's core and large-message send buffers: `encode` gets the core's receive ring
-    /// (apart from its send side) and the reply buffer.
+    /// (apart from its send side) and the reply buffer. The request is given by the fields of
+    /// its [`RecvHandle`] the path needs (`call_id`, `allowance`, `large`:
+    /// [`RecvHandle::accepts_large`]), as scalars, so that no handle is built in memory for
+    /// the cold path's call.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn reply_on(
@@ -1026,18 +1049,20 @@ impl<U> Context<U> {
         device: &mlx5::verbs::Context,
         pd: &Pd,
         stats: &mut Stats,
-        h: RecvHandle,
+        call_id: u32,
+        allowance: u64,
+        large: bool,
         max_len: u32,
         encode: impl FnOnce(&Ring, &mut [u8]) -> usize,
     ) -> Result<(), ReplyError> {
         // The core's size check, made here: beyond the allowance, a rendezvous response if
         // the caller accepts one (issue 15), else `TooLarge`.
-        if padded_message_size(max_len as u64) + FLOW_METADATA_SIZE > h.allowance {
+        if padded_message_size(max_len as u64) + FLOW_METADATA_SIZE > allowance {
             return Self::reply_beyond_allowance(
-                core, tx_pool, device, pd, stats, h, max_len, encode,
+                core, tx_pool, device, pd, stats, call_id, allowance, large, max_len, encode,
             );
         }
-        core.reply_fit(h.call_id, h.allowance, max_len, 0, None, encode, stats)
+        core.reply_fit(call_id, allowance, max_len, 0, None, encode, stats)
     }
 
     /// A reply larger than the request's inline allowance, to a caller that accepts a
@@ -1052,14 +1077,18 @@ impl<U> Context<U> {
         device: &mlx5::verbs::Context,
         pd: &Pd,
         stats: &mut Stats,
-        h: RecvHandle,
+        call_id: u32,
+        allowance: u64,
+        large: bool,
         max_len: u32,
         encode: impl FnOnce(&Ring, &mut [u8]) -> usize,
     ) -> Result<(), ReplyError> {
-        if !h.accepts_large() || core.large_limit() == 0 {
-            return core.reply_in(h.call_id, h.allowance, max_len, encode, stats);
+        if !large || core.large_limit() == 0 {
+            return core.reply_in(call_id, allowance, max_len, encode, stats);
         }
-        Self::reply_large_on(core, tx_pool, device, pd, stats, h, max_len, encode)
+        Self::reply_large_on(
+            core, tx_pool, device, pd, stats, call_id, allowance, max_len, encode,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1069,7 +1098,8 @@ impl<U> Context<U> {
         device: &mlx5::verbs::Context,
         pd: &Pd,
         stats: &mut Stats,
-        h: RecvHandle,
+        call_id: u32,
+        allowance: u64,
         max_len: u32,
         encode: impl FnOnce(&Ring, &mut [u8]) -> usize,
     ) -> Result<(), ReplyError> {
@@ -1089,7 +1119,7 @@ impl<U> Context<U> {
                 Some(s) => s,
                 None => {
                     stats.large_buffers_busy += 1;
-                    core.abandon(h.allowance);
+                    core.abandon(allowance);
                     return Err(ReplyError::NoLargeBuffer);
                 }
             },
@@ -1097,12 +1127,12 @@ impl<U> Context<U> {
         // SAFETY: a free send buffer: no descriptor of ours names it any more.
         let buf = unsafe { tx_pool.bytes_mut(slot) };
         let n = encode(&core.recv, &mut buf[..max_len as usize]).min(max_len as usize) as u32;
-        if padded_message_size(n as u64) + FLOW_METADATA_SIZE <= h.allowance {
+        if padded_message_size(n as u64) + FLOW_METADATA_SIZE <= allowance {
             core.tx_free.push(slot);
             let src = &buf[..n as usize];
             return core.reply_fit(
-                h.call_id,
-                h.allowance,
+                call_id,
+                allowance,
                 n,
                 0,
                 None,
@@ -1120,8 +1150,8 @@ impl<U> Context<U> {
             len: n,
         };
         let r = core.reply_fit(
-            h.call_id,
-            h.allowance,
+            call_id,
+            allowance,
             DESCRIPTOR_SIZE as u32,
             RENDEZVOUS_FLAG,
             Some(slot),
