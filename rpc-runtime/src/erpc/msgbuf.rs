@@ -115,10 +115,15 @@ unsafe impl Send for MsgBuffer {}
 unsafe impl Sync for MsgBuffer {}
 
 /// Packets needed for `size` data bytes: at least one (a zero-byte message still sends a
-/// header).
+/// header). A message that fits one packet (the common case) costs a compare, not a
+/// division.
 #[inline]
 fn pkts_for(size: usize, data_per_pkt: usize) -> usize {
-    size.div_ceil(data_per_pkt).max(1)
+    if size <= data_per_pkt {
+        1
+    } else {
+        size.div_ceil(data_per_pkt)
+    }
 }
 
 impl MsgBuffer {

@@ -14,10 +14,11 @@ use crate::erpc::msgbuf::MsgBuffer;
 /// Slots (concurrent RPCs) per session; also the `req_num` stride of a slot.
 pub const SLOTS_PER_SESSION: usize = 8;
 
-/// Packets for a message of `size` bytes: at least one.
+/// Packets for a message of `size` bytes: at least one. A single-packet message (the
+/// common case) costs a compare, not a division.
 #[inline]
 pub(super) fn pkts_for(size: usize, dpp: usize) -> usize {
-    size.div_ceil(dpp).max(1)
+    if size <= dpp { 1 } else { size.div_ceil(dpp) }
 }
 
 /// Byte range of packet `i` of a `size`-byte message (empty past the end).
