@@ -358,7 +358,12 @@ impl SignaledRing {
         if self.len == self.buf.len() {
             return;
         }
-        let i = (self.head + self.len) % self.buf.len();
+        // `head` and `len` are below the capacity: one conditional subtraction wraps the
+        // index (no division).
+        let mut i = self.head + self.len;
+        if i >= self.buf.len() {
+            i -= self.buf.len();
+        }
         self.buf[i] = s;
         self.len += 1;
     }
@@ -368,7 +373,10 @@ impl SignaledRing {
             return None;
         }
         let s = self.buf[self.head];
-        self.head = (self.head + 1) % self.buf.len();
+        self.head += 1;
+        if self.head == self.buf.len() {
+            self.head = 0;
+        }
         self.len -= 1;
         Some(s)
     }
