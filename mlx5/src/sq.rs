@@ -57,6 +57,10 @@ pub struct SendQueue {
     mask: u32,
     /// Largest WQE accepted, in WQEBBs (see "Ring end: NOP padding").
     max_wqebbs: u32,
+    /// Largest payload, in bytes, of an all-inline WRITE+IMM that passes `post`'s size
+    /// checks (`<= mem.max_inline`, `ds <= MAX_DS`, `<= max_wqebbs` WQEBBs):
+    /// [`write_imm_inline_max`].
+    write_imm_inline_max: u32,
     /// For the WQE whose first WQEBB is slot `s`: the producer counter after it.
     pi_after: Box<[u32]>,
     /// `pi` at the last doorbell.
@@ -86,13 +90,15 @@ impl SendQueue {
             cnt.is_power_of_two() && cnt <= MAX_WQE_CNT,
             "send queue of {cnt} WQEBBs: must be a power of two <= {MAX_WQE_CNT}"
         );
+        let max_wqebbs = MAX_WQEBBS.min(cnt.div_ceil(2).max(1));
         SendQueue {
+            write_imm_inline_max: write_imm_inline_max(mem.max_inline, max_wqebbs),
             mem,
             qpn,
             pi: 0,
             retired: 0,
             mask: cnt - 1,
-            max_wqebbs: MAX_WQEBBS.min(cnt.div_ceil(2).max(1)),
+            max_wqebbs,
             pi_after: vec![0; cnt as usize].into_boxed_slice(),
             db_pi: 0,
             wqes_since_db: 0,
@@ -347,19 +353,16 @@ impl SendQueue {
         data: &[u8],
     ) -> Result<u16> {
         let len = data.len();
-        if len > self.mem.max_inline as usize {
-            return Err(inline_too_large(len, self.mem.max_inline));
-        }
-        if len == 0 {
-            return self.post_write_imm_empty(flags, imm, raddr, rkey);
+        // One test for `post`'s three size checks and the empty payload:
+        // `1 <= len <= write_imm_inline_max`.
+        if len.wrapping_sub(1) >= self.write_imm_inline_max as usize {
+            return self.post_write_imm_inline_rare(flags, imm, raddr, rkey, len);
         }
         let inl = inline_seg_bytes(len);
         // Control + remote address + inline segment.
         let ds = 2 + (inl / DS_BYTES) as u32;
         let n = wqebbs(ds);
-        if ds > MAX_DS || n > self.max_wqebbs {
-            return Err(wqe_too_large(ds, self.max_wqebbs));
-        }
+        debug_assert!(ds <= MAX_DS && n <= self.max_wqebbs);
         let slot = self.pi & self.mask;
         let to_end = self.mem.wqe_cnt - slot;
         let pad = if n > to_end { to_end } else { 0 };
@@ -391,6 +394,30 @@ impl SendQueue {
         write_inline(&mut inline[..inl], data);
         self.commit(pi, n, ds);
         Ok(pi as u16)
+    }
+
+    /// [`post_write_imm_inline`](Self::post_write_imm_inline) of `len` bytes outside
+    /// `1..=write_imm_inline_max`: `post`'s refusals in `post`'s order (inline too large,
+    /// then WQE too large), or the WQE without an inline segment for `len == 0`.
+    #[cold]
+    #[inline(never)]
+    fn post_write_imm_inline_rare(
+        &mut self,
+        flags: u8,
+        imm: u32,
+        raddr: u64,
+        rkey: u32,
+        len: usize,
+    ) -> Result<u16> {
+        if len > self.mem.max_inline as usize {
+            return Err(inline_too_large(len, self.mem.max_inline));
+        }
+        if len == 0 {
+            return self.post_write_imm_empty(flags, imm, raddr, rkey);
+        }
+        let ds = 2 + (inline_seg_bytes(len) / DS_BYTES) as u32;
+        debug_assert!(ds > MAX_DS || wqebbs(ds) > self.max_wqebbs);
+        Err(wqe_too_large(ds, self.max_wqebbs))
     }
 
     /// [`post_write_imm_inline`](Self::post_write_imm_inline) of no bytes: `post`'s WQE
@@ -632,6 +659,15 @@ fn inline_too_large(len: usize, max: u32) -> Error {
 
 #[cold]
 #[inline(never)]
+/// Largest payload in bytes of an all-inline WRITE+IMM (control, remote-address and inline
+/// segments) that `post` accepts on a queue with `max_inline` bytes of inline data and WQEs
+/// of at most `max_wqebbs` WQEBBs: `ds = 2 + ceil((4 + len) / 16)` must be at most
+/// `min(MAX_DS, 4 * max_wqebbs)`, i.e. `len <= 16 * (that - 2) - 4`.
+fn write_imm_inline_max(max_inline: u32, max_wqebbs: u32) -> u32 {
+    let max_ds = MAX_DS.min(4 * max_wqebbs);
+    max_inline.min((16 * max_ds).saturating_sub(36))
+}
+
 fn wqe_too_large(ds: u32, max_wqebbs: u32) -> Error {
     Error::WqeTooLarge(format!(
         "send WQE of ds {ds} ({} WQEBBs); the limit is ds {MAX_DS} and {max_wqebbs} WQEBBs for \
@@ -653,6 +689,15 @@ mod tests {
     use crate::wqe::{RaddrSeg, Sge, parse};
 
     fn sq(cnt: u32, bf_size: u32) -> (DmaBuf, DmaBuf, DmaBuf, SendQueue) {
+        sq_with_inline(cnt, bf_size, 256)
+    }
+
+    /// [`sq`] with `max_inline` bytes of inline data.
+    fn sq_with_inline(
+        cnt: u32,
+        bf_size: u32,
+        max_inline: u32,
+    ) -> (DmaBuf, DmaBuf, DmaBuf, SendQueue) {
         let ring = DmaBuf::with_normal_pages(cnt as usize * 64).unwrap();
         let db = DmaBuf::with_normal_pages(8).unwrap();
         let reg = DmaBuf::with_normal_pages(4096).unwrap();
@@ -660,7 +705,7 @@ mod tests {
             buf: ring.as_non_null(),
             wqe_cnt: cnt,
             dbrec: db.as_non_null().cast(),
-            max_inline: 256,
+            max_inline,
             max_sge: 32,
             doorbell: Doorbell::Mmio(BlueFlame {
                 reg: reg.as_non_null(),
@@ -869,9 +914,14 @@ mod tests {
     #[test]
     fn post_write_imm_inline_matches_post() {
         let data: Vec<u8> = (0..300u32).map(|i| (i * 7 + 1) as u8).collect();
-        for len in 0..=257usize {
-            let (ring_a, _db_a, _reg_a, mut a) = sq(16, 256);
-            let (ring_b, _db_b, _reg_b, mut b) = sq(16, 256);
+        // (ring WQEBBs, max_inline): inline-limited, WQE-size limited (2 WQEBBs: 92 B) and
+        // a one-WQEBB ring (28 B).
+        for (cnt, max_inline, len) in [(16, 256), (4, 256), (1, 256), (16, 100)]
+            .into_iter()
+            .flat_map(|(c, m)| (0..=257usize).map(move |l| (c, m, l)))
+        {
+            let (ring_a, _db_a, _reg_a, mut a) = sq_with_inline(cnt, 256, max_inline);
+            let (ring_b, _db_b, _reg_b, mut b) = sq_with_inline(cnt, 256, max_inline);
             // Dirty rings, so that padding zeros are checked too.
             // SAFETY: test memory, no concurrent access.
             unsafe {
@@ -904,12 +954,15 @@ mod tests {
                 assert_eq!(
                     format!("{ra:?}"),
                     format!("{rb:?}"),
-                    "len {len} round {round}"
+                    "cnt {cnt} max_inline {max_inline} len {len} round {round}"
                 );
                 assert_eq!(a.pi(), b.pi());
                 // SAFETY: test memory, no concurrent access.
                 let (wa, wb) = unsafe { (ring_a.as_slice().to_vec(), ring_b.as_slice().to_vec()) };
-                assert_eq!(wa, wb, "len {len} round {round}");
+                assert_eq!(
+                    wa, wb,
+                    "cnt {cnt} max_inline {max_inline} len {len} round {round}"
+                );
                 if ra.is_err() {
                     break;
                 }
