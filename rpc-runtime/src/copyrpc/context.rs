@@ -1344,44 +1344,49 @@ impl<U> Context<U> {
                     Err(_) => c.core.requeue_emit(e),
                 }
             }
-            // Nothing is queued unless the flag says so (`EndpointCore::wants_flush`'s
-            // invariant): the common case skips the queue walk.
-            if c.core.queued() {
-                while let Some(&e) = c.core.emits.front() {
-                    match Self::post_emit(&mut self.stats, c, &e) {
-                        Ok(()) => {
-                            c.core.emits.pop_front();
-                            posted = true;
-                        }
-                        Err(mlx5::Error::SqFull { .. }) => {
-                            self.stats.sq_full += 1;
-                            break;
-                        }
-                        Err(e) => {
-                            // A WQE our own geometry says fits was refused: a bug, not input.
-                            tracing::error!(ep, error = %e, "copyrpc: WRITE+IMM refused by the send queue");
-                            Self::fail(
-                                &mut self.stats,
-                                c,
-                                EndpointFailure::Protocol(ProtocolError::BadLength),
-                                on_response,
-                            );
-                            break;
+            // The common case (one batch, nothing queued, no READ or large-message work)
+            // skips the rest in one flag test.
+            if c.core.queued_reads_or_large_work() {
+                // Nothing is queued unless the flag says so (`EndpointCore::wants_flush`'s
+                // invariant): the common case skips the queue walk.
+                if c.core.queued() {
+                    while let Some(&e) = c.core.emits.front() {
+                        match Self::post_emit(&mut self.stats, c, &e) {
+                            Ok(()) => {
+                                c.core.emits.pop_front();
+                                posted = true;
+                            }
+                            Err(mlx5::Error::SqFull { .. }) => {
+                                self.stats.sq_full += 1;
+                                break;
+                            }
+                            Err(e) => {
+                                // A WQE our own geometry says fits was refused: a bug, not input.
+                                tracing::error!(ep, error = %e, "copyrpc: WRITE+IMM refused by the send queue");
+                                Self::fail(
+                                    &mut self.stats,
+                                    c,
+                                    EndpointFailure::Protocol(ProtocolError::BadLength),
+                                    on_response,
+                                );
+                                break;
+                            }
                         }
                     }
+                    c.core.settle_queued();
                 }
-                c.core.settle_queued();
-            }
-            // Large-message work and the consumer READ, behind one flag test.
-            if c.core.reads_or_large_work() {
-                if c.core.large_work() {
-                    if c.core.take_lent() {
-                        Self::return_lent(c);
+                // Large-message work and the consumer READ, behind one flag test.
+                if c.core.reads_or_large_work() {
+                    if c.core.large_work() {
+                        if c.core.take_lent() {
+                            Self::return_lent(c);
+                        }
+                        posted |=
+                            Self::post_large_reads(&self.device, &self.pd, &mut self.stats, c);
                     }
-                    posted |= Self::post_large_reads(&self.device, &self.pd, &mut self.stats, c);
-                }
-                if c.core.needs_read() && !c.read_outstanding && c.core.emits.is_empty() {
-                    posted |= Self::post_consumer_read(&mut self.stats, c);
+                    if c.core.needs_read() && !c.read_outstanding && c.core.emits.is_empty() {
+                        posted |= Self::post_consumer_read(&mut self.stats, c);
+                    }
                 }
             }
             if posted {

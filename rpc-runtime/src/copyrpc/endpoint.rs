@@ -1125,6 +1125,14 @@ impl<U> EndpointCore<U> {
         self.has(F_QUEUED)
     }
 
+    /// Whether [`EndpointCore::queued`], [`EndpointCore::large_work`] or
+    /// [`EndpointCore::needs_read`] holds, in one test: a flush has nothing to do past the
+    /// first batch otherwise.
+    #[inline(always)]
+    pub(crate) fn queued_reads_or_large_work(&self) -> bool {
+        self.has(F_QUEUED | F_RDV | F_LENT | F_NEEDS_READ)
+    }
+
     /// Whether [`EndpointCore::large_work`] or [`EndpointCore::needs_read`] holds, in one
     /// test.
     #[inline(always)]
