@@ -39,6 +39,16 @@ struct Measure {
 }
 
 impl Measure {
+    /// `ops` round trips in `secs` seconds, percentiles from `h` (ns).
+    fn new(ops: u64, secs: f64, h: &Histogram<u64>) -> Self {
+        Measure {
+            ops,
+            secs,
+            p50_ns: h.value_at_quantile(0.5),
+            p99_ns: h.value_at_quantile(0.99),
+        }
+    }
+
     fn mops(&self) -> f64 {
         self.ops as f64 / self.secs / 1e6
     }
@@ -113,12 +123,7 @@ fn ring(qd: usize, secs: f64, round: usize) -> Measure {
         client.poll_with(|_, _| {}).expect("drain");
     }
     server.join().expect("server");
-    Measure {
-        ops,
-        secs,
-        p50_ns: h.value_at_quantile(0.5),
-        p99_ns: h.value_at_quantile(0.99),
-    }
+    Measure::new(ops, secs, &h)
 }
 
 /// A request or response on the baseline channels: (tag, 32 B payload).
@@ -176,12 +181,7 @@ fn channels(qd: usize, secs: f64) -> Measure {
     stop.store(true, Ordering::Relaxed);
     drop(req_tx);
     server_thread.join().expect("server");
-    Measure {
-        ops,
-        secs,
-        p50_ns: h.value_at_quantile(0.5),
-        p99_ns: h.value_at_quantile(0.99),
-    }
+    Measure::new(ops, secs, &h)
 }
 
 /// Two counters on separate cache lines, for the floor's ping-pong.
@@ -233,12 +233,7 @@ fn floor(secs: f64) -> Measure {
     let secs = t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     server_thread.join().expect("server");
-    Measure {
-        ops,
-        secs,
-        p50_ns: h.value_at_quantile(0.5),
-        p99_ns: h.value_at_quantile(0.99),
-    }
+    Measure::new(ops, secs, &h)
 }
 
 fn arg(name: &str, default: f64) -> f64 {
