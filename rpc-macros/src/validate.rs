@@ -202,8 +202,30 @@ fn reserved_msg(what: &str, name: &str) -> String {
 /// Validates the attribute and the trait; `Err` carries every error found.
 pub fn validate(attr: AttrArgs, item: syn::ItemTrait, mut errors: Errors) -> syn::Result<Service> {
     let transport = check_transport(&attr, &mut errors);
+    check_derives(&attr.derives, &mut errors);
+    let name = item.ident.unraw().to_string();
+    check_trait_header(&item, &name, &mut errors);
+    let methods = check_items(item.items, &item.ident, &name, &mut errors);
+    check_with_stubs(&methods, &name, &mut errors);
 
-    for path in &attr.derives {
+    errors.finish()?;
+    let (transport, transport_name) = transport.expect("no transport error recorded");
+    Ok(Service {
+        attrs: item.attrs,
+        vis: item.vis,
+        ident: item.ident,
+        name,
+        transport,
+        transport_name,
+        derives: attr.derives,
+        max_var_bytes: attr.max_var_bytes,
+        methods,
+    })
+}
+
+/// `derive(...)` lists only additional derives: [`ALWAYS_DERIVED`] ones are already there.
+fn check_derives(derives: &[Path], errors: &mut Errors) {
+    for path in derives {
         let last = path
             .segments
             .last()
@@ -218,10 +240,13 @@ pub fn validate(attr: AttrArgs, item: syn::ItemTrait, mut errors: Errors) -> syn
             );
         }
     }
+}
 
-    let name = item.ident.unraw().to_string();
-    if reserved_prefix(&name) {
-        errors.error_spanned(&item.ident, reserved_msg("trait name", &name));
+/// The trait itself: an unreserved name, not `unsafe` or `auto`, no generics, `where` clause
+/// or supertraits (the schema is concrete and describes only the wire interface).
+fn check_trait_header(item: &syn::ItemTrait, name: &str, errors: &mut Errors) {
+    if reserved_prefix(name) {
+        errors.error_spanned(&item.ident, reserved_msg("trait name", name));
     }
     if let Some(unsafety) = &item.unsafety {
         errors.error_spanned(
@@ -260,15 +285,24 @@ pub fn validate(attr: AttrArgs, item: syn::ItemTrait, mut errors: Errors) -> syn
             ),
         );
     }
+}
 
+/// The trait's items: only methods, each valid and not colliding with an earlier one, at
+/// most [`MAX_METHODS`]. Method ids are declaration indices, rejected methods included.
+fn check_items(
+    items: Vec<TraitItem>,
+    trait_ident: &Ident,
+    name: &str,
+    errors: &mut Errors,
+) -> Vec<Method> {
     let mut methods: Vec<Method> = Vec::new();
     let mut taken = Taken::default();
     let mut index = 0;
-    for trait_item in item.items {
+    for trait_item in items {
         match trait_item {
             TraitItem::Fn(f) => {
-                match check_method(f, index, &name, &mut errors) {
-                    Some(m) if check_collisions(&m, methods.len(), &mut taken, &methods, &name, &mut errors) => {
+                match check_method(f, index, name, errors) {
+                    Some(m) if check_collisions(&m, methods.len(), &mut taken, &methods, name, errors) => {
                         methods.push(m);
                     }
                     _ => {}
@@ -301,15 +335,19 @@ pub fn validate(attr: AttrArgs, item: syn::ItemTrait, mut errors: Errors) -> syn
     }
     if index > MAX_METHODS {
         errors.error_spanned(
-            methods.get(MAX_METHODS).map_or_else(|| item.ident.clone(), |m| m.ident.clone()),
+            methods.get(MAX_METHODS).map_or_else(|| trait_ident.clone(), |m| m.ident.clone()),
             format!(
                 "too many methods: an `#[rpc_service]` trait may have at most {MAX_METHODS} (method ids are `u16`, and {} is reserved)",
                 u16::MAX
             ),
         );
     }
+    methods
+}
 
-    // A variable-length result also gets a borrowing stub `<name>_with`.
+/// A variable-length result also gets a borrowing stub `<name>_with`, which must not collide
+/// with another method or a client method.
+fn check_with_stubs(methods: &[Method], name: &str, errors: &mut Errors) {
     for m in methods.iter().filter(|m| m.ret.var().is_some()) {
         let with = format!("{}_with", m.name);
         if methods.iter().any(|o| o.name == with) || CLIENT_METHODS.contains(&with.as_str()) {
@@ -322,20 +360,6 @@ pub fn validate(attr: AttrArgs, item: syn::ItemTrait, mut errors: Errors) -> syn
             );
         }
     }
-
-    errors.finish()?;
-    let (transport, transport_name) = transport.expect("no transport error recorded");
-    Ok(Service {
-        attrs: item.attrs,
-        vis: item.vis,
-        ident: item.ident,
-        name,
-        transport,
-        transport_name,
-        derives: attr.derives,
-        max_var_bytes: attr.max_var_bytes,
-        methods,
-    })
 }
 
 fn check_transport(attr: &AttrArgs, errors: &mut Errors) -> Option<(TokenStream, String)> {
@@ -369,6 +393,8 @@ fn check_transport(attr: &AttrArgs, errors: &mut Errors) -> Option<(TokenStream,
     }
 }
 
+/// Validates one trait method (seeds' "one wire struct per method" model): every check runs
+/// and reports into `errors`; `None` if any failed.
 fn check_method(
     f: syn::TraitItemFn,
     index: usize,
@@ -376,11 +402,52 @@ fn check_method(
     errors: &mut Errors,
 ) -> Option<Method> {
     let errors_before = errors.count();
-    let sig = &f.sig;
-    let ident = sig.ident.clone();
+    let ident = f.sig.ident.clone();
     let name = ident.unraw().to_string();
 
-    for attr in &f.attrs {
+    check_method_attrs(&f.attrs, errors);
+    check_method_name(&ident, &name, trait_name, errors);
+    let (camel_ident, shouty_ident) = method_idents(&ident, &name, errors);
+    check_qualifiers(&f.sig, errors);
+    check_generics(&f.sig, errors);
+    check_default_body(&f, &name, trait_name, errors);
+    let inputs = check_receiver(&f.sig, &ident, &name, errors);
+    let args = check_args(inputs, trait_name, &name, errors);
+    let (ret, ret_written) = check_ret(&f.sig.output, errors);
+    let ret = ret?;
+    if errors.count() > errors_before {
+        return None;
+    }
+    let docs = attrs_named(&f.attrs, "doc");
+    let allows = attrs_named(&f.attrs, "allow");
+    Some(Method {
+        attrs: f.attrs,
+        docs,
+        allows,
+        sig: f.sig,
+        ident,
+        name,
+        camel: camel_ident?,
+        shouty: shouty_ident?,
+        id: u16::try_from(index).unwrap_or(u16::MAX),
+        args,
+        ret,
+        ret_written,
+    })
+}
+
+/// The attributes of `attrs` whose path is `name` (`doc`, `allow`).
+fn attrs_named(attrs: &[Attribute], name: &str) -> Vec<Attribute> {
+    attrs
+        .iter()
+        .filter(|a| a.path().is_ident(name))
+        .cloned()
+        .collect()
+}
+
+/// `#[cfg]`/`#[cfg_attr]` on a method would make the wire schema depend on the build.
+fn check_method_attrs(attrs: &[Attribute], errors: &mut Errors) {
+    for attr in attrs {
         if attr.path().is_ident("cfg") || attr.path().is_ident("cfg_attr") {
             errors.push(syn::Error::new_spanned(
                     attr,
@@ -389,14 +456,19 @@ fn check_method(
             );
         }
     }
-    if reserved_prefix(&name) {
+}
+
+/// The method name must not shadow generated locals, `<Trait>Client`'s inherent methods or
+/// the service descriptor.
+fn check_method_name(ident: &Ident, name: &str, trait_name: &str, errors: &mut Errors) {
+    if reserved_prefix(name) {
         errors.push(syn::Error::new_spanned(
-            &ident,
-            reserved_msg("method name", &name),
+            ident,
+            reserved_msg("method name", name),
         ));
-    } else if CLIENT_METHODS.contains(&name.as_str()) {
+    } else if CLIENT_METHODS.contains(&name) {
         errors.push(syn::Error::new_spanned(
-                &ident,
+                ident,
                 format!(
                     "method name `{name}` is reserved: `{trait_name}Client` has an inherent method `{name}`; rename the method (reserved method names: {}, descriptor)",
                     CLIENT_METHODS.join(", ")
@@ -405,27 +477,36 @@ fn check_method(
         );
     } else if name == "descriptor" {
         errors.push(syn::Error::new_spanned(
-                &ident,
+                ident,
                 format!(
                     "method name `descriptor` is reserved: its method-id constant `{trait_name}Service::DESCRIPTOR` would hide the service descriptor `<{trait_name}Service as rpc::Service>::DESCRIPTOR`; rename the method"
                 ),
             ),
         );
     }
+}
+
+/// The enum variant (`UpperCamelCase`) and method-id constant (`SHOUTY_SNAKE_CASE`) names;
+/// `None` (and an error) where the converted name is not an identifier.
+fn method_idents(ident: &Ident, name: &str, errors: &mut Errors) -> (Option<Ident>, Option<Ident>) {
     let camel = name.to_upper_camel_case();
     let shouty = name.to_shouty_snake_case();
     let camel_ident = syn::parse_str::<Ident>(&camel).ok();
     let shouty_ident = syn::parse_str::<Ident>(&shouty).ok();
     if camel_ident.is_none() || shouty_ident.is_none() {
         errors.push(syn::Error::new_spanned(
-                &ident,
+                ident,
                 format!(
                     "method name `{name}` cannot be used: its generated names (variant `{camel}`, constant `{shouty}`) are not valid identifiers"
                 ),
             ),
         );
     }
+    (camel_ident, shouty_ident)
+}
 
+/// No `const`, `async`, `unsafe`, `extern` or variadic methods.
+fn check_qualifiers(sig: &Signature, errors: &mut Errors) {
     if let Some(c) = &sig.constness {
         errors.push(syn::Error::new_spanned(
             c,
@@ -457,6 +538,10 @@ fn check_method(
             "RPC methods cannot be variadic: the arguments form a fixed-size wire struct",
         ));
     }
+}
+
+/// No generic parameters or `where` clause: each method has one concrete wire layout.
+fn check_generics(sig: &Signature, errors: &mut Errors) {
     if !sig.generics.params.is_empty() {
         errors.push(syn::Error::new_spanned(
                 &sig.generics,
@@ -470,6 +555,10 @@ fn check_method(
             "RPC methods cannot have a `where` clause: their types must be concrete",
         ));
     }
+}
+
+/// No default body: the server implements every method.
+fn check_default_body(f: &syn::TraitItemFn, name: &str, trait_name: &str, errors: &mut Errors) {
     if let Some(body) = &f.default {
         errors.push(syn::Error::new_spanned(
                 body,
@@ -479,8 +568,15 @@ fn check_method(
             ),
         );
     }
+}
 
-    // Receiver: `&self` or `&mut self` only.
+/// The receiver must be `&self` or `&mut self`; returns the inputs after it.
+fn check_receiver<'a>(
+    sig: &'a Signature,
+    ident: &Ident,
+    name: &str,
+    errors: &mut Errors,
+) -> std::iter::Peekable<syn::punctuated::Iter<'a, FnArg>> {
     let mut inputs = sig.inputs.iter().peekable();
     match inputs.peek() {
         Some(FnArg::Receiver(r)) => {
@@ -504,14 +600,24 @@ fn check_method(
             }
         }
         _ => errors.push(syn::Error::new_spanned(
-                &ident,
+                ident,
                 format!(
                     "RPC method `{name}` needs a `&self` or `&mut self` receiver: the server handles every call on its state (associated functions cannot be called remotely)"
                 ),
             ),
         ),
     }
+    inputs
+}
 
+/// The arguments after the receiver: plain, unique, unreserved names of supported types.
+fn check_args<'a>(
+    inputs: impl Iterator<Item = &'a FnArg>,
+    trait_name: &str,
+    method_name: &str,
+    errors: &mut Errors,
+) -> Vec<Arg> {
+    let camel = method_name.to_upper_camel_case();
     let mut args: Vec<Arg> = Vec::new();
     for input in inputs {
         let FnArg::Typed(pt) = input else {
@@ -523,29 +629,7 @@ fn check_method(
                 "attributes on RPC method arguments are not supported",
             ));
         }
-        let arg_ident = match &*pt.pat {
-            Pat::Ident(pi)
-                if pi.by_ref.is_none() && pi.mutability.is_none() && pi.subpat.is_none() =>
-            {
-                Some(pi.ident.clone())
-            }
-            Pat::Wild(w) => {
-                errors.push(syn::Error::new_spanned(
-                        w,
-                        "RPC method arguments need a name: `_` cannot be used, because each argument becomes a named field of the argument struct and an accessor",
-                    ),
-                );
-                None
-            }
-            other => {
-                errors.push(syn::Error::new_spanned(
-                        other,
-                        "RPC method arguments must be plain names (`name: Type`), not patterns: each argument becomes a named field of the argument struct; destructure it inside the handler",
-                    ),
-                );
-                None
-            }
-        };
+        let arg_ident = check_arg_pattern(&pt.pat, errors);
         let ty = WireTy::classify_sig(&pt.ty, crate::parse::Position::Arg, errors);
         if let Some(arg_ident) = arg_ident {
             let arg_name = arg_ident.unraw().to_string();
@@ -572,44 +656,43 @@ fn check_method(
             }
         }
     }
+    args
+}
 
-    let (ret, ret_written) = match &sig.output {
+/// An argument must be a plain name: it becomes a field of the argument struct.
+fn check_arg_pattern(pat: &Pat, errors: &mut Errors) -> Option<Ident> {
+    match pat {
+        Pat::Ident(pi) if pi.by_ref.is_none() && pi.mutability.is_none() && pi.subpat.is_none() => {
+            Some(pi.ident.clone())
+        }
+        Pat::Wild(w) => {
+            errors.push(syn::Error::new_spanned(
+                    w,
+                    "RPC method arguments need a name: `_` cannot be used, because each argument becomes a named field of the argument struct and an accessor",
+                ),
+            );
+            None
+        }
+        other => {
+            errors.push(syn::Error::new_spanned(
+                    other,
+                    "RPC method arguments must be plain names (`name: Type`), not patterns: each argument becomes a named field of the argument struct; destructure it inside the handler",
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// The return type, classified (`()` when omitted), and whether it was written.
+fn check_ret(output: &ReturnType, errors: &mut Errors) -> (Option<WireTy>, bool) {
+    match output {
         ReturnType::Default => (Some(WireTy::Leaf(syn::parse_quote!(()))), false),
         ReturnType::Type(_, ty) => (
             WireTy::classify_sig(ty, crate::parse::Position::Ret, errors),
             true,
         ),
-    };
-    let ret = ret?;
-    if errors.count() > errors_before {
-        return None;
     }
-    let docs = f
-        .attrs
-        .iter()
-        .filter(|a| a.path().is_ident("doc"))
-        .cloned()
-        .collect();
-    let allows = f
-        .attrs
-        .iter()
-        .filter(|a| a.path().is_ident("allow"))
-        .cloned()
-        .collect();
-    Some(Method {
-        attrs: f.attrs,
-        docs,
-        allows,
-        sig: f.sig,
-        ident,
-        name,
-        camel: camel_ident?,
-        shouty: shouty_ident?,
-        id: u16::try_from(index).unwrap_or(u16::MAX),
-        args,
-        ret,
-        ret_written,
-    })
 }
 
 /// Names already taken by earlier methods, for [`check_collisions`].
