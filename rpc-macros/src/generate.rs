@@ -552,6 +552,9 @@ fn struct_init(args_ident: &Ident, m: &Method) -> TokenStream {
     quote!(#args_ident { #(#fields),* })
 }
 
+/// `<Trait>Service`: method-id constants, `dispatch`, the raw and variable-length codecs, and
+/// the `rpc::Service` implementation (descriptor, encode/decode, lengths). Each part is built
+/// by its own function below.
 fn gen_service(svc: &Service, names: &Names) -> TokenStream {
     let vis = &svc.vis;
     let Names {
@@ -562,6 +565,97 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
         ..
     } = names;
     let name = &svc.name;
+    let consts = gen_method_ids(svc, names);
+    let dispatch_body = gen_dispatch_body(svc, names);
+    let method_descs = gen_method_descriptors(svc, names);
+    let (req_len, resp_len) = gen_lengths(svc, names);
+    let encode_req = gen_encode_request(svc, names);
+    let decode_req = gen_decode_request(svc, names);
+    let encode_resp = gen_encode_response(svc, names);
+    let decode_resp = gen_decode_response(svc, names);
+    let req_id = gen_request_method_id(svc, names);
+    let dispatch_raw = gen_dispatch_raw(svc, names);
+    let var_codec = gen_var_codec(svc, names);
+    let svc_doc = docs(&format!(
+        "The `{name}` RPC service: method ids, the server-side [`{service}::dispatch`], and the\n\
+         `rpc::Service` implementation (wire encoding and decoding of [`{request}`] and\n\
+         [`{response}`], and the schema descriptor whose fingerprint clients check when they\n\
+         connect). Method ids are declaration indices."
+    ));
+    let dispatch_doc = docs(&format!(
+        "Calls the [`{server}`] method that `req` names on `server`, with the request's arguments\n\
+         as written in the trait, and wraps its return value in the matching [`{response}`]\n\
+         variant. Use it as the handler of `rpc::Server::serve_once`, or after\n\
+         `rpc::Server::recv` to answer later with `rpc::Server::reply`."
+    ));
+    quote! {
+        #svc_doc
+        #[derive(::core::clone::Clone, ::core::marker::Copy, ::core::fmt::Debug, ::core::default::Default)]
+        #vis struct #service;
+
+        impl #service {
+            #consts
+
+            #dispatch_doc
+            #[inline]
+            pub fn dispatch<__RpcS: #server + ?::core::marker::Sized>(server: &mut __RpcS, req: #request) -> #response {
+                #dispatch_body
+            }
+
+            #dispatch_raw
+
+            #var_codec
+        }
+
+        impl ::rpc::Service for #service {
+            type Request = #request;
+            type Response = #response;
+            const DESCRIPTOR: &'static ::rpc::ServiceDescriptor = {
+                const __RPC_METHODS: &[::rpc::MethodDescriptor] = &[#method_descs];
+                &::rpc::ServiceDescriptor::new(#name, __RPC_METHODS)
+            };
+
+            #[inline]
+            fn encode_request(req: &#request, out: &mut [u8]) -> usize {
+                #encode_req
+            }
+
+            #[inline]
+            fn decode_request(msg: &[u8]) -> ::core::result::Result<#request, ::rpc::wire::WireError> {
+                #decode_req
+            }
+
+            #[inline]
+            fn encode_response(resp: &#response, out: &mut [u8]) -> usize {
+                #encode_resp
+            }
+
+            #[inline]
+            fn decode_response(method_id: u16, msg: &[u8]) -> ::core::result::Result<#response, ::rpc::wire::WireError> {
+                #decode_resp
+            }
+
+            #[inline]
+            fn request_method_id(req: &#request) -> u16 {
+                #req_id
+            }
+
+            #[inline]
+            fn request_len(req: &#request) -> usize {
+                #req_len
+            }
+
+            #[inline]
+            fn response_len(resp: &#response) -> usize {
+                #resp_len
+            }
+        }
+    }
+}
+
+/// The method-id constants of `<Trait>Service` (declaration indices).
+fn gen_method_ids(svc: &Service, names: &Names) -> TokenStream {
+    let server = &names.server;
     let consts = svc.methods.iter().map(|m| {
         let shouty = &m.shouty;
         let id = m.id;
@@ -571,6 +665,18 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
         ));
         quote!(#d pub const #shouty: u16 = #id;)
     });
+    quote!(#(#consts)*)
+}
+
+/// The body of `<Trait>Service::dispatch`: one arm per method, calling the server method
+/// with the request's arguments as written and wrapping its result.
+fn gen_dispatch_body(svc: &Service, names: &Names) -> TokenStream {
+    let Names {
+        server,
+        request,
+        response,
+        ..
+    } = names;
     let dispatch_arms = svc.methods.iter().map(|m| {
         let camel = &m.camel;
         let ident = &m.ident;
@@ -602,7 +708,7 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
             #request::#camel(#bind) => #response::#camel(<__RpcS as #server>::#ident(server #(, #getters)*))
         }
     });
-    let dispatch_body = if svc.methods.is_empty() {
+    if svc.methods.is_empty() {
         quote! {
             let _ = server;
             match req {}
@@ -613,8 +719,11 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
                 #(#dispatch_arms,)*
             }
         }
-    };
+    }
+}
 
+/// The `rpc::MethodDescriptor`s of the service descriptor, comma-separated.
+fn gen_method_descriptors(svc: &Service, names: &Names) -> TokenStream {
     let method_descs = svc.methods.iter().map(|m| {
         let id = m.id;
         let mname = &m.name;
@@ -675,7 +784,18 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
         }
     });
 
-    let (req_len, resp_len) = if svc.methods.is_empty() {
+    quote!(#(#method_descs),*)
+}
+
+/// The bodies of `request_len` and `response_len`: the encoded length of each variant.
+fn gen_lengths(svc: &Service, names: &Names) -> (TokenStream, TokenStream) {
+    let Names {
+        service,
+        request,
+        response,
+        ..
+    } = names;
+    if svc.methods.is_empty() {
         (quote!(match *req {}), quote!(match *resp {}))
     } else {
         let req_len = svc.methods.iter().map(|m| {
@@ -713,219 +833,181 @@ fn gen_service(svc: &Service, names: &Names) -> TokenStream {
             quote!(match req { #(#req_len,)* }),
             quote!(match resp { #(#resp_len,)* }),
         )
-    };
-    let (encode_req, decode_req, encode_resp, decode_resp, req_id) = if svc.methods.is_empty() {
-        (
-            quote!(match *req {}),
-            quote! {
-                let __rpc_hdr = ::rpc::__private::read_request_header(msg)?;
-                ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_hdr.method_id))
-            },
-            quote!(match *resp {}),
-            quote!(::core::result::Result::Err(
-                ::rpc::wire::WireError::UnknownMethod(method_id)
-            )),
-            quote!(match *req {}),
-        )
-    } else {
-        let encode_req = svc.methods.iter().map(|m| {
-            let camel = &m.camel;
-            let shouty = &m.shouty;
-            if has_var_args(m) {
-                let f = fn_ident(m, "req_write");
-                let vals = m.args.iter().map(|a| {
-                    let i = &a.ident;
-                    match a.ty.var() {
-                        Some(v) => var_view(v, quote!(__rpc_args.#i)),
-                        None => quote!(__rpc_args.#i),
-                    }
-                });
-                return quote!(#request::#camel(__rpc_args) => #service::#f(out #(, #vals)*));
-            }
-            quote!(#request::#camel(__rpc_args) => ::rpc::__private::encode(#service::#shouty, 0, __rpc_args, out))
-        });
-        let decode_req = svc.methods.iter().map(|m| {
-            let camel = &m.camel;
-            let id = m.id;
-            let args_ident = names.args(svc, m);
-            if has_var_args(m) {
-                let f = fn_ident(m, "req_read");
-                let locals: Vec<Ident> = m.args.iter().map(local).collect();
-                let fields = m.args.iter().map(|a| {
-                    let i = &a.ident;
-                    let l = local(a);
-                    match a.ty.var() {
-                        Some(v) => {
-                            let o = var_to_owned(v, quote!(#l));
-                            quote!(#i: #o)
-                        }
-                        None => quote!(#i: #l),
-                    }
-                });
-                return quote! {
-                    #id => {
-                        let (#(#locals,)*) = #service::#f(__rpc_hdr, msg)?;
-                        ::core::result::Result::Ok(#request::#camel(#args_ident { #(#fields),* }))
-                    }
-                };
-            }
-            // The cast validates every byte except the `Option`/`Result` sides, which are
-            // validated here, when active.
-            let check = option_checks(m.args.iter(), quote!(__rpc_args), id);
-            if check.is_empty() {
-                quote! {
-                    #id => ::core::result::Result::Ok(#request::#camel(
-                        ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?,
-                    ))
-                }
-            } else {
-                quote! {
-                    #id => {
-                        let __rpc_args = ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?;
-                        #check
-                        ::core::result::Result::Ok(#request::#camel(__rpc_args))
-                    }
-                }
-            }
-        });
-        let encode_resp = svc.methods.iter().map(|m| {
-            let camel = &m.camel;
-            let shouty = &m.shouty;
-            if let Some(v) = m.ret.var() {
-                let f = fn_ident(m, "resp_write");
-                let view = var_view(v, quote!(*__rpc_ret));
-                return quote!(#response::#camel(__rpc_ret) => #service::#f(out, #view));
-            }
-            let value = lower_expr(&m.ret, quote!(__rpc_ret), 0);
-            quote! {
-                #response::#camel(__rpc_ret) => {
-                    let __rpc_ret = *__rpc_ret;
-                    ::rpc::__private::encode(#service::#shouty, 0, &#value, out)
-                }
-            }
-        });
-        let decode_resp = svc.methods.iter().map(|m| {
-            let camel = &m.camel;
-            let id = m.id;
-            if let Some(v) = m.ret.var() {
-                let f = fn_ident(m, "resp_read");
-                let owned = var_to_owned(v, quote!(#service::#f(msg)?));
-                return quote!(#id => ::core::result::Result::Ok(#response::#camel(#owned)));
-            }
-            fixed_response_arm(m, quote!(#response::#camel))
-        });
-        let req_id = svc.methods.iter().map(|m| {
-            let camel = &m.camel;
-            let shouty = &m.shouty;
-            quote!(#request::#camel(_) => #service::#shouty)
-        });
-        (
-            quote! {
-                match req {
-                    #(#encode_req,)*
-                }
-            },
-            quote! {
-                let __rpc_hdr = ::rpc::__private::read_request_header(msg)?;
-                match __rpc_hdr.method_id {
-                    #(#decode_req,)*
-                    __rpc_id => ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_id)),
-                }
-            },
-            quote! {
-                match resp {
-                    #(#encode_resp,)*
-                }
-            },
-            quote! {
-                match method_id {
-                    #(#decode_resp,)*
-                    __rpc_id => ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_id)),
-                }
-            },
-            quote! {
-                match req {
-                    #(#req_id,)*
-                }
-            },
-        )
-    };
+    }
+}
 
-    let dispatch_raw = gen_dispatch_raw(svc, names);
-    let var_codec = gen_var_codec(svc, names);
-    let svc_doc = docs(&format!(
-        "The `{name}` RPC service: method ids, the server-side [`{service}::dispatch`], and the\n\
-         `rpc::Service` implementation (wire encoding and decoding of [`{request}`] and\n\
-         [`{response}`], and the schema descriptor whose fingerprint clients check when they\n\
-         connect). Method ids are declaration indices."
-    ));
-    let dispatch_doc = docs(&format!(
-        "Calls the [`{server}`] method that `req` names on `server`, with the request's arguments\n\
-         as written in the trait, and wraps its return value in the matching [`{response}`]\n\
-         variant. Use it as the handler of `rpc::Server::serve_once`, or after\n\
-         `rpc::Server::recv` to answer later with `rpc::Server::reply`."
-    ));
-    quote! {
-        #svc_doc
-        #[derive(::core::clone::Clone, ::core::marker::Copy, ::core::fmt::Debug, ::core::default::Default)]
-        #vis struct #service;
-
-        impl #service {
-            #(#consts)*
-
-            #dispatch_doc
-            #[inline]
-            pub fn dispatch<__RpcS: #server + ?::core::marker::Sized>(server: &mut __RpcS, req: #request) -> #response {
-                #dispatch_body
-            }
-
-            #dispatch_raw
-
-            #var_codec
+/// The body of `encode_request`: one arm per method.
+fn gen_encode_request(svc: &Service, names: &Names) -> TokenStream {
+    let Names {
+        service, request, ..
+    } = names;
+    if svc.methods.is_empty() {
+        return quote!(match *req {});
+    }
+    let encode_req = svc.methods.iter().map(|m| {
+        let camel = &m.camel;
+        let shouty = &m.shouty;
+        if has_var_args(m) {
+            let f = fn_ident(m, "req_write");
+            let vals = m.args.iter().map(|a| {
+                let i = &a.ident;
+                match a.ty.var() {
+                    Some(v) => var_view(v, quote!(__rpc_args.#i)),
+                    None => quote!(__rpc_args.#i),
+                }
+            });
+            return quote!(#request::#camel(__rpc_args) => #service::#f(out #(, #vals)*));
         }
+        quote!(#request::#camel(__rpc_args) => ::rpc::__private::encode(#service::#shouty, 0, __rpc_args, out))
+    });
+    quote! {
+        match req {
+            #(#encode_req,)*
+        }
+    }
+}
 
-        impl ::rpc::Service for #service {
-            type Request = #request;
-            type Response = #response;
-            const DESCRIPTOR: &'static ::rpc::ServiceDescriptor = {
-                const __RPC_METHODS: &[::rpc::MethodDescriptor] = &[#(#method_descs),*];
-                &::rpc::ServiceDescriptor::new(#name, __RPC_METHODS)
+/// The body of `decode_request`: read the header, then one arm per method id; an unknown id is
+/// `WireError::UnknownMethod`.
+fn gen_decode_request(svc: &Service, names: &Names) -> TokenStream {
+    let Names {
+        service, request, ..
+    } = names;
+    if svc.methods.is_empty() {
+        return quote! {
+            let __rpc_hdr = ::rpc::__private::read_request_header(msg)?;
+            ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_hdr.method_id))
+        };
+    }
+    let decode_req = svc.methods.iter().map(|m| {
+        let camel = &m.camel;
+        let id = m.id;
+        let args_ident = names.args(svc, m);
+        if has_var_args(m) {
+            let f = fn_ident(m, "req_read");
+            let locals: Vec<Ident> = m.args.iter().map(local).collect();
+            let fields = m.args.iter().map(|a| {
+                let i = &a.ident;
+                let l = local(a);
+                match a.ty.var() {
+                    Some(v) => {
+                        let o = var_to_owned(v, quote!(#l));
+                        quote!(#i: #o)
+                    }
+                    None => quote!(#i: #l),
+                }
+            });
+            return quote! {
+                #id => {
+                    let (#(#locals,)*) = #service::#f(__rpc_hdr, msg)?;
+                    ::core::result::Result::Ok(#request::#camel(#args_ident { #(#fields),* }))
+                }
             };
-
-            #[inline]
-            fn encode_request(req: &#request, out: &mut [u8]) -> usize {
-                #encode_req
+        }
+        // The cast validates every byte except the `Option`/`Result` sides, which are
+        // validated here, when active.
+        let check = option_checks(m.args.iter(), quote!(__rpc_args), id);
+        if check.is_empty() {
+            quote! {
+                #id => ::core::result::Result::Ok(#request::#camel(
+                    ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?,
+                ))
             }
-
-            #[inline]
-            fn decode_request(msg: &[u8]) -> ::core::result::Result<#request, ::rpc::wire::WireError> {
-                #decode_req
+        } else {
+            quote! {
+                #id => {
+                    let __rpc_args = ::rpc::__private::decode_body::<#args_ident>(__rpc_hdr, msg)?;
+                    #check
+                    ::core::result::Result::Ok(#request::#camel(__rpc_args))
+                }
             }
+        }
+    });
+    quote! {
+        let __rpc_hdr = ::rpc::__private::read_request_header(msg)?;
+        match __rpc_hdr.method_id {
+            #(#decode_req,)*
+            __rpc_id => ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_id)),
+        }
+    }
+}
 
-            #[inline]
-            fn encode_response(resp: &#response, out: &mut [u8]) -> usize {
-                #encode_resp
+/// The body of `encode_response`: one arm per method.
+fn gen_encode_response(svc: &Service, names: &Names) -> TokenStream {
+    let Names {
+        service, response, ..
+    } = names;
+    if svc.methods.is_empty() {
+        return quote!(match *resp {});
+    }
+    let encode_resp = svc.methods.iter().map(|m| {
+        let camel = &m.camel;
+        let shouty = &m.shouty;
+        if let Some(v) = m.ret.var() {
+            let f = fn_ident(m, "resp_write");
+            let view = var_view(v, quote!(*__rpc_ret));
+            return quote!(#response::#camel(__rpc_ret) => #service::#f(out, #view));
+        }
+        let value = lower_expr(&m.ret, quote!(__rpc_ret), 0);
+        quote! {
+            #response::#camel(__rpc_ret) => {
+                let __rpc_ret = *__rpc_ret;
+                ::rpc::__private::encode(#service::#shouty, 0, &#value, out)
             }
+        }
+    });
+    quote! {
+        match resp {
+            #(#encode_resp,)*
+        }
+    }
+}
 
-            #[inline]
-            fn decode_response(method_id: u16, msg: &[u8]) -> ::core::result::Result<#response, ::rpc::wire::WireError> {
-                #decode_resp
-            }
+/// The body of `decode_response`: one arm per method id; an unknown id is
+/// `WireError::UnknownMethod`.
+fn gen_decode_response(svc: &Service, names: &Names) -> TokenStream {
+    let Names {
+        service, response, ..
+    } = names;
+    if svc.methods.is_empty() {
+        return quote!(::core::result::Result::Err(
+            ::rpc::wire::WireError::UnknownMethod(method_id)
+        ));
+    }
+    let decode_resp = svc.methods.iter().map(|m| {
+        let camel = &m.camel;
+        let id = m.id;
+        if let Some(v) = m.ret.var() {
+            let f = fn_ident(m, "resp_read");
+            let owned = var_to_owned(v, quote!(#service::#f(msg)?));
+            return quote!(#id => ::core::result::Result::Ok(#response::#camel(#owned)));
+        }
+        fixed_response_arm(m, quote!(#response::#camel))
+    });
+    quote! {
+        match method_id {
+            #(#decode_resp,)*
+            __rpc_id => ::core::result::Result::Err(::rpc::wire::WireError::UnknownMethod(__rpc_id)),
+        }
+    }
+}
 
-            #[inline]
-            fn request_method_id(req: &#request) -> u16 {
-                #req_id
-            }
-
-            #[inline]
-            fn request_len(req: &#request) -> usize {
-                #req_len
-            }
-
-            #[inline]
-            fn response_len(resp: &#response) -> usize {
-                #resp_len
-            }
+/// The body of `request_method_id`: one arm per variant.
+fn gen_request_method_id(svc: &Service, names: &Names) -> TokenStream {
+    let Names {
+        service, request, ..
+    } = names;
+    if svc.methods.is_empty() {
+        return quote!(match *req {});
+    }
+    let req_id = svc.methods.iter().map(|m| {
+        let camel = &m.camel;
+        let shouty = &m.shouty;
+        quote!(#request::#camel(_) => #service::#shouty)
+    });
+    quote! {
+        match req {
+            #(#req_id,)*
         }
     }
 }
