@@ -1012,183 +1012,36 @@ fn gen_request_method_id(svc: &Service, names: &Names) -> TokenStream {
     }
 }
 
+/// `<Trait>Client` (blocking stubs and the client API), `<Trait>Issue` (pipelined stubs) and
+/// `<Trait>WithDeadline` (blocking stubs with their own deadline).
 fn gen_client(svc: &Service, names: &Names) -> TokenStream {
+    let client_type = gen_client_type(svc, names);
+    let issue_type = gen_issue_type(svc, names);
+    let with_deadline_type = gen_with_deadline_type(svc, names);
+    quote!(#client_type #issue_type #with_deadline_type)
+}
+
+/// `<Trait>Client`: connect, the blocking stubs, and the client API over `rpc::Client`.
+fn gen_client_type(svc: &Service, names: &Names) -> TokenStream {
     let vis = &svc.vis;
     let Names {
-        server,
         service,
         client,
         issue,
         with_deadline,
         request,
         response,
+        ..
     } = names;
     let name = &svc.name;
     let transport = &svc.transport;
     let transport_name = &svc.transport_name;
     let transport_path = format!("rpc::{}", transport.to_string().replace(' ', ""));
 
-    let blocking_fns = |within: bool| {
-        svc.methods.iter().map(move |m| {
-        let ident = &m.ident;
-        let allows = &m.allows;
-        let args_ident = names.args(svc, m);
-        let shouty = &m.shouty;
-        let params = m.args.iter().map(|a| {
-            let i = &a.ident;
-            let t = a.ty.written();
-            quote!(#i: #t)
-        });
-        let init = struct_init(&args_ident, m);
-        let ret = owned_ret_ty(m);
-        let lowered_ret = lowered(&m.ret);
-        let var_body = is_var(m).then(|| var_call(svc, names, m, within, None));
-        let call = if within {
-            quote!(self.client.call_within::<#args_ident, #lowered_ret>(self.timeout, #service::#shouty, &#init))
-        } else {
-            quote!(self.inner.call::<#args_ident, #lowered_ret>(#service::#shouty, &#init))
-        };
-        let body = if let Some(b) = var_body {
-            b
-        } else if m.ret.is_identity() {
-            call
-        } else {
-            // An invalid active `Option`/`Result` side is a bad response, like any other
-            // undecodable one.
-            let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
-            let mname = &m.name;
-            quote! {
-                match #call {
-                    ::core::result::Result::Ok(__rpc_ret) => match #raised {
-                        ::core::result::Result::Ok(__rpc_v) => ::core::result::Result::Ok(__rpc_v),
-                        ::core::result::Result::Err(_) => ::core::result::Result::Err(
-                            ::rpc::__private::bad_response_value(#mname, #service::#shouty),
-                        ),
-                    },
-                    ::core::result::Result::Err(__rpc_e) => ::core::result::Result::Err(__rpc_e),
-                }
-            }
-        };
-        let user_docs = &m.docs;
-        let sep = if user_docs.is_empty() { quote!() } else { doc("") };
-        let within_doc = if within {
-            "the timeout given to [`{client}::with_deadline`]"
-        } else {
-            "the client's default deadline ([`{client}::set_default_deadline`]; 1 s unless changed)"
-        }
-        .replace("{client}", &client.to_string());
-        let d = docs(&format!(
-            "Blocking call of [`{server}::{}`]: sends a [`{args_ident}`] request (method id\n\
-             [`{service}::{shouty}`]) and waits for the response, at most {within_doc}.\n\
-             Responses of pipelined calls that arrive meanwhile are kept for [`{client}::poll`].\n\
-             \n\
-             # Errors\n\
-             `RpcError::DeadlineExceeded` if the deadline passes first;\n\
-             `RpcError::ServerDisconnected` if the server is gone; `RpcError::BadRequest` if the\n\
-             server rejected the request; `RpcError::BadResponse` if the response does not decode.",
-            m.name
-        ));
-        let params: Vec<TokenStream> = params.collect();
-        let with_fn = match m.ret.var() {
-            Some(v) if !within => {
-                let with_ident = format_ident!("{}_with", m.name);
-                let view_ty = var_view_ty(v);
-                let body = var_call(svc, names, m, within, Some(quote!(__rpc_f)));
-                let d = docs(&format!(
-                    "Blocking call of [`{server}::{}`] that lends the result: `f` gets it borrowed\n\
-                     from the transport's receive buffer (no copy), and its value is returned. Otherwise\n\
-                     as [`Self::{}`].\n\
-                     \n\
-                     # Errors\n\
-                     As [`Self::{}`].",
-                    m.name, m.name, m.name
-                ));
-                quote! {
-                    #d
-                    #(#allows)*
-                    #[inline]
-                    #[allow(clippy::too_many_arguments)]
-                    pub fn #with_ident<__RpcR>(&mut self #(, #params)*, __rpc_f: impl ::core::ops::FnOnce(#view_ty) -> __RpcR) -> ::core::result::Result<__RpcR, ::rpc::RpcError> {
-                        #body
-                    }
-                }
-            }
-            _ => quote!(),
-        };
-        quote! {
-            #(#user_docs)*
-            #sep
-            #d
-            #(#allows)*
-            #[inline]
-            #[allow(clippy::too_many_arguments)]
-            pub fn #ident(&mut self #(, #params)*) -> ::core::result::Result<#ret, ::rpc::RpcError> {
-                #body
-            }
-
-            #with_fn
-        }
-    })
-    };
-
-    let pipelined = svc.methods.iter().map(|m| {
-        let ident = &m.ident;
-        let allows = &m.allows;
-        let camel = &m.camel;
-        let args_ident = names.args(svc, m);
-        let shouty = &m.shouty;
-        let params = m.args.iter().map(|a| {
-            let i = &a.ident;
-            let t = a.ty.written();
-            quote!(#i: #t)
-        });
-        let init = struct_init(&args_ident, m);
-        let issue_body = if has_var_args(m) {
-            let (len_fn, write_fn) = (fn_ident(m, "req_len"), fn_ident(m, "req_write"));
-            let idents: Vec<&Ident> = m.args.iter().map(|a| &a.ident).collect();
-            quote! {
-                let __rpc_len = #service::#len_fn(#(#idents),*);
-                self.client.issue_raw_within(self.tag, self.timeout, #service::#shouty, __rpc_len, |__rpc_out| {
-                    #service::#write_fn(__rpc_out #(, #idents)*)
-                })
-            }
-        } else {
-            quote!(self.client.issue_within(self.tag, self.timeout, #service::#shouty, &#init))
-        };
-        let user_docs = &m.docs;
-        let sep = if user_docs.is_empty() { quote!() } else { doc("") };
-        let d = docs(&format!(
-            "Pipelined call of [`{server}::{}`]: sends a [`{args_ident}`] request (method id\n\
-             [`{service}::{shouty}`]) without waiting. Its response arrives later through\n\
-             [`{client}::poll`] or [`{client}::poll_with`] as `(tag, {response}::{camel}(..))`, with\n\
-             the tag given to [`{client}::issue`], or as `RpcError::DeadlineExceeded` with that tag\n\
-             once its deadline passes ([`{issue}::with_deadline`], else the client's default).\n\
-             \n\
-             # Errors\n\
-             `RpcError::WouldBlock` when [`{client}::max_in_flight`] calls are in flight (nothing\n\
-             was sent: poll, then issue again); `RpcError::ServerDisconnected`.",
-            m.name
-        ));
-        quote! {
-            #(#user_docs)*
-            #sep
-            #d
-            #(#allows)*
-            #[inline]
-            #[allow(clippy::too_many_arguments)]
-            pub fn #ident(self #(, #params)*) -> ::core::result::Result<(), ::rpc::RpcError> {
-                #issue_body
-            }
-        }
-    });
-
-    let blocking = blocking_fns(false);
-    let blocking_within = blocking_fns(true);
-    let with_deadline_doc = docs(&format!(
-        "Blocking calls of the `{name}` service with their own deadline: returned by\n\
-         [`{client}::with_deadline`]. Call one method on it, e.g.\n\
-         `client.with_deadline(Duration::from_millis(5)).method(args)?`."
-    ));
+    let blocking = svc
+        .methods
+        .iter()
+        .map(|m| gen_blocking_stub(svc, names, m, false));
     let client_doc = docs(&format!(
         "Client of the `{name}` RPC service over transport `T` (default\n\
          [`{transport_path}`], from `#[rpc_service(transport = \"{transport_name}\")]`; name\n\
@@ -1201,11 +1054,6 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
          be in flight. Every call has a deadline (1 s unless [`{client}::set_default_deadline`],\n\
          [`{client}::with_deadline`] or [`{issue}::with_deadline`] says otherwise) and ends with\n\
          `RpcError::DeadlineExceeded` if it passes first."
-    ));
-    let issue_doc = docs(&format!(
-        "A pipelined call of the `{name}` service about to be issued with a tag: returned by\n\
-         [`{client}::issue`]. Call exactly one method on it, e.g. `client.issue(tag).method(args)?`;\n\
-         the response arrives through [`{client}::poll`]/[`{client}::poll_with`] with that tag."
     ));
     let connect_doc = docs(&format!(
         "Connects to a `{name}` server at `addr` (for the delegation transport, the shared-memory\n\
@@ -1384,7 +1232,29 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
                 &mut self.inner
             }
         }
+    }
+}
 
+/// `<Trait>Issue`: a pipelined call about to be sent with a tag, and its stubs.
+fn gen_issue_type(svc: &Service, names: &Names) -> TokenStream {
+    let vis = &svc.vis;
+    let Names {
+        service,
+        client,
+        issue,
+        ..
+    } = names;
+    let name = &svc.name;
+    let issue_doc = docs(&format!(
+        "A pipelined call of the `{name}` service about to be issued with a tag: returned by\n\
+         [`{client}::issue`]. Call exactly one method on it, e.g. `client.issue(tag).method(args)?`;\n\
+         the response arrives through [`{client}::poll`]/[`{client}::poll_with`] with that tag."
+    ));
+    let pipelined = svc
+        .methods
+        .iter()
+        .map(|m| gen_pipelined_stub(svc, names, m));
+    quote! {
         #issue_doc
         #[must_use = "a pipelined call is sent only when one of its methods is called"]
         #vis struct #issue<'__rpc_a, __RpcT: ::rpc::ClientTransport> {
@@ -1404,7 +1274,29 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
 
             #(#pipelined)*
         }
+    }
+}
 
+/// `<Trait>WithDeadline`: blocking stubs with their own deadline.
+fn gen_with_deadline_type(svc: &Service, names: &Names) -> TokenStream {
+    let vis = &svc.vis;
+    let Names {
+        service,
+        client,
+        with_deadline,
+        ..
+    } = names;
+    let name = &svc.name;
+    let with_deadline_doc = docs(&format!(
+        "Blocking calls of the `{name}` service with their own deadline: returned by\n\
+         [`{client}::with_deadline`]. Call one method on it, e.g.\n\
+         `client.with_deadline(Duration::from_millis(5)).method(args)?`."
+    ));
+    let blocking_within = svc
+        .methods
+        .iter()
+        .map(|m| gen_blocking_stub(svc, names, m, true));
+    quote! {
         #with_deadline_doc
         #[must_use = "a call is sent only when one of its methods is called"]
         #vis struct #with_deadline<'__rpc_a, __RpcT: ::rpc::ClientTransport> {
@@ -1414,6 +1306,199 @@ fn gen_client(svc: &Service, names: &Names) -> TokenStream {
 
         impl<'__rpc_a, __RpcT: ::rpc::ClientTransport> #with_deadline<'__rpc_a, __RpcT> {
             #(#blocking_within)*
+        }
+    }
+}
+
+/// The blocking stub of method `m` on `<Trait>Client` (`within == false`: the client's default
+/// deadline; also emits the lending `<name>_with` stub) or on `<Trait>WithDeadline`
+/// (`within == true`: its own deadline).
+fn gen_blocking_stub(svc: &Service, names: &Names, m: &Method, within: bool) -> TokenStream {
+    let Names {
+        server,
+        service,
+        client,
+        ..
+    } = names;
+    let ident = &m.ident;
+    let allows = &m.allows;
+    let args_ident = names.args(svc, m);
+    let shouty = &m.shouty;
+    let params = m.args.iter().map(|a| {
+        let i = &a.ident;
+        let t = a.ty.written();
+        quote!(#i: #t)
+    });
+    let init = struct_init(&args_ident, m);
+    let ret = owned_ret_ty(m);
+    let lowered_ret = lowered(&m.ret);
+    let var_body = is_var(m).then(|| var_call(svc, names, m, within, None));
+    let call = if within {
+        quote!(self.client.call_within::<#args_ident, #lowered_ret>(self.timeout, #service::#shouty, &#init))
+    } else {
+        quote!(self.inner.call::<#args_ident, #lowered_ret>(#service::#shouty, &#init))
+    };
+    let body = if let Some(b) = var_body {
+        b
+    } else if m.ret.is_identity() {
+        call
+    } else {
+        // An invalid active `Option`/`Result` side is a bad response, like any other
+        // undecodable one.
+        let raised = raise_expr(&m.ret, quote!(__rpc_ret), 0);
+        let mname = &m.name;
+        quote! {
+            match #call {
+                ::core::result::Result::Ok(__rpc_ret) => match #raised {
+                    ::core::result::Result::Ok(__rpc_v) => ::core::result::Result::Ok(__rpc_v),
+                    ::core::result::Result::Err(_) => ::core::result::Result::Err(
+                        ::rpc::__private::bad_response_value(#mname, #service::#shouty),
+                    ),
+                },
+                ::core::result::Result::Err(__rpc_e) => ::core::result::Result::Err(__rpc_e),
+            }
+        }
+    };
+    let user_docs = &m.docs;
+    let sep = if user_docs.is_empty() {
+        quote!()
+    } else {
+        doc("")
+    };
+    let within_doc = if within {
+        "the timeout given to [`{client}::with_deadline`]"
+    } else {
+        "the client's default deadline ([`{client}::set_default_deadline`]; 1 s unless changed)"
+    }
+    .replace("{client}", &client.to_string());
+    let d = docs(&format!(
+        "Blocking call of [`{server}::{}`]: sends a [`{args_ident}`] request (method id\n\
+         [`{service}::{shouty}`]) and waits for the response, at most {within_doc}.\n\
+         Responses of pipelined calls that arrive meanwhile are kept for [`{client}::poll`].\n\
+         \n\
+         # Errors\n\
+         `RpcError::DeadlineExceeded` if the deadline passes first;\n\
+         `RpcError::ServerDisconnected` if the server is gone; `RpcError::BadRequest` if the\n\
+         server rejected the request; `RpcError::BadResponse` if the response does not decode.",
+        m.name
+    ));
+    let params: Vec<TokenStream> = params.collect();
+    let with_fn = if within {
+        quote!()
+    } else {
+        gen_lending_stub(svc, names, m, &params)
+    };
+    quote! {
+        #(#user_docs)*
+        #sep
+        #d
+        #(#allows)*
+        #[inline]
+        #[allow(clippy::too_many_arguments)]
+        pub fn #ident(&mut self #(, #params)*) -> ::core::result::Result<#ret, ::rpc::RpcError> {
+            #body
+        }
+
+        #with_fn
+    }
+}
+
+/// The lending stub `<name>_with` of a method with a variable-length result: `f` gets the
+/// result borrowed from the receive buffer. Empty for other methods.
+fn gen_lending_stub(
+    svc: &Service,
+    names: &Names,
+    m: &Method,
+    params: &[TokenStream],
+) -> TokenStream {
+    let server = &names.server;
+    let allows = &m.allows;
+    let Some(v) = m.ret.var() else {
+        return quote!();
+    };
+    let with_ident = format_ident!("{}_with", m.name);
+    let view_ty = var_view_ty(v);
+    let body = var_call(svc, names, m, false, Some(quote!(__rpc_f)));
+    let d = docs(&format!(
+        "Blocking call of [`{server}::{}`] that lends the result: `f` gets it borrowed\n\
+         from the transport's receive buffer (no copy), and its value is returned. Otherwise\n\
+         as [`Self::{}`].\n\
+         \n\
+         # Errors\n\
+         As [`Self::{}`].",
+        m.name, m.name, m.name
+    ));
+    quote! {
+        #d
+        #(#allows)*
+        #[inline]
+        #[allow(clippy::too_many_arguments)]
+        pub fn #with_ident<__RpcR>(&mut self #(, #params)*, __rpc_f: impl ::core::ops::FnOnce(#view_ty) -> __RpcR) -> ::core::result::Result<__RpcR, ::rpc::RpcError> {
+            #body
+        }
+    }
+}
+
+/// The pipelined stub of method `m` on `<Trait>Issue`: sends without waiting.
+fn gen_pipelined_stub(svc: &Service, names: &Names, m: &Method) -> TokenStream {
+    let Names {
+        server,
+        service,
+        client,
+        issue,
+        response,
+        ..
+    } = names;
+    let ident = &m.ident;
+    let allows = &m.allows;
+    let camel = &m.camel;
+    let args_ident = names.args(svc, m);
+    let shouty = &m.shouty;
+    let params = m.args.iter().map(|a| {
+        let i = &a.ident;
+        let t = a.ty.written();
+        quote!(#i: #t)
+    });
+    let init = struct_init(&args_ident, m);
+    let issue_body = if has_var_args(m) {
+        let (len_fn, write_fn) = (fn_ident(m, "req_len"), fn_ident(m, "req_write"));
+        let idents: Vec<&Ident> = m.args.iter().map(|a| &a.ident).collect();
+        quote! {
+            let __rpc_len = #service::#len_fn(#(#idents),*);
+            self.client.issue_raw_within(self.tag, self.timeout, #service::#shouty, __rpc_len, |__rpc_out| {
+                #service::#write_fn(__rpc_out #(, #idents)*)
+            })
+        }
+    } else {
+        quote!(self.client.issue_within(self.tag, self.timeout, #service::#shouty, &#init))
+    };
+    let user_docs = &m.docs;
+    let sep = if user_docs.is_empty() {
+        quote!()
+    } else {
+        doc("")
+    };
+    let d = docs(&format!(
+        "Pipelined call of [`{server}::{}`]: sends a [`{args_ident}`] request (method id\n\
+         [`{service}::{shouty}`]) without waiting. Its response arrives later through\n\
+         [`{client}::poll`] or [`{client}::poll_with`] as `(tag, {response}::{camel}(..))`, with\n\
+         the tag given to [`{client}::issue`], or as `RpcError::DeadlineExceeded` with that tag\n\
+         once its deadline passes ([`{issue}::with_deadline`], else the client's default).\n\
+         \n\
+         # Errors\n\
+         `RpcError::WouldBlock` when [`{client}::max_in_flight`] calls are in flight (nothing\n\
+         was sent: poll, then issue again); `RpcError::ServerDisconnected`.",
+        m.name
+    ));
+    quote! {
+        #(#user_docs)*
+        #sep
+        #d
+        #(#allows)*
+        #[inline]
+        #[allow(clippy::too_many_arguments)]
+        pub fn #ident(self #(, #params)*) -> ::core::result::Result<(), ::rpc::RpcError> {
+            #issue_body
         }
     }
 }
