@@ -1072,6 +1072,8 @@ impl ScaleServer {
         self.respond(tok, STATUS_OK, max_len, encode)
     }
 
+    /// [`ScaleServer::reply`] with a status: the token check, the response built in the slot,
+    /// then (WRITE mode) the RDMA WRITE and its doorbell batching, each a step below.
     fn respond(
         &mut self,
         tok: ScaleToken,
@@ -1079,6 +1081,25 @@ impl ScaleServer {
         max_len: usize,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), ScaleError> {
+        let i = self.check_token(&tok)?;
+        if self.cfg.response_mode == ResponseMode::Write {
+            self.make_sq_room(tok.conn);
+        }
+        let total = self.build_response(i, &tok, status, max_len, encode)?;
+        if self.cfg.response_mode == ResponseMode::Read {
+            // Left in place for the client's RDMA READ (seeds/003 §2.2 option A).
+            return Ok(());
+        }
+        self.post_response(i, &tok, total)
+    }
+
+    /// The token names a live incarnation of its connection and a slot reserved for that
+    /// connection; returns the slot index.
+    ///
+    /// # Errors
+    /// [`ScaleError::ConnFailed`] for an earlier incarnation (counted as a stale reply) or a
+    /// failed connection whose slots may be released; [`ScaleError::StaleToken`] otherwise.
+    fn check_token(&mut self, tok: &ScaleToken) -> Result<usize, ScaleError> {
         let i = tok.slot as usize;
         if self
             .conns
@@ -1098,19 +1119,41 @@ impl ScaleServer {
             self.stats.stale_replies += 1;
             return Err(ScaleError::StaleToken);
         }
-        if self.cfg.response_mode == ResponseMode::Write
-            && let Some(conn) = self.conns.get_mut(tok.conn as usize)
+        Ok(i)
+    }
+
+    /// WRITE mode: with fewer than 4 free WQEBBs on the connection's SQ, rings its doorbell
+    /// and retires completions first. A queue that stays full means the peer stopped
+    /// acknowledging; the post then fails the connection.
+    fn make_sq_room(&mut self, conn: u32) {
+        if let Some(conn) = self.conns.get_mut(conn as usize)
             && !conn.failed
             && let Some(qp) = conn.qp.as_mut()
             && qp.sq.free_wqebbs() < 4
         {
-            // Retire what completed first; a queue that stays full means the peer stopped
-            // acknowledging (the post below then fails the connection).
             self.stats.sq_full += 1;
             qp.sq.ring_doorbell();
             conn.pending_db = 0;
             self.poll_send();
         }
+    }
+
+    /// Builds the response in the request's slot `i`: the request id still matches, the
+    /// payload `encode` writes (at most `max_len` and [`ScaleServer::max_response`] bytes),
+    /// the trailer, the header, and the magic last. Returns the response's size in bytes.
+    ///
+    /// # Errors
+    /// [`ScaleError::StaleToken`] if the slot holds another request; [`ScaleError::ConnFailed`]
+    /// if the connection failed; [`ScaleError::TooLarge`] if the response overruns the
+    /// client's response region (counted). On the last two the slot's magic is cleared.
+    fn build_response(
+        &mut self,
+        i: usize,
+        tok: &ScaleToken,
+        status: u32,
+        max_len: usize,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<usize, ScaleError> {
         // SAFETY: the slot is reserved for this request: the client waits for our response
         // before writing it again.
         let b = unsafe { self.pool.bytes_mut(i) };
@@ -1146,14 +1189,26 @@ impl ScaleServer {
         // The magic last, with Release: a client READing the slot concurrently
         // ([`ResponseMode::Read`]) sees it only after the rest of the response.
         self.pool.store_u32(i, 0, RESPONSE_MAGIC);
-        if self.cfg.response_mode == ResponseMode::Read {
-            // Left in place for the client's RDMA READ (seeds/003 §2.2 option A).
-            return Ok(());
-        }
-        // SAFETY: as above; the response is complete.
+        Ok(total)
+    }
+
+    /// WRITE mode: posts the RDMA WRITE of slot `i`'s `total` response bytes to the client's
+    /// response address (inline up to `max_inline`; signaled every quarter of the SQ), then
+    /// batches its doorbell ([`ScaleServer::batch_doorbell`]).
+    ///
+    /// # Errors
+    /// [`ScaleError::ConnFailed`] if the connection has no QP, or the post fails (the
+    /// connection is failed).
+    fn post_response(
+        &mut self,
+        i: usize,
+        tok: &ScaleToken,
+        total: usize,
+    ) -> Result<(), ScaleError> {
+        // SAFETY: the slot is reserved for this request and its response is complete.
         let b = unsafe { self.pool.bytes(i) };
         let inline = total <= self.cfg.max_inline as usize;
-        let conn = &mut self.conns[c];
+        let conn = &mut self.conns[tok.conn as usize];
         let Some(qp) = conn.qp.as_mut() else {
             return Err(ScaleError::ConnFailed);
         };
@@ -1176,33 +1231,38 @@ impl ScaleServer {
             inline: if inline { &b[..total] } else { &[] },
             sges: if inline { &[] } else { &sge },
         };
-        let r = qp.sq.post(&desc);
-        match r {
-            Ok(_) => {
-                if signal {
-                    conn.unsignaled = 0;
-                } else {
-                    conn.unsignaled += 1;
-                }
-                self.stats.writes += 1;
-                if inline {
-                    self.stats.inline_writes += 1;
-                }
-                if conn.pending_db == 0 {
-                    self.dirty.push(tok.conn);
-                }
-                conn.pending_db += 1;
-                if conn.pending_db >= DOORBELL_BATCH_SIZE {
-                    qp.sq.ring_doorbell();
-                    conn.pending_db = 0;
-                    self.stats.doorbells += 1;
-                }
-                Ok(())
-            }
-            Err(_) => {
-                self.fail_conn(tok.conn);
-                Err(ScaleError::ConnFailed)
-            }
+        if qp.sq.post(&desc).is_err() {
+            self.fail_conn(tok.conn);
+            return Err(ScaleError::ConnFailed);
+        }
+        if signal {
+            conn.unsignaled = 0;
+        } else {
+            conn.unsignaled += 1;
+        }
+        self.stats.writes += 1;
+        if inline {
+            self.stats.inline_writes += 1;
+        }
+        self.batch_doorbell(tok.conn);
+        Ok(())
+    }
+
+    /// Doorbell batching (seeds/003 §8.3): a posted WRITE marks its connection dirty (rung at
+    /// the next poll or [`ScaleServer::flush`]); `DOORBELL_BATCH_SIZE` pending WQEs ring it
+    /// now.
+    fn batch_doorbell(&mut self, c: u32) {
+        let conn = &mut self.conns[c as usize];
+        if conn.pending_db == 0 {
+            self.dirty.push(c);
+        }
+        conn.pending_db += 1;
+        if conn.pending_db >= DOORBELL_BATCH_SIZE
+            && let Some(qp) = conn.qp.as_mut()
+        {
+            qp.sq.ring_doorbell();
+            conn.pending_db = 0;
+            self.stats.doorbells += 1;
         }
     }
 
