@@ -1,6 +1,9 @@
 //! Runtime for `#[rpc_service]`: the wire format ([`wire`]), the service descriptor and
 //! [`Service`] trait that generated code implements, the transport-generic [`Client`] and
-//! [`Server`] cores (with a ready serve thread, [`Server::spawn`]), and the transports (for now the shared-memory [`delegation`] ring).
+//! [`Server`] cores (with a ready serve thread, [`Server::spawn`]), and the transports: the shared-memory
+//! [`delegation`] ring and [`ipc`] SPSC rings (with [`flux`] between daemons), and the RDMA
+//! transports [`copyrpc`], [`erpc`] (over mlx5 UD or UDP) and [`scalerpc`]; [`bootstrap`]
+//! exchanges their endpoints between MPI ranks.
 
 pub mod bootstrap;
 pub mod client;
