@@ -2,6 +2,7 @@
 
 mod typed_common;
 
+use typed_common::scenarios::{self, Fixture};
 use typed_common::{Store, header, spawn, spawn_kv};
 
 use std::sync::atomic::Ordering;
@@ -55,103 +56,40 @@ fn connect_polling<S: Service, T: Send + 'static>(
     typed_common::connect_polling(server, move || connect(&addr))
 }
 
+/// copyrpc on one software fabric, servers with 64 KiB rings ([`server`]).
+struct Fx(Fabric);
+
+impl Fixture for Fx {
+    type Client = Copyrpc;
+    type Server = CopyrpcServer;
+    type Addr = CopyrpcAddr;
+    fn server<S: Service>(&mut self) -> (Server<S, CopyrpcServer>, CopyrpcAddr) {
+        server::<S>(&self.0)
+    }
+}
+
+fn fx() -> Fx {
+    Fx(Fabric::new(SimConfig::default()))
+}
+
 #[test]
 fn blocking_calls() {
-    let fabric = Fabric::new(SimConfig::default());
-    let (server, addr) = server::<KvService>(&fabric);
-    let h = spawn_kv(server);
-    let mut kv = KvClient::<Copyrpc>::connect(&addr).unwrap();
-    assert_eq!(kv.get(0, 1).unwrap(), None);
-    kv.put(0, 1, 10).unwrap();
-    assert_eq!(kv.get(0, 1).unwrap(), Some(10));
-    for k in 0..1000 {
-        kv.put(0, k, k * 3).unwrap();
-    }
-    for k in 0..1000 {
-        assert_eq!(kv.get(0, k).unwrap(), Some(k * 3));
-    }
-    let server = h.join().unwrap();
-    assert_eq!(server.stats().requests, 2003);
-    assert_eq!(server.stats().bad_requests, 0);
-    assert_eq!(server.stats().dropped_replies, 0);
-    assert_eq!(server.transport().context().num_endpoints(), 1);
+    let mut fx = fx();
+    let b = scenarios::blocking_calls(&mut fx);
+    assert_eq!(b.server.transport().context().num_endpoints(), 1);
 }
 
 #[test]
 fn pipelined_depth_32_100k_calls_all_matched() {
-    const CALLS: u64 = 100_000;
-    const DEPTH: usize = 32;
-    let fabric = Fabric::new(SimConfig::default());
-    let (server, mut addr) = server::<EchoService>(&fabric);
-    addr.max_in_flight = DEPTH as u32;
-    let h = spawn(server, |req| {
-        EchoService::dispatch(&mut idl::echo::Echoer, req)
-    });
-    let mut echo = EchoClient::<Copyrpc>::connect(&addr).unwrap();
-    assert_eq!(echo.max_in_flight(), DEPTH);
-    let mut seen = vec![false; CALLS as usize];
-    let (mut next, mut done) = (0u64, 0u64);
-    let mut would_block = 0u64;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while done < CALLS {
-        assert!(Instant::now() < deadline, "stalled at {done} of {CALLS}");
-        while next < CALLS && echo.in_flight() < DEPTH {
-            // Every eighth call carries a 256 B payload, so batches mix sizes and the
-            // ring wraps.
-            let r = if next % 8 == 0 {
-                let mut p = [0u8; 256];
-                p[..8].copy_from_slice(&next.to_le_bytes());
-                echo.issue(next).echo256(p)
-            } else {
-                echo.issue(next).ping(next ^ 0xabcd)
-            };
-            match r {
-                Ok(()) => next += 1,
-                // Credit or ring space exhausted: poll and retry.
-                Err(RpcError::WouldBlock) => {
-                    would_block += 1;
-                    break;
-                }
-                Err(e) => panic!("issue {next}: {e}"),
-            }
-        }
-        done += echo
-            .poll_with(|tag, r| {
-                match r.unwrap() {
-                    EchoResponse::Ping(v) => assert_eq!(v, tag ^ 0xabcd),
-                    EchoResponse::Echo256(p) => {
-                        assert_eq!(p[..8], tag.to_le_bytes());
-                        assert!(p[8..].iter().all(|&b| b == 0));
-                    }
-                    other => panic!("unexpected {other:?}"),
-                }
-                assert!(
-                    !std::mem::replace(&mut seen[tag as usize], true),
-                    "tag {tag} completed twice"
-                );
-            })
-            .unwrap() as u64;
-    }
-    assert!(seen.iter().all(|&s| s));
-    // Depth-limited: the 33rd call needs a free token.
-    for k in 0..DEPTH as u64 {
-        echo.issue(k).ping(k).unwrap();
-    }
-    assert!(matches!(echo.issue(99).ping(0), Err(RpcError::WouldBlock)));
-    let mut left = DEPTH;
-    while left > 0 {
-        if echo.poll().unwrap().is_some() {
-            left -= 1;
-        }
-    }
-    let server = h.join().unwrap();
-    assert_eq!(server.stats().requests, CALLS + DEPTH as u64);
-    let stats = *echo.transport().context().stats();
+    let mut fx = fx();
+    let p = scenarios::pipelined_echo(&mut fx, 100_000, Duration::from_secs(300));
+    assert_eq!(p.echo.max_in_flight(), 32);
+    let stats = *p.echo.transport().context().stats();
     assert!(
         stats.wrap_markers > 0,
         "the send ring never wrapped: {stats:?}"
     );
-    eprintln!("would_block = {would_block}, client stats: {stats:?}");
+    eprintln!("would_block = {}, client stats: {stats:?}", p.would_block);
 }
 
 #[test]
@@ -259,25 +197,9 @@ fn eight_clients_on_one_server() {
 
 #[test]
 fn schema_mismatch_fails_at_connect() {
-    let fabric = Fabric::new(SimConfig::default());
-    let (server, addr) = server::<KvService>(&fabric);
-    let h = spawn_kv(server);
-    match EchoClient::<Copyrpc>::connect(&addr) {
-        Err(RpcError::SchemaMismatch {
-            service: "Echo",
-            expected,
-            found,
-        }) => {
-            assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
-            assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
-        }
-        Err(e) => panic!("expected SchemaMismatch, got {e}"),
-        Ok(_) => panic!("expected SchemaMismatch, connected"),
-    }
-    // The right service connects, and the refused client left no endpoint behind.
-    let mut kv = KvClient::<Copyrpc>::connect(&addr).unwrap();
-    kv.put(0, 1, 2).unwrap();
-    let server = h.join().unwrap();
+    let mut fx = fx();
+    let server = scenarios::schema_mismatch_fails_at_connect(&mut fx, |_, _| {});
+    // The refused client left no endpoint behind.
     assert_eq!(server.transport().context().num_endpoints(), 1);
 }
 

@@ -9,6 +9,7 @@ mod typed_common;
 
 use typed_common::connect_polling;
 
+use typed_common::scenarios::{self, Fixture};
 use typed_common::{Store, header, spawn, spawn_kv};
 
 use std::collections::HashMap;
@@ -119,30 +120,30 @@ fn server<S: Service>(cfg: &ErpcConfig) -> (Server<S, ErpcServer>, SocketAddr) {
     (Server::new(t), addr)
 }
 
+/// eRPC over UDP loopback with one configuration for servers and clients.
+struct Fx(ErpcConfig);
+
+impl Fixture for Fx {
+    type Client = Erpc;
+    type Server = ErpcServer;
+    type Addr = SocketAddr;
+    fn server<S: Service>(&mut self) -> (Server<S, ErpcServer>, SocketAddr) {
+        server::<S>(&self.0)
+    }
+}
+
 #[test]
 fn blocking_calls() {
-    let (server, addr) = server::<KvService>(&ErpcConfig::default());
-    let h = spawn_kv(server);
-    let mut kv = KvClient::<Erpc>::connect(&addr).unwrap();
+    let mut fx = Fx(ErpcConfig::default());
+    let b = scenarios::blocking_calls(&mut fx);
+    let kv = &b.kv;
     assert_eq!(kv.max_in_flight(), 32);
     assert_eq!(kv.transport().num_sessions(), 4);
-    assert_eq!(kv.transport().server_addr(), addr);
-    assert_eq!(kv.get(0, 1).unwrap(), None);
-    kv.put(0, 1, 10).unwrap();
-    assert_eq!(kv.get(0, 1).unwrap(), Some(10));
-    for k in 0..1000 {
-        kv.put(0, k, k * 3).unwrap();
-    }
-    for k in 0..1000 {
-        assert_eq!(kv.get(0, k).unwrap(), Some(k * 3));
-    }
+    assert_eq!(kv.transport().server_addr(), b.addr);
     let st = kv.transport().stats();
     assert_eq!((st.calls, st.responses, st.failed_calls), (2003, 2003, 0));
     assert_eq!(st.sessions_opened, 4);
-    let server = h.join().unwrap();
-    assert_eq!(server.stats().requests, 2003);
-    assert_eq!(server.stats().bad_requests, 0);
-    assert_eq!(server.stats().dropped_replies, 0);
+    let server = &b.server;
     assert_eq!(server.transport().stats().replies, 2003);
     // Every request is a single packet: all were lent out in place from the receive ring.
     assert_eq!(server.transport().stats().zero_copy_requests, 2003);
@@ -151,76 +152,16 @@ fn blocking_calls() {
 
 #[test]
 fn pipelined_calls_all_matched() {
-    const CALLS: u64 = 20_000;
-    let (server, addr) = server::<EchoService>(&ErpcConfig::default());
-    let h = spawn(server, |req| {
-        EchoService::dispatch(&mut idl::echo::Echoer, req)
-    });
-    let mut echo = EchoClient::<Erpc>::connect(&addr).unwrap();
-    let depth = echo.max_in_flight();
+    let mut fx = Fx(ErpcConfig::default());
+    let p = scenarios::pipelined_echo(&mut fx, 20_000, Duration::from_secs(120));
+    let depth = p.echo.max_in_flight();
     assert_eq!(depth, 32);
-    let mut seen = vec![false; CALLS as usize];
-    let (mut next, mut done) = (0u64, 0u64);
-    let mut most = 0;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while done < CALLS {
-        assert!(Instant::now() < deadline, "stalled at {done} of {CALLS}");
-        while next < CALLS && echo.in_flight() < depth {
-            let r = if next % 8 == 0 {
-                let mut p = [0u8; 256];
-                p[..8].copy_from_slice(&next.to_le_bytes());
-                p[255] = next as u8;
-                echo.issue(next).echo256(p)
-            } else {
-                echo.issue(next).ping(next ^ 0xabcd)
-            };
-            match r {
-                Ok(()) => next += 1,
-                Err(e) => panic!("issue {next}: {e}"),
-            }
-        }
-        most = most.max(echo.in_flight());
-        done += echo
-            .poll_with(|tag, r| {
-                match r.unwrap() {
-                    EchoResponse::Ping(v) => assert_eq!(v, tag ^ 0xabcd),
-                    EchoResponse::Echo256(p) => {
-                        assert_eq!(p[..8], tag.to_le_bytes());
-                        assert_eq!(p[255], tag as u8);
-                        assert!(p[8..255].iter().all(|&b| b == 0));
-                    }
-                    other => panic!("unexpected {other:?}"),
-                }
-                assert!(
-                    !std::mem::replace(&mut seen[tag as usize], true),
-                    "tag {tag} completed twice"
-                );
-            })
-            .unwrap() as u64;
-    }
-    assert!(seen.iter().all(|&s| s));
-    assert_eq!(most, depth);
-    // Depth-limited: one call beyond max_in_flight needs a free token.
-    for k in 0..depth as u64 {
-        echo.issue(k).ping(k).unwrap();
-    }
-    assert!(matches!(echo.issue(99).ping(0), Err(RpcError::WouldBlock)));
-    // Poll one at a time: the rest stays queued in the core for the next polls.
-    let mut left = depth;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while left > 0 {
-        assert!(Instant::now() < deadline);
-        if let Some((tag, r)) = echo.poll().unwrap() {
-            assert_eq!(r, EchoResponse::Ping(tag));
-            left -= 1;
-        }
-    }
-    assert!(echo.poll().unwrap().is_none());
-    let st = echo.transport().stats();
+    // Eight credits per session, four sessions: an issue never has to wait.
+    assert_eq!(p.would_block, 0);
+    assert_eq!(p.most_in_flight, depth);
+    let st = p.echo.transport().stats();
     assert_eq!(st.stray_events, 0);
     assert_eq!(st.sessions_opened, 4, "{st:?}");
-    let server = h.join().unwrap();
-    assert_eq!(server.stats().requests, CALLS + depth as u64);
 }
 
 #[test]
@@ -447,52 +388,38 @@ fn deferred_replies_out_of_order() {
 
 #[test]
 fn schema_mismatch_fails_at_connect() {
-    let (server, addr) = server::<KvService>(&ErpcConfig::default());
-    let h = spawn_kv(server);
-    match EchoClient::<Erpc>::connect(&addr) {
-        Err(
-            e @ RpcError::SchemaMismatch {
-                service: "Echo",
-                expected,
-                found,
-            },
-        ) => {
-            // The server's real fingerprint comes back in its connect response, and the
-            // message shows it (before 2471105 it printed 0x0000000000000000, issue 17).
-            assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
-            assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
-            assert_ne!(found, 0);
-            let msg = e.to_string();
-            let theirs = format!("the peer's is {:#018x}", KvService::DESCRIPTOR.fingerprint);
-            let ours = format!("{:#018x}", EchoService::DESCRIPTOR.fingerprint);
-            assert!(msg.contains(&theirs) && msg.contains(&ours), "{msg}");
+    let mut fx = Fx(ErpcConfig::default());
+    let server = scenarios::schema_mismatch_fails_at_connect(&mut fx, |e, addr| {
+        // The server's real fingerprint comes back in its connect response, and the
+        // message shows it (before 2471105 it printed 0x0000000000000000, issue 17).
+        let msg = e.to_string();
+        let theirs = format!("the peer's is {:#018x}", KvService::DESCRIPTOR.fingerprint);
+        let ours = format!("{:#018x}", EchoService::DESCRIPTOR.fingerprint);
+        assert!(msg.contains(&theirs) && msg.contains(&ours), "{msg}");
+        match Erpc::<UdpTransport>::connect_with(
+            addr,
+            EchoService::DESCRIPTOR,
+            &ErpcConfig::default(),
+        ) {
+            Err(
+                e @ ErpcSetupError::SchemaMismatch {
+                    service: "Echo",
+                    expected,
+                    found,
+                },
+            ) => {
+                assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
+                assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
+                let theirs = format!(
+                    "the server's is {:#018x}",
+                    KvService::DESCRIPTOR.fingerprint
+                );
+                assert!(e.to_string().contains(&theirs), "{e}");
+            }
+            other => panic!("expected SchemaMismatch, got {other:?}"),
         }
-        Err(e) => panic!("expected SchemaMismatch, got {e}"),
-        Ok(_) => panic!("expected SchemaMismatch, connected"),
-    }
-    match Erpc::<UdpTransport>::connect_with(&addr, EchoService::DESCRIPTOR, &ErpcConfig::default())
-    {
-        Err(
-            e @ ErpcSetupError::SchemaMismatch {
-                service: "Echo",
-                expected,
-                found,
-            },
-        ) => {
-            assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
-            assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
-            let theirs = format!(
-                "the server's is {:#018x}",
-                KvService::DESCRIPTOR.fingerprint
-            );
-            assert!(e.to_string().contains(&theirs), "{e}");
-        }
-        other => panic!("expected SchemaMismatch, got {other:?}"),
-    }
-    // The right service connects; the refused clients left no session behind.
-    let mut kv = KvClient::<Erpc>::connect(&addr).unwrap();
-    kv.put(0, 1, 2).unwrap();
-    let server = h.join().unwrap();
+    });
+    // The refused clients left no session behind.
     assert_eq!(server.transport().endpoint().rpc().num_sessions(), 4);
 }
 

@@ -4,6 +4,8 @@
 
 mod typed_common;
 
+use typed_common::scenarios::{self, Fixture};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -25,73 +27,41 @@ fn spawn_kv(name: &str, cfg: IpcConfig) -> rpc::ServerHandle<KvService, IpcServe
     typed_common::spawn_kv(IpcServer::serve::<KvService>(name, cfg).unwrap())
 }
 
+/// Ipc servers named after the test (`tag`), numbered, with one configuration.
+struct Fx {
+    tag: &'static str,
+    made: u32,
+    cfg: IpcConfig,
+}
+
+fn fx(tag: &'static str, cfg: IpcConfig) -> Fx {
+    Fx { tag, made: 0, cfg }
+}
+
+impl Fixture for Fx {
+    type Client = Ipc;
+    type Server = IpcServer;
+    type Addr = String;
+    fn server<S: rpc::Service>(&mut self) -> (rpc::Server<S, IpcServer>, String) {
+        self.made += 1;
+        let n = name(&format!("{}-{}", self.tag, self.made));
+        (IpcServer::serve::<S>(&n, self.cfg).unwrap(), n)
+    }
+}
+
 #[test]
 fn blocking_calls() {
-    let n = name("blocking");
-    let h = spawn_kv(&n, IpcConfig::default());
-    let mut kv = KvClient::<Ipc>::connect(&n).unwrap();
-    assert_eq!(kv.get(0, 1).unwrap(), None);
-    kv.put(0, 1, 10).unwrap();
-    assert_eq!(kv.get(0, 1).unwrap(), Some(10));
-    for k in 0..1000 {
-        kv.put(0, k, k * 3).unwrap();
-    }
-    for k in 0..1000 {
-        assert_eq!(kv.get(0, k).unwrap(), Some(k * 3));
-    }
-    let server = h.join().unwrap();
-    assert_eq!(server.stats().requests, 2003);
-    assert_eq!(server.stats().bad_requests, 0);
+    scenarios::blocking_calls(&mut fx("blocking", IpcConfig::default()));
 }
 
 #[test]
 fn pipelined_calls_complete_with_their_tags() {
-    let n = name("pipelined");
     let cfg = IpcConfig {
         depth: 8,
         ..IpcConfig::default()
     };
-    let h = spawn_kv(&n, cfg);
-    let mut kv = KvClient::<Ipc>::connect(&n).unwrap();
-    let depth = kv.max_in_flight() as u64;
+    let depth = scenarios::pipelined_calls_complete_with_their_tags(&mut fx("pipelined", cfg));
     assert_eq!(depth, 8, "max_in_flight is the configured depth");
-    for k in 0..depth {
-        kv.issue(k).put(0, k, k + 100).unwrap();
-    }
-    // All call slots are in use: issuing more is back-pressure, not corruption.
-    assert!(matches!(
-        kv.issue(999).put(0, 0, 0),
-        Err(RpcError::WouldBlock)
-    ));
-    let mut seen = vec![false; depth as usize];
-    while seen.iter().any(|s| !s) {
-        if let Some((tag, resp)) = kv.poll().unwrap() {
-            assert_eq!(resp, KvResponse::Put(()));
-            assert!(!seen[tag as usize], "tag {tag} completed twice");
-            seen[tag as usize] = true;
-        }
-    }
-    for k in 0..depth {
-        kv.issue_request(
-            1000 + k,
-            &KvRequest::Get(idl::kv::KvGetArgs { rank: 0, key: k }),
-        )
-        .unwrap();
-    }
-    let mut got = 0;
-    while got < depth {
-        got += kv
-            .poll_with(|tag, r| assert_eq!(r.unwrap(), KvResponse::Get(Some(tag - 1000 + 100))))
-            .unwrap() as u64;
-    }
-    kv.issue(7).get(0, 3).unwrap();
-    assert_eq!(kv.get(0, 4).unwrap(), Some(104));
-    let mut r = None;
-    while r.is_none() {
-        r = kv.poll().unwrap();
-    }
-    assert_eq!(r, Some((7, KvResponse::Get(Some(103)))));
-    h.join().unwrap();
 }
 
 #[test]
@@ -280,24 +250,7 @@ fn bad_response_bytes_are_an_error_not_ub() {
 
 #[test]
 fn schema_mismatch_fails_at_attach() {
-    let n = name("schema");
-    let _server = IpcServer::serve::<EchoService>(&n, IpcConfig::default()).unwrap();
-    match KvClient::<Ipc>::connect(&n) {
-        Err(RpcError::SchemaMismatch {
-            service: "Kv",
-            expected,
-            found,
-        }) => {
-            assert_eq!(
-                expected,
-                <KvService as rpc::Service>::DESCRIPTOR.fingerprint
-            );
-            assert_eq!(found, <EchoService as rpc::Service>::DESCRIPTOR.fingerprint);
-        }
-        Err(e) => panic!("expected SchemaMismatch, got {e}"),
-        Ok(_) => panic!("expected SchemaMismatch, attached"),
-    }
-    EchoClient::<Ipc>::connect(&n).unwrap();
+    scenarios::schema_mismatch_fails_at_connect(&mut fx("schema", IpcConfig::default()), |_, _| {});
 }
 
 #[test]

@@ -2,14 +2,15 @@
 
 mod typed_common;
 
-use typed_common::{Store, header, spawn, spawn_kv};
+use typed_common::scenarios::{self, Fixture};
+use typed_common::{Store, header, spawn_kv};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use idl::echo::{EchoClient, EchoResponse, EchoService};
+use idl::echo::EchoService;
 use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::scalerpc::{
@@ -51,99 +52,38 @@ fn connect_polling<S: Service, T: Send + 'static>(
     typed_common::connect_polling(server, move || connect(&addr))
 }
 
+/// ScaleRPC on one software fabric, servers with [`small`] pools.
+struct Fx(Fabric);
+
+impl Fixture for Fx {
+    type Client = ScaleRpc;
+    type Server = ScaleRpcServer;
+    type Addr = ScaleRpcAddr;
+    fn server<S: Service>(&mut self) -> (Server<S, ScaleRpcServer>, ScaleRpcAddr) {
+        server::<S>(&self.0, small())
+    }
+}
+
+fn fx() -> Fx {
+    Fx(Fabric::new(SimConfig::default()))
+}
+
 #[test]
 fn blocking_calls() {
-    let fabric = Fabric::new(SimConfig::default());
-    let (server, addr) = server::<KvService>(&fabric, small());
-    let h = spawn_kv(server);
-    let mut kv = KvClient::<ScaleRpc>::connect(&addr).unwrap();
-    assert_eq!(kv.max_in_flight(), 7);
-    assert_eq!(kv.get(0, 1).unwrap(), None);
-    kv.put(0, 1, 10).unwrap();
-    assert_eq!(kv.get(0, 1).unwrap(), Some(10));
-    for k in 0..1000 {
-        kv.put(0, k, k * 3).unwrap();
-    }
-    for k in 0..1000 {
-        assert_eq!(kv.get(0, k).unwrap(), Some(k * 3));
-    }
-    let server = h.join().unwrap();
-    assert_eq!(server.stats().requests, 2003);
-    assert_eq!(server.stats().bad_requests, 0);
-    assert_eq!(server.stats().dropped_replies, 0);
-    assert_eq!(server.transport().scale_server().num_conns(), 1);
+    let mut fx = fx();
+    let b = scenarios::blocking_calls(&mut fx);
+    assert_eq!(b.kv.max_in_flight(), 7);
+    assert_eq!(b.server.transport().scale_server().num_conns(), 1);
 }
 
 #[test]
 fn pipelined_calls_all_matched() {
-    const CALLS: u64 = 20_000;
-    let fabric = Fabric::new(SimConfig::default());
-    let (server, addr) = server::<EchoService>(&fabric, small());
-    let h = spawn(server, |req| {
-        EchoService::dispatch(&mut idl::echo::Echoer, req)
-    });
-    let mut echo = EchoClient::<ScaleRpc>::connect(&addr).unwrap();
-    let depth = echo.max_in_flight();
-    assert_eq!(depth, 7);
-    let mut seen = vec![false; CALLS as usize];
-    let (mut next, mut done) = (0u64, 0u64);
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while done < CALLS {
-        assert!(Instant::now() < deadline, "stalled at {done} of {CALLS}");
-        while next < CALLS && echo.in_flight() < depth {
-            // Every eighth call carries a 256 B payload (sent from the staging slot; the
-            // small ones are inline).
-            let r = if next % 8 == 0 {
-                let mut p = [0u8; 256];
-                p[..8].copy_from_slice(&next.to_le_bytes());
-                p[255] = next as u8;
-                echo.issue(next).echo256(p)
-            } else {
-                echo.issue(next).ping(next ^ 0xabcd)
-            };
-            match r {
-                Ok(()) => next += 1,
-                Err(RpcError::WouldBlock) => break,
-                Err(e) => panic!("issue {next}: {e}"),
-            }
-        }
-        done += echo
-            .poll_with(|tag, r| {
-                match r.unwrap() {
-                    EchoResponse::Ping(v) => assert_eq!(v, tag ^ 0xabcd),
-                    EchoResponse::Echo256(p) => {
-                        assert_eq!(p[..8], tag.to_le_bytes());
-                        assert_eq!(p[255], tag as u8);
-                        assert!(p[8..255].iter().all(|&b| b == 0));
-                    }
-                    other => panic!("unexpected {other:?}"),
-                }
-                assert!(
-                    !std::mem::replace(&mut seen[tag as usize], true),
-                    "tag {tag} completed twice"
-                );
-            })
-            .unwrap() as u64;
-    }
-    assert!(seen.iter().all(|&s| s));
-    // Depth-limited: one call beyond max_in_flight needs a free token.
-    for k in 0..depth as u64 {
-        echo.issue(k).ping(k).unwrap();
-    }
-    assert!(matches!(echo.issue(99).ping(0), Err(RpcError::WouldBlock)));
-    // Poll one at a time: the rest of each batch is stashed and delivered later.
-    let mut left = depth;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while left > 0 {
-        assert!(Instant::now() < deadline);
-        if let Some((tag, r)) = echo.poll().unwrap() {
-            assert_eq!(r, EchoResponse::Ping(tag));
-            left -= 1;
-        }
-    }
-    let server = h.join().unwrap();
-    assert_eq!(server.stats().requests, CALLS + depth as u64);
-    let stats = server.transport().scale_server().stats();
+    let mut fx = fx();
+    // Every eighth call carries a 256 B payload (sent from the staging slot; the small ones
+    // are inline).
+    let p = scenarios::pipelined_echo(&mut fx, 20_000, Duration::from_secs(300));
+    assert_eq!(p.echo.max_in_flight(), 7);
+    let stats = p.server.transport().scale_server().stats();
     assert!(
         stats.writes > 0 && stats.inline_writes < stats.writes,
         "{stats:?}"
@@ -333,25 +273,9 @@ fn deferred_replies_out_of_order() {
 
 #[test]
 fn schema_mismatch_fails_at_connect() {
-    let fabric = Fabric::new(SimConfig::default());
-    let (server, addr) = server::<KvService>(&fabric, small());
-    let h = spawn_kv(server);
-    match EchoClient::<ScaleRpc>::connect(&addr) {
-        Err(RpcError::SchemaMismatch {
-            service: "Echo",
-            expected,
-            found,
-        }) => {
-            assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
-            assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
-        }
-        Err(e) => panic!("expected SchemaMismatch, got {e}"),
-        Ok(_) => panic!("expected SchemaMismatch, connected"),
-    }
-    // The right service connects, and the refused client left no connection behind.
-    let mut kv = KvClient::<ScaleRpc>::connect(&addr).unwrap();
-    kv.put(0, 1, 2).unwrap();
-    let server = h.join().unwrap();
+    let mut fx = fx();
+    let server = scenarios::schema_mismatch_fails_at_connect(&mut fx, |_, _| {});
+    // The refused client left no connection behind.
     assert_eq!(server.transport().scale_server().num_conns(), 1);
 }
 

@@ -1,8 +1,11 @@
-//! Helpers shared by the typed end-to-end tests of the network transports
+//! Helpers shared by the typed end-to-end tests of the transports
 //! (`copyrpc_typed.rs`, `scalerpc_typed.rs`, `erpc_typed.rs`, `ipc_typed.rs`,
 //! `delegation_typed.rs`): an in-memory KV handler, a server thread (the runtime's runner,
-//! `Server::spawn`), a server that withholds answers on purpose, and reading a wire header.
+//! `Server::spawn`), a server that withholds answers on purpose, and reading a wire header;
+//! and [`scenarios`], the scenarios every transport runs through its [`scenarios::Fixture`].
 #![allow(dead_code)]
+
+pub mod scenarios;
 
 use std::collections::HashMap;
 use std::sync::Arc;

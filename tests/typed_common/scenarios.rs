@@ -1,0 +1,234 @@
+//! Typed-transport scenarios shared by every transport's end-to-end tests: each transport's
+//! test file implements [`Fixture`] (how to make a server and what its clients connect to)
+//! and runs these through it, then adds the assertions only that transport can make (its
+//! connection counts, statistics and limits).
+
+use std::borrow::Borrow;
+use std::time::{Duration, Instant};
+
+use idl::echo::{EchoClient, EchoResponse, EchoService};
+use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
+use rpc::{ClientTransport, RpcError, Server, ServerTransport, Service};
+
+/// How one transport makes a server and connects typed clients to it.
+pub trait Fixture {
+    /// The client transport.
+    type Client: ClientTransport;
+    /// The server transport.
+    type Server: ServerTransport + Send + 'static;
+    /// What clients connect to: the transport's address, or an owned ring name.
+    type Addr: Borrow<<Self::Client as ClientTransport>::Addr> + Clone + Send + 'static;
+    /// A server of `S` (not yet serving) and the address its clients connect to.
+    fn server<S: Service>(&mut self) -> (Server<S, Self::Server>, Self::Addr);
+}
+
+/// What [`blocking_calls`] leaves for transport-specific checks.
+pub struct Blocking<F: Fixture> {
+    /// The client.
+    pub kv: KvClient<F::Client>,
+    /// The stopped server.
+    pub server: Server<KvService, F::Server>,
+    /// The address the client connected to.
+    pub addr: F::Addr,
+}
+
+/// 2003 blocking `Kv` calls against a served store: every answer is the stored value. The
+/// stopped server's statistics show 2003 requests, none bad and no dropped reply.
+pub fn blocking_calls<F: Fixture>(fx: &mut F) -> Blocking<F> {
+    let (server, addr) = fx.server::<KvService>();
+    let h = super::spawn_kv(server);
+    let mut kv = KvClient::<F::Client>::connect(addr.borrow()).unwrap();
+    assert_eq!(kv.get(0, 1).unwrap(), None);
+    kv.put(0, 1, 10).unwrap();
+    assert_eq!(kv.get(0, 1).unwrap(), Some(10));
+    for k in 0..1000 {
+        kv.put(0, k, k * 3).unwrap();
+    }
+    for k in 0..1000 {
+        assert_eq!(kv.get(0, k).unwrap(), Some(k * 3));
+    }
+    let server = h.join().unwrap();
+    assert_eq!(server.stats().requests, 2003);
+    assert_eq!(server.stats().bad_requests, 0);
+    assert_eq!(server.stats().dropped_replies, 0);
+    Blocking { kv, server, addr }
+}
+
+/// An `Echo` client connecting to a `Kv` server fails with `SchemaMismatch` naming both
+/// fingerprints; `then` sees that error and the address while the server still runs; a `Kv`
+/// client then connects and calls. Returns the stopped server (to check that the refused
+/// client left nothing behind).
+pub fn schema_mismatch_fails_at_connect<F: Fixture>(
+    fx: &mut F,
+    then: impl FnOnce(&RpcError, &F::Addr),
+) -> Server<KvService, F::Server> {
+    let (server, addr) = fx.server::<KvService>();
+    let h = super::spawn_kv(server);
+    match EchoClient::<F::Client>::connect(addr.borrow()) {
+        Err(
+            e @ RpcError::SchemaMismatch {
+                service: "Echo",
+                expected,
+                found,
+            },
+        ) => {
+            assert_eq!(expected, EchoService::DESCRIPTOR.fingerprint);
+            assert_eq!(found, KvService::DESCRIPTOR.fingerprint);
+            then(&e, &addr);
+        }
+        Err(e) => panic!("expected SchemaMismatch, got {e}"),
+        Ok(_) => panic!("expected SchemaMismatch, connected"),
+    }
+    let mut kv = KvClient::<F::Client>::connect(addr.borrow()).unwrap();
+    kv.put(0, 1, 2).unwrap();
+    h.join().unwrap()
+}
+
+/// What [`pipelined_echo`] saw.
+pub struct Pipelined<F: Fixture> {
+    /// The client, all calls completed.
+    pub echo: EchoClient<F::Client>,
+    /// The stopped server.
+    pub server: Server<EchoService, F::Server>,
+    /// Issues refused with `WouldBlock` (transport credit or ring space) and retried.
+    pub would_block: u64,
+    /// Most calls in flight at once.
+    pub most_in_flight: usize,
+}
+
+/// `calls` pipelined `Echo` calls kept at the client's `max_in_flight`, every eighth a 256 B
+/// `echo256` (so batches mix sizes), the rest `ping`s; each response is checked against its
+/// tag and completes exactly once, within `bound`. Then `max_in_flight` calls fill every
+/// token, one more is `WouldBlock`, and polling one at a time delivers them all, after
+/// which nothing is left. The server answers `calls + max_in_flight` requests.
+pub fn pipelined_echo<F: Fixture>(fx: &mut F, calls: u64, bound: Duration) -> Pipelined<F> {
+    let (server, addr) = fx.server::<EchoService>();
+    let h = super::spawn(server, |req| {
+        EchoService::dispatch(&mut idl::echo::Echoer, req)
+    });
+    let mut echo = EchoClient::<F::Client>::connect(addr.borrow()).unwrap();
+    let depth = echo.max_in_flight();
+    let mut seen = vec![false; calls as usize];
+    let (mut next, mut done) = (0u64, 0u64);
+    let (mut would_block, mut most) = (0u64, 0usize);
+    let deadline = Instant::now() + bound;
+    while done < calls {
+        assert!(Instant::now() < deadline, "stalled at {done} of {calls}");
+        while next < calls && echo.in_flight() < depth {
+            let r = if next % 8 == 0 {
+                let mut p = [0u8; 256];
+                p[..8].copy_from_slice(&next.to_le_bytes());
+                p[255] = next as u8;
+                echo.issue(next).echo256(p)
+            } else {
+                echo.issue(next).ping(next ^ 0xabcd)
+            };
+            match r {
+                Ok(()) => next += 1,
+                // Credit or ring space exhausted: poll and retry.
+                Err(RpcError::WouldBlock) => {
+                    would_block += 1;
+                    break;
+                }
+                Err(e) => panic!("issue {next}: {e}"),
+            }
+        }
+        most = most.max(echo.in_flight());
+        done += echo
+            .poll_with(|tag, r| {
+                match r.unwrap() {
+                    EchoResponse::Ping(v) => assert_eq!(v, tag ^ 0xabcd),
+                    EchoResponse::Echo256(p) => {
+                        assert_eq!(p[..8], tag.to_le_bytes());
+                        assert_eq!(p[255], tag as u8);
+                        assert!(p[8..255].iter().all(|&b| b == 0));
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+                assert!(
+                    !std::mem::replace(&mut seen[tag as usize], true),
+                    "tag {tag} completed twice"
+                );
+            })
+            .unwrap() as u64;
+    }
+    assert!(seen.iter().all(|&s| s));
+    // Depth-limited: one call beyond max_in_flight needs a free token.
+    for k in 0..depth as u64 {
+        echo.issue(k).ping(k).unwrap();
+    }
+    assert!(matches!(echo.issue(99).ping(0), Err(RpcError::WouldBlock)));
+    // Poll one at a time: the rest of each batch waits for the next polls.
+    let mut left = depth;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while left > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{left} of {depth} calls did not complete"
+        );
+        if let Some((tag, r)) = echo.poll().unwrap() {
+            assert_eq!(r, EchoResponse::Ping(tag));
+            left -= 1;
+        }
+    }
+    assert!(echo.poll().unwrap().is_none());
+    let server = h.join().unwrap();
+    assert_eq!(server.stats().requests, calls + depth as u64);
+    Pipelined {
+        echo,
+        server,
+        would_block,
+        most_in_flight: most,
+    }
+}
+
+/// Pipelined `Kv` calls complete with their tags: `max_in_flight` puts fill every slot (one
+/// more is `WouldBlock`, not corruption), each completes once; whole-request `Get`s issued
+/// with `issue_request` come back through `poll_with`; and a completion that arrives during a
+/// blocking call is kept for `poll`. Returns the client's `max_in_flight`.
+pub fn pipelined_calls_complete_with_their_tags<F: Fixture>(fx: &mut F) -> usize {
+    let (server, addr) = fx.server::<KvService>();
+    let h = super::spawn_kv(server);
+    let mut kv = KvClient::<F::Client>::connect(addr.borrow()).unwrap();
+    let depth = kv.max_in_flight() as u64;
+    for k in 0..depth {
+        kv.issue(k).put(0, k, k + 100).unwrap();
+    }
+    // All slots are in use now: issuing more is backpressure, not corruption.
+    assert!(matches!(
+        kv.issue(999).put(0, 0, 0),
+        Err(RpcError::WouldBlock)
+    ));
+    let mut seen = vec![false; depth as usize];
+    while seen.iter().any(|s| !s) {
+        if let Some((tag, resp)) = kv.poll().unwrap() {
+            assert_eq!(resp, KvResponse::Put(()));
+            assert!(!seen[tag as usize], "tag {tag} completed twice");
+            seen[tag as usize] = true;
+        }
+    }
+    for k in 0..depth {
+        kv.issue_request(
+            1000 + k,
+            &KvRequest::Get(idl::kv::KvGetArgs { rank: 0, key: k }),
+        )
+        .unwrap();
+    }
+    let mut got = 0;
+    while got < depth {
+        got += kv
+            .poll_with(|tag, r| assert_eq!(r.unwrap(), KvResponse::Get(Some(tag - 1000 + 100))))
+            .unwrap() as u64;
+    }
+    // Blocking and pipelined calls mix: completions that arrive during a blocking call are
+    // kept for poll.
+    kv.issue(7).get(0, 3).unwrap();
+    assert_eq!(kv.get(0, 4).unwrap(), Some(104));
+    let mut r = None;
+    while r.is_none() {
+        r = kv.poll().unwrap();
+    }
+    assert_eq!(r, Some((7, KvResponse::Get(Some(103)))));
+    h.join().unwrap();
+    depth as usize
+}
