@@ -2,7 +2,7 @@
 //! peer, and error completions.
 //!
 //! The forging peer is a raw RC QP driven through the mlx5 driver directly (no copyrpc
-//! core): it advertises a receive ring and initial credit like an endpoint, receives the
+//! core; `mlx5::sim::testkit::RawRcPeer`): it advertises a receive ring and initial credit like an endpoint, receives the
 //! context's requests (WRITE+IMM into its ring), and writes whatever bytes and immediates a
 //! test asks for into the context endpoint's receive ring. Every corruption must be
 //! rejected with `stats().corrupt_batches` incremented, the endpoint marked
@@ -20,11 +20,10 @@ mod copyrpc_common;
 use std::collections::HashMap;
 
 use copyrpc_common::{connect, pattern, response_seed, verify};
-use mlx5::cqe::{CqeErrorKind, CqeOpcode, Syndrome};
-use mlx5::mem::DmaBuf;
+use mlx5::cqe::{CqeErrorKind, Syndrome};
+use mlx5::sim::testkit::{RawRcPeer, RegBuf};
 use mlx5::sim::{Fabric, SimConfig};
-use mlx5::verbs::{Access, Cq, Mr, Pd, Qp, QpCaps, QpInit, QpType, RcRemote};
-use mlx5::wqe::{CQ_UPDATE, Opcode, RaddrSeg, Sge, WqeDesc};
+use mlx5::verbs::{Access, RcRemote};
 use rpc_runtime::copyrpc::encoding::{
     FlowMetadata, HEADER_SIZE, MsgHeader, WRAP_MESSAGE_COUNT, encode_imm, internal_allowance,
     to_response_id,
@@ -36,85 +35,39 @@ use rpc_runtime::copyrpc::{
 
 const RING: usize = 4096;
 
-/// A registered buffer (`mr` first: deregistered before the memory is unmapped).
-struct Buf {
-    mr: Mr,
-    mem: DmaBuf,
-}
-
-impl Buf {
-    fn new(dev: &mlx5::verbs::Context, pd: &Pd, len: usize, access: Access) -> Buf {
-        let mem = DmaBuf::with_normal_pages(len).unwrap();
-        let mr = dev.reg_mr(pd, mem.as_mut_ptr(), len, access).unwrap();
-        Buf { mr, mem }
-    }
-}
-
-/// A raw RC peer that forges batches (module docs). Field order is drop order.
+/// A raw RC peer that forges batches (module docs), on [`RawRcPeer`]. Field order is drop
+/// order: the buffers are deregistered before the peer's protection domain goes.
 struct Forger {
-    qp: Qp,
-    cq: Cq,
-    send: Buf,
-    ring: Buf,
-    word: Buf,
-    _pd: Pd,
-    dev: mlx5::verbs::Context,
+    /// Our receive ring (REMOTE_WRITE), where the context's batches land.
+    ring: RegBuf,
+    /// Our consumer word (REMOTE_READ), which the context reads.
+    word: RegBuf,
+    raw: RawRcPeer,
     /// The context endpoint's information.
     peer: Option<EndpointInfo>,
     /// Virtual position of the next batch in the peer's receive ring.
     pos: u64,
-    /// Batches (WRITE+IMMs) received from the context.
-    received: usize,
 }
 
 impl Forger {
     fn new(fabric: &Fabric) -> Forger {
-        let dev = fabric.open();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(1024).unwrap();
-        let mut qp = dev
-            .create_qp(
-                &pd,
-                &QpInit {
-                    qp_type: QpType::Rc,
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    srq: None,
-                    caps: QpCaps {
-                        max_send_wr: 64,
-                        max_recv_wr: 256,
-                        max_send_sge: 1,
-                        max_recv_sge: 1,
-                        max_inline_data: 0,
-                    },
-                },
-            )
-            .unwrap();
-        let rq = qp.rq.as_mut().unwrap();
-        while rq.post(&[]).is_ok() {}
-        rq.ring_doorbell();
-        let send = Buf::new(&dev, &pd, 2 * RING, Access::LOCAL_WRITE);
-        let ring = Buf::new(&dev, &pd, RING, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-        let word = Buf::new(&dev, &pd, 16, Access::LOCAL_WRITE | Access::REMOTE_READ);
+        let raw = RawRcPeer::new(fabric, 2 * RING);
+        let ring = raw.reg(RING, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        let word = raw.reg(16, Access::LOCAL_WRITE | Access::REMOTE_READ);
         Forger {
-            qp,
-            cq,
-            send,
             ring,
             word,
-            _pd: pd,
-            dev,
+            raw,
             peer: None,
             pos: 0,
-            received: 0,
         }
     }
 
     /// What the context needs to connect to us: a 4 KiB ring and `credit` bytes of credit.
     fn info(&self, credit: u64) -> EndpointInfo {
-        let port = self.dev.port();
+        let port = self.raw.port();
         EndpointInfo {
-            qpn: self.qp.qpn(),
+            qpn: self.raw.qpn(),
             lid: port.lid,
             gid: port.gid,
             psn: 0,
@@ -130,17 +83,15 @@ impl Forger {
     }
 
     fn connect(&mut self, peer: EndpointInfo) {
-        self.qp
-            .connect_rc(
-                &RcRemote {
-                    qpn: peer.qpn,
-                    lid: peer.lid,
-                    gid: peer.gid,
-                    psn: peer.psn,
-                },
-                &ContextConfig::default().rc,
-            )
-            .unwrap();
+        self.raw.connect(
+            &RcRemote {
+                qpn: peer.qpn,
+                lid: peer.lid,
+                gid: peer.gid,
+                psn: peer.psn,
+            },
+            &ContextConfig::default().rc,
+        );
         self.peer = Some(peer);
     }
 
@@ -149,34 +100,13 @@ impl Forger {
     fn send(&mut self, bytes: &[u8], imm: u32) {
         let peer = self.peer.unwrap();
         let off = self.pos % peer.recv_ring_size;
-        // SAFETY: inside the send buffer; no WQE reads it now.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.send.mem.as_mut_ptr(), bytes.len())
-        };
-        let sges = [Sge {
-            addr: self.send.mr.addr,
-            len: bytes.len() as u32,
-            lkey: self.send.mr.lkey,
-        }];
-        self.qp
-            .sq
-            .post(&WqeDesc {
-                opcode: Opcode::RdmaWriteImm,
-                flags: CQ_UPDATE,
-                imm,
-                ud: None,
-                remote: Some(RaddrSeg {
-                    raddr: peer.recv_ring_addr + off,
-                    rkey: peer.recv_ring_rkey,
-                }),
-                atomic: None,
-                inline: &[],
-                sges: &sges,
-            })
-            .unwrap();
-        self.qp.sq.ring_doorbell();
+        self.raw.write(
+            peer.recv_ring_addr + off,
+            peer.recv_ring_rkey,
+            bytes,
+            Some(imm),
+        );
         self.pos += imm as u64 * 32;
-        assert_eq!(self.poll(), 1, "the forged WRITE+IMM completed");
     }
 
     /// Sends a batch whose immediate matches its length.
@@ -184,28 +114,14 @@ impl Forger {
         self.send(&b.0, encode_imm(b.0.len() as u64));
     }
 
-    /// Handles our completions: counts batches received from the context (reposting their
-    /// receive WQEs) and returns the number of successful send completions.
-    fn poll(&mut self) -> usize {
-        let mut sent = 0;
-        while let Some(c) = self.cq.cq.poll_one() {
-            self.cq.cq.update_dbrec();
-            match CqeOpcode::from_nibble(c.opcode) {
-                Some(CqeOpcode::Req) => {
-                    self.qp.sq.retire(c.wqe_counter);
-                    sent += 1;
-                }
-                Some(CqeOpcode::RespWrImm) => {
-                    let rq = self.qp.rq.as_mut().unwrap();
-                    rq.complete();
-                    rq.post(&[]).unwrap();
-                    rq.ring_doorbell();
-                    self.received += 1;
-                }
-                _ => panic!("forger: unexpected completion {c:?}"),
-            }
-        }
-        sent
+    /// Handles our completions (reposting the receive WQEs of batches from the context).
+    fn poll(&mut self) {
+        self.raw.poll();
+    }
+
+    /// Batches (WRITE+IMMs) received from the context.
+    fn received(&self) -> usize {
+        self.raw.received().len()
     }
 }
 
@@ -295,11 +211,11 @@ impl Rig {
             .a
             .call(self.bad, &pattern(tag, 10), tag, 100)
             .unwrap_or_else(|e| panic!("call: {e}"));
-        let before = self.forger.received;
+        let before = self.forger.received();
         self.poll_a();
         self.forger.poll();
         assert_eq!(
-            self.forger.received,
+            self.forger.received(),
             before + 1,
             "the forger got the request"
         );
@@ -610,10 +526,10 @@ fn the_forger_is_understood() {
     rig.a.reply(h, &pattern(43, 50)).unwrap();
     rig.poll_a();
     rig.forger.poll();
-    assert_eq!(rig.forger.received, 1);
+    assert_eq!(rig.forger.received(), 1);
     // The reply batch at the start of the forger's ring: metadata, then the response.
-    // SAFETY: written by the completed WRITE+IMM; nothing writes it now.
-    let ring = unsafe { std::slice::from_raw_parts(rig.forger.ring.mem.as_ptr(), 128) };
+    // Written by the completed WRITE+IMM.
+    let ring = rig.forger.ring.read(0, 128);
     let meta = FlowMetadata::read(ring[..32].try_into().unwrap());
     assert_eq!(meta.message_count, 1);
     assert_eq!(meta.ring_credit_return, 64);

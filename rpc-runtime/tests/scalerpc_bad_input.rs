@@ -1,7 +1,7 @@
 //! ScaleRPC bad input on the device model (issue 6 §5).
 //!
 //! A *forger* is a raw RC QP driven through the mlx5 driver directly (no ScaleRPC client
-//! core). As a client it connects to a [`ScaleServer`] through `accept` with a
+//! core; `mlx5::sim::testkit::RawRcPeer`). As a client it connects to a [`ScaleServer`] through `accept` with a
 //! [`ClientConnInfo`] it builds itself (its response region is the middle third of a larger
 //! registered buffer, so the bytes just below and above the region are valid RDMA targets
 //! the server must never write), and RDMA WRITEs whatever it likes into its pool slots.
@@ -17,11 +17,9 @@
 
 use std::time::Duration;
 
-use mlx5::cqe::CqeOpcode;
-use mlx5::mem::DmaBuf;
+use mlx5::sim::testkit::{RawRcPeer, RegBuf};
 use mlx5::sim::{Fabric, SimConfig};
-use mlx5::verbs::{Access, Cq, Mr, Pd, Qp, QpCaps, QpInit, QpType, RcParams, RcRemote};
-use mlx5::wqe::{CQ_UPDATE, Opcode, RaddrSeg, Sge, WqeDesc};
+use mlx5::verbs::{Access, RcParams, RcRemote};
 use rpc_runtime::scalerpc::protocol::{
     REQUEST_HEADER_SIZE, REQUEST_MAGIC, RESPONSE_HEADER_SIZE, RESPONSE_MAGIC, RequestHeader,
     ResponseHeader, STATUS_OK, STATUS_REJECTED, request_bytes, response_bytes, trailer,
@@ -39,35 +37,6 @@ const REGION: usize = SLOT * K as usize;
 /// Pattern the bytes around the forger's region hold; they must never change.
 const GUARD: u8 = 0xa5;
 
-/// A registered buffer (`mr` first: deregistered before the memory is unmapped).
-struct Buf {
-    mr: Mr,
-    mem: DmaBuf,
-}
-
-impl Buf {
-    fn new(dev: &mlx5::verbs::Context, pd: &Pd, len: usize, access: Access) -> Buf {
-        let mem = DmaBuf::with_normal_pages(len).unwrap();
-        let mr = dev.reg_mr(pd, mem.as_mut_ptr(), len, access).unwrap();
-        Buf { mr, mem }
-    }
-    fn addr(&self, off: usize) -> u64 {
-        self.mr.addr + off as u64
-    }
-    fn read(&self, off: usize, len: usize) -> Vec<u8> {
-        let mut v = vec![0u8; len];
-        // SAFETY: inside the mapping; the model writes it inside doorbells of this thread.
-        unsafe { std::ptr::copy_nonoverlapping(self.mem.as_ptr().add(off), v.as_mut_ptr(), len) };
-        v
-    }
-    fn write(&self, off: usize, data: &[u8]) {
-        // SAFETY: inside the mapping; no device access in flight on these bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_mut_ptr().add(off), data.len())
-        };
-    }
-}
-
 fn rc() -> RcParams {
     RcParams {
         timeout: 14,
@@ -79,77 +48,42 @@ fn rc() -> RcParams {
     }
 }
 
-/// A raw RC peer (module docs). Field order is drop order.
+/// A raw RC peer (module docs), on [`RawRcPeer`]. Field order is drop order: the buffers
+/// are deregistered before the peer's protection domain goes.
 struct Forger {
-    qp: Qp,
-    cq: Cq,
-    /// Staging for forged WRITEs.
-    send: Buf,
     /// `[guard | response region | guard]`, REMOTE_WRITE: the middle third is advertised.
-    big: Buf,
+    big: RegBuf,
     /// Another registered buffer (REMOTE_WRITE) full of guard bytes, for wrong-rkey cases.
-    other: Buf,
+    other: RegBuf,
     /// Control word (notices from a server) / ack word (acks from a client), REMOTE_WRITE.
-    word: Buf,
+    word: RegBuf,
     /// A fake server's pool (the client's requests land here).
-    pool: Buf,
-    _pd: Pd,
-    dev: mlx5::verbs::Context,
+    pool: RegBuf,
+    raw: RawRcPeer,
     /// When the forger is a client: the server's answer.
     server: Option<ServerConnInfo>,
     /// When the forger is a server: the client's information.
     client: Option<ClientConnInfo>,
-    /// WRITE+IMMs received.
-    received: Vec<u32>,
 }
 
 impl Forger {
     fn new(fabric: &Fabric) -> Forger {
-        let dev = fabric.open();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(1024).unwrap();
-        let mut qp = dev
-            .create_qp(
-                &pd,
-                &QpInit {
-                    qp_type: QpType::Rc,
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    srq: None,
-                    caps: QpCaps {
-                        max_send_wr: 64,
-                        max_recv_wr: 256,
-                        max_send_sge: 1,
-                        max_recv_sge: 1,
-                        max_inline_data: 0,
-                    },
-                },
-            )
-            .unwrap();
-        let rq = qp.rq.as_mut().unwrap();
-        while rq.post(&[]).is_ok() {}
-        rq.ring_doorbell();
+        let raw = RawRcPeer::new(fabric, 4 * SLOT);
         let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-        let send = Buf::new(&dev, &pd, 4 * SLOT, Access::LOCAL_WRITE);
-        let big = Buf::new(&dev, &pd, 3 * REGION, rw);
+        let big = raw.reg(3 * REGION, rw);
         big.write(0, &vec![GUARD; 3 * REGION]);
-        let other = Buf::new(&dev, &pd, REGION, rw);
+        let other = raw.reg(REGION, rw);
         other.write(0, &vec![GUARD; REGION]);
-        let word = Buf::new(&dev, &pd, 64, rw);
-        let pool = Buf::new(&dev, &pd, REGION, rw | Access::REMOTE_READ);
+        let word = raw.reg(64, rw);
+        let pool = raw.reg(REGION, rw | Access::REMOTE_READ);
         Forger {
-            qp,
-            cq,
-            send,
             big,
             other,
             word,
             pool,
-            _pd: pd,
-            dev,
+            raw,
             server: None,
             client: None,
-            received: Vec::new(),
         }
     }
 
@@ -159,9 +93,9 @@ impl Forger {
 
     /// What the server's `accept` gets: the middle third of `big` as the response region.
     fn client_info(&self) -> ClientConnInfo {
-        let port = self.dev.port();
+        let port = self.raw.port();
         ClientConnInfo {
-            qpn: self.qp.qpn(),
+            qpn: self.raw.qpn(),
             lid: port.lid,
             gid: port.gid,
             resp_addr: self.region(),
@@ -174,17 +108,15 @@ impl Forger {
     }
 
     fn connect_to(&mut self, qpn: u32, lid: u16, gid: [u8; 16]) {
-        self.qp
-            .connect_rc(
-                &RcRemote {
-                    qpn,
-                    lid,
-                    gid,
-                    psn: 0,
-                },
-                &rc(),
-            )
-            .unwrap();
+        self.raw.connect(
+            &RcRemote {
+                qpn,
+                lid,
+                gid,
+                psn: 0,
+            },
+            &rc(),
+        );
     }
 
     /// Connects as a client of `server` and says hello.
@@ -206,59 +138,16 @@ impl Forger {
     /// Posts one signaled WRITE (or WRITE+IMM with `imm`) of `bytes` to `raddr`/`rkey`,
     /// rings, and waits for its completion (the model executes it inside the doorbell).
     fn write(&mut self, raddr: u64, rkey: u32, bytes: &[u8], imm: Option<u32>) {
-        self.send.write(0, bytes);
-        self.qp
-            .sq
-            .post(&WqeDesc {
-                opcode: if imm.is_some() {
-                    Opcode::RdmaWriteImm
-                } else {
-                    Opcode::RdmaWrite
-                },
-                flags: CQ_UPDATE,
-                imm: imm.unwrap_or(0),
-                ud: None,
-                remote: Some(RaddrSeg { raddr, rkey }),
-                atomic: None,
-                inline: &[],
-                sges: &[Sge {
-                    addr: self.send.addr(0),
-                    len: bytes.len() as u32,
-                    lkey: self.send.mr.lkey,
-                }],
-            })
-            .unwrap();
-        self.qp.sq.ring_doorbell();
-        assert_eq!(self.poll(), 1, "the forged WRITE completed");
+        self.raw.write(raddr, rkey, bytes, imm);
     }
 
     fn send_imm(&mut self, raddr: u64, rkey: u32, bytes: &[u8], imm: u32) {
         self.write(raddr, rkey, bytes, Some(imm));
     }
 
-    /// Handles completions: records WRITE+IMMs received (reposting their receive WQEs);
-    /// returns the number of successful send completions.
-    fn poll(&mut self) -> usize {
-        let mut sent = 0;
-        while let Some(c) = self.cq.cq.poll_one() {
-            self.cq.cq.update_dbrec();
-            assert!(!c.is_error(), "forger: error completion {c:?}");
-            match CqeOpcode::from_nibble(c.opcode) {
-                Some(CqeOpcode::Req) => {
-                    self.qp.sq.retire(c.wqe_counter);
-                    sent += 1;
-                }
-                Some(CqeOpcode::RespWrImm) => {
-                    let rq = self.qp.rq.as_mut().unwrap();
-                    rq.complete();
-                    rq.post(&[]).unwrap();
-                    rq.ring_doorbell();
-                    self.received.push(c.imm);
-                }
-                _ => panic!("forger: unexpected completion {c:?}"),
-            }
-        }
-        sent
+    /// Handles completions (WRITE+IMMs received are recorded, [`RawRcPeer::received`]).
+    fn poll(&mut self) {
+        self.raw.poll();
     }
 
     /// Writes `bytes` at the start of the forger's pool slot `j` (client side).
@@ -764,9 +653,9 @@ fn client_ignores_malformed_notices_and_responses() {
     let (c, info) = client.create_conn().unwrap();
     f.connect_to(info.qpn, info.lid, info.gid);
     f.client = Some(info);
-    let port = f.dev.port();
+    let port = f.raw.port();
     let s = ServerConnInfo {
-        qpn: f.qp.qpn(),
+        qpn: f.raw.qpn(),
         lid: port.lid,
         gid: port.gid,
         conn_id: 0,
@@ -784,7 +673,7 @@ fn client_ignores_malformed_notices_and_responses() {
     };
     client.connect(c, &s).unwrap();
     f.poll();
-    assert_eq!(f.received, vec![IMM_ACK], "the client's hello");
+    assert_eq!(f.raw.received(), [IMM_ACK], "the client's hello");
     let mut got = Vec::new();
     // A notice with a wrong immediate.
     f.send_imm(info.ctrl_addr, info.ctrl_rkey, &[0; 8], 0x0bad);

@@ -181,6 +181,8 @@ mod qpc;
 mod recv;
 mod table;
 mod target;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 #[cfg(test)]
 mod export_props;
