@@ -262,3 +262,9 @@ impl RpcError {
         }
     }
 }
+
+/// `v` as a `u32`, saturated at `u32::MAX`: byte counts in capacity errors, whose fields are
+/// `u32`.
+pub(crate) fn sat_u32(v: impl TryInto<u32>) -> u32 {
+    v.try_into().unwrap_or(u32::MAX)
+}

@@ -15,7 +15,7 @@ pub mod flux;
 pub mod ipc;
 #[doc(hidden)]
 pub mod macro_support;
-mod rdma;
+mod rc;
 pub mod runner;
 pub mod scalerpc;
 pub mod server;

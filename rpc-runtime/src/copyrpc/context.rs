@@ -42,7 +42,7 @@ use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupE
 use super::fifo::Fifo;
 use super::info::EndpointInfo;
 use super::stats::Stats;
-use crate::rdma::{rc_qp_on_srq, refill_srq, zero_length_srq};
+use crate::rc::queues::{rc_qp_on_srq, refill_srq, zero_length_srq};
 
 /// A signaled WQE is posted at least every this many WQEs (seeds/001 `SIGNAL_INTERVAL`), and
 /// also whenever a quarter of the send queue's WQEBBs went by unsignaled (an inline WQE

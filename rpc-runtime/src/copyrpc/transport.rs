@@ -72,9 +72,6 @@
 //! fabric's progress thread ([`mlx5::sim::SimConfig::progress_thread`], on by default) plays
 //! the part of the NIC's retry timer.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::time::{Duration, Instant};
 
 use mlx5::mem::DmaBuf;
@@ -87,7 +84,8 @@ use super::error::{CallError, ReplyError, SetupError};
 use super::info::EndpointInfo;
 use super::shared::{ClientContext, ContextGuard, ContextGuardMut, Handle, Shared, TOKEN_BITS};
 use crate::client::ClientTransport;
-use crate::error::{LimitSide, MessageKind, RpcError};
+use crate::error::{LimitSide, MessageKind, RpcError, sat_u32};
+use crate::rc::rendezvous::{ExchangeError, Inbox, Rendezvous, rendezvous};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
 
@@ -96,47 +94,10 @@ use crate::service::{Service, ServiceDescriptor};
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = crate::client::DEFAULT_CALLS_IN_FLIGHT as u32;
 /// Largest accepted `max_in_flight` (bounds the per-client response buffer).
 pub const MAX_IN_FLIGHT_LIMIT: u32 = 1 << 16;
-/// Default [`CopyrpcAddr::timeout`]: how long [`Copyrpc::connect`] waits for the server.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default [`CopyrpcAddr::probe_interval`].
-pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(100);
-/// Empty polls between two readings of the clock by the liveness probe (keeps the clock off
-/// the hot path, as the delegation ring does).
-const PROBE_CHECK_POLLS: u32 = 1024;
+use crate::rc::PROBE_CHECK_POLLS;
+pub use crate::rc::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_INTERVAL};
 
-/// Why a server refused a connect request sent through its [`Listener`].
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ConnectRefusal {
-    /// The server serves a service with another schema fingerprint.
-    #[error("the server's schema fingerprint is {server:#018x}")]
-    SchemaMismatch {
-        /// The server's fingerprint.
-        server: u64,
-    },
-    /// The negotiated ring cannot carry the service's largest messages.
-    #[error(
-        "largest {what} payload the rings carry is {cap} bytes, the service needs {need} ({side} {setting} is the limit)"
-    )]
-    Capacity {
-        /// Which message kind does not fit.
-        what: MessageKind,
-        /// Largest payload in bytes.
-        cap: u32,
-        /// Bytes the service needs (saturated at `u32::MAX`).
-        need: u32,
-        /// Whose ring is the limit, as the server sees it ([`LimitSide::PeerClient`]: the
-        /// client's; [`LimitSide::ThisServer`]: the server's).
-        side: LimitSide,
-        /// The setting to change ([`RpcError::CapacityMismatch::setting`]).
-        setting: &'static str,
-        /// Its least working value, where known.
-        min: Option<u64>,
-    },
-    /// The server could not create or connect its endpoint (the device's or the core's
-    /// message).
-    #[error("server-side setup failed: {0}")]
-    Setup(String),
-}
+pub use crate::rc::ConnectRefusal;
 
 /// Setting up a copyrpc client or server failed (beyond what [`RpcError`] names directly).
 #[derive(Debug, thiserror::Error)]
@@ -158,12 +119,6 @@ pub enum CopyrpcSetupError {
     Config(&'static str),
 }
 
-/// One connect request: the client's endpoint and where the server's answer goes.
-struct ConnectRequest {
-    info: EndpointInfo,
-    reply: SyncSender<Result<EndpointInfo, ConnectRefusal>>,
-}
-
 /// In-process rendezvous through which clients connect to one [`CopyrpcServer`]
 /// ([`CopyrpcServer::listener`]): a channel of connect requests plus a count of pending ones,
 /// so that the server's poll costs one relaxed load while nobody connects.
@@ -172,8 +127,7 @@ struct ConnectRequest {
 /// [`EndpointInfo`] instead (module docs).
 #[derive(Clone, Debug)]
 pub struct Listener {
-    tx: Sender<ConnectRequest>,
-    pending: Arc<AtomicUsize>,
+    rv: Rendezvous<EndpointInfo, EndpointInfo, ConnectRefusal>,
 }
 
 impl Listener {
@@ -190,25 +144,16 @@ impl Listener {
         info: &EndpointInfo,
         timeout: Duration,
     ) -> Result<EndpointInfo, CopyrpcSetupError> {
-        let (reply, answer) = mpsc::sync_channel(1);
-        // Counted before it is sent: the server decrements after receiving, so the count
-        // never goes below zero.
-        self.pending.fetch_add(1, Ordering::Relaxed);
-        if self.tx.send(ConnectRequest { info: *info, reply }).is_err() {
-            self.pending.fetch_sub(1, Ordering::Relaxed);
-            return Err(CopyrpcSetupError::ServerGone);
-        }
-        match answer.recv_timeout(timeout) {
-            Ok(Ok(server)) => Ok(server),
-            Ok(Err(refusal)) => Err(CopyrpcSetupError::Refused(refusal)),
-            Err(RecvTimeoutError::Timeout) => Err(CopyrpcSetupError::Timeout(timeout)),
-            Err(RecvTimeoutError::Disconnected) => Err(CopyrpcSetupError::ServerGone),
-        }
+        self.rv.exchange(*info, timeout).map_err(|e| match e {
+            ExchangeError::Refused(r) => CopyrpcSetupError::Refused(r),
+            ExchangeError::Timeout(t) => CopyrpcSetupError::Timeout(t),
+            ExchangeError::ServerGone => CopyrpcSetupError::ServerGone,
+        })
     }
 
     /// Connect requests sent and not yet taken by the server.
     pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::Relaxed)
+        self.rv.pending()
     }
 }
 
@@ -258,10 +203,6 @@ impl CopyrpcAddr {
             shared: None,
         }
     }
-}
-
-fn sat_u32(v: impl TryInto<u32>) -> u32 {
-    v.try_into().unwrap_or(u32::MAX)
 }
 
 /// Maps a setup error, naming `service` in a schema mismatch.
@@ -822,7 +763,7 @@ impl ClientTransport for Copyrpc {
 /// `ReplyToken` is [`RecvHandle`]; a handle answers exactly one request, once.
 pub struct CopyrpcServer {
     ctx: Context<()>,
-    rx: Receiver<ConnectRequest>,
+    inbox: Inbox<EndpointInfo, EndpointInfo, ConnectRefusal>,
     listener: Listener,
     service: &'static ServiceDescriptor,
     endpoint: EndpointConfig,
@@ -863,14 +804,11 @@ impl CopyrpcServer {
         }
         check_endpoint_config(service, &endpoint, LimitSide::ThisServer)?;
         let ctx = Context::new(device, context)?;
-        let (tx, rx) = mpsc::channel();
+        let (rv, inbox) = rendezvous();
         Ok(CopyrpcServer {
             ctx,
-            rx,
-            listener: Listener {
-                tx,
-                pending: Arc::new(AtomicUsize::new(0)),
-            },
+            inbox,
+            listener: Listener { rv },
             service,
             endpoint: EndpointConfig {
                 fingerprint: service.fingerprint,
@@ -910,9 +848,8 @@ impl CopyrpcServer {
     /// idle: the context cannot remove endpoints.
     pub fn accept(&mut self) -> usize {
         let mut n = 0;
-        while let Ok(req) = self.rx.try_recv() {
-            self.listener.pending.fetch_sub(1, Ordering::Relaxed);
-            let answer = match self.add_endpoint(&req.info) {
+        while let Some(req) = self.inbox.take() {
+            let answer = match self.add_endpoint(&req.body) {
                 Ok((_, info)) => {
                     n += 1;
                     Ok(info)
@@ -922,7 +859,7 @@ impl CopyrpcServer {
             if let Err(e) = &answer {
                 tracing::debug!(service = self.service.name, refusal = %e, "copyrpc: connect refused");
             }
-            if req.reply.try_send(answer).is_err() {
+            if !req.answer(answer) {
                 tracing::debug!(
                     service = self.service.name,
                     "copyrpc: client stopped waiting for its connect answer"
@@ -1252,7 +1189,7 @@ impl ServerTransport for CopyrpcServer {
     /// available to `recv`.
     #[inline]
     fn poll(&mut self) -> usize {
-        if self.listener.pending.load(Ordering::Relaxed) != 0 {
+        if self.inbox.has_pending() {
             self.accept();
         }
         self.ctx.poll(|_, _| {});

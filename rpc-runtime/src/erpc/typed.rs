@@ -139,7 +139,7 @@ use super::transport::lossy::{LossConfig, LossyTransport};
 use super::transport::ud::{UdAddr, UdConfig, UdTransport};
 use super::transport::udp::{DEFAULT_BATCH, UdpConfig, UdpMtu, UdpTransport};
 use crate::client::ClientTransport;
-use crate::error::{LimitSide, MessageKind, RpcError, SETTING_SERVICE_MAX};
+use crate::error::{LimitSide, MessageKind, RpcError, SETTING_SERVICE_MAX, sat_u32};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
 
@@ -351,10 +351,6 @@ impl From<ErpcSetupError> for RpcError {
 /// The setting [`RpcError::CapacityMismatch`] and [`RpcError::MessageTooLarge`] name for
 /// the core's message size limit.
 const SETTING_MAX_MSG_SIZE: &str = "eRPC Config::max_msg_size";
-
-fn sat_u32(v: usize) -> u32 {
-    u32::try_from(v).unwrap_or(u32::MAX)
-}
 
 /// Checks that the endpoint configuration `cfg` can serve `service`: its fingerprint is the
 /// service's, and its `max_msg_size` carries the largest request and response. `side` is whose

@@ -26,7 +26,7 @@ use super::{
     ACK_HELLO, CTRL_EVICT, CTRL_STOP, DOORBELL_BATCH_SIZE, IMM_ACK, IMM_NOTICE, ResponseMode,
     ScaleError,
 };
-use crate::rdma::{rc_qp_on_srq, refill_srq, zero_length_srq};
+use crate::rc::queues::{rc_qp_on_srq, refill_srq, zero_length_srq};
 
 /// Client configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -32,7 +32,7 @@ use super::{
     ACK_BYE, ACK_HELLO, CTRL_EVICT, CTRL_STOP, DOORBELL_BATCH_SIZE, IMM_ACK, IMM_NOTICE,
     ResponseMode, ScaleError,
 };
-use crate::rdma::{rc_qp_on_srq, refill_srq, zero_length_srq};
+use crate::rc::queues::{rc_qp_on_srq, refill_srq, zero_length_srq};
 
 /// The request header bytes at the start of a pool slot. Every slot holds at least
 /// `request_bytes(0)` bytes (checked by [`ScaleServer::new`]), so this cannot fail.

@@ -90,9 +90,6 @@
 //! [`DISCONNECT_WAIT`] for it to leave; the server then reclaims the connection, so clients
 //! may come and go indefinitely within [`ServerConfig::max_conns`] at a time.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::time::{Duration, Instant};
 
 use super::ScaleError;
@@ -101,15 +98,13 @@ use super::info::{ClientConnInfo, ServerConnInfo};
 use super::protocol::{REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE, TRAILER_SIZE};
 use super::server::{DEFAULT_SLOT_SIZE, ScaleServer, ScaleToken, ServerConfig};
 use crate::client::ClientTransport;
-use crate::error::{LimitSide, MessageKind, RpcError};
+use crate::error::{LimitSide, MessageKind, RpcError, sat_u32};
+use crate::rc::rendezvous::{ExchangeError, Inbox, Rendezvous, rendezvous};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
 use crate::tokens::Tokens;
 
-/// Default [`ScaleRpcAddr::timeout`]: how long [`ScaleRpc::connect`] waits for the server.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default [`ScaleRpcAddr::probe_interval`].
-pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(100);
+pub use crate::rc::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_INTERVAL};
 /// Default [`ScaleRpcAddr::activation_timeout`]: generous, because on a shared, oversubscribed
 /// machine a group's turn can be delayed by other groups' acknowledgement timeouts and by
 /// thread scheduling; a liveness timeout must not fire on a merely slow server.
@@ -122,9 +117,7 @@ pub const DISCONNECT_WAIT: Duration = Duration::from_millis(10);
 pub const RPC_TYPE_CALL: u16 = 0;
 /// `rpc_type` of liveness probes (empty requests, answered by [`ScaleRpcServer`] itself).
 pub const RPC_TYPE_PROBE: u16 = u16::MAX;
-/// Empty polls between two readings of the clock by the liveness check (keeps the clock off
-/// the hot path).
-const PROBE_CHECK_POLLS: u32 = 1024;
+use crate::rc::PROBE_CHECK_POLLS;
 /// User data of the probe call (never a call token: tokens are below `u16::MAX`).
 const PROBE_TOKEN: u32 = u32::MAX;
 /// Zero-length receive WQEs and CQ entries of a one-connection client context: notices are
@@ -176,34 +169,7 @@ pub fn max_response_payload(slot_size: u32) -> usize {
     (slot_size as usize).saturating_sub(RESPONSE_HEADER_SIZE + TRAILER_SIZE + 4)
 }
 
-fn sat_u32(v: usize) -> u32 {
-    u32::try_from(v).unwrap_or(u32::MAX)
-}
-
-/// Why a server refused a connect request sent through its [`Listener`].
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ConnectRefusal {
-    /// The server serves a service with another schema fingerprint.
-    #[error("the server's schema fingerprint is {server:#018x}")]
-    SchemaMismatch {
-        /// The server's fingerprint.
-        server: u64,
-    },
-    /// The client's slots are smaller or fewer than the server's.
-    #[error(
-        "the server's slots are {slot_size} B x {slots_per_conn} per connection; the client's must be at least as large and as many (ScaleRPC ClientConfig::slot_size and slots_per_conn: ScaleRpcAddr::new takes the server's)"
-    )]
-    Slots {
-        /// The server's slot size in bytes.
-        slot_size: u32,
-        /// The server's slots per connection.
-        slots_per_conn: u32,
-    },
-    /// The server could not accept the connection (too many connections, device error: the
-    /// core's message).
-    #[error("server-side setup failed: {0}")]
-    Setup(String),
-}
+pub use crate::rc::ConnectRefusal;
 
 /// Setting up a ScaleRPC client or server failed (beyond what [`RpcError`] names directly).
 #[derive(Debug, thiserror::Error)]
@@ -232,13 +198,11 @@ pub enum ScaleRpcSetupError {
     Evicted,
 }
 
-/// One connect request: the client's connection, its slot geometry, and where the server's
-/// answer goes.
+/// One connect request: the client's connection and its slot geometry.
 struct ConnectRequest {
     info: ClientConnInfo,
     slot_size: u32,
     slots_per_conn: u32,
-    reply: SyncSender<Result<ServerConnInfo, ConnectRefusal>>,
 }
 
 /// In-process rendezvous through which clients connect to one [`ScaleRpcServer`]
@@ -250,8 +214,7 @@ struct ConnectRequest {
 /// [`ServerConnInfo`] out of band instead (module docs).
 #[derive(Clone, Debug)]
 pub struct Listener {
-    tx: Sender<ConnectRequest>,
-    pending: Arc<AtomicUsize>,
+    rv: Rendezvous<ConnectRequest, ServerConnInfo, ConnectRefusal>,
     slot_size: u32,
     slots_per_conn: u32,
 }
@@ -271,31 +234,21 @@ impl Listener {
         client: &ClientConfig,
         timeout: Duration,
     ) -> Result<ServerConnInfo, ScaleRpcSetupError> {
-        let (reply, answer) = mpsc::sync_channel(1);
-        // Counted before it is sent: the server decrements after receiving, so the count
-        // never goes below zero.
-        self.pending.fetch_add(1, Ordering::Relaxed);
         let req = ConnectRequest {
             info: *info,
             slot_size: client.slot_size.unwrap_or(DEFAULT_SLOT_SIZE),
             slots_per_conn: client.slots_per_conn,
-            reply,
         };
-        if self.tx.send(req).is_err() {
-            self.pending.fetch_sub(1, Ordering::Relaxed);
-            return Err(ScaleRpcSetupError::ServerGone);
-        }
-        match answer.recv_timeout(timeout) {
-            Ok(Ok(server)) => Ok(server),
-            Ok(Err(refusal)) => Err(ScaleRpcSetupError::Refused(refusal)),
-            Err(RecvTimeoutError::Timeout) => Err(ScaleRpcSetupError::Timeout(timeout)),
-            Err(RecvTimeoutError::Disconnected) => Err(ScaleRpcSetupError::ServerGone),
-        }
+        self.rv.exchange(req, timeout).map_err(|e| match e {
+            ExchangeError::Refused(r) => ScaleRpcSetupError::Refused(r),
+            ExchangeError::Timeout(t) => ScaleRpcSetupError::Timeout(t),
+            ExchangeError::ServerGone => ScaleRpcSetupError::ServerGone,
+        })
     }
 
     /// Connect requests sent and not yet taken by the server.
     pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::Relaxed)
+        self.rv.pending()
     }
 
     /// The server's slot size in bytes.
@@ -912,7 +865,7 @@ impl ClientTransport for ScaleRpc {
 /// `ReplyToken` is [`ScaleToken`]; a token answers exactly one request, once.
 pub struct ScaleRpcServer {
     inner: ScaleServer,
-    rx: Receiver<ConnectRequest>,
+    inbox: Inbox<ConnectRequest, ServerConnInfo, ConnectRefusal>,
     listener: Listener,
     service: &'static ServiceDescriptor,
     max_resp: usize,
@@ -959,13 +912,12 @@ impl ScaleRpcServer {
         };
         let inner = ScaleServer::new(device, cfg)?;
         debug_assert_eq!(inner.max_response(), max_response_payload(slot_size));
-        let (tx, rx) = mpsc::channel();
+        let (rv, inbox) = rendezvous();
         Ok(ScaleRpcServer {
             inner,
-            rx,
+            inbox,
             listener: Listener {
-                tx,
-                pending: Arc::new(AtomicUsize::new(0)),
+                rv,
                 slot_size,
                 slots_per_conn: cfg.slots_per_conn,
             },
@@ -1001,8 +953,8 @@ impl ScaleRpcServer {
     /// the server cannot remove connections.
     pub fn accept(&mut self) -> usize {
         let mut n = 0;
-        while let Ok(req) = self.rx.try_recv() {
-            self.listener.pending.fetch_sub(1, Ordering::Relaxed);
+        while let Some(pending) = self.inbox.take() {
+            let req = &pending.body;
             let (slot_size, slots_per_conn) =
                 (self.inner.slot_size(), self.inner.config().slots_per_conn);
             let answer = if req.info.fingerprint != self.service.fingerprint {
@@ -1026,7 +978,7 @@ impl ScaleRpcServer {
             if let Err(e) = &answer {
                 tracing::debug!(service = self.service.name, refusal = %e, "scalerpc: connect refused");
             }
-            if req.reply.try_send(answer).is_err() {
+            if !pending.answer(answer) {
                 tracing::debug!(
                     service = self.service.name,
                     "scalerpc: client stopped waiting for its connect answer"
@@ -1097,7 +1049,7 @@ impl ServerTransport for ScaleRpcServer {
     /// scan). Returns the requests available to `recv`.
     #[inline]
     fn poll(&mut self) -> usize {
-        if self.listener.pending.load(Ordering::Relaxed) != 0 {
+        if self.inbox.has_pending() {
             self.accept();
         }
         self.inner.poll()

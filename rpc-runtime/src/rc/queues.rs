@@ -1,4 +1,4 @@
-//! Queue setup shared by the RC transports (copyrpc, ScaleRPC): RC QPs that take their
+//! Queue setup shared by the RC transports: RC QPs that take their
 //! receives from a shared SRQ of zero-length WQEs, and the refill of that SRQ.
 
 use mlx5::verbs::{Context, Cq, Pd, Qp, QpCaps, QpInit, QpType, Srq};
