@@ -22,6 +22,12 @@ use rpc::{Client, ClientTransport, RpcError, Server, Service};
 
 /// Small pools: 1 KiB slots (the echo service needs 264 B requests), 8 slots per connection
 /// (7 calls in flight plus the liveness probe's).
+/// Bound on how long calls to a dropped server take to fail: the probe interval, RC retry
+/// exhaustion and activation timeouts are well under a second, but on a loaded 2-core
+/// machine this test once took over 10 s (2026-11-29, three callgrind runs beside it). A
+/// hang still fails it.
+const FAILS_WITHIN: Duration = Duration::from_secs(60);
+
 fn small() -> ServerConfig {
     ServerConfig {
         max_conns: 16,
@@ -596,10 +602,7 @@ fn server_dropped_mid_run_fails_pending_and_later_calls() {
     // Pending calls: the client sends nothing more, the probe finds the server gone.
     loop {
         match busy.poll() {
-            Ok(None) => assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "pending calls never failed"
-            ),
+            Ok(None) => assert!(t0.elapsed() < FAILS_WITHIN, "pending calls never failed"),
             Err(RpcError::ServerDisconnected) => break,
             other => panic!("unexpected {other:?}"),
         }
@@ -617,7 +620,7 @@ fn server_dropped_mid_run_fails_pending_and_later_calls() {
         Err(RpcError::ServerDisconnected)
     ));
     assert_eq!(idle.transport().probes_sent(), 0);
-    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert!(t0.elapsed() < FAILS_WITHIN, "{:?}", t0.elapsed());
 }
 
 #[test]
@@ -657,7 +660,7 @@ fn server_dropped_with_several_groups_no_client_hangs() {
         Err(RpcError::ServerDisconnected)
     ));
     assert!(t1.elapsed() >= Duration::from_millis(300));
-    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < FAILS_WITHIN, "{:?}", t0.elapsed());
     // Later calls fail at once.
     let t2 = Instant::now();
     assert!(matches!(

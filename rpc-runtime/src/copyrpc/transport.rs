@@ -94,7 +94,7 @@ use crate::service::{Service, ServiceDescriptor};
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = crate::client::DEFAULT_CALLS_IN_FLIGHT as u32;
 /// Largest accepted `max_in_flight` (bounds the per-client response buffer).
 pub const MAX_IN_FLIGHT_LIMIT: u32 = 1 << 16;
-use crate::rc::PROBE_CHECK_POLLS;
+use crate::rc::{self, PROBE_CHECK_POLLS};
 pub use crate::rc::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_INTERVAL};
 
 pub use crate::rc::ConnectRefusal;
@@ -209,11 +209,7 @@ impl CopyrpcAddr {
 #[cold]
 fn setup_error(e: SetupError, service: &'static ServiceDescriptor) -> RpcError {
     match e {
-        SetupError::SchemaMismatch { ours, theirs } => RpcError::SchemaMismatch {
-            service: service.name,
-            expected: ours,
-            found: theirs,
-        },
+        SetupError::SchemaMismatch { ours, theirs } => rc::schema_mismatch(service, ours, theirs),
         e => RpcError::from(e),
     }
 }
@@ -222,33 +218,8 @@ fn setup_error(e: SetupError, service: &'static ServiceDescriptor) -> RpcError {
 #[cold]
 fn exchange_error(e: CopyrpcSetupError, service: &'static ServiceDescriptor) -> RpcError {
     match e {
-        CopyrpcSetupError::Refused(ConnectRefusal::SchemaMismatch { server }) => {
-            RpcError::SchemaMismatch {
-                service: service.name,
-                expected: service.fingerprint,
-                found: server,
-            }
-        }
-        CopyrpcSetupError::Refused(ConnectRefusal::Capacity {
-            what,
-            cap,
-            need,
-            side,
-            setting,
-            min,
-        }) => RpcError::CapacityMismatch {
-            service: service.name,
-            what,
-            // The server's view, turned into this client's.
-            side: match side {
-                LimitSide::PeerClient | LimitSide::ThisClient => LimitSide::ThisClient,
-                LimitSide::ThisServer | LimitSide::PeerServer => LimitSide::PeerServer,
-            },
-            setting,
-            cap,
-            need,
-            min,
-        },
+        CopyrpcSetupError::Refused(r) => rc::refusal_error(r, service)
+            .unwrap_or_else(|r| RpcError::from(CopyrpcSetupError::Refused(r))),
         CopyrpcSetupError::ServerGone => RpcError::ServerDisconnected,
         e => RpcError::from(e),
     }

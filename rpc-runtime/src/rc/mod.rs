@@ -11,7 +11,8 @@ pub(crate) mod rendezvous;
 
 use std::time::Duration;
 
-use crate::error::{LimitSide, MessageKind};
+use crate::error::{LimitSide, MessageKind, RpcError};
+use crate::service::ServiceDescriptor;
 
 /// Default connect timeout of an RC transport's client (copyrpc's `CopyrpcAddr::timeout`,
 /// ScaleRPC's `ScaleRpcAddr::timeout`): how long `connect` waits for the server's answer.
@@ -71,4 +72,54 @@ pub enum ConnectRefusal {
     /// connections, a device error: the device's or the core's message).
     #[error("server-side setup failed: {0}")]
     Setup(String),
+}
+
+/// A schema mismatch found while setting up a client of `service`: `ours` is this build's
+/// fingerprint, `theirs` the server's.
+#[cold]
+pub(crate) fn schema_mismatch(
+    service: &'static ServiceDescriptor,
+    ours: u64,
+    theirs: u64,
+) -> RpcError {
+    RpcError::SchemaMismatch {
+        service: service.name,
+        expected: ours,
+        found: theirs,
+    }
+}
+
+/// The typed error a client of `service` reports for a refusal that names one: a schema
+/// mismatch, or a capacity limit (the server's view of whose limit it is, turned into this
+/// client's). Other refusals come back unchanged, for the transport's own setup error.
+#[cold]
+pub(crate) fn refusal_error(
+    refusal: ConnectRefusal,
+    service: &'static ServiceDescriptor,
+) -> Result<RpcError, ConnectRefusal> {
+    match refusal {
+        ConnectRefusal::SchemaMismatch { server } => {
+            Ok(schema_mismatch(service, service.fingerprint, server))
+        }
+        ConnectRefusal::Capacity {
+            what,
+            cap,
+            need,
+            side,
+            setting,
+            min,
+        } => Ok(RpcError::CapacityMismatch {
+            service: service.name,
+            what,
+            side: match side {
+                LimitSide::PeerClient | LimitSide::ThisClient => LimitSide::ThisClient,
+                LimitSide::ThisServer | LimitSide::PeerServer => LimitSide::PeerServer,
+            },
+            setting,
+            cap,
+            need,
+            min,
+        }),
+        r => Err(r),
+    }
 }

@@ -117,7 +117,7 @@ pub const DISCONNECT_WAIT: Duration = Duration::from_millis(10);
 pub const RPC_TYPE_CALL: u16 = 0;
 /// `rpc_type` of liveness probes (empty requests, answered by [`ScaleRpcServer`] itself).
 pub const RPC_TYPE_PROBE: u16 = u16::MAX;
-use crate::rc::PROBE_CHECK_POLLS;
+use crate::rc::{self, PROBE_CHECK_POLLS};
 /// User data of the probe call (never a call token: tokens are below `u16::MAX`).
 const PROBE_TOKEN: u32 = u32::MAX;
 /// Zero-length receive WQEs and CQ entries of a one-connection client context: notices are
@@ -315,11 +315,7 @@ impl ScaleRpcAddr {
 #[cold]
 fn core_error(e: ScaleError, service: &'static ServiceDescriptor) -> RpcError {
     match e {
-        ScaleError::SchemaMismatch { ours, theirs } => RpcError::SchemaMismatch {
-            service: service.name,
-            expected: ours,
-            found: theirs,
-        },
+        ScaleError::SchemaMismatch { ours, theirs } => rc::schema_mismatch(service, ours, theirs),
         e => RpcError::from(e),
     }
 }
@@ -328,13 +324,8 @@ fn core_error(e: ScaleError, service: &'static ServiceDescriptor) -> RpcError {
 #[cold]
 fn exchange_error(e: ScaleRpcSetupError, service: &'static ServiceDescriptor) -> RpcError {
     match e {
-        ScaleRpcSetupError::Refused(ConnectRefusal::SchemaMismatch { server }) => {
-            RpcError::SchemaMismatch {
-                service: service.name,
-                expected: service.fingerprint,
-                found: server,
-            }
-        }
+        ScaleRpcSetupError::Refused(r) => rc::refusal_error(r, service)
+            .unwrap_or_else(|r| RpcError::from(ScaleRpcSetupError::Refused(r))),
         ScaleRpcSetupError::ServerGone => RpcError::ServerDisconnected,
         e => RpcError::from(e),
     }
