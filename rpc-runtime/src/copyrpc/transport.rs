@@ -94,7 +94,7 @@ use crate::service::{Service, ServiceDescriptor};
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = crate::client::DEFAULT_CALLS_IN_FLIGHT as u32;
 /// Largest accepted `max_in_flight` (bounds the per-client response buffer).
 pub const MAX_IN_FLIGHT_LIMIT: u32 = 1 << 16;
-use crate::rc::{self, PROBE_CHECK_POLLS};
+use crate::rc::{self, liveness::ProbeClock};
 pub use crate::rc::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_INTERVAL};
 
 pub use crate::rc::ConnectRefusal;
@@ -231,10 +231,7 @@ struct Probe {
     mr: Mr,
     _buf: DmaBuf,
     remote: RaddrSeg,
-    interval: Duration,
-    empty_polls: u32,
-    last: Instant,
-    seen: u64,
+    clock: ProbeClock,
 }
 
 /// Client transport over one copyrpc endpoint, in a context of its own or in a
@@ -455,10 +452,7 @@ impl Copyrpc {
                 raddr: server.consumer_addr,
                 rkey: server.consumer_rkey,
             },
-            interval,
-            empty_polls: 0,
-            last: Instant::now(),
-            seen,
+            clock: ProbeClock::new(interval, Instant::now(), seen),
         });
         Ok(self)
     }
@@ -510,35 +504,25 @@ impl Copyrpc {
         }
         if let Some(p) = &mut self.probe
             && busy
+            && p.clock.empty_poll()
         {
-            p.empty_polls += 1;
-            if p.empty_polls >= PROBE_CHECK_POLLS {
-                self.check_liveness(Instant::now());
-            }
+            self.check_liveness(Instant::now());
         }
         Ok(0)
     }
 
-    /// Every [`PROBE_CHECK_POLLS`] empty polls with calls outstanding, and at each
+    /// Every [`crate::rc::PROBE_CHECK_POLLS`] empty polls with calls outstanding, and at each
     /// [`ClientTransport::idle_tick`]: if no response arrived for the probe interval and no
     /// probe is in flight, post one.
     #[cold]
     #[inline(never)]
     fn check_liveness(&mut self, now: Instant) {
         let Some(p) = &mut self.probe else { return };
-        p.empty_polls = 0;
         let (slot, ep) = (self.slot as usize, self.ep);
         self.ctx.with(|s| {
-            let seen = s.slots[slot].responses;
-            if seen != p.seen {
-                p.seen = seen;
-                p.last = now;
+            if !p.clock.due(now, s.slots[slot].responses) {
                 return;
             }
-            if now.duration_since(p.last) < p.interval {
-                return;
-            }
-            p.last = now;
             // One raw operation at a time per context (in a shared context, another client's
             // probe may be in flight: this one follows at a later check).
             if s.ctx.raw_rdma_pending() == 0 {

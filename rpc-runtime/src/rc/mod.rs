@@ -3,9 +3,11 @@
 //! - [`queues`]: RC QPs on a shared SRQ of zero-length receives, and its batched refill;
 //! - [`rendezvous`]: the in-process connect rendezvous behind each transport's `Listener`
 //!   (a client sends its connection information and waits, bounded, for the server's);
+//! - [`liveness`]: when a client's liveness probe is due;
 //! - [`ConnectRefusal`]: why a server refused such a connect request;
 //! - the connect timeout and liveness-probe defaults both transports share.
 
+pub(crate) mod liveness;
 pub(crate) mod queues;
 pub(crate) mod rendezvous;
 

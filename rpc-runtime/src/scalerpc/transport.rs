@@ -117,7 +117,7 @@ pub const DISCONNECT_WAIT: Duration = Duration::from_millis(10);
 pub const RPC_TYPE_CALL: u16 = 0;
 /// `rpc_type` of liveness probes (empty requests, answered by [`ScaleRpcServer`] itself).
 pub const RPC_TYPE_PROBE: u16 = u16::MAX;
-use crate::rc::{self, PROBE_CHECK_POLLS};
+use crate::rc::{self, liveness::ProbeClock};
 /// User data of the probe call (never a call token: tokens are below `u16::MAX`).
 const PROBE_TOKEN: u32 = u32::MAX;
 /// Zero-length receive WQEs and CQ entries of a one-connection client context: notices are
@@ -369,13 +369,9 @@ fn check_capacity(
 /// Liveness state of a [`ScaleRpc`] client (module docs).
 #[derive(Debug)]
 struct Liveness {
-    probe_interval: Option<Duration>,
+    /// The probe's clock, if probing is on.
+    probe: Option<ProbeClock>,
     activation_timeout: Option<Duration>,
-    empty_polls: u32,
-    /// Last time a response arrived (or a probe was sent).
-    last: Instant,
-    /// Responses counted at `last`.
-    seen: u64,
     probe_out: bool,
     probes: u64,
     /// Start of the current run of calls refused because the connection is inactive.
@@ -469,11 +465,8 @@ impl ScaleRpc {
             failed: false,
             evicted: false,
             live: Liveness {
-                probe_interval: None,
+                probe: None,
                 activation_timeout: None,
-                empty_polls: 0,
-                last: now,
-                seen: 0,
                 probe_out: false,
                 probes: 0,
                 inactive_since: None,
@@ -507,7 +500,7 @@ impl ScaleRpc {
         if self.tokens.free() != self.max_in_flight as usize || self.live.probe_out {
             return Err(ScaleRpcSetupError::Config("with_liveness after the first call").into());
         }
-        let slots = self.max_in_flight + u32::from(self.live.probe_interval.is_some());
+        let slots = self.max_in_flight + u32::from(self.live.probe.is_some());
         if probe_interval.is_some() {
             if slots < 2 {
                 return Err(ScaleRpcSetupError::Config(
@@ -519,7 +512,8 @@ impl ScaleRpc {
         } else {
             self.set_tokens(slots);
         }
-        self.live.probe_interval = probe_interval;
+        let responses = self.client.stats().responses;
+        self.live.probe = probe_interval.map(|i| ProbeClock::new(i, Instant::now(), responses));
         self.live.activation_timeout = activation_timeout;
         Ok(self)
     }
@@ -604,35 +598,28 @@ impl ScaleRpc {
         if self.failed || self.client.is_failed(self.conn) {
             return Err(self.failed_error());
         }
-        if self.live.probe_interval.is_some() && self.outstanding() > 0 {
-            self.live.empty_polls += 1;
-            if self.live.empty_polls >= PROBE_CHECK_POLLS {
-                self.check_liveness(Instant::now());
-            }
+        if self.outstanding() > 0
+            && let Some(p) = &mut self.live.probe
+            && p.empty_poll()
+        {
+            self.check_liveness(Instant::now());
         }
         Ok(0)
     }
 
-    /// Every [`PROBE_CHECK_POLLS`] empty polls with calls outstanding, and at each
+    /// Every [`crate::rc::PROBE_CHECK_POLLS`] empty polls with calls outstanding, and at each
     /// [`ClientTransport::idle_tick`]: if no response arrived for the probe interval, no
     /// probe is out and the connection is active, send one.
     #[cold]
     #[inline(never)]
     fn check_liveness(&mut self, now: Instant) {
-        self.live.empty_polls = 0;
-        let Some(interval) = self.live.probe_interval else {
+        let responses = self.client.stats().responses;
+        let Some(p) = &mut self.live.probe else {
             return;
         };
-        let seen = self.client.stats().responses;
-        if seen != self.live.seen {
-            self.live.seen = seen;
-            self.live.last = now;
+        if !p.due(now, responses) {
             return;
         }
-        if now.duration_since(self.live.last) < interval {
-            return;
-        }
-        self.live.last = now;
         if self.live.probe_out || !self.client.is_active(self.conn) {
             return;
         }
@@ -844,7 +831,7 @@ impl ClientTransport for ScaleRpc {
     /// [`ClientTransport::idle_tick`].
     #[inline]
     fn idle_tick(&mut self) {
-        if self.live.probe_interval.is_some() && !self.failed && self.outstanding() > 0 {
+        if self.live.probe.is_some() && !self.failed && self.outstanding() > 0 {
             self.check_liveness(Instant::now());
         }
     }
