@@ -73,9 +73,11 @@
 use std::io;
 
 use super::core::{
-    CallError, Config, ConfigError, Event, ReqToken, Rpc, SessionId, Stats, Time, TxOut, Zc,
+    CallError, Config, ConfigError, Event, ReqToken, Rpc, SessionId, Stats, Time, TxNext, TxOut,
+    TxSink, Zc,
 };
 use super::msgbuf::MsgBuffer;
+use super::pkthdr::PKTHDR_SIZE;
 use super::transport::{DatagramTransport, TxPkt};
 
 /// Default interval between timer scans ([`Rpc::handle_timeout`]), in ns (100 µs).
@@ -161,6 +163,59 @@ fn recycle<'a, 'b, A>(mut v: Vec<TxPkt<'a, A>>) -> Vec<TxPkt<'b, A>> {
     v.into_iter()
         .map(|_| -> TxPkt<'b, A> { unreachable!("vector was cleared") })
         .collect()
+}
+
+/// The event loop's [`TxSink`]: posts small datagrams with the transport's
+/// [`tx_post_parts`](DatagramTransport::tx_post_parts) (one doorbell per batch, at
+/// `tx_post_flush`). `max` is 0 once a packet waits in the batch or the queue is full, so
+/// that the core's order is kept.
+struct PostSink<'t, T: DatagramTransport> {
+    transport: &'t mut T,
+    /// Largest datagram taken now (0: none).
+    max: usize,
+    /// Datagrams posted.
+    posted: usize,
+    /// The send queue was full (nothing taken since).
+    full: bool,
+    /// Datagrams dropped because `tx_post_parts` failed, and the last such error.
+    errors: u64,
+    last_error: Option<io::Error>,
+}
+
+impl<T: DatagramTransport> PostSink<'_, T> {
+    /// Posts `hdr` + `data`; `false` if the queue is full (then `full`, and nothing more is
+    /// taken). A failed post drops the datagram (as a failed `tx_burst` drops its batch).
+    #[inline(always)]
+    fn post(&mut self, dest: T::Addr, hdr: &[u8], data: &[u8]) -> bool {
+        match self.transport.tx_post_parts(dest, hdr, data) {
+            Ok(true) => {
+                self.posted += 1;
+                true
+            }
+            Ok(false) => {
+                self.full = true;
+                self.max = 0;
+                false
+            }
+            Err(e) => {
+                self.errors += 1;
+                self.last_error = Some(e);
+                true
+            }
+        }
+    }
+}
+
+impl<T: DatagramTransport> TxSink<T::Addr> for PostSink<'_, T> {
+    #[inline(always)]
+    fn max_len(&self) -> usize {
+        self.max
+    }
+
+    #[inline(always)]
+    fn post(&mut self, dest: T::Addr, hdr: &[u8; PKTHDR_SIZE], data: &[u8]) -> bool {
+        PostSink::post(self, dest, hdr, data)
+    }
 }
 
 /// Appends to `descs` the transmit descriptors of `meta` (rendered packets from `bufs`,
@@ -412,12 +467,15 @@ impl<T: DatagramTransport> Endpoint<T> {
     /// Renders packets from the core into the batch and sends them until the core has
     /// nothing left or the transport is full. Returns the packets the transport consumed.
     ///
-    /// Rendered datagrams of at most [`tx_post_max`](DatagramTransport::tx_post_max) bytes
-    /// that no unsent packet precedes go to the transport one by one
-    /// ([`tx_post`](DatagramTransport::tx_post), one doorbell per batch at
-    /// [`tx_post_flush`](DatagramTransport::tx_post_flush)) instead of through the batch's
-    /// descriptor list; the others are gathered and sent with one `tx_burst` as before. Both
+    /// Datagrams of at most [`tx_post_max`](DatagramTransport::tx_post_max) bytes that no
+    /// unsent packet precedes go to the transport one by one: control and small message
+    /// packets straight from the core as header and data ([`Rpc::poll_transmit_direct`] into
+    /// [`tx_post_parts`](DatagramTransport::tx_post_parts), not rendered into the batch),
+    /// other rendered ones with [`tx_post`](DatagramTransport::tx_post); one doorbell per
+    /// batch at [`tx_post_flush`](DatagramTransport::tx_post_flush)), instead of through the
+    /// batch's descriptor list; the others are gathered and sent with one `tx_burst` as before. Both
     /// keep the core's order: once a packet waits in the batch, later ones wait behind it.
+    #[inline(always)]
     fn fill_and_flush(&mut self) -> usize {
         let post_max = self.transport.tx_post_max();
         let mut sent = 0;
@@ -429,42 +487,62 @@ impl<T: DatagramTransport> Endpoint<T> {
             self.tx_meta.clear();
             self.tx_head = 0;
             let mut taken = 0;
-            let mut posted = 0;
-            let mut full = false;
+            // Small packets go to `tx_post_parts` straight from the core (header and data,
+            // no rendering into the batch) while no packet waits in the batch.
+            let mut sink = PostSink {
+                transport: &mut self.transport,
+                max: post_max,
+                posted: 0,
+                full: false,
+                errors: 0,
+                last_error: None,
+            };
             // `may_transmit` false: the core has nothing (its documented promise), so the
             // call that would return `None` is skipped.
             while taken < self.batch && self.rpc.may_transmit() {
                 let off = self.tx_meta.len() * self.mtu;
                 let buf = &mut self.tx_bufs[off..off + self.mtu];
-                let Some(m) = self.rpc.poll_transmit_gather(self.tx_now, buf) else {
+                let Some(next) = self.rpc.poll_transmit_direct(self.tx_now, buf, &mut sink) else {
                     break;
                 };
                 taken += 1;
+                let m = match next {
+                    TxNext::Posted { .. } => continue,
+                    TxNext::Out(m) => m,
+                };
+                if sink.full {
+                    // The sink found the send queue full: the packet (rendered into the
+                    // batch) becomes the tail retried next iteration.
+                    self.tx_meta.push((m, off));
+                    break;
+                }
                 if let TxOut::Rendered { dest, len } = m
-                    && len <= post_max
-                    && self.tx_meta.is_empty()
+                    && len <= sink.max
                 {
-                    match self.transport.tx_post(dest, &self.tx_bufs[off..off + len]) {
-                        Ok(true) => {
-                            posted += 1;
-                            continue;
-                        }
-                        Ok(false) => {
-                            // Full: the packet becomes the tail retried next iteration.
-                            self.stats.tx_partial += 1;
-                            self.tx_meta.push((m, off));
-                            full = true;
-                            break;
-                        }
-                        Err(e) => {
-                            // Dropped, as a failed `tx_burst` drops its batch.
-                            self.stats.tx_errors += 1;
-                            self.last_tx_error = Some(e);
-                            continue;
-                        }
+                    // A rendered datagram (session management, RFR) no unsent packet precedes.
+                    if sink.post(dest, &self.tx_bufs[off..off + len], &[]) {
+                        continue;
                     }
+                    self.tx_meta.push((m, off));
+                    break;
                 }
                 self.tx_meta.push((m, off));
+                // Later packets wait behind this one.
+                sink.max = 0;
+            }
+            let PostSink {
+                posted,
+                full,
+                errors,
+                last_error,
+                ..
+            } = sink;
+            if errors > 0 {
+                self.stats.tx_errors += errors;
+                self.last_tx_error = last_error;
+            }
+            if full {
+                self.stats.tx_partial += 1;
             }
             if posted > 0 {
                 self.stats.tx_bursts += 1;

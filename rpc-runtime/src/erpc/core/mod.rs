@@ -718,22 +718,33 @@ pub const RENDER_MAX: usize = 256;
 /// Packet `i` of `msg` with header `hdr`, to `dest`: copied into `buf` if the datagram is at
 /// most [`RENDER_MAX`] bytes, else with the header written into its slot in `msg` and sent
 /// in place as `pkt()`. `i < msg.num_pkts()`.
-fn place_pkt<A>(
+///
+/// A datagram of at most `sink.max_len()` bytes is first offered to `sink` as header and
+/// data ([`TxNext::Posted`] if it took it: no copy into `buf`).
+#[inline(always)]
+fn place_pkt<A: Copy, S: TxSink<A>>(
     dest: A,
     msg: &mut MsgBuffer,
     i: usize,
     hdr: [u8; PKTHDR_SIZE],
     buf: &mut [u8],
+    sink: &mut S,
     pkt: impl FnOnce() -> MsgPkt,
-) -> TxOut<A> {
+) -> TxNext<A> {
     let len = msg.pkt_data_len(i);
     if PKTHDR_SIZE + len <= RENDER_MAX {
+        let data = msg.pkt_data(i);
+        if PKTHDR_SIZE + len <= sink.max_len() && sink.post(dest, &hdr, data) {
+            return TxNext::Posted {
+                len: PKTHDR_SIZE + len,
+            };
+        }
         buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
-        buf[PKTHDR_SIZE..PKTHDR_SIZE + len].copy_from_slice(msg.pkt_data(i));
-        return TxOut::Rendered {
+        buf[PKTHDR_SIZE..PKTHDR_SIZE + len].copy_from_slice(data);
+        return TxNext::Out(TxOut::Rendered {
             dest,
             len: PKTHDR_SIZE + len,
-        };
+        });
     }
     // A retransmission renders the same header again: it is not rewritten, since the NIC may
     // still be reading the earlier copy from the buffer (in-place sends, `Rpc::msg_pkt_in`).
@@ -743,7 +754,46 @@ fn place_pkt<A>(
     let mut pkt = pkt();
     // At most the MTU, which is a datagram length (below 2^32 on every transport).
     pkt.len = u32::try_from(PKTHDR_SIZE + len).unwrap_or(u32::MAX);
-    TxOut::Msg { dest, pkt }
+    TxNext::Out(TxOut::Msg { dest, pkt })
+}
+
+/// A transmit path that takes small datagrams as a header and a data slice and copies them
+/// before returning ([`Rpc::poll_transmit_direct`]; the event loop's is the transport's
+/// [`tx_post_parts`](crate::erpc::transport::DatagramTransport::tx_post_parts)), so that the
+/// core need not render them into a buffer first.
+pub trait TxSink<A> {
+    /// Largest datagram in bytes (header included) [`post`](Self::post) takes now; 0 if none.
+    fn max_len(&self) -> usize;
+    /// Takes the datagram `hdr` + `data` (at most [`max_len`](Self::max_len) bytes) to
+    /// `dest`. `true` if it was consumed (sent, or dropped by the sink); `false` if not (the
+    /// core then renders it into the caller's buffer as usual).
+    fn post(&mut self, dest: A, hdr: &[u8; PKTHDR_SIZE], data: &[u8]) -> bool;
+}
+
+/// The sink that takes nothing ([`Rpc::poll_transmit_gather`]).
+struct NoSink;
+
+impl<A> TxSink<A> for NoSink {
+    #[inline(always)]
+    fn max_len(&self) -> usize {
+        0
+    }
+    #[inline(always)]
+    fn post(&mut self, _: A, _: &[u8; PKTHDR_SIZE], _: &[u8]) -> bool {
+        false
+    }
+}
+
+/// What [`Rpc::poll_transmit_direct`] did with the next datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxNext<A> {
+    /// The sink took it (`len` bytes, header included).
+    Posted {
+        /// Length in bytes.
+        len: usize,
+    },
+    /// As [`Rpc::poll_transmit_gather`]'s result.
+    Out(TxOut<A>),
 }
 
 /// A datagram produced by [`Rpc::poll_transmit_gather`].
@@ -1217,17 +1267,39 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// # Panics
     /// If `buf` is shorter than the configured MTU (a caller bug).
     pub fn poll_transmit_gather(&mut self, now: Time, buf: &mut [u8]) -> Option<TxOut<A>> {
+        match self.poll_transmit_direct(now, buf, &mut NoSink)? {
+            TxNext::Out(out) => Some(out),
+            // `NoSink` takes nothing.
+            TxNext::Posted { .. } => None,
+        }
+    }
+
+    /// [`Rpc::poll_transmit_gather`], offering control packets and message packets of at
+    /// most `sink.max_len()` bytes to `sink` first ([`TxNext::Posted`] if it took the
+    /// datagram; else it is rendered into `buf` or named as usual). The packet counts as
+    /// sent either way (stats, send time).
+    ///
+    /// # Panics
+    /// If `buf` is shorter than the configured MTU (a caller bug).
+    #[inline]
+    pub fn poll_transmit_direct<S: TxSink<A>>(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        sink: &mut S,
+    ) -> Option<TxNext<A>> {
         assert!(buf.len() >= self.cfg.mtu, "poll_transmit buffer below mtu");
         self.note_now(now);
         let now = self.last_now;
         self.release_wheel(now);
         while let Some(tx) = self.txq.pop_front() {
-            if let Some(out) = self.render(tx, buf) {
+            if let Some(out) = self.render(tx, buf, sink) {
                 self.stats.tx_pkts += 1;
                 if self.cfg.cc_rate_comp {
                     let bytes = match &out {
-                        TxOut::Rendered { len, .. } => *len,
-                        TxOut::Msg { pkt, .. } => pkt.wire_len(),
+                        TxNext::Posted { len } => *len,
+                        TxNext::Out(TxOut::Rendered { len, .. }) => *len,
+                        TxNext::Out(TxOut::Msg { pkt, .. }) => pkt.wire_len(),
                     };
                     let departed = self.link_departure(now, bytes);
                     self.stamp_tx(now, departed, tx);
@@ -1265,25 +1337,34 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         self.events.pop_front()
     }
 
-    fn render(&mut self, tx: Tx<A>, buf: &mut [u8]) -> Option<TxOut<A>> {
+    #[inline(always)]
+    fn render<S: TxSink<A>>(
+        &mut self,
+        tx: Tx<A>,
+        buf: &mut [u8],
+        sink: &mut S,
+    ) -> Option<TxNext<A>> {
         match tx {
             Tx::Ctrl { dest, hdr } => {
+                if PKTHDR_SIZE <= sink.max_len() && sink.post(dest, &hdr, &[]) {
+                    return Some(TxNext::Posted { len: PKTHDR_SIZE });
+                }
                 buf[..PKTHDR_SIZE].copy_from_slice(&hdr);
-                Some(TxOut::Rendered {
+                Some(TxNext::Out(TxOut::Rendered {
                     dest,
                     len: PKTHDR_SIZE,
-                })
+                }))
             }
-            Tx::Sm { dest, out } => Some(TxOut::Rendered {
+            Tx::Sm { dest, out } => Some(TxNext::Out(TxOut::Rendered {
                 dest,
                 len: self.render_sm(&out, buf),
-            }),
+            })),
             Tx::ReqPkt {
                 session,
                 generation,
                 req_num,
                 pkt,
-            } => self.render_req_pkt(session, generation, req_num, pkt, buf),
+            } => self.render_req_pkt(session, generation, req_num, pkt, buf, sink),
             Tx::Rfr {
                 session,
                 generation,
@@ -1291,13 +1372,13 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 pkt,
             } => self
                 .render_rfr(session, generation, req_num, pkt, buf)
-                .map(|(dest, len)| TxOut::Rendered { dest, len }),
+                .map(|(dest, len)| TxNext::Out(TxOut::Rendered { dest, len })),
             Tx::RespPkt {
                 session,
                 generation,
                 req_num,
                 j,
-            } => self.render_resp_pkt(session, generation, req_num, j, buf),
+            } => self.render_resp_pkt(session, generation, req_num, j, buf, sink),
         }
     }
 

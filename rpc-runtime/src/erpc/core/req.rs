@@ -6,7 +6,9 @@ use std::hash::Hash;
 use super::cc::ClientTxq;
 use super::session::{ClientSession, PendingReq, SessionState};
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
-use super::{CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, TxOut, Zc, place_pkt};
+use super::{
+    CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, TxNext, TxSink, Zc, place_pkt,
+};
 use crate::erpc::msgbuf::MsgBuffer;
 use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
 
@@ -182,14 +184,15 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// in place ([`TxOut::Msg`], see [`Rpc::msg_pkt`]), or, for a datagram of at most
     /// [`RENDER_MAX`](super::RENDER_MAX) bytes, header and data are copied into `buf`
     /// ([`TxOut::Rendered`]).
-    pub(super) fn render_req_pkt(
+    pub(super) fn render_req_pkt<S: TxSink<A>>(
         &mut self,
         sid: SessionId,
         generation: u64,
         req_num: u64,
         pkt: usize,
         buf: &mut [u8],
-    ) -> Option<TxOut<A>> {
+        sink: &mut S,
+    ) -> Option<TxNext<A>> {
         let s = super::sess_mut(&mut self.sessions, sid).filter(|s| s.generation == generation)?;
         let (peer, remote, tok) = (s.peer, s.remote_num, s.tx_token);
         let slot = &mut s.role.client_mut()?.slots[slot_of(req_num)];
@@ -210,7 +213,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             pkt,
             req_num,
         );
-        Some(place_pkt(peer, msg, pkt, hdr, buf, || MsgPkt {
+        Some(place_pkt(peer, msg, pkt, hdr, buf, sink, || MsgPkt {
             session: sid,
             generation,
             req_num,

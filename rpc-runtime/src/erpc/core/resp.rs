@@ -4,7 +4,9 @@
 use std::hash::Hash;
 
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
-use super::{CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, Tx, TxOut, Zc, place_pkt};
+use super::{
+    CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, Tx, TxNext, TxSink, Zc, place_pkt,
+};
 use crate::erpc::msgbuf::MsgBuffer;
 use crate::erpc::pkthdr::{MAX_PKT_NUM, PKTHDR_SIZE, PktHdr, PktType};
 
@@ -96,14 +98,15 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// Server response packet `j` (None if the slot moved on meanwhile), sent in place from
     /// the slot's response message buffer or, if small, copied into `buf` (as
     /// [`Rpc::render_req_pkt`]).
-    pub(super) fn render_resp_pkt(
+    pub(super) fn render_resp_pkt<S: TxSink<A>>(
         &mut self,
         sid: SessionId,
         generation: u64,
         req_num: u64,
         j: usize,
         buf: &mut [u8],
-    ) -> Option<TxOut<A>> {
+        sink: &mut S,
+    ) -> Option<TxNext<A>> {
         let s = super::sess_mut(&mut self.sessions, sid).filter(|s| s.generation == generation)?;
         let (peer, remote, tok) = (s.peer, s.remote_num, s.tx_token);
         let slot = &mut s.role.server_mut()?.slots[slot_of(req_num)];
@@ -127,7 +130,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             pkt_num,
             req_num,
         );
-        Some(place_pkt(peer, msg, j, hdr, buf, || MsgPkt {
+        Some(place_pkt(peer, msg, j, hdr, buf, sink, || MsgPkt {
             session: sid,
             generation,
             req_num,

@@ -227,6 +227,17 @@ pub trait DatagramTransport {
         self.tx_burst(&[TxPkt::single(dest, bytes)]).map(|n| n == 1)
     }
 
+    /// [`tx_post`](Self::tx_post) for a datagram given as a header and its data (`hdr` then
+    /// `data`, together at most [`tx_post_max`](Self::tx_post_max) bytes), so that the caller
+    /// need not concatenate them first. The default sends it with a one-datagram `tx_burst`.
+    ///
+    /// # Errors
+    /// As [`tx_burst`](Self::tx_burst).
+    fn tx_post_parts(&mut self, dest: Self::Addr, hdr: &[u8], data: &[u8]) -> io::Result<bool> {
+        self.tx_burst(&[TxPkt::new(dest, hdr, data)])
+            .map(|n| n == 1)
+    }
+
     /// Hands the datagrams posted with [`tx_post`](Self::tx_post) to the network (one
     /// doorbell); nothing if none is pending. The default does nothing (its `tx_post` sends
     /// at once).

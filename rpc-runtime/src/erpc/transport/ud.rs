@@ -1384,6 +1384,7 @@ impl DatagramTransport for UdTransport {
         Ok(done)
     }
 
+    #[inline]
     fn tx_post_max(&self) -> usize {
         self.inline_max
     }
@@ -1392,9 +1393,18 @@ impl DatagramTransport for UdTransport {
     /// checks and doorbell (see the trait). Larger or empty datagrams go through `tx_burst`.
     #[inline]
     fn tx_post(&mut self, dest: UdAddr, bytes: &[u8]) -> io::Result<bool> {
-        let len = bytes.len();
+        self.tx_post_parts(dest, bytes, &[])
+    }
+
+    /// As [`tx_post`](DatagramTransport::tx_post), with header and data written into the
+    /// WQE's inline segment one after the other.
+    #[inline(always)]
+    fn tx_post_parts(&mut self, dest: UdAddr, hdr: &[u8], data: &[u8]) -> io::Result<bool> {
+        let len = hdr.len() + data.len();
         if len == 0 || len > self.inline_max {
-            return self.tx_burst(&[TxPkt::single(dest, bytes)]).map(|n| n == 1);
+            return self
+                .tx_burst(&[TxPkt::new(dest, hdr, data)])
+                .map(|n| n == 1);
         }
         if let Some(e) = self.failed {
             return Err(self.qp_failed(e));
@@ -1421,14 +1431,14 @@ impl DatagramTransport for UdTransport {
                 }
             };
         }
-        match self.post_send_inline(bytes, &[]) {
+        match self.post_send_inline(hdr, data) {
             Ok(()) => {}
             Err(mlx5::Error::SqFull { .. }) => {
                 self.poll_send_cq();
                 if self.failed.is_some() {
                     return Err(self.qp_failed_now());
                 }
-                match self.post_send_inline(bytes, &[]) {
+                match self.post_send_inline(hdr, data) {
                     Ok(()) => {}
                     Err(mlx5::Error::SqFull { .. }) => {
                         self.stats.tx_would_block += 1;
@@ -1443,6 +1453,7 @@ impl DatagramTransport for UdTransport {
         Ok(true)
     }
 
+    #[inline]
     fn tx_post_flush(&mut self) {
         if self.tx_unrung {
             self.tx_unrung = false;
