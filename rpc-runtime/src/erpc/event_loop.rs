@@ -177,9 +177,10 @@ struct PostSink<'t, T: DatagramTransport> {
     posted: usize,
     /// The send queue was full (nothing taken since).
     full: bool,
-    /// Datagrams dropped because `tx_post_parts` failed, and the last such error.
-    errors: u64,
-    last_error: Option<io::Error>,
+    /// The loop's counters (`tx_errors`: datagrams dropped because `tx_post_parts` failed).
+    stats: &'t mut LoopStats,
+    /// The last such error.
+    last_error: &'t mut Option<io::Error>,
 }
 
 impl<T: DatagramTransport> PostSink<'_, T> {
@@ -198,8 +199,8 @@ impl<T: DatagramTransport> PostSink<'_, T> {
                 false
             }
             Err(e) => {
-                self.errors += 1;
-                self.last_error = Some(e);
+                self.stats.tx_errors += 1;
+                *self.last_error = Some(e);
                 true
             }
         }
@@ -494,8 +495,8 @@ impl<T: DatagramTransport> Endpoint<T> {
                 max: post_max,
                 posted: 0,
                 full: false,
-                errors: 0,
-                last_error: None,
+                stats: &mut self.stats,
+                last_error: &mut self.last_tx_error,
             };
             // `may_transmit` false: the core has nothing (its documented promise), so the
             // call that would return `None` is skipped.
@@ -530,17 +531,7 @@ impl<T: DatagramTransport> Endpoint<T> {
                 // Later packets wait behind this one.
                 sink.max = 0;
             }
-            let PostSink {
-                posted,
-                full,
-                errors,
-                last_error,
-                ..
-            } = sink;
-            if errors > 0 {
-                self.stats.tx_errors += errors;
-                self.last_tx_error = last_error;
-            }
+            let (posted, full) = (sink.posted, sink.full);
             if full {
                 self.stats.tx_partial += 1;
             }
