@@ -315,6 +315,17 @@ struct Batch<'a> {
     count: u32,
 }
 
+/// What [`EndpointCore::validate_queue`] queued of a batch.
+#[derive(Clone, Copy)]
+struct Queued {
+    /// Inline requests queued.
+    requests: u32,
+    /// Credit they spent, in bytes.
+    spent: u64,
+    /// The batch also holds responses (delivered by a second walk).
+    others: bool,
+}
+
 /// A reply kept until it fits (a protocol-breaking peer; [`EndpointCore::reply`]).
 #[derive(Debug)]
 struct Backlogged {
@@ -1292,8 +1303,12 @@ impl<U> EndpointCore<U> {
             return Err(ProtocolError::BadReadsDone);
         }
         // The one inline message of a batch of one, read and checked once (the common case
-        // at low depth); `None` for other batches, walked by `validate` then `deliver`.
+        // at low depth); `None` for other batches. A batch of several messages is checked by
+        // `validate_queue`, which queues its inline requests as it goes (taken back if the
+        // batch turns out bad), so that delivery only walks it again for its responses and
+        // rendezvous messages, if any.
         let mut one = None;
+        let mut queued = None;
         if meta.is_wrap() {
             if off + delta != size {
                 return Err(ProtocolError::BadWrap);
@@ -1301,7 +1316,22 @@ impl<U> EndpointCore<U> {
         } else if meta.message_count == 1 {
             one = self.validate_one(batch)?;
         } else {
-            self.validate(batch, meta.message_count)?;
+            let before = queue.len();
+            match self.validate_queue(batch, meta.message_count, off, pos, ep, queue) {
+                Ok(Some(q)) => {
+                    // Accepted (nothing below fails before delivery): account for the
+                    // queued requests; the walk below delivers the responses, if any.
+                    self.unused_grant -= q.spent;
+                    self.unreceived += q.requests;
+                    stats.requests += q.requests as u64;
+                    queued = Some(q.others);
+                }
+                r => {
+                    queue.truncate(before);
+                    r?;
+                    self.validate(batch, meta.message_count)?;
+                }
+            }
         }
         // Accepted: apply, then deliver.
         self.recv_producer = pos + delta;
@@ -1325,8 +1355,8 @@ impl<U> EndpointCore<U> {
                 pos,
                 count: meta.message_count,
             };
-            let duplicate = match one {
-                Some(h) => {
+            let duplicate = match (one, queued) {
+                (Some(h), _) => {
                     let mut duplicate = None;
                     self.deliver_inline(
                         h,
@@ -1340,7 +1370,9 @@ impl<U> EndpointCore<U> {
                     );
                     duplicate
                 }
-                None => self.deliver(&at, ep, queue, stats, on_response),
+                (None, Some(false)) => None,
+                (None, Some(true)) => self.deliver::<true>(&at, ep, queue, stats, on_response),
+                (None, None) => self.deliver::<false>(&at, ep, queue, stats, on_response),
             };
             self.last_recv_pos = pos + delta;
             if let Some(id) = duplicate {
@@ -1358,10 +1390,11 @@ impl<U> EndpointCore<U> {
     }
 
     /// Delivers the messages of a validated batch in order: responses to `on_response`,
-    /// requests to `queue`, rendezvous messages to [`EndpointCore::ingest_rendezvous`].
-    /// Returns the id of a second response to one call within the batch, if any.
+    /// requests to `queue` (skipped if `QUEUED`: `validate_queue` queued them), rendezvous
+    /// messages to [`EndpointCore::ingest_rendezvous`]. Returns the id of a second response
+    /// to one call within the batch, if any.
     #[inline(always)]
-    fn deliver(
+    fn deliver<const QUEUED: bool>(
         &mut self,
         b: &Batch<'_>,
         ep: u32,
@@ -1383,6 +1416,10 @@ impl<U> EndpointCore<U> {
                         duplicate = Some(id);
                     }
                     cur += padded_message_size(DESCRIPTOR_SIZE as u64) as usize;
+                    continue;
+                }
+                if QUEUED && !is_response(h.call_id) {
+                    cur += padded_message_size(h.payload_len as u64) as usize;
                     continue;
                 }
                 cur = self.deliver_inline(h, cur, b, ep, queue, stats, on_response, &mut duplicate);
@@ -1475,6 +1512,80 @@ impl<U> EndpointCore<U> {
             return Err(ProtocolError::BadCount);
         }
         Ok(Some(h))
+    }
+
+    /// [`EndpointCore::validate`] (the same checks, in the same order, with the same errors)
+    /// of a batch of inline messages at ring offset `off` and virtual position `pos`, which
+    /// also pushes each request to `queue` as [`EndpointCore::deliver_inline`] would. Nothing
+    /// of the core is modified: the caller applies the returned [`Queued`] once the batch is
+    /// accepted. On error, or `Ok(None)` (a message too long for the batch: a rendezvous
+    /// message, left to `validate`, or a bad length, which `validate` reports), the caller
+    /// takes the pushed entries back ([`Fifo::truncate`]).
+    #[inline(always)]
+    fn validate_queue(
+        &self,
+        batch: &[u8],
+        count: u32,
+        off: u64,
+        pos: u64,
+        ep: u32,
+        queue: &mut Fifo<RecvEntry>,
+    ) -> Result<Option<Queued>, ProtocolError> {
+        let before = queue.len();
+        // Each message takes at least 32 bytes: a batch cannot hold more (and one claiming
+        // more fails below), so a peer's count never makes the queue grow beyond that.
+        queue.reserve((count as usize).min(batch.len() / ALIGNMENT as usize));
+        let mut cur = META as usize;
+        // Credit not spent yet by the requests checked so far (`validate`'s `spent` is
+        // `unused_grant - budget`).
+        let mut budget = self.unused_grant;
+        for _ in 0..count {
+            if cur + HEADER_SIZE > batch.len() {
+                return Err(ProtocolError::BadCount);
+            }
+            let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
+            let padded = padded_message_size(h.payload_len as u64) as usize;
+            if padded > batch.len() - cur {
+                // A rendezvous message (or a bad length): left to `validate`.
+                return Ok(None);
+            }
+            if is_response(h.call_id) {
+                match self.pending.get(from_response_id(h.call_id) as usize) {
+                    None => return Err(ProtocolError::UnknownCallId(h.call_id)),
+                    Some(p)
+                        if padded_message_size(h.payload_len as u64)
+                            > padded_message_size(p.response_allowance as u64) =>
+                    {
+                        return Err(ProtocolError::ResponseTooLarge);
+                    }
+                    Some(_) => {}
+                }
+            } else {
+                let allowance = (h.piggyback & !LARGE_RESPONSE_FLAG) as u64 * ALIGNMENT;
+                if allowance > budget {
+                    return Err(ProtocolError::BadCredit);
+                }
+                budget -= allowance;
+                queue.push_reserved(RecvEntry {
+                    ep,
+                    call_id: h.call_id,
+                    allowance: allowance | ((h.piggyback & LARGE_RESPONSE_FLAG) as u64) << 32,
+                    off: (off as usize + cur + HEADER_SIZE) as u32,
+                    len: h.payload_len,
+                    end: pos + (cur + padded) as u64,
+                });
+            }
+            cur += padded;
+        }
+        if cur != batch.len() {
+            return Err(ProtocolError::BadCount);
+        }
+        let requests = (queue.len() - before) as u32;
+        Ok(Some(Queued {
+            requests,
+            spent: self.unused_grant - budget,
+            others: requests != count,
+        }))
     }
 
     /// Checks a batch's messages: count, lengths within the batch, exact fill (no trailing

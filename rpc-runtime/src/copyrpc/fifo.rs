@@ -58,6 +58,24 @@ impl<T: Copy + Default> Fifo<T> {
         self.tail = self.tail.wrapping_add(1);
     }
 
+    /// Makes room for `n` more entries without growing.
+    #[inline(always)]
+    pub(crate) fn reserve(&mut self, n: usize) {
+        while self.len() + n > self.mask + 1 {
+            self.grow();
+        }
+    }
+
+    /// Appends `v`; [`Fifo::reserve`] made room for it.
+    #[inline(always)]
+    pub(crate) fn push_reserved(&mut self, v: T) {
+        debug_assert!(self.len() <= self.mask, "push_reserved without room");
+        let i = self.tail & self.mask;
+        // SAFETY: `i <= mask` and `buf.len() == mask + 1`.
+        unsafe { *self.buf.get_unchecked_mut(i) = v };
+        self.tail = self.tail.wrapping_add(1);
+    }
+
     /// Removes and returns the oldest entry.
     #[inline(always)]
     pub(crate) fn pop_front(&mut self) -> Option<T> {
@@ -69,6 +87,13 @@ impl<T: Copy + Default> Fifo<T> {
         let v = unsafe { *self.buf.get_unchecked(i) };
         self.head = self.head.wrapping_add(1);
         Some(v)
+    }
+
+    /// Drops the entries pushed after the queue held `len` (`len <= self.len()`).
+    #[inline(always)]
+    pub(crate) fn truncate(&mut self, len: usize) {
+        debug_assert!(len <= self.len());
+        self.tail = self.head.wrapping_add(len);
     }
 
     /// The queued entries, oldest first.

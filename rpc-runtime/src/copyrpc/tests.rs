@@ -32,11 +32,11 @@ use std::collections::{HashMap, VecDeque};
 use proptest::prelude::*;
 
 use super::encoding::{
-    ALIGNMENT, FLOW_METADATA_SIZE, FlowMetadata, HEADER_SIZE, MsgHeader, RENDEZVOUS_FLAG,
-    RESPONSE_FLAG, WRAP_MESSAGE_COUNT, internal_allowance, is_response, padded_message_size,
-    to_response_id,
+    ALIGNMENT, FLOW_METADATA_SIZE, FlowMetadata, HEADER_SIZE, LARGE_RESPONSE_FLAG, MsgHeader,
+    RENDEZVOUS_FLAG, RESPONSE_FLAG, WRAP_MESSAGE_COUNT, internal_allowance, is_response,
+    padded_message_size, to_response_id,
 };
-use super::endpoint::{Emit, EndpointCore, EndpointState, RecvEntry};
+use super::endpoint::{ENTRY_LARGE_RESP, Emit, EndpointCore, EndpointState, RecvEntry};
 use super::error::{CallError, EndpointFailure, ProtocolError};
 use super::fifo::Fifo;
 use super::stats::Stats;
@@ -1114,6 +1114,47 @@ fn requests_spending_more_than_granted_are_rejected() {
     let b = Batch::new(0, 0, 2).msg(3, units - 2, 0, 0).msg(4, 2, 0, 0);
     assert_eq!(forge(&mut p, 1, &b.0, b.delta()), (Ok(()), 2));
     assert_eq!(p.s[1].core.unused_grant(), 0);
+}
+
+#[test]
+fn mixed_batches_queue_requests_in_order_or_nothing() {
+    let (mut p, id) = pair_with_pending_call();
+    let unused = p.s[0].core.unused_grant();
+    // A bad message after requests: none of them stays queued.
+    let b =
+        Batch::new(0, 0, 3)
+            .msg(3, 2, 4, 4)
+            .msg(4, 2, 4, 4)
+            .msg(to_response_id(id + 7), 0, 4, 4);
+    expect_rejected(
+        &mut p,
+        0,
+        &b,
+        None,
+        ProtocolError::UnknownCallId(to_response_id(id + 7)),
+    );
+    assert_eq!(p.s[0].queue.len(), 0);
+    // Requests around a response: the response is delivered, the requests queued in order
+    // with their payloads.
+    let b = Batch::new(0, 0, 3)
+        .msg(3, 2, 4, 4)
+        .msg(to_response_id(id), 0, 4, 4)
+        .msg(5, 3 | LARGE_RESPONSE_FLAG, 20, 20);
+    let pos = p.s[0].core.recv_position();
+    assert_eq!(forge(&mut p, 0, &b.0, b.delta()), (Ok(()), 3));
+    assert_eq!(p.s[0].core.pending_calls(), 0);
+    assert_eq!(p.s[0].core.unused_grant(), unused - 5 * 32);
+    let q: Vec<RecvEntry> = p.s[0].queue.iter().copied().collect();
+    assert_eq!(q.len(), 2);
+    assert_eq!((q[0].call_id, q[0].allowance, q[0].len), (3, 64, 4));
+    assert_eq!(q[0].end, pos + 64);
+    assert_eq!(
+        (q[1].call_id, q[1].allowance, q[1].len),
+        (5, 96 | ENTRY_LARGE_RESP, 20)
+    );
+    assert_eq!(q[1].end, pos + 128);
+    let size = p.s[0].core.recv_size();
+    assert_eq!(q[1].off as u64, (pos + 96 + HEADER_SIZE as u64) % size);
 }
 
 #[test]
