@@ -28,11 +28,9 @@ use mlx5::fastmap::FastMap;
 use mlx5::verbs::{Access, Cq, Mr, Pd, Qp, RcParams, RcRemote, Srq};
 use mlx5::wqe::{CQ_UPDATE, Opcode, RaddrSeg, Sge, WqeDesc};
 
-use slab::Slab;
-
 use super::encoding::{
     DESCRIPTOR_SIZE, Descriptor, FLOW_METADATA_SIZE, LARGE_RESPONSE_FLAG, RENDEZVOUS_FLAG,
-    RENDEZVOUS_MIN, internal_allowance, padded_message_size,
+    RENDEZVOUS_MIN, RESPONSE_FLAG, internal_allowance, padded_message_size,
 };
 use super::endpoint::{
     ENTRY_LARGE_RESP, Emit, EndpointCore, EndpointState, RdvKind, RecvEntry, Refusal, Ring,
@@ -258,9 +256,67 @@ struct Conn<U> {
     in_dirty: bool,
     /// Requests handed out by `recv` and not yet answered: `(call_id, seq)`, keyed by the
     /// handle's slot; a reply must name a live entry, so a handle answers exactly once.
-    answering: Slab<(u32, u32)>,
+    answering: Answering,
     /// Requests handed out so far (the `seq` of the next one, wrapping).
     recv_seq: u32,
+}
+
+/// The requests handed out by [`Context::recv`] and not yet answered, by slot: a slab of
+/// `call_id << 32 | seq` words whose free slots form a list (one word each:
+/// [`Answering::FREE`] plus the next free slot). A request's call id never has
+/// [`RESPONSE_FLAG`] (bit 31) set, so a live word never has bit 63 set, and a free one always.
+struct Answering {
+    slots: Vec<u64>,
+    /// First free slot; `slots.len()` if none.
+    free: u32,
+}
+
+impl Answering {
+    /// Tag of a free slot's word.
+    const FREE: u64 = 1 << 63;
+
+    fn with_capacity(n: usize) -> Self {
+        Answering {
+            slots: Vec::with_capacity(n),
+            free: 0,
+        }
+    }
+
+    /// Records request `(call_id, seq)`; returns its slot.
+    #[inline(always)]
+    fn insert(&mut self, call_id: u32, seq: u32) -> u32 {
+        debug_assert!(call_id & RESPONSE_FLAG == 0);
+        let word = (call_id as u64) << 32 | seq as u64;
+        let i = self.free;
+        match self.slots.get_mut(i as usize) {
+            Some(w) => {
+                debug_assert!(*w & Self::FREE != 0);
+                self.free = *w as u32;
+                *w = word;
+            }
+            None => {
+                self.slots.push(word);
+                self.free = self.slots.len() as u32;
+            }
+        }
+        i
+    }
+
+    /// Removes request `(call_id, seq)` from `slot` if it is the one recorded there (a live
+    /// entry: a free slot's word has bit 63 set, which `call_id` must not have); returns
+    /// whether it was.
+    #[inline(always)]
+    fn take(&mut self, slot: u32, call_id: u32, seq: u32) -> bool {
+        let word = (call_id as u64) << 32 | seq as u64;
+        match self.slots.get_mut(slot as usize) {
+            Some(w) if *w == word && word & Self::FREE == 0 => {
+                *w = Self::FREE | self.free as u64;
+                self.free = slot;
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 /// A request received by [`Context::recv`]; answer it with [`Context::reply`] at any time,
@@ -443,7 +499,7 @@ impl<U> Context<U> {
             signaled: VecDeque::with_capacity(8),
             read_outstanding: false,
             in_dirty: false,
-            answering: Slab::with_capacity(64),
+            answering: Answering::with_capacity(64),
             recv_seq: 0,
         });
         Ok(id)
@@ -757,7 +813,7 @@ impl<U> Context<U> {
         let c = &mut conns[e.ep as usize];
         let seq = c.recv_seq & !HANDLE_LARGE | (e.allowance >> 32) as u32 & HANDLE_LARGE;
         c.recv_seq = c.recv_seq.wrapping_add(1);
-        let slot = c.answering.insert((e.call_id, seq)) as u32;
+        let slot = c.answering.insert(e.call_id, seq);
         let h = RecvHandle {
             ep: e.ep,
             call_id: e.call_id,
@@ -860,11 +916,8 @@ impl<U> Context<U> {
         let Some(c) = conns.get_mut(h.ep as usize) else {
             return Err(ReplyError::Failed);
         };
-        match c.answering.get(h.slot as usize) {
-            Some(&(id, seq)) if id == h.call_id && seq == h.seq => {
-                c.answering.remove(h.slot as usize);
-            }
-            _ => return Err(stale_reply(stats)),
+        if !c.answering.take(h.slot, h.call_id, h.seq) {
+            return Err(stale_reply(stats));
         }
         let r = Self::reply_on(
             &mut c.core,
@@ -1845,7 +1898,30 @@ fn stale_reply(stats: &mut Stats) -> ReplyError {
 
 #[cfg(test)]
 mod copy_tests {
-    use super::copy_short;
+    use super::{Answering, copy_short};
+
+    #[test]
+    fn answering_takes_each_request_once() {
+        let mut a = Answering::with_capacity(1);
+        let s0 = a.insert(5, 0);
+        let s1 = a.insert(6, 1);
+        let s2 = a.insert(5, 2);
+        assert_eq!((s0, s1, s2), (0, 1, 2));
+        assert!(!a.take(s1, 6, 0), "wrong seq");
+        assert!(!a.take(s1, 5, 1), "wrong call id");
+        assert!(!a.take(3, 6, 1), "no such slot");
+        assert!(a.take(s1, 6, 1));
+        assert!(!a.take(s1, 6, 1), "taken twice");
+        // A free slot's word (`FREE | next`) matches no handle, whatever its call id.
+        assert!(!a.take(s1, 0x8000_0000, 3));
+        assert!(!a.take(s1, u32::MAX, 3));
+        // Freed slots are reused, last freed first.
+        assert!(a.take(s0, 5, 0));
+        assert_eq!(a.insert(7, 3), s0);
+        assert_eq!(a.insert(8, 4), s1);
+        assert_eq!(a.insert(9, 5), 3);
+        assert!(a.take(s2, 5, 2) && a.take(s0, 7, 3) && a.take(s1, 8, 4) && a.take(3, 9, 5));
+    }
 
     #[test]
     fn copy_short_every_length() {
