@@ -1316,7 +1316,6 @@ impl<U> EndpointCore<U> {
         } else if meta.message_count == 1 {
             one = self.validate_one(batch)?;
         } else {
-            let before = queue.len();
             match self.validate_queue(batch, meta.message_count, off, pos, ep, queue) {
                 Ok(Some(q)) => {
                     // Accepted (nothing below fails before delivery): account for the
@@ -1327,7 +1326,6 @@ impl<U> EndpointCore<U> {
                     queued = Some(q.others);
                 }
                 r => {
-                    queue.truncate(before);
                     r?;
                     self.validate(batch, meta.message_count)?;
                 }
@@ -1519,8 +1517,8 @@ impl<U> EndpointCore<U> {
     /// also pushes each request to `queue` as [`EndpointCore::deliver_inline`] would. Nothing
     /// of the core is modified: the caller applies the returned [`Queued`] once the batch is
     /// accepted. On error, or `Ok(None)` (a message too long for the batch: a rendezvous
-    /// message, left to `validate`, or a bad length, which `validate` reports), the caller
-    /// takes the pushed entries back ([`Fifo::truncate`]).
+    /// message, left to `validate`, or a bad length, which `validate` reports), nothing is
+    /// queued (the entries written are not committed: `Appender::commit`).
     #[inline(always)]
     fn validate_queue(
         &self,
@@ -1531,10 +1529,9 @@ impl<U> EndpointCore<U> {
         ep: u32,
         queue: &mut Fifo<RecvEntry>,
     ) -> Result<Option<Queued>, ProtocolError> {
-        let before = queue.len();
         // Each message takes at least 32 bytes: a batch cannot hold more (and one claiming
         // more fails below), so a peer's count never makes the queue grow beyond that.
-        queue.reserve((count as usize).min(batch.len() / ALIGNMENT as usize));
+        let mut queue = queue.appender((count as usize).min(batch.len() / ALIGNMENT as usize));
         let mut cur = META as usize;
         // Credit not spent yet by the requests checked so far (`validate`'s `spent` is
         // `unused_grant - budget`).
@@ -1566,7 +1563,7 @@ impl<U> EndpointCore<U> {
                     return Err(ProtocolError::BadCredit);
                 }
                 budget -= allowance;
-                queue.push_reserved(RecvEntry {
+                queue.push(RecvEntry {
                     ep,
                     call_id: h.call_id,
                     allowance: allowance | ((h.piggyback & LARGE_RESPONSE_FLAG) as u64) << 32,
@@ -1580,7 +1577,7 @@ impl<U> EndpointCore<U> {
         if cur != batch.len() {
             return Err(ProtocolError::BadCount);
         }
-        let requests = (queue.len() - before) as u32;
+        let requests = queue.commit() as u32;
         Ok(Some(Queued {
             requests,
             spent: self.unused_grant - budget,

@@ -58,24 +58,6 @@ impl<T: Copy + Default> Fifo<T> {
         self.tail = self.tail.wrapping_add(1);
     }
 
-    /// Makes room for `n` more entries without growing.
-    #[inline(always)]
-    pub(crate) fn reserve(&mut self, n: usize) {
-        while self.len() + n > self.mask + 1 {
-            self.grow();
-        }
-    }
-
-    /// Appends `v`; [`Fifo::reserve`] made room for it.
-    #[inline(always)]
-    pub(crate) fn push_reserved(&mut self, v: T) {
-        debug_assert!(self.len() <= self.mask, "push_reserved without room");
-        let i = self.tail & self.mask;
-        // SAFETY: `i <= mask` and `buf.len() == mask + 1`.
-        unsafe { *self.buf.get_unchecked_mut(i) = v };
-        self.tail = self.tail.wrapping_add(1);
-    }
-
     /// Removes and returns the oldest entry.
     #[inline(always)]
     pub(crate) fn pop_front(&mut self) -> Option<T> {
@@ -89,11 +71,27 @@ impl<T: Copy + Default> Fifo<T> {
         Some(v)
     }
 
-    /// Drops the entries pushed after the queue held `len` (`len <= self.len()`).
+    /// Makes room for `n` more entries and returns an [`Appender`] that writes up to `n`
+    /// entries after the queued ones; they are queued when it commits.
     #[inline(always)]
-    pub(crate) fn truncate(&mut self, len: usize) {
-        debug_assert!(len <= self.len());
-        self.tail = self.head.wrapping_add(len);
+    pub(crate) fn appender(&mut self, n: usize) -> Appender<'_, T> {
+        while self.len() + n > self.mask + 1 {
+            self.grow();
+        }
+        let Fifo {
+            buf,
+            mask,
+            head: _,
+            tail,
+        } = self;
+        Appender {
+            start: *tail,
+            next: *tail,
+            end: tail.wrapping_add(n),
+            buf: &mut buf[..],
+            mask: *mask,
+            tail,
+        }
     }
 
     /// The queued entries, oldest first.
@@ -119,9 +117,78 @@ impl<T: Copy + Default> Fifo<T> {
     }
 }
 
+/// Writes entries after those of a [`Fifo`] (in room [`Fifo::appender`] made), with the
+/// write position in a local: they are queued only by [`Appender::commit`], so dropping it
+/// uncommitted queues nothing.
+pub(crate) struct Appender<'a, T> {
+    buf: &'a mut [T],
+    mask: usize,
+    /// The queue's tail when the appender was made.
+    start: usize,
+    /// Counter of the next slot to write.
+    next: usize,
+    /// `start` plus the room made.
+    end: usize,
+    tail: &'a mut usize,
+}
+
+impl<T: Copy> Appender<'_, T> {
+    /// Writes `v` after the entries written so far. Panics beyond the room made.
+    #[inline(always)]
+    pub(crate) fn push(&mut self, v: T) {
+        assert!(self.next != self.end, "Appender: beyond the room made");
+        // SAFETY: `next & mask <= mask` and `buf.len() == mask + 1`.
+        unsafe { *self.buf.get_unchecked_mut(self.next & self.mask) = v };
+        self.next = self.next.wrapping_add(1);
+    }
+
+    /// Queues the entries written; returns how many.
+    #[inline(always)]
+    pub(crate) fn commit(self) -> usize {
+        *self.tail = self.next;
+        self.next.wrapping_sub(self.start)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Fifo;
+
+    #[test]
+    fn appender_queues_only_what_it_commits() {
+        let mut q = Fifo::<u32>::with_capacity(2);
+        q.push_back(1);
+        q.pop_front();
+        q.push_back(2);
+        // Uncommitted: nothing queued.
+        {
+            let mut a = q.appender(3);
+            a.push(3);
+            a.push(4);
+        }
+        assert_eq!(q.iter().copied().collect::<Vec<_>>(), vec![2]);
+        // Committed, across the ring's end and a growth.
+        let mut a = q.appender(3);
+        for v in [3, 4, 5] {
+            a.push(v);
+        }
+        assert_eq!(a.commit(), 3);
+        assert_eq!(q.iter().copied().collect::<Vec<_>>(), vec![2, 3, 4, 5]);
+        assert_eq!(q.appender(0).commit(), 0);
+        for v in 2..=5 {
+            assert_eq!(q.pop_front(), Some(v));
+        }
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "beyond the room made")]
+    fn appender_refuses_beyond_its_room() {
+        let mut q = Fifo::<u32>::with_capacity(4);
+        let mut a = q.appender(1);
+        a.push(1);
+        a.push(2);
+    }
 
     #[test]
     fn fifo_order_across_wraps_and_growth() {
