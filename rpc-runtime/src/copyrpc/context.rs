@@ -810,7 +810,9 @@ impl<U> Context<U> {
             }
         };
         // Looked up once more, and no more (the returned bytes borrow it).
-        let c = &mut conns[e.ep as usize];
+        // SAFETY: `e.ep` indexed `conns` in the loop above (a bounds-checked index), and no
+        // endpoint was added or removed since.
+        let c = unsafe { conns.get_unchecked_mut(e.ep as usize) };
         let seq = c.recv_seq & !HANDLE_LARGE | (e.allowance >> 32) as u32 & HANDLE_LARGE;
         c.recv_seq = c.recv_seq.wrapping_add(1);
         let slot = c.answering.insert(e.call_id, seq);
