@@ -172,13 +172,22 @@ impl CompletionQueue {
         }
     }
 
-    /// Moves `ci` to the next entry, with its slot and expected owner bit.
+    /// Moves `ci` to the next entry, with its slot and expected owner bit: the next slot, or
+    /// slot 0 with the owner bit flipped when `ci` wraps around the ring (the bit is
+    /// `(ci >> log2_cqe_cnt) & 1`, which changes exactly there, also at `ci`'s own wrap).
     #[inline(always)]
     fn advance(&mut self) {
         self.ci = self.ci.wrapping_add(1);
-        // SAFETY: `slot` points inside the buffer, never null.
-        self.next = unsafe { NonNull::new_unchecked(self.slot(self.ci).cast_mut()) };
-        self.owner = ((self.ci >> self.log2_cqe_cnt) & 1) as u8;
+        if self.ci & self.mask == 0 {
+            self.next = self.mem.buf;
+            self.owner ^= 1;
+        } else {
+            // SAFETY: `ci & mask != 0`, so the previous slot was not the last one: the next
+            // one is inside the buffer, never null.
+            self.next = unsafe { self.next.add(CQE_BYTES) };
+        }
+        debug_assert_eq!(self.next.as_ptr().cast_const(), self.slot(self.ci));
+        debug_assert_eq!(self.owner, ((self.ci >> self.log2_cqe_cnt) & 1) as u8);
     }
 
     #[cold]
