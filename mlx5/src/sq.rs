@@ -55,6 +55,12 @@ pub struct SendQueue {
     retired: u32,
     /// `wqe_cnt - 1`.
     mask: u32,
+    /// Producer counter up to which WQEs can be written now without padding: `limit - pi`
+    /// is at most `min(free, to_end)` (free WQEBBs, WQEBBs up to the ring end) and equal to
+    /// it after [`SendQueue::make_room`] and [`SendQueue::retire`], so a WQE of `n <= limit
+    /// - pi` WQEBBs fits with no padding (one test on the fast path). A WQE that does not
+    /// pass the test takes `make_room`, which decides exactly.
+    limit: u32,
     /// Largest WQE accepted, in WQEBBs (see "Ring end: NOP padding").
     max_wqebbs: u32,
     /// Largest payload, in bytes, of an all-inline WRITE+IMM that passes `post`'s size
@@ -98,6 +104,7 @@ impl SendQueue {
             pi: 0,
             retired: 0,
             mask: cnt - 1,
+            limit: cnt,
             max_wqebbs,
             pi_after: vec![0; cnt as usize].into_boxed_slice(),
             db_pi: 0,
@@ -259,21 +266,15 @@ impl SendQueue {
         if ds > MAX_DS || n > self.max_wqebbs {
             return Err(wqe_too_large(ds, self.max_wqebbs));
         }
-        let slot = self.pi & self.mask;
-        let to_end = self.mem.wqe_cnt - slot;
-        let pad = if n > to_end { to_end } else { 0 };
-        let free = self.free_wqebbs();
-        if pad + n > free {
-            return Err(sq_full(pad + n, free));
+        if n > self.limit.wrapping_sub(self.pi) {
+            self.make_room(n)?;
         }
-        let flags = if free - (pad + n) < signal_below {
+        // After any padding: the WQEBBs free once this WQE is written.
+        let flags = if self.free_wqebbs() - n < signal_below {
             flags | CQ_UPDATE
         } else {
             flags
         };
-        if pad != 0 {
-            self.pad_ring_end(pad);
-        }
         let (pi, qpn) = (self.pi, self.qpn);
         // SAFETY: as in `post_av`: `slot + n <= wqe_cnt` (padding moved `pi` to slot 0
         // otherwise) and the `n` WQEBBs are free, so the device does not read them.
@@ -315,15 +316,8 @@ impl SendQueue {
             return Err(wqe_too_large(ds, self.max_wqebbs));
         }
         let n = wqebbs(ds);
-        let slot = self.pi & self.mask;
-        let to_end = self.mem.wqe_cnt - slot;
-        let pad = if n > to_end { to_end } else { 0 };
-        let free = self.free_wqebbs();
-        if pad + n > free {
-            return Err(sq_full(pad + n, free));
-        }
-        if pad != 0 {
-            self.pad_ring_end(pad);
+        if n > self.limit.wrapping_sub(self.pi) {
+            self.make_room(n)?;
         }
         let (pi, qpn) = (self.pi, self.qpn);
         let slot = pi & self.mask;
@@ -363,15 +357,9 @@ impl SendQueue {
         let ds = 2 + (inl / DS_BYTES) as u32;
         let n = wqebbs(ds);
         debug_assert!(ds <= MAX_DS && n <= self.max_wqebbs);
-        let slot = self.pi & self.mask;
-        let to_end = self.mem.wqe_cnt - slot;
-        let pad = if n > to_end { to_end } else { 0 };
-        let free = self.free_wqebbs();
-        if pad + n > free {
-            return Err(sq_full(pad + n, free));
-        }
-        if pad != 0 {
-            self.pad_ring_end(pad);
+        // One test for room and no padding; the rest in `make_room`.
+        if n > self.limit.wrapping_sub(self.pi) {
+            self.make_room(n)?;
         }
         let (pi, qpn) = (self.pi, self.qpn);
         // SAFETY: as in `post_av`: `slot + n <= wqe_cnt` and the `n` WQEBBs are free.
@@ -453,6 +441,35 @@ impl SendQueue {
             inline: &[],
             sges: &[],
         })
+    }
+
+    /// The slow path of the room test (`n > limit - pi`): refuses a WQE of `n` WQEBBs
+    /// that does not fit with its padding ([`Error::SqFull`], nothing written), else pads
+    /// the ring end if the WQE would cross it, and makes `limit` exact. Afterwards the WQE
+    /// fits at `pi` without padding.
+    #[cold]
+    #[inline(never)]
+    fn make_room(&mut self, n: u32) -> Result<()> {
+        let slot = self.pi & self.mask;
+        let to_end = self.mem.wqe_cnt - slot;
+        let pad = if n > to_end { to_end } else { 0 };
+        let free = self.free_wqebbs();
+        if pad + n > free {
+            return Err(sq_full(pad + n, free));
+        }
+        if pad != 0 {
+            self.pad_ring_end(pad);
+        }
+        self.refresh_limit();
+        debug_assert!(n <= self.limit.wrapping_sub(self.pi));
+        Ok(())
+    }
+
+    /// `limit = pi + min(free, to_end)`.
+    #[inline(always)]
+    fn refresh_limit(&mut self) {
+        let to_end = self.mem.wqe_cnt - (self.pi & self.mask);
+        self.limit = self.pi.wrapping_add(self.free_wqebbs().min(to_end));
     }
 
     /// Records a written WQE of `n` WQEBBs and `ds` units at `pi`.
@@ -546,6 +563,7 @@ impl SendQueue {
             return self.bad_retire();
         }
         self.retired = after;
+        self.refresh_limit();
         freed
     }
 
