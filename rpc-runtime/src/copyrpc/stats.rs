@@ -84,6 +84,11 @@ impl Stats {
     #[inline(always)]
     pub(crate) fn record_batch(&mut self, n: u32) {
         self.batches_sent += 1;
+        if n <= 1 {
+            // Bucket 0 without the bit scan: a batch of one, the common case at low depth.
+            self.batch_sizes[0] += 1;
+            return;
+        }
         // ceil(log2 n) as floor(log2(2n - 1)): one bit scan of a value known non-zero (the
         // `| 1`; 2n - 1 is odd anyway, and n = 0 gives bucket 0 as before).
         let b = ((n as u64 * 2).saturating_sub(1) | 1).ilog2() as usize;
