@@ -33,8 +33,8 @@ use crate::error::{Error, Result};
 use crate::mem::barrier::{dma_wmb, store_dbrec, wc_flush};
 use crate::queue::{BlueFlame, Doorbell, SqMem};
 use crate::wqe::{
-    CQ_UPDATE, CTRL_BYTES, CtrlSeg, DGRAM_BYTES, DS_BYTES, EncodedAv, MAX_DS, Opcode, RADDR_BYTES,
-    RaddrSeg, WQEBB, WqeDesc, inline_seg_bytes, wqebbs, write_inline, write_inline2,
+    CQ_UPDATE, CTRL_BYTES, CtrlSeg, DGRAM_BYTES, DS_BYTES, EncodedAv, INLINE_SEG, MAX_DS, Opcode,
+    RADDR_BYTES, RaddrSeg, WQEBB, WqeDesc, inline_seg_bytes, wqebbs, write_inline2,
 };
 
 /// Largest WQE in WQEBBs: `wqebbs(63)` = 16.
@@ -379,7 +379,20 @@ impl SendQueue {
         .write_seg(ctrl.try_into().expect("16 B control segment"));
         RaddrSeg { raddr, rkey }
             .write_seg(raddr_seg.try_into().expect("16 B remote-address segment"));
-        write_inline(&mut inline[..inl], data);
+        debug_assert_eq!(inline.len(), inl);
+        // `write_inline(&mut inline[..inl], data)` without its three bounds checks.
+        // SAFETY: `inline` is the WQE's last `ds * 16 - 32 = inl` bytes (`wqe_bytes`), and
+        // `inl = inline_seg_bytes(len) >= 16` covers the 4 B header and the `len` bytes: the
+        // header, the data and the last 16 B unit are all inside it; `data` is not ring memory.
+        unsafe {
+            let p = inline.as_mut_ptr();
+            p.add(inl - DS_BYTES)
+                .cast::<[u8; DS_BYTES]>()
+                .write_unaligned([0; DS_BYTES]);
+            p.cast::<[u8; 4]>()
+                .write_unaligned((len as u32 | INLINE_SEG).to_be_bytes());
+            std::ptr::copy_nonoverlapping(data.as_ptr(), p.add(4), len);
+        }
         self.commit(pi, n, ds);
         Ok(pi as u16)
     }
@@ -475,7 +488,8 @@ impl SendQueue {
     /// Records a written WQE of `n` WQEBBs and `ds` units at `pi`.
     #[inline(always)]
     fn commit(&mut self, pi: u32, n: u32, ds: u32) {
-        self.pi_after[(pi & self.mask) as usize] = pi.wrapping_add(n);
+        // SAFETY: `pi_after` has `wqe_cnt = mask + 1` entries.
+        unsafe { *self.pi_after.get_unchecked_mut((pi & self.mask) as usize) = pi.wrapping_add(n) };
         self.last_pi = pi;
         self.last_ds = ds;
         self.wqes_since_db += 1;
@@ -548,7 +562,8 @@ impl SendQueue {
         let retired = self.retired;
         let outstanding = self.pi.wrapping_sub(retired);
         let p = retired.wrapping_add(u32::from(wqe_counter.wrapping_sub(retired as u16)));
-        let after = self.pi_after[(p & self.mask) as usize];
+        // SAFETY: `pi_after` has `wqe_cnt = mask + 1` entries.
+        let after = unsafe { *self.pi_after.get_unchecked((p & self.mask) as usize) };
         let len = after.wrapping_sub(p);
         let freed = after.wrapping_sub(retired);
         // Valid iff `p` is outstanding, the entry at its slot describes a WQE starting at `p`
