@@ -265,13 +265,26 @@ impl Context {
         })
     }
 
-    /// Registers `buf` (which must outlive the returned [`Mr`]: the `Mr` borrows nothing, so
-    /// the caller keeps `buf` alive, e.g. by owning both in one struct with the `Mr` dropped
-    /// first).
+    /// Registers the `len` bytes at `addr` with the device under `pd`, for the uses `access`
+    /// allows (local writes by receives and READ responses; remote READ/WRITE/atomics by
+    /// peers holding the rkey).
+    ///
+    /// # Safety
+    /// The device accesses `addr..addr + len` with no borrow the compiler can see (the
+    /// returned [`Mr`] borrows nothing):
+    /// - while a WQE naming the returned lkey is in flight, the bytes it names must stay
+    ///   mapped, and if the device writes them (receives, READ responses: `LOCAL_WRITE`),
+    ///   nothing else may use them meanwhile;
+    /// - with any `REMOTE_*` access, a peer holding the rkey may access the range at any
+    ///   time, so all of it must stay mapped and reserved for this use until the `Mr` is
+    ///   dropped.
+    ///
+    /// Owning the memory and the `Mr` in one struct, with the `Mr` dropped first, satisfies
+    /// both.
     ///
     /// # Errors
     /// The provider's error (e.g. a zero length).
-    pub fn reg_mr(&self, pd: &Pd, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+    pub unsafe fn reg_mr(&self, pd: &Pd, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
         let (handle, lkey, rkey) = self.provider.reg_mr(&pd.handle, addr, len, access)?;
         Ok(Mr {
             _handle: handle,

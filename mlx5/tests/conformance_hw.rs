@@ -50,9 +50,9 @@ impl Buf {
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
             | Access::REMOTE_ATOMIC;
-        let mr = ctx
-            .reg_mr(pd, mem.as_mut_ptr().cast(), bytes, access)
-            .expect("reg_mr");
+        // SAFETY: the `Vec`'s heap buffer moves into the `Buf` with the registration (MR
+        // dropped first) and is never resized.
+        let mr = unsafe { ctx.reg_mr(pd, mem.as_mut_ptr().cast(), bytes, access) }.expect("reg_mr");
         Buf { mr, mem }
     }
     fn bytes(&mut self) -> &mut [u8] {

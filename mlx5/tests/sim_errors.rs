@@ -123,10 +123,12 @@ fn lkey_of_another_pd_is_local_protection() {
     let (f, mut p) = pair();
     let pd2 = p.a.ctx.alloc_pd().unwrap();
     let mem = mlx5::mem::DmaBuf::with_normal_pages(64).unwrap();
-    let mr =
+    // SAFETY: `mem` lives to the end of the test, after the MR and every WQE using it.
+    let mr = unsafe {
         p.a.ctx
             .reg_mr(&pd2, mem.as_mut_ptr(), 64, Access::LOCAL_WRITE)
-            .unwrap();
+    }
+    .unwrap();
     let remote = p.b.buf(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let sges = [Sge {
         addr: mr.addr,

@@ -201,6 +201,8 @@ impl RawRcPeer {
 
 fn reg(dev: &Context, pd: &Pd, len: usize, access: Access) -> RegBuf {
     let mem = DmaBuf::with_normal_pages(len).unwrap();
-    let mr = dev.reg_mr(pd, mem.as_mut_ptr(), len, access).unwrap();
+    // SAFETY: `mem` moves into the `RegBuf` with the registration, whose field order drops
+    // the MR first.
+    let mr = unsafe { dev.reg_mr(pd, mem.as_mut_ptr(), len, access) }.unwrap();
     RegBuf { mr, mem }
 }

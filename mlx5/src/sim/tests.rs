@@ -58,7 +58,8 @@ fn pair(f: &Fabric, caps: QpCaps) -> (Side, Side) {
 
 fn reg(s: &Side, len: usize, access: Access) -> (Mr, DmaBuf) {
     let mem = DmaBuf::with_normal_pages(len).unwrap();
-    let mr = s.ctx.reg_mr(&s.pd, mem.as_mut_ptr(), len, access).unwrap();
+    // SAFETY: `mem` is returned with the registration; callers keep both alive together.
+    let mr = unsafe { s.ctx.reg_mr(&s.pd, mem.as_mut_ptr(), len, access) }.unwrap();
     (mr, mem)
 }
 
@@ -355,19 +356,28 @@ fn provider_checks_arguments() {
     let mem = DmaBuf::with_normal_pages(64).unwrap();
     // Remote write without local write; zero length; a PD of another device.
     assert!(
-        a.ctx
-            .reg_mr(&a.pd, mem.as_mut_ptr(), 64, Access::REMOTE_WRITE)
-            .is_err()
+        // SAFETY: refused (checked); `mem` outlives the call either way.
+        unsafe {
+            a.ctx
+                .reg_mr(&a.pd, mem.as_mut_ptr(), 64, Access::REMOTE_WRITE)
+        }
+        .is_err()
     );
     assert!(
-        a.ctx
-            .reg_mr(&a.pd, mem.as_mut_ptr(), 0, Access::LOCAL_WRITE)
-            .is_err()
+        // SAFETY: as above.
+        unsafe {
+            a.ctx
+                .reg_mr(&a.pd, mem.as_mut_ptr(), 0, Access::LOCAL_WRITE)
+        }
+        .is_err()
     );
     assert!(
-        a.ctx
-            .reg_mr(&other_pd, mem.as_mut_ptr(), 64, Access::LOCAL_WRITE)
-            .is_err()
+        // SAFETY: as above.
+        unsafe {
+            a.ctx
+                .reg_mr(&other_pd, mem.as_mut_ptr(), 64, Access::LOCAL_WRITE)
+        }
+        .is_err()
     );
     // A CQ of another device.
     let cq2 = other.create_cq(8).unwrap();

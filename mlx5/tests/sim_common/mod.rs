@@ -76,10 +76,8 @@ impl Node {
 
     pub fn buf(&self, len: usize, access: Access) -> Buf {
         let mem = DmaBuf::with_normal_pages(len).unwrap();
-        let mr = self
-            .ctx
-            .reg_mr(&self.pd, mem.as_mut_ptr(), len, access)
-            .unwrap();
+        // SAFETY: `mem` moves into the `Buf` with the registration (MR dropped first).
+        let mr = unsafe { self.ctx.reg_mr(&self.pd, mem.as_mut_ptr(), len, access) }.unwrap();
         Buf { mr, mem }
     }
 

@@ -176,7 +176,9 @@ impl Pool {
             return None;
         }
         let r = mlx5::mem::DmaBuf::new(self.size as usize).and_then(|buf| {
-            let mr = device.reg_mr(pd, buf.as_mut_ptr(), self.size as usize, self.access)?;
+            // SAFETY: `buf` moves into the `LargeBuf` with its registration (MR dropped first).
+            let mr =
+                unsafe { device.reg_mr(pd, buf.as_mut_ptr(), self.size as usize, self.access)? };
             Ok(LargeBuf { mr, buf })
         });
         match r {
@@ -448,7 +450,9 @@ impl<U> Context<U> {
     pub fn create_endpoint(&mut self, cfg: &EndpointConfig) -> Result<EndpointId, SetupError> {
         let max_resp = cfg.max_resp_reservation.unwrap_or(cfg.ring_size as u64 / 4);
         let core = EndpointCore::new(cfg.ring_size, cfg.ring_size, max_resp)?;
-        let reg = |buf: &mlx5::mem::DmaBuf, len: usize, access| {
+        // SAFETY: each buffer is a ring of `core`, which the endpoint owns together with the
+        // registrations; the endpoint drops its QP and MRs before `core` (field order).
+        let reg = |buf: &mlx5::mem::DmaBuf, len: usize, access| unsafe {
             self.device.reg_mr(&self.pd, buf.as_mut_ptr(), len, access)
         };
         let send_mr = reg(&core.send.buf, cfg.ring_size, Access::empty())?;
@@ -1691,7 +1695,8 @@ impl<U> Context<U> {
         len: usize,
         access: Access,
     ) -> Result<Mr, SetupError> {
-        Ok(self.device.reg_mr(&self.pd, addr, len, access)?)
+        // SAFETY: this function's own contract (# Safety above) is `reg_mr`'s.
+        Ok(unsafe { self.device.reg_mr(&self.pd, addr, len, access)? })
     }
 
     /// Posts a raw RDMA READ of `local.len` bytes from `remote` into `local` on endpoint `ep`

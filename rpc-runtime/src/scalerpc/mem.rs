@@ -30,7 +30,9 @@ impl Slots {
         } else {
             DmaBuf::with_normal_pages(len)?
         };
-        let mr = dev.reg_mr(pd, buf.as_mut_ptr(), len, access)?;
+        // SAFETY: `buf` moves into `Slots` with its registration (MR declared, so dropped,
+        // first).
+        let mr = unsafe { dev.reg_mr(pd, buf.as_mut_ptr(), len, access)? };
         Ok(Slots { mr, buf, slot, n })
     }
 

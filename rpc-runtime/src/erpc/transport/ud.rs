@@ -708,14 +708,16 @@ impl UdTransport {
         let rx_stride = (RX_PAYLOAD_OFFSET + port.active_mtu as usize).next_multiple_of(ALIGN);
         let rx_buf = DmaBuf::new(cfg.rq_depth as usize * rx_stride)
             .map_err(|e| device_error("receive ring", e))?;
-        let rx_mr = ctx
-            .reg_mr(&pd, rx_buf.as_mut_ptr(), rx_buf.len(), Access::LOCAL_WRITE)
-            .map_err(|e| device_error("register receive ring", e))?;
+        // SAFETY: `rx_buf` and `tx_buf` are owned by the transport with their MRs, which are
+        // declared (dropped) before them and outlive every WQE (drained on drop).
+        let rx_mr =
+            unsafe { ctx.reg_mr(&pd, rx_buf.as_mut_ptr(), rx_buf.len(), Access::LOCAL_WRITE) }
+                .map_err(|e| device_error("register receive ring", e))?;
         let tx_stride = cfg.mtu.next_multiple_of(ALIGN);
         let tx_buf = DmaBuf::new(cfg.sq_depth as usize * tx_stride)
             .map_err(|e| device_error("staging ring", e))?;
-        let tx_mr = ctx
-            .reg_mr(&pd, tx_buf.as_mut_ptr(), tx_buf.len(), Access::empty())
+        // SAFETY: as above.
+        let tx_mr = unsafe { ctx.reg_mr(&pd, tx_buf.as_mut_ptr(), tx_buf.len(), Access::empty()) }
             .map_err(|e| device_error("register staging ring", e))?;
 
         let inline_max = MAX_INLINE.min(qp.sq.mem().max_inline as usize);
@@ -906,10 +908,13 @@ impl UdTransport {
         }
         // `as_mut_ptr` only because `reg_mr` takes one; the region is registered without
         // LOCAL_WRITE, so the NIC only reads it.
-        let mr = match self
-            .ctx
-            .reg_mr(&self.pd, mem.as_mut_ptr(), mem.len(), Access::empty())
-        {
+        // SAFETY: local read only (no remote access, no device writes); a send names this
+        // lkey only while it holds `mem` alive, until its completion (module docs), and dead
+        // registrations are swept only once no send reads them.
+        let mr = match unsafe {
+            self.ctx
+                .reg_mr(&self.pd, mem.as_mut_ptr(), mem.len(), Access::empty())
+        } {
             Ok(mr) => mr,
             Err(e) => {
                 tracing::debug!(error = %e, "mlx5 UD transport: registering a message buffer failed");
@@ -2179,9 +2184,8 @@ mod tests {
         // Replies reach the foreign QP at the reported address.
         let mut rq = qp.rq.take().unwrap();
         let buf = DmaBuf::new(4096).unwrap();
-        let mr = ctx
-            .reg_mr(&pd, buf.as_mut_ptr(), 4096, Access::LOCAL_WRITE)
-            .unwrap();
+        // SAFETY: `buf` lives to the end of the test, after the receive completes.
+        let mr = unsafe { ctx.reg_mr(&pd, buf.as_mut_ptr(), 4096, Access::LOCAL_WRITE) }.unwrap();
         rq.post(&[Sge {
             addr: buf.as_ptr() as u64,
             len: 4096,
@@ -2410,7 +2414,9 @@ mod tests {
                 let mut qp = super::plain_ud_qp(&ctx, &pd, &cq);
                 let av = ctx.create_ah(&pd, &t.local_addr().dest(DEFAULT_QKEY)).unwrap().av;
                 let buf = DmaBuf::new(8192).unwrap();
-                let mr = ctx.reg_mr(&pd, buf.as_mut_ptr(), 8192, Access::LOCAL_WRITE).unwrap();
+                // SAFETY: `buf` lives to the end of this case, after its sends complete.
+                let mr =
+                    unsafe { ctx.reg_mr(&pd, buf.as_mut_ptr(), 8192, Access::LOCAL_WRITE) }.unwrap();
                 let mtu = t.mtu();
                 for (k, &(imm_op, imm, len, seed)) in sends.iter().enumerate() {
                     let len = len.min(port_mtu);
