@@ -24,26 +24,45 @@ use crate::workload::*;
 /// and the QPC caches.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct ScaleFigures {
+    /// Connections per group (`--scalerpc-group`), or 0 when the daemons size groups
+    /// themselves.
     pub group_size: u32,
+    /// The time slice of a group, µs (`--scalerpc-slice-us`).
     pub slice_us: u64,
+    /// Bytes of one message slot (`--scalerpc-slot`, or derived from the service).
     pub slot_size: u32,
+    /// Connections the daemons served, summed (those reclaimed during the run included).
     pub conns: u32,
     /// Most groups on one daemon.
     pub groups: u32,
+    /// Group switches ([`rpc::scalerpc::SchedStats::switches`]), summed.
     pub switches: u64,
+    /// Warm-ups that waited for the other bank to drain
+    /// ([`rpc::scalerpc::SchedStats::warmup_delays`]), summed.
     pub warmup_delays: u64,
+    /// Acknowledgements accepted ([`rpc::scalerpc::SchedStats::acks`]), summed.
     pub acks: u64,
+    /// Connections evicted for missing the acknowledgement deadline
+    /// ([`rpc::scalerpc::SchedStats::evictions`]), summed.
     pub evictions: u64,
+    /// Connections failed by an error completion or an eviction
+    /// ([`rpc::scalerpc::ServerStats::failed_conns`]), summed.
     pub failed_conns: u64,
+    /// Requests handed to the handlers ([`rpc::scalerpc::ServerStats::requests`]), summed.
     pub requests: u64,
+    /// Doorbells rung by the daemons ([`rpc::scalerpc::ServerStats::doorbells`]), summed.
     pub doorbells: u64,
+    /// Activate/stop notices sent ([`rpc::scalerpc::ServerStats::notices`]), summed.
     pub notices: u64,
+    /// Liveness probes the daemons answered, summed.
     pub probes: u64,
-    /// QPC cache hits and misses of the daemons' NICs.
+    /// QPC cache hits of the daemons' NICs.
     pub qpc_server_hits: u64,
+    /// QPC cache misses of the daemons' NICs.
     pub qpc_server_misses: u64,
-    /// QPC cache hits and misses of every NIC of the fabric.
+    /// QPC cache hits of every NIC of the fabric.
     pub qpc_hits: u64,
+    /// QPC cache misses of every NIC of the fabric.
     pub qpc_misses: u64,
 }
 
@@ -60,10 +79,13 @@ pub struct ErpcFigures {
     pub dup_requests: u64,
     /// Datagrams dropped by the cores as invalid, stale or out of window.
     pub dropped_pkts: u64,
+    /// Datagrams received.
     pub rx_pkts: u64,
+    /// Datagrams sent.
     pub tx_pkts: u64,
-    /// `recvmmsg`/`sendmmsg` calls that moved datagrams.
+    /// `recvmmsg` calls that received datagrams.
     pub rx_calls: u64,
+    /// `sendmmsg` calls that sent datagrams.
     pub tx_calls: u64,
 }
 
@@ -126,20 +148,35 @@ macro_rules! counters {
 /// delegates): [`ForwardStats`] summed over the ranks' delegates.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Forward {
+    /// [`ForwardStats::ring_local`], summed.
     pub ring_local: u64,
+    /// [`ForwardStats::forwarded`], summed.
     pub forwarded: u64,
+    /// [`ForwardStats::responses`], summed.
     pub responses: u64,
+    /// [`ForwardStats::remote_served`], summed.
     pub remote_served: u64,
+    /// [`ForwardStats::handed_off`], summed.
     pub handed_off: u64,
+    /// [`ForwardStats::handoff_replies`], summed.
     pub handoff_replies: u64,
+    /// [`ForwardStats::bad_requests`], summed.
     pub bad_requests: u64,
+    /// [`ForwardStats::oversized_responses`], summed.
     pub oversized_responses: u64,
+    /// [`ForwardStats::unroutable`], summed.
     pub unroutable: u64,
+    /// [`ForwardStats::failed_calls`], summed.
     pub failed_calls: u64,
+    /// [`ForwardStats::corrupt_responses`], summed.
     pub corrupt_responses: u64,
+    /// [`ForwardStats::dropped_replies`], summed.
     pub dropped_replies: u64,
+    /// [`ForwardStats::ring_full_retries`], summed.
     pub ring_full_retries: u64,
+    /// [`ForwardStats::daemon_busy_waits`], summed.
     pub daemon_busy_waits: u64,
+    /// [`ForwardStats::wait_timeouts`], summed.
     pub wait_timeouts: u64,
 }
 
@@ -206,22 +243,39 @@ counters!(Forward {
 /// rank.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Node {
+    /// [`rpc::delegation::node::NodeStats::local_served`], summed.
     pub local_served: u64,
+    /// [`rpc::delegation::node::NodeStats::ring_served`], summed.
     pub ring_served: u64,
+    /// [`rpc::delegation::node::NodeStats::remote_served`], summed.
     pub remote_served: u64,
+    /// [`rpc::delegation::node::NodeStats::flux_served`], summed.
     pub flux_served: u64,
+    /// [`rpc::delegation::node::NodeStats::copyrpc_calls`], summed.
     pub copyrpc_calls: u64,
+    /// [`rpc::delegation::node::NodeStats::copyrpc_responses`], summed.
     pub copyrpc_responses: u64,
+    /// [`rpc::delegation::node::NodeStats::flux_calls`], summed.
     pub flux_calls: u64,
+    /// [`rpc::delegation::node::NodeStats::flux_responses`], summed.
     pub flux_responses: u64,
+    /// [`rpc::delegation::node::NodeStats::backlogged`], summed.
     pub backlogged: u64,
+    /// [`rpc::delegation::node::NodeStats::backlog_full`], summed.
     pub backlog_full: u64,
+    /// [`rpc::delegation::node::NodeStats::wait_timeouts`], summed.
     pub wait_timeouts: u64,
+    /// [`rpc::delegation::node::NodeStats::bad_requests`], summed.
     pub bad_requests: u64,
+    /// [`rpc::delegation::node::NodeStats::oversized_responses`], summed.
     pub oversized_responses: u64,
+    /// [`rpc::delegation::node::NodeStats::unroutable`], summed.
     pub unroutable: u64,
+    /// [`rpc::delegation::node::NodeStats::failed_calls`], summed.
     pub failed_calls: u64,
+    /// [`rpc::delegation::node::NodeStats::corrupt_responses`], summed.
     pub corrupt_responses: u64,
+    /// [`rpc::delegation::node::NodeStats::dropped_replies`], summed.
     pub dropped_replies: u64,
 }
 
