@@ -393,15 +393,19 @@ pub struct Summary {
     /// Operations completed inside the measured runs, all ranks (`ops` also counts the
     /// warm-up and the calls drained after the stop).
     pub measured_ops: u64,
-    /// Daemons and clients were pinned to cores; else why not.
+    /// Daemons and clients were pinned to cores.
     pub pinned: bool,
+    /// Why they were not pinned (empty when they were).
     pub pin_note: String,
-    /// Latency percentiles over all operations, microseconds.
+    /// Median latency over all operations, µs.
     pub p50_us: f64,
+    /// 99th percentile latency over all operations, µs.
     pub p99_us: f64,
+    /// 99.9th percentile latency over all operations, µs.
     pub p999_us: f64,
-    /// Gets issued, and of them the ones that found a value.
+    /// Gets issued.
     pub gets: u64,
+    /// Of `gets`, the ones that found a value.
     #[serde(rename = "get_hits")]
     pub hits: u64,
     /// Failed operations: error responses, implausible reads, calls expired.
@@ -435,14 +439,17 @@ pub struct Summary {
     pub max_us: f64,
     /// Requests the daemons of each rank executed, by rank.
     pub rank_served: Vec<u64>,
-    /// Operations on the client's own rank, and on another.
+    /// Operations on the client's own rank.
     pub ops_local: u64,
+    /// Operations on another rank than the client's.
     pub ops_remote: u64,
-    /// Latency percentiles of the remote operations, microseconds.
+    /// Median latency of the remote operations, µs.
     pub remote_p50_us: f64,
+    /// 99th percentile latency of the remote operations, µs.
     pub remote_p99_us: f64,
-    /// Operations, and millions of operations per second, by rank.
+    /// Operations completed, by rank.
     pub rank_ops: Vec<u64>,
+    /// Millions of operations per second, by rank.
     pub rank_mops: Vec<f64>,
     /// Of `check_samples`, keys written from another rank than their owner.
     #[serde(rename = "check_samples_remote")]
@@ -684,8 +691,11 @@ pub fn median(v: &[f64]) -> Option<f64> {
 /// How [`print_summaries`] prints: `--json`, `--csv`, or text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
+    /// Human-readable text ([`text`]), the default.
     Text,
+    /// One JSON object per run (`--json`, [`json`]).
     Json,
+    /// One CSV header, then one row per run (`--csv`, [`CsvRow`]).
     Csv,
 }
 
@@ -840,43 +850,81 @@ pub fn json(s: &Summary) -> String {
 /// joined by `;`.
 #[derive(Debug, Serialize)]
 pub struct CsvRow<'a> {
+    /// [`Summary::transport`].
     pub transport: &'a str,
+    /// [`Summary::daemons`].
     pub daemons: usize,
+    /// [`Summary::clients`].
     pub clients: usize,
+    /// [`Summary::qd`].
     pub qd: usize,
+    /// [`Summary::read_ratio`], as printed.
     pub read_ratio: String,
+    /// [`Summary::keys`].
     pub keys: u64,
+    /// [`Summary::dist`].
     pub dist: &'a str,
+    /// [`Summary::secs`], 3 decimals.
     pub seconds: String,
+    /// [`Summary::ops`].
     pub ops: u64,
+    /// [`Summary::mops`], 4 decimals.
     pub mops: String,
+    /// [`Summary::p50_us`], 2 decimals.
     pub p50_us: String,
+    /// [`Summary::p99_us`], 2 decimals.
     pub p99_us: String,
+    /// [`Summary::p999_us`], 2 decimals.
     pub p999_us: String,
+    /// [`Summary::gets`].
     pub gets: u64,
+    /// [`Summary::hits`].
     pub get_hits: u64,
+    /// [`Summary::errors`].
     pub errors: u64,
+    /// [`Summary::checked`].
     pub check_samples: usize,
+    /// [`Summary::mismatches`].
     pub check_mismatches: usize,
+    /// [`Summary::pass`].
     pub check_passed: bool,
+    /// [`Summary::ranks`].
     pub ranks: usize,
+    /// [`Summary::backend`].
     pub backend: &'a str,
+    /// [`Summary::ops_local`].
     pub ops_local: u64,
+    /// [`Summary::ops_remote`].
     pub ops_remote: u64,
+    /// [`Summary::remote_p50_us`], 2 decimals.
     pub remote_p50_us: String,
+    /// [`Summary::remote_p99_us`], 2 decimals.
     pub remote_p99_us: String,
+    /// [`Summary::rank_mops`], 4 decimals each, joined by `;`.
     pub rank_mops: String,
+    /// [`Forward::forwarded`] of [`Summary::forward`] (0 without delegates).
     pub forwarded: u64,
+    /// [`Forward::remote_served`] of [`Summary::forward`] (0 without delegates).
     pub remote_served: u64,
+    /// [`Forward::handed_off`] of [`Summary::forward`] (0 without delegates).
     pub handed_off: u64,
+    /// [`Forward::unroutable`] of [`Summary::forward`] (0 without delegates).
     pub unroutable: u64,
+    /// [`Forward::failed_calls`] of [`Summary::forward`] (0 without delegates).
     pub failed_calls: u64,
+    /// [`Forward::corrupt_responses`] of [`Summary::forward`] (0 without delegates).
     pub corrupt_responses: u64,
+    /// [`Forward::ring_full_retries`] of [`Summary::forward`] (0 without delegates).
     pub ring_full_retries: u64,
+    /// [`Summary::max_us`], 2 decimals.
     pub max_us: String,
+    /// [`Summary::rank_served`], joined by `;`.
     pub rank_served: String,
+    /// [`Summary::mpi`].
     pub mpi: bool,
+    /// [`Summary::value_size`].
     pub value_size: &'a str,
+    /// [`Summary::key_size`].
     pub key_size: &'a str,
 }
 
