@@ -481,7 +481,7 @@ impl<U> Context<U> {
         )?;
         let id = self.conns.len() as EndpointId;
         self.by_qpn.insert(qp.qpn(), id)?;
-        let full_inline = qp.sq.mem().max_inline.min(MAX_FULL_INLINE);
+        let full_inline = qp.sq.mem().max_inline().min(MAX_FULL_INLINE);
         self.conns.push(Conn {
             qp,
             send_mr,

@@ -720,7 +720,7 @@ impl UdTransport {
         let tx_mr = unsafe { ctx.reg_mr(&pd, tx_buf.as_mut_ptr(), tx_buf.len(), Access::empty()) }
             .map_err(|e| device_error("register staging ring", e))?;
 
-        let inline_max = MAX_INLINE.min(qp.sq.mem().max_inline as usize);
+        let inline_max = MAX_INLINE.min(qp.sq.mem().max_inline() as usize);
         let local = UdAddr::new(port.lid, qp.qpn());
         let mut t = UdTransport {
             qp,
