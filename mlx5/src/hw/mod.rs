@@ -720,7 +720,7 @@ impl Provider for HwProvider {
         }))))
     }
 
-    fn reg_mr(
+    unsafe fn reg_mr(
         &self,
         pd: &Handle,
         addr: *mut u8,

@@ -203,7 +203,7 @@ impl Provider for SimDevice {
         }))
     }
 
-    fn reg_mr(
+    unsafe fn reg_mr(
         &self,
         pd: &Handle,
         addr: *mut u8,
