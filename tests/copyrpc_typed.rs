@@ -266,9 +266,12 @@ fn capacity_is_checked() {
     }
     addr.endpoint.ring_size = 1 << 20;
     match KvClient::<Copyrpc>::connect(&addr) {
-        Err(RpcError::Copyrpc(e)) => {
+        Err(RpcError::Transport(e)) => {
+            let e = e
+                .downcast_ref::<CopyrpcSetupError>()
+                .expect("a CopyrpcSetupError");
             assert!(
-                matches!(&*e, CopyrpcSetupError::Refused(ConnectRefusal::Setup(_))),
+                matches!(e, CopyrpcSetupError::Refused(ConnectRefusal::Setup(_))),
                 "{e}"
             )
         }
@@ -377,7 +380,10 @@ fn connect_times_out_when_the_server_does_not_poll() {
     addr.timeout = Duration::from_millis(200);
     let t0 = Instant::now();
     match KvClient::<Copyrpc>::connect(&addr) {
-        Err(RpcError::Copyrpc(e)) => {
+        Err(RpcError::Transport(e)) => {
+            let e = e
+                .downcast_ref::<CopyrpcSetupError>()
+                .expect("a CopyrpcSetupError");
             assert!(matches!(*e, CopyrpcSetupError::Timeout(_)), "{e}")
         }
         Err(e) => panic!("expected a timeout, got {e}"),

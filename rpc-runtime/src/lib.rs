@@ -24,7 +24,7 @@ pub mod varlen;
 pub mod wire;
 
 pub use client::{Client, ClientTransport, Completion, DEFAULT_CALLS_IN_FLIGHT};
-pub use error::{LimitSide, MessageKind, RpcError};
+pub use error::{LimitSide, MessageKind, RpcError, TransportError};
 pub use runner::{IdlePolicy, RunError, RunnerConfig, ServerHandle};
 pub use server::{Server, ServerStats, ServerTransport};
 pub use service::{ArgDescriptor, MethodDescriptor, Service, ServiceDescriptor};

@@ -119,6 +119,22 @@ pub enum CopyrpcSetupError {
     Config(&'static str),
 }
 
+impl From<CopyrpcSetupError> for RpcError {
+    /// [`RpcError::Transport`] carrying the [`CopyrpcSetupError`] (transport `"copyrpc"`).
+    #[cold]
+    fn from(e: CopyrpcSetupError) -> Self {
+        RpcError::from_transport("copyrpc", e)
+    }
+}
+
+impl From<SetupError> for RpcError {
+    /// [`RpcError::Transport`] carrying [`CopyrpcSetupError::Setup`].
+    #[cold]
+    fn from(e: SetupError) -> Self {
+        CopyrpcSetupError::Setup(e).into()
+    }
+}
+
 /// In-process rendezvous through which clients connect to one [`CopyrpcServer`]
 /// ([`CopyrpcServer::listener`]): a channel of connect requests plus a count of pending ones,
 /// so that the server's poll costs one relaxed load while nobody connects.
@@ -292,7 +308,7 @@ impl Copyrpc {
     /// [`RpcError::SchemaMismatch`] if the endpoint was created with another fingerprint;
     /// [`RpcError::CapacityMismatch`] if the rings cannot carry the service's largest request
     /// or response, or the server's initial credit does not cover one response;
-    /// [`RpcError::Copyrpc`] ([`CopyrpcSetupError::Config`]) for `max_in_flight` outside
+    /// [`RpcError::Transport`] ([`CopyrpcSetupError::Config`]) for `max_in_flight` outside
     /// `1..=`[`MAX_IN_FLIGHT_LIMIT`] or an unknown or unconnected endpoint.
     pub fn from_context(
         ctx: Context<u32>,
@@ -310,7 +326,7 @@ impl Copyrpc {
     /// its other clients ([`super::shared`]). Checks what [`Copyrpc::from_context`] checks.
     ///
     /// # Errors
-    /// As [`Copyrpc::from_context`], and [`RpcError::Copyrpc`]
+    /// As [`Copyrpc::from_context`], and [`RpcError::Transport`] ([`CopyrpcSetupError`])
     /// ([`CopyrpcSetupError::Config`]) once the context has served
     /// [`super::shared::MAX_CLIENTS_PER_CONTEXT`] clients.
     pub fn on(
@@ -430,7 +446,7 @@ impl Copyrpc {
     /// refuses (wrong rkey) fails the endpoint like a dead server.
     ///
     /// # Errors
-    /// [`RpcError::Copyrpc`] if the 8-byte landing buffer cannot be allocated or registered.
+    /// [`RpcError::Transport`] ([`CopyrpcSetupError`]) if the 8-byte landing buffer cannot be allocated or registered.
     pub fn with_probe(
         mut self,
         server: &EndpointInfo,
@@ -582,7 +598,7 @@ impl ClientTransport for Copyrpc {
     /// # Errors
     /// [`RpcError::SchemaMismatch`] / [`RpcError::CapacityMismatch`] (the server's refusal or
     /// our own check); [`RpcError::ServerDisconnected`] if the server was dropped;
-    /// [`RpcError::Copyrpc`] for a timeout, a device error or a bad configuration.
+    /// [`RpcError::Transport`] ([`CopyrpcSetupError`]) for a timeout, a device error or a bad configuration.
     fn connect(addr: &CopyrpcAddr, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
         if !(1..=MAX_IN_FLIGHT_LIMIT).contains(&addr.max_in_flight) {
             return Err(CopyrpcSetupError::Config("max_in_flight must be in 1..=65536").into());
@@ -742,7 +758,7 @@ impl CopyrpcServer {
     /// # Errors
     /// [`RpcError::CapacityMismatch`] if rings of `endpoint.ring_size` cannot carry the
     /// service's largest request or response, or its credit (`max_resp_reservation`) does not
-    /// cover one response; [`RpcError::Copyrpc`] for a ring size that is not a power of two
+    /// cover one response; [`RpcError::Transport`] ([`CopyrpcSetupError`]) for a ring size that is not a power of two
     /// `>= 1 KiB` or a device error.
     pub fn new(
         device: &mlx5::verbs::Context,
@@ -831,7 +847,7 @@ impl CopyrpcServer {
     /// # Errors
     /// [`RpcError::SchemaMismatch`] if the client's fingerprint is not the service's;
     /// [`RpcError::CapacityMismatch`] if the negotiated ring (the smaller of the two) cannot
-    /// carry the service's messages or the credit this server announces; [`RpcError::Copyrpc`]
+    /// carry the service's messages or the credit this server announces; [`RpcError::Transport`] ([`CopyrpcSetupError`])
     /// for unusable ring parameters (e.g. a client ring larger than ours, whose credit our ring
     /// cannot take) or a device error. Only a device error or a connect failure after these
     /// checks leaves an endpoint behind (unused: the context cannot remove endpoints).

@@ -59,8 +59,8 @@
 //! only when it polls, and [`crate::Client`] polls only while calls are in flight. With more
 //! than one group, a client that neither calls nor polls for [`ServerConfig::ack_timeout`]
 //! after its group was stopped holds up the next switch until then, and is evicted: the
-//! server tells it, and its calls then fail with [`ScaleRpcSetupError::Evicted`] (as
-//! [`RpcError::Scalerpc`]); connect again. A client that pauses while others
+//! server tells it, and its calls then fail with [`ScaleRpcSetupError::Evicted`] (inside
+//! [`RpcError::Transport`]); connect again. A client that pauses while others
 //! run should poll its transport now and then (`client.transport_mut().poll(usize::MAX,
 //! |_, _| {})` with nothing in flight delivers nothing) or be dropped (dropping polls once
 //! more, acknowledging a pending stop). For the same reason, keep the ack timeout above the
@@ -196,6 +196,22 @@ pub enum ScaleRpcSetupError {
         "the scalerpc server evicted this connection (a stop notice was not acknowledged within its ack timeout): connect again"
     )]
     Evicted,
+}
+
+impl From<ScaleRpcSetupError> for RpcError {
+    /// [`RpcError::Transport`] carrying the [`ScaleRpcSetupError`] (transport `"scalerpc"`).
+    #[cold]
+    fn from(e: ScaleRpcSetupError) -> Self {
+        RpcError::from_transport("scalerpc", e)
+    }
+}
+
+impl From<ScaleError> for RpcError {
+    /// [`RpcError::Transport`] carrying [`ScaleRpcSetupError::Core`].
+    #[cold]
+    fn from(e: ScaleError) -> Self {
+        ScaleRpcSetupError::Core(e).into()
+    }
 }
 
 /// One connect request: the client's connection and its slot geometry.
@@ -428,7 +444,7 @@ impl ScaleRpc {
     /// [`RpcError::SchemaMismatch`] if the server's fingerprint is not the service's (the
     /// core already refused a client fingerprint different from the server's);
     /// [`RpcError::CapacityMismatch`] if the server's slots cannot carry the service's
-    /// largest request or response; [`RpcError::Scalerpc`] ([`ScaleRpcSetupError::Config`])
+    /// largest request or response; [`RpcError::Transport`] ([`ScaleRpcSetupError::Config`])
     /// for an unknown or failed connection or more than `u16::MAX` slots.
     pub fn from_client(
         client: ScaleClient<u32>,
@@ -490,7 +506,7 @@ impl ScaleRpc {
     /// call.
     ///
     /// # Errors
-    /// [`RpcError::Scalerpc`] ([`ScaleRpcSetupError::Config`]) if calls were made already, or
+    /// [`RpcError::Transport`] ([`ScaleRpcSetupError::Config`]) if calls were made already, or
     /// a probe is asked for with one slot per connection.
     pub fn with_liveness(
         mut self,
@@ -731,7 +747,7 @@ impl ClientTransport for ScaleRpc {
     ///
     /// # Errors
     /// [`RpcError::SchemaMismatch`] / [`RpcError::CapacityMismatch`]; [`RpcError::ServerDisconnected`]
-    /// if the server was dropped; [`RpcError::Scalerpc`] for a refusal on slot geometry, a
+    /// if the server was dropped; [`RpcError::Transport`] ([`ScaleRpcSetupError`]) for a refusal on slot geometry, a
     /// timeout, a device error or a bad configuration.
     fn connect(addr: &ScaleRpcAddr, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
         if addr.probe_interval.is_some() && addr.listener.slots_per_conn < 2 {
@@ -869,7 +885,7 @@ impl ScaleRpcServer {
     /// # Errors
     /// [`RpcError::CapacityMismatch`] if slots of `Some(cfg.slot_size)` cannot carry the
     /// service's largest request or response (naming the least size that can);
-    /// [`RpcError::Scalerpc`] for an unusable configuration (a derived size above `u32::MAX`)
+    /// [`RpcError::Transport`] ([`ScaleRpcSetupError`]) for an unusable configuration (a derived size above `u32::MAX`)
     /// or a device error.
     pub fn new(
         device: &mlx5::verbs::Context,
@@ -974,7 +990,7 @@ impl ScaleRpcServer {
     ///
     /// # Errors
     /// [`RpcError::SchemaMismatch`] if the client's fingerprint is not the service's (nothing
-    /// is created); [`RpcError::Scalerpc`] when the server has `max_conns` connections, the
+    /// is created); [`RpcError::Transport`] ([`ScaleRpcSetupError`]) when the server has `max_conns` connections, the
     /// client's response region is too small, or the device fails.
     pub fn add_client(&mut self, client: &ClientConnInfo) -> Result<ServerConnInfo, RpcError> {
         if client.fingerprint != self.service.fingerprint {
