@@ -589,8 +589,9 @@ impl Drop for HwAh {
     }
 }
 
-// SAFETY (all handle types below): rdma-core objects may be used and destroyed from any thread;
-// the handles only pass their pointers back to rdma-core and have no Rust-side mutability.
+// SAFETY: (all handle types below) rdma-core objects may be used and destroyed from any
+// thread; the handles only pass their pointers back to rdma-core and have no Rust-side
+// mutability.
 unsafe impl Send for PdObj {}
 // SAFETY: see above.
 unsafe impl Sync for PdObj {}
