@@ -305,7 +305,7 @@ fn raw_roundtrip(
     while out.is_none() {
         assert!(Instant::now() < deadline, "no response to a bad request");
         server.serve_once(|_| panic!("a bad request reached the handler"));
-        t.poll(1, |tok, bytes| {
+        t.poll(|tok, bytes| {
             assert_eq!(tok, token);
             out = Some(bytes.to_vec());
         })
@@ -1220,10 +1220,8 @@ fn a_reply_beyond_the_callers_allowance_is_dropped() {
     while server.stats().dropped_replies == 0 {
         assert!(Instant::now() < deadline, "the request was not served");
         server.serve_once(|req| EchoService::dispatch(&mut idl::echo::Echoer, req));
-        raw.poll(1, |_, _| {
-            panic!("a reply beyond the allowance was delivered")
-        })
-        .unwrap();
+        raw.poll(|_, _| panic!("a reply beyond the allowance was delivered"))
+            .unwrap();
     }
     assert_eq!(server.stats().requests, 1);
     assert_eq!(server.stats().dropped_replies, 1);

@@ -227,7 +227,7 @@ fn raw_roundtrip(t: &mut Erpc, server: &mut Server<KvService, ErpcServer>, msg: 
     while out.is_none() {
         assert!(Instant::now() < deadline, "no response to a bad request");
         server.serve_once(|_| panic!("a bad request reached the handler"));
-        t.poll(1, |tok, bytes| {
+        t.poll(|tok, bytes| {
             assert_eq!(tok, token);
             out = Some(bytes.to_vec());
         })
@@ -630,7 +630,7 @@ fn server_gone_fails_pending_and_later_calls() {
         server.release();
         // The idle client keeps its sessions alive meanwhile.
         assert!(idle.poll().unwrap().is_none());
-        idle.transport_mut().poll(usize::MAX, |_, _| {}).unwrap();
+        idle.transport_mut().poll(|_, _| {}).unwrap();
     }
     drop(server);
     let t0 = Instant::now();
@@ -713,7 +713,7 @@ fn idle_clients_get_new_sessions() {
     let opened = kv.transport().stats().sessions_opened;
     for _ in 0..30 {
         thread::sleep(Duration::from_millis(10));
-        kv.transport_mut().poll(usize::MAX, |_, _| {}).unwrap();
+        kv.transport_mut().poll(|_, _| {}).unwrap();
     }
     assert_eq!(kv.get(0, 100).unwrap(), Some(0));
     assert_eq!(kv.transport().stats().sessions_opened, opened);

@@ -173,7 +173,7 @@ fn clients_in_small_groups_switch_during_the_run() {
                         Instant::now() < deadline,
                         "client {c}: the others never finished"
                     );
-                    assert_eq!(kv.transport_mut().poll(usize::MAX, |_, _| {}).unwrap(), 0);
+                    assert_eq!(kv.transport_mut().poll(|_, _| {}).unwrap(), 0);
                     thread::yield_now();
                 }
                 (kv, would_block)
@@ -405,7 +405,7 @@ fn raw_roundtrip(
     while out.is_none() {
         assert!(Instant::now() < deadline, "no response to a bad request");
         server.serve_once(|_| panic!("a bad request reached the handler"));
-        t.poll(1, |tok, bytes| {
+        t.poll(|tok, bytes| {
             assert_eq!(tok, token);
             out = Some(bytes.to_vec());
         })

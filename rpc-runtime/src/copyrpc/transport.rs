@@ -581,7 +581,7 @@ impl Copyrpc {
             .tokens
             .give_back(e.into_inner() & super::shared::TOKEN_MASK);
         if matches!(err, RpcError::WouldBlock) {
-            s.pump(me, 0, 0, &mut |_, _| {});
+            s.pump(me, false, &mut |_, _| {});
         }
         err
     }
@@ -690,22 +690,15 @@ impl ClientTransport for Copyrpc {
     /// [`RpcError::ServerDisconnected`] once the endpoint failed and no response is left to
     /// deliver; calls pending at the failure are never delivered.
     #[inline]
-    fn poll(
-        &mut self,
-        max: usize,
-        mut on_response: impl FnMut(u32, &[u8]),
-    ) -> Result<usize, RpcError> {
+    fn poll(&mut self, mut on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
         let me = self.slot;
         let n = self.ctx.with(|s| {
             let mut n = 0;
             let tokens = &mut s.slots[me as usize].tokens;
             if tokens.stashed() != 0 {
-                n = tokens.drain(max, &mut on_response);
-                if n >= max {
-                    return n;
-                }
+                n = tokens.drain(&mut on_response);
             }
-            s.pump(me, max, n, &mut on_response)
+            n + s.pump(me, true, &mut on_response)
         });
         if n == 0 {
             return self.idle();

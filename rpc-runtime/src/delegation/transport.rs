@@ -167,9 +167,9 @@ impl ClientTransport for Delegation {
     }
 
     #[inline]
-    fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
+    fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
         self.ring
-            .poll_up_to(max, on_response)
+            .poll(on_response)
             .map_err(|e| call_error(e, &self.ring))
     }
 }

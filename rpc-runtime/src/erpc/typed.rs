@@ -1000,14 +1000,11 @@ impl<T: DatagramTransport> Erpc<T> {
         }
     }
 
-    /// Delivers up to `max` responses queued in the core.
+    /// Delivers every response queued in the core.
     #[inline]
-    fn drain(&mut self, max: usize, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
+    fn drain(&mut self, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
         let mut n = 0;
-        while n < max {
-            let Some(ev) = self.ep.poll_event() else {
-                break;
-            };
+        while let Some(ev) = self.ep.poll_event() {
             if let Some((tok, data)) = self.on_event(ev) {
                 on_response(tok, &data);
                 // Back to the core's free list: the next message reuses it.
@@ -1152,24 +1149,18 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
         }
     }
 
-    /// Delivers responses the core has queued; if fewer than `max`, runs the event loop once
-    /// (sending what was enqueued, receiving, running timers) and delivers what arrived.
+    /// Delivers responses the core has queued, runs the event loop once (sending what was
+    /// enqueued, receiving, running timers) and delivers what arrived.
     ///
     /// # Errors
     /// [`RpcError::ServerDisconnected`] once a call failed (its session failed: the server is
     /// gone or refused) and no response is left to deliver; failed calls are never
     /// delivered.
     #[inline]
-    fn poll(
-        &mut self,
-        max: usize,
-        mut on_response: impl FnMut(u32, &[u8]),
-    ) -> Result<usize, RpcError> {
-        let mut n = self.drain(max, &mut on_response);
-        if n < max {
-            self.run_loop();
-            n += self.drain(max - n, &mut on_response);
-        }
+    fn poll(&mut self, mut on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
+        let mut n = self.drain(&mut on_response);
+        self.run_loop();
+        n += self.drain(&mut on_response);
         if n == 0 && self.failed.is_some() {
             return Err(RpcError::ServerDisconnected);
         }

@@ -61,7 +61,7 @@
 //! after its group was stopped holds up the next switch until then, and is evicted: the
 //! server tells it, and its calls then fail with [`ScaleRpcSetupError::Evicted`] (inside
 //! [`RpcError::Transport`]); connect again. A client that pauses while others
-//! run should poll its transport now and then (`client.transport_mut().poll(usize::MAX,
+//! run should poll its transport now and then (`client.transport_mut().poll(
 //! |_, _| {})` with nothing in flight delivers nothing) or be dropped (dropping polls once
 //! more, acknowledging a pending stop). For the same reason, keep the ack timeout above the
 //! longest time a handler defers a reply.
@@ -565,18 +565,14 @@ impl ScaleRpc {
         self.max_in_flight as usize - self.tokens.free() - self.tokens.stashed()
     }
 
-    /// One core poll: responses go to `on_response` while fewer than `max` were delivered
-    /// (counting `delivered` already), the rest to the stash. A rejected request (the server
+    /// One core poll: responses go to `on_response` if `deliver` (a poll), else to the
+    /// stash (a `send` or a probe polling). Returns the responses delivered. A rejected request (the server
     /// refused its header) is delivered as an empty message; calls failed with the connection
     /// free their token without delivery (the failure is reported by
     /// [`ClientTransport::poll`]). Probe answers are consumed here.
     #[inline(always)]
-    fn pump(
-        &mut self,
-        max: usize,
-        mut delivered: usize,
-        on_response: &mut impl FnMut(u32, &[u8]),
-    ) -> usize {
+    fn pump(&mut self, deliver: bool, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
+        let mut delivered = 0;
         let Self {
             client,
             tokens,
@@ -602,7 +598,12 @@ impl ScaleRpc {
                     return;
                 }
             };
-            tokens.deliver_or_stash(max, &mut delivered, tok, msg, on_response);
+            if deliver {
+                delivered += 1;
+                tokens.deliver(tok, msg, on_response);
+            } else {
+                tokens.stash(tok, msg);
+            }
         });
         delivered
     }
@@ -669,7 +670,7 @@ impl ScaleRpc {
         };
         self.tokens.give_back(e.into_inner());
         if matches!(err, RpcError::WouldBlock) {
-            self.pump(0, 0, &mut |_, _| {});
+            self.pump(false, &mut |_, _| {});
         }
         err
     }
@@ -728,7 +729,7 @@ impl Drop for ScaleRpc {
         if self.failed {
             return;
         }
-        self.pump(0, 0, &mut |_, _| {});
+        self.pump(false, &mut |_, _| {});
         self.client.disconnect(self.conn, |_, _| {});
         let start = Instant::now();
         while !self.client.goodbye_sent(self.conn) && start.elapsed() < DISCONNECT_WAIT {
@@ -803,7 +804,7 @@ impl ClientTransport for ScaleRpc {
         if self.tokens.free() + 1 == self.max_in_flight as usize && self.tokens.stashed() == 0 {
             // Nothing outstanding: cheap (no slots to check), and catches stop notices that
             // arrived while the caller was not polling.
-            self.pump(0, 0, &mut |_, _| {});
+            self.pump(false, &mut |_, _| {});
         }
         match self
             .client
@@ -824,19 +825,12 @@ impl ClientTransport for ScaleRpc {
     /// [`RpcError::ServerDisconnected`] once the connection failed and no response is left
     /// to deliver; calls pending at the failure are never delivered.
     #[inline]
-    fn poll(
-        &mut self,
-        max: usize,
-        mut on_response: impl FnMut(u32, &[u8]),
-    ) -> Result<usize, RpcError> {
+    fn poll(&mut self, mut on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
         let mut n = 0;
         if self.tokens.stashed() != 0 {
-            n = self.tokens.drain(max, &mut on_response);
-            if n >= max {
-                return Ok(n);
-            }
+            n = self.tokens.drain(&mut on_response);
         }
-        n = self.pump(max, n, &mut on_response);
+        n += self.pump(true, &mut on_response);
         if n == 0 {
             return self.idle();
         }
