@@ -113,7 +113,7 @@ fn deferred_replies_in_reverse_order() {
             };
             taken.push((token, args.key()));
         }
-        server.release();
+        server.flush();
         kv.poll().unwrap();
     }
     assert_eq!(

@@ -94,7 +94,7 @@ fn deferred_replies_out_of_order() {
             };
             taken.push((token, args.key()));
         }
-        server.release();
+        server.flush();
     }
     assert_eq!(
         taken.iter().map(|t| t.1).collect::<Vec<_>>(),
@@ -193,7 +193,7 @@ fn undecodable_requests_get_error_status() {
                     .as_slice(),
                 )
                 .unwrap();
-            server.release();
+            server.flush();
         }
         match kv.poll() {
             Ok(None) => {}
@@ -228,7 +228,7 @@ fn bad_response_bytes_are_an_error_not_ub() {
             b.push(2);
             b.extend_from_slice(&[0; 8]);
             server.transport_mut().ring_mut().reply(token, &b).unwrap();
-            server.release();
+            server.flush();
         }
         match kv.poll() {
             Ok(None) => {}

@@ -339,7 +339,7 @@ fn deferred_replies_out_of_order() {
             };
             taken.push((token, args.key()));
         }
-        server.release();
+        server.flush();
         assert!(kv.poll().unwrap().is_none());
     }
     let mut keys: Vec<u64> = taken.iter().map(|t| t.1).collect();
@@ -627,7 +627,7 @@ fn server_gone_fails_pending_and_later_calls() {
         while server.recv().is_some() {
             taken += 1;
         }
-        server.release();
+        server.flush();
         // The idle client keeps its sessions alive meanwhile.
         assert!(idle.poll().unwrap().is_none());
         idle.transport_mut().poll(|_, _| {}).unwrap();

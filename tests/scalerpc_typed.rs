@@ -223,7 +223,7 @@ fn deferred_replies_out_of_order() {
             };
             taken.push((token, args.key()));
         }
-        server.release();
+        server.flush();
         kv.poll().unwrap();
     }
     let mut keys: Vec<u64> = taken.iter().map(|t| t.1).collect();

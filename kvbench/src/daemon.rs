@@ -146,7 +146,7 @@ pub(crate) fn daemon_loop_dropping<A: Api>(
                 let _ = server.reply(token, &resp);
             }
         }
-        server.release();
+        server.flush();
     }
     let s = server.stats();
     DaemonReport {

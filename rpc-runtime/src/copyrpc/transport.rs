@@ -1165,15 +1165,6 @@ impl ServerTransport for CopyrpcServer {
         self.ctx.recv()
     }
 
-    /// copyrpc releases a request's ring space when `recv` hands it out, and the credit
-    /// return rides on the next batch sent to that client (seeds/004 §3.4).
-    /// Frees the large-message landing buffers of requests received so far (issue 15;
-    /// also done by the next poll).
-    #[inline]
-    fn release(&mut self) {
-        self.ctx.release_large();
-    }
-
     /// Writes the reply of `len` bytes into the client's endpoint; it is sent by the next
     /// poll or flush.
     ///
@@ -1193,11 +1184,15 @@ impl ServerTransport for CopyrpcServer {
             .map_err(reply_error)
     }
 
-    /// Sends the replies written so far (one WRITE+IMM per client with replies):
-    /// [`Context::flush`], which posts the dirty endpoints' batches without polling the
-    /// completion queues again (the round's `poll` did; the next one will).
+    /// Frees the large-message landing buffers of requests received so far (issue 15; also
+    /// done by the next poll; copyrpc releases a request's ring space when `recv` hands it
+    /// out, and the credit return rides on the next batch sent to that client, seeds/004
+    /// §3.4), then sends the replies written so far (one WRITE+IMM per client with
+    /// replies): [`Context::flush`], which posts the dirty endpoints' batches without
+    /// polling the completion queues again (the round's `poll` did; the next one will).
     #[inline]
     fn flush(&mut self) {
+        self.ctx.release_large();
         self.ctx.flush();
     }
 

@@ -175,7 +175,7 @@ impl ClientTransport for Delegation {
 }
 
 /// Server transport over a delegation ring it creates in `/dev/shm` (seeds/004 §2.2 server
-/// side): `poll` = ring poll, `recv` = ring recv, `release` = `advance_tail`.
+/// side): `poll` = ring poll, `recv` = ring recv, `flush` = `advance_tail`.
 #[derive(Debug)]
 pub struct DelegationServer {
     ring: RingServer,
@@ -243,8 +243,10 @@ impl ServerTransport for DelegationServer {
         self.ring.recv().map(|e| (e.token, e.payload))
     }
 
+    /// Lets clients reuse the ring space of the requests received so far (`advance_tail`);
+    /// replies need no sending (visible as soon as they are written).
     #[inline]
-    fn release(&mut self) {
+    fn flush(&mut self) {
         self.ring.advance_tail();
     }
 

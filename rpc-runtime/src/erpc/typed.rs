@@ -110,10 +110,10 @@
 //! receives a burst with [`Endpoint::rx_burst_zc`] without re-posting it, `recv` lends each
 //! such request from the ring ([`Endpoint::zc`]) and then the copied ones (multi-packet
 //! requests, which the core reassembles into recycled buffers and reports as
-//! [`Event::Request`]), and `release` finishes the loop iteration
+//! [`Event::Request`]), and `flush` finishes the loop iteration
 //! ([`Endpoint::finish_iteration`]: re-post the burst, run the timers, transmit the replies),
 //! which is exactly when the lent bytes stop being valid under the [`ServerTransport`] contract
-//! (`recv`'s borrow ends before `release`; reply tokens stay valid, and `reply` may be called
+//! (`recv`'s borrow ends before `flush`; reply tokens stay valid, and `reply` may be called
 //! before `finish_iteration`). A `poll` that found nothing leaves its (empty) iteration open;
 //! the next `poll` or `flush` finishes it. The client takes responses through the copying
 //! path (recycled buffers).
@@ -1196,7 +1196,7 @@ pub struct ErpcServer<T: DatagramTransport = UdpTransport> {
     service: &'static ServiceDescriptor,
     /// Requests received, not yet handed out.
     queue: VecDeque<(ReqToken, MsgBuffer)>,
-    /// Requests handed out by `recv` since the last `release`.
+    /// Requests handed out by `recv` since the last `flush`.
     lent: Vec<MsgBuffer>,
     /// A zero-copy iteration is open: `rx_burst_zc` ran, `finish_iteration` not yet.
     zc_open: bool,
@@ -1427,17 +1427,6 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
         Some((token, msg))
     }
 
-    /// Returns the buffers of the copied requests handed out by `recv` to the core's free
-    /// list ([`Endpoint::recycle`]) and finishes the zero-copy iteration (re-posts the receive
-    /// burst, runs the timers, transmits the replies given so far); tokens stay valid.
-    #[inline]
-    fn release(&mut self) {
-        for buf in self.lent.drain(..) {
-            self.ep.recycle(buf);
-        }
-        self.finish_zc();
-    }
-
     /// Encodes the reply into the preallocated buffer and hands it to the core
     /// ([`Endpoint::reply`]); it leaves at the next poll or flush.
     ///
@@ -1507,11 +1496,16 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
         Some(self.replied(res, written))
     }
 
-    /// Finishes an open zero-copy iteration (which transmits); else, if replies were given
-    /// since the loop last ran, runs it once to send them (requests received meanwhile are
-    /// queued for the next poll).
+    /// Returns the buffers of the copied requests handed out by `recv` to the core's free
+    /// list ([`Endpoint::recycle`]) and finishes an open zero-copy iteration (re-posts the
+    /// receive burst, runs the timers, transmits the replies given so far); else, if replies
+    /// were given since the loop last ran, runs it once to send them (requests received
+    /// meanwhile are queued for the next poll). Tokens stay valid.
     #[inline]
     fn flush(&mut self) {
+        for buf in self.lent.drain(..) {
+            self.ep.recycle(buf);
+        }
         if self.zc_open {
             self.finish_zc();
         } else if self.dirty {

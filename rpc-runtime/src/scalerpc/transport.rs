@@ -1062,12 +1062,6 @@ impl ServerTransport for ScaleRpcServer {
         }
     }
 
-    /// Nothing to do: a request's pool slot is freed by its reply (the response is built in
-    /// place in that slot), and its client writes the slot again only after the response
-    /// arrived, so there is no separate release step.
-    #[inline]
-    fn release(&mut self) {}
-
     /// Builds the reply in the request's slot; it is sent by the next poll or flush (or once
     /// the doorbell batch fills).
     ///
@@ -1087,6 +1081,9 @@ impl ServerTransport for ScaleRpcServer {
     }
 
     /// Rings the doorbells of the connections with replies written since the last poll.
+    /// There is no request space to release: a request's pool slot is freed by its reply
+    /// (the response is built in place in that slot), and its client writes the slot again
+    /// only after the response arrived.
     #[inline]
     fn flush(&mut self) {
         self.inner.flush();
