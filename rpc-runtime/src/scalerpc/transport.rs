@@ -566,10 +566,10 @@ impl ScaleRpc {
     }
 
     /// One core poll: responses go to `on_response` if `deliver` (a poll), else to the
-    /// stash (a `send` or a probe polling). Returns the responses delivered. A rejected request (the server
-    /// refused its header) is delivered as an empty message; calls failed with the connection
-    /// free their token without delivery (the failure is reported by
-    /// [`ClientTransport::poll`]). Probe answers are consumed here.
+    /// stash (a `send` or a probe polling); returns the responses delivered. A rejected
+    /// request (the server refused its header) is delivered as an empty message; calls
+    /// failed with the connection free their token without delivery (the failure is
+    /// reported by [`ClientTransport::poll`]). Probe answers are consumed here.
     #[inline(always)]
     fn pump(&mut self, deliver: bool, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
         let mut delivered = 0;
