@@ -258,7 +258,7 @@ impl ClientTransport for Unconnectable {
         unreachable!()
     }
 
-    fn poll(&mut self, _: usize, _: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
+    fn poll(&mut self, _: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
         unreachable!()
     }
 }
