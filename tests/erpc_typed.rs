@@ -1180,7 +1180,7 @@ fn client_reconnects_after_server_restart() {
     assert!(kv.transport().is_failed());
     assert_eq!(
         kv.transport().last_failure(),
-        Some(rpc::erpc::core::RpcError::PeerFailed)
+        Some(rpc::erpc::core::SessionError::PeerFailed)
     );
     // Not reconnected: later calls fail at once.
     let t1 = Instant::now();
@@ -1231,7 +1231,7 @@ fn client_reconnects_after_server_restart() {
     assert!(t2.elapsed() < Duration::from_secs(5), "{:?}", t2.elapsed());
     assert_eq!(
         kv.transport().last_failure(),
-        Some(rpc::erpc::core::RpcError::PeerFailed)
+        Some(rpc::erpc::core::SessionError::PeerFailed)
     );
 }
 
@@ -1261,7 +1261,7 @@ fn mtu_mismatch_refused_at_connect() {
     };
     match Erpc::<UdpTransport>::connect_with(&addr, BlobService::DESCRIPTOR, &cfg) {
         Err(
-            e @ ErpcSetupError::Refused(rpc::erpc::core::RpcError::ConfigMismatch {
+            e @ ErpcSetupError::Refused(rpc::erpc::core::SessionError::ConfigMismatch {
                 field: rpc::erpc::core::ConfigField::Mtu,
                 client: 1200,
                 server,
@@ -1319,7 +1319,7 @@ fn server_admits_only_what_its_receive_ring_absorbs() {
     }
     match Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &cfg) {
         Err(
-            e @ ErpcSetupError::Refused(rpc::erpc::core::RpcError::NoRingEntries {
+            e @ ErpcSetupError::Refused(rpc::erpc::core::SessionError::NoRingEntries {
                 ring_entries,
                 sessions,
                 credits: 8,

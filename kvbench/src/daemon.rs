@@ -255,7 +255,7 @@ pub(crate) struct ScaleDaemon {
     pub(crate) conns: u32,
     pub(crate) groups: u32,
     pub(crate) sched: rpc::scalerpc::SchedStats,
-    pub(crate) server: rpc::scalerpc::ServerStats,
+    pub(crate) server: rpc::scalerpc::ScaleServerStats,
     pub(crate) probes: u64,
 }
 

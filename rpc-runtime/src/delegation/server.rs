@@ -83,7 +83,7 @@ struct HoleOwner {
 ///
 /// Dropping the server shuts the ring down: `server_alive = false`, the file is unlinked and
 /// the server lock is released; attached clients then get
-/// [`CallError::ServerDisconnected`](super::CallError::ServerDisconnected).
+/// [`RingCallError::ServerDisconnected`](super::RingCallError::ServerDisconnected).
 pub struct RingServer {
     name: String,
     path: PathBuf,

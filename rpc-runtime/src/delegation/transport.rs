@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::{CallError, ReplyError, ReplyToken, RingClient, RingConfig, RingError, RingServer};
+use super::{ReplyError, ReplyToken, RingCallError, RingClient, RingConfig, RingError, RingServer};
 use crate::client::ClientTransport;
 use crate::error::{
     LimitSide, MessageKind, RpcError, SETTING_DERIVED_FROM_SERVICE, SETTING_SERVICE_MAX,
@@ -72,13 +72,13 @@ impl Delegation {
 }
 
 #[cold]
-fn call_error(e: CallError, ring: &RingClient) -> RpcError {
+fn call_error(e: RingCallError, ring: &RingClient) -> RpcError {
     match e {
-        CallError::WouldBlock => RpcError::WouldBlock,
-        CallError::ServerDisconnected => RpcError::ServerDisconnected,
+        RingCallError::WouldBlock => RpcError::WouldBlock,
+        RingCallError::ServerDisconnected => RpcError::ServerDisconnected,
         // The ring's capacity was checked against the service at attach time, so only an
         // encoder that disagrees with the descriptor gets here; the ring aborted the slot.
-        CallError::PayloadTooLarge { len, cap } => RpcError::MessageTooLarge {
+        RingCallError::PayloadTooLarge { len, cap } => RpcError::MessageTooLarge {
             len,
             cap,
             setting: SETTING_SERVICE_MAX,
@@ -86,11 +86,11 @@ fn call_error(e: CallError, ring: &RingClient) -> RpcError {
         // The ring stayed full (a stopped or overloaded server) past the call's timeout;
         // `Client` fills in the call's tag and method.
         // (`send` reports the call's timeout; `poll` never waits, so never times out.)
-        CallError::Timeout => deadline_exceeded(std::time::Duration::ZERO),
+        RingCallError::Timeout => deadline_exceeded(std::time::Duration::ZERO),
         // The server skipped the call's position because this client stalled; nothing was
         // delivered, so sending again is safe (the typed client retries on WouldBlock).
-        CallError::Skipped => RpcError::WouldBlock,
-        CallError::RingCorrupt(fault) => RpcError::from(RingError::Failed {
+        RingCallError::Skipped => RpcError::WouldBlock,
+        RingCallError::RingCorrupt(fault) => RpcError::from(RingError::Failed {
             path: ring.path().to_path_buf(),
             fault,
         }),
@@ -161,7 +161,7 @@ impl ClientTransport for Delegation {
         self.ring
             .try_call_with_timeout(timeout, encode)
             .map_err(|e| match e {
-                CallError::Timeout => deadline_exceeded(timeout),
+                RingCallError::Timeout => deadline_exceeded(timeout),
                 e => call_error(e, &self.ring),
             })
     }

@@ -13,7 +13,7 @@
 //! refuse, when they are created, a service whose largest request or response exceeds it
 //! ([`ErpcSetupError::Capacity`]). The connect handshake carries each end's `max_msg_size`,
 //! MTU and session credits, and the server refuses a client whose values differ from its own
-//! ([`ErpcSetupError::Refused`] with [`core::RpcError::ConfigMismatch`], naming the field and
+//! ([`ErpcSetupError::Refused`] with [`core::SessionError::ConfigMismatch`], naming the field and
 //! both values): build both ends with the same settings (the defaults).
 //!
 //! Each client opens `ceil(max_in_flight / 8)` sessions to its server (eRPC allows 8
@@ -131,7 +131,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::core::{
-    self, CallError, Config, ConfigError, Event, MS, ReqToken, SLOTS_PER_SESSION, SessionId, Time,
+    self, Config, ConfigError, ErpcCallError, Event, MS, ReqToken, SLOTS_PER_SESSION, SessionId,
+    Time,
 };
 use super::event_loop::Endpoint;
 use super::msgbuf::MsgBuffer;
@@ -286,14 +287,14 @@ pub enum ErpcSetupError {
         found: u64,
     },
     /// The server refused the session for another reason: a setting both ends must share
-    /// differs ([`core::RpcError::ConfigMismatch`]: MTU, `max_msg_size` or session credits;
+    /// differs ([`core::SessionError::ConfigMismatch`]: MTU, `max_msg_size` or session credits;
     /// the message names the field, both values and the client setting to change), its
-    /// receive ring has no room for another session ([`core::RpcError::NoRingEntries`],
+    /// receive ring has no room for another session ([`core::SessionError::NoRingEntries`],
     /// admission control), this client's address already holds the server's per-source
-    /// limit of sessions ([`core::RpcError::SourceLimit`]), it has no free sessions, or it
+    /// limit of sessions ([`core::SessionError::SourceLimit`]), it has no free sessions, or it
     /// dropped the session while connecting.
     #[error("the eRPC server refused the session: {0}")]
-    Refused(core::RpcError),
+    Refused(core::SessionError),
     /// The server did not answer the connect requests within the core's failure timeout.
     #[error("no answer from the eRPC server (failure timeout)")]
     NoAnswer,
@@ -302,7 +303,7 @@ pub enum ErpcSetupError {
     Timeout(Duration),
     /// The endpoint could not create a session (all session numbers in use).
     #[error("creating an eRPC session failed: {0}")]
-    Session(CallError),
+    Session(ErpcCallError),
 }
 
 impl ErpcSetupError {
@@ -555,9 +556,9 @@ pub struct Erpc<T: DatagramTransport = UdpTransport> {
     /// encoder gets in the slot's request message buffer.
     req_cap: usize,
     /// The first failure of a call: every later call fails.
-    failed: Option<core::RpcError>,
+    failed: Option<core::SessionError>,
     /// Why the last session that failed did.
-    last_session_error: Option<core::RpcError>,
+    last_session_error: Option<core::SessionError>,
     /// When the event loop last ran.
     last_loop: Instant,
     /// Idle gap after which the sessions are stale.
@@ -598,7 +599,7 @@ impl<T: ErpcConnect> Erpc<T> {
     ) -> Result<Self, ErpcSetupError> {
         let start = Instant::now();
         match Self::connect_once(addr, service, cfg, cfg.connect_timeout) {
-            Err(ErpcSetupError::Refused(core::RpcError::ConfigMismatch {
+            Err(ErpcSetupError::Refused(core::SessionError::ConfigMismatch {
                 field: core::ConfigField::Mtu,
                 server,
                 ..
@@ -708,14 +709,14 @@ impl<T: DatagramTransport> Erpc<T> {
             }
             if t.sessions.iter().any(|s| s.id.is_none()) {
                 return Err(match t.last_session_error {
-                    Some(core::RpcError::SchemaMismatch { server }) => {
+                    Some(core::SessionError::SchemaMismatch { server }) => {
                         ErpcSetupError::SchemaMismatch {
                             service: service.name,
                             expected: service.fingerprint,
                             found: server,
                         }
                     }
-                    Some(core::RpcError::PeerFailed) | None => ErpcSetupError::NoAnswer,
+                    Some(core::SessionError::PeerFailed) | None => ErpcSetupError::NoAnswer,
                     Some(e) => ErpcSetupError::Refused(e),
                 });
             }
@@ -773,10 +774,10 @@ impl<T: DatagramTransport> Erpc<T> {
     }
 
     /// Why the transport failed ([`Erpc::is_failed`]), else why the last session that ended
-    /// with an error did (e.g. [`core::RpcError::PeerFailed`]: the server was silent for the
-    /// failure timeout; [`core::RpcError::SessionLost`]: it no longer knew the session, as
+    /// with an error did (e.g. [`core::SessionError::PeerFailed`]: the server was silent for the
+    /// failure timeout; [`core::SessionError::SessionLost`]: it no longer knew the session, as
     /// after a restart), if any.
-    pub fn last_failure(&self) -> Option<core::RpcError> {
+    pub fn last_failure(&self) -> Option<core::SessionError> {
         self.failed.or(self.last_session_error)
     }
 
@@ -871,7 +872,7 @@ impl<T: DatagramTransport> Erpc<T> {
     }
 
     /// Creates a session for slot group `i`.
-    fn new_session(&mut self, i: usize) -> Result<SessionId, CallError> {
+    fn new_session(&mut self, i: usize) -> Result<SessionId, ErpcCallError> {
         let id = self.ep.create_session(self.server)?;
         self.stats.sessions_opened += 1;
         self.sessions[i] = Sess {
@@ -966,7 +967,7 @@ impl<T: DatagramTransport> Erpc<T> {
     }
 
     /// Session `id` is gone (freed by the core).
-    fn session_ended(&mut self, id: SessionId, error: Option<core::RpcError>) {
+    fn session_ended(&mut self, id: SessionId, error: Option<core::SessionError>) {
         // A session given up on is always found here first: the core frees a session number
         // (and queues its final event) before it can reuse it for a new session.
         if let Some(p) = self.old.iter().position(|&o| o == id) {
@@ -989,11 +990,11 @@ impl<T: DatagramTransport> Erpc<T> {
         // The server would refuse a new session as well. (Failed calls, if any, already
         // failed the transport; an idle session is replaced by the next call.)
         if let Some(
-            e @ (core::RpcError::SchemaMismatch { .. }
-            | core::RpcError::ConfigMismatch { .. }
-            | core::RpcError::NoRingEntries { .. }
-            | core::RpcError::SourceLimit { .. }
-            | core::RpcError::NoResources),
+            e @ (core::SessionError::SchemaMismatch { .. }
+            | core::SessionError::ConfigMismatch { .. }
+            | core::SessionError::NoRingEntries { .. }
+            | core::SessionError::SourceLimit { .. }
+            | core::SessionError::NoResources),
         ) = error
         {
             self.failed.get_or_insert(e);
@@ -1016,15 +1017,15 @@ impl<T: DatagramTransport> Erpc<T> {
     }
 
     #[cold]
-    fn enqueue_error(&mut self, e: CallError, i: usize) -> RpcError {
+    fn enqueue_error(&mut self, e: ErpcCallError, i: usize) -> RpcError {
         match e {
-            CallError::TooLarge(len) => RpcError::MessageTooLarge {
+            ErpcCallError::TooLarge(len) => RpcError::MessageTooLarge {
                 len,
                 cap: self.ep.rpc().config().max_msg_size,
                 setting: SETTING_MAX_MSG_SIZE,
             },
             // Out of memory for the request's message buffer: nothing was queued; retry.
-            CallError::NoBuffer => RpcError::WouldBlock,
+            ErpcCallError::NoBuffer => RpcError::WouldBlock,
             // The session was freed by a failure whose event is still queued: the next poll
             // handles it (and fails the transport if calls failed with it); retry after it.
             _ => {
@@ -1356,7 +1357,7 @@ impl<T: DatagramTransport> ErpcServer<T> {
     /// Counts and maps the core's outcome of a reply whose encoder wrote `written` bytes
     /// (of at most the service's `max_response_bytes`).
     #[inline]
-    fn replied(&mut self, res: Result<(), CallError>, written: usize) -> Result<(), RpcError> {
+    fn replied(&mut self, res: Result<(), ErpcCallError>, written: usize) -> Result<(), RpcError> {
         let cap = self.reply_cap;
         if written > cap {
             self.stats.dropped_replies += 1;
@@ -1375,8 +1376,10 @@ impl<T: DatagramTransport> ErpcServer<T> {
             Err(e) => {
                 self.stats.dropped_replies += 1;
                 Err(RpcError::ReplyDropped(match e {
-                    CallError::TooLarge(_) => "the reply exceeds the eRPC endpoint's max_msg_size",
-                    CallError::NoBuffer => {
+                    ErpcCallError::TooLarge(_) => {
+                        "the reply exceeds the eRPC endpoint's max_msg_size"
+                    }
+                    ErpcCallError::NoBuffer => {
                         "no message buffer for the reply: mapping its memory failed"
                     }
                     _ => {
@@ -1462,7 +1465,7 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
     ///
     /// # Errors
     /// As [`reply`](Self::reply). If the slot's response buffer cannot be mapped
-    /// ([`core::CallError::NoBuffer`]) `handle` does not run and the reply is dropped (the
+    /// ([`core::ErpcCallError::NoBuffer`]) `handle` does not run and the reply is dropped (the
     /// client's call ends by its deadline).
     #[inline]
     fn serve_next(
@@ -1581,7 +1584,7 @@ mod tests {
         for e in [
             ErpcSetupError::NoAnswer,
             ErpcSetupError::Timeout(Duration::from_secs(1)),
-            ErpcSetupError::Refused(core::RpcError::NoResources),
+            ErpcSetupError::Refused(core::SessionError::NoResources),
             ErpcSetupError::Invalid("x"),
             ErpcSetupError::Io(std::io::Error::other("x")),
         ] {
