@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use rpc_runtime::delegation::layout::{self, MAGIC};
 use rpc_runtime::delegation::{
-    ReplyError, ReplyToken, RingCallError, RingClient, RingConfig, RingError, RingFault,
+    ReplyToken, RingCallError, RingClient, RingConfig, RingError, RingFault, RingReplyError,
     RingServer, SHM_DIR,
 };
 
@@ -177,14 +177,14 @@ fn ring_reply_token_checks() {
         generation: 0,
         resp_slot_idx: 0,
     };
-    assert_eq!(server.reply(bad, b"x"), Err(ReplyError::BadToken));
+    assert_eq!(server.reply(bad, b"x"), Err(RingReplyError::BadToken));
     let bad = ReplyToken {
         call_tag: 0,
         client_id: c.client_id(),
         generation: c.generation(),
         resp_slot_idx: cfg.resp_depth,
     };
-    assert_eq!(server.reply(bad, b"x"), Err(ReplyError::BadToken));
+    assert_eq!(server.reply(bad, b"x"), Err(RingReplyError::BadToken));
     // A token never issued (nothing pending on that slot) is stale.
     let never = ReplyToken {
         call_tag: 0,
@@ -192,7 +192,7 @@ fn ring_reply_token_checks() {
         generation: c.generation(),
         resp_slot_idx: 0,
     };
-    assert_eq!(server.reply(never, b"x"), Err(ReplyError::StaleToken));
+    assert_eq!(server.reply(never, b"x"), Err(RingReplyError::StaleToken));
 
     let idx = c.try_call(b"hello").unwrap();
     assert_eq!(server.poll(), 1);
@@ -203,11 +203,11 @@ fn ring_reply_token_checks() {
     let big = vec![0u8; cfg.resp_payload_cap as usize + 1];
     assert!(matches!(
         server.reply(token, &big),
-        Err(ReplyError::PayloadTooLarge { len: 33, cap: 32 })
+        Err(RingReplyError::PayloadTooLarge { len: 33, cap: 32 })
     ));
     assert!(matches!(
         server.reply_with(token, |_| 33),
-        Err(ReplyError::PayloadTooLarge { len: 33, cap: 32 })
+        Err(RingReplyError::PayloadTooLarge { len: 33, cap: 32 })
     ));
     server
         .reply_with(token, |buf| {
@@ -217,13 +217,19 @@ fn ring_reply_token_checks() {
         })
         .unwrap();
     // Answering twice is refused.
-    assert_eq!(server.reply(token, b"again"), Err(ReplyError::StaleToken));
+    assert_eq!(
+        server.reply(token, b"again"),
+        Err(RingReplyError::StaleToken)
+    );
 
     // SlotBusy: a forged request on the same (still unread) response slot.
     attacker.__raw_commit(c.client_id(), idx, 1, b"f").unwrap();
     server.poll();
     let forged = server.recv().unwrap().token;
-    assert_eq!(server.reply(forged, b"forged"), Err(ReplyError::SlotBusy));
+    assert_eq!(
+        server.reply(forged, b"forged"),
+        Err(RingReplyError::SlotBusy)
+    );
     server.advance_tail();
     let mut got = Vec::new();
     c.poll(|i, r| got.push((i, r.to_vec()))).unwrap();
@@ -252,7 +258,10 @@ fn ring_stale_token_after_detach_and_reclaim() {
         Err(RingError::NoFreeClientId { max_clients: 1, .. })
     ));
     drop(c); // DETACHED
-    assert_eq!(server.reply(token, b"late"), Err(ReplyError::StaleToken));
+    assert_eq!(
+        server.reply(token, b"late"),
+        Err(RingReplyError::StaleToken)
+    );
     serve_until(&mut server, Duration::from_secs(10), |s| {
         s.stats().clients_reclaimed == 1
     });
@@ -260,7 +269,10 @@ fn ring_stale_token_after_detach_and_reclaim() {
     assert_eq!(c2.client_id(), id);
     assert_eq!(c2.generation(), generation.wrapping_add(1));
     // The old token must not reach the new owner of the id.
-    assert_eq!(server.reply(token, b"late"), Err(ReplyError::StaleToken));
+    assert_eq!(
+        server.reply(token, b"late"),
+        Err(RingReplyError::StaleToken)
+    );
     assert_eq!(server.stats().stale_replies, 2);
 }
 

@@ -32,7 +32,7 @@ use rpc_runtime::delegation::layout::{
     SLOT_RESP_SLOT_IDX,
 };
 use rpc_runtime::delegation::{
-    ReplyError, RingCallError, RingClient, RingConfig, RingServer, SHM_DIR,
+    RingCallError, RingClient, RingConfig, RingReplyError, RingServer, SHM_DIR,
 };
 
 const MAX_CLIENTS: u32 = 4;
@@ -144,7 +144,7 @@ impl Ring {
             assert!(t.client_id < MAX_CLIENTS && t.resp_slot_idx < RESP_DEPTH);
             assert!(p.len() <= REQ_CAP as usize);
             match self.server.reply(t, &p) {
-                Ok(()) | Err(ReplyError::SlotBusy) | Err(ReplyError::StaleToken) => {}
+                Ok(()) | Err(RingReplyError::SlotBusy) | Err(RingReplyError::StaleToken) => {}
                 Err(e) => panic!("reply to an entry recv returned: {e:?}"),
             }
             got.push((t.client_id, t.resp_slot_idx, p));

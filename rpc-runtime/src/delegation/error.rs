@@ -1,5 +1,5 @@
 //! Errors of the delegation ring: [`RingError`] (creating or attaching), [`RingCallError`] (client
-//! calls and polls) and [`ReplyError`] (server replies).
+//! calls and polls) and [`RingReplyError`] (server replies).
 
 use std::io;
 use std::path::PathBuf;
@@ -237,7 +237,7 @@ pub enum RingCallError {
 
 /// A server reply was not delivered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ReplyError {
+pub enum RingReplyError {
     /// The token's client is gone: it detached or died and its id was reclaimed (generation
     /// mismatch), it is no longer `ACTIVE`, or this token was already answered.
     #[error("stale reply token (client detached, reclaimed, or already answered)")]

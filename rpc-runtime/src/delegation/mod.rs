@@ -78,7 +78,7 @@
 //! `reserving_pos = IDLE` and finally `state = FREE` (Release), making the id available again.
 //! A [`ReplyToken`] carries the generation seen at `recv` time, so a reply to a client that is
 //! no longer `ACTIVE`, or whose id has been reclaimed (and perhaps reused), is refused with
-//! [`ReplyError::StaleToken`] instead of landing in the new owner's slots.
+//! [`RingReplyError::StaleToken`] instead of landing in the new owner's slots.
 //!
 //! # Holes: dead, abandoned and stalled reservations
 //! A client that dies, gives up (deadline) or stalls between `fetch_add` and its commit
@@ -188,7 +188,7 @@ mod stats;
 pub use client::PendingCall;
 pub use client::{DEFAULT_SEND_TIMEOUT, RingClient};
 pub use config::{RingConfig, RingInfo};
-pub use error::{ReplyError, RingCallError, RingError, RingFault};
+pub use error::{RingCallError, RingError, RingFault, RingReplyError};
 pub use manifest::{RingManifest, read_manifest};
 pub use server::{RecvEntry, ReplyToken, RingServer};
 pub use shm::{SHM_DIR, unsafe_files_refused};

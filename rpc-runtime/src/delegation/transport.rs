@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use super::{ReplyError, ReplyToken, RingCallError, RingClient, RingConfig, RingError, RingServer};
+use super::{
+    ReplyToken, RingCallError, RingClient, RingConfig, RingError, RingReplyError, RingServer,
+};
 use crate::client::ClientTransport;
 use crate::error::{
     LimitSide, MessageKind, RpcError, SETTING_DERIVED_FROM_SERVICE, SETTING_SERVICE_MAX,
@@ -280,11 +282,11 @@ impl ServerTransport for DelegationServer {
 }
 
 #[cold]
-fn reply_error(e: ReplyError) -> RpcError {
+fn reply_error(e: RingReplyError) -> RpcError {
     RpcError::ReplyDropped(match e {
-        ReplyError::StaleToken => "the client detached or died (stale token)",
-        ReplyError::BadToken => "token out of range",
-        ReplyError::SlotBusy => "the client's response slot still holds an unread response",
-        ReplyError::PayloadTooLarge { .. } => "response larger than the slot",
+        RingReplyError::StaleToken => "the client detached or died (stale token)",
+        RingReplyError::BadToken => "token out of range",
+        RingReplyError::SlotBusy => "the client's response slot still holds an unread response",
+        RingReplyError::PayloadTooLarge { .. } => "response larger than the slot",
     })
 }

@@ -76,7 +76,7 @@ pub mod server;
 pub mod transport;
 pub mod worker;
 
-pub use client::{CallFailure, ClientConfig, ClientStats, ScaleCallError, ScaleClient};
+pub use client::{CallFailure, ClientConfig, ScaleCallError, ScaleClient, ScaleClientStats};
 pub use info::{ClientConnInfo, ServerConnInfo};
 pub use sched::{ConnState, Notice, SchedStats, Scheduler};
 pub use server::{
