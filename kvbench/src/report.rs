@@ -46,13 +46,13 @@ pub struct ScaleFigures {
     /// ([`rpc::scalerpc::SchedStats::evictions`]), summed.
     pub evictions: u64,
     /// Connections failed by an error completion or an eviction
-    /// ([`rpc::scalerpc::ServerStats::failed_conns`]), summed.
+    /// ([`rpc::scalerpc::ScaleServerStats::failed_conns`]), summed.
     pub failed_conns: u64,
-    /// Requests handed to the handlers ([`rpc::scalerpc::ServerStats::requests`]), summed.
+    /// Requests handed to the handlers ([`rpc::scalerpc::ScaleServerStats::requests`]), summed.
     pub requests: u64,
-    /// Doorbells rung by the daemons ([`rpc::scalerpc::ServerStats::doorbells`]), summed.
+    /// Doorbells rung by the daemons ([`rpc::scalerpc::ScaleServerStats::doorbells`]), summed.
     pub doorbells: u64,
-    /// Activate/stop notices sent ([`rpc::scalerpc::ServerStats::notices`]), summed.
+    /// Activate/stop notices sent ([`rpc::scalerpc::ScaleServerStats::notices`]), summed.
     pub notices: u64,
     /// Liveness probes the daemons answered, summed.
     pub probes: u64,
