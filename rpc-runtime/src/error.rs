@@ -230,7 +230,7 @@ impl From<crate::copyrpc::CopyrpcSetupError> for RpcError {
 impl From<crate::copyrpc::SetupError> for RpcError {
     #[cold]
     fn from(e: crate::copyrpc::SetupError) -> Self {
-        RpcError::Copyrpc(Box::new(crate::copyrpc::CopyrpcSetupError::Setup(e)))
+        RpcError::Copyrpc(Box::new(crate::copyrpc::CopyrpcSetupError::Core(e)))
     }
 }
 
