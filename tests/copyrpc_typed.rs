@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use idl::echo::{EchoClient, EchoRequest, EchoResponse, EchoService};
-use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
+use idl::kv::{KvClient, KvResponse, KvService};
 use rpc::copyrpc::{
     ClientContext, ConnectRefusal, Context, ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer,
     CopyrpcSetupError, EndpointConfig, EndpointFailure, EndpointState,
@@ -97,25 +97,7 @@ fn deferred_replies_in_reverse_order() {
     let fabric = Fabric::new(SimConfig::default());
     let (mut server, addr) = server::<KvService>(&fabric);
     let mut kv = connect_polling(&mut server, &addr, KvClient::<Copyrpc>::connect).unwrap();
-    for k in 0..8 {
-        kv.issue(k).get(0, k).unwrap();
-    }
-    // Pipelined calls are sent when the client polls.
-    assert!(kv.poll().unwrap().is_none());
-    let mut taken = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken.len() < 8 {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        server.poll();
-        while let Some((token, req)) = server.recv() {
-            let KvRequest::Get(args) = req else {
-                panic!("unexpected {req:?}")
-            };
-            taken.push((token, args.key()));
-        }
-        server.release();
-        kv.poll().unwrap();
-    }
+    let taken = scenarios::take_deferred_gets(&mut kv, &mut server, 8, true);
     assert_eq!(
         taken.iter().map(|t| t.1).collect::<Vec<_>>(),
         (0..8).collect::<Vec<_>>()
@@ -128,13 +110,7 @@ fn deferred_replies_in_reverse_order() {
     // Replies go out with the next flush (or poll).
     server.flush();
     let mut got = Vec::new();
-    while got.len() < 8 {
-        assert!(Instant::now() < deadline, "replies did not arrive");
-        if let Some((tag, resp)) = kv.poll().unwrap() {
-            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-            got.push(tag);
-        }
-    }
+    scenarios::await_deferred_replies(&mut kv, &mut got, 8, || {});
     // All eight came in one batch, in reply order: one delivered per poll, the rest stashed.
     assert_eq!(got, (0..8).rev().collect::<Vec<_>>());
 }

@@ -323,28 +323,7 @@ fn deferred_replies_out_of_order() {
     let mut kv = connect_polling(&mut server, move || {
         KvClient::<Erpc>::connect(&addr).unwrap()
     });
-    for k in 0..12 {
-        kv.issue(k).get(0, k).unwrap();
-    }
-    // Pipelined calls are sent when the client polls.
-    assert!(kv.poll().unwrap().is_none());
-    let mut taken = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken.len() < 12 {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        server.poll();
-        while let Some((token, req)) = server.recv() {
-            let KvRequest::Get(args) = req else {
-                panic!("unexpected {req:?}")
-            };
-            taken.push((token, args.key()));
-        }
-        server.release();
-        assert!(kv.poll().unwrap().is_none());
-    }
-    let mut keys: Vec<u64> = taken.iter().map(|t| t.1).collect();
-    keys.sort_unstable();
-    assert_eq!(keys, (0..12).collect::<Vec<_>>());
+    let taken = scenarios::take_deferred_gets(&mut kv, &mut server, 12, true);
     // Answer in reverse; a second reply with the same token is refused.
     let mut got = Vec::new();
     for (i, &(token, key)) in taken.iter().rev().enumerate() {
@@ -358,13 +337,7 @@ fn deferred_replies_out_of_order() {
         if i == 2 {
             // Replies leave with the next flush (or poll): the first three arrive alone.
             server.flush();
-            while got.len() < 3 {
-                assert!(Instant::now() < deadline, "replies did not arrive");
-                if let Some((tag, resp)) = kv.poll().unwrap() {
-                    assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-                    got.push(tag);
-                }
-            }
+            scenarios::await_deferred_replies(&mut kv, &mut got, 3, || {});
             let mut first: Vec<u64> = taken.iter().rev().take(3).map(|t| t.1).collect();
             first.sort_unstable();
             got.sort_unstable();
@@ -372,14 +345,9 @@ fn deferred_replies_out_of_order() {
         }
     }
     server.flush();
-    while got.len() < 12 {
-        assert!(Instant::now() < deadline, "replies did not arrive");
+    scenarios::await_deferred_replies(&mut kv, &mut got, 12, || {
         server.poll();
-        if let Some((tag, resp)) = kv.poll().unwrap() {
-            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-            got.push(tag);
-        }
-    }
+    });
     got.sort_unstable();
     assert_eq!(got, (0..12).collect::<Vec<_>>());
     assert_eq!(server.stats().dropped_replies, 12);

@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use idl::echo::EchoService;
-use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
+use idl::kv::{KvClient, KvResponse, KvService};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::scalerpc::{
     ClientConfig, ConnectRefusal, GroupSize, ScaleClient, ScaleRpc, ScaleRpcAddr, ScaleRpcServer,
@@ -207,28 +207,7 @@ fn deferred_replies_out_of_order() {
     let fabric = Fabric::new(SimConfig::default());
     let (mut server, addr) = server::<KvService>(&fabric, small());
     let mut kv = connect_polling(&mut server, &addr, KvClient::<ScaleRpc>::connect).unwrap();
-    for k in 0..6 {
-        kv.issue(k).get(0, k).unwrap();
-    }
-    // Pipelined calls are sent when the client polls.
-    assert!(kv.poll().unwrap().is_none());
-    let mut taken = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken.len() < 6 {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        server.poll();
-        while let Some((token, req)) = server.recv() {
-            let KvRequest::Get(args) = req else {
-                panic!("unexpected {req:?}")
-            };
-            taken.push((token, args.key()));
-        }
-        server.release();
-        kv.poll().unwrap();
-    }
-    let mut keys: Vec<u64> = taken.iter().map(|t| t.1).collect();
-    keys.sort_unstable();
-    assert_eq!(keys, (0..6).collect::<Vec<_>>());
+    let taken = scenarios::take_deferred_gets(&mut kv, &mut server, 6, true);
     // Answer the odd keys first, in reverse, then the even ones; a second reply with the same
     // token is refused.
     let order: Vec<_> = taken
@@ -250,28 +229,14 @@ fn deferred_replies_out_of_order() {
         if i == 2 {
             // Replies go out with the next flush (or poll): the first three arrive alone.
             server.flush();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while got.len() < 3 {
-                assert!(Instant::now() < deadline, "replies did not arrive");
-                if let Some((tag, resp)) = kv.poll().unwrap() {
-                    assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-                    got.push(tag);
-                }
-            }
+            scenarios::await_deferred_replies(&mut kv, &mut got, 3, || {});
             // Delivered in slot order (the client scans its slots), not reply order.
             got.sort_unstable();
             assert_eq!(got, [1, 3, 5]);
         }
     }
     server.flush();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while got.len() < 6 {
-        assert!(Instant::now() < deadline, "replies did not arrive");
-        if let Some((tag, resp)) = kv.poll().unwrap() {
-            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-            got.push(tag);
-        }
-    }
+    scenarios::await_deferred_replies(&mut kv, &mut got, 6, || {});
     got[3..].sort_unstable();
     assert_eq!(got, [1, 3, 5, 0, 2, 4]);
     assert_eq!(server.stats().dropped_replies, 6);

@@ -232,3 +232,64 @@ pub fn pipelined_calls_complete_with_their_tags<F: Fixture>(fx: &mut F) -> usize
     h.join().unwrap();
     depth as usize
 }
+
+/// The first half of a deferred-reply scenario: issues pipelined gets of keys `0..n`
+/// (tagged by key) and takes all `n` requests at the server without answering them
+/// (releasing their receive space after each round). `client_polls`: the client polls after
+/// each server round (a transport that sends on poll needs it; a first poll right after
+/// issuing, which delivers nothing, sends the calls). Returns `(token, key)` in arrival
+/// order.
+pub fn take_deferred_gets<C: ClientTransport, T: ServerTransport>(
+    kv: &mut KvClient<C>,
+    server: &mut Server<KvService, T>,
+    n: u64,
+    client_polls: bool,
+) -> Vec<(T::ReplyToken, u64)> {
+    for k in 0..n {
+        kv.issue(k).get(0, k).unwrap();
+    }
+    if client_polls {
+        // Pipelined calls are sent when the client polls.
+        assert!(kv.poll().unwrap().is_none());
+    }
+    let mut taken = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (taken.len() as u64) < n {
+        assert!(Instant::now() < deadline, "requests did not arrive");
+        server.poll();
+        while let Some((token, req)) = server.recv() {
+            let KvRequest::Get(args) = req else {
+                panic!("unexpected {req:?}")
+            };
+            taken.push((token, args.key()));
+        }
+        server.release();
+        if client_polls {
+            assert!(kv.poll().unwrap().is_none(), "a response before any reply");
+        }
+    }
+    let mut keys: Vec<u64> = taken.iter().map(|t| t.1).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, (0..n).collect::<Vec<_>>());
+    taken
+}
+
+/// The second half: polls the client (running `between` before each poll, e.g. a server
+/// poll) until `got` holds `n` tags, each delivered with `Get(Some(tag * 10))`, the reply of
+/// [`take_deferred_gets`]'s calls.
+pub fn await_deferred_replies<C: ClientTransport>(
+    kv: &mut KvClient<C>,
+    got: &mut Vec<u64>,
+    n: usize,
+    mut between: impl FnMut(),
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.len() < n {
+        assert!(Instant::now() < deadline, "replies did not arrive");
+        between();
+        if let Some((tag, resp)) = kv.poll().unwrap() {
+            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
+            got.push(tag);
+        }
+    }
+}
