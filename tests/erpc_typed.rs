@@ -10,7 +10,7 @@ mod typed_common;
 use typed_common::connect_polling;
 
 use typed_common::scenarios::{self, Fixture};
-use typed_common::{Store, header, spawn, spawn_kv};
+use typed_common::{Store, spawn, spawn_kv};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,8 +31,8 @@ use rpc::erpc::typed::{ErpcSetupError, UdConnectAddr, service_config};
 use rpc::erpc::{Erpc, ErpcConfig, ErpcServer};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::rpc_service;
-use rpc::wire::Status;
-use rpc::{Client, ClientTransport, MessageKind, RpcError, Server, Service};
+
+use rpc::{ClientTransport, MessageKind, RpcError, Server, Service};
 
 /// Counts the heap allocations of threads that opted in (`COUNTING`), for the allocation
 /// test; other threads and tests are not affected.
@@ -214,92 +214,22 @@ fn multi_packet_messages_and_options() {
     assert_eq!(server.transport().stats().zero_copy_requests, 0);
 }
 
-/// Sends one raw request message through a bare transport and returns the response bytes.
-fn raw_roundtrip(t: &mut Erpc, server: &mut Server<KvService, ErpcServer>, msg: &[u8]) -> Vec<u8> {
-    let token = t
-        .send(std::time::Duration::from_secs(5), 0, |b| {
-            b[..msg.len()].copy_from_slice(msg);
-            msg.len()
-        })
-        .unwrap();
-    let mut out = None;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while out.is_none() {
-        assert!(Instant::now() < deadline, "no response to a bad request");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        t.poll(1, |tok, bytes| {
-            assert_eq!(tok, token);
-            out = Some(bytes.to_vec());
-        })
-        .unwrap();
-    }
-    out.unwrap()
-}
-
 #[test]
 fn undecodable_requests_get_error_status() {
     let (mut server, addr) = server::<KvService>(&ErpcConfig::default());
-    let mut raw = connect_polling(&mut server, move || {
+    let raw = connect_polling(&mut server, move || {
         <Erpc as ClientTransport>::connect(&addr, KvService::DESCRIPTOR).unwrap()
     });
-    let hdr = |method_id: u16, len: u32| {
-        let mut v = Vec::new();
-        v.extend_from_slice(&method_id.to_ne_bytes());
-        v.extend_from_slice(&0u16.to_ne_bytes());
-        v.extend_from_slice(&len.to_ne_bytes());
-        v
-    };
-    // Unknown method.
-    let r = raw_roundtrip(&mut raw, &mut server, &hdr(77, 0));
-    assert_eq!(header(&r).status, Status::UnknownMethod as u16);
-    assert_eq!(header(&r).method_id, 77);
-    // Wrong body length for get (expects 12 B).
-    let mut m = hdr(KvService::GET, 4);
-    m.extend_from_slice(&[0; 4]);
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &m)).status,
-        Status::BadLength as u16
-    );
-    // Shorter than a header; and empty (a zero-byte eRPC message).
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &[1, 0, 0])).status,
-        Status::Truncated as u16
-    );
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &[])).status,
-        Status::Truncated as u16
-    );
-    assert_eq!(server.stats().bad_requests, 4);
-    assert_eq!(server.stats().requests, 0);
-    // An encoder claiming more than the request buffer is refused before anything is sent.
-    assert!(matches!(
-        raw.send(std::time::Duration::from_secs(5), 0, |_| 1 << 20),
-        Err(RpcError::MessageTooLarge { len: 1048576, .. })
-    ));
-
-    // Through the typed client core: a get with a 4-byte body is answered with an error
-    // status and surfaces as RpcError::BadRequest, tagged; the handler's `Option` comes back
-    // as such.
-    let mut kv = Client::<KvService, Erpc>::from_transport(raw);
-    kv.issue(5, KvService::GET, &0u32).unwrap();
+    // The empty request is a zero-byte eRPC message. An encoder claiming more than the
+    // request buffer is refused before anything is sent. The handler's `Option` comes back
+    // as such through the typed client.
+    let mut kv = scenarios::undecodable_requests_get_error_status(raw, &mut server, |raw, _| {
+        assert!(matches!(
+            raw.send(std::time::Duration::from_secs(5), 0, |_| 1 << 20),
+            Err(RpcError::MessageTooLarge { len: 1048576, .. })
+        ));
+    });
     let deadline = Instant::now() + Duration::from_secs(10);
-    let got = loop {
-        assert!(Instant::now() < deadline, "no answer");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        match kv.poll() {
-            Ok(None) => {}
-            other => break other,
-        }
-    };
-    match got {
-        Err(RpcError::BadRequest {
-            tag: 5,
-            method: "get",
-            status: Some(Status::BadLength),
-        }) => {}
-        other => panic!("expected BadRequest, got {other:?}"),
-    }
-    assert_eq!(server.stats().bad_requests, 5);
     let mut store = Store::default();
     kv.issue_request(6, &KvRequest::get(0, 9)).unwrap();
     kv.issue_request(7, &KvRequest::put(0, 9, 90)).unwrap();

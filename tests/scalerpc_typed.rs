@@ -3,7 +3,7 @@
 mod typed_common;
 
 use typed_common::scenarios::{self, Fixture};
-use typed_common::{Store, header, spawn_kv};
+use typed_common::{Store, spawn_kv};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -17,8 +17,8 @@ use rpc::scalerpc::{
     ClientConfig, ConnectRefusal, GroupSize, ScaleClient, ScaleRpc, ScaleRpcAddr, ScaleRpcServer,
     ScaleRpcSetupError, ServerConfig,
 };
-use rpc::wire::Status;
-use rpc::{Client, ClientTransport, RpcError, Server, Service};
+
+use rpc::{ClientTransport, RpcError, Server, Service};
 
 /// Small pools: 1 KiB slots (the echo service needs 264 B requests), 8 slots per connection
 /// (7 calls in flight plus the liveness probe's).
@@ -344,96 +344,21 @@ fn capacity_is_checked() {
     assert_eq!(server.transport().scale_server().num_conns(), 1);
 }
 
-/// Sends one raw request message through a bare transport and returns the response bytes.
-fn raw_roundtrip(
-    t: &mut ScaleRpc,
-    server: &mut Server<KvService, ScaleRpcServer>,
-    msg: &[u8],
-) -> Vec<u8> {
-    let token = t
-        .send(std::time::Duration::from_secs(5), 0, |b| {
-            b[..msg.len()].copy_from_slice(msg);
-            msg.len()
-        })
-        .unwrap();
-    let mut out = None;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while out.is_none() {
-        assert!(Instant::now() < deadline, "no response to a bad request");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        t.poll(1, |tok, bytes| {
-            assert_eq!(tok, token);
-            out = Some(bytes.to_vec());
-        })
-        .unwrap();
-    }
-    out.unwrap()
-}
-
 #[test]
 fn undecodable_requests_get_error_status() {
     let fabric = Fabric::new(SimConfig::default());
     let (mut server, mut addr) = server::<KvService>(&fabric, small());
     // No liveness probe of our own: the only probe the server answers is the one below.
     addr.probe_interval = None;
-    let mut raw = connect_polling(&mut server, &addr, |a| {
+    let raw = connect_polling(&mut server, &addr, |a| {
         ScaleRpc::connect(a, KvService::DESCRIPTOR)
     })
     .unwrap();
-    let hdr = |method_id: u16, len: u32| {
-        let mut v = Vec::new();
-        v.extend_from_slice(&method_id.to_ne_bytes());
-        v.extend_from_slice(&0u16.to_ne_bytes());
-        v.extend_from_slice(&len.to_ne_bytes());
-        v
-    };
-    // Unknown method.
-    let r = raw_roundtrip(&mut raw, &mut server, &hdr(77, 0));
-    assert_eq!(header(&r).status, Status::UnknownMethod as u16);
-    assert_eq!(header(&r).method_id, 77);
-    // Wrong body length for get (expects 12 B); shorter than a header.
-    let mut m = hdr(KvService::GET, 4);
-    m.extend_from_slice(&[0; 4]);
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &m)).status,
-        Status::BadLength as u16
-    );
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &[1, 0, 0])).status,
-        Status::Truncated as u16
-    );
-    // A liveness probe is told by its rpc_type (`RPC_TYPE_PROBE`), not by being empty: an
+    // A liveness probe is told by its rpc_type (`RPC_TYPE_PROBE`), not by being empty: the
     // empty call request is a truncated message, answered with an error status.
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &[])).status,
-        Status::Truncated as u16
-    );
-    assert_eq!(server.transport().probes_answered(), 0);
-    assert_eq!(server.stats().bad_requests, 4);
-    assert_eq!(server.stats().requests, 0);
-
-    // Through the typed client core, a get with a 4-byte body is answered with an error
-    // status and surfaces as RpcError::BadRequest, tagged.
-    let mut kv = Client::<KvService, ScaleRpc>::from_transport(raw);
-    kv.issue(5, KvService::GET, &0u32).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let got = loop {
-        assert!(Instant::now() < deadline, "no answer");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        match kv.poll() {
-            Ok(None) => {}
-            other => break other,
-        }
-    };
-    match got {
-        Err(RpcError::BadRequest {
-            tag: 5,
-            method: "get",
-            status: Some(Status::BadLength),
-        }) => {}
-        other => panic!("expected BadRequest, got {other:?}"),
-    }
-    assert_eq!(server.stats().bad_requests, 5);
+    scenarios::undecodable_requests_get_error_status(raw, &mut server, |_, server| {
+        assert_eq!(server.transport().probes_answered(), 0);
+    });
 }
 
 #[test]

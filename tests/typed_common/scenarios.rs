@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use idl::echo::{EchoClient, EchoResponse, EchoService};
 use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
-use rpc::{ClientTransport, RpcError, Server, ServerTransport, Service};
+use rpc::wire::Status;
+use rpc::{Client, ClientTransport, RpcError, Server, ServerTransport, Service};
+
+use super::header;
 
 /// How one transport makes a server and connects typed clients to it.
 pub trait Fixture {
@@ -292,4 +295,97 @@ pub fn await_deferred_replies<C: ClientTransport>(
             got.push(tag);
         }
     }
+}
+
+/// Sends one raw request message through a bare client transport and returns the response
+/// bytes; the server's handler must not run (the request is undecodable).
+pub fn raw_roundtrip<C: ClientTransport, T: ServerTransport>(
+    t: &mut C,
+    server: &mut Server<KvService, T>,
+    msg: &[u8],
+) -> Vec<u8> {
+    let token = t
+        .send(Duration::from_secs(5), 0, |b| {
+            b[..msg.len()].copy_from_slice(msg);
+            msg.len()
+        })
+        .unwrap();
+    let mut out = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.is_none() {
+        assert!(Instant::now() < deadline, "no response to a bad request");
+        server.serve_once(|_| panic!("a bad request reached the handler"));
+        t.poll(1, |tok, bytes| {
+            assert_eq!(tok, token);
+            out = Some(bytes.to_vec());
+        })
+        .unwrap();
+    }
+    out.unwrap()
+}
+
+/// Four undecodable requests through the bare client transport `raw` (an unknown method, a
+/// `get` with a 4-byte body, 3 bytes, none) are each answered with their error status and
+/// never reach the handler; `then` runs before the server's counts (4 bad, 0 good) are
+/// checked. Then, through the typed client core over `raw`, a `get` with a 4-byte body
+/// surfaces as [`RpcError::BadRequest`], tagged (5 bad requests now). Returns that client.
+pub fn undecodable_requests_get_error_status<C: ClientTransport, T: ServerTransport>(
+    mut raw: C,
+    server: &mut Server<KvService, T>,
+    then: impl FnOnce(&mut C, &mut Server<KvService, T>),
+) -> Client<KvService, C> {
+    let hdr = |method_id: u16, len: u32| {
+        let mut v = Vec::new();
+        v.extend_from_slice(&method_id.to_ne_bytes());
+        v.extend_from_slice(&0u16.to_ne_bytes());
+        v.extend_from_slice(&len.to_ne_bytes());
+        v
+    };
+    // Unknown method.
+    let r = raw_roundtrip(&mut raw, server, &hdr(77, 0));
+    assert_eq!(header(&r).status, Status::UnknownMethod as u16);
+    assert_eq!(header(&r).method_id, 77);
+    // Wrong body length for get (expects 12 B).
+    let mut m = hdr(KvService::GET, 4);
+    m.extend_from_slice(&[0; 4]);
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, server, &m)).status,
+        Status::BadLength as u16
+    );
+    // Shorter than a header; and empty.
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, server, &[1, 0, 0])).status,
+        Status::Truncated as u16
+    );
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, server, &[])).status,
+        Status::Truncated as u16
+    );
+    then(&mut raw, server);
+    assert_eq!(server.stats().bad_requests, 4);
+    assert_eq!(server.stats().requests, 0);
+
+    // Through the typed client core, a get with a 4-byte body is answered with an error
+    // status and surfaces as RpcError::BadRequest, tagged.
+    let mut kv = Client::<KvService, C>::from_transport(raw);
+    kv.issue(5, KvService::GET, &0u32).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        assert!(Instant::now() < deadline, "no answer");
+        server.serve_once(|_| panic!("a bad request reached the handler"));
+        match kv.poll() {
+            Ok(None) => {}
+            other => break other,
+        }
+    };
+    match got {
+        Err(RpcError::BadRequest {
+            tag: 5,
+            method: "get",
+            status: Some(Status::BadLength),
+        }) => {}
+        other => panic!("expected BadRequest, got {other:?}"),
+    }
+    assert_eq!(server.stats().bad_requests, 5);
+    kv
 }
