@@ -363,25 +363,11 @@ fn undecodable_requests_get_error_status() {
 
 #[test]
 fn connect_times_out_when_the_server_does_not_poll() {
-    let fabric = Fabric::new(SimConfig::default());
-    let (server, mut addr) = server::<KvService>(&fabric, small());
-    addr.timeout = Duration::from_millis(200);
-    let t0 = Instant::now();
-    match KvClient::<ScaleRpc>::connect(&addr) {
-        Err(RpcError::Scalerpc(e)) => {
-            assert!(matches!(*e, ScaleRpcSetupError::Timeout(_)), "{e}")
-        }
-        Err(e) => panic!("expected a timeout, got {e}"),
-        Ok(_) => panic!("connected to a server that never polls"),
-    }
-    assert!(t0.elapsed() >= Duration::from_millis(200));
-    assert!(t0.elapsed() < Duration::from_secs(5));
-    // The server is gone: connecting fails at once.
-    drop(server);
-    assert!(matches!(
-        KvClient::<ScaleRpc>::connect(&addr),
-        Err(RpcError::ServerDisconnected)
-    ));
+    scenarios::connect_times_out_when_the_server_does_not_poll(
+        &mut fx(),
+        |addr| addr.timeout = Duration::from_millis(200),
+        |e| matches!(e, RpcError::Scalerpc(e) if matches!(**e, ScaleRpcSetupError::Timeout(_))),
+    );
 }
 
 #[test]

@@ -389,3 +389,29 @@ pub fn undecodable_requests_get_error_status<C: ClientTransport, T: ServerTransp
     assert_eq!(server.stats().bad_requests, 5);
     kv
 }
+
+/// A client connecting to a server that never polls gives up after its connect timeout,
+/// which `shorten` sets to 200 ms in the address, with the transport's timeout error
+/// (`is_timeout`); once the server is dropped, connecting fails at once with
+/// [`RpcError::ServerDisconnected`].
+pub fn connect_times_out_when_the_server_does_not_poll<F: Fixture>(
+    fx: &mut F,
+    shorten: impl FnOnce(&mut F::Addr),
+    is_timeout: impl FnOnce(&RpcError) -> bool,
+) {
+    let (server, mut addr) = fx.server::<KvService>();
+    shorten(&mut addr);
+    let t0 = Instant::now();
+    match KvClient::<F::Client>::connect(addr.borrow()) {
+        Err(e) => assert!(is_timeout(&e), "expected a timeout, got {e}"),
+        Ok(_) => panic!("connected to a server that never polls"),
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(200));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    // The server is gone: connecting fails at once.
+    drop(server);
+    assert!(matches!(
+        KvClient::<F::Client>::connect(addr.borrow()),
+        Err(RpcError::ServerDisconnected)
+    ));
+}
