@@ -45,7 +45,7 @@
 //! # Connecting
 //! copyrpc needs no handshake message: each side creates an endpoint and hands the peer its
 //! [`EndpointInfo`] out of band (seeds/004 §3.8 "エンドポイント交換"). In one process the
-//! out-of-band channel is a [`Listener`]: [`Copyrpc::connect`] sends its info (carrying the
+//! out-of-band channel is a [`Listener`]: [`Copyrpc::connect`](crate::client::ClientTransport::connect) sends its info (carrying the
 //! service's schema fingerprint) through the server's listener and waits for the server's;
 //! [`CopyrpcServer::poll`] answers pending requests ([`CopyrpcServer::accept`]), refusing a
 //! different fingerprint or a ring too small for the service. Across processes (MPI), exchange
@@ -169,7 +169,7 @@ pub struct CopyrpcAddr {
     /// Calls in flight at once (tokens `0..max_in_flight`), `1..=`[`MAX_IN_FLIGHT_LIMIT`];
     /// the client keeps `max_in_flight * max_response_bytes` bytes of response buffer.
     pub max_in_flight: u32,
-    /// How long [`Copyrpc::connect`] waits for the server's answer.
+    /// How long [`Copyrpc::connect`](crate::client::ClientTransport::connect) waits for the server's answer.
     pub timeout: Duration,
     /// With calls outstanding and no response for this long, probe the server with an RDMA
     /// READ so that a dead server is noticed (module docs). `None`: no probing.
@@ -259,7 +259,7 @@ impl Drop for Copyrpc {
 impl Copyrpc {
     /// Wraps endpoint `ep` of `ctx`, already connected to a server of `service` through an
     /// exchange of [`EndpointInfo`] done by the caller (MPI bootstrap), with `max_in_flight`
-    /// tokens. Checks what [`Copyrpc::connect`] checks. No liveness probe (add one with
+    /// tokens. Checks what [`Copyrpc::connect`](crate::client::ClientTransport::connect) checks. No liveness probe (add one with
     /// [`Copyrpc::with_probe`]).
     ///
     /// # Errors

@@ -93,7 +93,8 @@ impl<C: RcClient> ClientTransport for C {
         self.tokens()
     }
 
-    /// Issues the call ([`RcClient::issue`]); never waits, so `timeout` is not used.
+    /// Issues the call (the transport writes it into its queue); never waits, so `timeout`
+    /// is not used.
     ///
     /// # Errors
     /// [`RpcError::WouldBlock`] when no token is free or the transport refuses for now

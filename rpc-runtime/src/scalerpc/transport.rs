@@ -11,7 +11,7 @@
 //! ([`derive_slot_size`]). A slot size given explicitly is checked against the service when
 //! the server is created, and the server's slots again when a client connects; the client's
 //! slots must be at least as large and as many as the server's (the core's rule: a response
-//! may fill a server slot), which [`ScaleRpcAddr::new`] and [`ScaleRpc::connect`] arrange by
+//! may fill a server slot), which [`ScaleRpcAddr::new`] and [`ScaleRpc::connect`](crate::client::ClientTransport::connect) arrange by
 //! taking the server's.
 //!
 //! # Limits and memory
@@ -23,7 +23,7 @@
 //! staging slots).
 //!
 //! # Connecting
-//! In one process clients connect through the server's [`Listener`]: [`ScaleRpc::connect`]
+//! In one process clients connect through the server's [`Listener`]: [`ScaleRpc::connect`](crate::client::ClientTransport::connect)
 //! creates a client context with one connection, sends its [`ClientConnInfo`] (carrying the
 //! service's schema fingerprint and the client's slot geometry) and waits for the server's
 //! [`ServerConnInfo`]; [`ScaleRpcServer::poll`](ServerTransport::poll) answers pending
@@ -261,7 +261,7 @@ pub struct ScaleRpcAddr {
     /// server's ([`ScaleRpcAddr::new`] takes the server's; a `slot_size` of `None` also
     /// means the server's).
     pub config: ClientConfig,
-    /// How long [`ScaleRpc::connect`] waits for the server's answer.
+    /// How long [`ScaleRpc::connect`](crate::client::ClientTransport::connect) waits for the server's answer.
     pub timeout: Duration,
     /// With calls outstanding and no response for this long, probe the server (module docs).
     /// `Some` keeps one slot of the connection for the probe: calls in flight are then
@@ -375,7 +375,7 @@ impl std::fmt::Debug for ScaleRpc {
 impl ScaleRpc {
     /// Wraps connection `conn` of `client`, already connected (by the caller, e.g. after an
     /// MPI exchange of [`ClientConnInfo`]/[`ServerConnInfo`]) to a [`ScaleRpcServer`] of
-    /// `service` that answered with `server`. Checks what [`ScaleRpc::connect`] checks.
+    /// `service` that answered with `server`. Checks what [`ScaleRpc::connect`](crate::client::ClientTransport::connect) checks.
     /// `slots_per_conn` calls in flight; no liveness probe or activation timeout (add them
     /// with [`ScaleRpc::with_liveness`]). Other connections of `client` are never used.
     ///
