@@ -499,37 +499,13 @@ fn server_gone_fails_pending_and_later_calls() {
             Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &c).unwrap(),
         )
     });
-    // Both work.
-    let mut store = Store::default();
-    for kv in [&mut busy, &mut idle] {
-        kv.issue(1).put(0, 1, 1).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            assert!(Instant::now() < deadline);
-            server.serve_once(|req| KvService::dispatch(&mut store, req));
-            if kv.poll().unwrap().is_some() {
-                break;
-            }
-        }
-    }
-    // `busy` has 20 calls (on all four sessions) that the server took and never answers.
-    for k in 0..20 {
-        busy.issue(k).get(0, k).unwrap();
-    }
-    let mut taken = 0;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken < 20 {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        assert!(busy.poll().unwrap().is_none());
-        server.poll();
-        while server.recv().is_some() {
-            taken += 1;
-        }
-        server.release();
-        // The idle client keeps its sessions alive meanwhile.
+    // Both work; `busy` has 20 calls (on all four sessions) that the server took and never
+    // answers; the idle client keeps its sessions alive meanwhile.
+    scenarios::both_work_then_busy_unanswered(&mut server, &mut busy, &mut idle, 20, |s, idle| {
+        s.release();
         assert!(idle.poll().unwrap().is_none());
         idle.transport_mut().poll(usize::MAX, |_, _| {}).unwrap();
-    }
+    });
     drop(server);
     let t0 = Instant::now();
     // Pending calls: the client retransmits and pings, then fails them.

@@ -2,6 +2,7 @@
 
 mod typed_common;
 
+use typed_common::connect_polling_to as connect_polling;
 use typed_common::scenarios::{self, Fixture};
 use typed_common::{Store, spawn_kv};
 
@@ -45,17 +46,6 @@ fn server<S: Service>(
     let server = ScaleRpcServer::serve::<S>(&fabric.open(), cfg).unwrap();
     let addr = ScaleRpcAddr::new(fabric.open(), server.transport().listener());
     (server, addr)
-}
-
-/// Connects `T` on another thread while this one polls `server` (which must answer the
-/// connect request), for tests that drive the server by hand.
-fn connect_polling<S: Service, T: Send + 'static>(
-    server: &mut Server<S, ScaleRpcServer>,
-    addr: &ScaleRpcAddr,
-    connect: fn(&ScaleRpcAddr) -> Result<T, RpcError>,
-) -> Result<T, RpcError> {
-    let addr = addr.clone();
-    typed_common::connect_polling(server, move || connect(&addr))
 }
 
 /// ScaleRPC on one software fabric, servers with [`small`] pools.
@@ -445,34 +435,9 @@ fn server_dropped_mid_run_fails_pending_and_later_calls() {
         a.device = fabric.open();
         connect_polling(&mut server, &a, KvClient::<ScaleRpc>::connect).unwrap()
     };
-    // Both work.
-    let mut store = Store::default();
-    for kv in [&mut busy, &mut idle] {
-        kv.issue(1).put(0, 1, 1).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            assert!(Instant::now() < deadline);
-            server.serve_once(|req| KvService::dispatch(&mut store, req));
-            if kv.poll().unwrap().is_some() {
-                break;
-            }
-        }
-    }
-    // `busy` has every one of its calls taken by the server, which never answers.
+    // Both work; `busy` has every one of its calls taken by the server, which never answers.
     let depth = busy.max_in_flight() as u64;
-    for k in 0..depth {
-        busy.issue(k).get(0, k).unwrap();
-    }
-    let mut taken = 0;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken < depth {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        assert!(busy.poll().unwrap().is_none());
-        server.poll();
-        while server.recv().is_some() {
-            taken += 1;
-        }
-    }
+    scenarios::both_work_then_busy_unanswered(&mut server, &mut busy, &mut idle, depth, |_, _| {});
     drop(server);
     let t0 = Instant::now();
     // Pending calls: the client sends nothing more, the probe finds the server gone.

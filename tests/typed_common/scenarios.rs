@@ -415,3 +415,42 @@ pub fn connect_times_out_when_the_server_does_not_poll<F: Fixture>(
         Err(RpcError::ServerDisconnected)
     ));
 }
+
+/// The first half of a server-gone scenario: `busy` and `idle` each make one served `put`
+/// (both work), then `busy` issues gets of keys `0..n` that the server takes and never
+/// answers (`between` runs after each server round, e.g. to keep `idle` polling). The
+/// caller then drops the server and checks how each client learns it.
+pub fn both_work_then_busy_unanswered<C: ClientTransport, T: ServerTransport>(
+    server: &mut Server<KvService, T>,
+    busy: &mut KvClient<C>,
+    idle: &mut KvClient<C>,
+    n: u64,
+    mut between: impl FnMut(&mut Server<KvService, T>, &mut KvClient<C>),
+) {
+    let mut store = super::Store::default();
+    for kv in [&mut *busy, &mut *idle] {
+        kv.issue(1).put(0, 1, 1).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < deadline);
+            server.serve_once(|req| KvService::dispatch(&mut store, req));
+            if kv.poll().unwrap().is_some() {
+                break;
+            }
+        }
+    }
+    for k in 0..n {
+        busy.issue(k).get(0, k).unwrap();
+    }
+    let mut taken = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while taken < n {
+        assert!(Instant::now() < deadline, "requests did not arrive");
+        assert!(busy.poll().unwrap().is_none());
+        server.poll();
+        while server.recv().is_some() {
+            taken += 1;
+        }
+        between(server, idle);
+    }
+}
