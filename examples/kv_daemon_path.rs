@@ -120,6 +120,7 @@ impl KvVarServer for Shard {
     }
 }
 
+/// A router that reads the target from the encoded request ([`raw_route`]).
 pub type RawRouter = fn(&[u8]) -> Result<Target, WireError>;
 type OwnedRouter = fn(&KvVarRequest) -> Target;
 type RawDaemon = NodeDaemon<KvVarService, IpcServer, RawRouter, MSG_CAP>;
@@ -132,6 +133,10 @@ fn target(rank: u32, key: &str) -> Target {
     }
 }
 
+/// The rank and daemon of an encoded `KvVar` request, read without decoding it.
+///
+/// # Errors
+/// The [`WireError`] of a message that is not a well-formed `KvVar` request.
 pub fn raw_route(msg: &[u8]) -> Result<Target, WireError> {
     let (rank, key) = kv_var_target(msg)?;
     Ok(target(rank, key))

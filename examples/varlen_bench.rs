@@ -164,6 +164,7 @@ impl System {
     }
 }
 
+/// The command line of `varlen_bench`.
 #[derive(Parser, Debug, Clone)]
 #[command(about = "&[u8] arguments of 32 B .. 1 MiB on every transport against tarpc")]
 pub struct Args {

@@ -232,9 +232,12 @@ fn capacity_is_checked() {
     }
     addr.endpoint.ring_size = 1 << 20;
     match KvClient::<Copyrpc>::connect(&addr) {
-        Err(RpcError::Copyrpc(e)) => {
+        Err(RpcError::Transport(e)) => {
+            let e = e
+                .downcast_ref::<CopyrpcSetupError>()
+                .expect("a CopyrpcSetupError");
             assert!(
-                matches!(&*e, CopyrpcSetupError::Refused(ConnectRefusal::Setup(_))),
+                matches!(e, CopyrpcSetupError::Refused(ConnectRefusal::Setup(_))),
                 "{e}"
             )
         }
@@ -264,7 +267,12 @@ fn connect_times_out_when_the_server_does_not_poll() {
     scenarios::connect_times_out_when_the_server_does_not_poll(
         &mut fx(),
         |addr| addr.timeout = Duration::from_millis(200),
-        |e| matches!(e, RpcError::Copyrpc(e) if matches!(**e, CopyrpcSetupError::Timeout(_))),
+        |e| {
+            matches!(
+                e.transport::<CopyrpcSetupError>(),
+                Some(CopyrpcSetupError::Timeout(_))
+            )
+        },
     );
 }
 

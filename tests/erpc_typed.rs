@@ -456,7 +456,7 @@ fn connecting_to_nothing_fails_within_the_failure_timeout() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert!(matches!(
         KvClient::<Erpc>::connect(&addr),
-        Err(RpcError::Erpc(e)) if matches!(*e, ErpcSetupError::NoAnswer)
+        Err(e) if matches!(e.transport::<ErpcSetupError>(), Some(ErpcSetupError::NoAnswer))
     ));
     // A connect timeout too long for the clock is bounded by the failure timeout (it used to
     // overflow `Instant + Duration` and panic).

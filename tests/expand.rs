@@ -54,6 +54,17 @@ fn empty_service() {
 }
 
 #[test]
+fn path_transport() {
+    let attr = quote!(transport = crate::transports::Loopback);
+    let item = quote! {
+        pub trait Echo {
+            fn echo(&self, x: u64) -> u64;
+        }
+    };
+    insta::assert_snapshot!(pretty(expand::expand(attr, item)));
+}
+
+#[test]
 fn errors_are_all_reported() {
     let attr = quote!(transport = "rdma", colour = "blue");
     let item = quote! {
@@ -69,7 +80,7 @@ fn errors_are_all_reported() {
     let out = expand::expand(attr, item).to_string();
     let messages: Vec<&str> = out.split("compile_error !").skip(1).collect();
     for needle in [
-        "unknown transport `rdma`; available: delegation, copyrpc, erpc, scalerpc",
+        "unknown transport `rdma`; built-in transports: delegation, copyrpc, erpc, scalerpc",
         "unknown `#[rpc_service]` argument `colour`",
         "cannot have type parameters",
         "cannot have supertraits",

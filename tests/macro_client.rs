@@ -1,12 +1,15 @@
 //! The generated client (`<Trait>Client`, `<Trait>Issue`) over an in-process loopback
 //! transport that answers every request synchronously through the generated codec and
 //! `dispatch`: blocking calls, pipelined calls with tags, `poll`/`poll_with`, `issue_request`,
-//! flow control (`WouldBlock`), mixing both forms, and server-side rejections.
+//! flow control (`WouldBlock`), mixing both forms, and server-side rejections; and a service
+//! whose default transport is this user-defined type, named by its path
+//! (`#[rpc_service(transport = crate::Loopback, derive(Debug, PartialEq))]`), with a transport's own error carried in
+//! `RpcError::Transport`.
 
 use std::collections::VecDeque;
 
 use rpc::wire::{Status, encode_status};
-use rpc::{ClientTransport, RpcError, Service, ServiceDescriptor, rpc_service};
+use rpc::{ClientTransport, RpcError, Service, ServiceDescriptor, TransportError, rpc_service};
 
 #[rpc_service(transport = "delegation", derive(Debug, PartialEq))]
 pub trait Calc {
@@ -194,4 +197,92 @@ fn the_default_transport_is_the_attributes() {
     }
     assert!(default_client_is_delegation(None).is_none());
     assert_eq!(<CalcService as Service>::DESCRIPTOR.name, "Calc");
+}
+
+/// A service whose default transport is a type defined here, named by its path.
+#[rpc_service(transport = crate::Loopback, derive(Debug, PartialEq))]
+trait Echo {
+    fn echo(&self, x: u64) -> u64;
+}
+
+struct Echoer;
+
+impl EchoServer for Echoer {
+    fn echo(&self, x: u64) -> u64 {
+        x
+    }
+}
+
+fn serve_echo(req: &[u8], out: &mut [u8]) -> usize {
+    let req = EchoService::decode_request(req).unwrap();
+    EchoService::encode_response(&EchoService::dispatch(&mut Echoer, req), out)
+}
+
+#[test]
+fn a_user_defined_transport_is_named_by_its_path() {
+    // `EchoClient` without a type argument is `EchoClient<Loopback>`.
+    let mut c: EchoClient = EchoClient::connect(&(serve_echo as Handler)).unwrap();
+    assert_eq!(c.echo(7).unwrap(), 7);
+    c.issue(3).echo(9).unwrap();
+    assert_eq!(c.poll().unwrap(), Some((3, EchoResponse::Echo(9))));
+    let loopback: &Loopback = c.transport();
+    assert_eq!(loopback.sent, 2);
+}
+
+/// A transport's own error, unknown to the runtime.
+#[derive(Debug, PartialEq)]
+struct Unreachable(u16);
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "port {} unreachable", self.0)
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+/// A transport that never connects, failing with its own error.
+struct Unconnectable;
+
+impl ClientTransport for Unconnectable {
+    type Addr = u16;
+
+    fn connect(port: &u16, _: &'static ServiceDescriptor) -> Result<Self, RpcError> {
+        Err(TransportError::new("unconnectable", Unreachable(*port)).into())
+    }
+
+    fn max_in_flight(&self) -> usize {
+        1
+    }
+
+    fn send(
+        &mut self,
+        _: std::time::Duration,
+        _: u16,
+        _: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, RpcError> {
+        unreachable!()
+    }
+
+    fn poll(&mut self, _: usize, _: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
+        unreachable!()
+    }
+}
+
+#[test]
+fn a_user_defined_transport_error_is_carried_and_recovered() {
+    let Err(e) = EchoClient::<Unconnectable>::connect(&7) else {
+        panic!("connected")
+    };
+    assert_eq!(e.transport::<Unreachable>(), Some(&Unreachable(7)));
+    assert_eq!(e.to_string(), "port 7 unreachable");
+    assert!(e.transport::<std::io::Error>().is_none());
+    match e {
+        RpcError::Transport(t) => {
+            assert_eq!(t.transport(), "unconnectable");
+            assert_eq!(*t.downcast::<Unreachable>().unwrap(), Unreachable(7));
+        }
+        other => panic!("expected RpcError::Transport, got {other:?}"),
+    }
+    assert!(RpcError::WouldBlock.transport::<Unreachable>().is_none());
 }

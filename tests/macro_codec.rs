@@ -9,9 +9,12 @@ use rpc::{Service, rpc_service};
 use zerocopy::{FromZeros, Immutable, IntoBytes, KnownLayout, TryFromBytes};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, FromZeros, IntoBytes, KnownLayout, Immutable)]
+/// A plain `#[repr(C)]` struct argument (8 bytes, no padding).
 #[repr(C)]
 pub struct Point {
+    /// First coordinate.
     pub x: i32,
+    /// Second coordinate.
     pub y: i32,
 }
 
@@ -20,10 +23,13 @@ pub struct Point {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, TryFromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(u8)]
 pub enum Color {
+    /// Discriminant 1.
     Red = 1,
+    /// Discriminant 2.
     Green = 2,
 }
 
+/// Length of the array arguments.
 pub const N: usize = 3;
 
 #[rpc_service(transport = "delegation", derive(Debug, PartialEq))]

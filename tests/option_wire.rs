@@ -25,8 +25,11 @@ use zerocopy::{Immutable, IntoBytes, KnownLayout, TryFromBytes};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, TryFromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(u8)]
 pub enum Color {
+    /// Discriminant 1.
     Red = 1,
+    /// Discriminant 2.
     Green = 2,
+    /// Discriminant 3.
     Blue = 3,
 }
 

@@ -273,7 +273,10 @@ fn capacity_is_checked() {
             ..small()
         },
     ) {
-        Err(RpcError::Scalerpc(e)) => {
+        Err(RpcError::Transport(e)) => {
+            let e = e
+                .downcast_ref::<ScaleRpcSetupError>()
+                .expect("a ScaleRpcSetupError");
             assert!(matches!(*e, ScaleRpcSetupError::Core(_)), "{e}")
         }
         Err(e) => panic!("expected a configuration error, got {e}"),
@@ -287,13 +290,13 @@ fn capacity_is_checked() {
         addr.config.slot_size = Some(slot_size);
         addr.config.slots_per_conn = slots;
         match KvClient::<ScaleRpc>::connect(&addr) {
-            Err(RpcError::Scalerpc(e)) => assert!(
+            Err(RpcError::Transport(e)) => assert!(
                 matches!(
-                    &*e,
-                    ScaleRpcSetupError::Refused(ConnectRefusal::Slots {
+                    e.downcast_ref::<ScaleRpcSetupError>(),
+                    Some(ScaleRpcSetupError::Refused(ConnectRefusal::Slots {
                         slot_size: 1024,
                         slots_per_conn: 8
-                    })
+                    }))
                 ),
                 "{e}"
             ),
@@ -314,7 +317,10 @@ fn capacity_is_checked() {
     };
     let (_one, mut addr1) = server::<KvService>(&fabric, one);
     match KvClient::<ScaleRpc>::connect(&addr1) {
-        Err(RpcError::Scalerpc(e)) => {
+        Err(RpcError::Transport(e)) => {
+            let e = e
+                .downcast_ref::<ScaleRpcSetupError>()
+                .expect("a ScaleRpcSetupError");
             assert!(matches!(*e, ScaleRpcSetupError::Config(_)), "{e}")
         }
         Err(e) => panic!("expected a configuration error, got {e}"),
@@ -324,7 +330,10 @@ fn capacity_is_checked() {
     addr1.timeout = Duration::from_millis(100);
     // Without a probe it would connect (nobody polls that server here: a timeout).
     match KvClient::<ScaleRpc>::connect(&addr1) {
-        Err(RpcError::Scalerpc(e)) => {
+        Err(RpcError::Transport(e)) => {
+            let e = e
+                .downcast_ref::<ScaleRpcSetupError>()
+                .expect("a ScaleRpcSetupError");
             assert!(matches!(*e, ScaleRpcSetupError::Timeout(_)), "{e}")
         }
         Err(e) => panic!("expected a timeout, got {e}"),
@@ -356,7 +365,12 @@ fn connect_times_out_when_the_server_does_not_poll() {
     scenarios::connect_times_out_when_the_server_does_not_poll(
         &mut fx(),
         |addr| addr.timeout = Duration::from_millis(200),
-        |e| matches!(e, RpcError::Scalerpc(e) if matches!(**e, ScaleRpcSetupError::Timeout(_))),
+        |e| {
+            matches!(
+                e.transport::<ScaleRpcSetupError>(),
+                Some(ScaleRpcSetupError::Timeout(_))
+            )
+        },
     );
 }
 
@@ -393,7 +407,7 @@ fn bootstrap_from_exchanged_connection_info() {
             &theirs,
             KvService::DESCRIPTOR
         ),
-        Err(RpcError::Scalerpc(_))
+        Err(e) if e.transport::<ScaleRpcSetupError>().is_some()
     ));
     let t = ScaleRpc::from_client(client, c, &theirs, KvService::DESCRIPTOR)
         .unwrap()
@@ -608,11 +622,15 @@ fn evicted_typed_client_fails_with_a_clear_error() {
         1
     );
     match sleeper.get(0, 1) {
-        Err(RpcError::Scalerpc(e)) if matches!(*e, ScaleRpcSetupError::Evicted) => {}
+        Err(e)
+            if matches!(
+                e.transport::<ScaleRpcSetupError>(),
+                Some(ScaleRpcSetupError::Evicted)
+            ) => {}
         other => panic!("expected the eviction error, got {other:?}"),
     }
     assert!(matches!(
         sleeper.put(0, 1, 1),
-        Err(RpcError::Scalerpc(e)) if matches!(*e, ScaleRpcSetupError::Evicted)
+        Err(e) if matches!(e.transport::<ScaleRpcSetupError>(), Some(ScaleRpcSetupError::Evicted))
     ));
 }

@@ -150,9 +150,14 @@ pub fn fill_value(key: u64, version: u64, sizes: &Sizes, buf: &mut Vec<u8>) {
 pub enum Read {
     /// The key has no value.
     Miss,
-    /// A value of `version`; `intact`: every byte (and the length) is the one [`fill_value`]
-    /// gives for this key and version (always true for a `Fixed` value).
-    Hit { version: u64, intact: bool },
+    /// A value was found.
+    Hit {
+        /// The version the value was written with.
+        version: u64,
+        /// Every byte (and the length) is the one [`fill_value`] gives for this key and
+        /// version (always true for a `Fixed` value).
+        intact: bool,
+    },
 }
 
 impl Read {

@@ -30,12 +30,15 @@ use crate::workload::*;
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
+    /// The subcommand, if one is given ([`Cli::into_command`]).
     #[command(subcommand)]
     pub cmd: Option<Cmd>,
+    /// The flags of `run`, given without a subcommand.
     #[command(flatten)]
     pub run: RunArgs,
 }
 
+/// The subcommands of `kv`.
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
     /// Daemons and clients of every rank in this process (the default when no subcommand is
@@ -50,6 +53,7 @@ pub enum Cmd {
     Client(ClientArgs),
 }
 
+/// The flags of `kv run` (and of `kv` without a subcommand).
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     /// Daemon (shard server) threads per rank.
@@ -98,16 +102,21 @@ pub struct RunArgs {
     /// one rank only; eRPC one rank, or the ranks of `--mpi`.
     #[arg(long, value_enum, default_value_t = Transport::Delegation)]
     pub transport: Transport,
+    /// ScaleRPC settings (`--transport scalerpc`).
     #[command(flatten)]
     pub scale: ScaleArgs,
+    /// Delegation ring sizes.
     #[command(flatten)]
     pub ring: RingArgs,
+    /// The clients' load.
     #[command(flatten)]
     pub load: LoadArgs,
+    /// How the summary is printed.
     #[command(flatten)]
     pub out: OutArgs,
 }
 
+/// The flags of `kv serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     /// Base name of the rings in /dev/shm.
@@ -116,6 +125,7 @@ pub struct ServeArgs {
     /// Daemon (shard server) threads.
     #[arg(long, short = 'd', default_value_t = 1)]
     pub daemons: usize,
+    /// Delegation ring sizes.
     #[command(flatten)]
     pub ring: RingArgs,
     /// Stop after this many seconds (0: until SIGINT/SIGTERM).
@@ -131,17 +141,21 @@ pub struct ServeArgs {
     pub drop_reply: Option<u64>,
 }
 
+/// The flags of `kv client`.
 #[derive(Args, Debug, Clone)]
 pub struct ClientArgs {
     /// Base name of the rings in /dev/shm (as given to `kv serve`).
     #[arg(long)]
     pub shm: String,
+    /// The clients' load.
     #[command(flatten)]
     pub load: LoadArgs,
+    /// How the summary is printed.
     #[command(flatten)]
     pub out: OutArgs,
 }
 
+/// Delegation ring sizes (seeds/004 §9), shared by `run` and `serve`.
 #[derive(Args, Debug, Clone)]
 pub struct RingArgs {
     /// Request slots per ring (power of two; seeds/004 §9: 1024).
@@ -155,6 +169,7 @@ pub struct RingArgs {
     pub resp_depth: u32,
 }
 
+/// ScaleRPC settings (seeds/003) of `--transport scalerpc`.
 #[derive(Args, Debug, Clone)]
 pub struct ScaleArgs {
     /// ScaleRPC: connections per group; each daemon serves one group per time slice (0:
@@ -171,6 +186,7 @@ pub struct ScaleArgs {
     pub scalerpc_slot: Option<u32>,
 }
 
+/// The clients' load: threads, queue depth, keys, mix, sizes and duration.
 #[derive(Args, Debug, Clone)]
 pub struct LoadArgs {
     /// Client threads (per rank).
@@ -250,6 +266,7 @@ pub struct LoadArgs {
     pub lose_direct_reply: Option<u64>,
 }
 
+/// How the summary is printed: text, `--json` or `--csv`.
 #[derive(Args, Debug, Clone)]
 pub struct OutArgs {
     /// Print the summary as one JSON object on stdout (one line per backend run).
@@ -263,6 +280,7 @@ pub struct OutArgs {
     pub quiet: bool,
 }
 
+/// How clients reach the daemons of their rank (`--transport`).
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
     /// The shared-memory delegation ring of seeds/004 (`/dev/shm`).
@@ -298,6 +316,7 @@ impl RunArgs {
     }
 }
 
+/// How clients reach other ranks (`--backend`; seeds/004 §1).
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// seeds/004 Meta (§1.1): every call goes over ipc to the key's owner daemon; a remote
@@ -318,8 +337,11 @@ pub enum Backend {
 /// The topology of one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Topology {
+    /// [`Backend::Meta`].
     Meta,
+    /// [`Backend::Delegation`].
     Delegation,
+    /// [`Backend::Direct`].
     Direct,
 }
 

@@ -24,26 +24,45 @@ use crate::workload::*;
 /// and the QPC caches.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct ScaleFigures {
+    /// Connections per group (`--scalerpc-group`), or 0 when the daemons size groups
+    /// themselves.
     pub group_size: u32,
+    /// The time slice of a group, µs (`--scalerpc-slice-us`).
     pub slice_us: u64,
+    /// Bytes of one message slot (`--scalerpc-slot`, or derived from the service).
     pub slot_size: u32,
+    /// Connections the daemons served, summed (those reclaimed during the run included).
     pub conns: u32,
     /// Most groups on one daemon.
     pub groups: u32,
+    /// Group switches ([`rpc::scalerpc::SchedStats::switches`]), summed.
     pub switches: u64,
+    /// Warm-ups that waited for the other bank to drain
+    /// ([`rpc::scalerpc::SchedStats::warmup_delays`]), summed.
     pub warmup_delays: u64,
+    /// Acknowledgements accepted ([`rpc::scalerpc::SchedStats::acks`]), summed.
     pub acks: u64,
+    /// Connections evicted for missing the acknowledgement deadline
+    /// ([`rpc::scalerpc::SchedStats::evictions`]), summed.
     pub evictions: u64,
+    /// Connections failed by an error completion or an eviction
+    /// ([`rpc::scalerpc::ServerStats::failed_conns`]), summed.
     pub failed_conns: u64,
+    /// Requests handed to the handlers ([`rpc::scalerpc::ServerStats::requests`]), summed.
     pub requests: u64,
+    /// Doorbells rung by the daemons ([`rpc::scalerpc::ServerStats::doorbells`]), summed.
     pub doorbells: u64,
+    /// Activate/stop notices sent ([`rpc::scalerpc::ServerStats::notices`]), summed.
     pub notices: u64,
+    /// Liveness probes the daemons answered, summed.
     pub probes: u64,
-    /// QPC cache hits and misses of the daemons' NICs.
+    /// QPC cache hits of the daemons' NICs.
     pub qpc_server_hits: u64,
+    /// QPC cache misses of the daemons' NICs.
     pub qpc_server_misses: u64,
-    /// QPC cache hits and misses of every NIC of the fabric.
+    /// QPC cache hits of every NIC of the fabric.
     pub qpc_hits: u64,
+    /// QPC cache misses of every NIC of the fabric.
     pub qpc_misses: u64,
 }
 
@@ -60,10 +79,13 @@ pub struct ErpcFigures {
     pub dup_requests: u64,
     /// Datagrams dropped by the cores as invalid, stale or out of window.
     pub dropped_pkts: u64,
+    /// Datagrams received.
     pub rx_pkts: u64,
+    /// Datagrams sent.
     pub tx_pkts: u64,
-    /// `recvmmsg`/`sendmmsg` calls that moved datagrams.
+    /// `recvmmsg` calls that received datagrams.
     pub rx_calls: u64,
+    /// `sendmmsg` calls that sent datagrams.
     pub tx_calls: u64,
 }
 
@@ -126,20 +148,35 @@ macro_rules! counters {
 /// delegates): [`ForwardStats`] summed over the ranks' delegates.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Forward {
+    /// [`ForwardStats::ring_local`], summed.
     pub ring_local: u64,
+    /// [`ForwardStats::forwarded`], summed.
     pub forwarded: u64,
+    /// [`ForwardStats::responses`], summed.
     pub responses: u64,
+    /// [`ForwardStats::remote_served`], summed.
     pub remote_served: u64,
+    /// [`ForwardStats::handed_off`], summed.
     pub handed_off: u64,
+    /// [`ForwardStats::handoff_replies`], summed.
     pub handoff_replies: u64,
+    /// [`ForwardStats::bad_requests`], summed.
     pub bad_requests: u64,
+    /// [`ForwardStats::oversized_responses`], summed.
     pub oversized_responses: u64,
+    /// [`ForwardStats::unroutable`], summed.
     pub unroutable: u64,
+    /// [`ForwardStats::failed_calls`], summed.
     pub failed_calls: u64,
+    /// [`ForwardStats::corrupt_responses`], summed.
     pub corrupt_responses: u64,
+    /// [`ForwardStats::dropped_replies`], summed.
     pub dropped_replies: u64,
+    /// [`ForwardStats::ring_full_retries`], summed.
     pub ring_full_retries: u64,
+    /// [`ForwardStats::daemon_busy_waits`], summed.
     pub daemon_busy_waits: u64,
+    /// [`ForwardStats::wait_timeouts`], summed.
     pub wait_timeouts: u64,
 }
 
@@ -206,22 +243,39 @@ counters!(Forward {
 /// rank.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Node {
+    /// [`rpc::delegation::node::NodeStats::local_served`], summed.
     pub local_served: u64,
+    /// [`rpc::delegation::node::NodeStats::ring_served`], summed.
     pub ring_served: u64,
+    /// [`rpc::delegation::node::NodeStats::remote_served`], summed.
     pub remote_served: u64,
+    /// [`rpc::delegation::node::NodeStats::flux_served`], summed.
     pub flux_served: u64,
+    /// [`rpc::delegation::node::NodeStats::copyrpc_calls`], summed.
     pub copyrpc_calls: u64,
+    /// [`rpc::delegation::node::NodeStats::copyrpc_responses`], summed.
     pub copyrpc_responses: u64,
+    /// [`rpc::delegation::node::NodeStats::flux_calls`], summed.
     pub flux_calls: u64,
+    /// [`rpc::delegation::node::NodeStats::flux_responses`], summed.
     pub flux_responses: u64,
+    /// [`rpc::delegation::node::NodeStats::backlogged`], summed.
     pub backlogged: u64,
+    /// [`rpc::delegation::node::NodeStats::backlog_full`], summed.
     pub backlog_full: u64,
+    /// [`rpc::delegation::node::NodeStats::wait_timeouts`], summed.
     pub wait_timeouts: u64,
+    /// [`rpc::delegation::node::NodeStats::bad_requests`], summed.
     pub bad_requests: u64,
+    /// [`rpc::delegation::node::NodeStats::oversized_responses`], summed.
     pub oversized_responses: u64,
+    /// [`rpc::delegation::node::NodeStats::unroutable`], summed.
     pub unroutable: u64,
+    /// [`rpc::delegation::node::NodeStats::failed_calls`], summed.
     pub failed_calls: u64,
+    /// [`rpc::delegation::node::NodeStats::corrupt_responses`], summed.
     pub corrupt_responses: u64,
+    /// [`rpc::delegation::node::NodeStats::dropped_replies`], summed.
     pub dropped_replies: u64,
 }
 
@@ -339,15 +393,19 @@ pub struct Summary {
     /// Operations completed inside the measured runs, all ranks (`ops` also counts the
     /// warm-up and the calls drained after the stop).
     pub measured_ops: u64,
-    /// Daemons and clients were pinned to cores; else why not.
+    /// Daemons and clients were pinned to cores.
     pub pinned: bool,
+    /// Why they were not pinned (empty when they were).
     pub pin_note: String,
-    /// Latency percentiles over all operations, microseconds.
+    /// Median latency over all operations, µs.
     pub p50_us: f64,
+    /// 99th percentile latency over all operations, µs.
     pub p99_us: f64,
+    /// 99.9th percentile latency over all operations, µs.
     pub p999_us: f64,
-    /// Gets issued, and of them the ones that found a value.
+    /// Gets issued.
     pub gets: u64,
+    /// Of `gets`, the ones that found a value.
     #[serde(rename = "get_hits")]
     pub hits: u64,
     /// Failed operations: error responses, implausible reads, calls expired.
@@ -381,14 +439,17 @@ pub struct Summary {
     pub max_us: f64,
     /// Requests the daemons of each rank executed, by rank.
     pub rank_served: Vec<u64>,
-    /// Operations on the client's own rank, and on another.
+    /// Operations on the client's own rank.
     pub ops_local: u64,
+    /// Operations on another rank than the client's.
     pub ops_remote: u64,
-    /// Latency percentiles of the remote operations, microseconds.
+    /// Median latency of the remote operations, µs.
     pub remote_p50_us: f64,
+    /// 99th percentile latency of the remote operations, µs.
     pub remote_p99_us: f64,
-    /// Operations, and millions of operations per second, by rank.
+    /// Operations completed, by rank.
     pub rank_ops: Vec<u64>,
+    /// Millions of operations per second, by rank.
     pub rank_mops: Vec<f64>,
     /// Of `check_samples`, keys written from another rank than their owner.
     #[serde(rename = "check_samples_remote")]
@@ -630,8 +691,11 @@ pub fn median(v: &[f64]) -> Option<f64> {
 /// How [`print_summaries`] prints: `--json`, `--csv`, or text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
+    /// Human-readable text ([`text`]), the default.
     Text,
+    /// One JSON object per run (`--json`, [`json`]).
     Json,
+    /// One CSV header, then one row per run (`--csv`, [`CsvRow`]).
     Csv,
 }
 
@@ -786,43 +850,81 @@ pub fn json(s: &Summary) -> String {
 /// joined by `;`.
 #[derive(Debug, Serialize)]
 pub struct CsvRow<'a> {
+    /// [`Summary::transport`].
     pub transport: &'a str,
+    /// [`Summary::daemons`].
     pub daemons: usize,
+    /// [`Summary::clients`].
     pub clients: usize,
+    /// [`Summary::qd`].
     pub qd: usize,
+    /// [`Summary::read_ratio`], as printed.
     pub read_ratio: String,
+    /// [`Summary::keys`].
     pub keys: u64,
+    /// [`Summary::dist`].
     pub dist: &'a str,
+    /// [`Summary::secs`], 3 decimals.
     pub seconds: String,
+    /// [`Summary::ops`].
     pub ops: u64,
+    /// [`Summary::mops`], 4 decimals.
     pub mops: String,
+    /// [`Summary::p50_us`], 2 decimals.
     pub p50_us: String,
+    /// [`Summary::p99_us`], 2 decimals.
     pub p99_us: String,
+    /// [`Summary::p999_us`], 2 decimals.
     pub p999_us: String,
+    /// [`Summary::gets`].
     pub gets: u64,
+    /// [`Summary::hits`].
     pub get_hits: u64,
+    /// [`Summary::errors`].
     pub errors: u64,
+    /// [`Summary::checked`].
     pub check_samples: usize,
+    /// [`Summary::mismatches`].
     pub check_mismatches: usize,
+    /// [`Summary::pass`].
     pub check_passed: bool,
+    /// [`Summary::ranks`].
     pub ranks: usize,
+    /// [`Summary::backend`].
     pub backend: &'a str,
+    /// [`Summary::ops_local`].
     pub ops_local: u64,
+    /// [`Summary::ops_remote`].
     pub ops_remote: u64,
+    /// [`Summary::remote_p50_us`], 2 decimals.
     pub remote_p50_us: String,
+    /// [`Summary::remote_p99_us`], 2 decimals.
     pub remote_p99_us: String,
+    /// [`Summary::rank_mops`], 4 decimals each, joined by `;`.
     pub rank_mops: String,
+    /// [`Forward::forwarded`] of [`Summary::forward`] (0 without delegates).
     pub forwarded: u64,
+    /// [`Forward::remote_served`] of [`Summary::forward`] (0 without delegates).
     pub remote_served: u64,
+    /// [`Forward::handed_off`] of [`Summary::forward`] (0 without delegates).
     pub handed_off: u64,
+    /// [`Forward::unroutable`] of [`Summary::forward`] (0 without delegates).
     pub unroutable: u64,
+    /// [`Forward::failed_calls`] of [`Summary::forward`] (0 without delegates).
     pub failed_calls: u64,
+    /// [`Forward::corrupt_responses`] of [`Summary::forward`] (0 without delegates).
     pub corrupt_responses: u64,
+    /// [`Forward::ring_full_retries`] of [`Summary::forward`] (0 without delegates).
     pub ring_full_retries: u64,
+    /// [`Summary::max_us`], 2 decimals.
     pub max_us: String,
+    /// [`Summary::rank_served`], joined by `;`.
     pub rank_served: String,
+    /// [`Summary::mpi`].
     pub mpi: bool,
+    /// [`Summary::value_size`].
     pub value_size: &'a str,
+    /// [`Summary::key_size`].
     pub key_size: &'a str,
 }
 

@@ -10,9 +10,12 @@ use rand_distr::{Distribution, Zipf};
 
 use crate::config::*;
 
+/// Key distribution (`--dist`).
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dist {
+    /// Every key of the range equally likely.
     Uniform,
+    /// Zipfian over the key range, exponent `--theta` (`rand_distr::Zipf`).
     Zipf,
 }
 

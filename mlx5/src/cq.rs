@@ -58,7 +58,8 @@ pub struct CompletionQueue {
 unsafe impl Send for CompletionQueue {}
 
 impl CompletionQueue {
-    /// Builds the driver on provider memory.
+    /// Builds the driver on provider memory. Safe: the memory's validity is the contract of
+    /// [`CqMem::new`], and `mem` keeps its owner alive as long as the queue.
     ///
     /// # Panics
     /// If `mem.cqe_cnt` is not a power of two (a provider bug: the memory contract of
@@ -385,11 +386,12 @@ mod tests {
                 // SAFETY: inside the buffer.
                 unsafe { buf.as_mut_ptr().add(i * 64 + 63).write(OP_OWN_INVALID) };
             }
-            let cq = CompletionQueue::new(CqMem {
-                buf: buf.as_non_null(),
-                cqe_cnt: cnt,
-                dbrec: db.as_non_null().cast(),
-                cqn: 3,
+            // SAFETY: `cnt` CQEs initialised invalid above and a 64-byte doorbell record, in
+            // test buffers that the returned `Ring` keeps alive beside the queue (the tests
+            // drop the queue first or never use it after the ring) and that only the queue and
+            // the test's stand-in device use.
+            let cq = CompletionQueue::new(unsafe {
+                CqMem::new(buf.as_non_null(), cnt, db.as_non_null().cast(), 3)
             });
             (
                 Ring {

@@ -30,7 +30,8 @@ pub struct RecvQueue {
 }
 
 impl RecvQueue {
-    /// Builds the driver on provider memory.
+    /// Builds the driver on provider memory. Safe: the memory's validity is the contract of
+    /// [`RqMem::new`], and `mem` keeps its owner alive as long as the queue.
     ///
     /// # Panics
     /// If `mem.wqe_cnt` is not a power of two, or `mem.stride < 16 * max_sge` (a provider bug:

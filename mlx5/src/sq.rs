@@ -84,7 +84,8 @@ pub struct SendQueue {
 }
 
 impl SendQueue {
-    /// Builds the driver on provider memory.
+    /// Builds the driver on provider memory. Safe: the memory's validity is the contract of
+    /// [`SqMem::new`], and `mem` keeps its owner alive as long as the queue.
     ///
     /// # Panics
     /// If `mem.wqe_cnt` is not a power of two or exceeds [`MAX_WQE_CNT`] (a provider bug: the
@@ -734,17 +735,18 @@ mod tests {
         let ring = DmaBuf::with_normal_pages(cnt as usize * 64).unwrap();
         let db = DmaBuf::with_normal_pages(8).unwrap();
         let reg = DmaBuf::with_normal_pages(4096).unwrap();
-        let mem = SqMem {
-            buf: ring.as_non_null(),
-            wqe_cnt: cnt,
-            dbrec: db.as_non_null().cast(),
-            max_inline,
-            max_sge: 32,
-            doorbell: Doorbell::Mmio(BlueFlame {
-                reg: reg.as_non_null(),
-                size: bf_size,
-                offset: 0,
-            }),
+        // SAFETY: a ring of `cnt` WQEBBs, an 8-byte doorbell record and a 4 KiB page standing
+        // in for the register (`2 * bf_size <= 4096` in these tests), all page aligned, in
+        // test buffers returned beside the queue and used only by it and the test.
+        let mem = unsafe {
+            SqMem::new(
+                ring.as_non_null(),
+                cnt,
+                db.as_non_null().cast(),
+                max_inline,
+                32,
+                Doorbell::Mmio(BlueFlame::new(reg.as_non_null(), bf_size)),
+            )
         };
         let q = SendQueue::new(mem, 0x1234);
         (ring, db, reg, q)

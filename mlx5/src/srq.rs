@@ -64,6 +64,8 @@ pub struct SharedRecvQueue {
 impl SharedRecvQueue {
     /// Builds the driver on provider memory and links every WQE into the free list
     /// (`i → i + 1 mod wqe_cnt`, head 0, tail `wqe_cnt - 1`), writing each next segment.
+    /// Safe: the memory's validity is the contract of [`SrqMem::new`], and `mem` keeps its
+    /// owner alive as long as the queue.
     ///
     /// # Panics
     /// If `mem.wqe_cnt` is not a power of two in `2..=65536` (WQE indices are 16-bit) or

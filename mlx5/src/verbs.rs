@@ -154,9 +154,11 @@ pub trait Provider: Send + Sync {
     fn alloc_pd(&self) -> Result<Handle>;
     /// Registers `len` bytes at `addr` in `pd`; returns `(handle, lkey, rkey)`.
     ///
-    /// # Safety contract
-    /// The caller keeps the memory alive and mapped until the handle is dropped.
-    fn reg_mr(
+    /// # Safety
+    /// The contract of [`Context::reg_mr`], with the returned handle in the place of the
+    /// [`Mr`]: the device may access the range, as `access` allows, until the handle is
+    /// dropped.
+    unsafe fn reg_mr(
         &self,
         pd: &Handle,
         addr: *mut u8,
@@ -279,13 +281,20 @@ impl Context {
     ///   time, so all of it must stay mapped and reserved for this use until the `Mr` is
     ///   dropped.
     ///
+    /// The post functions of the driver queues are safe and take keys as numbers (the device
+    /// checks each key against its region's PD, bounds and access, PRM "Memory regions"), so
+    /// the first point binds every WQE naming the lkey: hand the lkey only to code that posts
+    /// within these rules.
+    ///
     /// Owning the memory and the `Mr` in one struct, with the `Mr` dropped first, satisfies
     /// both.
     ///
     /// # Errors
     /// The provider's error (e.g. a zero length).
     pub unsafe fn reg_mr(&self, pd: &Pd, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
-        let (handle, lkey, rkey) = self.provider.reg_mr(&pd.handle, addr, len, access)?;
+        // SAFETY: our caller's contract, which is the provider's; the handle lives in the
+        // returned `Mr`.
+        let (handle, lkey, rkey) = unsafe { self.provider.reg_mr(&pd.handle, addr, len, access)? };
         Ok(Mr {
             _handle: handle,
             addr: addr as u64,

@@ -141,11 +141,11 @@ fn hw_queue_memory_is_what_the_driver_expects() {
     let pd = ctx.alloc_pd().expect("alloc_pd");
     let cq = ctx.create_cq(100).expect("create_cq");
     let mem = cq.cq.mem();
-    assert!(mem.cqe_cnt.is_power_of_two() && mem.cqe_cnt > 100);
+    assert!(mem.cqe_cnt().is_power_of_two() && mem.cqe_cnt() > 100);
     // rdma-core initialises every entry to opcode INVALID.
-    for i in 0..mem.cqe_cnt as usize {
+    for i in 0..mem.cqe_cnt() as usize {
         // SAFETY: the CQ buffer holds cqe_cnt 64-byte entries.
-        let op_own = unsafe { *mem.buf.as_ptr().add(i * 64 + 63) };
+        let op_own = unsafe { *mem.buf().as_ptr().add(i * 64 + 63) };
         assert_eq!(
             op_own >> 4,
             CqeOpcode::Invalid as u8,
@@ -155,17 +155,17 @@ fn hw_queue_memory_is_what_the_driver_expects() {
     let srq = ctx.create_srq(&pd, 64, 2).expect("create_srq");
     let m = srq.srq.mem();
     assert!(
-        m.wqe_cnt.is_power_of_two() && m.wqe_cnt > 64,
+        m.wqe_cnt().is_power_of_two() && m.wqe_cnt() > 64,
         "SRQ wqe_cnt {}",
-        m.wqe_cnt
+        m.wqe_cnt()
     );
-    assert!(m.max_sge >= 2 && m.stride as usize >= 16 + 16 * m.max_sge as usize);
+    assert!(m.max_sge() >= 2 && m.stride() as usize >= 16 + 16 * m.max_sge() as usize);
     let qp = rc_qp(&ctx, &pd, &cq);
     let sq = qp.sq.mem();
-    assert!(sq.wqe_cnt.is_power_of_two() && sq.wqe_cnt >= 256);
-    assert!(sq.max_inline >= 64, "max_inline {}", sq.max_inline);
+    assert!(sq.wqe_cnt().is_power_of_two() && sq.wqe_cnt() >= 256);
+    assert!(sq.max_inline() >= 64, "max_inline {}", sq.max_inline());
     let rq = qp.rq.as_ref().expect("RQ").mem();
-    assert!(rq.wqe_cnt >= 256 && rq.stride >= 16);
+    assert!(rq.wqe_cnt() >= 256 && rq.stride() >= 16);
     let srq_qp = ctx
         .create_qp(
             &pd,

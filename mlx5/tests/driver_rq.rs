@@ -23,7 +23,7 @@ fn seg(buf: &mlx5::mem::DmaBuf, stride: u32, slot: u32, i: usize) -> DataSeg {
 #[test]
 fn wqe_layout_with_terminator() {
     let (buf, db, mem) = rq_mem(8, 4);
-    let stride = mem.stride;
+    let stride = mem.stride();
     assert_eq!(stride, 64);
     let mut rq = RecvQueue::new(mem);
     for n in 0..=4u32 {

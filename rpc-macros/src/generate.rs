@@ -1034,9 +1034,12 @@ fn gen_client_type(svc: &Service, names: &Names) -> TokenStream {
         ..
     } = names;
     let name = &svc.name;
-    let transport = &svc.transport;
-    let transport_name = &svc.transport_name;
-    let transport_path = format!("rpc::{}", transport.to_string().replace(' ', ""));
+    let transport = &svc.transport.ty;
+    let transport_written = &svc.transport.written;
+    let transport_path = &svc.transport.doc_path;
+    // The bound carries the path's span: a default that does not implement the trait is
+    // reported on the path the user wrote.
+    let transport_bound = quote_spanned!(svc.transport.span=> ::rpc::ClientTransport);
 
     let blocking = svc
         .methods
@@ -1044,7 +1047,7 @@ fn gen_client_type(svc: &Service, names: &Names) -> TokenStream {
         .map(|m| gen_blocking_stub(svc, names, m, false));
     let client_doc = docs(&format!(
         "Client of the `{name}` RPC service over transport `T` (default\n\
-         [`{transport_path}`], from `#[rpc_service(transport = \"{transport_name}\")]`; name\n\
+         [`{transport_path}`], from `#[rpc_service(transport = {transport_written})]`; name\n\
          another `rpc::ClientTransport` to run the same service over it).\n\
          \n\
          Every method has a blocking form, `client.method(args)?`, which sends the request and\n\
@@ -1056,20 +1059,20 @@ fn gen_client_type(svc: &Service, names: &Names) -> TokenStream {
          `RpcError::DeadlineExceeded` if it passes first."
     ));
     let connect_doc = docs(&format!(
-        "Connects to a `{name}` server at `addr` (for the delegation transport, the shared-memory\n\
-         ring's name; for copyrpc, a `CopyrpcAddr`; for scalerpc, a `ScaleRpcAddr`; for erpc over\n\
-         UDP, the server's `SocketAddr`), checking\n\
-         this build's schema fingerprint and message sizes against the server's.\n\
+        "Connects to a `{name}` server at `addr` (the transport's `ClientTransport::Addr`: see\n\
+         the transport's docs), checking this build's schema fingerprint and message sizes\n\
+         against the server's.\n\
          \n\
          # Errors\n\
          `RpcError::SchemaMismatch` if the server was built from a different `{name}` trait;\n\
-         `RpcError::CapacityMismatch`; and the transport's own setup errors."
+         `RpcError::CapacityMismatch`; and the transport's own setup errors\n\
+         (`RpcError::Transport`)."
     ));
     let from_transport_doc = docs(&format!(
         "Wraps a transport already connected to a `{name}` server, e.g. one built from endpoint\n\
-         information exchanged by an MPI bootstrap (`rpc::copyrpc::Copyrpc::from_context`,\n\
-         `rpc::scalerpc::ScaleRpc::from_client`, `rpc::erpc::Erpc::from_endpoint`). The transport's constructor must have checked\n\
-         this service's schema fingerprint and message sizes, as [`Self::connect`] does."
+         information exchanged by an MPI bootstrap (through the transport's own constructor).\n\
+         The transport's constructor must have checked this service's schema fingerprint and\n\
+         message sizes, as [`Self::connect`] does."
     ));
     let issue_fn_doc = docs(&format!(
         "Starts a pipelined call tagged `tag`: call one method on the returned [`{issue}`], e.g.\n\
@@ -1102,7 +1105,7 @@ fn gen_client_type(svc: &Service, names: &Names) -> TokenStream {
     );
     quote! {
         #client_doc
-        #vis struct #client<__RpcT: ::rpc::ClientTransport = ::rpc::#transport> {
+        #vis struct #client<__RpcT: #transport_bound = #transport> {
             inner: ::rpc::Client<#service, __RpcT>,
         }
 

@@ -29,11 +29,16 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// # Arguments
-/// - `transport = "..."` (required): the default transport of the generated client.
-///   Available: `delegation` (`rpc::delegation::Delegation`), `copyrpc`
-///   (`rpc::copyrpc::Copyrpc`), `scalerpc` (`rpc::scalerpc::ScaleRpc`), `erpc`
-///   (`rpc::erpc::Erpc`, over UDP by default or the mlx5 UD transport) and `ipc`
-///   (`rpc::ipc::Ipc`, per-client shared-memory rings).
+/// - `transport = "..."` or `transport = path::To::Type` (required): the default transport
+///   of the generated client (`KvClient` is `KvClient<Type>`; `KvClient<T>` runs the same
+///   service over any other transport `T`). A string names a built-in transport:
+///   `delegation` (`rpc::delegation::Delegation`), `copyrpc` (`rpc::copyrpc::Copyrpc`),
+///   `scalerpc` (`rpc::scalerpc::ScaleRpc`), `erpc` (`rpc::erpc::Erpc`, over UDP by default
+///   or the mlx5 UD transport) and `ipc` (`rpc::ipc::Ipc`, per-client shared-memory rings).
+///   A path (unquoted, without generic arguments: name a generic type through a type alias)
+///   names any type implementing `rpc::ClientTransport`, e.g. one defined by the user; the
+///   compiler reports on the path a type that does not implement it. A transport's own
+///   errors reach the caller as `rpc::RpcError::Transport`.
 /// - `derive(...)` (optional): extra derives for the argument structs and the request and
 ///   response enums (`Clone`, `Copy` and the zerocopy traits are always derived).
 /// - `max_var_bytes = N` (optional, default `rpc::varlen::DEFAULT_MAX_VAR_BYTES`, 4096):
@@ -61,7 +66,8 @@ use proc_macro::TokenStream;
 ///   variable-length arguments from the request, writes the result into the reply buffer),
 ///   and `impl rpc::Service` with the wire codec and the `DESCRIPTOR` (names, types, sizes,
 ///   fingerprint).
-/// - `struct KvClient<T: rpc::ClientTransport = Transport>`: `connect`, one blocking method
+/// - `struct KvClient<T: rpc::ClientTransport = Default>` (`Default`: the `transport`
+///   argument's type): `connect`, one blocking method
 ///   per RPC (`client.get(rank, key)?`), for a variable-length result also a lending one
 ///   (`client.get_with(key, |view| ..)?`, the result borrowed from the receive buffer),
 ///   `issue(tag)` returning `KvIssue` with one pipelined method per RPC

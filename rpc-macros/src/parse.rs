@@ -58,10 +58,18 @@ impl Errors {
     }
 }
 
+/// The `transport` argument as written.
+pub enum TransportArg {
+    /// A built-in transport's name: `transport = "delegation"`.
+    Name(LitStr),
+    /// The path of a type implementing `rpc::ClientTransport`: `transport = my::Loopback`.
+    Path(Path),
+}
+
 /// The arguments of `#[rpc_service(...)]`, as written.
 pub struct AttrArgs {
-    /// `transport = "..."`, if given.
-    pub transport: Option<LitStr>,
+    /// `transport = "..."` or `transport = path::To::Type`, if given.
+    pub transport: Option<TransportArg>,
     /// Whether a `transport` argument was written at all (even a malformed one, already
     /// reported, so it is not also reported as missing).
     pub transport_written: bool,
@@ -71,6 +79,9 @@ pub struct AttrArgs {
     /// default, `rpc::varlen::DEFAULT_MAX_VAR_BYTES`).
     pub max_var_bytes: Option<syn::LitInt>,
 }
+
+/// What `transport = ...` accepts, for errors.
+const TRANSPORT_FORMS: &str = "`transport` takes a built-in transport's name as a string, e.g. `transport = \"delegation\"`, or the path of a type implementing `rpc::ClientTransport`, e.g. `transport = my_crate::Loopback` (write a generic type through a type alias)";
 
 /// Parses the attribute's arguments, recording every problem in `errors`.
 pub fn parse_attr(attr: TokenStream, errors: &mut Errors) -> AttrArgs {
@@ -108,16 +119,16 @@ pub fn parse_attr(attr: TokenStream, errors: &mut Errors) -> AttrArgs {
                     continue;
                 }
                 match &nv.value {
-                    Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => out.transport = Some(s.clone()),
-                    other => errors.error_spanned(
-                        other,
-                        "`transport` takes a string literal, e.g. `transport = \"delegation\"`",
-                    ),
+                    Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => {
+                        out.transport = Some(TransportArg::Name(s.clone()))
+                    }
+                    Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => {
+                        out.transport = Some(TransportArg::Path(p.path.clone()))
+                    }
+                    other => errors.error_spanned(other, TRANSPORT_FORMS),
                 }
             }
-            (Some("transport"), _) => {
-                errors.error_spanned(&meta, "expected `transport = \"...\"`, e.g. `transport = \"delegation\"`")
-            }
+            (Some("transport"), _) => errors.error_spanned(&meta, TRANSPORT_FORMS),
             (Some("derive"), Meta::List(list)) => {
                 if derive_seen {
                     errors.error_spanned(&list.path, "duplicate `derive(...)` argument");
@@ -157,7 +168,7 @@ pub fn parse_attr(attr: TokenStream, errors: &mut Errors) -> AttrArgs {
             _ => errors.error_spanned(
                 meta.path(),
                 format!(
-                    "unknown `#[rpc_service]` argument `{}`; expected `transport = \"...\"`, `derive(...)` or `max_var_bytes = N`",
+                    "unknown `#[rpc_service]` argument `{}`; expected `transport = \"...\"` (or `transport = path::To::Type`), `derive(...)` or `max_var_bytes = N`",
                     normalize_tokens(meta.path().to_token_stream())
                 ),
             ),

@@ -6,7 +6,7 @@ use quote::quote;
 
 use crate::expand::expand;
 use crate::generate::{doc_lowered, lower_expr, lowered, raise_expr};
-use crate::parse::{Errors, WireTy, normalize_tokens, parse_attr};
+use crate::parse::{Errors, TransportArg, WireTy, normalize_tokens, parse_attr};
 use crate::validate::{CLIENT_METHODS, type_text};
 
 fn classify(ty: TokenStream) -> Result<WireTy, String> {
@@ -393,7 +393,7 @@ fn attribute_arguments() {
         &mut errors,
     );
     assert!(errors.finish().is_ok());
-    assert_eq!(args.transport.unwrap().value(), "delegation");
+    assert!(matches!(args.transport, Some(TransportArg::Name(s)) if s.value() == "delegation"));
     assert_eq!(args.derives.len(), 2);
 
     let item = quote!(
@@ -405,7 +405,9 @@ fn attribute_arguments() {
     let e = errors_of(quote!(transport = "foo"), item.clone());
     assert_eq!(
         e,
-        ["unknown transport `foo`; available: delegation, copyrpc, erpc, scalerpc, ipc"]
+        [
+            "unknown transport `foo`; built-in transports: delegation, copyrpc, erpc, scalerpc, ipc (another transport is named by its type's path, unquoted: `transport = path::To::Type`)"
+        ]
     );
     for t in ["delegation", "copyrpc", "erpc", "scalerpc", "ipc"] {
         assert!(errors_of(quote!(transport = #t), item.clone()).is_empty());
@@ -418,9 +420,30 @@ fn attribute_arguments() {
         e[0].starts_with("unknown `#[rpc_service]` argument `colour`"),
         "{e:?}"
     );
+    // Any type path names a transport (the compiler checks that it implements
+    // `rpc::ClientTransport`); a bare built-in name is a forgotten pair of quotes.
+    for t in [
+        quote!(Loopback),
+        quote!(crate::transports::Loopback),
+        quote!(::other::Loopback),
+    ] {
+        assert!(errors_of(quote!(transport = #t), item.clone()).is_empty());
+    }
     let e = errors_of(quote!(transport = delegation), item.clone());
+    assert_eq!(
+        e,
+        [
+            "built-in transports are named by a string: write `transport = \"delegation\"` (an unquoted path names a type implementing `rpc::ClientTransport`)"
+        ]
+    );
+    let e = errors_of(quote!(transport = Loopback::<u8>), item.clone());
     assert!(
-        e[0].starts_with("`transport` takes a string literal"),
+        e[0].starts_with("`transport` takes a type path without generic arguments"),
+        "{e:?}"
+    );
+    let e = errors_of(quote!(transport = 42), item.clone());
+    assert!(
+        e[0].starts_with("`transport` takes a built-in transport's name as a string"),
         "{e:?}"
     );
     let e = errors_of(

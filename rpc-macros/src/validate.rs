@@ -4,14 +4,15 @@
 
 use heck::{ToShoutySnakeCase, ToUpperCamelCase};
 use proc_macro2::{Span, TokenStream};
-use quote::quote;
+use quote::{ToTokens, quote};
 use syn::ext::IdentExt;
 use syn::{Attribute, FnArg, Ident, Pat, Path, ReturnType, Signature, TraitItem, Type, Visibility};
 
-use crate::parse::{AttrArgs, Errors, WireTy, normalize_tokens};
+use crate::parse::{AttrArgs, Errors, TransportArg, WireTy, normalize_tokens};
 
-/// Transports the attribute may name, with the path of their client transport type
-/// (relative to `::rpc`).
+/// Built-in transports the attribute may name by a string (`transport = "copyrpc"`), with
+/// the path of their client transport type relative to `::rpc`. Any other transport is named
+/// by its type's path (`transport = my_crate::Loopback`).
 pub const TRANSPORTS: &[(&str, &str)] = &[
     ("delegation", "delegation::Delegation"),
     ("copyrpc", "copyrpc::Copyrpc"),
@@ -69,16 +70,28 @@ pub struct Service {
     pub ident: Ident,
     /// The trait's name without `r#`.
     pub name: String,
-    /// Path of the default client transport, relative to `::rpc` (`delegation::Delegation`).
-    pub transport: TokenStream,
-    /// The transport's name as written in the attribute.
-    pub transport_name: String,
+    /// The default client transport.
+    pub transport: DefaultTransport,
     /// Extra derives for the argument structs and the request/response enums.
     pub derives: Vec<Path>,
     /// `max_var_bytes = N` as written, if given.
     pub max_var_bytes: Option<syn::LitInt>,
     /// Methods in declaration order.
     pub methods: Vec<Method>,
+}
+
+/// The default client transport, from `transport = ...`.
+pub struct DefaultTransport {
+    /// The type: `::rpc::delegation::Delegation` for a built-in name, the path as written
+    /// otherwise (with its spans, so that a path that does not resolve is reported on it).
+    pub ty: TokenStream,
+    /// Span of the `rpc::ClientTransport` bound on the default: the path's, if one was
+    /// given, so that a type not implementing the trait is reported on the path.
+    pub span: Span,
+    /// The argument as written, for docs: `"delegation"` (with the quotes) or the path.
+    pub written: String,
+    /// The type's path for an intra-doc link: `rpc::delegation::Delegation`, or the path.
+    pub doc_path: String,
 }
 
 /// A validated method.
@@ -209,14 +222,13 @@ pub fn validate(attr: AttrArgs, item: syn::ItemTrait, mut errors: Errors) -> syn
     check_with_stubs(&methods, &name, &mut errors);
 
     errors.finish()?;
-    let (transport, transport_name) = transport.expect("no transport error recorded");
+    let transport = transport.expect("no transport error recorded");
     Ok(Service {
         attrs: item.attrs,
         vis: item.vis,
         ident: item.ident,
         name,
         transport,
-        transport_name,
         derives: attr.derives,
         max_var_bytes: attr.max_var_bytes,
         methods,
@@ -362,35 +374,77 @@ fn check_with_stubs(methods: &[Method], name: &str, errors: &mut Errors) {
     }
 }
 
-fn check_transport(attr: &AttrArgs, errors: &mut Errors) -> Option<(TokenStream, String)> {
+fn check_transport(attr: &AttrArgs, errors: &mut Errors) -> Option<DefaultTransport> {
     let available: Vec<&str> = TRANSPORTS.iter().map(|(name, _)| *name).collect();
     let available = available.join(", ");
-    let Some(lit) = &attr.transport else {
-        if attr.transport_written {
-            return None; // malformed, and reported as such
+    let lit = match &attr.transport {
+        Some(TransportArg::Name(lit)) => lit,
+        Some(TransportArg::Path(path)) => return check_transport_path(path, errors),
+        None => {
+            if !attr.transport_written {
+                errors.error(
+                    Span::call_site(),
+                    format!(
+                        "missing transport: write `#[rpc_service(transport = \"delegation\")]` (built-in transports: {available}; or `transport = path::To::Type` for a type implementing `rpc::ClientTransport`)"
+                    ),
+                );
+            } // else malformed, and reported as such
+            return None;
         }
-        errors.error(
-            Span::call_site(),
-            format!(
-                "missing transport: write `#[rpc_service(transport = \"delegation\")]` (available transports: {available})"
-            ),
-        );
-        return None;
     };
     let value = lit.value();
     match TRANSPORTS.iter().find(|(name, _)| *name == value) {
         Some((_, path)) => {
-            let path: TokenStream = path.parse().expect("valid transport path");
-            Some((path, value))
+            let rel: TokenStream = path.parse().expect("valid transport path");
+            Some(DefaultTransport {
+                ty: quote!(::rpc::#rel),
+                span: Span::call_site(),
+                written: format!("{value:?}"),
+                doc_path: format!("rpc::{path}"),
+            })
         }
         None => {
             errors.error_spanned(
                 lit,
-                format!("unknown transport `{value}`; available: {available}"),
+                format!(
+                    "unknown transport `{value}`; built-in transports: {available} (another transport is named by its type's path, unquoted: `transport = path::To::Type`)"
+                ),
             );
             None
         }
     }
+}
+
+/// `transport = path::To::Type`: any type implementing `rpc::ClientTransport` (checked by
+/// the compiler, on the path); a bare built-in name (`transport = copyrpc`) is a forgotten
+/// pair of quotes.
+fn check_transport_path(path: &Path, errors: &mut Errors) -> Option<DefaultTransport> {
+    if let Some(ident) = path.get_ident() {
+        let name = ident.unraw().to_string();
+        if TRANSPORTS.iter().any(|(n, _)| *n == name) {
+            errors.error_spanned(
+                path,
+                format!(
+                    "built-in transports are named by a string: write `transport = \"{name}\"` (an unquoted path names a type implementing `rpc::ClientTransport`)"
+                ),
+            );
+            return None;
+        }
+    }
+    if let Some(seg) = path.segments.iter().find(|s| !s.arguments.is_none()) {
+        errors.error_spanned(
+            &seg.arguments,
+            "`transport` takes a type path without generic arguments: name a generic type through a type alias",
+        );
+        return None;
+    }
+    let written = normalize_tokens(path.to_token_stream());
+    Some(DefaultTransport {
+        ty: path.to_token_stream(),
+        span: syn::spanned::Spanned::span(path),
+        doc_path: written.clone(),
+        written,
+    })
 }
 
 /// Validates one trait method (seeds' "one wire struct per method" model): every check runs

@@ -108,29 +108,14 @@ pub enum RpcError {
     /// was dropped and counted.
     #[error("reply dropped: {0}")]
     ReplyDropped(&'static str),
-    /// Setting up the delegation ring failed (create/attach). Boxed: setup errors are rare
-    /// and large, and `RpcError` travels in every call's `Result`.
+    /// The transport failed in its own terms: setting up a client or server failed (device
+    /// or socket error, bad configuration, connect timeout, a refusal for a reason other
+    /// than schema or capacity), or the transport found the peer faulty. The transport's own
+    /// error is inside, type-erased so that the core names no transport: get it back with
+    /// [`RpcError::transport`] (e.g. `e.transport::<rpc::copyrpc::CopyrpcSetupError>()`);
+    /// each transport's docs say which type it puts here. Displays as that error.
     #[error(transparent)]
-    Ring(Box<crate::delegation::RingError>),
-    /// Setting up a copyrpc client or server failed (device error, connect timeout, bad
-    /// configuration, refused for a reason other than schema or capacity). Boxed like
-    /// [`RpcError::Ring`].
-    #[error(transparent)]
-    Copyrpc(Box<crate::copyrpc::CopyrpcSetupError>),
-    /// Setting up a ScaleRPC client or server failed (device error, connect timeout, bad
-    /// configuration, refused for a reason other than schema or capacity). Boxed like
-    /// [`RpcError::Ring`].
-    #[error(transparent)]
-    Scalerpc(Box<crate::scalerpc::ScaleRpcSetupError>),
-    /// Setting up an eRPC client or server failed (socket or device error, bad configuration,
-    /// no answer or refusal at connect for a reason other than schema or capacity, connect
-    /// timeout). Boxed like [`RpcError::Ring`].
-    #[error(transparent)]
-    Erpc(Box<crate::erpc::ErpcSetupError>),
-    /// Setting up an ipc client or server failed, or the server found this client's rings
-    /// corrupt ([`crate::ipc::IpcError::ClientFault`]). Boxed like [`RpcError::Ring`].
-    #[error(transparent)]
-    Ipc(Box<crate::ipc::IpcError>),
+    Transport(TransportError),
 }
 
 /// Which kind of message a capacity applies to.
@@ -206,49 +191,107 @@ impl std::fmt::Display for Fix<'_> {
     }
 }
 
-impl From<crate::delegation::RingError> for RpcError {
+/// A transport's own error inside [`RpcError::Transport`]: the name of the transport that
+/// raised it and the error itself, type-erased. Displays as the error (its `source` is the
+/// error's source); boxed, because setup errors are rare and large and `RpcError` travels
+/// in every call's `Result`.
+///
+/// A transport outside this crate wraps its errors the same way:
+/// `RpcError::from(TransportError::new("loopback", my_error))`.
+pub struct TransportError {
+    transport: &'static str,
+    error: Box<dyn std::error::Error + Send + Sync + 'static>,
+}
+
+impl TransportError {
+    /// Wraps `error`, raised by the transport named `transport` (e.g. `"copyrpc"`).
     #[cold]
-    fn from(e: crate::delegation::RingError) -> Self {
-        RpcError::Ring(Box::new(e))
+    pub fn new(
+        transport: &'static str,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        TransportError {
+            transport,
+            error: error.into(),
+        }
+    }
+
+    /// The name of the transport that raised the error.
+    pub fn transport(&self) -> &'static str {
+        self.transport
+    }
+
+    /// The error, if it is an `E`.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.error.downcast_ref::<E>()
+    }
+
+    /// The error, if it is an `E`; `self` back otherwise.
+    pub fn downcast<E: std::error::Error + 'static>(self) -> Result<Box<E>, Self> {
+        let TransportError { transport, error } = self;
+        error
+            .downcast::<E>()
+            .map_err(|error| TransportError { transport, error })
+    }
+
+    /// The error, type-erased.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.error
+    }
+
+    /// The error, type-erased and owned.
+    pub fn into_inner(self) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self.error
     }
 }
 
-impl From<crate::ipc::IpcError> for RpcError {
-    #[cold]
-    fn from(e: crate::ipc::IpcError) -> Self {
-        RpcError::Ipc(Box::new(e))
+impl std::fmt::Debug for TransportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("TransportError")
+            .field(&self.transport)
+            .field(&self.error)
+            .finish()
     }
 }
 
-impl From<crate::copyrpc::CopyrpcSetupError> for RpcError {
-    #[cold]
-    fn from(e: crate::copyrpc::CopyrpcSetupError) -> Self {
-        RpcError::Copyrpc(Box::new(e))
+impl std::fmt::Display for TransportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.error, f)
     }
 }
 
-impl From<crate::copyrpc::SetupError> for RpcError {
-    #[cold]
-    fn from(e: crate::copyrpc::SetupError) -> Self {
-        RpcError::Copyrpc(Box::new(crate::copyrpc::CopyrpcSetupError::Core(e)))
+impl std::error::Error for TransportError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
     }
 }
 
-impl From<crate::scalerpc::ScaleRpcSetupError> for RpcError {
+impl From<TransportError> for RpcError {
     #[cold]
-    fn from(e: crate::scalerpc::ScaleRpcSetupError) -> Self {
-        RpcError::Scalerpc(Box::new(e))
-    }
-}
-
-impl From<crate::scalerpc::ScaleError> for RpcError {
-    #[cold]
-    fn from(e: crate::scalerpc::ScaleError) -> Self {
-        RpcError::Scalerpc(Box::new(crate::scalerpc::ScaleRpcSetupError::Core(e)))
+    fn from(e: TransportError) -> Self {
+        RpcError::Transport(e)
     }
 }
 
 impl RpcError {
+    /// Wraps `error`, raised by the transport named `transport`, as [`RpcError::Transport`].
+    #[cold]
+    pub fn from_transport(
+        transport: &'static str,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        RpcError::Transport(TransportError::new(transport, error))
+    }
+
+    /// The transport's own error inside [`RpcError::Transport`], if this is one and it is an
+    /// `E` (e.g. `rpc::scalerpc::ScaleRpcSetupError`); `None` for every other error.
+    pub fn transport<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            RpcError::Transport(e) => e.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+
     /// Maps a response decode failure for call `tag` of `method`.
     #[cold]
     pub fn from_wire(tag: u64, method: &'static str, error: WireError) -> Self {

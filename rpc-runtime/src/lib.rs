@@ -13,8 +13,7 @@ pub mod erpc;
 pub mod error;
 pub mod flux;
 pub mod ipc;
-#[doc(hidden)]
-pub mod macro_support;
+mod macro_support;
 mod rc;
 pub mod runner;
 pub mod scalerpc;
@@ -25,12 +24,14 @@ pub mod varlen;
 pub mod wire;
 
 pub use client::{Client, ClientTransport, Completion, DEFAULT_CALLS_IN_FLIGHT};
-pub use error::{LimitSide, MessageKind, RpcError};
+pub use error::{LimitSide, MessageKind, RpcError, TransportError};
 pub use runner::{IdlePolicy, RunError, RunnerConfig, ServerHandle};
 pub use server::{Server, ServerStats, ServerTransport};
 pub use service::{ArgDescriptor, MethodDescriptor, Service, ServiceDescriptor};
 
-/// Items used by code that `#[rpc_service]` generates. Not a stable API.
+/// Items used by code that `#[rpc_service]` generates. Not a stable API: hidden rather than
+/// private because the generated code lives in the user's crate and names these paths
+/// (`::rpc::__private::…`); macro support is reached only through here.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::macro_support::*;

@@ -13,7 +13,10 @@ use rpc_runtime::ipc::{Ipc, IpcError, IpcServer, IpcToken};
 use rpc_runtime::{ClientTransport, RpcError, ServiceDescriptor};
 
 fn is_fault(e: &RpcError) -> bool {
-    matches!(e, RpcError::Ipc(b) if matches!(**b, IpcError::ClientFault { .. }))
+    matches!(
+        e.transport::<IpcError>(),
+        Some(IpcError::ClientFault { .. })
+    )
 }
 
 #[test]

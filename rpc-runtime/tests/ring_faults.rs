@@ -539,6 +539,7 @@ fn lock_header_and_attach(name: &str) -> Result<RingClient, RingError> {
         .write(true)
         .open(shm_file(name))
         .unwrap();
+    // SAFETY: `flock` is a plain C struct of integers, valid when all zero.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = libc::F_WRLCK as libc::c_short;
     fl.l_whence = libc::SEEK_SET as libc::c_short;

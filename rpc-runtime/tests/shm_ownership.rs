@@ -81,6 +81,7 @@ fn attach_refuses_a_ring_file_with_group_or_other_bits() {
                 ..
             } => {
                 assert_eq!(p, &path);
+                // SAFETY: geteuid has no preconditions and cannot fail.
                 assert_eq!(*owner, unsafe { libc::geteuid() });
                 assert_eq!(*mode, bad);
             }

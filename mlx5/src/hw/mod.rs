@@ -690,7 +690,7 @@ impl HwProvider {
     }
 
     fn qp_of<'a>(&self, qp: &'a Handle, want: QpType) -> Result<&'a HwQp> {
-        let qp = downcast::<HwQp>(qp, "QP")?;
+        let qp: &HwQp = downcast::<Arc<HwQp>>(qp, "QP")?;
         if qp.qp_type != want {
             return Err(Error::InvalidArgument(format!(
                 "{:?} transition on a {:?} QP",
@@ -720,7 +720,7 @@ impl Provider for HwProvider {
         }))))
     }
 
-    fn reg_mr(
+    unsafe fn reg_mr(
         &self,
         pd: &Handle,
         addr: *mut u8,
@@ -788,12 +788,14 @@ impl Provider for HwProvider {
                 out.cqe_cnt
             )));
         }
-        let mem = CqMem {
-            buf: nonnull(out.buf.cast::<u8>(), "CQ buffer")?,
-            cqe_cnt: out.cqe_cnt,
-            dbrec: nonnull(out.dbrec, "CQ doorbell record")?,
-            cqn: out.cqn,
-        };
+        let buf = nonnull(out.buf.cast::<u8>(), "CQ buffer")?;
+        let dbrec = nonnull(out.dbrec, "CQ doorbell record")?;
+        // SAFETY: rdma-core's CQ buffer of `cqe_cnt` 64-byte CQEs (checked above; initialised
+        // invalid by the provider) and its doorbell record, valid until `ibv_destroy_cq`,
+        // which runs when the last holder of `obj` drops it; the description holds a clone.
+        // Only the NIC and the driver queue built on the description use them (rdma-core's
+        // own poll path is never called on this CQ).
+        let mem = unsafe { CqMem::new(buf, out.cqe_cnt, dbrec, out.cqn) }.owned_by(obj.clone());
         Ok((Box::new(HwCq(obj)), mem))
     }
 
@@ -837,14 +839,23 @@ impl Provider for HwProvider {
                 out.head, out.tail, out.stride
             )));
         }
-        let mem = SrqMem {
-            buf: nonnull(out.buf.cast::<u8>(), "SRQ buffer")?,
-            wqe_cnt,
-            stride: out.stride,
-            max_sge: (out.stride - 16) / 16,
-            dbrec: nonnull(out.dbrec, "SRQ doorbell record")?,
-            srqn: out.srqn,
-        };
+        let buf = nonnull(out.buf.cast::<u8>(), "SRQ buffer")?;
+        let dbrec = nonnull(out.dbrec, "SRQ doorbell record")?;
+        // SAFETY: rdma-core's SRQ buffer of `wqe_cnt` WQEs of `stride` bytes (layout checked
+        // above) and its doorbell record, valid until `ibv_destroy_srq`, which runs when the
+        // last holder of `obj` drops it; the description holds a clone. Only the NIC and the
+        // driver queue built on the description use them (`ibv_post_srq_recv` is never called).
+        let mem = unsafe {
+            SrqMem::new(
+                buf,
+                wqe_cnt,
+                out.stride,
+                (out.stride - 16) / 16,
+                dbrec,
+                out.srqn,
+            )
+        }
+        .owned_by(obj.clone());
         Ok((Box::new(HwSrq(obj)), mem))
     }
 
@@ -883,14 +894,14 @@ impl Provider for HwProvider {
         // (rdma-core writes the actual capabilities back into `attr.cap`).
         let qp = unsafe { (self.dev.libs.create_qp)(pd.0.pd.as_ptr(), &mut attr) };
         let qp = NonNull::new(qp).ok_or_else(|| null_err("ibv_create_qp"))?;
-        let handle = HwQp {
+        let handle = Arc::new(HwQp {
             qp,
             qp_type: init.qp_type,
             pd: pd.0.clone(),
             _send_cq: send_cq.0.clone(),
             _recv_cq: recv_cq.0.clone(),
             _srq: srq.map(|s| s.0.clone()),
-        };
+        });
         // SAFETY: a live `ibv_qp`; `qp_num` is a public field of the v44 layout.
         let qpn = unsafe { (*qp.as_ptr()).qp_num };
         // SAFETY: zero is a valid value of this plain struct of pointers and integers.
@@ -906,18 +917,29 @@ impl Provider for HwProvider {
             )));
         }
         let dbrec = nonnull(out.dbrec, "QP doorbell record")?;
-        let sq = SqMem {
-            buf: nonnull(out.sq.buf.cast::<u8>(), "send queue buffer")?,
-            wqe_cnt: out.sq.wqe_cnt,
-            dbrec,
-            max_inline: attr.cap.max_inline_data,
-            max_sge: attr.cap.max_send_sge,
-            doorbell: Doorbell::Mmio(BlueFlame {
-                reg: nonnull(out.bf.reg.cast::<u8>(), "BlueFlame register")?,
-                size: out.bf.size,
-                offset: 0,
-            }),
-        };
+        let sq_buf = nonnull(out.sq.buf.cast::<u8>(), "send queue buffer")?;
+        let bf = BlueFlame::new(
+            nonnull(out.bf.reg.cast::<u8>(), "BlueFlame register")?,
+            out.bf.size,
+        );
+        // SAFETY: rdma-core's send queue of `wqe_cnt` 64-byte WQEBBs (checked above), the QP's
+        // doorbell record and its BlueFlame register (two buffers of `bf.size` bytes in the
+        // context's UAR page), valid until `ibv_destroy_qp` (the UAR: until the context
+        // closes, which the QP's PD keeps open); that runs when the last holder of `handle`
+        // drops it, and the description holds a clone. Only the NIC and the driver queue
+        // built on the description use them (`ibv_post_send` is never called); the limits
+        // are the capabilities rdma-core created the QP with.
+        let sq = unsafe {
+            SqMem::new(
+                sq_buf,
+                out.sq.wqe_cnt,
+                dbrec,
+                attr.cap.max_inline_data,
+                attr.cap.max_send_sge,
+                Doorbell::Mmio(bf),
+            )
+        }
+        .owned_by(handle.clone());
         let rq = if srq.is_none() && out.rq.wqe_cnt > 0 {
             if !out.rq.wqe_cnt.is_power_of_two()
                 || out.rq.stride < 16
@@ -928,14 +950,18 @@ impl Provider for HwProvider {
                     out.rq.wqe_cnt, out.rq.stride
                 )));
             }
-            Some(RqMem {
-                buf: nonnull(out.rq.buf.cast::<u8>(), "receive queue buffer")?,
-                wqe_cnt: out.rq.wqe_cnt,
-                stride: out.rq.stride,
-                // rdma-core's rq.max_gs: the whole stride is data segments (no WQE signature).
-                max_sge: out.rq.stride / 16,
-                dbrec,
-            })
+            let rq_buf = nonnull(out.rq.buf.cast::<u8>(), "receive queue buffer")?;
+            // rdma-core's rq.max_gs: the whole stride is data segments (no WQE signature).
+            let max_sge = out.rq.stride / 16;
+            // SAFETY: rdma-core's receive queue of `wqe_cnt` WQEs of `stride` bytes (checked
+            // above) and the QP's doorbell record (word 0), valid until `ibv_destroy_qp`, which
+            // runs when the last holder of `handle` drops it; the description holds a clone.
+            // Only the NIC and the driver queue built on it use them (`ibv_post_recv` is never
+            // called).
+            Some(
+                unsafe { RqMem::new(rq_buf, out.rq.wqe_cnt, out.rq.stride, max_sge, dbrec) }
+                    .owned_by(handle.clone()),
+            )
         } else {
             None
         };

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::cqe::{CQE_BYTES, OP_OWN_INVALID, off};
 use crate::error::{Error, Result};
-use crate::queue::{CqMem, Doorbell, RqMem, SimDoorbell, SqMem, SrqMem};
+use crate::queue::{CqMem, Doorbell, MemOwner, RqMem, SimDoorbell, SqMem, SrqMem};
 use crate::sim::alloc::ModelMem;
 use crate::sim::cq::CqState;
 use crate::sim::memory::MrEntry;
@@ -70,8 +70,9 @@ struct CqHandle {
     shared: Arc<Shared>,
     device: u32,
     cqn: u32,
-    _ring: ModelMem,
-    _dbrec: ModelMem,
+    /// The ring and doorbell record, shared with the [`CqMem`] (and then the driver queue),
+    /// which keeps them alive after this handle removed the CQ from the model.
+    _mem: MemOwner,
 }
 
 impl Drop for CqHandle {
@@ -85,8 +86,8 @@ struct SrqHandle {
     shared: Arc<Shared>,
     device: u32,
     srqn: u32,
-    _buf: ModelMem,
-    _dbrec: ModelMem,
+    /// The WQE array and doorbell record, shared with the [`SrqMem`] (see [`CqHandle`]).
+    _mem: MemOwner,
 }
 
 impl Drop for SrqHandle {
@@ -98,9 +99,9 @@ impl Drop for SrqHandle {
 struct QpHandle {
     shared: Arc<Shared>,
     qpn: u32,
-    _sq: ModelMem,
-    _rq: Option<ModelMem>,
-    _dbrec: ModelMem,
+    /// The send and receive rings and the doorbell record, shared with the [`SqMem`] and
+    /// [`RqMem`] (see [`CqHandle`]).
+    _mem: MemOwner,
 }
 
 impl Drop for QpHandle {
@@ -202,7 +203,7 @@ impl Provider for SimDevice {
         }))
     }
 
-    fn reg_mr(
+    unsafe fn reg_mr(
         &self,
         pd: &Handle,
         addr: *mut u8,
@@ -262,19 +263,19 @@ impl Provider for SimDevice {
             ring.ptr().as_ptr(),
             dbrec.ptr().as_ptr().cast(),
         )?;
-        let mem = CqMem {
-            buf: ring.ptr(),
-            cqe_cnt: cnt,
-            dbrec: mem_ptr(&dbrec),
-            cqn,
-        };
+        let (buf, db) = (ring.ptr(), mem_ptr(&dbrec));
+        let owner: MemOwner = Arc::new((ring, dbrec));
+        // SAFETY: `buf` is the ring of `cnt` CQEs just allocated (page aligned, every
+        // `op_own` initialised to INVALID), `db` an 8-byte record; both are owned by `owner`,
+        // which the description keeps alive; only the model (under its lock, until the handle
+        // removes the CQ) and the driver queue built on the description use them.
+        let mem = unsafe { CqMem::new(buf, cnt, db, cqn) }.owned_by(owner.clone());
         Ok((
             Box::new(CqHandle {
                 shared: self.shared.clone(),
                 device: self.id,
                 cqn,
-                _ring: ring,
-                _dbrec: dbrec,
+                _mem: owner,
             }),
             mem,
         ))
@@ -309,21 +310,20 @@ impl Provider for SimDevice {
             pd,
         };
         let srqn = self.shared.lock()?.add_srq(state)?;
-        let mem = SrqMem {
-            buf: buf.ptr(),
-            wqe_cnt: cnt,
-            stride,
-            max_sge: real_sge,
-            dbrec: mem_ptr(&dbrec),
-            srqn,
-        };
+        let (b, db) = (buf.ptr(), mem_ptr(&dbrec));
+        let owner: MemOwner = Arc::new((buf, dbrec));
+        // SAFETY: `b` is the array of `cnt` WQEs of `stride` bytes just allocated (with room
+        // for `real_sge` data segments after the next segment), `db` an 8-byte record; both
+        // are owned by `owner`, which the description keeps alive; only the model and the
+        // driver queue built on the description use them.
+        let mem =
+            unsafe { SrqMem::new(b, cnt, stride, real_sge, db, srqn) }.owned_by(owner.clone());
         Ok((
             Box::new(SrqHandle {
                 shared: self.shared.clone(),
                 device: self.id,
                 srqn,
-                _buf: buf,
-                _dbrec: dbrec,
+                _mem: owner,
             }),
             mem,
         ))
@@ -417,34 +417,45 @@ impl Provider for SimDevice {
         };
         let qpn = self.shared.lock()?.add_qp(state)?;
         let doorbell: Arc<dyn SimDoorbell> = self.shared.clone();
-        let sq = SqMem {
-            buf: sq_buf.ptr(),
-            wqe_cnt: sq_cnt,
-            dbrec: mem_ptr(&dbrec),
-            max_inline: caps.max_inline_data,
-            max_sge: caps.max_send_sge,
-            doorbell: Doorbell::Sim {
-                device: doorbell,
-                qpn,
-            },
-        };
-        let rq = match (&rq_buf, rq_state) {
-            (Some(b), Some(st)) => Some(RqMem {
-                buf: b.ptr(),
-                wqe_cnt: st.wqe_cnt,
-                stride: st.stride,
-                max_sge: st.max_sge,
-                dbrec: mem_ptr(&dbrec),
-            }),
+        let (sq_ptr, rq_ptr, db) = (
+            sq_buf.ptr(),
+            rq_buf.as_ref().map(ModelMem::ptr),
+            mem_ptr(&dbrec),
+        );
+        let owner: MemOwner = Arc::new((sq_buf, rq_buf, dbrec));
+        // SAFETY: `sq_ptr` is the ring of `sq_cnt` WQEBBs just allocated (page aligned), `db`
+        // the QP's 8-byte doorbell record; both are owned by `owner`, which the description
+        // keeps alive; only the model (which executes at most the caps' gather entries and
+        // inline bytes, checked above) and the driver queue built on the description use them.
+        let sq = unsafe {
+            SqMem::new(
+                sq_ptr,
+                sq_cnt,
+                db,
+                caps.max_inline_data,
+                caps.max_send_sge,
+                Doorbell::Sim {
+                    device: doorbell,
+                    qpn,
+                },
+            )
+        }
+        .owned_by(owner.clone());
+        let rq = match (rq_ptr, rq_state) {
+            // SAFETY: `b` is the ring of `st.wqe_cnt` WQEs of `st.stride` bytes just allocated
+            // and owned by `owner`, as is the doorbell record (word 0 is the RQ's, word 1 the
+            // SQ's); only the model and the driver queue built on the description use them.
+            (Some(b), Some(st)) => Some(
+                unsafe { RqMem::new(b, st.wqe_cnt, st.stride, st.max_sge, db) }
+                    .owned_by(owner.clone()),
+            ),
             _ => None,
         };
         Ok((
             Box::new(QpHandle {
                 shared: self.shared.clone(),
                 qpn,
-                _sq: sq_buf,
-                _rq: rq_buf,
-                _dbrec: dbrec,
+                _mem: owner,
             }),
             qpn,
             sq,

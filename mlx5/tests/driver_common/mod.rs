@@ -79,16 +79,16 @@ impl SimDoorbell for MiniSqDevice {
 
 /// A send queue over test buffers with a [`MiniSqDevice`] behind its doorbell.
 pub struct SqHarness {
-    pub ring: DmaBuf,
-    pub db: DmaBuf,
+    pub ring: Arc<DmaBuf>,
+    pub db: Arc<DmaBuf>,
     pub dev: Arc<MiniSqDevice>,
     pub sq: mlx5::sq::SendQueue,
 }
 
 impl SqHarness {
     pub fn new(wqe_cnt: u32, max_inline: u32, ud: bool) -> Self {
-        let ring = DmaBuf::with_normal_pages(wqe_cnt as usize * WQEBB).unwrap();
-        let db = DmaBuf::with_normal_pages(8).unwrap();
+        let ring = Arc::new(DmaBuf::with_normal_pages(wqe_cnt as usize * WQEBB).unwrap());
+        let db = Arc::new(DmaBuf::with_normal_pages(8).unwrap());
         let dev = Arc::new(MiniSqDevice {
             ring: ring.as_ptr() as usize,
             wqe_cnt,
@@ -96,17 +96,23 @@ impl SqHarness {
             ud,
             state: Mutex::new(DevState::default()),
         });
-        let mem = SqMem {
-            buf: ring.as_non_null(),
-            wqe_cnt,
-            dbrec: db.as_non_null().cast(),
-            max_inline,
-            max_sge: 64,
-            doorbell: Doorbell::Sim {
-                device: dev.clone(),
-                qpn: QPN,
-            },
-        };
+        // SAFETY: a page-aligned ring of `wqe_cnt` WQEBBs and an 8-byte doorbell record,
+        // kept alive by the description's owner; only the queue and the stand-in device (which
+        // reads rung WQEs, as hardware does) use them.
+        let mem = unsafe {
+            SqMem::new(
+                ring.as_non_null(),
+                wqe_cnt,
+                db.as_non_null().cast(),
+                max_inline,
+                64,
+                Doorbell::Sim {
+                    device: dev.clone(),
+                    qpn: QPN,
+                },
+            )
+        }
+        .owned_by(Arc::new((ring.clone(), db.clone())));
         let sq = mlx5::sq::SendQueue::new(mem, QPN);
         SqHarness { ring, db, dev, sq }
     }
@@ -292,8 +298,8 @@ pub fn shape(
 
 /// A CQ over test buffers plus the producer side (what the device writes).
 pub struct CqHarness {
-    pub buf: DmaBuf,
-    pub db: DmaBuf,
+    pub buf: Arc<DmaBuf>,
+    pub db: Arc<DmaBuf>,
     pub cnt: u32,
     /// Producer counter.
     pub pi: u32,
@@ -302,8 +308,8 @@ pub struct CqHarness {
 
 impl CqHarness {
     pub fn new(cnt: u32) -> Self {
-        let buf = DmaBuf::with_normal_pages(cnt as usize * CQE_BYTES).unwrap();
-        let db = DmaBuf::with_normal_pages(8).unwrap();
+        let buf = Arc::new(DmaBuf::with_normal_pages(cnt as usize * CQE_BYTES).unwrap());
+        let db = Arc::new(DmaBuf::with_normal_pages(8).unwrap());
         for i in 0..cnt as usize {
             // SAFETY: inside the buffer.
             unsafe {
@@ -312,12 +318,12 @@ impl CqHarness {
                     .write(OP_OWN_INVALID)
             };
         }
-        let cq = mlx5::cq::CompletionQueue::new(CqMem {
-            buf: buf.as_non_null(),
-            cqe_cnt: cnt,
-            dbrec: db.as_non_null().cast(),
-            cqn: 9,
-        });
+        // SAFETY: `cnt` CQEs initialised invalid above and an 8-byte doorbell record, kept
+        // alive by the description's owner; only the queue and the test's producer (which
+        // writes `op_own` atomically, as a device does) use them.
+        let mem = unsafe { CqMem::new(buf.as_non_null(), cnt, db.as_non_null().cast(), 9) }
+            .owned_by(Arc::new((buf.clone(), db.clone())));
+        let cq = mlx5::cq::CompletionQueue::new(mem);
         CqHarness {
             buf,
             db,
@@ -376,32 +382,44 @@ pub fn req_cqe(qpn: u32, wqe_counter: u16) -> Cqe {
 }
 
 /// RQ memory over test buffers.
-pub fn rq_mem(wqe_cnt: u32, max_sge: u32) -> (DmaBuf, DmaBuf, RqMem) {
+pub fn rq_mem(wqe_cnt: u32, max_sge: u32) -> (Arc<DmaBuf>, Arc<DmaBuf>, RqMem) {
     let stride = (16 * max_sge.max(1)).next_power_of_two();
-    let buf = DmaBuf::with_normal_pages((wqe_cnt * stride) as usize).unwrap();
-    let db = DmaBuf::with_normal_pages(8).unwrap();
-    let mem = RqMem {
-        buf: buf.as_non_null(),
-        wqe_cnt,
-        stride,
-        max_sge,
-        dbrec: db.as_non_null().cast(),
-    };
+    let buf = Arc::new(DmaBuf::with_normal_pages((wqe_cnt * stride) as usize).unwrap());
+    let db = Arc::new(DmaBuf::with_normal_pages(8).unwrap());
+    // SAFETY: `wqe_cnt` page-aligned WQEs of `stride >= 16 * max_sge` bytes and an 8-byte
+    // doorbell record, kept alive by the description's owner; only the queue and the test
+    // (reading what the driver wrote) use them.
+    let mem = unsafe {
+        RqMem::new(
+            buf.as_non_null(),
+            wqe_cnt,
+            stride,
+            max_sge,
+            db.as_non_null().cast(),
+        )
+    }
+    .owned_by(Arc::new((buf.clone(), db.clone())));
     (buf, db, mem)
 }
 
 /// SRQ memory over test buffers (stride `pow2(max(32, 16 + 16 * max_sge))`).
-pub fn srq_mem(wqe_cnt: u32, max_sge: u32) -> (DmaBuf, DmaBuf, SrqMem) {
+pub fn srq_mem(wqe_cnt: u32, max_sge: u32) -> (Arc<DmaBuf>, Arc<DmaBuf>, SrqMem) {
     let stride = (16 + 16 * max_sge).max(32).next_power_of_two();
-    let buf = DmaBuf::with_normal_pages((wqe_cnt * stride) as usize).unwrap();
-    let db = DmaBuf::with_normal_pages(8).unwrap();
-    let mem = SrqMem {
-        buf: buf.as_non_null(),
-        wqe_cnt,
-        stride,
-        max_sge,
-        dbrec: db.as_non_null().cast(),
-        srqn: 0x77,
-    };
+    let buf = Arc::new(DmaBuf::with_normal_pages((wqe_cnt * stride) as usize).unwrap());
+    let db = Arc::new(DmaBuf::with_normal_pages(8).unwrap());
+    // SAFETY: `wqe_cnt` page-aligned WQEs of `stride >= 16 + 16 * max_sge` bytes and an 8-byte
+    // doorbell record, kept alive by the description's owner; only the queue and the test
+    // (reading what the driver wrote) use them.
+    let mem = unsafe {
+        SrqMem::new(
+            buf.as_non_null(),
+            wqe_cnt,
+            stride,
+            max_sge,
+            db.as_non_null().cast(),
+            0x77,
+        )
+    }
+    .owned_by(Arc::new((buf.clone(), db.clone())));
     (buf, db, mem)
 }

@@ -201,6 +201,8 @@ impl Pool {
     #[allow(clippy::mut_from_ref)]
     unsafe fn bytes_mut(&self, i: u32) -> &mut [u8] {
         let b = &self.bufs[i as usize];
+        // SAFETY: every buffer holds `size` bytes, and no RDMA operation touches it while the
+        // slice lives (the contract above).
         unsafe { std::slice::from_raw_parts_mut(b.buf.as_mut_ptr(), self.size as usize) }
     }
 
@@ -210,6 +212,8 @@ impl Pool {
     /// `len <= size`; nothing writes buffer `i` while the slice lives.
     unsafe fn bytes(&self, i: u32, len: usize) -> &[u8] {
         let b = &self.bufs[i as usize];
+        // SAFETY: `len <= size` and nothing writes the buffer while the slice lives (the
+        // contract above).
         unsafe { std::slice::from_raw_parts(b.buf.as_ptr(), len) }
     }
 
@@ -477,7 +481,7 @@ impl<U> Context<U> {
         )?;
         let id = self.conns.len() as EndpointId;
         self.by_qpn.insert(qp.qpn(), id)?;
-        let full_inline = qp.sq.mem().max_inline.min(MAX_FULL_INLINE);
+        let full_inline = qp.sq.mem().max_inline().min(MAX_FULL_INLINE);
         self.conns.push(Conn {
             qp,
             send_mr,

@@ -200,6 +200,8 @@ impl Ring {
     #[inline(always)]
     unsafe fn slice(&self, off: u64, len: usize) -> &[u8] {
         debug_assert!(off + len as u64 <= self.size());
+        // SAFETY: `off + len <= size` and the range is not being written (the contract
+        // above), so the bytes are in the live buffer and initialised.
         unsafe { std::slice::from_raw_parts(self.buf.as_ptr().add(off as usize), len) }
     }
 
@@ -211,6 +213,8 @@ impl Ring {
     /// flush: the peer may not write those bytes again until a flush tells it they are free.
     #[inline(always)]
     pub(crate) unsafe fn request(&self, e: &RecvEntry) -> &[u8] {
+        // SAFETY: ingest checked `e` to lie inside the ring, and the caller's contract (not
+        // released) keeps the peer from writing it: `slice`'s contract.
         unsafe { self.slice(e.off as u64, e.len as usize) }
     }
 
@@ -222,6 +226,8 @@ impl Ring {
     #[inline(always)]
     unsafe fn slice_mut(&self, off: u64, len: usize) -> &mut [u8] {
         debug_assert!(off + len as u64 <= self.size());
+        // SAFETY: `off + len <= size`, and nothing else reads or writes the range while the
+        // slice lives (the contract above).
         unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr().add(off as usize), len) }
     }
 }
@@ -1225,6 +1231,8 @@ impl<U> EndpointCore<U> {
     /// until the peer consumes it).
     #[inline(always)]
     pub(crate) unsafe fn send_bytes(&self, pos: u64, len: usize) -> &[u8] {
+        // SAFETY: an emitted range does not cross the ring end and is not modified until the
+        // peer consumes it (the contract above): `slice`'s contract.
         unsafe { self.send.slice(pos & self.send.mask, len) }
     }
 
@@ -1779,6 +1787,7 @@ impl<U> EndpointCore<U> {
     /// before the last flush.
     #[inline(always)]
     pub(crate) unsafe fn request_bytes(&self, e: &RecvEntry) -> &[u8] {
+        // SAFETY: the caller upholds this function's contract (# Safety above), which is the callee's.
         unsafe { self.recv.request(e) }
     }
 

@@ -79,7 +79,7 @@ impl Shared {
     /// Opens a slot with `max_in_flight` tokens and a stash of `cap` bytes per token.
     ///
     /// # Errors
-    /// [`RpcError::Copyrpc`] (`Config`) once [`MAX_CLIENTS_PER_CONTEXT`] slots were handed
+    /// [`RpcError::Transport`] ([`super::CopyrpcSetupError::Config`]) once [`MAX_CLIENTS_PER_CONTEXT`] slots were handed
     /// out.
     pub(super) fn open_slot(&mut self, max_in_flight: u32, cap: usize) -> Result<u32, RpcError> {
         if self.slots.len() >= MAX_CLIENTS_PER_CONTEXT {
@@ -213,7 +213,7 @@ impl ClientContext {
     /// A new context on `device` (its PD, SRQ and CQ pair), with no endpoint yet.
     ///
     /// # Errors
-    /// [`RpcError::Copyrpc`] if the device refuses a queue or a registration.
+    /// [`RpcError::Transport`] ([`super::CopyrpcSetupError`] (`Core`)) if the device refuses a queue or a registration.
     pub fn new(device: &mlx5::verbs::Context, cfg: ContextConfig) -> Result<Self, RpcError> {
         Ok(Self::from_context(Context::new(device, cfg)?))
     }

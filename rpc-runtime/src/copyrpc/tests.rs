@@ -1687,11 +1687,12 @@ mod large {
     /// A registered 4 KiB buffer on `a` for forged descriptors, filled with a pattern.
     fn exposed(t: &Two) -> (DmaBuf, mlx5::verbs::Mr) {
         let buf = DmaBuf::with_normal_pages(4096).unwrap();
-        // SAFETY: 4096 bytes of `buf`, kept alive (returned) as long as the registration.
+        // SAFETY: `buf` holds 4096 bytes, and nothing else uses it yet.
         unsafe {
             std::slice::from_raw_parts_mut(buf.as_mut_ptr(), 4096)
                 .copy_from_slice(&pattern(3, 4096));
         }
+        // SAFETY: 4096 bytes of `buf`, kept alive (returned) as long as the registration.
         let mr = unsafe {
             t.a.reg_mr(
                 buf.as_mut_ptr(),

@@ -266,7 +266,7 @@ impl Copyrpc {
     /// [`RpcError::SchemaMismatch`] if the endpoint was created with another fingerprint;
     /// [`RpcError::CapacityMismatch`] if the rings cannot carry the service's largest request
     /// or response, or the server's initial credit does not cover one response;
-    /// [`RpcError::Copyrpc`] ([`CopyrpcSetupError::Config`]) for `max_in_flight` outside
+    /// [`RpcError::Transport`] ([`CopyrpcSetupError::Config`]) for `max_in_flight` outside
     /// `1..=`[`MAX_IN_FLIGHT_LIMIT`] or an unknown or unconnected endpoint.
     pub fn from_context(
         ctx: Context<u32>,
@@ -284,7 +284,7 @@ impl Copyrpc {
     /// its other clients ([`super::shared`]). Checks what [`Copyrpc::from_context`] checks.
     ///
     /// # Errors
-    /// As [`Copyrpc::from_context`], and [`RpcError::Copyrpc`]
+    /// As [`Copyrpc::from_context`], and [`RpcError::Transport`] ([`CopyrpcSetupError`])
     /// ([`CopyrpcSetupError::Config`]) once the context has served
     /// [`super::shared::MAX_CLIENTS_PER_CONTEXT`] clients.
     pub fn on(
@@ -391,7 +391,7 @@ impl Copyrpc {
     /// refuses (wrong rkey) fails the endpoint like a dead server.
     ///
     /// # Errors
-    /// [`RpcError::Copyrpc`] if the 8-byte landing buffer cannot be allocated or registered.
+    /// [`RpcError::Transport`] ([`CopyrpcSetupError`]) if the 8-byte landing buffer cannot be allocated or registered.
     pub fn with_probe(
         mut self,
         server: &EndpointInfo,
@@ -447,6 +447,8 @@ impl Copyrpc {
     }
 }
 
+crate::rc::client::rc_client_transport!(Copyrpc, CopyrpcAddr);
+
 impl RcClient for Copyrpc {
     type Refusal = CallError<u32>;
     type Addr = CopyrpcAddr;
@@ -459,7 +461,7 @@ impl RcClient for Copyrpc {
     /// # Errors
     /// [`RpcError::SchemaMismatch`] / [`RpcError::CapacityMismatch`] (the server's refusal or
     /// our own check); [`RpcError::ServerDisconnected`] if the server was dropped;
-    /// [`RpcError::Copyrpc`] for a timeout, a device error or a bad configuration.
+    /// [`RpcError::Transport`] ([`CopyrpcSetupError`]) for a timeout, a device error or a bad configuration.
     fn open(addr: &CopyrpcAddr, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
         if !(1..=MAX_IN_FLIGHT_LIMIT).contains(&addr.max_in_flight) {
             return Err(CopyrpcSetupError::Config("max_in_flight must be in 1..=65536").into());
@@ -667,7 +669,7 @@ impl CopyrpcServer {
     /// # Errors
     /// [`RpcError::CapacityMismatch`] if rings of `endpoint.ring_size` cannot carry the
     /// service's largest request or response, or its credit (`max_resp_reservation`) does not
-    /// cover one response; [`RpcError::Copyrpc`] for a ring size that is not a power of two
+    /// cover one response; [`RpcError::Transport`] ([`CopyrpcSetupError`]) for a ring size that is not a power of two
     /// `>= 1 KiB` or a device error.
     pub fn new(
         device: &mlx5::verbs::Context,
@@ -737,7 +739,7 @@ impl CopyrpcServer {
     /// # Errors
     /// [`RpcError::SchemaMismatch`] if the client's fingerprint is not the service's;
     /// [`RpcError::CapacityMismatch`] if the negotiated ring (the smaller of the two) cannot
-    /// carry the service's messages or the credit this server announces; [`RpcError::Copyrpc`]
+    /// carry the service's messages or the credit this server announces; [`RpcError::Transport`] ([`CopyrpcSetupError`])
     /// for unusable ring parameters (e.g. a client ring larger than ours, whose credit our ring
     /// cannot take) or a device error. Only a device error or a connect failure after these
     /// checks leaves an endpoint behind (unused: the context cannot remove endpoints).

@@ -124,9 +124,8 @@ impl Deadline {
     }
 }
 
-/// A call between its reservation and its commit (test hooks: [`RingClient::__begin`],
-/// [`RingClient::__claim`], [`RingClient::__finish`]).
-#[doc(hidden)]
+/// A call between its reservation and its commit. Public only with the `test-hooks` feature,
+/// for the test hooks `RingClient::__begin`, `__claim` and `__finish`.
 #[derive(Debug)]
 pub struct PendingCall {
     pos: u64,
@@ -135,6 +134,7 @@ pub struct PendingCall {
     seq_off: usize,
 }
 
+#[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
 impl PendingCall {
     /// The reserved ring position.
     pub fn pos(&self) -> u64 {
@@ -1089,8 +1089,9 @@ impl Drop for RingClient {
 }
 
 /// Test hooks: they break the protocol on purpose, or stop a call between its steps, and exist
-/// only for the crate's tests.
-#[doc(hidden)]
+/// only for the crate's tests (cargo feature `test-hooks`, which the crate enables for its own
+/// tests through a dev-dependency on itself; never enable it in production).
+#[cfg(feature = "test-hooks")]
 impl RingClient {
     /// Reserves a position (call steps 1, 4-5) and returns it without ever claiming or
     /// committing it, leaving `reserving_pos == pos`: what a client that dies mid-call leaves

@@ -256,3 +256,11 @@ pub enum ReplyError {
     #[error("response slot still holds an unread response")]
     SlotBusy,
 }
+
+impl From<RingError> for crate::RpcError {
+    /// [`crate::RpcError::Transport`] carrying the [`RingError`] (transport `"delegation"`).
+    #[cold]
+    fn from(e: RingError) -> Self {
+        crate::RpcError::from_transport("delegation", e)
+    }
+}

@@ -184,7 +184,7 @@ mod server;
 mod shm;
 mod stats;
 
-#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub use client::PendingCall;
 pub use client::{DEFAULT_SEND_TIMEOUT, RingClient};
 pub use config::{RingConfig, RingInfo};

@@ -90,10 +90,10 @@ fn call_error(e: CallError, ring: &RingClient) -> RpcError {
         // The server skipped the call's position because this client stalled; nothing was
         // delivered, so sending again is safe (the typed client retries on WouldBlock).
         CallError::Skipped => RpcError::WouldBlock,
-        CallError::RingCorrupt(fault) => RpcError::Ring(Box::new(RingError::Failed {
+        CallError::RingCorrupt(fault) => RpcError::from(RingError::Failed {
             path: ring.path().to_path_buf(),
             fault,
-        })),
+        }),
     }
 }
 
@@ -185,7 +185,7 @@ impl DelegationServer {
     /// Creates the ring `/dev/shm/<name>` (mode 0600) for `service`.
     ///
     /// # Errors
-    /// [`RpcError::Ring`] if the name is taken by a live server, the configuration is invalid
+    /// [`RpcError::Transport`] ([`RingError`]) if the name is taken by a live server, the configuration is invalid
     /// (depths not powers of two, ...), or shared memory cannot be created/mapped.
     pub fn create(
         name: &str,

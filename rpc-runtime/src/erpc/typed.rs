@@ -123,7 +123,8 @@
 //! ([`ClientTransport::connect`], `?` through `From<ErpcSetupError>`), a schema mismatch
 //! becomes [`RpcError::SchemaMismatch`] (with `found`, the server's fingerprint, which the
 //! connect response carries), a capacity problem [`RpcError::CapacityMismatch`], and everything
-//! else [`RpcError::Erpc`] carrying the [`ErpcSetupError`].
+//! else [`RpcError::Transport`] carrying the [`ErpcSetupError`] (transport `"erpc"`;
+//! [`RpcError::transport`] gets it back).
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -307,7 +308,7 @@ pub enum ErpcSetupError {
 impl ErpcSetupError {
     /// The [`RpcError`] reported for this error where no richer type fits (module docs,
     /// "Errors"): a schema mismatch and a capacity problem map to their [`RpcError`]
-    /// variants, everything else to [`RpcError::Erpc`].
+    /// variants, everything else to [`RpcError::Transport`] carrying `self`.
     #[cold]
     pub fn into_rpc_error(self) -> RpcError {
         match self {
@@ -335,7 +336,7 @@ impl ErpcSetupError {
                 need: sat_u32(need),
                 min: Some(need as u64),
             },
-            e => RpcError::Erpc(Box::new(e)),
+            e => RpcError::from_transport("erpc", e),
         }
     }
 }
@@ -1069,7 +1070,7 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
     /// # Errors
     /// [`RpcError::SchemaMismatch`] if the server serves another schema (`found` is the
     /// server's fingerprint); [`RpcError::CapacityMismatch`] if the service's messages exceed the
-    /// core's `max_msg_size`; [`RpcError::Erpc`] for every other failure (no answer,
+    /// core's `max_msg_size`; [`RpcError::Transport`] ([`ErpcSetupError`]) for every other failure (no answer,
     /// refused, timeout, socket error; module docs, "Errors").
     fn connect(
         addr: &T::ConnectAddr,
@@ -1599,7 +1600,7 @@ mod tests {
             ErpcSetupError::Invalid("x"),
             ErpcSetupError::Io(std::io::Error::other("x")),
         ] {
-            assert!(matches!(e.into_rpc_error(), RpcError::Erpc(_)));
+            assert!(e.into_rpc_error().transport::<ErpcSetupError>().is_some());
         }
     }
 

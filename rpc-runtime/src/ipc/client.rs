@@ -231,12 +231,12 @@ impl Ipc {
 
     #[cold]
     fn fault_error(&self, code: u32, reason: &'static str) -> RpcError {
-        RpcError::Ipc(Box::new(IpcError::ClientFault {
+        RpcError::from(IpcError::ClientFault {
             path: self.path.clone(),
             client: self.client,
             code,
             reason,
-        }))
+        })
     }
 
     /// Publishes one request: `encode` writes the message into the slot (a buffer of the
@@ -247,7 +247,7 @@ impl Ipc {
     /// [`RpcError::WouldBlock`] with `depth` calls in flight, or while the server has not
     /// released the request slots (nothing sent); [`RpcError::MessageTooLarge`] if `encode`
     /// returns more than the capacity (nothing sent); [`RpcError::ServerDisconnected`];
-    /// [`RpcError::Ipc`] with [`IpcError::ClientFault`].
+    /// [`RpcError::Transport`] with [`IpcError::ClientFault`].
     #[inline]
     pub fn try_send(&mut self, encode: impl FnOnce(&mut [u8]) -> usize) -> Result<u32, RpcError> {
         self.check()?;
@@ -298,7 +298,7 @@ impl Ipc {
     /// # Errors
     /// [`RpcError::ServerDisconnected`] after a clean shutdown (checked every call), or, with
     /// calls in flight and nothing arrived, once no process holds the server's lock (checked
-    /// every `liveness_interval`); [`RpcError::Ipc`] with [`IpcError::ClientFault`].
+    /// every `liveness_interval`); [`RpcError::Transport`] with [`IpcError::ClientFault`].
     #[inline]
     pub fn poll_up_to(
         &mut self,

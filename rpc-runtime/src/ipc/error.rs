@@ -112,3 +112,11 @@ pub enum IpcError {
         reason: &'static str,
     },
 }
+
+impl From<IpcError> for crate::RpcError {
+    /// [`crate::RpcError::Transport`] carrying the [`IpcError`] (transport `"ipc"`).
+    #[cold]
+    fn from(e: IpcError) -> Self {
+        crate::RpcError::from_transport("ipc", e)
+    }
+}

@@ -117,7 +117,7 @@ impl IpcServer {
     /// client never sees a half-initialized header.
     ///
     /// # Errors
-    /// [`RpcError::Ipc`] with [`IpcError::InvalidName`], [`IpcError::InvalidConfig`] (depth not a
+    /// [`RpcError::Transport`] with [`IpcError::InvalidName`], [`IpcError::InvalidConfig`] (depth not a
     /// power of two, liveness interval not in (0, 60 s], ...), [`IpcError::InUse`] (a live server
     /// has the name), [`IpcError::UnsafeFile`] (another user's file or a link is at the name),
     /// [`IpcError::Io`].

@@ -1,5 +1,6 @@
-//! The client side both RC transports share: [`ClientTransport`] is implemented once, for
-//! every [`RcClient`], which each transport implements with its own queues
+//! The client side both RC transports share: [`ClientTransport`] is implemented once
+//! ([`rc_client_transport`]) over [`RcClient`], which each transport implements with its own
+//! queues
 //! ([`crate::copyrpc::Copyrpc`]: a copyrpc context, possibly shared;
 //! [`crate::scalerpc::ScaleRpc`]: a ScaleRPC client context).
 //!
@@ -12,9 +13,10 @@
 //! Everything here is generic (monomorphised per transport) and the hot functions are
 //! `#[inline(always)]`: the typed client's poll costs what the transport's own did.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::liveness::ProbeClock;
+#[cfg(doc)]
 use crate::client::ClientTransport;
 use crate::error::RpcError;
 use crate::service::ServiceDescriptor;
@@ -27,9 +29,8 @@ pub enum Unsent<R> {
     Refused(R),
 }
 
-/// What an RC client transport provides to the shared skeleton. Public in a private module
-/// (sealed): [`ClientTransport`] is implemented for every `RcClient`, and only this crate's
-/// transports can implement it.
+/// What an RC client transport provides to the shared skeleton ([`rc_client_transport`]
+/// implements [`ClientTransport`] over it).
 pub trait RcClient: Sized {
     /// [`ClientTransport::Addr`].
     type Addr;
@@ -81,60 +82,79 @@ pub trait RcClient: Sized {
     fn send_probe(&mut self);
 }
 
-impl<C: RcClient> ClientTransport for C {
-    type Addr = C::Addr;
+/// Implements [`ClientTransport`] for `$t`, an [`RcClient`] connecting to a `$addr`, by the
+/// shared skeleton: the impl is written once, here. (Not a blanket impl over `RcClient`: that
+/// would make rustc's error for a type that is no transport name this sealed trait, and drop
+/// these transports from its list of the types that implement `ClientTransport`.)
+macro_rules! rc_client_transport {
+    ($t:ty, $addr:ty) => {
+        impl $crate::client::ClientTransport for $t {
+            type Addr = $addr;
 
-    fn connect(addr: &C::Addr, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
-        C::open(addr, service)
-    }
+            fn connect(
+                addr: &$addr,
+                service: &'static $crate::service::ServiceDescriptor,
+            ) -> Result<Self, $crate::error::RpcError> {
+                <$t as $crate::rc::client::RcClient>::open(addr, service)
+            }
 
-    #[inline]
-    fn max_in_flight(&self) -> usize {
-        self.tokens()
-    }
+            #[inline]
+            fn max_in_flight(&self) -> usize {
+                $crate::rc::client::RcClient::tokens(self)
+            }
 
-    /// Issues the call (the transport writes it into its queue); never waits, so `timeout`
-    /// is not used.
-    ///
-    /// # Errors
-    /// [`RpcError::WouldBlock`] when no token is free or the transport refuses for now
-    /// (copyrpc: no response credit or ring space; ScaleRPC: no slot free, or the
-    /// connection's group is not scheduled): poll and retry;
-    /// [`RpcError::ServerDisconnected`] once the connection failed (ScaleRPC: also once it
-    /// stayed inactive for the activation timeout; an evicted one reports
-    /// [`crate::scalerpc::ScaleRpcSetupError::Evicted`]);
-    /// [`RpcError::MessageTooLarge`] for a request beyond the transport's largest message.
-    #[inline]
-    fn send(
-        &mut self,
-        _timeout: Duration,
-        method_id: u16,
-        encode: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<u32, RpcError> {
-        send(self, method_id, encode)
-    }
+            /// Issues the call (the transport writes it into its queue); never waits, so
+            /// `timeout` is not used.
+            ///
+            /// # Errors
+            /// [`RpcError::WouldBlock`](crate::RpcError::WouldBlock) when no token is free
+            /// or the transport refuses for now (copyrpc: no response credit or ring space;
+            /// ScaleRPC: no slot free, or the connection's group is not scheduled): poll and
+            /// retry; [`RpcError::ServerDisconnected`](crate::RpcError::ServerDisconnected)
+            /// once the connection failed (ScaleRPC: also once it stayed inactive for the
+            /// activation timeout; an evicted one reports
+            /// [`ScaleRpcSetupError::Evicted`](crate::scalerpc::ScaleRpcSetupError::Evicted));
+            /// [`RpcError::MessageTooLarge`](crate::RpcError::MessageTooLarge) for a request
+            /// beyond the transport's largest message.
+            #[inline]
+            fn send(
+                &mut self,
+                _timeout: std::time::Duration,
+                method_id: u16,
+                encode: impl FnOnce(&mut [u8]) -> usize,
+            ) -> Result<u32, $crate::error::RpcError> {
+                $crate::rc::client::send(self, method_id, encode)
+            }
 
-    /// Delivers stashed responses first, then polls the queues once (which also sends what
-    /// was written; ScaleRPC: and handles the server's notices).
-    ///
-    /// # Errors
-    /// [`RpcError::ServerDisconnected`] once the connection failed and no response is left
-    /// to deliver; calls pending at the failure are never delivered.
-    #[inline]
-    fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
-        poll(self, max, on_response)
-    }
+            /// Delivers stashed responses first, then polls the queues once (which also
+            /// sends what was written; ScaleRPC: and handles the server's notices).
+            ///
+            /// # Errors
+            /// [`RpcError::ServerDisconnected`](crate::RpcError::ServerDisconnected) once the
+            /// connection failed and no response is left to deliver; calls pending at the
+            /// failure are never delivered.
+            #[inline]
+            fn poll(
+                &mut self,
+                max: usize,
+                on_response: impl FnMut(u32, &[u8]),
+            ) -> Result<usize, $crate::error::RpcError> {
+                $crate::rc::client::poll(self, max, on_response)
+            }
 
-    /// Runs the liveness check (module docs) when calls are in flight, by time.
-    #[inline]
-    fn idle_tick(&mut self) {
-        idle_tick(self);
-    }
+            /// Runs the liveness check (module docs) when calls are in flight, by time.
+            #[inline]
+            fn idle_tick(&mut self) {
+                $crate::rc::client::idle_tick(self);
+            }
+        }
+    };
 }
+pub(crate) use rc_client_transport;
 
 /// [`ClientTransport::send`]: issues the call, or maps its refusal.
 #[inline(always)]
-fn send<C: RcClient>(
+pub(crate) fn send<C: RcClient>(
     c: &mut C,
     method_id: u16,
     encode: impl FnOnce(&mut [u8]) -> usize,
@@ -166,7 +186,7 @@ fn refused<C: RcClient>(c: &mut C, r: C::Refusal) -> RpcError {
 /// queues); with nothing delivered, reports a failed connection or counts an empty poll
 /// towards the liveness probe.
 #[inline(always)]
-fn poll<C: RcClient>(
+pub(crate) fn poll<C: RcClient>(
     c: &mut C,
     max: usize,
     mut on_response: impl FnMut(u32, &[u8]),
@@ -197,7 +217,7 @@ fn idle<C: RcClient>(c: &mut C) -> Result<usize, RpcError> {
 /// [`ClientTransport::idle_tick`]: the liveness check by time, when probing
 /// is on and calls are in flight on a live connection.
 #[inline]
-fn idle_tick<C: RcClient>(c: &mut C) {
+pub(crate) fn idle_tick<C: RcClient>(c: &mut C) {
     if c.probe_clock().is_none() {
         return;
     }

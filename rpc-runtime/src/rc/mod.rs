@@ -146,6 +146,23 @@ impl<E: RcCore> std::error::Error for RcSetupError<E> {
     }
 }
 
+impl<E: RcCore> From<RcSetupError<E>> for RpcError {
+    /// [`RpcError::Transport`] carrying the setup error, named by its transport
+    /// (`copyrpc`, `scalerpc`).
+    #[cold]
+    fn from(e: RcSetupError<E>) -> Self {
+        RpcError::from_transport(E::TRANSPORT, e)
+    }
+}
+
+impl<E: RcCore> From<E> for RpcError {
+    /// [`RpcError::Transport`] carrying [`RcSetupError::Core`].
+    #[cold]
+    fn from(e: E) -> Self {
+        RcSetupError::Core(e).into()
+    }
+}
+
 impl<E: RcCore> From<E> for RcSetupError<E> {
     fn from(e: E) -> Self {
         RcSetupError::Core(e)

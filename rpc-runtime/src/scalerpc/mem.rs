@@ -50,6 +50,8 @@ impl Slots {
     #[inline(always)]
     pub unsafe fn bytes(&self, i: usize) -> &[u8] {
         debug_assert!(i < self.n);
+        // SAFETY: `i < n`, so slot `i` lies inside the `n * slot` bytes of `buf`; the caller
+        // reads only bytes the device has finished writing (the contract above).
         unsafe { std::slice::from_raw_parts(self.buf.as_ptr().add(i * self.slot), self.slot) }
     }
 
@@ -61,6 +63,8 @@ impl Slots {
     #[inline(always)]
     pub unsafe fn bytes_mut(&self, i: usize) -> &mut [u8] {
         debug_assert!(i < self.n);
+        // SAFETY: `i < n`, so slot `i` lies inside `buf`, and no device operation touches it
+        // while the slice lives (the contract above).
         unsafe {
             std::slice::from_raw_parts_mut(self.buf.as_mut_ptr().add(i * self.slot), self.slot)
         }

@@ -59,8 +59,8 @@
 //! only when it polls, and [`crate::Client`] polls only while calls are in flight. With more
 //! than one group, a client that neither calls nor polls for [`ServerConfig::ack_timeout`]
 //! after its group was stopped holds up the next switch until then, and is evicted: the
-//! server tells it, and its calls then fail with [`ScaleRpcSetupError::Evicted`] (as
-//! [`RpcError::Scalerpc`]); connect again. A client that pauses while others
+//! server tells it, and its calls then fail with [`ScaleRpcSetupError::Evicted`] (inside
+//! [`RpcError::Transport`]); connect again. A client that pauses while others
 //! run should poll its transport now and then (`client.transport_mut().poll(usize::MAX,
 //! |_, _| {})` with nothing in flight delivers nothing) or be dropped (dropping polls once
 //! more, acknowledging a pending stop). For the same reason, keep the ack timeout above the
@@ -383,7 +383,7 @@ impl ScaleRpc {
     /// [`RpcError::SchemaMismatch`] if the server's fingerprint is not the service's (the
     /// core already refused a client fingerprint different from the server's);
     /// [`RpcError::CapacityMismatch`] if the server's slots cannot carry the service's
-    /// largest request or response; [`RpcError::Scalerpc`] ([`ScaleRpcSetupError::Config`])
+    /// largest request or response; [`RpcError::Transport`] ([`ScaleRpcSetupError::Config`])
     /// for an unknown or failed connection or more than `u16::MAX` slots.
     pub fn from_client(
         client: ScaleClient<u32>,
@@ -445,7 +445,7 @@ impl ScaleRpc {
     /// call.
     ///
     /// # Errors
-    /// [`RpcError::Scalerpc`] ([`ScaleRpcSetupError::Config`]) if calls were made already, or
+    /// [`RpcError::Transport`] ([`ScaleRpcSetupError::Config`]) if calls were made already, or
     /// a probe is asked for with one slot per connection.
     pub fn with_liveness(
         mut self,
@@ -590,6 +590,8 @@ impl ScaleRpc {
     }
 }
 
+crate::rc::client::rc_client_transport!(ScaleRpc, ScaleRpcAddr);
+
 impl RcClient for ScaleRpc {
     type Refusal = ScaleCallError<u32>;
     type Addr = ScaleRpcAddr;
@@ -601,7 +603,7 @@ impl RcClient for ScaleRpc {
     ///
     /// # Errors
     /// [`RpcError::SchemaMismatch`] / [`RpcError::CapacityMismatch`]; [`RpcError::ServerDisconnected`]
-    /// if the server was dropped; [`RpcError::Scalerpc`] for a refusal on slot geometry, a
+    /// if the server was dropped; [`RpcError::Transport`] ([`ScaleRpcSetupError`]) for a refusal on slot geometry, a
     /// timeout, a device error or a bad configuration.
     fn open(addr: &ScaleRpcAddr, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
         if addr.probe_interval.is_some() && addr.listener.slots_per_conn < 2 {
@@ -793,7 +795,7 @@ impl ScaleRpcServer {
     /// # Errors
     /// [`RpcError::CapacityMismatch`] if slots of `Some(cfg.slot_size)` cannot carry the
     /// service's largest request or response (naming the least size that can);
-    /// [`RpcError::Scalerpc`] for an unusable configuration (a derived size above `u32::MAX`)
+    /// [`RpcError::Transport`] ([`ScaleRpcSetupError`]) for an unusable configuration (a derived size above `u32::MAX`)
     /// or a device error.
     pub fn new(
         device: &mlx5::verbs::Context,
@@ -865,7 +867,7 @@ impl ScaleRpcServer {
     ///
     /// # Errors
     /// [`RpcError::SchemaMismatch`] if the client's fingerprint is not the service's (nothing
-    /// is created); [`RpcError::Scalerpc`] when the server has `max_conns` connections, the
+    /// is created); [`RpcError::Transport`] ([`ScaleRpcSetupError`]) when the server has `max_conns` connections, the
     /// client's response region is too small, or the device fails.
     pub fn add_client(&mut self, client: &ClientConnInfo) -> Result<ServerConnInfo, RpcError> {
         if client.fingerprint != self.service.fingerprint {

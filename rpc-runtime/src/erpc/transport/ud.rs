@@ -720,7 +720,7 @@ impl UdTransport {
         let tx_mr = unsafe { ctx.reg_mr(&pd, tx_buf.as_mut_ptr(), tx_buf.len(), Access::empty()) }
             .map_err(|e| device_error("register staging ring", e))?;
 
-        let inline_max = MAX_INLINE.min(qp.sq.mem().max_inline as usize);
+        let inline_max = MAX_INLINE.min(qp.sq.mem().max_inline() as usize);
         let local = UdAddr::new(port.lid, qp.qpn());
         let mut t = UdTransport {
             qp,
@@ -1615,14 +1615,15 @@ mod tests {
         fn alloc_pd(&self) -> mlx5::Result<Handle> {
             self.inner.alloc_pd()
         }
-        fn reg_mr(
+        unsafe fn reg_mr(
             &self,
             pd: &Handle,
             addr: *mut u8,
             len: usize,
             access: Access,
         ) -> mlx5::Result<(Handle, u32, u32)> {
-            self.inner.reg_mr(pd, addr, len, access)
+            // SAFETY: our caller's contract, passed on unchanged.
+            unsafe { self.inner.reg_mr(pd, addr, len, access) }
         }
         fn create_cq(&self, cqe: u32) -> mlx5::Result<(Handle, CqMem)> {
             self.inner.create_cq(cqe)
