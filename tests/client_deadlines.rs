@@ -94,15 +94,9 @@ impl ClientTransport for Scripted {
         Ok(token)
     }
 
-    fn poll(
-        &mut self,
-        max: usize,
-        mut on_response: impl FnMut(u32, &[u8]),
-    ) -> Result<usize, RpcError> {
+    fn poll(&mut self, mut on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
         let mut n = 0;
-        while n < max
-            && let Some((token, resp)) = self.done.pop_front()
-        {
+        while let Some((token, resp)) = self.done.pop_front() {
             self.free.push(token);
             on_response(token, &resp);
             n += 1;

@@ -173,7 +173,7 @@ fn undecodable_requests_get_error_status() {
                     .as_slice(),
                 )
                 .unwrap();
-            server.release();
+            server.flush();
         }
         match kv.poll() {
             Ok(None) => {}
@@ -208,7 +208,7 @@ fn bad_response_bytes_are_an_error_not_ub() {
             b.push(2);
             b.extend_from_slice(&[0; 8]);
             server.transport_mut().ring_mut().reply(token, &b).unwrap();
-            server.release();
+            server.flush();
         }
         match kv.poll() {
             Ok(None) => {}

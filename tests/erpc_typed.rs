@@ -502,9 +502,9 @@ fn server_gone_fails_pending_and_later_calls() {
     // Both work; `busy` has 20 calls (on all four sessions) that the server took and never
     // answers; the idle client keeps its sessions alive meanwhile.
     scenarios::both_work_then_busy_unanswered(&mut server, &mut busy, &mut idle, 20, |s, idle| {
-        s.release();
+        s.flush();
         assert!(idle.poll().unwrap().is_none());
-        idle.transport_mut().poll(usize::MAX, |_, _| {}).unwrap();
+        idle.transport_mut().poll(|_, _| {}).unwrap();
     });
     drop(server);
     let t0 = Instant::now();
@@ -587,7 +587,7 @@ fn idle_clients_get_new_sessions() {
     let opened = kv.transport().stats().sessions_opened;
     for _ in 0..30 {
         thread::sleep(Duration::from_millis(10));
-        kv.transport_mut().poll(usize::MAX, |_, _| {}).unwrap();
+        kv.transport_mut().poll(|_, _| {}).unwrap();
     }
     assert_eq!(kv.get(0, 100).unwrap(), Some(0));
     assert_eq!(kv.transport().stats().sessions_opened, opened);
@@ -1054,7 +1054,7 @@ fn client_reconnects_after_server_restart() {
     assert!(kv.transport().is_failed());
     assert_eq!(
         kv.transport().last_failure(),
-        Some(rpc::erpc::core::RpcError::PeerFailed)
+        Some(rpc::erpc::core::SessionError::PeerFailed)
     );
     // Not reconnected: later calls fail at once.
     let t1 = Instant::now();
@@ -1105,7 +1105,7 @@ fn client_reconnects_after_server_restart() {
     assert!(t2.elapsed() < Duration::from_secs(5), "{:?}", t2.elapsed());
     assert_eq!(
         kv.transport().last_failure(),
-        Some(rpc::erpc::core::RpcError::PeerFailed)
+        Some(rpc::erpc::core::SessionError::PeerFailed)
     );
 }
 
@@ -1135,7 +1135,7 @@ fn mtu_mismatch_refused_at_connect() {
     };
     match Erpc::<UdpTransport>::connect_with(&addr, BlobService::DESCRIPTOR, &cfg) {
         Err(
-            e @ ErpcSetupError::Refused(rpc::erpc::core::RpcError::ConfigMismatch {
+            e @ ErpcSetupError::Refused(rpc::erpc::core::SessionError::ConfigMismatch {
                 field: rpc::erpc::core::ConfigField::Mtu,
                 client: 1200,
                 server,
@@ -1193,7 +1193,7 @@ fn server_admits_only_what_its_receive_ring_absorbs() {
     }
     match Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &cfg) {
         Err(
-            e @ ErpcSetupError::Refused(rpc::erpc::core::RpcError::NoRingEntries {
+            e @ ErpcSetupError::Refused(rpc::erpc::core::SessionError::NoRingEntries {
                 ring_entries,
                 sessions,
                 credits: 8,

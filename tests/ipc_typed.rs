@@ -176,7 +176,7 @@ fn undecodable_requests_get_error_status() {
             b.extend_from_slice(&(Status::BadArguments as u16).to_ne_bytes());
             b.extend_from_slice(&0u32.to_ne_bytes());
             raw_reply(&mut server, token, &b);
-            server.release();
+            server.flush();
         }
         match kv.poll() {
             Ok(None) => {}
@@ -211,7 +211,7 @@ fn bad_response_bytes_are_an_error_not_ub() {
             b.push(2);
             b.extend_from_slice(&[0; 8]);
             raw_reply(&mut server, token, &b);
-            server.release();
+            server.flush();
         }
         match kv.poll() {
             Ok(None) => {}

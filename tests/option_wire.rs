@@ -468,7 +468,7 @@ fn spawn_raw_server(name: &str, body: Vec<u8>) -> (Arc<AtomicBool>, thread::Join
                     b.extend_from_slice(&(body.len() as u32).to_ne_bytes());
                     b.extend_from_slice(&body);
                     server.transport_mut().ring_mut().reply(token, &b).unwrap();
-                    server.release();
+                    server.flush();
                 }
                 None => thread::yield_now(),
             }

@@ -143,7 +143,7 @@ impl<A: Api> Daemons<A> for ScaleDaemons {
     #[inline]
     fn keepalive(rings: &mut [A::Conn<ScaleRpc>]) {
         for r in rings.iter_mut().map(A::core).filter(|r| r.in_flight() == 0) {
-            let _ = r.transport_mut().poll(usize::MAX, |_, _| {});
+            let _ = r.transport_mut().poll(|_, _| {});
         }
     }
 }
@@ -183,7 +183,7 @@ impl<A: Api> Daemons<A> for ErpcDaemons {
     #[inline]
     fn keepalive(rings: &mut [A::Conn<Erpc>]) {
         for r in rings.iter_mut().map(A::core).filter(|r| r.in_flight() == 0) {
-            let _ = r.transport_mut().poll(usize::MAX, |_, _| {});
+            let _ = r.transport_mut().poll(|_, _| {});
         }
     }
 }

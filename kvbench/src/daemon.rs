@@ -146,7 +146,7 @@ pub(crate) fn daemon_loop_dropping<A: Api>(
                 let _ = server.reply(token, &resp);
             }
         }
-        server.release();
+        server.flush();
     }
     let s = server.stats();
     DaemonReport {
@@ -255,7 +255,7 @@ pub(crate) struct ScaleDaemon {
     pub(crate) conns: u32,
     pub(crate) groups: u32,
     pub(crate) sched: rpc::scalerpc::SchedStats,
-    pub(crate) server: rpc::scalerpc::ServerStats,
+    pub(crate) server: rpc::scalerpc::ScaleServerStats,
     pub(crate) probes: u64,
 }
 

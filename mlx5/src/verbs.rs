@@ -380,7 +380,8 @@ pub struct Mr {
 
 /// A completion queue: the driver's poller plus the provider object.
 pub struct Cq {
-    /// The driver side (poll here). Declared first: dropped before the provider object.
+    /// The driver side (poll here). It keeps the CQ's memory alive itself ([`crate::queue`]),
+    /// so it stays sound when moved out of this struct.
     pub cq: CompletionQueue,
     _handle: Handle,
 }
@@ -398,7 +399,7 @@ impl Cq {
 
 /// A shared receive queue.
 pub struct Srq {
-    /// The driver side (post receive WQEs here). Dropped before the provider object.
+    /// The driver side (post receive WQEs here); keeps its memory alive, as [`Cq::cq`].
     pub srq: SharedRecvQueue,
     _handle: Handle,
 }
@@ -416,7 +417,8 @@ impl Srq {
 
 /// A queue pair.
 pub struct Qp {
-    /// Send queue driver. Dropped before the provider object.
+    /// Send queue driver; keeps its memory alive, as [`Cq::cq`] (and so does
+    /// [`Qp::rq`]).
     pub sq: SendQueue,
     /// Receive queue driver (`None` when the QP uses an SRQ).
     pub rq: Option<RecvQueue>,

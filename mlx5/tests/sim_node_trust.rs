@@ -15,8 +15,8 @@ use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use mlx5::Error;
 use mlx5::cqe::CqeOpcode;
-use mlx5::error::Error;
 use mlx5::sim::{Fabric, SimConfig};
 use mlx5::verbs::{Access, QpCaps, RcParams};
 use mlx5::wqe::{Opcode, WqeDesc};
@@ -133,7 +133,7 @@ fn foreign_read_lock(path: &str) -> std::fs::File {
 /// Asserts `r` is the node lock's timeout, reached after at least `bound` and well before a
 /// stall would end.
 #[track_caller]
-fn timed_out<T>(r: mlx5::error::Result<T>, t0: Instant, bound: Duration) {
+fn timed_out<T>(r: mlx5::Result<T>, t0: Instant, bound: Duration) {
     let waited = t0.elapsed();
     match r {
         Err(Error::LockTimeout {

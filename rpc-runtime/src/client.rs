@@ -93,14 +93,17 @@ pub trait ClientTransport: Sized {
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, RpcError>;
 
-    /// Delivers up to `max` (`>= 1`) of the responses that have arrived as
-    /// `on_response(token, message)`; returns how many were delivered. A response the
+    /// Delivers every response that has arrived as `on_response(token, message)`, in place
+    /// in the transport's receive buffer; returns how many were delivered. Delivering all
+    /// of them at once lets the caller decode each response once, straight from that
+    /// buffer, and keep only what it cannot hand out yet ([`Client`]'s queue), so no
+    /// transport holds a second copy of responses beyond a caller's limit. A response the
     /// transport found corrupt is delivered as an empty message (it then fails to decode).
     ///
     /// # Errors
     /// [`RpcError::ServerDisconnected`] once the server is known to be gone while calls are
     /// in flight.
-    fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError>;
+    fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError>;
 
     /// Called by [`Client`] while its polls deliver nothing and calls are in flight, at most
     /// once per [`IDLE_TICK_NS`] (1 ms) of such polling. A transport with a liveness check
@@ -709,7 +712,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 realigned,
                 ..
             } = self;
-            let n = transport.poll(usize::MAX, |tok, msg| {
+            let n = transport.poll(|tok, msg| {
                 if let Some(call) = calls.settle(tok) {
                     let msg = realign_var::<S>(call.method_id, msg, realigned);
                     if tok == token {
@@ -880,18 +883,25 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         if self.calls.live == 0 && self.calls.zombies == 0 {
             return Ok(None);
         }
-        // Take exactly one response from the transport: nothing is buffered.
+        // Every response the transport has: the first is returned, the others are decoded
+        // now (once, in place) and queued for the next polls.
         let Self {
             transport,
             calls,
+            ready,
             realigned,
             ..
         } = self;
         let mut done = None;
-        let n = transport.poll(1, |tok, msg| {
+        let n = transport.poll(|tok, msg| {
             if let Some(call) = calls.settle(tok) {
                 let msg = realign_var::<S>(call.method_id, msg, realigned);
-                done = Some(complete::<S>(call, msg));
+                let r = complete::<S>(call, msg);
+                if done.is_none() {
+                    done = Some(r);
+                } else {
+                    ready.push_back(r);
+                }
             }
         })?;
         match done {
@@ -905,7 +915,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         }
     }
 
-    #[cold]
+    #[inline]
     fn pop_ready(&mut self) -> Result<Option<(u64, S::Response)>, RpcError> {
         match self.ready.pop_front() {
             None => Ok(None),
@@ -964,7 +974,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
                 realigned,
                 ..
             } = self;
-            let got = transport.poll(usize::MAX, |tok, msg| {
+            let got = transport.poll(|tok, msg| {
                 if let Some(call) = calls.settle(tok) {
                     let msg = realign_var::<S>(call.method_id, msg, realigned);
                     f(
@@ -1065,7 +1075,7 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             realigned,
             ..
         } = self;
-        transport.poll(usize::MAX, |tok, msg| {
+        transport.poll(|tok, msg| {
             if let Some(call) = calls.settle(tok) {
                 let msg = realign_var::<S>(call.method_id, msg, realigned);
                 ready.push_back(complete::<S>(call, msg));

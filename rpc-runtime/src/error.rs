@@ -311,3 +311,63 @@ impl RpcError {
 pub(crate) fn sat_u32(v: impl TryInto<u32>) -> u32 {
     v.try_into().unwrap_or(u32::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn transport_errors_display_as_theirs_and_downcast_back() {
+        let e = RpcError::from_transport("loopback", Outer(std::io::Error::other("inner")));
+        assert_eq!(e.to_string(), "outer");
+        assert_eq!(e.source().unwrap().to_string(), "inner");
+        assert!(e.transport::<Outer>().is_some());
+        assert!(e.transport::<std::io::Error>().is_none());
+        let RpcError::Transport(t) = e else {
+            panic!("not a transport error")
+        };
+        assert_eq!(t.transport(), "loopback");
+        let t = t.downcast::<std::io::Error>().unwrap_err();
+        assert_eq!(t.transport(), "loopback");
+        assert!(t.downcast::<Outer>().is_ok());
+        assert!(RpcError::WouldBlock.transport::<Outer>().is_none());
+    }
+
+    #[test]
+    fn each_transport_wraps_its_own_error_under_its_name() {
+        let cases: [(RpcError, &str); 5] = [
+            (
+                crate::delegation::RingError::InvalidConfig { reason: "x".into() }.into(),
+                "delegation",
+            ),
+            (
+                crate::ipc::IpcError::InvalidConfig { reason: "x".into() }.into(),
+                "ipc",
+            ),
+            (crate::copyrpc::SetupError::BadEndpoint(1).into(), "copyrpc"),
+            (
+                crate::scalerpc::ScaleRpcSetupError::Evicted.into(),
+                "scalerpc",
+            ),
+            (crate::erpc::ErpcSetupError::NoAnswer.into(), "erpc"),
+        ];
+        for (e, name) in cases {
+            match &e {
+                RpcError::Transport(t) => assert_eq!(t.transport(), name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        // Errors of a transport's inner layers arrive as the transport's setup error.
+        let e = RpcError::from(crate::copyrpc::SetupError::BadEndpoint(1));
+        assert!(matches!(
+            e.transport::<crate::copyrpc::CopyrpcSetupError>(),
+            Some(crate::copyrpc::CopyrpcSetupError::Core(_))
+        ));
+    }
+}

@@ -21,10 +21,6 @@ pub trait ServerTransport {
     /// by the transport and never returned.
     fn recv(&mut self) -> Option<(Self::ReplyToken, &[u8])>;
 
-    /// Lets the transport reuse the space of every request returned by `recv` so far
-    /// (delegation: `advance_tail`). Tokens stay valid.
-    fn release(&mut self);
-
     /// Sends a reply of `len` bytes (at most the service's `max_response_bytes`): `encode`
     /// writes the message into a buffer of at least `len` bytes and returns its length, at
     /// most `len`. A transport that reserves room for the reply sizes it by `len` (copyrpc
@@ -70,12 +66,14 @@ pub trait ServerTransport {
         Some((token, msg.len()))
     }
 
-    /// Sends replies written since the last [`ServerTransport::poll`], for transports that
-    /// batch writes until their next poll (copyrpc); [`Server::serve_once`] calls it after
-    /// answering a round so replies do not wait for the next round. Default: nothing (the
-    /// delegation ring's replies are visible as soon as they are written).
-    #[inline]
-    fn flush(&mut self) {}
+    /// Ends a round: lets the transport reuse the space of every request returned by `recv`
+    /// so far (delegation and ipc: `advance_tail`; eRPC: the receive burst and the copied
+    /// requests' buffers), and sends the replies written so far, for transports that batch
+    /// writes until their next poll (copyrpc, ScaleRPC, eRPC). [`Server::serve_once`] calls
+    /// it after answering a round, so replies do not wait for the next round; a server that
+    /// answers later calls it after a batch of `recv`s (tokens stay valid) and again after
+    /// its replies.
+    fn flush(&mut self);
 
     /// Receives the next request and answers it at once: `handle(request, reply_buf)` reads
     /// the request in place and writes the reply message into `reply_buf`, returning its
@@ -198,13 +196,6 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
         }
     }
 
-    /// Lets the transport reuse the space of requests received so far (call after a batch of
-    /// [`Server::recv`]s; tokens stay valid for deferred replies).
-    #[inline]
-    pub fn release(&mut self) {
-        self.transport.release();
-    }
-
     /// Answers the request identified by `token` with `resp`; may be called any time after
     /// [`Server::recv`] returned the token, in any order.
     ///
@@ -225,16 +216,17 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
         r
     }
 
-    /// Sends replies given so far through [`Server::reply`] on transports that batch them
-    /// until their next poll (copyrpc); [`Server::poll`] does it too. No-op for the
-    /// delegation ring.
+    /// Ends a round ([`ServerTransport::flush`]): lets the transport reuse the space of the
+    /// requests received so far (call it after a batch of [`Server::recv`]s; tokens stay
+    /// valid for deferred replies) and sends the replies given so far through
+    /// [`Server::reply`] on transports that batch them until their next poll.
     #[inline]
     pub fn flush(&mut self) {
         self.transport.flush();
     }
 
     /// One round of the serve loop: poll, answer every available request with `handler`,
-    /// release the space, flush the replies ([`ServerTransport::flush`]). Returns how many
+    /// then release the requests' space and send the replies ([`ServerTransport::flush`]). Returns how many
     /// requests were handled (bad ones excluded).
     #[inline]
     pub fn serve_once(&mut self, mut handler: impl FnMut(S::Request) -> S::Response) -> usize {
@@ -248,7 +240,6 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
             let _ = self.reply(token, &resp);
             n += 1;
         }
-        self.transport.release();
         self.transport.flush();
         n
     }
@@ -305,7 +296,6 @@ impl<S: Service, T: ServerTransport> Server<S, T> {
                 n += 1;
             }
         }
-        self.transport.release();
         self.transport.flush();
         n
     }

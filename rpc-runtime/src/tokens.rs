@@ -1,10 +1,12 @@
 //! Call tokens and the response stash shared by client transports whose completions arrive
 //! in batches (copyrpc, ScaleRPC).
 //!
-//! [`crate::Client::poll`] asks a transport for exactly one response, but these transports
-//! deliver every response of a CQ poll inside one callback. [`Tokens`] hands out the call
-//! tokens `0..n` and keeps the responses beyond the caller's `max` in a preallocated
-//! per-token buffer (`n × cap` bytes) until the next poll: no allocation after construction.
+//! [`crate::ClientTransport::poll`] hands every response it finds to its caller, so a
+//! response is stashed only when it arrives while nobody can take it: during a `send` (which
+//! polls for credit or room), or, on a shared copyrpc context, during another client's poll.
+//! [`Tokens`] hands out the call tokens `0..n` and keeps those responses in a preallocated
+//! per-token buffer (`n × cap` bytes) until the client's next poll: no allocation after
+//! construction.
 
 use std::collections::VecDeque;
 
@@ -66,14 +68,11 @@ impl Tokens {
         self.ready.push_back(tok);
     }
 
-    /// Delivers up to `max` stashed responses in arrival order, freeing their tokens.
+    /// Delivers every stashed response in arrival order, freeing their tokens.
     #[cold]
-    pub fn drain(&mut self, max: usize, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
+    pub fn drain(&mut self, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
         let mut n = 0;
-        while n < max {
-            let Some(tok) = self.ready.pop_front() else {
-                break;
-            };
+        while let Some(tok) = self.ready.pop_front() {
             let at = tok as usize * self.cap;
             let len = self.lens[tok as usize] as usize;
             on_response(tok, &self.buf[at..at + len]);
@@ -83,24 +82,11 @@ impl Tokens {
         n
     }
 
-    /// One response arrived during a poll that had delivered `*delivered` of at most `max`:
-    /// delivers it (and frees its token) while under `max`, else stashes it.
+    /// One response arrived during a poll of its client: delivers it and frees its token.
     #[inline(always)]
-    pub fn deliver_or_stash(
-        &mut self,
-        max: usize,
-        delivered: &mut usize,
-        tok: u32,
-        msg: &[u8],
-        on_response: &mut impl FnMut(u32, &[u8]),
-    ) {
-        if *delivered < max {
-            *delivered += 1;
-            on_response(tok, msg);
-            self.free.push(tok);
-        } else {
-            self.stash(tok, msg);
-        }
+    pub fn deliver(&mut self, tok: u32, msg: &[u8], on_response: &mut impl FnMut(u32, &[u8])) {
+        on_response(tok, msg);
+        self.free.push(tok);
     }
 }
 
@@ -116,13 +102,12 @@ mod tests {
             (Some(0), Some(1), Some(2), None)
         );
         let mut got = Vec::new();
-        let mut delivered = 0;
         let mut f = |tok: u32, m: &[u8]| got.push((tok, m.to_vec()));
-        t.deliver_or_stash(1, &mut delivered, 2, b"ab", &mut f);
-        t.deliver_or_stash(1, &mut delivered, 0, b"cdefgh", &mut f);
-        t.deliver_or_stash(1, &mut delivered, 1, b"", &mut f);
+        t.deliver(2, b"ab", &mut f);
+        t.stash(0, b"cdefgh");
+        t.stash(1, b"");
         assert_eq!((t.free(), t.stashed()), (1, 2));
-        assert_eq!(t.drain(5, &mut f), 2);
+        assert_eq!(t.drain(&mut f), 2);
         assert_eq!(
             got,
             vec![(2, b"ab".to_vec()), (0, b"cdef".to_vec()), (1, Vec::new())]

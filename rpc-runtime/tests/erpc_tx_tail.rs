@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use rpc_runtime::erpc::core::{Config, Event, MS, RpcError};
+use rpc_runtime::erpc::core::{Config, Event, MS, SessionError};
 use rpc_runtime::erpc::event_loop::Endpoint;
 use rpc_runtime::erpc::transport::udp::{UdpConfig, UdpTransport};
 use rpc_runtime::erpc::transport::{DatagramTransport, TransportStats, TxPkt};
@@ -130,7 +130,7 @@ fn stale_message_packets_of_a_retried_tail_are_not_sent() {
         Event::RequestFailed {
             session: sid,
             tag: 7,
-            error: RpcError::PeerFailed
+            error: SessionError::PeerFailed
         }
     );
     assert_eq!(cl.tx_pending(), 5, "still waiting");

@@ -25,7 +25,7 @@ use erpc_common::{DEADLINE, connect, run_calls, spawn_server, spin};
 use std::time::Instant;
 
 use mlx5::sim::{Fabric, SimConfig, UdFaults};
-use rpc_runtime::erpc::core::{CallError, Config, Event, MS, RpcError};
+use rpc_runtime::erpc::core::{Config, ErpcCallError, Event, MS, SessionError};
 use rpc_runtime::erpc::event_loop::Endpoint;
 use rpc_runtime::erpc::transport::DatagramTransport;
 use rpc_runtime::erpc::transport::lossy::{LossConfig, LossyTransport};
@@ -184,7 +184,7 @@ fn per_source_session_limit_over_ud() {
             match ev {
                 Event::SessionConnected(_) => connected += 1,
                 Event::SessionFailed {
-                    error: RpcError::SourceLimit { limit: 32 },
+                    error: SessionError::SourceLimit { limit: 32 },
                     ..
                 } => limited += 1,
                 other => panic!("unexpected {other:?}"),
@@ -341,7 +341,7 @@ fn rq_depth_limits_sessions() {
     };
     assert_eq!(
         error,
-        RpcError::NoRingEntries {
+        SessionError::NoRingEntries {
             ring_entries: 16,
             sessions: 2,
             credits: 8
@@ -362,7 +362,7 @@ fn rq_depth_limits_sessions() {
     c.create_session(peer).unwrap();
     assert_eq!(
         c.create_session(peer),
-        Err(CallError::NoRingEntries {
+        Err(ErpcCallError::NoRingEntries {
             ring_entries: 16,
             sessions: 2,
             credits: 8

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use rpc_runtime::delegation::layout::{self, MAGIC};
 use rpc_runtime::delegation::{
-    CallError, ReplyError, ReplyToken, RingClient, RingConfig, RingError, RingFault, RingServer,
-    SHM_DIR,
+    ReplyToken, RingCallError, RingClient, RingConfig, RingError, RingFault, RingReplyError,
+    RingServer, SHM_DIR,
 };
 
 use ring_common::{Cleanup, shm_file, unique_name};
@@ -177,14 +177,14 @@ fn ring_reply_token_checks() {
         generation: 0,
         resp_slot_idx: 0,
     };
-    assert_eq!(server.reply(bad, b"x"), Err(ReplyError::BadToken));
+    assert_eq!(server.reply(bad, b"x"), Err(RingReplyError::BadToken));
     let bad = ReplyToken {
         call_tag: 0,
         client_id: c.client_id(),
         generation: c.generation(),
         resp_slot_idx: cfg.resp_depth,
     };
-    assert_eq!(server.reply(bad, b"x"), Err(ReplyError::BadToken));
+    assert_eq!(server.reply(bad, b"x"), Err(RingReplyError::BadToken));
     // A token never issued (nothing pending on that slot) is stale.
     let never = ReplyToken {
         call_tag: 0,
@@ -192,7 +192,7 @@ fn ring_reply_token_checks() {
         generation: c.generation(),
         resp_slot_idx: 0,
     };
-    assert_eq!(server.reply(never, b"x"), Err(ReplyError::StaleToken));
+    assert_eq!(server.reply(never, b"x"), Err(RingReplyError::StaleToken));
 
     let idx = c.try_call(b"hello").unwrap();
     assert_eq!(server.poll(), 1);
@@ -203,11 +203,11 @@ fn ring_reply_token_checks() {
     let big = vec![0u8; cfg.resp_payload_cap as usize + 1];
     assert!(matches!(
         server.reply(token, &big),
-        Err(ReplyError::PayloadTooLarge { len: 33, cap: 32 })
+        Err(RingReplyError::PayloadTooLarge { len: 33, cap: 32 })
     ));
     assert!(matches!(
         server.reply_with(token, |_| 33),
-        Err(ReplyError::PayloadTooLarge { len: 33, cap: 32 })
+        Err(RingReplyError::PayloadTooLarge { len: 33, cap: 32 })
     ));
     server
         .reply_with(token, |buf| {
@@ -217,13 +217,19 @@ fn ring_reply_token_checks() {
         })
         .unwrap();
     // Answering twice is refused.
-    assert_eq!(server.reply(token, b"again"), Err(ReplyError::StaleToken));
+    assert_eq!(
+        server.reply(token, b"again"),
+        Err(RingReplyError::StaleToken)
+    );
 
     // SlotBusy: a forged request on the same (still unread) response slot.
     attacker.__raw_commit(c.client_id(), idx, 1, b"f").unwrap();
     server.poll();
     let forged = server.recv().unwrap().token;
-    assert_eq!(server.reply(forged, b"forged"), Err(ReplyError::SlotBusy));
+    assert_eq!(
+        server.reply(forged, b"forged"),
+        Err(RingReplyError::SlotBusy)
+    );
     server.advance_tail();
     let mut got = Vec::new();
     c.poll(|i, r| got.push((i, r.to_vec()))).unwrap();
@@ -252,7 +258,10 @@ fn ring_stale_token_after_detach_and_reclaim() {
         Err(RingError::NoFreeClientId { max_clients: 1, .. })
     ));
     drop(c); // DETACHED
-    assert_eq!(server.reply(token, b"late"), Err(ReplyError::StaleToken));
+    assert_eq!(
+        server.reply(token, b"late"),
+        Err(RingReplyError::StaleToken)
+    );
     serve_until(&mut server, Duration::from_secs(10), |s| {
         s.stats().clients_reclaimed == 1
     });
@@ -260,7 +269,10 @@ fn ring_stale_token_after_detach_and_reclaim() {
     assert_eq!(c2.client_id(), id);
     assert_eq!(c2.generation(), generation.wrapping_add(1));
     // The old token must not reach the new owner of the id.
-    assert_eq!(server.reply(token, b"late"), Err(ReplyError::StaleToken));
+    assert_eq!(
+        server.reply(token, b"late"),
+        Err(RingReplyError::StaleToken)
+    );
     assert_eq!(server.stats().stale_replies, 2);
 }
 
@@ -356,12 +368,12 @@ fn ring_aborted_calls_do_not_stall_the_ring() {
     // Too large up front: nothing reserved.
     assert_eq!(
         c.try_call(&[0u8; 33]),
-        Err(CallError::PayloadTooLarge { len: 33, cap: 32 })
+        Err(RingCallError::PayloadTooLarge { len: 33, cap: 32 })
     );
     // Too large from the writer: the slot is committed as aborted.
     assert_eq!(
         c.try_call_with(|buf| buf.len() + 1),
-        Err(CallError::PayloadTooLarge { len: 33, cap: 32 })
+        Err(RingCallError::PayloadTooLarge { len: 33, cap: 32 })
     );
     // A panicking writer: the slot is committed as aborted during unwinding.
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -385,7 +397,7 @@ fn ring_would_block_when_all_slots_outstanding() {
         .collect();
     slots.sort();
     assert_eq!(slots, (0..cfg.resp_depth).collect::<Vec<_>>());
-    assert_eq!(c.try_call(b"x"), Err(CallError::WouldBlock));
+    assert_eq!(c.try_call(b"x"), Err(RingCallError::WouldBlock));
     assert_eq!(c.in_flight(), cfg.resp_depth as usize);
     serve_once(&mut server);
     let mut n = 0;
@@ -407,9 +419,12 @@ fn ring_clean_server_drop_disconnects_clients() {
     c.try_call(b"never answered").unwrap();
     drop(server);
     assert!(!shm_file(&name).exists(), "file unlinked on drop");
-    assert_eq!(c.poll(|_, _| panic!()), Err(CallError::ServerDisconnected));
-    assert_eq!(c.try_call(b"x"), Err(CallError::ServerDisconnected));
-    assert_eq!(c.check_server(), Err(CallError::ServerDisconnected));
+    assert_eq!(
+        c.poll(|_, _| panic!()),
+        Err(RingCallError::ServerDisconnected)
+    );
+    assert_eq!(c.try_call(b"x"), Err(RingCallError::ServerDisconnected));
+    assert_eq!(c.check_server(), Err(RingCallError::ServerDisconnected));
     assert!(matches!(
         RingClient::attach(&name),
         Err(RingError::NotFound { .. })
@@ -918,7 +933,7 @@ fn corrupt_head_behind_tail_detected_by_server_fails_every_client() {
     assert_eq!(server.fault(), Some(RingFault::HeadBehindTail));
     assert_eq!(server.stats().ring_faults, 1);
     assert!(server.recv().is_none());
-    let corrupt = Err(CallError::RingCorrupt(RingFault::HeadBehindTail));
+    let corrupt = Err(RingCallError::RingCorrupt(RingFault::HeadBehindTail));
     let (a, b) = within(Duration::from_secs(5), move || {
         assert_eq!(a.try_call(b"after"), corrupt.map(|_: ()| 0));
         // b still gets the responses that arrived before, then the error.
@@ -970,14 +985,14 @@ fn corrupt_head_behind_tail_detected_by_client() {
     let a = within(Duration::from_secs(5), move || {
         assert_eq!(
             a.try_call(b"x"),
-            Err(CallError::RingCorrupt(RingFault::HeadBehindTail))
+            Err(RingCallError::RingCorrupt(RingFault::HeadBehindTail))
         );
         a
     });
     assert_eq!(a.ring_faults(), 1);
     assert_eq!(
         b.try_call(b"y"),
-        Err(CallError::RingCorrupt(RingFault::HeadBehindTail))
+        Err(RingCallError::RingCorrupt(RingFault::HeadBehindTail))
     );
     assert_eq!(b.ring_faults(), 0, "b learnt it from the header");
     serve_once(&mut server);
@@ -996,7 +1011,7 @@ fn corrupt_head_too_far_ahead_is_detected() {
     let a = within(Duration::from_secs(5), move || {
         assert_eq!(
             a.try_call(b"x"),
-            Err(CallError::RingCorrupt(RingFault::HeadTooFarAhead))
+            Err(RingCallError::RingCorrupt(RingFault::HeadTooFarAhead))
         );
         a
     });
@@ -1017,7 +1032,7 @@ fn corrupt_head_too_far_ahead_is_detected() {
     let t = Instant::now();
     assert_eq!(
         a.try_call_with_deadline(t + Duration::from_millis(30), |_| 0),
-        Err(CallError::Timeout)
+        Err(RingCallError::Timeout)
     );
     assert!(t.elapsed() >= Duration::from_millis(30));
     assert_eq!(a.fault(), None);
@@ -1034,7 +1049,7 @@ fn corrupt_head_too_far_ahead_is_detected() {
     assert_eq!(server.stats().ring_faults, 1);
     assert_eq!(
         a.try_call(b"x"),
-        Err(CallError::RingCorrupt(RingFault::HeadTooFarAhead))
+        Err(RingCallError::RingCorrupt(RingFault::HeadTooFarAhead))
     );
 }
 
@@ -1062,7 +1077,7 @@ fn corrupt_tail_is_detected() {
     assert_eq!(got, 1);
     assert_eq!(
         a.try_call(b"x"),
-        Err(CallError::RingCorrupt(RingFault::TailCorrupt))
+        Err(RingCallError::RingCorrupt(RingFault::TailCorrupt))
     );
     drop(a);
     drop(server);
@@ -1073,7 +1088,7 @@ fn corrupt_tail_is_detected() {
     let a = within(Duration::from_secs(5), move || {
         assert_eq!(
             a.try_call(b"x"),
-            Err(CallError::RingCorrupt(RingFault::HeadBehindTail))
+            Err(RingCallError::RingCorrupt(RingFault::HeadBehindTail))
         );
         a
     });
@@ -1096,7 +1111,7 @@ fn corrupt_slot_sequence_word_is_detected() {
     );
     assert_eq!(
         a.try_call(b"x"),
-        Err(CallError::RingCorrupt(RingFault::SlotSequence))
+        Err(RingCallError::RingCorrupt(RingFault::SlotSequence))
     );
     assert_eq!(a.ring_faults(), 1);
     drop(a);
@@ -1242,7 +1257,7 @@ fn stalled_client_late_call_is_refused_and_others_pass_its_slot() {
         buf[..4].copy_from_slice(b"LATE");
         4
     });
-    assert_eq!(r, Err(CallError::Skipped));
+    assert_eq!(r, Err(RingCallError::Skipped));
     assert_eq!((s.skipped_calls(), s.in_flight()), (1, 0));
     serve_until(&mut server, Duration::from_secs(5), |sv| {
         sv.stats().held_slots_released == 1
@@ -1309,7 +1324,7 @@ fn stalled_client_late_commit_is_refused_and_slot_released() {
         buf[4..8].copy_from_slice(b"DATA");
         8
     });
-    assert_eq!(r, Err(CallError::Skipped));
+    assert_eq!(r, Err(RingCallError::Skipped));
     assert_eq!((s.skipped_calls(), s.in_flight()), (1, 0));
     serve_until(&mut server, Duration::from_secs(5), |sv| {
         sv.stats().held_slots_released == 1
@@ -1410,7 +1425,7 @@ fn holder_dying_after_skip_releases_its_slot() {
                 assert_eq!(got.unwrap(), vec![done; 3]);
                 done += 1;
             }
-            Err(CallError::Timeout) => {
+            Err(RingCallError::Timeout) => {
                 timeouts += 1;
                 serve_once(&mut server);
             }
@@ -1452,7 +1467,7 @@ fn full_ring_call_times_out_and_its_position_is_skipped() {
             b[0] = 0xEE;
             1
         }),
-        Err(CallError::Timeout)
+        Err(RingCallError::Timeout)
     );
     let took = t.elapsed();
     assert!(took >= d && took < d + Duration::from_secs(1), "{took:?}");
@@ -1464,7 +1479,7 @@ fn full_ring_call_times_out_and_its_position_is_skipped() {
     // The send timeout bounds try_call too; nothing new is reserved while position 4 is
     // ahead of the server.
     c.set_send_timeout(Duration::from_millis(20));
-    assert_eq!(c.try_call(b"x"), Err(CallError::Timeout));
+    assert_eq!(c.try_call(b"x"), Err(RingCallError::Timeout));
     assert_eq!(peek_u64(&name, layout::OFF_HEAD as u64), 5);
     assert_eq!(c.timed_out_calls(), 2);
     let mut n = 0;

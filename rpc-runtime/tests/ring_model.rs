@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
-use rpc_runtime::delegation::{CallError, ReplyToken, RingClient, RingConfig, RingServer};
+use rpc_runtime::delegation::{ReplyToken, RingCallError, RingClient, RingConfig, RingServer};
 
 const CAP: usize = 24;
 
@@ -82,7 +82,7 @@ impl Model {
                 let full = self.outstanding[client].len() == self.resp_depth;
                 let r = rig.clients[client].try_call(&payload);
                 if full {
-                    prop_assert_eq!(r, Err(CallError::WouldBlock));
+                    prop_assert_eq!(r, Err(RingCallError::WouldBlock));
                 } else {
                     let idx = r.map_err(|e| TestCaseError::fail(format!("try_call: {e}")))?;
                     prop_assert!((idx as usize) < self.resp_depth);

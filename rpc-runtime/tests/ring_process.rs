@@ -10,7 +10,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
-use rpc_runtime::delegation::{CallError, RingClient, RingConfig, RingError, RingServer, SHM_DIR};
+use rpc_runtime::delegation::{
+    RingCallError, RingClient, RingConfig, RingError, RingServer, SHM_DIR,
+};
 
 const ROLE: &str = "RING_TEST_ROLE";
 const NAME: &str = "RING_TEST_NAME";
@@ -101,9 +103,9 @@ fn client_calls(c: &mut RingClient, calls: u64) {
                     assert!(slot_req[idx as usize].replace(req).is_none());
                     next += 1;
                 }
-                Err(CallError::WouldBlock) => break,
+                Err(RingCallError::WouldBlock) => break,
                 // Stalled past the stall timeout (a loaded machine): not delivered; resend.
-                Err(CallError::Skipped) => {}
+                Err(RingCallError::Skipped) => {}
                 Err(e) => panic!("try_call: {e}"),
             }
         }
@@ -125,7 +127,7 @@ fn client_calls(c: &mut RingClient, calls: u64) {
 }
 
 /// One call, waiting for its response.
-fn call(c: &mut RingClient, req: &[u8]) -> Result<Vec<u8>, CallError> {
+fn call(c: &mut RingClient, req: &[u8]) -> Result<Vec<u8>, RingCallError> {
     let idx = c.try_call(req)?;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -277,9 +279,9 @@ fn ring_server_killed_clients_disconnect() {
     child.wait().unwrap();
 
     let (e, at) = poller.join().unwrap();
-    assert_eq!(e, CallError::ServerDisconnected);
+    assert_eq!(e, RingCallError::ServerDisconnected);
     let (e2, at2, sent) = caller.join().unwrap();
-    assert_eq!(e2, CallError::ServerDisconnected);
+    assert_eq!(e2, RingCallError::ServerDisconnected);
     assert_eq!(sent, 3, "ring of 4 with one pending call: 3 more fit");
     let (d1, d2) = (
         at.saturating_duration_since(killed_at),
@@ -310,8 +312,8 @@ fn ring_server_clean_exit_cross_process() {
     client_calls(&mut c, 200);
     assert_eq!(call(&mut c, b"EXIT").unwrap(), transform(b"EXIT"));
     assert!(wait_child(&mut child, Duration::from_secs(30)).success());
-    assert_eq!(c.try_call(b"late"), Err(CallError::ServerDisconnected));
-    assert_eq!(c.check_server(), Err(CallError::ServerDisconnected));
+    assert_eq!(c.try_call(b"late"), Err(RingCallError::ServerDisconnected));
+    assert_eq!(c.check_server(), Err(RingCallError::ServerDisconnected));
     assert!(!std::path::Path::new(SHM_DIR).join(&name).exists());
 }
 
@@ -423,7 +425,7 @@ fn signal_and_wait(pid: u32, sig: libc::c_int, stopped: bool) {
 
 /// A server process that is stopped (SIGSTOP), not dead: it still holds its lock, so the
 /// liveness check cannot help. A call on the ring it no longer drains returns
-/// `CallError::Timeout` at its deadline; after SIGCONT the outstanding calls are answered, the
+/// `RingCallError::Timeout` at its deadline; after SIGCONT the outstanding calls are answered, the
 /// abandoned position is skipped, and the ring works again.
 #[test]
 fn ring_server_sigstop_call_times_out_then_recovers() {
@@ -458,7 +460,7 @@ fn ring_server_sigstop_call_times_out_then_recovers() {
         }
         assert!(sent.len() <= 4, "a stopped server cannot make room");
     };
-    assert_eq!(err, CallError::Timeout);
+    assert_eq!(err, RingCallError::Timeout);
     assert_eq!(sent.len(), 4);
     assert!(
         took >= wait && took < wait + Duration::from_secs(2),
@@ -470,7 +472,7 @@ fn ring_server_sigstop_call_times_out_then_recovers() {
     let t = Instant::now();
     assert_eq!(
         c.try_call_with_deadline(t + wait, |_| 0),
-        Err(CallError::Timeout)
+        Err(RingCallError::Timeout)
     );
     let took2 = t.elapsed();
     eprintln!(

@@ -31,7 +31,9 @@ use rpc_runtime::delegation::layout::{
     RESP_PAYLOAD_LEN, RESP_TAG, RESP_VALID, SLOT_CLIENT_ID, SLOT_PAYLOAD, SLOT_PAYLOAD_LEN,
     SLOT_RESP_SLOT_IDX,
 };
-use rpc_runtime::delegation::{CallError, ReplyError, RingClient, RingConfig, RingServer, SHM_DIR};
+use rpc_runtime::delegation::{
+    RingCallError, RingClient, RingConfig, RingReplyError, RingServer, SHM_DIR,
+};
 
 const MAX_CLIENTS: u32 = 4;
 const RESP_DEPTH: u32 = 4;
@@ -142,7 +144,7 @@ impl Ring {
             assert!(t.client_id < MAX_CLIENTS && t.resp_slot_idx < RESP_DEPTH);
             assert!(p.len() <= REQ_CAP as usize);
             match self.server.reply(t, &p) {
-                Ok(()) | Err(ReplyError::SlotBusy) | Err(ReplyError::StaleToken) => {}
+                Ok(()) | Err(RingReplyError::SlotBusy) | Err(RingReplyError::StaleToken) => {}
                 Err(e) => panic!("reply to an entry recv returned: {e:?}"),
             }
             got.push((t.client_id, t.resp_slot_idx, p));
@@ -359,7 +361,7 @@ proptest! {
                             prop_assert!(i < RESP_DEPTH);
                             outstanding[who].push(i);
                         }
-                        Err(CallError::RingCorrupt(_)) => prop_assert!(c.fault().is_some()),
+                        Err(RingCallError::RingCorrupt(_)) => prop_assert!(c.fault().is_some()),
                         Err(_) => {}
                     }
                 }
@@ -382,7 +384,7 @@ proptest! {
                     outstanding.remove(at.unwrap());
                     prop_assert!(len <= RESP_CAP as usize);
                 }
-                if let Err(CallError::RingCorrupt(_)) = res {
+                if let Err(RingCallError::RingCorrupt(_)) = res {
                     prop_assert!(c.fault().is_some());
                 }
             }

@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
-use rpc_runtime::delegation::{CallError, RingClient, RingConfig, RingServer, RingStats};
+use rpc_runtime::delegation::{RingCallError, RingClient, RingConfig, RingServer, RingStats};
 
 fn unique_name(tag: &str) -> String {
     format!("rt-{}-{tag}", std::process::id())
@@ -81,10 +81,10 @@ fn run_client(name: &str, calls: u64, len: usize) -> u64 {
                     slot_seq[idx as usize] = next;
                     next += 1;
                 }
-                Err(CallError::WouldBlock) => break,
+                Err(RingCallError::WouldBlock) => break,
                 // This thread stalled for longer than the stall timeout between reserving and
                 // committing: the request was not delivered; send it again.
-                Err(CallError::Skipped) => {}
+                Err(RingCallError::Skipped) => {}
                 Err(e) => panic!("try_call: {e}"),
             }
         }
@@ -244,7 +244,7 @@ fn run_stalling_client(
                     }
                     break;
                 }
-                Err(CallError::Skipped) => {
+                Err(RingCallError::Skipped) => {
                     refused += 1;
                     if stall_now {
                         stalled += 1;

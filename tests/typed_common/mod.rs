@@ -201,7 +201,7 @@ pub fn spawn_late<T: ServerTransport + Send + 'static>(
                     }
                 }
             }
-            server.release();
+            server.flush();
             if let Ok(v) = rx.try_recv() {
                 for token in held.drain(..) {
                     let _ = server.reply(token, &KvResponse::Get(Some(v)));

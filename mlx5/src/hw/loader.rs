@@ -80,8 +80,8 @@ fn dl_message(e: &libloading::Error) -> String {
 /// Opens a shared object by name.
 fn load(name: &str) -> Result<Library> {
     // SAFETY: loading runs the library's initialisers. rdma-core's are the ordinary ones of a
-    // system library (no requirements on the caller); for any other name the caller chose to
-    // load that library.
+    // system library (no requirements on the caller); any other name comes through
+    // `open_with_libraries`/`list_devices_with_libraries`, whose `unsafe` contract covers it.
     unsafe { Library::new(name) }.map_err(|e| Error::NoDevice {
         reason: format!("{name} could not be loaded: {}", dl_message(&e)),
     })

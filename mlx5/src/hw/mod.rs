@@ -123,15 +123,22 @@ pub struct DeviceInfo {
 /// RDMA support in this kernel)"), the device ("device mlx5_3 not found; available: …"), or the
 /// port ("port 2 of mlx5_0 not active (state DOWN)"). [`Error::Verbs`] for a failing query.
 pub fn open(device: Option<&str>, port: u8) -> Result<Context> {
-    open_with_libraries(LibraryNames::DEFAULT, device, port)
+    // SAFETY: the sonames of rdma-core's own packages.
+    unsafe { open_with_libraries(LibraryNames::DEFAULT, device, port) }
 }
 
 /// [`open`] with other library names (tests simulate a machine without rdma-core with a
 /// nonexistent name).
 ///
+/// # Safety
+/// Loading a library runs its initialisers, and the symbols found are called with rdma-core's
+/// signatures (`infiniband/verbs.h`, `infiniband/mlx5dv.h`): each name that loads must be
+/// rdma-core's libibverbs (ABI of [`crate::hw::ffi`]) or libmlx5, or a library without those
+/// symbols (the open then fails with [`Error::NoDevice`]).
+///
 /// # Errors
 /// As [`open`].
-pub fn open_with_libraries(
+pub unsafe fn open_with_libraries(
     names: LibraryNames<'_>,
     device: Option<&str>,
     port: u8,
@@ -147,14 +154,18 @@ pub fn open_with_libraries(
 /// [`Error::NoDevice`] as for [`open`] when the libraries, the kernel support or any device
 /// are missing.
 pub fn list_devices() -> Result<Vec<DeviceInfo>> {
-    list_devices_with_libraries(LibraryNames::DEFAULT)
+    // SAFETY: the sonames of rdma-core's own packages.
+    unsafe { list_devices_with_libraries(LibraryNames::DEFAULT) }
 }
 
 /// [`list_devices`] with other library names.
 ///
+/// # Safety
+/// As [`open_with_libraries`].
+///
 /// # Errors
 /// As [`list_devices`].
-pub fn list_devices_with_libraries(names: LibraryNames<'_>) -> Result<Vec<DeviceInfo>> {
+pub unsafe fn list_devices_with_libraries(names: LibraryNames<'_>) -> Result<Vec<DeviceInfo>> {
     let libs = Libs::load(names)?;
     let list = DeviceList::get(&libs)?;
     Ok(list.entries().into_iter().map(|(_, info)| info).collect())
@@ -589,8 +600,9 @@ impl Drop for HwAh {
     }
 }
 
-// SAFETY (all handle types below): rdma-core objects may be used and destroyed from any thread;
-// the handles only pass their pointers back to rdma-core and have no Rust-side mutability.
+// SAFETY: (all handle types below) rdma-core objects may be used and destroyed from any
+// thread; the handles only pass their pointers back to rdma-core and have no Rust-side
+// mutability.
 unsafe impl Send for PdObj {}
 // SAFETY: see above.
 unsafe impl Sync for PdObj {}

@@ -45,7 +45,9 @@ fn missing_libibverbs_is_named() {
         ibverbs: "libibverbs-does-not-exist.so.1",
         mlx5: "libmlx5.so.1",
     };
-    let reason = no_device_reason(open_with_libraries(names, None, 1)).expect("cannot succeed");
+    // SAFETY: rdma-core's libraries, a library that does not exist, or libc (no verbs symbols).
+    let reason =
+        no_device_reason(unsafe { open_with_libraries(names, None, 1) }).expect("cannot succeed");
     assert!(
         reason.starts_with("libibverbs-does-not-exist.so.1 could not be loaded: "),
         "{reason}"
@@ -55,7 +57,8 @@ fn missing_libibverbs_is_named() {
         reason.contains("cannot open shared object file"),
         "{reason}"
     );
-    let Err(Error::NoDevice { reason }) = list_devices_with_libraries(names) else {
+    // SAFETY: as above.
+    let Err(Error::NoDevice { reason }) = (unsafe { list_devices_with_libraries(names) }) else {
         panic!("list_devices must fail the same way");
     };
     assert!(
@@ -70,7 +73,9 @@ fn missing_libmlx5_is_named() {
         ibverbs: "libibverbs.so.1",
         mlx5: "libmlx5-does-not-exist.so.1",
     };
-    let reason = no_device_reason(open_with_libraries(names, None, 1)).expect("cannot succeed");
+    // SAFETY: rdma-core's libraries, a library that does not exist, or libc (no verbs symbols).
+    let reason =
+        no_device_reason(unsafe { open_with_libraries(names, None, 1) }).expect("cannot succeed");
     if rdma_core_installed() {
         assert!(
             reason.starts_with("libmlx5-does-not-exist.so.1 could not be loaded: "),
@@ -91,7 +96,9 @@ fn missing_symbol_is_named() {
         ibverbs: "libc.so.6",
         mlx5: "libc.so.6",
     };
-    let reason = no_device_reason(open_with_libraries(names, None, 1)).expect("cannot succeed");
+    // SAFETY: rdma-core's libraries, a library that does not exist, or libc (no verbs symbols).
+    let reason =
+        no_device_reason(unsafe { open_with_libraries(names, None, 1) }).expect("cannot succeed");
     assert!(
         reason.starts_with("libc.so.6 has no symbol ibv_get_device_list"),
         "{reason}"

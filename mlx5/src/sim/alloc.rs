@@ -58,6 +58,7 @@ pub(crate) struct ModelMem {
 // SAFETY: plain heap memory, not tied to a thread; every access goes through raw pointers whose
 // synchronisation is documented in `sim/mod.rs` ("Memory ordering").
 unsafe impl Send for ModelMem {}
+// SAFETY: as for `Send`: `&ModelMem` gives only the pointer, never a reference to the bytes.
 unsafe impl Sync for ModelMem {}
 
 impl ModelMem {

@@ -1031,6 +1031,7 @@ mod tests {
                     ..
                 } => {
                     assert_eq!((p.as_str(), *m), (path.as_str(), mode));
+                    // SAFETY: `geteuid` has no preconditions and cannot fail.
                     assert_eq!(*owner, unsafe { libc::geteuid() });
                 }
                 other => panic!("{tag}: expected UnsafeFile, got {other}"),

@@ -10,17 +10,17 @@ use mlx5::queue::{CqMem, Doorbell, RqMem, SimDoorbell, SqMem, SrqMem};
 use mlx5::wqe::{self, AtomicSeg, DgramSeg, ParsedWqe, RaddrSeg, Sge, WQEBB, WqeDesc};
 
 /// QPN every test send queue uses.
-pub const QPN: u32 = 0x00ab_cdef;
+pub(crate) const QPN: u32 = 0x00ab_cdef;
 
 /// Reads `len` bytes at `off` of a buffer (no device touches it concurrently in these tests).
-pub fn bytes(buf: &DmaBuf, off: usize, len: usize) -> Vec<u8> {
+pub(crate) fn bytes(buf: &DmaBuf, off: usize, len: usize) -> Vec<u8> {
     assert!(off + len <= buf.mapped_len());
     // SAFETY: inside the mapping; no concurrent writer.
     unsafe { std::slice::from_raw_parts(buf.as_ptr().add(off), len).to_vec() }
 }
 
 /// Reads doorbell record word `i` (host order).
-pub fn dbrec_word(db: &DmaBuf, i: usize) -> u32 {
+pub(crate) fn dbrec_word(db: &DmaBuf, i: usize) -> u32 {
     // SAFETY: inside the mapping, 4-byte aligned.
     u32::from_be(unsafe { db.as_ptr().cast::<u32>().add(i).read_volatile() })
 }
@@ -28,7 +28,7 @@ pub fn dbrec_word(db: &DmaBuf, i: usize) -> u32 {
 /// A stand-in device for a send queue: on every doorbell it reads `dbrec[1]`, extends it
 /// against its own consumer counter and parses every new WQE from the ring as the PRM defines
 /// it (checking `wqe_index`, the QPN and that no WQE crosses the ring end).
-pub struct MiniSqDevice {
+pub(crate) struct MiniSqDevice {
     ring: usize,
     wqe_cnt: u32,
     dbrec: usize,
@@ -37,7 +37,7 @@ pub struct MiniSqDevice {
 }
 
 #[derive(Default)]
-pub struct DevState {
+pub(crate) struct DevState {
     /// Consumer counter in WQEBBs.
     pub ci: u32,
     /// Every WQE read, in order, with its producer counter.
@@ -78,7 +78,7 @@ impl SimDoorbell for MiniSqDevice {
 }
 
 /// A send queue over test buffers with a [`MiniSqDevice`] behind its doorbell.
-pub struct SqHarness {
+pub(crate) struct SqHarness {
     pub ring: Arc<DmaBuf>,
     pub db: Arc<DmaBuf>,
     pub dev: Arc<MiniSqDevice>,
@@ -86,7 +86,7 @@ pub struct SqHarness {
 }
 
 impl SqHarness {
-    pub fn new(wqe_cnt: u32, max_inline: u32, ud: bool) -> Self {
+    pub(crate) fn new(wqe_cnt: u32, max_inline: u32, ud: bool) -> Self {
         let ring = Arc::new(DmaBuf::with_normal_pages(wqe_cnt as usize * WQEBB).unwrap());
         let db = Arc::new(DmaBuf::with_normal_pages(8).unwrap());
         let dev = Arc::new(MiniSqDevice {
@@ -118,20 +118,20 @@ impl SqHarness {
     }
 
     /// Parses the WQE whose first WQEBB is at producer counter `pi`.
-    pub fn parse_at(&self, pi: u32, ud: bool) -> ParsedWqe {
+    pub(crate) fn parse_at(&self, pi: u32, ud: bool) -> ParsedWqe {
         let cnt = self.sq.wqe_cnt();
         let off = (pi & (cnt - 1)) as usize * WQEBB;
         wqe::parse(&bytes(&self.ring, off, cnt as usize * WQEBB - off), ud).unwrap()
     }
 
-    pub fn ring_snapshot(&self) -> Vec<u8> {
+    pub(crate) fn ring_snapshot(&self) -> Vec<u8> {
         bytes(&self.ring, 0, self.sq.wqe_cnt() as usize * WQEBB)
     }
 }
 
 /// An owned copy of a [`WqeDesc`], to compare with what the device parses.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Expected {
+pub(crate) struct Expected {
     pub opcode: wqe::Opcode,
     pub flags: u8,
     pub imm: u32,
@@ -143,7 +143,7 @@ pub struct Expected {
 }
 
 impl Expected {
-    pub fn desc(&self) -> WqeDesc<'_> {
+    pub(crate) fn desc(&self) -> WqeDesc<'_> {
         WqeDesc {
             opcode: self.opcode,
             flags: self.flags,
@@ -156,12 +156,12 @@ impl Expected {
         }
     }
 
-    pub fn ds(&self) -> u32 {
+    pub(crate) fn ds(&self) -> u32 {
         self.desc().ds()
     }
 
     /// Asserts that `w` is this WQE with `wqe_index`.
-    pub fn check(&self, w: &ParsedWqe, wqe_index: u16) {
+    pub(crate) fn check(&self, w: &ParsedWqe, wqe_index: u16) {
         assert_eq!(w.ctrl.wqe_index, wqe_index);
         assert_eq!(w.ctrl.opcode, self.opcode as u8);
         assert_eq!(w.ctrl.qpn, QPN);
@@ -179,24 +179,24 @@ impl Expected {
 }
 
 /// Deterministic pseudo-random numbers (SplitMix64).
-pub struct Rng(pub u64);
+pub(crate) struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     }
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
 }
 
 /// A send WQE of one of the shapes a transport posts: `kind` selects RDMA WRITE(+IMM) with
 /// inline data or SGEs, SEND(+IMM), RDMA READ, atomics, or (for UD) a datagram SEND.
-pub fn shape(
+pub(crate) fn shape(
     kind: u8,
     inline_len: usize,
     nsges: usize,
@@ -297,7 +297,7 @@ pub fn shape(
 }
 
 /// A CQ over test buffers plus the producer side (what the device writes).
-pub struct CqHarness {
+pub(crate) struct CqHarness {
     pub buf: Arc<DmaBuf>,
     pub db: Arc<DmaBuf>,
     pub cnt: u32,
@@ -307,7 +307,7 @@ pub struct CqHarness {
 }
 
 impl CqHarness {
-    pub fn new(cnt: u32) -> Self {
+    pub(crate) fn new(cnt: u32) -> Self {
         let buf = Arc::new(DmaBuf::with_normal_pages(cnt as usize * CQE_BYTES).unwrap());
         let db = Arc::new(DmaBuf::with_normal_pages(8).unwrap());
         for i in 0..cnt as usize {
@@ -335,19 +335,19 @@ impl CqHarness {
 
     /// Writes `c` at the producer counter like a device: bytes 0..63, then `op_own` with
     /// Release.
-    pub fn produce(&mut self, c: &Cqe) {
+    pub(crate) fn produce(&mut self, c: &Cqe) {
         produce_at(self.buf.as_mut_ptr() as usize, self.cnt, self.pi, c);
         self.pi += 1;
     }
 
     /// The consumer index the driver published.
-    pub fn dbrec(&self) -> u32 {
+    pub(crate) fn dbrec(&self) -> u32 {
         dbrec_word(&self.db, 0)
     }
 }
 
 /// Device-side CQE write at producer counter `pi` of a ring at address `buf` of `cnt` entries.
-pub fn produce_at(buf: usize, cnt: u32, pi: u32, c: &Cqe) {
+pub(crate) fn produce_at(buf: usize, cnt: u32, pi: u32, c: &Cqe) {
     let mut b = [0u8; CQE_BYTES];
     c.encode(&mut b);
     let op = op_own(
@@ -365,7 +365,7 @@ pub fn produce_at(buf: usize, cnt: u32, pi: u32, c: &Cqe) {
 }
 
 /// A requester CQE naming `wqe_counter`.
-pub fn req_cqe(qpn: u32, wqe_counter: u16) -> Cqe {
+pub(crate) fn req_cqe(qpn: u32, wqe_counter: u16) -> Cqe {
     Cqe {
         opcode: CqeOpcode::Req as u8,
         qpn,
@@ -382,7 +382,7 @@ pub fn req_cqe(qpn: u32, wqe_counter: u16) -> Cqe {
 }
 
 /// RQ memory over test buffers.
-pub fn rq_mem(wqe_cnt: u32, max_sge: u32) -> (Arc<DmaBuf>, Arc<DmaBuf>, RqMem) {
+pub(crate) fn rq_mem(wqe_cnt: u32, max_sge: u32) -> (Arc<DmaBuf>, Arc<DmaBuf>, RqMem) {
     let stride = (16 * max_sge.max(1)).next_power_of_two();
     let buf = Arc::new(DmaBuf::with_normal_pages((wqe_cnt * stride) as usize).unwrap());
     let db = Arc::new(DmaBuf::with_normal_pages(8).unwrap());
@@ -403,7 +403,7 @@ pub fn rq_mem(wqe_cnt: u32, max_sge: u32) -> (Arc<DmaBuf>, Arc<DmaBuf>, RqMem) {
 }
 
 /// SRQ memory over test buffers (stride `pow2(max(32, 16 + 16 * max_sge))`).
-pub fn srq_mem(wqe_cnt: u32, max_sge: u32) -> (Arc<DmaBuf>, Arc<DmaBuf>, SrqMem) {
+pub(crate) fn srq_mem(wqe_cnt: u32, max_sge: u32) -> (Arc<DmaBuf>, Arc<DmaBuf>, SrqMem) {
     let stride = (16 + 16 * max_sge).max(32).next_power_of_two();
     let buf = Arc::new(DmaBuf::with_normal_pages((wqe_cnt * stride) as usize).unwrap());
     let db = Arc::new(DmaBuf::with_normal_pages(8).unwrap());

@@ -12,23 +12,23 @@ use mlx5::verbs::{
 use mlx5::wqe::{CQ_UPDATE, DgramSeg, Opcode, RaddrSeg, Sge, WqeDesc};
 
 /// Every access right.
-pub fn all_access() -> Access {
+pub(crate) fn all_access() -> Access {
     Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
 }
 
 /// A registered buffer. `mr` is declared first: deregistered before the memory is unmapped.
-pub struct Buf {
+pub(crate) struct Buf {
     pub mr: Mr,
     pub mem: DmaBuf,
 }
 
 impl Buf {
     /// Address of byte `off`.
-    pub fn addr(&self, off: usize) -> u64 {
+    pub(crate) fn addr(&self, off: usize) -> u64 {
         self.mem.as_ptr() as u64 + off as u64
     }
     /// An SGE over `[off, off+len)` with this buffer's lkey.
-    pub fn sge(&self, off: usize, len: u32) -> Sge {
+    pub(crate) fn sge(&self, off: usize, len: u32) -> Sge {
         Sge {
             addr: self.addr(off),
             len,
@@ -36,7 +36,7 @@ impl Buf {
         }
     }
     /// A remote-address segment for `off` with this buffer's rkey.
-    pub fn raddr(&self, off: usize) -> RaddrSeg {
+    pub(crate) fn raddr(&self, off: usize) -> RaddrSeg {
         RaddrSeg {
             raddr: self.addr(off),
             rkey: self.mr.rkey,
@@ -44,7 +44,7 @@ impl Buf {
     }
     /// Copies `len` bytes at `off` out (the model writes with raw copies; tests read after
     /// the CQE that published them, or when no device work is in flight).
-    pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
+    pub(crate) fn read(&self, off: usize, len: usize) -> Vec<u8> {
         assert!(off + len <= self.mem.len());
         let mut v = vec![0u8; len];
         // SAFETY: inside the mapping; see above for ordering.
@@ -52,7 +52,7 @@ impl Buf {
         v
     }
     /// Writes `data` at `off`.
-    pub fn write(&self, off: usize, data: &[u8]) {
+    pub(crate) fn write(&self, off: usize, data: &[u8]) {
         assert!(off + data.len() <= self.mem.len());
         // SAFETY: inside the mapping; no device access in flight on these bytes.
         unsafe {
@@ -62,34 +62,34 @@ impl Buf {
 }
 
 /// One rank: a device context and a protection domain on it.
-pub struct Node {
+pub(crate) struct Node {
     pub pd: Pd,
     pub ctx: Context,
 }
 
 impl Node {
-    pub fn new(fabric: &Fabric) -> Node {
+    pub(crate) fn new(fabric: &Fabric) -> Node {
         let ctx = fabric.open();
         let pd = ctx.alloc_pd().unwrap();
         Node { pd, ctx }
     }
 
-    pub fn buf(&self, len: usize, access: Access) -> Buf {
+    pub(crate) fn buf(&self, len: usize, access: Access) -> Buf {
         let mem = DmaBuf::with_normal_pages(len).unwrap();
         // SAFETY: `mem` moves into the `Buf` with the registration (MR dropped first).
         let mr = unsafe { self.ctx.reg_mr(&self.pd, mem.as_mut_ptr(), len, access) }.unwrap();
         Buf { mr, mem }
     }
 
-    pub fn cq(&self, n: u32) -> Cq {
+    pub(crate) fn cq(&self, n: u32) -> Cq {
         self.ctx.create_cq(n).unwrap()
     }
 
-    pub fn srq(&self, max_wr: u32, max_sge: u32) -> Srq {
+    pub(crate) fn srq(&self, max_wr: u32, max_sge: u32) -> Srq {
         self.ctx.create_srq(&self.pd, max_wr, max_sge).unwrap()
     }
 
-    pub fn qp(
+    pub(crate) fn qp(
         &self,
         qp_type: QpType,
         send_cq: &Cq,
@@ -112,7 +112,7 @@ impl Node {
     }
 
     /// Where a peer connects to reach `qp`.
-    pub fn remote(&self, qp: &Qp) -> RcRemote {
+    pub(crate) fn remote(&self, qp: &Qp) -> RcRemote {
         let port = self.ctx.port();
         RcRemote {
             qpn: qp.qpn(),
@@ -123,7 +123,7 @@ impl Node {
     }
 
     /// UD destination `qp` with `qkey` (no GRH).
-    pub fn ud_dest(&self, qp: &Qp, qkey: u32) -> UdDest {
+    pub(crate) fn ud_dest(&self, qp: &Qp, qkey: u32) -> UdDest {
         UdDest {
             qpn: qp.qpn(),
             qkey,
@@ -132,19 +132,19 @@ impl Node {
         }
     }
 
-    pub fn ah(&self, dest: &UdDest) -> DgramSeg {
+    pub(crate) fn ah(&self, dest: &UdDest) -> DgramSeg {
         self.ctx.create_ah(&self.pd, dest).unwrap().av
     }
 }
 
 /// Connects two RC QPs to each other with `params`.
-pub fn connect(a: &Node, qa: &mut Qp, b: &Node, qb: &mut Qp, params: &RcParams) {
+pub(crate) fn connect(a: &Node, qa: &mut Qp, b: &Node, qb: &mut Qp, params: &RcParams) {
     qa.connect_rc(&b.remote(qb), params).unwrap();
     qb.connect_rc(&a.remote(qa), params).unwrap();
 }
 
 /// Two nodes with one RC QP each, connected; each QP has its own CQ (send and receive) and RQ.
-pub struct RcPair {
+pub(crate) struct RcPair {
     pub qa: Qp,
     pub qb: Qp,
     pub cqa: Cq,
@@ -154,7 +154,7 @@ pub struct RcPair {
 }
 
 impl RcPair {
-    pub fn new(fabric: &Fabric, caps: QpCaps, params: &RcParams) -> RcPair {
+    pub(crate) fn new(fabric: &Fabric, caps: QpCaps, params: &RcParams) -> RcPair {
         let a = Node::new(fabric);
         let b = Node::new(fabric);
         let cqa = a.cq(256);
@@ -174,7 +174,7 @@ impl RcPair {
 }
 
 /// A WQE descriptor with defaults (signaled).
-pub fn desc<'a>(opcode: Opcode) -> WqeDesc<'a> {
+pub(crate) fn desc<'a>(opcode: Opcode) -> WqeDesc<'a> {
     WqeDesc {
         opcode,
         flags: CQ_UPDATE,
@@ -188,21 +188,21 @@ pub fn desc<'a>(opcode: Opcode) -> WqeDesc<'a> {
 }
 
 /// Posts one WQE and rings the doorbell; returns its wqe_index.
-pub fn post(qp: &mut Qp, d: &WqeDesc<'_>) -> u16 {
+pub(crate) fn post(qp: &mut Qp, d: &WqeDesc<'_>) -> u16 {
     let idx = qp.sq.post(d).unwrap();
     qp.sq.ring_doorbell();
     idx
 }
 
 /// Posts a receive WQE on the QP's RQ and rings its doorbell.
-pub fn post_recv(qp: &mut Qp, sges: &[Sge]) {
+pub(crate) fn post_recv(qp: &mut Qp, sges: &[Sge]) {
     let rq = qp.rq.as_mut().unwrap();
     rq.post(sges).unwrap();
     rq.ring_doorbell();
 }
 
 /// One CQE if there is one (doorbell record updated).
-pub fn try_poll(cq: &mut CompletionQueue) -> Option<Cqe> {
+pub(crate) fn try_poll(cq: &mut CompletionQueue) -> Option<Cqe> {
     let c = cq.poll_one();
     if c.is_some() {
         cq.update_dbrec();
@@ -211,7 +211,7 @@ pub fn try_poll(cq: &mut CompletionQueue) -> Option<Cqe> {
 }
 
 /// Polls one CQE, making progress steps while waiting; panics after `limit` empty polls.
-pub fn poll(fabric: &Fabric, cq: &mut CompletionQueue) -> Cqe {
+pub(crate) fn poll(fabric: &Fabric, cq: &mut CompletionQueue) -> Cqe {
     for _ in 0..10_000 {
         if let Some(c) = try_poll(cq) {
             return c;
@@ -222,27 +222,27 @@ pub fn poll(fabric: &Fabric, cq: &mut CompletionQueue) -> Cqe {
 }
 
 /// Asserts that the CQ is empty now.
-pub fn assert_empty(cq: &mut CompletionQueue) {
+pub(crate) fn assert_empty(cq: &mut CompletionQueue) {
     if let Some(c) = try_poll(cq) {
         panic!("unexpected CQE {c:?}");
     }
 }
 
 /// The CQE's opcode.
-pub fn opcode(c: &Cqe) -> CqeOpcode {
+pub(crate) fn opcode(c: &Cqe) -> CqeOpcode {
     CqeOpcode::from_nibble(c.opcode).unwrap()
 }
 
 /// Asserts a successful CQE of `op`.
 #[track_caller]
-pub fn expect_ok(c: &Cqe, op: CqeOpcode) {
+pub(crate) fn expect_ok(c: &Cqe, op: CqeOpcode) {
     assert_eq!(opcode(c), op, "{c:?}");
     assert!(c.status().is_ok(), "{c:?}");
 }
 
 /// Asserts an error CQE of `op` with syndrome `s`.
 #[track_caller]
-pub fn expect_err(c: &Cqe, op: CqeOpcode, s: Syndrome) {
+pub(crate) fn expect_err(c: &Cqe, op: CqeOpcode, s: Syndrome) {
     assert_eq!(opcode(c), op, "{c:?}");
     assert_eq!(Syndrome::from_u8(c.syndrome), Some(s), "{c:?}");
 }

@@ -104,17 +104,16 @@ impl Shared {
         }
     }
 
-    /// Polls the context once for client `me`: its responses go to `on_response` while
-    /// fewer than `max` were delivered (counting `delivered` already), the rest to its
-    /// stash; other clients' responses go to their stashes. A failed call frees its token
-    /// without delivery (the failure is reported by the endpoint's state). Returns the
-    /// responses delivered, `delivered` included.
+    /// Polls the context once for client `me`: its responses go to `on_response` if
+    /// `deliver` (a poll), else to its stash (a `send` polling for credit or room); other
+    /// clients' responses go to their stashes. A failed call frees its token without
+    /// delivery (the failure is reported by the endpoint's state). Returns the responses
+    /// delivered.
     #[inline(always)]
     pub(super) fn pump(
         &mut self,
         me: u32,
-        max: usize,
-        mut delivered: usize,
+        deliver: bool,
         on_response: &mut impl FnMut(u32, &[u8]),
     ) -> usize {
         let Shared {
@@ -122,6 +121,7 @@ impl Shared {
             slots,
             orphaned,
         } = self;
+        let mut delivered = 0;
         ctx.poll(
             #[inline(always)]
             |user, r| {
@@ -132,8 +132,12 @@ impl Shared {
                     match r {
                         Ok(msg) => {
                             s.responses += 1;
-                            s.tokens
-                                .deliver_or_stash(max, &mut delivered, tok, msg, on_response);
+                            if deliver {
+                                delivered += 1;
+                                s.tokens.deliver(tok, msg, on_response);
+                            } else {
+                                s.tokens.stash(tok, msg);
+                            }
                         }
                         Err(_) => s.tokens.give_back(tok),
                     }

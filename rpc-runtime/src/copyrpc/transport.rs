@@ -544,24 +544,21 @@ impl RcClient for Copyrpc {
     /// The slot's stashed responses first, then one poll of the context (which also sends
     /// what was written, and stashes the responses of the context's other clients).
     #[inline(always)]
-    fn deliver(&mut self, max: usize, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
+    fn deliver(&mut self, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
         let me = self.slot;
         self.ctx.with(|s| {
             let mut n = 0;
             let tokens = &mut s.slots[me as usize].tokens;
             if tokens.stashed() != 0 {
-                n = tokens.drain(max, on_response);
-                if n >= max {
-                    return n;
-                }
+                n = tokens.drain(on_response);
             }
-            s.pump(me, max, n, on_response)
+            n + s.pump(me, true, on_response)
         })
     }
 
     fn progress(&mut self) {
         let me = self.slot;
-        self.ctx.with(|s| s.pump(me, 0, 0, &mut |_, _| {}));
+        self.ctx.with(|s| s.pump(me, false, &mut |_, _| {}));
     }
 
     /// Whether the endpoint of this client failed (the server is gone or sent garbage),
@@ -1029,15 +1026,6 @@ impl ServerTransport for CopyrpcServer {
         self.ctx.recv()
     }
 
-    /// copyrpc releases a request's ring space when `recv` hands it out, and the credit
-    /// return rides on the next batch sent to that client (seeds/004 §3.4).
-    /// Frees the large-message landing buffers of requests received so far (issue 15;
-    /// also done by the next poll).
-    #[inline]
-    fn release(&mut self) {
-        self.ctx.release_large();
-    }
-
     /// Writes the reply of `len` bytes into the client's endpoint; it is sent by the next
     /// poll or flush.
     ///
@@ -1057,11 +1045,15 @@ impl ServerTransport for CopyrpcServer {
             .map_err(reply_error)
     }
 
-    /// Sends the replies written so far (one WRITE+IMM per client with replies):
-    /// [`Context::flush`], which posts the dirty endpoints' batches without polling the
-    /// completion queues again (the round's `poll` did; the next one will).
+    /// Frees the large-message landing buffers of requests received so far (issue 15; also
+    /// done by the next poll; copyrpc releases a request's ring space when `recv` hands it
+    /// out, and the credit return rides on the next batch sent to that client, seeds/004
+    /// §3.4), then sends the replies written so far (one WRITE+IMM per client with
+    /// replies): [`Context::flush`], which posts the dirty endpoints' batches without
+    /// polling the completion queues again (the round's `poll` did; the next one will).
     #[inline]
     fn flush(&mut self) {
+        self.ctx.release_large();
         self.ctx.flush();
     }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::Backoff;
 
 use super::config::RingInfo;
-use super::error::{CallError, RingError, RingFault};
+use super::error::{RingCallError, RingError, RingFault};
 use super::header;
 use super::layout::*;
 use super::shm::{self, ShmMap};
@@ -71,7 +71,7 @@ pub struct RingClient {
     held_slot_retries: u64,
     /// Impossible ring states this client found (it marked the ring failed).
     ring_faults: u64,
-    /// How long `try_call`/`try_call_with` wait for room before [`CallError::Timeout`].
+    /// How long `try_call`/`try_call_with` wait for room before [`RingCallError::Timeout`].
     send_timeout: Duration,
     /// `ring_depth + 4 * max_clients`: beyond this distance from `tail`, `head` is impossible
     /// (see [`RingFault::HeadTooFarAhead`]).
@@ -90,7 +90,7 @@ pub struct RingClient {
 
 /// Default bound on the time [`RingClient::try_call`] and [`RingClient::try_call_with`] wait
 /// for room in the ring (or for the slot's previous writer): 1 s, the default call deadline
-/// suggested for the typed client. Past it they return [`CallError::Timeout`].
+/// suggested for the typed client. Past it they return [`RingCallError::Timeout`].
 pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `ring_depth + 4 * max_clients`: the bound on `head - tail` used to recognize a corrupt
@@ -265,13 +265,13 @@ impl RingClient {
         self.corrupt_responses
     }
 
-    /// Calls refused with [`CallError::Skipped`]: the server skipped their position because
+    /// Calls refused with [`RingCallError::Skipped`]: the server skipped their position because
     /// this client stalled between reserving and committing for longer than `stall_timeout`.
     pub fn skipped_calls(&self) -> u64 {
         self.skipped_calls
     }
 
-    /// Calls that returned [`CallError::Timeout`].
+    /// Calls that returned [`RingCallError::Timeout`].
     pub fn timed_out_calls(&self) -> u64 {
         self.timed_out_calls
     }
@@ -295,7 +295,7 @@ impl RingClient {
     }
 
     /// Sets how long [`try_call`](Self::try_call) and [`try_call_with`](Self::try_call_with)
-    /// wait for room in the ring before failing with [`CallError::Timeout`] (default
+    /// wait for room in the ring before failing with [`RingCallError::Timeout`] (default
     /// [`DEFAULT_SEND_TIMEOUT`]). The clock is read only once a call has to wait.
     pub fn set_send_timeout(&mut self, timeout: Duration) {
         self.send_timeout = timeout;
@@ -304,14 +304,14 @@ impl RingClient {
     /// Sends `payload` as a request. Returns the response slot index that
     /// [`poll`](Self::poll) will report the response under.
     ///
-    /// Errors: [`CallError::PayloadTooLarge`] if `payload` exceeds `req_payload_cap`, and
+    /// Errors: [`RingCallError::PayloadTooLarge`] if `payload` exceeds `req_payload_cap`, and
     /// otherwise as [`try_call_with`](Self::try_call_with). Blocks (spinning, then yielding)
     /// only while the ring is full, for at most the send timeout.
     #[inline]
-    pub fn try_call(&mut self, payload: &[u8]) -> Result<u32, CallError> {
+    pub fn try_call(&mut self, payload: &[u8]) -> Result<u32, RingCallError> {
         let cap = self.layout.params.req_payload_cap as usize;
         if payload.len() > cap {
-            return Err(CallError::PayloadTooLarge {
+            return Err(RingCallError::PayloadTooLarge {
                 len: payload.len(),
                 cap,
             });
@@ -329,7 +329,7 @@ impl RingClient {
     pub fn try_call_with(
         &mut self,
         write: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<u32, CallError> {
+    ) -> Result<u32, RingCallError> {
         self.call(Deadline::After(self.send_timeout), write)
     }
 
@@ -340,7 +340,7 @@ impl RingClient {
         &mut self,
         timeout: Duration,
         write: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<u32, CallError> {
+    ) -> Result<u32, RingCallError> {
         self.call(Deadline::After(timeout), write)
     }
 
@@ -350,9 +350,9 @@ impl RingClient {
     /// slot's previous writer has not handed it on, and never past `deadline`. Source:
     /// seeds/004 §2.2 Client call() — 2-phase commit, with the extensions of the module docs:
     ///
-    /// 1. `server_alive` (Acquire) false → [`CallError::ServerDisconnected`]; ring marked
-    ///    failed → [`CallError::RingCorrupt`].
-    /// 2. Pick a free response slot round-robin; none free → [`CallError::WouldBlock`] (nothing
+    /// 1. `server_alive` (Acquire) false → [`RingCallError::ServerDisconnected`]; ring marked
+    ///    failed → [`RingCallError::RingCorrupt`].
+    /// 2. Pick a free response slot round-robin; none free → [`RingCallError::WouldBlock`] (nothing
     ///    reserved).
     /// 3. If an earlier call of this client abandoned a position at its deadline, wait until
     ///    the server has passed it (`tail > abandoned`) before reserving again (extension).
@@ -363,35 +363,35 @@ impl RingClient {
     ///    as in the seed: there is no pre-check that would let later callers overtake a
     ///    waiting one.
     /// 5. Wait until `pos - tail < ring_depth`. `tail > pos` means the server skipped `pos`
-    ///    (this client stalled) → [`CallError::Skipped`]. A `pos` below the `tail` read
+    ///    (this client stalled) → [`RingCallError::Skipped`]. A `pos` below the `tail` read
     ///    before the `fetch_add`, or more than `ring_depth + 4 * max_clients` above `tail`,
-    ///    is impossible → [`CallError::RingCorrupt`], and the ring is marked failed.
+    ///    is impossible → [`RingCallError::RingCorrupt`], and the ring is marked failed.
     /// 6. Check the slot (extension): its sequence word must be `FREE(pos)` (Acquire load, or
     ///    with no other call in flight a CAS of `FREE(pos)` to itself; no state change). A
     ///    word of an earlier lap means that lap's stalled writer still holds the slot: wait
     ///    until the word becomes `FREE(pos)` or the server passes `pos` (it does so at once),
     ///    and in the latter case reserve a new position (back to step 4, counted in
     ///    [`held_slot_retries`](Self::held_slot_retries)); a word of a later lap likewise. Any
-    ///    other word → [`CallError::RingCorrupt`].
+    ///    other word → [`RingCallError::RingCorrupt`].
     /// 7. Write `client_id`, `resp_slot_idx`, `payload_len` and the payload (`write`).
     /// 8. Refusal check, then commit (the seed's `committed = 1`): if `tail > pos` the server
     ///    skipped `pos` because this client stalled for longer than `stall_timeout`: nothing
-    ///    is committed and the call fails with [`CallError::Skipped`]. Otherwise store
+    ///    is committed and the call fails with [`RingCallError::Skipped`]. Otherwise store
     ///    `COMMITTED(pos)` (Release).
     /// 9. `reserving_pos = IDLE` (Release); the slot is now outstanding.
     ///
-    /// A wait that reaches `deadline` fails with [`CallError::Timeout`] (the reserved
+    /// A wait that reaches `deadline` fails with [`RingCallError::Timeout`] (the reserved
     /// position, if any, is abandoned unclaimed, and the server skips it); one that finds the
-    /// server dead fails with [`CallError::ServerDisconnected`] (checked every
+    /// server dead fails with [`RingCallError::ServerDisconnected`] (checked every
     /// `liveness_interval`). If `write` returns more than the capacity
-    /// ([`CallError::PayloadTooLarge`]) or panics, the claimed slot is committed as an
+    /// ([`RingCallError::PayloadTooLarge`]) or panics, the claimed slot is committed as an
     /// *aborted* entry that the server skips, so the ring never stalls on it.
     #[inline]
     pub fn try_call_with_deadline(
         &mut self,
         deadline: Instant,
         write: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<u32, CallError> {
+    ) -> Result<u32, RingCallError> {
         self.call(Deadline::At(deadline), write)
     }
 
@@ -401,7 +401,7 @@ impl RingClient {
         &mut self,
         mut deadline: Deadline,
         write: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<u32, CallError> {
+    ) -> Result<u32, RingCallError> {
         let pending = loop {
             let pending = self.begin(&mut deadline)?;
             if self.claim(&pending, &mut deadline)? {
@@ -413,10 +413,10 @@ impl RingClient {
 
     /// Steps 1-5: checks, response slot, reservation, room.
     #[inline(always)]
-    fn begin(&mut self, deadline: &mut Deadline) -> Result<PendingCall, CallError> {
+    fn begin(&mut self, deadline: &mut Deadline) -> Result<PendingCall, RingCallError> {
         self.check_usable()?;
         if self.in_flight == self.layout.params.resp_depth as usize {
-            return Err(CallError::WouldBlock);
+            return Err(RingCallError::WouldBlock);
         }
         if self.abandoned.is_some() {
             self.wait_abandoned_passed(deadline)?;
@@ -456,7 +456,11 @@ impl RingClient {
     /// Returns `Ok(false)` if the server passed the position because an earlier lap's writer
     /// still holds the slot: the caller reserves again.
     #[inline(always)]
-    fn claim(&mut self, pending: &PendingCall, deadline: &mut Deadline) -> Result<bool, CallError> {
+    fn claim(
+        &mut self,
+        pending: &PendingCall,
+        deadline: &mut Deadline,
+    ) -> Result<bool, RingCallError> {
         let pos = pending.pos;
         // Acquire: the server's Release store of `FREE(pos)` was made after its last access to
         // the slot's previous lap, so this client's writes come after it.
@@ -487,7 +491,7 @@ impl RingClient {
         &mut self,
         pending: PendingCall,
         write: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<u32, CallError> {
+    ) -> Result<u32, RingCallError> {
         let PendingCall { pos, idx, seq_off } = pending;
         let p = self.layout.params;
         let off = self.layout.req_slot_offset(pos);
@@ -535,7 +539,7 @@ impl RingClient {
     /// aborted entry (the server skips it) and fail the call.
     #[cold]
     #[inline(never)]
-    fn abort_oversize(&mut self, pos: u64, len: usize, cap: usize) -> CallError {
+    fn abort_oversize(&mut self, pos: u64, len: usize, cap: usize) -> RingCallError {
         let _ = commit_entry(
             &self.map,
             &self.layout,
@@ -545,7 +549,7 @@ impl RingClient {
             0,
             ABORTED_PAYLOAD_LEN,
         );
-        CallError::PayloadTooLarge { len, cap }
+        RingCallError::PayloadTooLarge { len, cap }
     }
 
     /// Delivers the responses that have arrived. Source: seeds/004 §2.2 Client poll().
@@ -559,7 +563,7 @@ impl RingClient {
     ///
     /// When nothing arrived and calls are outstanding, checks the server's liveness
     /// (`server_alive` every time, its lock every `liveness_interval`) and returns
-    /// [`CallError::ServerDisconnected`] if it is gone, or [`CallError::RingCorrupt`] if the
+    /// [`RingCallError::ServerDisconnected`] if it is gone, or [`RingCallError::RingCorrupt`] if the
     /// ring was marked failed, so a caller waiting for a response never spins forever on a
     /// dead server or a failed ring. Responses that arrived before are still delivered. (A
     /// server that is alive but stopped is bounded only by the caller's own deadline: poll
@@ -570,7 +574,7 @@ impl RingClient {
     /// caller sees a decode error for that call instead of waiting forever, and is counted in
     /// [`corrupt_responses`](Self::corrupt_responses).
     #[inline]
-    pub fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, CallError> {
+    pub fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RingCallError> {
         self.poll_up_to(usize::MAX, on_response)
     }
 
@@ -581,7 +585,7 @@ impl RingClient {
         &mut self,
         max: usize,
         mut on_response: impl FnMut(u32, &[u8]),
-    ) -> Result<usize, CallError> {
+    ) -> Result<usize, RingCallError> {
         if self.in_flight == 0 {
             return if self.disconnected || self.fault.is_some() {
                 Err(self.unusable())
@@ -644,11 +648,11 @@ impl RingClient {
         Ok(delivered)
     }
 
-    /// Slow liveness check: fails with [`CallError::ServerDisconnected`] if the server shut down
+    /// Slow liveness check: fails with [`RingCallError::ServerDisconnected`] if the server shut down
     /// (`server_alive == false`) or its process is gone (no lock on the header, checked with
-    /// `F_OFD_GETLK`), and with [`CallError::RingCorrupt`] if the ring was marked failed. Once
+    /// `F_OFD_GETLK`), and with [`RingCallError::RingCorrupt`] if the ring was marked failed. Once
     /// disconnected (or failed), a client stays so.
-    pub fn check_server(&mut self) -> Result<(), CallError> {
+    pub fn check_server(&mut self) -> Result<(), RingCallError> {
         if self.disconnected
             || self.fault.is_some()
             || self.map.hdr_u8::<OFF_SERVER_ALIVE>().load(Acquire) == 0
@@ -662,7 +666,7 @@ impl RingClient {
 
     /// Step 1: the server is up and the ring not marked failed (two loads of the header line).
     #[inline(always)]
-    fn check_usable(&mut self) -> Result<(), CallError> {
+    fn check_usable(&mut self) -> Result<(), RingCallError> {
         if self.disconnected
             || self.fault.is_some()
             || self.map.hdr_u8::<OFF_SERVER_ALIVE>().load(Acquire) == 0
@@ -687,7 +691,7 @@ impl RingClient {
 
     /// Steps 4-5 of a call: reservation, wait for room.
     #[inline(always)]
-    fn reserve(&mut self, deadline: &mut Deadline) -> Result<u64, CallError> {
+    fn reserve(&mut self, deadline: &mut Deadline) -> Result<u64, RingCallError> {
         let depth = u64::from(self.layout.params.ring_depth);
         // Read before the `fetch_add`: `tail <= head <= pos` for any sound ring.
         let tail = self.map.hdr_u64::<OFF_TAIL>().load(Acquire);
@@ -707,7 +711,7 @@ impl RingClient {
     /// Step 3: an earlier call abandoned a position; wait until the server has passed it.
     #[cold]
     #[inline(never)]
-    fn wait_abandoned_passed(&mut self, deadline: &mut Deadline) -> Result<(), CallError> {
+    fn wait_abandoned_passed(&mut self, deadline: &mut Deadline) -> Result<(), RingCallError> {
         let Some(pos) = self.abandoned else {
             return Ok(());
         };
@@ -729,7 +733,7 @@ impl RingClient {
         pos: u64,
         tail0: u64,
         deadline: &mut Deadline,
-    ) -> Result<(), CallError> {
+    ) -> Result<(), RingCallError> {
         if pos < tail0 {
             // `tail0 <= head` when it was read, and `pos` is a later `head`.
             return Err(self.found_fault(RingFault::HeadBehindTail));
@@ -761,7 +765,7 @@ impl RingClient {
     /// released to `pos` (`Ok(true)`) or the server passes `pos` (`Ok(false)`, counted in
     /// [`held_slot_retries`](RingClient::held_slot_retries)); the server passes such positions
     /// at once, without an owner check. Any other word is impossible →
-    /// [`CallError::RingCorrupt`].
+    /// [`RingCallError::RingCorrupt`].
     #[cold]
     #[inline(never)]
     fn claim_slow(
@@ -769,7 +773,7 @@ impl RingClient {
         pos: u64,
         mut word: u64,
         deadline: &mut Deadline,
-    ) -> Result<bool, CallError> {
+    ) -> Result<bool, RingCallError> {
         let depth = u64::from(self.layout.params.ring_depth);
         let backoff = Backoff::new();
         loop {
@@ -795,7 +799,11 @@ impl RingClient {
     /// One round of a bounded wait: back off, then fail if the server is gone or the ring
     /// failed (every round; the server's lock every `liveness_interval`) or `deadline` passed.
     #[cold]
-    fn wait_step(&mut self, backoff: &Backoff, deadline: &mut Deadline) -> Result<(), CallError> {
+    fn wait_step(
+        &mut self,
+        backoff: &Backoff,
+        deadline: &mut Deadline,
+    ) -> Result<(), RingCallError> {
         backoff.snooze();
         if self.map.hdr_u8::<OFF_SERVER_ALIVE>().load(Acquire) == 0
             || self.map.hdr_u8::<OFF_RING_FAULT>().load(Acquire) != 0
@@ -805,7 +813,7 @@ impl RingClient {
         }
         if Instant::now() >= deadline.instant() {
             self.timed_out_calls += 1;
-            return Err(CallError::Timeout);
+            return Err(RingCallError::Timeout);
         }
         Ok(())
     }
@@ -814,14 +822,14 @@ impl RingClient {
     /// with `e`): the server skips it as a hole without an owner, and this client reserves
     /// nothing new until it has.
     #[cold]
-    fn abandon(&mut self, pos: u64, e: CallError) -> CallError {
+    fn abandon(&mut self, pos: u64, e: RingCallError) -> RingCallError {
         self.abandoned = Some(pos);
         self.idle(e)
     }
 
     /// Clears `reserving_pos` (no call in progress) and returns `e`.
     #[cold]
-    fn idle(&mut self, e: CallError) -> CallError {
+    fn idle(&mut self, e: RingCallError) -> RingCallError {
         self.map
             .u64_at(self.record + REC_RESERVING_POS)
             .store(POS_IDLE, Release);
@@ -830,20 +838,20 @@ impl RingClient {
 
     /// The server skipped `pos` (the late commit, claim or wait of a stalled call).
     #[cold]
-    fn refused(&mut self, pos: u64) -> CallError {
+    fn refused(&mut self, pos: u64) -> RingCallError {
         self.skipped_calls += 1;
         tracing::debug!(
             path = %self.path.display(), client_id = self.client_id, pos,
             "call refused: the server skipped its stalled position"
         );
-        self.idle(CallError::Skipped)
+        self.idle(RingCallError::Skipped)
     }
 
     /// This client found an impossible ring state: mark the ring failed (the first fault
     /// found wins) and fail the call.
     #[cold]
     #[inline(never)]
-    fn found_fault(&mut self, fault: RingFault) -> CallError {
+    fn found_fault(&mut self, fault: RingFault) -> RingCallError {
         self.ring_faults += 1;
         let _ =
             self.map
@@ -853,18 +861,18 @@ impl RingClient {
             path = %self.path.display(), client_id = self.client_id, %fault,
             "delegation ring corrupt; marked failed"
         );
-        self.idle(CallError::RingCorrupt(fault));
+        self.idle(RingCallError::RingCorrupt(fault));
         self.unusable()
     }
 
     /// The ring failed, or else the server is gone: the matching sticky error.
     #[cold]
-    fn unusable(&mut self) -> CallError {
+    fn unusable(&mut self) -> RingCallError {
         if self.fault.is_none() {
             self.fault = RingFault::from_code(self.map.hdr_u8::<OFF_RING_FAULT>().load(Acquire));
         }
         match self.fault {
-            Some(f) => CallError::RingCorrupt(f),
+            Some(f) => RingCallError::RingCorrupt(f),
             None => self.disconnect(),
         }
     }
@@ -872,7 +880,7 @@ impl RingClient {
     /// Nothing arrived while calls are outstanding: is the server still there, the ring sound?
     #[cold]
     #[inline(never)]
-    fn on_idle(&mut self) -> Result<(), CallError> {
+    fn on_idle(&mut self) -> Result<(), RingCallError> {
         if self.disconnected
             || self.fault.is_some()
             || self.map.hdr_u8::<OFF_SERVER_ALIVE>().load(Acquire) == 0
@@ -908,12 +916,12 @@ impl RingClient {
     }
 
     #[cold]
-    fn disconnect(&mut self) -> CallError {
+    fn disconnect(&mut self) -> RingCallError {
         if !self.disconnected {
             tracing::debug!(path = %self.path.display(), client_id = self.client_id, "delegation server disconnected");
         }
         self.disconnected = true;
-        CallError::ServerDisconnected
+        RingCallError::ServerDisconnected
     }
 
     #[cold]
@@ -1097,7 +1105,7 @@ impl RingClient {
     /// committing it, leaving `reserving_pos == pos`: what a client that dies mid-call leaves
     /// behind. The client must not make calls afterwards (follow with `__crash`, drop, or
     /// process exit).
-    pub fn __reserve_without_commit(&mut self) -> Result<u64, CallError> {
+    pub fn __reserve_without_commit(&mut self) -> Result<u64, RingCallError> {
         self.check_usable()?;
         self.reserve(&mut Deadline::After(self.send_timeout))
     }
@@ -1106,14 +1114,18 @@ impl RingClient {
     /// stops after reserving its position (`reserving_pos == pos`, slot not claimed). Continue
     /// with [`__claim`](Self::__claim) and [`__finish`](Self::__finish), exactly as the real
     /// call does, to play a client that stalls at that point. Make no other call meanwhile.
-    pub fn __begin(&mut self, deadline: Instant) -> Result<PendingCall, CallError> {
+    pub fn __begin(&mut self, deadline: Instant) -> Result<PendingCall, RingCallError> {
         self.begin(&mut Deadline::At(deadline))
     }
 
     /// Call step 6 (the slot check) of a call stopped by [`__begin`](Self::__begin). Where the
     /// real call would reserve again (the server passed the position because the slot is
-    /// still held by an earlier lap's writer), returns [`CallError::Skipped`].
-    pub fn __claim(&mut self, pending: &PendingCall, deadline: Instant) -> Result<(), CallError> {
+    /// still held by an earlier lap's writer), returns [`RingCallError::Skipped`].
+    pub fn __claim(
+        &mut self,
+        pending: &PendingCall,
+        deadline: Instant,
+    ) -> Result<(), RingCallError> {
         match self.claim(pending, &mut Deadline::At(deadline))? {
             true => Ok(()),
             false => Err(self.refused(pending.pos)),
@@ -1126,7 +1138,7 @@ impl RingClient {
         &mut self,
         pending: PendingCall,
         write: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<u32, CallError> {
+    ) -> Result<u32, RingCallError> {
         self.finish(pending, write)
     }
 
@@ -1147,7 +1159,7 @@ impl RingClient {
         resp_slot_idx: u32,
         payload_len: u32,
         bytes: &[u8],
-    ) -> Result<u64, CallError> {
+    ) -> Result<u64, RingCallError> {
         let mut deadline = Deadline::After(self.send_timeout);
         let pos = self.__reserve_without_commit()?;
         let pending = PendingCall {

@@ -35,7 +35,7 @@ pub struct RingConfig {
     /// How long the server waits at a hole whose reserving client is *alive* (it stalled
     /// between `fetch_add` and its commit: descheduled, stopped, paging) before skipping it
     /// anyway; the stalled client's late commit is then refused with
-    /// [`CallError::Skipped`](super::CallError::Skipped). Must be non-zero and at most 60 s.
+    /// [`RingCallError::Skipped`](super::RingCallError::Skipped). Must be non-zero and at most 60 s.
     ///
     /// Default 200 ms: well above a scheduler time slice and the short stalls of a busy
     /// machine (skipping a merely descheduled client costs that client one retried call), and

@@ -1,5 +1,5 @@
-//! Errors of the delegation ring: [`RingError`] (creating or attaching), [`CallError`] (client
-//! calls and polls) and [`ReplyError`] (server replies).
+//! Errors of the delegation ring: [`RingError`] (creating or attaching), [`RingCallError`] (client
+//! calls and polls) and [`RingReplyError`] (server replies).
 
 use std::io;
 use std::path::PathBuf;
@@ -145,7 +145,7 @@ pub enum RingError {
 /// the file, or a bug, can cause one). The first one found is stored in the header (byte
 /// [`OFF_RING_FAULT`](super::layout::OFF_RING_FAULT)) as its code, which marks the ring
 /// failed: every later call and poll of every client fails at once with
-/// [`CallError::RingCorrupt`], attaching fails with [`RingError::Failed`], and the server stops
+/// [`RingCallError::RingCorrupt`], attaching fails with [`RingError::Failed`], and the server stops
 /// serving ([`RingServer::fault`](super::RingServer::fault)). Extension, seed: none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 #[repr(u8)]
@@ -193,9 +193,11 @@ impl RingFault {
     }
 }
 
-/// A client call or poll failed. Source: seeds/004 §2.2 (`CallError::ServerDisconnected`).
+/// A client call or poll failed. Source: seeds/004 §2.2, where it is `CallError`
+/// (`CallError::ServerDisconnected`); named for the ring here, like [`RingError`], so that it
+/// is not confused with copyrpc's `CallError` or the eRPC core's `ErpcCallError`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CallError {
+pub enum RingCallError {
     /// The server shut down (`server_alive == false`) or its process is gone (its lock on the
     /// header is no longer held). Outstanding calls will never be answered.
     #[error("delegation server disconnected")]
@@ -235,7 +237,7 @@ pub enum CallError {
 
 /// A server reply was not delivered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ReplyError {
+pub enum RingReplyError {
     /// The token's client is gone: it detached or died and its id was reclaimed (generation
     /// mismatch), it is no longer `ACTIVE`, or this token was already answered.
     #[error("stale reply token (client detached, reclaimed, or already answered)")]

@@ -89,7 +89,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::Backoff;
 
 use super::shard::{Owned, Raw, Shard, is_oversized, method_id_of, serve_into};
-use super::{CallError as RingCallError, DelegationServer, ReplyToken, RingClient, RingServer};
+use super::{DelegationServer, ReplyToken, RingCallError, RingClient, RingServer};
 use crate::copyrpc::{Context, EndpointFailure, EndpointId, RecvHandle, ReplyError};
 use crate::error::{MessageKind, RpcError};
 use crate::service::Service;

@@ -58,7 +58,7 @@
 //!   every call and every empty poll) or if no lock is held on `[0, 128)` (the process died;
 //!   checked every `liveness_interval` while the client waits, in an empty
 //!   [`RingClient::poll`] with calls outstanding or while the ring is full). Both give
-//!   [`CallError::ServerDisconnected`] within about one `liveness_interval`, never a hang.
+//!   [`RingCallError::ServerDisconnected`] within about one `liveness_interval`, never a hang.
 //! * **Clients.** Each client holds a write lock on its 64-byte record in the client table.
 //!
 //! # Client ids
@@ -78,7 +78,7 @@
 //! `reserving_pos = IDLE` and finally `state = FREE` (Release), making the id available again.
 //! A [`ReplyToken`] carries the generation seen at `recv` time, so a reply to a client that is
 //! no longer `ACTIVE`, or whose id has been reclaimed (and perhaps reused), is refused with
-//! [`ReplyError::StaleToken`] instead of landing in the new owner's slots.
+//! [`RingReplyError::StaleToken`] instead of landing in the new owner's slots.
 //!
 //! # Holes: dead, abandoned and stalled reservations
 //! A client that dies, gives up (deadline) or stalls between `fetch_add` and its commit
@@ -114,7 +114,7 @@
 //!
 //! The stalled client learns of the skip from `tail`: its refusal check just before the commit
 //! store finds `tail > pos`, so it commits nothing and fails the call with
-//! [`CallError::Skipped`] (the typed transport resends). Only a stall that ends exactly between
+//! [`RingCallError::Skipped`] (the typed transport resends). Only a stall that ends exactly between
 //! that check and the commit store commits an entry the server will not read: it is dropped
 //! and counted when the slot is released (`late_commits_dropped`), and that call ends by its
 //! deadline. A stopped client thus costs the ring one slot of capacity while it is stopped,
@@ -135,7 +135,7 @@
 //! step produces. The first finder stores the fault's code in the header (byte
 //! [`layout::OFF_RING_FAULT`]), which **marks the ring failed**: every client's next call,
 //! every poll with calls outstanding and every blocked wait (within one backoff round) fail
-//! at once with [`CallError::RingCorrupt`]; [`RingClient::attach`] fails with
+//! at once with [`RingCallError::RingCorrupt`]; [`RingClient::attach`] fails with
 //! [`RingError::Failed`]; the server serves nothing more ([`RingServer::fault`]).
 //!
 //! Why failed and not repaired: after `head` or `tail` was overwritten nobody can tell which
@@ -152,7 +152,7 @@
 //!
 //! | where | waits for | bounded by |
 //! |---|---|---|
-//! | [`RingClient::try_call_with_deadline`]: the reserved position is not yet in the window (`pos - tail >= ring_depth`) | the server to consume | the call's deadline ([`CallError::Timeout`]; the position is abandoned, never written, and skipped as a hole after `hole_timeout`); server death: `server_alive` every round, its lock every `liveness_interval` ([`CallError::ServerDisconnected`]); a failed ring ([`CallError::RingCorrupt`]); the server passing the position ([`CallError::Skipped`]) |
+//! | [`RingClient::try_call_with_deadline`]: the reserved position is not yet in the window (`pos - tail >= ring_depth`) | the server to consume | the call's deadline ([`RingCallError::Timeout`]; the position is abandoned, never written, and skipped as a hole after `hole_timeout`); server death: `server_alive` every round, its lock every `liveness_interval` ([`RingCallError::ServerDisconnected`]); a failed ring ([`RingCallError::RingCorrupt`]); the server passing the position ([`RingCallError::Skipped`]) |
 //! | same call, before reserving, if an earlier call of this client abandoned a position | the server to pass that position | as above |
 //! | same call, the slot of the reserved position is still held for a stalled writer of an earlier lap | the server to pass the position (it does so on its next poll, no timeout), then the call reserves again | as above |
 //! | [`RingClient::try_call`], [`RingClient::try_call_with`], and the typed [`Delegation`] transport's `send` | as above | as above, with the client's send timeout as the deadline ([`DEFAULT_SEND_TIMEOUT`] = 1 s, [`RingClient::set_send_timeout`]) |
@@ -188,7 +188,7 @@ mod stats;
 pub use client::PendingCall;
 pub use client::{DEFAULT_SEND_TIMEOUT, RingClient};
 pub use config::{RingConfig, RingInfo};
-pub use error::{CallError, ReplyError, RingError, RingFault};
+pub use error::{RingCallError, RingError, RingFault, RingReplyError};
 pub use manifest::{RingManifest, read_manifest};
 pub use server::{RecvEntry, ReplyToken, RingServer};
 pub use shm::{SHM_DIR, unsafe_files_refused};

@@ -1088,7 +1088,7 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
                 Route::Unroutable => self.unroutable(caller, method_id),
             }
         }
-        self.local.release();
+        self.local.flush();
         n
     }
 

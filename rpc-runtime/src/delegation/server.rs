@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, fence};
 use std::time::{Duration, Instant};
 
 use super::config::{RingConfig, RingInfo};
-use super::error::{ReplyError, RingError, RingFault};
+use super::error::{RingError, RingFault, RingReplyError};
 use super::header::{self, Header};
 use super::layout::*;
 use super::shm::{self, ShmMap};
@@ -83,7 +83,7 @@ struct HoleOwner {
 ///
 /// Dropping the server shuts the ring down: `server_alive = false`, the file is unlinked and
 /// the server lock is released; attached clients then get
-/// [`CallError::ServerDisconnected`](super::CallError::ServerDisconnected).
+/// [`RingCallError::ServerDisconnected`](super::RingCallError::ServerDisconnected).
 pub struct RingServer {
     name: String,
     path: PathBuf,
@@ -452,7 +452,7 @@ impl RingServer {
     pub fn recv_reply(
         &mut self,
         handle: impl FnOnce(&[u8], &mut [u8]) -> usize,
-    ) -> Option<Result<(), ReplyError>> {
+    ) -> Option<Result<(), RingReplyError>> {
         let (token, len) = {
             let e = self.recv()?;
             (e.token, e.payload.len())
@@ -496,13 +496,13 @@ impl RingServer {
     /// Writes `payload` into the response slot named by `token` and sets `valid` (Release).
     /// Source: seeds/004 §2.2 Server reply().
     ///
-    /// Errors (the reply is dropped and nothing is written): [`ReplyError::PayloadTooLarge`] if
+    /// Errors (the reply is dropped and nothing is written): [`RingReplyError::PayloadTooLarge`] if
     /// `payload` exceeds `resp_payload_cap`; otherwise as [`reply_with`](Self::reply_with).
     #[inline]
-    pub fn reply(&mut self, token: ReplyToken, payload: &[u8]) -> Result<(), ReplyError> {
+    pub fn reply(&mut self, token: ReplyToken, payload: &[u8]) -> Result<(), RingReplyError> {
         let cap = self.layout.params.resp_payload_cap as usize;
         if payload.len() > cap {
-            return Err(ReplyError::PayloadTooLarge {
+            return Err(RingReplyError::PayloadTooLarge {
                 len: payload.len(),
                 cap,
             });
@@ -517,11 +517,11 @@ impl RingServer {
     /// (`resp_payload_cap` bytes, directly in shared memory) and returns the number of bytes
     /// used.
     ///
-    /// Errors: [`ReplyError::BadToken`] if the token's `client_id` or `resp_slot_idx` is out of
-    /// range; [`ReplyError::StaleToken`] if the client is no longer `ACTIVE`, its generation
+    /// Errors: [`RingReplyError::BadToken`] if the token's `client_id` or `resp_slot_idx` is out of
+    /// range; [`RingReplyError::StaleToken`] if the client is no longer `ACTIVE`, its generation
     /// changed (the id was reclaimed), or this token was already answered;
-    /// [`ReplyError::SlotBusy`] if the slot still holds an unread response;
-    /// [`ReplyError::PayloadTooLarge`] if `write` returns more than the capacity (nothing is
+    /// [`RingReplyError::SlotBusy`] if the slot still holds an unread response;
+    /// [`RingReplyError::PayloadTooLarge`] if `write` returns more than the capacity (nothing is
     /// published and the token stays valid). `write` is only called if none of the first three
     /// apply.
     #[inline]
@@ -529,10 +529,10 @@ impl RingServer {
         &mut self,
         token: ReplyToken,
         write: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<(), ReplyError> {
+    ) -> Result<(), RingReplyError> {
         let p = self.layout.params;
         if token.client_id >= p.max_clients || token.resp_slot_idx >= p.resp_depth {
-            return Err(ReplyError::BadToken);
+            return Err(RingReplyError::BadToken);
         }
         let bit = token.client_id as usize * p.resp_depth as usize + token.resp_slot_idx as usize;
         let rec = self.layout.record_offset(token.client_id);
@@ -556,7 +556,7 @@ impl RingServer {
         // client only reads it after seeing `valid == 1`, which is stored below, after `write`.
         let len = write(unsafe { std::slice::from_raw_parts_mut(dst, cap) });
         if len > cap {
-            return Err(ReplyError::PayloadTooLarge { len, cap });
+            return Err(RingReplyError::PayloadTooLarge { len, cap });
         }
         self.map
             .u32_at(off + RESP_PAYLOAD_LEN)
@@ -572,15 +572,15 @@ impl RingServer {
     }
 
     #[cold]
-    fn stale_reply(&mut self) -> ReplyError {
+    fn stale_reply(&mut self) -> RingReplyError {
         self.stats.stale_replies += 1;
-        ReplyError::StaleToken
+        RingReplyError::StaleToken
     }
 
     #[cold]
-    fn slot_busy(&mut self) -> ReplyError {
+    fn slot_busy(&mut self) -> RingReplyError {
         self.stats.resp_slot_busy += 1;
-        ReplyError::SlotBusy
+        RingReplyError::SlotBusy
     }
 
     /// Classifies and counts a consumed invalid entry.

@@ -41,9 +41,9 @@ pub struct RingStats {
     /// Entries a client committed as aborted (its payload writer panicked or overflowed); not
     /// an error of the ring, consumed silently.
     pub aborted: u64,
-    /// Replies refused with [`ReplyError::StaleToken`](super::ReplyError::StaleToken).
+    /// Replies refused with [`RingReplyError::StaleToken`](super::RingReplyError::StaleToken).
     pub stale_replies: u64,
-    /// Replies refused with [`ReplyError::SlotBusy`](super::ReplyError::SlotBusy).
+    /// Replies refused with [`RingReplyError::SlotBusy`](super::RingReplyError::SlotBusy).
     pub resp_slot_busy: u64,
     /// Client ids returned to `FREE` after their owner detached or died.
     pub clients_reclaimed: u64,

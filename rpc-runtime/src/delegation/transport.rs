@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use super::{CallError, ReplyError, ReplyToken, RingClient, RingConfig, RingError, RingServer};
+use super::{
+    ReplyToken, RingCallError, RingClient, RingConfig, RingError, RingReplyError, RingServer,
+};
 use crate::client::ClientTransport;
 use crate::error::{
     LimitSide, MessageKind, RpcError, SETTING_DERIVED_FROM_SERVICE, SETTING_SERVICE_MAX,
@@ -72,13 +74,13 @@ impl Delegation {
 }
 
 #[cold]
-fn call_error(e: CallError, ring: &RingClient) -> RpcError {
+fn call_error(e: RingCallError, ring: &RingClient) -> RpcError {
     match e {
-        CallError::WouldBlock => RpcError::WouldBlock,
-        CallError::ServerDisconnected => RpcError::ServerDisconnected,
+        RingCallError::WouldBlock => RpcError::WouldBlock,
+        RingCallError::ServerDisconnected => RpcError::ServerDisconnected,
         // The ring's capacity was checked against the service at attach time, so only an
         // encoder that disagrees with the descriptor gets here; the ring aborted the slot.
-        CallError::PayloadTooLarge { len, cap } => RpcError::MessageTooLarge {
+        RingCallError::PayloadTooLarge { len, cap } => RpcError::MessageTooLarge {
             len,
             cap,
             setting: SETTING_SERVICE_MAX,
@@ -86,11 +88,11 @@ fn call_error(e: CallError, ring: &RingClient) -> RpcError {
         // The ring stayed full (a stopped or overloaded server) past the call's timeout;
         // `Client` fills in the call's tag and method.
         // (`send` reports the call's timeout; `poll` never waits, so never times out.)
-        CallError::Timeout => deadline_exceeded(std::time::Duration::ZERO),
+        RingCallError::Timeout => deadline_exceeded(std::time::Duration::ZERO),
         // The server skipped the call's position because this client stalled; nothing was
         // delivered, so sending again is safe (the typed client retries on WouldBlock).
-        CallError::Skipped => RpcError::WouldBlock,
-        CallError::RingCorrupt(fault) => RpcError::from(RingError::Failed {
+        RingCallError::Skipped => RpcError::WouldBlock,
+        RingCallError::RingCorrupt(fault) => RpcError::from(RingError::Failed {
             path: ring.path().to_path_buf(),
             fault,
         }),
@@ -161,21 +163,21 @@ impl ClientTransport for Delegation {
         self.ring
             .try_call_with_timeout(timeout, encode)
             .map_err(|e| match e {
-                CallError::Timeout => deadline_exceeded(timeout),
+                RingCallError::Timeout => deadline_exceeded(timeout),
                 e => call_error(e, &self.ring),
             })
     }
 
     #[inline]
-    fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
+    fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
         self.ring
-            .poll_up_to(max, on_response)
+            .poll(on_response)
             .map_err(|e| call_error(e, &self.ring))
     }
 }
 
 /// Server transport over a delegation ring it creates in `/dev/shm` (seeds/004 §2.2 server
-/// side): `poll` = ring poll, `recv` = ring recv, `release` = `advance_tail`.
+/// side): `poll` = ring poll, `recv` = ring recv, `flush` = `advance_tail`.
 #[derive(Debug)]
 pub struct DelegationServer {
     ring: RingServer,
@@ -243,8 +245,10 @@ impl ServerTransport for DelegationServer {
         self.ring.recv().map(|e| (e.token, e.payload))
     }
 
+    /// Lets clients reuse the ring space of the requests received so far (`advance_tail`);
+    /// replies need no sending (visible as soon as they are written).
     #[inline]
-    fn release(&mut self) {
+    fn flush(&mut self) {
         self.ring.advance_tail();
     }
 
@@ -278,11 +282,11 @@ impl ServerTransport for DelegationServer {
 }
 
 #[cold]
-fn reply_error(e: ReplyError) -> RpcError {
+fn reply_error(e: RingReplyError) -> RpcError {
     RpcError::ReplyDropped(match e {
-        ReplyError::StaleToken => "the client detached or died (stale token)",
-        ReplyError::BadToken => "token out of range",
-        ReplyError::SlotBusy => "the client's response slot still holds an unread response",
-        ReplyError::PayloadTooLarge { .. } => "response larger than the slot",
+        RingReplyError::StaleToken => "the client detached or died (stale token)",
+        RingReplyError::BadToken => "token out of range",
+        RingReplyError::SlotBusy => "the client's response slot still holds an unread response",
+        RingReplyError::PayloadTooLarge { .. } => "response larger than the slot",
     })
 }

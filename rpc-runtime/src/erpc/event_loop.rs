@@ -73,8 +73,8 @@
 use std::io;
 
 use super::core::{
-    CallError, Config, ConfigError, Event, ReqToken, Rpc, SessionId, Stats, Time, TxNext, TxOut,
-    TxSink, Zc,
+    Config, ConfigError, ErpcCallError, Event, ReqToken, Rpc, SessionId, Stats, Time, TxNext,
+    TxOut, TxSink, Zc,
 };
 use super::msgbuf::MsgBuffer;
 use super::pkthdr::PKTHDR_SIZE;
@@ -354,7 +354,7 @@ impl<T: DatagramTransport> Endpoint<T> {
     /// ([`Rpc::reply_with`]; no intermediate copy on either side).
     ///
     /// # Errors
-    /// [`CallError::StaleToken`] if message `k` is a response or its request was already
+    /// [`ErpcCallError::StaleToken`] if message `k` is a response or its request was already
     /// answered (`f` is not called), else as [`Rpc::reply_with`].
     ///
     /// # Panics
@@ -364,13 +364,13 @@ impl<T: DatagramTransport> Endpoint<T> {
         k: usize,
         max_len: usize,
         f: impl FnOnce(u8, &[u8], &mut [u8]) -> usize,
-    ) -> Result<(), CallError> {
+    ) -> Result<(), ErpcCallError> {
         let (i, z) = self.zc_msgs[k];
         let Zc::Request {
             token, req_type, ..
         } = z
         else {
-            return Err(CallError::StaleToken);
+            return Err(ErpcCallError::StaleToken);
         };
         let (_, bytes) = self.transport.rx_pkt(i);
         let req = &bytes[z.range()];
@@ -616,7 +616,7 @@ impl<T: DatagramTransport> Endpoint<T> {
     ///
     /// # Errors
     /// As [`Rpc::create_session`].
-    pub fn create_session(&mut self, peer: T::Addr) -> Result<SessionId, CallError> {
+    pub fn create_session(&mut self, peer: T::Addr) -> Result<SessionId, ErpcCallError> {
         let now = self.clock();
         self.rpc.create_session(now, peer)
     }
@@ -625,7 +625,7 @@ impl<T: DatagramTransport> Endpoint<T> {
     ///
     /// # Errors
     /// As [`Rpc::destroy_session`].
-    pub fn destroy_session(&mut self, session: SessionId) -> Result<(), CallError> {
+    pub fn destroy_session(&mut self, session: SessionId) -> Result<(), ErpcCallError> {
         let now = self.clock();
         self.rpc.destroy_session(now, session)
     }
@@ -641,7 +641,7 @@ impl<T: DatagramTransport> Endpoint<T> {
         req_type: u8,
         payload: &[u8],
         tag: u64,
-    ) -> Result<(), CallError> {
+    ) -> Result<(), ErpcCallError> {
         let now = self.clock();
         self.rpc
             .enqueue_request(now, session, req_type, payload, tag)
@@ -660,7 +660,7 @@ impl<T: DatagramTransport> Endpoint<T> {
         tag: u64,
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<(), CallError> {
+    ) -> Result<(), ErpcCallError> {
         let now = self.clock();
         self.rpc
             .enqueue_request_with(now, session, req_type, tag, max_len, fill)
@@ -670,7 +670,7 @@ impl<T: DatagramTransport> Endpoint<T> {
     ///
     /// # Errors
     /// As [`Rpc::reply`].
-    pub fn reply(&mut self, token: ReqToken, payload: &[u8]) -> Result<(), CallError> {
+    pub fn reply(&mut self, token: ReqToken, payload: &[u8]) -> Result<(), ErpcCallError> {
         let now = self.clock();
         self.rpc.reply(now, token, payload)
     }
@@ -686,7 +686,7 @@ impl<T: DatagramTransport> Endpoint<T> {
         token: ReqToken,
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<(), CallError> {
+    ) -> Result<(), ErpcCallError> {
         let now = self.clock();
         self.rpc.reply_with(now, token, max_len, fill)
     }

@@ -13,7 +13,7 @@
 //! refuse, when they are created, a service whose largest request or response exceeds it
 //! ([`ErpcSetupError::Capacity`]). The connect handshake carries each end's `max_msg_size`,
 //! MTU and session credits, and the server refuses a client whose values differ from its own
-//! ([`ErpcSetupError::Refused`] with [`core::RpcError::ConfigMismatch`], naming the field and
+//! ([`ErpcSetupError::Refused`] with [`core::SessionError::ConfigMismatch`], naming the field and
 //! both values): build both ends with the same settings (the defaults).
 //!
 //! Each client opens `ceil(max_in_flight / 8)` sessions to its server (eRPC allows 8
@@ -110,10 +110,10 @@
 //! receives a burst with [`Endpoint::rx_burst_zc`] without re-posting it, `recv` lends each
 //! such request from the ring ([`Endpoint::zc`]) and then the copied ones (multi-packet
 //! requests, which the core reassembles into recycled buffers and reports as
-//! [`Event::Request`]), and `release` finishes the loop iteration
+//! [`Event::Request`]), and `flush` finishes the loop iteration
 //! ([`Endpoint::finish_iteration`]: re-post the burst, run the timers, transmit the replies),
 //! which is exactly when the lent bytes stop being valid under the [`ServerTransport`] contract
-//! (`recv`'s borrow ends before `release`; reply tokens stay valid, and `reply` may be called
+//! (`recv`'s borrow ends before `flush`; reply tokens stay valid, and `reply` may be called
 //! before `finish_iteration`). A `poll` that found nothing leaves its (empty) iteration open;
 //! the next `poll` or `flush` finishes it. The client takes responses through the copying
 //! path (recycled buffers).
@@ -131,7 +131,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::core::{
-    self, CallError, Config, ConfigError, Event, MS, ReqToken, SLOTS_PER_SESSION, SessionId, Time,
+    self, Config, ConfigError, ErpcCallError, Event, MS, ReqToken, SLOTS_PER_SESSION, SessionId,
+    Time,
 };
 use super::event_loop::Endpoint;
 use super::msgbuf::MsgBuffer;
@@ -286,14 +287,14 @@ pub enum ErpcSetupError {
         found: u64,
     },
     /// The server refused the session for another reason: a setting both ends must share
-    /// differs ([`core::RpcError::ConfigMismatch`]: MTU, `max_msg_size` or session credits;
+    /// differs ([`core::SessionError::ConfigMismatch`]: MTU, `max_msg_size` or session credits;
     /// the message names the field, both values and the client setting to change), its
-    /// receive ring has no room for another session ([`core::RpcError::NoRingEntries`],
+    /// receive ring has no room for another session ([`core::SessionError::NoRingEntries`],
     /// admission control), this client's address already holds the server's per-source
-    /// limit of sessions ([`core::RpcError::SourceLimit`]), it has no free sessions, or it
+    /// limit of sessions ([`core::SessionError::SourceLimit`]), it has no free sessions, or it
     /// dropped the session while connecting.
     #[error("the eRPC server refused the session: {0}")]
-    Refused(core::RpcError),
+    Refused(core::SessionError),
     /// The server did not answer the connect requests within the core's failure timeout.
     #[error("no answer from the eRPC server (failure timeout)")]
     NoAnswer,
@@ -302,7 +303,7 @@ pub enum ErpcSetupError {
     Timeout(Duration),
     /// The endpoint could not create a session (all session numbers in use).
     #[error("creating an eRPC session failed: {0}")]
-    Session(CallError),
+    Session(ErpcCallError),
 }
 
 impl ErpcSetupError {
@@ -555,9 +556,9 @@ pub struct Erpc<T: DatagramTransport = UdpTransport> {
     /// encoder gets in the slot's request message buffer.
     req_cap: usize,
     /// The first failure of a call: every later call fails.
-    failed: Option<core::RpcError>,
+    failed: Option<core::SessionError>,
     /// Why the last session that failed did.
-    last_session_error: Option<core::RpcError>,
+    last_session_error: Option<core::SessionError>,
     /// When the event loop last ran.
     last_loop: Instant,
     /// Idle gap after which the sessions are stale.
@@ -598,7 +599,7 @@ impl<T: ErpcConnect> Erpc<T> {
     ) -> Result<Self, ErpcSetupError> {
         let start = Instant::now();
         match Self::connect_once(addr, service, cfg, cfg.connect_timeout) {
-            Err(ErpcSetupError::Refused(core::RpcError::ConfigMismatch {
+            Err(ErpcSetupError::Refused(core::SessionError::ConfigMismatch {
                 field: core::ConfigField::Mtu,
                 server,
                 ..
@@ -708,14 +709,14 @@ impl<T: DatagramTransport> Erpc<T> {
             }
             if t.sessions.iter().any(|s| s.id.is_none()) {
                 return Err(match t.last_session_error {
-                    Some(core::RpcError::SchemaMismatch { server }) => {
+                    Some(core::SessionError::SchemaMismatch { server }) => {
                         ErpcSetupError::SchemaMismatch {
                             service: service.name,
                             expected: service.fingerprint,
                             found: server,
                         }
                     }
-                    Some(core::RpcError::PeerFailed) | None => ErpcSetupError::NoAnswer,
+                    Some(core::SessionError::PeerFailed) | None => ErpcSetupError::NoAnswer,
                     Some(e) => ErpcSetupError::Refused(e),
                 });
             }
@@ -773,10 +774,10 @@ impl<T: DatagramTransport> Erpc<T> {
     }
 
     /// Why the transport failed ([`Erpc::is_failed`]), else why the last session that ended
-    /// with an error did (e.g. [`core::RpcError::PeerFailed`]: the server was silent for the
-    /// failure timeout; [`core::RpcError::SessionLost`]: it no longer knew the session, as
+    /// with an error did (e.g. [`core::SessionError::PeerFailed`]: the server was silent for the
+    /// failure timeout; [`core::SessionError::SessionLost`]: it no longer knew the session, as
     /// after a restart), if any.
-    pub fn last_failure(&self) -> Option<core::RpcError> {
+    pub fn last_failure(&self) -> Option<core::SessionError> {
         self.failed.or(self.last_session_error)
     }
 
@@ -871,7 +872,7 @@ impl<T: DatagramTransport> Erpc<T> {
     }
 
     /// Creates a session for slot group `i`.
-    fn new_session(&mut self, i: usize) -> Result<SessionId, CallError> {
+    fn new_session(&mut self, i: usize) -> Result<SessionId, ErpcCallError> {
         let id = self.ep.create_session(self.server)?;
         self.stats.sessions_opened += 1;
         self.sessions[i] = Sess {
@@ -966,7 +967,7 @@ impl<T: DatagramTransport> Erpc<T> {
     }
 
     /// Session `id` is gone (freed by the core).
-    fn session_ended(&mut self, id: SessionId, error: Option<core::RpcError>) {
+    fn session_ended(&mut self, id: SessionId, error: Option<core::SessionError>) {
         // A session given up on is always found here first: the core frees a session number
         // (and queues its final event) before it can reuse it for a new session.
         if let Some(p) = self.old.iter().position(|&o| o == id) {
@@ -989,25 +990,22 @@ impl<T: DatagramTransport> Erpc<T> {
         // The server would refuse a new session as well. (Failed calls, if any, already
         // failed the transport; an idle session is replaced by the next call.)
         if let Some(
-            e @ (core::RpcError::SchemaMismatch { .. }
-            | core::RpcError::ConfigMismatch { .. }
-            | core::RpcError::NoRingEntries { .. }
-            | core::RpcError::SourceLimit { .. }
-            | core::RpcError::NoResources),
+            e @ (core::SessionError::SchemaMismatch { .. }
+            | core::SessionError::ConfigMismatch { .. }
+            | core::SessionError::NoRingEntries { .. }
+            | core::SessionError::SourceLimit { .. }
+            | core::SessionError::NoResources),
         ) = error
         {
             self.failed.get_or_insert(e);
         }
     }
 
-    /// Delivers up to `max` responses queued in the core.
+    /// Delivers every response queued in the core.
     #[inline]
-    fn drain(&mut self, max: usize, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
+    fn drain(&mut self, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
         let mut n = 0;
-        while n < max {
-            let Some(ev) = self.ep.poll_event() else {
-                break;
-            };
+        while let Some(ev) = self.ep.poll_event() {
             if let Some((tok, data)) = self.on_event(ev) {
                 on_response(tok, &data);
                 // Back to the core's free list: the next message reuses it.
@@ -1019,15 +1017,15 @@ impl<T: DatagramTransport> Erpc<T> {
     }
 
     #[cold]
-    fn enqueue_error(&mut self, e: CallError, i: usize) -> RpcError {
+    fn enqueue_error(&mut self, e: ErpcCallError, i: usize) -> RpcError {
         match e {
-            CallError::TooLarge(len) => RpcError::MessageTooLarge {
+            ErpcCallError::TooLarge(len) => RpcError::MessageTooLarge {
                 len,
                 cap: self.ep.rpc().config().max_msg_size,
                 setting: SETTING_MAX_MSG_SIZE,
             },
             // Out of memory for the request's message buffer: nothing was queued; retry.
-            CallError::NoBuffer => RpcError::WouldBlock,
+            ErpcCallError::NoBuffer => RpcError::WouldBlock,
             // The session was freed by a failure whose event is still queued: the next poll
             // handles it (and fails the transport if calls failed with it); retry after it.
             _ => {
@@ -1152,24 +1150,18 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
         }
     }
 
-    /// Delivers responses the core has queued; if fewer than `max`, runs the event loop once
-    /// (sending what was enqueued, receiving, running timers) and delivers what arrived.
+    /// Delivers responses the core has queued, runs the event loop once (sending what was
+    /// enqueued, receiving, running timers) and delivers what arrived.
     ///
     /// # Errors
     /// [`RpcError::ServerDisconnected`] once a call failed (its session failed: the server is
     /// gone or refused) and no response is left to deliver; failed calls are never
     /// delivered.
     #[inline]
-    fn poll(
-        &mut self,
-        max: usize,
-        mut on_response: impl FnMut(u32, &[u8]),
-    ) -> Result<usize, RpcError> {
-        let mut n = self.drain(max, &mut on_response);
-        if n < max {
-            self.run_loop();
-            n += self.drain(max - n, &mut on_response);
-        }
+    fn poll(&mut self, mut on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
+        let mut n = self.drain(&mut on_response);
+        self.run_loop();
+        n += self.drain(&mut on_response);
         if n == 0 && self.failed.is_some() {
             return Err(RpcError::ServerDisconnected);
         }
@@ -1205,7 +1197,7 @@ pub struct ErpcServer<T: DatagramTransport = UdpTransport> {
     service: &'static ServiceDescriptor,
     /// Requests received, not yet handed out.
     queue: VecDeque<(ReqToken, MsgBuffer)>,
-    /// Requests handed out by `recv` since the last `release`.
+    /// Requests handed out by `recv` since the last `flush`.
     lent: Vec<MsgBuffer>,
     /// A zero-copy iteration is open: `rx_burst_zc` ran, `finish_iteration` not yet.
     zc_open: bool,
@@ -1365,7 +1357,7 @@ impl<T: DatagramTransport> ErpcServer<T> {
     /// Counts and maps the core's outcome of a reply whose encoder wrote `written` bytes
     /// (of at most the service's `max_response_bytes`).
     #[inline]
-    fn replied(&mut self, res: Result<(), CallError>, written: usize) -> Result<(), RpcError> {
+    fn replied(&mut self, res: Result<(), ErpcCallError>, written: usize) -> Result<(), RpcError> {
         let cap = self.reply_cap;
         if written > cap {
             self.stats.dropped_replies += 1;
@@ -1384,8 +1376,10 @@ impl<T: DatagramTransport> ErpcServer<T> {
             Err(e) => {
                 self.stats.dropped_replies += 1;
                 Err(RpcError::ReplyDropped(match e {
-                    CallError::TooLarge(_) => "the reply exceeds the eRPC endpoint's max_msg_size",
-                    CallError::NoBuffer => {
+                    ErpcCallError::TooLarge(_) => {
+                        "the reply exceeds the eRPC endpoint's max_msg_size"
+                    }
+                    ErpcCallError::NoBuffer => {
                         "no message buffer for the reply: mapping its memory failed"
                     }
                     _ => {
@@ -1436,17 +1430,6 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
         Some((token, msg))
     }
 
-    /// Returns the buffers of the copied requests handed out by `recv` to the core's free
-    /// list ([`Endpoint::recycle`]) and finishes the zero-copy iteration (re-posts the receive
-    /// burst, runs the timers, transmits the replies given so far); tokens stay valid.
-    #[inline]
-    fn release(&mut self) {
-        for buf in self.lent.drain(..) {
-            self.ep.recycle(buf);
-        }
-        self.finish_zc();
-    }
-
     /// Encodes the reply into the preallocated buffer and hands it to the core
     /// ([`Endpoint::reply`]); it leaves at the next poll or flush.
     ///
@@ -1482,7 +1465,7 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
     ///
     /// # Errors
     /// As [`reply`](Self::reply). If the slot's response buffer cannot be mapped
-    /// ([`core::CallError::NoBuffer`]) `handle` does not run and the reply is dropped (the
+    /// ([`core::ErpcCallError::NoBuffer`]) `handle` does not run and the reply is dropped (the
     /// client's call ends by its deadline).
     #[inline]
     fn serve_next(
@@ -1516,11 +1499,16 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
         Some(self.replied(res, written))
     }
 
-    /// Finishes an open zero-copy iteration (which transmits); else, if replies were given
-    /// since the loop last ran, runs it once to send them (requests received meanwhile are
-    /// queued for the next poll).
+    /// Returns the buffers of the copied requests handed out by `recv` to the core's free
+    /// list ([`Endpoint::recycle`]) and finishes an open zero-copy iteration (re-posts the
+    /// receive burst, runs the timers, transmits the replies given so far); else, if replies
+    /// were given since the loop last ran, runs it once to send them (requests received
+    /// meanwhile are queued for the next poll). Tokens stay valid.
     #[inline]
     fn flush(&mut self) {
+        for buf in self.lent.drain(..) {
+            self.ep.recycle(buf);
+        }
         if self.zc_open {
             self.finish_zc();
         } else if self.dirty {
@@ -1596,7 +1584,7 @@ mod tests {
         for e in [
             ErpcSetupError::NoAnswer,
             ErpcSetupError::Timeout(Duration::from_secs(1)),
-            ErpcSetupError::Refused(core::RpcError::NoResources),
+            ErpcSetupError::Refused(core::SessionError::NoResources),
             ErpcSetupError::Invalid("x"),
             ErpcSetupError::Io(std::io::Error::other("x")),
         ] {

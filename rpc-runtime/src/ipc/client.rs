@@ -457,7 +457,7 @@ impl ClientTransport for Ipc {
     }
 
     #[inline]
-    fn poll(&mut self, max: usize, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
-        self.poll_up_to(max, on_response)
+    fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
+        self.poll_up_to(usize::MAX, on_response)
     }
 }

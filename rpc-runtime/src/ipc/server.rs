@@ -611,8 +611,10 @@ impl ServerTransport for IpcServer {
         IpcServer::recv(self)
     }
 
+    /// [`IpcServer::release`]; replies need no sending (visible as soon as they are
+    /// written).
     #[inline]
-    fn release(&mut self) {
+    fn flush(&mut self) {
         IpcServer::release(self)
     }
 

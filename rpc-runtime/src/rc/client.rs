@@ -51,9 +51,9 @@ pub trait RcClient: Sized {
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, Unsent<Self::Refusal>>;
 
-    /// Delivers stashed responses first, then polls the queues once: at most `max`
-    /// responses go to `on_response`, the rest are stashed. Returns how many were delivered.
-    fn deliver(&mut self, max: usize, on_response: &mut impl FnMut(u32, &[u8])) -> usize;
+    /// Delivers stashed responses first, then polls the queues once, every response to
+    /// `on_response`. Returns how many were delivered.
+    fn deliver(&mut self, on_response: &mut impl FnMut(u32, &[u8])) -> usize;
 
     /// One round of progress with nothing delivered (notices, credit requests, doorbells).
     fn progress(&mut self);
@@ -136,10 +136,9 @@ macro_rules! rc_client_transport {
             #[inline]
             fn poll(
                 &mut self,
-                max: usize,
                 on_response: impl FnMut(u32, &[u8]),
             ) -> Result<usize, $crate::error::RpcError> {
-                $crate::rc::client::poll(self, max, on_response)
+                $crate::rc::client::poll(self, on_response)
             }
 
             /// Runs the liveness check (module docs) when calls are in flight, by time.
@@ -188,10 +187,9 @@ fn refused<C: RcClient>(c: &mut C, r: C::Refusal) -> RpcError {
 #[inline(always)]
 pub(crate) fn poll<C: RcClient>(
     c: &mut C,
-    max: usize,
     mut on_response: impl FnMut(u32, &[u8]),
 ) -> Result<usize, RpcError> {
-    let n = c.deliver(max, &mut on_response);
+    let n = c.deliver(&mut on_response);
     if n == 0 {
         return idle(c);
     }

@@ -125,7 +125,7 @@ pub enum CallFailure {
 
 /// Client counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ClientStats {
+pub struct ScaleClientStats {
     /// Requests written.
     pub calls: u64,
     /// Responses delivered.
@@ -204,7 +204,7 @@ pub struct ScaleClient<U> {
     cfg: ClientConfig,
     /// `cfg.slot_size`, resolved.
     slot_size: u32,
-    stats: ClientStats,
+    stats: ScaleClientStats,
 }
 
 impl<U> std::fmt::Debug for ScaleClient<U> {
@@ -274,12 +274,12 @@ impl<U> ScaleClient<U> {
             device: device.clone(),
             cfg,
             slot_size,
-            stats: ClientStats::default(),
+            stats: ScaleClientStats::default(),
         })
     }
 
     /// Counters.
-    pub fn stats(&self) -> &ClientStats {
+    pub fn stats(&self) -> &ScaleClientStats {
         &self.stats
     }
 
@@ -443,7 +443,7 @@ impl<U> ScaleClient<U> {
     /// Posts an 8 B WRITE+IMM into the server's ack word: `word0 u32 | word1 u32`. Returns
     /// its WQE index (signaled) if posted.
     fn control(
-        stats: &mut ClientStats,
+        stats: &mut ScaleClientStats,
         conn: &mut ClientConn<U>,
         word0: u32,
         word1: u32,

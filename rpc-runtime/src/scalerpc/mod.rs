@@ -14,7 +14,7 @@
 //! # Liveness: connection lifecycle
 //! A connection ends in one of three ways, and in each the server reclaims it (destroys its
 //! QP, clears the pool slots its mapping names, frees its id for the next accept;
-//! [`ServerStats::reclaimed`]), so churn never exhausts `max_conns`:
+//! [`ScaleServerStats::reclaimed`]), so churn never exhausts `max_conns`:
 //! - *Goodbye.* [`ScaleClient::disconnect`] (and dropping a [`ScaleRpc`]) writes
 //!   [`ACK_BYE`] into the connection's ack word.
 //! - *Failure.* An error completion on the connection's QP (the client's context was dropped
@@ -76,12 +76,12 @@ pub mod server;
 pub mod transport;
 pub mod worker;
 
-pub use client::{CallFailure, ClientConfig, ClientStats, ScaleCallError, ScaleClient};
+pub use client::{CallFailure, ClientConfig, ScaleCallError, ScaleClient, ScaleClientStats};
 pub use info::{ClientConnInfo, ServerConnInfo};
 pub use sched::{ConnState, Notice, SchedStats, Scheduler};
 pub use server::{
     DEFAULT_MAX_CONNS, DEFAULT_QPC_CACHE_ENTRIES, DEFAULT_SLOT_SIZE, DEFAULT_SLOTS_PER_CONN,
-    GroupSize, ScaleServer, ScaleToken, ServerConfig, ServerStats, derive_group_size,
+    GroupSize, ScaleServer, ScaleServerStats, ScaleToken, ServerConfig, derive_group_size,
 };
 pub use transport::{
     ConnectRefusal, Listener, ScaleRpc, ScaleRpcAddr, ScaleRpcServer, ScaleRpcSetupError,

@@ -10,7 +10,7 @@
 //!
 //! Bad input never reaches the handler or the wire: a wrong magic (neither request nor
 //! response), a `payload_len` beyond the slot, or a response address outside the region the
-//! client registered at connect is rejected and counted ([`ServerStats`]); nothing is
+//! client registered at connect is rejected and counted ([`ScaleServerStats`]); nothing is
 //! written for an address that does not validate.
 
 use std::collections::VecDeque;
@@ -74,7 +74,7 @@ pub const DEFAULT_MAX_CONNS: u32 = 256;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
     /// Most client connections at once. Ids of connections that are gone (disconnected,
-    /// failed, evicted) are reclaimed ([`ServerStats::reclaimed`]), so churn never exhausts it.
+    /// failed, evicted) are reclaimed ([`ScaleServerStats::reclaimed`]), so churn never exhausts it.
     pub max_conns: u32,
     /// Connections per group: derived from the NIC's QP-context cache by default
     /// ([`GroupSize::Auto`], [`derive_group_size`]), or given ([`GroupSize::Fixed`]), or
@@ -108,7 +108,7 @@ pub struct ServerConfig {
     /// the server loop did not run is charged at most a quarter of this per gap,
     /// [`super::sched`]) is evicted: the client is told ([`super::CTRL_EVICT`]: it fails its
     /// calls with [`super::CallFailure::Evicted`]), then the connection fails
-    /// ([`ScaleServer::conn_failed`], [`ServerStats::failed_conns`]), its QP is destroyed (so
+    /// ([`ScaleServer::conn_failed`], [`ScaleServerStats::failed_conns`]), its QP is destroyed (so
     /// that a late WRITE of the client fails instead of landing in a bank that now belongs to
     /// another group) and its id is reclaimed. A client acknowledges only once every call it
     /// made was answered: keep this above the longest time the server defers a reply.
@@ -194,9 +194,10 @@ pub fn derive_group_size(
     g.clamp(1, max_conns.max(1))
 }
 
-/// Server counters.
+/// [`ScaleServer`] counters (the typed [`crate::Server`] keeps its own,
+/// [`crate::ServerStats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ServerStats {
+pub struct ScaleServerStats {
     /// Requests handed to the application.
     pub requests: u64,
     /// Responses written (or left for READ).
@@ -331,7 +332,7 @@ pub struct ScaleServer {
     slot_size: u32,
     group_size: u32,
     clock: Instant,
-    stats: ServerStats,
+    stats: ScaleServerStats,
     /// Some confirmed connection holds notices that found its send queue full.
     notices_held: bool,
 }
@@ -427,7 +428,7 @@ impl ScaleServer {
             slot_size,
             group_size,
             clock: Instant::now(),
-            stats: ServerStats::default(),
+            stats: ScaleServerStats::default(),
             notices_held: false,
         })
     }
@@ -441,7 +442,7 @@ impl ScaleServer {
     }
 
     /// Counters.
-    pub fn stats(&self) -> &ServerStats {
+    pub fn stats(&self) -> &ScaleServerStats {
         &self.stats
     }
 
@@ -649,7 +650,7 @@ impl ScaleServer {
     /// belong to another connection by now), the slots its mapping names are cleared (so
     /// the id's next owner never sees the old requests, and tokens of the old incarnation
     /// are stale: [`ScaleError::ConnFailed`]), and the id is given back to the scheduler for
-    /// the next [`ScaleServer::accept`] ([`ServerStats::reclaimed`]).
+    /// the next [`ScaleServer::accept`] ([`ScaleServerStats::reclaimed`]).
     #[cold]
     fn reclaim(&mut self, c: u32) {
         if self.sched.conn_state(c) == Some(ConnState::Free) {
@@ -713,7 +714,7 @@ impl ScaleServer {
     /// connection in `closing`.
     fn notice(
         conns: &mut [ServerConn],
-        stats: &mut ServerStats,
+        stats: &mut ScaleServerStats,
         dirty: &mut Vec<u32>,
         closing: &mut Vec<u32>,
         n: Notice,

@@ -61,7 +61,7 @@
 //! after its group was stopped holds up the next switch until then, and is evicted: the
 //! server tells it, and its calls then fail with [`ScaleRpcSetupError::Evicted`] (inside
 //! [`RpcError::Transport`]); connect again. A client that pauses while others
-//! run should poll its transport now and then (`client.transport_mut().poll(usize::MAX,
+//! run should poll its transport now and then (`client.transport_mut().poll(
 //! |_, _| {})` with nothing in flight delivers nothing) or be dropped (dropping polls once
 //! more, acknowledging a pending stop). For the same reason, keep the ack timeout above the
 //! longest time a handler defers a reply.
@@ -510,12 +510,8 @@ impl ScaleRpc {
     /// free their token without delivery (the failure is reported by
     /// [`ClientTransport::poll`](crate::client::ClientTransport::poll)). Probe answers are consumed here.
     #[inline(always)]
-    fn pump(
-        &mut self,
-        max: usize,
-        mut delivered: usize,
-        on_response: &mut impl FnMut(u32, &[u8]),
-    ) -> usize {
+    fn pump(&mut self, deliver: bool, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
+        let mut delivered = 0;
         let Self {
             client,
             tokens,
@@ -541,7 +537,12 @@ impl ScaleRpc {
                     return;
                 }
             };
-            tokens.deliver_or_stash(max, &mut delivered, tok, msg, on_response);
+            if deliver {
+                delivered += 1;
+                tokens.deliver(tok, msg, on_response);
+            } else {
+                tokens.stash(tok, msg);
+            }
         });
         delivered
     }
@@ -654,7 +655,7 @@ impl RcClient for ScaleRpc {
         if self.tokens.free() + 1 == self.max_in_flight as usize && self.tokens.stashed() == 0 {
             // Nothing outstanding: cheap (no slots to check), and catches stop notices that
             // arrived while the caller was not polling.
-            self.pump(0, 0, &mut |_, _| {});
+            self.pump(false, &mut |_, _| {});
         }
         match self
             .client
@@ -671,19 +672,16 @@ impl RcClient for ScaleRpc {
     /// Stashed responses first, then one poll of the client (which also sends what was
     /// written and handles the server's notices).
     #[inline(always)]
-    fn deliver(&mut self, max: usize, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
+    fn deliver(&mut self, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
         let mut n = 0;
         if self.tokens.stashed() != 0 {
-            n = self.tokens.drain(max, on_response);
-            if n >= max {
-                return n;
-            }
+            n = self.tokens.drain(on_response);
         }
-        self.pump(max, n, on_response)
+        n + self.pump(true, on_response)
     }
 
     fn progress(&mut self) {
-        self.pump(0, 0, &mut |_, _| {});
+        self.pump(false, &mut |_, _| {});
     }
 
     #[inline(always)]
@@ -754,7 +752,7 @@ impl Drop for ScaleRpc {
         if self.failed {
             return;
         }
-        self.pump(0, 0, &mut |_, _| {});
+        self.pump(false, &mut |_, _| {});
         self.client.disconnect(self.conn, |_, _| {});
         let start = Instant::now();
         while !self.client.goodbye_sent(self.conn) && start.elapsed() < DISCONNECT_WAIT {
@@ -975,12 +973,6 @@ impl ServerTransport for ScaleRpcServer {
         }
     }
 
-    /// Nothing to do: a request's pool slot is freed by its reply (the response is built in
-    /// place in that slot), and its client writes the slot again only after the response
-    /// arrived, so there is no separate release step.
-    #[inline]
-    fn release(&mut self) {}
-
     /// Builds the reply in the request's slot; it is sent by the next poll or flush (or once
     /// the doorbell batch fills).
     ///
@@ -1000,6 +992,9 @@ impl ServerTransport for ScaleRpcServer {
     }
 
     /// Rings the doorbells of the connections with replies written since the last poll.
+    /// There is no request space to release: a request's pool slot is freed by its reply
+    /// (the response is built in place in that slot), and its client writes the slot again
+    /// only after the response arrived.
     #[inline]
     fn flush(&mut self) {
         self.inner.flush();

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_runtime::erpc::core::{Config, Event, MS, RpcError, SessionId};
+use rpc_runtime::erpc::core::{Config, Event, MS, SessionError, SessionId};
 use rpc_runtime::erpc::event_loop::Endpoint;
 use rpc_runtime::erpc::transport::DatagramTransport;
 
@@ -210,7 +210,7 @@ where
             .enqueue_request(s, 1, &payload(6, tag, 64), tag)
             .unwrap();
     }
-    let mut outcome: HashMap<u64, Result<(), RpcError>> = HashMap::new();
+    let mut outcome: HashMap<u64, Result<(), SessionError>> = HashMap::new();
     let mut failed_sessions = 0;
     let mut stop_seen: Option<Instant> = None;
     let start = Instant::now();
@@ -228,12 +228,12 @@ where
                     assert!(outcome.insert(tag, Ok(())).is_none(), "tag {tag} twice");
                 }
                 Event::RequestFailed { tag, error, .. } => {
-                    assert_eq!(error, RpcError::PeerFailed);
+                    assert_eq!(error, SessionError::PeerFailed);
                     assert!(outcome.insert(tag, Err(error)).is_none(), "tag {tag} twice");
                     last_fail = Instant::now();
                 }
                 Event::SessionFailed { error, .. } => {
-                    assert_eq!(error, RpcError::PeerFailed);
+                    assert_eq!(error, SessionError::PeerFailed);
                     failed_sessions += 1;
                 }
                 other => panic!("unexpected event {other:?}"),

@@ -253,7 +253,7 @@ fn idle_never_sending_session_is_reclaimed() {
     assert!(
         events.contains(&Event::SessionFailed {
             session: idle,
-            error: RpcError::SessionLost
+            error: SessionError::SessionLost
         }),
         "{events:?}"
     );
@@ -296,7 +296,7 @@ fn connect_flood_from_one_source_leaves_others_served() {
             matches!(
                 e,
                 Event::SessionFailed {
-                    error: RpcError::SourceLimit { limit: 8 },
+                    error: SessionError::SourceLimit { limit: 8 },
                     ..
                 }
             )

@@ -6,7 +6,7 @@
 //! - **Sessions.** A server holds at most `Config::max_sessions_per_source` server sessions
 //!   of one source (default: half the sessions the server can hold, see
 //!   [`Config::source_session_limit`](super::Config::source_session_limit)); a connect
-//!   request beyond that is refused (`RpcError::SourceLimit` at the client). The count is
+//!   request beyond that is refused (`SessionError::SourceLimit` at the client). The count is
 //!   kept in a map with one entry per source *that holds a session*, so it never has more
 //!   entries than there are live sessions (`max_sessions`), whatever the sources claim.
 //! - **Session-management requests per second** (connect, disconnect, ping): a token

@@ -9,7 +9,7 @@
 use std::hash::Hash;
 
 use super::session::{Role, Session};
-use super::{Event, Rpc, RpcError, SessionId, Time};
+use super::{Event, Rpc, SessionError, SessionId, Time};
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// Fails or reaps session `sid` if its peer has been silent too long; returns whether it
@@ -23,7 +23,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             return false;
         }
         if s.role.is_client() {
-            self.fail_client_session(sid, RpcError::PeerFailed);
+            self.fail_client_session(sid, SessionError::PeerFailed);
         } else {
             self.free_session(sid);
             self.stats.server_sessions_reaped += 1;
@@ -55,7 +55,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     }
 
     /// Client: fails every RPC of `sid`, reports the session failed, frees it.
-    pub(super) fn fail_client_session(&mut self, sid: SessionId, error: RpcError) {
+    pub(super) fn fail_client_session(&mut self, sid: SessionId, error: SessionError) {
         let Some(s) = self.free_session(sid) else {
             return;
         };

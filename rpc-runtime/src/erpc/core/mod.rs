@@ -220,15 +220,15 @@ pub struct Config {
     /// WQEs, a UDP socket's receive buffer): admission control (issue 12; eRPC refuses
     /// sessions it lacks RX ring entries for, seeds/000 §12.4 "resources"). Every session,
     /// of either role, may have up to `session_credits` packets in flight towards this
-    /// endpoint, so a new session is refused (server: [`RpcError::NoRingEntries`] at the
-    /// client's connect; client: [`CallError::NoRingEntries`] from `create_session`) when
+    /// endpoint, so a new session is refused (server: [`SessionError::NoRingEntries`] at the
+    /// client's connect; client: [`ErpcCallError::NoRingEntries`] from `create_session`) when
     /// `(sessions + 1) * session_credits` would exceed it. `None` (the default of the
     /// sans-I/O core): no limit; [`Endpoint::new`](crate::erpc::event_loop::Endpoint::new)
     /// fills in the transport's `rx_ring_entries()`; `Some(usize::MAX)` disables the check.
     pub rx_ring_entries: Option<usize>,
     /// Server sessions one source (peer address: IP address and port over UDP, LID and QPN
     /// over UD) may hold at once (issue 14); a connect request beyond it is refused
-    /// ([`RpcError::SourceLimit`] at the client). `None` (default): half of the sessions the
+    /// ([`SessionError::SourceLimit`] at the client). `None` (default): half of the sessions the
     /// endpoint can hold ([`Config::source_session_limit`]), so that one source never holds
     /// them all. `Some(0)` is refused by [`Rpc::new`].
     pub max_sessions_per_source: Option<usize>,
@@ -247,7 +247,7 @@ pub struct Config {
     /// A server session whose client has sent no request packet this long (ns) after the
     /// connect is reclaimed (issue 14; default 10 s), counted in
     /// [`Stats::server_sessions_idle_reclaimed`]; its client learns it at its next ping
-    /// ([`RpcError::SessionLost`]). Keepalive pings do not count as requests. `Time::MAX`
+    /// ([`SessionError::SessionLost`]). Keepalive pings do not count as requests. `Time::MAX`
     /// keeps such sessions.
     pub idle_session_timeout: Time,
 }
@@ -324,7 +324,7 @@ pub enum ConfigError {
 }
 
 /// A protocol setting that both ends of a session must share; the connect handshake carries
-/// each and the server refuses a session whose client differs ([`RpcError::ConfigMismatch`]).
+/// each and the server refuses a session whose client differs ([`SessionError::ConfigMismatch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigField {
     /// [`Config::mtu`] (bytes): both ends cut messages into packets of `mtu - 16` data bytes
@@ -373,9 +373,11 @@ impl std::fmt::Display for ConfigField {
     }
 }
 
-/// Why an RPC or a session failed.
+/// Why a session, or an RPC on it, failed: eRPC's session-management errors (`SmErrType`
+/// in the paper's code). Not the typed layer's [`crate::RpcError`]: [`crate::erpc::Erpc`]
+/// maps these to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-pub enum RpcError {
+pub enum SessionError {
     /// The peer was silent for `failure_timeout`.
     #[error("peer silent for the failure timeout")]
     PeerFailed,
@@ -440,7 +442,7 @@ pub enum RpcError {
 
 /// Why a call on [`Rpc`] was refused (caller errors; nothing changed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-pub enum CallError {
+pub enum ErpcCallError {
     /// No such session, or not in a state that allows the call.
     #[error("unknown session or wrong session state")]
     BadSession,
@@ -572,7 +574,7 @@ pub enum Event {
         /// The caller's tag.
         tag: u64,
         /// Why.
-        error: RpcError,
+        error: SessionError,
     },
     /// Client: the session is connected (requests queued before now start).
     SessionConnected(SessionId),
@@ -581,7 +583,7 @@ pub enum Event {
         /// Client session.
         session: SessionId,
         /// Why.
-        error: RpcError,
+        error: SessionError,
     },
     /// Client: `destroy_session` completed; the session is freed.
     SessionDisconnected(SessionId),

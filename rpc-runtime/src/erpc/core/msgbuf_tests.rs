@@ -233,18 +233,18 @@ fn enqueue_in_place_and_its_errors() {
     assert_eq!(
         cl.rpc
             .enqueue_request_with(0, sid, 1, 0, max + 1, |_| panic!("not called")),
-        Err(CallError::TooLarge(max + 1))
+        Err(ErpcCallError::TooLarge(max + 1))
     );
     assert_eq!(
         cl.rpc.enqueue_request_with(0, sid, 1, 0, 10, |_| 11),
-        Err(CallError::TooLarge(11))
+        Err(ErpcCallError::TooLarge(11))
     );
     // The slot's buffer (one packet's worth, from the call above) is too small for this.
     cl.rpc.pool.fail_next_alloc = true;
     assert_eq!(
         cl.rpc
             .enqueue_request_with(0, sid, 1, 0, 3 * cl.rpc.data_per_pkt(), |_| 1),
-        Err(CallError::NoBuffer)
+        Err(ErpcCallError::NoBuffer)
     );
     assert!(drain(&mut cl).is_empty(), "nothing queued");
     // Ten calls at once: 8 in slots, 2 in the backlog, all written in place.
@@ -358,7 +358,7 @@ fn failed_buffer_mapping_is_counted_and_recoverable() {
     assert_eq!(
         sv.rpc
             .reply_with(0, token, 3 * dpp, |_| panic!("not called")),
-        Err(CallError::NoBuffer)
+        Err(ErpcCallError::NoBuffer)
     );
     sv.rpc.reply(0, token, b"done").unwrap();
     Node::run_reliable(&mut cl, &mut sv, |_, d| d.to_vec());

@@ -7,7 +7,7 @@ use super::cc::ClientTxq;
 use super::session::{ClientSession, PendingReq, SessionState};
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
 use super::{
-    CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, TxNext, TxSink, Zc, place_pkt,
+    ErpcCallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, TxNext, TxSink, Zc, place_pkt,
 };
 use crate::erpc::msgbuf::MsgBuffer;
 use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
@@ -29,7 +29,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         req_type: u8,
         payload: &[u8],
         tag: u64,
-    ) -> Result<(), CallError> {
+    ) -> Result<(), ErpcCallError> {
         self.enqueue_request_with(now, session, req_type, tag, payload.len(), |buf| {
             buf[..payload.len()].copy_from_slice(payload);
             payload.len()
@@ -46,10 +46,10 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// carrying `tag`.
     ///
     /// # Errors
-    /// [`CallError::BadSession`] if `session` is not a connecting or connected client
-    /// session; [`CallError::TooLarge`] if `max_len` exceeds `max_msg_size` (`fill` is not
+    /// [`ErpcCallError::BadSession`] if `session` is not a connecting or connected client
+    /// session; [`ErpcCallError::TooLarge`] if `max_len` exceeds `max_msg_size` (`fill` is not
     /// called) or `fill` returned more than `max_len` (nothing is queued);
-    /// [`CallError::NoBuffer`] if a message buffer could not be mapped.
+    /// [`ErpcCallError::NoBuffer`] if a message buffer could not be mapped.
     pub fn enqueue_request_with(
         &mut self,
         now: Time,
@@ -58,18 +58,18 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         tag: u64,
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<(), CallError> {
+    ) -> Result<(), ErpcCallError> {
         if max_len > self.cfg.max_msg_size {
-            return Err(CallError::TooLarge(max_len));
+            return Err(ErpcCallError::TooLarge(max_len));
         }
-        let s = super::sess_mut(&mut self.sessions, session).ok_or(CallError::BadSession)?;
+        let s = super::sess_mut(&mut self.sessions, session).ok_or(ErpcCallError::BadSession)?;
         let connected = match s.state {
             SessionState::Connected => true,
             SessionState::Connecting => false,
-            SessionState::Disconnecting => return Err(CallError::BadSession),
+            SessionState::Disconnecting => return Err(ErpcCallError::BadSession),
         };
         let generation = s.generation;
-        let c = s.role.client_mut().ok_or(CallError::BadSession)?;
+        let c = s.role.client_mut().ok_or(ErpcCallError::BadSession)?;
         match c.free_slot().filter(|_| connected && c.backlog.is_empty()) {
             Some(i) => {
                 let slot = &mut c.slots[i];
@@ -77,10 +77,10 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 let buf = self.pool.ensure(&mut slot.req, max_len);
                 self.stats.msgbufs_allocated += self.pool.allocated - before;
                 self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
-                let buf = buf.map_err(|_| CallError::NoBuffer)?;
+                let buf = buf.map_err(|_| ErpcCallError::NoBuffer)?;
                 let n = fill(&mut buf.capacity_mut()[..max_len]);
                 if n > max_len {
-                    return Err(CallError::TooLarge(n));
+                    return Err(ErpcCallError::TooLarge(n));
                 }
                 // Within the capacity ensured above.
                 let _ = buf.resize(n);
@@ -104,11 +104,11 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 let data = self.pool.take(max_len);
                 self.stats.msgbufs_allocated += self.pool.allocated - before;
                 self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
-                let mut data = data.map_err(|_| CallError::NoBuffer)?;
+                let mut data = data.map_err(|_| ErpcCallError::NoBuffer)?;
                 let n = fill(&mut data.capacity_mut()[..max_len]);
                 if n > max_len {
                     self.pool.put(data);
-                    return Err(CallError::TooLarge(n));
+                    return Err(ErpcCallError::TooLarge(n));
                 }
                 let _ = data.resize(n);
                 c.backlog.push_back(PendingReq {

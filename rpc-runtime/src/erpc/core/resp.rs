@@ -5,7 +5,7 @@ use std::hash::Hash;
 
 use super::sslot::{SLOTS_PER_SESSION, SrvState, pkt_range, pkts_for, slot_of};
 use super::{
-    CallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, Tx, TxNext, TxSink, Zc, place_pkt,
+    ErpcCallError, Event, MsgPkt, ReqToken, Rpc, SessionId, Time, Tx, TxNext, TxSink, Zc, place_pkt,
 };
 use crate::erpc::msgbuf::MsgBuffer;
 use crate::erpc::pkthdr::{MAX_PKT_NUM, PKTHDR_SIZE, PktHdr, PktType};
@@ -19,7 +19,12 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     ///
     /// # Errors
     /// As [`Rpc::reply_with`].
-    pub fn reply(&mut self, now: Time, token: ReqToken, payload: &[u8]) -> Result<(), CallError> {
+    pub fn reply(
+        &mut self,
+        now: Time,
+        token: ReqToken,
+        payload: &[u8],
+    ) -> Result<(), ErpcCallError> {
         self.reply_with(now, token, payload.len(), |buf| {
             buf[..payload.len()].copy_from_slice(payload);
             payload.len()
@@ -35,11 +40,11 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// token.
     ///
     /// # Errors
-    /// [`CallError::StaleToken`] if the request is not awaiting a reply (already answered,
-    /// or its session was freed); [`CallError::TooLarge`] if `max_len` exceeds
+    /// [`ErpcCallError::StaleToken`] if the request is not awaiting a reply (already answered,
+    /// or its session was freed); [`ErpcCallError::TooLarge`] if `max_len` exceeds
     /// `max_msg_size` (`fill` is not called), `fill` returned more than `max_len`, or
     /// request and response together exceed the 14-bit packet numbers;
-    /// [`CallError::NoBuffer`] if a message buffer could not be mapped. On every error the
+    /// [`ErpcCallError::NoBuffer`] if a message buffer could not be mapped. On every error the
     /// request stays pending.
     pub fn reply_with(
         &mut self,
@@ -47,29 +52,29 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         token: ReqToken,
         max_len: usize,
         fill: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<(), CallError> {
+    ) -> Result<(), ErpcCallError> {
         let dpp = self.data_per_pkt;
         let max = self.cfg.max_msg_size;
         let s = super::sess_mut(&mut self.sessions, token.session)
             .filter(|s| s.generation == token.generation)
-            .ok_or(CallError::StaleToken)?;
-        let srv = s.role.server_mut().ok_or(CallError::StaleToken)?;
+            .ok_or(ErpcCallError::StaleToken)?;
+        let srv = s.role.server_mut().ok_or(ErpcCallError::StaleToken)?;
         let slot = &mut srv.slots[slot_of(token.req_num)];
         if slot.req_num != Some(token.req_num) || slot.state != SrvState::AwaitingReply {
-            return Err(CallError::StaleToken);
+            return Err(ErpcCallError::StaleToken);
         }
         if max_len > max {
-            return Err(CallError::TooLarge(max_len));
+            return Err(ErpcCallError::TooLarge(max_len));
         }
         let before = self.pool.allocated;
         let buf = self.pool.ensure(&mut slot.resp, max_len);
         self.stats.msgbufs_allocated += self.pool.allocated - before;
         self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
-        let buf = buf.map_err(|_| CallError::NoBuffer)?;
+        let buf = buf.map_err(|_| ErpcCallError::NoBuffer)?;
         let len = fill(&mut buf.capacity_mut()[..max_len]);
         let num_resp_pkts = pkts_for(len, dpp);
         if len > max_len || slot.num_req_pkts + num_resp_pkts - 1 > usize::from(MAX_PKT_NUM) + 1 {
-            return Err(CallError::TooLarge(len));
+            return Err(ErpcCallError::TooLarge(len));
         }
         // Within the capacity ensured above.
         let _ = buf.resize(len);

@@ -521,7 +521,7 @@ fn session_management_under_loss() {
     assert!(sim.run(sim.now + 100_000 * MS, |s| s.responses().len() == 20));
     assert_eq!(
         sim.nodes[0].rpc.destroy_session(sim.now, SessionId(60000)),
-        Err(CallError::BadSession)
+        Err(ErpcCallError::BadSession)
     );
     for &sid in &sids {
         let now = sim.now;
@@ -542,7 +542,7 @@ fn session_management_under_loss() {
 fn destroy_busy_session_refused() {
     let (mut cl, _sv, sid) = connect_pair(0);
     cl.rpc.enqueue_request(0, sid, 0, b"abc", 1).unwrap();
-    assert_eq!(cl.rpc.destroy_session(0, sid), Err(CallError::Busy));
+    assert_eq!(cl.rpc.destroy_session(0, sid), Err(ErpcCallError::Busy));
 }
 
 #[test]
@@ -569,14 +569,14 @@ fn schema_mismatch_refused() {
         Some(Event::RequestFailed {
             session: sid,
             tag: 77,
-            error: RpcError::SchemaMismatch { server: 2 }
+            error: SessionError::SchemaMismatch { server: 2 }
         })
     );
     assert_eq!(
         cl.rpc.poll_event(),
         Some(Event::SessionFailed {
             session: sid,
-            error: RpcError::SchemaMismatch { server: 2 }
+            error: SessionError::SchemaMismatch { server: 2 }
         })
     );
     assert_eq!(sv.rpc.num_sessions(), 0);
@@ -614,7 +614,7 @@ fn peer_silence_fails_pending_calls() {
         sim.count(0, |e| matches!(
             e,
             Event::RequestFailed {
-                error: RpcError::PeerFailed,
+                error: SessionError::PeerFailed,
                 ..
             }
         )),
@@ -651,7 +651,7 @@ fn client_silence_frees_server_state() {
     let tok = ReqToken::for_test(SessionId(0), 99, 0);
     assert_eq!(
         sim.nodes[1].rpc.reply(sim.now, tok, b"x"),
-        Err(CallError::StaleToken)
+        Err(ErpcCallError::StaleToken)
     );
 }
 
@@ -696,7 +696,10 @@ fn at_most_once_duplicates() {
         "I4: nothing before reply"
     );
     sv.rpc.reply(0, token, b"pong").unwrap();
-    assert_eq!(sv.rpc.reply(0, token, b"again"), Err(CallError::StaleToken));
+    assert_eq!(
+        sv.rpc.reply(0, token, b"again"),
+        Err(ErpcCallError::StaleToken)
+    );
     let (_, len) = sv.rpc.poll_transmit(&mut buf).unwrap();
     let resp = buf[..len].to_vec();
     sv.rpc.handle_datagram(0, 1, &req); // duplicate after reply: cached response
@@ -920,7 +923,7 @@ fn config_mismatch_refused_at_connect() {
         let sid = cl.rpc.create_session(0, 2).unwrap();
         cl.rpc.enqueue_request(0, sid, 0, b"q", 7).unwrap();
         Node::run_reliable(&mut cl, &mut sv, |_, d| d.to_vec());
-        let error = RpcError::ConfigMismatch {
+        let error = SessionError::ConfigMismatch {
             field,
             client,
             server,
@@ -981,7 +984,7 @@ fn admission_control_by_receive_ring() {
         now + 1000 * MS,
         |s| s.count(0, |e| matches!(e, Event::SessionFailed { .. })) == 1
     ));
-    let error = RpcError::NoRingEntries {
+    let error = SessionError::NoRingEntries {
         ring_entries: 31,
         sessions: 3,
         credits: 8,
@@ -1029,7 +1032,7 @@ fn admission_control_by_receive_ring() {
     c.create_session(0, 9).unwrap();
     assert_eq!(
         c.create_session(0, 9),
-        Err(CallError::NoRingEntries {
+        Err(ErpcCallError::NoRingEntries {
             ring_entries: 16,
             sessions: 2,
             credits: 8

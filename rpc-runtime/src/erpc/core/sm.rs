@@ -63,7 +63,7 @@ use std::hash::Hash;
 
 use super::session::{Session, SessionState};
 use super::sslot::{SLOTS_PER_SESSION, slot_of};
-use super::{CallError, ConfigField, Event, Rpc, RpcError, SessionId, Time, Tx};
+use super::{ConfigField, ErpcCallError, Event, Rpc, SessionError, SessionId, Time, Tx};
 use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
 
 /// `dest_session_num` of session-management packets (never a real session number).
@@ -250,17 +250,18 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// (they wait for the connection).
     ///
     /// # Errors
-    /// [`CallError::NoSessions`] when `max_sessions` are in use;
-    /// [`CallError::NoRingEntries`] when this endpoint's receive ring cannot absorb one more
+    /// [`ErpcCallError::NoSessions`] when `max_sessions` are in use;
+    /// [`ErpcCallError::NoRingEntries`] when this endpoint's receive ring cannot absorb one more
     /// session's packets ([`Config::rx_ring_entries`](super::Config::rx_ring_entries)).
-    pub fn create_session(&mut self, now: Time, peer: A) -> Result<SessionId, CallError> {
-        self.ring_room().map_err(
-            |(ring_entries, sessions, credits)| CallError::NoRingEntries {
-                ring_entries,
-                sessions,
-                credits,
-            },
-        )?;
+    pub fn create_session(&mut self, now: Time, peer: A) -> Result<SessionId, ErpcCallError> {
+        self.ring_room()
+            .map_err(
+                |(ring_entries, sessions, credits)| ErpcCallError::NoRingEntries {
+                    ring_entries,
+                    sessions,
+                    credits,
+                },
+            )?;
         let token = self.random();
         let req_base = self.random() & (REQ_BASE_LIMIT - 1) & !(SLOTS_PER_SESSION as u64 - 1);
         let generation = self.new_generation();
@@ -273,7 +274,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             req_base,
             now,
         );
-        let sid = self.alloc_session_armed(s).ok_or(CallError::NoSessions)?;
+        let sid = self
+            .alloc_session_armed(s)
+            .ok_or(ErpcCallError::NoSessions)?;
         self.send_client_sm(now, sid);
         Ok(sid)
     }
@@ -282,16 +285,16 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// (or `SessionFailed` if the server stays silent).
     ///
     /// # Errors
-    /// [`CallError::BadSession`] unless `session` is a connected client session,
-    /// [`CallError::Busy`] while it has requests in flight or queued.
-    pub fn destroy_session(&mut self, now: Time, session: SessionId) -> Result<(), CallError> {
-        let s = super::sess_mut(&mut self.sessions, session).ok_or(CallError::BadSession)?;
-        let c = s.role.client().ok_or(CallError::BadSession)?;
+    /// [`ErpcCallError::BadSession`] unless `session` is a connected client session,
+    /// [`ErpcCallError::Busy`] while it has requests in flight or queued.
+    pub fn destroy_session(&mut self, now: Time, session: SessionId) -> Result<(), ErpcCallError> {
+        let s = super::sess_mut(&mut self.sessions, session).ok_or(ErpcCallError::BadSession)?;
+        let c = s.role.client().ok_or(ErpcCallError::BadSession)?;
         if s.state != SessionState::Connected {
-            return Err(CallError::BadSession);
+            return Err(ErpcCallError::BadSession);
         }
         if c.busy() {
-            return Err(CallError::Busy);
+            return Err(ErpcCallError::Busy);
         }
         s.state = SessionState::Disconnecting;
         self.send_client_sm(now, session);
@@ -591,25 +594,25 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                     }
                     SmStatus::SchemaMismatch => self.fail_client_session(
                         sid,
-                        RpcError::SchemaMismatch {
+                        SessionError::SchemaMismatch {
                             server: pkt.fingerprint,
                         },
                     ),
                     SmStatus::ConfigMismatch => {
                         // The response carries the server's settings.
                         let error = match self.config_mismatch(pkt) {
-                            Some((field, server, client)) => RpcError::ConfigMismatch {
+                            Some((field, server, client)) => SessionError::ConfigMismatch {
                                 field,
                                 client,
                                 server,
                             },
-                            None => RpcError::NoResources,
+                            None => SessionError::NoResources,
                         };
                         self.fail_client_session(sid, error)
                     }
                     SmStatus::NoRingEntries => self.fail_client_session(
                         sid,
-                        RpcError::NoRingEntries {
+                        SessionError::NoRingEntries {
                             ring_entries: u64::from(pkt.ring_entries),
                             sessions: u64::from(pkt.sessions),
                             credits: u64::from(pkt.credits),
@@ -617,12 +620,14 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                     ),
                     SmStatus::SourceLimit => self.fail_client_session(
                         sid,
-                        RpcError::SourceLimit {
+                        SessionError::SourceLimit {
                             limit: u64::from(pkt.src_limit),
                         },
                     ),
-                    SmStatus::NoResources => self.fail_client_session(sid, RpcError::NoResources),
-                    SmStatus::NoSession => self.fail_client_session(sid, RpcError::SessionLost),
+                    SmStatus::NoResources => {
+                        self.fail_client_session(sid, SessionError::NoResources)
+                    }
+                    SmStatus::NoSession => self.fail_client_session(sid, SessionError::SessionLost),
                 }
             }
             (SmKind::DisconnectResp, SessionState::Disconnecting) => {
@@ -633,7 +638,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 if pkt.status == SmStatus::Ok {
                     s.last_rx = now;
                 } else {
-                    self.fail_client_session(sid, RpcError::SessionLost);
+                    self.fail_client_session(sid, SessionError::SessionLost);
                 }
             }
             _ => self.stats.drop_bad_sm += 1,

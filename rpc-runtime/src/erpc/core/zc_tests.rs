@@ -53,7 +53,7 @@ fn zc_request_and_response_delivered_once() {
     assert_eq!(
         sv.rpc
             .reply_with(0, token, 4, |_| panic!("not called for a stale token")),
-        Err(CallError::StaleToken)
+        Err(ErpcCallError::StaleToken)
     );
     let resp = tx(&mut sv);
 
@@ -217,16 +217,16 @@ fn reply_with_too_large_keeps_request_pending() {
     assert_eq!(
         sv.rpc
             .reply_with(0, token, 1001, |_| panic!("max_len above max_msg_size")),
-        Err(CallError::TooLarge(1001))
+        Err(ErpcCallError::TooLarge(1001))
     );
     assert_eq!(
         sv.rpc.reply_with(0, token, 10, |_| 11),
-        Err(CallError::TooLarge(11)),
+        Err(ErpcCallError::TooLarge(11)),
         "fill wrote more than it was given"
     );
     assert_eq!(
         sv.rpc.reply(0, token, &[0; 1001]),
-        Err(CallError::TooLarge(1001))
+        Err(ErpcCallError::TooLarge(1001))
     );
     assert!(sv.rpc.poll_transmit(&mut [0; 4096]).is_none());
     sv.rpc
