@@ -2,15 +2,16 @@
 
 mod typed_common;
 
+use typed_common::connect_polling_to as connect_polling;
 use typed_common::scenarios::{self, Fixture};
-use typed_common::{Store, header, spawn, spawn_kv};
+use typed_common::{Store, spawn, spawn_kv};
 
 use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use idl::echo::{EchoClient, EchoRequest, EchoResponse, EchoService};
-use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
+use idl::kv::{KvClient, KvResponse, KvService};
 use rpc::copyrpc::{
     ClientContext, ConnectRefusal, Context, ContextConfig, Copyrpc, CopyrpcAddr, CopyrpcServer,
     CopyrpcSetupError, EndpointConfig, EndpointFailure, EndpointState,
@@ -43,17 +44,6 @@ fn raw_client<S: Service>(server: &mut Server<S, CopyrpcServer>, addr: &CopyrpcA
     typed_common::connect_polling(server, move || {
         Copyrpc::connect(&addr, S::DESCRIPTOR).unwrap()
     })
-}
-
-/// Connects `T` on another thread while this one polls `server` (which must answer the
-/// connect request), for tests that drive the server by hand.
-fn connect_polling<S: Service, T: Send + 'static>(
-    server: &mut Server<S, CopyrpcServer>,
-    addr: &CopyrpcAddr,
-    connect: fn(&CopyrpcAddr) -> Result<T, RpcError>,
-) -> Result<T, RpcError> {
-    let addr = addr.clone();
-    typed_common::connect_polling(server, move || connect(&addr))
 }
 
 /// copyrpc on one software fabric, servers with 64 KiB rings ([`server`]).
@@ -97,25 +87,7 @@ fn deferred_replies_in_reverse_order() {
     let fabric = Fabric::new(SimConfig::default());
     let (mut server, addr) = server::<KvService>(&fabric);
     let mut kv = connect_polling(&mut server, &addr, KvClient::<Copyrpc>::connect).unwrap();
-    for k in 0..8 {
-        kv.issue(k).get(0, k).unwrap();
-    }
-    // Pipelined calls are sent when the client polls.
-    assert!(kv.poll().unwrap().is_none());
-    let mut taken = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken.len() < 8 {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        server.poll();
-        while let Some((token, req)) = server.recv() {
-            let KvRequest::Get(args) = req else {
-                panic!("unexpected {req:?}")
-            };
-            taken.push((token, args.key()));
-        }
-        server.flush();
-        kv.poll().unwrap();
-    }
+    let taken = scenarios::take_deferred_gets(&mut kv, &mut server, 8, true);
     assert_eq!(
         taken.iter().map(|t| t.1).collect::<Vec<_>>(),
         (0..8).collect::<Vec<_>>()
@@ -128,13 +100,7 @@ fn deferred_replies_in_reverse_order() {
     // Replies go out with the next flush (or poll).
     server.flush();
     let mut got = Vec::new();
-    while got.len() < 8 {
-        assert!(Instant::now() < deadline, "replies did not arrive");
-        if let Some((tag, resp)) = kv.poll().unwrap() {
-            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-            got.push(tag);
-        }
-    }
+    scenarios::await_deferred_replies(&mut kv, &mut got, 8, || {});
     // All eight came in one batch, in reply order: one delivered per poll, the rest stashed.
     assert_eq!(got, (0..8).rev().collect::<Vec<_>>());
 }
@@ -288,115 +254,26 @@ fn capacity_is_checked() {
     assert_eq!(server.transport().context().num_endpoints(), 1);
 }
 
-/// Sends one raw request message through a bare transport and returns the response bytes.
-fn raw_roundtrip(
-    t: &mut Copyrpc,
-    server: &mut Server<KvService, CopyrpcServer>,
-    msg: &[u8],
-) -> Vec<u8> {
-    let token = t
-        .send(std::time::Duration::from_secs(5), 0, |b| {
-            b[..msg.len()].copy_from_slice(msg);
-            msg.len()
-        })
-        .unwrap();
-    let mut out = None;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while out.is_none() {
-        assert!(Instant::now() < deadline, "no response to a bad request");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        t.poll(|tok, bytes| {
-            assert_eq!(tok, token);
-            out = Some(bytes.to_vec());
-        })
-        .unwrap();
-    }
-    out.unwrap()
-}
-
 #[test]
 fn undecodable_requests_get_error_status() {
     let fabric = Fabric::new(SimConfig::default());
     let (mut server, addr) = server::<KvService>(&fabric);
-    let mut raw = raw_client(&mut server, &addr);
-    let hdr = |method_id: u16, len: u32| {
-        let mut v = Vec::new();
-        v.extend_from_slice(&method_id.to_ne_bytes());
-        v.extend_from_slice(&0u16.to_ne_bytes());
-        v.extend_from_slice(&len.to_ne_bytes());
-        v
-    };
-    // Unknown method.
-    let r = raw_roundtrip(&mut raw, &mut server, &hdr(77, 0));
-    assert_eq!(header(&r).status, Status::UnknownMethod as u16);
-    assert_eq!(header(&r).method_id, 77);
-    // Wrong body length for get (expects 12 B).
-    let mut m = hdr(KvService::GET, 4);
-    m.extend_from_slice(&[0; 4]);
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &m)).status,
-        Status::BadLength as u16
-    );
-    // Shorter than a header; and empty.
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &[1, 0, 0])).status,
-        Status::Truncated as u16
-    );
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &[])).status,
-        Status::Truncated as u16
-    );
-    assert_eq!(server.stats().bad_requests, 4);
-    assert_eq!(server.stats().requests, 0);
-
-    // Through the typed client core, a get with a 4-byte body is answered with an error
-    // status and surfaces as RpcError::BadRequest, tagged.
-    let mut kv = Client::<KvService, Copyrpc>::from_transport(raw);
-    kv.issue(5, KvService::GET, &0u32).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let got = loop {
-        assert!(Instant::now() < deadline, "no answer");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        match kv.poll() {
-            Ok(None) => {}
-            other => break other,
-        }
-    };
-    match got {
-        Err(RpcError::BadRequest {
-            tag: 5,
-            method: "get",
-            status: Some(Status::BadLength),
-        }) => {}
-        other => panic!("expected BadRequest, got {other:?}"),
-    }
-    assert_eq!(server.stats().bad_requests, 5);
+    let raw = raw_client(&mut server, &addr);
+    scenarios::undecodable_requests_get_error_status(raw, &mut server, |_, _| {});
 }
 
 #[test]
 fn connect_times_out_when_the_server_does_not_poll() {
-    let fabric = Fabric::new(SimConfig::default());
-    let (server, mut addr) = server::<KvService>(&fabric);
-    addr.timeout = Duration::from_millis(200);
-    let t0 = Instant::now();
-    match KvClient::<Copyrpc>::connect(&addr) {
-        Err(RpcError::Transport(e)) => {
-            let e = e
-                .downcast_ref::<CopyrpcSetupError>()
-                .expect("a CopyrpcSetupError");
-            assert!(matches!(*e, CopyrpcSetupError::Timeout(_)), "{e}")
-        }
-        Err(e) => panic!("expected a timeout, got {e}"),
-        Ok(_) => panic!("connected to a server that never polls"),
-    }
-    assert!(t0.elapsed() >= Duration::from_millis(200));
-    assert!(t0.elapsed() < Duration::from_secs(5));
-    // The server is gone: connecting fails at once.
-    drop(server);
-    assert!(matches!(
-        KvClient::<Copyrpc>::connect(&addr),
-        Err(RpcError::ServerDisconnected)
-    ));
+    scenarios::connect_times_out_when_the_server_does_not_poll(
+        &mut fx(),
+        |addr| addr.timeout = Duration::from_millis(200),
+        |e| {
+            matches!(
+                e.transport::<CopyrpcSetupError>(),
+                Some(CopyrpcSetupError::Timeout(_))
+            )
+        },
+    );
 }
 
 #[test]
@@ -477,33 +354,8 @@ fn server_dropped_mid_run_fails_pending_and_later_calls() {
         a.device = fabric.open();
         connect_polling(&mut server, &a, KvClient::<Copyrpc>::connect).unwrap()
     };
-    // Both work.
-    let mut store = Store::default();
-    for kv in [&mut busy, &mut idle] {
-        kv.issue(1).put(0, 1, 1).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            assert!(Instant::now() < deadline);
-            server.serve_once(|req| KvService::dispatch(&mut store, req));
-            if kv.poll().unwrap().is_some() {
-                break;
-            }
-        }
-    }
-    // `busy` has four calls the server took and never answers.
-    for k in 0..4 {
-        busy.issue(k).get(0, k).unwrap();
-    }
-    let mut taken = 0;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken < 4 {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        assert!(busy.poll().unwrap().is_none());
-        server.poll();
-        while server.recv().is_some() {
-            taken += 1;
-        }
-    }
+    // Both work; `busy` has four calls the server took and never answers.
+    scenarios::both_work_then_busy_unanswered(&mut server, &mut busy, &mut idle, 4, |_, _| {});
     drop(server);
     let t0 = Instant::now();
     // Pending calls: the client sends nothing more, the probe finds the server gone.

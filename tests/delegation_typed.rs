@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use idl::echo::{EchoClient, EchoService};
-use idl::kv::{KvClient, KvRequest, KvResponse, KvServer, KvService};
+use idl::kv::{KvClient, KvResponse, KvServer, KvService};
 use rpc::RpcError;
 use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
 use rpc::wire::{MsgHeader, Status};
@@ -79,23 +79,8 @@ fn deferred_replies_out_of_order() {
     let n = name("deferred");
     let mut server = DelegationServer::serve::<KvService>(&n, DelegationConfig::default()).unwrap();
     let mut kv = KvClient::<Delegation>::connect(&n).unwrap();
-    for k in 0..8 {
-        kv.issue(k).get(0, k).unwrap();
-    }
     // Take all 8 requests without answering, release their ring space, answer in reverse.
-    let mut taken = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken.len() < 8 {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        server.poll();
-        while let Some((token, req)) = server.recv() {
-            let KvRequest::Get(args) = req else {
-                panic!("unexpected {req:?}")
-            };
-            taken.push((token, args.key()));
-        }
-        server.flush();
-    }
+    let taken = scenarios::take_deferred_gets(&mut kv, &mut server, 8, false);
     assert_eq!(
         taken.iter().map(|t| t.1).collect::<Vec<_>>(),
         (0..8).collect::<Vec<_>>()
@@ -106,12 +91,7 @@ fn deferred_replies_out_of_order() {
             .unwrap();
     }
     let mut got = Vec::new();
-    while got.len() < 8 {
-        if let Some((tag, resp)) = kv.poll().unwrap() {
-            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-            got.push(tag);
-        }
-    }
+    scenarios::await_deferred_replies(&mut kv, &mut got, 8, || {});
     got.sort();
     assert_eq!(got, (0..8).collect::<Vec<_>>());
 }

@@ -10,7 +10,7 @@ mod typed_common;
 use typed_common::connect_polling;
 
 use typed_common::scenarios::{self, Fixture};
-use typed_common::{Store, header, spawn, spawn_kv};
+use typed_common::{Store, spawn, spawn_kv};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,8 +31,8 @@ use rpc::erpc::typed::{ErpcSetupError, UdConnectAddr, service_config};
 use rpc::erpc::{Erpc, ErpcConfig, ErpcServer};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::rpc_service;
-use rpc::wire::Status;
-use rpc::{Client, ClientTransport, MessageKind, RpcError, Server, Service};
+
+use rpc::{ClientTransport, MessageKind, RpcError, Server, Service};
 
 /// Counts the heap allocations of threads that opted in (`COUNTING`), for the allocation
 /// test; other threads and tests are not affected.
@@ -214,92 +214,22 @@ fn multi_packet_messages_and_options() {
     assert_eq!(server.transport().stats().zero_copy_requests, 0);
 }
 
-/// Sends one raw request message through a bare transport and returns the response bytes.
-fn raw_roundtrip(t: &mut Erpc, server: &mut Server<KvService, ErpcServer>, msg: &[u8]) -> Vec<u8> {
-    let token = t
-        .send(std::time::Duration::from_secs(5), 0, |b| {
-            b[..msg.len()].copy_from_slice(msg);
-            msg.len()
-        })
-        .unwrap();
-    let mut out = None;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while out.is_none() {
-        assert!(Instant::now() < deadline, "no response to a bad request");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        t.poll(|tok, bytes| {
-            assert_eq!(tok, token);
-            out = Some(bytes.to_vec());
-        })
-        .unwrap();
-    }
-    out.unwrap()
-}
-
 #[test]
 fn undecodable_requests_get_error_status() {
     let (mut server, addr) = server::<KvService>(&ErpcConfig::default());
-    let mut raw = connect_polling(&mut server, move || {
+    let raw = connect_polling(&mut server, move || {
         <Erpc as ClientTransport>::connect(&addr, KvService::DESCRIPTOR).unwrap()
     });
-    let hdr = |method_id: u16, len: u32| {
-        let mut v = Vec::new();
-        v.extend_from_slice(&method_id.to_ne_bytes());
-        v.extend_from_slice(&0u16.to_ne_bytes());
-        v.extend_from_slice(&len.to_ne_bytes());
-        v
-    };
-    // Unknown method.
-    let r = raw_roundtrip(&mut raw, &mut server, &hdr(77, 0));
-    assert_eq!(header(&r).status, Status::UnknownMethod as u16);
-    assert_eq!(header(&r).method_id, 77);
-    // Wrong body length for get (expects 12 B).
-    let mut m = hdr(KvService::GET, 4);
-    m.extend_from_slice(&[0; 4]);
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &m)).status,
-        Status::BadLength as u16
-    );
-    // Shorter than a header; and empty (a zero-byte eRPC message).
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &[1, 0, 0])).status,
-        Status::Truncated as u16
-    );
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &[])).status,
-        Status::Truncated as u16
-    );
-    assert_eq!(server.stats().bad_requests, 4);
-    assert_eq!(server.stats().requests, 0);
-    // An encoder claiming more than the request buffer is refused before anything is sent.
-    assert!(matches!(
-        raw.send(std::time::Duration::from_secs(5), 0, |_| 1 << 20),
-        Err(RpcError::MessageTooLarge { len: 1048576, .. })
-    ));
-
-    // Through the typed client core: a get with a 4-byte body is answered with an error
-    // status and surfaces as RpcError::BadRequest, tagged; the handler's `Option` comes back
-    // as such.
-    let mut kv = Client::<KvService, Erpc>::from_transport(raw);
-    kv.issue(5, KvService::GET, &0u32).unwrap();
+    // The empty request is a zero-byte eRPC message. An encoder claiming more than the
+    // request buffer is refused before anything is sent. The handler's `Option` comes back
+    // as such through the typed client.
+    let mut kv = scenarios::undecodable_requests_get_error_status(raw, &mut server, |raw, _| {
+        assert!(matches!(
+            raw.send(std::time::Duration::from_secs(5), 0, |_| 1 << 20),
+            Err(RpcError::MessageTooLarge { len: 1048576, .. })
+        ));
+    });
     let deadline = Instant::now() + Duration::from_secs(10);
-    let got = loop {
-        assert!(Instant::now() < deadline, "no answer");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        match kv.poll() {
-            Ok(None) => {}
-            other => break other,
-        }
-    };
-    match got {
-        Err(RpcError::BadRequest {
-            tag: 5,
-            method: "get",
-            status: Some(Status::BadLength),
-        }) => {}
-        other => panic!("expected BadRequest, got {other:?}"),
-    }
-    assert_eq!(server.stats().bad_requests, 5);
     let mut store = Store::default();
     kv.issue_request(6, &KvRequest::get(0, 9)).unwrap();
     kv.issue_request(7, &KvRequest::put(0, 9, 90)).unwrap();
@@ -323,28 +253,7 @@ fn deferred_replies_out_of_order() {
     let mut kv = connect_polling(&mut server, move || {
         KvClient::<Erpc>::connect(&addr).unwrap()
     });
-    for k in 0..12 {
-        kv.issue(k).get(0, k).unwrap();
-    }
-    // Pipelined calls are sent when the client polls.
-    assert!(kv.poll().unwrap().is_none());
-    let mut taken = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken.len() < 12 {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        server.poll();
-        while let Some((token, req)) = server.recv() {
-            let KvRequest::Get(args) = req else {
-                panic!("unexpected {req:?}")
-            };
-            taken.push((token, args.key()));
-        }
-        server.flush();
-        assert!(kv.poll().unwrap().is_none());
-    }
-    let mut keys: Vec<u64> = taken.iter().map(|t| t.1).collect();
-    keys.sort_unstable();
-    assert_eq!(keys, (0..12).collect::<Vec<_>>());
+    let taken = scenarios::take_deferred_gets(&mut kv, &mut server, 12, true);
     // Answer in reverse; a second reply with the same token is refused.
     let mut got = Vec::new();
     for (i, &(token, key)) in taken.iter().rev().enumerate() {
@@ -358,13 +267,7 @@ fn deferred_replies_out_of_order() {
         if i == 2 {
             // Replies leave with the next flush (or poll): the first three arrive alone.
             server.flush();
-            while got.len() < 3 {
-                assert!(Instant::now() < deadline, "replies did not arrive");
-                if let Some((tag, resp)) = kv.poll().unwrap() {
-                    assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-                    got.push(tag);
-                }
-            }
+            scenarios::await_deferred_replies(&mut kv, &mut got, 3, || {});
             let mut first: Vec<u64> = taken.iter().rev().take(3).map(|t| t.1).collect();
             first.sort_unstable();
             got.sort_unstable();
@@ -372,14 +275,9 @@ fn deferred_replies_out_of_order() {
         }
     }
     server.flush();
-    while got.len() < 12 {
-        assert!(Instant::now() < deadline, "replies did not arrive");
+    scenarios::await_deferred_replies(&mut kv, &mut got, 12, || {
         server.poll();
-        if let Some((tag, resp)) = kv.poll().unwrap() {
-            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-            got.push(tag);
-        }
-    }
+    });
     got.sort_unstable();
     assert_eq!(got, (0..12).collect::<Vec<_>>());
     assert_eq!(server.stats().dropped_replies, 12);
@@ -601,37 +499,13 @@ fn server_gone_fails_pending_and_later_calls() {
             Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &c).unwrap(),
         )
     });
-    // Both work.
-    let mut store = Store::default();
-    for kv in [&mut busy, &mut idle] {
-        kv.issue(1).put(0, 1, 1).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            assert!(Instant::now() < deadline);
-            server.serve_once(|req| KvService::dispatch(&mut store, req));
-            if kv.poll().unwrap().is_some() {
-                break;
-            }
-        }
-    }
-    // `busy` has 20 calls (on all four sessions) that the server took and never answers.
-    for k in 0..20 {
-        busy.issue(k).get(0, k).unwrap();
-    }
-    let mut taken = 0;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken < 20 {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        assert!(busy.poll().unwrap().is_none());
-        server.poll();
-        while server.recv().is_some() {
-            taken += 1;
-        }
-        server.flush();
-        // The idle client keeps its sessions alive meanwhile.
+    // Both work; `busy` has 20 calls (on all four sessions) that the server took and never
+    // answers; the idle client keeps its sessions alive meanwhile.
+    scenarios::both_work_then_busy_unanswered(&mut server, &mut busy, &mut idle, 20, |s, idle| {
+        s.flush();
         assert!(idle.poll().unwrap().is_none());
         idle.transport_mut().poll(|_, _| {}).unwrap();
-    }
+    });
     drop(server);
     let t0 = Instant::now();
     // Pending calls: the client retransmits and pings, then fails them.

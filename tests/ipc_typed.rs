@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use idl::echo::{EchoClient, EchoService};
-use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
+use idl::kv::{KvClient, KvResponse, KvService};
 use rpc::ipc::{Ipc, IpcConfig, IpcServer};
 use rpc::wire::{MsgHeader, Status};
 use rpc::{RpcError, Server};
@@ -69,22 +69,7 @@ fn deferred_replies_out_of_order() {
     let n = name("deferred");
     let mut server = IpcServer::serve::<KvService>(&n, IpcConfig::default()).unwrap();
     let mut kv = KvClient::<Ipc>::connect(&n).unwrap();
-    for k in 0..8 {
-        kv.issue(k).get(0, k).unwrap();
-    }
-    let mut taken = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken.len() < 8 {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        server.poll();
-        while let Some((token, req)) = server.recv() {
-            let KvRequest::Get(args) = req else {
-                panic!("unexpected {req:?}")
-            };
-            taken.push((token, args.key()));
-        }
-        server.flush();
-    }
+    let taken = scenarios::take_deferred_gets(&mut kv, &mut server, 8, false);
     assert_eq!(
         taken.iter().map(|t| t.1).collect::<Vec<_>>(),
         (0..8).collect::<Vec<_>>()
@@ -98,12 +83,7 @@ fn deferred_replies_out_of_order() {
     assert!(server.reply(taken[0].0, &KvResponse::Get(Some(1))).is_err());
     assert_eq!(server.stats().dropped_replies, 1);
     let mut got = Vec::new();
-    while got.len() < 8 {
-        if let Some((tag, resp)) = kv.poll().unwrap() {
-            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-            got.push(tag);
-        }
-    }
+    scenarios::await_deferred_replies(&mut kv, &mut got, 8, || {});
     got.sort();
     assert_eq!(got, (0..8).collect::<Vec<_>>());
 }

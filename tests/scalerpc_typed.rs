@@ -2,8 +2,9 @@
 
 mod typed_common;
 
+use typed_common::connect_polling_to as connect_polling;
 use typed_common::scenarios::{self, Fixture};
-use typed_common::{Store, header, spawn_kv};
+use typed_common::{Store, spawn_kv};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,14 +12,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use idl::echo::EchoService;
-use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
+use idl::kv::{KvClient, KvResponse, KvService};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::scalerpc::{
     ClientConfig, ConnectRefusal, GroupSize, ScaleClient, ScaleRpc, ScaleRpcAddr, ScaleRpcServer,
     ScaleRpcSetupError, ServerConfig,
 };
-use rpc::wire::Status;
-use rpc::{Client, ClientTransport, RpcError, Server, Service};
+
+use rpc::{ClientTransport, RpcError, Server, Service};
 
 /// Small pools: 1 KiB slots (the echo service needs 264 B requests), 8 slots per connection
 /// (7 calls in flight plus the liveness probe's).
@@ -45,17 +46,6 @@ fn server<S: Service>(
     let server = ScaleRpcServer::serve::<S>(&fabric.open(), cfg).unwrap();
     let addr = ScaleRpcAddr::new(fabric.open(), server.transport().listener());
     (server, addr)
-}
-
-/// Connects `T` on another thread while this one polls `server` (which must answer the
-/// connect request), for tests that drive the server by hand.
-fn connect_polling<S: Service, T: Send + 'static>(
-    server: &mut Server<S, ScaleRpcServer>,
-    addr: &ScaleRpcAddr,
-    connect: fn(&ScaleRpcAddr) -> Result<T, RpcError>,
-) -> Result<T, RpcError> {
-    let addr = addr.clone();
-    typed_common::connect_polling(server, move || connect(&addr))
 }
 
 /// ScaleRPC on one software fabric, servers with [`small`] pools.
@@ -207,28 +197,7 @@ fn deferred_replies_out_of_order() {
     let fabric = Fabric::new(SimConfig::default());
     let (mut server, addr) = server::<KvService>(&fabric, small());
     let mut kv = connect_polling(&mut server, &addr, KvClient::<ScaleRpc>::connect).unwrap();
-    for k in 0..6 {
-        kv.issue(k).get(0, k).unwrap();
-    }
-    // Pipelined calls are sent when the client polls.
-    assert!(kv.poll().unwrap().is_none());
-    let mut taken = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken.len() < 6 {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        server.poll();
-        while let Some((token, req)) = server.recv() {
-            let KvRequest::Get(args) = req else {
-                panic!("unexpected {req:?}")
-            };
-            taken.push((token, args.key()));
-        }
-        server.flush();
-        kv.poll().unwrap();
-    }
-    let mut keys: Vec<u64> = taken.iter().map(|t| t.1).collect();
-    keys.sort_unstable();
-    assert_eq!(keys, (0..6).collect::<Vec<_>>());
+    let taken = scenarios::take_deferred_gets(&mut kv, &mut server, 6, true);
     // Answer the odd keys first, in reverse, then the even ones; a second reply with the same
     // token is refused.
     let order: Vec<_> = taken
@@ -250,28 +219,14 @@ fn deferred_replies_out_of_order() {
         if i == 2 {
             // Replies go out with the next flush (or poll): the first three arrive alone.
             server.flush();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while got.len() < 3 {
-                assert!(Instant::now() < deadline, "replies did not arrive");
-                if let Some((tag, resp)) = kv.poll().unwrap() {
-                    assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-                    got.push(tag);
-                }
-            }
+            scenarios::await_deferred_replies(&mut kv, &mut got, 3, || {});
             // Delivered in slot order (the client scans its slots), not reply order.
             got.sort_unstable();
             assert_eq!(got, [1, 3, 5]);
         }
     }
     server.flush();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while got.len() < 6 {
-        assert!(Instant::now() < deadline, "replies did not arrive");
-        if let Some((tag, resp)) = kv.poll().unwrap() {
-            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
-            got.push(tag);
-        }
-    }
+    scenarios::await_deferred_replies(&mut kv, &mut got, 6, || {});
     got[3..].sort_unstable();
     assert_eq!(got, [1, 3, 5, 0, 2, 4]);
     assert_eq!(server.stats().dropped_replies, 6);
@@ -388,122 +343,35 @@ fn capacity_is_checked() {
     assert_eq!(server.transport().scale_server().num_conns(), 1);
 }
 
-/// Sends one raw request message through a bare transport and returns the response bytes.
-fn raw_roundtrip(
-    t: &mut ScaleRpc,
-    server: &mut Server<KvService, ScaleRpcServer>,
-    msg: &[u8],
-) -> Vec<u8> {
-    let token = t
-        .send(std::time::Duration::from_secs(5), 0, |b| {
-            b[..msg.len()].copy_from_slice(msg);
-            msg.len()
-        })
-        .unwrap();
-    let mut out = None;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while out.is_none() {
-        assert!(Instant::now() < deadline, "no response to a bad request");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        t.poll(|tok, bytes| {
-            assert_eq!(tok, token);
-            out = Some(bytes.to_vec());
-        })
-        .unwrap();
-    }
-    out.unwrap()
-}
-
 #[test]
 fn undecodable_requests_get_error_status() {
     let fabric = Fabric::new(SimConfig::default());
     let (mut server, mut addr) = server::<KvService>(&fabric, small());
     // No liveness probe of our own: the only probe the server answers is the one below.
     addr.probe_interval = None;
-    let mut raw = connect_polling(&mut server, &addr, |a| {
+    let raw = connect_polling(&mut server, &addr, |a| {
         ScaleRpc::connect(a, KvService::DESCRIPTOR)
     })
     .unwrap();
-    let hdr = |method_id: u16, len: u32| {
-        let mut v = Vec::new();
-        v.extend_from_slice(&method_id.to_ne_bytes());
-        v.extend_from_slice(&0u16.to_ne_bytes());
-        v.extend_from_slice(&len.to_ne_bytes());
-        v
-    };
-    // Unknown method.
-    let r = raw_roundtrip(&mut raw, &mut server, &hdr(77, 0));
-    assert_eq!(header(&r).status, Status::UnknownMethod as u16);
-    assert_eq!(header(&r).method_id, 77);
-    // Wrong body length for get (expects 12 B); shorter than a header.
-    let mut m = hdr(KvService::GET, 4);
-    m.extend_from_slice(&[0; 4]);
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &m)).status,
-        Status::BadLength as u16
-    );
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &[1, 0, 0])).status,
-        Status::Truncated as u16
-    );
-    // A liveness probe is told by its rpc_type (`RPC_TYPE_PROBE`), not by being empty: an
+    // A liveness probe is told by its rpc_type (`RPC_TYPE_PROBE`), not by being empty: the
     // empty call request is a truncated message, answered with an error status.
-    assert_eq!(
-        header(&raw_roundtrip(&mut raw, &mut server, &[])).status,
-        Status::Truncated as u16
-    );
-    assert_eq!(server.transport().probes_answered(), 0);
-    assert_eq!(server.stats().bad_requests, 4);
-    assert_eq!(server.stats().requests, 0);
-
-    // Through the typed client core, a get with a 4-byte body is answered with an error
-    // status and surfaces as RpcError::BadRequest, tagged.
-    let mut kv = Client::<KvService, ScaleRpc>::from_transport(raw);
-    kv.issue(5, KvService::GET, &0u32).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let got = loop {
-        assert!(Instant::now() < deadline, "no answer");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        match kv.poll() {
-            Ok(None) => {}
-            other => break other,
-        }
-    };
-    match got {
-        Err(RpcError::BadRequest {
-            tag: 5,
-            method: "get",
-            status: Some(Status::BadLength),
-        }) => {}
-        other => panic!("expected BadRequest, got {other:?}"),
-    }
-    assert_eq!(server.stats().bad_requests, 5);
+    scenarios::undecodable_requests_get_error_status(raw, &mut server, |_, server| {
+        assert_eq!(server.transport().probes_answered(), 0);
+    });
 }
 
 #[test]
 fn connect_times_out_when_the_server_does_not_poll() {
-    let fabric = Fabric::new(SimConfig::default());
-    let (server, mut addr) = server::<KvService>(&fabric, small());
-    addr.timeout = Duration::from_millis(200);
-    let t0 = Instant::now();
-    match KvClient::<ScaleRpc>::connect(&addr) {
-        Err(RpcError::Transport(e)) => {
-            let e = e
-                .downcast_ref::<ScaleRpcSetupError>()
-                .expect("a ScaleRpcSetupError");
-            assert!(matches!(*e, ScaleRpcSetupError::Timeout(_)), "{e}")
-        }
-        Err(e) => panic!("expected a timeout, got {e}"),
-        Ok(_) => panic!("connected to a server that never polls"),
-    }
-    assert!(t0.elapsed() >= Duration::from_millis(200));
-    assert!(t0.elapsed() < Duration::from_secs(5));
-    // The server is gone: connecting fails at once.
-    drop(server);
-    assert!(matches!(
-        KvClient::<ScaleRpc>::connect(&addr),
-        Err(RpcError::ServerDisconnected)
-    ));
+    scenarios::connect_times_out_when_the_server_does_not_poll(
+        &mut fx(),
+        |addr| addr.timeout = Duration::from_millis(200),
+        |e| {
+            matches!(
+                e.transport::<ScaleRpcSetupError>(),
+                Some(ScaleRpcSetupError::Timeout(_))
+            )
+        },
+    );
 }
 
 #[test]
@@ -581,34 +449,9 @@ fn server_dropped_mid_run_fails_pending_and_later_calls() {
         a.device = fabric.open();
         connect_polling(&mut server, &a, KvClient::<ScaleRpc>::connect).unwrap()
     };
-    // Both work.
-    let mut store = Store::default();
-    for kv in [&mut busy, &mut idle] {
-        kv.issue(1).put(0, 1, 1).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            assert!(Instant::now() < deadline);
-            server.serve_once(|req| KvService::dispatch(&mut store, req));
-            if kv.poll().unwrap().is_some() {
-                break;
-            }
-        }
-    }
-    // `busy` has every one of its calls taken by the server, which never answers.
+    // Both work; `busy` has every one of its calls taken by the server, which never answers.
     let depth = busy.max_in_flight() as u64;
-    for k in 0..depth {
-        busy.issue(k).get(0, k).unwrap();
-    }
-    let mut taken = 0;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while taken < depth {
-        assert!(Instant::now() < deadline, "requests did not arrive");
-        assert!(busy.poll().unwrap().is_none());
-        server.poll();
-        while server.recv().is_some() {
-            taken += 1;
-        }
-    }
+    scenarios::both_work_then_busy_unanswered(&mut server, &mut busy, &mut idle, depth, |_, _| {});
     drop(server);
     let t0 = Instant::now();
     // Pending calls: the client sends nothing more, the probe finds the server gone.

@@ -367,7 +367,7 @@ mod tests {
         let e = RpcError::from(crate::copyrpc::SetupError::BadEndpoint(1));
         assert!(matches!(
             e.transport::<crate::copyrpc::CopyrpcSetupError>(),
-            Some(crate::copyrpc::CopyrpcSetupError::Setup(_))
+            Some(crate::copyrpc::CopyrpcSetupError::Core(_))
         ));
     }
 }

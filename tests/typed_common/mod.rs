@@ -18,7 +18,7 @@ use crossbeam_utils::Backoff;
 use idl::kv::{KvServer, KvService};
 use rpc::delegation::{DelegationServer, RingClient};
 use rpc::wire::MsgHeader;
-use rpc::{Server, ServerHandle, ServerTransport, Service};
+use rpc::{RpcError, Server, ServerHandle, ServerTransport, Service};
 
 /// The KV handler: a hash map of the keys put (ranks ignored).
 #[derive(Default)]
@@ -53,6 +53,20 @@ pub fn connect_polling<S: Service, T: ServerTransport, C: Send + 'static>(
     connect: impl FnOnce() -> C + Send + 'static,
 ) -> C {
     connect_polling_within(server, CONNECT_BOUND, connect)
+}
+
+/// [`connect_polling`] of a client that connects to `addr` with `connect` (e.g.
+/// `KvClient::<Copyrpc>::connect`), for tests that drive the server by hand.
+pub fn connect_polling_to<S: Service, T: ServerTransport, A: Clone + Send + 'static, C>(
+    server: &mut Server<S, T>,
+    addr: &A,
+    connect: fn(&A) -> Result<C, RpcError>,
+) -> Result<C, RpcError>
+where
+    C: Send + 'static,
+{
+    let addr = addr.clone();
+    connect_polling(server, move || connect(&addr))
 }
 
 /// [`connect_polling`] failing the test after `bound`.

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use idl::echo::{EchoClient, EchoResponse, EchoService};
 use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
-use rpc::{ClientTransport, RpcError, Server, ServerTransport, Service};
+use rpc::wire::Status;
+use rpc::{Client, ClientTransport, RpcError, Server, ServerTransport, Service};
+
+use super::header;
 
 /// How one transport makes a server and connects typed clients to it.
 pub trait Fixture {
@@ -231,4 +234,223 @@ pub fn pipelined_calls_complete_with_their_tags<F: Fixture>(fx: &mut F) -> usize
     assert_eq!(r, Some((7, KvResponse::Get(Some(103)))));
     h.join().unwrap();
     depth as usize
+}
+
+/// The first half of a deferred-reply scenario: issues pipelined gets of keys `0..n`
+/// (tagged by key) and takes all `n` requests at the server without answering them
+/// (releasing their receive space after each round). `client_polls`: the client polls after
+/// each server round (a transport that sends on poll needs it; a first poll right after
+/// issuing, which delivers nothing, sends the calls). Returns `(token, key)` in arrival
+/// order.
+pub fn take_deferred_gets<C: ClientTransport, T: ServerTransport>(
+    kv: &mut KvClient<C>,
+    server: &mut Server<KvService, T>,
+    n: u64,
+    client_polls: bool,
+) -> Vec<(T::ReplyToken, u64)> {
+    for k in 0..n {
+        kv.issue(k).get(0, k).unwrap();
+    }
+    if client_polls {
+        // Pipelined calls are sent when the client polls.
+        assert!(kv.poll().unwrap().is_none());
+    }
+    let mut taken = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (taken.len() as u64) < n {
+        assert!(Instant::now() < deadline, "requests did not arrive");
+        server.poll();
+        while let Some((token, req)) = server.recv() {
+            let KvRequest::Get(args) = req else {
+                panic!("unexpected {req:?}")
+            };
+            taken.push((token, args.key()));
+        }
+        server.flush();
+        if client_polls {
+            assert!(kv.poll().unwrap().is_none(), "a response before any reply");
+        }
+    }
+    let mut keys: Vec<u64> = taken.iter().map(|t| t.1).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, (0..n).collect::<Vec<_>>());
+    taken
+}
+
+/// The second half: polls the client (running `between` before each poll, e.g. a server
+/// poll) until `got` holds `n` tags, each delivered with `Get(Some(tag * 10))`, the reply of
+/// [`take_deferred_gets`]'s calls.
+pub fn await_deferred_replies<C: ClientTransport>(
+    kv: &mut KvClient<C>,
+    got: &mut Vec<u64>,
+    n: usize,
+    mut between: impl FnMut(),
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.len() < n {
+        assert!(Instant::now() < deadline, "replies did not arrive");
+        between();
+        if let Some((tag, resp)) = kv.poll().unwrap() {
+            assert_eq!(resp, KvResponse::Get(Some(tag * 10)));
+            got.push(tag);
+        }
+    }
+}
+
+/// Sends one raw request message through a bare client transport and returns the response
+/// bytes; the server's handler must not run (the request is undecodable).
+pub fn raw_roundtrip<C: ClientTransport, T: ServerTransport>(
+    t: &mut C,
+    server: &mut Server<KvService, T>,
+    msg: &[u8],
+) -> Vec<u8> {
+    let token = t
+        .send(Duration::from_secs(5), 0, |b| {
+            b[..msg.len()].copy_from_slice(msg);
+            msg.len()
+        })
+        .unwrap();
+    let mut out = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.is_none() {
+        assert!(Instant::now() < deadline, "no response to a bad request");
+        server.serve_once(|_| panic!("a bad request reached the handler"));
+        t.poll(|tok, bytes| {
+            assert_eq!(tok, token);
+            out = Some(bytes.to_vec());
+        })
+        .unwrap();
+    }
+    out.unwrap()
+}
+
+/// Four undecodable requests through the bare client transport `raw` (an unknown method, a
+/// `get` with a 4-byte body, 3 bytes, none) are each answered with their error status and
+/// never reach the handler; `then` runs before the server's counts (4 bad, 0 good) are
+/// checked. Then, through the typed client core over `raw`, a `get` with a 4-byte body
+/// surfaces as [`RpcError::BadRequest`], tagged (5 bad requests now). Returns that client.
+pub fn undecodable_requests_get_error_status<C: ClientTransport, T: ServerTransport>(
+    mut raw: C,
+    server: &mut Server<KvService, T>,
+    then: impl FnOnce(&mut C, &mut Server<KvService, T>),
+) -> Client<KvService, C> {
+    let hdr = |method_id: u16, len: u32| {
+        let mut v = Vec::new();
+        v.extend_from_slice(&method_id.to_ne_bytes());
+        v.extend_from_slice(&0u16.to_ne_bytes());
+        v.extend_from_slice(&len.to_ne_bytes());
+        v
+    };
+    // Unknown method.
+    let r = raw_roundtrip(&mut raw, server, &hdr(77, 0));
+    assert_eq!(header(&r).status, Status::UnknownMethod as u16);
+    assert_eq!(header(&r).method_id, 77);
+    // Wrong body length for get (expects 12 B).
+    let mut m = hdr(KvService::GET, 4);
+    m.extend_from_slice(&[0; 4]);
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, server, &m)).status,
+        Status::BadLength as u16
+    );
+    // Shorter than a header; and empty.
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, server, &[1, 0, 0])).status,
+        Status::Truncated as u16
+    );
+    assert_eq!(
+        header(&raw_roundtrip(&mut raw, server, &[])).status,
+        Status::Truncated as u16
+    );
+    then(&mut raw, server);
+    assert_eq!(server.stats().bad_requests, 4);
+    assert_eq!(server.stats().requests, 0);
+
+    // Through the typed client core, a get with a 4-byte body is answered with an error
+    // status and surfaces as RpcError::BadRequest, tagged.
+    let mut kv = Client::<KvService, C>::from_transport(raw);
+    kv.issue(5, KvService::GET, &0u32).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        assert!(Instant::now() < deadline, "no answer");
+        server.serve_once(|_| panic!("a bad request reached the handler"));
+        match kv.poll() {
+            Ok(None) => {}
+            other => break other,
+        }
+    };
+    match got {
+        Err(RpcError::BadRequest {
+            tag: 5,
+            method: "get",
+            status: Some(Status::BadLength),
+        }) => {}
+        other => panic!("expected BadRequest, got {other:?}"),
+    }
+    assert_eq!(server.stats().bad_requests, 5);
+    kv
+}
+
+/// A client connecting to a server that never polls gives up after its connect timeout,
+/// which `shorten` sets to 200 ms in the address, with the transport's timeout error
+/// (`is_timeout`); once the server is dropped, connecting fails at once with
+/// [`RpcError::ServerDisconnected`].
+pub fn connect_times_out_when_the_server_does_not_poll<F: Fixture>(
+    fx: &mut F,
+    shorten: impl FnOnce(&mut F::Addr),
+    is_timeout: impl FnOnce(&RpcError) -> bool,
+) {
+    let (server, mut addr) = fx.server::<KvService>();
+    shorten(&mut addr);
+    let t0 = Instant::now();
+    match KvClient::<F::Client>::connect(addr.borrow()) {
+        Err(e) => assert!(is_timeout(&e), "expected a timeout, got {e}"),
+        Ok(_) => panic!("connected to a server that never polls"),
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(200));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    // The server is gone: connecting fails at once.
+    drop(server);
+    assert!(matches!(
+        KvClient::<F::Client>::connect(addr.borrow()),
+        Err(RpcError::ServerDisconnected)
+    ));
+}
+
+/// The first half of a server-gone scenario: `busy` and `idle` each make one served `put`
+/// (both work), then `busy` issues gets of keys `0..n` that the server takes and never
+/// answers (`between` runs after each server round, e.g. to keep `idle` polling). The
+/// caller then drops the server and checks how each client learns it.
+pub fn both_work_then_busy_unanswered<C: ClientTransport, T: ServerTransport>(
+    server: &mut Server<KvService, T>,
+    busy: &mut KvClient<C>,
+    idle: &mut KvClient<C>,
+    n: u64,
+    mut between: impl FnMut(&mut Server<KvService, T>, &mut KvClient<C>),
+) {
+    let mut store = super::Store::default();
+    for kv in [&mut *busy, &mut *idle] {
+        kv.issue(1).put(0, 1, 1).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < deadline);
+            server.serve_once(|req| KvService::dispatch(&mut store, req));
+            if kv.poll().unwrap().is_some() {
+                break;
+            }
+        }
+    }
+    for k in 0..n {
+        busy.issue(k).get(0, k).unwrap();
+    }
+    let mut taken = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while taken < n {
+        assert!(Instant::now() < deadline, "requests did not arrive");
+        assert!(busy.poll().unwrap().is_none());
+        server.poll();
+        while server.recv().is_some() {
+            taken += 1;
+        }
+        between(server, idle);
+    }
 }

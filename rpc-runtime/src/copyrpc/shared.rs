@@ -217,7 +217,7 @@ impl ClientContext {
     /// A new context on `device` (its PD, SRQ and CQ pair), with no endpoint yet.
     ///
     /// # Errors
-    /// [`RpcError::Transport`] ([`super::CopyrpcSetupError::Setup`]) if the device refuses a queue or a registration.
+    /// [`RpcError::Transport`] ([`super::CopyrpcSetupError`] (`Core`)) if the device refuses a queue or a registration.
     pub fn new(device: &mlx5::verbs::Context, cfg: ContextConfig) -> Result<Self, RpcError> {
         Ok(Self::from_context(Context::new(device, cfg)?))
     }

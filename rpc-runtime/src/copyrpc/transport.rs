@@ -1,5 +1,5 @@
 //! copyrpc as an RPC transport: [`Copyrpc`] (client) and [`CopyrpcServer`] implement
-//! [`ClientTransport`]/[`ServerTransport`] on top of a copyrpc [`Context`] (seeds/001;
+//! [`ClientTransport`](crate::client::ClientTransport)/[`ServerTransport`] on top of a copyrpc [`Context`] (seeds/001;
 //! seeds/004 §3).
 //!
 //! # Messages
@@ -45,7 +45,7 @@
 //! # Connecting
 //! copyrpc needs no handshake message: each side creates an endpoint and hands the peer its
 //! [`EndpointInfo`] out of band (seeds/004 §3.8 "エンドポイント交換"). In one process the
-//! out-of-band channel is a [`Listener`]: [`Copyrpc::connect`] sends its info (carrying the
+//! out-of-band channel is a [`Listener`]: [`Copyrpc::connect`](crate::client::ClientTransport::connect) sends its info (carrying the
 //! service's schema fingerprint) through the server's listener and waits for the server's;
 //! [`CopyrpcServer::poll`] answers pending requests ([`CopyrpcServer::accept`]), refusing a
 //! different fingerprint or a ring too small for the service. Across processes (MPI), exchange
@@ -54,7 +54,7 @@
 //!
 //! # Progress
 //! Nothing is sent until the context is polled (seeds/004 §3.7 step 3: poll flushes every
-//! endpoint). [`Copyrpc`] polls inside [`ClientTransport::poll`] (which `Client` calls while it
+//! endpoint). [`Copyrpc`] polls inside [`ClientTransport::poll`](crate::client::ClientTransport::poll) (which `Client` calls while it
 //! waits) and when a call finds no credit or ring space. [`CopyrpcServer`] sends the replies
 //! of one [`crate::Server::serve_once`] round at the end of that round
 //! ([`ServerTransport::flush`]); replies given later through [`crate::Server::reply`] go out
@@ -82,10 +82,9 @@ use super::context::{Context, ContextConfig, EndpointConfig, EndpointId, RecvHan
 use super::endpoint::EndpointState;
 use super::error::{CallError, ReplyError, SetupError};
 use super::info::EndpointInfo;
-use super::shared::{ClientContext, ContextGuard, ContextGuardMut, Handle, Shared, TOKEN_BITS};
-use crate::client::ClientTransport;
+use super::shared::{ClientContext, ContextGuard, ContextGuardMut, Handle, TOKEN_BITS};
 use crate::error::{LimitSide, MessageKind, RpcError, sat_u32};
-use crate::rc::rendezvous::{ExchangeError, Inbox, Rendezvous, rendezvous};
+use crate::rc::rendezvous::{Inbox, Rendezvous, rendezvous};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
 
@@ -94,44 +93,27 @@ use crate::service::{Service, ServiceDescriptor};
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = crate::client::DEFAULT_CALLS_IN_FLIGHT as u32;
 /// Largest accepted `max_in_flight` (bounds the per-client response buffer).
 pub const MAX_IN_FLIGHT_LIMIT: u32 = 1 << 16;
+use crate::rc::client::{RcClient, Unsent};
 use crate::rc::{self, liveness::ProbeClock};
 pub use crate::rc::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_INTERVAL};
 
 pub use crate::rc::ConnectRefusal;
 
-/// Setting up a copyrpc client or server failed (beyond what [`RpcError`] names directly).
-#[derive(Debug, thiserror::Error)]
-pub enum CopyrpcSetupError {
-    /// Creating the context or endpoint, or connecting it, failed.
-    #[error(transparent)]
-    Setup(#[from] SetupError),
-    /// The server refused the connection.
-    #[error("the server refused the connection: {0}")]
-    Refused(ConnectRefusal),
-    /// The server did not answer within the connect timeout (it does not poll).
-    #[error("no answer from the copyrpc server within {0:?}")]
-    Timeout(Duration),
-    /// The server is gone: its listener no longer takes requests.
-    #[error("the copyrpc server is gone (its listener is closed)")]
-    ServerGone,
-    /// A configuration value is out of range.
-    #[error("invalid copyrpc configuration: {0}")]
-    Config(&'static str),
-}
+pub use crate::rc::RcSetupError;
 
-impl From<CopyrpcSetupError> for RpcError {
-    /// [`RpcError::Transport`] carrying the [`CopyrpcSetupError`] (transport `"copyrpc"`).
-    #[cold]
-    fn from(e: CopyrpcSetupError) -> Self {
-        RpcError::from_transport("copyrpc", e)
-    }
-}
+/// Setting up a copyrpc client or server failed (beyond what [`RpcError`] names directly):
+/// the RC transports' one setup error over copyrpc's [`SetupError`] (never
+/// [`RcSetupError::Evicted`]).
+pub type CopyrpcSetupError = RcSetupError<SetupError>;
 
-impl From<SetupError> for RpcError {
-    /// [`RpcError::Transport`] carrying [`CopyrpcSetupError::Setup`].
-    #[cold]
-    fn from(e: SetupError) -> Self {
-        CopyrpcSetupError::Setup(e).into()
+impl rc::RcCore for SetupError {
+    const TRANSPORT: &'static str = "copyrpc";
+
+    fn schema_mismatch(&self) -> Option<(u64, u64)> {
+        match *self {
+            SetupError::SchemaMismatch { ours, theirs } => Some((ours, theirs)),
+            _ => None,
+        }
     }
 }
 
@@ -160,11 +142,7 @@ impl Listener {
         info: &EndpointInfo,
         timeout: Duration,
     ) -> Result<EndpointInfo, CopyrpcSetupError> {
-        self.rv.exchange(*info, timeout).map_err(|e| match e {
-            ExchangeError::Refused(r) => CopyrpcSetupError::Refused(r),
-            ExchangeError::Timeout(t) => CopyrpcSetupError::Timeout(t),
-            ExchangeError::ServerGone => CopyrpcSetupError::ServerGone,
-        })
+        Ok(self.rv.exchange(*info, timeout)?)
     }
 
     /// Connect requests sent and not yet taken by the server.
@@ -191,7 +169,7 @@ pub struct CopyrpcAddr {
     /// Calls in flight at once (tokens `0..max_in_flight`), `1..=`[`MAX_IN_FLIGHT_LIMIT`];
     /// the client keeps `max_in_flight * max_response_bytes` bytes of response buffer.
     pub max_in_flight: u32,
-    /// How long [`Copyrpc::connect`] waits for the server's answer.
+    /// How long [`Copyrpc::connect`](crate::client::ClientTransport::connect) waits for the server's answer.
     pub timeout: Duration,
     /// With calls outstanding and no response for this long, probe the server with an RDMA
     /// READ so that a dead server is noticed (module docs). `None`: no probing.
@@ -221,26 +199,6 @@ impl CopyrpcAddr {
     }
 }
 
-/// Maps a setup error, naming `service` in a schema mismatch.
-#[cold]
-fn setup_error(e: SetupError, service: &'static ServiceDescriptor) -> RpcError {
-    match e {
-        SetupError::SchemaMismatch { ours, theirs } => rc::schema_mismatch(service, ours, theirs),
-        e => RpcError::from(e),
-    }
-}
-
-/// Maps a failed [`Listener::exchange`] for `service`.
-#[cold]
-fn exchange_error(e: CopyrpcSetupError, service: &'static ServiceDescriptor) -> RpcError {
-    match e {
-        CopyrpcSetupError::Refused(r) => rc::refusal_error(r, service)
-            .unwrap_or_else(|r| RpcError::from(CopyrpcSetupError::Refused(r))),
-        CopyrpcSetupError::ServerGone => RpcError::ServerDisconnected,
-        e => RpcError::from(e),
-    }
-}
-
 /// The liveness probe of a [`Copyrpc`] client. Field order is drop order: the registration
 /// before the buffer it covers.
 struct Probe {
@@ -256,7 +214,7 @@ struct Probe {
 ///
 /// Tokens are a preallocated free list of `0..max_in_flight`; a call's copyrpc user data is
 /// its token and the client's slot in the context. copyrpc delivers responses in batches
-/// inside [`Context::poll`]; those beyond the `max` a [`ClientTransport::poll`] asked for,
+/// inside [`Context::poll`]; those beyond the `max` a [`ClientTransport::poll`](crate::client::ClientTransport::poll) asked for,
 /// and those of the context's other clients, are copied into a preallocated per-token buffer
 /// of their client and delivered first by its next poll. No allocation after construction.
 pub struct Copyrpc {
@@ -301,7 +259,7 @@ impl Drop for Copyrpc {
 impl Copyrpc {
     /// Wraps endpoint `ep` of `ctx`, already connected to a server of `service` through an
     /// exchange of [`EndpointInfo`] done by the caller (MPI bootstrap), with `max_in_flight`
-    /// tokens. Checks what [`Copyrpc::connect`] checks. No liveness probe (add one with
+    /// tokens. Checks what [`Copyrpc::connect`](crate::client::ClientTransport::connect) checks. No liveness probe (add one with
     /// [`Copyrpc::with_probe`]).
     ///
     /// # Errors
@@ -401,22 +359,9 @@ impl Copyrpc {
         } else {
             (LimitSide::ThisClient, SETTING_RING_SIZE)
         };
-        let max = inline.max(large);
-        for (what, need) in [
-            (MessageKind::Request, service.max_request_bytes),
-            (MessageKind::Response, service.max_response_bytes),
-        ] {
-            if need > max {
-                return Err(RpcError::CapacityMismatch {
-                    service: service.name,
-                    what,
-                    side,
-                    setting,
-                    cap: sat_u32(max),
-                    need: sat_u32(need),
-                    min: None,
-                });
-            }
+        let max = inline.max(large) as u64;
+        if let Some(gap) = rc::gap(service, max, max) {
+            return Err(gap.error(service, side, setting, None));
         }
         let need = super::endpoint::call_credit_for(
             core.capacity(),
@@ -500,94 +445,12 @@ impl Copyrpc {
     pub fn service(&self) -> &'static ServiceDescriptor {
         self.service
     }
-
-    /// Whether the endpoint of this client failed (the server is gone or sent garbage),
-    /// and whether it has calls in flight.
-    #[inline(always)]
-    fn state(s: &Shared, ep: EndpointId, slot: u32, max_in_flight: u32) -> (bool, bool) {
-        let failed = !matches!(s.ctx.endpoint_state(ep), Some(EndpointState::Connected));
-        let busy = s.slots[slot as usize].tokens.free() < max_in_flight as usize;
-        (failed, busy)
-    }
-
-    /// Nothing was delivered: report a failed endpoint, or count towards a liveness check.
-    #[inline(always)]
-    fn idle(&mut self) -> Result<usize, RpcError> {
-        let (ep, slot, mif) = (self.ep, self.slot, self.max_in_flight);
-        let (failed, busy) = self.ctx.with(|s| Self::state(s, ep, slot, mif));
-        if failed {
-            return Err(RpcError::ServerDisconnected);
-        }
-        if let Some(p) = &mut self.probe
-            && busy
-            && p.clock.empty_poll()
-        {
-            self.check_liveness(Instant::now());
-        }
-        Ok(0)
-    }
-
-    /// Every [`crate::rc::PROBE_CHECK_POLLS`] empty polls with calls outstanding, and at each
-    /// [`ClientTransport::idle_tick`]: if no response arrived for the probe interval and no
-    /// probe is in flight, post one.
-    #[cold]
-    #[inline(never)]
-    fn check_liveness(&mut self, now: Instant) {
-        let Some(p) = &mut self.probe else { return };
-        let (slot, ep) = (self.slot as usize, self.ep);
-        self.ctx.with(|s| {
-            if !p.clock.due(now, s.slots[slot].responses) {
-                return;
-            }
-            // One raw operation at a time per context (in a shared context, another client's
-            // probe may be in flight: this one follows at a later check).
-            if s.ctx.raw_rdma_pending() == 0 {
-                let local = Sge {
-                    addr: p.mr.addr,
-                    len: 8,
-                    lkey: p.mr.lkey,
-                };
-                // Send queue full: the endpoint is busy sending, which detects a dead peer
-                // too.
-                let _ = s.ctx.post_rdma_read(ep, local, p.remote);
-            }
-        });
-    }
-
-    /// A call was refused: hand the token back and map the error. Retryable refusals make one
-    /// round of progress (which sends the credit request or consumer READ the core asked
-    /// for), so that a caller with nothing in flight cannot spin on `WouldBlock` forever.
-    #[cold]
-    #[inline(never)]
-    fn refused(
-        s: &mut Shared,
-        me: u32,
-        ep: EndpointId,
-        max_req: u32,
-        e: CallError<u32>,
-    ) -> RpcError {
-        let err = match &e {
-            CallError::InsufficientCredit(_) | CallError::RingFull(_) => RpcError::WouldBlock,
-            CallError::MessageTooLarge(_) => RpcError::MessageTooLarge {
-                len: max_req as usize,
-                cap: s.ctx.endpoint(ep).map_or(0, |c| {
-                    (c.max_payload() as usize).max(c.large_limit() as usize)
-                }),
-                setting: SETTING_LARGE,
-            },
-            CallError::NotConnected(_) | CallError::Failed(_) => RpcError::ServerDisconnected,
-        };
-        s.slots[me as usize]
-            .tokens
-            .give_back(e.into_inner() & super::shared::TOKEN_MASK);
-        if matches!(err, RpcError::WouldBlock) {
-            s.pump(me, false, &mut |_, _| {});
-        }
-        err
-    }
 }
 
-impl ClientTransport for Copyrpc {
+crate::rc::client::rc_client_transport!(Copyrpc, CopyrpcAddr);
+
+impl RcClient for Copyrpc {
+    type Refusal = CallError<u32>;
     type Addr = CopyrpcAddr;
 
     /// Creates a context of its own on `addr.device` (or uses `addr.shared`) with one
@@ -599,7 +462,7 @@ impl ClientTransport for Copyrpc {
     /// [`RpcError::SchemaMismatch`] / [`RpcError::CapacityMismatch`] (the server's refusal or
     /// our own check); [`RpcError::ServerDisconnected`] if the server was dropped;
     /// [`RpcError::Transport`] ([`CopyrpcSetupError`]) for a timeout, a device error or a bad configuration.
-    fn connect(addr: &CopyrpcAddr, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
+    fn open(addr: &CopyrpcAddr, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
         if !(1..=MAX_IN_FLIGHT_LIMIT).contains(&addr.max_in_flight) {
             return Err(CopyrpcSetupError::Config("max_in_flight must be in 1..=65536").into());
         }
@@ -614,7 +477,7 @@ impl ClientTransport for Copyrpc {
             let info = info.ok_or(CopyrpcSetupError::Config("no such endpoint"))?;
             addr.listener
                 .exchange(&info, addr.timeout)
-                .map_err(|e| exchange_error(e, service))
+                .map_err(|e| rc::connect_error(e, service))
         };
         let (t, server) = match &addr.shared {
             None => {
@@ -622,7 +485,7 @@ impl ClientTransport for Copyrpc {
                 let ep = ctx.create_endpoint(&cfg)?;
                 let server = exchange(ctx.local_info(ep))?;
                 ctx.connect(ep, &server)
-                    .map_err(|e| setup_error(e, service))?;
+                    .map_err(|e| rc::core_error(e, service))?;
                 let t = Copyrpc::from_context(ctx, ep, service, addr.max_in_flight)?;
                 (t, server)
             }
@@ -632,7 +495,7 @@ impl ClientTransport for Copyrpc {
                 let server = exchange(info)?;
                 shared
                     .with(|c| c.connect(ep, &server))
-                    .map_err(|e| setup_error(e, service))?;
+                    .map_err(|e| rc::core_error(e, service))?;
                 (
                     Copyrpc::on(shared, ep, service, addr.max_in_flight)?,
                     server,
@@ -646,23 +509,18 @@ impl ClientTransport for Copyrpc {
     }
 
     #[inline]
-    fn max_in_flight(&self) -> usize {
+    fn tokens(&self) -> usize {
         self.max_in_flight as usize
     }
 
-    /// Writes the request into the send ring (sent by the next poll).
-    ///
-    /// # Errors
-    /// [`RpcError::WouldBlock`] when no token is free, or copyrpc lacks response credit or
-    /// ring space (`InsufficientCredit`/`RingFull`: poll for responses, which also brings new
-    /// credit, and retry); [`RpcError::ServerDisconnected`] once the endpoint failed.
-    #[inline]
-    fn send(
+    /// Takes a token of this client's slot and writes the request into the send ring with
+    /// the method's response allowance.
+    #[inline(always)]
+    fn issue(
         &mut self,
-        _timeout: std::time::Duration,
         method_id: u16,
         encode: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<u32, RpcError> {
+    ) -> Result<u32, Unsent<CallError<u32>>> {
         // The method's largest response (an unknown id, which the typed client never sends,
         // gets the service's).
         let allowance = self
@@ -673,51 +531,108 @@ impl ClientTransport for Copyrpc {
         let (me, ep, max_req) = (self.slot, self.ep, self.max_req);
         self.ctx.with(|s| {
             let Some(tok) = s.slots[me as usize].tokens.take() else {
-                return Err(RpcError::WouldBlock);
+                return Err(Unsent::NoToken);
             };
             let user = me << TOKEN_BITS | tok;
             match s.ctx.call_with(ep, max_req, user, allowance, encode) {
                 Ok(_) => Ok(tok),
-                Err(e) => Err(Self::refused(s, me, ep, max_req, e)),
+                Err(e) => Err(Unsent::Refused(e)),
             }
         })
     }
 
-    /// Delivers stashed responses first, then polls the context once (which also sends what
-    /// was written).
-    ///
-    /// # Errors
-    /// [`RpcError::ServerDisconnected`] once the endpoint failed and no response is left to
-    /// deliver; calls pending at the failure are never delivered.
-    #[inline]
-    fn poll(&mut self, mut on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
+    /// The slot's stashed responses first, then one poll of the context (which also sends
+    /// what was written, and stashes the responses of the context's other clients).
+    #[inline(always)]
+    fn deliver(&mut self, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
         let me = self.slot;
-        let n = self.ctx.with(|s| {
+        self.ctx.with(|s| {
             let mut n = 0;
             let tokens = &mut s.slots[me as usize].tokens;
             if tokens.stashed() != 0 {
-                n = tokens.drain(&mut on_response);
+                n = tokens.drain(on_response);
             }
-            n + s.pump(me, true, &mut on_response)
-        });
-        if n == 0 {
-            return self.idle();
-        }
-        Ok(n)
+            n + s.pump(me, true, on_response)
+        })
     }
 
-    /// Runs the liveness check (module docs) when calls are in flight, by time: see
-    /// [`ClientTransport::idle_tick`].
-    #[inline]
-    fn idle_tick(&mut self) {
-        if self.probe.is_none() {
-            return;
+    fn progress(&mut self) {
+        let me = self.slot;
+        self.ctx.with(|s| s.pump(me, false, &mut |_, _| {}));
+    }
+
+    /// Whether the endpoint of this client failed (the server is gone or sent garbage),
+    /// and whether it has calls in flight.
+    #[inline(always)]
+    fn state(&mut self) -> (bool, bool) {
+        let (ep, slot, mif) = (self.ep, self.slot as usize, self.max_in_flight as usize);
+        self.ctx.with(|s| {
+            let failed = !matches!(s.ctx.endpoint_state(ep), Some(EndpointState::Connected));
+            (failed, s.slots[slot].tokens.free() < mif)
+        })
+    }
+
+    #[cold]
+    fn failed_error(&mut self) -> RpcError {
+        RpcError::ServerDisconnected
+    }
+
+    fn refusal_error(&mut self, e: &CallError<u32>) -> RpcError {
+        match e {
+            CallError::InsufficientCredit(_) | CallError::RingFull(_) => RpcError::WouldBlock,
+            CallError::MessageTooLarge(_) => {
+                let ep = self.ep;
+                RpcError::MessageTooLarge {
+                    len: self.max_req as usize,
+                    cap: self.ctx.with(|s| {
+                        s.ctx.endpoint(ep).map_or(0, |c| {
+                            (c.max_payload() as usize).max(c.large_limit() as usize)
+                        })
+                    }),
+                    setting: SETTING_LARGE,
+                }
+            }
+            CallError::NotConnected(_) | CallError::Failed(_) => RpcError::ServerDisconnected,
         }
-        let (ep, slot, mif) = (self.ep, self.slot, self.max_in_flight);
-        let (failed, busy) = self.ctx.with(|s| Self::state(s, ep, slot, mif));
-        if !failed && busy {
-            self.check_liveness(Instant::now());
-        }
+    }
+
+    fn give_back(&mut self, e: CallError<u32>) {
+        let me = self.slot as usize;
+        self.ctx.with(|s| {
+            s.slots[me]
+                .tokens
+                .give_back(e.into_inner() & super::shared::TOKEN_MASK)
+        });
+    }
+
+    #[inline(always)]
+    fn probe_clock(&mut self) -> Option<&mut ProbeClock> {
+        self.probe.as_mut().map(|p| &mut p.clock)
+    }
+
+    fn responses(&mut self) -> u64 {
+        let slot = self.slot as usize;
+        self.ctx.with(|s| s.slots[slot].responses)
+    }
+
+    /// One RDMA READ of the server's consumer word, unless a raw operation is in flight.
+    fn send_probe(&mut self) {
+        let Some(p) = &self.probe else { return };
+        let ep = self.ep;
+        self.ctx.with(|s| {
+            // One raw operation at a time per context (in a shared context, another client's
+            // probe may be in flight: this one follows at a later check).
+            if s.ctx.raw_rdma_pending() == 0 {
+                let local = Sge {
+                    addr: p.mr.addr,
+                    len: 8,
+                    lkey: p.mr.lkey,
+                };
+                // Send queue full: the endpoint is busy sending, which detects a dead peer
+                // too.
+                let _ = s.ctx.post_rdma_read(ep, local, p.remote);
+            }
+        });
     }
 }
 
@@ -811,26 +726,7 @@ impl CopyrpcServer {
     /// A request whose client stopped waiting (timeout) still gets an endpoint, which stays
     /// idle: the context cannot remove endpoints.
     pub fn accept(&mut self) -> usize {
-        let mut n = 0;
-        while let Some(req) = self.inbox.take() {
-            let answer = match self.add_endpoint(&req.body) {
-                Ok((_, info)) => {
-                    n += 1;
-                    Ok(info)
-                }
-                Err(e) => Err(refusal(e)),
-            };
-            if let Err(e) = &answer {
-                tracing::debug!(service = self.service.name, refusal = %e, "copyrpc: connect refused");
-            }
-            if !req.answer(answer) {
-                tracing::debug!(
-                    service = self.service.name,
-                    "copyrpc: client stopped waiting for its connect answer"
-                );
-            }
-        }
-        n
+        rc::accept(self)
     }
 
     /// Creates an endpoint for the client described by `client` (exchanged out of band, e.g.
@@ -900,9 +796,9 @@ impl CopyrpcServer {
         ) {
             let (side, min) = if gap.setting == SETTING_LARGE {
                 if client.max_large_message < our_large {
-                    (LimitSide::PeerClient, Some(gap.need as u64))
+                    (LimitSide::PeerClient, Some(gap.gap.need as u64))
                 } else {
-                    (LimitSide::ThisServer, Some(gap.need as u64))
+                    (LimitSide::ThisServer, Some(gap.gap.need as u64))
                 }
             } else if client.recv_ring_size < ours {
                 (LimitSide::PeerClient, Some(ours))
@@ -912,20 +808,12 @@ impl CopyrpcServer {
                     min_ring_size(self.service, &self.endpoint),
                 )
             };
-            return Err(RpcError::CapacityMismatch {
-                service: self.service.name,
-                what: gap.what,
-                side,
-                setting: gap.setting,
-                cap: sat_u32(gap.max),
-                need: sat_u32(gap.need),
-                min,
-            });
+            return Err(gap.gap.error(self.service, side, gap.setting, min));
         }
         let ep = self.ctx.create_endpoint(&self.endpoint)?;
         self.ctx
             .connect(ep, client)
-            .map_err(|e| setup_error(e, self.service))?;
+            .map_err(|e| rc::core_error(e, self.service))?;
         let info = self
             .ctx
             .local_info(ep)
@@ -979,19 +867,12 @@ fn check_endpoint_config(
     let ring = cfg.ring_size as u64;
     let max_resp = max_resp_of(cfg);
     if let Some(gap) = capacity_gap(service, ring, max_resp, max_resp, cfg.max_large_message) {
-        return Err(RpcError::CapacityMismatch {
-            service: service.name,
-            what: gap.what,
-            side,
-            setting: gap.setting,
-            cap: sat_u32(gap.max),
-            need: sat_u32(gap.need),
-            min: if gap.setting == SETTING_LARGE {
-                Some(gap.need as u64)
-            } else {
-                min_ring_size(service, cfg)
-            },
-        });
+        let min = if gap.setting == SETTING_LARGE {
+            Some(gap.gap.need as u64)
+        } else {
+            min_ring_size(service, cfg)
+        };
+        return Err(gap.gap.error(service, side, gap.setting, min));
     }
     let credit = initial_credit(cfg);
     let need = call_credit(service, ring, max_resp, cfg.max_large_message);
@@ -1047,15 +928,10 @@ fn call_credit(
     )
 }
 
-/// A message kind the rings do not carry ([`capacity_gap`]).
+/// A message kind the rings do not carry ([`capacity_gap`]), and the setting that limits
+/// it: the ring size, or the large-message limit once rendezvous is possible.
 struct Gap {
-    what: MessageKind,
-    /// Largest payload carried, in bytes.
-    max: u64,
-    /// Bytes the service needs.
-    need: usize,
-    /// The setting that limits it: the ring size, or the large-message limit once
-    /// rendezvous is possible.
+    gap: rc::Gap,
     setting: &'static str,
 }
 
@@ -1071,36 +947,27 @@ fn capacity_gap(
     server_max_resp: u64,
     large: u32,
 ) -> Option<Gap> {
-    for (what, max_resp, need) in [
-        (
-            MessageKind::Request,
-            client_max_resp,
-            service.max_request_bytes,
-        ),
-        (
-            MessageKind::Response,
-            server_max_resp,
-            service.max_response_bytes,
-        ),
-    ] {
+    // The largest payload a side granting `max_resp` sends, and the setting that limits it.
+    let carried = |max_resp: u64| {
         let inline = super::endpoint::max_payload_for(cap, max_resp);
         let large = super::endpoint::large_limit_for(inline, large);
-        let max = u64::from(inline.max(large));
-        if need as u64 > max {
-            let setting = if large != 0 {
-                SETTING_LARGE
-            } else {
-                SETTING_RING_SIZE
-            };
-            return Some(Gap {
-                what,
-                max,
-                need,
-                setting,
-            });
-        }
-    }
-    None
+        let setting = if large != 0 {
+            SETTING_LARGE
+        } else {
+            SETTING_RING_SIZE
+        };
+        (u64::from(inline.max(large)), setting)
+    };
+    let (request, request_setting) = carried(client_max_resp);
+    let (response, response_setting) = carried(server_max_resp);
+    let gap = rc::gap(service, request, response)?;
+    Some(Gap {
+        gap,
+        setting: match gap.what {
+            MessageKind::Request => request_setting,
+            MessageKind::Response => response_setting,
+        },
+    })
 }
 
 /// Response credit an endpoint of `cfg` announces: `min(max_resp_reservation, ring / 4)`,
@@ -1117,30 +984,24 @@ fn initial_credit(cfg: &EndpointConfig) -> u64 {
     cfg.max_resp_reservation.unwrap_or(ring / 4).min(ring / 4) & !31
 }
 
-/// What a client learns of a failed [`CopyrpcServer::add_endpoint`].
-#[cold]
-fn refusal(e: RpcError) -> ConnectRefusal {
-    match e {
-        RpcError::SchemaMismatch { expected, .. } => {
-            ConnectRefusal::SchemaMismatch { server: expected }
-        }
-        RpcError::CapacityMismatch {
-            what,
-            cap,
-            need,
-            side,
-            setting,
-            min,
-            ..
-        } => ConnectRefusal::Capacity {
-            what,
-            cap,
-            need,
-            side,
-            setting,
-            min,
-        },
-        e => ConnectRefusal::Setup(e.to_string()),
+impl rc::Admit for CopyrpcServer {
+    type Request = EndpointInfo;
+    type Answer = EndpointInfo;
+    const TRANSPORT: &'static str = "copyrpc";
+
+    fn inbox(&mut self) -> &mut Inbox<EndpointInfo, EndpointInfo, ConnectRefusal> {
+        &mut self.inbox
+    }
+
+    fn service_name(&self) -> &'static str {
+        self.service.name
+    }
+
+    /// [`CopyrpcServer::add_endpoint`]; its error as the client learns it.
+    fn admit(&mut self, client: &EndpointInfo) -> Result<EndpointInfo, ConnectRefusal> {
+        self.add_endpoint(client)
+            .map(|(_, info)| info)
+            .map_err(rc::refusal)
     }
 }
 

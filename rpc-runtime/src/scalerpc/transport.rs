@@ -1,5 +1,5 @@
 //! ScaleRPC as an RPC transport: [`ScaleRpc`] (client) and [`ScaleRpcServer`] implement
-//! [`ClientTransport`]/[`ServerTransport`] on top of a [`ScaleClient`] with one connection and
+//! [`ClientTransport`](crate::client::ClientTransport)/[`ServerTransport`] on top of a [`ScaleClient`] with one connection and
 //! a [`ScaleServer`] (seeds/003).
 //!
 //! # Messages
@@ -11,7 +11,7 @@
 //! ([`derive_slot_size`]). A slot size given explicitly is checked against the service when
 //! the server is created, and the server's slots again when a client connects; the client's
 //! slots must be at least as large and as many as the server's (the core's rule: a response
-//! may fill a server slot), which [`ScaleRpcAddr::new`] and [`ScaleRpc::connect`] arrange by
+//! may fill a server slot), which [`ScaleRpcAddr::new`] and [`ScaleRpc::connect`](crate::client::ClientTransport::connect) arrange by
 //! taking the server's.
 //!
 //! # Limits and memory
@@ -23,7 +23,7 @@
 //! staging slots).
 //!
 //! # Connecting
-//! In one process clients connect through the server's [`Listener`]: [`ScaleRpc::connect`]
+//! In one process clients connect through the server's [`Listener`]: [`ScaleRpc::connect`](crate::client::ClientTransport::connect)
 //! creates a client context with one connection, sends its [`ClientConnInfo`] (carrying the
 //! service's schema fingerprint and the client's slot geometry) and waits for the server's
 //! [`ServerConnInfo`]; [`ScaleRpcServer::poll`](ServerTransport::poll) answers pending
@@ -97,9 +97,8 @@ use super::client::{CallFailure, ClientConfig, ScaleCallError, ScaleClient};
 use super::info::{ClientConnInfo, ServerConnInfo};
 use super::protocol::{REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE, TRAILER_SIZE};
 use super::server::{DEFAULT_SLOT_SIZE, ScaleServer, ScaleToken, ServerConfig};
-use crate::client::ClientTransport;
-use crate::error::{LimitSide, MessageKind, RpcError, sat_u32};
-use crate::rc::rendezvous::{ExchangeError, Inbox, Rendezvous, rendezvous};
+use crate::error::{LimitSide, RpcError};
+use crate::rc::rendezvous::{Inbox, Rendezvous, rendezvous};
 use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
 use crate::tokens::Tokens;
@@ -117,6 +116,7 @@ pub const DISCONNECT_WAIT: Duration = Duration::from_millis(10);
 pub const RPC_TYPE_CALL: u16 = 0;
 /// `rpc_type` of liveness probes (empty requests, answered by [`ScaleRpcServer`] itself).
 pub const RPC_TYPE_PROBE: u16 = u16::MAX;
+use crate::rc::client::{RcClient, Unsent};
 use crate::rc::{self, liveness::ProbeClock};
 /// User data of the probe call (never a call token: tokens are below `u16::MAX`).
 const PROBE_TOKEN: u32 = u32::MAX;
@@ -171,51 +171,26 @@ pub fn max_response_payload(slot_size: u32) -> usize {
 
 pub use crate::rc::ConnectRefusal;
 
-/// Setting up a ScaleRPC client or server failed (beyond what [`RpcError`] names directly).
-#[derive(Debug, thiserror::Error)]
-pub enum ScaleRpcSetupError {
-    /// Creating or connecting the client or server failed.
-    #[error(transparent)]
-    Core(#[from] ScaleError),
-    /// The server refused the connection.
-    #[error("the server refused the connection: {0}")]
-    Refused(ConnectRefusal),
-    /// The server did not answer within the connect timeout (it does not poll).
-    #[error("no answer from the scalerpc server within {0:?}")]
-    Timeout(Duration),
-    /// The server is gone: its listener no longer takes requests.
-    #[error("the scalerpc server is gone (its listener is closed)")]
-    ServerGone,
-    /// A configuration value or argument is unusable.
-    #[error("invalid scalerpc configuration: {0}")]
-    Config(&'static str),
-    /// The server evicted this client's connection: it did not acknowledge a stop notice
-    /// within the server's [`ServerConfig::ack_timeout`] ([`CallFailure::Evicted`]). Calls
-    /// pending at the eviction and every later call fail with this error; connect again.
-    #[error(
-        "the scalerpc server evicted this connection (a stop notice was not acknowledged within its ack timeout): connect again"
-    )]
-    Evicted,
-}
+pub use crate::rc::RcSetupError;
 
-impl From<ScaleRpcSetupError> for RpcError {
-    /// [`RpcError::Transport`] carrying the [`ScaleRpcSetupError`] (transport `"scalerpc"`).
-    #[cold]
-    fn from(e: ScaleRpcSetupError) -> Self {
-        RpcError::from_transport("scalerpc", e)
-    }
-}
+/// Setting up a ScaleRPC client or server failed (beyond what [`RpcError`] names directly):
+/// the RC transports' one setup error over ScaleRPC's [`ScaleError`];
+/// [`RcSetupError::Evicted`] once the server evicted the connection.
+pub type ScaleRpcSetupError = RcSetupError<ScaleError>;
 
-impl From<ScaleError> for RpcError {
-    /// [`RpcError::Transport`] carrying [`ScaleRpcSetupError::Core`].
-    #[cold]
-    fn from(e: ScaleError) -> Self {
-        ScaleRpcSetupError::Core(e).into()
+impl rc::RcCore for ScaleError {
+    const TRANSPORT: &'static str = "scalerpc";
+
+    fn schema_mismatch(&self) -> Option<(u64, u64)> {
+        match *self {
+            ScaleError::SchemaMismatch { ours, theirs } => Some((ours, theirs)),
+            _ => None,
+        }
     }
 }
 
 /// One connect request: the client's connection and its slot geometry.
-struct ConnectRequest {
+pub(crate) struct ConnectRequest {
     info: ClientConnInfo,
     slot_size: u32,
     slots_per_conn: u32,
@@ -255,11 +230,7 @@ impl Listener {
             slot_size: client.slot_size.unwrap_or(DEFAULT_SLOT_SIZE),
             slots_per_conn: client.slots_per_conn,
         };
-        self.rv.exchange(req, timeout).map_err(|e| match e {
-            ExchangeError::Refused(r) => ScaleRpcSetupError::Refused(r),
-            ExchangeError::Timeout(t) => ScaleRpcSetupError::Timeout(t),
-            ExchangeError::ServerGone => ScaleRpcSetupError::ServerGone,
-        })
+        Ok(self.rv.exchange(req, timeout)?)
     }
 
     /// Connect requests sent and not yet taken by the server.
@@ -290,7 +261,7 @@ pub struct ScaleRpcAddr {
     /// server's ([`ScaleRpcAddr::new`] takes the server's; a `slot_size` of `None` also
     /// means the server's).
     pub config: ClientConfig,
-    /// How long [`ScaleRpc::connect`] waits for the server's answer.
+    /// How long [`ScaleRpc::connect`](crate::client::ClientTransport::connect) waits for the server's answer.
     pub timeout: Duration,
     /// With calls outstanding and no response for this long, probe the server (module docs).
     /// `Some` keeps one slot of the connection for the probe: calls in flight are then
@@ -327,26 +298,6 @@ impl ScaleRpcAddr {
     }
 }
 
-/// Maps a core setup error, naming `service` in a schema mismatch.
-#[cold]
-fn core_error(e: ScaleError, service: &'static ServiceDescriptor) -> RpcError {
-    match e {
-        ScaleError::SchemaMismatch { ours, theirs } => rc::schema_mismatch(service, ours, theirs),
-        e => RpcError::from(e),
-    }
-}
-
-/// Maps a failed [`Listener::exchange`] for `service`.
-#[cold]
-fn exchange_error(e: ScaleRpcSetupError, service: &'static ServiceDescriptor) -> RpcError {
-    match e {
-        ScaleRpcSetupError::Refused(r) => rc::refusal_error(r, service)
-            .unwrap_or_else(|r| RpcError::from(ScaleRpcSetupError::Refused(r))),
-        ScaleRpcSetupError::ServerGone => RpcError::ServerDisconnected,
-        e => RpcError::from(e),
-    }
-}
-
 /// Checks that slots of `slot_size` bytes carry `service`'s largest request and response;
 /// `side` is whose slots they are. The error names [`ServerConfig::slot_size`] and the
 /// least size that works ([`derive_slot_size`]).
@@ -355,31 +306,19 @@ fn check_capacity(
     slot_size: u32,
     side: LimitSide,
 ) -> Result<(), RpcError> {
-    for (what, cap, need) in [
-        (
-            MessageKind::Request,
-            max_request_payload(slot_size),
-            service.max_request_bytes,
-        ),
-        (
-            MessageKind::Response,
-            max_response_payload(slot_size),
-            service.max_response_bytes,
-        ),
-    ] {
-        if need > cap {
-            return Err(RpcError::CapacityMismatch {
-                service: service.name,
-                what,
-                side,
-                setting: SETTING_SLOT_SIZE,
-                cap: sat_u32(cap),
-                need: sat_u32(need),
-                min: derive_slot_size(service).map(u64::from),
-            });
-        }
+    match rc::gap(
+        service,
+        max_request_payload(slot_size) as u64,
+        max_response_payload(slot_size) as u64,
+    ) {
+        Some(gap) => Err(gap.error(
+            service,
+            side,
+            SETTING_SLOT_SIZE,
+            derive_slot_size(service).map(u64::from),
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Liveness state of a [`ScaleRpc`] client (module docs).
@@ -401,7 +340,7 @@ struct Liveness {
 ///
 /// Tokens are a preallocated free list of `0..max_in_flight`, used as the core's user data of
 /// each call. The core delivers every arrived response in one poll; those beyond the `max` a
-/// [`ClientTransport::poll`] asked for are copied into a preallocated per-token buffer and
+/// [`ClientTransport::poll`](crate::client::ClientTransport::poll) asked for are copied into a preallocated per-token buffer and
 /// delivered first by the next poll. No allocation after construction.
 pub struct ScaleRpc {
     client: ScaleClient<u32>,
@@ -436,7 +375,7 @@ impl std::fmt::Debug for ScaleRpc {
 impl ScaleRpc {
     /// Wraps connection `conn` of `client`, already connected (by the caller, e.g. after an
     /// MPI exchange of [`ClientConnInfo`]/[`ServerConnInfo`]) to a [`ScaleRpcServer`] of
-    /// `service` that answered with `server`. Checks what [`ScaleRpc::connect`] checks.
+    /// `service` that answered with `server`. Checks what [`ScaleRpc::connect`](crate::client::ClientTransport::connect) checks.
     /// `slots_per_conn` calls in flight; no liveness probe or activation timeout (add them
     /// with [`ScaleRpc::with_liveness`]). Other connections of `client` are never used.
     ///
@@ -565,11 +504,11 @@ impl ScaleRpc {
         self.max_in_flight as usize - self.tokens.free() - self.tokens.stashed()
     }
 
-    /// One core poll: responses go to `on_response` if `deliver` (a poll), else to the
-    /// stash (a `send` or a probe polling); returns the responses delivered. A rejected
-    /// request (the server refused its header) is delivered as an empty message; calls
-    /// failed with the connection free their token without delivery (the failure is
-    /// reported by [`ClientTransport::poll`]). Probe answers are consumed here.
+    /// One core poll: responses go to `on_response` while fewer than `max` were delivered
+    /// (counting `delivered` already), the rest to the stash. A rejected request (the server
+    /// refused its header) is delivered as an empty message; calls failed with the connection
+    /// free their token without delivery (the failure is reported by
+    /// [`ClientTransport::poll`](crate::client::ClientTransport::poll)). Probe answers are consumed here.
     #[inline(always)]
     fn pump(&mut self, deliver: bool, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
         let mut delivered = 0;
@@ -606,73 +545,6 @@ impl ScaleRpc {
             }
         });
         delivered
-    }
-
-    /// Nothing was delivered: report a failed connection (an evicted one with
-    /// [`ScaleRpcSetupError::Evicted`]), or count towards a liveness check.
-    #[inline]
-    fn idle(&mut self) -> Result<usize, RpcError> {
-        if self.failed || self.client.is_failed(self.conn) {
-            return Err(self.failed_error());
-        }
-        if self.outstanding() > 0
-            && let Some(p) = &mut self.live.probe
-            && p.empty_poll()
-        {
-            self.check_liveness(Instant::now());
-        }
-        Ok(0)
-    }
-
-    /// Every [`crate::rc::PROBE_CHECK_POLLS`] empty polls with calls outstanding, and at each
-    /// [`ClientTransport::idle_tick`]: if no response arrived for the probe interval, no
-    /// probe is out and the connection is active, send one.
-    #[cold]
-    #[inline(never)]
-    fn check_liveness(&mut self, now: Instant) {
-        let responses = self.client.stats().responses;
-        let Some(p) = &mut self.live.probe else {
-            return;
-        };
-        if !p.due(now, responses) {
-            return;
-        }
-        if self.live.probe_out || !self.client.is_active(self.conn) {
-            return;
-        }
-        // The reserved slot is free: user calls never take more than `slots - 1`.
-        if self
-            .client
-            .call(self.conn, RPC_TYPE_PROBE, 0, PROBE_TOKEN, |_| 0)
-            .is_ok()
-        {
-            self.live.probe_out = true;
-            self.live.probes += 1;
-            self.client.flush();
-        }
-    }
-
-    /// A call was refused: hand the token back and map the error. Retryable refusals make one
-    /// round of progress (which processes the server's notices and sends what is pending), so
-    /// that the next attempt sees the current schedule.
-    #[cold]
-    #[inline(never)]
-    fn refused(&mut self, e: ScaleCallError<u32>) -> RpcError {
-        let err = match &e {
-            ScaleCallError::NotActive(_) => self.not_active(),
-            ScaleCallError::SlotsBusy(_) => RpcError::WouldBlock,
-            ScaleCallError::TooLarge(_) => RpcError::MessageTooLarge {
-                len: self.max_req,
-                cap: max_request_payload(self.slot_size),
-                setting: SETTING_SLOT_SIZE,
-            },
-            ScaleCallError::Failed(_) | ScaleCallError::Evicted(_) => self.failed_error(),
-        };
-        self.tokens.give_back(e.into_inner());
-        if matches!(err, RpcError::WouldBlock) {
-            self.pump(false, &mut |_, _| {});
-        }
-        err
     }
 
     /// The error of a failed connection: [`ScaleRpcSetupError::Evicted`] if the server
@@ -719,6 +591,157 @@ impl ScaleRpc {
     }
 }
 
+crate::rc::client::rc_client_transport!(ScaleRpc, ScaleRpcAddr);
+
+impl RcClient for ScaleRpc {
+    type Refusal = ScaleCallError<u32>;
+    type Addr = ScaleRpcAddr;
+
+    /// Creates a client context of its own on `addr.device` with one connection carrying the
+    /// service's fingerprint, exchanges connection info with the server through
+    /// `addr.listener` (waiting up to `addr.timeout`), connects, checks slot sizes
+    /// ([`ScaleRpc::from_client`]) and sets the liveness checks ([`ScaleRpc::with_liveness`]).
+    ///
+    /// # Errors
+    /// [`RpcError::SchemaMismatch`] / [`RpcError::CapacityMismatch`]; [`RpcError::ServerDisconnected`]
+    /// if the server was dropped; [`RpcError::Transport`] ([`ScaleRpcSetupError`]) for a refusal on slot geometry, a
+    /// timeout, a device error or a bad configuration.
+    fn open(addr: &ScaleRpcAddr, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
+        if addr.probe_interval.is_some() && addr.listener.slots_per_conn < 2 {
+            return Err(ScaleRpcSetupError::Config(
+                "a liveness probe needs at least 2 slots per connection (probe_interval: None)",
+            )
+            .into());
+        }
+        let cfg = ClientConfig {
+            max_conns: 1,
+            fingerprint: service.fingerprint,
+            slot_size: addr.config.slot_size.or(Some(addr.listener.slot_size)),
+            ..addr.config
+        };
+        let mut client =
+            ScaleClient::<u32>::new(&addr.device, cfg).map_err(|e| rc::core_error(e, service))?;
+        let (c, info) = client
+            .create_conn()
+            .map_err(|e| rc::core_error(e, service))?;
+        let server = addr
+            .listener
+            .exchange(&info, &cfg, addr.timeout)
+            .map_err(|e| rc::connect_error(e, service))?;
+        client
+            .connect(c, &server)
+            .map_err(|e| rc::core_error(e, service))?;
+        ScaleRpc::from_client(client, c, &server, service)?
+            .with_liveness(addr.probe_interval, addr.activation_timeout)
+    }
+
+    #[inline]
+    fn tokens(&self) -> usize {
+        self.max_in_flight as usize
+    }
+
+    /// Takes a token and writes the request into the connection's pool slot. With nothing
+    /// outstanding it first processes the server's notices, so that a client idle since its
+    /// last call sees the current schedule.
+    #[inline(always)]
+    fn issue(
+        &mut self,
+        _method_id: u16,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<u32, Unsent<ScaleCallError<u32>>> {
+        let Some(tok) = self.tokens.take() else {
+            return Err(Unsent::NoToken);
+        };
+        if self.tokens.free() + 1 == self.max_in_flight as usize && self.tokens.stashed() == 0 {
+            // Nothing outstanding: cheap (no slots to check), and catches stop notices that
+            // arrived while the caller was not polling.
+            self.pump(false, &mut |_, _| {});
+        }
+        match self
+            .client
+            .call(self.conn, RPC_TYPE_CALL, self.max_req, tok, encode)
+        {
+            Ok(_) => {
+                self.live.inactive_since = None;
+                Ok(tok)
+            }
+            Err(e) => Err(Unsent::Refused(e)),
+        }
+    }
+
+    /// Stashed responses first, then one poll of the client (which also sends what was
+    /// written and handles the server's notices).
+    #[inline(always)]
+    fn deliver(&mut self, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
+        let mut n = 0;
+        if self.tokens.stashed() != 0 {
+            n = self.tokens.drain(on_response);
+        }
+        n + self.pump(true, on_response)
+    }
+
+    fn progress(&mut self) {
+        self.pump(false, &mut |_, _| {});
+    }
+
+    #[inline(always)]
+    fn state(&mut self) -> (bool, bool) {
+        (
+            self.failed || self.client.is_failed(self.conn),
+            self.outstanding() > 0,
+        )
+    }
+
+    /// [`ScaleRpcSetupError::Evicted`] if the server evicted the connection, else
+    /// [`RpcError::ServerDisconnected`].
+    fn failed_error(&mut self) -> RpcError {
+        ScaleRpc::failed_error(self)
+    }
+
+    fn refusal_error(&mut self, e: &ScaleCallError<u32>) -> RpcError {
+        match e {
+            ScaleCallError::NotActive(_) => self.not_active(),
+            ScaleCallError::SlotsBusy(_) => RpcError::WouldBlock,
+            ScaleCallError::TooLarge(_) => RpcError::MessageTooLarge {
+                len: self.max_req,
+                cap: max_request_payload(self.slot_size),
+                setting: SETTING_SLOT_SIZE,
+            },
+            ScaleCallError::Failed(_) | ScaleCallError::Evicted(_) => self.failed_error(),
+        }
+    }
+
+    fn give_back(&mut self, e: ScaleCallError<u32>) {
+        self.tokens.give_back(e.into_inner());
+    }
+
+    #[inline(always)]
+    fn probe_clock(&mut self) -> Option<&mut ProbeClock> {
+        self.live.probe.as_mut()
+    }
+
+    fn responses(&mut self) -> u64 {
+        self.client.stats().responses
+    }
+
+    /// A probe call in the reserved slot, if none is out and the connection is active.
+    fn send_probe(&mut self) {
+        if self.live.probe_out || !self.client.is_active(self.conn) {
+            return;
+        }
+        // The reserved slot is free: user calls never take more than `slots - 1`.
+        if self
+            .client
+            .call(self.conn, RPC_TYPE_PROBE, 0, PROBE_TOKEN, |_| 0)
+            .is_ok()
+        {
+            self.live.probe_out = true;
+            self.live.probes += 1;
+            self.client.flush();
+        }
+    }
+}
+
 impl Drop for ScaleRpc {
     /// Closes the connection: polls once more (acknowledging a pending stop notice), then
     /// says goodbye ([`ScaleClient::disconnect`]) so that the server reclaims the connection
@@ -734,115 +757,6 @@ impl Drop for ScaleRpc {
         let start = Instant::now();
         while !self.client.goodbye_sent(self.conn) && start.elapsed() < DISCONNECT_WAIT {
             self.client.poll(|_, _| {});
-        }
-    }
-}
-
-impl ClientTransport for ScaleRpc {
-    type Addr = ScaleRpcAddr;
-
-    /// Creates a client context of its own on `addr.device` with one connection carrying the
-    /// service's fingerprint, exchanges connection info with the server through
-    /// `addr.listener` (waiting up to `addr.timeout`), connects, checks slot sizes
-    /// ([`ScaleRpc::from_client`]) and sets the liveness checks ([`ScaleRpc::with_liveness`]).
-    ///
-    /// # Errors
-    /// [`RpcError::SchemaMismatch`] / [`RpcError::CapacityMismatch`]; [`RpcError::ServerDisconnected`]
-    /// if the server was dropped; [`RpcError::Transport`] ([`ScaleRpcSetupError`]) for a refusal on slot geometry, a
-    /// timeout, a device error or a bad configuration.
-    fn connect(addr: &ScaleRpcAddr, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
-        if addr.probe_interval.is_some() && addr.listener.slots_per_conn < 2 {
-            return Err(ScaleRpcSetupError::Config(
-                "a liveness probe needs at least 2 slots per connection (probe_interval: None)",
-            )
-            .into());
-        }
-        let cfg = ClientConfig {
-            max_conns: 1,
-            fingerprint: service.fingerprint,
-            slot_size: addr.config.slot_size.or(Some(addr.listener.slot_size)),
-            ..addr.config
-        };
-        let mut client =
-            ScaleClient::<u32>::new(&addr.device, cfg).map_err(|e| core_error(e, service))?;
-        let (c, info) = client.create_conn().map_err(|e| core_error(e, service))?;
-        let server = addr
-            .listener
-            .exchange(&info, &cfg, addr.timeout)
-            .map_err(|e| exchange_error(e, service))?;
-        client
-            .connect(c, &server)
-            .map_err(|e| core_error(e, service))?;
-        ScaleRpc::from_client(client, c, &server, service)?
-            .with_liveness(addr.probe_interval, addr.activation_timeout)
-    }
-
-    #[inline]
-    fn max_in_flight(&self) -> usize {
-        self.max_in_flight as usize
-    }
-
-    /// Writes the request into the connection's pool slot (sent when the doorbell batch
-    /// fills or at the next poll). With nothing outstanding it first processes the server's
-    /// notices, so that a client idle since its last call sees the current schedule.
-    ///
-    /// # Errors
-    /// [`RpcError::WouldBlock`] when no token or slot is free, or the connection's group is
-    /// not scheduled now (module docs: poll and retry; with several groups this may last a
-    /// few slices); [`RpcError::ServerDisconnected`] once the connection failed, or it stayed
-    /// inactive for the activation timeout.
-    #[inline]
-    fn send(
-        &mut self,
-        _timeout: std::time::Duration,
-        _method_id: u16,
-        encode: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<u32, RpcError> {
-        let Some(tok) = self.tokens.take() else {
-            return Err(RpcError::WouldBlock);
-        };
-        if self.tokens.free() + 1 == self.max_in_flight as usize && self.tokens.stashed() == 0 {
-            // Nothing outstanding: cheap (no slots to check), and catches stop notices that
-            // arrived while the caller was not polling.
-            self.pump(false, &mut |_, _| {});
-        }
-        match self
-            .client
-            .call(self.conn, RPC_TYPE_CALL, self.max_req, tok, encode)
-        {
-            Ok(_) => {
-                self.live.inactive_since = None;
-                Ok(tok)
-            }
-            Err(e) => Err(self.refused(e)),
-        }
-    }
-
-    /// Delivers stashed responses first, then polls the client once (which also sends what
-    /// was written and handles the server's notices).
-    ///
-    /// # Errors
-    /// [`RpcError::ServerDisconnected`] once the connection failed and no response is left
-    /// to deliver; calls pending at the failure are never delivered.
-    #[inline]
-    fn poll(&mut self, mut on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
-        let mut n = 0;
-        if self.tokens.stashed() != 0 {
-            n = self.tokens.drain(&mut on_response);
-        }
-        n += self.pump(true, &mut on_response);
-        if n == 0 {
-            return self.idle();
-        }
-        Ok(n)
-    }
-
-    /// Runs the liveness check (module docs) when calls are in flight, by time: see
-    /// [`ClientTransport::idle_tick`].
-    #[inline]
-    fn idle_tick(&mut self) {
-        if self.live.probe.is_some() && !self.failed && self.outstanding() > 0 {
-            self.check_liveness(Instant::now());
         }
     }
 }
@@ -940,40 +854,7 @@ impl ScaleRpcServer {
     /// says hello: it is evicted at its group's first stop ([`ServerConfig::ack_timeout`]);
     /// the server cannot remove connections.
     pub fn accept(&mut self) -> usize {
-        let mut n = 0;
-        while let Some(pending) = self.inbox.take() {
-            let req = &pending.body;
-            let (slot_size, slots_per_conn) =
-                (self.inner.slot_size(), self.inner.config().slots_per_conn);
-            let answer = if req.info.fingerprint != self.service.fingerprint {
-                Err(ConnectRefusal::SchemaMismatch {
-                    server: self.service.fingerprint,
-                })
-            } else if req.slot_size < slot_size || req.slots_per_conn < slots_per_conn {
-                Err(ConnectRefusal::Slots {
-                    slot_size,
-                    slots_per_conn,
-                })
-            } else {
-                match self.add_client(&req.info) {
-                    Ok(info) => {
-                        n += 1;
-                        Ok(info)
-                    }
-                    Err(e) => Err(ConnectRefusal::Setup(e.to_string())),
-                }
-            };
-            if let Err(e) = &answer {
-                tracing::debug!(service = self.service.name, refusal = %e, "scalerpc: connect refused");
-            }
-            if !pending.answer(answer) {
-                tracing::debug!(
-                    service = self.service.name,
-                    "scalerpc: client stopped waiting for its connect answer"
-                );
-            }
-        }
-        n
+        rc::accept(self)
     }
 
     /// Accepts the client connection described by `client` (exchanged out of band, e.g.
@@ -996,7 +877,7 @@ impl ScaleRpcServer {
         }
         self.inner
             .accept(client)
-            .map_err(|e| core_error(e, self.service))
+            .map_err(|e| rc::core_error(e, self.service))
     }
 
     /// The ScaleRPC server (counters: [`ScaleServer::stats`]; the schedule:
@@ -1026,6 +907,36 @@ impl ScaleRpcServer {
     fn answer_probe(&mut self, tok: ScaleToken) {
         self.probes += 1;
         let _ = self.inner.reply(tok, 0, |_| 0);
+    }
+}
+
+impl rc::Admit for ScaleRpcServer {
+    type Request = ConnectRequest;
+    type Answer = ServerConnInfo;
+    const TRANSPORT: &'static str = "scalerpc";
+
+    fn inbox(&mut self) -> &mut Inbox<ConnectRequest, ServerConnInfo, ConnectRefusal> {
+        &mut self.inbox
+    }
+
+    fn service_name(&self) -> &'static str {
+        self.service.name
+    }
+
+    /// Refuses another fingerprint, then slots smaller or fewer than the server's; else
+    /// [`ScaleRpcServer::add_client`], its error as the client learns it.
+    fn admit(&mut self, req: &ConnectRequest) -> Result<ServerConnInfo, ConnectRefusal> {
+        let (slot_size, slots_per_conn) =
+            (self.inner.slot_size(), self.inner.config().slots_per_conn);
+        if req.info.fingerprint == self.service.fingerprint
+            && (req.slot_size < slot_size || req.slots_per_conn < slots_per_conn)
+        {
+            return Err(ConnectRefusal::Slots {
+                slot_size,
+                slots_per_conn,
+            });
+        }
+        self.add_client(&req.info).map_err(rc::refusal)
     }
 }
 
