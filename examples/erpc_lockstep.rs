@@ -29,8 +29,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use rpc::erpc::core::{Config, Event, SLOTS_PER_SESSION, SessionId, Zc};
+use rpc::erpc::datagram::ud::{UdConfig, UdTransport};
 use rpc::erpc::event_loop::Endpoint;
-use rpc::erpc::transport::ud::{UdConfig, UdTransport};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 
 #[derive(Parser, Debug)]

@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 use idl::echo::{EchoClient, EchoResponse, EchoService};
 use idl::kv::{KvClient, KvRequest, KvResponse, KvService};
 use rpc::erpc::core::{Config, MS};
+use rpc::erpc::datagram::DatagramTransport;
+use rpc::erpc::datagram::lossy::{LossConfig, LossyTransport};
+use rpc::erpc::datagram::ud::{UdConfig, UdTransport};
+use rpc::erpc::datagram::udp::{UdpConfig, UdpTransport};
 use rpc::erpc::event_loop::Endpoint;
-use rpc::erpc::transport::DatagramTransport;
-use rpc::erpc::transport::lossy::{LossConfig, LossyTransport};
-use rpc::erpc::transport::ud::{UdConfig, UdTransport};
-use rpc::erpc::transport::udp::{UdpConfig, UdpTransport};
-use rpc::erpc::typed::{ErpcSetupError, UdConnectAddr, service_config};
+use rpc::erpc::transport::{ErpcSetupError, UdConnectAddr, service_config};
 use rpc::erpc::{Erpc, ErpcConfig, ErpcServer};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use rpc::rpc_service;
@@ -358,7 +358,7 @@ fn capacity_and_configuration_are_checked() {
         },
         other => panic!("expected Capacity, got {other:?}"),
     }
-    for bad in [0, rpc::erpc::typed::MAX_IN_FLIGHT_LIMIT + 1] {
+    for bad in [0, rpc::erpc::transport::MAX_IN_FLIGHT_LIMIT + 1] {
         let cfg = ErpcConfig {
             max_in_flight: bad,
             ..ErpcConfig::default()

@@ -437,7 +437,7 @@ fn erpc_message_over_max_msg_size_names_side_and_setting() {
              set eRPC Config::max_msg_size to at least {need}"
         )
     );
-    let e = Erpc::<rpc::erpc::transport::udp::UdpTransport>::connect_with(
+    let e = Erpc::<rpc::erpc::datagram::udp::UdpTransport>::connect_with(
         &"127.0.0.1:9".parse().unwrap(),
         BigService::DESCRIPTOR,
         &small,

@@ -348,9 +348,9 @@ fn erpc_zero_copy() {
 #[test]
 fn erpc_ud_zero_copy() {
     use rpc::erpc::core::Config;
+    use rpc::erpc::datagram::{DatagramTransport, UdConfig, UdTransport};
     use rpc::erpc::event_loop::Endpoint;
-    use rpc::erpc::transport::{DatagramTransport, UdConfig, UdTransport};
-    use rpc::erpc::typed::{UdConnectAddr, service_config};
+    use rpc::erpc::transport::{UdConnectAddr, service_config};
     let fabric = Fabric::new(SimConfig::deterministic());
     let dev = fabric.open();
     let t = UdTransport::new(&dev, UdConfig::for_port(&dev.port())).unwrap();
@@ -536,7 +536,7 @@ fn erpc_replies_are_written_into_slot_buffers() {
     let mut server = Server::<BlobService, _>::new(t);
     let mut c = connect_polling(&mut server, move || {
         BlobClient::from_transport(
-            Erpc::<rpc::erpc::transport::UdpTransport>::connect_with(
+            Erpc::<rpc::erpc::datagram::UdpTransport>::connect_with(
                 &addr,
                 BlobService::DESCRIPTOR,
                 &cfg,

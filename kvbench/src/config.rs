@@ -6,7 +6,7 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rpc::delegation::DelegationConfig;
-use rpc::erpc::typed::MAX_IN_FLIGHT_LIMIT as ERPC_MAX_IN_FLIGHT;
+use rpc::erpc::transport::MAX_IN_FLIGHT_LIMIT as ERPC_MAX_IN_FLIGHT;
 
 use crate::api::{Corrupt, MIN_VALUE_BYTES, SizeRange, Sizes, digits};
 use crate::workload::*;

@@ -226,7 +226,7 @@ pub(crate) fn spawn_erpc_daemon<A: Api>(
             let t = server.transport();
             let ep = t.endpoint();
             let core = ep.core_stats();
-            let udp = rpc::erpc::transport::DatagramTransport::stats(ep.transport());
+            let udp = rpc::erpc::datagram::DatagramTransport::stats(ep.transport());
             r.erpc = Some(ErpcFigures {
                 sessions: ep.rpc().num_sessions() as u64,
                 sessions_closed: t.stats().sessions_closed,

@@ -471,7 +471,7 @@ mod tests {
         runnable::<crate::copyrpc::CopyrpcServer>();
         runnable::<crate::scalerpc::ScaleRpcServer>();
         runnable::<crate::erpc::ErpcServer>();
-        runnable::<crate::erpc::ErpcServer<crate::erpc::transport::ud::UdTransport>>();
+        runnable::<crate::erpc::ErpcServer<crate::erpc::datagram::ud::UdTransport>>();
     }
 
     #[test]

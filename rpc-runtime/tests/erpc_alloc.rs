@@ -14,8 +14,8 @@ use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use rpc_runtime::erpc::core::{Config, Event, MS, Rpc, SessionId, Time, Zc};
+use rpc_runtime::erpc::datagram::udp::{UdpConfig, UdpTransport};
 use rpc_runtime::erpc::event_loop::Endpoint;
-use rpc_runtime::erpc::transport::udp::{UdpConfig, UdpTransport};
 
 /// Counts allocations made by the current thread.
 struct CountingAlloc;

@@ -31,8 +31,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rpc_runtime::erpc::core::{Config, Event, MS};
+use rpc_runtime::erpc::datagram::udp::{UdpConfig, UdpTransport};
 use rpc_runtime::erpc::event_loop::Endpoint;
-use rpc_runtime::erpc::transport::udp::{UdpConfig, UdpTransport};
 
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);

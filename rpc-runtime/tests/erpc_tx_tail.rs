@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rpc_runtime::erpc::core::{Config, Event, MS, SessionError};
+use rpc_runtime::erpc::datagram::udp::{UdpConfig, UdpTransport};
+use rpc_runtime::erpc::datagram::{DatagramTransport, TransportStats, TxPkt};
 use rpc_runtime::erpc::event_loop::Endpoint;
-use rpc_runtime::erpc::transport::udp::{UdpConfig, UdpTransport};
-use rpc_runtime::erpc::transport::{DatagramTransport, TransportStats, TxPkt};
 
 /// A UDP transport whose send queue takes at most `room` datagrams per `tx_burst` (the
 /// test's stand-in for a full NIC send queue).

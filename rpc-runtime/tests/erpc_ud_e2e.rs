@@ -26,10 +26,10 @@ use std::time::Instant;
 
 use mlx5::sim::{Fabric, SimConfig, UdFaults};
 use rpc_runtime::erpc::core::{Config, ErpcCallError, Event, MS, SessionError};
+use rpc_runtime::erpc::datagram::DatagramTransport;
+use rpc_runtime::erpc::datagram::lossy::{LossConfig, LossyTransport};
+use rpc_runtime::erpc::datagram::ud::{DEFAULT_MTU, UdAddr, UdConfig, UdTransport};
 use rpc_runtime::erpc::event_loop::Endpoint;
-use rpc_runtime::erpc::transport::DatagramTransport;
-use rpc_runtime::erpc::transport::lossy::{LossConfig, LossyTransport};
-use rpc_runtime::erpc::transport::ud::{DEFAULT_MTU, UdAddr, UdConfig, UdTransport};
 
 fn fabric() -> Fabric {
     Fabric::new(SimConfig::deterministic())

@@ -1,4 +1,4 @@
-//! The batched UDP datagram transport of eRPC (`rpc_runtime::erpc::transport::udp`) over
+//! The batched UDP datagram transport of eRPC (`rpc_runtime::erpc::datagram::udp`) over
 //! loopback: bursts with every byte checked, header/data gather, ping-pong, oversized and short
 //! datagrams, IPv6 and dual-stack addressing, nonblocking empty receive, per-packet send errors,
 //! and an allocation-free steady state (checked with a counting global allocator).
@@ -9,8 +9,8 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use rpc_runtime::erpc::transport::udp::{UdpConfig, UdpMtu, UdpTransport};
-use rpc_runtime::erpc::transport::{DatagramTransport, PKT_HDR_LEN, TxPkt};
+use rpc_runtime::erpc::datagram::udp::{UdpConfig, UdpMtu, UdpTransport};
+use rpc_runtime::erpc::datagram::{DatagramTransport, PKT_HDR_LEN, TxPkt};
 
 /// Counts allocations made by the current thread, so tests running in parallel do not disturb
 /// each other's counts.
@@ -386,7 +386,7 @@ fn ipv6_loopback_burst() {
     // The derived size of IPv6 loopback: a jumbo frame's payload (8952 B) when the receive
     // buffer admits it, else the IPv6 Ethernet default (1452 B).
     let expected =
-        rpc_runtime::erpc::transport::path_mtu::auto_mtu("::1".parse().unwrap(), a.rcvbuf_bytes());
+        rpc_runtime::erpc::datagram::path_mtu::auto_mtu("::1".parse().unwrap(), a.rcvbuf_bytes());
     assert!(expected == 8952 || expected == 1452, "{expected}");
     assert_eq!(a.mtu(), expected);
     let dest = b.local_addr();
@@ -528,8 +528,8 @@ fn zero_copy_echo_server_over_lossy_udp() {
     use std::sync::{Arc, Mutex};
 
     use rpc_runtime::erpc::core::{Config, Event, MS, Zc};
+    use rpc_runtime::erpc::datagram::lossy::{LossConfig, LossyTransport};
     use rpc_runtime::erpc::event_loop::Endpoint;
-    use rpc_runtime::erpc::transport::lossy::{LossConfig, LossyTransport};
 
     let loss = |seed| {
         LossyTransport::new(
@@ -699,7 +699,7 @@ fn rx_ring_entries_datagrams_fit_the_socket_buffer() {
         let entries = rx.rx_ring_entries();
         assert_eq!(
             entries,
-            rx.rcvbuf_bytes() / rpc_runtime::erpc::transport::udp::udp_rx_charge(mtu)
+            rx.rcvbuf_bytes() / rpc_runtime::erpc::datagram::udp::udp_rx_charge(mtu)
         );
         assert!(entries >= 8, "mtu {mtu} buf {buf}: {entries} entries");
         let data = vec![7u8; mtu - PKT_HDR_LEN];

@@ -11,10 +11,10 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use rpc_runtime::erpc::core::{Config, MS};
+use rpc_runtime::erpc::datagram::DatagramTransport;
+use rpc_runtime::erpc::datagram::lossy::{LossConfig, LossyTransport};
+use rpc_runtime::erpc::datagram::udp::{DEFAULT_MTU_V4, UdpConfig, UdpMtu, UdpTransport};
 use rpc_runtime::erpc::event_loop::Endpoint;
-use rpc_runtime::erpc::transport::DatagramTransport;
-use rpc_runtime::erpc::transport::lossy::{LossConfig, LossyTransport};
-use rpc_runtime::erpc::transport::udp::{DEFAULT_MTU_V4, UdpConfig, UdpMtu, UdpTransport};
 
 /// A loopback transport with 4 MiB socket buffers and the IPv4 Ethernet datagram (1472 B),
 /// not the derived loopback default (8972 B): these tests cut messages of a few KB into

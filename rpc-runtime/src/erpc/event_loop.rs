@@ -76,9 +76,9 @@ use super::core::{
     Config, ConfigError, ErpcCallError, Event, ReqToken, Rpc, SessionId, Stats, Time, TxNext,
     TxOut, TxSink, Zc,
 };
+use super::datagram::{DatagramTransport, TxPkt};
 use super::msgbuf::MsgBuffer;
 use super::pkthdr::PKTHDR_SIZE;
-use super::transport::{DatagramTransport, TxPkt};
 
 /// Default interval between timer scans ([`Rpc::handle_timeout`]), in ns (100 µs).
 pub const DEFAULT_TIMER_SCAN_INTERVAL: Time = 100_000;

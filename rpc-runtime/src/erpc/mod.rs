@@ -11,7 +11,7 @@
 //! - [`msgbuf`]: the DMA-capable message buffer with the `hdr0 | data | hdr1..` layout;
 //! - [`timely`]: Timely rate computation with eRPC's uncongested bypass;
 //! - [`wheel`]: the Carousel timing wheel that paces packets of congested sessions;
-//! - [`transport`]: the [`transport::DatagramTransport`] interface the core drives, with
+//! - [`datagram`]: the [`datagram::DatagramTransport`] interface the core drives, with
 //!   UDP sockets (`sendmmsg`/`recvmmsg` batching) and mlx5 UD queue pairs behind it;
 //! - [`core`]: the sans-I/O protocol core ([`core::Rpc`]): sessions, slots, credits, CR/RFR,
 //!   go-back-N, at-most-once, session management, node failure, zero-copy dispatch of
@@ -20,7 +20,7 @@
 //! - [`event_loop`]: [`event_loop::Endpoint`], which owns a core and a transport and runs
 //!   eRPC's `run_event_loop_once` over them (receive burst, timers, batched transmit), also
 //!   split around zero-copy handlers (`rx_burst_zc` / `zc` / `finish_iteration`);
-//! - [`typed`]: the binding behind `#[rpc_service(transport = "erpc")]`.
+//! - [`transport`]: the binding behind `#[rpc_service(transport = "erpc")]`.
 //!
 //! # Every wait and what bounds it (issue 12)
 //! Nothing in this module sleeps or blocks a thread except where listed; the event loop,
@@ -50,10 +50,10 @@
 //! [`core::Rpc::recycle`]). Packet `i` is sent as a two-part gather list straight from its
 //! buffer: its 16-byte header, written by the core into header slot `i` of the buffer, and
 //! its data slice in place ([`core::Rpc::poll_transmit_gather`] / [`core::Rpc::msg_pkt`],
-//! [`transport::TxPkt`]).
+//! [`datagram::TxPkt`]).
 //!
 //! Copies of a message's data bytes by the CPU, for an `n`-byte multi-packet message through
-//! the typed binding ([`typed`]); "(kernel)" is the copy `sendmmsg`/`recvmmsg` make between
+//! the typed binding ([`transport`]); "(kernel)" is the copy `sendmmsg`/`recvmmsg` make between
 //! user memory and socket buffers, which UDP cannot avoid:
 //!
 //! | path | before (commit c5ca698) | now |
@@ -94,12 +94,12 @@
 //! again before the response to its message arrives and no buffer is skipped or mapped.
 
 pub mod core;
+pub mod datagram;
 pub mod event_loop;
 pub mod msgbuf;
 pub mod pkthdr;
 pub mod timely;
 pub mod transport;
-pub mod typed;
 pub mod wheel;
 
-pub use typed::{Erpc, ErpcConfig, ErpcConnect, ErpcServer, ErpcSetupError};
+pub use transport::{Erpc, ErpcConfig, ErpcConnect, ErpcServer, ErpcSetupError};

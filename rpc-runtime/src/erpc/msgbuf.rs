@@ -402,7 +402,7 @@ impl MsgBuffer {
     }
 
     /// The shared handle of the backing memory, for a transport that sends from the buffer
-    /// in place ([`TxPkt::mem`](super::transport::TxPkt::mem)): it clones the handle while a
+    /// in place ([`TxPkt::mem`](super::datagram::TxPkt::mem)): it clones the handle while a
     /// posted send reads the buffer (see the [module docs](self)).
     #[inline]
     pub fn dma_handle(&self) -> &Arc<DmaBuf> {

@@ -11,9 +11,7 @@ use super::error::IpcError;
 use super::header::{self, Header};
 use super::layout::*;
 use super::shm::{self, Map};
-use crate::client::ClientTransport;
-use crate::error::{MessageKind, RpcError};
-use crate::service::ServiceDescriptor;
+use crate::error::RpcError;
 
 /// Empty polls with calls in flight between two reads of the clock for the server-liveness
 /// check (which runs every `liveness_interval` of the server's header).
@@ -46,7 +44,7 @@ pub struct IpcClientStats {
 /// Client transport over an ipc segment in `/dev/shm` (seeds/004 §1.3).
 ///
 /// `KvClient::<Ipc>::connect("kv0")` attaches to `/dev/shm/kv0`. Up to `depth` calls may be
-/// in flight ([`ClientTransport::max_in_flight`]); `send` returns [`RpcError::WouldBlock`]
+/// in flight ([`crate::ClientTransport::max_in_flight`]); `send` returns [`RpcError::WouldBlock`]
 /// beyond that (per-client back-pressure, seeds/004 §2.3 "ring ベース (per-client)"). Dropping
 /// it detaches (the server reclaims the block).
 #[derive(Debug)]
@@ -55,8 +53,8 @@ pub struct Ipc {
     /// Own open file description: holds the OFD lock on this block's record line.
     file: File,
     map: Map,
-    layout: Layout,
-    hdr: Header,
+    pub(super) layout: Layout,
+    pub(super) hdr: Header,
     client: u32,
     owner: u64,
     block: usize,
@@ -401,63 +399,5 @@ impl Drop for Ipc {
             .u64(self.block + CB_OWNER)
             .compare_exchange(self.owner, detached, Release, Relaxed);
         let _ = shm::unlock(&self.file, self.block as u64, RECORD_SIZE);
-    }
-}
-
-impl ClientTransport for Ipc {
-    type Addr = str;
-
-    fn connect(name: &str, service: &'static ServiceDescriptor) -> Result<Self, RpcError> {
-        let ipc = Ipc::attach(name)?;
-        if ipc.hdr.fingerprint != service.fingerprint {
-            return Err(RpcError::SchemaMismatch {
-                service: service.name,
-                expected: service.fingerprint,
-                found: ipc.hdr.fingerprint,
-            });
-        }
-        let p = ipc.layout.params;
-        let need = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        for (what, cap, n) in [
-            (MessageKind::Request, p.req_cap, service.max_request_bytes),
-            (
-                MessageKind::Response,
-                p.resp_cap,
-                service.max_response_bytes,
-            ),
-        ] {
-            if (cap as usize) < n {
-                return Err(RpcError::CapacityMismatch {
-                    service: service.name,
-                    what,
-                    side: crate::error::LimitSide::PeerServer,
-                    setting: crate::error::SETTING_DERIVED_FROM_SERVICE,
-                    cap,
-                    need: need(n),
-                    min: None,
-                });
-            }
-        }
-        Ok(ipc)
-    }
-
-    #[inline]
-    fn max_in_flight(&self) -> usize {
-        self.layout.params.depth as usize
-    }
-
-    #[inline]
-    fn send(
-        &mut self,
-        _timeout: Duration,
-        _method_id: u16,
-        encode: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<u32, RpcError> {
-        self.try_send(encode)
-    }
-
-    #[inline]
-    fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
-        self.poll_up_to(usize::MAX, on_response)
     }
 }

@@ -97,6 +97,7 @@ mod header;
 pub mod layout;
 mod server;
 mod shm;
+mod transport;
 
 pub use client::{Ipc, IpcClientStats};
 pub use error::IpcError;

@@ -14,7 +14,6 @@ use super::layout::*;
 use super::shm::{self, Map, io_err};
 use super::{IpcConfig, IpcStats};
 use crate::error::RpcError;
-use crate::server::ServerTransport;
 use crate::service::{Service, ServiceDescriptor};
 
 /// A client found with an empty request ring is not read again for this many polls (its skip
@@ -31,7 +30,7 @@ pub const POLLS_PER_CLOCK: u32 = 1024;
 
 /// Where a reply goes: client block, the generation of its owner when the request was
 /// received, and the call's tag. `Copy`; valid until that client detaches or dies (then
-/// [`ServerTransport::reply`] refuses it as stale).
+/// [`crate::ServerTransport::reply`] refuses it as stale).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IpcToken {
     /// Client block index.
@@ -103,7 +102,7 @@ pub struct IpcServer {
     /// reply to one call, or a forged token, never reaches the client.
     pending: Box<[u64]>,
     /// Copy of the request being handed out (a client cannot change it under the handler).
-    scratch: crate::varlen::AlignedBuf,
+    pub(super) scratch: crate::varlen::AlignedBuf,
     stats: IpcStats,
     polls_until_clock: u32,
     next_scan: Instant,
@@ -595,70 +594,5 @@ impl Drop for IpcServer {
                 let _ = std::fs::remove_file(&self.path);
             }
         }
-    }
-}
-
-impl ServerTransport for IpcServer {
-    type ReplyToken = IpcToken;
-
-    #[inline]
-    fn poll(&mut self) -> usize {
-        IpcServer::poll(self)
-    }
-
-    #[inline]
-    fn recv(&mut self) -> Option<(IpcToken, &[u8])> {
-        IpcServer::recv(self)
-    }
-
-    /// [`IpcServer::release`]; replies need no sending (visible as soon as they are
-    /// written).
-    #[inline]
-    fn flush(&mut self) {
-        IpcServer::release(self)
-    }
-
-    #[inline]
-    fn reply(
-        &mut self,
-        token: IpcToken,
-        _len: usize,
-        encode: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<(), RpcError> {
-        self.reply_with(token, encode)
-    }
-
-    /// No copy: the server's private copy of the request (made by `recv`) is swapped with
-    /// `buf` ([`IpcServer::swap_request`]).
-    #[inline]
-    fn recv_into(&mut self, buf: &mut crate::varlen::AlignedBuf) -> Option<(IpcToken, usize)> {
-        let (token, len) = {
-            let (token, msg) = IpcServer::recv(self)?;
-            (token, msg.len())
-        };
-        self.swap_request(buf);
-        Some((token, len))
-    }
-
-    /// Zero copy both ways: the request is the server's private copy (made by `recv`, so a
-    /// client cannot change it while the handler reads it) and the reply is written straight
-    /// into the client's response slot. `handle` does not run if the reply cannot be
-    /// delivered (the errors of [`IpcServer::reply_with`]).
-    #[inline]
-    fn serve_next(
-        &mut self,
-        _scratch: &mut [u8],
-        handle: impl FnOnce(&[u8], &mut [u8]) -> usize,
-    ) -> Option<Result<(), RpcError>> {
-        let (token, len) = {
-            let (token, msg) = IpcServer::recv(self)?;
-            (token, msg.len())
-        };
-        // Moved out for the reply (no allocation: the default is empty), so the request can
-        // be read while `reply_with` borrows the server; `reply_with` never touches it.
-        let req = std::mem::take(&mut self.scratch);
-        let r = self.reply_with(token, |out| handle(&req[..len], out));
-        self.scratch = req;
-        Some(r)
     }
 }

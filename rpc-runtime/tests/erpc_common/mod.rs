@@ -15,8 +15,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rpc_runtime::erpc::core::{Config, Event, MS, SessionError, SessionId};
+use rpc_runtime::erpc::datagram::DatagramTransport;
 use rpc_runtime::erpc::event_loop::Endpoint;
-use rpc_runtime::erpc::transport::DatagramTransport;
 
 /// Longest a test waits for connections or calls.
 pub const DEADLINE: Duration = Duration::from_secs(20);

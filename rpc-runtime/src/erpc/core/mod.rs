@@ -1,7 +1,7 @@
 //! The sans-I/O eRPC protocol core (issue 5; seeds/002 §6-§11).
 //!
 //! [`Rpc`] is a pure state machine: it never touches a socket, a NIC or a clock. The caller
-//! (an event loop over a [`DatagramTransport`](super::transport::DatagramTransport), or a test
+//! (an event loop over a [`DatagramTransport`](super::datagram::DatagramTransport), or a test
 //! with a simulated wire) feeds it inputs and drains its outputs:
 //!
 //! | inputs                                   | outputs                                    |
@@ -761,7 +761,7 @@ fn place_pkt<A: Copy, S: TxSink<A>>(
 
 /// A transmit path that takes small datagrams as a header and a data slice and copies them
 /// before returning ([`Rpc::poll_transmit_direct`]; the event loop's is the transport's
-/// [`tx_post_parts`](crate::erpc::transport::DatagramTransport::tx_post_parts)), so that the
+/// [`tx_post_parts`](crate::erpc::datagram::DatagramTransport::tx_post_parts)), so that the
 /// core need not render them into a buffer first.
 pub trait TxSink<A> {
     /// Largest datagram in bytes (header included) [`post`](Self::post) takes now; 0 if none.
@@ -1320,7 +1320,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     }
 
     /// As [`Rpc::msg_pkt`], with the message buffer that holds the packet, for a transport
-    /// that sends it in place ([`TxPkt::mem`](crate::erpc::transport::TxPkt::mem)). The core
+    /// that sends it in place ([`TxPkt::mem`](crate::erpc::datagram::TxPkt::mem)). The core
     /// keeps the rule that makes this safe: it does not rewrite the data of a buffer that is
     /// [in flight](MsgBuffer::in_flight), nor a header slot of one with different bytes
     /// (a retransmitted packet's header is identical and is not rewritten).

@@ -134,12 +134,12 @@ use super::core::{
     self, Config, ConfigError, ErpcCallError, Event, MS, ReqToken, SLOTS_PER_SESSION, SessionId,
     Time,
 };
+use super::datagram::DatagramTransport;
+use super::datagram::lossy::{LossConfig, LossyTransport};
+use super::datagram::ud::{UdAddr, UdConfig, UdTransport};
+use super::datagram::udp::{DEFAULT_BATCH, UdpConfig, UdpMtu, UdpTransport};
 use super::event_loop::Endpoint;
 use super::msgbuf::MsgBuffer;
-use super::transport::DatagramTransport;
-use super::transport::lossy::{LossConfig, LossyTransport};
-use super::transport::ud::{UdAddr, UdConfig, UdTransport};
-use super::transport::udp::{DEFAULT_BATCH, UdpConfig, UdpMtu, UdpTransport};
 use crate::client::ClientTransport;
 use crate::error::{LimitSide, MessageKind, RpcError, SETTING_SERVICE_MAX, sat_u32};
 use crate::server::ServerTransport;
@@ -163,7 +163,7 @@ pub const DEFAULT_KEEPALIVE: Time = 100 * MS;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default [`ErpcConfig::udp_socket_buf_bytes`]: 4 MiB (the kernel caps it at
 /// `net.core.rmem_max`/`wmem_max`), the UDP transport's own default.
-pub use super::transport::udp::DEFAULT_SOCKET_BUF_BYTES;
+pub use super::datagram::udp::DEFAULT_SOCKET_BUF_BYTES;
 /// eRPC request type (`req_type`, the handler type of seeds/000 §2.1) of the calls [`Erpc`]
 /// sends. [`ErpcServer`] hands requests of every type to the service.
 pub const REQ_TYPE_CALL: u8 = 1;
@@ -183,7 +183,7 @@ pub struct ErpcConfig {
     /// (which also bounds the wait when this is too long for the clock to represent).
     pub connect_timeout: Duration,
     /// *UDP*: datagram size in bytes, header included; `None`: derived from the network path
-    /// ([`path_mtu`](super::transport::path_mtu): a server from its bound address, a client
+    /// ([`path_mtu`](super::datagram::path_mtu): a server from its bound address, a client
     /// from the server's address as given; 8972 B on IPv4 loopback when the receive buffer
     /// admits it, 1472 B on a 1500 B Ethernet link). Both ends must agree; the connect
     /// handshake refuses a mismatch (`ConfigMismatch`, field `mtu`).
@@ -585,7 +585,7 @@ impl<T: ErpcConnect> Erpc<T> {
     /// ([`Erpc::from_endpoint`] with `cfg.max_in_flight` and `cfg.connect_timeout`).
     ///
     /// **Datagram size.** With [`ErpcConfig::udp_mtu`] unset, the client derives its size from
-    /// the server's address ([`path_mtu`](super::transport::path_mtu)); where the server
+    /// the server's address ([`path_mtu`](super::datagram::path_mtu)); where the server
     /// derived another (a different link MTU or receive buffer on its side), its refusal
     /// (`ConfigMismatch`, field `mtu`) names its size, and the client connects once more with
     /// that size, within the same `connect_timeout`. A size set explicitly is never changed.

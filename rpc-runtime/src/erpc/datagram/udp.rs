@@ -1176,7 +1176,7 @@ mod tests {
     #[test]
     fn derived_mtu_is_the_same_for_a_server_and_a_client_of_it() {
         let expected = |ip: &str, t: &UdpTransport| {
-            crate::erpc::transport::path_mtu::auto_mtu(ip.parse().unwrap(), t.rcvbuf_bytes())
+            crate::erpc::datagram::path_mtu::auto_mtu(ip.parse().unwrap(), t.rcvbuf_bytes())
         };
         // Loopback server, loopback client.
         let server = bind_auto("127.0.0.1:0", UdpMtu::Auto);
@@ -1199,7 +1199,7 @@ mod tests {
         // the datagram is a jumbo frame's payload.
         let lo = bind_auto("127.0.0.1:0", UdpMtu::Auto);
         let jumbo_fits = lo.rcvbuf_bytes() / udp_rx_charge(8972)
-            >= crate::erpc::transport::path_mtu::AUTO_MTU_MIN_RX_DATAGRAMS;
+            >= crate::erpc::datagram::path_mtu::AUTO_MTU_MIN_RX_DATAGRAMS;
         let lo_mtu = std::fs::read_to_string("/sys/class/net/lo/mtu").ok();
         if jumbo_fits && lo_mtu.as_deref().map(str::trim) == Some("65536") {
             assert_eq!(lo.mtu(), 8972);
