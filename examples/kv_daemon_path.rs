@@ -82,7 +82,7 @@ unsafe impl GlobalAlloc for Counting {
 static A: Counting = Counting;
 
 /// Heap allocations `f` makes on this thread.
-pub fn allocations(f: impl FnOnce()) -> u64 {
+pub(crate) fn allocations(f: impl FnOnce()) -> u64 {
     let before = ALLOCS.with(Cell::get);
     COUNT_HERE.with(|c| c.set(true));
     f();
@@ -91,15 +91,15 @@ pub fn allocations(f: impl FnOnce()) -> u64 {
 }
 
 /// Daemons of the rank.
-pub const DAEMONS: u32 = 2;
+pub(crate) const DAEMONS: u32 = 2;
 /// Keys, `k0000..`.
-pub const KEYS: u64 = 64;
+pub(crate) const KEYS: u64 = 64;
 /// Flux message capacity: a `KvVar` message (as kvbench's `VAR_MSG_CAP`).
-pub const MSG_CAP: usize = 4480;
+pub(crate) const MSG_CAP: usize = 4480;
 
 /// A shard whose puts of a stored key reuse the value's buffer (as kvbench's).
 #[derive(Default)]
-pub struct Shard {
+pub(crate) struct Shard {
     map: std::collections::HashMap<String, Vec<u8>>,
 }
 
@@ -121,7 +121,7 @@ impl KvVarServer for Shard {
 }
 
 /// A router that reads the target from the encoded request ([`raw_route`]).
-pub type RawRouter = fn(&[u8]) -> Result<Target, WireError>;
+pub(crate) type RawRouter = fn(&[u8]) -> Result<Target, WireError>;
 type OwnedRouter = fn(&KvVarRequest) -> Target;
 type RawDaemon = NodeDaemon<KvVarService, IpcServer, RawRouter, MSG_CAP>;
 type OwnedDaemon = NodeDaemon<KvVarService, IpcServer, OwnedRouter, MSG_CAP>;
@@ -137,7 +137,7 @@ fn target(rank: u32, key: &str) -> Target {
 ///
 /// # Errors
 /// The [`WireError`] of a message that is not a well-formed `KvVar` request.
-pub fn raw_route(msg: &[u8]) -> Result<Target, WireError> {
+pub(crate) fn raw_route(msg: &[u8]) -> Result<Target, WireError> {
     let (rank, key) = kv_var_target(msg)?;
     Ok(target(rank, key))
 }
@@ -150,7 +150,7 @@ fn owned_route(req: &KvVarRequest) -> Target {
 }
 
 /// Key `id`'s text, `k` and four digits, in `buf`.
-pub fn key(id: u64, buf: &mut [u8; 5]) -> &str {
+pub(crate) fn key(id: u64, buf: &mut [u8; 5]) -> &str {
     buf[0] = b'k';
     let mut n = id;
     for b in buf[1..].iter_mut().rev() {
@@ -162,7 +162,7 @@ pub fn key(id: u64, buf: &mut [u8; 5]) -> &str {
 
 /// Key `id`'s value at `version` in `buf`: a length fixed per key (so a put reuses the
 /// stored buffer), the key id and version in its first 16 bytes, then a pattern of both.
-pub fn value(id: u64, version: u64, buf: &mut [u8]) -> usize {
+pub(crate) fn value(id: u64, version: u64, buf: &mut [u8]) -> usize {
     let len = 16 + (id as usize * 61) % 4000;
     buf[..8].copy_from_slice(&id.to_le_bytes());
     buf[8..16].copy_from_slice(&version.to_le_bytes());
@@ -173,7 +173,7 @@ pub fn value(id: u64, version: u64, buf: &mut [u8]) -> usize {
 }
 
 /// Whether `v` is a value [`value`] writes for key `id` (at the version it names).
-pub fn intact(id: u64, v: &[u8]) -> bool {
+pub(crate) fn intact(id: u64, v: &[u8]) -> bool {
     let mut want = [0u8; 4096];
     v.len() >= 16 && {
         let version = u64::from_le_bytes(v[8..16].try_into().unwrap_or([0; 8]));
@@ -184,7 +184,7 @@ pub fn intact(id: u64, v: &[u8]) -> bool {
 
 /// How the daemons serve and the client reads responses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// `run_once` + `dispatch`, `poll_with`.
     Owned,
     /// `run_once_raw` + `dispatch_raw`, `poll_ref`.
@@ -197,7 +197,7 @@ enum Daemons {
 }
 
 /// The client, the two daemons and their shards, and what the client saw.
-pub struct Bench {
+pub(crate) struct Bench {
     daemons: Daemons,
     shards: Vec<Shard>,
     client: KvVarClient<Ipc>,
@@ -220,7 +220,7 @@ impl Bench {
     ///
     /// # Panics
     /// If a server, the Flux network or the client cannot be set up.
-    pub fn new(base: &str, mode: Mode) -> Bench {
+    pub(crate) fn new(base: &str, mode: Mode) -> Bench {
         let cfg = IpcConfig {
             max_clients: 2,
             depth: 16,
@@ -262,7 +262,11 @@ impl Bench {
     }
 
     /// The daemons' counters.
-    pub fn stats(&self) -> Vec<rpc::delegation::node::NodeStats> {
+    #[allow(
+        dead_code,
+        reason = "used by tests/kv_node_alloc.rs, which includes this file"
+    )]
+    pub(crate) fn stats(&self) -> Vec<rpc::delegation::node::NodeStats> {
         match &self.daemons {
             Daemons::Owned(v) => v.iter().map(|d| *d.stats()).collect(),
             Daemons::Raw(v) => v.iter().map(|d| *d.stats()).collect(),
@@ -275,7 +279,7 @@ impl Bench {
     ///
     /// # Panics
     /// If the client fails.
-    pub fn step(&mut self) {
+    pub(crate) fn step(&mut self) {
         while let Some(&tag) = self.free.last() {
             let id = self.next % KEYS;
             let get = (self.next / KEYS) % 2 == 1;
@@ -333,7 +337,7 @@ impl Bench {
     }
 
     /// Calls answered so far.
-    pub fn calls(&self) -> u64 {
+    pub(crate) fn calls(&self) -> u64 {
         self.puts + self.hits + self.bad
     }
 }

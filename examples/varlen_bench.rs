@@ -88,7 +88,7 @@ use tarpc::tokio_util::codec::LengthDelimitedCodec;
 use tarpc::{client, context, serde_transport, server};
 
 /// Bytes of variable-length data per message: 1 MiB plus 4 KiB of headroom.
-pub const MAX_VAR_BYTES: usize = (1 << 20) + 4096;
+pub(crate) const MAX_VAR_BYTES: usize = (1 << 20) + 4096;
 
 #[rpc_service(transport = "delegation", max_var_bytes = 1052672)]
 pub trait Sink {
@@ -101,7 +101,7 @@ const _: () = assert!(MAX_VAR_BYTES == 1052672);
 /// The digest the server returns: the length, the first 8 and the last 8 bytes (fewer for
 /// shorter data), mixed. Cheap at any size, and different for each call slot's buffer
 /// ([`payload`]).
-pub fn digest(data: &[u8]) -> u64 {
+pub(crate) fn digest(data: &[u8]) -> u64 {
     let word = |b: &[u8]| {
         let mut w = [0u8; 8];
         w[..b.len()].copy_from_slice(b);
@@ -114,7 +114,7 @@ pub fn digest(data: &[u8]) -> u64 {
 }
 
 /// The request payload of call slot `k`: `size` bytes of a pattern that depends on `k`.
-pub fn payload(size: usize, k: usize) -> Vec<u8> {
+pub(crate) fn payload(size: usize, k: usize) -> Vec<u8> {
     (0..size)
         .map(|i| (i.wrapping_mul(7).wrapping_add(k.wrapping_mul(131))) as u8)
         .collect()
@@ -135,7 +135,7 @@ impl SinkServer for Store {
 
 /// The systems measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum System {
+pub(crate) enum System {
     /// tarpc over TCP loopback (the baseline).
     Tarpc,
     /// The delegation ring (shared memory).
@@ -152,7 +152,7 @@ pub enum System {
 
 impl System {
     /// The name in the CSV and the plot.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             System::Tarpc => "tarpc",
             System::Delegation => "delegation",
@@ -167,7 +167,7 @@ impl System {
 /// The command line of `varlen_bench`.
 #[derive(Parser, Debug, Clone)]
 #[command(about = "&[u8] arguments of 32 B .. 1 MiB on every transport against tarpc")]
-pub struct Args {
+pub(crate) struct Args {
     /// Argument sizes in bytes.
     #[arg(long, value_delimiter = ',', default_value = "32,4096,65536,1048576")]
     pub sizes: Vec<usize>,
@@ -226,13 +226,17 @@ pub struct Args {
 
 impl Args {
     /// The defaults (as on the command line without arguments).
-    pub fn defaults() -> Self {
+    #[allow(
+        dead_code,
+        reason = "used by tests/varlen_bench.rs, which includes this file"
+    )]
+    pub(crate) fn defaults() -> Self {
         Args::parse_from(["varlen_bench"])
     }
 }
 
 /// One point: a system at one size.
-pub struct Row {
+pub(crate) struct Row {
     /// The system.
     pub system: System,
     /// Argument bytes.
@@ -284,7 +288,7 @@ impl Row {
     }
 
     /// Calls per second.
-    pub fn ops_per_s(&self) -> f64 {
+    pub(crate) fn ops_per_s(&self) -> f64 {
         if self.secs > 0.0 {
             self.calls as f64 / self.secs
         } else {
@@ -293,12 +297,12 @@ impl Row {
     }
 
     /// Argument payload throughput, Gbit/s.
-    pub fn gbit_per_s(&self) -> f64 {
+    pub(crate) fn gbit_per_s(&self) -> f64 {
         self.ops_per_s() * self.size as f64 * 8.0 / 1e9
     }
 
     /// Latency quantile `q` in µs; `None` if no call both started and ended in the window.
-    pub fn quantile_us(&self, q: f64) -> Option<f64> {
+    pub(crate) fn quantile_us(&self, q: f64) -> Option<f64> {
         (!self.hist.is_empty()).then(|| self.hist.value_at_quantile(q) as f64 / 1e3)
     }
 }
@@ -325,7 +329,7 @@ fn new_hist() -> Histogram<u64> {
 }
 
 /// Runs every system of `a` at every size; returns the rows in run order.
-pub fn run(a: &Args) -> Vec<Row> {
+pub(crate) fn run(a: &Args) -> Vec<Row> {
     let (sizes, dur) = if a.quick {
         (vec![32, 4096], Duration::from_millis(50))
     } else {
@@ -837,12 +841,12 @@ async fn tarpc_client(
 // ---------------------------------------------------------------------------------------------
 
 /// The CSV header.
-pub const CSV_HEADER: &str =
+pub(crate) const CSV_HEADER: &str =
     "transport,size,qd,calls,ops_per_s,gbit_per_s,p50_us,p99_us,ratio_vs_tarpc,error";
 
 /// The CSV text of `rows` (header included): each row's throughput relative to tarpc's at the
 /// same size (empty when tarpc has no figures there).
-pub fn csv(rows: &[Row]) -> String {
+pub(crate) fn csv(rows: &[Row]) -> String {
     let mut s = String::new();
     s.push_str(CSV_HEADER);
     s.push('\n');
@@ -897,7 +901,7 @@ fn size_label(n: usize) -> String {
 ///
 /// # Errors
 /// No row has figures, or plotters' error (the file cannot be written).
-pub fn plot(path: &str, rows: &[Row], qd: usize) -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) fn plot(path: &str, rows: &[Row], qd: usize) -> Result<(), Box<dyn std::error::Error>> {
     let ok: Vec<&Row> = rows
         .iter()
         .filter(|r| r.error.is_none() && r.calls > 0)

@@ -382,7 +382,7 @@ fn descriptor_ids_names_and_sizes() {
 
 /// Services that differ from `base::Fp` in exactly one respect each.
 mod fp {
-    pub mod base {
+    pub(crate) mod base {
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
             fn f(&self, a: u32, b: Option<u8>) -> u64;
@@ -390,7 +390,7 @@ mod fp {
         }
     }
     /// Same schema, written differently: other spacing, docs, `&mut` vs `&`, `-> ()`.
-    pub mod same {
+    pub(crate) mod same {
         /// Docs do not matter.
         #[rpc::rpc_service(transport = "delegation", derive(Debug))]
         pub trait Fp {
@@ -399,7 +399,7 @@ mod fp {
             fn g(&self) -> ();
         }
     }
-    pub mod arg_type {
+    pub(crate) mod arg_type {
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
             fn f(&self, a: i32, b: Option<u8>) -> u64;
@@ -407,7 +407,7 @@ mod fp {
         }
     }
     /// Only the argument names differ: the same bytes on the wire, so the same fingerprint.
-    pub mod arg_name {
+    pub(crate) mod arg_name {
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
             fn f(&self, x: u32, flag: Option<u8>) -> u64;
@@ -416,56 +416,56 @@ mod fp {
     }
     /// `size_a` and `size_b` write the same type text, `[u8; N]`, with another `N`: only the
     /// wire size tells them apart.
-    pub mod size_a {
+    pub(crate) mod size_a {
         const N: usize = 4;
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
             fn f(&self, a: [u8; N]);
         }
     }
-    pub mod size_b {
+    pub(crate) mod size_b {
         const N: usize = 8;
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
             fn f(&self, a: [u8; N]);
         }
     }
-    pub mod arg_order {
+    pub(crate) mod arg_order {
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
             fn f(&self, b: Option<u8>, a: u32) -> u64;
             fn g(&mut self);
         }
     }
-    pub mod extra_arg {
+    pub(crate) mod extra_arg {
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
             fn f(&self, a: u32, b: Option<u8>) -> u64;
             fn g(&mut self, c: u8);
         }
     }
-    pub mod method_name {
+    pub(crate) mod method_name {
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
             fn f2(&self, a: u32, b: Option<u8>) -> u64;
             fn g(&mut self);
         }
     }
-    pub mod order {
+    pub(crate) mod order {
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
             fn g(&mut self);
             fn f(&self, a: u32, b: Option<u8>) -> u64;
         }
     }
-    pub mod ret_type {
+    pub(crate) mod ret_type {
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
             fn f(&self, a: u32, b: Option<u8>) -> u64;
             fn g(&mut self) -> u8;
         }
     }
-    pub mod extra_method {
+    pub(crate) mod extra_method {
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fp {
             fn f(&self, a: u32, b: Option<u8>) -> u64;
@@ -473,7 +473,7 @@ mod fp {
             fn h(&mut self);
         }
     }
-    pub mod service_name {
+    pub(crate) mod service_name {
         #[rpc::rpc_service(transport = "delegation")]
         pub trait Fq {
             fn f(&self, a: u32, b: Option<u8>) -> u64;

@@ -11,6 +11,7 @@ use rpc::erpc::transport::MAX_IN_FLIGHT_LIMIT as ERPC_MAX_IN_FLIGHT;
 use crate::api::{Corrupt, MIN_VALUE_BYTES, SizeRange, Sizes, digits};
 use crate::workload::*;
 
+/// The command line of `kv` (its help text is the `about`/`long_about` below).
 #[derive(Parser, Debug)]
 #[command(
     about = "Distributed key-value benchmark (seeds/004): ipc, Flux, the delegation ring and copyrpc, or ScaleRPC or eRPC",

@@ -12,7 +12,7 @@ use crate::validate::validate;
 /// Expands `#[rpc_service(<attr>)] <item>`. Errors (all of them, each spanned on the
 /// offending tokens) come back as `compile_error!` invocations in place of the expansion.
 #[doc(hidden)]
-pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
+pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let args = parse_attr(attr, &mut errors);
     let item = match parse_item(item) {

@@ -46,7 +46,7 @@ impl Names {
 }
 
 /// Generates the whole expansion of a valid service.
-pub fn generate(svc: &Service) -> TokenStream {
+pub(crate) fn generate(svc: &Service) -> TokenStream {
     let names = Names::new(svc);
     let server = gen_server(svc, &names);
     let args = svc.methods.iter().map(|m| {
@@ -104,7 +104,7 @@ fn ret_type(m: &Method) -> TokenStream {
 /// `[T; N]` → `[L(T); N]`, others unchanged. The byte arrays store the values (validated only
 /// when their side is active); their lengths are constant expressions that name no generic
 /// parameter, as every place the macro emits a wire type allows.
-pub fn lowered(ty: &WireTy) -> TokenStream {
+pub(crate) fn lowered(ty: &WireTy) -> TokenStream {
     match ty {
         WireTy::Leaf(t) => quote!(#t),
         WireTy::Option { inner, .. } => {
@@ -131,7 +131,7 @@ pub fn lowered(ty: &WireTy) -> TokenStream {
 
 /// The wire form's text for docs: `WireOption<T'>`, `WireResult<T', E'>` (without the byte
 /// storage parameters), `[T'; N]`.
-pub fn doc_lowered(ty: &WireTy) -> TokenStream {
+pub(crate) fn doc_lowered(ty: &WireTy) -> TokenStream {
     match ty {
         WireTy::Leaf(t) => quote!(#t),
         WireTy::Option { inner, .. } => {
@@ -156,7 +156,7 @@ fn closure_var(depth: usize) -> Ident {
 }
 
 /// An expression converting `expr` (of the written type) to its wire form.
-pub fn lower_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
+pub(crate) fn lower_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
     if ty.is_identity() {
         return expr;
     }
@@ -196,7 +196,7 @@ pub fn lower_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
 /// every active `Option`/`Result` side on the way: of type
 /// `Result<written type, rpc::__private::InvalidValue>`. Callers handle identity types
 /// (nothing to raise or validate) themselves.
-pub fn raise_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
+pub(crate) fn raise_expr(ty: &WireTy, expr: TokenStream, depth: usize) -> TokenStream {
     let v = closure_var(depth);
     let raise_fn = |inner: &WireTy| -> TokenStream {
         if inner.is_identity() {

@@ -19,14 +19,14 @@ use syn::{
 
 /// Collects errors so that all of them are reported at once (like serde_derive's `Ctxt`).
 #[derive(Default)]
-pub struct Errors {
+pub(crate) struct Errors {
     combined: Option<syn::Error>,
     count: usize,
 }
 
 impl Errors {
     /// Records an error.
-    pub fn push(&mut self, err: syn::Error) {
+    pub(crate) fn push(&mut self, err: syn::Error) {
         self.count += 1;
         match &mut self.combined {
             Some(all) => all.combine(err),
@@ -35,22 +35,22 @@ impl Errors {
     }
 
     /// Records an error at `span`.
-    pub fn error(&mut self, span: Span, msg: impl std::fmt::Display) {
+    pub(crate) fn error(&mut self, span: Span, msg: impl std::fmt::Display) {
         self.push(syn::Error::new(span, msg));
     }
 
     /// Records an error spanning the tokens of `tokens`.
-    pub fn error_spanned(&mut self, tokens: impl ToTokens, msg: impl std::fmt::Display) {
+    pub(crate) fn error_spanned(&mut self, tokens: impl ToTokens, msg: impl std::fmt::Display) {
         self.push(syn::Error::new_spanned(tokens, msg));
     }
 
     /// How many errors were recorded so far.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.count
     }
 
     /// `Err` with every recorded error, or `Ok(())`.
-    pub fn finish(self) -> syn::Result<()> {
+    pub(crate) fn finish(self) -> syn::Result<()> {
         match self.combined {
             Some(err) => Err(err),
             None => Ok(()),
@@ -59,7 +59,7 @@ impl Errors {
 }
 
 /// The `transport` argument as written.
-pub enum TransportArg {
+pub(crate) enum TransportArg {
     /// A built-in transport's name: `transport = "delegation"`.
     Name(LitStr),
     /// The path of a type implementing `rpc::ClientTransport`: `transport = my::Loopback`.
@@ -67,7 +67,7 @@ pub enum TransportArg {
 }
 
 /// The arguments of `#[rpc_service(...)]`, as written.
-pub struct AttrArgs {
+pub(crate) struct AttrArgs {
     /// `transport = "..."` or `transport = path::To::Type`, if given.
     pub transport: Option<TransportArg>,
     /// Whether a `transport` argument was written at all (even a malformed one, already
@@ -84,7 +84,7 @@ pub struct AttrArgs {
 const TRANSPORT_FORMS: &str = "`transport` takes a built-in transport's name as a string, e.g. `transport = \"delegation\"`, or the path of a type implementing `rpc::ClientTransport`, e.g. `transport = my_crate::Loopback` (write a generic type through a type alias)";
 
 /// Parses the attribute's arguments, recording every problem in `errors`.
-pub fn parse_attr(attr: TokenStream, errors: &mut Errors) -> AttrArgs {
+pub(crate) fn parse_attr(attr: TokenStream, errors: &mut Errors) -> AttrArgs {
     let mut out = AttrArgs {
         transport: None,
         transport_written: false,
@@ -178,7 +178,7 @@ pub fn parse_attr(attr: TokenStream, errors: &mut Errors) -> AttrArgs {
 }
 
 /// Parses the annotated item, which must be a trait.
-pub fn parse_item(item: TokenStream) -> syn::Result<syn::ItemTrait> {
+pub(crate) fn parse_item(item: TokenStream) -> syn::Result<syn::ItemTrait> {
     syn::parse2::<ItemTraitOnly>(item).map(|t| t.0)
 }
 
@@ -212,7 +212,7 @@ fn item_keyword_span(item: &syn::Item) -> Span {
 
 /// A signature type, classified syntactically for lowering to its wire form.
 #[derive(Clone, Debug)]
-pub enum WireTy {
+pub(crate) enum WireTy {
     /// Sent as is: must itself be a zerocopy type.
     Leaf(Type),
     /// `Option<T>`, sent as `WireOption<L(T), [u8; size_of L(T)]>`.
@@ -248,7 +248,7 @@ pub enum WireTy {
 
 /// A variable-length argument or return type.
 #[derive(Clone, Debug)]
-pub struct VarTy {
+pub(crate) struct VarTy {
     /// The whole type as written.
     pub written: Type,
     /// Written as `Option<..>`.
@@ -261,7 +261,7 @@ pub struct VarTy {
 
 /// Where a type appears in a signature.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Position {
+pub(crate) enum Position {
     /// An argument.
     Arg,
     /// The return type.
@@ -279,7 +279,7 @@ impl WireTy {
     /// Classifies `ty`, recording an error for every type that cannot be sent (references,
     /// slices, `impl Trait`, `dyn Trait`, tuples other than `()`, pointers, fn pointers, `!`,
     /// `_`, `Self`, non-`'static` lifetimes). Returns `None` if any was recorded.
-    pub fn classify(ty: &Type, errors: &mut Errors) -> Option<WireTy> {
+    pub(crate) fn classify(ty: &Type, errors: &mut Errors) -> Option<WireTy> {
         let before = errors.count();
         let out = classify(ty, errors);
         if errors.count() > before { None } else { out }
@@ -287,7 +287,7 @@ impl WireTy {
 
     /// Classifies a whole argument or return type: a variable-length form
     /// ([`WireTy::Var`]) if it is one, else as [`WireTy::classify`].
-    pub fn classify_sig(ty: &Type, pos: Position, errors: &mut Errors) -> Option<WireTy> {
+    pub(crate) fn classify_sig(ty: &Type, pos: Position, errors: &mut Errors) -> Option<WireTy> {
         let before = errors.count();
         match var_form(ty, pos, errors) {
             Some(v) if errors.count() == before => Some(WireTy::Var(v)),
@@ -298,7 +298,7 @@ impl WireTy {
     }
 
     /// The variable-length form, if this is one.
-    pub fn var(&self) -> Option<&VarTy> {
+    pub(crate) fn var(&self) -> Option<&VarTy> {
         match self {
             WireTy::Var(v) => Some(v),
             _ => None,
@@ -306,7 +306,7 @@ impl WireTy {
     }
 
     /// The type as written in the trait.
-    pub fn written(&self) -> &Type {
+    pub(crate) fn written(&self) -> &Type {
         match self {
             WireTy::Leaf(t) => t,
             WireTy::Var(v) => &v.written,
@@ -317,7 +317,7 @@ impl WireTy {
     }
 
     /// Whether the wire form is the written type itself (no `Option`/`Result` inside).
-    pub fn is_identity(&self) -> bool {
+    pub(crate) fn is_identity(&self) -> bool {
         match self {
             WireTy::Leaf(_) => true,
             WireTy::Option { .. } | WireTy::Result { .. } | WireTy::Var(_) => false,
@@ -326,7 +326,7 @@ impl WireTy {
     }
 
     /// Visits every leaf (every type that is not an `Option`, `Result` or array), in order.
-    pub fn for_each_leaf(&self, f: &mut impl FnMut(&Type)) {
+    pub(crate) fn for_each_leaf(&self, f: &mut impl FnMut(&Type)) {
         match self {
             WireTy::Leaf(t) => f(t),
             WireTy::Option { inner, .. } => inner.for_each_leaf(f),
@@ -640,7 +640,7 @@ fn non_static_lifetime(ty: &Type) -> Option<syn::Lifetime> {
 /// Renders tokens as text with conventional Rust spacing, independent of how the source was
 /// formatted: `Option<u64>`, `[u8; 32]`, `()`, `std::option::Option<[Option<u8>; 2]>`,
 /// `Result<u32, MyError>`. Used for the descriptor's type names (and so the fingerprint).
-pub fn normalize_tokens(tokens: TokenStream) -> String {
+pub(crate) fn normalize_tokens(tokens: TokenStream) -> String {
     let mut out = String::new();
     write_tokens(tokens, &mut out);
     out

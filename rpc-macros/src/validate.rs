@@ -13,7 +13,7 @@ use crate::parse::{AttrArgs, Errors, TransportArg, WireTy, normalize_tokens};
 /// Built-in transports the attribute may name by a string (`transport = "copyrpc"`), with
 /// the path of their client transport type relative to `::rpc`. Any other transport is named
 /// by its type's path (`transport = my_crate::Loopback`).
-pub const TRANSPORTS: &[(&str, &str)] = &[
+pub(crate) const TRANSPORTS: &[(&str, &str)] = &[
     ("delegation", "delegation::Delegation"),
     ("copyrpc", "copyrpc::Copyrpc"),
     ("erpc", "erpc::Erpc"),
@@ -22,7 +22,7 @@ pub const TRANSPORTS: &[(&str, &str)] = &[
 ];
 
 /// Method names that `<Trait>Client` already uses for its inherent methods.
-pub const CLIENT_METHODS: &[&str] = &[
+pub(crate) const CLIENT_METHODS: &[&str] = &[
     "connect",
     "from_transport",
     "issue",
@@ -44,7 +44,7 @@ pub const CLIENT_METHODS: &[&str] = &[
 ];
 
 /// Traits the generated argument structs and enums always derive.
-pub const ALWAYS_DERIVED: &[&str] = &[
+pub(crate) const ALWAYS_DERIVED: &[&str] = &[
     "Clone",
     "Copy",
     "TryFromBytes",
@@ -54,14 +54,14 @@ pub const ALWAYS_DERIVED: &[&str] = &[
 ];
 
 /// Prefix reserved for generated locals and helper items (compared case-insensitively).
-pub const RESERVED_PREFIX: &str = "__rpc";
+pub(crate) const RESERVED_PREFIX: &str = "__rpc";
 
 /// Most methods a service may have: ids are `u16`, and `u16::MAX` is never a valid id (the
 /// server echoes it for requests too short to carry one).
-pub const MAX_METHODS: usize = u16::MAX as usize;
+pub(crate) const MAX_METHODS: usize = u16::MAX as usize;
 
 /// A validated service.
-pub struct Service {
+pub(crate) struct Service {
     /// Attributes of the trait (docs included), carried over to `<Trait>Server`.
     pub attrs: Vec<Attribute>,
     /// Visibility of the trait, given to every generated item.
@@ -81,7 +81,7 @@ pub struct Service {
 }
 
 /// The default client transport, from `transport = ...`.
-pub struct DefaultTransport {
+pub(crate) struct DefaultTransport {
     /// The type: `::rpc::delegation::Delegation` for a built-in name, the path as written
     /// otherwise (with its spans, so that a path that does not resolve is reported on it).
     pub ty: TokenStream,
@@ -95,7 +95,7 @@ pub struct DefaultTransport {
 }
 
 /// A validated method.
-pub struct Method {
+pub(crate) struct Method {
     /// All attributes (docs included), for the `<Trait>Server` method.
     pub attrs: Vec<Attribute>,
     /// The doc attributes only, repeated on the client stubs.
@@ -124,7 +124,7 @@ pub struct Method {
 }
 
 /// A validated argument.
-pub struct Arg {
+pub(crate) struct Arg {
     /// Name as written.
     pub ident: Ident,
     /// Name without `r#`.
@@ -135,7 +135,7 @@ pub struct Arg {
 
 impl Method {
     /// Type text of the return type for the descriptor (`"()"` when omitted).
-    pub fn ret_text(&self) -> String {
+    pub(crate) fn ret_text(&self) -> String {
         if self.ret_written {
             type_text(self.ret.written())
         } else {
@@ -145,7 +145,7 @@ impl Method {
 }
 
 /// The text of a type as written, whitespace-normalised (`Option<u64>`, `[u8; 32]`).
-pub fn type_text(ty: &Type) -> String {
+pub(crate) fn type_text(ty: &Type) -> String {
     normalize_tokens(quote!(#ty))
 }
 
@@ -156,7 +156,7 @@ pub fn type_text(ty: &Type) -> String {
 /// Such a type would otherwise surface as a handful of raw E0277 errors (not `IntoBytes`,
 /// not `Copy`, ...) per use; this says what to write instead. The macro sees names only: a
 /// user type named `String` or `Vec` is taken for the standard one (rename it to send it).
-pub fn variable_length_msg(path: &Path) -> Option<String> {
+pub(crate) fn variable_length_msg(path: &Path) -> Option<String> {
     let segs: Vec<_> = path.segments.iter().collect();
     let (last, prefix) = segs.split_last()?;
     let prefix: Vec<String> = prefix.iter().map(|s| s.ident.to_string()).collect();
@@ -213,7 +213,11 @@ fn reserved_msg(what: &str, name: &str) -> String {
 }
 
 /// Validates the attribute and the trait; `Err` carries every error found.
-pub fn validate(attr: AttrArgs, item: syn::ItemTrait, mut errors: Errors) -> syn::Result<Service> {
+pub(crate) fn validate(
+    attr: AttrArgs,
+    item: syn::ItemTrait,
+    mut errors: Errors,
+) -> syn::Result<Service> {
     let transport = check_transport(&attr, &mut errors);
     check_derives(&attr.derives, &mut errors);
     let name = item.ident.unraw().to_string();

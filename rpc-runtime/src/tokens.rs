@@ -22,7 +22,7 @@ pub(crate) struct Tokens {
 
 impl Tokens {
     /// `n` tokens, handed out 0, 1, 2, ..; stashed responses up to `cap` bytes each.
-    pub fn new(n: u32, cap: usize) -> Tokens {
+    pub(crate) fn new(n: u32, cap: usize) -> Tokens {
         let k = n as usize;
         Tokens {
             free: (0..n).rev().collect(),
@@ -35,32 +35,32 @@ impl Tokens {
 
     /// Takes a free token.
     #[inline(always)]
-    pub fn take(&mut self) -> Option<u32> {
+    pub(crate) fn take(&mut self) -> Option<u32> {
         self.free.pop()
     }
 
     /// Returns a token (its call was refused, failed or delivered).
     #[inline(always)]
-    pub fn give_back(&mut self, tok: u32) {
+    pub(crate) fn give_back(&mut self, tok: u32) {
         self.free.push(tok);
     }
 
     /// Tokens free.
     #[inline(always)]
-    pub fn free(&self) -> usize {
+    pub(crate) fn free(&self) -> usize {
         self.free.len()
     }
 
     /// Responses stashed and not yet delivered.
     #[inline(always)]
-    pub fn stashed(&self) -> usize {
+    pub(crate) fn stashed(&self) -> usize {
         self.ready.len()
     }
 
     /// Keeps `msg` (truncated to `cap`; transports never accept longer responses) as the
     /// response of `tok`, to be delivered by [`Tokens::drain`].
     #[inline(never)]
-    pub fn stash(&mut self, tok: u32, msg: &[u8]) {
+    pub(crate) fn stash(&mut self, tok: u32, msg: &[u8]) {
         let n = msg.len().min(self.cap);
         let at = tok as usize * self.cap;
         self.buf[at..at + n].copy_from_slice(&msg[..n]);
@@ -70,7 +70,7 @@ impl Tokens {
 
     /// Delivers every stashed response in arrival order, freeing their tokens.
     #[cold]
-    pub fn drain(&mut self, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
+    pub(crate) fn drain(&mut self, on_response: &mut impl FnMut(u32, &[u8])) -> usize {
         let mut n = 0;
         while let Some(tok) = self.ready.pop_front() {
             let at = tok as usize * self.cap;
@@ -84,7 +84,12 @@ impl Tokens {
 
     /// One response arrived during a poll of its client: delivers it and frees its token.
     #[inline(always)]
-    pub fn deliver(&mut self, tok: u32, msg: &[u8], on_response: &mut impl FnMut(u32, &[u8])) {
+    pub(crate) fn deliver(
+        &mut self,
+        tok: u32,
+        msg: &[u8],
+        on_response: &mut impl FnMut(u32, &[u8]),
+    ) {
         on_response(tok, msg);
         self.free.push(tok);
     }

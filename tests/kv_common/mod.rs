@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// `target/<profile>/examples/kv`, which `cargo test` builds alongside the test binaries.
-pub fn kv_binary() -> PathBuf {
+pub(crate) fn kv_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let profile_dir = exe
         .parent()
@@ -27,7 +27,7 @@ pub fn kv_binary() -> PathBuf {
 /// Runs `kv --duration 1 --json --quiet` with a small workload plus `args` in this process
 /// ([`kvbench::run::run_all`]); returns the exit code the binary would have, the JSON of the
 /// first summary (if any) and the errors as the binary prints them on stderr.
-pub fn run_kv(args: &[&str]) -> (Option<i32>, Option<serde_json::Value>, String) {
+pub(crate) fn run_kv(args: &[&str]) -> (Option<i32>, Option<serde_json::Value>, String) {
     let small = [
         "--duration",
         "1",
@@ -51,7 +51,7 @@ pub fn run_kv(args: &[&str]) -> (Option<i32>, Option<serde_json::Value>, String)
 /// the test if it takes longer than `limit`: the exit code the binary would have
 /// ([`kvbench::run::exit_code`]), every summary as JSON (the ones completed before an error
 /// included), and the errors, one `kv: <message>` line each, as the binary prints them.
-pub fn run_in_process(
+pub(crate) fn run_in_process(
     args: &[&str],
     limit: Duration,
 ) -> (Option<i32>, Vec<serde_json::Value>, String) {
@@ -106,7 +106,7 @@ pub fn run_in_process(
 }
 
 /// A passing run's summary.
-pub fn passing(args: &[&str]) -> serde_json::Value {
+pub(crate) fn passing(args: &[&str]) -> serde_json::Value {
     let (code, v, stderr) = run_kv(args);
     let v = v.unwrap_or_else(|| panic!("kv {args:?}: no summary; stderr: {stderr}"));
     assert_eq!(code, Some(0), "kv {args:?}: {v}\nstderr: {stderr}");
@@ -122,7 +122,7 @@ pub fn passing(args: &[&str]) -> serde_json::Value {
 /// A `kv serve` process for the two-process tests: started with `--shm <unique name>`, its
 /// `ready` line read; on drop it is killed (SIGKILL) and its rings and ring manifest are
 /// removed.
-pub struct Serve {
+pub(crate) struct Serve {
     child: std::process::Child,
     /// The rings' base name in /dev/shm.
     pub shm: String,
@@ -132,7 +132,7 @@ pub struct Serve {
 impl Serve {
     /// Starts `kv serve --shm kv-<tag>-<pid> --daemons <daemons> --duration 300` plus `args`
     /// and waits for its `ready` line.
-    pub fn start(tag: &str, daemons: usize, args: &[&str]) -> Serve {
+    pub(crate) fn start(tag: &str, daemons: usize, args: &[&str]) -> Serve {
         use std::io::{BufRead, BufReader};
         let shm = format!("kv-{tag}-{}", std::process::id());
         let mut child = Command::new(kv_binary())
@@ -159,13 +159,13 @@ impl Serve {
     }
 
     /// Kills the daemons' process (SIGKILL: no clean shutdown, the rings stay behind).
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// Stops the process (SIGSTOP): it holds its rings but answers nothing.
-    pub fn pause(&self) {
+    pub(crate) fn pause(&self) {
         signal(self.child.id(), "STOP");
     }
 }
@@ -186,7 +186,7 @@ impl Drop for Serve {
 }
 
 /// Sends `SIG<sig>` through the `kill` command (no unsafe libc call needed in a test).
-pub fn signal(pid: u32, sig: &str) {
+pub(crate) fn signal(pid: u32, sig: &str) {
     let st = Command::new("kill")
         .args([&format!("-{sig}"), &pid.to_string()])
         .status()
@@ -196,7 +196,7 @@ pub fn signal(pid: u32, sig: &str) {
 
 /// `kv client --shm <shm>` with a small workload (`--keys 4096 --pattern-len 4096
 /// --check-samples 500 --json`) plus `args`; stdout and stderr piped.
-pub fn client(shm: &str, args: &[&str]) -> Command {
+pub(crate) fn client(shm: &str, args: &[&str]) -> Command {
     let mut c = Command::new(kv_binary());
     c.args(["client", "--shm", shm])
         .args([
@@ -216,7 +216,7 @@ pub fn client(shm: &str, args: &[&str]) -> Command {
 
 /// Waits up to `limit` for `child` to exit; kills it and fails the test if it does not.
 /// Returns the exit code, the JSON summary (the first stdout line, if any) and stderr.
-pub fn finish_within(
+pub(crate) fn finish_within(
     mut child: std::process::Child,
     limit: Duration,
     what: &str,

@@ -5,7 +5,7 @@
 //! and [`scenarios`], the scenarios every transport runs through its [`scenarios::Fixture`].
 #![allow(dead_code)]
 
-pub mod scenarios;
+pub(crate) mod scenarios;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use rpc::{RpcError, Server, ServerHandle, ServerTransport, Service};
 
 /// The KV handler: a hash map of the keys put (ranks ignored).
 #[derive(Default)]
-pub struct Store(pub HashMap<u64, u64>);
+pub(crate) struct Store(pub HashMap<u64, u64>);
 
 impl KvServer for Store {
     fn put(&mut self, _rank: u32, key: u64, value: u64) {
@@ -35,7 +35,7 @@ impl KvServer for Store {
 
 /// Runs `server` on its own thread with `handler` ([`Server::spawn`], default idle backoff)
 /// until the handle is joined or dropped.
-pub fn spawn<S: Service, T: ServerTransport + Send + 'static>(
+pub(crate) fn spawn<S: Service, T: ServerTransport + Send + 'static>(
     server: Server<S, T>,
     handler: impl FnMut(S::Request) -> S::Response + Send + 'static,
 ) -> ServerHandle<S, T> {
@@ -43,12 +43,12 @@ pub fn spawn<S: Service, T: ServerTransport + Send + 'static>(
 }
 
 /// How long [`connect_polling`] waits for a connect at most.
-pub const CONNECT_BOUND: Duration = Duration::from_secs(60);
+pub(crate) const CONNECT_BOUND: Duration = Duration::from_secs(60);
 
 /// Runs `connect` on another thread while this one polls `server` (which must answer the
 /// connect request: copyrpc and ScaleRPC accept in `poll`, eRPC runs its handshake there);
 /// returns what `connect` returned. Fails the test after [`CONNECT_BOUND`].
-pub fn connect_polling<S: Service, T: ServerTransport, C: Send + 'static>(
+pub(crate) fn connect_polling<S: Service, T: ServerTransport, C: Send + 'static>(
     server: &mut Server<S, T>,
     connect: impl FnOnce() -> C + Send + 'static,
 ) -> C {
@@ -57,7 +57,7 @@ pub fn connect_polling<S: Service, T: ServerTransport, C: Send + 'static>(
 
 /// [`connect_polling`] of a client that connects to `addr` with `connect` (e.g.
 /// `KvClient::<Copyrpc>::connect`), for tests that drive the server by hand.
-pub fn connect_polling_to<S: Service, T: ServerTransport, A: Clone + Send + 'static, C>(
+pub(crate) fn connect_polling_to<S: Service, T: ServerTransport, A: Clone + Send + 'static, C>(
     server: &mut Server<S, T>,
     addr: &A,
     connect: fn(&A) -> Result<C, RpcError>,
@@ -70,7 +70,7 @@ where
 }
 
 /// [`connect_polling`] failing the test after `bound`.
-pub fn connect_polling_within<S: Service, T: ServerTransport, C: Send + 'static>(
+pub(crate) fn connect_polling_within<S: Service, T: ServerTransport, C: Send + 'static>(
     server: &mut Server<S, T>,
     bound: Duration,
     connect: impl FnOnce() -> C + Send + 'static,
@@ -91,7 +91,7 @@ pub fn connect_polling_within<S: Service, T: ServerTransport, C: Send + 'static>
 /// Writes one raw request message `msg` into the delegation ring `name` through a raw ring
 /// client, serves it on this thread (a request that reaches the handler fails the test) and
 /// returns the response message. At most 10 s.
-pub fn raw_ring_roundtrip<S: Service>(
+pub(crate) fn raw_ring_roundtrip<S: Service>(
     name: &str,
     server: &mut Server<S, DelegationServer>,
     msg: &[u8],
@@ -113,7 +113,7 @@ pub fn raw_ring_roundtrip<S: Service>(
 }
 
 /// [`spawn_kv`] with a runner configuration (ScaleRPC with several groups: never park).
-pub fn spawn_kv_with<T: ServerTransport + Send + 'static>(
+pub(crate) fn spawn_kv_with<T: ServerTransport + Send + 'static>(
     server: Server<KvService, T>,
     cfg: rpc::RunnerConfig,
 ) -> ServerHandle<KvService, T> {
@@ -124,7 +124,7 @@ pub fn spawn_kv_with<T: ServerTransport + Send + 'static>(
 }
 
 /// [`spawn`] with a fresh [`Store`] as the KV handler.
-pub fn spawn_kv<T: ServerTransport + Send + 'static>(
+pub(crate) fn spawn_kv<T: ServerTransport + Send + 'static>(
     server: Server<KvService, T>,
 ) -> ServerHandle<KvService, T> {
     let mut store = Store::default();
@@ -132,15 +132,15 @@ pub fn spawn_kv<T: ServerTransport + Send + 'static>(
 }
 
 /// The wire header of a raw response message.
-pub fn header(msg: &[u8]) -> MsgHeader {
+pub(crate) fn header(msg: &[u8]) -> MsgHeader {
     rpc::wire::read_header(msg).unwrap()
 }
 
 /// The key whose `get` the [`spawn_late`] server answers only when told to.
-pub const LATE_KEY: u64 = u64::MAX - 1;
+pub(crate) const LATE_KEY: u64 = u64::MAX - 1;
 
 /// Controls of a server started by [`spawn_late`].
-pub struct LateServer<S> {
+pub(crate) struct LateServer<S> {
     /// Send `v`: answer every withheld `get(LATE_KEY)` with `Some(v)` (late).
     pub answer: std::sync::mpsc::Sender<u64>,
     /// While set, the serve loop does nothing at all (a stopped server). Set it with
@@ -157,7 +157,7 @@ pub struct LateServer<S> {
 impl<S> LateServer<S> {
     /// Stops the serve loop and returns once it is stopped: a round already under way when
     /// `paused` was set could otherwise still answer the next call. At most 10 s.
-    pub fn pause(&self) {
+    pub(crate) fn pause(&self) {
         self.paused.store(true, Ordering::Release);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while !self.pause_seen.load(Ordering::Acquire) {
@@ -172,7 +172,7 @@ impl<S> LateServer<S> {
 
 /// Serves KV on a thread like [`spawn_kv`], but withholds the answer to `get(_, LATE_KEY)`
 /// until told to answer (deferred replies), and stops serving entirely while `paused` is set.
-pub fn spawn_late<T: ServerTransport + Send + 'static>(
+pub(crate) fn spawn_late<T: ServerTransport + Send + 'static>(
     mut server: Server<KvService, T>,
 ) -> LateServer<Server<KvService, T>> {
     use idl::kv::{KvRequest, KvResponse};
@@ -235,7 +235,7 @@ pub fn spawn_late<T: ServerTransport + Send + 'static>(
 ///    resumes, calls succeed again.
 ///
 /// Returns how long the call to the stopped server took to fail.
-pub fn late_and_stopped_server<T: rpc::ClientTransport, S>(
+pub(crate) fn late_and_stopped_server<T: rpc::ClientTransport, S>(
     kv: &mut idl::kv::KvClient<T>,
     server: &LateServer<S>,
 ) -> std::time::Duration {

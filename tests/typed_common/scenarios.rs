@@ -14,7 +14,7 @@ use rpc::{Client, ClientTransport, RpcError, Server, ServerTransport, Service};
 use super::header;
 
 /// How one transport makes a server and connects typed clients to it.
-pub trait Fixture {
+pub(crate) trait Fixture {
     /// The client transport.
     type Client: ClientTransport;
     /// The server transport.
@@ -26,7 +26,7 @@ pub trait Fixture {
 }
 
 /// What [`blocking_calls`] leaves for transport-specific checks.
-pub struct Blocking<F: Fixture> {
+pub(crate) struct Blocking<F: Fixture> {
     /// The client.
     pub kv: KvClient<F::Client>,
     /// The stopped server.
@@ -37,7 +37,7 @@ pub struct Blocking<F: Fixture> {
 
 /// 2003 blocking `Kv` calls against a served store: every answer is the stored value. The
 /// stopped server's statistics show 2003 requests, none bad and no dropped reply.
-pub fn blocking_calls<F: Fixture>(fx: &mut F) -> Blocking<F> {
+pub(crate) fn blocking_calls<F: Fixture>(fx: &mut F) -> Blocking<F> {
     let (server, addr) = fx.server::<KvService>();
     let h = super::spawn_kv(server);
     let mut kv = KvClient::<F::Client>::connect(addr.borrow()).unwrap();
@@ -61,7 +61,7 @@ pub fn blocking_calls<F: Fixture>(fx: &mut F) -> Blocking<F> {
 /// fingerprints; `then` sees that error and the address while the server still runs; a `Kv`
 /// client then connects and calls. Returns the stopped server (to check that the refused
 /// client left nothing behind).
-pub fn schema_mismatch_fails_at_connect<F: Fixture>(
+pub(crate) fn schema_mismatch_fails_at_connect<F: Fixture>(
     fx: &mut F,
     then: impl FnOnce(&RpcError, &F::Addr),
 ) -> Server<KvService, F::Server> {
@@ -88,7 +88,7 @@ pub fn schema_mismatch_fails_at_connect<F: Fixture>(
 }
 
 /// What [`pipelined_echo`] saw.
-pub struct Pipelined<F: Fixture> {
+pub(crate) struct Pipelined<F: Fixture> {
     /// The client, all calls completed.
     pub echo: EchoClient<F::Client>,
     /// The stopped server.
@@ -104,7 +104,7 @@ pub struct Pipelined<F: Fixture> {
 /// tag and completes exactly once, within `bound`. Then `max_in_flight` calls fill every
 /// token, one more is `WouldBlock`, and polling one at a time delivers them all, after
 /// which nothing is left. The server answers `calls + max_in_flight` requests.
-pub fn pipelined_echo<F: Fixture>(fx: &mut F, calls: u64, bound: Duration) -> Pipelined<F> {
+pub(crate) fn pipelined_echo<F: Fixture>(fx: &mut F, calls: u64, bound: Duration) -> Pipelined<F> {
     let (server, addr) = fx.server::<EchoService>();
     let h = super::spawn(server, |req| {
         EchoService::dispatch(&mut idl::echo::Echoer, req)
@@ -189,7 +189,7 @@ pub fn pipelined_echo<F: Fixture>(fx: &mut F, calls: u64, bound: Duration) -> Pi
 /// more is `WouldBlock`, not corruption), each completes once; whole-request `Get`s issued
 /// with `issue_request` come back through `poll_with`; and a completion that arrives during a
 /// blocking call is kept for `poll`. Returns the client's `max_in_flight`.
-pub fn pipelined_calls_complete_with_their_tags<F: Fixture>(fx: &mut F) -> usize {
+pub(crate) fn pipelined_calls_complete_with_their_tags<F: Fixture>(fx: &mut F) -> usize {
     let (server, addr) = fx.server::<KvService>();
     let h = super::spawn_kv(server);
     let mut kv = KvClient::<F::Client>::connect(addr.borrow()).unwrap();
@@ -242,7 +242,7 @@ pub fn pipelined_calls_complete_with_their_tags<F: Fixture>(fx: &mut F) -> usize
 /// each server round (a transport that sends on poll needs it; a first poll right after
 /// issuing, which delivers nothing, sends the calls). Returns `(token, key)` in arrival
 /// order.
-pub fn take_deferred_gets<C: ClientTransport, T: ServerTransport>(
+pub(crate) fn take_deferred_gets<C: ClientTransport, T: ServerTransport>(
     kv: &mut KvClient<C>,
     server: &mut Server<KvService, T>,
     n: u64,
@@ -280,7 +280,7 @@ pub fn take_deferred_gets<C: ClientTransport, T: ServerTransport>(
 /// The second half: polls the client (running `between` before each poll, e.g. a server
 /// poll) until `got` holds `n` tags, each delivered with `Get(Some(tag * 10))`, the reply of
 /// [`take_deferred_gets`]'s calls.
-pub fn await_deferred_replies<C: ClientTransport>(
+pub(crate) fn await_deferred_replies<C: ClientTransport>(
     kv: &mut KvClient<C>,
     got: &mut Vec<u64>,
     n: usize,
@@ -299,7 +299,7 @@ pub fn await_deferred_replies<C: ClientTransport>(
 
 /// Sends one raw request message through a bare client transport and returns the response
 /// bytes; the server's handler must not run (the request is undecodable).
-pub fn raw_roundtrip<C: ClientTransport, T: ServerTransport>(
+pub(crate) fn raw_roundtrip<C: ClientTransport, T: ServerTransport>(
     t: &mut C,
     server: &mut Server<KvService, T>,
     msg: &[u8],
@@ -329,7 +329,7 @@ pub fn raw_roundtrip<C: ClientTransport, T: ServerTransport>(
 /// never reach the handler; `then` runs before the server's counts (4 bad, 0 good) are
 /// checked. Then, through the typed client core over `raw`, a `get` with a 4-byte body
 /// surfaces as [`RpcError::BadRequest`], tagged (5 bad requests now). Returns that client.
-pub fn undecodable_requests_get_error_status<C: ClientTransport, T: ServerTransport>(
+pub(crate) fn undecodable_requests_get_error_status<C: ClientTransport, T: ServerTransport>(
     mut raw: C,
     server: &mut Server<KvService, T>,
     then: impl FnOnce(&mut C, &mut Server<KvService, T>),
@@ -394,7 +394,7 @@ pub fn undecodable_requests_get_error_status<C: ClientTransport, T: ServerTransp
 /// which `shorten` sets to 200 ms in the address, with the transport's timeout error
 /// (`is_timeout`); once the server is dropped, connecting fails at once with
 /// [`RpcError::ServerDisconnected`].
-pub fn connect_times_out_when_the_server_does_not_poll<F: Fixture>(
+pub(crate) fn connect_times_out_when_the_server_does_not_poll<F: Fixture>(
     fx: &mut F,
     shorten: impl FnOnce(&mut F::Addr),
     is_timeout: impl FnOnce(&RpcError) -> bool,
@@ -420,7 +420,7 @@ pub fn connect_times_out_when_the_server_does_not_poll<F: Fixture>(
 /// (both work), then `busy` issues gets of keys `0..n` that the server takes and never
 /// answers (`between` runs after each server round, e.g. to keep `idle` polling). The
 /// caller then drops the server and checks how each client learns it.
-pub fn both_work_then_busy_unanswered<C: ClientTransport, T: ServerTransport>(
+pub(crate) fn both_work_then_busy_unanswered<C: ClientTransport, T: ServerTransport>(
     server: &mut Server<KvService, T>,
     busy: &mut KvClient<C>,
     idle: &mut KvClient<C>,

@@ -127,6 +127,7 @@ impl Deadline {
 /// A call between its reservation and its commit. Public only with the `test-hooks` feature,
 /// for the test hooks `RingClient::__begin`, `__claim` and `__finish`.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
 pub struct PendingCall {
     pos: u64,
     idx: u32,
@@ -134,7 +135,7 @@ pub struct PendingCall {
     seq_off: usize,
 }
 
-#[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
+#[cfg_attr(not(feature = "test-hooks"), allow(dead_code, unreachable_pub))]
 impl PendingCall {
     /// The reserved ring position.
     pub fn pos(&self) -> u64 {

@@ -21,7 +21,7 @@ use super::shm::ShmMap;
 
 /// A validated header.
 #[derive(Clone, Copy, Debug)]
-pub struct Header {
+pub(super) struct Header {
     /// The layout recomputed from (and checked against) the header.
     pub layout: Layout,
     /// Schema fingerprint (@32).
@@ -34,7 +34,7 @@ pub struct Header {
 
 impl Header {
     /// The public view of the parameters.
-    pub fn info(&self) -> RingInfo {
+    pub(super) fn info(&self) -> RingInfo {
         let p = self.layout.params;
         RingInfo {
             max_clients: p.max_clients,
@@ -52,7 +52,7 @@ impl Header {
 /// position `i`), and every client record (`FREE`, generation 0, `reserving_pos = IDLE`).
 /// Request and response slots stay zero (`valid = 0`).
 /// `server_alive` is stored last, with `Release`.
-pub fn init(map: &ShmMap, layout: &Layout, cfg: &RingConfig, liveness_ns: u64, pid: u32) {
+pub(super) fn init(map: &ShmMap, layout: &Layout, cfg: &RingConfig, liveness_ns: u64, pid: u32) {
     let p = &layout.params;
     map.u64_at(OFF_MAGIC).store(MAGIC, Relaxed);
     map.u32_at(OFF_VERSION).store(VERSION, Relaxed);
@@ -93,7 +93,7 @@ pub fn init(map: &ShmMap, layout: &Layout, cfg: &RingConfig, liveness_ns: u64, p
 }
 
 /// Reads the first 128 bytes of `file` with `pread` (no mapping).
-pub fn read_raw(file: &File) -> io::Result<[u8; HEADER_SIZE as usize]> {
+pub(super) fn read_raw(file: &File) -> io::Result<[u8; HEADER_SIZE as usize]> {
     let mut raw = [0u8; HEADER_SIZE as usize];
     file.read_exact_at(&mut raw, 0)?;
     Ok(raw)
@@ -115,7 +115,7 @@ fn u64_of(raw: &[u8; HEADER_SIZE as usize], off: usize) -> u64 {
 /// Checks, in order: length ≥ 128 (done by the caller's read), magic, version, the five layout
 /// parameters, the redundant sizes and offsets, `total_size <= file_len`, and the liveness
 /// interval.
-pub fn parse(
+pub(super) fn parse(
     raw: &[u8; HEADER_SIZE as usize],
     file_len: u64,
     path: &Path,
@@ -205,7 +205,7 @@ pub fn parse(
 
 /// Opens the header of the file `file` (at `path`): checks the length, reads and validates the
 /// header. Errors name `path`.
-pub fn read_and_validate(file: &File, path: &Path) -> Result<Header, RingError> {
+pub(super) fn read_and_validate(file: &File, path: &Path) -> Result<Header, RingError> {
     let len = file
         .metadata()
         .map_err(|source| RingError::Io {

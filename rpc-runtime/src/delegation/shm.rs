@@ -50,12 +50,12 @@ pub const SHM_DIR: &str = "/dev/shm";
 
 /// Longest accepted ring name, in bytes (leaves room for the temporary-file decoration within
 /// `NAME_MAX` = 255).
-pub const MAX_NAME_LEN: usize = 200;
+pub(super) const MAX_NAME_LEN: usize = 200;
 
 /// Normalizes a ring name (`"kv0"` or `"/kv0"`) and returns it with its path
 /// (`/dev/shm/kv0`). The name must be a single, non-empty file name: no `/` after the optional
 /// leading one, no NUL, not `.` or `..`, at most [`MAX_NAME_LEN`] bytes.
-pub fn shm_path(name: &str) -> Result<(String, PathBuf), RingError> {
+pub(super) fn shm_path(name: &str) -> Result<(String, PathBuf), RingError> {
     let bad = |reason| {
         Err(RingError::InvalidName {
             name: name.to_owned(),
@@ -88,7 +88,7 @@ pub fn unsafe_files_refused() -> u64 {
 }
 
 /// This process's effective uid (the owner every file it opens must have).
-pub fn euid() -> u32 {
+pub(super) fn euid() -> u32 {
     mlx5::private_file::euid()
 }
 
@@ -98,13 +98,13 @@ pub fn euid() -> u32 {
 /// # Errors
 /// `AlreadyExists` if anything (a file, a symbolic link) is at `path`; the `open` or `fchmod`
 /// error otherwise (a file created before a failed `fchmod` is removed).
-pub fn create_exclusive(path: &Path) -> io::Result<File> {
+pub(super) fn create_exclusive(path: &Path) -> io::Result<File> {
     mlx5::private_file::create(path)
 }
 
 /// Opens an existing `path` read-write (close-on-exec, `O_NOFOLLOW`: a symbolic link fails
 /// with `ELOOP`), without checking it: follow with [`check_private`] before using the file.
-pub fn open_existing(path: &Path) -> io::Result<File> {
+pub(super) fn open_existing(path: &Path) -> io::Result<File> {
     mlx5::private_file::open(path)
 }
 
@@ -154,7 +154,7 @@ fn check_with(
 /// # Errors
 /// [`RingError::UnsafeFile`] (counted in [`unsafe_files_refused`]) naming the file, its owner
 /// uid, its mode and what is wrong; [`RingError::Io`] if `fstat` fails.
-pub fn check_private(file: &File, path: &Path) -> Result<(), RingError> {
+pub(super) fn check_private(file: &File, path: &Path) -> Result<(), RingError> {
     check_with(file, path, mlx5::private_file::problem)
 }
 
@@ -165,7 +165,7 @@ pub fn check_private(file: &File, path: &Path) -> Result<(), RingError> {
 /// # Errors
 /// [`RingError::UnsafeFile`] (counted) for a file of another user; [`RingError::Io`] if
 /// `fstat` fails.
-pub fn check_owner(file: &File, path: &Path) -> Result<(), RingError> {
+pub(super) fn check_owner(file: &File, path: &Path) -> Result<(), RingError> {
     check_with(file, path, mlx5::private_file::owner_problem)
 }
 
@@ -175,7 +175,7 @@ pub fn check_owner(file: &File, path: &Path) -> Result<(), RingError> {
 /// # Errors
 /// [`RingError::UnsafeFile`] for a symbolic link, a file that is not regular, owned by another
 /// user or accessible to group or other users; [`RingError::Io`] if `open` fails otherwise.
-pub fn open_private(path: &Path) -> Result<Option<File>, RingError> {
+pub(super) fn open_private(path: &Path) -> Result<Option<File>, RingError> {
     open_checked(path, check_private)
 }
 
@@ -185,7 +185,7 @@ pub fn open_private(path: &Path) -> Result<Option<File>, RingError> {
 /// # Errors
 /// [`RingError::UnsafeFile`] for a symbolic link or another user's file; [`RingError::Io`] if
 /// `open` fails otherwise.
-pub fn open_owned(path: &Path) -> Result<Option<File>, RingError> {
+pub(super) fn open_owned(path: &Path) -> Result<Option<File>, RingError> {
     open_checked(path, check_owner)
 }
 
@@ -213,7 +213,7 @@ fn open_checked(
 }
 
 /// Whether `path` currently names the same inode as `file` (false if `path` is gone).
-pub fn same_file(file: &File, path: &Path) -> bool {
+pub(super) fn same_file(file: &File, path: &Path) -> bool {
     match (file.metadata(), std::fs::metadata(path)) {
         (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
         _ => false,
@@ -247,7 +247,7 @@ fn fcntl_lock(file: &File, cmd: libc::c_int, fl: &mut libc::flock) -> io::Result
 
 /// Takes a non-blocking OFD write lock on `[start, start + len)` through `file`'s open file
 /// description. `Ok(false)` if another open file description holds a conflicting lock.
-pub fn try_lock_write(file: &File, start: u64, len: u64) -> io::Result<bool> {
+pub(super) fn try_lock_write(file: &File, start: u64, len: u64) -> io::Result<bool> {
     let mut fl = flock(libc::F_WRLCK, start, len)?;
     match fcntl_lock(file, libc::F_OFD_SETLK, &mut fl) {
         Ok(()) => Ok(true),
@@ -257,7 +257,7 @@ pub fn try_lock_write(file: &File, start: u64, len: u64) -> io::Result<bool> {
 }
 
 /// Releases this open file description's OFD lock on `[start, start + len)` (no-op if none).
-pub fn unlock(file: &File, start: u64, len: u64) -> io::Result<()> {
+pub(super) fn unlock(file: &File, start: u64, len: u64) -> io::Result<()> {
     let mut fl = flock(libc::F_UNLCK, start, len)?;
     fcntl_lock(file, libc::F_OFD_SETLK, &mut fl)
 }
@@ -265,7 +265,7 @@ pub fn unlock(file: &File, start: u64, len: u64) -> io::Result<()> {
 /// Whether some *other* open file description holds a lock on `[start, start + len)` that
 /// conflicts with a write lock (`F_OFD_GETLK`). Locks held through `file` itself are not
 /// reported.
-pub fn is_locked_by_other(file: &File, start: u64, len: u64) -> io::Result<bool> {
+pub(super) fn is_locked_by_other(file: &File, start: u64, len: u64) -> io::Result<bool> {
     let mut fl = flock(libc::F_WRLCK, start, len)?;
     fcntl_lock(file, libc::F_OFD_GETLK, &mut fl)?;
     Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
@@ -273,7 +273,7 @@ pub fn is_locked_by_other(file: &File, start: u64, len: u64) -> io::Result<bool>
 
 /// Bytes of the ring header that every mapping has ([`ShmMap::map`] refuses less): the fixed
 /// fields up to `tail` (`RING_SLOTS_OFFSET`).
-pub const HEADER_LEN: usize = super::layout::RING_SLOTS_OFFSET as usize;
+pub(super) const HEADER_LEN: usize = super::layout::RING_SLOTS_OFFSET as usize;
 
 /// A field accessor was given an offset outside the mapping or misaligned: a logic error.
 #[cold]
@@ -290,7 +290,7 @@ fn field_out_of_bounds(off: usize, size: usize, len: usize) -> ! {
 /// is naturally aligned), so a logic error can only panic, never touch memory outside the
 /// mapping. The mapping itself is page-aligned, so aligned offsets give aligned addresses.
 #[derive(Debug)]
-pub struct ShmMap {
+pub(super) struct ShmMap {
     map: MmapRaw,
     len: usize,
 }
@@ -302,7 +302,7 @@ impl ShmMap {
     /// `InvalidInput` if `len` is below [`HEADER_LEN`] (the header's fixed fields, which the
     /// unchecked [`ShmMap::hdr_u8`]/[`ShmMap::hdr_u64`] accessors rely on) or does not fit a
     /// `usize`; the `mmap` error otherwise.
-    pub fn map(file: &File, len: u64) -> io::Result<Self> {
+    pub(super) fn map(file: &File, len: u64) -> io::Result<Self> {
         let len = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         if len < HEADER_LEN {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
@@ -315,7 +315,7 @@ impl ShmMap {
     /// compile time): no run-time bounds check, for the fields every call reads
     /// (`server_alive`, the fault byte).
     #[inline(always)]
-    pub fn hdr_u8<const OFF: usize>(&self) -> &AtomicU8 {
+    pub(super) fn hdr_u8<const OFF: usize>(&self) -> &AtomicU8 {
         const { assert!(OFF < HEADER_LEN) };
         // SAFETY: `OFF < HEADER_LEN <= self.len` (`map` refuses shorter mappings), so the byte
         // is inside the mapping, which lives as long as `self`; every access to it by this
@@ -327,7 +327,7 @@ impl ShmMap {
     /// `OFF + 8 <= HEADER_LEN`, checked at compile time): no run-time bounds check, for `head`
     /// and `tail`.
     #[inline(always)]
-    pub fn hdr_u64<const OFF: usize>(&self) -> &AtomicU64 {
+    pub(super) fn hdr_u64<const OFF: usize>(&self) -> &AtomicU64 {
         const { assert!(OFF + 8 <= HEADER_LEN && OFF.is_multiple_of(8)) };
         // SAFETY: in bounds as in `hdr_u8`; aligned because the mapping is page-aligned and
         // `OFF` is a multiple of 8.
@@ -338,7 +338,7 @@ impl ShmMap {
     /// else panics): one bounds check for a slot header's `client_id`, `resp_slot_idx` and
     /// `payload_len`.
     #[inline]
-    pub fn u32x3_at(&self, off: usize) -> &[AtomicU32; 3] {
+    pub(super) fn u32x3_at(&self, off: usize) -> &[AtomicU32; 3] {
         let p = self.ptr(off, 12, 4);
         // SAFETY: as for `u64_at` (12 in-bounds bytes, 4-aligned); `[AtomicU32; 3]` has the
         // layout of three consecutive `AtomicU32`s.
@@ -369,7 +369,7 @@ impl ShmMap {
 
     /// The `AtomicU64` at byte offset `off` (must be 8-aligned and in bounds, else panics).
     #[inline]
-    pub fn u64_at(&self, off: usize) -> &AtomicU64 {
+    pub(super) fn u64_at(&self, off: usize) -> &AtomicU64 {
         let p = self.field_ptr::<8>(off);
         // SAFETY: in bounds and aligned (checked above); the mapping lives as long as `self`;
         // every access to this location by this crate, in any process, is atomic.
@@ -378,7 +378,7 @@ impl ShmMap {
 
     /// The `AtomicU32` at byte offset `off` (must be 4-aligned and in bounds, else panics).
     #[inline]
-    pub fn u32_at(&self, off: usize) -> &AtomicU32 {
+    pub(super) fn u32_at(&self, off: usize) -> &AtomicU32 {
         let p = self.field_ptr::<4>(off);
         // SAFETY: as for `u64_at`.
         unsafe { AtomicU32::from_ptr(p.cast()) }
@@ -386,7 +386,7 @@ impl ShmMap {
 
     /// The `AtomicU16` at byte offset `off` (must be 2-aligned and in bounds, else panics).
     #[inline]
-    pub fn u16_at(&self, off: usize) -> &AtomicU16 {
+    pub(super) fn u16_at(&self, off: usize) -> &AtomicU16 {
         let p = self.field_ptr::<2>(off);
         // SAFETY: as for `u64_at`.
         unsafe { AtomicU16::from_ptr(p.cast()) }
@@ -394,7 +394,7 @@ impl ShmMap {
 
     /// The `AtomicU8` at byte offset `off` (must be in bounds, else panics).
     #[inline]
-    pub fn u8_at(&self, off: usize) -> &AtomicU8 {
+    pub(super) fn u8_at(&self, off: usize) -> &AtomicU8 {
         let p = self.field_ptr::<1>(off);
         // SAFETY: as for `u64_at`.
         unsafe { AtomicU8::from_ptr(p) }
@@ -404,7 +404,7 @@ impl ShmMap {
     /// Dereferencing it is the caller's responsibility: the ring protocol decides who may
     /// access a payload area when (see the `server` and `client` modules).
     #[inline]
-    pub fn bytes(&self, off: usize, len: usize) -> *mut u8 {
+    pub(super) fn bytes(&self, off: usize, len: usize) -> *mut u8 {
         self.ptr(off, len, 1)
     }
 }

@@ -12,7 +12,7 @@ use super::shm::{Map, io_err};
 
 /// A validated header.
 #[derive(Clone, Copy, Debug)]
-pub struct Header {
+pub(super) struct Header {
     pub layout: Layout,
     pub fingerprint: u64,
     pub liveness: Duration,
@@ -21,7 +21,7 @@ pub struct Header {
 
 /// Initializes a zero-filled segment (client blocks stay zero: owner `FREE` generation 0, all
 /// counters 0); `server_alive = 1` is stored last (Release).
-pub fn init(map: &Map, l: &Layout, fingerprint: u64, liveness_ns: u64, pid: u32) {
+pub(super) fn init(map: &Map, l: &Layout, fingerprint: u64, liveness_ns: u64, pid: u32) {
     let p = l.params;
     map.u64(OFF_MAGIC).store(MAGIC, Relaxed);
     map.u32(OFF_VERSION).store(VERSION, Relaxed);
@@ -54,7 +54,7 @@ fn u64_of(raw: &[u8], off: usize) -> u64 {
 /// # Errors
 /// [`IpcError::BadMagic`], [`IpcError::UnsupportedVersion`], [`IpcError::CorruptHeader`],
 /// [`IpcError::Io`].
-pub fn read_and_validate(file: &File, path: &Path) -> Result<Header, IpcError> {
+pub(super) fn read_and_validate(file: &File, path: &Path) -> Result<Header, IpcError> {
     let corrupt = |reason: String| IpcError::CorruptHeader {
         path: path.to_path_buf(),
         reason,

@@ -17,7 +17,7 @@ pub const SHM_DIR: &str = "/dev/shm";
 
 /// Normalizes `name` (`"kv0"` or `"/kv0"`) to `(name, /dev/shm/name)`: a single non-empty
 /// file name of at most 200 bytes, not `.` or `..`.
-pub fn shm_path(name: &str) -> Result<(String, PathBuf), IpcError> {
+pub(super) fn shm_path(name: &str) -> Result<(String, PathBuf), IpcError> {
     let n = name.strip_prefix('/').unwrap_or(name);
     let reason = if n.is_empty() {
         Some("empty")
@@ -75,7 +75,7 @@ fn refuse(path: &Path, (owner, mode): (u32, u32), reason: &'static str) -> IpcEr
 /// # Errors
 /// [`IpcError::UnsafeFile`] (symbolic link, other owner, mode other than 0600 with `private`);
 /// [`IpcError::Io`].
-pub fn open_checked(path: &Path, private: bool) -> Result<Option<File>, IpcError> {
+pub(super) fn open_checked(path: &Path, private: bool) -> Result<Option<File>, IpcError> {
     match mlx5::private_file::open(path) {
         Ok(file) => {
             let md = file.metadata().map_err(io_err(path, "fstat"))?;
@@ -125,7 +125,7 @@ fn fcntl(file: &File, cmd: libc::c_int, fl: &mut libc::flock) -> io::Result<()> 
 
 /// Non-blocking OFD write lock on `[start, start + len)`; `Ok(false)` if another open file
 /// description holds a conflicting lock. Never waits.
-pub fn try_lock(file: &File, start: u64, len: u64) -> io::Result<bool> {
+pub(super) fn try_lock(file: &File, start: u64, len: u64) -> io::Result<bool> {
     match fcntl(
         file,
         libc::F_OFD_SETLK,
@@ -138,7 +138,7 @@ pub fn try_lock(file: &File, start: u64, len: u64) -> io::Result<bool> {
 }
 
 /// Releases this description's lock on `[start, start + len)`.
-pub fn unlock(file: &File, start: u64, len: u64) -> io::Result<()> {
+pub(super) fn unlock(file: &File, start: u64, len: u64) -> io::Result<()> {
     fcntl(
         file,
         libc::F_OFD_SETLK,
@@ -149,7 +149,7 @@ pub fn unlock(file: &File, start: u64, len: u64) -> io::Result<()> {
 /// Whether another open file description holds a lock on `[start, start + len)`
 /// (`F_OFD_GETLK`). A failing system call counts as locked (the peer is presumed alive; the
 /// caller's deadline still bounds its wait).
-pub fn locked_by_other(file: &File, start: u64, len: u64) -> bool {
+pub(super) fn locked_by_other(file: &File, start: u64, len: u64) -> bool {
     let mut fl = flock(libc::F_WRLCK, start, len);
     match fcntl(file, libc::F_OFD_GETLK, &mut fl) {
         Ok(()) => fl.l_type != libc::F_UNLCK as libc::c_short,
@@ -168,14 +168,14 @@ fn out_of_bounds(off: usize, size: usize, len: usize) -> ! {
 /// A shared read-write mapping of `[0, len)` of a segment, with bounds-checked accessors: a
 /// logic error can panic, never touch memory outside the mapping.
 #[derive(Debug)]
-pub struct Map {
+pub(super) struct Map {
     map: MmapRaw,
     len: usize,
 }
 
 impl Map {
     /// Maps `[0, len)` of `file` shared read-write.
-    pub fn new(file: &File, len: u64) -> io::Result<Self> {
+    pub(super) fn new(file: &File, len: u64) -> io::Result<Self> {
         let len = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         let map = MmapOptions::new().len(len).map_raw(file)?;
         Ok(Map { map, len })
@@ -191,7 +191,7 @@ impl Map {
 
     /// The `AtomicU64` at `off` (8-aligned, in bounds, else panics).
     #[inline(always)]
-    pub fn u64(&self, off: usize) -> &AtomicU64 {
+    pub(super) fn u64(&self, off: usize) -> &AtomicU64 {
         // SAFETY: in bounds and aligned (checked; the mapping is page-aligned); it lives as long
         // as `self`; every access to it by this crate, in any process, is atomic.
         unsafe { AtomicU64::from_ptr(self.field(off, 8).cast()) }
@@ -199,14 +199,14 @@ impl Map {
 
     /// The `AtomicU32` at `off` (4-aligned, in bounds, else panics).
     #[inline(always)]
-    pub fn u32(&self, off: usize) -> &AtomicU32 {
+    pub(super) fn u32(&self, off: usize) -> &AtomicU32 {
         // SAFETY: as for `u64`.
         unsafe { AtomicU32::from_ptr(self.field(off, 4).cast()) }
     }
 
     /// The `AtomicU8` at `off` (in bounds, else panics).
     #[inline(always)]
-    pub fn u8(&self, off: usize) -> &AtomicU8 {
+    pub(super) fn u8(&self, off: usize) -> &AtomicU8 {
         // SAFETY: as for `u64`.
         unsafe { AtomicU8::from_ptr(self.field(off, 1)) }
     }
@@ -214,7 +214,7 @@ impl Map {
     /// Pointer to `[off, off + len)` (in bounds, else panics). Who may access the bytes when
     /// is decided by the ring protocol (see the client and server modules).
     #[inline(always)]
-    pub fn bytes(&self, off: usize, len: usize) -> *mut u8 {
+    pub(super) fn bytes(&self, off: usize, len: usize) -> *mut u8 {
         if off > self.len || len > self.len - off {
             out_of_bounds(off, len, self.len);
         }

@@ -22,7 +22,7 @@ use crate::error::RpcError;
 use crate::service::ServiceDescriptor;
 
 /// A call the transport did not issue ([`RcClient::issue`]).
-pub enum Unsent<R> {
+pub(crate) enum Unsent<R> {
     /// No token is free: every call slot is in flight.
     NoToken,
     /// The transport refused the call; `R` hands the token back ([`RcClient::give_back`]).
@@ -31,7 +31,7 @@ pub enum Unsent<R> {
 
 /// What an RC client transport provides to the shared skeleton ([`rc_client_transport`]
 /// implements [`ClientTransport`] over it).
-pub trait RcClient: Sized {
+pub(crate) trait RcClient: Sized {
     /// [`ClientTransport::Addr`].
     type Addr;
     /// The transport's refusal of a call, carrying the call's token.

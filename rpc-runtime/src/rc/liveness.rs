@@ -14,7 +14,7 @@ use super::PROBE_CHECK_POLLS;
 
 /// When a client's next liveness probe is due.
 #[derive(Clone, Debug)]
-pub struct ProbeClock {
+pub(crate) struct ProbeClock {
     interval: Duration,
     empty_polls: u32,
     /// Last time a response arrived (or a probe was sent).

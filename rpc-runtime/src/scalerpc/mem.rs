@@ -17,7 +17,7 @@ pub(crate) struct Slots {
 
 impl Slots {
     /// Allocates and registers `n * slot` bytes (zeroed) with `access`.
-    pub fn new(
+    pub(super) fn new(
         dev: &Context,
         pd: &Pd,
         n: usize,
@@ -38,7 +38,7 @@ impl Slots {
 
     /// Address of byte `off` of slot `i`.
     #[inline(always)]
-    pub fn addr(&self, i: usize, off: usize) -> u64 {
+    pub(super) fn addr(&self, i: usize, off: usize) -> u64 {
         self.mr.addr + (i * self.slot + off) as u64
     }
 
@@ -48,7 +48,7 @@ impl Slots {
     /// `i < n`; the caller knows which of these bytes the device may be writing (only those
     /// of a message not yet complete) and reads only completed ones.
     #[inline(always)]
-    pub unsafe fn bytes(&self, i: usize) -> &[u8] {
+    pub(super) unsafe fn bytes(&self, i: usize) -> &[u8] {
         debug_assert!(i < self.n);
         // SAFETY: `i < n`, so slot `i` lies inside the `n * slot` bytes of `buf`; the caller
         // reads only bytes the device has finished writing (the contract above).
@@ -61,7 +61,7 @@ impl Slots {
     /// `i < n`, and no device operation reads or writes the slot while the slice lives.
     #[allow(clippy::mut_from_ref)]
     #[inline(always)]
-    pub unsafe fn bytes_mut(&self, i: usize) -> &mut [u8] {
+    pub(super) unsafe fn bytes_mut(&self, i: usize) -> &mut [u8] {
         debug_assert!(i < self.n);
         // SAFETY: `i < n`, so slot `i` lies inside `buf`, and no device operation touches it
         // while the slice lives (the contract above).
@@ -72,7 +72,7 @@ impl Slots {
 
     /// Loads the u32 at byte `off` of slot `i` with Acquire (a magic the peer may be writing).
     #[inline(always)]
-    pub fn load_u32(&self, i: usize, off: usize) -> u32 {
+    pub(super) fn load_u32(&self, i: usize, off: usize) -> u32 {
         debug_assert!(i < self.n && off + 4 <= self.slot && off.is_multiple_of(4));
         // SAFETY: inside the buffer, 4-aligned (slots and offsets are multiples of 4); other
         // writers are the device (RDMA) or ourselves; an atomic load tolerates both.
@@ -82,7 +82,7 @@ impl Slots {
 
     /// Loads the u64 at byte `off` of slot `i` with Acquire (a trailer).
     #[inline(always)]
-    pub fn load_u64(&self, i: usize, off: usize) -> u64 {
+    pub(super) fn load_u64(&self, i: usize, off: usize) -> u64 {
         debug_assert!(i < self.n && off + 8 <= self.slot && off.is_multiple_of(8));
         // SAFETY: as `load_u32`, 8-aligned.
         let a = unsafe { &*(self.buf.as_ptr().add(i * self.slot + off) as *const AtomicU64) };
@@ -91,7 +91,7 @@ impl Slots {
 
     /// Stores the u64 at byte `off` of slot `i` (clearing a trailer).
     #[inline(always)]
-    pub fn store_u64(&self, i: usize, off: usize, v: u64) {
+    pub(super) fn store_u64(&self, i: usize, off: usize, v: u64) {
         debug_assert!(i < self.n && off + 8 <= self.slot && off.is_multiple_of(8));
         // SAFETY: as `load_u64`.
         let a = unsafe { &*(self.buf.as_ptr().add(i * self.slot + off) as *const AtomicU64) };
@@ -100,7 +100,7 @@ impl Slots {
 
     /// Stores the u32 at byte `off` of slot `i` (clearing a magic).
     #[inline(always)]
-    pub fn store_u32(&self, i: usize, off: usize, v: u32) {
+    pub(super) fn store_u32(&self, i: usize, off: usize, v: u32) {
         debug_assert!(i < self.n && off + 4 <= self.slot && off.is_multiple_of(4));
         // SAFETY: as `load_u32`.
         let a = unsafe { &*(self.buf.as_ptr().add(i * self.slot + off) as *const AtomicU32) };

@@ -6,7 +6,7 @@ use rpc_runtime::copyrpc::{Context, EndpointConfig, EndpointId};
 
 /// Fills `buf` with the deterministic bytes of `seed` (splitmix64 stream, keyed by the
 /// length too, so a truncated payload does not verify).
-pub fn fill(seed: u64, buf: &mut [u8]) {
+pub(crate) fn fill(seed: u64, buf: &mut [u8]) {
     let mut x = seed ^ (buf.len() as u64).rotate_left(32);
     for chunk in buf.chunks_mut(8) {
         x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -19,14 +19,14 @@ pub fn fill(seed: u64, buf: &mut [u8]) {
 }
 
 /// The deterministic bytes of `(seed, len)`.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     fill(seed, &mut v);
     v
 }
 
 /// Whether `bytes` are exactly the bytes of `(seed, expected_len)`.
-pub fn verify(seed: u64, expected_len: usize, bytes: &[u8]) -> bool {
+pub(crate) fn verify(seed: u64, expected_len: usize, bytes: &[u8]) -> bool {
     if bytes.len() != expected_len {
         return false;
     }
@@ -45,12 +45,12 @@ pub fn verify(seed: u64, expected_len: usize, bytes: &[u8]) -> bool {
 }
 
 /// The seed of the response to a request of seed `seed`.
-pub fn response_seed(seed: u64) -> u64 {
+pub(crate) fn response_seed(seed: u64) -> u64 {
     seed ^ 0xa5a5_5a5a_0f0f_f0f0
 }
 
 /// Creates one endpoint on each context with `cfg` and connects them.
-pub fn connect<A, B>(
+pub(crate) fn connect<A, B>(
     a: &mut Context<A>,
     b: &mut Context<B>,
     cfg: &EndpointConfig,
@@ -64,10 +64,10 @@ pub fn connect<A, B>(
 }
 
 /// A small xorshift64* generator for seeded workloads.
-pub struct Rng(pub u64);
+pub(crate) struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -75,7 +75,7 @@ impl Rng {
     }
 
     /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
 }

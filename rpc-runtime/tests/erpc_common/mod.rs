@@ -19,17 +19,17 @@ use rpc_runtime::erpc::datagram::DatagramTransport;
 use rpc_runtime::erpc::event_loop::Endpoint;
 
 /// Longest a test waits for connections or calls.
-pub const DEADLINE: Duration = Duration::from_secs(20);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(20);
 
 /// One event-loop iteration; yields the thread if it found nothing to do (see the module docs).
-pub fn spin<T: DatagramTransport>(ep: &mut Endpoint<T>) {
+pub(crate) fn spin<T: DatagramTransport>(ep: &mut Endpoint<T>) {
     if ep.run_event_loop_once() == 0 {
         thread::yield_now();
     }
 }
 
 /// Request/response payload: `client id | tag | pattern`.
-pub fn payload(client: u64, tag: u64, len: usize) -> Vec<u8> {
+pub(crate) fn payload(client: u64, tag: u64, len: usize) -> Vec<u8> {
     let len = len.max(16);
     let mut v = Vec::with_capacity(len);
     v.extend_from_slice(&client.to_le_bytes());
@@ -38,16 +38,16 @@ pub fn payload(client: u64, tag: u64, len: usize) -> Vec<u8> {
     v
 }
 
-pub fn parse(data: &[u8]) -> (u64, u64) {
+pub(crate) fn parse(data: &[u8]) -> (u64, u64) {
     let c = u64::from_le_bytes(data[..8].try_into().unwrap());
     let t = u64::from_le_bytes(data[8..16].try_into().unwrap());
     (c, t)
 }
 
 /// Handler executions per (client id, tag).
-pub type Counts = Arc<Mutex<HashMap<(u64, u64), u32>>>;
+pub(crate) type Counts = Arc<Mutex<HashMap<(u64, u64), u32>>>;
 
-pub struct Server<T: DatagramTransport> {
+pub(crate) struct Server<T: DatagramTransport> {
     /// Where clients connect.
     pub addr: T::Addr,
     /// Set to stop the server thread (it also sets it when `stop_after` is reached).
@@ -58,7 +58,7 @@ pub struct Server<T: DatagramTransport> {
 
 /// An echo server running in its own thread until `stop`, or until it handled `stop_after`
 /// requests (then it stops answering, i.e. fails, with the last request unanswered).
-pub fn spawn_server<T>(transport: T, cfg: Config, stop_after: Option<u64>) -> Server<T>
+pub(crate) fn spawn_server<T>(transport: T, cfg: Config, stop_after: Option<u64>) -> Server<T>
 where
     T: DatagramTransport + Send + 'static,
     T::Addr: Send,
@@ -96,7 +96,7 @@ where
 
 impl<T: DatagramTransport> Server<T> {
     /// Stops the server; returns its endpoint and the handler executions per (client, tag).
-    pub fn finish(self) -> (Endpoint<T>, HashMap<(u64, u64), u32>) {
+    pub(crate) fn finish(self) -> (Endpoint<T>, HashMap<(u64, u64), u32>) {
         self.stop.store(true, Ordering::Relaxed);
         let ep = self.handle.join().expect("server thread");
         let counts = std::mem::take(&mut *self.counts.lock().unwrap());
@@ -105,7 +105,7 @@ impl<T: DatagramTransport> Server<T> {
 }
 
 /// Opens `n` sessions to `peer` and waits until all are connected.
-pub fn connect<T: DatagramTransport>(
+pub(crate) fn connect<T: DatagramTransport>(
     ep: &mut Endpoint<T>,
     peer: T::Addr,
     n: usize,
@@ -130,7 +130,7 @@ pub fn connect<T: DatagramTransport>(
 
 /// Issues `calls` (session index, length) with at most `window` outstanding, checks every
 /// response byte for byte and that each tag completes exactly once.
-pub fn run_calls<T: DatagramTransport>(
+pub(crate) fn run_calls<T: DatagramTransport>(
     ep: &mut Endpoint<T>,
     client: u64,
     sessions: &[SessionId],
@@ -187,7 +187,7 @@ pub fn run_calls<T: DatagramTransport>(
 /// calls are queued on 4 sessions: every call gets exactly one outcome, only handled requests
 /// succeed, every session fails with `PeerFailed`, and the failure is detected within the
 /// failure timeout (300 ms) plus 200 ms of loop and scan slack after the stop.
-pub fn server_failure_fails_pending_calls<T>(server_t: T, client_t: T)
+pub(crate) fn server_failure_fails_pending_calls<T>(server_t: T, client_t: T)
 where
     T: DatagramTransport + Send + 'static,
     T::Addr: Send,

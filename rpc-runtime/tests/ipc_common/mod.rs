@@ -9,20 +9,20 @@ use std::time::{Duration, Instant};
 use rpc_runtime::ipc::{Ipc, IpcConfig, IpcServer, SHM_DIR};
 
 /// A segment name unique to this process: `ipct-<pid>-<tag>`.
-pub fn unique_name(tag: &str) -> String {
+pub(crate) fn unique_name(tag: &str) -> String {
     format!("ipct-{}-{tag}", std::process::id())
 }
 
 /// `/dev/shm/<name>`.
-pub fn shm_file(name: &str) -> PathBuf {
+pub(crate) fn shm_file(name: &str) -> PathBuf {
     PathBuf::from(SHM_DIR).join(name)
 }
 
 /// Request and response capacity of the byte-level tests, bytes.
-pub const CAP: usize = 48;
+pub(crate) const CAP: usize = 48;
 
 /// A small configuration: `max_clients` clients, `depth` slots, 10 ms liveness interval.
-pub fn cfg(max_clients: u32, depth: u32) -> IpcConfig {
+pub(crate) fn cfg(max_clients: u32, depth: u32) -> IpcConfig {
     IpcConfig {
         max_clients,
         depth,
@@ -31,12 +31,12 @@ pub fn cfg(max_clients: u32, depth: u32) -> IpcConfig {
 }
 
 /// A server for the byte-level tests (fingerprint 7, capacities [`CAP`]).
-pub fn server(name: &str, max_clients: u32, depth: u32) -> IpcServer {
+pub(crate) fn server(name: &str, max_clients: u32, depth: u32) -> IpcServer {
     IpcServer::create_raw(name, cfg(max_clients, depth), 7, CAP, CAP).expect("create")
 }
 
 /// The reply the echo servers send for `req`.
-pub fn transform(req: &[u8]) -> Vec<u8> {
+pub(crate) fn transform(req: &[u8]) -> Vec<u8> {
     req.iter()
         .map(|b| b.wrapping_mul(3).wrapping_add(1))
         .collect()
@@ -44,7 +44,7 @@ pub fn transform(req: &[u8]) -> Vec<u8> {
 
 /// One poll round: answers every available request with [`transform`], releases; returns the
 /// number answered.
-pub fn serve_once(server: &mut IpcServer) -> usize {
+pub(crate) fn serve_once(server: &mut IpcServer) -> usize {
     server.poll();
     let mut n = 0;
     while let Some((token, req)) = server.recv() {
@@ -60,7 +60,7 @@ pub fn serve_once(server: &mut IpcServer) -> usize {
 }
 
 /// Sends `msg` (panics on error).
-pub fn send(c: &mut Ipc, msg: &[u8]) -> u32 {
+pub(crate) fn send(c: &mut Ipc, msg: &[u8]) -> u32 {
     c.try_send(|buf| {
         buf[..msg.len()].copy_from_slice(msg);
         msg.len()
@@ -69,7 +69,7 @@ pub fn send(c: &mut Ipc, msg: &[u8]) -> u32 {
 }
 
 /// Polls `c` until one response arrives or 10 s pass, driving `server` (if any) meanwhile.
-pub fn wait_one(c: &mut Ipc, mut server: Option<&mut IpcServer>) -> (u32, Vec<u8>) {
+pub(crate) fn wait_one(c: &mut Ipc, mut server: Option<&mut IpcServer>) -> (u32, Vec<u8>) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(s) = server.as_deref_mut() {
@@ -87,10 +87,10 @@ pub fn wait_one(c: &mut Ipc, mut server: Option<&mut IpcServer>) -> (u32, Vec<u8
 }
 
 /// A writable mapping of a segment file, for corrupting fields.
-pub struct Raw(pub memmap2::MmapMut);
+pub(crate) struct Raw(pub memmap2::MmapMut);
 
 impl Raw {
-    pub fn open(name: &str) -> Raw {
+    pub(crate) fn open(name: &str) -> Raw {
         let f = OpenOptions::new()
             .read(true)
             .write(true)
@@ -100,16 +100,16 @@ impl Raw {
         // atomics on it, and the tests write it while no other thread touches the same field.
         Raw(unsafe { memmap2::MmapMut::map_mut(&f).unwrap() })
     }
-    pub fn put_u64(&mut self, off: usize, v: u64) {
+    pub(crate) fn put_u64(&mut self, off: usize, v: u64) {
         self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
     }
-    pub fn put_u32(&mut self, off: usize, v: u32) {
+    pub(crate) fn put_u32(&mut self, off: usize, v: u32) {
         self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
     }
-    pub fn u64(&self, off: usize) -> u64 {
+    pub(crate) fn u64(&self, off: usize) -> u64 {
         u64::from_ne_bytes(self.0[off..off + 8].try_into().unwrap())
     }
-    pub fn u32(&self, off: usize) -> u32 {
+    pub(crate) fn u32(&self, off: usize) -> u32 {
         u32::from_ne_bytes(self.0[off..off + 4].try_into().unwrap())
     }
 }

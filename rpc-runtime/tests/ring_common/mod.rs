@@ -7,17 +7,17 @@ use std::path::PathBuf;
 use rpc_runtime::delegation::SHM_DIR;
 
 /// A ring name unique to this test process: `rt-<pid>-<tag>`.
-pub fn unique_name(tag: &str) -> String {
+pub(crate) fn unique_name(tag: &str) -> String {
     format!("rt-{}-{tag}", std::process::id())
 }
 
 /// `/dev/shm/<name>`.
-pub fn shm_file(name: &str) -> PathBuf {
+pub(crate) fn shm_file(name: &str) -> PathBuf {
     PathBuf::from(SHM_DIR).join(name)
 }
 
 /// Removes a file on drop (for files no server owns).
-pub struct Cleanup(pub PathBuf);
+pub(crate) struct Cleanup(pub PathBuf);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {

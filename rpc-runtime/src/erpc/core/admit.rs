@@ -62,7 +62,7 @@ pub(super) struct SmLimiter {
 impl SmLimiter {
     /// A table of `entries` buckets admitting `rate` packets per second per source with
     /// bursts of `burst` (all at least 1; `Rpc::new` checks).
-    pub fn new(entries: usize, rate: u64, burst: u64) -> SmLimiter {
+    pub(super) fn new(entries: usize, rate: u64, burst: u64) -> SmLimiter {
         let interval = (SEC / rate.max(1)).max(1);
         SmLimiter {
             keys: RandomState::new(),
@@ -74,7 +74,7 @@ impl SmLimiter {
 
     /// Entries in the table (constant).
     #[cfg(test)]
-    pub fn entries(&self) -> usize {
+    pub(super) fn entries(&self) -> usize {
         self.table.len()
     }
 
@@ -85,7 +85,7 @@ impl SmLimiter {
     }
 
     /// Whether a packet from `src` at `now` is within its source's budget; charges it if so.
-    pub fn admit<A: Hash>(&mut self, src: &A, now: Time) -> bool {
+    pub(super) fn admit<A: Hash>(&mut self, src: &A, now: Time) -> bool {
         let (tag, i) = self.place(src);
         let e = &mut self.table[i];
         if e.tag != tag {

@@ -102,7 +102,7 @@ pub(super) struct ClientTxq<'a, A> {
 impl<A> ClientTxq<'_, A> {
     /// Lowers the timer bound to cover a deadline at `t` (`Rpc::arm`).
     #[inline]
-    pub fn arm(&mut self, t: Time) {
+    pub(super) fn arm(&mut self, t: Time) {
         *self.timer_lb = (*self.timer_lb).min(t);
     }
 
@@ -111,7 +111,7 @@ impl<A> ClientTxq<'_, A> {
     /// taken the packet's credit. Returns the time the packet is due to leave (`now` when
     /// direct). The packet's size on the wire is only computed when it is paced.
     #[inline]
-    pub fn queue_client_pkt(
+    pub(super) fn queue_client_pkt(
         &mut self,
         now: Time,
         c: &mut ClientSession,

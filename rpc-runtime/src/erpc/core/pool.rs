@@ -42,7 +42,7 @@ pub(super) struct BufPool {
 
 impl BufPool {
     /// An empty free list for buffers of `dpp` data bytes per packet.
-    pub fn new(dpp: usize) -> Self {
+    pub(super) fn new(dpp: usize) -> Self {
         BufPool {
             small: Vec::new(),
             large: Vec::new(),
@@ -62,7 +62,7 @@ impl BufPool {
     /// # Errors
     /// As [`MsgBuffer::new`] when a buffer must be mapped (`cap` above the 8 MiB limit, or
     /// the mapping failed).
-    pub fn take(&mut self, cap: usize) -> Result<MsgBuffer, MsgBufError> {
+    pub(super) fn take(&mut self, cap: usize) -> Result<MsgBuffer, MsgBufError> {
         let found = if cap <= self.dpp {
             match self.small.last() {
                 Some(b) if !b.in_flight() => self.small.pop(),
@@ -111,7 +111,7 @@ impl BufPool {
     ///
     /// # Errors
     /// As [`take`](Self::take); `slot` is unchanged then.
-    pub fn ensure<'a>(
+    pub(super) fn ensure<'a>(
         &mut self,
         slot: &'a mut Option<MsgBuffer>,
         cap: usize,
@@ -145,7 +145,7 @@ impl BufPool {
     /// # Errors
     /// As [`take`](Self::take) when the mapping fails.
     #[inline]
-    pub fn reserve_small(&mut self) -> Result<(), MsgBufError> {
+    pub(super) fn reserve_small(&mut self) -> Result<(), MsgBufError> {
         if self.small.last().is_none_or(MsgBuffer::in_flight) {
             let b = self.map(self.dpp)?;
             if self.small.capacity() == 0 {
@@ -159,7 +159,7 @@ impl BufPool {
 
     /// Tests: drops every one-packet buffer of the free list.
     #[cfg(test)]
-    pub fn clear_small(&mut self) {
+    pub(super) fn clear_small(&mut self) {
         for b in self.small.drain(..) {
             self.bytes -= b.buf_len();
         }
@@ -178,7 +178,7 @@ impl BufPool {
 
     /// Keeps `buf` for reuse if within the bounds (and of this pool's packet size); drops
     /// (unmaps) it otherwise.
-    pub fn put(&mut self, buf: MsgBuffer) {
+    pub(super) fn put(&mut self, buf: MsgBuffer) {
         let len = buf.buf_len();
         if buf.data_per_pkt() != self.dpp
             || self.small.len() + self.large.len() >= POOL_MAX_BUFS

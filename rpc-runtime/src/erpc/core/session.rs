@@ -69,7 +69,7 @@ pub(super) struct ClientSession {
 impl ClientSession {
     /// A client session whose slot `i` starts at request number `req_base + i`
     /// (`req_base` a multiple of [`SLOTS_PER_SESSION`], see `ClientSession::req_base`).
-    pub fn new(credits: usize, link_bps: f64, req_base: u64) -> Self {
+    pub(super) fn new(credits: usize, link_bps: f64, req_base: u64) -> Self {
         ClientSession {
             req_base,
             credits,
@@ -82,12 +82,12 @@ impl ClientSession {
     }
 
     /// A slot without an RPC, if any.
-    pub fn free_slot(&self) -> Option<usize> {
+    pub(super) fn free_slot(&self) -> Option<usize> {
         self.slots.iter().position(|s| !s.active)
     }
 
     /// Whether any RPC is in flight or queued.
-    pub fn busy(&self) -> bool {
+    pub(super) fn busy(&self) -> bool {
         !self.backlog.is_empty() || self.slots.iter().any(|s| s.active)
     }
 }
@@ -109,32 +109,32 @@ pub(super) enum Role {
 }
 
 impl Role {
-    pub fn is_client(&self) -> bool {
+    pub(super) fn is_client(&self) -> bool {
         matches!(self, Role::Client(_))
     }
 
-    pub fn client(&self) -> Option<&ClientSession> {
+    pub(super) fn client(&self) -> Option<&ClientSession> {
         match self {
             Role::Client(c) => Some(c),
             Role::Server(_) => None,
         }
     }
 
-    pub fn client_mut(&mut self) -> Option<&mut ClientSession> {
+    pub(super) fn client_mut(&mut self) -> Option<&mut ClientSession> {
         match self {
             Role::Client(c) => Some(c),
             Role::Server(_) => None,
         }
     }
 
-    pub fn server_mut(&mut self) -> Option<&mut ServerSession> {
+    pub(super) fn server_mut(&mut self) -> Option<&mut ServerSession> {
         match self {
             Role::Server(s) => Some(s),
             Role::Client(_) => None,
         }
     }
 
-    pub fn server(&self) -> Option<&ServerSession> {
+    pub(super) fn server(&self) -> Option<&ServerSession> {
         match self {
             Role::Server(s) => Some(s),
             Role::Client(_) => None,
@@ -167,7 +167,7 @@ pub(super) struct Session<A> {
 }
 
 impl<A> Session<A> {
-    pub fn new_client(
+    pub(super) fn new_client(
         peer: A,
         token: u64,
         generation: u64,
@@ -190,7 +190,7 @@ impl<A> Session<A> {
         }
     }
 
-    pub fn new_server(
+    pub(super) fn new_server(
         peer: A,
         remote_num: u16,
         token: u64,
@@ -219,7 +219,7 @@ impl<A> Session<A> {
 
 impl ServerSession {
     /// Whether the client has sent any request on the session (a slot holds one).
-    pub fn got_request(&self) -> bool {
+    pub(super) fn got_request(&self) -> bool {
         self.slots.iter().any(|s| s.req_num.is_some())
     }
 }

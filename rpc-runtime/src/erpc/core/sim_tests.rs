@@ -10,19 +10,19 @@ use super::*;
 pub(super) struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Self {
+    pub(super) fn new(seed: u64) -> Self {
         Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
     }
-    pub fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
-    pub fn chance(&mut self, p: f64) -> bool {
+    pub(super) fn chance(&mut self, p: f64) -> bool {
         ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
     }
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(super) fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
 }
@@ -38,7 +38,7 @@ pub(super) struct Node {
 }
 
 impl Node {
-    pub fn new(addr: u32, cfg: Config) -> Self {
+    pub(super) fn new(addr: u32, cfg: Config) -> Self {
         Node {
             rpc: Rpc::new(cfg).unwrap(),
             addr,
@@ -50,7 +50,7 @@ impl Node {
 
     /// Delivers packets between `a` and `b` instantly and losslessly until both are quiet;
     /// requests at either are answered with `handler` (client events stay queued).
-    pub fn run_reliable(a: &mut Node, b: &mut Node, handler: impl Fn(u8, &[u8]) -> Vec<u8>) {
+    pub(super) fn run_reliable(a: &mut Node, b: &mut Node, handler: impl Fn(u8, &[u8]) -> Vec<u8>) {
         let mut buf = vec![0u8; 65536];
         loop {
             let mut moved = false;
@@ -146,7 +146,7 @@ pub(super) struct Sim {
 }
 
 impl Sim {
-    pub fn new(n: usize, cfg: Config, seed: u64, handler: Handler) -> Self {
+    pub(super) fn new(n: usize, cfg: Config, seed: u64, handler: Handler) -> Self {
         Sim {
             nodes: (0..n).map(|i| Node::new(i as u32, cfg.clone())).collect(),
             now: 0,
@@ -240,7 +240,7 @@ impl Sim {
     }
 
     /// Runs until `done` holds or virtual time passes `limit`; returns whether `done` held.
-    pub fn run(&mut self, limit: Time, mut done: impl FnMut(&Sim) -> bool) -> bool {
+    pub(super) fn run(&mut self, limit: Time, mut done: impl FnMut(&Sim) -> bool) -> bool {
         loop {
             self.pump();
             if done(self) {
@@ -294,7 +294,7 @@ impl Sim {
     }
 
     /// Responses per (node, tag).
-    pub fn responses(&self) -> HashMap<(usize, u64), Vec<&MsgBuffer>> {
+    pub(super) fn responses(&self) -> HashMap<(usize, u64), Vec<&MsgBuffer>> {
         let mut m: HashMap<(usize, u64), Vec<&MsgBuffer>> = HashMap::new();
         for (i, n) in self.nodes.iter().enumerate() {
             for e in &n.events {
@@ -306,7 +306,7 @@ impl Sim {
         m
     }
 
-    pub fn count(&self, node: usize, f: impl Fn(&Event) -> bool) -> usize {
+    pub(super) fn count(&self, node: usize, f: impl Fn(&Event) -> bool) -> usize {
         self.nodes[node].events.iter().filter(|e| f(e)).count()
     }
 }

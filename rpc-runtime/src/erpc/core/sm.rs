@@ -67,7 +67,7 @@ use super::{ConfigField, ErpcCallError, Event, Rpc, SessionError, SessionId, Tim
 use crate::erpc::pkthdr::{PKTHDR_SIZE, PktHdr, PktType};
 
 /// `dest_session_num` of session-management packets (never a real session number).
-pub const SM_SESSION_NUM: u16 = u16::MAX;
+pub(super) const SM_SESSION_NUM: u16 = u16::MAX;
 /// Request-number bases are below this (2^43): a session then has at least 2^43 request
 /// numbers left, 2^40 requests per slot, before the 44-bit field runs out.
 pub(super) const REQ_BASE_LIMIT: u64 = 1 << 43;
@@ -156,7 +156,7 @@ pub(super) struct SmPkt {
 
 impl SmPkt {
     /// Writes the packet into `buf` (at least [`SM_PKT_LEN`] bytes) and returns its length.
-    pub fn encode(&self, buf: &mut [u8]) -> usize {
+    pub(super) fn encode(&self, buf: &mut [u8]) -> usize {
         let hdr = PktHdr::new(
             self.kind as u8,
             SM_BODY_LEN as u32,
@@ -187,7 +187,7 @@ impl SmPkt {
     }
 
     /// Parses an SM packet from its header and body.
-    pub fn decode(hdr: &PktHdr, body: &[u8]) -> Option<SmPkt> {
+    pub(super) fn decode(hdr: &PktHdr, body: &[u8]) -> Option<SmPkt> {
         if hdr.pkt_type() != PktType::Req
             || hdr.msg_size() as usize != SM_BODY_LEN
             || hdr.pkt_num() != 0

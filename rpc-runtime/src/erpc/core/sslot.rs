@@ -81,7 +81,7 @@ pub(super) struct ClientSlot {
 
 /// The send times of one client packet, ns (`cc.rs`, "Sampling").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TxStamp {
+pub(super) struct TxStamp {
     /// When `poll_transmit` handed the packet out.
     pub handed_out: Time,
     /// When the endpoint's link finished serializing it, at the configured link rate: at
@@ -98,7 +98,7 @@ pub(super) const NO_TS: TxStamp = TxStamp {
 impl ClientSlot {
     /// An idle slot whose first RPC uses `first_req_num`, for a session with `credits`
     /// credits.
-    pub fn new(first_req_num: u64, credits: usize) -> Self {
+    pub(super) fn new(first_req_num: u64, credits: usize) -> Self {
         ClientSlot {
             active: false,
             req_num: first_req_num,
@@ -121,13 +121,13 @@ impl ClientSlot {
     }
 
     /// All packets of the exchange, once the response size is known.
-    pub fn wire_pkts(&self) -> Option<usize> {
+    pub(super) fn wire_pkts(&self) -> Option<usize> {
         self.resp_size
             .map(|_| self.num_req_pkts + self.num_resp_pkts - 1)
     }
 
     /// Whether the slot has a packet it could send now given a credit.
-    pub fn wants_tx(&self) -> bool {
+    pub(super) fn wants_tx(&self) -> bool {
         self.active
             && (self.num_tx < self.num_req_pkts
                 || self.wire_pkts().is_some_and(|w| self.num_tx < w))
@@ -135,13 +135,13 @@ impl ClientSlot {
 
     /// Request data size in bytes (0 without a buffer).
     #[inline]
-    pub fn req_len(&self) -> usize {
+    pub(super) fn req_len(&self) -> usize {
         self.req.as_ref().map_or(0, MsgBuffer::data_size)
     }
 
     /// Starts an RPC (the request data is already in `req`, whose buffer has the core's
     /// packet size).
-    pub fn start(&mut self, req_type: u8, tag: u64) {
+    pub(super) fn start(&mut self, req_type: u8, tag: u64) {
         self.active = true;
         self.req_type = req_type;
         self.tag = tag;
@@ -156,7 +156,7 @@ impl ClientSlot {
     }
 
     /// Ends the RPC and moves on to the next request number of the slot.
-    pub fn finish(&mut self) {
+    pub(super) fn finish(&mut self) {
         self.active = false;
         self.req_num += SLOTS_PER_SESSION as u64;
         self.rto_deadline = None;
@@ -205,7 +205,7 @@ pub(super) struct ServerSlot {
 
 impl ServerSlot {
     /// An idle slot whose first request is `first_req_num`.
-    pub fn new(first_req_num: u64) -> Self {
+    pub(super) fn new(first_req_num: u64) -> Self {
         ServerSlot {
             next_req: first_req_num,
             ..ServerSlot::default()
