@@ -88,27 +88,10 @@ fn deferred_replies_out_of_order() {
     assert_eq!(got, (0..8).collect::<Vec<_>>());
 }
 
-/// Writes one raw request message through a raw ipc client and returns the response.
+/// Writes one raw request message through a freshly attached ipc client and returns the
+/// response ([`scenarios::raw_roundtrip`]).
 fn raw_roundtrip(name: &str, server: &mut Server<KvService, IpcServer>, msg: &[u8]) -> Vec<u8> {
-    let mut raw = Ipc::attach(name).unwrap();
-    let slot = raw
-        .try_send(|buf| {
-            buf[..msg.len()].copy_from_slice(msg);
-            msg.len()
-        })
-        .unwrap();
-    let mut out = None;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while out.is_none() {
-        assert!(Instant::now() < deadline, "no response to a bad request");
-        server.serve_once(|_| panic!("a bad request reached the handler"));
-        raw.poll_up_to(1, |s, bytes| {
-            assert_eq!(s, slot);
-            out = Some(bytes.to_vec());
-        })
-        .unwrap();
-    }
-    out.unwrap()
+    scenarios::raw_roundtrip(&mut Ipc::attach(name).unwrap(), server, msg)
 }
 
 fn header(msg: &[u8]) -> MsgHeader {
