@@ -70,9 +70,9 @@ impl Forger {
     fn new(fabric: &Fabric) -> Forger {
         let raw = RawRcPeer::new(fabric, 4 * SLOT);
         let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-        let big = raw.reg(3 * REGION, rw);
+        let mut big = raw.reg(3 * REGION, rw);
         big.write(0, &vec![GUARD; 3 * REGION]);
-        let other = raw.reg(REGION, rw);
+        let mut other = raw.reg(REGION, rw);
         other.write(0, &vec![GUARD; REGION]);
         let word = raw.reg(64, rw);
         let pool = raw.reg(REGION, rw | Access::REMOTE_READ);

@@ -46,14 +46,17 @@ impl RegBuf {
         v
     }
 
-    /// Writes `data` at `off`.
+    /// Writes `data` at `off`. Takes `&mut self`, so no other thread reads or writes the
+    /// buffer through this `RegBuf` meanwhile; the device model writes it only inside the
+    /// doorbells and polls of the thread that drives the peer.
     ///
     /// # Panics
     /// If `off + data.len()` is beyond the buffer.
-    pub fn write(&self, off: usize, data: &[u8]) {
+    pub fn write(&mut self, off: usize, data: &[u8]) {
         assert!(off + data.len() <= self.mr.len, "write beyond the buffer");
-        // SAFETY: inside the mapping (checked above); as in `read`, no device access runs
-        // while this thread copies.
+        // SAFETY: inside the mapping (checked above); `&mut self` excludes other CPU
+        // accesses through this buffer, and as in `read`, no device access runs while this
+        // thread copies.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_mut_ptr().add(off), data.len())
         };
