@@ -80,7 +80,7 @@ fn pingpong(rounds: u32) {
                 let (peer, raddr) = rx.recv().unwrap();
                 qp.connect_rc(&peer, &RcParams::default()).unwrap();
                 for _ in 0..128 {
-                    qp.rq.as_mut().unwrap().post(&[]).unwrap();
+                    qp.rq.as_mut().unwrap().post_empty().unwrap();
                 }
                 qp.rq.as_mut().unwrap().ring_doorbell();
                 go.wait();
@@ -111,7 +111,7 @@ fn pingpong(rounds: u32) {
                                 assert_eq!(c.imm, seq);
                                 let rq = qp.rq.as_mut().unwrap();
                                 rq.complete();
-                                rq.post(&[]).unwrap();
+                                rq.post_empty().unwrap();
                                 rq.ring_doorbell();
                                 break;
                             }
@@ -201,7 +201,7 @@ impl CycleRig {
             None => {
                 let rq = qb.rq.as_mut().unwrap();
                 while rq.free() > 0 {
-                    rq.post(&[]).unwrap();
+                    rq.post_empty().unwrap();
                 }
                 rq.ring_doorbell();
             }
@@ -253,13 +253,13 @@ impl CycleRig {
             Some(s) => {
                 assert_eq!(r.srqn, s.srq.srqn());
                 s.srq.release(r.wqe_counter).unwrap();
-                s.srq.post(&[]).unwrap();
+                s.srq.post_empty().unwrap();
                 s.srq.ring_doorbell();
             }
             None => {
                 let rq = self.qb.rq.as_mut().unwrap();
                 rq.complete();
-                rq.post(&[]).unwrap();
+                rq.post_empty().unwrap();
                 rq.ring_doorbell();
             }
         }

@@ -104,8 +104,14 @@ impl RecvQueue {
     /// Nothing is written on error.
     /// - [`Error::WqeTooLarge`]: more than `max_sge` entries;
     /// - [`Error::RqFull`]: `wqe_cnt` WQEs are posted and not completed.
+    ///
+    /// # Safety
+    /// The device writes a received message into the memory `sges` names (registered,
+    /// lkey): it must stay valid, and no Rust reference to it may be live, from this post
+    /// until the WQE's completion is polled (or the queue is destroyed, or flushed in
+    /// error). An empty list has no requirement.
     #[inline]
-    pub fn post(&mut self, sges: &[Sge]) -> Result<()> {
+    pub unsafe fn post(&mut self, sges: &[Sge]) -> Result<()> {
         let max = self.mem.max_sge as usize;
         if sges.len() > max {
             return Err(too_many_sges(sges.len(), max));
@@ -130,6 +136,17 @@ impl RecvQueue {
         Ok(())
     }
 
+    /// Posts one zero-length receive WQE (terminator only), as copyrpc does for RDMA WRITE
+    /// with immediate, whose data lands in a ring and not in the receive buffer.
+    ///
+    /// # Errors
+    /// [`Error::RqFull`]: `wqe_cnt` WQEs are posted and not completed.
+    #[inline]
+    pub fn post_empty(&mut self) -> Result<()> {
+        // SAFETY: an empty scatter list: the device writes no memory for this WQE.
+        unsafe { self.post(&[]) }
+    }
+
     /// Re-posts the next `n` WQEs unchanged: advances `head` by `n` without writing, so each
     /// of those slots is posted again with the scatter list it was last posted with (the
     /// device never writes receive WQEs). For a consumer that always posts the same buffer
@@ -139,8 +156,11 @@ impl RecvQueue {
     ///
     /// Returns `false`, changing nothing, unless every slot has been written by
     /// [`post`](Self::post) at least once and `n` WQEs are free.
+    ///
+    /// # Safety
+    /// As [`post`](Self::post), for the scatter lists of the re-posted slots.
     #[inline]
-    pub fn repost(&mut self, n: u32) -> bool {
+    pub unsafe fn repost(&mut self, n: u32) -> bool {
         if self.written < self.mem.wqe_cnt || n > self.free() {
             return false;
         }

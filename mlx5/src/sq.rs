@@ -212,12 +212,39 @@ impl SendQueue {
     /// - [`Error::WqeTooLarge`]: more than `mem.max_sge` data segments, `ds > 63`, or more
     ///   than [`max_wqebbs`](Self::max_wqebbs);
     /// - [`Error::SqFull`]: padding + WQE need more WQEBBs than are free; retire completions
-    ///   and retry.
+    ///   and retry;
+    /// - [`Error::InvalidArgument`]: an opcode that makes the device write local memory
+    ///   (RDMA READ, atomics): post those with [`post_local_write`](Self::post_local_write).
+    ///
+    /// Safe because every other opcode only reads the memory its gather list names, and
+    /// that memory was registered by the `unsafe`
+    /// [`Context::reg_mr`](crate::verbs::Context::reg_mr), whose contract keeps it mapped
+    /// while registered.
     ///
     /// Always inlined: callers build `desc` as a literal, so the segments a caller never
     /// uses (`ud`, `atomic`, ...) and the opcode tests fold away at compile time (issue 16).
     #[inline(always)]
     pub fn post(&mut self, desc: &WqeDesc<'_>) -> Result<u16> {
+        if writes_local(desc.opcode) {
+            return Err(local_write_refused(desc.opcode));
+        }
+        self.post_av(desc, None)
+    }
+
+    /// [`post`](Self::post) for any opcode, including those that make the device write the
+    /// memory of the scatter list `desc.sges` (RDMA READ: the remote bytes; atomics: the
+    /// original 8-byte value; PRM "RDMA Read" and "Atomic" WQE segments).
+    ///
+    /// # Safety
+    /// For RDMA READ and atomics, the memory `desc.sges` names (registered, lkey) must stay
+    /// valid, and no Rust reference to it may be live, from this post until its completion
+    /// is polled (or the QP is in error and flushed): the device writes it at any time in
+    /// between. Other opcodes have no further requirement.
+    ///
+    /// # Errors
+    /// As [`post`](Self::post), without the opcode check.
+    #[inline(always)]
+    pub unsafe fn post_local_write(&mut self, desc: &WqeDesc<'_>) -> Result<u16> {
         self.post_av(desc, None)
     }
 
@@ -231,6 +258,9 @@ impl SendQueue {
     #[inline(always)]
     pub fn post_ud(&mut self, av: &EncodedAv, desc: &WqeDesc<'_>) -> Result<u16> {
         debug_assert!(desc.ud.is_none(), "post_ud with desc.ud set");
+        if writes_local(desc.opcode) {
+            return Err(local_write_refused(desc.opcode));
+        }
         self.post_av(desc, Some(av))
     }
 
@@ -675,6 +705,21 @@ unsafe fn mmio_copy(dst: *mut u8, src: *const u8, bytes: usize) {
         // SAFETY: caller's contract; `i * 8 < bytes`.
         unsafe { d.add(i).write_volatile(s.add(i).read()) };
     }
+}
+
+/// Whether `op` makes the device write the memory of the WQE's scatter list (PRM: RDMA READ
+/// and the atomics return data into the local buffers).
+#[inline(always)]
+fn writes_local(op: Opcode) -> bool {
+    matches!(op, Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa)
+}
+
+#[cold]
+#[inline(never)]
+fn local_write_refused(op: Opcode) -> Error {
+    Error::InvalidArgument(format!(
+        "{op:?} writes local memory: post it with the unsafe SendQueue::post_local_write"
+    ))
 }
 
 #[cold]

@@ -182,8 +182,14 @@ impl SharedRecvQueue {
     /// Nothing is written on error.
     /// - [`Error::WqeTooLarge`]: more than `max_sge` entries;
     /// - [`Error::RqFull`]: `wqe_cnt - 1` WQEs are posted (see the module docs, "sentinel").
+    ///
+    /// # Safety
+    /// The device writes a received message into the memory `sges` names (registered,
+    /// lkey): it must stay valid, and no Rust reference to it may be live, from this post
+    /// until the WQE's completion is polled (or the queue is destroyed, or flushed in
+    /// error). An empty list (a zero-length receive) has no requirement.
     #[inline]
-    pub fn post(&mut self, sges: &[Sge]) -> Result<u16> {
+    pub unsafe fn post(&mut self, sges: &[Sge]) -> Result<u16> {
         let max = self.mem.max_sge as usize;
         if sges.len() > max {
             return Err(too_many_sges(sges.len(), max));
@@ -225,7 +231,8 @@ impl SharedRecvQueue {
     /// [`Error::RqFull`] when `wqe_cnt - 1` WQEs are posted.
     #[inline]
     pub fn post_empty(&mut self) -> Result<u16> {
-        self.post(&[])
+        // SAFETY: an empty scatter list: the device writes no memory for this WQE.
+        unsafe { self.post(&[]) }
     }
 
     /// Posts up to `n` zero-length receive WQEs (as many as are available) and returns how

@@ -225,7 +225,8 @@ fn hw_rc_loopback_write_send_read_atomic() {
 
     // SEND with immediate A→B into a posted receive.
     let rsges = [dst.sge(1024, 512)];
-    b.rq.as_mut().unwrap().post(&rsges).unwrap();
+    // SAFETY: `dst` outlives the QPs; its bytes are borrowed only after the completion.
+    unsafe { b.rq.as_mut().unwrap().post(&rsges) }.unwrap();
     b.rq.as_mut().unwrap().ring_doorbell();
     let sges = [src.sge(100, 77)];
     let mut d = desc(Opcode::SendImm, &sges);
@@ -251,7 +252,8 @@ fn hw_rc_loopback_write_send_read_atomic() {
         raddr: dst.mr.addr,
         rkey: dst.mr.rkey,
     });
-    a.sq.post(&d).unwrap();
+    // SAFETY: `src` outlives the QPs; its bytes are borrowed only after the completion.
+    unsafe { a.sq.post_local_write(&d) }.unwrap();
     a.sq.ring_doorbell();
     let c = wait(&mut cq_a);
     c.status().expect("READ completion");
@@ -273,7 +275,8 @@ fn hw_rc_loopback_write_send_read_atomic() {
         swap_add: 2,
         compare: 0,
     });
-    a.sq.post(&d).unwrap();
+    // SAFETY: as for the READ above.
+    unsafe { a.sq.post_local_write(&d) }.unwrap();
     a.sq.ring_doorbell();
     let c = wait(&mut cq_a);
     c.status().expect("atomic completion");
@@ -339,7 +342,8 @@ fn hw_ud_loopback_through_an_address_handle() {
     let mut buf = Buf::new(&ctx, &pd, 4096);
     buf.bytes()[..64].copy_from_slice(&[0x5a; 64]);
     let rq = qp.rq.as_mut().unwrap();
-    rq.post(&[buf.sge(1024, 40 + 64)]).unwrap();
+    // SAFETY: `buf` outlives the QP; its bytes are borrowed only after the completion.
+    unsafe { rq.post(&[buf.sge(1024, 40 + 64)]) }.unwrap();
     rq.ring_doorbell();
     let sges = [buf.sge(0, 64)];
     let mut d = desc(Opcode::Send, &sges);
@@ -391,7 +395,8 @@ fn hw_srq_receives_and_releases() {
     buf.bytes()[..100].fill(7);
     let mut posted = Vec::new();
     for i in 0..4 {
-        posted.push(srq.srq.post(&[buf.sge(4096 + i * 1024, 1024)]).unwrap());
+        // SAFETY: `buf` outlives the QPs; its bytes are borrowed only after the completions.
+        posted.push(unsafe { srq.srq.post(&[buf.sge(4096 + i * 1024, 1024)]) }.unwrap());
     }
     srq.srq.ring_doorbell();
     for _ in 0..4 {

@@ -8,7 +8,22 @@ use std::collections::VecDeque;
 use driver_common::{Expected, QPN, Rng, SqHarness, dbrec_word, shape};
 use mlx5::Error;
 use mlx5::sq::MAX_WQEBBS;
+use mlx5::sq::SendQueue;
 use mlx5::wqe::{self, Opcode, Sge, WqeDesc, wqebbs};
+
+/// Posting without a device: these tests run the driver alone, so nothing ever writes the
+/// memory a scatter list names, and every opcode (RDMA READ and atomics included) may be
+/// posted: `SendQueue::post_local_write`'s contract asks for nothing more.
+trait NoDevice {
+    fn post_nodev(&mut self, desc: &WqeDesc<'_>) -> mlx5::Result<u16>;
+}
+
+impl NoDevice for SendQueue {
+    fn post_nodev(&mut self, desc: &WqeDesc<'_>) -> mlx5::Result<u16> {
+        // SAFETY: no device runs in these tests (trait docs).
+        unsafe { self.post_local_write(desc) }
+    }
+}
 
 /// One posted WQE as the test remembers it.
 struct Posted {
@@ -49,7 +64,7 @@ fn mixed_run(wqe_cnt: u32, ud: bool, count: usize, seed: u64) {
         } else {
             0
         };
-        match h.sq.post(&e.desc()) {
+        match h.sq.post_nodev(&e.desc()) {
             Ok(idx) => {
                 assert!(pad + n <= free_before);
                 let pi = pi_before + pad;
@@ -182,11 +197,11 @@ fn big_write(sges: &[Sge]) -> WqeDesc<'_> {
 fn full_ring_is_sq_full_and_nothing_is_written() {
     let mut h = SqHarness::new(16, 64, false);
     for i in 0..16 {
-        assert_eq!(h.sq.post(&nop_desc(i == 15)).unwrap(), i as u16);
+        assert_eq!(h.sq.post_nodev(&nop_desc(i == 15)).unwrap(), i as u16);
     }
     assert_eq!(h.sq.free_wqebbs(), 0);
     let snap = h.ring_snapshot();
-    match h.sq.post(&nop_desc(false)) {
+    match h.sq.post_nodev(&nop_desc(false)) {
         Err(Error::SqFull { need: 1, free: 0 }) => {}
         r => panic!("expected SqFull, got {r:?}"),
     }
@@ -215,7 +230,7 @@ fn padding_counts_against_free_space_exactly() {
     assert_eq!(h.sq.max_wqebbs(), 8);
     assert_eq!(big_write(&sges).ds(), 63);
     assert!(matches!(
-        h.sq.post(&big_write(&sges)),
+        h.sq.post_nodev(&big_write(&sges)),
         Err(Error::WqeTooLarge(_))
     ));
     assert_eq!(h.sq.pi(), 0);
@@ -225,7 +240,7 @@ fn padding_counts_against_free_space_exactly() {
     assert_eq!(wqebbs(d8.ds()), 8);
     let mut h2 = SqHarness::new(16, 64, false);
     for i in 0..14 {
-        h2.sq.post(&nop_desc(i == 6)).unwrap();
+        h2.sq.post_nodev(&nop_desc(i == 6)).unwrap();
     }
     h2.sq.ring_doorbell();
     assert_eq!(h2.sq.retire(6), 7);
@@ -233,7 +248,7 @@ fn padding_counts_against_free_space_exactly() {
     assert_eq!(h2.sq.wqebbs_needed(d8.ds()), 10);
     assert!(!h2.sq.has_room(d8.ds()));
     let snap = h2.ring_snapshot();
-    match h2.sq.post(&d8) {
+    match h2.sq.post_nodev(&d8) {
         Err(Error::SqFull { need: 10, free: 9 }) => {}
         r => panic!("expected SqFull {{ need: 10, free: 9 }}, got {r:?}"),
     }
@@ -243,7 +258,7 @@ fn padding_counts_against_free_space_exactly() {
     assert_eq!(h2.sq.retire(7), 1);
     assert_eq!(h2.sq.free_wqebbs(), 10);
     assert!(h2.sq.has_room(d8.ds()));
-    assert_eq!(h2.sq.post(&d8).unwrap(), 16);
+    assert_eq!(h2.sq.post_nodev(&d8).unwrap(), 16);
     assert_eq!(h2.sq.free_wqebbs(), 0);
     let pad = h2.parse_at(14, false);
     assert_eq!(pad.ctrl.opcode, Opcode::Nop as u8);
@@ -267,11 +282,11 @@ fn largest_wqe_pads_with_one_nop_of_fifteen_wqebbs() {
     assert_eq!((d.ds(), wqebbs(d.ds())), (63, MAX_WQEBBS));
     // Move pi to slot 49: 64 - 49 = 15 WQEBBs to the end, the WQE needs 16.
     for i in 0..49 {
-        h.sq.post(&nop_desc(i == 48)).unwrap();
+        h.sq.post_nodev(&nop_desc(i == 48)).unwrap();
     }
     h.sq.ring_doorbell();
     h.sq.retire(48);
-    assert_eq!(h.sq.post(&d).unwrap(), 64);
+    assert_eq!(h.sq.post_nodev(&d).unwrap(), 64);
     h.sq.ring_doorbell();
     let st = h.dev.state.lock().unwrap();
     let (pi, pad) = &st.seen[49];
@@ -297,7 +312,7 @@ fn selective_signaling_retires_earlier_unsignaled_wqes() {
             u64::from(i),
             false,
         );
-        idx.push((h.sq.post(&e.desc()).unwrap(), h.sq.pi()));
+        idx.push((h.sq.post_nodev(&e.desc()).unwrap(), h.sq.pi()));
     }
     h.sq.ring_doorbell();
     let total = h.sq.pi();
@@ -364,7 +379,7 @@ fn post_errors_are_typed_and_write_nothing() {
         ..nop_desc(false)
     };
     assert!(matches!(
-        h.sq.post(&WqeDesc {
+        h.sq.post_nodev(&WqeDesc {
             opcode: Opcode::Send,
             ..d
         }),
@@ -377,7 +392,7 @@ fn post_errors_are_typed_and_write_nothing() {
     }; 62];
     let d = big_write(&sges); // ds 64
     assert_eq!(d.ds(), 64);
-    assert!(matches!(h.sq.post(&d), Err(Error::WqeTooLarge(_))));
+    assert!(matches!(h.sq.post_nodev(&d), Err(Error::WqeTooLarge(_))));
     assert_eq!(h.ring_snapshot(), snap);
     assert_eq!(h.sq.pi(), 0);
 }
@@ -447,7 +462,7 @@ mod accounting {
                         let slot = pi & (cnt - 1);
                         let pad = if slot + n > cnt { cnt - slot } else { 0 };
                         let free = cnt - (pi - retired);
-                        let r = h.sq.post(&e.desc());
+                        let r = h.sq.post_nodev(&e.desc());
                         if ds > 63 || n > max_n {
                             prop_assert!(matches!(r, Err(Error::WqeTooLarge(_))), "{r:?}");
                         } else if pad + n > free {
@@ -548,11 +563,42 @@ fn too_many_sges_is_rejected_and_nothing_is_written() {
         lkey: 1,
     }; 65];
     let snap = h.ring_snapshot();
-    match h.sq.post(&big_write(&sges)) {
+    match h.sq.post_nodev(&big_write(&sges)) {
         Err(Error::WqeTooLarge(msg)) => assert!(msg.contains("max_send_sge"), "{msg}"),
         r => panic!("expected WqeTooLarge, got {r:?}"),
     }
     assert_eq!(h.ring_snapshot(), snap);
     assert_eq!(h.sq.pi(), 0);
-    h.sq.post(&big_write(&sges[..4])).unwrap();
+    h.sq.post_nodev(&big_write(&sges[..4])).unwrap();
+}
+
+/// The safe `post` refuses the opcodes that make the device write local memory (RDMA READ,
+/// atomics), writing nothing; `post_local_write` takes them.
+#[test]
+fn safe_post_refuses_local_write_opcodes() {
+    let mut h = SqHarness::new(16, 64, false);
+    let sges = [Sge {
+        addr: 0x1000,
+        len: 8,
+        lkey: 7,
+    }];
+    for op in [Opcode::RdmaRead, Opcode::AtomicCs, Opcode::AtomicFa] {
+        let d = WqeDesc {
+            opcode: op,
+            sges: &sges,
+            ..nop_desc(true)
+        };
+        assert!(
+            matches!(h.sq.post(&d), Err(Error::InvalidArgument(_))),
+            "{op:?}"
+        );
+        assert_eq!(h.sq.pi(), 0, "{op:?}: nothing written");
+    }
+    let d = WqeDesc {
+        opcode: Opcode::RdmaRead,
+        sges: &sges,
+        ..nop_desc(true)
+    };
+    assert_eq!(h.sq.post_nodev(&d).unwrap(), 0);
+    assert!(h.sq.pi() > 0);
 }

@@ -91,7 +91,7 @@ fn rank(
     let peer = rx.recv().unwrap();
     qp.connect_rc(&peer.remote, &RcParams::default()).unwrap();
     for _ in 0..RECVS {
-        qp.rq.as_mut().unwrap().post(&[]).unwrap();
+        qp.rq.as_mut().unwrap().post_empty().unwrap();
     }
     qp.rq.as_mut().unwrap().ring_doorbell();
     go.wait();
@@ -115,7 +115,7 @@ fn rank(
             );
             let rq = qp.rq.as_mut().unwrap();
             rq.complete();
-            rq.post(&[]).unwrap();
+            rq.post_empty().unwrap();
             rq.ring_doorbell();
         }
         // Send message `seq` into the peer's ring, inline or gathered alternately.
@@ -164,7 +164,7 @@ fn rank(
             );
             let rq = qp.rq.as_mut().unwrap();
             rq.complete();
-            rq.post(&[]).unwrap();
+            rq.post_empty().unwrap();
             rq.ring_doorbell();
         }
     }
@@ -288,7 +288,8 @@ fn many_ranks_send_into_one_srq() {
     }
     while srq.srq.available() > 0 {
         let i = srq.srq.head() as usize;
-        srq.srq.post(&[bufs.sge(i * 64, 64)]).unwrap();
+        // SAFETY: `bufs` outlives the QPs and is read only by copies after completions.
+        unsafe { srq.srq.post(&[bufs.sge(i * 64, 64)]) }.unwrap();
     }
     srq.srq.ring_doorbell();
     go.wait();
@@ -319,7 +320,8 @@ fn many_ranks_send_into_one_srq() {
         got += 1;
         srq.srq.release(r.wqe_counter).unwrap();
         let idx = srq.srq.head() as usize;
-        srq.srq.post(&[bufs.sge(idx * 64, 64)]).unwrap();
+        // SAFETY: as above; the slot's previous message was copied out before the release.
+        unsafe { srq.srq.post(&[bufs.sge(idx * 64, 64)]) }.unwrap();
         srq.srq.ring_doorbell();
     }
     for h in handles {

@@ -85,8 +85,8 @@ fn raw_write_and_read_move_data_beside_rpcs() {
     // Read it back into a cleared local buffer, with an RPC in flight at the same time.
     local.write(&[0u8; 4096]);
     a.call(ea, b"beside", 9, 16).unwrap();
-    a.post_rdma_read(ea, local.sge(3000), remote.raddr())
-        .unwrap();
+    // SAFETY: `local` outlives the endpoints and is read (by copy) only after the READ.
+    unsafe { a.post_rdma_read(ea, local.sge(3000), remote.raddr()) }.unwrap();
     wait_raw(&mut a, &mut b);
     assert_eq!(local.bytes(3000), data);
     let (h, req) = b.recv().expect("the RPC arrived");

@@ -101,7 +101,7 @@ impl RawRcPeer {
             )
             .unwrap();
         let rq = qp.rq.as_mut().unwrap();
-        while rq.post(&[]).is_ok() {}
+        while rq.post_empty().is_ok() {}
         rq.ring_doorbell();
         let staging = reg(&dev, &pd, staging_bytes, Access::LOCAL_WRITE);
         RawRcPeer {
@@ -186,7 +186,7 @@ impl RawRcPeer {
                 Some(CqeOpcode::RespWrImm) => {
                     let rq = self.qp.rq.as_mut().unwrap();
                     rq.complete();
-                    rq.post(&[]).unwrap();
+                    rq.post_empty().unwrap();
                     rq.ring_doorbell();
                     self.received.push(c.imm);
                 }

@@ -216,7 +216,9 @@ fn inline_data_on_read_is_a_local_qp_operation_error() {
             CQ_UPDATE,
         )
     };
-    a.qp.sq.post(&d).unwrap();
+    // SAFETY: no scatter list (the inline data is the error under test): the device writes
+    // no local memory.
+    unsafe { a.qp.sq.post_local_write(&d) }.unwrap();
     a.qp.sq.ring_doorbell();
     let c = poll(&mut a.cq).unwrap();
     assert_eq!(c.syndrome, Syndrome::LocalQpOp as u8);
@@ -433,11 +435,15 @@ fn progress_thread_retries_stalled_senders() {
     a.qp.sq.ring_doorbell();
     let (mr, mem) = reg(&b, 64, Access::LOCAL_WRITE);
     let rq = b.qp.rq.as_mut().unwrap();
-    rq.post(&[Sge {
-        addr: mr.addr,
-        len: 64,
-        lkey: mr.lkey,
-    }])
+    // SAFETY: `mem` (64 bytes, registered as `mr`) lives to the end of the test and is read
+    // only after the completion is polled.
+    unsafe {
+        rq.post(&[Sge {
+            addr: mr.addr,
+            len: 64,
+            lkey: mr.lkey,
+        }])
+    }
     .unwrap();
     rq.ring_doorbell();
     let start = Instant::now();

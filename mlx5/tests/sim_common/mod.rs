@@ -187,17 +187,23 @@ pub(crate) fn desc<'a>(opcode: Opcode) -> WqeDesc<'a> {
     }
 }
 
-/// Posts one WQE and rings the doorbell; returns its wqe_index.
+/// Posts one WQE of any opcode (RDMA READ and atomics included) and rings the doorbell;
+/// returns its wqe_index. Sound for these tests' scatter lists: they name [`Buf`]s, which
+/// the tests keep until their QPs are dropped and read only through raw-pointer copies,
+/// never through a live reference (`SendQueue::post_local_write`'s contract).
 pub(crate) fn post(qp: &mut Qp, d: &WqeDesc<'_>) -> u16 {
-    let idx = qp.sq.post(d).unwrap();
+    // SAFETY: see above.
+    let idx = unsafe { qp.sq.post_local_write(d) }.unwrap();
     qp.sq.ring_doorbell();
     idx
 }
 
-/// Posts a receive WQE on the QP's RQ and rings its doorbell.
+/// Posts a receive WQE on the QP's RQ and rings its doorbell. Sound for these tests'
+/// scatter lists, as [`post`] is.
 pub(crate) fn post_recv(qp: &mut Qp, sges: &[Sge]) {
     let rq = qp.rq.as_mut().unwrap();
-    rq.post(sges).unwrap();
+    // SAFETY: as in `post`.
+    unsafe { rq.post(sges) }.unwrap();
     rq.ring_doorbell();
 }
 

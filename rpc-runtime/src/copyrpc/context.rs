@@ -1564,23 +1564,28 @@ impl<U> Context<U> {
             // `ingest` checked `d.len <= large limit <= our buffer size`: the READ cannot
             // write beyond the landing buffer.
             debug_assert!(d.len <= c.rx_pool.size);
-            let r = c.qp.sq.post(&WqeDesc {
-                opcode: Opcode::RdmaRead,
-                flags: CQ_UPDATE,
-                imm: 0,
-                ud: None,
-                remote: Some(RaddrSeg {
-                    raddr: d.addr,
-                    rkey: d.rkey,
-                }),
-                atomic: None,
-                inline: &[],
-                sges: &[Sge {
-                    addr: b.mr.addr,
-                    len: d.len,
-                    lkey: b.mr.lkey,
-                }],
-            });
+            // SAFETY: the landing buffer `slot` was just taken off the pool's free list and
+            // is lent to no one until this READ's completion is polled (`LargeRead`); the
+            // pool's buffers live as long as the connection's QP.
+            let r = unsafe {
+                c.qp.sq.post_local_write(&WqeDesc {
+                    opcode: Opcode::RdmaRead,
+                    flags: CQ_UPDATE,
+                    imm: 0,
+                    ud: None,
+                    remote: Some(RaddrSeg {
+                        raddr: d.addr,
+                        rkey: d.rkey,
+                    }),
+                    atomic: None,
+                    inline: &[],
+                    sges: &[Sge {
+                        addr: b.mr.addr,
+                        len: d.len,
+                        lkey: b.mr.lkey,
+                    }],
+                })
+            };
             match r {
                 Ok(idx) => {
                     c.signaled.push_back((idx, Signaled::LargeRead));
@@ -1653,23 +1658,28 @@ impl<U> Context<U> {
     /// consumer word (seeds/001 "RDMA READフォールバック"). Returns whether it was posted.
     #[cold]
     fn post_consumer_read(stats: &mut Stats, c: &mut Conn<U>) -> bool {
-        let r = c.qp.sq.post(&WqeDesc {
-            opcode: Opcode::RdmaRead,
-            flags: CQ_UPDATE,
-            imm: 0,
-            ud: None,
-            remote: Some(RaddrSeg {
-                raddr: c.remote.consumer_addr,
-                rkey: c.remote.consumer_rkey,
-            }),
-            atomic: None,
-            inline: &[],
-            sges: &[Sge {
-                addr: c.word_mr.addr + 8,
-                len: 8,
-                lkey: c.word_mr.lkey,
-            }],
-        });
+        // SAFETY: bytes 8..16 of the connection's consumer word are this READ's landing
+        // place only; they are read with a volatile load after its completion, never through
+        // a reference, and the word lives as long as the QP.
+        let r = unsafe {
+            c.qp.sq.post_local_write(&WqeDesc {
+                opcode: Opcode::RdmaRead,
+                flags: CQ_UPDATE,
+                imm: 0,
+                ud: None,
+                remote: Some(RaddrSeg {
+                    raddr: c.remote.consumer_addr,
+                    rkey: c.remote.consumer_rkey,
+                }),
+                atomic: None,
+                inline: &[],
+                sges: &[Sge {
+                    addr: c.word_mr.addr + 8,
+                    len: 8,
+                    lkey: c.word_mr.lkey,
+                }],
+            })
+        };
         match r {
             Ok(idx) => {
                 c.signaled.push_back((idx, Signaled::ConsumerRead));
@@ -1707,10 +1717,16 @@ impl<U> Context<U> {
     /// (seeds/004 §3.9), signaled and rung at once; its completion is counted in
     /// [`Stats::raw_done`] (see [`Context::raw_rdma_pending`]).
     ///
+    /// # Safety
+    /// The device writes `local` at any time until the completion: the memory it names
+    /// (registered on this context, lkey) must stay valid, and no Rust reference to it may
+    /// be live, until [`Context::raw_rdma_pending`] no longer counts this READ
+    /// (`mlx5::sq::SendQueue::post_local_write`).
+    ///
     /// # Errors
     /// [`SetupError::BadEndpoint`] for an unknown or unconnected endpoint;
     /// [`SetupError::Device`] (`SqFull`: poll and retry).
-    pub fn post_rdma_read(
+    pub unsafe fn post_rdma_read(
         &mut self,
         ep: EndpointId,
         local: Sge,
@@ -1744,16 +1760,20 @@ impl<U> Context<U> {
             .get_mut(ep as usize)
             .filter(|c| c.core.state() == EndpointState::Connected)
             .ok_or(SetupError::BadEndpoint(ep))?;
-        let idx = c.qp.sq.post(&WqeDesc {
-            opcode,
-            flags: CQ_UPDATE,
-            imm: 0,
-            ud: None,
-            remote: Some(remote),
-            atomic: None,
-            inline: &[],
-            sges: &[local],
-        })?;
+        // SAFETY: a WRITE only reads `local`; for a READ, `post_rdma_read`'s caller
+        // upholds its contract, which is `post_local_write`'s.
+        let idx = unsafe {
+            c.qp.sq.post_local_write(&WqeDesc {
+                opcode,
+                flags: CQ_UPDATE,
+                imm: 0,
+                ud: None,
+                remote: Some(remote),
+                atomic: None,
+                inline: &[],
+                sges: &[local],
+            })
+        }?;
         c.signaled.push_back((idx, Signaled::Raw));
         c.unsignaled = 0;
         c.last_signal_pi = c.qp.sq.pi();

@@ -630,7 +630,10 @@ impl RcClient for Copyrpc {
                 };
                 // Send queue full: the endpoint is busy sending, which detects a dead peer
                 // too.
-                let _ = s.ctx.post_rdma_read(ep, local, p.remote);
+                // SAFETY: the probe's 8-byte landing buffer (`p.mr`) is never read, and it
+                // outlives the context's QPs (the probe is dropped first, field order, after
+                // its READ is no longer pending or the context is gone).
+                let _ = unsafe { s.ctx.post_rdma_read(ep, local, p.remote) };
             }
         });
     }

@@ -1222,9 +1222,14 @@ impl UdTransport {
         // exactly `rq_depth` WQEs, each slot is always posted with the same buffer, so once
         // every buffer was posted the slots already hold the right WQEs and a re-post only
         // moves the producer counter (eRPC's fixed RECV descriptors, seeds/000 §12.5).
+        // SAFETY (both posts below): the buffers re-posted are consumed ones: their
+        // completions were polled, and the slices `rx_pkt` lent out of them borrowed `self`,
+        // which this `&mut self` call proves ended (`rx_release`); `rx_buf`, registered as
+        // `rx_mr`, lives as long as the QP (it is dropped after it, field order).
         if rq.wqe_cnt() == self.cfg.rq_depth
             && self.rx_posted >= depth
-            && u32::try_from(want).is_ok_and(|n| rq.repost(n))
+            // SAFETY: see above.
+            && u32::try_from(want).is_ok_and(|n| unsafe { rq.repost(n) })
         {
             self.rx_posted += want;
             rq.ring_doorbell();
@@ -1241,7 +1246,8 @@ impl UdTransport {
                 len,
                 lkey: self.rx_mr.lkey,
             };
-            if rq.post(&[sge]).is_err() {
+            // SAFETY: see above.
+            if unsafe { rq.post(&[sge]) }.is_err() {
                 break;
             }
             self.rx_posted += 1;
@@ -2187,11 +2193,14 @@ mod tests {
         let buf = DmaBuf::new(4096).unwrap();
         // SAFETY: `buf` lives to the end of the test, after the receive completes.
         let mr = unsafe { ctx.reg_mr(&pd, buf.as_mut_ptr(), 4096, Access::LOCAL_WRITE) }.unwrap();
-        rq.post(&[Sge {
-            addr: buf.as_ptr() as u64,
-            len: 4096,
-            lkey: mr.lkey,
-        }])
+        // SAFETY: `buf` lives to the end of the test and is read only after the completion.
+        unsafe {
+            rq.post(&[Sge {
+                addr: buf.as_ptr() as u64,
+                len: 4096,
+                lkey: mr.lkey,
+            }])
+        }
         .unwrap();
         rq.ring_doorbell();
         assert_eq!(t.tx_burst(&[TxPkt::single(from, b"reply")]).unwrap(), 1);
