@@ -41,6 +41,11 @@ pub(crate) fn blocking_calls<F: Fixture>(fx: &mut F) -> Blocking<F> {
     let (server, addr) = fx.server::<KvService>();
     let h = super::spawn_kv(server);
     let mut kv = KvClient::<F::Client>::connect(addr.borrow()).unwrap();
+    // This scenario is about results, not latency: on an oversubscribed host the server
+    // thread can be descheduled past the 1 s default deadline (seen once, load average 17),
+    // so calls are bounded by 60 s instead; a hang still fails.
+    let default_deadline = kv.default_deadline();
+    kv.set_default_deadline(Duration::from_secs(60));
     assert_eq!(kv.get(0, 1).unwrap(), None);
     kv.put(0, 1, 10).unwrap();
     assert_eq!(kv.get(0, 1).unwrap(), Some(10));
@@ -54,6 +59,7 @@ pub(crate) fn blocking_calls<F: Fixture>(fx: &mut F) -> Blocking<F> {
     assert_eq!(server.stats().requests, 2003);
     assert_eq!(server.stats().bad_requests, 0);
     assert_eq!(server.stats().dropped_replies, 0);
+    kv.set_default_deadline(default_deadline);
     Blocking { kv, server, addr }
 }
 
