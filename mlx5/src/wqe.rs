@@ -453,6 +453,26 @@ pub struct WqeDesc<'a> {
     pub sges: &'a [Sge],
 }
 
+impl<'a> WqeDesc<'a> {
+    /// A signaled RDMA READ of `remote` into the scatter list `sges` (ctrl, remote-address
+    /// and data segments; PRM "RDMA Read"). Post it with
+    /// [`SendQueue::post_local_write`](crate::sq::SendQueue::post_local_write): the device
+    /// writes `sges`.
+    #[inline(always)]
+    pub const fn rdma_read(remote: RaddrSeg, sges: &'a [Sge]) -> Self {
+        WqeDesc {
+            opcode: Opcode::RdmaRead,
+            flags: CQ_UPDATE,
+            imm: 0,
+            ud: None,
+            remote: Some(remote),
+            atomic: None,
+            inline: &[],
+            sges,
+        }
+    }
+}
+
 impl WqeDesc<'_> {
     /// The WQE's size in 16 B units (`ds`).
     #[inline(always)]

@@ -1564,28 +1564,19 @@ impl<U> Context<U> {
             // `ingest` checked `d.len <= large limit <= our buffer size`: the READ cannot
             // write beyond the landing buffer.
             debug_assert!(d.len <= c.rx_pool.size);
+            let sge = [Sge {
+                addr: b.mr.addr,
+                len: d.len,
+                lkey: b.mr.lkey,
+            }];
+            let remote = RaddrSeg {
+                raddr: d.addr,
+                rkey: d.rkey,
+            };
             // SAFETY: the landing buffer `slot` was just taken off the pool's free list and
             // is lent to no one until this READ's completion is polled (`LargeRead`); the
             // pool's buffers live as long as the connection's QP.
-            let r = unsafe {
-                c.qp.sq.post_local_write(&WqeDesc {
-                    opcode: Opcode::RdmaRead,
-                    flags: CQ_UPDATE,
-                    imm: 0,
-                    ud: None,
-                    remote: Some(RaddrSeg {
-                        raddr: d.addr,
-                        rkey: d.rkey,
-                    }),
-                    atomic: None,
-                    inline: &[],
-                    sges: &[Sge {
-                        addr: b.mr.addr,
-                        len: d.len,
-                        lkey: b.mr.lkey,
-                    }],
-                })
-            };
+            let r = unsafe { c.qp.sq.post_local_write(&WqeDesc::rdma_read(remote, &sge)) };
             match r {
                 Ok(idx) => {
                     c.signaled.push_back((idx, Signaled::LargeRead));
@@ -1658,28 +1649,19 @@ impl<U> Context<U> {
     /// consumer word (seeds/001 "RDMA READフォールバック"). Returns whether it was posted.
     #[cold]
     fn post_consumer_read(stats: &mut Stats, c: &mut Conn<U>) -> bool {
+        let sge = [Sge {
+            addr: c.word_mr.addr + 8,
+            len: 8,
+            lkey: c.word_mr.lkey,
+        }];
+        let remote = RaddrSeg {
+            raddr: c.remote.consumer_addr,
+            rkey: c.remote.consumer_rkey,
+        };
         // SAFETY: bytes 8..16 of the connection's consumer word are this READ's landing
         // place only; they are read with a volatile load after its completion, never through
         // a reference, and the word lives as long as the QP.
-        let r = unsafe {
-            c.qp.sq.post_local_write(&WqeDesc {
-                opcode: Opcode::RdmaRead,
-                flags: CQ_UPDATE,
-                imm: 0,
-                ud: None,
-                remote: Some(RaddrSeg {
-                    raddr: c.remote.consumer_addr,
-                    rkey: c.remote.consumer_rkey,
-                }),
-                atomic: None,
-                inline: &[],
-                sges: &[Sge {
-                    addr: c.word_mr.addr + 8,
-                    len: 8,
-                    lkey: c.word_mr.lkey,
-                }],
-            })
-        };
+        let r = unsafe { c.qp.sq.post_local_write(&WqeDesc::rdma_read(remote, &sge)) };
         match r {
             Ok(idx) => {
                 c.signaled.push_back((idx, Signaled::ConsumerRead));

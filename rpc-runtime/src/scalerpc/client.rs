@@ -776,27 +776,22 @@ impl<U> ScaleClient<U> {
             }
             if server.response_mode == ResponseMode::Read && !conn.failed {
                 // Fetch the server's slot (seeds/003 §8.2).
+                let sge = [Sge {
+                    addr: self.resp.addr(s, 0),
+                    len: server.slot_size,
+                    lkey: self.resp.mr.lkey,
+                }];
+                let remote = RaddrSeg {
+                    raddr: server.pool_addr + o.pool_slot as u64 * server.slot_size as u64,
+                    rkey: server.pool_rkey,
+                };
                 // SAFETY: response slot `s` belongs to this call and is read only after the
                 // READ's completion (`read_in_flight`); the response pool lives as long as the
                 // connections' QPs.
                 let r = unsafe {
-                    conn.qp.sq.post_local_write(&WqeDesc {
-                        opcode: Opcode::RdmaRead,
-                        flags: CQ_UPDATE,
-                        imm: 0,
-                        ud: None,
-                        remote: Some(RaddrSeg {
-                            raddr: server.pool_addr + o.pool_slot as u64 * server.slot_size as u64,
-                            rkey: server.pool_rkey,
-                        }),
-                        atomic: None,
-                        inline: &[],
-                        sges: &[Sge {
-                            addr: self.resp.addr(s, 0),
-                            len: server.slot_size,
-                            lkey: self.resp.mr.lkey,
-                        }],
-                    })
+                    conn.qp
+                        .sq
+                        .post_local_write(&WqeDesc::rdma_read(remote, &sge))
                 };
                 if let Ok(idx) = r {
                     o.read_in_flight = true;
