@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
 use rpc::copyrpc::stats::BATCH_BUCKETS;
-use rpc::copyrpc::{CallError, Context, ContextConfig, EndpointConfig, EndpointId, Stats};
+use rpc::copyrpc::{
+    CallError, CallErrorKind, Context, ContextConfig, EndpointConfig, EndpointId, Stats,
+};
 use rpc::mlx5::sim::{Fabric, SimConfig};
 
 #[derive(Parser, Debug)]
@@ -200,7 +202,10 @@ fn client_issue(c: &mut Context<u64>, ep: EndpointId, seq: u64, size: usize) -> 
     });
     match r {
         Ok(_) => true,
-        Err(CallError::InsufficientCredit(_) | CallError::RingFull(_)) => false,
+        Err(CallError {
+            kind: CallErrorKind::InsufficientCredit | CallErrorKind::RingFull,
+            ..
+        }) => false,
         Err(e) => panic!("call failed: {e}"),
     }
 }

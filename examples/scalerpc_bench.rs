@@ -27,7 +27,8 @@ use clap::Parser;
 use plotters::prelude::*;
 use rpc::mlx5::sim::{Fabric, QpcCacheConfig, SimConfig};
 use rpc::scalerpc::{
-    ClientConfig, GroupSize, ScaleCallError, ScaleClient, ScaleServer, ServerConfig,
+    ClientConfig, GroupSize, ScaleCallError, ScaleCallErrorKind, ScaleClient, ScaleServer,
+    ServerConfig,
 };
 
 #[derive(Parser, Debug)]
@@ -194,7 +195,10 @@ fn measure(a: &Args, n: u32, grouping: bool) -> Point {
                     PAYLOAD
                 }) {
                     Ok(_) => seq += 1,
-                    Err(ScaleCallError::NotActive(_) | ScaleCallError::SlotsBusy(_)) => break,
+                    Err(ScaleCallError {
+                        kind: ScaleCallErrorKind::NotActive | ScaleCallErrorKind::SlotsBusy,
+                        ..
+                    }) => break,
                     Err(e) => panic!("call: {e}"),
                 }
             }

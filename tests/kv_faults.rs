@@ -263,12 +263,12 @@ fn stopped_daemons_end_the_client_run_at_the_deadline() {
     assert!(note.contains("check "), "{v}");
 }
 
-/// `--backend direct` drives copyrpc endpoints without the typed client, so the client loop
-/// enforces their deadline itself: a reply lost on one (the hidden test hook
-/// `--lose-direct-reply`) expires that one call at `--deadline-ms`, and the run ends (its stop
-/// loop used to wait for the call forever) with exit code 1.
+/// `--backend direct` calls the other ranks through typed copyrpc clients on one shared
+/// context per client thread: a call that gets no reply (the hidden test hook
+/// `--lose-direct-call`, which never sends it) expires at `--deadline-ms`, and the run ends
+/// (a stop loop that waited for every call would hang) with exit code 1.
 #[test]
-fn a_lost_direct_reply_expires_at_the_deadline() {
+fn a_lost_direct_call_expires_at_the_deadline() {
     let args = [
         "--ranks",
         "2",
@@ -288,7 +288,7 @@ fn a_lost_direct_reply_expires_at_the_deadline() {
         "500",
         "--deadline-ms",
         "300",
-        "--lose-direct-reply",
+        "--lose-direct-call",
         "20",
     ];
     let (code, v, stderr) = kv_common::run_in_process(&args, Duration::from_secs(60));

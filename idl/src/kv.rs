@@ -81,92 +81,9 @@ pub fn kv_var_target(msg: &[u8]) -> Result<(u32, &str), rpc::wire::WireError> {
     }
 }
 
-/// Writes the request of a [`KvVarServer::put`] of `value` under `key` on rank `rank` into
-/// `out` (the bytes `KvVarClient::issue(..).put` sends): for raw transports such as a copyrpc
-/// endpoint used directly. Returns its length.
-///
-/// # Errors
-/// [`rpc::wire::WireError::BadLength`] if the request is longer than `out` (nothing is
-/// written).
-#[inline]
-pub fn kv_var_put_request(
-    out: &mut [u8],
-    rank: u32,
-    key: &str,
-    value: &[u8],
-) -> Result<usize, rpc::wire::WireError> {
-    let len = KvVarService::__rpc_put_req_len(rank, key, value);
-    if len > out.len() {
-        return Err(too_long(KvVarService::PUT, len, out.len()));
-    }
-    Ok(KvVarService::__rpc_put_req_write(out, rank, key, value))
-}
-
-/// Writes the request of a [`KvVarServer::get`] of `key` on rank `rank` into `out` (as
-/// [`kv_var_put_request`]). Returns its length.
-///
-/// # Errors
-/// [`rpc::wire::WireError::BadLength`] if the request is longer than `out` (nothing is
-/// written).
-#[inline]
-pub fn kv_var_get_request(
-    out: &mut [u8],
-    rank: u32,
-    key: &str,
-) -> Result<usize, rpc::wire::WireError> {
-    let len = KvVarService::__rpc_get_req_len(rank, key);
-    if len > out.len() {
-        return Err(too_long(KvVarService::GET, len, out.len()));
-    }
-    Ok(KvVarService::__rpc_get_req_write(out, rank, key))
-}
-
-/// The result of a [`KvVarServer::get`] read in its response message `msg`: the value
-/// borrowed from `msg`, or `None`.
-///
-/// # Errors
-/// The [`rpc::wire::WireError`] of an error status or a response that does not decode.
-#[inline]
-pub fn kv_var_get_response(msg: &[u8]) -> Result<Option<&[u8]>, rpc::wire::WireError> {
-    KvVarService::__rpc_get_resp_read(msg)
-}
-
-#[cold]
-fn too_long(method_id: u16, got: usize, expected: usize) -> rpc::wire::WireError {
-    rpc::wire::WireError::BadLength {
-        method_id,
-        got,
-        expected,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn raw_requests_and_get_responses() {
-        let mut buf = vec![0u64; 64];
-        let out = rpc::__private::zerocopy::IntoBytes::as_mut_bytes(&mut buf[..]);
-        let n = kv_var_put_request(out, 2, "k9", b"v").unwrap();
-        assert_eq!(kv_var_target(&out[..n]), Ok((2, "k9")));
-        let n = kv_var_get_request(out, 1, "k8").unwrap();
-        assert_eq!(kv_var_target(&out[..n]), Ok((1, "k8")));
-        assert!(kv_var_put_request(&mut out[..20], 0, "k", b"v").is_err());
-        assert!(kv_var_get_request(&mut out[..20], 0, "k").is_err());
-        // A shard's answer, read in place.
-        struct One;
-        impl KvVarServer for One {
-            fn put(&mut self, _: u32, _: &str, _: &[u8]) {}
-            fn get(&self, _: u32, key: &str) -> Option<&[u8]> {
-                (key == "k8").then_some(b"eight".as_slice())
-            }
-        }
-        let mut resp = vec![0u64; 64];
-        let r = rpc::__private::zerocopy::IntoBytes::as_mut_bytes(&mut resp[..]);
-        let m = KvVarService::dispatch_raw(&mut One, &out[..n], r).unwrap();
-        assert_eq!(kv_var_get_response(&r[..m]), Ok(Some(&b"eight"[..])));
-    }
 
     #[test]
     fn kv_var_target_reads_rank_and_key_in_place() {

@@ -18,8 +18,8 @@ use std::time::Instant;
 
 use idl::kv::{
     KvClient, KvRequest, KvResponse, KvServer, KvService, KvVarClient, KvVarRequest, KvVarResponse,
-    KvVarResponseRef, KvVarServer, KvVarService, MAX_KEY_BYTES, kv_var_get_request,
-    kv_var_get_response, kv_var_put_request, kv_var_target, owner_daemon, owner_daemon_of,
+    KvVarResponseRef, KvVarServer, KvVarService, MAX_KEY_BYTES, kv_var_target, owner_daemon,
+    owner_daemon_of,
 };
 use rpc::delegation::Target;
 use rpc::wire::WireError;
@@ -294,16 +294,6 @@ pub(crate) trait Api: Send + Sync + Sized + 'static {
         version: u64,
         ctx: &mut Ctx,
     ) -> Result<(), RpcError>;
-    /// Writes the request of `op` (a put writes `version`) into `out` (the raw copyrpc path
-    /// of `--backend direct`, `out` of the service's `max_request_bytes`); returns its
-    /// length (0, an empty request the daemon answers with an error, if it does not fit:
-    /// the sizes are checked at startup, so it does not happen).
-    fn encode_op(op: Op, version: u64, ctx: &mut Ctx, out: &mut [u8]) -> usize;
-    /// What the response message `msg` to `op` says ([`Api::outcome`]), read in place
-    /// (the raw copyrpc path of `--backend direct`).
-    fn outcome_msg(msg: &[u8], op: &Op, ctx: &Ctx) -> Outcome;
-    /// The method id of a get (`read`) or a put.
-    fn method(read: bool) -> u16;
     /// A blocking put of `version` under key id `key` on rank `rank`.
     fn put<T: ClientTransport + Send>(
         c: &mut Self::Conn<T>,
@@ -417,29 +407,6 @@ impl Api for Fixed {
         } else {
             c.issue(tag).put(op.rank, op.key, version)
         }
-    }
-    #[inline]
-    fn encode_op(op: Op, version: u64, _ctx: &mut Ctx, out: &mut [u8]) -> usize {
-        let req = if op.read {
-            KvRequest::get(op.rank, op.key)
-        } else {
-            KvRequest::put(op.rank, op.key, version)
-        };
-        if KvService::request_len(&req) > out.len() {
-            return 0;
-        }
-        KvService::encode_request(&req, out)
-    }
-    #[inline]
-    fn outcome_msg(msg: &[u8], op: &Op, ctx: &Ctx) -> Outcome {
-        // `KvResponse` is `Copy`: decoding it allocates nothing.
-        KvService::decode_response(Self::method(op.read), msg)
-            .map_err(|_| ())
-            .and_then(|r| Self::outcome(&r, op, ctx))
-    }
-    #[inline]
-    fn method(read: bool) -> u16 {
-        if read { KvService::GET } else { KvService::PUT }
     }
     fn put<T: ClientTransport + Send>(
         c: &mut KvClient<T>,
@@ -618,43 +585,6 @@ impl Api for Var {
         } else {
             let value = ctx.value(op.key, version);
             c.issue(tag).put(op.rank, key, value)
-        }
-    }
-    #[inline]
-    fn encode_op(op: Op, version: u64, ctx: &mut Ctx, out: &mut [u8]) -> usize {
-        let mut k = [0u8; MAX_KEY_BYTES];
-        let key = key_str(op.key, &ctx.sizes, &mut k);
-        // Written in place, as the typed stubs write it (no `KvVarRequest`).
-        let r = if op.read {
-            kv_var_get_request(out, op.rank, key)
-        } else {
-            let value = ctx.value(op.key, version);
-            kv_var_put_request(out, op.rank, key, value)
-        };
-        r.unwrap_or(0)
-    }
-    #[inline]
-    fn outcome_msg(msg: &[u8], op: &Op, ctx: &Ctx) -> Outcome {
-        if op.read {
-            // The value is checked where it was received, as `poll_outcomes` does.
-            match kv_var_get_response(msg) {
-                Ok(Some(v)) => Ok(Some(verify_value(op.key, v, &ctx.sizes))),
-                Ok(None) => Ok(Some(Read::Miss)),
-                Err(_) => Err(()),
-            }
-        } else {
-            match KvVarService::decode_response(KvVarService::PUT, msg) {
-                Ok(KvVarResponse::Put(())) => Ok(None),
-                _ => Err(()),
-            }
-        }
-    }
-    #[inline]
-    fn method(read: bool) -> u16 {
-        if read {
-            KvVarService::GET
-        } else {
-            KvVarService::PUT
         }
     }
     fn put<T: ClientTransport + Send>(

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::{Backoff, CachePadded};
 use hdrhistogram::Histogram;
 use rpc::bootstrap::Bootstrap;
-use rpc::copyrpc::CallError;
 use rpc::delegation::Delegation;
 use rpc::erpc::{Erpc, ErpcConfig};
 use rpc::mlx5::sim::Fabric;
@@ -539,6 +538,11 @@ pub(crate) fn client_thread<A: Api, D: Daemons<A>>(
         ));
     }
     let mut remote = remote;
+    if let Remote::Direct { conns } = &mut remote {
+        for c in conns.iter_mut().flatten() {
+            A::core(c).set_default_deadline(Duration::from_millis(load.deadline_ms));
+        }
+    }
     if let Remote::Ring(ring) = &mut remote {
         let ring = A::core(ring);
         ring.set_default_deadline(Duration::from_millis(load.deadline_ms));
@@ -565,8 +569,14 @@ pub(crate) fn client_thread<A: Api, D: Daemons<A>>(
         .iter_mut()
         .map(|c| A::core(c).stats().late_responses)
         .sum::<u64>();
-    if let Remote::Ring(ring) = &mut remote {
-        report.late += A::core(ring).stats().late_responses;
+    match &mut remote {
+        Remote::Ring(ring) => report.late += A::core(ring).stats().late_responses,
+        Remote::Direct { conns } => {
+            report.late += (conns.iter_mut().flatten())
+                .map(|c| A::core(c).stats().late_responses)
+                .sum::<u64>();
+        }
+        _ => {}
     }
     daemons.finished(rings);
     r
@@ -601,25 +611,18 @@ pub(crate) enum Sent {
     Later,
     /// A typed call (its client enforces its deadline).
     Typed,
-    /// A raw copyrpc call over a direct endpoint (the client loop enforces its deadline).
-    Raw,
 }
 
 /// Sends `op` with tag `tag`: to the owner daemon's ring if it is for this rank, else over
-/// the remote path. Direct calls that find the copyrpc ring full poll (completions go to
-/// `done`) and retry, until `deadline` after the call's issue time (then the thread fails).
-/// Returns [`Sent::Later`] if the daemon's transport cannot take the call now (ScaleRPC: the
-/// connection's group is not scheduled): poll and issue it again.
+/// the remote path. Returns [`Sent::Later`] if the transport cannot take the call now
+/// (ScaleRPC: the connection's group is not scheduled; copyrpc: no credit or ring space):
+/// poll and issue it again.
 #[inline]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn issue<A: Api, T: ClientTransport + Send>(
     me: Me,
     (tag, op, value): (u64, Op, u64),
     rings: &mut [A::Conn<T>],
     remote: &mut Remote<A>,
-    inflight: &[(Instant, Op)],
-    done: &mut Vec<Done>,
-    deadline: Duration,
     ctx: &mut Ctx,
 ) -> Result<Sent, String> {
     let ring = match remote {
@@ -628,33 +631,11 @@ pub(crate) fn issue<A: Api, T: ClientTransport + Send>(
         Remote::Ring(ring) => return typed_issue::<A, _>(ring, tag, op, value, ctx),
         Remote::None => 0,
         Remote::Meta => A::owner(op.key, rings.len(), ctx),
-        Remote::Direct { ctx: copyrpc, eps } => {
-            let Some(ep) = eps.get(op.rank as usize).copied().flatten() else {
-                return Err(format!("no endpoint to rank {}", op.rank));
+        Remote::Direct { conns } => {
+            return match conns.get_mut(op.rank as usize) {
+                Some(Some(conn)) => typed_issue::<A, _>(conn, tag, op, value, ctx),
+                _ => Err(format!("no endpoint to rank {}", op.rank)),
             };
-            let d = A::S::DESCRIPTOR;
-            loop {
-                // Written into the send ring in place (no request value).
-                match copyrpc.call_with(
-                    ep,
-                    d.max_request_bytes as u32,
-                    tag as u32,
-                    d.max_response_bytes as u32,
-                    |buf| A::encode_op(op, value, ctx, buf),
-                ) {
-                    Ok(_) => return Ok(Sent::Raw),
-                    Err(e) if e.is_retryable() => {
-                        copyrpc.poll(|t, r| done.push(direct_done::<A>(inflight, t, r, ctx)));
-                        if done.is_empty() && inflight[tag as usize].0.elapsed() >= deadline {
-                            return Err(no_room(op.rank, deadline));
-                        }
-                    }
-                    Err(CallError::Failed(_)) => {
-                        return Err(format!("endpoint to rank {} failed", op.rank));
-                    }
-                    Err(e) => return Err(format!("copyrpc call to rank {}: {e}", op.rank)),
-                }
-            }
         }
     };
     typed_issue::<A, T>(&mut rings[ring], tag, op, value, ctx)
@@ -676,34 +657,8 @@ fn typed_issue<A: Api, T: ClientTransport + Send>(
     }
 }
 
-/// A direct call that found no room on its endpoint to rank `rank` for `deadline`.
-#[cold]
-pub(crate) fn no_room(rank: u32, deadline: Duration) -> String {
-    format!(
-        "copyrpc call to rank {rank}: no room on the endpoint within --deadline-ms {}",
-        deadline.as_millis()
-    )
-}
-
-/// What a direct (copyrpc) response for the call with tag `t` says of the call's operation,
-/// read in place ([`Api::outcome_msg`]).
-#[inline]
-pub(crate) fn direct_done<A: Api>(
-    inflight: &[(Instant, Op)],
-    t: u32,
-    r: Result<&[u8], rpc::copyrpc::EndpointFailure>,
-    ctx: &Ctx,
-) -> Done {
-    let op = inflight[t as usize].1;
-    let o = r
-        .map_err(|_| Failed::Error)
-        .map(|b| A::outcome_msg(b, &op, ctx));
-    (t as u64, o)
-}
-
 /// The closed loop of one client thread (seeds/004 §7): requests for its rank go to the owner
-/// daemon's ring, the others over `remote`; every ring and the copyrpc context (if any) are
-/// polled, and each completion is replaced by the next operation of the pattern. An operation
+/// daemon's ring, the others over `remote`; every connection is polled, and each completion is replaced by the next operation of the pattern. An operation
 /// the transport cannot take yet (or, on a transport that does not keep a connection's calls
 /// in order, a write of a key with a write outstanding) waits, and the ones after it too.
 #[allow(clippy::too_many_arguments)]
@@ -723,22 +678,8 @@ pub(crate) fn client_loop<A: Api, D: Daemons<A>>(
         Some(n) if me.gid == 0 => n,
         _ => u64::MAX,
     };
-    // Per tag (0..qd): the raw calls' state (`Tag`; typed calls' tags stay `Free`: their
-    // clients track them), when it was issued and what it was.
-    let mut state = vec![Tag::Free; qd];
-    let deadline = Duration::from_millis(load.deadline_ms);
-    // Raw (direct copyrpc) calls in flight, whose deadlines this loop enforces; none of them
-    // expires before `next_expiry` (the clock is read only when polls find nothing).
-    // `tracked`: tags not `Free` (raw calls in flight or expired); 0 on the typed-only path,
-    // which then never reads `state`.
-    let (mut raw_out, mut tracked) = (0usize, 0usize);
-    let mut next_expiry = Instant::now() + deadline;
-    // The test hook `--lose-direct-reply`: raw completions seen, and which one to ignore.
-    let mut raw_seen = 0u64;
-    let lose_at = match load.lose_direct_reply {
-        Some(n) if me.gid == 0 => n,
-        _ => 0,
-    };
+    // Per tag (0..qd): when its call was issued and what it was. Every call is typed: its
+    // client enforces its deadline and drops a late response.
     let mut inflight: Vec<(Instant, Op)> = vec![
         (
             Instant::now(),
@@ -794,16 +735,7 @@ pub(crate) fn client_loop<A: Api, D: Daemons<A>>(
                     break;
                 }
                 inflight[tag as usize] = (Instant::now(), op);
-                let sent = issue::<A, D::T>(
-                    me,
-                    (tag, op, value),
-                    rings,
-                    remote,
-                    &inflight,
-                    &mut done,
-                    deadline,
-                    &mut ctx,
-                )?;
+                let sent = issue::<A, D::T>(me, (tag, op, value), rings, remote, &mut ctx)?;
                 if sent == Sent::Later {
                     if !D::ORDERED && !op.read {
                         writes_out.remove(&(op.rank, op.key));
@@ -812,11 +744,6 @@ pub(crate) fn client_loop<A: Api, D: Daemons<A>>(
                     break;
                 }
                 free.pop();
-                if sent == Sent::Raw {
-                    state[tag as usize] = Tag::Raw;
-                    raw_out += 1;
-                    tracked += 1;
-                }
                 if !op.read && (op.key / me.writers) % SAMPLE_EVERY == 0 {
                     rep.written.insert((op.rank, op.key), value);
                 }
@@ -834,49 +761,19 @@ pub(crate) fn client_loop<A: Api, D: Daemons<A>>(
             A::poll_outcomes(ring, &inflight, &ctx, |tag, r| done.push((tag, r)))
                 .map_err(|e| e.to_string())?;
         }
-        if let Remote::Direct { ctx: copyrpc, .. } = remote {
-            copyrpc.poll(|t, r| done.push(direct_done::<A>(&inflight, t, r, &ctx)));
+        if let Remote::Direct { conns } = remote {
+            for conn in conns.iter_mut().flatten() {
+                A::poll_outcomes(conn, &inflight, &ctx, |tag, r| done.push((tag, r)))
+                    .map_err(|e| e.to_string())?;
+            }
         }
         if done.is_empty() {
             D::keepalive(rings);
-            if raw_out > 0 {
-                let now = Instant::now();
-                if now >= next_expiry {
-                    let (n, next) = expire(
-                        (&inflight, &mut state),
-                        (now, deadline),
-                        rep,
-                        (!D::ORDERED).then_some(&mut writes_out),
-                    );
-                    outstanding -= n;
-                    raw_out -= n;
-                    next_expiry = next;
-                }
-            }
             backoff.snooze();
             continue;
         }
         backoff.reset();
         for (tag, r) in done.drain(..) {
-            if tracked > 0 && state[tag as usize] != Tag::Free {
-                let was = std::mem::replace(&mut state[tag as usize], Tag::Free);
-                if was == Tag::Raw {
-                    raw_seen += 1;
-                    if raw_seen == lose_at {
-                        // Test hook: as if this reply were lost.
-                        state[tag as usize] = Tag::Raw;
-                        continue;
-                    }
-                    raw_out -= 1;
-                    tracked -= 1;
-                } else {
-                    // A late completion of a call given up: dropped; its tag is free again.
-                    rep.late += 1;
-                    tracked -= 1;
-                    free.push(tag);
-                    continue;
-                }
-            }
             let (t, op) = inflight[tag as usize];
             if !D::ORDERED && !op.read {
                 writes_out.remove(&(op.rank, op.key));
@@ -928,21 +825,6 @@ pub(crate) fn client_loop<A: Api, D: Daemons<A>>(
     Ok(())
 }
 
-/// Where a tag of a client thread stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Tag {
-    /// No raw call on it (free, or a typed call in flight: its client delivers it, or its
-    /// expiry at `--deadline-ms` as `RpcError::DeadlineExceeded`, and drops a late response
-    /// itself).
-    Free,
-    /// A raw copyrpc call in flight over a direct endpoint: [`expire`] gives it up at
-    /// `--deadline-ms`.
-    Raw,
-    /// Its raw call got no completion within `--deadline-ms`: counted as an error and given
-    /// up; the tag is reused once that call's late completion arrives (dropped), if ever.
-    Expired,
-}
-
 /// A call given up at its deadline: an error, counted in `rep.expired`; its write (whether it
 /// executed is unknown) leaves the sampled keys.
 #[cold]
@@ -952,36 +834,6 @@ pub(crate) fn expired(op: Op, rep: &mut ClientReport) {
     if !op.read {
         rep.written.remove(&(op.rank, op.key));
     }
-}
-
-/// Gives up every raw call in flight (`Tag::Raw`) issued `deadline` or more before `now`
-/// (`inflight`: issue time and operation by tag; see [`expired`]), and, for unordered
-/// transports, forgets its write from `writes_out`. Returns how many expired and the earliest
-/// instant another raw call in flight can expire.
-#[cold]
-pub(crate) fn expire(
-    (inflight, state): (&[(Instant, Op)], &mut [Tag]),
-    (now, deadline): (Instant, Duration),
-    rep: &mut ClientReport,
-    mut writes_out: Option<&mut rustc_hash::FxHashSet<(u32, u64)>>,
-) -> (usize, Instant) {
-    let (mut n, mut next) = (0, now + deadline);
-    for (s, &(at, op)) in state.iter_mut().zip(inflight) {
-        if *s != Tag::Raw {
-            continue;
-        }
-        if at + deadline > now {
-            next = next.min(at + deadline);
-            continue;
-        }
-        *s = Tag::Expired;
-        n += 1;
-        expired(op, rep);
-        if let Some(w) = writes_out.as_deref_mut().filter(|_| !op.read) {
-            w.remove(&(op.rank, op.key));
-        }
-    }
-    (n, next)
 }
 
 /// The error of the test hook `--fail-client-after`.

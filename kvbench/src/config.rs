@@ -260,11 +260,11 @@ pub struct LoadArgs {
     /// this many operations, as a fault would make it fail (tests/kv_faults.rs).
     #[arg(long, hide = true)]
     pub fail_client_after: Option<u64>,
-    /// Test hook (hidden): client thread 0 of rank 0 ignores the N-th (1-based) completion of
-    /// its raw copyrpc calls (`--backend direct`), as if the reply were lost
-    /// (tests/kv_faults.rs).
+    /// Test hook (hidden): client thread 0 of rank 0 never sends the N-th (1-based) of its
+    /// calls to other ranks (`--backend direct`), as if its request or reply were lost, so
+    /// that its deadline ends it (`kvbench::direct::LoseCall`, tests/kv_faults.rs).
     #[arg(long, hide = true)]
-    pub lose_direct_reply: Option<u64>,
+    pub lose_direct_call: Option<u64>,
 }
 
 /// How the summary is printed: text, `--json` or `--csv`.

@@ -33,8 +33,9 @@
 //!   ([`rpc::delegation`], `fetch_add` on a shared MPSC ring); Daemon#0 holds every endpoint
 //!   and sends it over copyrpc (1 hop).
 //! - `direct` (upstream's third baseline, not in seeds/004's table): each client thread has
-//!   its own copyrpc context with one endpoint per remote rank, connected to that rank's
-//!   daemon 0 ([`rpc::delegation::Delegate`]), and polls it alongside its connections; local
+//!   its own copyrpc context ([`rpc::copyrpc::ClientContext`]) with one endpoint per remote
+//!   rank, connected to that rank's daemon 0 ([`rpc::delegation::Delegate`]), and a typed
+//!   client on each ([`direct::DirectCopyrpc`]), polled alongside its connections; local
 //!   calls go to the daemons' delegation rings.
 //! - `all`: the three, one after the other in this process, and their ratios.
 //!
@@ -145,6 +146,7 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod direct;
 pub mod pinning;
 pub mod report;
 pub mod run;

@@ -313,9 +313,8 @@ pub(crate) fn run_rank<A: Api, B: Bootstrap>(
             let mut rings = servers.into_iter();
             let ring0 = rings.next().expect("daemon 0");
             let delegate = wiring.connect(rank, &all).and_then(|()| {
-                let Wiring {
-                    dlg: ctx, remotes, ..
-                } = wiring;
+                let lose = a.load.lose_direct_call;
+                let (ctx, remotes) = wiring.into_parts(rank, a.load.qd, lose)?;
                 let mut dlg = Delegate::<A::S, _>::new(
                     ring0,
                     ctx,

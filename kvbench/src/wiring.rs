@@ -4,6 +4,7 @@
 //! (checked, never trusted: issue 14), and the helpers that end every setup step on all ranks
 //! together (`agree`).
 
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use rpc::Service;
@@ -11,12 +12,16 @@ use rpc::bootstrap::threads::{ThreadGroup, ThreadRank};
 use rpc::bootstrap::wire::{self};
 use rpc::bootstrap::{Bootstrap, BootstrapError};
 use rpc::copyrpc::info::INFO_BYTES;
-use rpc::copyrpc::{Context, ContextConfig, EndpointConfig, EndpointId, EndpointInfo, SetupError};
+use rpc::copyrpc::{
+    ClientContext, Context, ContextConfig, Copyrpc, EndpointConfig, EndpointId, EndpointInfo,
+    SetupError,
+};
 use rpc::delegation::DelegToken;
 use rpc::mlx5::sim::{Fabric, SimConfig};
 
 use crate::api::Api;
 use crate::config::*;
+use crate::direct::{DirectCopyrpc, LoseCall};
 
 /// The device model of multi-rank runs.
 pub(crate) fn sim_config() -> SimConfig {
@@ -83,10 +88,10 @@ pub(crate) enum Remote<A: Api> {
     /// Delegation backend (seeds/004 §1.2, §7): remote calls go into Daemon#0's delegation
     /// ring through this client.
     Ring(Box<A::Conn<rpc::delegation::Delegation>>),
-    /// Own copyrpc context with an endpoint to each remote rank's daemon 0 (`eps[rank]`).
+    /// A typed client to each remote rank's daemon 0 (`conns[rank]`), all riding this client
+    /// thread's one copyrpc context ([`DirectCopyrpc`]).
     Direct {
-        ctx: Box<Context<u32>>,
-        eps: Vec<Option<EndpointId>>,
+        conns: Vec<Option<A::Conn<DirectCopyrpc>>>,
     },
     /// The client's rings reach the daemons of every rank, rank-major, `daemons` per rank
     /// (eRPC across ranks).
@@ -123,7 +128,8 @@ pub(crate) fn boot(e: BootstrapError) -> String {
 /// A rank's copyrpc contexts and endpoints for the `direct` backend (upstream's baseline):
 /// the delegate's context with one endpoint serving each client thread of each other rank,
 /// and each client thread's own context with an endpoint to each other rank's delegate.
-/// Created, then connected to the other ranks'.
+/// Created, then connected to the other ranks' ([`Wiring::connect`]), then split into the
+/// delegate's context and the client threads' typed clients ([`Wiring::into_parts`]).
 pub(crate) struct Wiring<A: Api> {
     pub(crate) ranks: usize,
     pub(crate) clients: usize,
@@ -131,8 +137,9 @@ pub(crate) struct Wiring<A: Api> {
     pub(crate) dlg: Context<DelegToken>,
     /// The delegate's endpoint serving client `c` of rank `s`, at `s * clients + c`.
     pub(crate) served: Vec<Option<EndpointId>>,
-    /// Each client thread's remote path.
-    pub(crate) remotes: Vec<Remote<A>>,
+    /// Each client thread's context, and its endpoint to each other rank (`None`: this rank).
+    pub(crate) contexts: Vec<(ClientContext, Vec<Option<EndpointId>>)>,
+    _api: PhantomData<fn() -> A>,
 }
 
 impl<A: Api> Wiring<A> {
@@ -153,7 +160,7 @@ impl<A: Api> Wiring<A> {
         let mut dlg =
             Context::<DelegToken>::new(&device, ContextConfig::default()).map_err(setup)?;
         let mut served = vec![None; ranks * clients];
-        let mut remotes = Vec::with_capacity(clients);
+        let mut contexts = Vec::with_capacity(clients);
         let others = || (0..ranks).filter(move |&s| s != rank);
         for s in others() {
             for c in 0..clients {
@@ -162,20 +169,20 @@ impl<A: Api> Wiring<A> {
             }
         }
         for _ in 0..clients {
-            let ctx = Context::<u32>::new(&device, ContextConfig::default());
-            let mut ctx = Box::new(ctx.map_err(setup)?);
+            let mut ctx = Context::<u32>::new(&device, ContextConfig::default()).map_err(setup)?;
             let mut eps = vec![None; ranks];
             for s in others() {
                 eps[s] = Some(ctx.create_endpoint(&ecfg).map_err(setup)?);
             }
-            remotes.push(Remote::Direct { ctx, eps });
+            contexts.push((ClientContext::from_context(ctx), eps));
         }
         Ok(Wiring {
             ranks,
             clients,
             dlg,
             served,
-            remotes,
+            contexts,
+            _api: PhantomData,
         })
     }
 
@@ -186,10 +193,8 @@ impl<A: Api> Wiring<A> {
         let mut v: Vec<_> = (self.served.iter())
             .map(|ep| ep.and_then(|ep| self.dlg.local_info(ep)))
             .collect();
-        for r in &self.remotes {
-            if let Remote::Direct { ctx, eps } = r {
-                v.extend(eps.iter().map(|ep| ep.and_then(|ep| ctx.local_info(ep))));
-            }
+        for (ctx, eps) in &self.contexts {
+            ctx.with(|ctx| v.extend(eps.iter().map(|ep| ep.and_then(|ep| ctx.local_info(ep)))));
         }
         v.resize(2 * self.ranks * self.clients, None);
         v
@@ -215,17 +220,47 @@ impl<A: Api> Wiring<A> {
                 self.dlg.connect(ep, &remote).map_err(connect)?;
             }
         }
-        for (client, remote) in self.remotes.iter_mut().enumerate() {
-            if let Remote::Direct { ctx, eps } = remote {
-                for (s, ep) in eps.iter().enumerate() {
-                    if let Some(ep) = *ep {
-                        let remote = info(s, rank * c + client)?;
-                        ctx.connect(ep, &remote).map_err(connect)?;
-                    }
+        for (client, (ctx, eps)) in self.contexts.iter().enumerate() {
+            for (s, ep) in eps.iter().enumerate() {
+                if let Some(ep) = *ep {
+                    let remote = info(s, rank * c + client)?;
+                    ctx.with(|ctx| ctx.connect(ep, &remote)).map_err(connect)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Once connected: the delegate's context, and each client thread's remote path, a typed
+    /// client per other rank on the thread's context with `qd` calls in flight at most. Client
+    /// thread 0 of rank `rank` 0 gets the test hook `lose_at` (`--lose-direct-call`).
+    ///
+    /// # Errors
+    /// A typed client refused the connected endpoint ([`Copyrpc::on`]'s checks).
+    pub(crate) fn into_parts(
+        self,
+        rank: usize,
+        qd: usize,
+        lose_at: Option<u64>,
+    ) -> Result<(Context<DelegToken>, Vec<Remote<A>>), String> {
+        let mut remotes = Vec::with_capacity(self.contexts.len());
+        for (client, (ctx, eps)) in self.contexts.into_iter().enumerate() {
+            let lose = lose_at
+                .filter(|_| rank == 0 && client == 0)
+                .map(LoseCall::new);
+            let conns = (eps.into_iter().enumerate())
+                .map(|(s, ep)| {
+                    ep.map(|ep| {
+                        let t = Copyrpc::on(&ctx, ep, A::S::DESCRIPTOR, qd as u32)
+                            .map_err(|e| format!("copyrpc client to rank {s}: {e}"))?;
+                        Ok(A::from_transport(DirectCopyrpc::new(t, lose.clone())))
+                    })
+                    .transpose()
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            remotes.push(Remote::Direct { conns });
+        }
+        Ok((self.dlg, remotes))
     }
 }
 

@@ -25,6 +25,7 @@ pub mod wire;
 
 pub use client::{Client, ClientTransport, Completion, DEFAULT_CALLS_IN_FLIGHT};
 pub use error::{LimitSide, MessageKind, RpcError, TransportError};
+pub use rc::Refused;
 pub use runner::{IdlePolicy, RunError, RunnerConfig, ServerHandle};
 pub use server::{Server, ServerStats, ServerTransport};
 pub use service::{ArgDescriptor, MethodDescriptor, Service, ServiceDescriptor};

@@ -10,7 +10,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mlx5::sim::{Fabric, SimConfig};
-use rpc_runtime::copyrpc::{CallError, Context, ContextConfig, EndpointConfig};
+use rpc_runtime::copyrpc::{CallError, CallErrorKind, Context, ContextConfig, EndpointConfig};
 
 struct Counting;
 
@@ -91,7 +91,10 @@ impl Pair {
             });
             match r {
                 Ok(_) => self.seq += 1,
-                Err(CallError::InsufficientCredit(_) | CallError::RingFull(_)) => {
+                Err(CallError {
+                    kind: CallErrorKind::InsufficientCredit | CallErrorKind::RingFull,
+                    ..
+                }) => {
                     self.held += 1;
                     break;
                 }
@@ -206,7 +209,10 @@ fn serve_next_allocates_nothing_once_warm() {
             });
             match r {
                 Ok(_) => seq += 1,
-                Err(CallError::InsufficientCredit(_) | CallError::RingFull(_)) => break,
+                Err(CallError {
+                    kind: CallErrorKind::InsufficientCredit | CallErrorKind::RingFull,
+                    ..
+                }) => break,
                 Err(e) => panic!("call failed: {e}"),
             }
         }

@@ -29,8 +29,8 @@ use rpc_runtime::copyrpc::encoding::{
     to_response_id,
 };
 use rpc_runtime::copyrpc::{
-    CallError, Context, ContextConfig, EndpointConfig, EndpointFailure, EndpointId, EndpointInfo,
-    EndpointState, ProtocolError,
+    CallError, CallErrorKind, Context, ContextConfig, EndpointConfig, EndpointFailure, EndpointId,
+    EndpointInfo, EndpointState, ProtocolError,
 };
 
 const RING: usize = 4096;
@@ -258,7 +258,10 @@ impl Rig {
         assert_eq!(self.a.endpoint(self.bad).unwrap().pending_calls(), 0);
         assert!(matches!(
             self.a.call(self.bad, b"x", 999, 0),
-            Err(CallError::Failed(999))
+            Err(CallError {
+                kind: CallErrorKind::Failed,
+                user: 999
+            })
         ));
         assert!(
             self.a.recv().is_none(),
@@ -635,7 +638,13 @@ fn wrong_rkey_fails_the_endpoint_with_remote_access_error() {
         }
     }
     expect_completion_failure(&a, e0, Syndrome::RemoteAccess);
-    assert!(matches!(a.call(e0, b"x", 3, 0), Err(CallError::Failed(3))));
+    assert!(matches!(
+        a.call(e0, b"x", 3, 0),
+        Err(CallError {
+            kind: CallErrorKind::Failed,
+            user: 3
+        })
+    ));
     echo(&fabric, &mut a, &mut b1, e1, 3);
     assert_eq!(a.endpoint_state(e1), Some(EndpointState::Connected));
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use mlx5::sim::{Fabric, SimConfig};
 use rpc_runtime::copyrpc::{
-    CallError, Context, ContextConfig, EndpointConfig, EndpointFailure, EndpointInfo,
+    CallError, CallErrorKind, Context, ContextConfig, EndpointConfig, EndpointFailure, EndpointInfo,
 };
 
 const ROLE: &str = "COPYRPC_PROC_ROLE";
@@ -111,7 +111,10 @@ fn calls_across_processes_then_the_server_dies() {
         while sent < 2000 && sent - done < 8 {
             match ctx.call(ep, &payload(sent), sent, 256) {
                 Ok(_) => sent += 1,
-                Err(CallError::InsufficientCredit(_) | CallError::RingFull(_)) => break,
+                Err(CallError {
+                    kind: CallErrorKind::InsufficientCredit | CallErrorKind::RingFull,
+                    ..
+                }) => break,
                 Err(e) => panic!("call: {e:?}"),
             }
         }
@@ -136,8 +139,15 @@ fn calls_across_processes_then_the_server_dies() {
             "the server's death was never reported"
         );
         match ctx.call(ep, b"anyone there?", i, 64) {
-            Ok(_) | Err(CallError::InsufficientCredit(_) | CallError::RingFull(_)) => {}
-            Err(CallError::Failed(_) | CallError::NotConnected(_)) => break,
+            Ok(_)
+            | Err(CallError {
+                kind: CallErrorKind::InsufficientCredit | CallErrorKind::RingFull,
+                ..
+            }) => {}
+            Err(CallError {
+                kind: CallErrorKind::Failed | CallErrorKind::NotConnected,
+                ..
+            }) => break,
             Err(e) => panic!("call: {e:?}"),
         }
         i += 1;

@@ -31,7 +31,7 @@ use std::time::Instant;
 use copyrpc_common::{Rng, connect, fill, pattern, verify};
 use mlx5::sim::{Fabric, SimConfig};
 use rpc_runtime::copyrpc::{
-    CallError, Context, ContextConfig, EndpointConfig, EndpointId, RecvHandle, Stats,
+    CallError, CallErrorKind, Context, ContextConfig, EndpointConfig, EndpointId, RecvHandle, Stats,
 };
 
 /// Calls per workload test (see the module docs).
@@ -202,8 +202,10 @@ impl Node {
                         self.issued += 1;
                         self.peak = self.peak.max(self.outstanding.iter().sum());
                     }
-                    Err(err @ (CallError::RingFull(_) | CallError::InsufficientCredit(_))) => {
-                        let _ = err.into_inner();
+                    Err(CallError {
+                        kind: CallErrorKind::RingFull | CallErrorKind::InsufficientCredit,
+                        ..
+                    }) => {
                         self.retry[i] = Some(p);
                         self.refused += 1;
                         break;

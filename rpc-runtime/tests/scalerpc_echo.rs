@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use mlx5::sim::{Fabric, SimConfig};
 use rpc_runtime::scalerpc::{
-    ClientConfig, GroupSize, ResponseMode, ScaleCallError, ScaleClient, ScaleServer, ServerConfig,
+    ClientConfig, GroupSize, ResponseMode, ScaleCallError, ScaleCallErrorKind, ScaleClient,
+    ScaleServer, ServerConfig,
 };
 
 fn run(
@@ -59,7 +60,10 @@ fn run(
                     16
                 }) {
                     Ok(_) => issued[c as usize] += 1,
-                    Err(ScaleCallError::NotActive(_) | ScaleCallError::SlotsBusy(_)) => break,
+                    Err(ScaleCallError {
+                        kind: ScaleCallErrorKind::NotActive | ScaleCallErrorKind::SlotsBusy,
+                        ..
+                    }) => break,
                     Err(e) => panic!("call failed: {e}"),
                 }
             }

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use mlx5::sim::{Fabric, SimConfig};
 use rpc_runtime::scalerpc::{
-    CallFailure, ClientConfig, ConnState, GroupSize, ResponseMode, ScaleCallError, ScaleClient,
-    ScaleError, ScaleServer, ScaleToken, ServerConfig,
+    CallFailure, ClientConfig, ConnState, GroupSize, ResponseMode, ScaleCallError,
+    ScaleCallErrorKind, ScaleClient, ScaleError, ScaleServer, ScaleToken, ServerConfig,
 };
 
 const REQ: usize = 16;
@@ -235,8 +235,14 @@ impl World {
                         REQ
                     }) {
                         Ok(_) => cl.issued[c] += 1,
-                        Err(ScaleCallError::NotActive(_) | ScaleCallError::SlotsBusy(_)) => break,
-                        Err(ScaleCallError::Failed(_)) if cl.doomed => break,
+                        Err(ScaleCallError {
+                            kind: ScaleCallErrorKind::NotActive | ScaleCallErrorKind::SlotsBusy,
+                            ..
+                        }) => break,
+                        Err(ScaleCallError {
+                            kind: ScaleCallErrorKind::Failed,
+                            ..
+                        }) if cl.doomed => break,
                         Err(e) => panic!("call on connection {c} (server {sconn}): {e}"),
                     }
                 }
@@ -720,7 +726,10 @@ fn two_threads_hundred_thousand_calls() {
                     REQ
                 }) {
                     Ok(_) => issued[c as usize] += 1,
-                    Err(ScaleCallError::NotActive(_) | ScaleCallError::SlotsBusy(_)) => break,
+                    Err(ScaleCallError {
+                        kind: ScaleCallErrorKind::NotActive | ScaleCallErrorKind::SlotsBusy,
+                        ..
+                    }) => break,
                     Err(e) => panic!("{e}"),
                 }
             }
@@ -783,7 +792,7 @@ fn thousand_connections_in_groups_of_64() {
 /// The slot the held request occupies must serve the bank's new owner, and the late reply
 /// must be refused with `ConnFailed` (not written into the new owner's request). The
 /// evicted client learns it from the eviction notice: its outstanding call ends with
-/// `CallFailure::Evicted` and later calls are refused with `ScaleCallError::Evicted`
+/// `CallFailure::Evicted` and later calls are refused with `ScaleCallErrorKind::Evicted`
 /// (before the notice existed it sat "stopped" for ever, every call `NotActive`).
 #[test]
 fn reply_held_past_ack_timeout_evicts_and_frees_the_slot() {
@@ -876,6 +885,9 @@ fn reply_held_past_ack_timeout_evicts_and_frees_the_slot() {
     assert_eq!(client.stats().evictions, 1);
     assert!(matches!(
         client.call(0, 1, 1, 9, |_| 1),
-        Err(ScaleCallError::Evicted(9))
+        Err(ScaleCallError {
+            kind: ScaleCallErrorKind::Evicted,
+            user: 9
+        })
     ));
 }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use mlx5::sim::{Fabric, QpcCacheConfig, SimConfig};
 use rpc_runtime::scalerpc::{
-    CallFailure, ClientConfig, ConnState, GroupSize, ScaleCallError, ScaleClient, ScaleServer,
-    ServerConfig,
+    CallFailure, ClientConfig, ConnState, GroupSize, ScaleCallError, ScaleCallErrorKind,
+    ScaleClient, ScaleServer, ServerConfig,
 };
 
 const SLOT: u32 = 128;
@@ -106,7 +106,10 @@ fn run_calls(
                     8
                 }) {
                     Ok(_) => issued[c as usize] += 1,
-                    Err(ScaleCallError::NotActive(_) | ScaleCallError::SlotsBusy(_)) => break,
+                    Err(ScaleCallError {
+                        kind: ScaleCallErrorKind::NotActive | ScaleCallErrorKind::SlotsBusy,
+                        ..
+                    }) => break,
                     Err(e) => panic!("call on {c}: {e}"),
                 }
             }
@@ -210,7 +213,7 @@ fn a_server_pause_with_calls_outstanding_evicts_nobody() {
 
 /// A client that never acknowledges (it stopped polling) is evicted after `ack_timeout` of
 /// server running time and told: when it polls again, its outstanding call ends with
-/// `CallFailure::Evicted` and later calls are refused with `ScaleCallError::Evicted`,
+/// `CallFailure::Evicted` and later calls are refused with `ScaleCallErrorKind::Evicted`,
 /// instead of `NotActive` for ever. The server reclaims its connection id.
 #[test]
 fn an_evicted_client_is_told_and_fails_its_calls() {
@@ -265,7 +268,10 @@ fn an_evicted_client_is_told_and_fails_its_calls() {
     assert_eq!(silent.stats().evictions, 2);
     assert!(matches!(
         silent.call(1, 1, 8, 9, |_| 8),
-        Err(ScaleCallError::Evicted(9))
+        Err(ScaleCallError {
+            kind: ScaleCallErrorKind::Evicted,
+            user: 9
+        })
     ));
     // The live client goes on, alone in the rotation.
     run_calls(&mut server, &mut live, 30, &mut []);

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use mlx5::sim::{Fabric, SimConfig};
 use rpc_runtime::scalerpc::{
-    ClientConfig, GroupSize, ScaleCallError, ScaleClient, ScaleServer, ServerConfig, WorkerConfig,
-    WorkerPool,
+    ClientConfig, GroupSize, ScaleCallError, ScaleCallErrorKind, ScaleClient, ScaleServer,
+    ServerConfig, WorkerConfig, WorkerPool,
 };
 
 /// The response to request `(conn, seq)`: `16 + seq % 48` bytes derived from both.
@@ -110,7 +110,10 @@ fn four_workers_sixteen_connections() {
                     16
                 }) {
                     Ok(_) => issued[c as usize] += 1,
-                    Err(ScaleCallError::NotActive(_) | ScaleCallError::SlotsBusy(_)) => break,
+                    Err(ScaleCallError {
+                        kind: ScaleCallErrorKind::NotActive | ScaleCallErrorKind::SlotsBusy,
+                        ..
+                    }) => break,
                     Err(e) => panic!("{e}"),
                 }
             }

@@ -36,7 +36,9 @@ use super::endpoint::{
     ENTRY_LARGE_RESP, Emit, EndpointCore, EndpointState, RdvKind, RecvEntry, Refusal, Ring,
     cqe_delta,
 };
-use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupError};
+use super::error::{
+    CallError, CallErrorKind, EndpointFailure, ProtocolError, ReplyError, SetupError,
+};
 use super::fifo::Fifo;
 use super::info::EndpointInfo;
 use super::stats::Stats;
@@ -632,7 +634,7 @@ impl<U> Context<U> {
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u32, CallError<U>> {
         let Some(c) = self.conns.get_mut(ep as usize) else {
-            return Err(CallError::NotConnected(user));
+            return Err(CallError::new(CallErrorKind::NotConnected, user));
         };
         // The one check the large-message path adds (issue 15): it replaces the core's
         // `MessageTooLarge` check.
@@ -710,7 +712,7 @@ impl<U> Context<U> {
         let large = core.large_limit();
         let (credit, piggy) = if ra > core.inline_response_limit() {
             if large == 0 || ra > large {
-                return Err(CallError::MessageTooLarge(user));
+                return Err(CallError::new(CallErrorKind::MessageTooLarge, user));
             }
             (core.large_call_credit(), LARGE_RESPONSE_FLAG)
         } else {
@@ -720,15 +722,15 @@ impl<U> Context<U> {
             return core.call_fit(max_len, credit, piggy, 0, ra, user, encode, stats);
         }
         if max_len > large {
-            return Err(CallError::MessageTooLarge(user));
+            return Err(CallError::new(CallErrorKind::MessageTooLarge, user));
         }
         // Room for the smallest message this can become: up to RENDEZVOUS_MIN bytes inline,
         // else at least a descriptor.
         let least = padded_message_size(max_len.min(RENDEZVOUS_MIN) as u64);
         if let Err(r) = core.admit_large(credit, least, stats) {
             return Err(match r {
-                Refusal::Credit => CallError::InsufficientCredit(user),
-                Refusal::Ring => CallError::RingFull(user),
+                Refusal::Credit => CallError::new(CallErrorKind::InsufficientCredit, user),
+                Refusal::Ring => CallError::new(CallErrorKind::RingFull, user),
             });
         }
         let slot = match core.tx_free.pop() {
@@ -737,7 +739,7 @@ impl<U> Context<U> {
                 Some(s) => s,
                 None => {
                     stats.large_buffers_busy += 1;
-                    return Err(CallError::RingFull(user));
+                    return Err(CallError::new(CallErrorKind::RingFull, user));
                 }
             },
         };

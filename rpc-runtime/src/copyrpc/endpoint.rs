@@ -16,10 +16,10 @@
 //!
 //! # Flow control (seeds/004 §3.4)
 //! With `in_flight = producer - remote_consumer` and `R = resp_reservation`, a call is
-//! written only if `in_flight + 2R <= C` holds afterwards (else [`CallError::RingFull`]).
+//! written only if `in_flight + 2R <= C` holds afterwards (else [`CallErrorKind::RingFull`]).
 //! Each closed batch grants `min((C - in_flight) / 2 - R, max_R - R)` (aligned down to 32 B)
 //! and adds it to `R`; a call spends [`internal_allowance`] of the credit the peer granted
-//! (else [`CallError::InsufficientCredit`]); a reply returns the caller's allowance from `R`.
+//! (else [`CallErrorKind::InsufficientCredit`]); a reply returns the caller's allowance from `R`.
 //! Because the caller paid for the padded response plus one flow metadata and `R` counts
 //! twice, a reply always fits, including a wrap (the waste of a wrap is at most the message
 //! plus one metadata); `reply` therefore never reports lack of space. A reply that would
@@ -38,7 +38,7 @@ use super::encoding::{
     RENDEZVOUS_MIN, WRAP_MESSAGE_COUNT, decode_imm, encode_imm, from_response_id,
     internal_allowance, is_response, padded_message_size, to_response_id,
 };
-use super::error::{CallError, EndpointFailure, ProtocolError, ReplyError};
+use super::error::{CallError, CallErrorKind, EndpointFailure, ProtocolError, ReplyError};
 use super::fifo::Fifo;
 use super::stats::Stats;
 
@@ -465,7 +465,7 @@ impl<U> EndpointCore<U> {
     /// eventually. Its worst placement (a wrap wasting up to the message plus one
     /// metadata, then a metadata and the message) plus `2R` at its maximum must fit in `C`:
     /// `2 (32 + padded) + 2 max_resp_reservation <= C`. A larger request could stay
-    /// [`CallError::RingFull`] for as long as the peer holds unspent grant. With the default
+    /// [`CallErrorKind::RingFull`] for as long as the peer holds unspent grant. With the default
     /// `max_resp_reservation` (a quarter of the ring) this is `C / 4 - 44`, which is also the
     /// largest response the peer's default grants can ever cover.
     #[inline(always)]
@@ -476,7 +476,7 @@ impl<U> EndpointCore<U> {
     /// Largest response allowance a call may ask for, in bytes: the response plus one
     /// metadata in half the capacity (the peer's grants never exceed that). Whether the
     /// peer's credit can ever cover it depends on the peer's `max_resp_reservation`
-    /// ([`CallError::InsufficientCredit`] otherwise).
+    /// ([`CallErrorKind::InsufficientCredit`] otherwise).
     #[inline(always)]
     pub fn max_response_allowance(&self) -> u32 {
         self.max_response_allowance
@@ -570,13 +570,13 @@ impl<U> EndpointCore<U> {
     ///
     /// # Errors
     /// Nothing is written on error and `user` is handed back:
-    /// - [`CallError::InsufficientCredit`]: the peer's credit does not cover the response
+    /// - [`CallErrorKind::InsufficientCredit`]: the peer's credit does not cover the response
     ///   (poll, which brings new grants, and retry);
-    /// - [`CallError::RingFull`]: the message would break `in_flight + 2R <= C` (poll and
+    /// - [`CallErrorKind::RingFull`]: the message would break `in_flight + 2R <= C` (poll and
     ///   retry; the next poll also reads the peer's consumer position);
-    /// - [`CallError::MessageTooLarge`]: `max_len` above [`EndpointCore::max_payload`] or
+    /// - [`CallErrorKind::MessageTooLarge`]: `max_len` above [`EndpointCore::max_payload`] or
     ///   `response_allowance` above [`EndpointCore::max_response_allowance`];
-    /// - [`CallError::Failed`] / [`CallError::NotConnected`].
+    /// - [`CallErrorKind::Failed`] / [`CallErrorKind::NotConnected`].
     #[inline]
     pub fn call(
         &mut self,
@@ -587,7 +587,7 @@ impl<U> EndpointCore<U> {
         stats: &mut Stats,
     ) -> Result<u32, CallError<U>> {
         if max_len > self.max_payload() || response_allowance > self.max_response_allowance() {
-            return Err(CallError::MessageTooLarge(user));
+            return Err(CallError::new(CallErrorKind::MessageTooLarge, user));
         }
         let credit = internal_allowance(response_allowance as u64);
         self.call_fit(
@@ -668,8 +668,12 @@ impl<U> EndpointCore<U> {
         let m = padded_message_size(max_len as u64);
         let p = match self.admit(credit, m, stats) {
             Ok(p) => p,
-            Err(Refusal::Credit) => return Err(CallError::InsufficientCredit(user)),
-            Err(Refusal::Ring) => return Err(CallError::RingFull(user)),
+            Err(Refusal::Credit) => {
+                return Err(CallError::new(CallErrorKind::InsufficientCredit, user));
+            }
+            Err(Refusal::Ring) => {
+                return Err(CallError::new(CallErrorKind::RingFull, user));
+            }
         };
         let entry = self.pending.vacant_entry();
         let call_id = entry.key() as u32;
@@ -766,8 +770,8 @@ impl<U> EndpointCore<U> {
     #[cold]
     pub(crate) fn not_usable(&self, user: U) -> CallError<U> {
         match self.state {
-            EndpointState::Failed(_) => CallError::Failed(user),
-            _ => CallError::NotConnected(user),
+            EndpointState::Failed(_) => CallError::new(CallErrorKind::Failed, user),
+            _ => CallError::new(CallErrorKind::NotConnected, user),
         }
     }
 

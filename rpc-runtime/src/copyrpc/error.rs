@@ -3,13 +3,17 @@
 
 use mlx5::cqe::CqeError;
 
-/// A call was not written. Every variant hands the caller's user data back.
-#[derive(Debug, thiserror::Error)]
-pub enum CallError<U> {
+/// A call was not written: why ([`CallErrorKind`]) and the caller's user data, handed back
+/// (`user`).
+pub type CallError<U> = crate::rc::Refused<CallErrorKind, U>;
+
+/// Why a call was not written ([`CallError`]'s `kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CallErrorKind {
     /// The credit the peer granted does not cover the response allowance: poll (which brings
     /// new grants with the peer's batches) and retry (seeds/004 §3.4).
     #[error("insufficient response credit: poll and retry")]
-    InsufficientCredit(U),
+    InsufficientCredit,
     /// The message would break `in_flight + 2R <= C`: poll and retry (seeds/004 §5
     /// back-pressure). The next poll also reads the peer's consumer position by RDMA READ.
     /// The peer releases ring space when its application takes requests with
@@ -19,39 +23,29 @@ pub enum CallError<U> {
     /// Also returned when a large request (issue 15) finds every large-message send buffer
     /// waiting for the peer to read it ([`super::Stats::large_buffers_busy`]).
     #[error("send ring full: poll and retry")]
-    RingFull(U),
+    RingFull,
     /// The payload or response allowance exceeds the endpoint's largest message: through a
     /// [`super::Context`], the large-message limit ([`super::EndpointCore::large_limit`],
     /// issue 15) or, without large messages, [`super::EndpointCore::max_payload`] and
     /// [`super::EndpointCore::max_response_allowance`]; through a bare
     /// [`super::EndpointCore`], the latter two.
     #[error("message larger than the endpoint's maximum payload")]
-    MessageTooLarge(U),
+    MessageTooLarge,
     /// The endpoint is not connected yet.
     #[error("endpoint not connected")]
-    NotConnected(U),
+    NotConnected,
     /// The endpoint failed (see [`super::Context::endpoint_state`]).
     #[error("endpoint failed")]
-    Failed(U),
+    Failed,
 }
 
-impl<U> CallError<U> {
-    /// The user data handed back.
-    pub fn into_inner(self) -> U {
-        match self {
-            CallError::InsufficientCredit(u)
-            | CallError::RingFull(u)
-            | CallError::MessageTooLarge(u)
-            | CallError::NotConnected(u)
-            | CallError::Failed(u) => u,
-        }
-    }
-
+impl CallErrorKind {
     /// Whether polling and retrying can succeed (`InsufficientCredit`, `RingFull`).
-    pub fn is_retryable(&self) -> bool {
+    #[inline]
+    pub fn is_retryable(self) -> bool {
         matches!(
             self,
-            CallError::InsufficientCredit(_) | CallError::RingFull(_)
+            CallErrorKind::InsufficientCredit | CallErrorKind::RingFull
         )
     }
 }

@@ -55,7 +55,7 @@ mod tests;
 
 pub use context::{Context, ContextConfig, EndpointConfig, EndpointId, RecvHandle};
 pub use endpoint::{EndpointCore, EndpointState};
-pub use error::{CallError, EndpointFailure, ProtocolError, ReplyError, SetupError};
+pub use error::{CallError, CallErrorKind, EndpointFailure, ProtocolError, ReplyError, SetupError};
 pub use info::EndpointInfo;
 pub use shared::{ClientContext, ContextGuard, ContextGuardMut};
 pub use stats::Stats;

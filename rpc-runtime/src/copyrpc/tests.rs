@@ -37,7 +37,7 @@ use super::encoding::{
     padded_message_size, to_response_id,
 };
 use super::endpoint::{ENTRY_LARGE_RESP, Emit, EndpointCore, EndpointState, RecvEntry};
-use super::error::{CallError, EndpointFailure, ProtocolError};
+use super::error::{CallError, CallErrorKind, EndpointFailure, ProtocolError};
 use super::fifo::Fifo;
 use super::stats::Stats;
 
@@ -350,7 +350,10 @@ impl Pair {
                 me.unsent_spend += internal_allowance(allowance as u64);
                 true
             }
-            Err(CallError::MessageTooLarge(u)) => {
+            Err(CallError {
+                kind: CallErrorKind::MessageTooLarge,
+                user: u,
+            }) => {
                 assert_eq!(u, seq);
                 assert!(
                     too_large,
@@ -358,14 +361,20 @@ impl Pair {
                 );
                 false
             }
-            Err(CallError::InsufficientCredit(u)) => {
+            Err(CallError {
+                kind: CallErrorKind::InsufficientCredit,
+                user: u,
+            }) => {
                 assert_eq!(u, seq);
                 assert!(!too_large);
                 assert!(credit_before < internal_allowance(allowance as u64));
                 assert_eq!(me.core.peer_credit(), credit_before);
                 false
             }
-            Err(CallError::RingFull(u)) => {
+            Err(CallError {
+                kind: CallErrorKind::RingFull,
+                user: u,
+            }) => {
                 assert_eq!(u, seq);
                 assert!(!too_large);
                 assert!(credit_before >= internal_allowance(allowance as u64));
@@ -1193,7 +1202,10 @@ fn failing_an_endpoint_fails_every_pending_call() {
     assert_eq!(p.s[0].core.pending_calls(), 0);
     assert!(matches!(
         p.s[0].core.call(0, 0, 9, |_| 0, &mut Stats::default()),
-        Err(CallError::Failed(9))
+        Err(CallError {
+            kind: CallErrorKind::Failed,
+            user: 9
+        })
     ));
 }
 
@@ -1556,11 +1568,17 @@ mod large {
         let big = vec![0u8; 2 * MIB + 1];
         assert!(matches!(
             t.a.call(t.ea, &big, 99, 64),
-            Err(super::CallError::MessageTooLarge(99))
+            Err(super::CallError {
+                kind: super::CallErrorKind::MessageTooLarge,
+                user: 99
+            })
         ));
         assert!(matches!(
             t.a.call(t.ea, b"x", 99, 2 * MIB as u32 + 1),
-            Err(super::CallError::MessageTooLarge(99))
+            Err(super::CallError {
+                kind: super::CallErrorKind::MessageTooLarge,
+                user: 99
+            })
         ));
     }
 
@@ -1578,7 +1596,10 @@ mod large {
         t.a.call(t.ea, &p1, 1, 64).unwrap();
         assert!(matches!(
             t.a.call(t.ea, &p2, 2, 64),
-            Err(super::CallError::RingFull(2))
+            Err(super::CallError {
+                kind: super::CallErrorKind::RingFull,
+                user: 2
+            })
         ));
         assert_eq!(t.a.stats().large_buffers_busy, 1);
         // Small calls are not held up.

@@ -80,7 +80,7 @@ use mlx5::wqe::{RaddrSeg, Sge};
 
 use super::context::{Context, ContextConfig, EndpointConfig, EndpointId, RecvHandle};
 use super::endpoint::EndpointState;
-use super::error::{CallError, ReplyError, SetupError};
+use super::error::{CallError, CallErrorKind, ReplyError, SetupError};
 use super::info::EndpointInfo;
 use super::shared::{ClientContext, ContextGuard, ContextGuardMut, Handle, TOKEN_BITS};
 use crate::error::{LimitSide, MessageKind, RpcError, sat_u32};
@@ -578,9 +578,9 @@ impl RcClient for Copyrpc {
     }
 
     fn refusal_error(&mut self, e: &CallError<u32>) -> RpcError {
-        match e {
-            CallError::InsufficientCredit(_) | CallError::RingFull(_) => RpcError::WouldBlock,
-            CallError::MessageTooLarge(_) => {
+        match e.kind {
+            CallErrorKind::InsufficientCredit | CallErrorKind::RingFull => RpcError::WouldBlock,
+            CallErrorKind::MessageTooLarge => {
                 let ep = self.ep;
                 RpcError::MessageTooLarge {
                     len: self.max_req as usize,
@@ -592,7 +592,7 @@ impl RcClient for Copyrpc {
                     setting: SETTING_LARGE,
                 }
             }
-            CallError::NotConnected(_) | CallError::Failed(_) => RpcError::ServerDisconnected,
+            CallErrorKind::NotConnected | CallErrorKind::Failed => RpcError::ServerDisconnected,
         }
     }
 

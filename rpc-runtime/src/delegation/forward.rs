@@ -42,8 +42,8 @@
 //!   to forwarded calls are sent back with `copyrpc reply` (verbatim).
 //!
 //! # Back-pressure (seeds/004 §5 "バックプレッシャ処理")
-//! - **copyrpc send ring full (Phase 2).** When `call` reports [`crate::copyrpc::CallError::RingFull`] or
-//!   [`crate::copyrpc::CallError::InsufficientCredit`], the entry stays in the delegate's own buffer (taken over
+//! - **copyrpc send ring full (Phase 2).** When `call` reports [`crate::copyrpc::CallErrorKind::RingFull`] or
+//!   [`crate::copyrpc::CallErrorKind::InsufficientCredit`], the entry stays in the delegate's own buffer (taken over
 //!   from the ring, [`RingServer::recv_into`]) and the delegate makes nested progress — `ctx.poll` whose responses are
 //!   delivered to their clients at once (the seed's nested `ctx.poll(|token, data| …)`) —
 //!   then retries, until the call is written or fails for good. Unlike the seed, the nested
@@ -91,7 +91,7 @@ use crossbeam_utils::Backoff;
 use super::shard::{Owned, Raw, Shard, is_oversized, method_id_of, serve_into};
 use super::{DelegationServer, ReplyToken, RingCallError, RingClient, RingServer};
 use crate::copyrpc::{Context, EndpointFailure, EndpointId, RecvHandle, ReplyError};
-use crate::error::{MessageKind, RpcError};
+use crate::error::{MessageKind, RpcError, sat_u32};
 use crate::service::Service;
 use crate::varlen::AlignedBuf;
 use crate::wire::{self, Status, WireError};
@@ -611,7 +611,10 @@ impl Io<'_> {
             return;
         }
         if t.daemon == 0 {
-            let max = S::DESCRIPTOR.max_response_bytes as u32;
+            // The method's largest reply, which a typed caller's allowance covers
+            // (`copyrpc::transport` module docs, "Messages"): `reply_with` checks the
+            // buffer's size, not the reply's, against the allowance.
+            let max = sat_u32(S::DESCRIPTOR.max_reply_bytes(method_id) as u64);
             let mut err = None;
             let r = self
                 .ctx
@@ -759,7 +762,7 @@ impl Io<'_> {
                 Ok(_) => self.stats.forwarded += 1,
                 // `msg` is the delegate's own buffer: the nested progress of the retry does
                 // not touch it.
-                Err(e) if e.is_retryable() => {
+                Err(e) if e.kind.is_retryable() => {
                     self.call_when_ready::<S, H>(ring, ep, tok, msg, shard)
                 }
                 Err(_) => {
@@ -818,7 +821,7 @@ impl Io<'_> {
                     self.stats.forwarded += 1;
                     return;
                 }
-                Err(e) if e.is_retryable() => {}
+                Err(e) if e.kind.is_retryable() => {}
                 Err(_) => {
                     self.stats.failed_calls += 1;
                     break;

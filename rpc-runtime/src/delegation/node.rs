@@ -99,7 +99,7 @@ use super::forward::Target;
 use super::shard::{Owned, Raw, Shard, is_oversized, method_id_of, serve_into};
 use super::{DelegationServer, ReplyToken, RingServer};
 use crate::copyrpc::{Context, EndpointId, RecvHandle};
-use crate::error::RpcError;
+use crate::error::{RpcError, sat_u32};
 use crate::flux::{Flux, FluxError, FluxToken};
 use crate::server::ServerTransport;
 use crate::service::Service;
@@ -978,7 +978,9 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
             match to {
                 Route::Serve => {
                     let mut err = None;
-                    let max = S::DESCRIPTOR.max_response_bytes as u32;
+                    // The method's largest reply (what a typed caller's allowance covers;
+                    // `reply_with` checks the buffer's size against the allowance).
+                    let max = sat_u32(S::DESCRIPTOR.max_reply_bytes(method_id) as u64);
                     let r = self.ctx.as_deref_mut().map(|ctx| {
                         ctx.reply_with(h, max, |out| serve_into(shard, msg, out, &mut err))
                     });
@@ -1204,7 +1206,7 @@ impl<S: Service, L: ServerTransport, const N: usize> Io<'_, S, L, N> {
                         self.stats.copyrpc_calls += 1;
                         Ok(())
                     }
-                    Err(e) if e.is_retryable() => Err(m),
+                    Err(e) if e.kind.is_retryable() => Err(m),
                     Err(_) => {
                         self.stats.failed_calls += 1;
                         self.status(caller, method_id, Status::Unreachable);

@@ -8,6 +8,8 @@
 //!   server's loop answering them ([`Admit`]);
 //! - [`RcSetupError`]: the one setup error, over each transport's core error ([`RcCore`]),
 //!   and how setup errors map to [`RpcError`] ([`core_error`], [`connect_error`]);
+//! - [`Refused`]: a call not issued, its reason and the caller's user data handed back
+//!   (copyrpc's `CallError`, ScaleRPC's `ScaleCallError`);
 //! - [`gap`]: whether a service's largest messages fit a transport's capacity;
 //! - [`client`]: the client transport both implement over [`client::RcClient`] (send,
 //!   poll, liveness probing);
@@ -16,7 +18,10 @@
 pub(crate) mod client;
 pub(crate) mod liveness;
 pub(crate) mod queues;
+mod refused;
 pub(crate) mod rendezvous;
+
+pub use refused::Refused;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! slot (or is fetched by RDMA READ, [`ResponseMode::Read`]).
 //!
 //! A connection may issue only while its group is active or warming up
-//! ([`ScaleCallError::NotActive`] otherwise: the server's scheduler decides when,
+//! ([`ScaleCallErrorKind::NotActive`] otherwise: the server's scheduler decides when,
 //! [`super::sched`]). On a stop notice it stops issuing and acknowledges once its last
 //! response arrived.
 
@@ -68,38 +68,29 @@ impl Default for ClientConfig {
     }
 }
 
-/// A call was not issued; the user data comes back.
-#[derive(Debug, thiserror::Error)]
-pub enum ScaleCallError<U> {
+/// A call was not issued: why ([`ScaleCallErrorKind`]) and the caller's user data, handed
+/// back (`user`).
+pub type ScaleCallError<U> = crate::rc::Refused<ScaleCallErrorKind, U>;
+
+/// Why a call was not issued ([`ScaleCallError`]'s `kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ScaleCallErrorKind {
     /// The connection's group is not scheduled now: poll and retry.
     #[error("connection not active (its group is not scheduled): poll and retry")]
-    NotActive(U),
+    NotActive,
     /// Every slot of the connection has a call outstanding: poll and retry.
     #[error("all slots of the connection are in use: poll and retry")]
-    SlotsBusy(U),
+    SlotsBusy,
     /// The request does not fit a slot.
     #[error("request larger than a slot")]
-    TooLarge(U),
+    TooLarge,
     /// The connection failed, was closed ([`ScaleClient::disconnect`]) or does not exist.
     #[error("connection failed")]
-    Failed(U),
+    Failed,
     /// The server evicted the connection (it did not acknowledge a stop notice within the
     /// server's `ack_timeout`; [`CallFailure::Evicted`]). Final: connect again.
     #[error("connection evicted by the server (stop not acknowledged in time): connect again")]
-    Evicted(U),
-}
-
-impl<U> ScaleCallError<U> {
-    /// The user data handed back.
-    pub fn into_inner(self) -> U {
-        match self {
-            ScaleCallError::NotActive(u)
-            | ScaleCallError::SlotsBusy(u)
-            | ScaleCallError::TooLarge(u)
-            | ScaleCallError::Failed(u)
-            | ScaleCallError::Evicted(u) => u,
-        }
-    }
+    Evicted,
 }
 
 /// Why a call failed after it was issued.
@@ -116,7 +107,7 @@ pub enum CallFailure {
     /// server's `ack_timeout` (a client that was stopped or descheduled, or a server that
     /// held a reply that long). The server told it with an eviction notice
     /// ([`super::CTRL_EVICT`]) and closed the connection; every call outstanding on it ends
-    /// with this error, later calls are refused with [`ScaleCallError::Evicted`]. The
+    /// with this error, later calls are refused with [`ScaleCallErrorKind::Evicted`]. The
     /// client does not rejoin by itself: connect again (a new connection, possibly in
     /// another group).
     #[error("connection evicted by the server (stop not acknowledged within its ack timeout)")]
@@ -308,7 +299,7 @@ impl<U> ScaleClient<U> {
     /// Closes connection `c`: sends the server a goodbye ([`super::ACK_BYE`]; the server
     /// destroys its QP and reclaims the connection's id and slots at its next poll) and fails
     /// the calls outstanding on it with [`CallFailure::ConnFailed`] through `on_response`.
-    /// Later calls on `c` are refused ([`ScaleCallError::Failed`]). Nothing is sent for a
+    /// Later calls on `c` are refused ([`ScaleCallErrorKind::Failed`]). Nothing is sent for a
     /// connection that failed or was never connected.
     ///
     /// The goodbye is executed by the NIC after this returns: keep the client context (its
@@ -476,6 +467,45 @@ impl<U> ScaleClient<U> {
         r.ok()
     }
 
+    /// Whether connection `c` can take a call of at most `max_len` payload bytes now, and
+    /// where: the server's information, the connection's first pool slot (`base`) and a free
+    /// slot index `j` below `slots_per_conn`.
+    ///
+    /// # Errors
+    /// In this order: `Failed` (no such connection, or it failed or was closed), `Evicted`,
+    /// `NotActive` (its group is not scheduled), `TooLarge` (the request does not fit a
+    /// slot), `SlotsBusy` (every slot has a call outstanding).
+    #[inline]
+    fn admit(
+        &self,
+        c: u32,
+        max_len: usize,
+    ) -> Result<(ServerConnInfo, u32, usize), ScaleCallErrorKind> {
+        let conn = self
+            .conns
+            .get(c as usize)
+            .ok_or(ScaleCallErrorKind::Failed)?;
+        let (Some(server), false) = (conn.server, conn.failed) else {
+            return Err(if conn.evicted {
+                ScaleCallErrorKind::Evicted
+            } else {
+                ScaleCallErrorKind::Failed
+            });
+        };
+        let CState::Active { base } = conn.state else {
+            return Err(ScaleCallErrorKind::NotActive);
+        };
+        if request_bytes(max_len) > server.slot_size as usize || max_len > u32::MAX as usize {
+            return Err(ScaleCallErrorKind::TooLarge);
+        }
+        let j = conn
+            .slots
+            .iter()
+            .position(Option::is_none)
+            .ok_or(ScaleCallErrorKind::SlotsBusy)?;
+        Ok((server, base, j))
+    }
+
     /// Issues a call on connection `c`: `encode` writes at most `max_len` payload bytes;
     /// `rpc_type` is carried in the header. Sent when the doorbell batch fills or at the next
     /// poll. Returns the request id.
@@ -491,24 +521,11 @@ impl<U> ScaleClient<U> {
         user: U,
         encode: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<u64, ScaleCallError<U>> {
-        let Some(conn) = self.conns.get_mut(c as usize) else {
-            return Err(ScaleCallError::Failed(user));
+        let (server, base, j) = match self.admit(c, max_len) {
+            Ok(a) => a,
+            Err(kind) => return Err(ScaleCallError::new(kind, user)),
         };
-        let (Some(server), false) = (conn.server, conn.failed) else {
-            if conn.evicted {
-                return Err(ScaleCallError::Evicted(user));
-            }
-            return Err(ScaleCallError::Failed(user));
-        };
-        let CState::Active { base } = conn.state else {
-            return Err(ScaleCallError::NotActive(user));
-        };
-        if request_bytes(max_len) > server.slot_size as usize || max_len > u32::MAX as usize {
-            return Err(ScaleCallError::TooLarge(user));
-        }
-        let Some(j) = conn.slots.iter().position(Option::is_none) else {
-            return Err(ScaleCallError::SlotsBusy(user));
-        };
+        let conn = &mut self.conns[c as usize];
         let k = self.cfg.slots_per_conn as usize;
         let s = c as usize * k + j;
         let req_id = conn.next_req_id;
@@ -555,7 +572,7 @@ impl<U> ScaleClient<U> {
         if r.is_err() {
             // Send queue full: the previous batch has not completed yet.
             conn.next_req_id -= 1;
-            return Err(ScaleCallError::SlotsBusy(user));
+            return Err(ScaleCallError::new(ScaleCallErrorKind::SlotsBusy, user));
         }
         conn.unsignaled = if signal { 0 } else { conn.unsignaled + 1 };
         conn.slots[j] = Some(Outstanding {

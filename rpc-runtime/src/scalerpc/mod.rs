@@ -27,7 +27,7 @@
 //!
 //! # Blocking waits and what bounds them
 //! The cores ([`ScaleClient`], [`ScaleServer`], [`Scheduler`]) never block: every call
-//! returns at once ([`ScaleCallError::NotActive`] / [`ScaleCallError::SlotsBusy`] to retry
+//! returns at once ([`ScaleCallErrorKind::NotActive`] / [`ScaleCallErrorKind::SlotsBusy`] to retry
 //! later). The waits are:
 //!
 //! | where | waits for | bounded by |
@@ -76,7 +76,9 @@ pub mod server;
 pub mod transport;
 pub mod worker;
 
-pub use client::{CallFailure, ClientConfig, ScaleCallError, ScaleClient, ScaleClientStats};
+pub use client::{
+    CallFailure, ClientConfig, ScaleCallError, ScaleCallErrorKind, ScaleClient, ScaleClientStats,
+};
 pub use info::{ClientConnInfo, ServerConnInfo};
 pub use sched::{ConnState, Notice, SchedStats, Scheduler};
 pub use server::{

@@ -93,7 +93,7 @@
 use std::time::{Duration, Instant};
 
 use super::ScaleError;
-use super::client::{CallFailure, ClientConfig, ScaleCallError, ScaleClient};
+use super::client::{CallFailure, ClientConfig, ScaleCallError, ScaleCallErrorKind, ScaleClient};
 use super::info::{ClientConnInfo, ServerConnInfo};
 use super::protocol::{REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE, TRAILER_SIZE};
 use super::server::{DEFAULT_SLOT_SIZE, ScaleServer, ScaleToken, ServerConfig};
@@ -699,15 +699,15 @@ impl RcClient for ScaleRpc {
     }
 
     fn refusal_error(&mut self, e: &ScaleCallError<u32>) -> RpcError {
-        match e {
-            ScaleCallError::NotActive(_) => self.not_active(),
-            ScaleCallError::SlotsBusy(_) => RpcError::WouldBlock,
-            ScaleCallError::TooLarge(_) => RpcError::MessageTooLarge {
+        match e.kind {
+            ScaleCallErrorKind::NotActive => self.not_active(),
+            ScaleCallErrorKind::SlotsBusy => RpcError::WouldBlock,
+            ScaleCallErrorKind::TooLarge => RpcError::MessageTooLarge {
                 len: self.max_req,
                 cap: max_request_payload(self.slot_size),
                 setting: SETTING_SLOT_SIZE,
             },
-            ScaleCallError::Failed(_) | ScaleCallError::Evicted(_) => self.failed_error(),
+            ScaleCallErrorKind::Failed | ScaleCallErrorKind::Evicted => self.failed_error(),
         }
     }
 
