@@ -4,7 +4,7 @@
 //! calls encoded by hand). The typed client enforces each call's deadline (`--deadline-ms`)
 //! and drops late responses, as on every other path.
 //!
-//! It also carries the hidden test hook `--lose-direct-call` ([`LoseCall`]): the N-th call of
+//! It also carries the hidden test hook `--lose-direct-call` (`LoseCall`): the N-th call of
 //! client thread 0 of rank 0 over any of its direct clients is never sent, as if its request
 //! or reply were lost, so that its deadline has to end it (tests/kv_faults.rs).
 
@@ -40,7 +40,7 @@ impl LoseCall {
 }
 
 /// A typed copyrpc client to another rank's delegate (module docs). Its tokens are
-/// [`Copyrpc`]'s, plus one more (the last) that only a lost call ([`LoseCall`]) takes, so a
+/// [`Copyrpc`]'s, plus one more (the last) that only a lost call (`LoseCall`) takes, so a
 /// lost call never shares a token with a call that is answered.
 pub struct DirectCopyrpc {
     inner: Copyrpc,

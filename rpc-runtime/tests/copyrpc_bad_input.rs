@@ -770,6 +770,43 @@ fn second_reply_with_one_handle_is_refused() {
     let _ = es;
 }
 
+/// A reply larger than the caller's allowance is refused with `ReplyError::TooLarge` before
+/// anything is sent, and the handle stays valid: a reply that fits (an error status, as the
+/// delegation forwarder sends) still reaches the caller, once.
+#[test]
+fn too_large_reply_leaves_the_handle_answerable() {
+    use rpc_runtime::copyrpc::ReplyError;
+    let fabric = Fabric::new(SimConfig::deterministic());
+    let (dc, ds) = (fabric.open(), fabric.open());
+    let mut c = Context::<u64>::new(&dc, ContextConfig::default()).unwrap();
+    let mut s = Context::<()>::new(&ds, ContextConfig::default()).unwrap();
+    let cfg = EndpointConfig {
+        ring_size: RING,
+        max_large_message: 0,
+        ..EndpointConfig::default()
+    };
+    let (ec, _es) = connect(&mut c, &mut s, &cfg);
+    let mut responses = Vec::new();
+    for round in 0..3u64 {
+        c.call(ec, &round.to_le_bytes(), round, 16).unwrap();
+        c.poll(|_, _| {});
+        s.poll(|_, _| {});
+        let (h, _) = s.recv().expect("request");
+        assert!(matches!(
+            s.reply(h, &[7u8; 200]),
+            Err(ReplyError::TooLarge { .. })
+        ));
+        s.reply(h, b"status").unwrap();
+        assert_eq!(s.reply(h, b"again"), Err(ReplyError::Stale));
+        s.poll(|_, _| {});
+        c.poll(|u, r| responses.push((u, r.unwrap().to_vec())));
+    }
+    let want: Vec<_> = (0..3u64).map(|r| (r, b"status".to_vec())).collect();
+    assert_eq!(responses, want);
+    assert_eq!(s.stats().stale_replies, 3);
+    assert_eq!(c.endpoint_state(ec), Some(EndpointState::Connected));
+}
+
 mod props {
     use proptest::prelude::*;
 

@@ -325,6 +325,17 @@ impl Answering {
             _ => false,
         }
     }
+
+    /// Undoes the [`Answering::take`] of `(call_id, seq)` from `slot` that just succeeded
+    /// (nothing was inserted or taken since, so `slot` heads the free list): the request is
+    /// live again, under the same handle.
+    #[cold]
+    fn untake(&mut self, slot: u32, call_id: u32, seq: u32) {
+        debug_assert_eq!(self.free, slot);
+        let w = &mut self.slots[slot as usize];
+        self.free = *w as u32;
+        *w = (call_id as u64) << 32 | seq as u64;
+    }
 }
 
 /// A request received by [`Context::recv`]; answer it with [`Context::reply`] at any time,
@@ -895,7 +906,8 @@ impl<U> Context<U> {
     /// Answers request `h` with `payload`. Never fails for lack of ring space.
     ///
     /// # Errors
-    /// [`ReplyError::TooLarge`] if `payload` exceeds [`RecvHandle::max_response`];
+    /// [`ReplyError::TooLarge`] if `payload` exceeds [`RecvHandle::max_response`] (nothing
+    /// is sent and `h` stays valid: answer it with a reply that fits, e.g. an error status);
     /// [`ReplyError::Failed`] if the endpoint failed or is unknown.
     #[inline]
     pub fn reply(&mut self, h: RecvHandle, payload: &[u8]) -> Result<(), ReplyError> {
@@ -943,6 +955,11 @@ impl<U> Context<U> {
             max_len,
             |_, b| encode(b),
         );
+        if let Err(ReplyError::TooLarge { .. }) = r {
+            // Refused before anything was written or any credit moved: the request stays
+            // answerable (the caller's usual answer is an error status, which always fits).
+            c.answering.untake(h.slot, h.call_id, h.seq);
+        }
         Self::touch(dirty, c, h.ep);
         r
     }

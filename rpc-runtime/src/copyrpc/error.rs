@@ -53,7 +53,8 @@ impl CallErrorKind {
 /// A reply was not written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ReplyError {
-    /// The response is larger than the allowance the caller reserved.
+    /// The response is larger than the allowance the caller reserved. Nothing was sent and
+    /// the handle stays valid ([`super::Context::reply`]): answer with a reply that fits.
     #[error("response of {len} bytes exceeds the caller's allowance of {allowance} bytes")]
     TooLarge {
         /// Payload bytes.
