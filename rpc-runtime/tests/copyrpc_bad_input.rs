@@ -722,6 +722,23 @@ fn failure_only_touches_its_endpoint() {
     expect_completion_failure(&a, e0, Syndrome::TransportRetryExc);
 }
 
+/// A client context and a server context on `fabric`, connected by one endpoint each with
+/// `cfg` on `RING`-byte rings; the client's endpoint.
+fn client_and_server(
+    fabric: &Fabric,
+    cfg: EndpointConfig,
+) -> (Context<u64>, Context<()>, EndpointId) {
+    let (dc, ds) = (fabric.open(), fabric.open());
+    let mut c = Context::<u64>::new(&dc, ContextConfig::default()).unwrap();
+    let mut s = Context::<()>::new(&ds, ContextConfig::default()).unwrap();
+    let cfg = EndpointConfig {
+        ring_size: RING,
+        ..cfg
+    };
+    let (ec, _) = connect(&mut c, &mut s, &cfg);
+    (c, s, ec)
+}
+
 /// A `RecvHandle` is `Copy`: a second reply with it, or a reply with a handle whose request
 /// was answered and whose slot now holds a newer request with the same call id, is refused
 /// with `ReplyError::Stale` and counted; the caller sees exactly one response per call.
@@ -729,14 +746,7 @@ fn failure_only_touches_its_endpoint() {
 fn second_reply_with_one_handle_is_refused() {
     use rpc_runtime::copyrpc::ReplyError;
     let fabric = Fabric::new(SimConfig::deterministic());
-    let (dc, ds) = (fabric.open(), fabric.open());
-    let mut c = Context::<u64>::new(&dc, ContextConfig::default()).unwrap();
-    let mut s = Context::<()>::new(&ds, ContextConfig::default()).unwrap();
-    let cfg = EndpointConfig {
-        ring_size: RING,
-        ..EndpointConfig::default()
-    };
-    let (ec, es) = connect(&mut c, &mut s, &cfg);
+    let (mut c, mut s, ec) = client_and_server(&fabric, EndpointConfig::default());
     let mut responses = Vec::new();
     for round in 0..3u64 {
         c.call(ec, &round.to_le_bytes(), round, 16).unwrap();
@@ -767,7 +777,6 @@ fn second_reply_with_one_handle_is_refused() {
     }
     assert_eq!(c.endpoint_state(ec), Some(EndpointState::Connected));
     assert_eq!(c.stats().corrupt_batches, 0);
-    let _ = es;
 }
 
 /// A reply larger than the caller's allowance is refused with `ReplyError::TooLarge` before
@@ -777,15 +786,11 @@ fn second_reply_with_one_handle_is_refused() {
 fn too_large_reply_leaves_the_handle_answerable() {
     use rpc_runtime::copyrpc::ReplyError;
     let fabric = Fabric::new(SimConfig::deterministic());
-    let (dc, ds) = (fabric.open(), fabric.open());
-    let mut c = Context::<u64>::new(&dc, ContextConfig::default()).unwrap();
-    let mut s = Context::<()>::new(&ds, ContextConfig::default()).unwrap();
-    let cfg = EndpointConfig {
-        ring_size: RING,
+    let no_large = EndpointConfig {
         max_large_message: 0,
         ..EndpointConfig::default()
     };
-    let (ec, _es) = connect(&mut c, &mut s, &cfg);
+    let (mut c, mut s, ec) = client_and_server(&fabric, no_large);
     let mut responses = Vec::new();
     for round in 0..3u64 {
         c.call(ec, &round.to_le_bytes(), round, 16).unwrap();
