@@ -42,7 +42,7 @@ impl LoseCall {
 /// A typed copyrpc client to another rank's delegate (module docs). Its tokens are
 /// [`Copyrpc`]'s, plus one more (the last) that only a lost call (`LoseCall`) takes, so a
 /// lost call never shares a token with a call that is answered.
-pub struct DirectCopyrpc {
+pub(crate) struct DirectCopyrpc {
     inner: Copyrpc,
     lose: Option<LoseCall>,
 }

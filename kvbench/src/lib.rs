@@ -35,7 +35,7 @@
 //! - `direct` (upstream's third baseline, not in seeds/004's table): each client thread has
 //!   its own copyrpc context ([`rpc::copyrpc::ClientContext`]) with one endpoint per remote
 //!   rank, connected to that rank's daemon 0 ([`rpc::delegation::Delegate`]), and a typed
-//!   client on each ([`direct::DirectCopyrpc`]), polled alongside its connections; local
+//!   client on each (`direct::DirectCopyrpc`), polled alongside its connections; local
 //!   calls go to the daemons' delegation rings.
 //! - `all`: the three, one after the other in this process, and their ratios.
 //!
@@ -146,7 +146,7 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod daemon;
-pub mod direct;
+pub(crate) mod direct;
 pub mod pinning;
 pub mod report;
 pub mod run;
