@@ -124,11 +124,12 @@ pub struct RqMem {
     pub(crate) buf: NonNull<u8>,
     /// Ring size in WQEs (power of two).
     pub(crate) wqe_cnt: u32,
-    /// Bytes per WQE (power of two, `>= 16 * max_sge`).
+    /// Bytes per WQE (power of two, `>= 16 * max_sge`; an SRQ's also holds a 16 B next
+    /// segment first).
     pub(crate) stride: u32,
     /// Data segments per WQE.
     pub(crate) max_sge: u32,
-    /// The QP's doorbell record; the RQ head goes to word 0.
+    /// The QP's doorbell record; the RQ head goes to word 0 (an SRQ's: its WQE counter).
     pub(crate) dbrec: NonNull<u32>,
     /// Keeps the memory alive (see the module's safety contract).
     owner: Option<MemOwner>,
@@ -197,22 +198,14 @@ impl RqMem {
     }
 }
 
-/// Shared receive queue memory (PRM "Receive queues", SRQ).
+/// Shared receive queue memory (PRM "Receive queues", SRQ): a receive ring laid out as an
+/// [`RqMem`] (each WQE a 16 B next segment, then room for `max_sge` 16 B data segments; the
+/// doorbell record's word 0 is the WQE counter), and the SRQ number.
 pub struct SrqMem {
-    /// WQE array: `wqe_cnt * stride` bytes.
-    pub(crate) buf: NonNull<u8>,
-    /// Number of WQEs (power of two).
-    pub(crate) wqe_cnt: u32,
-    /// Bytes per WQE (power of two, `>= max(32, 16 + 16 * max_sge)`).
-    pub(crate) stride: u32,
-    /// Data segments per WQE.
-    pub(crate) max_sge: u32,
-    /// The SRQ's doorbell record (word 0: WQE counter).
-    pub(crate) dbrec: NonNull<u32>,
+    /// The WQE array, its geometry and doorbell record, and the memory's owner.
+    pub(crate) ring: RqMem,
     /// SRQ number.
     pub(crate) srqn: u32,
-    /// Keeps the memory alive (see the module's safety contract).
-    owner: Option<MemOwner>,
 }
 
 impl SrqMem {
@@ -237,13 +230,9 @@ impl SrqMem {
         srqn: u32,
     ) -> Self {
         SrqMem {
-            buf,
-            wqe_cnt,
-            stride,
-            max_sge,
-            dbrec,
+            // SAFETY: the caller's contract above is `RqMem::new`'s, for the SRQ's ring.
+            ring: unsafe { RqMem::new(buf, wqe_cnt, stride, max_sge, dbrec) },
             srqn,
-            owner: None,
         }
     }
 
@@ -251,33 +240,14 @@ impl SrqMem {
     /// description and the queue built on it.
     #[must_use]
     pub fn owned_by(mut self, owner: MemOwner) -> Self {
-        self.owner = Some(owner);
+        self.ring = self.ring.owned_by(owner);
         self
     }
 
-    /// Start of the WQE array (`wqe_cnt * stride` bytes).
-    pub fn buf(&self) -> NonNull<u8> {
-        self.buf
-    }
-
-    /// Number of WQEs (power of two).
-    pub fn wqe_cnt(&self) -> u32 {
-        self.wqe_cnt
-    }
-
-    /// Bytes per WQE.
-    pub fn stride(&self) -> u32 {
-        self.stride
-    }
-
-    /// Data segments per WQE.
-    pub fn max_sge(&self) -> u32 {
-        self.max_sge
-    }
-
-    /// The SRQ's doorbell record (word 0: WQE counter).
-    pub fn dbrec(&self) -> NonNull<u32> {
-        self.dbrec
+    /// The WQE array: start, WQE count (power of two), bytes per WQE, data segments per WQE
+    /// and the doorbell record (word 0: the SRQ's WQE counter).
+    pub fn ring(&self) -> &RqMem {
+        &self.ring
     }
 
     /// SRQ number.
@@ -380,13 +350,9 @@ impl std::fmt::Debug for RqMem {
 impl std::fmt::Debug for SrqMem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SrqMem")
-            .field("buf", &self.buf)
-            .field("wqe_cnt", &self.wqe_cnt)
-            .field("stride", &self.stride)
-            .field("max_sge", &self.max_sge)
-            .field("dbrec", &self.dbrec)
+            .field("ring", &self.ring)
             .field("srqn", &self.srqn)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
@@ -407,8 +373,6 @@ impl std::fmt::Debug for CqMem {
 unsafe impl Send for SqMem {}
 // SAFETY: as for `SqMem`.
 unsafe impl Send for RqMem {}
-// SAFETY: as for `SqMem`.
-unsafe impl Send for SrqMem {}
 // SAFETY: as for `SqMem`.
 unsafe impl Send for CqMem {}
 

@@ -68,18 +68,19 @@ impl SharedRecvQueue {
     /// owner alive as long as the queue.
     ///
     /// # Panics
-    /// If `mem.wqe_cnt` is not a power of two in `2..=65536` (WQE indices are 16-bit) or
-    /// `mem.stride < 16 + 16 * max_sge` (a provider bug: queue memory contract of
+    /// If `mem.ring.wqe_cnt` is not a power of two in `2..=65536` (WQE indices are 16-bit) or
+    /// `mem.ring.stride < 16 + 16 * max_sge` (a provider bug: queue memory contract of
     /// [`crate::queue`]).
     pub fn new(mem: SrqMem) -> Self {
-        let cnt = mem.wqe_cnt;
+        let cnt = mem.ring.wqe_cnt;
         assert!(
             cnt.is_power_of_two()
                 && (2..=1 << 16).contains(&cnt)
-                && mem.stride as u64 >= (NEXT_SEG_BYTES + DATA_BYTES * mem.max_sge as usize) as u64,
+                && mem.ring.stride as u64
+                    >= (NEXT_SEG_BYTES + DATA_BYTES * mem.ring.max_sge as usize) as u64,
             "SRQ of {cnt} WQEs, stride {} B, {} SGEs: bad geometry",
-            mem.stride,
-            mem.max_sge
+            mem.ring.stride,
+            mem.ring.max_sge
         );
         let mut q = SharedRecvQueue {
             mask: cnt - 1,
@@ -89,7 +90,7 @@ impl SharedRecvQueue {
             released: 0,
             db_counter: 0,
             posted_bits: Box::new([0; POSTED_WORDS]),
-            terminated: mem.max_sge > 0,
+            terminated: mem.ring.max_sge > 0,
             mem,
         };
         for i in 0..cnt {
@@ -120,13 +121,13 @@ impl SharedRecvQueue {
     /// Number of WQEs in the buffer (`wqe_cnt`).
     #[inline]
     pub fn wqe_cnt(&self) -> u32 {
-        self.mem.wqe_cnt
+        self.mem.ring.wqe_cnt
     }
 
     /// Most WQEs posted at once: `wqe_cnt - 1` (the tail is the list's sentinel).
     #[inline]
     pub fn capacity(&self) -> u32 {
-        self.mem.wqe_cnt - 1
+        self.mem.ring.wqe_cnt - 1
     }
 
     /// WQEs posted and not yet released.
@@ -169,7 +170,8 @@ impl SharedRecvQueue {
     #[inline]
     pub fn is_posted(&self, wqe_index: u16) -> bool {
         let i = u32::from(wqe_index);
-        i < self.mem.wqe_cnt && self.posted_bits[usize::from(wqe_index / 64)] & (1 << (i % 64)) != 0
+        i < self.mem.ring.wqe_cnt
+            && self.posted_bits[usize::from(wqe_index / 64)] & (1 << (i % 64)) != 0
     }
 
     /// Takes the free-list head, writes the scatter list `sges` into it (terminated by
@@ -190,7 +192,7 @@ impl SharedRecvQueue {
     /// error). An empty list (a zero-length receive) has no requirement.
     #[inline]
     pub unsafe fn post(&mut self, sges: &[Sge]) -> Result<u16> {
-        let max = self.mem.max_sge as usize;
+        let max = self.mem.ring.max_sge as usize;
         if sges.len() > max {
             return Err(too_many_sges(sges.len(), max));
         }
@@ -245,7 +247,7 @@ impl SharedRecvQueue {
         let k = n.min(self.available());
         // The terminator is written when `max_sge > 0`, as `post` does for a short list,
         // unless every WQE still holds it (`terminated`).
-        let data_segs = usize::from(self.mem.max_sge > 0 && !self.terminated);
+        let data_segs = usize::from(self.mem.ring.max_sge > 0 && !self.terminated);
         let mut head = self.head;
         for _ in 0..k {
             debug_assert!(head != self.tail, "SRQ free list reached the sentinel");
@@ -290,7 +292,12 @@ impl SharedRecvQueue {
         }
         dma_wmb();
         // SAFETY: `dbrec` is 4-byte aligned and valid (queue memory contract).
-        unsafe { store_dbrec(self.mem.dbrec.as_ptr(), (self.counter & 0xffff).to_be()) };
+        unsafe {
+            store_dbrec(
+                self.mem.ring.dbrec.as_ptr(),
+                (self.counter & 0xffff).to_be(),
+            )
+        };
         self.db_counter = self.counter;
     }
 
@@ -305,7 +312,7 @@ impl SharedRecvQueue {
     pub fn release(&mut self, wqe_index: u16) -> Result<()> {
         let i = u32::from(wqe_index);
         if !self.is_posted(wqe_index) {
-            return Err(bad_release(i, self.mem.wqe_cnt));
+            return Err(bad_release(i, self.mem.ring.wqe_cnt));
         }
         self.posted_bits[usize::from(wqe_index / 64)] &= !(1 << (i % 64));
         let tail = self.tail;
@@ -325,14 +332,15 @@ impl SharedRecvQueue {
     /// memory contract, [`crate::queue`]); `&mut self` excludes any other driver access.
     #[inline(always)]
     unsafe fn wqe_bytes(&mut self, idx: u32, len: usize) -> &mut [u8] {
-        debug_assert!(idx < self.mem.wqe_cnt && len <= self.mem.stride as usize);
+        debug_assert!(idx < self.mem.ring.wqe_cnt && len <= self.mem.ring.stride as usize);
         // SAFETY: caller's contract.
         unsafe {
             std::slice::from_raw_parts_mut(
                 self.mem
+                    .ring
                     .buf
                     .as_ptr()
-                    .add(idx as usize * self.mem.stride as usize),
+                    .add(idx as usize * self.mem.ring.stride as usize),
                 len,
             )
         }

@@ -153,7 +153,7 @@ fn hw_queue_memory_is_what_the_driver_expects() {
         );
     }
     let srq = ctx.create_srq(&pd, 64, 2).expect("create_srq");
-    let m = srq.srq.mem();
+    let m = srq.srq.mem().ring();
     assert!(
         m.wqe_cnt().is_power_of_two() && m.wqe_cnt() > 64,
         "SRQ wqe_cnt {}",

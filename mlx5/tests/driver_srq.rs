@@ -69,7 +69,7 @@ fn sge(i: u32) -> Sge {
 #[test]
 fn initial_list_links_every_wqe_in_order() {
     let (buf, db, mem) = srq_mem(8, 2);
-    let stride = mem.stride();
+    let stride = mem.ring().stride();
     assert_eq!(stride, 64);
     let srq = SharedRecvQueue::new(mem);
     for i in 0..8 {
@@ -85,7 +85,7 @@ fn initial_list_links_every_wqe_in_order() {
 #[test]
 fn sentinel_limits_posting_to_wqe_cnt_minus_one() {
     let (buf, db, mem) = srq_mem(4, 1);
-    let stride = mem.stride();
+    let stride = mem.ring().stride();
     let mut srq = SharedRecvQueue::new(mem);
     for i in 0..3 {
         assert_eq!(srq.post_nodev(&[sge(i)]).unwrap(), i as u16);
@@ -113,7 +113,7 @@ fn sentinel_limits_posting_to_wqe_cnt_minus_one() {
 #[test]
 fn bad_indices_and_double_release_change_nothing() {
     let (buf, _db, mem) = srq_mem(8, 1);
-    let stride = mem.stride();
+    let stride = mem.ring().stride();
     let mut srq = SharedRecvQueue::new(mem);
     let a = srq.post_nodev(&[sge(1)]).unwrap();
     let snap = bytes(&buf, 0, 8 * stride as usize);
@@ -141,7 +141,7 @@ fn bad_indices_and_double_release_change_nothing() {
 fn device_follows_the_list_through_out_of_order_releases() {
     for (cnt, seed) in [(4u32, 1u64), (16, 2), (64, 3), (256, 4)] {
         let (buf, db, mem) = srq_mem(cnt, 2);
-        let stride = mem.stride();
+        let stride = mem.ring().stride();
         let mut srq = SharedRecvQueue::new(mem);
         let mut dev = Device {
             head: 0,

@@ -33,7 +33,7 @@
 //!   makes [`Provider::create_cq`] fail with a message) because the driver reads 64-byte
 //!   entries. rdma-core initialises every `op_own` to 0xF0.
 //! - The SQ stride must be 64 (one WQEBB), which mlx5 always uses.
-//! - SRQ: `mlx5dv_srq` has no WQE count; [`SrqMem::wqe_cnt`] is `tail + 1`, the WQEs of
+//! - SRQ: `mlx5dv_srq` has no WQE count; [`SrqMem::ring`]'s [`RqMem::wqe_cnt`] is `tail + 1`, the WQEs of
 //!   rdma-core's free list (`head` = 0, `next_wqe_index` of WQE `i` = `i + 1` for `i < tail`).
 //!   rdma-core itself keeps one of them unposted (its "SRQ full" test is `head == tail`); the
 //!   WQEs after `tail` (its ODP wait queue) are not handed over.

@@ -408,7 +408,7 @@ fn provider_checks_arguments() {
     let op_own = unsafe { cq.cq.mem().buf.as_ptr().add(127 * 64 + 63).read() };
     assert_eq!(op_own, 0xF0);
     let srq = a.ctx.create_srq(&a.pd, 100, 3).unwrap();
-    assert_eq!((srq.srq.wqe_cnt(), srq.srq.mem().stride), (128, 64));
+    assert_eq!((srq.srq.wqe_cnt(), srq.srq.mem().ring.stride), (128, 64));
     assert!(srq.srq.capacity() >= 100);
     // Distinct LIDs and QPNs; a second connect is refused.
     let mut b = side(&f, QpCaps::default());
