@@ -1115,8 +1115,6 @@ impl UdTransport {
         };
         debug_assert_eq!(desc.ds() + (DGRAM_BYTES / DS_BYTES) as u32, ds);
         let wqe_index = self.qp.sq.post_ud(&self.last_av, &desc)?;
-        self.tx_posted = seq + 1;
-        self.count_post();
         if let Some((mem, _)) = gather {
             // Keep the buffer mapped until this WQE retires (module docs).
             match self.pins.back_mut() {
@@ -1128,14 +1126,7 @@ impl UdTransport {
             }
             self.stats.tx_in_place += 1;
         }
-        if signaled {
-            self.signaled.push(Signaled {
-                wqe_index,
-                seq_after: seq + 1,
-            });
-        }
-        self.stats.tx_pkts += 1;
-        self.stats.tx_bytes += len as u64;
+        self.posted(seq, wqe_index, signaled, len);
         Ok(())
     }
 
@@ -1156,8 +1147,35 @@ impl UdTransport {
             self.qp
                 .sq
                 .post_ud_inline(&self.last_av, flags, self.imm, hdr, data, LOW_WQEBBS)?;
+        self.posted(seq, wqe_index, signaled, len);
+        Ok(())
+    }
+
+    /// Whether a burst goes on after the room check `room`: not when the QP failed, nor
+    /// when there is no room (counted in `tx_would_block`).
+    #[inline(always)]
+    fn room_go(&mut self, room: Room) -> bool {
+        match room {
+            Room::Yes => true,
+            Room::Failed => false,
+            Room::No => {
+                self.stats.tx_would_block += 1;
+                false
+            }
+        }
+    }
+
+    /// Books a successful post of send WQE number `seq` (at `wqe_index`, `len` bytes):
+    /// advances `tx_posted` and the signal countdown (`tx_to_signal`), remembers a signaled
+    /// WQE for retirement, and counts the packet.
+    #[inline(always)]
+    fn posted(&mut self, seq: u64, wqe_index: u16, signaled: bool, len: usize) {
         self.tx_posted = seq + 1;
-        self.count_post();
+        self.tx_to_signal = if self.tx_to_signal <= 1 {
+            self.cfg.signal_interval
+        } else {
+            self.tx_to_signal - 1
+        };
         if signaled {
             self.signaled.push(Signaled {
                 wqe_index,
@@ -1166,17 +1184,6 @@ impl UdTransport {
         }
         self.stats.tx_pkts += 1;
         self.stats.tx_bytes += len as u64;
-        Ok(())
-    }
-
-    /// Advances the signal countdown (`tx_to_signal`) after a successful post.
-    #[inline(always)]
-    fn count_post(&mut self) {
-        self.tx_to_signal = if self.tx_to_signal <= 1 {
-            self.cfg.signal_interval
-        } else {
-            self.tx_to_signal - 1
-        };
     }
 
     /// Copies `hdr` then `data` into the staging ring at byte `off`.
@@ -1309,24 +1316,16 @@ impl DatagramTransport for UdTransport {
             let res = if len != 0 && len <= self.inline_max {
                 // Inline: the SQ checks WQEBB room itself (and signals when little is left),
                 // so only the staging count is checked here.
-                match self.tx_slot() {
-                    Room::Yes => {}
-                    Room::Failed => break,
-                    Room::No => {
-                        self.stats.tx_would_block += 1;
-                        break;
-                    }
+                let room = self.tx_slot();
+                if !self.room_go(room) {
+                    break;
                 }
                 if !self.select_dest(p.dest) {
                     // Consumed as an error only if it could have been posted (as in the
                     // gather path, which checks room first).
-                    match self.tx_room_polled(send_ds(len, self.inline_max, 0)) {
-                        Room::Yes => {}
-                        Room::Failed => break,
-                        Room::No => {
-                            self.stats.tx_would_block += 1;
-                            break;
-                        }
+                    let room = self.tx_room_polled(send_ds(len, self.inline_max, 0));
+                    if !self.room_go(room) {
+                        break;
                     }
                     self.stats.tx_errors += 1;
                     done += 1;
@@ -1350,13 +1349,9 @@ impl DatagramTransport for UdTransport {
                 }
             } else {
                 // Room for the largest gather layout (two data segments: still 2 WQEBBs).
-                match self.tx_room_polled(send_ds(len, self.inline_max, MAX_SEND_SGES)) {
-                    Room::Yes => {}
-                    Room::Failed => break,
-                    Room::No => {
-                        self.stats.tx_would_block += 1;
-                        break;
-                    }
+                let room = self.tx_room_polled(send_ds(len, self.inline_max, MAX_SEND_SGES));
+                if !self.room_go(room) {
+                    break;
                 }
                 if !self.select_dest(p.dest) {
                     self.stats.tx_errors += 1;
