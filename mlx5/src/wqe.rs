@@ -460,8 +460,17 @@ impl<'a> WqeDesc<'a> {
     /// writes `sges`.
     #[inline(always)]
     pub const fn rdma_read(remote: RaddrSeg, sges: &'a [Sge]) -> Self {
+        Self::rdma(Opcode::RdmaRead, remote, sges)
+    }
+
+    /// A signaled one-sided operation `opcode` (RDMA READ or WRITE) between `remote` and the
+    /// local list `sges` (ctrl, remote-address and data segments; PRM "RDMA Write", "RDMA
+    /// Read"). A READ is posted with
+    /// [`SendQueue::post_local_write`](crate::sq::SendQueue::post_local_write).
+    #[inline(always)]
+    pub const fn rdma(opcode: Opcode, remote: RaddrSeg, sges: &'a [Sge]) -> Self {
         WqeDesc {
-            opcode: Opcode::RdmaRead,
+            opcode,
             flags: CQ_UPDATE,
             imm: 0,
             ud: None,

@@ -1764,16 +1764,8 @@ impl<U> Context<U> {
         // SAFETY: a WRITE only reads `local`; for a READ, `post_rdma_read`'s caller
         // upholds its contract, which is `post_local_write`'s.
         let idx = unsafe {
-            c.qp.sq.post_local_write(&WqeDesc {
-                opcode,
-                flags: CQ_UPDATE,
-                imm: 0,
-                ud: None,
-                remote: Some(remote),
-                atomic: None,
-                inline: &[],
-                sges: &[local],
-            })
+            c.qp.sq
+                .post_local_write(&WqeDesc::rdma(opcode, remote, &[local]))
         }?;
         c.signaled.push_back((idx, Signaled::Raw));
         c.unsignaled = 0;
