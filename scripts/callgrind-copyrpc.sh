@@ -4,6 +4,9 @@
 #
 # Usage: scripts/callgrind-copyrpc.sh [rpcs] [qd] [copy|in-place]   (defaults 100000, 1, copy;
 #        needs valgrind)
+#        CG_TREE=depth scripts/... also prints each function's instructions per RPC as a tree
+#          of inlined frames (scripts/lib/cg_inline.py; CG_TREE_ROOTS="fn ..." adds roots,
+#          e.g. out-of-line callees, whose own trees are then printed too)
 #        CG_KEEP=dir scripts/callgrind-copyrpc.sh ...  keeps the profiles
 #
 # The lock-step driver runs client and server in one thread: each round the client issues
@@ -53,7 +56,9 @@ run() { # name, extra options...
     exit 1
   }
 }
-run nomodel "${toggles[@]}" --toggle-collect="$model_fn"
+tree=()
+[[ -n ${CG_TREE:-} ]] && tree=(--dump-instr=yes)
+run nomodel "${toggles[@]}" --toggle-collect="$model_fn" "${tree[@]}"
 run all "${toggles[@]}"
 
 a1=$(cg_arcs "$dir/nomodel.callgrind")
@@ -77,3 +82,8 @@ awk -v r="$issued" -v qd="$qd" -v i="$issue" -v p="$cpoll" -v s="$serve" -v m="$
   printf "%d,%d,server (poll + recv + reply + flush),%.1f\n", qd, r, s / r
   printf "%d,%d,model (both directions),%.1f\n", qd, r, m / r
 }' | sed 's/\t//'
+if [[ -n ${CG_TREE:-} ]]; then
+  # shellcheck disable=SC2086
+  python3 scripts/lib/cg_inline.py "$dir/nomodel.callgrind" "$bin" "$issued" "${fns[@]}" ${CG_TREE_ROOTS:-} \
+    --depth "$CG_TREE" --min "${CG_TREE_MIN:-1}"
+fi
