@@ -442,6 +442,11 @@ impl<T: DatagramTransport> Endpoint<T> {
         // its timers and transmit step instead of two).
         self.now_pending = n == 0;
         let now = if n == 0 {
+            // Nothing was waiting: what arrives later arrived after the last clock reading
+            // (`Rpc::note_rx_drained`; only RTT samples use it).
+            if self.rpc.config().cc_rate_comp {
+                self.rpc.note_rx_drained(self.now);
+            }
             self.now
         } else {
             let now = self.clock();

@@ -31,7 +31,13 @@
 //!   (response packet 0, sent only after the server's handler ran, so it includes handler
 //!   time: `rtt_skipped_server_time`); such an exchange is sampled by its CRs and RFR
 //!   answers, which the server's event loop sends at once. A single-packet request with a
-//!   single-packet response has no other sample and keeps eRPC's (handler time included). Every sample also feeds the session's
+//!   single-packet response has no other sample and keeps eRPC's (handler time included).
+//!   The mirror image on the client, time its own event loop did not run, is cut off too:
+//!   a sample ends at the last receive poll that found nothing waiting after the packet
+//!   left ([`Rpc::note_rx_drained`]; the answer arrived after it), not when the answer was
+//!   handled, so a client thread descheduled for milliseconds, or an application that polls
+//!   late, does not read as congestion (`rtt_bounded_by_poll`; Timely timestamps the
+//!   answer's arrival at the NIC, which this bound approaches). Every sample also feeds the session's
 //!   measured minimum RTT ([`Timely::observe_rtt`](crate::erpc::timely::Timely::observe_rtt)),
 //!   which normalizes Timely's gradient in place of the seed's assumed 2 µs.
 //! - **Purging** (`purge_wheel`): go-back-N, completion of an exchange that still has
@@ -69,6 +75,11 @@ pub const WHEEL_SLOT_WIDTH_NS: Time = 4_000;
 /// wheel (16 KiB of slot heads plus a node pool that grows to the most packets ever paced
 /// at once) is created with the endpoint when `cc_pacing` is on.
 pub const WHEEL_NUM_SLOTS: usize = 2048;
+/// A gap in ns between the last drained receive poll and the handling of an answer beyond
+/// which [`Stats::rtt_bounded_by_poll`](super::Stats::rtt_bounded_by_poll) counts the
+/// sample (10 µs: far more than one iteration of a spinning event loop).
+const POLL_GAP_NS: Time = 10_000;
+
 /// Paced packets the wheel has room for before its pool first grows.
 pub(super) const WHEEL_INITIAL_ENTRIES: usize = 64;
 
@@ -369,7 +380,18 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         // than the configured link rate) is a sample of no queueing at all. The minimum RTT
         // that normalizes the gradient is the smallest full round trip (from the hand-out),
         // which a path faster than the link model cannot drive to zero.
-        let rtt_us = now.saturating_sub(sent.departed) as f64 / 1e3;
+        // The answer arrived after the last drained receive poll, if that followed the
+        // departure: the sample ends there, not when this endpoint got round to handling
+        // it (within an iteration of each other while the event loop spins).
+        let end = if self.rx_drained_at > sent.departed && self.rx_drained_at < now {
+            if now - self.rx_drained_at > POLL_GAP_NS {
+                self.stats.rtt_bounded_by_poll += 1;
+            }
+            self.rx_drained_at
+        } else {
+            now
+        };
+        let rtt_us = end.saturating_sub(sent.departed) as f64 / 1e3;
         self.stats.rtt_samples += 1;
         c.timely
             .observe_rtt(now.saturating_sub(sent.handed_out) as f64 / 1e3);

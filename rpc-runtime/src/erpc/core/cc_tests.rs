@@ -592,3 +592,67 @@ fn queueing_beyond_the_link_still_cuts_the_rate() {
     let (rate, _) = timely_of(&cl.rpc, sid);
     assert!(rate < 1e9, "rate cut to {rate}");
 }
+
+/// Timely rate of client session `sid`.
+fn session_rate(rpc: &mut Rpc<u32>, sid: SessionId) -> f64 {
+    rpc.sessions[usize::from(sid.0)]
+        .as_mut()
+        .unwrap()
+        .role
+        .client_mut()
+        .unwrap()
+        .timely
+        .rate()
+}
+
+/// A client whose event loop stalls for 3 ms while the answers to a two-packet request wait
+/// (a descheduled thread): the answer was not there at its last poll, 2 µs after the
+/// packets left, so with that poll reported (`note_rx_drained`) the CR's sample ends there
+/// and the session stays at the link rate; a driver that reports no poll reads the stall
+/// as a 3 ms RTT and Timely cuts the rate.
+#[test]
+fn a_stalled_client_loop_is_not_read_as_congestion() {
+    let mut rates = Vec::new();
+    for report_polls in [false, true] {
+        let cfg = Config::default();
+        let dpp = cfg.mtu - 16;
+        let link = cfg.link_bandwidth_bps as f64;
+        let t0 = MS;
+        let (mut cl, mut sv, sid) = pair(cfg, t0);
+        cl.rpc
+            .enqueue_request(t0, sid, 1, &payload(0, dpp + 1), 0)
+            .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut sent = 0;
+        while let Some((_, n)) = cl.rpc.poll_transmit_at(t0, &mut buf) {
+            sv.rpc.handle_datagram(t0 + 3_000, 1, &buf[..n]);
+            sent += 1;
+        }
+        assert_eq!(sent, 2);
+        if report_polls {
+            // The poll after the burst: nothing back yet.
+            cl.rpc.note_rx_drained(t0 + 2_000);
+        }
+        // The server's event loop answers packet 0 at once (a CR; the response waits for
+        // the handler); the client gets to it 3 ms later.
+        let late = t0 + 3 * MS;
+        let mut answers = 0;
+        while let Some((_, n)) = sv.rpc.poll_transmit_at(t0 + 3_000, &mut buf) {
+            cl.rpc.handle_datagram(late, 2, &buf[..n]);
+            answers += 1;
+        }
+        assert_eq!(answers, 1, "the CR");
+        let st = cl.rpc.stats();
+        assert_eq!(st.rtt_samples, 1, "the CR's");
+        assert_eq!(st.rtt_bounded_by_poll, u64::from(report_polls));
+        rates.push(session_rate(&mut cl.rpc, sid) / link);
+    }
+    assert!(
+        rates[0] < 0.9,
+        "an unreported stall reads as congestion: {rates:?}"
+    );
+    assert_eq!(
+        rates[1], 1.0,
+        "a reported poll bounds the sample: {rates:?}"
+    );
+}

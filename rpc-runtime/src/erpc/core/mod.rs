@@ -659,6 +659,10 @@ pub struct Stats {
     pub rtt_skipped_server_time: u64,
     /// Client: answers to a retransmitted packet, which give no RTT sample (Karn's rule).
     pub rtt_skipped_retransmit: u64,
+    /// Client: RTT samples ended at the last drained receive poll instead of their handling
+    /// time ([`Rpc::note_rx_drained`]): the event loop had not polled for a while, and the
+    /// sample would have counted that wait as network delay.
+    pub rtt_bounded_by_poll: u64,
     /// Client: RTT samples whose completion event (the answers of one receive burst,
     /// [`Timely::sample`](super::timely::Timely::sample)) updated a Timely rate.
     pub timely_updates: u64,
@@ -886,6 +890,10 @@ pub struct Rpc<A> {
     timer_lb: Time,
     /// The latest time passed to any input; the time `poll_transmit` uses.
     last_now: Time,
+    /// A time at which the driver's receive path was last known drained
+    /// ([`Rpc::note_rx_drained`]; 0 until then): a datagram handled later arrived after it,
+    /// which bounds an RTT sample from below (`cc.rs`, Sampling).
+    rx_drained_at: Time,
     /// When this endpoint's link has finished serializing every packet handed out so far, at
     /// `link_bandwidth_bps` (`cc.rs`, "Sampling"): the departure time RTT samples count from.
     link_free_at: Time,
@@ -979,6 +987,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             wheel_out: Vec::with_capacity(cc::WHEEL_INITIAL_ENTRIES),
             timer_lb: Time::MAX,
             last_now: 0,
+            rx_drained_at: 0,
             link_free_at: 0,
             link_ps_per_byte: 8_000_000_000_000 / link_bps,
             #[cfg(test)]
@@ -1206,6 +1215,22 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     #[inline]
     fn arm(&mut self, t: Time) {
         self.timer_lb = self.timer_lb.min(t);
+    }
+
+    /// Tells the core that the receive path held no datagram at time `t` (a receive poll that
+    /// found it empty, or returned fewer datagrams than it asked for, i.e. drained the socket
+    /// or completion queue; `t` a clock reading taken before that poll; the
+    /// [`Endpoint`](crate::erpc::event_loop::Endpoint) event loop reports its empty polls). Datagrams handed to
+    /// [`Rpc::handle_datagram`] later arrived after `t`, so an RTT sample they give is at
+    /// least `t` minus the packet's departure: the client's RTT samples use that bound
+    /// instead of the time the datagram was handled, so that time this endpoint's own event
+    /// loop did not run (a descheduled thread, an application that polls late) is not read
+    /// as queueing in the network (`cc.rs`, Sampling). Call it after handling the poll's
+    /// datagrams. Times that go backwards are ignored. A driver that never calls it keeps
+    /// eRPC's samples (up to the handling time).
+    #[inline]
+    pub fn note_rx_drained(&mut self, t: Time) {
+        self.rx_drained_at = self.rx_drained_at.max(t);
     }
 
     /// Records the latest input time (the clock `poll_transmit` uses).
