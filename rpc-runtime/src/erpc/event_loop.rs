@@ -466,9 +466,8 @@ impl<T: DatagramTransport> Endpoint<T> {
             0
         };
 
-        let n = self
-            .transport
-            .rx_burst(self.batch.max(self.transport.rx_batch()));
+        // `batch` is the transport's `rx_batch()` (at least 1), fixed at creation.
+        let n = self.transport.rx_burst(self.batch);
         // The iteration's clock reading: the receive time of the burst. With nothing
         // received nothing needs it yet, and `finish_iteration` reads it (one reading for
         // its timers and transmit step instead of two).
