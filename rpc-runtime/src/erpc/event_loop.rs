@@ -47,8 +47,11 @@
 //! Time is [`Time`]: nanoseconds since the endpoint's creation, read from the TSC through
 //! `quanta` (seeds/000 §12.1 reads `rdtsc()` once per event-loop iteration; `quanta` calibrates it
 //! against the monotonic clock once per process and falls back to that clock where the TSC is
-//! not invariant). A read costs a few instructions instead of a vDSO `clock_gettime` call,
-//! and the loop reads it twice per iteration (receive and transmit steps).
+//! not invariant). A read costs a few instructions instead of a vDSO `clock_gettime` call
+//! (the raw reading times a scale precomputed from quanta's calibration), and the loop reads
+//! it at most twice per iteration: when a burst arrives (or at the timer step if none did),
+//! and again for the transmit step only when the core uses send times (Timely's RTT samples
+//! or pacing; [`Config::cc_rate_comp`], [`Config::cc_pacing`]).
 //! Sizes are bytes; the core's MTU is the transport's [`mtu`](DatagramTransport::mtu).
 //!
 //! # Allocation
@@ -79,6 +82,12 @@ use super::core::{
 use super::datagram::{DatagramTransport, TxPkt};
 use super::msgbuf::MsgBuffer;
 use super::pkthdr::PKTHDR_SIZE;
+
+/// Fractional bits of [`Endpoint`]'s fixed-point clock scale: a raw reading `d` ticks after
+/// the epoch is `d * ns_per_tick >> CLOCK_FRAC_BITS` ns. 40 bits keep the scale's relative
+/// error below 2^-40 / (ns per tick), about 10^-11 for a GHz TSC, and the factor below
+/// 2^64 for clocks of up to 2^24 ns per tick (a monotonic clock has 1).
+const CLOCK_FRAC_BITS: u32 = 40;
 
 /// Default interval between timer scans ([`Rpc::handle_timeout`]), in ns (100 µs).
 pub const DEFAULT_TIMER_SCAN_INTERVAL: Time = 100_000;
@@ -119,6 +128,13 @@ pub struct Endpoint<T: DatagramTransport> {
     clock: quanta::Clock,
     /// Raw reading of `clock` at creation: the epoch of [`Time`].
     base: u64,
+    /// Nanoseconds per raw tick of `clock`, in fixed point with [`CLOCK_FRAC_BITS`]
+    /// fractional bits (`clock`'s own calibration, taken once in [`Endpoint::new`]).
+    ns_per_tick: u64,
+    /// The transmit step needs a clock reading of its own (the core uses the send time:
+    /// Timely's RTT samples and link model with [`Config::cc_rate_comp`], the timing wheel
+    /// with [`Config::cc_pacing`]); without either, the iteration's reading serves.
+    tx_stamps: bool,
     /// Clock reading of the current (last) iteration.
     now: Time,
     /// Clock reading taken before the transmit step of the current (last) iteration.
@@ -255,14 +271,20 @@ impl<T: DatagramTransport> Endpoint<T> {
         cfg.mtu = mtu;
         cfg.rx_ring_entries
             .get_or_insert(transport.rx_ring_entries());
-        let rpc = Rpc::new(cfg)?;
         let batch = transport.rx_batch().max(1);
         let clock = quanta::Clock::new();
+        // quanta scales `delta` ticks as `delta * factor >> shift`; its value for
+        // 2^CLOCK_FRAC_BITS ticks is that factor with CLOCK_FRAC_BITS fractional bits.
+        let ns_per_tick = clock.delta_as_nanos(0, 1 << CLOCK_FRAC_BITS);
+        let tx_stamps = cfg.cc_rate_comp || cfg.cc_pacing;
+        let rpc = Rpc::new(cfg)?;
         Ok(Endpoint {
             rpc,
             transport,
             base: clock.raw(),
             clock,
+            ns_per_tick,
+            tx_stamps,
             now: 0,
             tx_now: 0,
             batch,
@@ -291,7 +313,11 @@ impl<T: DatagramTransport> Endpoint<T> {
     /// The current time in ns since the endpoint was created (reads the clock).
     #[inline]
     pub fn clock(&self) -> Time {
-        self.clock.delta_as_nanos(self.base, self.clock.raw())
+        // One multiplication by the precomputed scale instead of quanta's conversion (which
+        // matches on the clock type and shifts by a runtime amount); a reading at or before
+        // the epoch (TSCs of different cores) is 0, as with quanta.
+        let ticks = self.clock.raw().saturating_sub(self.base);
+        ((u128::from(ticks) * u128::from(self.ns_per_tick)) >> CLOCK_FRAC_BITS) as Time
     }
 
     /// The clock reading of the last iteration, in ns since the endpoint was created
@@ -409,15 +435,21 @@ impl<T: DatagramTransport> Endpoint<T> {
             }
         }
 
-        // Transmit, with a fresh clock reading: it is the send time of the batch's client
-        // packets (their RTT samples' start), and processing the receive burst may have
-        // taken a while. With nothing to send (nothing queued or paced; an unsent tail is
+        // Transmit, with a fresh clock reading if the core uses it: it is the send time of
+        // the batch's client packets (their RTT samples' start) and paces the wheel, and
+        // processing the receive burst may have taken a while. Without congestion control
+        // the send time only orders the core's clock, and the iteration's reading serves.
+        // With nothing to send (nothing queued or paced; an unsent tail is
         // left alone by `fill_and_flush` anyway) neither the clock nor the core is asked.
         let work = std::mem::take(&mut self.iter_work);
         if !self.rpc.may_transmit() {
             return work;
         }
-        self.tx_now = if fresh { now } else { self.clock() };
+        self.tx_now = if fresh || !self.tx_stamps {
+            now
+        } else {
+            self.clock()
+        };
         work + self.fill_and_flush()
     }
 
@@ -434,9 +466,8 @@ impl<T: DatagramTransport> Endpoint<T> {
             0
         };
 
-        let n = self
-            .transport
-            .rx_burst(self.batch.max(self.transport.rx_batch()));
+        // `batch` is the transport's `rx_batch()` (at least 1), fixed at creation.
+        let n = self.transport.rx_burst(self.batch);
         // The iteration's clock reading: the receive time of the burst. With nothing
         // received nothing needs it yet, and `finish_iteration` reads it (one reading for
         // its timers and transmit step instead of two).

@@ -408,6 +408,14 @@ struct RxMeta {
     len: u32,
 }
 
+/// The panic of [`UdTransport::rx_pkt`] for an index outside the current burst (a caller
+/// bug), out of line.
+#[cold]
+#[inline(never)]
+fn rx_pkt_outside(i: usize, count: usize) -> ! {
+    panic!("rx_pkt({i}) outside the current burst of {count}")
+}
+
 /// `ds` (16-byte units) of the UD SEND WQE for a datagram of `len` bytes: control segment,
 /// address vector, then an inline segment (`len <= inline_max`, none for an empty datagram)
 /// or `sges` data segments (1 for a staged copy or a contiguous in-place packet, 2 for an
@@ -633,9 +641,9 @@ pub struct UdTransport {
     /// `rx_posted + recv_slack - rq_depth` (0 if negative), kept by `post_receives`, so that
     /// the test on every release is one comparison.
     rx_repost_at: u64,
-    /// The datagrams of the current burst (first `rx_count` valid).
-    rx_meta: Box<[RxMeta]>,
-    rx_count: usize,
+    /// The datagrams of the current burst (empty once released); capacity `rx_batch`,
+    /// allocated once, so that filling it never allocates.
+    rx_meta: Vec<RxMeta>,
     /// First error completion seen; the QP is in the error state.
     failed: Option<CqeError>,
     stats: TransportStats,
@@ -648,7 +656,7 @@ impl fmt::Debug for UdTransport {
             .field("cfg", &self.cfg)
             .field("tx_outstanding", &(self.tx_posted - self.tx_retired))
             .field("destinations", &self.ahs.len())
-            .field("rx_count", &self.rx_count)
+            .field("rx_count", &self.rx_meta.len())
             .field("failed", &self.failed)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
@@ -754,8 +762,7 @@ impl UdTransport {
             rx_posted: 0,
             rx_consumed: 0,
             rx_repost_at: 0,
-            rx_meta: vec![RxMeta::default(); cfg.rx_batch].into_boxed_slice(),
-            rx_count: 0,
+            rx_meta: Vec::with_capacity(cfg.rx_batch),
             failed: None,
             stats: TransportStats::default(),
         };
@@ -1525,27 +1532,25 @@ impl DatagramTransport for UdTransport {
             }
             stats.rx_pkts += 1;
             stats.rx_bytes += len as u64;
-            rx_meta[count] = RxMeta {
+            // Within the capacity: `rx_release` emptied it and `n <= rx_batch`.
+            rx_meta.push(RxMeta {
                 addr: UdAddr::new(f.imm as u16, c.src_qpn()),
                 off: buf * rx_stride + RX_PAYLOAD_OFFSET,
                 len: len as u32,
-            };
+            });
             count += 1;
         });
         if polled > 0 {
             self.stats.rx_calls += 1;
         }
-        self.rx_count = count;
         count
     }
 
     fn rx_pkt(&self, i: usize) -> (UdAddr, &[u8]) {
-        assert!(
-            i < self.rx_count,
-            "rx_pkt({i}) outside the current burst of {}",
-            self.rx_count
-        );
-        let m = self.rx_meta[i];
+        // One bounds check: the vector holds exactly the current burst.
+        let Some(&m) = self.rx_meta.get(i) else {
+            rx_pkt_outside(i, self.rx_meta.len())
+        };
         let off = m.off;
         debug_assert!(off + m.len as usize <= self.rx_buf.len());
         // SAFETY: `m.off` is the payload offset of a buffer `< rq_depth` (rx_burst), so the
@@ -1560,7 +1565,7 @@ impl DatagramTransport for UdTransport {
     }
 
     fn rx_release(&mut self) {
-        self.rx_count = 0;
+        self.rx_meta.clear();
         self.repost_receives();
     }
 
