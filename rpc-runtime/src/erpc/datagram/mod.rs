@@ -179,7 +179,8 @@ pub trait DatagramTransport {
     /// The address peers use to reach this endpoint.
     fn local_addr(&self) -> Self::Addr;
 
-    /// The most datagrams one [`rx_burst`](Self::rx_burst) can return (the receive ring size).
+    /// The most datagrams one [`rx_burst`](Self::rx_burst) can return (the receive ring size);
+    /// fixed for the transport's lifetime (the event loop reads it once).
     fn rx_batch(&self) -> usize;
 
     /// The most datagrams that can wait for [`rx_burst`](Self::rx_burst) before the receive
