@@ -743,8 +743,8 @@ impl<T: DatagramTransport> Endpoint<T> {
         &mut self.rpc
     }
 
-    /// The protocol core's counters.
-    pub fn core_stats(&self) -> &Stats {
+    /// A snapshot of the protocol core's counters ([`Rpc::stats`]).
+    pub fn core_stats(&self) -> Stats {
         self.rpc.stats()
     }
 

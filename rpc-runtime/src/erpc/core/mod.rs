@@ -1000,9 +1000,13 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         &self.cfg
     }
 
-    /// The counters.
-    pub fn stats(&self) -> &Stats {
-        &self.stats
+    /// A snapshot of the counters. [`Stats::msgbufs_allocated`] is read from the buffer pool
+    /// here rather than kept up to date on every buffer request.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            msgbufs_allocated: self.pool.allocated,
+            ..self.stats.clone()
+        }
     }
 
     /// Data bytes per packet (`mtu - 16`).
@@ -1060,9 +1064,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     /// processed (as if lost; [`Stats::drop_no_buffer`]), so no message is consumed without
     /// being delivered.
     pub fn handle_datagram(&mut self, now: Time, from: A, bytes: &[u8]) {
-        let before = self.pool.allocated;
         let spare = self.pool.reserve_small();
-        self.stats.msgbufs_allocated += self.pool.allocated - before;
         if spare.is_err() {
             self.stats.rx_pkts += 1;
             self.stats.drop_no_buffer += 1;

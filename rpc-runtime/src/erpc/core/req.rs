@@ -73,9 +73,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         match c.free_slot().filter(|_| connected && c.backlog.is_empty()) {
             Some(i) => {
                 let slot = &mut c.slots[i];
-                let before = self.pool.allocated;
                 let buf = self.pool.ensure(&mut slot.req, max_len);
-                self.stats.msgbufs_allocated += self.pool.allocated - before;
                 self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                 let buf = buf.map_err(|_| ErpcCallError::NoBuffer)?;
                 let n = fill(&mut buf.capacity_mut()[..max_len]);
@@ -100,9 +98,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 q.kick(now, c, Some(i));
             }
             None => {
-                let before = self.pool.allocated;
                 let data = self.pool.take(max_len);
-                self.stats.msgbufs_allocated += self.pool.allocated - before;
                 self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                 let mut data = data.map_err(|_| ErpcCallError::NoBuffer)?;
                 let n = fill(&mut data.capacity_mut()[..max_len]);
@@ -286,9 +282,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             if pkts_for(size, dpp) > 1 {
                 // The reassembly buffer, before any state changes: without one the packet
                 // is dropped as if lost, and the client's retransmission tries again.
-                let before = self.pool.allocated;
                 let buf = self.pool.ensure(&mut slot.req, size);
-                self.stats.msgbufs_allocated += self.pool.allocated - before;
                 self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                 let Ok(buf) = buf else {
                     self.stats.drop_no_buffer += 1;

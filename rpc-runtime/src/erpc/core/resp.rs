@@ -66,9 +66,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         if max_len > max {
             return Err(ErpcCallError::TooLarge(max_len));
         }
-        let before = self.pool.allocated;
         let buf = self.pool.ensure(&mut slot.resp, max_len);
-        self.stats.msgbufs_allocated += self.pool.allocated - before;
         self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
         let buf = buf.map_err(|_| ErpcCallError::NoBuffer)?;
         let len = fill(&mut buf.capacity_mut()[..max_len]);
@@ -217,9 +215,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 if n > 1 {
                     // The reassembly buffer: without one the packet is dropped as if lost
                     // (go-back-N re-sends the request's last packet).
-                    let before = self.pool.allocated;
                     let buf = self.pool.ensure(&mut slot.resp, size);
-                    self.stats.msgbufs_allocated += self.pool.allocated - before;
                     self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                     let Ok(buf) = buf else {
                         self.stats.drop_no_buffer += 1;
