@@ -1000,11 +1000,13 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         &self.cfg
     }
 
-    /// A snapshot of the counters. [`Stats::msgbufs_allocated`] is read from the buffer pool
-    /// here rather than kept up to date on every buffer request.
+    /// A snapshot of the counters. [`Stats::msgbufs_allocated`] and
+    /// [`Stats::msgbufs_in_flight_skipped`] are read from the buffer pool here rather than
+    /// copied into the counters on every buffer request.
     pub fn stats(&self) -> Stats {
         Stats {
             msgbufs_allocated: self.pool.allocated,
+            msgbufs_in_flight_skipped: self.pool.in_flight_skips,
             ..self.stats.clone()
         }
     }

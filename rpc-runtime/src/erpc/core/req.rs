@@ -74,7 +74,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             Some(i) => {
                 let slot = &mut c.slots[i];
                 let buf = self.pool.ensure(&mut slot.req, max_len);
-                self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                 let buf = buf.map_err(|_| ErpcCallError::NoBuffer)?;
                 let n = fill(&mut buf.capacity_mut()[..max_len]);
                 if n > max_len {
@@ -99,7 +98,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             }
             None => {
                 let data = self.pool.take(max_len);
-                self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                 let mut data = data.map_err(|_| ErpcCallError::NoBuffer)?;
                 let n = fill(&mut data.capacity_mut()[..max_len]);
                 if n > max_len {
@@ -283,7 +281,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                 // The reassembly buffer, before any state changes: without one the packet
                 // is dropped as if lost, and the client's retransmission tries again.
                 let buf = self.pool.ensure(&mut slot.req, size);
-                self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                 let Ok(buf) = buf else {
                     self.stats.drop_no_buffer += 1;
                     return None;

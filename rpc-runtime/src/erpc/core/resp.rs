@@ -67,7 +67,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             return Err(ErpcCallError::TooLarge(max_len));
         }
         let buf = self.pool.ensure(&mut slot.resp, max_len);
-        self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
         let buf = buf.map_err(|_| ErpcCallError::NoBuffer)?;
         let len = fill(&mut buf.capacity_mut()[..max_len]);
         let num_resp_pkts = pkts_for(len, dpp);
@@ -216,7 +215,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
                     // The reassembly buffer: without one the packet is dropped as if lost
                     // (go-back-N re-sends the request's last packet).
                     let buf = self.pool.ensure(&mut slot.resp, size);
-                    self.stats.msgbufs_in_flight_skipped = self.pool.in_flight_skips;
                     let Ok(buf) = buf else {
                         self.stats.drop_no_buffer += 1;
                         return None;
