@@ -11,6 +11,7 @@ pub mod copyrpc;
 pub mod delegation;
 pub mod erpc;
 pub mod error;
+mod fifo;
 pub mod flux;
 pub mod ipc;
 mod macro_support;

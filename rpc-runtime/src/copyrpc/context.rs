@@ -39,9 +39,9 @@ use super::endpoint::{
 use super::error::{
     CallError, CallErrorKind, EndpointFailure, ProtocolError, ReplyError, SetupError,
 };
-use super::fifo::Fifo;
 use super::info::EndpointInfo;
 use super::stats::Stats;
+use crate::fifo::Fifo;
 use crate::rc::queues::{rc_qp_on_srq, refill_srq, zero_length_srq};
 
 /// A signaled WQE is posted at least every this many WQEs (seeds/001 `SIGNAL_INTERVAL`), and

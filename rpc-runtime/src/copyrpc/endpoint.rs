@@ -39,8 +39,8 @@ use super::encoding::{
     internal_allowance, is_response, padded_message_size, to_response_id,
 };
 use super::error::{CallError, CallErrorKind, EndpointFailure, ProtocolError, ReplyError};
-use super::fifo::Fifo;
 use super::stats::Stats;
+use crate::fifo::Fifo;
 
 const META: u64 = FLOW_METADATA_SIZE;
 

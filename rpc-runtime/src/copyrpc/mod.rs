@@ -44,7 +44,6 @@ pub mod context;
 pub mod encoding;
 pub mod endpoint;
 pub mod error;
-mod fifo;
 pub mod info;
 pub mod shared;
 pub mod stats;

@@ -38,8 +38,8 @@ use super::encoding::{
 };
 use super::endpoint::{ENTRY_LARGE_RESP, Emit, EndpointCore, EndpointState, RecvEntry};
 use super::error::{CallError, CallErrorKind, EndpointFailure, ProtocolError};
-use super::fifo::Fifo;
 use super::stats::Stats;
+use crate::fifo::Fifo;
 
 const META: u64 = FLOW_METADATA_SIZE;
 

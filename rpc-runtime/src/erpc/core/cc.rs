@@ -55,7 +55,6 @@
 //! wheel; large-message goodput 1.5-12x lower). `Config::cc_rate_comp` and
 //! `Config::cc_pacing` switch it off where that matters more than eRPC fidelity.
 
-use std::collections::VecDeque;
 use std::hash::Hash;
 
 use super::session::ClientSession;
@@ -64,6 +63,7 @@ use super::{Rpc, SessionId, Time, Tx};
 use crate::erpc::pkthdr::PKTHDR_SIZE;
 use crate::erpc::timely::Sample;
 use crate::erpc::wheel::TimingWheel;
+use crate::fifo::Fifo;
 
 /// Width of a timing-wheel slot in ns (4 µs). eRPC uses 0.5 µs (seeds/000 §12.7); here the
 /// width is only a bucketing granularity, because a reap compares each entry's exact time,
@@ -100,7 +100,7 @@ pub(super) struct ClientTxq<'a, A> {
     pub cfg: &'a super::Config,
     pub data_per_pkt: usize,
     pub stats: &'a mut super::Stats,
-    pub txq: &'a mut VecDeque<Tx<A>>,
+    pub txq: &'a mut Fifo<Tx<A>>,
     pub wheel: &'a mut Option<TimingWheel<WheelEnt>>,
     pub wheel_out: &'a mut Vec<WheelEnt>,
     /// `Rpc::timer_lb`, lowered by `arm`.
@@ -110,7 +110,7 @@ pub(super) struct ClientTxq<'a, A> {
     pub generation: u64,
 }
 
-impl<A> ClientTxq<'_, A> {
+impl<A: Copy> ClientTxq<'_, A> {
     /// Lowers the timer bound to cover a deadline at `t` (`Rpc::arm`).
     #[inline]
     pub(super) fn arm(&mut self, t: Time) {

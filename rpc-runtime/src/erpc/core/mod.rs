@@ -164,6 +164,7 @@ use super::msgbuf::MsgBuffer;
 use super::pkthdr::{MAX_MSG_SIZE, MAX_PKT_NUM, PKTHDR_SIZE, PktHdr, PktType};
 use super::timely::MIN_RATE_BPS;
 use super::wheel::TimingWheel;
+use crate::fifo::Fifo;
 use cc::WheelEnt;
 pub use cc::{WHEEL_NUM_SLOTS, WHEEL_SLOT_WIDTH_NS};
 use pool::BufPool;
@@ -877,7 +878,7 @@ pub struct Rpc<A> {
     sm_limiter: admit::SmLimiter,
     /// [`Config::source_session_limit`], computed once.
     src_limit: usize,
-    txq: VecDeque<Tx<A>>,
+    txq: Fifo<Tx<A>>,
     events: VecDeque<Event>,
     stats: Stats,
     /// Free list of message buffers (see [`Rpc::recycle`]).
@@ -972,7 +973,16 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
             src_sessions: HashMap::new(),
             sm_limiter,
             src_limit,
-            txq: VecDeque::new(),
+            // A filler for the free slots: no packet is read from them.
+            txq: Fifo::with_capacity_of(
+                64,
+                Tx::ReqPkt {
+                    session: SessionId(0),
+                    generation: 0,
+                    req_num: 0,
+                    pkt: 0,
+                },
+            ),
             events: VecDeque::new(),
             stats: Stats::default(),
             pool: BufPool::new(dpp),

@@ -375,7 +375,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
     }
 }
 
-impl<A> ClientTxq<'_, A> {
+impl<A: Copy> ClientTxq<'_, A> {
     /// Client: lets stalled slots, then `slot` (if given), of the session `c` (`self.sid`)
     /// send what their credits allow (the body of [`Rpc::kick_session`]).
     #[inline]

@@ -1,7 +1,7 @@
-//! A FIFO of `Copy` entries in a power-of-two ring, for the received-request queue: a push
-//! or a pop indexes with one mask, where `VecDeque` wraps its physical index with a compare
-//! and a conditional move and keeps a head and a length. It doubles when full, so it
-//! allocates only while it warms up.
+//! A FIFO of `Copy` entries in a power-of-two ring, for hot-path queues (copyrpc's
+//! received-request queue, eRPC's transmit queue): a push or a pop indexes with one mask,
+//! where `VecDeque` wraps its physical index with a compare and a conditional move and keeps
+//! a head and a length. It doubles when full, so it allocates only while it warms up.
 
 /// A FIFO queue of `Copy` entries in a power-of-two ring.
 #[derive(Debug)]
@@ -18,19 +18,28 @@ pub(crate) struct Fifo<T> {
 impl<T: Copy + Default> Fifo<T> {
     /// An empty queue with room for at least `cap` entries (at least one) before it grows.
     pub(crate) fn with_capacity(cap: usize) -> Self {
-        let n = cap.max(1).next_power_of_two();
-        Fifo {
-            buf: vec![T::default(); n],
-            mask: n - 1,
-            head: 0,
-            tail: 0,
-        }
+        Self::with_capacity_of(cap, T::default())
     }
 
     /// An empty queue (room for one entry).
     #[cfg(test)]
     pub(crate) fn new() -> Self {
         Self::with_capacity(1)
+    }
+}
+
+impl<T: Copy> Fifo<T> {
+    /// An empty queue with room for at least `cap` entries (at least one) before it grows;
+    /// `filler` fills the free slots (never read as an entry), for entry types without a
+    /// `Default`.
+    pub(crate) fn with_capacity_of(cap: usize, filler: T) -> Self {
+        let n = cap.max(1).next_power_of_two();
+        Fifo {
+            buf: vec![filler; n],
+            mask: n - 1,
+            head: 0,
+            tail: 0,
+        }
     }
 
     /// Entries queued.
@@ -41,7 +50,6 @@ impl<T: Copy + Default> Fifo<T> {
 
     /// Whether nothing is queued.
     #[inline(always)]
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.head == self.tail
     }
@@ -105,7 +113,8 @@ impl<T: Copy + Default> Fifo<T> {
     #[inline(never)]
     fn grow(&mut self) {
         let n = self.buf.len() * 2;
-        let mut buf = vec![T::default(); n];
+        // Any slot's value fills the new ring's free slots (`buf` is never empty).
+        let mut buf = vec![self.buf[0]; n];
         let len = self.len();
         for (k, slot) in buf.iter_mut().enumerate().take(len) {
             *slot = self.buf[self.head.wrapping_add(k) & self.mask];
