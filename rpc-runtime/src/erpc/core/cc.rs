@@ -37,9 +37,10 @@
 //!   left ([`Rpc::note_rx_drained`]; the answer arrived after it), not when the answer was
 //!   handled, so a client thread descheduled for milliseconds, or an application that polls
 //!   late, does not read as congestion (`rtt_bounded_by_poll`; Timely timestamps the
-//!   answer's arrival at the NIC, which this bound approaches). Every sample also feeds the session's
-//!   measured minimum RTT ([`Timely::observe_rtt`](crate::erpc::timely::Timely::observe_rtt)),
-//!   which normalizes Timely's gradient in place of the seed's assumed 2 µs.
+//!   answer's arrival at the NIC, which this bound approaches). Every sample also feeds
+//!   the session's measured minimum RTT
+//!   ([`Timely::observe_rtt`](crate::erpc::timely::Timely::observe_rtt)), which normalizes
+//!   Timely's gradient in place of the seed's assumed 2 µs.
 //! - **Purging** (`purge_wheel`): go-back-N, completion of an exchange that still has
 //!   retransmitted copies queued, and session teardown remove the slot's / session's
 //!   entries, so nothing of a finished or rolled-back exchange stays queued (invariant I1,
