@@ -5,8 +5,9 @@
 # Usage: scripts/callgrind-copyrpc.sh [rpcs] [qd] [copy|in-place]   (defaults 100000, 1, copy;
 #        needs valgrind)
 #        CG_TREE=depth scripts/... also prints each function's instructions per RPC as a tree
-#          of inlined frames (scripts/lib/cg_inline.py; CG_TREE_ROOTS="fn ..." adds roots,
-#          e.g. out-of-line callees, whose own trees are then printed too)
+#          of inlined frames (scripts/lib/cg_inline.py; CG_TREE_ROOTS="fn;fn..." adds roots,
+#          full symbol names as callgrind prints them, e.g. out-of-line callees, whose own
+#          trees are then printed too; CG_TREE_MIN hides entries below it, default 1)
 #        CG_KEEP=dir scripts/callgrind-copyrpc.sh ...  keeps the profiles
 #
 # The lock-step driver runs client and server in one thread: each round the client issues
@@ -83,7 +84,7 @@ awk -v r="$issued" -v qd="$qd" -v i="$issue" -v p="$cpoll" -v s="$serve" -v m="$
   printf "%d,%d,model (both directions),%.1f\n", qd, r, m / r
 }' | sed 's/\t//'
 if [[ -n ${CG_TREE:-} ]]; then
-  # shellcheck disable=SC2086
-  python3 scripts/lib/cg_inline.py "$dir/nomodel.callgrind" "$bin" "$issued" "${fns[@]}" ${CG_TREE_ROOTS:-} \
+  IFS=';' read -ra roots <<<"${CG_TREE_ROOTS:-}"
+  python3 scripts/lib/cg_inline.py "$dir/nomodel.callgrind" "$bin" "$issued" "${fns[@]}" "${roots[@]}" \
     --depth "$CG_TREE" --min "${CG_TREE_MIN:-1}"
 fi

@@ -6,8 +6,9 @@
 # Usage: scripts/callgrind-erpc.sh [rpcs] [qd] [cc] [size]   (defaults 100000, 1, on, 32 B;
 #        needs valgrind)
 #        CG_TREE=depth scripts/... also prints each function's instructions per RPC as a tree
-#          of inlined frames (scripts/lib/cg_inline.py; CG_TREE_ROOTS="fn ..." adds roots,
-#          e.g. out-of-line callees, whose own trees are then printed too)
+#          of inlined frames (scripts/lib/cg_inline.py; CG_TREE_ROOTS="fn;fn..." adds roots,
+#          full symbol names as callgrind prints them, e.g. out-of-line callees, whose own
+#          trees are then printed too; CG_TREE_MIN hides entries below it, default 1)
 #        CG_KEEP=dir scripts/callgrind-erpc.sh ...      keeps the profiles
 #
 # The lock-step driver runs client and server endpoints in one thread: each round the client
@@ -85,7 +86,7 @@ awk -v r="$rpcs" -v qd="$qd" -v cc="$cc" -v i="$issue" -v p="$cpoll" -v s="$serv
   printf "%d,%s,%d,model (both directions),%.1f\n", qd, cc, r, m / r
 }'
 if [[ -n ${CG_TREE:-} ]]; then
-  # shellcheck disable=SC2086
-  python3 scripts/lib/cg_inline.py "$dir/nomodel.callgrind" "$bin" "$rpcs" "${fns[@]}" ${CG_TREE_ROOTS:-} \
+  IFS=';' read -ra roots <<<"${CG_TREE_ROOTS:-}"
+  python3 scripts/lib/cg_inline.py "$dir/nomodel.callgrind" "$bin" "$rpcs" "${fns[@]}" "${roots[@]}" \
     --depth "$CG_TREE" --min "${CG_TREE_MIN:-1}"
 fi
