@@ -135,6 +135,9 @@ pub struct Endpoint<T: DatagramTransport> {
     /// Timely's RTT samples and link model with [`Config::cc_rate_comp`], the timing wheel
     /// with [`Config::cc_pacing`]); without either, the iteration's reading serves.
     tx_stamps: bool,
+    /// [`Config::cc_rate_comp`]: RTT samples are taken, so empty receive polls are reported
+    /// ([`Rpc::note_rx_drained`]).
+    rtt_samples: bool,
     /// Clock reading of the current (last) iteration.
     now: Time,
     /// Clock reading taken before the transmit step of the current (last) iteration.
@@ -277,6 +280,7 @@ impl<T: DatagramTransport> Endpoint<T> {
         // 2^CLOCK_FRAC_BITS ticks is that factor with CLOCK_FRAC_BITS fractional bits.
         let ns_per_tick = clock.delta_as_nanos(0, 1 << CLOCK_FRAC_BITS);
         let tx_stamps = cfg.cc_rate_comp || cfg.cc_pacing;
+        let rtt_samples = cfg.cc_rate_comp;
         let rpc = Rpc::new(cfg)?;
         Ok(Endpoint {
             rpc,
@@ -285,6 +289,7 @@ impl<T: DatagramTransport> Endpoint<T> {
             clock,
             ns_per_tick,
             tx_stamps,
+            rtt_samples,
             now: 0,
             tx_now: 0,
             batch,
@@ -475,7 +480,7 @@ impl<T: DatagramTransport> Endpoint<T> {
         let now = if n == 0 {
             // Nothing was waiting: what arrives later arrived after the last clock reading
             // (`Rpc::note_rx_drained`; only RTT samples use it).
-            if self.rpc.config().cc_rate_comp {
+            if self.rtt_samples {
                 self.rpc.note_rx_drained(self.now);
             }
             self.now

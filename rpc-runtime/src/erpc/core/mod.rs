@@ -1010,17 +1010,6 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         &self.cfg
     }
 
-    /// A snapshot of the counters. [`Stats::msgbufs_allocated`] and
-    /// [`Stats::msgbufs_in_flight_skipped`] are read from the buffer pool here rather than
-    /// copied into the counters on every buffer request.
-    pub fn stats(&self) -> Stats {
-        Stats {
-            msgbufs_allocated: self.pool.allocated,
-            msgbufs_in_flight_skipped: self.pool.in_flight_skips,
-            ..self.stats.clone()
-        }
-    }
-
     /// Data bytes per packet (`mtu - 16`).
     pub fn data_per_pkt(&self) -> usize {
         self.data_per_pkt
@@ -1631,11 +1620,24 @@ fn sess_mut<A>(sessions: &mut [Option<Session<A>>], sid: SessionId) -> Option<&m
     sessions.get_mut(usize::from(sid.0))?.as_mut()
 }
 
+impl<A> Rpc<A> {
+    /// A snapshot of the counters. [`Stats::msgbufs_allocated`] and
+    /// [`Stats::msgbufs_in_flight_skipped`] are read from the buffer pool here rather than
+    /// copied into the counters on every buffer request (the core's own copy leaves them 0).
+    pub fn stats(&self) -> Stats {
+        Stats {
+            msgbufs_allocated: self.pool.allocated,
+            msgbufs_in_flight_skipped: self.pool.in_flight_skips,
+            ..self.stats.clone()
+        }
+    }
+}
+
 impl<A> std::fmt::Debug for Rpc<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Rpc")
             .field("cfg", &self.cfg)
-            .field("stats", &self.stats)
+            .field("stats", &self.stats())
             .finish_non_exhaustive()
     }
 }
