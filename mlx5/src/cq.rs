@@ -122,6 +122,20 @@ impl CompletionQueue {
         self.corrupt
     }
 
+    /// Whether the entry at the consumer counter is software-owned, i.e. a poll now would
+    /// return a CQE (or skip a corrupt one): the owner bit and opcode test of
+    /// [`poll`](Self::poll) (PRM "Completion Queue": ownership), without consuming anything.
+    /// `false` means the device has written nothing new yet; an event loop can skip its
+    /// receive step on it.
+    #[inline(always)]
+    pub fn has_cqe(&self) -> bool {
+        let p = self.next.as_ptr().cast_const();
+        // SAFETY: as in `next_slot`: `p` is the 64 B aligned CQE at `ci`, valid for the CQ's
+        // lifetime; byte 63 is `op_own`, which the producer release-stores.
+        let op_own = unsafe { load_op_own(p) };
+        op_own < (cqe::CqeOpcode::Invalid as u8) << 4 && (op_own ^ self.owner) & 1 == 0
+    }
+
     /// Pointer to slot `ci & mask`.
     #[inline(always)]
     fn slot(&self, ci: u32) -> *const u8 {
@@ -576,6 +590,39 @@ mod tests {
                 prop_assert_eq!(cq1.polled(), cq2.polled());
                 prop_assert_eq!(cq1.ci(), cq2.ci());
                 prop_assert_eq!(r1.dbrec(), r2.dbrec());
+            }
+
+            /// `has_cqe` over the same arbitrary rings, before every single-entry poll: true
+            /// exactly when that poll consumes the entry at `ci` (delivered or skipped as
+            /// corrupt), and it consumes nothing itself.
+            #[test]
+            fn has_cqe_is_true_exactly_when_a_poll_consumes(
+                log2 in 0u32..4,
+                raw in proptest::collection::vec(any::<[u8; 32]>(), 16),
+            ) {
+                let cnt = 1u32 << log2;
+                let (r, mut cq) = Ring::new(cnt);
+                let ring = fill(&r, cnt, &raw);
+                for _ in 0..cnt {
+                    let ci = cq.ci();
+                    let owned = cqe::sw_owned(ring[(ci & (cnt - 1)) as usize][cqe::off::OP_OWN], ci, log2);
+                    prop_assert_eq!(cq.has_cqe(), owned);
+                    prop_assert_eq!(cq.ci(), ci);
+                    // One entry at a time: a corrupt one is skipped and the next examined.
+                    let corrupt = cq.corrupt_cqes();
+                    let got = cq.poll_ref(1, |_| ());
+                    let consumed = cq.ci() - ci;
+                    prop_assert_eq!(consumed >= 1, owned);
+                    if !owned {
+                        prop_assert_eq!(got, 0);
+                        break;
+                    }
+                    // `poll_ref` skips corrupt entries until it delivers one or stops.
+                    prop_assert_eq!(u64::from(consumed), cq.corrupt_cqes() - corrupt + got as u64);
+                    if got == 0 {
+                        break;
+                    }
+                }
             }
         }
     }

@@ -255,6 +255,17 @@ pub trait DatagramTransport {
     /// [`TransportStats::rx_errors`] and yield `0`.
     fn rx_burst(&mut self, max: usize) -> usize;
 
+    /// Whether an [`rx_burst`](Self::rx_burst) now would certainly return 0 and have nothing
+    /// else to do: no datagram waits and no other receive-side work is pending (for the
+    /// mlx5 UD transport: the receive CQ's next entry is still the device's, and no in-place
+    /// send waits to be retired). `false` promises nothing. An event loop skips its receive
+    /// step when this is `true`; the default (`false`) keeps every call. Must not block or
+    /// make a system call.
+    #[inline]
+    fn rx_idle(&self) -> bool {
+        false
+    }
+
     /// The `i`-th datagram of the current burst: its source and its bytes, in place in the
     /// receive ring.
     ///

@@ -1475,6 +1475,13 @@ impl DatagramTransport for UdTransport {
         }
     }
 
+    /// True when the receive CQ's next entry is still the device's (nothing received,
+    /// nothing to skip) and no in-place send is pinned (`rx_burst` would retire those).
+    #[inline(always)]
+    fn rx_idle(&self) -> bool {
+        self.pins.is_empty() && !self.recv_cq.cq.has_cqe()
+    }
+
     fn rx_burst(&mut self, max: usize) -> usize {
         self.rx_release();
         // Retire in-place sends first, so that the buffers of the messages answered in this
@@ -2538,6 +2545,34 @@ mod tests {
         assert_eq!(a.tx_burst(&pkts).unwrap(), 3);
         assert_eq!(drain(&mut b).0.len(), 3);
         assert_eq!((a.stats().tx_in_place, a.stats().tx_registrations), (6, 1));
+    }
+
+    /// `rx_idle` is true exactly while nothing waits in the receive CQ and no in-place send
+    /// is pinned: a datagram arriving, or a buffer waiting for its send completion, makes it
+    /// false until the burst is received or the send retired.
+    #[test]
+    fn rx_idle_until_a_datagram_waits_or_a_send_is_pinned() {
+        let f = Fabric::new(SimConfig::deterministic());
+        let mut a = transport(&f, UdConfig::default());
+        let mut b = transport(&f, UdConfig::default());
+        let to = b.local_addr();
+        assert!(a.rx_idle() && b.rx_idle(), "fresh transports");
+        assert!(a.tx_post(to, &pattern(40, 1)).unwrap());
+        assert!(b.rx_idle(), "posted, not yet flushed");
+        a.tx_post_flush();
+        assert!(!b.rx_idle(), "a datagram waits");
+        assert!(!b.rx_idle(), "asking consumes nothing");
+        assert_eq!(drain(&mut b).0.len(), 1);
+        assert!(b.rx_idle(), "drained");
+        let dpp = DEFAULT_MTU - PKT_HDR_LEN;
+        let m = msgbuf(2 * dpp, dpp);
+        assert_eq!(a.tx_burst(&in_place_pkts(&m, to)).unwrap(), 2);
+        assert!(!a.rx_idle(), "a pinned send: rx_burst would retire it");
+        a.poll_tx_completions();
+        assert_eq!(a.pinned_buffers(), 0);
+        assert!(a.rx_idle());
+        assert_eq!(drain(&mut b).0.len(), 2);
+        assert!(b.rx_idle());
     }
 
     /// What is not sent in place: inline-size packets, and a packet whose bytes are not inside
