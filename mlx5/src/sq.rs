@@ -1055,6 +1055,50 @@ mod tests {
         }
     }
 
+    /// `post_ud_inline` refuses exactly what `post_ud` refuses, with the same error, and
+    /// otherwise writes its bytes, for every payload length on inline-limited and WQE-size
+    /// limited rings.
+    #[test]
+    fn post_ud_inline_refuses_what_post_ud_refuses() {
+        let av = crate::wqe::DgramSeg {
+            qkey: 7,
+            dqpn: 0x42,
+            rlid: 1,
+            stat_rate_sl: 0,
+            grh: false,
+            rgid: [0; 16],
+        }
+        .encode();
+        let data: Vec<u8> = (0..300u32).map(|i| (i * 5 + 3) as u8).collect();
+        for (cnt, max_inline, len) in [(16, 256), (4, 256), (2, 256), (1, 256), (16, 100)]
+            .into_iter()
+            .flat_map(|(c, m)| (1..=257usize).map(move |l| (c, m, l)))
+        {
+            let (ring_a, _db_a, _reg_a, mut a) = sq_with_inline(cnt, 256, max_inline);
+            let (ring_b, _db_b, _reg_b, mut b) = sq_with_inline(cnt, 256, max_inline);
+            let desc = WqeDesc {
+                opcode: Opcode::SendImm,
+                flags: 0,
+                imm: 9,
+                ud: None,
+                remote: None,
+                atomic: None,
+                inline: &data[..len],
+                sges: &[],
+            };
+            let ra = a.post_ud(&av, &desc);
+            let rb = b
+                .post_ud_inline(&av, 0, 9, &data[..len.min(16)], &data[len.min(16)..len], 0)
+                .map(|(i, _)| i);
+            let what = format!("cnt {cnt} max_inline {max_inline} len {len}");
+            assert_eq!(format!("{ra:?}"), format!("{rb:?}"), "{what}");
+            assert_eq!(a.pi(), b.pi(), "{what}");
+            // SAFETY: test memory, no concurrent access.
+            let (wa, wb) = unsafe { (ring_a.as_slice().to_vec(), ring_b.as_slice().to_vec()) };
+            assert_eq!(wa, wb, "{what}");
+        }
+    }
+
     #[test]
     fn blueflame_skips_wqes_larger_than_the_buffer() {
         let (_ring, _db, reg, mut q) = sq(32, 256);
