@@ -98,6 +98,7 @@ pub mod datagram;
 pub mod event_loop;
 pub mod msgbuf;
 pub mod pkthdr;
+pub mod rtt_filter;
 pub mod timely;
 pub mod transport;
 pub mod wheel;

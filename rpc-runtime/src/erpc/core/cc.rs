@@ -40,7 +40,12 @@
 //!   answer's arrival at the NIC, which this bound approaches). Every sample also feeds
 //!   the session's measured minimum RTT
 //!   ([`Timely::observe_rtt`](crate::erpc::timely::Timely::observe_rtt)), which normalizes
-//!   Timely's gradient in place of the seed's assumed 2 µs.
+//!   Timely's gradient in place of the seed's assumed 2 µs. Last, the sample passes the
+//!   session's RTT filter ([`crate::erpc::rtt_filter`], `Config::cc_rtt_filter_events`,
+//!   default 4): Timely gets the smallest sample of the current completion event and the
+//!   three before it, so that a server thread descheduled for a few milliseconds (it
+//!   answers one event late) does not read as congestion, while queueing that lasts gets
+//!   through three events late.
 //! - **Purging** (`purge_wheel`): go-back-N, completion of an exchange that still has
 //!   retransmitted copies queued, and session teardown remove the slot's / session's
 //!   entries, so nothing of a finished or rolled-back exchange stays queued (invariant I1,
@@ -396,6 +401,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         self.stats.rtt_samples += 1;
         c.timely
             .observe_rtt(now.saturating_sub(sent.handed_out) as f64 / 1e3);
+        let rtt_us = c.rtt_filter.filter(rtt_us, now);
         match c.timely.sample(rtt_us, now) {
             Sample::Updated => self.stats.timely_updates += 1,
             Sample::Bypassed => self.stats.timely_bypassed += 1,

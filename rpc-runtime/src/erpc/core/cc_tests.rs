@@ -656,3 +656,79 @@ fn a_stalled_client_loop_is_not_read_as_congestion() {
         "a reported poll bounds the sample: {rates:?}"
     );
 }
+
+/// Client session `sid` sends a two-packet request at `t`; the server's event loop takes
+/// both packets at once and answers packet 0 with a CR (the response waits for a handler
+/// that never runs), which the client handles at `t + rtt`: one RTT sample of about `rtt`,
+/// one completion event. Uses a slot and, net, one credit.
+fn cr_exchange(cl: &mut Node, sv: &mut Node, sid: SessionId, t: Time, rtt: Time, tag: u64) {
+    let dpp = cl.rpc.cfg.mtu - PKTHDR_SIZE;
+    cl.rpc
+        .enqueue_request(t, sid, 1, &payload(tag, dpp + 1), tag)
+        .unwrap();
+    let mut buf = vec![0u8; 65536];
+    let mut sent = 0;
+    while let Some((_, n)) = cl.rpc.poll_transmit_at(t, &mut buf) {
+        sv.rpc.handle_datagram(t, 1, &buf[..n]);
+        sent += 1;
+    }
+    assert_eq!(sent, 2, "exchange {tag}: {:?}", cl.rpc.stats());
+    let mut answers = 0;
+    while let Some((_, n)) = sv.rpc.poll_transmit_at(t, &mut buf) {
+        cl.rpc.handle_datagram(t + rtt, 2, &buf[..n]);
+        answers += 1;
+    }
+    assert_eq!(answers, 1, "the CR");
+}
+
+/// Runs one `cr_exchange` per entry of `rtts` (ns), 100 µs apart after each answer, on a
+/// fresh pair whose RTT filter spans `events` completion events; returns the session's
+/// rate over the link rate after each exchange. Pacing is off (rates are computed, packets
+/// leave at once), so that every exchange is sent at its time.
+fn rates_after(events: usize, rtts: &[Time]) -> Vec<f64> {
+    let cfg = Config {
+        cc_rtt_filter_events: events,
+        cc_pacing: false,
+        ..Config::default()
+    };
+    let link = cfg.link_bandwidth_bps as f64;
+    let mut t = MS;
+    let (mut cl, mut sv, sid) = pair(cfg, t);
+    let mut rates = Vec::new();
+    for (k, &rtt) in rtts.iter().enumerate() {
+        cr_exchange(&mut cl, &mut sv, sid, t, rtt, k as u64);
+        rates.push(session_rate(&mut cl.rpc, sid) / link);
+        t += rtt + 100_000;
+    }
+    assert_eq!(cl.rpc.stats().rtt_samples, rtts.len() as u64);
+    rates
+}
+
+/// A server stalled for 3 ms (its thread descheduled) answers one completion event late:
+/// fed as is (filter of one event, eRPC's input), that 3 ms sample cuts the rate by half
+/// and 20 µs samples afterwards only add 5 Mbit/s each; with the default filter (the
+/// minimum over four events) the session never leaves the link rate.
+#[test]
+fn a_server_stall_shorter_than_the_rtt_filter_leaves_the_rate() {
+    let rtts = [20_000, 20_000, 20_000, 3 * MS, 20_000, 20_000];
+    let unfiltered = rates_after(1, &rtts);
+    assert!(unfiltered[3] < 0.5, "{unfiltered:?}");
+    assert!(unfiltered[5] < 0.5, "no quick recovery: {unfiltered:?}");
+    assert_eq!(Config::default().cc_rtt_filter_events, 4);
+    let filtered = rates_after(4, &rtts);
+    assert_eq!(filtered, [1.0; 6]);
+}
+
+/// Queueing that lasts reaches Timely through the filter, `events - 1` events late: with
+/// the default four-event window, 2 ms RTTs from the second exchange on leave the rate
+/// alone for three events and cut it at the fourth, as the first of them does unfiltered.
+#[test]
+fn sustained_queueing_gets_through_the_rtt_filter() {
+    let rtts = [20_000, 2 * MS, 2 * MS, 2 * MS, 2 * MS, 2 * MS];
+    let filtered = rates_after(4, &rtts);
+    assert_eq!(filtered[..4], [1.0; 4], "{filtered:?}");
+    assert!(filtered[4] < 0.7, "{filtered:?}");
+    assert!(filtered[5] < filtered[4], "{filtered:?}");
+    let unfiltered = rates_after(1, &rtts);
+    assert!(unfiltered[1] < 0.7, "{unfiltered:?}");
+}

@@ -217,6 +217,14 @@ pub struct Config {
     /// default true). When false, rates are still computed (if `cc_rate_comp`) but every
     /// packet goes straight to the transmit queue.
     pub cc_pacing: bool,
+    /// Completion events over which a client session's RTT samples are filtered before
+    /// Timely sees them: the smallest sample of the current event and the previous
+    /// `cc_rtt_filter_events - 1` ([`crate::erpc::rtt_filter`]; default 4). A server stall
+    /// or a scheduling blip shorter than that many events then leaves the rate alone, and
+    /// sustained queueing reaches Timely that many events (round trips) minus one late.
+    /// 1 feeds every sample as eRPC does. Clamped to
+    /// `1..=`[`MAX_FILTER_EVENTS`](crate::erpc::rtt_filter::MAX_FILTER_EVENTS).
+    pub cc_rtt_filter_events: usize,
     /// Datagrams this endpoint's receive ring can hold before it drops (a UD RQ's receive
     /// WQEs, a UDP socket's receive buffer): admission control (issue 12; eRPC refuses
     /// sessions it lacks RX ring entries for, seeds/000 §12.4 "resources"). Every session,
@@ -269,6 +277,7 @@ impl Default for Config {
             link_bandwidth_bps: 25_000_000_000,
             cc_rate_comp: true,
             cc_pacing: true,
+            cc_rtt_filter_events: 4,
             rx_ring_entries: None,
             max_sessions_per_source: None,
             sm_rate_per_source: 2000,

@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 
 use super::Time;
 use super::sslot::{ClientSlot, SLOTS_PER_SESSION, ServerSlot};
+use crate::erpc::rtt_filter::RttFilter;
 use crate::erpc::timely::Timely;
 
 /// A session number at this endpoint (the `dest_session_num` peers put in packets for it).
@@ -56,6 +57,8 @@ pub(super) struct ClientSession {
     pub stall: VecDeque<usize>,
     /// Timely rate state of the session (seeds/000 §4.1 `ClientInfo::timely`).
     pub timely: Timely,
+    /// The windowed minimum in front of `timely`'s samples ([`Config::cc_rtt_filter_events`](super::Config::cc_rtt_filter_events)).
+    pub rtt_filter: RttFilter,
     /// Pacing: the earliest time the session's next paced packet may leave (ns); advanced by
     /// each paced packet's wire time at the current rate.
     pub next_tx_at: Time,
@@ -68,8 +71,14 @@ pub(super) struct ClientSession {
 
 impl ClientSession {
     /// A client session whose slot `i` starts at request number `req_base + i`
-    /// (`req_base` a multiple of [`SLOTS_PER_SESSION`], see `ClientSession::req_base`).
-    pub(super) fn new(credits: usize, link_bps: f64, req_base: u64) -> Self {
+    /// (`req_base` a multiple of [`SLOTS_PER_SESSION`], see `ClientSession::req_base`), whose
+    /// RTT filter spans `rtt_filter_events` completion events.
+    pub(super) fn new(
+        credits: usize,
+        link_bps: f64,
+        rtt_filter_events: usize,
+        req_base: u64,
+    ) -> Self {
         ClientSession {
             req_base,
             credits,
@@ -77,6 +86,7 @@ impl ClientSession {
             backlog: VecDeque::new(),
             stall: VecDeque::new(),
             timely: Timely::new(link_bps),
+            rtt_filter: RttFilter::new(rtt_filter_events),
             next_tx_at: 0,
         }
     }
@@ -171,13 +181,17 @@ impl<A> Session<A> {
         peer: A,
         token: u64,
         generation: u64,
-        credits: usize,
-        link_bps: f64,
+        cfg: &super::Config,
         req_base: u64,
         now: Time,
     ) -> Self {
         Session {
-            role: Role::Client(Box::new(ClientSession::new(credits, link_bps, req_base))),
+            role: Role::Client(Box::new(ClientSession::new(
+                cfg.session_credits,
+                cfg.link_bandwidth_bps as f64,
+                cfg.cc_rtt_filter_events,
+                req_base,
+            ))),
             state: SessionState::Connecting,
             peer,
             remote_num: 0,
@@ -230,7 +244,7 @@ mod tests {
 
     #[test]
     fn client_session_slots_and_backlog() {
-        let mut c = ClientSession::new(8, 25e9, 0);
+        let mut c = ClientSession::new(8, 25e9, 1, 0);
         assert_eq!(c.free_slot(), Some(0));
         assert!(!c.busy());
         for (i, s) in c.slots.iter().enumerate() {

@@ -265,15 +265,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         let token = self.random();
         let req_base = self.random() & (REQ_BASE_LIMIT - 1) & !(SLOTS_PER_SESSION as u64 - 1);
         let generation = self.new_generation();
-        let s = Session::new_client(
-            peer,
-            token,
-            generation,
-            self.cfg.session_credits,
-            self.cfg.link_bandwidth_bps as f64,
-            req_base,
-            now,
-        );
+        let s = Session::new_client(peer, token, generation, &self.cfg, req_base, now);
         let sid = self
             .alloc_session_armed(s)
             .ok_or(ErpcCallError::NoSessions)?;
