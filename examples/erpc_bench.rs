@@ -160,6 +160,10 @@ struct Common {
     /// default; `off` keeps every session at the link rate.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     cc: OnOff,
+    /// Completion events over which Timely's RTT input is filtered (`Config::cc_rtt_filter_events`;
+    /// 1: each event's sample as eRPC feeds it).
+    #[arg(long, default_value_t = Config::default().cc_rtt_filter_events)]
+    rtt_filter: usize,
     /// `SO_SNDBUF`/`SO_RCVBUF` of the eRPC UDP sockets, bytes (capped by the kernel).
     #[arg(long, default_value_t = 4 << 20)]
     sockbuf: usize,
@@ -371,6 +375,7 @@ fn erpc_config(c: &Common, max_msg: usize) -> Config {
         max_msg_size: max_msg,
         cc_rate_comp: c.cc == OnOff::On,
         cc_pacing: c.cc == OnOff::On,
+        cc_rtt_filter_events: c.rtt_filter,
         ..Config::default()
     }
 }
