@@ -958,13 +958,20 @@ impl<U> EndpointCore<U> {
     /// `reply`), counted in `in_flight` so that `in_flight + 2R <= C` holds once written.
     #[inline(always)]
     fn metadata(&mut self, message_count: u32, ahead: u64) -> FlowMetadata {
-        let in_flight = self.producer + ahead - self.remote_consumer;
         let r = self.resp_reservation;
-        let by_invariant = (self.cap.saturating_sub(in_flight) / 2).saturating_sub(r);
-        let by_policy = self.max_resp_reservation.saturating_sub(r);
-        let grant = by_invariant.min(by_policy) & !(ALIGNMENT - 1);
-        self.resp_reservation += grant;
-        self.unused_grant += grant;
+        // `R` at its maximum (a side that only calls, or whose grant is all with the peer):
+        // the policy bound is 0, so is the grant; the invariant bound need not be computed.
+        let grant = if r < self.max_resp_reservation {
+            let in_flight = self.producer + ahead - self.remote_consumer;
+            let by_invariant = (self.cap.saturating_sub(in_flight) / 2).saturating_sub(r);
+            let by_policy = self.max_resp_reservation - r;
+            let grant = by_invariant.min(by_policy) & !(ALIGNMENT - 1);
+            self.resp_reservation += grant;
+            self.unused_grant += grant;
+            grant
+        } else {
+            0
+        };
         let ret = self.released - self.last_notified;
         self.last_notified = self.released;
         let reads_done = self.reads_unreported;
