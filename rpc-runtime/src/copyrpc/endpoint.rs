@@ -1296,10 +1296,10 @@ impl<U> EndpointCore<U> {
         let pos = self.recv_producer;
         let off = pos & self.recv_mask;
         if delta < META || !delta.is_multiple_of(ALIGNMENT) || off + delta > size {
-            return Err(ProtocolError::BadLength);
+            return reject(ProtocolError::BadLength);
         }
         if pos + delta - self.released > size {
-            return Err(ProtocolError::Overrun);
+            return reject(ProtocolError::Overrun);
         }
         // SAFETY: `off + delta <= size` (checked above); the peer wrote these bytes before
         // the CQE we consumed (Acquire on the owner bit) and may not write them again until
@@ -1311,15 +1311,15 @@ impl<U> EndpointCore<U> {
         let meta = FlowMetadata::read(batch[..META as usize].try_into().expect("32 bytes"));
         let new_piggy = self.piggy_consumer.wrapping_add(meta.ring_credit_return);
         if new_piggy > self.producer || new_piggy < self.piggy_consumer {
-            return Err(ProtocolError::BadConsumer);
+            return reject(ProtocolError::BadConsumer);
         }
         if !meta.credit_grant.is_multiple_of(ALIGNMENT)
             || self.peer_credit.saturating_add(meta.credit_grant) > self.recv.size()
         {
-            return Err(ProtocolError::BadCredit);
+            return reject(ProtocolError::BadCredit);
         }
         if meta.reads_done as usize > self.tx_outstanding.len() {
-            return Err(ProtocolError::BadReadsDone);
+            return reject(ProtocolError::BadReadsDone);
         }
         // The one inline message of a batch of one, read and checked once (the common case
         // at low depth); `None` for other batches. A batch of several messages is checked by
@@ -1503,7 +1503,7 @@ impl<U> EndpointCore<U> {
     pub(super) fn validate_one(&self, batch: &[u8]) -> Result<Option<MsgHeader>, ProtocolError> {
         let cur = META as usize;
         if cur + HEADER_SIZE > batch.len() {
-            return Err(ProtocolError::BadCount);
+            return reject(ProtocolError::BadCount);
         }
         let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
         let padded = padded_message_size(h.payload_len as u64) as usize;
@@ -1512,21 +1512,21 @@ impl<U> EndpointCore<U> {
                 self.validate(batch, 1)?;
                 return Ok(None);
             }
-            return Err(ProtocolError::BadLength);
+            return reject(ProtocolError::BadLength);
         }
         if is_response(h.call_id) {
             match self.pending.get(from_response_id(h.call_id) as usize) {
                 None => return Err(ProtocolError::UnknownCallId(h.call_id)),
                 Some(p) if padded > padded_message_size(p.response_allowance as u64) as usize => {
-                    return Err(ProtocolError::ResponseTooLarge);
+                    return reject(ProtocolError::ResponseTooLarge);
                 }
                 Some(_) => {}
             }
         } else if (h.piggyback & !LARGE_RESPONSE_FLAG) as u64 * ALIGNMENT > self.unused_grant {
-            return Err(ProtocolError::BadCredit);
+            return reject(ProtocolError::BadCredit);
         }
         if cur + padded != batch.len() {
-            return Err(ProtocolError::BadCount);
+            return reject(ProtocolError::BadCount);
         }
         Ok(Some(h))
     }
@@ -1857,6 +1857,14 @@ impl<U> EndpointCore<U> {
 #[inline(always)]
 pub(crate) fn cqe_delta(imm: u32) -> u64 {
     decode_imm(imm)
+}
+
+/// `Err(e)`, out of line: the error exit of a check on the receive fast path, so that the
+/// compiler does not set up the error value ahead of the check.
+#[cold]
+#[inline(never)]
+fn reject<T>(e: ProtocolError) -> Result<T, ProtocolError> {
+    Err(e)
 }
 
 /// The large-message limit an endpoint with inline limit `max_payload` uses when both sides
