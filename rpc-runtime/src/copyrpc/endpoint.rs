@@ -1309,12 +1309,19 @@ impl<U> EndpointCore<U> {
             std::slice::from_raw_parts(self.recv.buf.as_ptr().add(off as usize), delta as usize)
         };
         let meta = FlowMetadata::read(batch[..META as usize].try_into().expect("32 bytes"));
-        let new_piggy = self.piggy_consumer.wrapping_add(meta.ring_credit_return);
-        if new_piggy > self.producer || new_piggy < self.piggy_consumer {
+        // `piggy_consumer + ret <= producer`, without overflow: `piggy_consumer` only takes
+        // values checked here against the producer, which only grows.
+        debug_assert!(self.piggy_consumer <= self.producer);
+        if meta.ring_credit_return > self.producer - self.piggy_consumer {
             return reject(ProtocolError::BadConsumer);
         }
+        let new_piggy = self.piggy_consumer + meta.ring_credit_return;
+        // `peer_credit + grant <= receive ring size`, without overflow: `peer_credit` starts
+        // at most a quarter of that size (`check_remote`), grows only by grants checked here
+        // and shrinks by calls.
+        debug_assert!(self.peer_credit <= self.recv.size());
         if !meta.credit_grant.is_multiple_of(ALIGNMENT)
-            || self.peer_credit.saturating_add(meta.credit_grant) > self.recv.size()
+            || meta.credit_grant > self.recv.size() - self.peer_credit
         {
             return reject(ProtocolError::BadCredit);
         }
