@@ -1382,9 +1382,12 @@ impl<U> EndpointCore<U> {
             let duplicate = match (one, queued) {
                 (Some(h), _) => {
                     let mut duplicate = None;
+                    // `validate_one` checked that the message fills the batch: it ends at
+                    // `delta`.
                     self.deliver_inline(
                         h,
                         META as usize,
+                        delta as usize,
                         &at,
                         ep,
                         queue,
@@ -1446,32 +1449,46 @@ impl<U> EndpointCore<U> {
                     cur += padded_message_size(h.payload_len as u64) as usize;
                     continue;
                 }
-                cur = self.deliver_inline(h, cur, b, ep, queue, stats, on_response, &mut duplicate);
+                let next = cur + padded_message_size(h.payload_len as u64) as usize;
+                self.deliver_inline(
+                    h,
+                    cur,
+                    next,
+                    b,
+                    ep,
+                    queue,
+                    stats,
+                    on_response,
+                    &mut duplicate,
+                );
+                cur = next;
             }
         }
         duplicate
     }
 
     /// Delivers the inline message with header `h` at batch offset `cur` of a validated
-    /// batch (a response to `on_response`, a request to `queue`); returns the offset of the
-    /// next message. A second response to one call within the batch sets `duplicate`.
+    /// batch (a response to `on_response`, a request to `queue`); `next` is the offset just
+    /// after it (`cur` plus its padded size). A second response to one call within the
+    /// batch sets `duplicate`.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn deliver_inline(
         &mut self,
         h: MsgHeader,
         cur: usize,
+        next: usize,
         b: &Batch<'_>,
         ep: u32,
         queue: &mut Fifo<RecvEntry>,
         stats: &mut Stats,
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
         duplicate: &mut Option<u32>,
-    ) -> usize {
+    ) {
         let (batch, off, pos) = (b.bytes, b.off, b.pos);
         let body = cur + HEADER_SIZE;
         let len = h.payload_len as usize;
-        let next = cur + padded_message_size(len as u64) as usize;
+        debug_assert_eq!(next, cur + padded_message_size(len as u64) as usize);
         if is_response(h.call_id) {
             // `validate` checked that the id names a pending call; only a second
             // response to the same call within this batch finds it gone.
@@ -1499,7 +1516,6 @@ impl<U> EndpointCore<U> {
                 end: pos + next as u64,
             });
         }
-        next
     }
 
     /// [`EndpointCore::validate`] of a batch of one message, which returns that message's
