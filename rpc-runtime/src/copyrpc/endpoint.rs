@@ -321,6 +321,21 @@ struct Batch<'a> {
     count: u32,
 }
 
+impl<'a> Batch<'a> {
+    /// Bytes `[from, to)` of the batch, without a bounds check.
+    ///
+    /// # Safety
+    /// `from <= to <= bytes.len()`: the header or the payload of one of the batch's
+    /// messages. A `Batch` is built only for a batch that passed validation, which checked
+    /// that every message (header and padded payload) lies within it.
+    #[inline(always)]
+    unsafe fn range(&self, from: usize, to: usize) -> &'a [u8] {
+        debug_assert!(from <= to && to <= self.bytes.len());
+        // SAFETY: `from <= to <= len` (the contract above).
+        unsafe { self.bytes.get_unchecked(from..to) }
+    }
+}
+
 /// What [`EndpointCore::validate_queue`] queued of a batch.
 #[derive(Clone, Copy)]
 struct Queued {
@@ -1434,7 +1449,12 @@ impl<U> EndpointCore<U> {
         {
             let mut cur = META as usize;
             for _ in 0..b.count {
-                let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
+                // SAFETY: a header of the validated batch (`Batch::range`).
+                let h = MsgHeader::read(
+                    unsafe { b.range(cur, cur + HEADER_SIZE) }
+                        .try_into()
+                        .expect("12"),
+                );
                 let body = cur + HEADER_SIZE;
                 if h.payload_len & RENDEZVOUS_FLAG != 0 {
                     // `validate` checked the descriptor's flags and length.
@@ -1485,7 +1505,7 @@ impl<U> EndpointCore<U> {
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
         duplicate: &mut Option<u32>,
     ) {
-        let (batch, off, pos) = (b.bytes, b.off, b.pos);
+        let (off, pos) = (b.off, b.pos);
         let body = cur + HEADER_SIZE;
         let len = h.payload_len as usize;
         debug_assert_eq!(next, cur + padded_message_size(len as u64) as usize);
@@ -1498,7 +1518,9 @@ impl<U> EndpointCore<U> {
             {
                 Some(p) => {
                     stats.responses += 1;
-                    on_response(p.user, Ok(&batch[body..body + len]));
+                    // SAFETY: the payload of a message of the validated batch
+                    // (`Batch::range`).
+                    on_response(p.user, Ok(unsafe { b.range(body, body + len) }));
                 }
                 None => *duplicate = Some(h.call_id),
             }
