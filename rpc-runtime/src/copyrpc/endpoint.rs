@@ -1561,7 +1561,7 @@ impl<U> EndpointCore<U> {
         }
         if is_response(h.call_id) {
             match self.pending.get(from_response_id(h.call_id) as usize) {
-                None => return Err(ProtocolError::UnknownCallId(h.call_id)),
+                None => return reject(ProtocolError::UnknownCallId(h.call_id)),
                 Some(p) if padded > padded_message_size(p.response_allowance as u64) as usize => {
                     return reject(ProtocolError::ResponseTooLarge);
                 }
@@ -1612,7 +1612,7 @@ impl<U> EndpointCore<U> {
             }
             if is_response(h.call_id) {
                 match self.pending.get(from_response_id(h.call_id) as usize) {
-                    None => return Err(ProtocolError::UnknownCallId(h.call_id)),
+                    None => return reject(ProtocolError::UnknownCallId(h.call_id)),
                     Some(p)
                         if padded_message_size(h.payload_len as u64)
                             > padded_message_size(p.response_allowance as u64) =>
