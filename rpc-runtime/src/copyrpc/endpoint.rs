@@ -1343,59 +1343,28 @@ impl<U> EndpointCore<U> {
         if meta.reads_done as usize > self.tx_outstanding.len() {
             return reject(ProtocolError::BadReadsDone);
         }
-        // The one inline message of a batch of one, read and checked once (the common case
-        // at low depth); `None` for other batches. A batch of several messages is checked by
-        // `validate_queue`, which queues its inline requests as it goes (taken back if the
-        // batch turns out bad), so that delivery only walks it again for its responses and
-        // rendezvous messages, if any.
-        let mut one = None;
-        let mut queued = None;
-        if meta.is_wrap() {
+        // The one inline message of a batch of one is read and checked once (the common
+        // case at low depth). A batch of several messages is checked by `validate_queue`,
+        // which queues its inline requests as it goes (taken back if the batch turns out
+        // bad), so that delivery only walks it again for its responses and rendezvous
+        // messages, if any. Each branch applies the batch (`accept`) once it is validated,
+        // then delivers it.
+        let at = Batch {
+            bytes: batch,
+            off,
+            pos,
+            count: meta.message_count,
+        };
+        let duplicate = if meta.is_wrap() {
             if off + delta != size {
                 return Err(ProtocolError::BadWrap);
             }
+            self.accept(pos + delta, new_piggy, &meta, stats);
+            None
         } else if meta.message_count == 1 {
-            one = self.validate_one(batch)?;
-        } else {
-            match self.validate_queue(batch, meta.message_count, off, pos, ep, queue) {
-                Ok(Some(q)) => {
-                    // Accepted (nothing below fails before delivery): account for the
-                    // queued requests; the walk below delivers the responses, if any.
-                    self.unused_grant -= q.spent;
-                    self.unreceived += q.requests;
-                    stats.requests += q.requests as u64;
-                    queued = Some(q.others);
-                }
-                r => {
-                    r?;
-                    self.validate(batch, meta.message_count)?;
-                }
-            }
-        }
-        // Accepted: apply, then deliver.
-        self.recv_producer = pos + delta;
-        self.piggy_consumer = new_piggy;
-        self.remote_consumer = self.remote_consumer.max(new_piggy);
-        self.peer_credit += meta.credit_grant;
-        self.credit_requested = false;
-        if meta.reads_done != 0 {
-            self.reads_reported(meta.reads_done);
-        }
-        if meta.message_count == 0 {
-            self.flags |= F_ANSWER_FLOW;
-        }
-        stats.batches_received += 1;
-        if meta.is_wrap() {
-            self.last_recv_pos = pos + delta;
-        } else {
-            let at = Batch {
-                bytes: batch,
-                off,
-                pos,
-                count: meta.message_count,
-            };
-            let duplicate = match (one, queued) {
-                (Some(h), _) => {
+            match self.validate_one(batch)? {
+                Some(h) => {
+                    self.accept(pos + delta, new_piggy, &meta, stats);
                     let mut duplicate = None;
                     // `validate_one` checked that the message fills the batch: it ends at
                     // `delta`.
@@ -1412,14 +1381,38 @@ impl<U> EndpointCore<U> {
                     );
                     duplicate
                 }
-                (None, Some(false)) => None,
-                (None, Some(true)) => self.deliver::<true>(&at, ep, queue, stats, on_response),
-                (None, None) => self.deliver::<false>(&at, ep, queue, stats, on_response),
-            };
-            self.last_recv_pos = pos + delta;
-            if let Some(id) = duplicate {
-                return Err(ProtocolError::UnknownCallId(id));
+                // A rendezvous message, checked by `validate`.
+                None => {
+                    self.accept(pos + delta, new_piggy, &meta, stats);
+                    self.deliver::<false>(&at, ep, queue, stats, on_response)
+                }
             }
+        } else {
+            match self.validate_queue(batch, meta.message_count, off, pos, ep, queue) {
+                Ok(Some(q)) => {
+                    // Accepted (nothing below fails before delivery): account for the
+                    // queued requests; the walk below delivers the responses, if any.
+                    self.unused_grant -= q.spent;
+                    self.unreceived += q.requests;
+                    stats.requests += q.requests as u64;
+                    self.accept(pos + delta, new_piggy, &meta, stats);
+                    if q.others {
+                        self.deliver::<true>(&at, ep, queue, stats, on_response)
+                    } else {
+                        None
+                    }
+                }
+                r => {
+                    r?;
+                    self.validate(batch, meta.message_count)?;
+                    self.accept(pos + delta, new_piggy, &meta, stats);
+                    self.deliver::<false>(&at, ep, queue, stats, on_response)
+                }
+            }
+        };
+        self.last_recv_pos = pos + delta;
+        if let Some(id) = duplicate {
+            return Err(ProtocolError::UnknownCallId(id));
         }
         if self.unreceived == 0 {
             // No request of this endpoint is queued or handed out, and the responses were
@@ -1429,6 +1422,24 @@ impl<U> EndpointCore<U> {
             self.release_and_publish(self.last_recv_pos);
         }
         Ok(())
+    }
+
+    /// Applies the flow metadata `meta` of a validated batch ending at receive position
+    /// `end`, whose credit return moves the peer's consumer position to `new_piggy`.
+    #[inline(always)]
+    fn accept(&mut self, end: u64, new_piggy: u64, meta: &FlowMetadata, stats: &mut Stats) {
+        self.recv_producer = end;
+        self.piggy_consumer = new_piggy;
+        self.remote_consumer = self.remote_consumer.max(new_piggy);
+        self.peer_credit += meta.credit_grant;
+        self.credit_requested = false;
+        if meta.reads_done != 0 {
+            self.reads_reported(meta.reads_done);
+        }
+        if meta.message_count == 0 {
+            self.flags |= F_ANSWER_FLOW;
+        }
+        stats.batches_received += 1;
     }
 
     /// Delivers the messages of a validated batch in order: responses to `on_response`,
