@@ -52,7 +52,8 @@ pub struct SharedRecvQueue {
     /// `counter` at the last doorbell.
     db_counter: u32,
     /// One bit per WQE: posted and not yet released. Sized for the largest SRQ (2^16 WQEs,
-    /// 8 KiB), so that a 16-bit WQE index needs no bounds check.
+    /// 8 KiB), so that a 16-bit WQE index needs no bounds check. Bits at and above `wqe_cnt`
+    /// are always 0 (only WQEs on the free list, all below `wqe_cnt`, are posted).
     posted_bits: Box<[u64; POSTED_WORDS]>,
     /// Every WQE's first data segment holds the terminator: written into all of them at
     /// creation (`max_sge > 0`), false from the first post of a non-empty scatter list on.
@@ -166,12 +167,12 @@ impl SharedRecvQueue {
         self.tail as u16
     }
 
-    /// Whether WQE `wqe_index` is posted and not yet released.
+    /// Whether WQE `wqe_index` is posted and not yet released. One bitmap test: only WQEs
+    /// below `wqe_cnt` are ever posted, so the bits of larger indices stay 0 (the bitmap
+    /// covers every 16-bit index) and such an index reads as not posted.
     #[inline]
     pub fn is_posted(&self, wqe_index: u16) -> bool {
-        let i = u32::from(wqe_index);
-        i < self.mem.ring.wqe_cnt
-            && self.posted_bits[usize::from(wqe_index / 64)] & (1 << (i % 64)) != 0
+        self.posted_bits[usize::from(wqe_index / 64)] & (1 << (wqe_index % 64)) != 0
     }
 
     /// Takes the free-list head, writes the scatter list `sges` into it (terminated by

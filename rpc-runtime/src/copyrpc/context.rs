@@ -256,6 +256,10 @@ struct Conn<U> {
     unsignaled: u32,
     /// Send queue producer counter (WQEBBs) after the last signaled WQE.
     last_signal_pi: u32,
+    /// `wqe_cnt / 4 - 4` of the send queue (WQEBBs, negative for a queue below 16): a WQE
+    /// posted more than this many WQEBBs after `last_signal_pi` is signaled, so that with
+    /// its own (at most 4) WQEBBs at most a quarter of the queue goes unsignaled.
+    signal_gap: i32,
     /// Largest batch posted fully inline: the QP's inline limit, at most
     /// [`MAX_FULL_INLINE`].
     full_inline: u32,
@@ -495,6 +499,7 @@ impl<U> Context<U> {
         let id = self.conns.len() as EndpointId;
         self.by_qpn.insert(qp.qpn(), id)?;
         let full_inline = qp.sq.mem().max_inline().min(MAX_FULL_INLINE);
+        let signal_gap = (qp.sq.wqe_cnt() / 4) as i32 - 4;
         self.conns.push(Conn {
             qp,
             send_mr,
@@ -516,6 +521,7 @@ impl<U> Context<U> {
             fingerprint: cfg.fingerprint,
             unsignaled: 0,
             last_signal_pi: 0,
+            signal_gap,
             full_inline,
             signaled: VecDeque::with_capacity(8),
             read_outstanding: false,
@@ -1498,7 +1504,7 @@ impl<U> Context<U> {
         // ring at most, so completions retire the queue long before it fills, and each QP
         // has at most a handful of signaled WQEs (send CQEs) outstanding.
         let signal = c.unsignaled + 1 >= SIGNAL_INTERVAL
-            || c.qp.sq.pi().wrapping_sub(c.last_signal_pi) + 4 > c.qp.sq.wqe_cnt() / 4;
+            || c.qp.sq.pi().wrapping_sub(c.last_signal_pi) as i32 > c.signal_gap;
         let flags = if signal { CQ_UPDATE } else { 0 };
         let raddr = c.remote.ring_addr + c.core.remote_offset(e.start);
         let idx = if e.len <= c.full_inline {

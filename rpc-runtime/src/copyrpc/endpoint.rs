@@ -321,6 +321,21 @@ struct Batch<'a> {
     count: u32,
 }
 
+impl<'a> Batch<'a> {
+    /// Bytes `[from, to)` of the batch, without a bounds check.
+    ///
+    /// # Safety
+    /// `from <= to <= bytes.len()`: the header or the payload of one of the batch's
+    /// messages. A `Batch` is built only for a batch that passed validation, which checked
+    /// that every message (header and padded payload) lies within it.
+    #[inline(always)]
+    unsafe fn range(&self, from: usize, to: usize) -> &'a [u8] {
+        debug_assert!(from <= to && to <= self.bytes.len());
+        // SAFETY: `from <= to <= len` (the contract above).
+        unsafe { self.bytes.get_unchecked(from..to) }
+    }
+}
+
 /// What [`EndpointCore::validate_queue`] queued of a batch.
 #[derive(Clone, Copy)]
 struct Queued {
@@ -958,13 +973,20 @@ impl<U> EndpointCore<U> {
     /// `reply`), counted in `in_flight` so that `in_flight + 2R <= C` holds once written.
     #[inline(always)]
     fn metadata(&mut self, message_count: u32, ahead: u64) -> FlowMetadata {
-        let in_flight = self.producer + ahead - self.remote_consumer;
         let r = self.resp_reservation;
-        let by_invariant = (self.cap.saturating_sub(in_flight) / 2).saturating_sub(r);
-        let by_policy = self.max_resp_reservation.saturating_sub(r);
-        let grant = by_invariant.min(by_policy) & !(ALIGNMENT - 1);
-        self.resp_reservation += grant;
-        self.unused_grant += grant;
+        // `R` at its maximum (a side that only calls, or whose grant is all with the peer):
+        // the policy bound is 0, so is the grant; the invariant bound need not be computed.
+        let grant = if r < self.max_resp_reservation {
+            let in_flight = self.producer + ahead - self.remote_consumer;
+            let by_invariant = (self.cap.saturating_sub(in_flight) / 2).saturating_sub(r);
+            let by_policy = self.max_resp_reservation - r;
+            let grant = by_invariant.min(by_policy) & !(ALIGNMENT - 1);
+            self.resp_reservation += grant;
+            self.unused_grant += grant;
+            grant
+        } else {
+            0
+        };
         let ret = self.released - self.last_notified;
         self.last_notified = self.released;
         let reads_done = self.reads_unreported;
@@ -1289,10 +1311,10 @@ impl<U> EndpointCore<U> {
         let pos = self.recv_producer;
         let off = pos & self.recv_mask;
         if delta < META || !delta.is_multiple_of(ALIGNMENT) || off + delta > size {
-            return Err(ProtocolError::BadLength);
+            return reject(ProtocolError::BadLength);
         }
         if pos + delta - self.released > size {
-            return Err(ProtocolError::Overrun);
+            return reject(ProtocolError::Overrun);
         }
         // SAFETY: `off + delta <= size` (checked above); the peer wrote these bytes before
         // the CQE we consumed (Acquire on the owner bit) and may not write them again until
@@ -1302,31 +1324,69 @@ impl<U> EndpointCore<U> {
             std::slice::from_raw_parts(self.recv.buf.as_ptr().add(off as usize), delta as usize)
         };
         let meta = FlowMetadata::read(batch[..META as usize].try_into().expect("32 bytes"));
-        let new_piggy = self.piggy_consumer.wrapping_add(meta.ring_credit_return);
-        if new_piggy > self.producer || new_piggy < self.piggy_consumer {
-            return Err(ProtocolError::BadConsumer);
+        // `piggy_consumer + ret <= producer`, without overflow: `piggy_consumer` only takes
+        // values checked here against the producer, which only grows.
+        debug_assert!(self.piggy_consumer <= self.producer);
+        if meta.ring_credit_return > self.producer - self.piggy_consumer {
+            return reject(ProtocolError::BadConsumer);
         }
+        let new_piggy = self.piggy_consumer + meta.ring_credit_return;
+        // `peer_credit + grant <= receive ring size`, without overflow: `peer_credit` starts
+        // at most a quarter of that size (`check_remote`), grows only by grants checked here
+        // and shrinks by calls.
+        debug_assert!(self.peer_credit <= self.recv.size());
         if !meta.credit_grant.is_multiple_of(ALIGNMENT)
-            || self.peer_credit.saturating_add(meta.credit_grant) > self.recv.size()
+            || meta.credit_grant > self.recv.size() - self.peer_credit
         {
-            return Err(ProtocolError::BadCredit);
+            return reject(ProtocolError::BadCredit);
         }
         if meta.reads_done as usize > self.tx_outstanding.len() {
-            return Err(ProtocolError::BadReadsDone);
+            return reject(ProtocolError::BadReadsDone);
         }
-        // The one inline message of a batch of one, read and checked once (the common case
-        // at low depth); `None` for other batches. A batch of several messages is checked by
-        // `validate_queue`, which queues its inline requests as it goes (taken back if the
-        // batch turns out bad), so that delivery only walks it again for its responses and
-        // rendezvous messages, if any.
-        let mut one = None;
-        let mut queued = None;
-        if meta.is_wrap() {
+        // The one inline message of a batch of one is read and checked once (the common
+        // case at low depth). A batch of several messages is checked by `validate_queue`,
+        // which queues its inline requests as it goes (taken back if the batch turns out
+        // bad), so that delivery only walks it again for its responses and rendezvous
+        // messages, if any. Each branch applies the batch (`accept`) once it is validated,
+        // then delivers it.
+        let at = Batch {
+            bytes: batch,
+            off,
+            pos,
+            count: meta.message_count,
+        };
+        let duplicate = if meta.is_wrap() {
             if off + delta != size {
                 return Err(ProtocolError::BadWrap);
             }
+            self.accept(pos + delta, new_piggy, &meta, stats);
+            None
         } else if meta.message_count == 1 {
-            one = self.validate_one(batch)?;
+            match self.validate_one(batch)? {
+                Some(h) => {
+                    self.accept(pos + delta, new_piggy, &meta, stats);
+                    let mut duplicate = None;
+                    // `validate_one` checked that the message fills the batch: it ends at
+                    // `delta`.
+                    self.deliver_inline(
+                        h,
+                        META as usize,
+                        delta as usize,
+                        &at,
+                        ep,
+                        queue,
+                        stats,
+                        on_response,
+                        &mut duplicate,
+                    );
+                    duplicate
+                }
+                // A rendezvous message, checked by `validate`.
+                None => {
+                    self.accept(pos + delta, new_piggy, &meta, stats);
+                    self.deliver::<false>(&at, ep, queue, stats, on_response)
+                }
+            }
         } else {
             match self.validate_queue(batch, meta.message_count, off, pos, ep, queue) {
                 Ok(Some(q)) => {
@@ -1335,16 +1395,40 @@ impl<U> EndpointCore<U> {
                     self.unused_grant -= q.spent;
                     self.unreceived += q.requests;
                     stats.requests += q.requests as u64;
-                    queued = Some(q.others);
+                    self.accept(pos + delta, new_piggy, &meta, stats);
+                    if q.others {
+                        self.deliver::<true>(&at, ep, queue, stats, on_response)
+                    } else {
+                        None
+                    }
                 }
                 r => {
                     r?;
                     self.validate(batch, meta.message_count)?;
+                    self.accept(pos + delta, new_piggy, &meta, stats);
+                    self.deliver::<false>(&at, ep, queue, stats, on_response)
                 }
             }
+        };
+        self.last_recv_pos = pos + delta;
+        if let Some(id) = duplicate {
+            return Err(ProtocolError::UnknownCallId(id));
         }
-        // Accepted: apply, then deliver.
-        self.recv_producer = pos + delta;
+        if self.unreceived == 0 {
+            // No request of this endpoint is queued or handed out, and the responses were
+            // delivered above, within this call: nothing borrows the receive ring, so the
+            // position is published at once (as the flush of this same poll would), and the
+            // flush need not visit the endpoint for it.
+            self.release_and_publish(self.last_recv_pos);
+        }
+        Ok(())
+    }
+
+    /// Applies the flow metadata `meta` of a validated batch ending at receive position
+    /// `end`, whose credit return moves the peer's consumer position to `new_piggy`.
+    #[inline(always)]
+    fn accept(&mut self, end: u64, new_piggy: u64, meta: &FlowMetadata, stats: &mut Stats) {
+        self.recv_producer = end;
         self.piggy_consumer = new_piggy;
         self.remote_consumer = self.remote_consumer.max(new_piggy);
         self.peer_credit += meta.credit_grant;
@@ -1356,47 +1440,6 @@ impl<U> EndpointCore<U> {
             self.flags |= F_ANSWER_FLOW;
         }
         stats.batches_received += 1;
-        if meta.is_wrap() {
-            self.last_recv_pos = pos + delta;
-        } else {
-            let at = Batch {
-                bytes: batch,
-                off,
-                pos,
-                count: meta.message_count,
-            };
-            let duplicate = match (one, queued) {
-                (Some(h), _) => {
-                    let mut duplicate = None;
-                    self.deliver_inline(
-                        h,
-                        META as usize,
-                        &at,
-                        ep,
-                        queue,
-                        stats,
-                        on_response,
-                        &mut duplicate,
-                    );
-                    duplicate
-                }
-                (None, Some(false)) => None,
-                (None, Some(true)) => self.deliver::<true>(&at, ep, queue, stats, on_response),
-                (None, None) => self.deliver::<false>(&at, ep, queue, stats, on_response),
-            };
-            self.last_recv_pos = pos + delta;
-            if let Some(id) = duplicate {
-                return Err(ProtocolError::UnknownCallId(id));
-            }
-        }
-        if self.unreceived == 0 {
-            // No request of this endpoint is queued or handed out, and the responses were
-            // delivered above, within this call: nothing borrows the receive ring, so the
-            // position is published at once (as the flush of this same poll would), and the
-            // flush need not visit the endpoint for it.
-            self.release_and_publish(self.last_recv_pos);
-        }
-        Ok(())
     }
 
     /// Delivers the messages of a validated batch in order: responses to `on_response`,
@@ -1417,7 +1460,12 @@ impl<U> EndpointCore<U> {
         {
             let mut cur = META as usize;
             for _ in 0..b.count {
-                let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
+                // SAFETY: a header of the validated batch (`Batch::range`).
+                let h = MsgHeader::read(
+                    unsafe { b.range(cur, cur + HEADER_SIZE) }
+                        .try_into()
+                        .expect("12"),
+                );
                 let body = cur + HEADER_SIZE;
                 if h.payload_len & RENDEZVOUS_FLAG != 0 {
                     // `validate` checked the descriptor's flags and length.
@@ -1432,32 +1480,46 @@ impl<U> EndpointCore<U> {
                     cur += padded_message_size(h.payload_len as u64) as usize;
                     continue;
                 }
-                cur = self.deliver_inline(h, cur, b, ep, queue, stats, on_response, &mut duplicate);
+                let next = cur + padded_message_size(h.payload_len as u64) as usize;
+                self.deliver_inline(
+                    h,
+                    cur,
+                    next,
+                    b,
+                    ep,
+                    queue,
+                    stats,
+                    on_response,
+                    &mut duplicate,
+                );
+                cur = next;
             }
         }
         duplicate
     }
 
     /// Delivers the inline message with header `h` at batch offset `cur` of a validated
-    /// batch (a response to `on_response`, a request to `queue`); returns the offset of the
-    /// next message. A second response to one call within the batch sets `duplicate`.
+    /// batch (a response to `on_response`, a request to `queue`); `next` is the offset just
+    /// after it (`cur` plus its padded size). A second response to one call within the
+    /// batch sets `duplicate`.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn deliver_inline(
         &mut self,
         h: MsgHeader,
         cur: usize,
+        next: usize,
         b: &Batch<'_>,
         ep: u32,
         queue: &mut Fifo<RecvEntry>,
         stats: &mut Stats,
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
         duplicate: &mut Option<u32>,
-    ) -> usize {
-        let (batch, off, pos) = (b.bytes, b.off, b.pos);
+    ) {
+        let (off, pos) = (b.off, b.pos);
         let body = cur + HEADER_SIZE;
         let len = h.payload_len as usize;
-        let next = cur + padded_message_size(len as u64) as usize;
+        debug_assert_eq!(next, cur + padded_message_size(len as u64) as usize);
         if is_response(h.call_id) {
             // `validate` checked that the id names a pending call; only a second
             // response to the same call within this batch finds it gone.
@@ -1467,7 +1529,9 @@ impl<U> EndpointCore<U> {
             {
                 Some(p) => {
                     stats.responses += 1;
-                    on_response(p.user, Ok(&batch[body..body + len]));
+                    // SAFETY: the payload of a message of the validated batch
+                    // (`Batch::range`).
+                    on_response(p.user, Ok(unsafe { b.range(body, body + len) }));
                 }
                 None => *duplicate = Some(h.call_id),
             }
@@ -1485,7 +1549,6 @@ impl<U> EndpointCore<U> {
                 end: pos + next as u64,
             });
         }
-        next
     }
 
     /// [`EndpointCore::validate`] of a batch of one message, which returns that message's
@@ -1496,7 +1559,7 @@ impl<U> EndpointCore<U> {
     pub(super) fn validate_one(&self, batch: &[u8]) -> Result<Option<MsgHeader>, ProtocolError> {
         let cur = META as usize;
         if cur + HEADER_SIZE > batch.len() {
-            return Err(ProtocolError::BadCount);
+            return reject(ProtocolError::BadCount);
         }
         let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
         let padded = padded_message_size(h.payload_len as u64) as usize;
@@ -1505,21 +1568,21 @@ impl<U> EndpointCore<U> {
                 self.validate(batch, 1)?;
                 return Ok(None);
             }
-            return Err(ProtocolError::BadLength);
+            return reject(ProtocolError::BadLength);
         }
         if is_response(h.call_id) {
             match self.pending.get(from_response_id(h.call_id) as usize) {
-                None => return Err(ProtocolError::UnknownCallId(h.call_id)),
+                None => return reject(ProtocolError::UnknownCallId(h.call_id)),
                 Some(p) if padded > padded_message_size(p.response_allowance as u64) as usize => {
-                    return Err(ProtocolError::ResponseTooLarge);
+                    return reject(ProtocolError::ResponseTooLarge);
                 }
                 Some(_) => {}
             }
         } else if (h.piggyback & !LARGE_RESPONSE_FLAG) as u64 * ALIGNMENT > self.unused_grant {
-            return Err(ProtocolError::BadCredit);
+            return reject(ProtocolError::BadCredit);
         }
         if cur + padded != batch.len() {
-            return Err(ProtocolError::BadCount);
+            return reject(ProtocolError::BadCount);
         }
         Ok(Some(h))
     }
@@ -1560,7 +1623,7 @@ impl<U> EndpointCore<U> {
             }
             if is_response(h.call_id) {
                 match self.pending.get(from_response_id(h.call_id) as usize) {
-                    None => return Err(ProtocolError::UnknownCallId(h.call_id)),
+                    None => return reject(ProtocolError::UnknownCallId(h.call_id)),
                     Some(p)
                         if padded_message_size(h.payload_len as u64)
                             > padded_message_size(p.response_allowance as u64) =>
@@ -1850,6 +1913,14 @@ impl<U> EndpointCore<U> {
 #[inline(always)]
 pub(crate) fn cqe_delta(imm: u32) -> u64 {
     decode_imm(imm)
+}
+
+/// `Err(e)`, out of line: the error exit of a check on the receive fast path, so that the
+/// compiler does not set up the error value ahead of the check.
+#[cold]
+#[inline(never)]
+fn reject<T>(e: ProtocolError) -> Result<T, ProtocolError> {
+    Err(e)
 }
 
 /// The large-message limit an endpoint with inline limit `max_payload` uses when both sides
