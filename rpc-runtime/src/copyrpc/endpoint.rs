@@ -321,21 +321,6 @@ struct Batch<'a> {
     count: u32,
 }
 
-impl<'a> Batch<'a> {
-    /// Bytes `[from, to)` of the batch, without a bounds check.
-    ///
-    /// # Safety
-    /// `from <= to <= bytes.len()`: the header or the payload of one of the batch's
-    /// messages. A `Batch` is built only for a batch that passed validation, which checked
-    /// that every message (header and padded payload) lies within it.
-    #[inline(always)]
-    unsafe fn range(&self, from: usize, to: usize) -> &'a [u8] {
-        debug_assert!(from <= to && to <= self.bytes.len());
-        // SAFETY: `from <= to <= len` (the contract above).
-        unsafe { self.bytes.get_unchecked(from..to) }
-    }
-}
-
 /// What [`EndpointCore::validate_queue`] queued of a batch.
 #[derive(Clone, Copy)]
 struct Queued {
@@ -1460,12 +1445,7 @@ impl<U> EndpointCore<U> {
         {
             let mut cur = META as usize;
             for _ in 0..b.count {
-                // SAFETY: a header of the validated batch (`Batch::range`).
-                let h = MsgHeader::read(
-                    unsafe { b.range(cur, cur + HEADER_SIZE) }
-                        .try_into()
-                        .expect("12"),
-                );
+                let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
                 let body = cur + HEADER_SIZE;
                 if h.payload_len & RENDEZVOUS_FLAG != 0 {
                     // `validate` checked the descriptor's flags and length.
@@ -1516,7 +1496,7 @@ impl<U> EndpointCore<U> {
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
         duplicate: &mut Option<u32>,
     ) {
-        let (off, pos) = (b.off, b.pos);
+        let (batch, off, pos) = (b.bytes, b.off, b.pos);
         let body = cur + HEADER_SIZE;
         let len = h.payload_len as usize;
         debug_assert_eq!(next, cur + padded_message_size(len as u64) as usize);
@@ -1529,9 +1509,7 @@ impl<U> EndpointCore<U> {
             {
                 Some(p) => {
                     stats.responses += 1;
-                    // SAFETY: the payload of a message of the validated batch
-                    // (`Batch::range`).
-                    on_response(p.user, Ok(unsafe { b.range(body, body + len) }));
+                    on_response(p.user, Ok(&batch[body..body + len]));
                 }
                 None => *duplicate = Some(h.call_id),
             }
