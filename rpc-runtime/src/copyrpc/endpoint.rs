@@ -1345,7 +1345,7 @@ impl<U> EndpointCore<U> {
                 return Err(ProtocolError::BadWrap);
             }
             self.accept(pos + delta, new_piggy, &meta, stats);
-            None
+            Ok(None)
         } else if meta.message_count == 1 {
             match self.validate_one(batch)? {
                 Some(h) => {
@@ -1364,7 +1364,7 @@ impl<U> EndpointCore<U> {
                         on_response,
                         &mut duplicate,
                     );
-                    duplicate
+                    Ok(duplicate)
                 }
                 // A rendezvous message, checked by `validate`.
                 None => {
@@ -1384,7 +1384,7 @@ impl<U> EndpointCore<U> {
                     if q.others {
                         self.deliver::<true>(&at, ep, queue, stats, on_response)
                     } else {
-                        None
+                        Ok(None)
                     }
                 }
                 r => {
@@ -1396,7 +1396,7 @@ impl<U> EndpointCore<U> {
             }
         };
         self.last_recv_pos = pos + delta;
-        if let Some(id) = duplicate {
+        if let Some(id) = duplicate? {
             return Err(ProtocolError::UnknownCallId(id));
         }
         if self.unreceived == 0 {
@@ -1431,6 +1431,16 @@ impl<U> EndpointCore<U> {
     /// requests to `queue` (skipped if `QUEUED`: `validate_queue` queued them), rendezvous
     /// messages to [`EndpointCore::ingest_rendezvous`]. Returns the id of a second response
     /// to one call within the batch, if any.
+    ///
+    /// # Errors
+    /// The batch lies in the receive ring, which the peer can write at any time (it holds
+    /// the ring's rkey), so the headers read again here may no longer be the ones
+    /// validation checked. What memory safety and the credit accounting rest on is checked
+    /// again on the values read here, once: each header and message within the batch
+    /// ([`ProtocolError::BadLength`]), a request's allowance within the credit left
+    /// ([`ProtocolError::BadCredit`]), and a rendezvous descriptor (the checks of
+    /// `validate_rendezvous`, so that no READ can be longer than its landing buffer).
+    /// Delivery stops there, and the caller fails the endpoint.
     #[inline(always)]
     fn deliver<const QUEUED: bool>(
         &mut self,
@@ -1439,43 +1449,74 @@ impl<U> EndpointCore<U> {
         queue: &mut Fifo<RecvEntry>,
         stats: &mut Stats,
         on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
-    ) -> Option<u32> {
+    ) -> Result<Option<u32>, ProtocolError> {
         let batch = b.bytes;
         let mut duplicate = None;
-        {
-            let mut cur = META as usize;
-            for _ in 0..b.count {
-                let h = MsgHeader::read(batch[cur..cur + HEADER_SIZE].try_into().expect("12"));
-                let body = cur + HEADER_SIZE;
-                if h.payload_len & RENDEZVOUS_FLAG != 0 {
-                    // `validate` checked the descriptor's flags and length.
-                    let d = batch[body..body + DESCRIPTOR_SIZE].try_into().expect("16");
-                    if let Err(id) = self.ingest_rendezvous(h, Descriptor::read(d), stats) {
-                        duplicate = Some(id);
-                    }
-                    cur += padded_message_size(DESCRIPTOR_SIZE as u64) as usize;
-                    continue;
+        let mut cur = META as usize;
+        for _ in 0..b.count {
+            let Some(hb) = batch.get(cur..cur + HEADER_SIZE) else {
+                return reject(ProtocolError::BadLength);
+            };
+            let h = MsgHeader::read(hb.try_into().expect("12"));
+            if h.payload_len & RENDEZVOUS_FLAG != 0 {
+                if let Some(id) = self.deliver_rendezvous(h, batch, cur, stats)? {
+                    duplicate = Some(id);
                 }
-                if QUEUED && !is_response(h.call_id) {
-                    cur += padded_message_size(h.payload_len as u64) as usize;
-                    continue;
-                }
-                let next = cur + padded_message_size(h.payload_len as u64) as usize;
-                self.deliver_inline(
-                    h,
-                    cur,
-                    next,
-                    b,
-                    ep,
-                    queue,
-                    stats,
-                    on_response,
-                    &mut duplicate,
-                );
-                cur = next;
+                cur += padded_message_size(DESCRIPTOR_SIZE as u64) as usize;
+                continue;
             }
+            let next = cur + padded_message_size(h.payload_len as u64) as usize;
+            if next > batch.len() {
+                return reject(ProtocolError::BadLength);
+            }
+            if !is_response(h.call_id) {
+                if QUEUED {
+                    cur = next;
+                    continue;
+                }
+                if (h.piggyback & !LARGE_RESPONSE_FLAG) as u64 * ALIGNMENT > self.unused_grant {
+                    return reject(ProtocolError::BadCredit);
+                }
+            }
+            self.deliver_inline(
+                h,
+                cur,
+                next,
+                b,
+                ep,
+                queue,
+                stats,
+                on_response,
+                &mut duplicate,
+            );
+            cur = next;
         }
-        duplicate
+        Ok(duplicate)
+    }
+
+    /// The rendezvous message with header `h` at batch offset `cur`, for
+    /// [`EndpointCore::deliver`]: its descriptor is read once and checked again on that copy
+    /// (`check_rendezvous`, and its credit within what is left), which is what the READ will
+    /// use, then queued (`ingest_rendezvous`; `Ok(Some(id))` for a second response to one
+    /// call).
+    #[cold]
+    #[inline(never)]
+    fn deliver_rendezvous(
+        &mut self,
+        h: MsgHeader,
+        batch: &[u8],
+        cur: usize,
+        stats: &mut Stats,
+    ) -> Result<Option<u32>, ProtocolError> {
+        let body = cur + HEADER_SIZE;
+        let Some(db) = batch.get(body..body + DESCRIPTOR_SIZE) else {
+            return Err(ProtocolError::BadLength);
+        };
+        let d = Descriptor::read(db.try_into().expect("16"));
+        if self.check_rendezvous(h, &d)? > self.unused_grant {
+            return Err(ProtocolError::BadCredit);
+        }
+        Ok(self.ingest_rendezvous(h, d, stats).err())
     }
 
     /// Delivers the inline message with header `h` at batch offset `cur` of a validated
@@ -1691,8 +1732,7 @@ impl<U> EndpointCore<U> {
     }
 
     /// Checks a rendezvous message (`rest` the batch from its header on, at least the 12
-    /// header bytes): exact length field, length within `(RENDEZVOUS_MIN, large limit]`, and
-    /// for a response, a pending call that accepts a rendezvous response of that length.
+    /// header bytes): room for its descriptor, then [`EndpointCore::check_rendezvous`].
     /// Returns the credit a request spends. The header is read again here, so that
     /// `validate`'s loop need not keep it for this cold call.
     #[cold]
@@ -1703,16 +1743,26 @@ impl<U> EndpointCore<U> {
         if m > rest.len() {
             return Err(ProtocolError::BadLength);
         }
-        if h.payload_len != RENDEZVOUS_FLAG | DESCRIPTOR_SIZE as u32 {
-            return Err(ProtocolError::BadDescriptor(
-                "length field is not the flag plus 16",
-            ));
-        }
         let d = Descriptor::read(
             rest[HEADER_SIZE..HEADER_SIZE + DESCRIPTOR_SIZE]
                 .try_into()
                 .expect("16"),
         );
+        self.check_rendezvous(h, &d)
+    }
+
+    /// Checks a rendezvous message's header `h` and descriptor `d` (values the caller read
+    /// once): exact length field, length within `(RENDEZVOUS_MIN, large limit]`, and for a
+    /// response, a pending call that accepts a rendezvous response of that length. Returns
+    /// the credit a request spends.
+    #[cold]
+    #[inline(never)]
+    fn check_rendezvous(&self, h: MsgHeader, d: &Descriptor) -> Result<u64, ProtocolError> {
+        if h.payload_len != RENDEZVOUS_FLAG | DESCRIPTOR_SIZE as u32 {
+            return Err(ProtocolError::BadDescriptor(
+                "length field is not the flag plus 16",
+            ));
+        }
         if d.len <= RENDEZVOUS_MIN {
             return Err(ProtocolError::BadDescriptor(
                 "length not above the rendezvous threshold",
@@ -1867,6 +1917,34 @@ impl<U> EndpointCore<U> {
     /// Part of `R` granted to the peer and not yet spent by its calls, in bytes.
     pub fn unused_grant(&self) -> u64 {
         self.unused_grant
+    }
+
+    /// Test hook: delivers the `count` messages of the `delta` bytes at the receive
+    /// position as [`EndpointCore::ingest`] does after validation, without validating them:
+    /// what delivery sees when the peer rewrites a batch after it was validated.
+    #[cfg(test)]
+    pub(crate) fn deliver_as_validated(
+        &mut self,
+        delta: u64,
+        count: u32,
+        queue: &mut Fifo<RecvEntry>,
+        stats: &mut Stats,
+        on_response: &mut impl FnMut(U, Result<&[u8], EndpointFailure>),
+    ) -> Result<Option<u32>, ProtocolError> {
+        let pos = self.recv_producer;
+        let off = pos & self.recv_mask;
+        assert!(off + delta <= self.recv_mask + 1);
+        // SAFETY: inside the receive ring (asserted); single-threaded test.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(self.recv.buf.as_ptr().add(off as usize), delta as usize)
+        };
+        let b = Batch {
+            bytes,
+            off,
+            pos,
+            count,
+        };
+        self.deliver::<false>(&b, 0, queue, stats, on_response)
     }
 
     /// Receive position: where the next batch from the peer lands (virtual).

@@ -894,6 +894,19 @@ fn pair_with_pending_call() -> (Pair, u32) {
 /// queued).
 fn forge(p: &mut Pair, x: usize, bytes: &[u8], delta: u64) -> (Result<(), ProtocolError>, usize) {
     let me = &mut p.s[x];
+    write_at_recv(me, bytes);
+    let queued = me.queue.len();
+    let mut delivered = 0;
+    let r = me
+        .core
+        .ingest(delta, 0, &mut me.queue, &mut me.stats, &mut |_, _| {
+            delivered += 1
+        });
+    (r, delivered + me.queue.len() - queued)
+}
+
+/// Writes `bytes` (as much as fits before the ring end) at side `me`'s receive position.
+fn write_at_recv(me: &mut Side, bytes: &[u8]) {
     let off = me.core.recv_position() % me.core.recv_size();
     let n = bytes.len().min((me.core.recv_size() - off) as usize);
     // SAFETY: inside the receive ring; single-threaded.
@@ -904,14 +917,6 @@ fn forge(p: &mut Pair, x: usize, bytes: &[u8], delta: u64) -> (Result<(), Protoc
             n,
         )
     };
-    let queued = me.queue.len();
-    let mut delivered = 0;
-    let r = me
-        .core
-        .ingest(delta, 0, &mut me.queue, &mut me.stats, &mut |_, _| {
-            delivered += 1
-        });
-    (r, delivered + me.queue.len() - queued)
 }
 
 /// A batch under construction.
@@ -1003,6 +1008,57 @@ fn corrupt_counts_and_lengths_are_rejected() {
     // A count of u32::MAX - 1 (not a wrap) on an empty batch.
     let b = Batch::new(0, 0, u32::MAX - 1);
     expect_rejected(&mut p, 1, &b, None, ProtocolError::BadCount);
+}
+
+/// The receive ring is the peer's to write (it holds the rkey), so a batch may change
+/// between validation and delivery. Delivery checks again what memory safety and the
+/// credit accounting rest on, on the values it reads: a message now running past the
+/// batch, a rendezvous descriptor now longer than the large-message limit (its READ would
+/// overrun the landing buffer) and a request now spending more credit than is left each
+/// fail the batch, with no panic and no READ queued.
+#[test]
+fn a_batch_rewritten_after_validation_fails_in_delivery() {
+    let (mut p, _) = pair_with_pending_call();
+    let me = &mut p.s[1];
+    let deliver = |me: &mut Side, b: &Batch, count: u32| {
+        write_at_recv(me, &b.0);
+        let mut delivered = 0;
+        let r = me.core.deliver_as_validated(
+            b.delta(),
+            count,
+            &mut me.queue,
+            &mut me.stats,
+            &mut |_, _| delivered += 1,
+        );
+        (r, delivered)
+    };
+    // The second message's length now runs past the batch.
+    let b = Batch::new(0, 0, 2).msg(7, 0, 10, 10).msg(8, 0, 5000, 10);
+    assert_eq!(deliver(me, &b, 2).0, Err(ProtocolError::BadLength));
+    // A header beyond the batch (the first message's length grew into the second's place).
+    let b = Batch::new(0, 0, 2).msg(7, 0, 40, 10);
+    assert_eq!(deliver(me, &b, 2).0, Err(ProtocolError::BadLength));
+    // A rendezvous descriptor whose length is now above the limit (0 here: none accepted).
+    let mut b = Batch::new(0, 0, 1).msg(9, 0, RENDEZVOUS_FLAG | 16, 16);
+    super::encoding::Descriptor {
+        addr: 0x1000,
+        rkey: 1,
+        len: u32::MAX,
+    }
+    .write(&mut b.0[32 + HEADER_SIZE..32 + HEADER_SIZE + 16]);
+    assert_eq!(
+        deliver(me, &b, 1).0,
+        Err(ProtocolError::BadDescriptor(
+            "length above the large-message limit"
+        ))
+    );
+    assert!(!me.core.large_work(), "no READ queued");
+    // A request whose allowance now exceeds the credit left.
+    let queued = me.queue.len();
+    let units = (me.core.unused_grant() / ALIGNMENT + 1) as u32;
+    let b = Batch::new(0, 0, 1).msg(11, units, 10, 10);
+    assert_eq!(deliver(me, &b, 1).0, Err(ProtocolError::BadCredit));
+    assert_eq!(me.queue.len(), queued, "not queued");
 }
 
 #[test]
