@@ -47,13 +47,19 @@
 //! model on this machine, not a NIC. `--cc off` turns eRPC's congestion control (Timely rate
 //! computation and pacing) off; the default is eRPC's (on). eRPC's retransmission timeout is
 //! the core's default (5 ms): on an overloaded machine, a spinning thread descheduled for
-//! longer triggers go-back-N, visible in the `retransmits` column.
+//! longer triggers go-back-N, visible in the `retransmits` column. `--idle adaptive` makes
+//! both eRPC loops spin, then block between iterations that found nothing
+//! ([`Endpoint::idle_wait`]) instead of polling without pause (`poll`, the default): on a
+//! machine with more runnable threads than cores it keeps a busy neighbour from starving
+//! the exchange.
 //!
 //! CSV columns: `mode,system,transport,layout,qd,size_bytes,sessions,calls` (completions in
 //! the window), `seconds` (window), `krps`, `gbps` (request payload), `p50_us,p99_us,p999_us`,
 //! `ratio_vs_tarpc` (throughput), and for eRPC `retransmits` (client, go-back-N),
 //! `client_pkts_per_call`, datagrams per `sendmmsg`/`recvmmsg` (or doorbell/CQ poll) on each
-//! side, and client event-loop iterations per call.
+//! side, client event-loop iterations per call, the share of client packets paced and of RTT
+//! samples that updated a Timely rate, and the blocks of the client's and server's idle policy
+//! per call (`--idle adaptive`).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -73,6 +79,7 @@ use rpc::erpc::datagram::ud::{UdConfig, UdTransport};
 use rpc::erpc::datagram::udp::{UdpConfig, UdpMtu, UdpTransport};
 use rpc::erpc::datagram::{DatagramTransport, TransportStats};
 use rpc::erpc::event_loop::Endpoint;
+use rpc::erpc::idle::{IdleConfig, IdleStats};
 use rpc::erpc::msgbuf::MAX_DATA_SIZE;
 use rpc::mlx5::sim::{Fabric, SimConfig};
 use tarpc::server::Channel;
@@ -167,6 +174,31 @@ struct Common {
     /// `SO_SNDBUF`/`SO_RCVBUF` of the eRPC UDP sockets, bytes (capped by the kernel).
     #[arg(long, default_value_t = 4 << 20)]
     sockbuf: usize,
+    /// What the eRPC client and server loops do after an iteration that found nothing:
+    /// `poll` polls without pause (eRPC's dispatch thread on a core of its own); `adaptive`
+    /// polls on for an adaptive window, then blocks in the transport until a datagram
+    /// arrives, at once while the machine has more runnable threads than CPUs
+    /// (`Endpoint::idle_wait`, `rpc::erpc::idle`): for cores shared with other work.
+    #[arg(long, value_enum, default_value_t = IdleMode::Poll)]
+    idle: IdleMode,
+}
+
+/// The eRPC loops' idle policy (`--idle`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum IdleMode {
+    /// Spin, then block until a datagram arrives (`IdleConfig::default()`).
+    Adaptive,
+    /// Poll without pause.
+    Poll,
+}
+
+impl IdleMode {
+    fn config(self) -> Option<IdleConfig> {
+        match self {
+            IdleMode::Adaptive => Some(IdleConfig::default()),
+            IdleMode::Poll => None,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -267,6 +299,9 @@ struct Batching {
     client_paced_frac: f64,
     /// Client RTT samples that updated a Timely rate / all RTT samples.
     client_timely_frac: f64,
+    /// Blocks of the client's / server's idle policy per completed call (`--idle adaptive`).
+    client_blocks_per_call: f64,
+    server_blocks_per_call: f64,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -288,7 +323,7 @@ impl Row {
     }
 }
 
-const CSV_HEADER: &str = "mode,system,transport,layout,qd,size_bytes,sessions,calls,seconds,krps,gbps,p50_us,p99_us,p999_us,ratio_vs_tarpc,retransmits,client_pkts_per_call,client_tx_batch,client_rx_batch,server_tx_batch,server_rx_batch,client_iters_per_call,client_paced_frac,client_timely_frac";
+const CSV_HEADER: &str = "mode,system,transport,layout,qd,size_bytes,sessions,calls,seconds,krps,gbps,p50_us,p99_us,p999_us,ratio_vs_tarpc,retransmits,client_pkts_per_call,client_tx_batch,client_rx_batch,server_tx_batch,server_rx_batch,client_iters_per_call,client_paced_frac,client_timely_frac,client_idle_blocks_per_call,server_idle_blocks_per_call";
 
 fn csv_line(r: &Row, tarpc_krps: Option<f64>) -> String {
     let ratio = tarpc_krps
@@ -313,15 +348,17 @@ fn csv_line(r: &Row, tarpc_krps: Option<f64>) -> String {
         ratio,
         r.retransmits.map_or(String::new(), |v| v.to_string()),
         r.pkts_per_call.map_or(String::new(), |v| format!("{v:.2}")),
-        r.batching.map_or(",,,,,,".into(), |b| format!(
-            "{:.2},{:.2},{:.2},{:.2},{:.2},{:.3},{:.3}",
+        r.batching.map_or(",,,,,,,,".into(), |b| format!(
+            "{:.2},{:.2},{:.2},{:.2},{:.2},{:.3},{:.3},{:.3},{:.3}",
             b.client_tx,
             b.client_rx,
             b.server_tx,
             b.server_rx,
             b.client_iters_per_call,
             b.client_paced_frac,
-            b.client_timely_frac
+            b.client_timely_frac,
+            b.client_blocks_per_call,
+            b.server_blocks_per_call
         )),
     )
 }
@@ -524,21 +561,26 @@ fn large_main(a: &LargeArgs) {
 fn spawn_erpc_server<T>(
     transport: T,
     cfg: Config,
+    idle: Option<IdleConfig>,
     work: Workload,
     stop: Arc<AtomicBool>,
-) -> (T::Addr, thread::JoinHandle<(u64, TransportStats)>)
+) -> (
+    T::Addr,
+    thread::JoinHandle<(u64, TransportStats, IdleStats)>,
+)
 where
     T: DatagramTransport + Send + 'static,
     T::Addr: Send,
 {
     let mut ep = Endpoint::new(transport, cfg).expect("eRPC server config");
+    ep.set_idle(idle);
     let addr = ep.local_addr();
     let h = thread::Builder::new()
         .name("erpc-server".into())
         .spawn(move || {
             let mut handled = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                ep.run_event_loop_once();
+                let n = ep.run_event_loop_once();
                 while let Some(ev) = ep.poll_event() {
                     if let Event::Request { token, data, .. } = ev {
                         handled += 1;
@@ -550,8 +592,9 @@ where
                         ep.recycle(data);
                     }
                 }
+                ep.idle_wait(n);
             }
-            (handled, ep.transport().stats())
+            (handled, ep.transport().stats(), ep.idle_stats())
         })
         .expect("spawn server thread");
     (addr, h)
@@ -592,6 +635,8 @@ struct ErpcRun {
     sessions: usize,
     warm: Duration,
     dur: Duration,
+    /// Idle policy of both loops (`--idle`).
+    idle: Option<IdleConfig>,
 }
 
 /// Runs `run` between a server on `server_t` (its own thread) and a client on `client_t`
@@ -602,8 +647,9 @@ where
     T::Addr: Send,
 {
     let stop = Arc::new(AtomicBool::new(false));
-    let (addr, server) = spawn_erpc_server(server_t, cfg.clone(), run.work, stop.clone());
+    let (addr, server) = spawn_erpc_server(server_t, cfg.clone(), run.idle, run.work, stop.clone());
     let mut ep = Endpoint::new(client_t, cfg).expect("eRPC client config");
+    ep.set_idle(run.idle);
     let client = thread::Builder::new()
         .name("erpc-client".into())
         .spawn(move || {
@@ -613,7 +659,7 @@ where
         .expect("spawn client thread");
     let out = client.join().expect("eRPC client thread");
     stop.store(true, Ordering::Relaxed);
-    let (handled, st) = server.join().expect("eRPC server thread");
+    let (handled, st, server_idle) = server.join().expect("eRPC server thread");
     assert!(
         handled >= out.completed,
         "server handled fewer calls than completed"
@@ -630,6 +676,8 @@ where
             out.core.wheel_paced + out.core.wheel_bypassed,
         ),
         client_timely_frac: ratio(out.core.timely_updates, out.core.rtt_samples),
+        client_blocks_per_call: ratio(out.idle.blocks, out.completed),
+        server_blocks_per_call: ratio(server_idle.blocks, out.completed),
     };
     (out, batching)
 }
@@ -649,6 +697,8 @@ struct ErpcOut {
     transport: TransportStats,
     /// The client core's counters.
     core: Stats,
+    /// The client loop's idle policy counters.
+    idle: IdleStats,
 }
 
 /// The client loop: keeps `run.qd` calls outstanding, checks each response, measures.
@@ -685,7 +735,7 @@ fn erpc_client<T: DatagramTransport>(
     let (mut calls, mut completed) = (0u64, 0u64);
     let mut drain_deadline = None;
     while outstanding > 0 {
-        ep.run_event_loop_once();
+        let work = ep.run_event_loop_once();
         let mut now = None;
         while let Some(ev) = ep.poll_event() {
             let (tag, data) = match ev {
@@ -732,6 +782,7 @@ fn erpc_client<T: DatagramTransport>(
                 );
             }
         }
+        ep.idle_wait(work);
     }
     let st = ep.core_stats();
     ErpcOut {
@@ -744,6 +795,7 @@ fn erpc_client<T: DatagramTransport>(
         iterations: ep.loop_stats().iterations,
         transport: ep.transport().stats(),
         core: st.clone(),
+        idle: ep.idle_stats(),
     }
 }
 
@@ -780,6 +832,7 @@ where
             sessions,
             warm,
             dur,
+            idle: c.idle.config(),
         },
     );
     erpc_row("echo", c, layout.name(), qd, size, sessions, o)
@@ -811,6 +864,7 @@ where
             sessions: qd,
             warm,
             dur,
+            idle: c.idle.config(),
         },
     );
     erpc_row("large", c, "multi", qd, size, qd, o)

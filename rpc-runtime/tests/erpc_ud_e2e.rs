@@ -22,13 +22,13 @@ mod erpc_common;
 
 use erpc_common::{DEADLINE, connect, run_calls, spawn_server, spin};
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mlx5::sim::{Fabric, SimConfig, UdFaults};
 use rpc_runtime::erpc::core::{Config, ErpcCallError, Event, MS, SessionError};
-use rpc_runtime::erpc::datagram::DatagramTransport;
 use rpc_runtime::erpc::datagram::lossy::{LossConfig, LossyTransport};
 use rpc_runtime::erpc::datagram::ud::{DEFAULT_MTU, UdAddr, UdConfig, UdTransport};
+use rpc_runtime::erpc::datagram::{DatagramTransport, RxWait};
 use rpc_runtime::erpc::event_loop::Endpoint;
 
 fn fabric() -> Fabric {
@@ -368,4 +368,24 @@ fn rq_depth_limits_sessions() {
             credits: 8
         })
     );
+}
+
+/// The UD transport cannot sleep until a datagram arrives (the model has no completion
+/// channel): `Endpoint::idle_wait` turns its policy off at the first try and polls.
+#[test]
+fn idle_wait_on_ud_polls() {
+    let f = fabric();
+    let mut t = ud(&f);
+    let start = Instant::now();
+    assert_eq!(t.rx_wait(Duration::from_secs(60)), RxWait::Unsupported);
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "returned at once"
+    );
+    let mut ep = Endpoint::new(t, patient()).unwrap();
+    for _ in 0..3 {
+        assert_eq!(ep.run_event_loop_once(), 0);
+        assert!(!ep.idle_wait(0), "never blocks");
+    }
+    assert_eq!(ep.idle_stats(), Default::default());
 }

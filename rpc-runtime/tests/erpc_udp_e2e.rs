@@ -10,7 +10,7 @@ use erpc_common::{connect, run_calls, spawn_server};
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use rpc_runtime::erpc::core::{Config, MS};
+use rpc_runtime::erpc::core::{Config, Event, MS};
 use rpc_runtime::erpc::datagram::DatagramTransport;
 use rpc_runtime::erpc::datagram::lossy::{LossConfig, LossyTransport};
 use rpc_runtime::erpc::datagram::udp::{DEFAULT_MTU_V4, UdpConfig, UdpMtu, UdpTransport};
@@ -158,4 +158,99 @@ fn endpoint_sets_core_mtu_from_transport() {
     assert_eq!(ep.rpc().config().mtu, mtu);
     assert_eq!(ep.rpc().data_per_pkt(), mtu - 16);
     let _: SocketAddr = ep.local_addr();
+}
+
+/// Runs `a` and `b` (one thread) until `a` yields an event `pick` accepts; `b` answers every
+/// request with an echo. Panics after 10 s.
+fn alternate_until<T>(
+    a: &mut Endpoint<UdpTransport>,
+    b: &mut Endpoint<UdpTransport>,
+    mut pick: impl FnMut(Event) -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "no event within 10 s");
+        a.run_event_loop_once();
+        b.run_event_loop_once();
+        while let Some(ev) = b.poll_event() {
+            if let Event::Request { token, data, .. } = ev {
+                b.reply(token, &data).expect("reply");
+            }
+        }
+        while let Some(ev) = a.poll_event() {
+            if let Some(t) = pick(ev) {
+                return t;
+            }
+        }
+    }
+}
+
+/// `Endpoint::idle_wait` (the spin-then-block policy, `erpc::idle`) never blocks while the
+/// next iteration has work without a datagram (a queued session request, a queued call),
+/// blocks when there is none, at most until its bound, and returns at once when a datagram
+/// waits. Both endpoints run in this thread, so which datagrams exist is known at each step.
+#[test]
+fn idle_wait_blocks_only_with_nothing_to_do_and_wakes_for_a_datagram() {
+    // Timers far away (a slow or loaded machine must not make one due between the steps,
+    // which would rightly keep `idle_wait` from blocking), scanned every iteration (so the
+    // core's timer bound is exact when the test blocks).
+    let cfg = Config {
+        rto: 60_000 * MS,
+        sm_rto: 60_000 * MS,
+        keepalive: 60_000 * MS,
+        failure_timeout: 120_000 * MS,
+        ..patient()
+    };
+    let mut server = Endpoint::new(udp(), cfg.clone()).unwrap();
+    let mut client = Endpoint::new(udp(), cfg).unwrap();
+    client.set_timer_scan_interval(0);
+    let s = client.create_session(server.local_addr()).unwrap();
+    assert!(!client.idle_wait(0), "the connect request is queued");
+    alternate_until(&mut client, &mut server, |ev| {
+        matches!(ev, Event::SessionConnected(_)).then_some(())
+    });
+    // Drain what the handshake left (the server's last iteration may have sent nothing).
+    while client.run_event_loop_once() + server.run_event_loop_once() > 0 {}
+    assert_eq!(client.idle_stats().blocks, 0);
+
+    client.enqueue_request(s, 1, b"ping", 7).unwrap();
+    assert!(!client.idle_wait(0), "the request is queued");
+    assert_eq!(client.idle_stats().blocks, 0);
+    assert!(client.run_event_loop_once() > 0, "the request leaves");
+
+    // Nothing to receive until the server runs: the block ends at its bound (max_block,
+    // 1 ms, below the 5 ms retransmission timer).
+    let t = Instant::now();
+    assert!(client.idle_wait(0), "idle with window 0: blocks");
+    assert!(t.elapsed() >= std::time::Duration::from_micros(900));
+    assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(client.idle_stats().blocks, 1);
+    assert_eq!(client.idle_stats().timeouts, 1);
+
+    // The server answers; the response waits in the client's socket: the wait returns at
+    // once (well before its 1 ms bound on any machine that ran the block above).
+    while server.run_event_loop_once() == 0 {}
+    while let Some(ev) = server.poll_event() {
+        if let Event::Request { token, data, .. } = ev {
+            server.reply(token, &data).expect("reply");
+        }
+    }
+    while server.run_event_loop_once() > 0 {}
+    assert!(client.idle_wait(0));
+    assert_eq!(client.idle_stats().blocks, 2);
+    assert_eq!(client.idle_stats().timeouts, 1, "ended for the datagram");
+    assert!(client.run_event_loop_once() > 0);
+    match client.poll_event() {
+        Some(Event::Response { tag: 7, data, .. }) => assert_eq!(data, b"ping"),
+        other => panic!("expected the response, got {other:?}"),
+    }
+
+    // Work reported: the policy's episode ends, nothing blocks.
+    assert!(!client.idle_wait(1));
+    assert_eq!(client.idle_stats().blocks, 2);
+
+    // Policy off: always polls.
+    client.set_idle(None);
+    assert!(!client.idle_wait(0));
+    assert_eq!(client.idle_stats(), Default::default());
 }

@@ -79,7 +79,8 @@ use super::core::{
     Config, ConfigError, ErpcCallError, Event, ReqToken, Rpc, SessionId, Stats, Time, TxNext,
     TxOut, TxSink, Zc,
 };
-use super::datagram::{DatagramTransport, TxPkt};
+use super::datagram::{DatagramTransport, RxWait, TxPkt};
+use super::idle::{IdleConfig, IdleStats, SpinThenBlock, runnable_threads, usable_cpus};
 use super::msgbuf::MsgBuffer;
 use super::pkthdr::PKTHDR_SIZE;
 
@@ -172,6 +173,9 @@ pub struct Endpoint<T: DatagramTransport> {
     /// Packets received (and retried) in the receive half of the current iteration.
     iter_work: usize,
     stats: LoopStats,
+    /// The spin-then-block policy of [`Endpoint::idle_wait`] (`None`: always poll, set by
+    /// [`Endpoint::set_idle`] or when the transport cannot wait).
+    idle: Option<SpinThenBlock>,
 }
 
 /// Turns an emptied vector of descriptors of one lifetime into one of another, keeping its
@@ -306,6 +310,7 @@ impl<T: DatagramTransport> Endpoint<T> {
             now_pending: false,
             iter_work: 0,
             stats: LoopStats::default(),
+            idle: Some(SpinThenBlock::new(IdleConfig::default(), usable_cpus())),
         })
     }
 
@@ -313,6 +318,85 @@ impl<T: DatagramTransport> Endpoint<T> {
     /// to this late. Default [`DEFAULT_TIMER_SCAN_INTERVAL`]; 0 scans every iteration.
     pub fn set_timer_scan_interval(&mut self, interval: Time) {
         self.scan_interval = interval;
+    }
+
+    /// Sets the policy of [`idle_wait`](Self::idle_wait): spin-then-block with `cfg`, or
+    /// `None` to always poll (eRPC's loop on a dedicated core). Default:
+    /// [`IdleConfig::default`].
+    pub fn set_idle(&mut self, cfg: Option<IdleConfig>) {
+        self.idle = cfg.map(|c| SpinThenBlock::new(c, usable_cpus()));
+    }
+
+    /// The counters of [`idle_wait`](Self::idle_wait)'s policy (zero if it is off).
+    pub fn idle_stats(&self) -> IdleStats {
+        self.idle
+            .as_ref()
+            .map(SpinThenBlock::stats)
+            .unwrap_or_default()
+    }
+
+    /// Call between iterations with what the iteration returned (`work`, from
+    /// [`run_event_loop_once`](Self::run_event_loop_once) or
+    /// [`finish_iteration`](Self::finish_iteration)): after an iteration that found nothing,
+    /// polls on or blocks in the transport ([`DatagramTransport::rx_wait`]) until a datagram
+    /// may be waiting, per the spin-then-block rules of [`crate::erpc::idle`] (which samples
+    /// the machine's run queue, `/proc/loadavg`, every 5 ms of idle polling). Returns whether
+    /// it blocked.
+    ///
+    /// Never blocks while the next iteration has work without a datagram: an unsent transmit
+    /// tail, packets or events queued in the core ([`Rpc::has_ready_work`]), a receive burst
+    /// not yet finished, or a due timer. A block lasts at most until the core's next timer
+    /// ([`Rpc::next_timeout`]: retransmission, keepalive, failure detection, the next paced
+    /// packet) and [`IdleConfig::max_block`] (1 ms by default), so it delays no protocol step
+    /// and leaves the loop at least that often. A transport that cannot wait
+    /// ([`RxWait::Unsupported`], e.g. mlx5 UD on the device model) turns the policy off: the
+    /// loop polls, as without this call.
+    #[inline]
+    pub fn idle_wait(&mut self, work: usize) -> bool {
+        match &mut self.idle {
+            None => false,
+            Some(p) if work > 0 => {
+                p.busy();
+                false
+            }
+            Some(_) => self.idle_wait_slow(),
+        }
+    }
+
+    /// [`idle_wait`](Self::idle_wait) after an iteration that found nothing.
+    #[inline(never)]
+    fn idle_wait_slow(&mut self) -> bool {
+        let now = self.clock();
+        let Some(p) = &mut self.idle else {
+            return false;
+        };
+        if p.sample_due(now) {
+            p.sampled(now, runnable_threads());
+        }
+        if !p.idle(now) {
+            std::hint::spin_loop();
+            return false;
+        }
+        let ready =
+            self.in_iteration || self.tx_head < self.tx_meta.len() || self.rpc.has_ready_work();
+        let bound = p.block_bound(now, self.rpc.next_timeout());
+        let Some(bound) = bound.filter(|_| !ready) else {
+            p.busy();
+            return false;
+        };
+        match self.transport.rx_wait(bound) {
+            RxWait::Unsupported => {
+                self.idle = None;
+                false
+            }
+            wait => {
+                let woke = self.clock();
+                if let Some(p) = &mut self.idle {
+                    p.woke(woke, wait == RxWait::Ready);
+                }
+                true
+            }
+        }
     }
 
     /// The current time in ns since the endpoint was created (reads the clock).

@@ -1371,6 +1371,13 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         }
     }
 
+    /// Whether the core has something to do without a new datagram or timer: packets queued
+    /// to send (not counting paced packets waiting in the timing wheel, which
+    /// [`Rpc::next_timeout`] covers) or events the application has not taken yet.
+    pub fn has_ready_work(&self) -> bool {
+        !self.txq.is_empty() || !self.events.is_empty()
+    }
+
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()

@@ -280,4 +280,28 @@ pub trait DatagramTransport {
 
     /// A snapshot of the counters.
     fn stats(&self) -> TransportStats;
+
+    /// Blocks the thread until a datagram may be waiting or `timeout` has passed, for an
+    /// event loop with nothing to do ([`crate::erpc::idle`]). The only call of this trait that
+    /// may sleep, and never longer than `timeout`. [`RxWait::Ready`] promises nothing (a
+    /// signal or a datagram of another kind may end the wait): the caller polls next.
+    ///
+    /// The default is [`RxWait::Unsupported`], returned at once: a transport without a way
+    /// to sleep until a datagram arrives (the mlx5 UD transport: the device model has no
+    /// completion channel, the interrupt a NIC raises for an armed CQ) is polled instead.
+    fn rx_wait(&mut self, timeout: std::time::Duration) -> RxWait {
+        let _ = timeout;
+        RxWait::Unsupported
+    }
+}
+
+/// What [`DatagramTransport::rx_wait`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RxWait {
+    /// The wait ended early: a datagram may be waiting (or a signal interrupted it).
+    Ready,
+    /// `timeout` passed with nothing to receive.
+    TimedOut,
+    /// The transport cannot wait for a datagram; it returned at once.
+    Unsupported,
 }

@@ -44,12 +44,13 @@ use std::io;
 use std::mem;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::time::Duration;
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 pub use super::path_mtu::UdpMtu;
 use super::path_mtu::auto_mtu;
-use super::{DatagramTransport, PKT_HDR_LEN, TransportStats, TxPkt};
+use super::{DatagramTransport, PKT_HDR_LEN, RxWait, TransportStats, TxPkt};
 
 /// Default MTU for IPv4 sockets: a 1500-byte Ethernet frame minus 20 B IPv4 and 8 B UDP headers.
 pub const DEFAULT_MTU_V4: usize = 1472;
@@ -1088,6 +1089,49 @@ impl DatagramTransport for UdpTransport {
     fn stats(&self) -> TransportStats {
         self.stats
     }
+
+    /// `ppoll(2)` for `POLLIN` on the socket, at most `timeout` (rounded to whole µs, at least
+    /// 1 µs; the kernel's timer slack, 50 µs by default, may add to it). Datagrams already
+    /// received by the last `recvmmsg` and not yet handed out (segments of a coalesced one)
+    /// make it return [`RxWait::Ready`] at once. An interrupted or failed `ppoll` is `Ready`
+    /// (the caller polls; a failure is counted in `rx_errors`).
+    fn rx_wait(&mut self, timeout: Duration) -> RxWait {
+        if self.rx_head < self.rx_tail {
+            return RxWait::Ready;
+        }
+        match poll_readable(self.socket.as_raw_fd(), timeout) {
+            Ok(true) => RxWait::Ready,
+            Ok(false) => RxWait::TimedOut,
+            Err(e) => {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    self.stats.rx_errors += 1;
+                }
+                RxWait::Ready
+            }
+        }
+    }
+}
+
+/// Waits up to `timeout` for `fd` to become readable (`ppoll(2)`, `POLLIN`); `Ok(true)` if it
+/// is (or reports an error condition, which the next receive returns).
+fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ns = timeout.as_nanos().clamp(1_000, 999_999_999_999) as i64;
+    let ts = libc::timespec {
+        tv_sec: ns / 1_000_000_000,
+        tv_nsec: ns % 1_000_000_000,
+    };
+    // SAFETY: `pfd` is one valid pollfd and `ts` a valid timespec, both live across the call;
+    // the signal mask argument is null (unchanged).
+    let rc = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc > 0)
 }
 
 #[cfg(test)]
@@ -1240,6 +1284,64 @@ mod tests {
             ..UdpConfig::default()
         })
         .unwrap()
+    }
+
+    /// `rx_wait`: a timeout with nothing to receive, at once for a waiting datagram or for
+    /// segments of a coalesced one not yet handed out, and a wake for a datagram sent while
+    /// the thread is blocked.
+    #[test]
+    fn rx_wait_ends_at_its_timeout_or_for_a_datagram() {
+        use std::time::Instant;
+        let mut a = bind_udp(false, DEFAULT_MTU_V4, 8);
+        let mut b = bind_udp(false, DEFAULT_MTU_V4, 8);
+        let t = Instant::now();
+        assert_eq!(b.rx_wait(Duration::from_millis(2)), RxWait::TimedOut);
+        assert!(
+            t.elapsed() >= Duration::from_millis(2),
+            "ppoll waits its timeout"
+        );
+
+        let to = b.local_addr();
+        let p = pattern(1, 100);
+        assert_eq!(a.tx_burst(&[TxPkt::single(to, &p)]).unwrap(), 1);
+        // Loopback queues the datagram in `b`'s socket within `sendmmsg`.
+        assert_eq!(b.rx_wait(Duration::from_secs(60)), RxWait::Ready);
+        assert_eq!(b.rx_burst(8), 1);
+        assert_eq!(b.rx_pkt(0).1, &p[..]);
+        b.rx_release();
+
+        // A coalesced datagram cut into segments, some still pending in the ring: ready
+        // without asking the kernel (whose queue is empty).
+        b.rx_pend[0] = RxMsg {
+            addr: to,
+            start: 0,
+            end: 64,
+            seg: 32,
+        };
+        b.rx_head = 0;
+        b.rx_tail = 1;
+        assert_eq!(b.rx_wait(Duration::from_secs(60)), RxWait::Ready);
+        assert_eq!(b.rx_burst(1), 1);
+        assert_eq!(
+            b.rx_wait(Duration::from_secs(60)),
+            RxWait::Ready,
+            "one segment left"
+        );
+        assert_eq!(b.rx_burst(1), 1);
+        b.rx_release();
+        assert_eq!(b.rx_wait(Duration::from_millis(1)), RxWait::TimedOut);
+
+        // A datagram sent while `b` sleeps wakes it (the 60 s bound is not what ends it).
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(a.tx_burst(&[TxPkt::single(to, &p)]).unwrap(), 1);
+        });
+        let t = Instant::now();
+        assert_eq!(b.rx_wait(Duration::from_secs(60)), RxWait::Ready);
+        assert!(t.elapsed() < Duration::from_secs(30));
+        sender.join().unwrap();
+        assert_eq!(b.rx_burst(8), 1);
+        assert_eq!(b.stats().rx_errors, 0);
     }
 
     /// Distinct contents for packet `i` of length `len`.

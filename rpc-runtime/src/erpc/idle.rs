@@ -1,0 +1,421 @@
+//! What an event loop does after an iteration that found nothing: poll on for a while, then
+//! block in the transport until a datagram arrives (adaptive spin-then-block).
+//!
+//! eRPC's dispatch thread polls without pause on a core of its own (seeds/000 §12.1), and
+//! [`Endpoint::run_event_loop_once`](super::event_loop::Endpoint::run_event_loop_once) is
+//! that poll. Where cores are shared, a thread that polls while it waits for its peer holds
+//! the CPU the peer needs to answer: with busy-polling client and server threads and one
+//! unrelated busy process on this two-core machine, `erpc_bench large --idle poll` fell to
+//! 0.01-0.5× tarpc's goodput (which blocks in `epoll`), client and server taking turns in
+//! scheduler time slices of milliseconds and moving one credit window per slice.
+//!
+//! [`SpinThenBlock`] decides, iteration by iteration, whether to poll on or to block. It is a
+//! sans-I/O state machine driven by the caller's clock ([`Time`], ns) and by samples of the
+//! machine's run queue the caller takes ([`runnable_threads`]), so its rules are tested in
+//! virtual time. [`Endpoint::idle_wait`](super::event_loop::Endpoint::idle_wait) applies it,
+//! blocking in [`DatagramTransport::rx_wait`](super::datagram::DatagramTransport::rx_wait).
+//!
+//! # The rules
+//! 1. **Poll window.** An idle episode starts at the first iteration that found nothing. The
+//!    loop polls on until the episode is `window` ns old, then blocks. Any iteration with work
+//!    ends the episode ([`SpinThenBlock::busy`]). The window starts at 0.
+//! 2. **Adapting the window**, as KVM adapts its halt-polling window for a halted vCPU
+//!    (Linux `Documentation/virt/kvm/halt-polling.rst`). A block that ended for a datagram
+//!    with the whole wait (polling and block) within [`IdleConfig::max_spin`] is one a longer
+//!    window would have caught without a sleep and wake-up: the window doubles, from
+//!    [`IdleConfig::grow_start`] up to `max_spin`. A wait longer than `max_spin` means
+//!    polling would have been wasted: the window halves, and below `grow_start` it is 0. A
+//!    block that ended at its bound (a timer) says nothing of when datagrams come and leaves
+//!    the window.
+//! 3. **Oversubscription** (this project's rule). While more threads are runnable on the
+//!    machine than this process may use CPUs ([`runnable_threads`] above
+//!    `std::thread::available_parallelism`), a polling thread takes CPU time from a runnable
+//!    one, possibly the one that would produce the awaited datagram. The loop then blocks at
+//!    once, and rule 2 is suspended: a block is then short because blocking gave the CPU away,
+//!    and growing the window on it would walk back into the trap. The state is re-sampled
+//!    every [`IdleConfig::sample_interval`] of idle polling.
+//!
+//! A block itself is bounded by the caller (the next protocol timer, and
+//! [`IdleConfig::max_block`]), never by this module.
+//!
+//! Rule 3 replaced a first version's signal, the thread's involuntary context switches
+//! (`getrusage`): a server thread on the quiet machine is preempted about 50 times a second
+//! (a loaded one about 100), so that signal blocked often on a quiet machine too (8 MiB
+//! goodput 0.50-1.13× tarpc instead of 1.30-1.45× polling).
+//!
+//! # Measured
+//! `erpc_bench large --duration 1 --idle adaptive|poll` (eRPC goodput / tarpc's in the same
+//! run, 64 KiB / 1 MiB / 8 MiB, 4 alternated runs, this 2-core VM):
+//! - next to one busy process: 0.61-0.64× / 0.93-1.20× / 0.75-1.19× against polling's
+//!   0.12-0.23× / 0.26-0.81× / 0.08-0.37×;
+//! - quiet: 4.81-5.22× / 1.52-1.82× / 1.06-1.28× against 5.34-5.67× / 1.62-1.83× /
+//!   1.24-1.36×. Small echo RPCs pay more: p99 doubles (QD 1: 28 µs against 15-17 µs), since a
+//!   wait longer than the window costs a wake-up. Polling stays the choice for a core of its
+//!   own.
+
+use std::io::Read;
+use std::time::Duration;
+
+use super::core::Time;
+
+/// Settings of [`SpinThenBlock`]. All times in ns of the caller's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdleConfig {
+    /// Largest poll window, ns (rule 2's cap; also the longest wait counted as short).
+    /// Default 200 µs: longer than a credit window's round trip of 9 KB datagrams on UDP
+    /// loopback (20-40 µs here), so a quiet machine keeps polling through a large message.
+    pub max_spin: Time,
+    /// The window a grow starts from when it is 0, ns. Default 10 µs.
+    pub grow_start: Time,
+    /// Longest single block, ns, whatever the timers: the caller wakes at least this often.
+    /// Default 1 ms.
+    pub max_block: Time,
+    /// Interval between two samples of the run queue (rule 3), ns of idle polling. A sample
+    /// costs a read of `/proc/loadavg` (a few µs). Default 5 ms.
+    pub sample_interval: Time,
+}
+
+impl Default for IdleConfig {
+    fn default() -> Self {
+        IdleConfig {
+            max_spin: 200_000,
+            grow_start: 10_000,
+            max_block: 1_000_000,
+            sample_interval: 5_000_000,
+        }
+    }
+}
+
+/// Counters of a [`SpinThenBlock`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdleStats {
+    /// Blocks begun (rules 1 and 3).
+    pub blocks: u64,
+    /// Blocks that ended at their bound (a timer or `max_block`), not for a datagram.
+    pub timeouts: u64,
+    /// Blocks begun at once because the machine was oversubscribed (rule 3).
+    pub oversubscribed_blocks: u64,
+    /// Run-queue samples taken (rule 3).
+    pub samples: u64,
+    /// Samples that found the machine oversubscribed.
+    pub oversubscribed_samples: u64,
+}
+
+/// The spin-then-block decision of an event loop (see the [module docs](self)).
+#[derive(Clone, Debug)]
+pub struct SpinThenBlock {
+    cfg: IdleConfig,
+    /// CPUs this process may use (rule 3's threshold).
+    cpus: u32,
+    /// Current poll window, ns.
+    window: Time,
+    /// Start of the current idle episode (`None`: the last iteration had work).
+    idle_since: Option<Time>,
+    /// The last sample found more runnable threads than `cpus` (rule 3).
+    oversubscribed: bool,
+    /// When the next sample is due (`None`: none taken yet).
+    next_sample: Option<Time>,
+    stats: IdleStats,
+}
+
+impl SpinThenBlock {
+    /// A policy with window 0 for a process that may use `cpus` CPUs (at least 1).
+    pub fn new(cfg: IdleConfig, cpus: u32) -> Self {
+        SpinThenBlock {
+            cfg,
+            cpus: cpus.max(1),
+            window: 0,
+            idle_since: None,
+            oversubscribed: false,
+            next_sample: None,
+            stats: IdleStats::default(),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> IdleConfig {
+        self.cfg
+    }
+
+    /// The current poll window, ns.
+    pub fn window(&self) -> Time {
+        self.window
+    }
+
+    /// Whether the last run-queue sample found the machine oversubscribed (rule 3).
+    pub fn oversubscribed(&self) -> bool {
+        self.oversubscribed
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> IdleStats {
+        self.stats
+    }
+
+    /// An iteration found work: the idle episode (if any) ends.
+    #[inline]
+    pub fn busy(&mut self) {
+        self.idle_since = None;
+    }
+
+    /// Whether a run-queue sample is due at `now` (the first idle iteration, then every
+    /// `sample_interval`); the caller then takes one and reports it with
+    /// [`sampled`](Self::sampled) before calling [`idle`](Self::idle).
+    #[inline]
+    pub fn sample_due(&self, now: Time) -> bool {
+        self.next_sample.is_none_or(|t| now >= t)
+    }
+
+    /// A run-queue sample at `now`: `runnable` threads on the machine, the caller included
+    /// (`None`: unknown, treated as not oversubscribed).
+    pub fn sampled(&mut self, now: Time, runnable: Option<u32>) {
+        self.next_sample = Some(now.saturating_add(self.cfg.sample_interval));
+        self.stats.samples += 1;
+        self.oversubscribed = runnable.is_some_and(|r| r > self.cpus);
+        if self.oversubscribed {
+            self.stats.oversubscribed_samples += 1;
+        }
+    }
+
+    /// An iteration at `now` found nothing. Returns `true` if the caller should block now
+    /// (the machine is oversubscribed, or the episode is at least `window` ns old), `false`
+    /// to poll on.
+    #[inline]
+    pub fn idle(&mut self, now: Time) -> bool {
+        let since = *self.idle_since.get_or_insert(now);
+        self.oversubscribed || now.saturating_sub(since) >= self.window
+    }
+
+    /// The caller blocked (after [`idle`](Self::idle) returned `true`) and woke at `now`,
+    /// because a datagram may have arrived (`ready`) or because the block's bound passed.
+    /// Adapts the window (rule 2, unless rule 3 holds) to the whole wait, polling included
+    /// (the episode's age at `now`, as KVM measures a halt), and starts a new idle episode.
+    pub fn woke(&mut self, now: Time, ready: bool) {
+        let waited = self
+            .idle_since
+            .take()
+            .map_or(0, |since| now.saturating_sub(since));
+        self.stats.blocks += 1;
+        if !ready {
+            self.stats.timeouts += 1;
+        }
+        if self.oversubscribed {
+            self.stats.oversubscribed_blocks += 1;
+        } else if ready && waited > self.cfg.max_spin {
+            self.window /= 2;
+            if self.window < self.cfg.grow_start {
+                self.window = 0;
+            }
+        } else if ready && waited > self.window {
+            // A window of `waited` would have caught this wake without the block.
+            self.window = (self.window * 2)
+                .max(self.cfg.grow_start)
+                .min(self.cfg.max_spin);
+        }
+    }
+
+    /// How long the caller may block at `now`, given the earliest pending protocol deadline
+    /// `next_timer` (`None`: none armed): at most [`IdleConfig::max_block`], and `None` if a
+    /// deadline is due (the caller must not block).
+    pub fn block_bound(&self, now: Time, next_timer: Option<Time>) -> Option<Duration> {
+        let until_timer = next_timer.map_or(Time::MAX, |t| t.saturating_sub(now));
+        let ns = until_timer.min(self.cfg.max_block);
+        (ns > 0).then(|| Duration::from_nanos(ns))
+    }
+}
+
+/// Threads runnable on the machine now, the caller included: the first number of the fourth
+/// field of `/proc/loadavg` ("running/total" scheduling entities, Linux `proc(5)`). `None` if
+/// the file cannot be read or parsed (not Linux, no `/proc`). Rule 3's sample; reads into a
+/// stack buffer, no allocation.
+pub fn runnable_threads() -> Option<u32> {
+    let mut buf = [0u8; 128];
+    let mut f = std::fs::File::open("/proc/loadavg").ok()?;
+    let n = f.read(&mut buf).ok()?;
+    parse_runnable(&buf[..n])
+}
+
+/// The running count of a `/proc/loadavg` line (`"0.50 0.40 0.30 3/120 4567\n"` → 3).
+fn parse_runnable(line: &[u8]) -> Option<u32> {
+    let s = std::str::from_utf8(line).ok()?;
+    s.split_ascii_whitespace()
+        .nth(3)?
+        .split_once('/')?
+        .0
+        .parse()
+        .ok()
+}
+
+/// CPUs this process may use (`std::thread::available_parallelism`: the affinity mask and
+/// cgroup quota), 1 if unknown.
+pub fn usable_cpus() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Time = 1_000;
+    const MS: Time = 1_000_000;
+
+    fn policy() -> SpinThenBlock {
+        SpinThenBlock::new(IdleConfig::default(), 2)
+    }
+
+    /// An idle episode from `start` that blocks once the window is over and wakes for a
+    /// datagram after a wait of `waited` (polling included) in all.
+    fn episode(p: &mut SpinThenBlock, start: Time, waited: Time) {
+        assert!(!p.idle(start) || p.window() == 0);
+        assert!(p.idle(start + p.window()), "blocks when the window is over");
+        p.woke(start + waited, true);
+    }
+
+    #[test]
+    fn the_first_idle_iteration_blocks_and_short_waits_grow_the_window_to_its_cap() {
+        let mut p = policy();
+        assert!(p.idle(0), "window 0: block at once");
+        p.woke(190 * US, true);
+        let mut windows = vec![p.window() / US];
+        for k in 1..8 {
+            episode(&mut p, k * MS, 190 * US);
+            windows.push(p.window() / US);
+        }
+        assert_eq!(windows, [10, 20, 40, 80, 160, 200, 200, 200]);
+        assert_eq!(p.stats().blocks, 8);
+    }
+
+    #[test]
+    fn the_loop_polls_until_the_episode_is_window_old_and_work_ends_the_episode() {
+        let mut p = policy();
+        episode(&mut p, 0, 100 * US);
+        episode(&mut p, MS, 100 * US);
+        assert_eq!(p.window(), 20 * US);
+        assert!(!p.idle(2_000 * US));
+        assert!(!p.idle(2_019 * US));
+        assert!(p.idle(2_020 * US));
+        p.woke(2_030 * US, true);
+        assert_eq!(
+            p.window(),
+            40 * US,
+            "woken 10 µs into the block: 30 µs > 20 µs"
+        );
+        // Work in between: the episode restarts at the next idle iteration.
+        assert!(!p.idle(3_000 * US));
+        p.busy();
+        assert!(!p.idle(3_015 * US));
+        assert!(!p.idle(3_054 * US));
+        assert!(p.idle(3_055 * US));
+    }
+
+    #[test]
+    fn long_waits_halve_the_window_down_to_zero() {
+        let mut p = policy();
+        for k in 0..6 {
+            episode(&mut p, k * MS, 190 * US);
+        }
+        assert_eq!(p.window(), 200 * US);
+        let mut windows = Vec::new();
+        for k in 6..12 {
+            episode(&mut p, k * MS, 900 * US);
+            windows.push(p.window() / US);
+        }
+        assert_eq!(windows, [100, 50, 25, 12, 0, 0]);
+    }
+
+    #[test]
+    fn a_wake_within_the_window_leaves_it() {
+        let mut p = policy();
+        for k in 0..4 {
+            episode(&mut p, k * MS, 190 * US);
+        }
+        assert_eq!(p.window(), 80 * US);
+        // Woken right at the window's end: a longer window would not have helped.
+        episode(&mut p, 5 * MS, 80 * US);
+        assert_eq!(p.window(), 80 * US);
+        episode(&mut p, 6 * MS, 150 * US);
+        assert_eq!(p.window(), 160 * US);
+    }
+
+    #[test]
+    fn a_wait_that_ended_at_its_bound_leaves_the_window() {
+        let mut p = policy();
+        episode(&mut p, 0, 190 * US);
+        assert_eq!(p.window(), 10 * US);
+        // Timed out: short (a timer 30 µs away) or long (max_block), nothing is learned.
+        for (k, waited) in [(1, 40 * US), (2, 1_010 * US)] {
+            assert!(!p.idle(k * 10 * MS));
+            assert!(p.idle(k * 10 * MS + 10 * US));
+            p.woke(k * 10 * MS + waited, false);
+            assert_eq!(p.window(), 10 * US);
+        }
+        assert_eq!(p.stats().blocks, 3);
+        assert_eq!(p.stats().timeouts, 2);
+    }
+
+    #[test]
+    fn an_oversubscribed_machine_blocks_at_once_and_freezes_the_window() {
+        let mut p = policy();
+        assert!(p.sample_due(0), "the first idle iteration samples");
+        p.sampled(0, Some(2));
+        assert!(!p.oversubscribed(), "2 runnable on 2 CPUs");
+        assert!(!p.sample_due(4 * MS));
+        for k in 0..3 {
+            episode(&mut p, k * US * 500, 190 * US);
+        }
+        assert_eq!(p.window(), 40 * US);
+        assert!(p.sample_due(5 * MS));
+        p.sampled(5 * MS, Some(3));
+        assert!(p.oversubscribed());
+        // Blocks at once, whatever the window, and short waits do not grow it.
+        for k in 0..4 {
+            let t = 6 * MS + k * 100 * US;
+            assert!(p.idle(t), "blocks at once");
+            p.woke(t + 20 * US, true);
+            assert_eq!(p.window(), 40 * US);
+        }
+        assert_eq!(p.stats().oversubscribed_blocks, 4);
+        // The next sample finds room again: rule 1 and 2 as before.
+        assert!(!p.sample_due(9 * MS));
+        assert!(p.sample_due(10 * MS));
+        p.sampled(10 * MS, Some(1));
+        assert!(!p.idle(11 * MS));
+        assert!(p.idle(11 * MS + 40 * US));
+        assert_eq!(p.stats().samples, 3);
+        assert_eq!(p.stats().oversubscribed_samples, 1);
+        // An unknown count is not oversubscription.
+        p.sampled(20 * MS, None);
+        assert!(!p.oversubscribed());
+    }
+
+    #[test]
+    fn a_block_is_bounded_by_the_next_timer_and_max_block() {
+        let p = policy();
+        assert_eq!(
+            p.block_bound(100, None),
+            Some(Duration::from_nanos(1_000_000))
+        );
+        assert_eq!(
+            p.block_bound(100, Some(10_100)),
+            Some(Duration::from_nanos(10_000))
+        );
+        assert_eq!(
+            p.block_bound(100, Some(5_000_000)),
+            Some(Duration::from_nanos(1_000_000))
+        );
+        assert_eq!(p.block_bound(100, Some(100)), None, "a timer is due");
+        assert_eq!(p.block_bound(100, Some(50)), None, "a timer is overdue");
+    }
+
+    #[test]
+    fn the_running_count_of_proc_loadavg() {
+        assert_eq!(parse_runnable(b"0.50 0.40 0.30 3/120 4567\n"), Some(3));
+        assert_eq!(parse_runnable(b"1.47 1.43 1.41 12/80 31192"), Some(12));
+        assert_eq!(parse_runnable(b"0.50 0.40 0.30 3-120 4567\n"), None);
+        assert_eq!(parse_runnable(b"0.50 0.40"), None);
+        assert_eq!(parse_runnable(b"\xff\xfe"), None);
+        // This thread is running while it reads the file.
+        assert!(runnable_threads().expect("/proc/loadavg") >= 1);
+        assert!(usable_cpus() >= 1);
+    }
+}
