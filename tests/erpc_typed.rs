@@ -1218,3 +1218,54 @@ fn server_admits_only_what_its_receive_ring_absorbs() {
     assert!(st.connects_refused >= 1, "{st:?}");
     assert_eq!(st.connects_refused_source_limit, 0, "{st:?}");
 }
+
+/// `ErpcServer::wait_for_request` (the runner's park for an idle eRPC server): waits in the
+/// UDP socket until its timeout with nothing to receive, returns when a datagram waits, and
+/// declines (so the runner parks) on mlx5 UD, which cannot wait. Calls to a runner-spawned
+/// server that went idle are answered.
+#[test]
+fn an_idle_server_waits_in_its_socket() {
+    use rpc::ServerTransport;
+    let (mut server, addr) = server::<KvService>(&ErpcConfig::default());
+    let t = server.transport_mut();
+    let start = Instant::now();
+    assert!(t.wait_for_request(Duration::from_millis(2)));
+    assert!(
+        start.elapsed() >= Duration::from_millis(2),
+        "no session, no timer: the full wait"
+    );
+    assert_eq!(t.stats().idle_waits, 1);
+
+    // A datagram in the socket (not even eRPC: it is dropped when polled) ends the wait.
+    let sock = std::net::UdpSocket::bind(loopback()).unwrap();
+    sock.send_to(&[0u8; 32], addr).unwrap();
+    let start = Instant::now();
+    assert!(t.wait_for_request(Duration::from_secs(60)));
+    assert!(start.elapsed() < Duration::from_secs(30));
+    assert_eq!(t.stats().idle_waits, 2);
+
+    let mut store = Store::default();
+    let h = spawn(server, move |req| KvService::dispatch(&mut store, req));
+    let mut kv = KvClient::<Erpc>::connect(&addr).unwrap();
+    // The server goes idle (its runner's park is now the socket wait; the runner's own test
+    // checks that deterministically) and answers the next calls.
+    thread::sleep(Duration::from_millis(20));
+    assert_eq!(kv.put(0, 1, 2).unwrap(), ());
+    assert_eq!(kv.get(0, 1).unwrap(), Some(2));
+    h.join().unwrap();
+
+    let fabric = Fabric::new(SimConfig::deterministic());
+    let dev = fabric.open();
+    let ud = UdTransport::new(&dev, UdConfig::for_port(&dev.port())).unwrap();
+    let ep = Endpoint::new(
+        ud,
+        service_config(KvService::DESCRIPTOR, &Config::default()),
+    )
+    .unwrap();
+    let mut ud_server = ErpcServer::from_endpoint(ep, KvService::DESCRIPTOR).unwrap();
+    assert!(
+        !ud_server.wait_for_request(Duration::from_secs(60)),
+        "UD cannot wait"
+    );
+    assert_eq!(ud_server.stats().idle_waits, 0);
+}

@@ -12,7 +12,11 @@
 //! cost is latency on an idle server: the first request after a quiet period waits for the
 //! thread to wake, at most `max_sleep` plus the OS timer slack (Linux: 50 µs by default), so
 //! about 1.05 ms with the defaults. While requests keep coming (a round finds one at least
-//! every few microseconds) no sleep happens. Transports that do background work in
+//! every few microseconds) no sleep happens. A transport that can wait for its requests
+//! ([`ServerTransport::wait_for_request`]: eRPC over UDP, in its socket) waits there instead
+//! of parking, so an idle eRPC server wakes for the first request at once; it then sees
+//! [`ServerHandle::stop`] after that wait (at most `max_sleep`) rather than at the unpark.
+//! Transports that do background work in
 //! [`ServerTransport::poll`] (eRPC retransmissions and sessions, liveness probes) get it done
 //! at least every `max_sleep` while idle. ScaleRPC with several connection groups switches
 //! groups from `poll`, so a parked server ends a time slice up to `max_sleep` late: the
@@ -304,7 +308,7 @@ fn run<S: Service, T: ServerTransport>(
         while !stop.load(Ordering::Acquire) {
             let n = step(&mut server, &in_handler);
             if n == 0 {
-                idle.wait();
+                idle.wait(server.transport_mut());
             } else {
                 idle.reset();
             }
@@ -365,17 +369,23 @@ impl Idle {
         self.sleep = FIRST_SLEEP;
     }
 
+    /// After a round that handled nothing; `transport` may wait for a request in place of
+    /// the park ([`ServerTransport::wait_for_request`]).
     #[inline]
-    fn wait(&mut self) {
+    fn wait(&mut self, transport: &mut impl ServerTransport) {
         match self.policy {
             IdlePolicy::BusyPoll => std::hint::spin_loop(),
             IdlePolicy::Backoff { max_sleep } => {
                 if !self.backoff.is_completed() || max_sleep.is_zero() {
                     self.backoff.snooze();
                 } else {
-                    // Woken early by `ServerHandle::stop` (unpark) or spuriously: either way
-                    // the loop checks the flag and polls again.
-                    thread::park_timeout(self.sleep.min(max_sleep));
+                    let sleep = self.sleep.min(max_sleep);
+                    // Woken early by a request, by `ServerHandle::stop` (unpark; a transport
+                    // that waits itself sees the flag after `sleep` at the latest) or
+                    // spuriously: either way the loop checks the flag and polls again.
+                    if !transport.wait_for_request(sleep) {
+                        thread::park_timeout(sleep);
+                    }
                     self.sleep = (self.sleep * 2).min(max_sleep);
                 }
             }
@@ -639,5 +649,73 @@ mod tests {
             idle * 5 < busy,
             "backoff runner used {idle:?}, busy-poll runner {busy:?}"
         );
+    }
+
+    /// A transport with no requests that records the waits the runner asks of it.
+    struct Waiting {
+        waits: Arc<std::sync::Mutex<Vec<Duration>>>,
+        can_wait: bool,
+    }
+
+    impl ServerTransport for Waiting {
+        type ReplyToken = ();
+        fn poll(&mut self) -> usize {
+            0
+        }
+        fn recv(&mut self) -> Option<((), &[u8])> {
+            None
+        }
+        fn reply(
+            &mut self,
+            _: (),
+            _: usize,
+            _: impl FnOnce(&mut [u8]) -> usize,
+        ) -> Result<(), crate::RpcError> {
+            unreachable!("no request was received")
+        }
+        fn flush(&mut self) {}
+        fn wait_for_request(&mut self, timeout: Duration) -> bool {
+            self.waits.lock().unwrap().push(timeout);
+            self.can_wait
+        }
+    }
+
+    /// Spawns a backoff runner (max_sleep 400 µs) on a `Waiting` transport and returns the
+    /// first `n` waits it asked for (10 s bound).
+    fn waits_of_idle_runner(can_wait: bool, n: usize) -> Vec<Duration> {
+        let waits = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let t = Waiting {
+            waits: waits.clone(),
+            can_wait,
+        };
+        let cfg = RunnerConfig {
+            idle: IdlePolicy::Backoff {
+                max_sleep: Duration::from_micros(400),
+            },
+            thread_name: None,
+        };
+        let h = Server::<Svc, _>::new(t).spawn_with(cfg, |x| x).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while waits.lock().unwrap().len() < n {
+            assert!(
+                Instant::now() < until,
+                "the idle runner did not wait {n} times"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        h.join().unwrap();
+        let w = waits.lock().unwrap();
+        w[..n].to_vec()
+    }
+
+    /// An idle server's park is the transport's wait when it can wait (eRPC: in its
+    /// socket), with the park's doubling durations; a transport that cannot is asked as
+    /// often and the thread parks instead (same durations).
+    #[test]
+    fn an_idle_runner_waits_in_the_transport_for_its_park() {
+        let us = Duration::from_micros;
+        let want = [us(50), us(100), us(200), us(400), us(400), us(400)];
+        assert_eq!(waits_of_idle_runner(true, 6), want);
+        assert_eq!(waits_of_idle_runner(false, 6), want);
     }
 }

@@ -75,6 +75,17 @@ pub trait ServerTransport {
     /// its replies.
     fn flush(&mut self);
 
+    /// Blocks the serving thread until a request may have arrived or `timeout` has passed,
+    /// for a serve loop with nothing to do (the park of [`crate::runner::IdlePolicy::Backoff`]).
+    /// Returns `false` at once if the transport cannot wait for its requests (the default):
+    /// the loop then parks for `timeout` instead. Called after [`ServerTransport::flush`],
+    /// never longer than `timeout`. eRPC waits in its socket (`ppoll`), so an idle server
+    /// wakes for the first datagram instead of at the end of its park.
+    fn wait_for_request(&mut self, timeout: std::time::Duration) -> bool {
+        let _ = timeout;
+        false
+    }
+
     /// Receives the next request and answers it at once: `handle(request, reply_buf)` reads
     /// the request in place and writes the reply message into `reply_buf`, returning its
     /// length. Returns `None` when no request is available, else the outcome of the reply

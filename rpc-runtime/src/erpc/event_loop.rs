@@ -80,7 +80,9 @@ use super::core::{
     TxOut, TxSink, Zc,
 };
 use super::datagram::{DatagramTransport, RxWait, TxPkt};
-use super::idle::{IdleConfig, IdleStats, SpinThenBlock, runnable_threads, usable_cpus};
+use super::idle::{
+    IdleConfig, IdleStats, SpinThenBlock, block_bound, runnable_threads, usable_cpus,
+};
 use super::msgbuf::MsgBuffer;
 use super::pkthdr::PKTHDR_SIZE;
 
@@ -377,26 +379,45 @@ impl<T: DatagramTransport> Endpoint<T> {
             std::hint::spin_loop();
             return false;
         }
-        let ready =
-            self.in_iteration || self.tx_head < self.tx_meta.len() || self.rpc.has_ready_work();
-        let bound = p.block_bound(now, self.rpc.next_timeout());
-        let Some(bound) = bound.filter(|_| !ready) else {
-            p.busy();
-            return false;
-        };
-        match self.transport.rx_wait(bound) {
-            RxWait::Unsupported => {
+        let max_block = p.config().max_block;
+        let wait = self.wait_bounded(now, max_block);
+        let woke = self.clock();
+        match (wait, &mut self.idle) {
+            (Some(RxWait::Unsupported), _) => {
                 self.idle = None;
                 false
             }
-            wait => {
-                let woke = self.clock();
-                if let Some(p) = &mut self.idle {
-                    p.woke(woke, wait == RxWait::Ready);
-                }
+            (None, Some(p)) => {
+                p.busy();
+                false
+            }
+            (Some(w), Some(p)) => {
+                p.woke(woke, w == RxWait::Ready);
                 true
             }
+            (_, None) => false,
         }
+    }
+
+    /// Blocks in the transport ([`DatagramTransport::rx_wait`]) until a datagram may be
+    /// waiting, for at most `max` and never past the core's next timer
+    /// ([`Rpc::next_timeout`]), for a loop with nothing to do that has its own idle policy
+    /// (the typed server's runner). Returns `None` without waiting if the next iteration has
+    /// work without a datagram (an unsent transmit tail, packets or events queued in the
+    /// core, a receive burst not yet finished) or a timer is due, else what the transport
+    /// did ([`RxWait::Unsupported`] at once if it cannot wait).
+    pub fn wait_for_datagram(&mut self, max: std::time::Duration) -> Option<RxWait> {
+        let now = self.clock();
+        self.wait_bounded(now, Time::try_from(max.as_nanos()).unwrap_or(Time::MAX))
+    }
+
+    /// [`wait_for_datagram`](Self::wait_for_datagram) at `now`, at most `max` ns.
+    fn wait_bounded(&mut self, now: Time, max: Time) -> Option<RxWait> {
+        if self.in_iteration || self.tx_head < self.tx_meta.len() || self.rpc.has_ready_work() {
+            return None;
+        }
+        let bound = block_bound(now, self.rpc.next_timeout(), max)?;
+        Some(self.transport.rx_wait(bound))
     }
 
     /// The current time in ns since the endpoint was created (reads the clock).

@@ -215,13 +215,19 @@ impl SpinThenBlock {
     }
 
     /// How long the caller may block at `now`, given the earliest pending protocol deadline
-    /// `next_timer` (`None`: none armed): at most [`IdleConfig::max_block`], and `None` if a
-    /// deadline is due (the caller must not block).
+    /// `next_timer` (`None`: none armed): [`block_bound`] with [`IdleConfig::max_block`].
     pub fn block_bound(&self, now: Time, next_timer: Option<Time>) -> Option<Duration> {
-        let until_timer = next_timer.map_or(Time::MAX, |t| t.saturating_sub(now));
-        let ns = until_timer.min(self.cfg.max_block);
-        (ns > 0).then(|| Duration::from_nanos(ns))
+        block_bound(now, next_timer, self.cfg.max_block)
     }
+}
+
+/// How long a loop may block at `now` (ns), given the earliest pending protocol deadline
+/// `next_timer` (`None`: none armed): at most `max` ns, and `None` if a deadline is due or
+/// `max` is 0 (the loop must not block).
+pub fn block_bound(now: Time, next_timer: Option<Time>, max: Time) -> Option<Duration> {
+    let until_timer = next_timer.map_or(Time::MAX, |t| t.saturating_sub(now));
+    let ns = until_timer.min(max);
+    (ns > 0).then(|| Duration::from_nanos(ns))
 }
 
 /// Threads runnable on the machine now, the caller included: the first number of the fourth

@@ -134,10 +134,10 @@ use super::core::{
     self, Config, ConfigError, ErpcCallError, Event, MS, ReqToken, SLOTS_PER_SESSION, SessionId,
     Time,
 };
-use super::datagram::DatagramTransport;
 use super::datagram::lossy::{LossConfig, LossyTransport};
 use super::datagram::ud::{UdAddr, UdConfig, UdTransport};
 use super::datagram::udp::{DEFAULT_BATCH, UdpConfig, UdpMtu, UdpTransport};
+use super::datagram::{DatagramTransport, RxWait};
 use super::event_loop::Endpoint;
 use super::msgbuf::MsgBuffer;
 use crate::client::ClientTransport;
@@ -1186,6 +1186,9 @@ pub struct ErpcServerStats {
     pub sessions_closed: u64,
     /// Client-role events on the server's endpoint (it opens no sessions), dropped.
     pub stray_events: u64,
+    /// Waits of an idle serve loop in the transport ([`ServerTransport::wait_for_request`],
+    /// the runner's park): each ends with a datagram or at its timeout.
+    pub idle_waits: u64,
 }
 
 /// Server transport over an eRPC [`Endpoint`] of its own: any number of clients, each with
@@ -1513,6 +1516,23 @@ impl<T: DatagramTransport> ServerTransport for ErpcServer<T> {
             self.finish_zc();
         } else if self.dirty {
             self.run_loop();
+        }
+    }
+
+    /// Closes the open iteration, then waits in the endpoint's transport
+    /// ([`Endpoint::wait_for_datagram`]): at most `timeout` and never past the core's next
+    /// timer (retransmission, keepalive, session reaping); at once with `true` if the loop
+    /// has work without a datagram. `false` if the transport cannot wait (mlx5 UD on the
+    /// device model): the runner parks instead.
+    fn wait_for_request(&mut self, timeout: std::time::Duration) -> bool {
+        self.finish_zc();
+        match self.ep.wait_for_datagram(timeout) {
+            None => true,
+            Some(RxWait::Unsupported) => false,
+            Some(RxWait::Ready | RxWait::TimedOut) => {
+                self.stats.idle_waits += 1;
+                true
+            }
         }
     }
 }
