@@ -442,9 +442,10 @@ fn echo_main(a: &EchoArgs) {
     let (warm, dur) = durations(c);
     let mut csv = Csv::open(c.csv.as_deref()).expect("open csv");
     eprintln!(
-        "erpc_bench echo: {size} B echo, QD {:?}, {:.2} s per point, load average {}",
+        "erpc_bench echo: {size} B echo, QD {:?}, {:.2} s per point, eRPC idle {:?}, load average {}",
         a.qd,
         dur.as_secs_f64(),
+        c.idle,
         load()
     );
     let mut summary = Vec::new();
@@ -508,9 +509,10 @@ fn large_main(a: &LargeArgs) {
     let (warm, dur) = durations(c);
     let mut csv = Csv::open(c.csv.as_deref()).expect("open csv");
     eprintln!(
-        "erpc_bench large: sizes {:?} B, QD {qd}, {:.2} s per point, load average {}",
+        "erpc_bench large: sizes {:?} B, QD {qd}, {:.2} s per point, eRPC idle {:?}, load average {}",
         a.sizes,
         dur.as_secs_f64(),
+        c.idle,
         load()
     );
     let mut summary = Vec::new();
