@@ -47,11 +47,11 @@
 //! model on this machine, not a NIC. `--cc off` turns eRPC's congestion control (Timely rate
 //! computation and pacing) off; the default is eRPC's (on). eRPC's retransmission timeout is
 //! the core's default (5 ms): on an overloaded machine, a spinning thread descheduled for
-//! longer triggers go-back-N, visible in the `retransmits` column. `--idle adaptive` makes
-//! both eRPC loops spin, then block between iterations that found nothing
-//! ([`Endpoint::idle_wait`]) instead of polling without pause (`poll`, the default): on a
-//! machine with more runnable threads than cores it keeps a busy neighbour from starving
-//! the exchange.
+//! longer triggers go-back-N, visible in the `retransmits` column. Both eRPC loops spin,
+//! then block between iterations that found nothing ([`Endpoint::idle_wait`], `--idle
+//! adaptive`, the default): on a machine with more runnable threads than cores this keeps a
+//! busy neighbour from starving the exchange. `--idle poll` polls without pause, as eRPC's
+//! dispatch thread does (and as every figure measured before 2026-12-02 did).
 //!
 //! CSV columns: `mode,system,transport,layout,qd,size_bytes,sessions,calls` (completions in
 //! the window), `seconds` (window), `krps`, `gbps` (request payload), `p50_us,p99_us,p999_us`,
@@ -175,11 +175,11 @@ struct Common {
     #[arg(long, default_value_t = 4 << 20)]
     sockbuf: usize,
     /// What the eRPC client and server loops do after an iteration that found nothing:
-    /// `poll` polls without pause (eRPC's dispatch thread on a core of its own); `adaptive`
-    /// polls on for an adaptive window, then blocks in the transport until a datagram
-    /// arrives, at once while the machine has more runnable threads than CPUs
-    /// (`Endpoint::idle_wait`, `rpc::erpc::idle`): for cores shared with other work.
-    #[arg(long, value_enum, default_value_t = IdleMode::Poll)]
+    /// `adaptive` polls on for an adaptive window, then blocks in the transport until a
+    /// datagram arrives, at once while the machine has more runnable threads than CPUs
+    /// (`Endpoint::idle_wait`, `rpc::erpc::idle`); `poll` polls without pause (eRPC's
+    /// dispatch thread on a core of its own; the only mode before 2026-12-02).
+    #[arg(long, value_enum, default_value_t = IdleMode::Adaptive)]
     idle: IdleMode,
 }
 
