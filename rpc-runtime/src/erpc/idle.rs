@@ -6,7 +6,7 @@
 //! that poll. Where cores are shared, a thread that polls while it waits for its peer holds
 //! the CPU the peer needs to answer: with busy-polling client and server threads and one
 //! unrelated busy process on this two-core machine, `erpc_bench large --idle poll` fell to
-//! 0.01-0.5× tarpc's goodput (which blocks in `epoll`), client and server taking turns in
+//! 0.01-0.6× tarpc's goodput (which blocks in `epoll`), client and server taking turns in
 //! scheduler time slices of milliseconds and moving one credit window per slice.
 //!
 //! [`SpinThenBlock`] decides, iteration by iteration, whether to poll on or to block. It is a
@@ -53,8 +53,8 @@
 //! - next to one busy process: 0.60-0.62× / 0.79-1.11× / 0.71-0.99× against polling's
 //!   0.06-0.39× / 0.13-0.62× / 0.11-0.52×;
 //! - quiet: 4.97-5.37× / 1.39-1.67× / 1.19-1.51× against 5.08-5.53× / 1.62-1.70× /
-//!   1.33-1.49×; 32 B echo (`echo --qd 1,32`) at the same throughput and p99 (QD 1:
-//!   16.4-16.6 µs against 16.4-16.5 µs).
+//!   1.33-1.49×; 32 B echo (`echo --qd 1,32`) the same within the runs' spread (QD 1:
+//!   16.1-16.7× tarpc against 16.5-17.7×, p99 16.4-16.6 µs against 16.4-16.5 µs).
 //!
 //! The README's eRPC section has the echo figures next to a busy process.
 
