@@ -381,21 +381,23 @@ impl<T: DatagramTransport> Endpoint<T> {
         }
         let max_block = p.config().max_block;
         let wait = self.wait_bounded(now, max_block);
-        let woke = self.clock();
-        match (wait, &mut self.idle) {
-            (Some(RxWait::Unsupported), _) => {
-                self.idle = None;
-                false
-            }
-            (None, Some(p)) => {
-                p.busy();
-                false
-            }
-            (Some(w), Some(p)) => {
+        if wait == Some(RxWait::Unsupported) {
+            self.idle = None;
+            return false;
+        }
+        let woke = if wait.is_some() { self.clock() } else { now };
+        let Some(p) = &mut self.idle else {
+            return false;
+        };
+        match wait {
+            Some(w) => {
                 p.woke(woke, w == RxWait::Ready);
                 true
             }
-            (_, None) => false,
+            None => {
+                p.busy();
+                false
+            }
         }
     }
 

@@ -223,12 +223,6 @@ impl SpinThenBlock {
                 .min(self.cfg.max_spin);
         }
     }
-
-    /// How long the caller may block at `now`, given the earliest pending protocol deadline
-    /// `next_timer` (`None`: none armed): [`block_bound`] with [`IdleConfig::max_block`].
-    pub fn block_bound(&self, now: Time, next_timer: Option<Time>) -> Option<Duration> {
-        block_bound(now, next_timer, self.cfg.max_block)
-    }
 }
 
 /// How long a loop may block at `now` (ns), given the earliest pending protocol deadline
@@ -416,21 +410,21 @@ mod tests {
 
     #[test]
     fn a_block_is_bounded_by_the_next_timer_and_max_block() {
-        let p = policy();
+        let max = IdleConfig::default().max_block;
         assert_eq!(
-            p.block_bound(100, None),
+            block_bound(100, None, max),
             Some(Duration::from_nanos(1_000_000))
         );
         assert_eq!(
-            p.block_bound(100, Some(10_100)),
+            block_bound(100, Some(10_100), max),
             Some(Duration::from_nanos(10_000))
         );
         assert_eq!(
-            p.block_bound(100, Some(5_000_000)),
+            block_bound(100, Some(5_000_000), max),
             Some(Duration::from_nanos(1_000_000))
         );
-        assert_eq!(p.block_bound(100, Some(100)), None, "a timer is due");
-        assert_eq!(p.block_bound(100, Some(50)), None, "a timer is overdue");
+        assert_eq!(block_bound(100, Some(100), max), None, "a timer is due");
+        assert_eq!(block_bound(100, Some(50), max), None, "a timer is overdue");
     }
 
     #[test]
