@@ -36,6 +36,13 @@ struct Scripted {
     hold: bool,
     full: bool,
     sent: usize,
+    /// `wait_for_response` says it waited (without waiting: a transport whose waits end at
+    /// once) when set; else it declines, as the default does.
+    can_wait: bool,
+    /// Polls that delivered nothing so far.
+    empty_polls: usize,
+    /// Each `wait_for_response`: the empty polls before it, `waited` and `max`.
+    waits: Vec<(usize, Duration, Duration)>,
 }
 
 impl Scripted {
@@ -48,6 +55,9 @@ impl Scripted {
             hold: false,
             full: false,
             sent: 0,
+            can_wait: false,
+            empty_polls: 0,
+            waits: Vec::new(),
         }
     }
 
@@ -101,7 +111,15 @@ impl ClientTransport for Scripted {
             on_response(token, &resp);
             n += 1;
         }
+        if n == 0 {
+            self.empty_polls += 1;
+        }
         Ok(n)
+    }
+
+    fn wait_for_response(&mut self, waited: Duration, max: Duration) -> bool {
+        self.waits.push((self.empty_polls, waited, max));
+        self.can_wait
     }
 }
 
@@ -294,4 +312,38 @@ fn a_response_for_a_token_without_a_call_is_dropped_and_counted() {
     c.transport_mut().free.retain(|&t| t != 1);
     assert_eq!(c.add(2, 2).unwrap(), 4);
     assert_eq!(c.stats().stray_responses, 1);
+}
+
+#[test]
+fn a_blocking_call_asks_its_transport_to_wait_only_after_its_backoff_and_within_its_deadline() {
+    for can_wait in [false, true] {
+        let mut c = client(1);
+        let t = c.transport_mut();
+        t.hold = true;
+        t.can_wait = can_wait;
+        let start = Instant::now();
+        let e = c.with_deadline(SHORT).add(1, 2).unwrap_err();
+        assert!(
+            matches!(e, RpcError::DeadlineExceeded { method: "add", .. }),
+            "{e}"
+        );
+        let elapsed = start.elapsed();
+        assert!(elapsed >= SHORT);
+        let waits = &c.transport().waits;
+        assert!(!waits.is_empty(), "5 ms of empty polls ask for waits");
+        // crossbeam's Backoff: 7 rounds of spinning and 4 yields (11 empty polls) first.
+        assert!(waits[0].0 >= 11, "asked after {} empty polls", waits[0].0);
+        let mut last = Duration::ZERO;
+        for &(_, waited, max) in waits {
+            assert!(waited >= last, "the wait's age only grows");
+            assert!(waited <= elapsed);
+            last = waited;
+            assert!(max > Duration::ZERO && max <= Duration::from_millis(1));
+            assert!(max <= SHORT, "never past the deadline");
+        }
+        // A transport that declines is asked again after each yield; one that waits (here:
+        // returns at once, as a wait woken by other traffic does) does not end the call
+        // early or keep it past its deadline.
+        assert_eq!(c.stats().expired, 1);
+    }
 }

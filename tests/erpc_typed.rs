@@ -1269,3 +1269,43 @@ fn an_idle_server_waits_in_its_socket() {
     );
     assert_eq!(ud_server.stats().idle_waits, 0);
 }
+
+/// A blocking call whose handler takes a while blocks in its socket once it has waited
+/// `max_spin` (200 µs) on this machine, and is answered; with `client_idle: None` it polls
+/// and yields throughout. (Blocking on an oversubscribed machine, the policy's other case,
+/// is tested in virtual time in `rpc::erpc::idle`.)
+#[test]
+fn a_blocking_call_to_a_slow_handler_waits_in_its_socket() {
+    use rpc::erpc::idle::IdleConfig;
+    let (server, addr) = server::<KvService>(&ErpcConfig::default());
+    let mut store = Store::default();
+    let h = spawn(server, move |req| {
+        if let KvRequest::Put(_) = &req {
+            // Twenty waits of at most 1 ms each, fewer than one RTO (5 ms) apart.
+            thread::sleep(Duration::from_millis(20));
+        }
+        KvService::dispatch(&mut store, req)
+    });
+    for idle in [Some(IdleConfig::default()), None] {
+        let cfg = ErpcConfig {
+            client_idle: idle,
+            ..ErpcConfig::default()
+        };
+        let t = Erpc::<UdpTransport>::connect_with(&addr, KvService::DESCRIPTOR, &cfg).unwrap();
+        let mut kv = KvClient::from_transport(t);
+        kv.put(0, 1, 2).unwrap();
+        assert_eq!(kv.get(0, 1).unwrap(), Some(2));
+        let waits = kv.transport().stats().idle_waits;
+        match kv.transport().call_wait_stats() {
+            Some(s) => {
+                assert!(waits >= 1, "blocked in the socket: {s:?}");
+                assert!(s.blocks >= waits);
+            }
+            None => {
+                assert!(idle.is_none());
+                assert_eq!(waits, 0);
+            }
+        }
+    }
+    h.join().unwrap();
+}

@@ -113,6 +113,23 @@ pub trait ClientTransport: Sized {
     /// nothing.
     #[inline]
     fn idle_tick(&mut self) {}
+
+    /// Called by [`Client`]'s blocking call while its polls deliver nothing, once its
+    /// spin-then-yield backoff (`crossbeam_utils::Backoff`: 7 rounds of spinning, then 4
+    /// yields) has completed, instead of yielding once more: the transport may block until
+    /// a response may have arrived, for at most `max` (the call's remaining deadline, and
+    /// at most [`IDLE_TICK_NS`]). `waited` is how long the call has polled without any
+    /// response. Returns `true` if it waited (or found work to do at once), `false` if it
+    /// did not: the call then yields. Default: `false`.
+    ///
+    /// A blocking call whose thread shares its CPU with the server (or with any busy
+    /// thread) takes CPU time from the one that would answer; eRPC over UDP blocks in its
+    /// socket then ([`crate::erpc::idle::CallWait`]).
+    #[inline]
+    fn wait_for_response(&mut self, waited: Duration, max: Duration) -> bool {
+        let _ = (waited, max);
+        false
+    }
 }
 
 /// A completed pipelined call as [`Client::poll_raw_with`] hands it out.
@@ -704,6 +721,8 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
         let mut read = Some(read);
         let mut out: Option<Result<R, wire::WireError>> = None;
         let backoff = Backoff::new();
+        // The first of the current run of empty polls (ns of `Calls`' clock).
+        let mut idle_since = None;
         loop {
             let Self {
                 transport,
@@ -731,15 +750,32 @@ impl<S: Service, T: ClientTransport> Client<S, T> {
             }
             if n == 0 {
                 let now = self.tick(token);
-                if now >= self.calls.slots[token as usize].deadline_ns
-                    && self.calls.confirm_due(token, now, self.calls.mono_now_ns())
-                {
+                let deadline = self.calls.slots[token as usize].deadline_ns;
+                if now >= deadline && self.calls.confirm_due(token, now, self.calls.mono_now_ns()) {
                     let slot = self.calls.expire(token);
                     return Err(deadline_error::<S>(BLOCKING_TAG, &slot));
                 }
-                backoff.snooze();
+                let since = *idle_since.get_or_insert(now);
+                if !backoff.is_completed()
+                    || !self.wait_idle(now.saturating_sub(since), deadline.saturating_sub(now))
+                {
+                    backoff.snooze();
+                }
+            } else {
+                idle_since = None;
             }
         }
+    }
+
+    /// [`ClientTransport::wait_for_response`] of a blocking call that has polled without a
+    /// response for `waited_ns`, bounded by its deadline (`left_ns` away, the TSC clock; the
+    /// monotonic clock confirms expiry) and [`IDLE_TICK_NS`].
+    #[cold]
+    #[inline(never)]
+    fn wait_idle(&mut self, waited_ns: u64, left_ns: u64) -> bool {
+        let max = Duration::from_nanos(left_ns.clamp(1, IDLE_TICK_NS));
+        self.transport
+            .wait_for_response(Duration::from_nanos(waited_ns), max)
     }
 
     /// Blocking call of a variable-length method ([`crate::varlen`]), used by generated stubs:

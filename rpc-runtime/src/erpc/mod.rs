@@ -29,7 +29,8 @@
 //! the transports (`MSG_DONTWAIT` sockets, polled UD CQs) and [`ErpcServer`] never wait,
 //! except in [`event_loop::Endpoint::idle_wait`] and [`event_loop::Endpoint::wait_for_datagram`],
 //! which a loop with nothing to do calls by choice (an application's loop; the runner's park
-//! of an idle [`ErpcServer`], through `ServerTransport::wait_for_request`; row below).
+//! of an idle [`ErpcServer`], through `ServerTransport::wait_for_request`; a blocking call of
+//! an [`Erpc`] client, through `ClientTransport::wait_for_response`; rows below).
 //! Times are the defaults of [`ErpcConfig::default`] (typed) / [`core::Config::default`]
 //! (core) and all are settable.
 //!
@@ -45,6 +46,7 @@
 //! | core, server: a connected session whose client never sends a request (issue 14) | `idle_session_timeout` (10 s) after the connect | reclaimed ([`core::Stats::server_sessions_idle_reclaimed`], `ServerSessionClosed`); the client's next ping gets `SessionLost` |
 //! | [`Erpc::reconnect`] | does not wait: the new sessions connect in the background, under the rows above | calls fail with `ServerDisconnected` if the server stays silent |
 //! | [`event_loop::Endpoint::idle_wait`] after an iteration that found nothing: polls on for an adaptive window, then blocks in [`datagram::DatagramTransport::rx_wait`] (UDP: `ppoll`) until a datagram may be waiting ([`idle`]); [`event_loop::Endpoint::wait_for_datagram`], the same block for a loop with its own idle policy ([`ErpcServer`] under the runner's backoff, in place of its park) | the core's next timer ([`core::Rpc::next_timeout`]: retransmission, keepalive, failure detection, the next paced packet) and [`idle::IdleConfig::max_block`] (1 ms) or the caller's bound (the runner's park, at most its `max_sleep`, 1 ms); never entered with a queued packet or event, an unsent transmit tail or a due timer | the loop runs its next iteration; a transport that cannot wait (mlx5 UD) turns the policy off, or the runner parks |
+//! | a blocking call of an [`Erpc`] client (`crate::Client`) with no response after its backoff (spin, then 4 yields): blocks in [`event_loop::Endpoint::wait_for_datagram`] when [`idle::CallWait`] says so (an oversubscribed machine, or a call waiting for over `max_spin`, 200 µs; [`ErpcConfig::client_idle`]) | the call's remaining deadline, 1 ms (the client's idle tick), and the core's next timer; never entered with work queued | the call polls again; its deadline ends it as before; a transport that cannot wait (mlx5 UD) turns the policy off |
 //! | event loop: a full transmit queue | never waited for: the unsent tail is retried on the next iteration | packets leave later (or, on a transport error, count as lost and are re-sent by go-back-N) |
 //!
 //! # Copies per message (issue 15; seeds/000 §3)

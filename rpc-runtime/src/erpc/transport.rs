@@ -139,6 +139,7 @@ use super::datagram::ud::{UdAddr, UdConfig, UdTransport};
 use super::datagram::udp::{DEFAULT_BATCH, UdpConfig, UdpMtu, UdpTransport};
 use super::datagram::{DatagramTransport, RxWait};
 use super::event_loop::Endpoint;
+use super::idle::{CallWait, CallWaitStats, IdleConfig, runnable_threads, usable_cpus};
 use super::msgbuf::MsgBuffer;
 use crate::client::ClientTransport;
 use crate::error::{LimitSide, MessageKind, RpcError, SETTING_SERVICE_MAX, sat_u32};
@@ -192,6 +193,11 @@ pub struct ErpcConfig {
     pub udp_batch: usize,
     /// *UDP*: requested socket buffer sizes in bytes (`None`: the kernel's default).
     pub udp_socket_buf_bytes: Option<usize>,
+    /// *Client*: when a blocking call that polled and yielded without a response blocks in
+    /// the socket ([`CallWait`]: on an oversubscribed machine, or once it has waited
+    /// `max_spin`); `None`: it polls and yields until its response or deadline. Default:
+    /// [`IdleConfig::default`]. A transport that cannot wait (mlx5 UD) always polls.
+    pub client_idle: Option<IdleConfig>,
 }
 
 impl Default for ErpcConfig {
@@ -210,6 +216,7 @@ impl Default for ErpcConfig {
             udp_mtu: None,
             udp_batch: DEFAULT_BATCH,
             udp_socket_buf_bytes: Some(DEFAULT_SOCKET_BUF_BYTES),
+            client_idle: Some(IdleConfig::default()),
         }
     }
 }
@@ -522,6 +529,10 @@ pub struct ErpcClientStats {
     pub stray_events: u64,
     /// Calls of [`Erpc::reconnect`].
     pub reconnects: u64,
+    /// Blocks of a blocking call in the transport ([`ClientTransport::wait_for_response`]
+    /// with [`ErpcConfig::client_idle`]): each ends with a datagram, at its bound (the
+    /// call's deadline, 1 ms, the next protocol timer) or at once with work to do.
+    pub idle_waits: u64,
 }
 
 /// One session of an [`Erpc`] client: tokens `i * 8 .. i * 8 + 8` use it.
@@ -564,6 +575,9 @@ pub struct Erpc<T: DatagramTransport = UdpTransport> {
     /// Idle gap after which the sessions are stale.
     stale_after: Duration,
     stats: ErpcClientStats,
+    /// When a blocking call blocks ([`ErpcConfig::client_idle`]); `None`: never (also once
+    /// the transport turned out unable to wait).
+    call_wait: Option<CallWait>,
 }
 
 impl<T: DatagramTransport + std::fmt::Debug> std::fmt::Debug for Erpc<T> {
@@ -628,7 +642,9 @@ impl<T: ErpcConnect> Erpc<T> {
         check_endpoint(&core, service, LimitSide::ThisClient)?;
         let (transport, server) = T::open_client(addr, cfg)?;
         let ep = Endpoint::new(transport, core)?;
-        Erpc::from_endpoint(ep, server, service, cfg.max_in_flight, timeout)
+        let mut t = Erpc::from_endpoint(ep, server, service, cfg.max_in_flight, timeout)?;
+        t.set_client_idle(cfg.client_idle);
+        Ok(t)
     }
 }
 
@@ -693,6 +709,7 @@ impl<T: DatagramTransport> Erpc<T> {
             last_loop: Instant::now(),
             stale_after,
             stats: ErpcClientStats::default(),
+            call_wait: Some(CallWait::new(IdleConfig::default(), usable_cpus())),
         };
         for i in 0..n_sess {
             t.new_session(i).map_err(ErpcSetupError::Session)?;
@@ -755,6 +772,18 @@ impl<T: DatagramTransport> Erpc<T> {
     /// This client's counters.
     pub fn stats(&self) -> ErpcClientStats {
         self.stats
+    }
+
+    /// Sets when a blocking call blocks in the transport ([`ErpcConfig::client_idle`];
+    /// [`Erpc::from_endpoint`] starts with [`IdleConfig::default`]); `None`: never.
+    pub fn set_client_idle(&mut self, cfg: Option<IdleConfig>) {
+        self.call_wait = cfg.map(|c| CallWait::new(c, usable_cpus()));
+    }
+
+    /// The counters of the blocking calls' wait policy ([`ErpcConfig::client_idle`]);
+    /// `None` if it is off.
+    pub fn call_wait_stats(&self) -> Option<CallWaitStats> {
+        self.call_wait.as_ref().map(CallWait::stats)
     }
 
     /// Sessions to the server (`ceil(max_in_flight / 8)`).
@@ -1166,6 +1195,34 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
             return Err(RpcError::ServerDisconnected);
         }
         Ok(n)
+    }
+
+    /// Blocks in the endpoint's transport ([`Endpoint::wait_for_datagram`], bounded by `max`
+    /// and the core's next timer) if [`CallWait`] says so for a call that has waited
+    /// `waited` (module [`idle`](super::idle), "A blocking call"); counted in
+    /// [`ErpcClientStats::idle_waits`]. `false` without blocking otherwise, and from then on
+    /// if the transport cannot wait.
+    fn wait_for_response(&mut self, waited: Duration, max: Duration) -> bool {
+        let Some(w) = &mut self.call_wait else {
+            return false;
+        };
+        let now = self.ep.clock();
+        let waited = Time::try_from(waited.as_nanos()).unwrap_or(Time::MAX);
+        if !w.should_block(now, waited, runnable_threads) {
+            return false;
+        }
+        match self.ep.wait_for_datagram(max) {
+            // Work without a datagram (a timer is due, packets queued): poll at once.
+            None => true,
+            Some(RxWait::Unsupported) => {
+                self.call_wait = None;
+                false
+            }
+            Some(RxWait::Ready | RxWait::TimedOut) => {
+                self.stats.idle_waits += 1;
+                true
+            }
+        }
     }
 }
 
