@@ -176,8 +176,8 @@ struct Common {
     sockbuf: usize,
     /// What the eRPC client and server loops do after an iteration that found nothing:
     /// `adaptive` polls on for an adaptive window, then blocks in the transport until a
-    /// datagram arrives, at once while the machine has more runnable threads than CPUs
-    /// (`Endpoint::idle_wait`, `rpc::erpc::idle`); `poll` polls without pause (eRPC's
+    /// datagram arrives, after 4 yields of the CPU while the machine has more runnable
+    /// threads than CPUs (`Endpoint::idle_wait`, `rpc::erpc::idle`); `poll` polls without pause (eRPC's
     /// dispatch thread on a core of its own; the only mode before 2026-12-02).
     #[arg(long, value_enum, default_value_t = IdleMode::Adaptive)]
     idle: IdleMode,

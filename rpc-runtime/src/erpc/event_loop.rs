@@ -81,7 +81,7 @@ use super::core::{
 };
 use super::datagram::{DatagramTransport, RxWait, TxPkt};
 use super::idle::{
-    IdleConfig, IdleStats, SpinThenBlock, block_bound, runnable_threads, usable_cpus,
+    IdleAction, IdleConfig, IdleStats, SpinThenBlock, block_bound, runnable_threads, usable_cpus,
 };
 use super::msgbuf::MsgBuffer;
 use super::pkthdr::PKTHDR_SIZE;
@@ -375,9 +375,16 @@ impl<T: DatagramTransport> Endpoint<T> {
         if p.sample_due(now) {
             p.sampled(now, runnable_threads());
         }
-        if !p.idle(now) {
-            std::hint::spin_loop();
-            return false;
+        match p.idle(now) {
+            IdleAction::Poll => {
+                std::hint::spin_loop();
+                return false;
+            }
+            IdleAction::Yield => {
+                std::thread::yield_now();
+                return false;
+            }
+            IdleAction::Block => {}
         }
         let max_block = p.config().max_block;
         let wait = self.wait_bounded(now, max_block);

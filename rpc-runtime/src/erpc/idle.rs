@@ -30,9 +30,13 @@
 //! 3. **Oversubscription** (this project's rule). While more threads are runnable on the
 //!    machine than this process may use CPUs ([`runnable_threads`] above
 //!    `std::thread::available_parallelism`), a polling thread takes CPU time from a runnable
-//!    one, possibly the one that would produce the awaited datagram. The loop then blocks at
-//!    once, and rule 2 is suspended: a block is then short because blocking gave the CPU away,
-//!    and growing the window on it would walk back into the trap. The run queue is sampled
+//!    one, possibly the one that would produce the awaited datagram. The loop then yields its
+//!    CPU [`IdleConfig::oversubscribed_yields`] times (4) and blocks, and rule 2 is
+//!    suspended: a block is then short because blocking gave the CPU away, and growing the
+//!    window on it would walk back into the trap. A yield lets the threads queued on the
+//!    loop's own CPU run (often the peer, which answers before the loop needs a wake-up); a
+//!    block leaves the CPU idle, so the scheduler can move a thread waiting on the other CPU,
+//!    behind a busy process, to it. The run queue is sampled
 //!    every [`IdleConfig::sample_interval`] of idle polling, and the rule holds while two
 //!    samples in a row are above the CPUs. A single one is often transient (some thread ran
 //!    for a moment): acting on each put about 1 % of small calls on the quiet machine behind
@@ -58,11 +62,12 @@
 //! the client spins and yields on its own; it runs when that process's time slice ends,
 //! 4 ms later here. A client that blocks leaves its CPU idle, and the scheduler moves the
 //! waiting server thread there. Measured (`cargo run --release --example typed_blocking --
-//! --rounds 6`, 8 B `ping`, one client and one server thread, alternated rounds): next to
-//! `while :; do :; done`, 67-70 k calls/s with p99.9 56-90 µs, against 30-56 k and
-//! 0.7-4.0 ms when polling and yielding, with 3-8 blocks per 10 000 calls; on the quiet
-//! machine the same within the rounds' spread (132-161 k against 131-156 k calls/s, p50
-//! 5.3-6.2 µs), with no block.
+//! --rounds 6`, 8 B `ping`, one client and one server thread, the two policies alternated
+//! round by round): next to `while :; do :; done`, 76-80 k calls/s with p99.9 45-50 µs in
+//! every round, against 20-77 k calls/s when polling and yielding, whose p99.9 was 4.0 ms in
+//! 5 of the 6 rounds; the client blocked 1-7 times per 10 000 calls. On the quiet machine the
+//! same within the rounds' spread (158-175 k against 149-173 k calls/s, p50 5.3-5.6 µs
+//! against 5.3-6.2 µs).
 //!
 //! A first version (not kept) blocked at the first empty poll while oversubscribed, as the
 //! event loop does: next to the busy process it fell to 9.8-10.5 k calls/s in 4 of 5 runs,
@@ -75,12 +80,18 @@
 //!
 //! # Measured
 //! `erpc_bench large --duration 1 --idle adaptive|poll` (eRPC goodput / tarpc's in the same
-//! run, 64 KiB / 1 MiB / 8 MiB, 4 alternated runs, this 2-core VM):
-//! - next to one busy process: 0.60-0.62× / 0.79-1.11× / 0.71-0.99× against polling's
-//!   0.06-0.39× / 0.13-0.62× / 0.11-0.52×;
-//! - quiet: 4.97-5.37× / 1.39-1.67× / 1.19-1.51× against 5.08-5.53× / 1.62-1.70× /
-//!   1.33-1.49×; 32 B echo (`echo --qd 1,32`) the same within the runs' spread (QD 1:
-//!   16.1-16.7× tarpc against 16.5-17.7×, p99 16.4-16.6 µs against 16.4-16.5 µs).
+//! run, 64 KiB / 1 MiB / 8 MiB, 8 alternated runs, this 2-core VM):
+//! - next to one busy process: 1.18-1.37× / 0.45-2.36× / 0.83-2.26× (7 and 6 of the 8 runs
+//!   at 1 MiB and 8 MiB above 1.0×) against polling's 0.04-0.35× / 0.20-0.52× /
+//!   0.11-0.80×; 32 B echo (`echo --qd 1,32`, 2 runs) 1.81-1.90× tarpc at QD 1 and
+//!   5.06-5.29× at QD 32, against 0.70-0.84× and 1.68-1.81×;
+//! - quiet: 4.50-5.28× / 1.65-1.78× / 1.21-1.39× against 4.70-5.65× / 1.62-1.92× /
+//!   1.25-1.50×; echo the same within the runs' spread (4 runs: QD 1 15.6-18.0× tarpc
+//!   against 16.4-18.2×, QD 32 10.5-11.1× against 7.7-11.4×).
+//!
+//! Before rule 3 yielded (it blocked at the first idle iteration), the same busy-neighbour
+//! runs measured 0.58-0.64× / 0.81-1.20× / 1.18-1.34× and echo 0.70× (QD 1) and 2.8-3.0×
+//! (QD 32): each exchange paid a wake-up that a yield often avoids.
 //!
 //! The README's eRPC section has the echo figures next to a busy process.
 
@@ -104,6 +115,10 @@ pub struct IdleConfig {
     /// Interval between two samples of the run queue (rule 3), ns of idle polling. A sample
     /// costs a read of `/proc/loadavg` (a few µs). Default 5 ms.
     pub sample_interval: Time,
+    /// Yields of the CPU (`sched_yield`) an idle episode makes before it blocks while the
+    /// machine is oversubscribed (rule 3). Default 4, as many as the typed client's
+    /// `crossbeam_utils::Backoff` makes before its blocking call may block.
+    pub oversubscribed_yields: u32,
 }
 
 impl Default for IdleConfig {
@@ -113,6 +128,7 @@ impl Default for IdleConfig {
             grow_start: 10_000,
             max_block: 1_000_000,
             sample_interval: 5_000_000,
+            oversubscribed_yields: 4,
         }
     }
 }
@@ -124,8 +140,11 @@ pub struct IdleStats {
     pub blocks: u64,
     /// Blocks that ended at their bound (a timer or `max_block`), not for a datagram.
     pub timeouts: u64,
-    /// Blocks begun at once because the machine was oversubscribed (rule 3).
+    /// Blocks begun because the machine was oversubscribed (rule 3), after the episode's
+    /// yields.
     pub oversubscribed_blocks: u64,
+    /// Yields of the CPU while oversubscribed (rule 3).
+    pub yields: u64,
     /// Run-queue samples taken (rule 3).
     pub samples: u64,
     /// Samples that found the machine oversubscribed.
@@ -223,7 +242,20 @@ pub struct SpinThenBlock {
     idle_since: Option<Time>,
     /// Rule 3.
     over: Oversubscription,
+    /// Yields made in the current idle episode (rule 3).
+    yields: u32,
     stats: IdleStats,
+}
+
+/// What a loop does after an iteration that found nothing ([`SpinThenBlock::idle`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdleAction {
+    /// Poll on (a spin-loop hint, then the next iteration).
+    Poll,
+    /// Give the CPU to another runnable thread (`std::thread::yield_now`), then iterate.
+    Yield,
+    /// Block in the transport until a datagram may be waiting.
+    Block,
 }
 
 impl SpinThenBlock {
@@ -234,6 +266,7 @@ impl SpinThenBlock {
             window: 0,
             idle_since: None,
             over: Oversubscription::new(cpus, cfg.sample_interval),
+            yields: 0,
             stats: IdleStats::default(),
         }
     }
@@ -266,6 +299,7 @@ impl SpinThenBlock {
     #[inline]
     pub fn busy(&mut self) {
         self.idle_since = None;
+        self.yields = 0;
     }
 
     /// Whether a run-queue sample is due at `now` (the first idle iteration, then every
@@ -282,16 +316,30 @@ impl SpinThenBlock {
         self.over.sampled(now, runnable);
     }
 
-    /// An iteration at `now` found nothing. Returns `true` if the caller should block now
-    /// (the machine is oversubscribed, or the episode is at least `window` ns old), `false`
-    /// to poll on.
+    /// An iteration at `now` found nothing: what to do next. Oversubscribed (rule 3):
+    /// [`IdleAction::Yield`] for the episode's first `oversubscribed_yields` iterations,
+    /// then [`IdleAction::Block`]. Otherwise [`IdleAction::Block`] once the episode is at
+    /// least `window` ns old (rule 1), else [`IdleAction::Poll`].
     #[inline]
-    pub fn idle(&mut self, now: Time) -> bool {
+    pub fn idle(&mut self, now: Time) -> IdleAction {
         let since = *self.idle_since.get_or_insert(now);
-        self.over.holds() || now.saturating_sub(since) >= self.window
+        if self.over.holds() {
+            if self.yields < self.cfg.oversubscribed_yields {
+                self.yields += 1;
+                self.stats.yields += 1;
+                return IdleAction::Yield;
+            }
+            return IdleAction::Block;
+        }
+        if now.saturating_sub(since) >= self.window {
+            IdleAction::Block
+        } else {
+            IdleAction::Poll
+        }
     }
 
-    /// The caller blocked (after [`idle`](Self::idle) returned `true`) and woke at `now`,
+    /// The caller blocked (after [`idle`](Self::idle) said [`IdleAction::Block`]) and woke
+    /// at `now`,
     /// because a datagram may have arrived (`ready`) or because the block's bound passed.
     /// Adapts the window (rule 2, unless rule 3 holds) to the whole wait, polling included
     /// (the episode's age at `now`, as KVM measures a halt), and starts a new idle episode.
@@ -300,6 +348,7 @@ impl SpinThenBlock {
             .idle_since
             .take()
             .map_or(0, |since| now.saturating_sub(since));
+        self.yields = 0;
         self.stats.blocks += 1;
         if !ready {
             self.stats.timeouts += 1;
@@ -434,6 +483,16 @@ mod tests {
     const US: Time = 1_000;
     const MS: Time = 1_000_000;
 
+    /// Whether the idle iteration at `t` blocks (polls otherwise: yields are rule 3's, and
+    /// tested there).
+    fn blocks(p: &mut SpinThenBlock, t: Time) -> bool {
+        match p.idle(t) {
+            IdleAction::Block => true,
+            IdleAction::Poll => false,
+            IdleAction::Yield => panic!("a yield outside rule 3"),
+        }
+    }
+
     fn policy() -> SpinThenBlock {
         SpinThenBlock::new(IdleConfig::default(), 2)
     }
@@ -441,15 +500,18 @@ mod tests {
     /// An idle episode from `start` that blocks once the window is over and wakes for a
     /// datagram after a wait of `waited` (polling included) in all.
     fn episode(p: &mut SpinThenBlock, start: Time, waited: Time) {
-        assert!(!p.idle(start) || p.window() == 0);
-        assert!(p.idle(start + p.window()), "blocks when the window is over");
+        assert!(!blocks(p, start) || p.window() == 0);
+        assert!(
+            blocks(p, start + p.window()),
+            "blocks when the window is over"
+        );
         p.woke(start + waited, true);
     }
 
     #[test]
     fn the_first_idle_iteration_blocks_and_short_waits_grow_the_window_to_its_cap() {
         let mut p = policy();
-        assert!(p.idle(0), "window 0: block at once");
+        assert!(blocks(&mut p, 0), "window 0: block at once");
         p.woke(190 * US, true);
         let mut windows = vec![p.window() / US];
         for k in 1..8 {
@@ -466,9 +528,9 @@ mod tests {
         episode(&mut p, 0, 100 * US);
         episode(&mut p, MS, 100 * US);
         assert_eq!(p.window(), 20 * US);
-        assert!(!p.idle(2_000 * US));
-        assert!(!p.idle(2_019 * US));
-        assert!(p.idle(2_020 * US));
+        assert!(!blocks(&mut p, 2_000 * US));
+        assert!(!blocks(&mut p, 2_019 * US));
+        assert!(blocks(&mut p, 2_020 * US));
         p.woke(2_030 * US, true);
         assert_eq!(
             p.window(),
@@ -476,11 +538,11 @@ mod tests {
             "woken 10 µs into the block: 30 µs > 20 µs"
         );
         // Work in between: the episode restarts at the next idle iteration.
-        assert!(!p.idle(3_000 * US));
+        assert!(!blocks(&mut p, 3_000 * US));
         p.busy();
-        assert!(!p.idle(3_015 * US));
-        assert!(!p.idle(3_054 * US));
-        assert!(p.idle(3_055 * US));
+        assert!(!blocks(&mut p, 3_015 * US));
+        assert!(!blocks(&mut p, 3_054 * US));
+        assert!(blocks(&mut p, 3_055 * US));
     }
 
     #[test]
@@ -519,8 +581,8 @@ mod tests {
         assert_eq!(p.window(), 10 * US);
         // Timed out: short (a timer 30 µs away) or long (max_block), nothing is learned.
         for (k, waited) in [(1, 40 * US), (2, 1_010 * US)] {
-            assert!(!p.idle(k * 10 * MS));
-            assert!(p.idle(k * 10 * MS + 10 * US));
+            assert!(!blocks(&mut p, k * 10 * MS));
+            assert!(blocks(&mut p, k * 10 * MS + 10 * US));
             p.woke(k * 10 * MS + waited, false);
             assert_eq!(p.window(), 10 * US);
         }
@@ -529,7 +591,7 @@ mod tests {
     }
 
     #[test]
-    fn an_oversubscribed_machine_blocks_at_once_and_freezes_the_window() {
+    fn an_oversubscribed_machine_yields_then_blocks_and_freezes_the_window() {
         let mut p = policy();
         assert!(p.sample_due(0), "the first idle iteration samples");
         p.sampled(0, Some(2));
@@ -548,21 +610,30 @@ mod tests {
         assert!(!p.oversubscribed(), "nor two apart");
         p.sampled(20 * MS, Some(4));
         assert!(p.oversubscribed(), "two in a row");
-        // Blocks at once, whatever the window, and short waits do not grow it.
+        // Yields 4 times, then blocks, whatever the window; short waits do not grow it.
         for k in 0..4 {
             let t = 21 * MS + k * 100 * US;
-            assert!(p.idle(t), "blocks at once");
+            for y in 0..4 {
+                assert_eq!(p.idle(t + y), IdleAction::Yield, "yield {y} of episode {k}");
+            }
+            assert_eq!(p.idle(t + 4), IdleAction::Block);
             p.woke(t + 20 * US, true);
             assert_eq!(p.window(), 40 * US);
         }
+        // Work ends an episode and its yields with it.
+        assert_eq!(p.idle(22 * MS), IdleAction::Yield);
+        p.busy();
+        assert_eq!(p.idle(22 * MS + US), IdleAction::Yield);
+        p.busy();
         assert_eq!(p.stats().oversubscribed_blocks, 4);
+        assert_eq!(p.stats().yields, 18);
         // The next sample finds room again: rules 1 and 2 as before.
         assert!(!p.sample_due(24 * MS));
         assert!(p.sample_due(25 * MS));
         p.sampled(25 * MS, Some(1));
         assert!(!p.oversubscribed());
-        assert!(!p.idle(26 * MS));
-        assert!(p.idle(26 * MS + 40 * US));
+        assert!(!blocks(&mut p, 26 * MS));
+        assert!(blocks(&mut p, 26 * MS + 40 * US));
         assert_eq!(p.stats().samples, 6);
         assert_eq!(p.stats().oversubscribed_samples, 3);
         // An unknown count is not oversubscription.
