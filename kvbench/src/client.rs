@@ -41,6 +41,14 @@ pub(crate) trait Daemons<A: Api>: Send + Sync + 'static {
     /// idle).
     #[inline]
     fn keepalive(_rings: &mut [A::Conn<Self::T>]) {}
+    /// A client whose only connections are `rings` has polled them without a response for
+    /// `waited`, past its backoff: the transport may block until a response may have arrived
+    /// (at most 1 ms; [`rpc::ClientTransport::wait_for_response`]). Returns whether it did;
+    /// `false` (the default): the client yields.
+    #[inline]
+    fn idle_wait(_rings: &mut [A::Conn<Self::T>], _waited: Duration) -> bool {
+        false
+    }
     /// The writer id of the client connected through `conns` (from [`Daemons::connect`]) and
     /// the number of writer ids `W`: the client writes only keys `k` with `k % W == id`.
     /// `None` (the default): the daemons serve this job alone, and a client's writer id is
@@ -183,6 +191,18 @@ impl<A: Api> Daemons<A> for ErpcDaemons {
     fn keepalive(rings: &mut [A::Conn<Erpc>]) {
         for r in rings.iter_mut().map(A::core).filter(|r| r.in_flight() == 0) {
             let _ = r.transport_mut().poll(|_, _| {});
+        }
+    }
+
+    /// With one connection (one daemon), its socket wait (`Erpc`'s `CallWait`: while the
+    /// machine is oversubscribed, or after 200 µs without a response). With several, a block
+    /// in one socket would hold up the others' responses: the client yields.
+    fn idle_wait(rings: &mut [A::Conn<Erpc>], waited: Duration) -> bool {
+        match rings {
+            [one] => A::core(one)
+                .transport_mut()
+                .wait_for_response(waited, Duration::from_millis(1)),
+            _ => false,
         }
     }
 }
@@ -708,6 +728,8 @@ pub(crate) fn client_loop<A: Api, D: Daemons<A>>(
     // Unordered transports: (rank, key) of the writes outstanding.
     let mut writes_out: rustc_hash::FxHashSet<(u32, u64)> = Default::default();
     let backoff = Backoff::new();
+    // When the current run of polls without a response began (after the backoff).
+    let mut idle_since: Option<Instant> = None;
     loop {
         let stopping = stop.load(Ordering::Relaxed);
         if !stopping {
@@ -769,9 +791,19 @@ pub(crate) fn client_loop<A: Api, D: Daemons<A>>(
         }
         if done.is_empty() {
             D::keepalive(rings);
+            // Past the backoff, with nothing but `rings` to poll: the transport may block.
+            if backoff.is_completed()
+                && matches!(remote, Remote::None | Remote::Meta | Remote::Rings { .. })
+            {
+                let since = *idle_since.get_or_insert_with(Instant::now);
+                if D::idle_wait(rings, since.elapsed()) {
+                    continue;
+                }
+            }
             backoff.snooze();
             continue;
         }
+        idle_since = None;
         backoff.reset();
         for (tag, r) in done.drain(..) {
             let (t, op) = inflight[tag as usize];

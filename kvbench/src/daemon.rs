@@ -6,10 +6,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use rpc::delegation::{Delegate, DelegationConfig, DelegationServer, ForwardStats, Target};
 use rpc::erpc::ErpcServer;
+use rpc::erpc::idle::{CallWait, IdleConfig, runnable_threads, usable_cpus};
 use rpc::scalerpc::ScaleRpcServer;
 use rpc::wire::WireError;
 use rpc::{RpcError, Server, ServerTransport, Service};
@@ -98,15 +100,54 @@ pub(crate) fn daemon_loop<A: Api, T: ServerTransport>(
 pub(crate) fn daemon_loop_observing<A: Api, T: ServerTransport>(
     server: &mut Server<A::S, T>,
     stop: &AtomicBool,
+    observe: impl FnMut(&Server<A::S, T>),
+) -> DaemonReport {
+    daemon_loop_with::<A, T>(server, stop, observe, None)
+}
+
+/// The eRPC daemon's [`daemon_loop`]: once a round of nothing has outlasted the backoff's
+/// spinning and yielding, the daemon blocks in its socket
+/// ([`ServerTransport::wait_for_request`], at most 1 ms) when [`CallWait`] says so: while the
+/// machine has more runnable threads than CPUs, or after 200 µs without a request (the
+/// module `rpc::erpc::idle`). A polling daemon next to a busy process holds a CPU its
+/// clients need.
+pub(crate) fn erpc_daemon_loop<A: Api>(
+    server: &mut Server<A::S, ErpcServer>,
+    stop: &AtomicBool,
+) -> DaemonReport {
+    let wait = CallWait::new(IdleConfig::default(), usable_cpus());
+    daemon_loop_with::<A, ErpcServer>(server, stop, |_| {}, Some(wait))
+}
+
+/// [`daemon_loop_observing`] with an optional wait policy (see [`erpc_daemon_loop`]).
+fn daemon_loop_with<A: Api, T: ServerTransport>(
+    server: &mut Server<A::S, T>,
+    stop: &AtomicBool,
     mut observe: impl FnMut(&Server<A::S, T>),
+    mut wait: Option<CallWait>,
 ) -> DaemonReport {
     let mut shard = A::Shard::default();
     let backoff = Backoff::new();
+    let base = Instant::now();
+    // Start of the current run of rounds without work (ns since `base`).
+    let mut idle_since = None;
     while !stop.load(Ordering::Relaxed) {
         if A::serve(server, &mut shard) == 0 {
             observe(server);
+            if let Some(w) = wait.as_mut().filter(|_| backoff.is_completed()) {
+                let now = base.elapsed().as_nanos() as u64;
+                let since = *idle_since.get_or_insert(now);
+                if w.should_block(now, now - since, runnable_threads)
+                    && server
+                        .transport_mut()
+                        .wait_for_request(Duration::from_millis(1))
+                {
+                    continue;
+                }
+            }
             backoff.snooze();
         } else {
+            idle_since = None;
             backoff.reset();
         }
     }
@@ -222,7 +263,7 @@ pub(crate) fn spawn_erpc_daemon<A: Api>(
     thread::Builder::new()
         .name(format!("daemon-{rank}.{d}"))
         .spawn(move || {
-            let mut r = daemon_loop::<A, _>(&mut server, &stop);
+            let mut r = erpc_daemon_loop::<A>(&mut server, &stop);
             let t = server.transport();
             let ep = t.endpoint();
             let core = ep.core_stats();
@@ -243,6 +284,7 @@ pub(crate) fn spawn_erpc_daemon<A: Api>(
                 tx_pkts: udp.tx_pkts,
                 rx_calls: udp.rx_calls,
                 tx_calls: udp.tx_calls,
+                idle_waits: t.stats().idle_waits,
             });
             r
         })
@@ -292,4 +334,36 @@ pub(crate) fn spawn_scale_daemon<A: Api>(
             r
         })
         .expect("spawn daemon")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Fixed;
+
+    /// An eRPC daemon with nothing to serve blocks in its socket once it has been idle for
+    /// 200 µs (it would poll on forever before): within 200 ms of a loop that runs in this
+    /// thread, it must have done so.
+    #[test]
+    fn an_idle_erpc_daemon_waits_in_its_socket() {
+        let t = ErpcServer::bind(
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            <Fixed as Api>::S::DESCRIPTOR,
+        )
+        .unwrap();
+        let mut server = Server::new(t);
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let h = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(200));
+            s2.store(true, Ordering::Relaxed);
+        });
+        let r = erpc_daemon_loop::<Fixed>(&mut server, &stop);
+        h.join().unwrap();
+        assert_eq!(r.requests, 0);
+        let waits = server.transport().stats().idle_waits;
+        assert!(waits >= 1, "{waits} idle waits");
+        // Each wait is bounded by 1 ms: a 200 ms loop has at most a few hundred.
+        assert!(waits <= 400, "{waits} idle waits");
+    }
 }

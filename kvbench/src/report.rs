@@ -87,6 +87,9 @@ pub struct ErpcFigures {
     pub rx_calls: u64,
     /// `sendmmsg` calls that sent datagrams.
     pub tx_calls: u64,
+    /// Blocks of the daemons in their sockets while idle (`erpc_daemon_loop`: on an
+    /// oversubscribed machine, or after 200 µs without a request).
+    pub idle_waits: u64,
 }
 
 /// A latency histogram: 1 ns to 60 s, 3 significant digits.
@@ -352,6 +355,7 @@ counters!(ErpcFigures {
     tx_pkts,
     rx_calls,
     tx_calls,
+    idle_waits,
 });
 
 /// The figures of one run, over all ranks (every rank computes the same one). Serialized
@@ -1165,11 +1169,12 @@ pub fn text(s: &Summary) -> String {
             e.dropped_pkts
         );
         say!(
-            "  udp         daemons rx {} pkts in {} calls, tx {} pkts in {} calls",
+            "  udp         daemons rx {} pkts in {} calls, tx {} pkts in {} calls, {} idle waits",
             e.rx_pkts,
             e.rx_calls,
             e.tx_pkts,
-            e.tx_calls
+            e.tx_calls,
+            e.idle_waits
         );
     }
     say!("  gets        {gets} ({hits} found)   errors {errors}   bad requests {bad_requests}");
@@ -1414,6 +1419,7 @@ mod tests {
                 "tx_pkts",
                 "rx_calls",
                 "tx_calls",
+                "idle_waits",
             ])
         );
         assert_eq!(v["erpc"]["dup_requests"], 7);
