@@ -386,7 +386,8 @@ pub struct CallWaitStats {
 /// machine is oversubscribed (rule 3), or when the call has waited
 /// [`IdleConfig::max_spin`] already. Driven by the caller's clock ([`Time`], ns); asked
 /// only after the caller's own spin-then-yield backoff (the typed client's
-/// `crossbeam_utils::Backoff`) has completed.
+/// `crossbeam_utils::Backoff`) has completed. A loop with its own backoff (the `kv`
+/// benchmark's eRPC daemons) applies it the same way, with the time since its last work.
 #[derive(Clone, Debug)]
 pub struct CallWait {
     cfg: IdleConfig,
