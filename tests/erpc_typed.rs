@@ -1281,7 +1281,8 @@ fn a_blocking_call_to_a_slow_handler_waits_in_its_socket() {
     let mut store = Store::default();
     let h = spawn(server, move |req| {
         if let KvRequest::Put(_) = &req {
-            // Twenty waits of at most 1 ms each, fewer than one RTO (5 ms) apart.
+            // The call waits 20 ms: past `max_spin` it blocks, in steps of at most 1 ms
+            // (its retransmissions every RTO, 5 ms, are answered as duplicates).
             thread::sleep(Duration::from_millis(20));
         }
         KvService::dispatch(&mut store, req)
