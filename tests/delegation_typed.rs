@@ -356,3 +356,42 @@ fn late_replies_are_dropped_and_a_stopped_server_fails_calls_by_deadline() {
     late.stop.store(true, Ordering::Relaxed);
     late.handle.join().unwrap();
 }
+
+/// A blocking call to a slow handler sleeps on its ring word (`RingClient::wait_for_response`,
+/// rule 4 of `rpc::erpc::idle`: past 200 µs) instead of yielding for 20 ms, and the server's
+/// round of replies wakes it; with the policy off it never sleeps. A thread pinned to one CPU
+/// never sleeps (rule 5): checked where this machine has more than one CPU to pin to.
+#[test]
+fn a_blocking_call_to_a_slow_handler_sleeps_on_its_ring_word() {
+    let n = name("slow-sleep");
+    let server = DelegationServer::serve::<KvService>(&n, DelegationConfig::default()).unwrap();
+    let mut store = Store::default();
+    let h = server.spawn(move |req| {
+        if let idl::kv::KvRequest::Put(_) = &req {
+            thread::sleep(Duration::from_millis(20));
+        }
+        KvService::dispatch(&mut store, req)
+    });
+    let migrates = rpc::erpc::idle::may_migrate();
+    for policy in [true, false] {
+        let mut kv = KvClient::<Delegation>::connect(&n).unwrap();
+        if !policy {
+            kv.transport_mut().set_call_wait(None);
+        }
+        kv.put(0, 1, 2).unwrap();
+        assert_eq!(kv.get(0, 1).unwrap(), Some(2));
+        let sleeps = kv.transport().ring().idle_waits();
+        match kv.transport().call_wait_stats() {
+            Some(s) if migrates => {
+                assert!(sleeps >= 1, "slept on the ring word: {s:?}");
+                assert!(s.blocks >= sleeps);
+            }
+            Some(_) => assert_eq!(sleeps, 0, "this thread is pinned: it never sleeps"),
+            None => {
+                assert!(!policy);
+                assert_eq!(sleeps, 0);
+            }
+        }
+    }
+    drop(h);
+}

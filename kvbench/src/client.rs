@@ -102,6 +102,18 @@ impl<A: Api> Daemons<A> for Rings<A> {
             .collect()
     }
 
+    /// With one connection (one daemon), its sleep on the ring (`Delegation`'s `CallWait`:
+    /// while the machine is oversubscribed, or after 200 µs without a response). With several,
+    /// a sleep on one ring's word would hold up the others' responses: the client yields.
+    fn idle_wait(rings: &mut [A::Conn<Delegation>], waited: Duration) -> bool {
+        match rings {
+            [one] => A::core(one)
+                .transport_mut()
+                .wait_for_response(waited, Duration::from_millis(1)),
+            _ => false,
+        }
+    }
+
     fn writer(&self, conns: &mut [A::Conn<Delegation>]) -> Option<(u64, u64)> {
         let conn = conns.first_mut().filter(|_| self.shared)?;
         let ring = A::core(conn).transport().ring();

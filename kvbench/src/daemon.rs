@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::Backoff;
 use rpc::delegation::{Delegate, DelegationConfig, DelegationServer, ForwardStats, Target};
 use rpc::erpc::ErpcServer;
-use rpc::erpc::idle::{CallWait, IdleConfig, runnable_threads, usable_cpus};
+use rpc::erpc::idle::{CallWait, IdleConfig, may_migrate, runnable_threads, usable_cpus};
 use rpc::scalerpc::ScaleRpcServer;
 use rpc::wire::WireError;
 use rpc::{RpcError, Server, ServerTransport, Service};
@@ -65,7 +65,7 @@ pub(crate) fn spawn_daemon<A: Api>(
         .name(format!("daemon-{rank}.{d}"))
         .spawn(move || {
             pin_current(core);
-            daemon_loop::<A, _>(&mut server, &stop)
+            ring_daemon_loop::<A>(&mut server, &stop)
         })
         .expect("spawn daemon")
 }
@@ -87,16 +87,9 @@ pub(crate) struct DaemonReport {
     pub(crate) erpc: Option<ErpcFigures>,
 }
 
-/// The daemon event loop (seeds/004 §6: only the local ring; or a ScaleRPC server).
-pub(crate) fn daemon_loop<A: Api, T: ServerTransport>(
-    server: &mut Server<A::S, T>,
-    stop: &AtomicBool,
-) -> DaemonReport {
-    daemon_loop_observing::<A, T>(server, stop, |_| {})
-}
-
-/// [`daemon_loop`] that also calls `observe` with the server whenever a round found nothing
-/// to do (to sample transport state, e.g. the connections a ScaleRPC server holds).
+/// The daemon event loop (seeds/004 §6: only the local ring; or a ScaleRPC server) that
+/// spins and yields while idle, and calls `observe` with the server whenever a round found
+/// nothing to do (to sample transport state, e.g. the connections a ScaleRPC server holds).
 pub(crate) fn daemon_loop_observing<A: Api, T: ServerTransport>(
     server: &mut Server<A::S, T>,
     stop: &AtomicBool,
@@ -105,7 +98,7 @@ pub(crate) fn daemon_loop_observing<A: Api, T: ServerTransport>(
     daemon_loop_with::<A, T>(server, stop, observe, None)
 }
 
-/// The eRPC daemon's [`daemon_loop`]: once a round of nothing has outlasted the backoff's
+/// The eRPC daemon's event loop: once a round of nothing has outlasted the backoff's
 /// spinning and yielding, the daemon blocks in its socket
 /// ([`ServerTransport::wait_for_request`], at most 1 ms) when [`CallWait`] says so: while the
 /// machine has more runnable threads than CPUs, or after 200 µs without a request (the
@@ -117,6 +110,28 @@ pub(crate) fn erpc_daemon_loop<A: Api>(
 ) -> DaemonReport {
     let wait = CallWait::new(IdleConfig::default(), usable_cpus());
     daemon_loop_with::<A, ErpcServer>(server, stop, |_| {}, Some(wait))
+}
+
+/// The delegation ring daemon's event loop (seeds/004 §6: only the local ring): as
+/// [`erpc_daemon_loop`], but it sleeps on
+/// the ring's futex word ([`ServerTransport::wait_for_request`]: `RingServer::wait_for_request`,
+/// at most 1 ms) until a client commits a request. A polling daemon next to a busy process
+/// holds a CPU its clients need. A daemon pinned to one CPU never sleeps (rule 5 of
+/// `rpc::erpc::idle`).
+pub(crate) fn ring_daemon_loop<A: Api>(
+    server: &mut KvServerCore<A>,
+    stop: &AtomicBool,
+) -> DaemonReport {
+    // Rule 5 of `rpc::erpc::idle`: a daemon pinned to one CPU polls on.
+    let wait = may_migrate().then(|| CallWait::new(IdleConfig::default(), usable_cpus()));
+    let r = daemon_loop_with::<A, DelegationServer>(server, stop, |_| {}, wait);
+    let st = server.transport().ring().stats();
+    tracing::debug!(
+        idle_waits = st.idle_waits,
+        clients_woken = st.clients_woken,
+        "kv: ring daemon stopped"
+    );
+    r
 }
 
 /// [`daemon_loop_observing`] with an optional wait policy (see [`erpc_daemon_loop`]).
@@ -164,7 +179,7 @@ fn daemon_loop_with<A: Api, T: ServerTransport>(
     }
 }
 
-/// [`daemon_loop`] for the test hook `kv serve --drop-reply N`: the `drop`-th request
+/// [`ring_daemon_loop`] for the test hook `kv serve --drop-reply N`: the `drop`-th request
 /// (1-based; 0: none) is executed and its reply dropped (counted in `dropped_replies`).
 pub(crate) fn daemon_loop_dropping<A: Api>(
     server: &mut KvServerCore<A>,

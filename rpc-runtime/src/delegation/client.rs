@@ -4,8 +4,8 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicU64, fence};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
@@ -15,6 +15,7 @@ use super::error::{RingCallError, RingError, RingFault};
 use super::header;
 use super::layout::*;
 use super::shm::{self, ShmMap};
+use super::sleep;
 
 /// The client (producer) end of a delegation ring: reserves request slots with `fetch_add` on
 /// the shared `head`, writes requests directly into them, and reads replies from its own
@@ -86,6 +87,10 @@ pub struct RingClient {
     disconnected: bool,
     /// Test hook `__crash` was used: `Drop` must not touch shared state.
     crashed: bool,
+    /// Sleeps in [`RingClient::wait_for_response`].
+    idle_waits: u64,
+    /// `FUTEX_WAIT` was refused once: `wait_for_response` no longer sleeps.
+    sleep_unsupported: bool,
 }
 
 /// Default bound on the time [`RingClient::try_call`] and [`RingClient::try_call_with`] wait
@@ -224,6 +229,8 @@ impl RingClient {
             fault: None,
             disconnected: false,
             crashed: false,
+            idle_waits: 0,
+            sleep_unsupported: false,
         })
     }
 
@@ -275,6 +282,63 @@ impl RingClient {
     /// Calls that returned [`RingCallError::Timeout`].
     pub fn timed_out_calls(&self) -> u64 {
         self.timed_out_calls
+    }
+
+    /// Sleeps in [`wait_for_response`](Self::wait_for_response) (woken, timed out, or the
+    /// word changed before the wait).
+    pub fn idle_waits(&self) -> u64 {
+        self.idle_waits
+    }
+
+    /// Blocks until a reply to one of this client's outstanding calls may have arrived, at
+    /// most `bound` (module `sleep`: the record's word [`REC_SLEEP`], which the server checks
+    /// after its round of replies). For a caller whose polls found nothing; the caller
+    /// decides when to sleep (e.g. `rpc::erpc::idle::CallWait`).
+    ///
+    /// Returns `true` if it slept (counted in [`idle_waits`](Self::idle_waits)) or found a
+    /// reply already there, `false` without sleeping: no call is outstanding, the client is
+    /// disconnected or the ring failed (the next poll reports it), or `FUTEX_WAIT` was
+    /// refused once (never tried again). A server that died or stopped leaves the sleep to
+    /// its bound; the caller's polls then check its liveness as before.
+    pub fn wait_for_response(&mut self, bound: Duration) -> bool {
+        if self.in_flight == 0
+            || self.sleep_unsupported
+            || self.disconnected
+            || self.fault.is_some()
+        {
+            return false;
+        }
+        let word = self.map.u32_at(self.record + REC_SLEEP);
+        word.swap(1, SeqCst);
+        fence(SeqCst);
+        if self.any_response() {
+            word.store(0, Relaxed);
+            return true;
+        }
+        let end = sleep::wait(word, bound);
+        word.store(0, Relaxed);
+        if end == sleep::WaitEnd::Unsupported {
+            self.sleep_unsupported = true;
+            return false;
+        }
+        self.idle_waits += 1;
+        true
+    }
+
+    /// Whether a response slot with a call outstanding has `valid` set.
+    fn any_response(&self) -> bool {
+        self.outstanding.iter().enumerate().any(|(w, &bits)| {
+            let mut bits = bits;
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                let off = self.resp_slot(w as u32 * 64 + b);
+                if self.map.u8_at(off + RESP_VALID).load(Acquire) != 0 {
+                    return true;
+                }
+            }
+            false
+        })
     }
 
     /// Reserved positions this client gave up, and reserved again within the same call,
@@ -698,7 +762,9 @@ impl RingClient {
         let tail = self.map.hdr_u64::<OFF_TAIL>().load(Acquire);
         let rp = self.map.u64_at(self.record + REC_RESERVING_POS);
         rp.store(POS_RESERVING, Relaxed);
-        let pos = self.map.hdr_u64::<OFF_HEAD>().fetch_add(1, Release);
+        // SeqCst: the server's sleep check relies on it (module `sleep`); on x86-64 the same
+        // locked instruction as Release.
+        let pos = self.map.hdr_u64::<OFF_HEAD>().fetch_add(1, SeqCst);
         // Release: a server that reads `pos` here also sees this client's earlier commits.
         rp.store(pos, Release);
         // `tail` only grows, so room against the old value is room now. (Wrapping: a `pos`
@@ -1010,6 +1076,7 @@ fn try_claim(file: &File, map: &ShmMap, layout: &Layout, id: u32) -> std::io::Re
     let generation = map.u32_at(rec + REC_GENERATION).load(Relaxed);
     map.u64_at(rec + REC_RESERVING_POS).store(POS_IDLE, Relaxed);
     map.u32_at(rec + REC_PID).store(std::process::id(), Relaxed);
+    map.u32_at(rec + REC_SLEEP).store(0, Relaxed);
     // Reclaim already cleared these; clearing again costs nothing and tolerates a sloppy file.
     for s in 0..layout.params.resp_depth {
         map.u8_at(layout.resp_slot_offset(id, s) + RESP_VALID)
@@ -1055,6 +1122,12 @@ fn commit_entry(
     }
     map.u64_at(record + REC_RESERVING_POS)
         .store(POS_IDLE, Release);
+    // The client's half of the server's sleep (module `sleep`): a sleeping server is woken
+    // (also for an entry it will drop, so that it frees the position at once).
+    let server_sleep = map.hdr_u32::<OFF_SERVER_SLEEP>();
+    if server_sleep.load(SeqCst) != 0 {
+        sleep::wake(server_sleep);
+    }
     committed
 }
 

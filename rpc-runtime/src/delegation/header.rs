@@ -78,6 +78,7 @@ pub(super) fn init(map: &ShmMap, layout: &Layout, cfg: &RingConfig, liveness_ns:
     map.hdr_u64::<OFF_HEAD>().store(0, Relaxed);
     map.hdr_u64::<OFF_TAIL>().store(0, Relaxed);
     map.hdr_u8::<OFF_RING_FAULT>().store(0, Relaxed);
+    map.u32_at(OFF_SERVER_SLEEP).store(0, Relaxed);
     for i in 0..u64::from(p.ring_depth) {
         map.u64_at(layout.seq_offset(i))
             .store(seq_word(i, SEQ_FREE), Relaxed);
@@ -88,6 +89,7 @@ pub(super) fn init(map: &ShmMap, layout: &Layout, cfg: &RingConfig, liveness_ns:
         map.u32_at(rec + REC_GENERATION).store(0, Relaxed);
         map.u64_at(rec + REC_RESERVING_POS).store(POS_IDLE, Relaxed);
         map.u32_at(rec + REC_PID).store(0, Relaxed);
+        map.u32_at(rec + REC_SLEEP).store(0, Relaxed);
     }
     map.hdr_u8::<OFF_SERVER_ALIVE>().store(1, Release);
 }

@@ -20,11 +20,13 @@
 /// File magic, "DLGRPCV1" read as a big-endian `u64`. Source: seeds/004 §2.1.
 pub const MAGIC: u64 = 0x444C_4752_5043_5631;
 /// Layout version written at [`OFF_VERSION`]. Seeds/004 §2.1 Header has 1 (初期値 1); this
-/// implementation writes 3: its request slot header differs from the seed's (the sequence
+/// implementation writes 4: its request slot header differs from the seed's (the sequence
 /// word, [`SLOT_SEQ`]), so a build with the seed's layout refuses the ring with a clear version
 /// error instead of misreading slots; version 2 had the same layout but a claim/commit protocol
-/// with two more sequence states (a CAS claim), which must not meet this one on a ring.
-pub const VERSION: u32 = 3;
+/// with two more sequence states (a CAS claim), which must not meet this one on a ring;
+/// version 3 had no wake words ([`OFF_SERVER_SLEEP`], [`REC_SLEEP`]): its
+/// clients would never wake a server of this version that sleeps.
+pub const VERSION: u32 = 4;
 
 /// Cache-line size every region and slot is aligned to, in bytes. Source: seeds/004 §2.1
 /// ("各 64B アラインメント").
@@ -76,6 +78,13 @@ pub const OFF_SERVER_PID: usize = 72;
 /// `u64` server's liveness interval in nanoseconds; clients use it to pace their slow liveness
 /// checks. Extension, seed: padding.
 pub const OFF_LIVENESS_INTERVAL_NS: usize = 80;
+/// `AtomicU32` futex word: 1 while the server may be asleep in
+/// [`RingServer::wait_for_request`](super::RingServer::wait_for_request), else 0. A client
+/// that finds it non-zero after a commit swaps it to 0 and wakes the server (`FUTEX_WAKE`).
+/// In the header's second line, which clients only read (the server writes it when it goes
+/// to sleep and when it wakes). Extension, seed: padding (the seed's server never sleeps);
+/// see the module docs, "Sleeping".
+pub const OFF_SERVER_SLEEP: usize = 76;
 
 /// Byte range `[0, HEADER_SIZE)` on which the server holds an OFD write lock for its lifetime
 /// (liveness, extension: the seed has no liveness mechanism beyond `server_alive`).
@@ -161,6 +170,10 @@ pub const REC_GENERATION: usize = 4;
 pub const REC_RESERVING_POS: usize = 64;
 /// `u32` pid of the owning process (diagnostics only).
 pub const REC_PID: usize = 8;
+/// `AtomicU32` futex word: 1 while the owner may be asleep waiting for a response, else 0.
+/// The server swaps it to 0 and wakes the owner after publishing replies to it. In the record's first line, which the server reads on every reply
+/// anyway and the owner writes only when it goes to sleep and wakes.
+pub const REC_SLEEP: usize = 12;
 
 /// Record state: unowned; all of the id's response slots have `valid == 0`.
 pub const CLIENT_FREE: u32 = 0;

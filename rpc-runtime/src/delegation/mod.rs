@@ -12,8 +12,9 @@
 //! padding (schema fingerprint, payload capacities, redundant sizes for validation, payload
 //! lengths, pids, the liveness interval, the ring fault byte), and a client table
 //! appended at the end; each request slot starts with a 64-bit sequence word (its header is
-//! 24 bytes, the seed's 16, and the layout version is 2). See [`layout`] for every offset and
-//! its source.
+//! 24 bytes, the seed's 16, and the layout version is 4), and the header and each client
+//! record hold a futex word for sleeping (see "Sleeping" below). See [`layout`] for every
+//! offset and its source.
 //!
 //! # Protocol
 //! Seeds/004 §2.2: a client reserves a position with `head.fetch_add(1)`, waits until
@@ -146,9 +147,18 @@
 //! answer; the operator restarts the server, which creates a fresh ring (replacing the failed
 //! file).
 //!
+//! # Sleeping (extension, seed: none)
+//! A server with nothing to do may sleep in [`RingServer::wait_for_request`] until a client
+//! commits, and a client waiting for replies in [`RingClient::wait_for_response`] until the
+//! server's round of replies: `FUTEX_WAIT` on a word in the shared mapping, woken by the
+//! other side with `FUTEX_WAKE` when it finds the word set. The protocol, why no wake is lost,
+//! and the cost on the hot paths (one load of a read-mostly header line per commit, one
+//! fence per round of replies) are in the `sleep` module's docs. Both are only offered: the
+//! callers decide when to sleep (the typed [`Delegation`] transport and the `kv` daemons
+//! with `rpc::erpc::idle::CallWait`, never from a thread pinned to one CPU).
+//!
 //! # Every wait is bounded
-//! Nothing in this module blocks in the kernel; these are all the loops that wait for another
-//! party, and what ends each:
+//! These are all the loops and sleeps that wait for another party, and what ends each:
 //!
 //! | where | waits for | bounded by |
 //! |---|---|---|
@@ -158,6 +168,8 @@
 //! | [`RingClient::try_call`], [`RingClient::try_call_with`], and the typed [`Delegation`] transport's `send` | as above | as above, with the client's send timeout as the deadline ([`DEFAULT_SEND_TIMEOUT`] = 1 s, [`RingClient::set_send_timeout`]) |
 //! | [`RingClient::poll`] | nothing: it never blocks | the caller's deadline. It fails at once on a shut-down server or a failed ring, and within `liveness_interval` on a dead server |
 //! | [`RingServer::poll`] at a hole (it does not block either: it returns 0) | the reserving client to commit | `hole_timeout` if the owner is dead, unknown or gave up; `stall_timeout` if it is alive |
+//! | [`RingServer::wait_for_request`] (`FUTEX_WAIT`; not at all while an entry is reserved past the cursor) | a client's commit | the caller's bound (the `kv` daemons: 1 ms; the runner: its park) |
+//! | [`RingClient::wait_for_response`] (`FUTEX_WAIT`) | the server's round of replies | the caller's bound (the typed client: its remaining deadline, at most 1 ms; the `kv` clients: 1 ms); a dead server is then found by the polls' liveness checks as before |
 //! | [`Delegate`] Phase 1 hand-off to a daemon whose response slots are all in use | the daemon to answer | the delegate's wait timeout ([`forward::DEFAULT_WAIT_TIMEOUT`] = 1 s, [`Delegate::set_wait_timeout`]), which is also the hand-off call's deadline |
 //! | [`Delegate`] Phase 2 `copyrpc call` on a full ring or short of credit | the peer delegate to return space | the delegate's wait timeout; an endpoint failure reported by copyrpc |
 //!
@@ -182,6 +194,7 @@ pub mod layout;
 pub mod manifest;
 mod server;
 mod shm;
+mod sleep;
 mod stats;
 
 #[cfg(feature = "test-hooks")]

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicU64, fence};
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,7 @@ use super::error::{RingError, RingFault, RingReplyError};
 use super::header::{self, Header};
 use super::layout::*;
 use super::shm::{self, ShmMap};
+use super::sleep;
 use super::stats::RingStats;
 
 /// Identifies the response slot a reply goes to, and the incarnation of the client id that
@@ -133,6 +134,12 @@ pub struct RingServer {
     held_count: usize,
     /// Per client id: `head` observed when the owner was first seen detached or dead.
     death_noticed: Box<[u64]>,
+    /// Client ids replied to since the last check of their sleep words (module `sleep`).
+    replied: Vec<u32>,
+    /// Per client id: in `replied`.
+    replied_mark: Box<[bool]>,
+    /// `FUTEX_WAIT` was refused once: `wait_for_request` no longer sleeps.
+    sleep_unsupported: bool,
 }
 
 impl RingServer {
@@ -243,6 +250,9 @@ impl RingServer {
             held_by: vec![UNKNOWN_HOLDER; p.ring_depth as usize].into_boxed_slice(),
             held_count: 0,
             death_noticed: vec![NOT_NOTICED; p.max_clients as usize].into_boxed_slice(),
+            replied: Vec::with_capacity(p.max_clients as usize),
+            replied_mark: vec![false; p.max_clients as usize].into_boxed_slice(),
+            sleep_unsupported: false,
         })
     }
 
@@ -472,8 +482,15 @@ impl RingServer {
     /// invalidate the clients' cached copy of `tail`). Before storing, checks that `tail` still
     /// holds the value it last published (only the server writes it): if not, the ring is
     /// marked failed ([`RingFault::TailCorrupt`]) and nothing is stored.
+    ///
+    /// It first wakes the clients replied to since the last call that sleep in
+    /// [`RingClient::wait_for_response`](super::RingClient::wait_for_response) (one fence for
+    /// all of them; module `sleep`).
     #[inline]
     pub fn advance_tail(&mut self) {
+        if !self.replied.is_empty() {
+            self.wake_replied();
+        }
         if self.cursor == self.tail_published {
             return;
         }
@@ -568,7 +585,64 @@ impl RingServer {
         self.map.u8_at(off + RESP_VALID).store(1, Release);
         self.pending[bit / 64] &= !(1 << (bit % 64));
         self.stats.replied += 1;
+        // The client's sleep word is checked at the next `advance_tail` (module `sleep`).
+        let mark = &mut self.replied_mark[token.client_id as usize];
+        if !*mark {
+            *mark = true;
+            self.replied.push(token.client_id);
+        }
         Ok(())
+    }
+
+    /// The server's half of a client's sleep (module `sleep`): one SeqCst fence after the
+    /// replies published since the last call, then each replied client's sleep word; a
+    /// client found asleep is woken (counted in [`RingStats::clients_woken`]).
+    #[inline]
+    fn wake_replied(&mut self) {
+        fence(SeqCst);
+        for &id in &self.replied {
+            self.replied_mark[id as usize] = false;
+            let word = self.map.u32_at(self.layout.record_offset(id) + REC_SLEEP);
+            if word.load(Relaxed) != 0 && sleep::wake(word) {
+                self.stats.clients_woken += 1;
+            }
+        }
+        self.replied.clear();
+    }
+
+    /// Blocks the serving thread until a client commits a request, at most `bound` (module
+    /// `sleep`: the server's word [`OFF_SERVER_SLEEP`]). For a server that found nothing in
+    /// its polls; the caller decides when to sleep (e.g. `rpc::erpc::idle::CallWait`, or the
+    /// runner's park).
+    ///
+    /// Returns `true` if it slept (woken, timed out, or the word changed before the wait;
+    /// counted in [`RingStats::idle_waits`]), `false` without sleeping: the ring is failed,
+    /// `FUTEX_WAIT` was refused once (never tried again), or an entry is reserved past the
+    /// cursor (committed since the last poll, being written, or a hole the next polls
+    /// examine). First wakes the clients that wait for replies already published.
+    pub fn wait_for_request(&mut self, bound: Duration) -> bool {
+        if !self.replied.is_empty() {
+            self.wake_replied();
+        }
+        if self.fault.is_some() || self.sleep_unsupported {
+            return false;
+        }
+        let word = self.map.hdr_u32::<OFF_SERVER_SLEEP>();
+        word.swap(1, SeqCst);
+        if self.map.hdr_u64::<OFF_HEAD>().load(SeqCst) != self.cursor {
+            word.store(0, Relaxed);
+            return false;
+        }
+        let end = sleep::wait(word, bound);
+        word.store(0, Relaxed);
+        if end == sleep::WaitEnd::Unsupported {
+            self.sleep_unsupported = true;
+            return false;
+        }
+        self.stats.idle_waits += 1;
+        // Time has passed: the next poll reads the clock for the periodic work.
+        self.polls_until_clock = 1;
+        true
     }
 
     #[cold]
@@ -960,6 +1034,7 @@ impl RingServer {
             .u64_at(rec + REC_RESERVING_POS)
             .store(POS_IDLE, Relaxed);
         self.map.u32_at(rec + REC_PID).store(0, Relaxed);
+        self.map.u32_at(rec + REC_SLEEP).store(0, Relaxed);
         self.map.u32_at(rec + REC_STATE).store(CLIENT_FREE, Release);
         self.death_noticed[id as usize] = NOT_NOTICED;
         self.stats.clients_reclaimed += 1;

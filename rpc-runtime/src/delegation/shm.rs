@@ -334,6 +334,17 @@ impl ShmMap {
         unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(OFF).cast()) }
     }
 
+    /// The `AtomicU32` header field at the constant offset `OFF` (4-aligned and
+    /// `OFF + 4 <= HEADER_LEN`, checked at compile time): no run-time bounds check, for the
+    /// server's sleep word every commit reads.
+    #[inline(always)]
+    pub(super) fn hdr_u32<const OFF: usize>(&self) -> &AtomicU32 {
+        const { assert!(OFF + 4 <= HEADER_LEN && OFF.is_multiple_of(4)) };
+        // SAFETY: in bounds as in `hdr_u8`; aligned because the mapping is page-aligned and
+        // `OFF` is a multiple of 4.
+        unsafe { AtomicU32::from_ptr(self.map.as_mut_ptr().add(OFF).cast()) }
+    }
+
     /// The three `AtomicU32`s at `off`, `off + 4`, `off + 8` (must be 4-aligned and in bounds,
     /// else panics): one bounds check for a slot header's `client_id`, `resp_slot_idx` and
     /// `payload_len`.

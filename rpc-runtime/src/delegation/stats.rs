@@ -47,6 +47,12 @@ pub struct RingStats {
     pub resp_slot_busy: u64,
     /// Client ids returned to `FREE` after their owner detached or died.
     pub clients_reclaimed: u64,
+    /// Sleeps of the server in [`RingServer::wait_for_request`](super::RingServer::wait_for_request)
+    /// (woken, timed out, or the word changed before the wait).
+    pub idle_waits: u64,
+    /// Clients found asleep in [`RingClient::wait_for_response`](super::RingClient::wait_for_response)
+    /// and woken after replies (`FUTEX_WAKE`).
+    pub clients_woken: u64,
 }
 
 impl RingStats {

@@ -12,6 +12,7 @@ use super::{
     ReplyToken, RingCallError, RingClient, RingConfig, RingError, RingReplyError, RingServer,
 };
 use crate::client::ClientTransport;
+use crate::erpc::idle::{CallWait, IdleConfig, runnable_threads, thread_may_migrate, usable_cpus};
 use crate::error::{
     LimitSide, MessageKind, RpcError, SETTING_DERIVED_FROM_SERVICE, SETTING_SERVICE_MAX,
 };
@@ -59,6 +60,8 @@ impl Default for DelegationConfig {
 #[derive(Debug)]
 pub struct Delegation {
     ring: RingClient,
+    /// When a blocking call sleeps ([`ClientTransport::wait_for_response`]); `None`: never.
+    call_wait: Option<CallWait>,
 }
 
 impl Delegation {
@@ -145,7 +148,10 @@ impl ClientTransport for Delegation {
                 min: None,
             });
         }
-        Ok(Delegation { ring })
+        Ok(Delegation {
+            ring,
+            call_wait: Some(CallWait::new(IdleConfig::default(), usable_cpus())),
+        })
     }
 
     #[inline]
@@ -174,6 +180,47 @@ impl ClientTransport for Delegation {
             .poll(on_response)
             .map_err(|e| call_error(e, &self.ring))
     }
+
+    /// Sleeps on the client's futex word ([`RingClient::wait_for_response`], at most `max`)
+    /// if [`CallWait`] says so for a call that has waited `waited`: while the machine is
+    /// oversubscribed, or once the call has waited 200 µs (module [`crate::erpc::idle`], "A
+    /// blocking call"), and only if the calling thread may run on more than one CPU (rule 5
+    /// there). `false` without sleeping otherwise (the call yields).
+    fn wait_for_response(&mut self, waited: Duration, max: Duration) -> bool {
+        let Some(w) = &mut self.call_wait else {
+            return false;
+        };
+        // Rule 5: a thread pinned to one CPU polls on.
+        if !thread_may_migrate() {
+            return false;
+        }
+        let now = idle_clock();
+        let waited = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        if !w.should_block(now, waited, runnable_threads) {
+            return false;
+        }
+        self.ring.wait_for_response(max)
+    }
+}
+
+impl Delegation {
+    /// Turns the sleeps of blocking calls on (`Some`, the default: `CallWait` with
+    /// `IdleConfig::default()`) or off (`None`: a waiting call polls and yields).
+    pub fn set_call_wait(&mut self, policy: Option<CallWait>) {
+        self.call_wait = policy;
+    }
+
+    /// The sleep policy's counters (`None` if off).
+    pub fn call_wait_stats(&self) -> Option<crate::erpc::idle::CallWaitStats> {
+        self.call_wait.as_ref().map(CallWait::stats)
+    }
+}
+
+/// Nanoseconds on a process-wide monotonic clock, for [`CallWait`]'s sampling interval.
+fn idle_clock() -> u64 {
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(std::time::Instant::now);
+    u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Server transport over a delegation ring it creates in `/dev/shm` (seeds/004 §2.2 server
@@ -250,6 +297,13 @@ impl ServerTransport for DelegationServer {
     #[inline]
     fn flush(&mut self) {
         self.ring.advance_tail();
+    }
+
+    /// Sleeps on the ring's server futex word until a client commits a request, at most
+    /// `timeout` ([`RingServer::wait_for_request`]); `false` without sleeping if an entry is
+    /// already reserved (the loop polls again after its park or yield).
+    fn wait_for_request(&mut self, timeout: Duration) -> bool {
+        self.ring.wait_for_request(timeout)
     }
 
     #[inline]

@@ -1,0 +1,104 @@
+//! Sleeping on the ring: the futex words that let an idle server, or a client waiting for
+//! its responses, block in the kernel instead of spinning and yielding (extension, seed:
+//! none; the seed's server and clients poll forever). Every rule of the wake protocol is
+//! here or names this module.
+//!
+//! A thread that polls shared memory can only spin or yield, and a yield lets only the
+//! threads of its own CPU run: next to a busy process, the thread that would answer waits for
+//! the busy one's time slice (4 ms on the machines we measured). A thread blocked in
+//! `FUTEX_WAIT` leaves its CPU idle, and the one it wakes with `FUTEX_WAKE` is scheduled at
+//! once (Linux `futex(2)`). The words are in the shared mapping, so the futex operations are
+//! the shared (not `FUTEX_PRIVATE_FLAG`) ones: the sleeper and the waker may be processes.
+//!
+//! # The server's word ([`OFF_SERVER_SLEEP`](super::layout::OFF_SERVER_SLEEP))
+//! * **Server** ([`RingServer::wait_for_request`](super::RingServer::wait_for_request)):
+//!   `swap(1)` the word (SeqCst), then load `head` (SeqCst). If `head` is past the cursor
+//!   (an entry is reserved: committed, being written, or a hole), it stores 0 and does not
+//!   sleep. Otherwise `FUTEX_WAIT(word, 1, bound)`, then stores 0.
+//! * **Client**: reserves with `head.fetch_add` (SeqCst), and after its commit loads the word
+//!   (SeqCst); if it is non-zero, `swap(0)` and, if that returned non-zero, `FUTEX_WAKE(1)`
+//!   (one waker per sleep pays the system call).
+//!
+//! No wake is lost: the four operations are sequentially consistent, so if the server's load
+//! of `head` missed the client's `fetch_add`, that load precedes the `fetch_add` in the
+//! single total order, and the client's later load of the word follows the server's
+//! `swap(1)`: it sees 1 (or 0 stored by another client that woke the server, or by the
+//! server itself after waking). A client that commits before the server sleeps is seen in
+//! `head`. On x86-64 these orderings cost nothing over the protocol's own: the `fetch_add`
+//! is a locked instruction either way and a SeqCst load is a plain load.
+//!
+//! # A client's word ([`REC_SLEEP`](super::layout::REC_SLEEP))
+//! * **Client** ([`RingClient::wait_for_response`](super::RingClient::wait_for_response)):
+//!   `swap(1)` the word in its record and issue a SeqCst fence, then look at the `valid` flag
+//!   of every response slot with a call outstanding. If one is set, it stores 0 and returns
+//!   at once. Otherwise `FUTEX_WAIT(word, 1, bound)`, then stores 0.
+//! * **Server**: remembers the clients it published replies to. At its next
+//!   [`advance_tail`](super::RingServer::advance_tail) (the end of each round of the typed
+//!   server) and before it sleeps, it issues one SeqCst fence for all of them, then loads each
+//!   one's word; a non-zero word is swapped to 0 and, if that returned non-zero, woken.
+//!
+//! Fence against fence: a client whose look at `valid` missed a reply has its `swap(1)`
+//! ordered before the server's fence, so the server's later load sees it. The fence costs
+//! the server one drain of its store buffer per round with replies, not per reply, and does
+//! not delay the client's view of the reply (it waits for the reply's store to leave the
+//! server, which is when the client can see it anyway).
+//!
+//! # Bounds
+//! Every sleep is bounded by its caller's bound (the `kv` daemons and clients pass 1 ms; the
+//! typed client passes its remaining deadline, at most 1 ms), so a wake that never comes (a
+//! waker that died between its commit and its load of the word, a peer of another version, a
+//! word overwritten with garbage) costs at most that bound; a garbage word costs at most one
+//! spurious wake. `FUTEX_WAIT` returns at once if the word is no longer 1 (`EAGAIN`), and on
+//! a signal (`EINTR`); every return is treated alike: the caller polls again.
+
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+use rustix::thread::futex;
+
+/// How a [`wait`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WaitEnd {
+    /// Woken, timed out, the word changed before the wait (`EAGAIN`) or a signal (`EINTR`):
+    /// the caller polls again.
+    Returned,
+    /// The kernel refused the wait (e.g. `ENOSYS` under a seccomp filter): the caller must not
+    /// try again, it would spin.
+    Unsupported,
+}
+
+/// `FUTEX_WAIT(word, 1, bound)` on a shared mapping: sleeps while `word == 1`, at most `bound`.
+pub(super) fn wait(word: &AtomicU32, bound: Duration) -> WaitEnd {
+    let ts = futex::Timespec {
+        tv_sec: i64::try_from(bound.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: bound.subsec_nanos() as futex::Nsecs,
+    };
+    match futex::wait(word, futex::Flags::empty(), 1, Some(&ts)) {
+        Ok(()) => WaitEnd::Returned,
+        Err(e)
+            if e == rustix::io::Errno::AGAIN
+                || e == rustix::io::Errno::TIMEDOUT
+                || e == rustix::io::Errno::INTR =>
+        {
+            WaitEnd::Returned
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "delegation ring: FUTEX_WAIT refused; polling instead");
+            WaitEnd::Unsupported
+        }
+    }
+}
+
+/// The waker's step: if `word` is non-zero, `swap(0)` it and, if the swap returned non-zero,
+/// `FUTEX_WAKE` one sleeper. Returns whether it made the system call.
+#[cold]
+#[inline(never)]
+pub(super) fn wake(word: &AtomicU32) -> bool {
+    use std::sync::atomic::Ordering::SeqCst;
+    if word.swap(0, SeqCst) == 0 {
+        return false;
+    }
+    // An error (`EFAULT` cannot happen on a live mapping) leaves the sleeper to its bound.
+    let _ = futex::wake(word, futex::Flags::empty(), 1);
+    true
+}
