@@ -1310,3 +1310,77 @@ fn a_blocking_call_to_a_slow_handler_waits_in_its_socket() {
     }
     h.join().unwrap();
 }
+
+/// A client of two servers waits in both sockets at once (`rpc::erpc::wait_for_any_response`,
+/// one `ppoll`): a call in flight to the slow second server completes through waits the
+/// first connection counts, and no wait outlives its bound. With the first connection's
+/// policy off, the function declines at once.
+#[test]
+fn a_client_of_two_servers_waits_in_both_sockets() {
+    let (fast, fast_addr) = server::<KvService>(&ErpcConfig::default());
+    let (slow, slow_addr) = server::<KvService>(&ErpcConfig::default());
+    let hf = spawn_kv(fast);
+    let mut store = Store::default();
+    let hs = spawn(slow, move |req| {
+        if let KvRequest::Put(_) = &req {
+            thread::sleep(Duration::from_millis(20));
+        }
+        KvService::dispatch(&mut store, req)
+    });
+    let connect = |addr: &SocketAddr| {
+        KvClient::from_transport(
+            Erpc::<UdpTransport>::connect_with(addr, KvService::DESCRIPTOR, &ErpcConfig::default())
+                .unwrap(),
+        )
+    };
+    let mut a = connect(&fast_addr);
+    let mut b = connect(&slow_addr);
+    a.put(0, 1, 1).unwrap();
+    b.put(0, 2, 2).unwrap();
+    b.issue(7).put(0, 3, 3).unwrap();
+    // The blocking put above waited in `b`'s socket on its own.
+    let (a0, b0) = (
+        a.transport().stats().idle_waits,
+        b.transport().stats().idle_waits,
+    );
+    let t = Instant::now();
+    let mut done = None;
+    let mut waits = 0;
+    while done.is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the slow call never ended"
+        );
+        // Waited past `max_spin`: the policy says block.
+        let clients = [a.transport_mut(), b.transport_mut()];
+        if rpc::erpc::wait_for_any_response(clients, Duration::from_secs(1), Duration::from_secs(1))
+        {
+            waits += 1;
+        }
+        // The idle connection's event loop runs too (its timers), as `kv`'s clients run
+        // theirs (`Daemons::keepalive`): the typed `poll` of a client with nothing in flight
+        // does not run it.
+        assert_eq!(a.transport_mut().poll(|_, _| {}).unwrap(), 0);
+        done = b.poll().unwrap();
+    }
+    assert_eq!(done.unwrap().0, 7);
+    // `true` also when a connection had work at once (not a wait, not counted).
+    let counted = a.transport().stats().idle_waits - a0;
+    assert!((1..=waits).contains(&counted), "{counted} of {waits}");
+    assert_eq!(
+        b.transport().stats().idle_waits,
+        b0,
+        "counted on the first only"
+    );
+    // The first connection's policy off: declined without waiting.
+    a.transport_mut().set_client_idle(None);
+    let clients = [a.transport_mut(), b.transport_mut()];
+    assert!(!rpc::erpc::wait_for_any_response(
+        clients,
+        Duration::from_secs(1),
+        Duration::from_secs(60)
+    ));
+    drop((a, b));
+    hf.join().unwrap();
+    hs.join().unwrap();
+}

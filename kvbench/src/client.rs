@@ -207,14 +207,18 @@ impl<A: Api> Daemons<A> for ErpcDaemons {
     }
 
     /// With one connection (one daemon), its socket wait (`Erpc`'s `CallWait`: while the
-    /// machine is oversubscribed, or after 200 µs without a response). With several, a block
-    /// in one socket would hold up the others' responses: the client yields.
+    /// machine is oversubscribed, or after 200 µs without a response); with several, one
+    /// `ppoll` over all their sockets ([`rpc::erpc::wait_for_any_response`]), so that a
+    /// response from any daemon ends it.
     fn idle_wait(rings: &mut [A::Conn<Erpc>], waited: Duration) -> bool {
+        let max = Duration::from_millis(1);
         match rings {
-            [one] => A::core(one)
-                .transport_mut()
-                .wait_for_response(waited, Duration::from_millis(1)),
-            _ => false,
+            [one] => A::core(one).transport_mut().wait_for_response(waited, max),
+            many => rpc::erpc::wait_for_any_response(
+                many.iter_mut().map(|r| A::core(r).transport_mut()),
+                waited,
+                max,
+            ),
         }
     }
 }

@@ -420,6 +420,24 @@ impl<T: DatagramTransport> Endpoint<T> {
         self.wait_bounded(now, Time::try_from(max.as_nanos()).unwrap_or(Time::MAX))
     }
 
+    /// What [`wait_for_datagram`](Self::wait_for_datagram) would wait on, and for how long,
+    /// for a caller that waits for several endpoints at once: `None` if the next iteration
+    /// has work without a datagram or a timer is due (the caller must not wait), else the
+    /// transport's [`RxFd`](super::datagram::RxFd) and the bound (at most `max`, never past
+    /// the core's next timer).
+    pub fn wait_target(
+        &mut self,
+        max: std::time::Duration,
+    ) -> Option<(super::datagram::RxFd, std::time::Duration)> {
+        if self.in_iteration || self.tx_head < self.tx_meta.len() || self.rpc.has_ready_work() {
+            return None;
+        }
+        let now = self.clock();
+        let max = Time::try_from(max.as_nanos()).unwrap_or(Time::MAX);
+        let bound = block_bound(now, self.rpc.next_timeout(), max)?;
+        Some((self.transport.rx_wait_fd(), bound))
+    }
+
     /// [`wait_for_datagram`](Self::wait_for_datagram) at `now`, at most `max` ns.
     fn wait_bounded(&mut self, now: Time, max: Time) -> Option<RxWait> {
         if self.in_iteration || self.tx_head < self.tx_meta.len() || self.rpc.has_ready_work() {

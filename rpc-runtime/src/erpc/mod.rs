@@ -47,6 +47,7 @@
 //! | [`Erpc::reconnect`] | does not wait: the new sessions connect in the background, under the rows above | calls fail with `ServerDisconnected` if the server stays silent |
 //! | [`event_loop::Endpoint::idle_wait`] after an iteration that found nothing: polls on for an adaptive window, then blocks in [`datagram::DatagramTransport::rx_wait`] (UDP: `ppoll`) until a datagram may be waiting ([`idle`]); [`event_loop::Endpoint::wait_for_datagram`], the same block for a loop with its own idle policy ([`ErpcServer`] under the runner's backoff, in place of its park) | the core's next timer ([`core::Rpc::next_timeout`]: retransmission, keepalive, failure detection, the next paced packet) and [`idle::IdleConfig::max_block`] (1 ms) or the caller's bound (the runner's park, at most its `max_sleep`, 1 ms); never entered with a queued packet or event, an unsent transmit tail or a due timer | the loop runs its next iteration; a transport that cannot wait (mlx5 UD) turns the policy off, or the runner parks |
 //! | a blocking call of an [`Erpc`] client (`crate::Client`) with no response after its backoff (spin, then 4 yields): blocks in [`event_loop::Endpoint::wait_for_datagram`] when [`idle::CallWait`] says so (an oversubscribed machine, or a call waiting for over `max_spin`, 200 µs; [`ErpcConfig::client_idle`]) | the call's remaining deadline, 1 ms (the client's idle tick), and the core's next timer; never entered with work queued | the call polls again; its deadline ends it as before; a transport that cannot wait (mlx5 UD) turns the policy off |
+//! | a client of several servers with nothing in flight answered ([`wait_for_any_response`], e.g. `kv`'s clients of several daemons): one `ppoll` over every connection's socket ([`event_loop::Endpoint::wait_target`]) when the first connection's [`idle::CallWait`] says so | the caller's `max` (`kv`: 1 ms) and every connection's next timer; never entered while a connection has work | the caller polls every connection again; a transport that cannot wait declines at once |
 //! | event loop: a full transmit queue | never waited for: the unsent tail is retried on the next iteration | packets leave later (or, on a transport error, count as lost and are re-sent by go-back-N) |
 //!
 //! # Copies per message (issue 15; seeds/000 §3)
@@ -112,4 +113,6 @@ pub mod timely;
 pub mod transport;
 pub mod wheel;
 
-pub use transport::{Erpc, ErpcConfig, ErpcConnect, ErpcServer, ErpcSetupError};
+pub use transport::{
+    Erpc, ErpcConfig, ErpcConnect, ErpcServer, ErpcSetupError, wait_for_any_response,
+};

@@ -137,7 +137,7 @@ use super::core::{
 use super::datagram::lossy::{LossConfig, LossyTransport};
 use super::datagram::ud::{UdAddr, UdConfig, UdTransport};
 use super::datagram::udp::{DEFAULT_BATCH, UdpConfig, UdpMtu, UdpTransport};
-use super::datagram::{DatagramTransport, RxWait};
+use super::datagram::{DatagramTransport, RxFd, RxWait, ppoll_readable};
 use super::event_loop::Endpoint;
 use super::idle::{CallWait, CallWaitStats, IdleConfig, runnable_threads, usable_cpus};
 use super::msgbuf::MsgBuffer;
@@ -1224,6 +1224,64 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
             }
         }
     }
+}
+
+/// The blocking wait of a client of several servers ([`Erpc`] connections, each its own
+/// endpoint and socket): one `ppoll` over all their sockets, so that a response from any of
+/// them ends it (a wait in one socket would hold up the others' responses). The policy is
+/// [`ClientTransport::wait_for_response`]'s: the first connection's [`CallWait`] decides,
+/// for a caller whose polls of every connection found nothing for `waited`; the wait lasts
+/// at most `max` and never past any connection's next timer. Counted in the first
+/// connection's [`ErpcClientStats::idle_waits`].
+///
+/// Returns `true` if it waited, or if a connection has work now (the caller polls at once);
+/// `false` without waiting if the policy says not to (or is off on the first connection),
+/// if a connection's transport cannot wait, or for no connection at all.
+pub fn wait_for_any_response<'a, T: DatagramTransport + 'a>(
+    clients: impl IntoIterator<Item = &'a mut Erpc<T>>,
+    waited: Duration,
+    max: Duration,
+) -> bool {
+    let mut clients = clients.into_iter();
+    let Some(first) = clients.next() else {
+        return false;
+    };
+    let Some(w) = &mut first.call_wait else {
+        return false;
+    };
+    let now = first.ep.clock();
+    let waited_ns = Time::try_from(waited.as_nanos()).unwrap_or(Time::MAX);
+    if !w.should_block(now, waited_ns, runnable_threads) {
+        return false;
+    }
+    // The cold path of an idle client: one small allocation per wait is not on any hot path.
+    let mut fds = Vec::new();
+    let mut bound = max;
+    let mut target = |c: &mut Erpc<T>| match c.ep.wait_target(max) {
+        None | Some((RxFd::Ready, _)) => Some(true),
+        Some((RxFd::Unsupported, _)) => Some(false),
+        Some((RxFd::Fd(fd), b)) => {
+            fds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            bound = bound.min(b);
+            None
+        }
+    };
+    if let Some(now) = target(first) {
+        return now;
+    }
+    for c in clients {
+        if let Some(now) = target(c) {
+            return now;
+        }
+    }
+    // An error (EINTR, ...) ends the wait like a datagram: the caller polls next.
+    let _ = ppoll_readable(&mut fds, bound);
+    first.stats.idle_waits += 1;
+    true
 }
 
 /// Counters of an [`ErpcServer`] (monotonically increasing; the core's are in

@@ -51,6 +51,7 @@ use std::sync::Arc;
 use mlx5::mem::DmaBuf;
 
 pub use ud::{UdAddr, UdConfig, UdTransport};
+pub(crate) use udp::ppoll_readable;
 pub use udp::{UdpConfig, UdpMtu, UdpTransport};
 
 /// Size in bytes of an eRPC packet header (the same value as
@@ -293,6 +294,25 @@ pub trait DatagramTransport {
         let _ = timeout;
         RxWait::Unsupported
     }
+
+    /// What [`rx_wait`](Self::rx_wait) would wait on, for a caller that waits for several
+    /// transports at once (one `ppoll` over all of them: a client of several servers, see
+    /// [`wait_for_any_response`](crate::erpc::wait_for_any_response)). The default is
+    /// [`RxFd::Unsupported`].
+    fn rx_wait_fd(&self) -> RxFd {
+        RxFd::Unsupported
+    }
+}
+
+/// What [`DatagramTransport::rx_wait_fd`] reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RxFd {
+    /// A datagram is already buffered: [`DatagramTransport::rx_wait`] would return at once.
+    Ready,
+    /// `rx_wait` waits for this descriptor to become readable (`POLLIN`).
+    Fd(std::os::fd::RawFd),
+    /// The transport cannot wait for a datagram.
+    Unsupported,
 }
 
 /// What [`DatagramTransport::rx_wait`] did.

@@ -50,7 +50,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 pub use super::path_mtu::UdpMtu;
 use super::path_mtu::auto_mtu;
-use super::{DatagramTransport, PKT_HDR_LEN, RxWait, TransportStats, TxPkt};
+use super::{DatagramTransport, PKT_HDR_LEN, RxFd, RxWait, TransportStats, TxPkt};
 
 /// Default MTU for IPv4 sockets: a 1500-byte Ethernet frame minus 20 B IPv4 and 8 B UDP headers.
 pub const DEFAULT_MTU_V4: usize = 1472;
@@ -1095,6 +1095,14 @@ impl DatagramTransport for UdpTransport {
     /// received by the last `recvmmsg` and not yet handed out (segments of a coalesced one)
     /// make it return [`RxWait::Ready`] at once. An interrupted or failed `ppoll` is `Ready`
     /// (the caller polls; a failure is counted in `rx_errors`).
+    fn rx_wait_fd(&self) -> RxFd {
+        if self.rx_head < self.rx_tail {
+            RxFd::Ready
+        } else {
+            RxFd::Fd(self.socket.as_raw_fd())
+        }
+    }
+
     fn rx_wait(&mut self, timeout: Duration) -> RxWait {
         if self.rx_head < self.rx_tail {
             return RxWait::Ready;
@@ -1115,19 +1123,33 @@ impl DatagramTransport for UdpTransport {
 /// Waits up to `timeout` for `fd` to become readable (`ppoll(2)`, `POLLIN`); `Ok(true)` if it
 /// is (or reports an error condition, which the next receive returns).
 fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
+    let mut pfd = [libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
-    };
+    }];
+    ppoll_readable(&mut pfd, timeout)
+}
+
+/// Waits up to `timeout` (at least 1 µs) for one of `fds` to become readable (`ppoll(2)`,
+/// `POLLIN` each); `Ok(true)` if one is (or reports an error condition, which its next
+/// receive returns), `Ok(false)` at the timeout.
+pub(crate) fn ppoll_readable(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<bool> {
     let ns = timeout.as_nanos().clamp(1_000, 999_999_999_999) as i64;
     let ts = libc::timespec {
         tv_sec: ns / 1_000_000_000,
         tv_nsec: ns % 1_000_000_000,
     };
-    // SAFETY: `pfd` is one valid pollfd and `ts` a valid timespec, both live across the call;
-    // the signal mask argument is null (unchanged).
-    let rc = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    // SAFETY: `fds` is a valid slice of pollfds and `ts` a valid timespec, both live across
+    // the call; the signal mask argument is null (unchanged).
+    let rc = unsafe {
+        libc::ppoll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -1284,6 +1306,39 @@ mod tests {
             ..UdpConfig::default()
         })
         .unwrap()
+    }
+
+    /// `rx_wait_fd` and `ppoll_readable`, the wait of a caller with several transports: the
+    /// socket's descriptor (or `Ready` with segments buffered), a timeout with nothing to
+    /// receive on any, and a return for a datagram in any one of them.
+    #[test]
+    fn a_wait_over_several_sockets_ends_for_a_datagram_in_any() {
+        use std::time::Instant;
+        let mut a = bind_udp(false, DEFAULT_MTU_V4, 8);
+        let b = bind_udp(false, DEFAULT_MTU_V4, 8);
+        let mut c = bind_udp(false, DEFAULT_MTU_V4, 8);
+        let fd = |t: &UdpTransport| match t.rx_wait_fd() {
+            RxFd::Fd(fd) => libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            other => panic!("{other:?}"),
+        };
+        let mut fds = [fd(&b), fd(&c)];
+        assert!(!ppoll_readable(&mut fds, Duration::from_millis(2)).unwrap());
+        let p = pattern(2, 64);
+        assert_eq!(a.tx_burst(&[TxPkt::single(c.local_addr(), &p)]).unwrap(), 1);
+        // Loopback queues the datagram in `c`'s socket within `sendmmsg`: a lost wake would
+        // take the whole 60 s.
+        let t = Instant::now();
+        assert!(ppoll_readable(&mut fds, Duration::from_secs(60)).unwrap());
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert_eq!(c.rx_burst(8), 1);
+        c.rx_release();
+        c.rx_head = 0;
+        c.rx_tail = 1;
+        assert_eq!(c.rx_wait_fd(), RxFd::Ready, "segments still buffered");
     }
 
     /// `rx_wait`: a timeout with nothing to receive, at once for a waiting datagram or for
