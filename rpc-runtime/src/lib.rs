@@ -13,6 +13,7 @@ pub mod erpc;
 pub mod error;
 mod fifo;
 pub mod flux;
+mod futex;
 pub mod ipc;
 mod macro_support;
 mod rc;

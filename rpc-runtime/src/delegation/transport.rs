@@ -12,7 +12,9 @@ use super::{
     ReplyToken, RingCallError, RingClient, RingConfig, RingError, RingReplyError, RingServer,
 };
 use crate::client::ClientTransport;
-use crate::erpc::idle::{CallWait, IdleConfig, runnable_threads, thread_may_migrate, usable_cpus};
+use crate::erpc::idle::{
+    CallWait, IdleConfig, idle_clock, runnable_threads, thread_may_migrate, usable_cpus,
+};
 use crate::error::{
     LimitSide, MessageKind, RpcError, SETTING_DERIVED_FROM_SERVICE, SETTING_SERVICE_MAX,
 };
@@ -214,13 +216,6 @@ impl Delegation {
     pub fn call_wait_stats(&self) -> Option<crate::erpc::idle::CallWaitStats> {
         self.call_wait.as_ref().map(CallWait::stats)
     }
-}
-
-/// Nanoseconds on a process-wide monotonic clock, for [`CallWait`]'s sampling interval.
-fn idle_clock() -> u64 {
-    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let base = *BASE.get_or_init(std::time::Instant::now);
-    u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Server transport over a delegation ring it creates in `/dev/shm` (seeds/004 §2.2 server

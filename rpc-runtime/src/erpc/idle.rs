@@ -501,6 +501,14 @@ pub fn may_migrate() -> bool {
     }
 }
 
+/// Nanoseconds on a process-wide monotonic clock (since its first reading), for a
+/// [`CallWait`] whose caller has no clock of its own (the shared-memory transports).
+pub fn idle_clock() -> Time {
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(std::time::Instant::now);
+    Time::try_from(base.elapsed().as_nanos()).unwrap_or(Time::MAX)
+}
+
 /// [`may_migrate`], read once per thread and remembered (an affinity changed later is not
 /// seen): for checks on paths that run often.
 pub fn thread_may_migrate() -> bool {

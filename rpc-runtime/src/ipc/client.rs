@@ -4,7 +4,8 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::fence;
 use std::time::{Duration, Instant};
 
 use super::error::IpcError;
@@ -39,6 +40,11 @@ pub struct IpcClientStats {
     /// Times this client found its response ring corrupt (`resp_head` more than `depth` ahead
     /// of `resp_tail`, or behind it).
     pub ring_faults: u64,
+    /// Sleeps in [`Ipc::wait_for_response`] (woken, timed out, or the word changed before the
+    /// wait).
+    pub idle_waits: u64,
+    /// Times this client woke the server after its sends (module docs, "Sleeping").
+    pub server_wakes: u64,
 }
 
 /// Client transport over an ipc segment in `/dev/shm` (seeds/004 §1.3).
@@ -75,6 +81,12 @@ pub struct Ipc {
     empty_polls: u32,
     next_liveness_check: Option<Instant>,
     stats: IpcClientStats,
+    /// Requests were published since the last check of the server's sleep word.
+    unchecked_sends: bool,
+    /// `FUTEX_WAIT` was refused once: `wait_for_response` no longer sleeps.
+    sleep_unsupported: bool,
+    /// When a typed blocking call sleeps (`ClientTransport::wait_for_response`); `None`: never.
+    pub(super) call_wait: Option<crate::erpc::idle::CallWait>,
 }
 
 const NO_CALL: u32 = u32::MAX;
@@ -147,6 +159,12 @@ impl Ipc {
                 empty_polls: 0,
                 next_liveness_check: None,
                 stats: IpcClientStats::default(),
+                unchecked_sends: false,
+                sleep_unsupported: false,
+                call_wait: Some(crate::erpc::idle::CallWait::new(
+                    crate::erpc::idle::IdleConfig::default(),
+                    crate::erpc::idle::usable_cpus(),
+                )),
             });
         }
         Err(IpcError::NoFreeSlot {
@@ -286,7 +304,65 @@ impl Ipc {
             .u64(self.block + CB_REQ_HEAD)
             .store(self.req_head, Release);
         self.stats.sent += 1;
+        self.unchecked_sends = true;
         Ok(token)
+    }
+
+    /// The client's half of the server's sleep (module docs, "Sleeping"), once per poll after
+    /// sends: if the server may sleep at all ([`OFF_SLEEP_ARMED`]), one SeqCst fence after
+    /// the sends, then its sleep word; a sleeping server is woken.
+    #[inline]
+    fn wake_check(&mut self) {
+        self.unchecked_sends = false;
+        if self.map.u32(OFF_SLEEP_ARMED).load(Relaxed) != 0 {
+            self.wake_server();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn wake_server(&mut self) {
+        fence(SeqCst);
+        let word = self.map.u32(OFF_SERVER_SLEEP);
+        if word.load(Relaxed) != 0 && crate::futex::wake(word) {
+            self.stats.server_wakes += 1;
+        }
+    }
+
+    /// Blocks until a response to one of this client's calls may have arrived, at most
+    /// `bound` (module docs, "Sleeping": the block's word [`CB_RESP_SLEEP`], which the server
+    /// checks after its round of replies). For a caller whose polls found nothing; the
+    /// caller decides when to sleep (e.g. `rpc::erpc::idle::CallWait`).
+    ///
+    /// Returns `true` if it slept (counted in [`IpcClientStats::idle_waits`]) or a response is
+    /// already there, `false` without sleeping: no call in flight, the server gone or a fault
+    /// recorded (the next poll reports it), or `FUTEX_WAIT` was refused once. A server that
+    /// died or stopped leaves the sleep to its bound; the polls then check its liveness.
+    pub fn wait_for_response(&mut self, bound: Duration) -> bool {
+        if self.free.len() == self.calls.len() || self.gone || self.sleep_unsupported {
+            return false;
+        }
+        if self.unchecked_sends {
+            self.wake_check();
+        }
+        let word = self.map.u32(self.block + CB_RESP_SLEEP);
+        word.swap(1, SeqCst);
+        fence(SeqCst);
+        if self.map.u64(self.block + CB_RESP_HEAD).load(Acquire) != self.resp_tail
+            || self.map.u8(OFF_SERVER_ALIVE).load(Acquire) != 1
+            || self.map.u32(self.block + CB_FAULT).load(Acquire) != 0
+        {
+            word.store(0, Relaxed);
+            return true;
+        }
+        let end = crate::futex::wait(word, bound);
+        word.store(0, Relaxed);
+        if end == crate::futex::WaitEnd::Unsupported {
+            self.sleep_unsupported = true;
+            return false;
+        }
+        self.stats.idle_waits += 1;
+        true
     }
 
     /// Delivers up to `max` arrived responses as `on_response(token, message)` and returns how
@@ -303,6 +379,9 @@ impl Ipc {
         max: usize,
         mut on_response: impl FnMut(u32, &[u8]),
     ) -> Result<usize, RpcError> {
+        if self.unchecked_sends {
+            self.wake_check();
+        }
         let head = self.map.u64(self.block + CB_RESP_HEAD).load(Acquire);
         let avail = head.wrapping_sub(self.resp_tail);
         if avail == 0 {
@@ -383,6 +462,19 @@ impl Ipc {
         } else {
             Err(self.server_gone())
         }
+    }
+
+    /// Turns the sleeps of typed blocking calls on (`Some`, the default: `CallWait` with
+    /// `IdleConfig::default()`) or off (`None`: a waiting call polls and yields).
+    pub fn set_call_wait(&mut self, policy: Option<crate::erpc::idle::CallWait>) {
+        self.call_wait = policy;
+    }
+
+    /// The sleep policy's counters (`None` if off).
+    pub fn call_wait_stats(&self) -> Option<crate::erpc::idle::CallWaitStats> {
+        self.call_wait
+            .as_ref()
+            .map(crate::erpc::idle::CallWait::stats)
     }
 
     /// The server's liveness interval from the header.

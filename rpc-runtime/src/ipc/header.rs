@@ -36,6 +36,8 @@ pub(super) fn init(map: &Map, l: &Layout, fingerprint: u64, liveness_ns: u64, pi
     map.u64(OFF_CLIENT_STRIDE).store(l.client_stride, Relaxed);
     map.u64(OFF_TOTAL_SIZE).store(l.total_size, Relaxed);
     map.u64(OFF_LIVENESS_NS).store(liveness_ns, Relaxed);
+    map.u32(OFF_SERVER_SLEEP).store(0, Relaxed);
+    map.u32(OFF_SLEEP_ARMED).store(0, Relaxed);
     map.u8(OFF_SERVER_ALIVE).store(1, Release);
 }
 

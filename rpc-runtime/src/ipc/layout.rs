@@ -7,8 +7,10 @@
 
 /// `"IPCRPCV1"` as a little-endian `u64` (@0).
 pub const MAGIC: u64 = u64::from_le_bytes(*b"IPCRPCV1");
-/// Layout version (@8).
-pub const VERSION: u32 = 1;
+/// Layout version (@8). Version 1 had no sleep words ([`OFF_SERVER_SLEEP`],
+/// [`OFF_SLEEP_ARMED`], [`CB_RESP_SLEEP`]): its clients would never wake a server of this
+/// version that sleeps.
+pub const VERSION: u32 = 2;
 /// Header size; client blocks start here.
 pub const HEADER_SIZE: u64 = 128;
 
@@ -40,6 +42,14 @@ pub const OFF_TOTAL_SIZE: usize = 56;
 pub const OFF_LIVENESS_NS: usize = 64;
 /// `u8` 1 while the server serves, 0 after a clean shutdown.
 pub const OFF_SERVER_ALIVE: usize = 72;
+/// `AtomicU32` futex word: 1 while the server may be asleep in
+/// [`IpcServer::wait_for_request`](super::IpcServer::wait_for_request), else 0. In the header
+/// line clients read on every call (`server_alive`); see the module docs, "Sleeping".
+pub const OFF_SERVER_SLEEP: usize = 76;
+/// `AtomicU32` 1 once the server may sleep (it stored this at its first
+/// `wait_for_request`): only then do clients check [`OFF_SERVER_SLEEP`] after their sends,
+/// so clients of a server that never sleeps pay nothing for the wake protocol.
+pub const OFF_SLEEP_ARMED: usize = 80;
 /// The server holds an OFD write lock on `[0, SERVER_LOCK_LEN)` for its lifetime.
 pub const SERVER_LOCK_LEN: u64 = HEADER_SIZE;
 
@@ -57,6 +67,10 @@ pub const CB_REQ_TAIL: usize = 128;
 pub const CB_RESP_HEAD: usize = 192;
 /// Client block: `u64` responses consumed by the client (client writes, Release).
 pub const CB_RESP_TAIL: usize = 256;
+/// Client block: `AtomicU32` futex word, 1 while the client may be asleep in
+/// [`Ipc::wait_for_response`](super::Ipc::wait_for_response), else 0. In `resp_tail`'s line,
+/// which the server reads on every reply anyway.
+pub const CB_RESP_SLEEP: usize = 264;
 /// Client block: first request slot.
 pub const CB_SLOTS: usize = 320;
 /// Bytes of the owner record line (the range a client locks).

@@ -22,11 +22,13 @@
 //! | 56 | 8 | total size `128 + max_clients * block` (redundant) | server |
 //! | 64 | 8 | liveness interval, ns | server |
 //! | 72 | 1 | `server_alive` (1 serving, 0 after a clean shutdown) | server |
+//! | 76 | 4 | `server_sleep` futex word (1 while the server may be asleep) | server (sleep), a client (wake) |
+//! | 80 | 4 | `sleep_armed` (1 once the server may sleep) | server |
 //! | 128 + c·block | 64 | client `c` record: owner word @+0 (`state << 62 \| generation << 32 \| pid`), fault code @+8 (u32) | client (claim, detach), server (reclaim, fault) |
 //! | +64 | 64 | `req_head`: requests published | client |
 //! | +128 | 64 | `req_tail`: requests released | server |
 //! | +192 | 64 | `resp_head`: responses published | server |
-//! | +256 | 64 | `resp_tail`: responses consumed | client |
+//! | +256 | 64 | `resp_tail`: responses consumed @+256; the client's `resp_sleep` futex word @+264 | client (the word also: server, to wake) |
 //! | +320 | depth · req_slot | request slots: `len` u32 @0, call `tag` u32 @4, payload @8 | client |
 //! | after | depth · resp_slot | response slots: same format | server |
 //!
@@ -69,14 +71,43 @@
 //!   `server_alive` when dropped. A client fails with [`crate::RpcError::ServerDisconnected`] on
 //!   the next call or poll after a clean shutdown, and, with calls in flight and nothing
 //!   arriving, within about one liveness interval after the server process died (lock gone).
-//!   A *stopped* server (SIGSTOP) holds its lock: nothing is ever waited for in this module
-//!   (`send` returns `WouldBlock`, `poll` returns 0), so the typed [`crate::Client`] ends the
-//!   call at its deadline with [`crate::RpcError::DeadlineExceeded`].
+//!   A *stopped* server (SIGSTOP) holds its lock: nothing in this module waits for it
+//!   without a bound (`send` returns `WouldBlock`, `poll` returns 0, a sleep ends at its
+//!   caller's bound), so the typed [`crate::Client`] ends the call at its deadline with
+//!   [`crate::RpcError::DeadlineExceeded`].
 //! * Each client holds the OFD lock on its record line. Every `liveness_interval` the server
 //!   reclaims blocks that are `DETACHED` (dropped client) or `ACTIVE` without a lock (its
 //!   process died): requests still queued or awaiting replies are dropped and counted
 //!   ([`IpcStats::requests_dropped`]), the counters are zeroed, and the owner word becomes
 //!   `FREE(g + 1)`; a reply token of generation `g` is refused as stale afterwards.
+//!
+//! # Sleeping (extension, seed: none)
+//! The seed's server and clients poll forever. Here a server whose polls found nothing may
+//! sleep in [`IpcServer::wait_for_request`] (the runner's park uses it) until a client
+//! publishes, and a client waiting for responses may sleep in [`Ipc::wait_for_response`]
+//! (the typed blocking call uses it, from a thread not pinned to one CPU, when
+//! `rpc::erpc::idle::CallWait` says so) until the server's round of replies: `FUTEX_WAIT`
+//! on a word in the shared mapping, `FUTEX_WAKE` by the other side (shared futexes: the
+//! sides may be processes). Every sleep is bounded by its caller.
+//! * **Server**: `swap(1)` `server_sleep` (SeqCst), a SeqCst fence, then every served
+//!   block's `req_head`; with a request not yet received it stores 0 and does not sleep,
+//!   else `FUTEX_WAIT(server_sleep, 1, bound)`, then 0. **Client**: at its first poll after
+//!   sends (or before it sleeps itself), if `sleep_armed` is set: a SeqCst fence, then
+//!   `server_sleep`; a non-zero word is swapped to 0 and, if that returned non-zero, woken.
+//!   Fence against fence: a `req_head` the server's check missed was published before the
+//!   client's fence, so the client's load sees the server's `swap(1)`. The check costs a
+//!   client one load of the header line per poll with sends while the server never sleeps
+//!   (`sleep_armed` is 0: the `kv` daemons, which poll), and one fence per such poll once it
+//!   may. `sleep_armed` is stored at the server's first `wait_for_request`, which does not
+//!   sleep; a client that read it as 0 just before (its sends not yet checked) can leave a
+//!   request unseen by the server's next sleep, which then ends at its bound.
+//! * **Client**: `swap(1)` its block's `resp_sleep` (SeqCst), a SeqCst fence, then
+//!   `resp_head`, `server_alive` and its fault word; with a response (or a reason to fail)
+//!   it stores 0 and returns, else `FUTEX_WAIT(resp_sleep, 1, bound)`, then 0. **Server**:
+//!   remembers the blocks it replied to, and at [`IpcServer::release`] (the end of the
+//!   typed server's round) and before it sleeps issues one SeqCst fence, then loads each
+//!   one's word and wakes the sleepers (swap to 0, `FUTEX_WAKE`).
+//! * A garbage word costs at most a spurious wake or a sleep to its bound.
 //!
 //! # Garbage in shared memory
 //! Nothing read from the segment is trusted as an index: slots are `pos & (depth - 1)`; a
@@ -167,4 +198,9 @@ pub struct IpcStats {
     /// Requests of detached or dead clients dropped at reclaim (queued, or received and not
     /// answered).
     pub requests_dropped: u64,
+    /// Sleeps of the server in [`IpcServer::wait_for_request`] (woken, timed out, or the
+    /// word changed before the wait).
+    pub idle_waits: u64,
+    /// Clients found asleep in [`Ipc::wait_for_response`] and woken after replies.
+    pub clients_woken: u64,
 }

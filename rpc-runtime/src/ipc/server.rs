@@ -4,8 +4,8 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicU64, fence};
 use std::time::{Duration, Instant};
 
 use super::error::IpcError;
@@ -106,6 +106,14 @@ pub struct IpcServer {
     stats: IpcStats,
     polls_until_clock: u32,
     next_scan: Instant,
+    /// Client blocks replied to since the last check of their sleep words.
+    replied: Vec<u32>,
+    /// Per client block: in `replied`.
+    replied_mark: Box<[bool]>,
+    /// [`OFF_SLEEP_ARMED`] is stored: clients check the server's sleep word.
+    armed: bool,
+    /// `FUTEX_WAIT` was refused once: `wait_for_request` no longer sleeps.
+    sleep_unsupported: bool,
 }
 
 impl IpcServer {
@@ -213,6 +221,10 @@ impl IpcServer {
             stats: IpcStats::default(),
             polls_until_clock: POLLS_PER_CLOCK,
             next_scan: Instant::now() + cfg.liveness_interval,
+            replied: Vec::with_capacity(cfg.max_clients as usize),
+            replied_mark: vec![false; cfg.max_clients as usize].into_boxed_slice(),
+            armed: false,
+            sleep_unsupported: false,
         })
     }
 
@@ -359,7 +371,14 @@ impl IpcServer {
     /// letting those clients reuse the slots (seeds/004 §2.2 `advance_tail`, per ring).
     /// [`IpcServer::reply_with`] also publishes it, before the response; `release` matters
     /// for requests that are received and answered later, or dropped.
+    ///
+    /// It first wakes the clients replied to since the last call that sleep in
+    /// [`Ipc::wait_for_response`](super::Ipc::wait_for_response) (one fence for all of them;
+    /// module docs, "Sleeping").
     pub fn release(&mut self) {
+        if !self.replied.is_empty() {
+            self.wake_replied();
+        }
         for c in self.unreleased.drain(..) {
             let p = &mut self.peers[c as usize];
             p.unreleased = false;
@@ -444,7 +463,85 @@ impl IpcServer {
         p.resp_head = head + 1;
         p.outstanding -= 1;
         self.stats.replied += 1;
+        // The client's sleep word is checked at the next `release` (module docs, "Sleeping").
+        let mark = &mut self.replied_mark[c as usize];
+        if !*mark {
+            *mark = true;
+            self.replied.push(c);
+        }
         Ok(())
+    }
+
+    /// The server's half of a client's sleep (module docs, "Sleeping"): one SeqCst fence after
+    /// the replies published since the last call, then each replied client's sleep word; a
+    /// client found asleep is woken (counted in [`IpcStats::clients_woken`]).
+    fn wake_replied(&mut self) {
+        fence(SeqCst);
+        for &c in &self.replied {
+            self.replied_mark[c as usize] = false;
+            let word = self.map.u32(self.layout.block(c) + CB_RESP_SLEEP);
+            if word.load(Relaxed) != 0 && crate::futex::wake(word) {
+                self.stats.clients_woken += 1;
+            }
+        }
+        self.replied.clear();
+    }
+
+    /// Blocks the serving thread until a client publishes a request, at most `bound` (module
+    /// docs, "Sleeping"). For a server whose polls found nothing; the caller decides when to
+    /// sleep (the runner's park, or `rpc::erpc::idle::CallWait`).
+    ///
+    /// Returns `true` if it slept (woken, timed out, or the word changed before the wait;
+    /// counted in [`IpcStats::idle_waits`]), `false` without sleeping: at the first call (it
+    /// arms the clients' checks, [`OFF_SLEEP_ARMED`], and sleeps from the next call on), if a
+    /// client's ring holds a request not yet received, or once `FUTEX_WAIT` was refused. First
+    /// wakes the clients that wait for replies already published.
+    pub fn wait_for_request(&mut self, bound: Duration) -> bool {
+        if !self.replied.is_empty() {
+            self.wake_replied();
+        }
+        if self.sleep_unsupported {
+            return false;
+        }
+        if !self.armed {
+            self.armed = true;
+            self.map.u32(OFF_SLEEP_ARMED).store(1, SeqCst);
+            return false;
+        }
+        let word = self.map.u32(OFF_SERVER_SLEEP);
+        word.swap(1, SeqCst);
+        fence(SeqCst);
+        if self.any_request() {
+            word.store(0, Relaxed);
+            return false;
+        }
+        let end = crate::futex::wait(word, bound);
+        word.store(0, Relaxed);
+        if end == crate::futex::WaitEnd::Unsupported {
+            self.sleep_unsupported = true;
+            return false;
+        }
+        self.stats.idle_waits += 1;
+        // Read every block at the next poll, and the clock for the liveness scan.
+        for p in self.peers.iter_mut() {
+            p.skip = 0;
+        }
+        self.polls_until_clock = 1;
+        true
+    }
+
+    /// Whether a client block that is served has a request not yet received (its skip counter
+    /// ignored).
+    fn any_request(&self) -> bool {
+        (0..self.layout.params.max_clients).any(|c| {
+            let p = &self.peers[c as usize];
+            !p.faulted
+                && self
+                    .map
+                    .u64(self.layout.block(c) + CB_REQ_HEAD)
+                    .load(Acquire)
+                    != p.cursor
+        })
     }
 
     /// A request whose length exceeds the capacity: counted ([`IpcStats::bad_len`]) and
@@ -528,6 +625,7 @@ impl IpcServer {
         for off in [CB_REQ_HEAD, CB_REQ_TAIL, CB_RESP_HEAD, CB_RESP_TAIL] {
             self.map.u64(block + off).store(0, Relaxed);
         }
+        self.map.u32(block + CB_RESP_SLEEP).store(0, Relaxed);
         self.map.u32(block + CB_FAULT).store(0, Relaxed);
         self.peers[c as usize] = PEER0;
         let d = self.layout.params.depth as usize;

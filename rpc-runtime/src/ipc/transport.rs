@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::client::Ipc;
 use super::server::{IpcServer, IpcToken};
 use crate::client::ClientTransport;
+use crate::erpc::idle::{idle_clock, runnable_threads, thread_may_migrate};
 use crate::error::{MessageKind, RpcError};
 use crate::server::ServerTransport;
 use crate::service::ServiceDescriptor;
@@ -69,6 +70,24 @@ impl ClientTransport for Ipc {
     fn poll(&mut self, on_response: impl FnMut(u32, &[u8])) -> Result<usize, RpcError> {
         self.poll_up_to(usize::MAX, on_response)
     }
+
+    /// Sleeps on the block's futex word ([`Ipc::wait_for_response`], at most `max`) if
+    /// `CallWait` says so for a call that has waited `waited` (module `crate::erpc::idle`,
+    /// rule 4), and only from a thread that may run on more than one CPU (rule 5); `false`
+    /// without sleeping otherwise (the call yields).
+    fn wait_for_response(&mut self, waited: Duration, max: Duration) -> bool {
+        let Some(w) = &mut self.call_wait else {
+            return false;
+        };
+        if !thread_may_migrate() {
+            return false;
+        }
+        let waited = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        if !w.should_block(idle_clock(), waited, runnable_threads) {
+            return false;
+        }
+        Ipc::wait_for_response(self, max)
+    }
 }
 
 impl ServerTransport for IpcServer {
@@ -89,6 +108,13 @@ impl ServerTransport for IpcServer {
     #[inline]
     fn flush(&mut self) {
         IpcServer::release(self)
+    }
+
+    /// Sleeps on the segment's server futex word until a client publishes a request, at most
+    /// `timeout` ([`IpcServer::wait_for_request`]); `false` without sleeping at the first call
+    /// or with a request waiting (the loop parks or polls instead).
+    fn wait_for_request(&mut self, timeout: Duration) -> bool {
+        IpcServer::wait_for_request(self, timeout)
     }
 
     #[inline]
