@@ -280,6 +280,9 @@ pub struct Node {
     pub corrupt_responses: u64,
     /// [`rpc::delegation::node::NodeStats::dropped_replies`], summed.
     pub dropped_replies: u64,
+    /// [`rpc::delegation::node::NodeStats::idle_waits`], summed: the daemons' sleeps on
+    /// their futex words.
+    pub idle_waits: u64,
 }
 
 impl From<rpc::delegation::node::NodeStats> for Node {
@@ -302,6 +305,7 @@ impl From<rpc::delegation::node::NodeStats> for Node {
             failed_calls,
             corrupt_responses,
             dropped_replies,
+            idle_waits,
         } = n;
         Node {
             local_served,
@@ -321,6 +325,7 @@ impl From<rpc::delegation::node::NodeStats> for Node {
             failed_calls,
             corrupt_responses,
             dropped_replies,
+            idle_waits,
         }
     }
 }
@@ -343,6 +348,7 @@ counters!(Node {
     failed_calls,
     corrupt_responses,
     dropped_replies,
+    idle_waits,
 });
 
 counters!(ErpcFigures {
@@ -1111,7 +1117,7 @@ pub fn text(s: &Summary) -> String {
     }
     if let Some(n) = &s.node {
         say!(
-            "  daemons     served: local {}  remote {}  via flux {}   copyrpc calls {}   flux calls {}   backlogged {}   unroutable {}   failed {}   timeouts {}",
+            "  daemons     served: local {}  remote {}  via flux {}   copyrpc calls {}   flux calls {}   backlogged {}   unroutable {}   failed {}   timeouts {}   idle waits {}",
             n.local_served,
             n.remote_served,
             n.flux_served,
@@ -1120,7 +1126,8 @@ pub fn text(s: &Summary) -> String {
             n.backlogged,
             n.unroutable,
             n.failed_calls,
-            n.wait_timeouts
+            n.wait_timeouts,
+            n.idle_waits
         );
     }
     if !s.pin_note.is_empty() {

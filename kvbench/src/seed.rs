@@ -21,15 +21,17 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use rpc::bootstrap::Bootstrap;
 use rpc::copyrpc::{Context, ContextConfig, EndpointConfig, EndpointId, EndpointInfo, SetupError};
 use rpc::delegation::node::{NodeConfig, NodeDaemon, Placement};
 use rpc::delegation::{Delegation, DelegationConfig, DelegationServer};
+use rpc::erpc::idle::{CallWait, IdleConfig, may_migrate, runnable_threads, usable_cpus};
 use rpc::flux::{self, FluxConfig};
 use rpc::ipc::{Ipc, IpcConfig, IpcServer};
-use rpc::{RpcError, Service};
+use rpc::{ClientTransport, RpcError, Service};
 
 use crate::api::{Api, Router};
 
@@ -72,6 +74,18 @@ impl<A: Api> Daemons<A> for LocalServers {
             .iter()
             .map(|n| A::connect::<LocalClient>(n))
             .collect()
+    }
+
+    /// With one daemon, a sleep on the client's ipc word (`Ipc`'s `CallWait`: while the
+    /// machine is oversubscribed, or after 200 µs without a response; never from a pinned
+    /// thread). With several, the client yields (its daemons do not sleep either).
+    fn idle_wait(rings: &mut [A::Conn<LocalClient>], waited: std::time::Duration) -> bool {
+        match rings {
+            [one] => A::core(one)
+                .transport_mut()
+                .wait_for_response(waited, std::time::Duration::from_millis(1)),
+            _ => false,
+        }
     }
 }
 
@@ -260,14 +274,32 @@ fn connect_endpoints<A: Api, const N: usize>(
 
 /// A daemon's event loop (seeds/004 §5 for a daemon with copyrpc, §6 otherwise) until
 /// `stop`; its report.
+///
+/// Past its backoff, a daemon whose every input can wake it (one daemon, no copyrpc
+/// context: `NodeDaemon::wait_for_work`) sleeps on its ipc server's and ring's futex words,
+/// at most 1 ms, when `CallWait` says so (an oversubscribed machine, or 200 µs without
+/// work); a daemon pinned to one CPU never does (rule 5 of `rpc::erpc::idle`).
 fn node_loop<A: Api, const N: usize>(mut node: KvNode<A, N>, stop: &AtomicBool) -> DaemonReport {
     let mut shard = A::Shard::default();
     let backoff = Backoff::new();
+    let mut wait = may_migrate().then(|| CallWait::new(IdleConfig::default(), usable_cpus()));
+    let base = Instant::now();
+    let mut idle_since = None;
     while !stop.load(Ordering::Relaxed) {
         // In place: no request or response value per call (`NodeDaemon::run_once_raw`).
         if node.run_once_raw(|msg, out| A::dispatch_raw(&mut shard, msg, out)) == 0 {
+            if let Some(w) = wait.as_mut().filter(|_| backoff.is_completed()) {
+                let now = base.elapsed().as_nanos() as u64;
+                let since = *idle_since.get_or_insert(now);
+                if w.should_block(now, now - since, runnable_threads)
+                    && node.wait_for_work(Duration::from_millis(1))
+                {
+                    continue;
+                }
+            }
             backoff.snooze();
         } else {
+            idle_since = None;
             backoff.reset();
         }
     }

@@ -29,7 +29,7 @@ pub use client::{Client, ClientTransport, Completion, DEFAULT_CALLS_IN_FLIGHT};
 pub use error::{LimitSide, MessageKind, RpcError, TransportError};
 pub use rc::Refused;
 pub use runner::{IdlePolicy, RunError, RunnerConfig, ServerHandle};
-pub use server::{Server, ServerStats, ServerTransport};
+pub use server::{Server, ServerStats, ServerTransport, SleepPrep};
 pub use service::{ArgDescriptor, MethodDescriptor, Service, ServiceDescriptor};
 
 /// Items used by code that `#[rpc_service]` generates. Not a stable API: hidden rather than

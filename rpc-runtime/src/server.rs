@@ -6,6 +6,19 @@ use crate::error::RpcError;
 use crate::service::Service;
 use crate::wire;
 
+/// What [`ServerTransport::prepare_sleep`] did.
+#[derive(Clone, Copy, Debug)]
+pub enum SleepPrep<'a> {
+    /// Armed: sleep on this shared-memory futex word while it holds 1 (`FUTEX_WAIT` with
+    /// the value 1, or `futex_waitv` with other words), then call
+    /// [`ServerTransport::end_sleep`].
+    Sleep(&'a std::sync::atomic::AtomicU32),
+    /// Not now (work is waiting): poll. Nothing to end.
+    NotNow,
+    /// The transport cannot sleep this way. Nothing to end.
+    Unsupported,
+}
+
 /// The server side of a transport: delivers request messages and sends replies.
 pub trait ServerTransport {
     /// Identifies where a reply goes. `Copy`, so a handler can keep it and reply later, out
@@ -85,6 +98,23 @@ pub trait ServerTransport {
     fn wait_for_request(&mut self, timeout: std::time::Duration) -> bool {
         let _ = timeout;
         false
+    }
+
+    /// The first half of a sleep for a loop that waits for several transports at once (one
+    /// `futex_waitv` over all their words: a `NodeDaemon` with an ipc server and a ring).
+    /// [`SleepPrep::Sleep`] arms the transport's futex word (value 1 while armed): the caller
+    /// may sleep on it until another party changes it, and must then call
+    /// [`ServerTransport::end_sleep`]. [`SleepPrep::NotNow`]: work is waiting (or the
+    /// transport arms its clients' checks first), poll instead. Default:
+    /// [`SleepPrep::Unsupported`].
+    fn prepare_sleep(&mut self) -> SleepPrep<'_> {
+        SleepPrep::Unsupported
+    }
+
+    /// The second half of a sleep armed by [`ServerTransport::prepare_sleep`]: disarms the
+    /// word; `slept`: whether the caller did sleep (counted by the transport).
+    fn end_sleep(&mut self, slept: bool) {
+        let _ = slept;
     }
 
     /// Receives the next request and answers it at once: `handle(request, reply_buf)` reads

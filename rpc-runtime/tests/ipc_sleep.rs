@@ -1,8 +1,8 @@
 //! The ipc transport's sleeps (module docs, "Sleeping"): a server sleeping in
 //! `IpcServer::wait_for_request` is woken by a client's first poll after its send, a client
-//! sleeping in `Ipc::wait_for_response` by the server's round of replies (`release`); neither
+//! sleeping in `Ipc::sleep_for_response` by the server's round of replies (`release`); neither
 //! sleeps with work already there, the first `wait_for_request` only arms the clients'
-//! checks, and every sleep ends at its bound. No test depends on timing luck: each waits
+//! checks (and a client's first sleep the server's), and every sleep ends at its bound. No test depends on timing luck: each waits
 //! until the other side has announced its sleep in the shared word (read through a mapping of
 //! its own), and a lost wake would show as a sleep of its whole bound (10 s here), far beyond
 //! the 5 s the tests allow.
@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_runtime::ipc::layout::{CB_RESP_SLEEP, OFF_SERVER_SLEEP, OFF_SLEEP_ARMED};
+use rpc_runtime::ipc::layout::{
+    CB_RESP_SLEEP, OFF_CLIENT_SLEEP_ARMED, OFF_SERVER_SLEEP, OFF_SLEEP_ARMED,
+};
 use rpc_runtime::ipc::{Ipc, IpcServer};
 
 use ipc_common::{server, shm_file, unique_name};
@@ -135,11 +137,15 @@ fn a_sleeping_client_is_woken_by_the_servers_round_of_replies() {
     let words = Words::open(&name);
     let mut c = Ipc::attach(&name).unwrap();
     let block = c.layout().block(c.client_index());
-    assert!(!c.wait_for_response(LONG), "no call in flight");
+    assert!(!c.sleep_for_response(LONG), "no call in flight");
     send(&mut c, b"q");
+    assert_eq!(words.word(OFF_CLIENT_SLEEP_ARMED).load(Ordering::SeqCst), 0);
+    assert!(!c.sleep_for_response(LONG), "the first call arms, no sleep");
+    assert_eq!(words.word(OFF_CLIENT_SLEEP_ARMED).load(Ordering::SeqCst), 1);
+    assert_eq!(c.stats().idle_waits, 0);
     let h = thread::spawn(move || {
         let t = Instant::now();
-        assert!(c.wait_for_response(LONG));
+        assert!(c.sleep_for_response(LONG));
         let slept = t.elapsed();
         let mut got = Vec::new();
         c.poll_up_to(8, |_, m| got.extend_from_slice(m)).unwrap();
@@ -158,13 +164,13 @@ fn a_sleeping_client_is_woken_by_the_servers_round_of_replies() {
     // A reply already there: no sleep.
     send(&mut c, b"r");
     assert_eq!(echo_round(&mut s), 1);
-    assert!(c.wait_for_response(LONG));
+    assert!(c.sleep_for_response(LONG));
     assert_eq!(c.stats().idle_waits, 1);
     assert_eq!(c.poll_up_to(8, |_, m| assert_eq!(m, b"r")).unwrap(), 1);
     // A stopped server: the sleep ends at its bound.
     send(&mut c, b"s");
     let t = Instant::now();
-    assert!(c.wait_for_response(Duration::from_millis(20)));
+    assert!(c.sleep_for_response(Duration::from_millis(20)));
     assert!(t.elapsed() < WOKEN);
     assert_eq!(c.stats().idle_waits, 2);
     // Garbage in the client's word: a spurious wake at the next round, no harm.

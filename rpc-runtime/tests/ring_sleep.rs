@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_runtime::delegation::layout::{Layout, LayoutParams, OFF_SERVER_SLEEP, REC_SLEEP};
+use rpc_runtime::delegation::layout::{
+    Layout, LayoutParams, OFF_CLIENT_SLEEP_ARMED, OFF_SERVER_SLEEP, REC_SLEEP,
+};
 use rpc_runtime::delegation::{RingClient, RingConfig, RingServer};
 
 use ring_common::{shm_file, unique_name};
@@ -153,6 +155,8 @@ fn a_sleeping_client_is_woken_by_the_servers_round_of_replies() {
     let words = Words::open(&name, &c);
     let id = c.client_id();
     c.try_call(&[7]).unwrap();
+    assert!(!c.wait_for_response(LONG), "the first call arms, no sleep");
+    assert_eq!(words.word(OFF_CLIENT_SLEEP_ARMED).load(Ordering::SeqCst), 1);
     let h = thread::spawn(move || {
         let t = Instant::now();
         assert!(c.wait_for_response(LONG));
@@ -180,6 +184,7 @@ fn a_client_with_a_reply_waiting_or_no_call_does_not_sleep() {
     let mut c = RingClient::attach(&name).unwrap();
     assert!(!c.wait_for_response(LONG), "no call outstanding");
     c.try_call(&[1]).unwrap();
+    assert!(!c.wait_for_response(LONG), "the first call arms");
     assert_eq!(echo_round(&mut s), 1);
     let t = Instant::now();
     assert!(
@@ -204,6 +209,7 @@ fn sleeps_end_at_their_bound() {
     assert_eq!(s.stats().idle_waits, 1);
     // A client whose server never answers (a stopped server) sleeps its bound, no more.
     c.try_call(&[1]).unwrap();
+    assert!(!c.wait_for_response(bound), "the first call arms");
     let t = Instant::now();
     assert!(c.wait_for_response(bound));
     assert!(t.elapsed() < WOKEN);
@@ -217,8 +223,12 @@ fn garbage_in_the_sleep_words_costs_at_most_a_spurious_wake() {
     let mut c = RingClient::attach(&name).unwrap();
     let words = Words::open(&name, &c);
     let id = c.client_id();
-    // Another writer of the shared memory scribbles on both words.
+    // Another writer of the shared memory scribbles on both words (and arms the server's
+    // checks of the clients' words).
     words.server_sleep().store(0xdead_beef, Ordering::SeqCst);
+    words
+        .word(OFF_CLIENT_SLEEP_ARMED)
+        .store(1, Ordering::SeqCst);
     words.client_sleep(id).store(5, Ordering::SeqCst);
     // The commit finds the server's word non-zero: a wake nobody waits for, and the word is 0.
     c.try_call(&[9]).unwrap();

@@ -91,6 +91,8 @@ pub struct RingClient {
     idle_waits: u64,
     /// `FUTEX_WAIT` was refused once: `wait_for_response` no longer sleeps.
     sleep_unsupported: bool,
+    /// [`OFF_CLIENT_SLEEP_ARMED`] is stored.
+    armed: bool,
 }
 
 /// Default bound on the time [`RingClient::try_call`] and [`RingClient::try_call_with`] wait
@@ -231,6 +233,7 @@ impl RingClient {
             crashed: false,
             idle_waits: 0,
             sleep_unsupported: false,
+            armed: false,
         })
     }
 
@@ -296,9 +299,10 @@ impl RingClient {
     /// decides when to sleep (e.g. `rpc::erpc::idle::CallWait`).
     ///
     /// Returns `true` if it slept (counted in [`idle_waits`](Self::idle_waits)) or found a
-    /// reply already there, `false` without sleeping: no call is outstanding, the client is
-    /// disconnected or the ring failed (the next poll reports it), or `FUTEX_WAIT` was
-    /// refused once (never tried again). A server that died or stopped leaves the sleep to
+    /// reply already there, `false` without sleeping: at the first call (it arms the
+    /// server's checks, [`OFF_CLIENT_SLEEP_ARMED`], and sleeps from the next call on), with no
+    /// call outstanding, the client disconnected or the ring failed (the next poll reports
+    /// it), or once `FUTEX_WAIT` was refused (never tried again). A server that died or stopped leaves the sleep to
     /// its bound; the caller's polls then check its liveness as before.
     pub fn wait_for_response(&mut self, bound: Duration) -> bool {
         if self.in_flight == 0
@@ -306,6 +310,14 @@ impl RingClient {
             || self.disconnected
             || self.fault.is_some()
         {
+            return false;
+        }
+        if !self.armed {
+            // The first time: arm the server's checks, do not sleep yet.
+            self.armed = true;
+            self.map
+                .hdr_u32::<OFF_CLIENT_SLEEP_ARMED>()
+                .store(1, SeqCst);
             return false;
         }
         let word = self.map.u32_at(self.record + REC_SLEEP);

@@ -79,6 +79,7 @@ pub(super) fn init(map: &ShmMap, layout: &Layout, cfg: &RingConfig, liveness_ns:
     map.hdr_u64::<OFF_TAIL>().store(0, Relaxed);
     map.hdr_u8::<OFF_RING_FAULT>().store(0, Relaxed);
     map.u32_at(OFF_SERVER_SLEEP).store(0, Relaxed);
+    map.u32_at(OFF_CLIENT_SLEEP_ARMED).store(0, Relaxed);
     for i in 0..u64::from(p.ring_depth) {
         map.u64_at(layout.seq_offset(i))
             .store(seq_word(i, SEQ_FREE), Relaxed);

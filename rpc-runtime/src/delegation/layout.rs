@@ -24,7 +24,8 @@ pub const MAGIC: u64 = 0x444C_4752_5043_5631;
 /// word, [`SLOT_SEQ`]), so a build with the seed's layout refuses the ring with a clear version
 /// error instead of misreading slots; version 2 had the same layout but a claim/commit protocol
 /// with two more sequence states (a CAS claim), which must not meet this one on a ring;
-/// version 3 had no wake words ([`OFF_SERVER_SLEEP`], [`REC_SLEEP`]): its
+/// version 3 had no wake words ([`OFF_SERVER_SLEEP`], [`OFF_CLIENT_SLEEP_ARMED`],
+/// [`REC_SLEEP`]): its
 /// clients would never wake a server of this version that sleeps.
 pub const VERSION: u32 = 4;
 
@@ -85,6 +86,12 @@ pub const OFF_LIVENESS_INTERVAL_NS: usize = 80;
 /// to sleep and when it wakes). Extension, seed: padding (the seed's server never sleeps);
 /// see the module docs, "Sleeping".
 pub const OFF_SERVER_SLEEP: usize = 76;
+/// `AtomicU32` 1 once a client may sleep (a client stores it at its first
+/// [`RingClient::wait_for_response`](super::RingClient::wait_for_response), which does not
+/// sleep): only then does the server track the clients it replies to and check their
+/// [`REC_SLEEP`] words, so a server whose clients never sleep pays nothing for it.
+/// Extension, seed: padding.
+pub const OFF_CLIENT_SLEEP_ARMED: usize = 88;
 
 /// Byte range `[0, HEADER_SIZE)` on which the server holds an OFD write lock for its lifetime
 /// (liveness, extension: the seed has no liveness mechanism beyond `server_alive`).

@@ -39,6 +39,14 @@
 //! A worker (Daemon#1..K of the Delegation backend) has no context and no ring, so its round
 //! is the seed's worker loop: ipc, then Flux (§6).
 //!
+//! # Sleeping (extension, seed: none)
+//! The seed's daemons poll forever. [`NodeDaemon::wait_for_work`] lets a daemon whose rounds
+//! found nothing sleep until one of its clients sends, with one `futex_waitv` over its local
+//! server's and its ring's words (the ipc and ring wake protocols,
+//! [`ServerTransport::prepare_sleep`]). Only a daemon every input of which can wake it
+//! sleeps: no copyrpc context and no other daemon of its rank (Flux links have no wake word).
+//! The `kv` daemons call it when `rpc::erpc::idle::CallWait` says so, never when pinned.
+//!
 //! # Back-pressure (seeds/004 §5 "バックプレッシャ処理")
 //! The seed retries a `copyrpc call` that finds the send ring full after a nested `ctx.poll`,
 //! and parks the responses of that nested poll. Here a call that finds no room — copyrpc ring
@@ -101,7 +109,7 @@ use super::{DelegationServer, ReplyToken, RingServer};
 use crate::copyrpc::{Context, EndpointId, RecvHandle};
 use crate::error::{RpcError, sat_u32};
 use crate::flux::{Flux, FluxError, FluxToken};
-use crate::server::ServerTransport;
+use crate::server::{ServerTransport, SleepPrep};
 use crate::service::Service;
 use crate::varlen::AlignedBuf;
 use crate::wire::{self, Status, WireError};
@@ -358,6 +366,8 @@ pub struct NodeStats {
     pub corrupt_responses: u64,
     /// Replies the transport refused (client gone, endpoint failed, Flux queue full).
     pub dropped_replies: u64,
+    /// Sleeps in [`NodeDaemon::wait_for_work`].
+    pub idle_waits: u64,
 }
 
 /// A call waiting for room (the backlog).
@@ -472,6 +482,8 @@ pub struct NodeDaemon<S: Service, L: ServerTransport, R, const N: usize = DEFAUL
     stats: NodeStats,
     rounds: u64,
     bufs: Bufs,
+    /// A transport or the kernel refused to sleep: `wait_for_work` no longer tries.
+    sleep_off: bool,
     _service: PhantomData<fn() -> S>,
 }
 
@@ -559,6 +571,7 @@ impl<S: Service, L: ServerTransport, R, const N: usize> NodeDaemon<S, L, R, N> {
             backlog: Backlog::new(cfg.backlog, cfg.daemons, cfg.ranks),
             stats: NodeStats::default(),
             rounds: 0,
+            sleep_off: false,
             bufs: Bufs {
                 local: AlignedBuf::new(d.max_request_bytes),
                 ring: AlignedBuf::new(d.max_request_bytes),
@@ -670,6 +683,76 @@ impl<S: Service, L: ServerTransport, R, const N: usize> NodeDaemon<S, L, R, N> {
     /// Calls waiting in the backlog.
     pub fn backlog_len(&self) -> usize {
         self.backlog.len
+    }
+
+    /// Sleeps until a client of the local server or of the ring may have sent a request, at
+    /// most `bound`, for a daemon whose rounds found nothing (the caller decides when:
+    /// `rpc::erpc::idle::CallWait`, never from a thread pinned to one CPU). One
+    /// `futex_waitv` over the local server's and the ring's words
+    /// ([`ServerTransport::prepare_sleep`]); see the ipc and delegation module docs,
+    /// "Sleeping".
+    ///
+    /// Only a daemon every input of which can wake it sleeps: no copyrpc context (the NIC's
+    /// completions cannot wake a thread on the device model), no other daemon (Flux links
+    /// have no wake word), nothing in the backlog. Returns `true` if it slept, `false`
+    /// without sleeping: such an input exists, work is waiting, or a transport or the kernel
+    /// cannot sleep this way (then never again).
+    pub fn wait_for_work(&mut self, bound: std::time::Duration) -> bool {
+        if self.sleep_off || self.ctx.is_some() || self.cfg.daemons > 1 || self.backlog.len > 0 {
+            return false;
+        }
+        let NodeDaemon {
+            local,
+            ring,
+            sleep_off,
+            ..
+        } = self;
+        let mut words = Vec::with_capacity(2);
+        let mut armed_local = false;
+        let mut ok = true;
+        match local.prepare_sleep() {
+            SleepPrep::Sleep(w) => {
+                armed_local = true;
+                words.push(w);
+            }
+            SleepPrep::NotNow => ok = false,
+            SleepPrep::Unsupported => {
+                *sleep_off = true;
+                ok = false;
+            }
+        }
+        let mut armed_ring = false;
+        if let Some(r) = ring.as_mut().filter(|_| ok) {
+            match r.prepare_sleep() {
+                SleepPrep::Sleep(w) => {
+                    armed_ring = true;
+                    words.push(w);
+                }
+                SleepPrep::NotNow => ok = false,
+                SleepPrep::Unsupported => {
+                    *sleep_off = true;
+                    ok = false;
+                }
+            }
+        }
+        let slept = ok && {
+            let end = crate::futex::wait_any(&words, bound);
+            if end == crate::futex::WaitEnd::Unsupported {
+                *sleep_off = true;
+            }
+            end == crate::futex::WaitEnd::Returned
+        };
+        drop(words);
+        if armed_local {
+            local.end_sleep(slept);
+        }
+        if let Some(r) = ring.as_mut().filter(|_| armed_ring) {
+            r.end_sleep(slept);
+        }
+        if slept {
+            self.stats.idle_waits += 1;
+        }
+        slept
     }
 
     /// Counts a round; every [`SWEEP_ROUNDS`] rounds, sweeps for calls that waited too long.
@@ -1487,6 +1570,86 @@ mod tests {
         n0.set_peer(1, e0).unwrap();
         n1.set_peer(0, e1).unwrap();
         (ranks, fabric)
+    }
+
+    /// One daemon of a one-rank node with Daemon#0's ring (Aggregated); the names of its
+    /// local server and its ring.
+    fn single_daemon(tag: &str, daemons: u32) -> (Daemon, String, String) {
+        let rcfg = DelegationConfig {
+            max_clients: 4,
+            ring_depth: 8,
+            resp_depth: 4,
+            ..DelegationConfig::default()
+        };
+        let (local_name, ring_name) = (name(&format!("{tag}l")), name(&format!("{tag}r")));
+        let local = DelegationServer::create(&local_name, Svc::DESCRIPTOR, rcfg).unwrap();
+        let ring = DelegationServer::create(&ring_name, Svc::DESCRIPTOR, rcfg).unwrap();
+        let f = flux::network(daemons as usize, FluxConfig::default())
+            .unwrap()
+            .swap_remove(0);
+        let cfg = NodeConfig::new(Placement::Aggregated, (0, 1), (0, daemons));
+        let d = Daemon::new(cfg, local, f, route as Route)
+            .unwrap()
+            .with_ring(ring)
+            .unwrap();
+        (d, local_name, ring_name)
+    }
+
+    /// The server sleep word of ring file `name`, through a mapping of the test's own.
+    fn server_sleep_word(name: &str) -> (memmap2::MmapRaw, usize) {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(std::path::Path::new(crate::delegation::SHM_DIR).join(name))
+            .unwrap();
+        (
+            memmap2::MmapRaw::map_raw(&file).unwrap(),
+            crate::delegation::layout::OFF_SERVER_SLEEP,
+        )
+    }
+
+    fn word_of(m: &(memmap2::MmapRaw, usize)) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: a 4-aligned offset inside the header of a live mapping; the ring's users
+        // access the word atomically only.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(m.0.as_mut_ptr().add(m.1).cast()) }
+    }
+
+    /// A daemon whose every input can wake it (one daemon, no context) sleeps on both its
+    /// local server's and its ring's words at once (`futex_waitv`), and a request committed
+    /// to either wakes it; a lost wake would take the whole 10 s bound. A daemon with another
+    /// daemon (Flux links cannot wake it) does not sleep.
+    #[test]
+    fn a_single_daemon_sleeps_until_a_request_on_either_input() {
+        for via_ring in [false, true] {
+            let (mut d, local, ring) = single_daemon(if via_ring { "zr" } else { "zl" }, 1);
+            let words = [server_sleep_word(&local), server_sleep_word(&ring)];
+            let h = thread::spawn(move || {
+                let t = std::time::Instant::now();
+                let slept = d.wait_for_work(Duration::from_secs(10));
+                (d, slept, t.elapsed())
+            });
+            let t = std::time::Instant::now();
+            while !words.iter().all(|w| word_of(w).load(Ordering::SeqCst) == 1) {
+                assert!(t.elapsed() < Duration::from_secs(5), "never armed");
+                thread::yield_now();
+            }
+            let mut c = RingClient::attach(if via_ring { &ring } else { &local }).unwrap();
+            c.try_call(&[0; 8]).unwrap();
+            let (d, slept, took) = h.join().unwrap();
+            assert!(slept, "via ring {via_ring}");
+            assert!(
+                took < Duration::from_secs(5),
+                "woken, not timed out: {took:?}"
+            );
+            assert_eq!(d.stats().idle_waits, 1);
+            assert!(words.iter().all(|w| word_of(w).load(Ordering::SeqCst) == 0));
+        }
+        let (mut d, _, _) = single_daemon("zf", 2);
+        assert!(
+            !d.wait_for_work(Duration::from_secs(10)),
+            "Flux cannot wake it"
+        );
+        assert_eq!(d.stats().idle_waits, 0);
     }
 
     /// Runs `d` until `stop`, serving with `who(rank, daemon)`.

@@ -585,11 +585,14 @@ impl RingServer {
         self.map.u8_at(off + RESP_VALID).store(1, Release);
         self.pending[bit / 64] &= !(1 << (bit % 64));
         self.stats.replied += 1;
-        // The client's sleep word is checked at the next `advance_tail` (module `sleep`).
-        let mark = &mut self.replied_mark[token.client_id as usize];
-        if !*mark {
-            *mark = true;
-            self.replied.push(token.client_id);
+        // Once clients may sleep, the client's sleep word is checked at the next
+        // `advance_tail` (module `sleep`).
+        if self.map.hdr_u32::<OFF_CLIENT_SLEEP_ARMED>().load(Relaxed) != 0 {
+            let mark = &mut self.replied_mark[token.client_id as usize];
+            if !*mark {
+                *mark = true;
+                self.replied.push(token.client_id);
+            }
         }
         Ok(())
     }
@@ -621,28 +624,45 @@ impl RingServer {
     /// cursor (committed since the last poll, being written, or a hole the next polls
     /// examine). First wakes the clients that wait for replies already published.
     pub fn wait_for_request(&mut self, bound: Duration) -> bool {
+        let end = match self.prepare_sleep() {
+            crate::server::SleepPrep::Sleep(word) => sleep::wait(word, bound),
+            _ => return false,
+        };
+        if end == sleep::WaitEnd::Unsupported {
+            self.sleep_unsupported = true;
+        }
+        self.end_sleep(end == sleep::WaitEnd::Returned);
+        end == sleep::WaitEnd::Returned
+    }
+
+    /// [`wait_for_request`](Self::wait_for_request) up to the sleep, for a caller that also
+    /// waits on other words (`ServerTransport::prepare_sleep`): wakes the clients replied
+    /// to, then arms the server's word and checks `head` (`NotNow` if an entry is reserved).
+    pub fn prepare_sleep(&mut self) -> crate::server::SleepPrep<'_> {
+        use crate::server::SleepPrep;
         if !self.replied.is_empty() {
             self.wake_replied();
         }
         if self.fault.is_some() || self.sleep_unsupported {
-            return false;
+            return SleepPrep::Unsupported;
         }
         let word = self.map.hdr_u32::<OFF_SERVER_SLEEP>();
         word.swap(1, SeqCst);
         if self.map.hdr_u64::<OFF_HEAD>().load(SeqCst) != self.cursor {
             word.store(0, Relaxed);
-            return false;
+            return SleepPrep::NotNow;
         }
-        let end = sleep::wait(word, bound);
-        word.store(0, Relaxed);
-        if end == sleep::WaitEnd::Unsupported {
-            self.sleep_unsupported = true;
-            return false;
+        SleepPrep::Sleep(self.map.hdr_u32::<OFF_SERVER_SLEEP>())
+    }
+
+    /// Ends a sleep armed by [`prepare_sleep`](Self::prepare_sleep): disarms the word and,
+    /// if the caller `slept`, counts it and has the next poll read the clock.
+    pub fn end_sleep(&mut self, slept: bool) {
+        self.map.hdr_u32::<OFF_SERVER_SLEEP>().store(0, Relaxed);
+        if slept {
+            self.stats.idle_waits += 1;
+            self.polls_until_clock = 1;
         }
-        self.stats.idle_waits += 1;
-        // Time has passed: the next poll reads the clock for the periodic work.
-        self.polls_until_clock = 1;
-        true
     }
 
     #[cold]

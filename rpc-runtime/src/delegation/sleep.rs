@@ -32,10 +32,15 @@
 //!   `swap(1)` the word in its record and issue a SeqCst fence, then look at the `valid` flag
 //!   of every response slot with a call outstanding. If one is set, it stores 0 and returns
 //!   at once. Otherwise `FUTEX_WAIT(word, 1, bound)`, then stores 0.
-//! * **Server**: remembers the clients it published replies to. At its next
+//! * **Server**: once [`OFF_CLIENT_SLEEP_ARMED`](super::layout::OFF_CLIENT_SLEEP_ARMED) is
+//!   set, remembers the clients it publishes replies to. At its next
 //!   [`advance_tail`](super::RingServer::advance_tail) (the end of each round of the typed
 //!   server) and before it sleeps, it issues one SeqCst fence for all of them, then loads each
 //!   one's word; a non-zero word is swapped to 0 and, if that returned non-zero, woken.
+//! * **Arming**: a client's first `wait_for_response` stores the flag and does not sleep, so
+//!   a server whose clients never sleep pays one load per reply and no fence. A reply
+//!   published in the round in which the server first sees the flag can miss a sleeper,
+//!   whose sleep then ends at its bound.
 //!
 //! Fence against fence: a client whose look at `valid` missed a reply has its `swap(1)`
 //! ordered before the server's fence, so the server's later load sees it. The fence costs

@@ -301,6 +301,14 @@ impl ServerTransport for DelegationServer {
         self.ring.wait_for_request(timeout)
     }
 
+    fn prepare_sleep(&mut self) -> crate::server::SleepPrep<'_> {
+        self.ring.prepare_sleep()
+    }
+
+    fn end_sleep(&mut self, slept: bool) {
+        self.ring.end_sleep(slept)
+    }
+
     #[inline]
     fn reply(
         &mut self,

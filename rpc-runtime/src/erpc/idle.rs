@@ -58,11 +58,12 @@
 //!    burn a CPU). Otherwise poll and yield on: on a quiet machine a block costs its wake-up.
 //!
 //! 5. **Pinned threads never sleep** on a shared-memory word ([`may_migrate`]): the
-//!    delegation ring's sleeps (`rpc::delegation`, module `sleep`) are taken only by a thread
+//!    delegation ring's and ipc's sleeps (`rpc::delegation`, module `sleep`; `rpc::ipc`,
+//!    "Sleeping"; the `kv` daemons' `NodeDaemon::wait_for_work`) are taken only by a thread
 //!    whose affinity allows more than one CPU. A thread pinned to a CPU that a busy process
 //!    shares is woken on that CPU only, and there it waits for the busy process's time slice
 //!    (our reading of the figures, not traced in the scheduler): `kv --backend direct`
-//!    with pinned daemon and client next to `while :; do :; done` fell from 1.21-1.22 Mops/s
+//!    with pinned daemon and client next to `while :; do :; done` fell from 1.28-1.34 Mops/s
 //!    (polling) to 0.007-0.008 Mops/s with p50 4 ms when both slept. Unpinned, a few sleeps
 //!    let the scheduler move the waiting thread to the CPU left idle: 1.56-1.59 Mops/s and
 //!    p99.9 4 ms polling, 1.88-2.01 Mops/s and p99.9 74-109 µs sleeping (2 runs each,

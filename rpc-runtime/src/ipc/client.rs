@@ -40,7 +40,7 @@ pub struct IpcClientStats {
     /// Times this client found its response ring corrupt (`resp_head` more than `depth` ahead
     /// of `resp_tail`, or behind it).
     pub ring_faults: u64,
-    /// Sleeps in [`Ipc::wait_for_response`] (woken, timed out, or the word changed before the
+    /// Sleeps in [`Ipc::sleep_for_response`] (woken, timed out, or the word changed before the
     /// wait).
     pub idle_waits: u64,
     /// Times this client woke the server after its sends (module docs, "Sleeping").
@@ -83,8 +83,10 @@ pub struct Ipc {
     stats: IpcClientStats,
     /// Requests were published since the last check of the server's sleep word.
     unchecked_sends: bool,
-    /// `FUTEX_WAIT` was refused once: `wait_for_response` no longer sleeps.
+    /// `FUTEX_WAIT` was refused once: `sleep_for_response` no longer sleeps.
     sleep_unsupported: bool,
+    /// [`OFF_CLIENT_SLEEP_ARMED`] is stored.
+    armed: bool,
     /// When a typed blocking call sleeps (`ClientTransport::wait_for_response`); `None`: never.
     pub(super) call_wait: Option<crate::erpc::idle::CallWait>,
 }
@@ -161,6 +163,7 @@ impl Ipc {
                 stats: IpcClientStats::default(),
                 unchecked_sends: false,
                 sleep_unsupported: false,
+                armed: false,
                 call_wait: Some(crate::erpc::idle::CallWait::new(
                     crate::erpc::idle::IdleConfig::default(),
                     crate::erpc::idle::usable_cpus(),
@@ -335,11 +338,19 @@ impl Ipc {
     /// caller decides when to sleep (e.g. `rpc::erpc::idle::CallWait`).
     ///
     /// Returns `true` if it slept (counted in [`IpcClientStats::idle_waits`]) or a response is
-    /// already there, `false` without sleeping: no call in flight, the server gone or a fault
-    /// recorded (the next poll reports it), or `FUTEX_WAIT` was refused once. A server that
+    /// already there, `false` without sleeping: at the first call (it arms the server's
+    /// checks, [`OFF_CLIENT_SLEEP_ARMED`], and sleeps from the next call on), with no call in
+    /// flight, the server gone or a fault recorded (the next poll reports it), or once
+    /// `FUTEX_WAIT` was refused. A server that
     /// died or stopped leaves the sleep to its bound; the polls then check its liveness.
-    pub fn wait_for_response(&mut self, bound: Duration) -> bool {
+    pub fn sleep_for_response(&mut self, bound: Duration) -> bool {
         if self.free.len() == self.calls.len() || self.gone || self.sleep_unsupported {
+            return false;
+        }
+        if !self.armed {
+            // The first time: arm the server's checks, do not sleep yet.
+            self.armed = true;
+            self.map.u32(OFF_CLIENT_SLEEP_ARMED).store(1, SeqCst);
             return false;
         }
         if self.unchecked_sends {

@@ -38,6 +38,7 @@ pub(super) fn init(map: &Map, l: &Layout, fingerprint: u64, liveness_ns: u64, pi
     map.u64(OFF_LIVENESS_NS).store(liveness_ns, Relaxed);
     map.u32(OFF_SERVER_SLEEP).store(0, Relaxed);
     map.u32(OFF_SLEEP_ARMED).store(0, Relaxed);
+    map.u32(OFF_CLIENT_SLEEP_ARMED).store(0, Relaxed);
     map.u8(OFF_SERVER_ALIVE).store(1, Release);
 }
 

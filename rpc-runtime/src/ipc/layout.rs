@@ -8,7 +8,7 @@
 /// `"IPCRPCV1"` as a little-endian `u64` (@0).
 pub const MAGIC: u64 = u64::from_le_bytes(*b"IPCRPCV1");
 /// Layout version (@8). Version 1 had no sleep words ([`OFF_SERVER_SLEEP`],
-/// [`OFF_SLEEP_ARMED`], [`CB_RESP_SLEEP`]): its clients would never wake a server of this
+/// [`OFF_SLEEP_ARMED`], [`OFF_CLIENT_SLEEP_ARMED`], [`CB_RESP_SLEEP`]): its clients would never wake a server of this
 /// version that sleeps.
 pub const VERSION: u32 = 2;
 /// Header size; client blocks start here.
@@ -50,6 +50,11 @@ pub const OFF_SERVER_SLEEP: usize = 76;
 /// `wait_for_request`): only then do clients check [`OFF_SERVER_SLEEP`] after their sends,
 /// so clients of a server that never sleeps pay nothing for the wake protocol.
 pub const OFF_SLEEP_ARMED: usize = 80;
+/// `AtomicU32` 1 once a client may sleep (a client stores it at its first
+/// `sleep_for_response`, which does not sleep): only then does the server track the clients
+/// it replies to and check their words, so a server whose clients never sleep (the `kv`
+/// clients, which are pinned) pays nothing for the wake protocol.
+pub const OFF_CLIENT_SLEEP_ARMED: usize = 84;
 /// The server holds an OFD write lock on `[0, SERVER_LOCK_LEN)` for its lifetime.
 pub const SERVER_LOCK_LEN: u64 = HEADER_SIZE;
 
@@ -68,7 +73,7 @@ pub const CB_RESP_HEAD: usize = 192;
 /// Client block: `u64` responses consumed by the client (client writes, Release).
 pub const CB_RESP_TAIL: usize = 256;
 /// Client block: `AtomicU32` futex word, 1 while the client may be asleep in
-/// [`Ipc::wait_for_response`](super::Ipc::wait_for_response), else 0. In `resp_tail`'s line,
+/// [`Ipc::sleep_for_response`](super::Ipc::sleep_for_response), else 0. In `resp_tail`'s line,
 /// which the server reads on every reply anyway.
 pub const CB_RESP_SLEEP: usize = 264;
 /// Client block: first request slot.

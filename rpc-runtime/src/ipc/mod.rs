@@ -24,6 +24,7 @@
 //! | 72 | 1 | `server_alive` (1 serving, 0 after a clean shutdown) | server |
 //! | 76 | 4 | `server_sleep` futex word (1 while the server may be asleep) | server (sleep), a client (wake) |
 //! | 80 | 4 | `sleep_armed` (1 once the server may sleep) | server |
+//! | 84 | 4 | `client_sleep_armed` (1 once a client may sleep) | a client |
 //! | 128 + c·block | 64 | client `c` record: owner word @+0 (`state << 62 \| generation << 32 \| pid`), fault code @+8 (u32) | client (claim, detach), server (reclaim, fault) |
 //! | +64 | 64 | `req_head`: requests published | client |
 //! | +128 | 64 | `req_tail`: requests released | server |
@@ -84,7 +85,7 @@
 //! # Sleeping (extension, seed: none)
 //! The seed's server and clients poll forever. Here a server whose polls found nothing may
 //! sleep in [`IpcServer::wait_for_request`] (the runner's park uses it) until a client
-//! publishes, and a client waiting for responses may sleep in [`Ipc::wait_for_response`]
+//! publishes, and a client waiting for responses may sleep in [`Ipc::sleep_for_response`]
 //! (the typed blocking call uses it, from a thread not pinned to one CPU, when
 //! `rpc::erpc::idle::CallWait` says so) until the server's round of replies: `FUTEX_WAIT`
 //! on a word in the shared mapping, `FUTEX_WAKE` by the other side (shared futexes: the
@@ -104,9 +105,14 @@
 //! * **Client**: `swap(1)` its block's `resp_sleep` (SeqCst), a SeqCst fence, then
 //!   `resp_head`, `server_alive` and its fault word; with a response (or a reason to fail)
 //!   it stores 0 and returns, else `FUTEX_WAIT(resp_sleep, 1, bound)`, then 0. **Server**:
-//!   remembers the blocks it replied to, and at [`IpcServer::release`] (the end of the
-//!   typed server's round) and before it sleeps issues one SeqCst fence, then loads each
-//!   one's word and wakes the sleepers (swap to 0, `FUTEX_WAKE`).
+//!   once `client_sleep_armed` (@84) is set, remembers the blocks it replies to, and at
+//!   [`IpcServer::release`] (the end of the typed server's round) and before it sleeps
+//!   issues one SeqCst fence, then loads each one's word and wakes the sleepers (swap to 0,
+//!   `FUTEX_WAKE`). A client's first [`Ipc::sleep_for_response`] stores
+//!   `client_sleep_armed` and does not sleep: a server whose clients never sleep (the `kv`
+//!   clients are pinned) pays one load per reply, no fence. A reply published in the round
+//!   in which the server first sees the flag can miss a sleeper, whose sleep then ends at its
+//!   bound.
 //! * A garbage word costs at most a spurious wake or a sleep to its bound.
 //!
 //! # Garbage in shared memory
@@ -201,6 +207,6 @@ pub struct IpcStats {
     /// Sleeps of the server in [`IpcServer::wait_for_request`] (woken, timed out, or the
     /// word changed before the wait).
     pub idle_waits: u64,
-    /// Clients found asleep in [`Ipc::wait_for_response`] and woken after replies.
+    /// Clients found asleep in [`Ipc::sleep_for_response`] and woken after replies.
     pub clients_woken: u64,
 }

@@ -14,6 +14,7 @@ use super::layout::*;
 use super::shm::{self, Map, io_err};
 use super::{IpcConfig, IpcStats};
 use crate::error::RpcError;
+use crate::server::SleepPrep;
 use crate::service::{Service, ServiceDescriptor};
 
 /// A client found with an empty request ring is not read again for this many polls (its skip
@@ -373,7 +374,7 @@ impl IpcServer {
     /// for requests that are received and answered later, or dropped.
     ///
     /// It first wakes the clients replied to since the last call that sleep in
-    /// [`Ipc::wait_for_response`](super::Ipc::wait_for_response) (one fence for all of them;
+    /// [`Ipc::sleep_for_response`](super::Ipc::sleep_for_response) (one fence for all of them;
     /// module docs, "Sleeping").
     pub fn release(&mut self) {
         if !self.replied.is_empty() {
@@ -463,11 +464,14 @@ impl IpcServer {
         p.resp_head = head + 1;
         p.outstanding -= 1;
         self.stats.replied += 1;
-        // The client's sleep word is checked at the next `release` (module docs, "Sleeping").
-        let mark = &mut self.replied_mark[c as usize];
-        if !*mark {
-            *mark = true;
-            self.replied.push(c);
+        // Once clients may sleep, the client's sleep word is checked at the next `release`
+        // (module docs, "Sleeping").
+        if self.map.u32(OFF_CLIENT_SLEEP_ARMED).load(Relaxed) != 0 {
+            let mark = &mut self.replied_mark[c as usize];
+            if !*mark {
+                *mark = true;
+                self.replied.push(c);
+            }
         }
         Ok(())
     }
@@ -497,37 +501,53 @@ impl IpcServer {
     /// client's ring holds a request not yet received, or once `FUTEX_WAIT` was refused. First
     /// wakes the clients that wait for replies already published.
     pub fn wait_for_request(&mut self, bound: Duration) -> bool {
+        let end = match self.prepare_sleep() {
+            SleepPrep::Sleep(word) => crate::futex::wait(word, bound),
+            SleepPrep::NotNow | SleepPrep::Unsupported => return false,
+        };
+        if end == crate::futex::WaitEnd::Unsupported {
+            self.sleep_unsupported = true;
+        }
+        self.end_sleep(end == crate::futex::WaitEnd::Returned);
+        end == crate::futex::WaitEnd::Returned
+    }
+
+    /// [`wait_for_request`](Self::wait_for_request) up to the sleep, for a caller that also
+    /// waits on other words ([`crate::ServerTransport::prepare_sleep`]): wakes the clients
+    /// replied to, arms the clients' checks at the first call (`NotNow`), then arms the
+    /// server's word and checks for requests (`NotNow` if one is waiting).
+    pub fn prepare_sleep(&mut self) -> SleepPrep<'_> {
         if !self.replied.is_empty() {
             self.wake_replied();
         }
         if self.sleep_unsupported {
-            return false;
+            return SleepPrep::Unsupported;
         }
         if !self.armed {
             self.armed = true;
             self.map.u32(OFF_SLEEP_ARMED).store(1, SeqCst);
-            return false;
+            return SleepPrep::NotNow;
         }
-        let word = self.map.u32(OFF_SERVER_SLEEP);
-        word.swap(1, SeqCst);
+        self.map.u32(OFF_SERVER_SLEEP).swap(1, SeqCst);
         fence(SeqCst);
         if self.any_request() {
-            word.store(0, Relaxed);
-            return false;
+            self.map.u32(OFF_SERVER_SLEEP).store(0, Relaxed);
+            return SleepPrep::NotNow;
         }
-        let end = crate::futex::wait(word, bound);
-        word.store(0, Relaxed);
-        if end == crate::futex::WaitEnd::Unsupported {
-            self.sleep_unsupported = true;
-            return false;
+        SleepPrep::Sleep(self.map.u32(OFF_SERVER_SLEEP))
+    }
+
+    /// Ends a sleep armed by [`prepare_sleep`](Self::prepare_sleep): disarms the word and,
+    /// if the caller `slept`, counts it and has the next poll read every block and the clock.
+    pub fn end_sleep(&mut self, slept: bool) {
+        self.map.u32(OFF_SERVER_SLEEP).store(0, Relaxed);
+        if slept {
+            self.stats.idle_waits += 1;
+            for p in self.peers.iter_mut() {
+                p.skip = 0;
+            }
+            self.polls_until_clock = 1;
         }
-        self.stats.idle_waits += 1;
-        // Read every block at the next poll, and the clock for the liveness scan.
-        for p in self.peers.iter_mut() {
-            p.skip = 0;
-        }
-        self.polls_until_clock = 1;
-        true
     }
 
     /// Whether a client block that is served has a request not yet received (its skip counter

@@ -71,7 +71,7 @@ impl ClientTransport for Ipc {
         self.poll_up_to(usize::MAX, on_response)
     }
 
-    /// Sleeps on the block's futex word ([`Ipc::wait_for_response`], at most `max`) if
+    /// Sleeps on the block's futex word ([`Ipc::sleep_for_response`], at most `max`) if
     /// `CallWait` says so for a call that has waited `waited` (module `crate::erpc::idle`,
     /// rule 4), and only from a thread that may run on more than one CPU (rule 5); `false`
     /// without sleeping otherwise (the call yields).
@@ -86,7 +86,7 @@ impl ClientTransport for Ipc {
         if !w.should_block(idle_clock(), waited, runnable_threads) {
             return false;
         }
-        Ipc::wait_for_response(self, max)
+        Ipc::sleep_for_response(self, max)
     }
 }
 
@@ -115,6 +115,14 @@ impl ServerTransport for IpcServer {
     /// or with a request waiting (the loop parks or polls instead).
     fn wait_for_request(&mut self, timeout: Duration) -> bool {
         IpcServer::wait_for_request(self, timeout)
+    }
+
+    fn prepare_sleep(&mut self) -> crate::server::SleepPrep<'_> {
+        IpcServer::prepare_sleep(self)
+    }
+
+    fn end_sleep(&mut self, slept: bool) {
+        IpcServer::end_sleep(self, slept)
     }
 
     #[inline]
