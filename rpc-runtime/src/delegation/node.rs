@@ -707,35 +707,14 @@ impl<S: Service, L: ServerTransport, R, const N: usize> NodeDaemon<S, L, R, N> {
             sleep_off,
             ..
         } = self;
+        let has_ring = ring.is_some();
         let mut words = Vec::with_capacity(2);
-        let mut armed_local = false;
-        let mut ok = true;
-        match local.prepare_sleep() {
-            SleepPrep::Sleep(w) => {
-                armed_local = true;
-                words.push(w);
-            }
-            SleepPrep::NotNow => ok = false,
-            SleepPrep::Unsupported => {
-                *sleep_off = true;
-                ok = false;
-            }
-        }
-        let mut armed_ring = false;
-        if let Some(r) = ring.as_mut().filter(|_| ok) {
-            match r.prepare_sleep() {
-                SleepPrep::Sleep(w) => {
-                    armed_ring = true;
-                    words.push(w);
-                }
-                SleepPrep::NotNow => ok = false,
-                SleepPrep::Unsupported => {
-                    *sleep_off = true;
-                    ok = false;
-                }
-            }
-        }
-        let slept = ok && {
+        let armed_local = arm_sleep(local.prepare_sleep(), &mut words, sleep_off);
+        let armed_ring = armed_local
+            && ring
+                .as_mut()
+                .is_some_and(|r| arm_sleep(r.prepare_sleep(), &mut words, sleep_off));
+        let slept = armed_local && (armed_ring || !has_ring) && {
             let end = crate::futex::wait_any(&words, bound);
             if end == crate::futex::WaitEnd::Unsupported {
                 *sleep_off = true;
@@ -883,6 +862,26 @@ impl<S: Service, L: ServerTransport, R: FnMut(&[u8]) -> Result<Target, WireError
             handler: &mut handler,
         };
         io.round::<_>(&mut shard, bufs)
+    }
+}
+
+/// One input's half of [`NodeDaemon::wait_for_work`]: an armed word joins `words` (`true`);
+/// `NotNow` or `Unsupported` (which also sets `off`) stop the sleep (`false`).
+fn arm_sleep<'a>(
+    prep: SleepPrep<'a>,
+    words: &mut Vec<&'a std::sync::atomic::AtomicU32>,
+    off: &mut bool,
+) -> bool {
+    match prep {
+        SleepPrep::Sleep(w) => {
+            words.push(w);
+            true
+        }
+        SleepPrep::NotNow => false,
+        SleepPrep::Unsupported => {
+            *off = true;
+            false
+        }
     }
 }
 

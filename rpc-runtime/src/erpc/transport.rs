@@ -774,6 +774,17 @@ impl<T: DatagramTransport> Erpc<T> {
         self.stats
     }
 
+    /// Whether the blocking-call policy ([`CallWait`], off: never) says that a call that
+    /// has polled without a response for `waited` should block now.
+    fn call_wait_blocks(&mut self, waited: Duration) -> bool {
+        let Some(w) = &mut self.call_wait else {
+            return false;
+        };
+        let now = self.ep.clock();
+        let waited = Time::try_from(waited.as_nanos()).unwrap_or(Time::MAX);
+        w.should_block(now, waited, runnable_threads)
+    }
+
     /// Sets when a blocking call blocks in the transport ([`ErpcConfig::client_idle`];
     /// [`Erpc::from_endpoint`] starts with [`IdleConfig::default`]); `None`: never.
     pub fn set_client_idle(&mut self, cfg: Option<IdleConfig>) {
@@ -1203,12 +1214,7 @@ impl<T: ErpcConnect> ClientTransport for Erpc<T> {
     /// [`ErpcClientStats::idle_waits`]. `false` without blocking otherwise, and from then on
     /// if the transport cannot wait.
     fn wait_for_response(&mut self, waited: Duration, max: Duration) -> bool {
-        let Some(w) = &mut self.call_wait else {
-            return false;
-        };
-        let now = self.ep.clock();
-        let waited = Time::try_from(waited.as_nanos()).unwrap_or(Time::MAX);
-        if !w.should_block(now, waited, runnable_threads) {
+        if !self.call_wait_blocks(waited) {
             return false;
         }
         match self.ep.wait_for_datagram(max) {
@@ -1246,12 +1252,7 @@ pub fn wait_for_any_response<'a, T: DatagramTransport + 'a>(
     let Some(first) = clients.next() else {
         return false;
     };
-    let Some(w) = &mut first.call_wait else {
-        return false;
-    };
-    let now = first.ep.clock();
-    let waited_ns = Time::try_from(waited.as_nanos()).unwrap_or(Time::MAX);
-    if !w.should_block(now, waited_ns, runnable_threads) {
+    if !first.call_wait_blocks(waited) {
         return false;
     }
     // The cold path of an idle client: one small allocation per wait is not on any hot path.
