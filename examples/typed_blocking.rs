@@ -200,8 +200,8 @@ fn run_erpc(addr: SocketAddr, mode: Mode, round: u32, calls: u64) -> Row {
     })
 }
 
-/// One round of client `c` over `transport` (its policy set for `mode`): 1000 warm-up calls, then `calls`
-/// timed; `waits` reads the client's idle-wait counter.
+/// One round of client `c` over `transport` (its policy set for `mode`): 1000 warm-up calls,
+/// then `calls` timed; `waits` reads the client's idle-wait counter.
 fn measure<T: ClientTransport>(
     c: &mut EchoClient<T>,
     transport: Transport,

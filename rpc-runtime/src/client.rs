@@ -11,7 +11,7 @@
 //! | wait | where | bounded by |
 //! |---|---|---|
 //! | response of a blocking call | [`Client::call_within`] | the call's deadline |
-//! | a block of a blocking call in the transport ([`ClientTransport::wait_for_response`], after the call's spin-then-yield backoff; eRPC over UDP, and the delegation ring from a thread not pinned to one CPU, when the machine is oversubscribed or the call has waited 200 µs) | inside the transport | the call's remaining deadline and [`IDLE_TICK_NS`] (1 ms) |
+//! | a block of a blocking call in the transport ([`ClientTransport::wait_for_response`], after the call's spin-then-yield backoff; eRPC over UDP, and the delegation ring and ipc from a thread not pinned to one CPU, when the machine is oversubscribed or the call has waited 200 µs) | inside the transport | the call's remaining deadline and [`IDLE_TICK_NS`] (1 ms) |
 //! | response of a pipelined call | [`Client::poll`]/[`Client::poll_with`] (never block) | the call's deadline: expiry is delivered with its tag |
 //! | no free token / transport full (`WouldBlock`: delegation response slots, copyrpc credit and ring space, ScaleRPC group not scheduled, eRPC session credits) | [`Client::call_within`] retrying `send` | the call's deadline |
 //! | delegation ring full after a position was reserved | inside `Delegation::send` | the call's deadline (`delegation` module docs) |
@@ -125,8 +125,8 @@ pub trait ClientTransport: Sized {
     ///
     /// A blocking call whose thread shares its CPU with the server (or with any busy
     /// thread) takes CPU time from the one that would answer; eRPC over UDP blocks in its
-    /// socket then, and the delegation ring sleeps on the client's futex word (unless the
-    /// thread is pinned to one CPU) ([`crate::erpc::idle::CallWait`]).
+    /// socket then, and the delegation ring and ipc sleep on the client's futex word (unless
+    /// the thread is pinned to one CPU) ([`crate::erpc::idle::CallWait`]).
     #[inline]
     fn wait_for_response(&mut self, waited: Duration, max: Duration) -> bool {
         let _ = (waited, max);

@@ -13,8 +13,8 @@
 //! thread to wake, at most `max_sleep` plus the OS timer slack (Linux: 50 µs by default), so
 //! about 1.05 ms with the defaults. While requests keep coming (a round finds one at least
 //! every few microseconds) no sleep happens. A transport that can wait for its requests
-//! ([`ServerTransport::wait_for_request`]: eRPC over UDP, in its socket; the delegation ring,
-//! on its futex word) waits there instead of parking, so an idle server wakes for the first
+//! ([`ServerTransport::wait_for_request`]: eRPC over UDP, in its socket; the delegation ring
+//! and ipc, on their futex words) waits there instead of parking, so an idle server wakes for the first
 //! request at once; it then sees
 //! [`ServerHandle::stop`] after that wait (at most `max_sleep`) rather than at the unpark.
 //! Transports that do background work in

@@ -92,9 +92,10 @@ pub trait ServerTransport {
     /// for a serve loop with nothing to do (the park of [`crate::runner::IdlePolicy::Backoff`]).
     /// Returns `false` at once if the transport cannot wait for its requests (the default):
     /// the loop then parks for `timeout` instead. Called after [`ServerTransport::flush`],
-    /// never longer than `timeout`. eRPC waits in its socket (`ppoll`) and the delegation
-    /// ring on its futex word (`RingServer::wait_for_request`), so an idle server wakes for
-    /// the first request instead of at the end of its park.
+    /// never longer than `timeout`. eRPC waits in its socket (`ppoll`), the delegation ring
+    /// and ipc on their futex words (`RingServer::wait_for_request`,
+    /// `IpcServer::wait_for_request`), so an idle server wakes for the first request
+    /// instead of at the end of its park.
     fn wait_for_request(&mut self, timeout: std::time::Duration) -> bool {
         let _ = timeout;
         false

@@ -302,8 +302,9 @@ impl RingClient {
     /// reply already there, `false` without sleeping: at the first call (it arms the
     /// server's checks, [`OFF_CLIENT_SLEEP_ARMED`], and sleeps from the next call on), with no
     /// call outstanding, the client disconnected or the ring failed (the next poll reports
-    /// it), or once `FUTEX_WAIT` was refused (never tried again). A server that died or stopped leaves the sleep to
-    /// its bound; the caller's polls then check its liveness as before.
+    /// it), or once `FUTEX_WAIT` was refused (never tried again). A server that died or
+    /// stopped leaves the sleep to its bound; the caller's polls then check its liveness as
+    /// before.
     pub fn wait_for_response(&mut self, bound: Duration) -> bool {
         if self.in_flight == 0
             || self.sleep_unsupported

@@ -178,7 +178,8 @@ pub const REC_RESERVING_POS: usize = 64;
 /// `u32` pid of the owning process (diagnostics only).
 pub const REC_PID: usize = 8;
 /// `AtomicU32` futex word: 1 while the owner may be asleep waiting for a response, else 0.
-/// The server swaps it to 0 and wakes the owner after publishing replies to it. In the record's first line, which the server reads on every reply
+/// The server swaps it to 0 and wakes the owner after publishing replies to it. In the
+/// record's first line, which the server reads on every reply
 /// anyway and the owner writes only when it goes to sleep and wakes.
 pub const REC_SLEEP: usize = 12;
 

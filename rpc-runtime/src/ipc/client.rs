@@ -341,8 +341,8 @@ impl Ipc {
     /// already there, `false` without sleeping: at the first call (it arms the server's
     /// checks, [`OFF_CLIENT_SLEEP_ARMED`], and sleeps from the next call on), with no call in
     /// flight, the server gone or a fault recorded (the next poll reports it), or once
-    /// `FUTEX_WAIT` was refused. A server that
-    /// died or stopped leaves the sleep to its bound; the polls then check its liveness.
+    /// `FUTEX_WAIT` was refused. A server that died or stopped leaves the sleep to its bound;
+    /// the polls then check its liveness.
     pub fn sleep_for_response(&mut self, bound: Duration) -> bool {
         if self.free.len() == self.calls.len() || self.gone || self.sleep_unsupported {
             return false;

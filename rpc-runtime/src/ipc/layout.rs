@@ -8,8 +8,8 @@
 /// `"IPCRPCV1"` as a little-endian `u64` (@0).
 pub const MAGIC: u64 = u64::from_le_bytes(*b"IPCRPCV1");
 /// Layout version (@8). Version 1 had no sleep words ([`OFF_SERVER_SLEEP`],
-/// [`OFF_SLEEP_ARMED`], [`OFF_CLIENT_SLEEP_ARMED`], [`CB_RESP_SLEEP`]): its clients would never wake a server of this
-/// version that sleeps.
+/// [`OFF_SLEEP_ARMED`], [`OFF_CLIENT_SLEEP_ARMED`], [`CB_RESP_SLEEP`]): its clients would
+/// never wake a server of this version that sleeps.
 pub const VERSION: u32 = 2;
 /// Header size; client blocks start here.
 pub const HEADER_SIZE: u64 = 128;
