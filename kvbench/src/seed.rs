@@ -76,15 +76,19 @@ impl<A: Api> Daemons<A> for LocalServers {
             .collect()
     }
 
-    /// With one daemon, a sleep on the client's ipc word (`Ipc`'s `CallWait`: while the
-    /// machine is oversubscribed, or after 200 µs without a response; never from a pinned
-    /// thread). With several, the client yields (its daemons do not sleep either).
+    /// A sleep on the client's ipc words (`Ipc`'s `CallWait`: while the machine is
+    /// oversubscribed, or after 200 µs without a response; never from a pinned thread), with
+    /// one daemon on its connection's word, with several on all of them at once
+    /// (`rpc::ipc::sleep_for_any_response`).
     fn idle_wait(rings: &mut [A::Conn<LocalClient>], waited: std::time::Duration) -> bool {
+        let max = std::time::Duration::from_millis(1);
         match rings {
-            [one] => A::core(one)
-                .transport_mut()
-                .wait_for_response(waited, std::time::Duration::from_millis(1)),
-            _ => false,
+            [one] => A::core(one).transport_mut().wait_for_response(waited, max),
+            many => rpc::ipc::sleep_for_any_response(
+                many.iter_mut().map(|r| A::core(r).transport_mut()),
+                waited,
+                max,
+            ),
         }
     }
 }

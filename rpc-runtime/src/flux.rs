@@ -39,10 +39,24 @@
 //!
 //! Flux is in-process only (threads of one process), as in the seed: payloads are moved
 //! through the queues, not copied into shared memory.
+//!
+//! # Sleeping (extension, seed: none)
+//! A node's thread may sleep until a message is pushed to it ([`Flux::prepare_sleep`], for
+//! `NodeDaemon::wait_for_work`, which waits on it with the daemon's other words): it
+//! `swap`s its word to 1 (SeqCst), then finds every queue into it empty (`is_empty`, SeqCst
+//! loads of head and tail). A sender, after its push (a SeqCst compare-and-swap of the
+//! queue's tail), loads the target's word (SeqCst) and, if set, swaps it to 0 and wakes it
+//! (`FUTEX_WAKE`): a push the sleeper's check missed is ordered after the sleeper's `swap`
+//! in the single total order, so the sender sees the 1. Cost to a sender: one load of a
+//! line the target writes only when it goes to sleep.
 
 use std::sync::Arc;
 
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+
 use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::CachePadded;
 
 /// Default capacity of each queue, in messages. Source: seeds/004 §9 step 5.
 pub const DEFAULT_CAPACITY: usize = 1024;
@@ -208,6 +222,8 @@ pub struct Flux<T, U = usize> {
     id: u32,
     /// `lanes[i][j]`: from node `i` to node `j`, shared by all nodes' handles.
     lanes: Arc<[Box<[Lane<T>]>]>,
+    /// Per node: its sleep word (module docs, "Sleeping"), shared by all nodes' handles.
+    wake: Arc<[CachePadded<AtomicU32>]>,
     max_inflight: usize,
     slots: Box<[Slot<U>]>,
     free: Vec<u32>,
@@ -238,10 +254,14 @@ pub fn network<T, U>(nodes: usize, cfg: FluxConfig) -> Result<Vec<Flux<T, U>>, F
                 .collect()
         })
         .collect();
+    let wake: Arc<[CachePadded<AtomicU32>]> = (0..nodes)
+        .map(|_| CachePadded::new(AtomicU32::new(0)))
+        .collect();
     Ok((0..nodes)
         .map(|id| Flux {
             id: id as u32,
             lanes: lanes.clone(),
+            wake: wake.clone(),
             max_inflight: cfg.max_inflight,
             slots: (0..cfg.max_inflight)
                 .map(|_| Slot {
@@ -317,7 +337,49 @@ impl<T, U> Flux<T, U> {
         self.free.pop();
         self.slots[slot as usize].token = Some(token);
         self.stats.calls += 1;
+        self.wake_node(target);
         Ok(call)
+    }
+
+    /// After a push to `node`'s queues: wakes `node` if it sleeps (module docs, "Sleeping").
+    /// The push's SeqCst CAS of the queue's tail orders it before this SeqCst load.
+    #[inline]
+    fn wake_node(&self, node: usize) {
+        let w = &self.wake[node];
+        if w.load(SeqCst) != 0 {
+            crate::futex::wake(w);
+        }
+    }
+
+    /// Arms this node's sleep word for a caller that waits on it (and on others,
+    /// `futex_waitv`; `NodeDaemon::wait_for_work`): `swap(1)` (SeqCst), then every queue into
+    /// this node; with a message waiting it disarms and returns
+    /// [`SleepPrep::NotNow`](crate::server::SleepPrep::NotNow). After the sleep, call
+    /// [`end_sleep`](Self::end_sleep).
+    pub fn prepare_sleep(&self) -> crate::server::SleepPrep<'_> {
+        let me = self.id as usize;
+        let w = &*self.wake[me];
+        w.swap(1, SeqCst);
+        let waiting = (0..self.nodes()).any(|from| {
+            let lane = &self.lanes[from][me];
+            !lane.requests.is_empty() || !lane.responses.is_empty()
+        });
+        if waiting {
+            w.store(0, Relaxed);
+            return crate::server::SleepPrep::NotNow;
+        }
+        crate::server::SleepPrep::Sleep(w)
+    }
+
+    /// Whether node `node`'s sleep word is armed (tests wait for it before they wake it).
+    #[cfg(test)]
+    pub(crate) fn is_armed(&self, node: usize) -> bool {
+        self.wake[node].load(SeqCst) == 1
+    }
+
+    /// Disarms the sleep word armed by [`prepare_sleep`](Self::prepare_sleep).
+    pub fn end_sleep(&self) {
+        self.wake[self.id as usize].store(0, Relaxed);
     }
 
     /// Delivers the responses that have arrived for this node's calls:
@@ -399,6 +461,7 @@ impl<T, U> Flux<T, U> {
             });
         }
         self.stats.replies += 1;
+        self.wake_node(to);
         Ok(())
     }
 

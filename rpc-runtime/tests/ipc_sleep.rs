@@ -182,3 +182,50 @@ fn a_sleeping_client_is_woken_by_the_servers_round_of_replies() {
     c.poll_up_to(8, |_, m| got.extend_from_slice(m)).unwrap();
     assert_eq!(got, b"s");
 }
+
+/// A client of two servers sleeps on both its connections' words at once
+/// (`sleep_for_any_response`, `futex_waitv`) and a reply from the second server wakes it; the
+/// first sleep of each connection only arms its server's checks.
+#[test]
+fn a_client_of_two_servers_sleeps_on_both_words() {
+    if !rpc_runtime::erpc::idle::may_migrate() {
+        eprintln!("skipped: this thread may run on one CPU only (a pinned thread never sleeps)");
+        return;
+    }
+    let (n1, n2) = (unique_name("sleep-any1"), unique_name("sleep-any2"));
+    let (_s1, mut s2) = (server(&n1, 2, 4), server(&n2, 2, 4));
+    let (w1, w2) = (Words::open(&n1), Words::open(&n2));
+    let (mut c1, mut c2) = (Ipc::attach(&n1).unwrap(), Ipc::attach(&n2).unwrap());
+    let (b1, b2) = (
+        c1.layout().block(c1.client_index()),
+        c2.layout().block(c2.client_index()),
+    );
+    send(&mut c1, b"1");
+    send(&mut c2, b"2");
+    let waited = Duration::from_secs(1);
+    // The first sleep of each connection arms its server's checks.
+    assert!(!rpc_runtime::ipc::sleep_for_any_response(
+        [&mut c1, &mut c2],
+        waited,
+        LONG
+    ));
+    assert!(!rpc_runtime::ipc::sleep_for_any_response(
+        [&mut c1, &mut c2],
+        waited,
+        LONG
+    ));
+    let h = thread::spawn(move || {
+        let t = Instant::now();
+        let slept = rpc_runtime::ipc::sleep_for_any_response([&mut c1, &mut c2], waited, LONG);
+        (c1, c2, slept, t.elapsed())
+    });
+    until_asleep(w1.word(b1 + CB_RESP_SLEEP));
+    until_asleep(w2.word(b2 + CB_RESP_SLEEP));
+    assert_eq!(echo_round(&mut s2), 1);
+    let (c1, mut c2, slept, took) = h.join().unwrap();
+    assert!(slept);
+    assert!(took < WOKEN, "woken by the second server's reply: {took:?}");
+    assert_eq!((c1.stats().idle_waits, c2.stats().idle_waits), (1, 1));
+    assert_eq!(w1.word(b1 + CB_RESP_SLEEP).load(Ordering::SeqCst), 0);
+    assert_eq!(c2.poll_up_to(8, |_, m| assert_eq!(m, b"2")).unwrap(), 1);
+}

@@ -41,10 +41,11 @@
 //!
 //! # Sleeping (extension, seed: none)
 //! The seed's daemons poll forever. [`NodeDaemon::wait_for_work`] lets a daemon whose rounds
-//! found nothing sleep until one of its clients sends, with one `futex_waitv` over its local
-//! server's and its ring's words (the ipc and ring wake protocols,
-//! [`ServerTransport::prepare_sleep`]). Only a daemon every input of which can wake it
-//! sleeps: no copyrpc context and no other daemon of its rank (Flux links have no wake word).
+//! found nothing sleep until one of its clients or another daemon sends, with one
+//! `futex_waitv` over its local server's, its ring's and its Flux node's words (the ipc,
+//! ring and Flux wake protocols, [`ServerTransport::prepare_sleep`],
+//! [`Flux::prepare_sleep`]). Only a daemon every input of which can wake it sleeps: no
+//! copyrpc context, nothing in its backlog.
 //! The `kv` daemons call it when `rpc::erpc::idle::CallWait` says so, never when pinned.
 //!
 //! # Back-pressure (seeds/004 §5 "バックプレッシャ処理")
@@ -688,33 +689,38 @@ impl<S: Service, L: ServerTransport, R, const N: usize> NodeDaemon<S, L, R, N> {
     /// Sleeps until a client of the local server or of the ring may have sent a request, at
     /// most `bound`, for a daemon whose rounds found nothing (the caller decides when:
     /// `rpc::erpc::idle::CallWait`, never from a thread pinned to one CPU). One
-    /// `futex_waitv` over the local server's and the ring's words
+    /// `futex_waitv` over the local server's, the ring's and the Flux node's words
     /// ([`ServerTransport::prepare_sleep`]); see the ipc and delegation module docs,
     /// "Sleeping".
     ///
     /// Only a daemon every input of which can wake it sleeps: no copyrpc context (the NIC's
-    /// completions cannot wake a thread on the device model), no other daemon (Flux links
-    /// have no wake word), nothing in the backlog. Returns `true` if it slept, `false`
-    /// without sleeping: such an input exists, work is waiting, or a transport or the kernel
-    /// cannot sleep this way (then never again).
+    /// completions cannot wake a thread on the device model) and nothing in the backlog
+    /// (its retries need rounds); Flux wakes it through its node's word
+    /// ([`Flux::prepare_sleep`]). Returns `true` if it slept, `false` without sleeping: such
+    /// an input exists, work is waiting, or a transport or the kernel cannot sleep this way
+    /// (then never again).
     pub fn wait_for_work(&mut self, bound: std::time::Duration) -> bool {
-        if self.sleep_off || self.ctx.is_some() || self.cfg.daemons > 1 || self.backlog.len > 0 {
+        if self.sleep_off || self.ctx.is_some() || self.backlog.len > 0 {
             return false;
         }
         let NodeDaemon {
             local,
             ring,
+            flux,
             sleep_off,
             ..
         } = self;
         let has_ring = ring.is_some();
-        let mut words = Vec::with_capacity(2);
+        let mut words = Vec::with_capacity(3);
         let armed_local = arm_sleep(local.prepare_sleep(), &mut words, sleep_off);
         let armed_ring = armed_local
             && ring
                 .as_mut()
                 .is_some_and(|r| arm_sleep(r.prepare_sleep(), &mut words, sleep_off));
-        let slept = armed_local && (armed_ring || !has_ring) && {
+        let armed_flux = armed_local
+            && (armed_ring || !has_ring)
+            && arm_sleep(flux.prepare_sleep(), &mut words, sleep_off);
+        let slept = armed_flux && {
             let end = crate::futex::wait_any(&words, bound);
             if end == crate::futex::WaitEnd::Unsupported {
                 *sleep_off = true;
@@ -728,8 +734,16 @@ impl<S: Service, L: ServerTransport, R, const N: usize> NodeDaemon<S, L, R, N> {
         if let Some(r) = ring.as_mut().filter(|_| armed_ring) {
             r.end_sleep(slept);
         }
+        if armed_flux {
+            flux.end_sleep();
+        }
         if slept {
             self.stats.idle_waits += 1;
+            // Calls passed over Flux wait for answers: time has passed, so the next round
+            // sweeps for those past `wait_timeout` (rounds count slower while sleeping).
+            if self.flux.in_flight() > 0 {
+                self.rounds |= SWEEP_ROUNDS - 1;
+            }
         }
         slept
     }
@@ -1571,9 +1585,12 @@ mod tests {
         (ranks, fabric)
     }
 
-    /// One daemon of a one-rank node with Daemon#0's ring (Aggregated); the names of its
-    /// local server and its ring.
-    fn single_daemon(tag: &str, daemons: u32) -> (Daemon, String, String) {
+    /// Daemon#0 of a one-rank node with its ring (Aggregated); the names of its local server
+    /// and its ring, and the other daemons' Flux nodes.
+    fn single_daemon(
+        tag: &str,
+        daemons: u32,
+    ) -> (Daemon, String, String, Vec<NodeFlux<DelegationServer>>) {
         let rcfg = DelegationConfig {
             max_clients: 4,
             ring_depth: 8,
@@ -1583,15 +1600,14 @@ mod tests {
         let (local_name, ring_name) = (name(&format!("{tag}l")), name(&format!("{tag}r")));
         let local = DelegationServer::create(&local_name, Svc::DESCRIPTOR, rcfg).unwrap();
         let ring = DelegationServer::create(&ring_name, Svc::DESCRIPTOR, rcfg).unwrap();
-        let f = flux::network(daemons as usize, FluxConfig::default())
-            .unwrap()
-            .swap_remove(0);
+        let mut others = flux::network(daemons as usize, FluxConfig::default()).unwrap();
+        let f = others.remove(0);
         let cfg = NodeConfig::new(Placement::Aggregated, (0, 1), (0, daemons));
         let d = Daemon::new(cfg, local, f, route as Route)
             .unwrap()
             .with_ring(ring)
             .unwrap();
-        (d, local_name, ring_name)
+        (d, local_name, ring_name, others)
     }
 
     /// The server sleep word of ring file `name`, through a mapping of the test's own.
@@ -1613,42 +1629,55 @@ mod tests {
         unsafe { std::sync::atomic::AtomicU32::from_ptr(m.0.as_mut_ptr().add(m.1).cast()) }
     }
 
-    /// A daemon whose every input can wake it (one daemon, no context) sleeps on both its
-    /// local server's and its ring's words at once (`futex_waitv`), and a request committed
-    /// to either wakes it; a lost wake would take the whole 10 s bound. A daemon with another
-    /// daemon (Flux links cannot wake it) does not sleep.
+    /// A daemon whose every input can wake it (no context) sleeps on its local server's, its
+    /// ring's and its Flux node's words at once (`futex_waitv`), and a request committed to
+    /// either shared segment, or a Flux call from another daemon, wakes it; a lost wake would
+    /// take the whole 10 s bound.
     #[test]
-    fn a_single_daemon_sleeps_until_a_request_on_either_input() {
-        for via_ring in [false, true] {
-            let (mut d, local, ring) = single_daemon(if via_ring { "zr" } else { "zl" }, 1);
+    fn a_daemon_sleeps_until_a_request_on_any_input() {
+        for via in ["local", "ring", "flux"] {
+            let (mut d, local, ring, mut others) = single_daemon(&format!("z{via}"), 2);
             let words = [server_sleep_word(&local), server_sleep_word(&ring)];
             let h = thread::spawn(move || {
                 let t = std::time::Instant::now();
                 let slept = d.wait_for_work(Duration::from_secs(10));
                 (d, slept, t.elapsed())
             });
+            // All three words armed.
             let t = std::time::Instant::now();
-            while !words.iter().all(|w| word_of(w).load(Ordering::SeqCst) == 1) {
+            while !(words.iter().all(|w| word_of(w).load(Ordering::SeqCst) == 1)
+                && others[0].is_armed(0))
+            {
                 assert!(t.elapsed() < Duration::from_secs(5), "never armed");
                 thread::yield_now();
             }
-            let mut c = RingClient::attach(if via_ring { &ring } else { &local }).unwrap();
-            c.try_call(&[0; 8]).unwrap();
+            if via == "flux" {
+                let msg = DelegatePayload::Req(WireMsg::new(&[0; 8]).unwrap());
+                let origin = FluxOrigin {
+                    caller: Caller::Local(ReplyToken {
+                        client_id: 0,
+                        generation: 0,
+                        resp_slot_idx: 0,
+                        call_tag: 0,
+                    }),
+                    method_id: 0,
+                    issued: std::time::Instant::now(),
+                };
+                assert!(others[0].call(0, msg, origin).is_ok());
+            } else {
+                let name = if via == "ring" { &ring } else { &local };
+                RingClient::attach(name).unwrap().try_call(&[0; 8]).unwrap();
+            }
             let (d, slept, took) = h.join().unwrap();
-            assert!(slept, "via ring {via_ring}");
+            assert!(slept, "via {via}");
             assert!(
                 took < Duration::from_secs(5),
                 "woken, not timed out: {took:?}"
             );
             assert_eq!(d.stats().idle_waits, 1);
+            assert!(!others[0].is_armed(0));
             assert!(words.iter().all(|w| word_of(w).load(Ordering::SeqCst) == 0));
         }
-        let (mut d, _, _) = single_daemon("zf", 2);
-        assert!(
-            !d.wait_for_work(Duration::from_secs(10)),
-            "Flux cannot wake it"
-        );
-        assert_eq!(d.stats().idle_waits, 0);
     }
 
     /// Runs `d` until `stop`, serving with `who(rank, daemon)`.

@@ -93,6 +93,69 @@ pub struct Ipc {
 
 const NO_CALL: u32 = u32::MAX;
 
+/// What [`Ipc::arm_sleep`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ArmSleep {
+    /// The word is armed: sleep on it, then `end_sleep`.
+    Armed,
+    /// A response (or a reason to fail) is there: poll.
+    NotNow,
+    /// No sleep now (the first call only arms the server's checks) or ever (the server is
+    /// gone, `FUTEX_WAIT` was refused).
+    Refused,
+}
+
+/// The blocking wait of a client of several servers (an [`Ipc`] connection each), as
+/// `ClientTransport::wait_for_response` is for one: if the first connection's policy says so
+/// for a client whose polls found nothing for `waited` (`CallWait`; never from a pinned
+/// thread), one `futex_waitv` over the words of the connections with calls in flight (at
+/// most 8), so that a response on any ends it; a sleep of at most `bound`. Returns `true` if
+/// it slept (counted on each connection waited on) or a response is there, `false` without
+/// sleeping (the policy, no call in flight, more than 8 such connections, or a connection
+/// that cannot sleep now: the first sleep of each only arms its server's checks).
+pub fn sleep_for_any_response<'a>(
+    clients: impl IntoIterator<Item = &'a mut Ipc>,
+    waited: Duration,
+    bound: Duration,
+) -> bool {
+    let mut v: Vec<&mut Ipc> = clients.into_iter().filter(|c| c.in_flight() > 0).collect();
+    if v.is_empty() || v.len() > crate::futex::WAIT_ANY_MAX || !v[0].call_wait_blocks(waited) {
+        return false;
+    }
+    let mut armed = 0;
+    let mut outcome = None;
+    for c in v.iter_mut() {
+        match c.arm_sleep() {
+            ArmSleep::Armed => armed += 1,
+            ArmSleep::NotNow => {
+                outcome = Some(true);
+                break;
+            }
+            ArmSleep::Refused => {
+                outcome = Some(false);
+                break;
+            }
+        }
+    }
+    let end = match outcome {
+        Some(_) => crate::futex::WaitEnd::Returned,
+        None => {
+            let words: Vec<&std::sync::atomic::AtomicU32> =
+                v.iter().map(|c| c.sleep_word()).collect();
+            crate::futex::wait_any(&words, bound)
+        }
+    };
+    let mut slept = outcome.is_none();
+    for c in v.iter_mut().take(armed) {
+        if outcome.is_none() {
+            slept &= c.end_sleep(end);
+        } else {
+            c.sleep_word().store(0, Relaxed);
+        }
+    }
+    outcome.unwrap_or(slept)
+}
+
 impl Ipc {
     /// Attaches to `/dev/shm/<name>`: checks the file (regular, owned by this euid, mode 0600)
     /// and its header before mapping it, checks that a live server holds it, and claims a free
@@ -344,14 +407,30 @@ impl Ipc {
     /// `FUTEX_WAIT` was refused. A server that died or stopped leaves the sleep to its bound;
     /// the polls then check its liveness.
     pub fn sleep_for_response(&mut self, bound: Duration) -> bool {
-        if self.free.len() == self.calls.len() || self.gone || self.sleep_unsupported {
+        if self.free.len() == self.calls.len() {
             return false;
+        }
+        match self.arm_sleep() {
+            ArmSleep::Armed => {}
+            ArmSleep::NotNow => return true,
+            ArmSleep::Refused => return false,
+        }
+        let end = crate::futex::wait(self.sleep_word(), bound);
+        self.end_sleep(end)
+    }
+
+    /// The first half of [`sleep_for_response`](Self::sleep_for_response) (also for a client
+    /// of several servers, [`sleep_for_any_response`]): arms the block's word unless a
+    /// response (or a reason to fail) is there.
+    pub(super) fn arm_sleep(&mut self) -> ArmSleep {
+        if self.gone || self.sleep_unsupported {
+            return ArmSleep::Refused;
         }
         if !self.armed {
             // The first time: arm the server's checks, do not sleep yet.
             self.armed = true;
             self.map.u32(OFF_CLIENT_SLEEP_ARMED).store(1, SeqCst);
-            return false;
+            return ArmSleep::Refused;
         }
         if self.unchecked_sends {
             self.wake_check();
@@ -364,10 +443,20 @@ impl Ipc {
             || self.map.u32(self.block + CB_FAULT).load(Acquire) != 0
         {
             word.store(0, Relaxed);
-            return true;
+            return ArmSleep::NotNow;
         }
-        let end = crate::futex::wait(word, bound);
-        word.store(0, Relaxed);
+        ArmSleep::Armed
+    }
+
+    /// The block's sleep word.
+    pub(super) fn sleep_word(&self) -> &std::sync::atomic::AtomicU32 {
+        self.map.u32(self.block + CB_RESP_SLEEP)
+    }
+
+    /// The second half: disarms the word and counts the sleep; `false` (and never again)
+    /// if the kernel refused it.
+    pub(super) fn end_sleep(&mut self, end: crate::futex::WaitEnd) -> bool {
+        self.sleep_word().store(0, Relaxed);
         if end == crate::futex::WaitEnd::Unsupported {
             self.sleep_unsupported = true;
             return false;

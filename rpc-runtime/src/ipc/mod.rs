@@ -136,7 +136,7 @@ mod server;
 mod shm;
 mod transport;
 
-pub use client::{Ipc, IpcClientStats};
+pub use client::{Ipc, IpcClientStats, sleep_for_any_response};
 pub use error::IpcError;
 pub use server::{IDLE_SKIP_POLLS, IpcServer, IpcToken, POLLS_PER_CLOCK};
 pub use shm::{SHM_DIR, unsafe_files_refused};

@@ -76,6 +76,15 @@ impl ClientTransport for Ipc {
     /// rule 4), and only from a thread that may run on more than one CPU (rule 5); `false`
     /// without sleeping otherwise (the call yields).
     fn wait_for_response(&mut self, waited: Duration, max: Duration) -> bool {
+        self.call_wait_blocks(waited) && Ipc::sleep_for_response(self, max)
+    }
+}
+
+impl Ipc {
+    /// Whether the blocking-call policy (`CallWait`, off: never) says that a call that has
+    /// polled without a response for `waited` should sleep now: never from a thread pinned
+    /// to one CPU (rule 5 of `crate::erpc::idle`).
+    pub(super) fn call_wait_blocks(&mut self, waited: Duration) -> bool {
         let Some(w) = &mut self.call_wait else {
             return false;
         };
@@ -83,10 +92,7 @@ impl ClientTransport for Ipc {
             return false;
         }
         let waited = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
-        if !w.should_block(idle_clock(), waited, runnable_threads) {
-            return false;
-        }
-        Ipc::sleep_for_response(self, max)
+        w.should_block(idle_clock(), waited, runnable_threads)
     }
 }
 
