@@ -113,9 +113,9 @@ pub(crate) fn erpc_daemon_loop<A: Api>(
 }
 
 /// The delegation ring daemon's event loop (seeds/004 §6: only the local ring): as
-/// [`erpc_daemon_loop`], but it sleeps on
-/// the ring's futex word ([`ServerTransport::wait_for_request`]: `RingServer::wait_for_request`,
-/// at most 1 ms) until a client commits a request. A polling daemon next to a busy process
+/// [`erpc_daemon_loop`], but it sleeps on the ring's futex word
+/// ([`ServerTransport::wait_for_request`]: `RingServer::wait_for_request`, at most 1 ms) until
+/// a client commits a request. A polling daemon next to a busy process
 /// holds a CPU its clients need. A daemon pinned to one CPU never sleeps (rule 5 of
 /// `rpc::erpc::idle`).
 pub(crate) fn ring_daemon_loop<A: Api>(

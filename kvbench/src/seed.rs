@@ -279,9 +279,9 @@ fn connect_endpoints<A: Api, const N: usize>(
 /// A daemon's event loop (seeds/004 §5 for a daemon with copyrpc, §6 otherwise) until
 /// `stop`; its report.
 ///
-/// Past its backoff, a daemon whose every input can wake it (one daemon, no copyrpc
-/// context: `NodeDaemon::wait_for_work`) sleeps on its ipc server's and ring's futex words,
-/// at most 1 ms, when `CallWait` says so (an oversubscribed machine, or 200 µs without
+/// Past its backoff, a daemon whose every input can wake it (no copyrpc context, nothing in
+/// its backlog: `NodeDaemon::wait_for_work`) sleeps on its ipc server's, ring's and Flux
+/// node's futex words, at most 1 ms, when `CallWait` says so (an oversubscribed machine, or 200 µs without
 /// work); a daemon pinned to one CPU never does (rule 5 of `rpc::erpc::idle`).
 fn node_loop<A: Api, const N: usize>(mut node: KvNode<A, N>, stop: &AtomicBool) -> DaemonReport {
     let mut shard = A::Shard::default();

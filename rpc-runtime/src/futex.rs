@@ -1,7 +1,8 @@
-//! Shared-memory futexes (Linux `futex(2)`, through `rustix`): the sleep and the wake of the
-//! delegation ring's and ipc's wake protocols (`delegation::sleep`, `ipc` module docs,
-//! "Sleeping"). The words live in `MAP_SHARED` mappings of files, so the operations are the
-//! shared ones (no `FUTEX_PRIVATE_FLAG`): sleeper and waker may be different processes.
+//! Futexes (Linux `futex(2)` through `rustix`, and `futex_waitv(2)`): the sleep and the wake
+//! of the delegation ring's, ipc's and Flux's wake protocols (`delegation::sleep`; the `ipc`
+//! and `flux` module docs, "Sleeping"). The ring's and ipc's words live in `MAP_SHARED`
+//! mappings of files, so the operations are the shared ones (no `FUTEX_PRIVATE_FLAG`):
+//! sleeper and waker may be different processes (Flux's in-process words work the same).
 
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
