@@ -686,8 +686,8 @@ impl<S: Service, L: ServerTransport, R, const N: usize> NodeDaemon<S, L, R, N> {
         self.backlog.len
     }
 
-    /// Sleeps until a client of the local server or of the ring may have sent a request, at
-    /// most `bound`, for a daemon whose rounds found nothing (the caller decides when:
+    /// Sleeps until a client of the local server or of the ring, or another daemon over Flux,
+    /// may have sent a request, at most `bound`, for a daemon whose rounds found nothing (the caller decides when:
     /// `rpc::erpc::idle::CallWait`, never from a thread pinned to one CPU). One
     /// `futex_waitv` over the local server's, the ring's and the Flux node's words
     /// ([`ServerTransport::prepare_sleep`]); see the ipc and delegation module docs,
@@ -711,7 +711,8 @@ impl<S: Service, L: ServerTransport, R, const N: usize> NodeDaemon<S, L, R, N> {
             ..
         } = self;
         let has_ring = ring.is_some();
-        let mut words = Vec::with_capacity(3);
+        // At most three words: no allocation per sleep.
+        let mut words = Words::default();
         let armed_local = arm_sleep(local.prepare_sleep(), &mut words, sleep_off);
         let armed_ring = armed_local
             && ring
@@ -721,13 +722,12 @@ impl<S: Service, L: ServerTransport, R, const N: usize> NodeDaemon<S, L, R, N> {
             && (armed_ring || !has_ring)
             && arm_sleep(flux.prepare_sleep(), &mut words, sleep_off);
         let slept = armed_flux && {
-            let end = crate::futex::wait_any(&words, bound);
+            let end = crate::futex::wait_any(words.as_slice(), bound);
             if end == crate::futex::WaitEnd::Unsupported {
                 *sleep_off = true;
             }
             end == crate::futex::WaitEnd::Returned
         };
-        drop(words);
         if armed_local {
             local.end_sleep(slept);
         }
@@ -879,16 +879,38 @@ impl<S: Service, L: ServerTransport, R: FnMut(&[u8]) -> Result<Target, WireError
     }
 }
 
+/// The words [`NodeDaemon::wait_for_work`] sleeps on (the local server's, the ring's, the
+/// Flux node's), in place: the first `len` of `words`.
+struct Words<'a> {
+    words: [&'a std::sync::atomic::AtomicU32; 3],
+    len: usize,
+}
+
+/// What fills the unused entries of [`Words`] (never waited on).
+static NO_WORD: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+impl Default for Words<'_> {
+    fn default() -> Self {
+        Words {
+            words: [&NO_WORD; 3],
+            len: 0,
+        }
+    }
+}
+
+impl<'a> Words<'a> {
+    fn as_slice(&self) -> &[&'a std::sync::atomic::AtomicU32] {
+        &self.words[..self.len]
+    }
+}
+
 /// One input's half of [`NodeDaemon::wait_for_work`]: an armed word joins `words` (`true`);
 /// `NotNow` or `Unsupported` (which also sets `off`) stop the sleep (`false`).
-fn arm_sleep<'a>(
-    prep: SleepPrep<'a>,
-    words: &mut Vec<&'a std::sync::atomic::AtomicU32>,
-    off: &mut bool,
-) -> bool {
+fn arm_sleep<'a>(prep: SleepPrep<'a>, words: &mut Words<'a>, off: &mut bool) -> bool {
     match prep {
         SleepPrep::Sleep(w) => {
-            words.push(w);
+            words.words[words.len] = w;
+            words.len += 1;
             true
         }
         SleepPrep::NotNow => false,

@@ -118,6 +118,8 @@ pub fn sleep_for_any_response<'a>(
     waited: Duration,
     bound: Duration,
 ) -> bool {
+    // The cold path of an idle client (its policy said sleep): the two small allocations per
+    // sleep are on no hot path.
     let mut v: Vec<&mut Ipc> = clients.into_iter().filter(|c| c.in_flight() > 0).collect();
     if v.is_empty() || v.len() > crate::futex::WAIT_ANY_MAX || !v[0].call_wait_blocks(waited) {
         return false;
