@@ -8,6 +8,9 @@
 #          of inlined frames (scripts/lib/cg_inline.py; CG_TREE_ROOTS="fn;fn..." adds roots,
 #          full symbol names as callgrind prints them, e.g. out-of-line callees, whose own
 #          trees are then printed too; CG_TREE_MIN hides entries below it, default 1)
+#        CG_STEPS=1 scripts/... also prints each side's instructions per RPC by source file
+#          (protocol step) and function (scripts/lib/cg_steps.py, a third profile with
+#          --separate-callers; CG_STEPS_MIN hides entries below it, default 1)
 #        CG_KEEP=dir scripts/callgrind-copyrpc.sh ...  keeps the profiles
 #
 # The lock-step driver runs client and server in one thread: each round the client issues
@@ -27,7 +30,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib/callgrind.sh
 n=${1:-100000}
 qd=${2:-1}
-serve=${3:-copy}
+mode=${3:-copy}
 ex=copyrpc_bench
 bin=target/release/examples/$ex
 model_fn='<mlx5::sim::Shared as mlx5::queue::SimDoorbell>::ring_sq'
@@ -48,7 +51,7 @@ run() { # name, extra options...
   local name=$1
   shift
   valgrind --tool=callgrind --callgrind-out-file="$dir/$name.callgrind" --collect-atstart=no \
-    "$@" "$bin" lockstep "$n" --qd "$qd" --serve "$serve" >"$dir/$name.stdout" 2>"$dir/$name.log" || {
+    "$@" "$bin" lockstep "$n" --qd "$qd" --serve "$mode" >"$dir/$name.stdout" 2>"$dir/$name.log" || {
     cat "$dir/$name.log" >&2
     exit 1
   }
@@ -87,4 +90,9 @@ if [[ -n ${CG_TREE:-} ]]; then
   IFS=';' read -ra roots <<<"${CG_TREE_ROOTS:-}"
   python3 scripts/lib/cg_inline.py "$dir/nomodel.callgrind" "$bin" "$issued" "${fns[@]}" "${roots[@]}" \
     --depth "$CG_TREE" --min "${CG_TREE_MIN:-1}"
+fi
+if [[ -n ${CG_STEPS:-} ]]; then
+  run steps "${toggles[@]}" --toggle-collect="$model_fn" --dump-instr=yes --separate-callers=8
+  python3 scripts/lib/cg_steps.py "$dir/steps.callgrind" "$bin" "$issued" . \
+    "client=${fns[0]},${fns[1]}" "server=${fns[2]}" --min "${CG_STEPS_MIN:-1}"
 fi

@@ -9,6 +9,9 @@
 #          of inlined frames (scripts/lib/cg_inline.py; CG_TREE_ROOTS="fn;fn..." adds roots,
 #          full symbol names as callgrind prints them, e.g. out-of-line callees, whose own
 #          trees are then printed too; CG_TREE_MIN hides entries below it, default 1)
+#        CG_STEPS=1 scripts/... also prints each side's instructions per RPC by source file
+#          (protocol step) and function (scripts/lib/cg_steps.py, a third profile with
+#          --separate-callers; CG_STEPS_MIN hides entries below it, default 1)
 #        CG_KEEP=dir scripts/callgrind-erpc.sh ...      keeps the profiles
 #
 # The lock-step driver runs client and server endpoints in one thread: each round the client
@@ -89,4 +92,9 @@ if [[ -n ${CG_TREE:-} ]]; then
   IFS=';' read -ra roots <<<"${CG_TREE_ROOTS:-}"
   python3 scripts/lib/cg_inline.py "$dir/nomodel.callgrind" "$bin" "$rpcs" "${fns[@]}" "${roots[@]}" \
     --depth "$CG_TREE" --min "${CG_TREE_MIN:-1}"
+fi
+if [[ -n ${CG_STEPS:-} ]]; then
+  run steps "${toggles[@]}" --toggle-collect="$model_fn" --dump-instr=yes --separate-callers=8
+  python3 scripts/lib/cg_steps.py "$dir/steps.callgrind" "$bin" "$rpcs" . \
+    "client=${fns[0]},${fns[1]}" "server=${fns[2]}" --min "${CG_STEPS_MIN:-1}"
 fi

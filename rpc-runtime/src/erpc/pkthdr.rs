@@ -220,16 +220,15 @@ impl PktHdr {
     /// The 16 wire bytes (layout in the [module docs](self)).
     #[inline]
     pub fn encode(&self) -> [u8; PKTHDR_SIZE] {
-        let w0 = u64::from(self.req_type)
-            | u64::from(self.msg_size) << 8
-            | u64::from(self.dest_session_num) << 32
-            | u64::from(self.pkt_type as u8) << 48
-            | u64::from(self.pkt_num) << 50;
-        let w1 = self.req_num | u64::from(MAGIC) << 44 | u64::from(self.token) << 48;
-        let mut out = [0u8; PKTHDR_SIZE];
-        out[..8].copy_from_slice(&w0.to_le_bytes());
-        out[8..].copy_from_slice(&w1.to_le_bytes());
-        out
+        encode_fields(
+            self.req_type,
+            self.msg_size,
+            self.dest_session_num,
+            self.token,
+            self.pkt_type,
+            self.pkt_num,
+            self.req_num,
+        )
     }
 
     /// Parses the first [`PKTHDR_SIZE`] bytes of `bytes` (a longer slice, e.g. a whole
@@ -262,6 +261,38 @@ impl PktHdr {
             token: (w1 >> 48) as u16,
         })
     }
+}
+
+/// The 16 wire bytes of a header with these fields (layout in the [module docs](self)),
+/// for a sender whose fields are in range by construction: the event loop's packet
+/// renderer, whose message sizes, packet numbers and request numbers were checked when the
+/// message was accepted. A field wider than its bits is cut to them (never spilling into
+/// its neighbour; a debug build asserts instead), so the header stays well-formed; the
+/// checked constructor is [`PktHdr::new`]. Costs no branch (issue 16: 21 instructions per
+/// packet for `new` + `encode` on the send path, about 10 for this).
+#[inline(always)]
+pub(crate) fn encode_fields(
+    req_type: u8,
+    msg_size: u32,
+    dest_session_num: u16,
+    token: u16,
+    pkt_type: PktType,
+    pkt_num: u16,
+    req_num: u64,
+) -> [u8; PKTHDR_SIZE] {
+    debug_assert!(msg_size <= MAX_MSG_SIZE, "msg_size {msg_size}");
+    debug_assert!(pkt_num <= MAX_PKT_NUM, "pkt_num {pkt_num}");
+    debug_assert!(req_num <= MAX_REQ_NUM, "req_num {req_num}");
+    let w0 = u64::from(req_type)
+        | u64::from(msg_size & MAX_MSG_SIZE) << 8
+        | u64::from(dest_session_num) << 32
+        | u64::from(pkt_type as u8) << 48
+        | u64::from(pkt_num & MAX_PKT_NUM) << 50;
+    let w1 = (req_num & MAX_REQ_NUM) | u64::from(MAGIC) << 44 | u64::from(token) << 48;
+    let mut out = [0u8; PKTHDR_SIZE];
+    out[..8].copy_from_slice(&w0.to_le_bytes());
+    out[8..].copy_from_slice(&w1.to_le_bytes());
+    out
 }
 
 #[cfg(test)]

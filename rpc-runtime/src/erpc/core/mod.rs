@@ -1550,10 +1550,17 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Rpc<A> {
         req_num: u64,
     ) -> [u8; PKTHDR_SIZE] {
         // The fields were validated when the message was accepted (sizes below the 24-bit
-        // limit, packet numbers below 2^14, req_num below 2^44 for 2^41 requests per slot).
-        PktHdr::new(req_type, msg_size as u32, dest, t, pkt_num as u16, req_num)
-            .map(|h| h.with_token(token).encode())
-            .unwrap_or([0; PKTHDR_SIZE])
+        // limit, packet numbers below 2^14, req_num below 2^44 for 2^41 requests per slot),
+        // so the unchecked encoder applies.
+        crate::erpc::pkthdr::encode_fields(
+            req_type,
+            msg_size as u32,
+            dest,
+            token,
+            t,
+            pkt_num as u16,
+            req_num,
+        )
     }
 
     /// Test-only consistency checks. The full census of the timing wheel (every entry belongs
