@@ -18,6 +18,25 @@ import sys
 from collections import defaultdict
 
 
+POS = re.compile(r'^(0x[0-9a-fA-F]+|[+-]\d+|\*)\s')
+
+
+def position_cost(line, addr):
+    """(instruction address, cost) of a cost line of a --dump-instr=yes profile (positions
+    "instr line": absolute, relative to `addr`, the previous line's address, or `*` for the
+    same), or None for another kind of line."""
+    m = POS.match(line)
+    if not m:
+        return None
+    tok = m.group(1)
+    if tok.startswith('0x'):
+        addr = int(tok, 16)
+    elif tok != '*':
+        addr += int(tok)
+    parts = line.split()
+    return addr, (int(parts[2]) if len(parts) > 2 else 0)
+
+
 def parse(path, roots):
     """{root: {addr: cost}} from the fn blocks of `roots` (self lines and call lines)."""
     names = {}
@@ -31,7 +50,6 @@ def parse(path, roots):
             names[(kind, i)] = n.strip()
         return names.get((kind, i))
 
-    pos = re.compile(r'^(0x[0-9a-fA-F]+|[+-]\d+|\*)\s')
     with open(path) as f:
         for line in f:
             if line.startswith('fn='):
@@ -47,16 +65,10 @@ def parse(path, roots):
                 # The next position line is the call's inclusive cost, charged to the
                 # calling instruction like a self cost.
                 continue
-            m = pos.match(line)
-            if not m:
+            pc = position_cost(line, addr)
+            if pc is None:
                 continue
-            tok = m.group(1)
-            if tok.startswith('0x'):
-                addr = int(tok, 16)
-            elif tok != '*':
-                addr += int(tok)
-            parts = line.split()
-            cost = int(parts[2]) if len(parts) > 2 else 0
+            addr, cost = pc
             if cur is not None:
                 cur[addr] += cost
     return out
@@ -150,4 +162,5 @@ def main():
         show(tree, 1)
 
 
-main()
+if __name__ == '__main__':
+    main()

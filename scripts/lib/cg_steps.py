@@ -22,6 +22,8 @@ import subprocess
 import sys
 from collections import defaultdict
 
+from cg_inline import position_cost, short  # the same parsing and frame names as the tree
+
 
 def parse(path):
     """(self costs {fn: {addr: cost}}, calls {fn: [(callee, call-site addr, cost)]})."""
@@ -32,7 +34,6 @@ def parse(path):
     callee = None
     in_call = False
     addr = 0
-    pos = re.compile(r'^(0x[0-9a-fA-F]+|[+-]\d+|\*)\s')
 
     def name_of(s):
         m = re.match(r'\((\d+)\)(.*)', s)
@@ -54,16 +55,10 @@ def parse(path):
             if line.startswith('calls='):
                 in_call = True
                 continue
-            m = pos.match(line)
-            if not m:
+            pc = position_cost(line, addr)
+            if pc is None:
                 continue
-            tok = m.group(1)
-            if tok.startswith('0x'):
-                addr = int(tok, 16)
-            elif tok != '*':
-                addr += int(tok)
-            parts = line.split()
-            cost = int(parts[2]) if len(parts) > 2 else 0
+            addr, cost = pc
             if cur is None:
                 in_call = False
                 continue
@@ -102,20 +97,6 @@ def frames(binary, addrs, repo):
                 continue
             i += 1
     return res
-
-
-def short(name):
-    """`Type::method` without generic arguments or impl headers (last two path parts)."""
-    out, depth = [], 0
-    for ch in name.replace('{{closure}}', 'closure'):
-        if ch == '<':
-            depth += 1
-        elif ch == '>':
-            depth -= 1
-        elif depth == 0:
-            out.append(ch)
-    parts = [p for p in ''.join(out).split('::') if p]
-    return '::'.join(parts[-2:])
 
 
 def main():
@@ -186,4 +167,5 @@ def main():
                     print(f'    {c / div:7.1f}  {name}')
 
 
-main()
+if __name__ == '__main__':
+    main()
