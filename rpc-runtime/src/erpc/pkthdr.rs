@@ -264,9 +264,9 @@ impl PktHdr {
 }
 
 /// The 16 wire bytes of a header with these fields (layout in the [module docs](self)),
-/// for a sender whose fields are in range by construction: the event loop's packet
-/// renderer, whose message sizes, packet numbers and request numbers were checked when the
-/// message was accepted. A field wider than its bits is cut to them (never spilling into
+/// for a sender whose fields are in range by construction: the core's packet renderer
+/// (`Rpc::hdr`), whose message sizes, packet numbers and request numbers were checked when
+/// the message was accepted. A field wider than its bits is cut to them (never spilling into
 /// its neighbour; a debug build asserts instead), so the header stays well-formed; the
 /// checked constructor is [`PktHdr::new`]. Costs no branch (issue 16, `CG_STEPS=1
 /// scripts/callgrind-erpc.sh 20000 32 off`: 17–18 instructions per packet, against 24–28 for
